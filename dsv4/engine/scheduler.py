@@ -1,0 +1,241 @@
+"""Continuous-batching scheduler: chunked prefill under a token budget, decode batching,
+preemption by recompute when pages run out.
+
+Policy per step (budget = max_num_batched_tokens):
+  1. running sequences in arrival order each get min(remaining, budget) tokens, where remaining =
+     num_tokens - num_computed_tokens (1 for a decode, the rest of the prompt for a prefill). When
+     the pages do not fit, the latest-arriving running sequence is preempted (pages freed, cache
+     forgotten, put back at the front of the waiting queue; its generated tokens are kept and are
+     recomputed as part of its next prefill) until they fit, or the sequence itself was the victim;
+  2. if nobody was preempted, waiting sequences are admitted in order while the budget, the page
+     pools and max_num_seqs allow (no skipping ahead: the head blocks the queue).
+Because every running sequence arrived before every waiting one, a batch always lists sequences
+in arrival order. A single sequence of max_model_len tokens must fit the pools (checked at
+construction), so the earliest running sequence always makes progress.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence as Seq
+
+from dsv4.engine.block_manager import BlockManager
+from dsv4.engine.sequence import Detokenize, Sequence, SequenceStatus
+
+
+def _positive_int(owner: str, name: str, value, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{owner}.{name}={value!r}; expected an integer >= {minimum}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256              # running sequences (= rows of a batch) at most
+    max_num_batched_tokens: int = 8192   # tokens computed per step at most
+    max_model_len: int = 4096            # prompt + output tokens at most
+
+    def __post_init__(self) -> None:
+        _positive_int("SchedulerConfig", "max_num_seqs", self.max_num_seqs)
+        _positive_int("SchedulerConfig", "max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive_int("SchedulerConfig", "max_model_len", self.max_model_len, minimum=2)
+
+
+@dataclass
+class ScheduledSeq:
+    """The model computes seq.token_ids[start : start + num_tokens] at positions start, start + 1, ...
+    with the cache holding positions [0, start). When `sample`, the chunk ends at the sequence's last
+    known token and the logits of its last position are sampled."""
+    seq: Sequence
+    start: int
+    num_tokens: int
+    sample: bool
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token on top of a non-empty cache, sampled: the decode-kernel case."""
+        return self.num_tokens == 1 and self.start > 0 and self.sample
+
+    @property
+    def is_prefill(self) -> bool:
+        return not self.is_decode
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start: self.start + self.num_tokens]
+
+
+@dataclass
+class ScheduledBatch:
+    rows: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)  # preempted while building this batch
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.rows)
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [r.seq for r in self.rows]
+
+
+@dataclass
+class SchedulerStats:
+    num_waiting: int
+    num_running: int
+    num_preemptions: int        # since construction
+    usage: dict[str, float]     # fraction of pages in use, per kind
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 eos_token_ids: int | Iterable[int] | None = None,
+                 detokenize: Detokenize | None = None) -> None:
+        if not block_manager.fits_alone(config.max_model_len):
+            raise ValueError(f"SchedulerConfig.max_model_len={config.max_model_len}: one sequence of that "
+                             f"length does not fit the page pools; lower it or add pages")
+        self.config = config
+        self.block_manager = block_manager
+        if eos_token_ids is None:
+            eos_token_ids = ()
+        elif isinstance(eos_token_ids, int):
+            eos_token_ids = (eos_token_ids,)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.detokenize = detokenize
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.requests: dict[str, Sequence] = {}   # unfinished, by request id
+        self.num_preemptions = 0
+        self._arrivals = itertools.count()
+        self._in_flight: ScheduledBatch | None = None
+
+    # ---- requests ------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        rid = seq.request_id
+        if rid in self.requests:
+            raise ValueError(f"request {rid!r}: a request with this id is already active")
+        if seq.status != SequenceStatus.WAITING or seq.num_computed_tokens or seq.num_output_tokens:
+            raise ValueError(f"request {rid!r}: only fresh sequences can be added")
+        if seq.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError(f"request {rid!r}: prompt has {seq.num_prompt_tokens} tokens; max_model_len="
+                             f"{self.config.max_model_len} allows at most {self.config.max_model_len - 1}")
+        if seq.params.stop and self.detokenize is None:
+            raise ValueError(f"request {rid!r}: stop strings need a scheduler built with detokenize")
+        seq.arrival = next(self._arrivals)
+        self.requests[rid] = seq
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Finish a request with reason "abort" and free its pages; None if it is not active."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.finish("abort")
+        return seq
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(len(self.waiting), len(self.running), self.num_preemptions,
+                              self.block_manager.usage())
+
+    # ---- steps ---------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        if self._in_flight is not None:
+            raise RuntimeError("Scheduler.schedule: the previous batch was not postprocessed")
+        bm = self.block_manager
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            n = min(remaining, budget)
+            while not bm.can_allocate(seq, n):
+                victim = self.running.pop()  # latest arrival
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                break
+            bm.allocate(seq, n)
+            batch.rows.append(ScheduledSeq(seq, seq.num_computed_tokens, n, n == remaining))
+            budget -= n
+            i += 1
+
+        while (not batch.preempted and self.waiting and budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            seq = self.waiting[0]
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            n = min(remaining, budget)
+            if not bm.can_allocate(seq, n):
+                break
+            bm.allocate(seq, n)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.rows.append(ScheduledSeq(seq, seq.num_computed_tokens, n, n == remaining))
+            budget -= n
+
+        if batch.rows:
+            self._in_flight = batch
+        return batch
+
+    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
+        """Record a computed batch. `sampled_token_ids[i]` is row i's sampled token (ignored, may be
+        None, for rows with sample=False). Returns the sequences that finished in this step."""
+        if not batch.rows:
+            return []
+        if batch is not self._in_flight:
+            raise ValueError("Scheduler.postprocess: batch is not the one last returned by schedule()")
+        if len(sampled_token_ids) != len(batch.rows):
+            raise ValueError(f"Scheduler.postprocess: {len(sampled_token_ids)} sampled ids for "
+                             f"{len(batch.rows)} rows")
+        self._in_flight = None
+        finished = []
+        for row, token in zip(batch.rows, sampled_token_ids):
+            seq = row.seq
+            if seq.is_finished:  # aborted after schedule()
+                continue
+            seq.num_computed_tokens += row.num_tokens
+            if not row.sample:
+                continue
+            if token is None:
+                raise ValueError(f"Scheduler.postprocess: row of request {seq.request_id!r} needs a token")
+            seq.append_token(token)
+            if seq.check_stop(self.eos_token_ids, self.config.max_model_len, self.detokenize):
+                self.running.remove(seq)
+                del self.requests[seq.request_id]
+                self.block_manager.free(seq)
+                finished.append(seq)
+        return finished
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)

@@ -1,0 +1,90 @@
+"""KV compressor (spec §2.7): pools every `ratio` tokens into one entry.
+
+Per token t: `C_t = wkv a_t`, `Z_t = wgate a_t + ape[t mod r]` (fp32). Ratio 128 (HCA): entry i is the
+per-channel softmax(Z)-weighted sum of C over tokens [128i, 128i+128). Ratio 4 (CSA, overlapping):
+rows are 2d wide; entry i pools the A halves [0:d) of window i-1 and the B halves [d:2d) of window i
+(8 rows; entry 0's missing A rows have zero weight). Then: round to the model dtype, RMSNorm, RoPE at
+position i*r on the trailing rope dims, and the numerics' FP8 (main) or Hadamard+FP4 (indexer keys)
+simulation. Entry i exists once token i*r + r - 1 has been processed.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dsv4.config import ModelConfig
+from dsv4.model.linear import Linear
+from dsv4.model.norm import RMSNorm
+from dsv4.model.numerics import Numerics, acc_dtype, simulate_indexer_fp4, simulate_kv_fp8
+from dsv4.model.rope import RotaryEmbedding, apply_rope
+from dsv4.model.state import LayerState
+
+
+class Compressor(nn.Module):
+    def __init__(self, config: ModelConfig, ratio: int, dim: int, rope: RotaryEmbedding,
+                 dtype: torch.dtype, numerics: Numerics, kind: str):
+        super().__init__()
+        if kind not in ("main", "index"):
+            raise ValueError(f"compressor kind {kind!r}")
+        self.ratio, self.dim, self.kind = ratio, dim, kind
+        self.overlap = ratio == 4
+        width = (2 if self.overlap else 1) * dim
+        self.rope_dim = config.rope_dim
+        self.rope = rope
+        self.numerics = numerics
+        self.ape = nn.Parameter(torch.empty(ratio, width, dtype=acc_dtype(dtype)), requires_grad=False)
+        self.wkv = Linear(config.hidden_size, width, dtype, numerics)
+        self.wgate = Linear(config.hidden_size, width, dtype, numerics)
+        self.norm = RMSNorm(dim, config.rms_norm_eps, dtype)
+
+    def project(self, a: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw rows (C_t, Z_t + ape[t mod r]) of a flat batch, fp32."""
+        acc = acc_dtype(a.dtype)
+        c = self.wkv(a, out_dtype=acc)
+        z = self.wgate(a, out_dtype=acc) + self.ape[positions % self.ratio]
+        return c, z
+
+    def pool(self, c: torch.Tensor, z: torch.Tensor, first: int, start: int) -> tuple[torch.Tensor, int]:
+        """Pool the windows that complete among rows [first, first + len(c)), given that entries for
+        positions < start exist already. Returns (pooled [n, d] fp32, index of the first new entry)."""
+        r, d = self.ratio, self.dim
+        end = first + c.shape[0]
+        i0, i1 = start // r, end // r
+        n = i1 - i0
+        if n <= 0:
+            return c.new_zeros(0, d), i0
+        own = slice(i0 * r - first, i1 * r - first)
+        own_c, own_z = c[own].unflatten(0, (n, r)), z[own].unflatten(0, (n, r))
+        if self.overlap:
+            if i0 > 0:  # A halves of windows i0-1 .. i1-2
+                prev = slice((i0 - 1) * r - first, (i1 - 1) * r - first)
+                if prev.start < 0:
+                    raise RuntimeError(f"compressor rows start at {first}, need {(i0 - 1) * r}")
+                prev_c, prev_z = c[prev, :d].unflatten(0, (n, r)), z[prev, :d].unflatten(0, (n, r))
+            else:  # entry 0 has no previous window: C = 0, Z = -inf (zero weight)
+                prev_c = torch.cat((own_c.new_zeros(1, r, d), own_c[:-1, :, :d]))
+                prev_z = torch.cat((own_z.new_full((1, r, d), float("-inf")), own_z[:-1, :, :d]))
+            own_c = torch.cat((prev_c, own_c[..., d:]), dim=1)
+            own_z = torch.cat((prev_z, own_z[..., d:]), dim=1)
+        weights = torch.softmax(own_z, dim=1)
+        return (weights * own_c).sum(dim=1), i0
+
+    def finish(self, pooled: torch.Tensor, first_entry: int, dtype: torch.dtype) -> torch.Tensor:
+        """Pooled rows -> stored entries: round, norm, RoPE at i*r, quantisation simulation."""
+        entries = self.norm(pooled.to(dtype))
+        positions = (torch.arange(pooled.shape[0], device=pooled.device) + first_entry) * self.ratio
+        cos, sin = self.rope.cos_sin(positions)
+        entries = apply_rope(entries, cos, sin)
+        if self.kind == "main" and self.numerics.simulate_kv_fp8:
+            entries = simulate_kv_fp8(entries, self.dim - self.rope_dim)
+        if self.kind == "index" and self.numerics.simulate_indexer_fp4:
+            entries = simulate_indexer_fp4(entries)
+        return entries
+
+    def update(self, state: LayerState, c_new: torch.Tensor, z_new: torch.Tensor, dtype: torch.dtype) -> None:
+        """Append the entries that the chunk (c_new, z_new) of one sequence completes to `state`."""
+        c_old, z_old, first = state.compressor_rows(self.kind)
+        c, z = torch.cat((c_old, c_new)), torch.cat((z_old, z_new))
+        pooled, first_entry = self.pool(c, z, first, state.num_tokens)
+        if pooled.shape[0]:
+            state.append_entries(self.kind, self.finish(pooled, first_entry, dtype))

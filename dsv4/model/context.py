@@ -1,0 +1,53 @@
+"""Forward context: how a flat batch of tokens splits into sequences, and each sequence's state.
+
+The model's `forward(input_ids, positions)` takes a flat batch (several sequences packed one after
+another). The sequence boundaries and the per-sequence decode state travel beside it, set by the
+caller for the duration of one forward:
+
+    ctx = ForwardContext(seq_lens=[5, 1, 1], states=[s0, s1, s2])
+    with set_forward_context(ctx):
+        hidden = model(input_ids, positions)
+
+Sequence i owns tokens [sum(seq_lens[:i]), sum(seq_lens[:i+1])); its positions must continue its
+state (`states[i].num_tokens, ...`). A forward appends the tokens to the states. Without a context the
+tokens form one fresh sequence starting at position 0 (its state is discarded afterwards).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dsv4.model.state import SequenceState
+
+
+@dataclass
+class ForwardContext:
+    seq_lens: list[int]
+    states: list[SequenceState]
+
+    def __post_init__(self) -> None:
+        if len(self.seq_lens) != len(self.states):
+            raise ValueError(f"ForwardContext: {len(self.seq_lens)} seq_lens but {len(self.states)} states")
+        if any(int(n) < 0 for n in self.seq_lens):
+            raise ValueError(f"ForwardContext: negative entry in seq_lens={self.seq_lens}")
+        if len({id(s) for s in self.states}) != len(self.states):
+            raise ValueError("ForwardContext: the same SequenceState appears twice in one batch")
+
+
+_current: ForwardContext | None = None
+
+
+@contextlib.contextmanager
+def set_forward_context(ctx: ForwardContext | None) -> Iterator[ForwardContext | None]:
+    """Make `ctx` the forward context inside the `with` block (nesting restores the outer one)."""
+    global _current
+    previous, _current = _current, ctx
+    try:
+        yield ctx
+    finally:
+        _current = previous
+
+
+def get_forward_context() -> ForwardContext | None:
+    return _current

@@ -1,0 +1,62 @@
+"""Lightning indexer of CSA layers (spec §2.8): picks which compressed entries each query attends.
+
+Query t: `qI = RoPE(indexer.wq_b c_q)` per head (then Hadamard + FP4 under reference numerics),
+`w = weights_proj(a) * index_head_dim^-0.5 * index_n_heads^-0.5`,
+`I[t, s] = sum_h w_h ReLU(qI_h . K_s)` over the visible keys s < floor((t+1)/4), and the selection
+is the `min(index_topk, #visible)` largest scores. Ties are broken towards the *lowest entry index*
+(a stable descending sort), so the choice never depends on how many invisible entries a batch holds.
+The indexer's own compressor (d = index_head_dim) produces the keys K_s.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dsv4.config import ModelConfig
+from dsv4.model.compressor import Compressor
+from dsv4.model.linear import FP8, Linear
+from dsv4.model.numerics import Numerics, simulate_indexer_fp4
+from dsv4.model.rope import RotaryEmbedding, apply_rope
+
+
+def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest scores per row; equal scores are taken in increasing index order."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+class Indexer(nn.Module):
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding, dtype: torch.dtype, numerics: Numerics):
+        super().__init__()
+        self.n_heads, self.head_dim = config.index_n_heads, config.index_head_dim
+        self.topk = config.index_topk
+        self.ratio = 4
+        self.rope = rope
+        self.numerics = numerics
+        self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
+        self.wq_b = Linear(config.q_lora_rank, self.n_heads * self.head_dim, dtype, numerics, FP8)
+        self.weights_proj = Linear(config.hidden_size, self.n_heads, dtype, numerics)
+        self.compressor = Compressor(config, self.ratio, self.head_dim, rope, dtype, numerics, kind="index")
+
+    def queries(self, q_latent: torch.Tensor, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indexer queries [T, Hi, di], head weights [T, Hi]) of a flat batch."""
+        q = self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim))
+        q = apply_rope(q, cos[:, None], sin[:, None])
+        if self.numerics.simulate_indexer_fp4:
+            q = simulate_indexer_fp4(q)
+        weights = self.weights_proj(a) * self.weight_scale
+        return q, weights
+
+    def select(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """Boolean mask [T, N]: which of the N keys each query attends to."""
+        n_keys = keys.shape[0]
+        visible = (positions + 1) // self.ratio
+        scores = torch.relu(torch.einsum("thd,nd->thn", q, keys))
+        scores = (scores * weights.unsqueeze(-1)).sum(dim=1)
+        entry = torch.arange(n_keys, device=keys.device)
+        scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
+        picked = top_k_lowest_index(scores, min(self.topk, n_keys))
+        valid = picked < visible[:, None]
+        mask = torch.zeros(q.shape[0], n_keys, dtype=torch.bool, device=keys.device)
+        return mask.scatter_(1, picked, valid)

@@ -1,0 +1,65 @@
+"""Rotary position embedding (spec §2.4): interleaved pairs on the *trailing* rope dims.
+
+Pair i of the rope slice is `(x[2i], x[2i+1])`, rotated by the angle `p * omega_i`. Sliding-only
+layers and the MTP block use base 10000 without YaRN; CSA/HCA layers use base 160000 with YaRN for
+everything in the layer (q, window kv, compressed entries, indexer q and keys). There is no mscale.
+Angles are built like DeepSeek's reference: fp32(p) * fp32(omega), rounded to fp32.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dsv4.config import Rope, Yarn
+
+
+def yarn_correction_range(rope_dim: int, theta: float, yarn: Yarn) -> tuple[int, int]:
+    """(lo, hi) pair indices of the YaRN ramp; (15, 25) for the released compressed-layer numbers."""
+    def correction_dim(rotations: float) -> float:
+        return rope_dim * math.log(yarn.original_max_position_embeddings / (rotations * 2 * math.pi)) \
+            / (2 * math.log(theta))
+    lo = max(math.floor(correction_dim(yarn.beta_fast)), 0)
+    hi = min(math.ceil(correction_dim(yarn.beta_slow)), rope_dim - 1)
+    return lo, hi
+
+
+def rope_frequencies(rope_dim: int, rope: Rope) -> torch.Tensor:
+    """omega_i for i in [0, rope_dim/2), fp32, with the YaRN blend when `rope.yarn` is set."""
+    omega = 1.0 / (rope.theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
+    if rope.yarn is None:
+        return omega
+    lo, hi = yarn_correction_range(rope_dim, rope.theta, rope.yarn)
+    if hi == lo:
+        hi += 0.001
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+    smooth = 1 - ramp  # same evaluation order as the reference (matters in the last fp32 bit)
+    return omega / rope.yarn.factor * (1 - smooth) + omega * smooth
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the trailing `2 * cos.shape[-1]` dims of x; cos/sin broadcast against x[..., pairs].
+
+    Math in cos.dtype (fp32/fp64), result in x.dtype. Pass -sin for the inverse rotation."""
+    rope_dim = 2 * cos.shape[-1]
+    pairs = x[..., -rope_dim:].to(cos.dtype).unflatten(-1, (-1, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    return torch.cat((x[..., :-rope_dim], rotated.to(x.dtype)), dim=-1)
+
+
+class RotaryEmbedding:
+    """cos/sin tables of one layer kind; `cos_sin(positions)` -> ([T, rope_dim/2], [T, rope_dim/2])."""
+
+    def __init__(self, rope_dim: int, rope: Rope, acc: torch.dtype = torch.float32):
+        self.rope_dim = rope_dim
+        self.rope = rope
+        self.acc = acc
+        self.omega = rope_frequencies(rope_dim, rope)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.numel() and int(positions.max()) >= 1 << 24:
+            raise ValueError(f"position {int(positions.max())} is not exactly representable in fp32")
+        angles = positions.to(torch.float32)[:, None] * self.omega.to(positions.device)[None, :]
+        angles = angles.to(self.acc)
+        return angles.cos(), angles.sin()

@@ -1,0 +1,39 @@
+"""Prometheus metrics of one server (own registry, so several apps can live in one process)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("dsv4_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("dsv4_inter_token_latency_seconds", "Time between streamed tokens",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("dsv4_request_latency_seconds", "End-to-end request latency",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Gauge("dsv4_num_requests_waiting", "Requests waiting to be scheduled", registry=r)
+        self.running = Gauge("dsv4_num_requests_running", "Requests being generated", registry=r)
+        self.pending = Gauge("dsv4_num_requests_in_flight", "Requests admitted by the server", registry=r)
+        self.cache_usage = Gauge("dsv4_cache_usage_ratio", "Fraction of cache pages in use", registry=r)
+        self.free_pages = Gauge("dsv4_cache_free_pages", "Free cache pages", registry=r)
+        self.total_pages = Gauge("dsv4_cache_total_pages", "All cache pages", registry=r)
+        self.preemptions = Gauge("dsv4_num_preemptions_total", "Preemptions so far", registry=r)
+        self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("dsv4_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("dsv4_requests", "Finished requests", ["finish_reason"], registry=r)
+        self.rejected = Counter("dsv4_rejected_requests", "Requests refused before the engine", ["status"], registry=r)
+
+    def refresh(self, stats, pending: int) -> None:
+        self.queue.set(stats.num_waiting)
+        self.running.set(stats.num_running)
+        self.pending.set(pending)
+        self.cache_usage.set(stats.cache_usage)
+        self.free_pages.set(stats.free_pages)
+        self.total_pages.set(stats.total_pages)
+        self.preemptions.set(stats.num_preemptions)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,161 @@
+"""OpenAI-compatible request/response shapes (pydantic) and their validation bounds.
+
+Only what dsv4 implements is declared; unknown fields are ignored like the OpenAI API does, but
+values of known fields are validated here, before the engine sees anything (bad input -> 400).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_N = 8
+MAX_STOP = 8
+MAX_STOP_LEN = 256
+MAX_LOGPROBS = 20
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class SamplingFields(_Lenient):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    ignore_eos: bool = False
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v: Union[str, list[str], None]) -> list[str] | None:
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else list(v)
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
+        for s in stops:
+            if not s:
+                raise ValueError("stop sequences must be non-empty")
+            if len(s) > MAX_STOP_LEN:
+                raise ValueError(f"stop sequences must be at most {MAX_STOP_LEN} characters")
+        return stops
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be empty")
+            if isinstance(v[0], list) and any(not p for p in v):
+                raise ValueError("token-id prompts must not be empty")
+        return v
+
+
+class FunctionDef(_Lenient):
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(_Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Union[str, list[dict[str, Any]], None] = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def text(self) -> str | None:
+        """Flatten OpenAI content parts (only text parts are supported)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text":
+                raise ValueError(f"unsupported content part type {part.get('type')!r}; only 'text'")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+
+
+class ChatTemplateKwargs(_Lenient):
+    thinking: bool | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: Literal["high", "max"] | None = None
+    drop_thinking: bool | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolDef] | None = Field(default=None, max_length=128)
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    reasoning_effort: Literal["high", "max", "low", "medium"] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 total_tokens=prompt_tokens + completion_tokens).model_dump()
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: Union[str, int, None] = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def now() -> int:
+    return int(time.time())
