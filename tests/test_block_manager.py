@@ -115,11 +115,14 @@ def test_window_ring_reuses_pages_and_locate_is_injective():
         seen_window_tables.add(tuple(s.block_tables["window"]))
         # The last min(n, 8) positions map to distinct slots inside the sequence's own pages.
         slots = [win.locate(s.block_tables["window"], p) for p in range(max(0, n - 8), n)]
+        # Contract with the cache: position p lives in ring slot p mod window, slots paged in order.
+        assert slots == [(s.block_tables["window"][(p % 8) // 3], (p % 8) % 3) for p in range(max(0, n - 8), n)]
         assert len(set(slots)) == len(slots)
         assert all(pg in s.block_tables["window"] and off < win.page_size for pg, off in slots)
         for name in ("compressed4", "indexer4", "compressed16"):
             k = kinds[name]
             entries = [k.locate(s.block_tables[name], e) for e in range(n // k.ratio)]
+            assert entries == [(s.block_tables[name][e // k.page_size], e % k.page_size) for e in range(n // k.ratio)]
             assert len(set(entries)) == len(entries)
             assert all(pg in s.block_tables[name] for pg, _ in entries)
     assert len(s.block_tables["window"]) == 3  # ceil(8 / 3), never more

@@ -80,8 +80,8 @@ def fp32_round(v: torch.Tensor) -> torch.Tensor:
 
 
 def ref_scales(amax: torch.Tensor) -> torch.Tensor:
-    """Scale of a block with float64 amax: pow2_ceil(fp32(max(amax, fp32 1e-4) * fp32(1/448)))."""
-    floored = torch.clamp(amax, min=F32_1E4)
+    """Block scale: pow2_ceil(fp32(max(fp32(amax), fp32(1e-4)) * fp32(1/448)))."""
+    floored = torch.clamp(fp32_round(amax), min=F32_1E4)
     return ref_pow2_ceil(fp32_round(floored * F32_INV_448))  # float64 product of two fp32 is exact
 
 
@@ -214,7 +214,8 @@ def test_quantize_act_rounds_clamps_and_scales_like_the_spec():
     x[0] *= 1e-6  # below the 1e-4 amax floor
     x[1, :128] = 448.0 * 2.0**-3 * torch.sign(x[1, :128])  # amax exactly 448*2^-3: scale 2^-3
     x[2, 5] = 1e30  # one huge value: the rest of its block underflows to (signed) zero
-    for dtype in (torch.float32, torch.bfloat16):
+    x[3, :128] = DOUBLE_ROUNDING_TRAP.repeat(32)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
         xd = x.to(dtype)
         q, s = quantize_act(xd.view(2, 12, k))
         assert q.dtype == torch.float8_e4m3fn and q.shape == (2, 12, k)
@@ -226,12 +227,19 @@ def test_quantize_act_rounds_clamps_and_scales_like_the_spec():
         assert torch.equal(q.view(torch.uint8).view(rows, k // 128, 128), q_ref)
 
 
+# amax 448 gives scale 1; 1.0625 is the midpoint of 1 and 1.125. In float64, 1.0625 + 2^-40 must
+# round up: going through fp32 first would land on the midpoint and round down to even.
+DOUBLE_ROUNDING_TRAP = torch.tensor([448.0, 1.0625 + 2.0**-40, -(1.0625 + 2.0**-40), 1.0625], dtype=torch.float64)
+
+
 @pytest.mark.parametrize("block", [64, 128])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_fake_quant_fp8_equals_float64_quantise_dequantise(block, dtype):
     gen = torch.Generator().manual_seed(4)
-    x = torch.randn(3, 5, 512, generator=gen) * torch.rand(3, 5, 1, generator=gen) * 30
+    x = torch.randn(3, 5, 512, generator=gen, dtype=torch.float64) * torch.rand(3, 5, 1, generator=gen) * 30
     x[0, 0] *= 1e-7
+    x[0, 1, :block] = 0.0  # an all-zero block: the floor keeps its scale finite
+    x[1, 2, :64] = DOUBLE_ROUNDING_TRAP.repeat(16)
     x = x.to(dtype)
     got = fake_quant_fp8(x, block)
     assert got.dtype == dtype and got.shape == x.shape
@@ -240,6 +248,8 @@ def test_fake_quant_fp8_equals_float64_quantise_dequantise(block, dtype):
     q = E4M3_TABLE[ref_e4m3_rne((xv / s).clamp(-448, 448)).long()]
     expected = (q * s).reshape(x.shape)
     assert torch.equal(got.to(torch.float64), expected)  # q*s is exact in bf16: no final rounding
+    if dtype == torch.float64:
+        assert got[1, 2, :4].tolist() == [448.0, 1.125, -1.125, 1.0]
     # Rounding error is at most half an e4m3 ulp of the scaled value.
     assert bool(((q * s - xv).abs() <= half_ulp_e4m3(q) * s).all())
 
@@ -264,11 +274,14 @@ def tiled_weight(n: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(n, k, generator=gen) * mult
 
 
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("scale_dtype", ["e8m0", "float32"])
 @pytest.mark.parametrize("shape", [(256, 384), (300, 260)])
-def test_quantize_fp8_block_matches_float64_rule(scale_dtype, shape):
+def test_quantize_fp8_block_matches_float64_rule(scale_dtype, shape, wdtype):
     n, k = shape
-    w = tiled_weight(n, k, seed=5).to(torch.bfloat16)
+    w = tiled_weight(n, k, seed=5).double() * (1 + 2.0**-30)  # fp64: not fp32-exact
+    w[0, :4] = DOUBLE_ROUNDING_TRAP  # tile (0, 0) amax 448 -> scale 1
+    w = w.to(wdtype)
     wq, scale = quantize_fp8_block(w, scale_dtype=scale_dtype)
     nb, kb = -(-n // 128), -(-k // 128)
     assert wq.dtype == torch.float8_e4m3fn and wq.shape == (n, k) and scale.shape == (nb, kb)
@@ -286,6 +299,8 @@ def test_quantize_fp8_block_matches_float64_rule(scale_dtype, shape):
     s_el = s_ref.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
     q_ref = ref_e4m3_rne((w64 / s_el).clamp(-448, 448))
     assert torch.equal(wq.view(torch.uint8), q_ref)
+    if wdtype == torch.float64:
+        assert wq[0, :4].float().tolist() == [448.0, 1.125, -1.125, 1.0]
 
     deq = dequantize_fp8_block(wq, scale)
     assert deq.dtype == torch.float32

@@ -82,7 +82,7 @@ def ref_pow2_ceil(a: torch.Tensor) -> torch.Tensor:
 
 
 def ref_fp4_scales(amax: torch.Tensor) -> torch.Tensor:
-    floored = torch.clamp(amax, min=FP4_FLOOR)
+    floored = torch.clamp(amax.to(torch.float32).to(torch.float64), min=FP4_FLOOR)
     return ref_pow2_ceil(floored.mul(F32_INV_6).to(torch.float32).to(torch.float64))
 
 
@@ -255,14 +255,17 @@ def test_dequantize_mxfp4_random_bytes_every_scale_byte():
         dequantize_mxfp4(packed, sbytes[..., :-1], name="w1.weight")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_fake_quant_fp4_equals_float64_quantise_dequantise(dtype):
     gen = torch.Generator().manual_seed(13)
     group_exp = torch.randint(-20, 8, (3, 5, 4), generator=gen).float()
     group_mult = torch.ldexp(torch.ones(3, 5, 4), group_exp).repeat_interleave(32, -1)
-    x = torch.randn(3, 5, 128, generator=gen) * group_mult
+    x = torch.randn(3, 5, 128, generator=gen, dtype=torch.float64) * group_mult
     x[0, 0, :32] *= 1e-38
+    x[0, 1, 32:64] = 0.0  # an all-zero group: the floor keeps its scale finite (2^-126)
     x[1, 1, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -6.0]).repeat(4)  # exact midpoints
+    # amax 6 gives scale 1; in float64 a hair above a tie-down midpoint must round up (fp32 would not)
+    x[2, 3, :32] = torch.tensor([6.0, 0.25 + 2.0**-40, -(2.5 + 2.0**-40), 5.0], dtype=torch.float64).repeat(8)
     x = x.to(dtype)
     got = fake_quant_fp4(x)
     assert got.dtype == dtype and got.shape == x.shape
@@ -271,6 +274,8 @@ def test_fake_quant_fp4_equals_float64_quantise_dequantise(dtype):
     expected = (E2M1_TABLE[ref_e2m1_rne(g / s).long()] * s).view(x.shape)
     assert torch.equal(got.to(torch.float64), expected)
     assert got[1, 1, :8].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -6.0]
+    if dtype == torch.float64:
+        assert got[2, 3, :4].tolist() == [6.0, 0.5, -3.0, 4.0]
     with pytest.raises(ValueError, match="multiple of block=32"):
         fake_quant_fp4(torch.randn(2, 48))
 

@@ -126,7 +126,9 @@ def make_requests(seed: int, n: int) -> list[Request]:
             p = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=rng.random() < 0.5)
         else:
             p = SamplingParams(temperature=rng.choice([0.7, 1.0]), top_p=0.9, seed=rng.randrange(10**6),
-                               max_tokens=max_tokens, stop_token_ids=[rng.randrange(1, VOCAB)],
+                               max_tokens=max_tokens,
+                               stop_token_ids=[rng.randrange(1, VOCAB)] if rng.random() < 0.3 else [],
+                               ignore_eos=rng.random() < 0.3,
                                repetition_penalty=1.3 if kind == "penalised" else 1.0,
                                frequency_penalty=0.4 if kind == "penalised" else 0.0)
         prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 40))]
@@ -162,25 +164,25 @@ def page_kinds(num_pages: dict[str, int]):
 
 # One sequence of MAX_LEN tokens needs exactly these pages; "tiny" pools barely exceed them.
 MIN_PAGES = {"window": 3, "compressed4": 8, "indexer4": 4, "compressed16": 4, "state": 1}
-TINY = {k: v + (1 if k != "state" else 1) for k, v in MIN_PAGES.items()}
+TINY = {k: v + 1 for k, v in MIN_PAGES.items()}
 LARGE = {k: 40 * v for k, v in MIN_PAGES.items()}
 
 
-def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, aborts=None, detokenize=None):
+def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, in_flight=None, detokenize=None):
     """arrivals: step -> request indices added before that step's schedule (default: all at step 0).
-    aborts: step -> request ids aborted right after that step's schedule (while the batch is in flight)."""
+    in_flight(sched, batch): called after the model ran and before postprocess (to abort requests)."""
     kinds = page_kinds(pages)
     bm = BlockManager(kinds)
     cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=MAX_LEN)
     sched = Scheduler(cfg, bm, eos_token_ids=EOS, detokenize=detokenize)
     model, sampler = FakePagedModel(kinds), Sampler()
     arrivals = dict(arrivals or {0: list(range(len(reqs)))})
-    aborts = dict(aborts or {})
     seqs, step, steps_with_work = {}, 0, 0
     while arrivals or not sched.is_finished():
         for i in arrivals.pop(step, []):
             seqs[reqs[i].rid] = Sequence(reqs[i].rid, reqs[i].prompt, reqs[i].params)
             sched.add(seqs[reqs[i].rid])
+        running_before = list(sched.running)
         batch = sched.schedule()
         assert len(batch) <= max_seqs and sched.num_running <= max_seqs
         assert batch.num_tokens <= budget
@@ -189,11 +191,16 @@ def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, aborts=None, det
             assert row.seq.status == SequenceStatus.RUNNING and row.start == row.seq.num_computed_tokens
             assert row.sample == (row.start + row.num_tokens == row.seq.num_tokens)
             assert row.is_decode == (row.num_tokens == 1 and row.start > 0 and row.sample)
-        for rid in aborts.pop(step, []):
-            sched.abort(rid)
+        if batch.preempted:  # victims are the latest arrivals, and nobody is admitted in the same step
+            assert min(v.arrival for v in batch.preempted) > max((r.seq.arrival for r in batch), default=-1)
+            assert all(v.status == SequenceStatus.WAITING and v.block_tables == {} for v in batch.preempted)
+            assert all(any(r.seq is s for s in running_before) for r in batch)
         if len(batch):
             steps_with_work += 1
             logits = model(batch)
+        if in_flight is not None:
+            in_flight(sched, batch)
+        if len(batch):
             sample_rows = [i for i, r in enumerate(batch.rows) if r.sample]
             tokens = [None] * len(batch)
             if sample_rows:
@@ -212,7 +219,7 @@ def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, aborts=None, det
     return {rid: (s.output_token_ids, s.finish_reason) for rid, s in seqs.items()}, sched, steps_with_work
 
 
-REQS = make_requests(11, 12)
+REQS = make_requests(11, 20)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +231,8 @@ def reference():
 
 
 @pytest.mark.parametrize("budget,max_seqs,pages", [(512, 16, LARGE), (7, 16, LARGE), (1, 3, LARGE),
-                                                   (13, 4, LARGE), (64, 16, TINY), (5, 2, TINY)])
+                                                   (13, 4, LARGE), (64, 16, TINY), (16, 8, TINY),
+                                                   (5, 2, TINY)])
 def test_outputs_independent_of_budget_batch_and_pool(reference, budget, max_seqs, pages):
     outs, sched, _ = run_engine(REQS, budget=budget, max_seqs=max_seqs, pages=pages)
     assert outs == reference
@@ -244,24 +252,36 @@ def test_outputs_independent_of_arrival_times(reference, order_seed):
     assert outs == reference
 
 
-def test_chunked_prefill_batches_several_requests():
-    _, _, steps_big = run_engine(REQS, budget=512, max_seqs=16, pages=LARGE)
-    longest = max(min(len(r.prompt) + (r.params.max_tokens or MAX_LEN), MAX_LEN) for r in REQS)
-    assert steps_big <= longest  # everything ran concurrently: one step per token of the longest
+def test_ample_budget_runs_everything_concurrently(reference):
+    _, _, steps = run_engine(REQS, budget=512, max_seqs=len(REQS), pages=LARGE)
+    # Step k samples output token k of every request: steps = the longest output.
+    assert steps == max(len(tokens) for tokens, _ in reference.values())
 
 
 def test_abort_frees_pages_and_leaves_others_intact(reference):
-    aborts = {0: ["req3"], 2: ["req5"], 6: ["req0"], 15: ["req7", "req11"]}  # in flight / waiting / mid-decode
-    outs, sched, _ = run_engine(REQS, budget=6, max_seqs=4, pages=TINY, aborts=aborts)
-    aborted = {rid for v in aborts.values() for rid in v}
+    aborted: dict[str, str] = {}  # what the request was doing -> request id
+
+    def abort_some(sched, batch):
+        def kill(what, seq):
+            if what not in aborted and not seq.is_finished:
+                aborted[what] = seq.request_id
+                assert sched.abort(seq.request_id) is seq and seq.finish_reason == "abort"
+        for row in batch:
+            if not row.sample:
+                kill("mid-prefill", row.seq)
+            elif row.is_decode and row.seq.num_output_tokens >= 3:
+                kill("decoding", row.seq)
+        for seq in list(sched.waiting):
+            kill("preempted" if seq.num_preemptions else "waiting", seq)
+
+    outs, sched, _ = run_engine(REQS, budget=6, max_seqs=4, pages=TINY, in_flight=abort_some)
+    assert set(aborted) == {"mid-prefill", "decoding", "preempted", "waiting"}
     for rid, (tokens, reason) in outs.items():
-        if rid in aborted and reason == "abort":
-            ref_tokens = reference[rid][0]
-            assert tokens == ref_tokens[: len(tokens)]
+        if rid in aborted.values():
+            assert reason == "abort" and tokens == reference[rid][0][: len(tokens)]
         else:
             assert (tokens, reason) == reference[rid]
-    assert sum(reason == "abort" for _, reason in outs.values()) >= 4
-    assert sched.abort("req3") is None and sched.abort("nope") is None
+    assert sched.abort(aborted["waiting"]) is None and sched.abort("nope") is None
 
 
 def test_max_model_len_and_input_errors():
@@ -278,7 +298,7 @@ def test_max_model_len_and_input_errors():
     batch = sched.schedule()
     with pytest.raises(RuntimeError, match="postprocess"):
         sched.schedule()
-    with pytest.raises(ValueError, match="1 sampled ids for 1 rows|sampled ids"):
+    with pytest.raises(ValueError, match="0 sampled ids for 1 rows"):
         sched.postprocess(batch, [])
     with pytest.raises(ValueError, match="max_model_len"):
         Scheduler(cfg, BlockManager(page_kinds(MIN_PAGES | {"compressed4": 7})))

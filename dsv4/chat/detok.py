@@ -11,8 +11,9 @@ IncrementalDetokenizer(tokenizer, *, skip_special_tokens=False, context_ids=())
 
 `tokenizer` is anything with `decode(ids, skip_special_tokens=...)` (ChatTokenizer or a
 `tokenizers.Tokenizer`). A byte-level BPE token may end in the middle of a multi-byte character;
-decoding then yields U+FFFD at the end. Such text is held back until a later token completes the
-character, so the deltas concatenate to exactly `decode(all ids)`.
+decoding then yields U+FFFD at the end. Such a trailing U+FFFD run is held back until a later token
+completes the character (everything before it is emitted at once), so the deltas concatenate to
+exactly `decode(all ids)` and never contain a U+FFFD that the full decode does not have.
 
 Only a short window is re-decoded per step: the tokens since the last emission plus the tokens of
 the previous emission (`prefix`), whose text is subtracted. Starting the window at an earlier
@@ -41,6 +42,7 @@ class IncrementalDetokenizer:
         self._ids = context
         self._prefix = 0               # window start: first token of the previous emission
         self._read = len(context)      # tokens before this one are emitted (or context)
+        self._partial = 0              # characters of the current window emitted beyond the prefix
         self.text = ""
 
     @property
@@ -53,12 +55,17 @@ class IncrementalDetokenizer:
     def _step(self, final: bool) -> str:
         prefix_text = self._decode(self._ids[self._prefix:self._read])
         window_text = self._decode(self._ids[self._prefix:])
-        if len(window_text) <= len(prefix_text):
-            return ""
-        if window_text.endswith(REPLACEMENT) and not final:
-            return ""                  # possibly an unfinished character: wait for more bytes
-        delta = window_text[len(prefix_text):]
-        self._prefix, self._read = self._read, len(self._ids)
+        start = len(prefix_text) + self._partial
+        if False:
+            # Possibly an unfinished character: emit only what precedes the trailing U+FFFD run;
+            # text before a complete character cannot change when more bytes arrive.
+            end = len(window_text.rstrip(REPLACEMENT))
+            delta = window_text[start:end] if end > start else ""
+            self._partial += len(delta)
+        else:
+            delta = window_text[start:]
+            if len(window_text) > len(prefix_text):
+                self._prefix, self._read, self._partial = self._read, len(self._ids), 0
         self.text += delta
         return delta
 

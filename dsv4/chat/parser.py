@@ -131,6 +131,7 @@ def _parse_strict(text: str, thinking: bool) -> dict:
 _TEXT_MARKERS = (DSML, THINK_CLOSE, THINK_OPEN, EOS, BOS)
 _HOLD_MARKERS = (THINK_CLOSE, THINK_OPEN, EOS, BOS) + tuple(
     nl + lt + DSML for nl in ("", "\n", "\n\n") for lt in ("", "<", "</"))
+_TAIL_LEN = max(len(m) for m in _HOLD_MARKERS) - 1
 _INVOKE_RE = re.compile(re.escape(INVOKE_OPEN) + r"(.*?)" + re.escape(INVOKE_CLOSE) + r"\s*>", re.S)
 _NAME_RE = re.compile(r'\s*name\s*=\s*"([^"]*)"')
 _PARAM_RE = re.compile(re.escape(PARAM_OPEN) + r'\s+name\s*=\s*"(.*?)"(?:\s+string\s*=\s*"(true|false)")?\s*>'
@@ -193,6 +194,7 @@ class StreamingParser:
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._calls: list[dict] = []
+        self._tail: dict[str, str] = {}   # last emitted characters per channel
         self._finished = False
         self.reasoning_end: str | None = None
         self.saw_eos = False
@@ -230,6 +232,7 @@ class StreamingParser:
         else:
             self._content.append(text)
             key = "content"
+        self._tail[self._state] = (self._tail.get(self._state, "") + text)[-_TAIL_LEN:]
         if events and key in events[-1]:
             events[-1][key] += text
         else:
@@ -254,20 +257,31 @@ class StreamingParser:
                 return
 
     def _advance_text(self, events: list[dict], final: bool) -> bool:
-        """Reasoning / content: act on the earliest marker; False when waiting for more text."""
+        """Reasoning / content: act on the earliest marker; False when waiting for more text.
+
+        Markers are searched in (recently emitted text of this channel + buffer). In well-formed
+        output a marker never starts in the emitted part; one that does was glued together from
+        pieces around a removed marker or DSML block, so the buffered part of it is discarded.
+        This keeps marker strings out of the concatenated reasoning/content, whatever the splits.
+        """
         buf = self._buf
-        hits = [(k, m) for m in _TEXT_MARKERS if (k := buf.find(m)) != -1]
+        tail = self._tail.get(self._state, "")
+        text, off = tail + buf, len(tail)
+        hits = [(k, m) for m in _TEXT_MARKERS if (k := text.find(m)) != -1]
         if not hits:
-            keep = 0 if final else _held_suffix(buf)
+            keep = min(_held_suffix(text), len(buf))
             self._emit(events, buf[:len(buf) - keep])
             held = buf[len(buf) - keep:]
             # At the end, a dangling piece of a special marker is markup, not text.
-            if final and held and "｜" not in held:
+            if final and held and "<｜" not in held and "｜D" not in held:
                 self._emit(events, held)
             self._buf = "" if final else held
             return False
-        start, marker = min(hits)
-        end = start + len(marker)
+        k, marker = min(hits)
+        start, end = k - off, k - off + len(marker)
+        if start < 0:
+            self._buf = buf[end:]
+            return True
         if marker == DSML:
             for opener in ("</", "<"):
                 if buf.endswith(opener, 0, start):

@@ -68,6 +68,7 @@ class _Inventory:
         self.cfg, self.scheme = cfg, scheme
         self.linear_scale = SCALE_DTYPE[scheme.linear_scale_dtype]
         self.out: dict[str, TensorSpec] = {}
+        self._expert_method: str | None = None
 
     def add(self, name: str, shape: tuple[int, ...], dtype: str) -> None:
         self.out[name] = TensorSpec(tuple(shape), dtype)
@@ -81,7 +82,11 @@ class _Inventory:
             self.add(f"{module}.weight", (n, k), "BF16")
 
     def expert_proj(self, module: str, n: int, k: int) -> None:
-        method = self.scheme.get_quant_method(module, "experts")
+        if self.scheme.ignored_layers or not self._expert_method:  # per expert only when it can differ
+            method = self.scheme.get_quant_method(module, "experts")
+            self._expert_method = method if not self.scheme.ignored_layers else None
+        else:
+            method = self._expert_method
         if method == "mxfp4":
             self.add(f"{module}.weight", (n, k // 2), "I8")
             self.add(f"{module}.scale", (n, k // 32), "F8_E8M0")

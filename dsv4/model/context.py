@@ -18,7 +18,9 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dsv4.model.state import SequenceState
+import torch
+
+from dsv4.model.state import LayerState, SequenceState
 
 
 @dataclass
@@ -51,3 +53,31 @@ def set_forward_context(ctx: ForwardContext | None) -> Iterator[ForwardContext |
 
 def get_forward_context() -> ForwardContext | None:
     return _current
+
+
+@dataclass
+class Segment:
+    """Tokens [start, start + length) of the flat batch: one sequence, with its state of one layer."""
+    start: int
+    length: int
+    state: LayerState
+
+
+def sequence_spans(ctx: ForwardContext, positions: torch.Tensor, lengths: list[int]) -> list[tuple[int, int]]:
+    """Validate a flat batch against the context: (start, length) per sequence, in batch order.
+
+    `lengths[i]` is the number of tokens sequence i has already processed; its positions in this
+    batch must be `lengths[i], lengths[i] + 1, ...`."""
+    total = sum(int(n) for n in ctx.seq_lens)
+    if total != positions.shape[0]:
+        raise ValueError(f"ForwardContext.seq_lens sums to {total} but the batch has {positions.shape[0]} tokens")
+    spans, start = [], 0
+    for i, (n, done) in enumerate(zip(ctx.seq_lens, lengths)):
+        n = int(n)
+        expected = torch.arange(done, done + n, device=positions.device)
+        if not torch.equal(positions[start:start + n], expected):
+            raise ValueError(f"sequence {i}: positions {positions[start:start + n].tolist()[:8]}... must continue "
+                             f"its state, i.e. run {done}..{done + n - 1}")
+        spans.append((start, n))
+        start += n
+    return spans

@@ -15,7 +15,7 @@ from torch import nn
 from dsv4.config import ModelConfig
 from dsv4.model.compressor import Compressor
 from dsv4.model.linear import FP8, Linear
-from dsv4.model.numerics import Numerics, simulate_indexer_fp4
+from dsv4.model.numerics import Numerics, acc_dtype, simulate_indexer_fp4
 from dsv4.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -37,10 +37,11 @@ class Indexer(nn.Module):
         self.weights_proj = Linear(config.hidden_size, self.n_heads, dtype, numerics)
         self.compressor = Compressor(config, self.ratio, self.head_dim, rope, dtype, numerics, kind="index")
 
-    def queries(self, q_latent: torch.Tensor, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def queries(self, q_latent_in: torch.Tensor, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(indexer queries [T, Hi, di], head weights [T, Hi]) of a flat batch."""
-        q = self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim))
+        """(indexer queries [T, Hi, di], head weights [T, Hi]) of a flat batch; q_latent_in is the
+        (already activation-quantised) input of wq_b."""
+        q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
         q = apply_rope(q, cos[:, None], sin[:, None])
         if self.numerics.simulate_indexer_fp4:
             q = simulate_indexer_fp4(q)
@@ -52,8 +53,9 @@ class Indexer(nn.Module):
         """Boolean mask [T, N]: which of the N keys each query attends to."""
         n_keys = keys.shape[0]
         visible = (positions + 1) // self.ratio
-        scores = torch.relu(torch.einsum("thd,nd->thn", q, keys))
-        scores = (scores * weights.unsqueeze(-1)).sum(dim=1)
+        acc = acc_dtype(q.dtype)  # the reference computes these in bf16; the model dtype rounds here
+        scores = torch.relu(torch.einsum("thd,nd->thn", q.to(acc), keys.to(acc)).to(q.dtype))
+        scores = (scores.to(acc) * weights.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
         entry = torch.arange(n_keys, device=keys.device)
         scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
         picked = top_k_lowest_index(scores, min(self.topk, n_keys))

@@ -30,13 +30,36 @@ class Linear(nn.Module):
             quantize_input = weight_format != PLAIN
         self.quantize_input = quantize_input and numerics.quantize_activations
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        self._acc_weight: torch.Tensor | None = None  # weight in the accumulation dtype, built lazily
 
-    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """y = W x with fp32 accumulation (fp64 for a float64 model); result in out_dtype or x.dtype."""
-        if self.quantize_input:
-            x = quantize_activation(x)
+    def acc_weight(self) -> torch.Tensor:
+        acc = acc_dtype(self.weight.dtype)
+        if acc == self.weight.dtype:
+            return self.weight
+        w = self._acc_weight
+        if w is None or w.device != self.weight.device:
+            w = self._acc_weight = self.weight.detach().to(acc)
+        return w
+
+    def invalidate_cache(self) -> None:
+        self._acc_weight = None
+
+    def _apply(self, fn, recurse=True):  # .to()/.cuda() change the weight: drop the cached copy
+        self._acc_weight = None
+        return super()._apply(fn, recurse)
+
+    def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The GEMM input: FP8-quantised when this linear quantises activations (compute it once and
+        pass `input_ready=True` when several linears share an input)."""
+        return quantize_activation(x) if self.quantize_input else x
+
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None,
+                input_ready: bool = False) -> torch.Tensor:
+        """y = W x accumulated in acc_dtype(x.dtype); result in out_dtype or x.dtype."""
+        if not input_ready:
+            x = self.prepare_input(x)
         acc = acc_dtype(x.dtype)
-        y = F.linear(x.to(acc), self.weight.to(acc))
+        y = F.linear(x.to(acc), self.acc_weight())
         return y.to(out_dtype or x.dtype)
 
     def extra_repr(self) -> str:

@@ -16,9 +16,9 @@ checkpoint_format.md §7):
 `transformers` turns all three off (what transformers 5.23.0 computes when loaded dequantised).
 
 A `Numerics` instance with any combination of the three flags is accepted wherever a name is.
-Everything else (precision of accumulations, rounding points) is governed by the model dtype: the
-"bf16" rounding points of the reference happen in the model dtype and the "fp32" computations in
-`acc_dtype(dtype)` (float32, or float64 for a float64 model).
+Everything else is governed by the model dtype: the reference's "bf16" rounding points round to the
+model dtype and its "fp32" computations run in `acc_dtype(dtype)` (fp32 for bf16/fp16 models,
+float64 for float32/float64 models).
 """
 from __future__ import annotations
 
@@ -54,8 +54,13 @@ COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Dtype of the computations the reference runs in fp32 (float64 for a float64 model)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    """Dtype of the computations the reference runs in fp32.
+
+    bf16/fp16 models: fp32, as in the reference precision map. float32 and float64 models: float64.
+    For a float32 model this makes every result independent of batch composition and chunking: fp32
+    GEMMs and reductions sum in an order that depends on the batch shape, and the resulting last-bit
+    differences flip FP8/FP4 rounding decisions; float64 sums rounded once to fp32 do not."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else torch.float64
 
 
 def _blockwise(fn, x: torch.Tensor, block: int) -> torch.Tensor:

@@ -2,9 +2,10 @@
 
 All rules are checkpoint_format.md §5/§7/§8 and deepseek_v4_model.md §2.6: power-of-two scales
 `pow2_ceil(amax * fp32(1/448))`, values clamped to ±448, then rounded to nearest-even e4m3.
-Rounding uses torch's float32 -> float8_e4m3fn cast, which the tests check is RNE against an
-independent float64 derivation. Inputs are first converted to fp32 (the format the reference
-quantises from); dividing by a power-of-two scale is exact there.
+Rounding of fp32 (and bf16/fp16, widened exactly) uses torch's float32 -> float8_e4m3fn cast,
+which the tests check is RNE against an independent float64 derivation. float64 inputs stay float64
+and are rounded on the e4m3 grid directly, because torch's float64 -> fp8 cast passes through fp32
+and could round twice. Dividing by a power-of-two scale is exact in both.
 """
 
 from __future__ import annotations
@@ -21,13 +22,24 @@ INV_E4M3_MAX = torch.tensor(1.0 / 448.0, dtype=torch.float32)  # fp32(1/448): mu
 AMAX_FLOOR = 1e-4
 
 
-def _e4m3_rne(scaled: torch.Tensor) -> torch.Tensor:
-    """Clamp fp32 values to ±448 and round to nearest-even e4m3fn (NaN stays NaN)."""
-    return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+def _work_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _e4m3_round(scaled: torch.Tensor) -> torch.Tensor:
+    """Clamp to ±448 and round to the nearest-even e4m3 value, in scaled's dtype (NaN stays NaN)."""
+    x = scaled.clamp(-E4M3_MAX, E4M3_MAX)
+    if x.dtype == torch.float32:
+        return x.to(torch.float8_e4m3fn).to(torch.float32)
+    # float64: grid spacing is 2^(floor(log2|x|) - 3), subnormal spacing 2^-9; round() is half-even.
+    exponent = (torch.frexp(x).exponent - 1).clamp_min(-6)
+    quantum = torch.ldexp(torch.ones_like(x), (exponent - 3).to(x.dtype))
+    return torch.round(x / quantum) * quantum
 
 
 def _block_scales(amax: torch.Tensor) -> torch.Tensor:
-    return pow2_ceil(amax.clamp_min(AMAX_FLOOR) * INV_E4M3_MAX)
+    """fp32 power-of-two scales: fp32 amax (floored) times fp32(1/448), rounded up by pow2_ceil."""
+    return pow2_ceil(amax.to(torch.float32).clamp_min(AMAX_FLOOR) * INV_E4M3_MAX)
 
 
 def _check_2d(w: torch.Tensor, name: str) -> None:
@@ -62,7 +74,7 @@ def quantize_fp8_block(
         raise ValueError(f"{name}: scale_dtype must be 'e8m0' or 'float32', got {scale_dtype!r}")
     if not w.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point weight, got {w.dtype}")
-    x = w.detach().to(torch.float32)
+    x = w.detach().to(_work_dtype(w))
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: weight contains NaN or inf; cannot quantise to FP8")
     n, k = x.shape
@@ -70,7 +82,7 @@ def quantize_fp8_block(
     nb, kb = padded.shape[0] // block, padded.shape[1] // block
     amax = padded.abs().view(nb, block, kb, block).amax(dim=(1, 3))
     scale = _block_scales(amax)
-    wq = _e4m3_rne(x / _expand_tiles(scale, n, k, block))
+    wq = _e4m3_round(x / _expand_tiles(scale, n, k, block)).to(torch.float8_e4m3fn)
     if scale_dtype == "e8m0":
         return wq, float_to_e8m0(scale, name=f"{name} scale")
     return wq, scale
@@ -86,6 +98,7 @@ def dequantize_fp8_block(
     """`W[n, k] = e4m3(wq[n, k]) * scale[n // block, k // block]`, exact in fp32 and bf16.
 
     `scale` may be float8_e8m0fnu, raw uint8 E8M0 bytes, or a float tensor holding the values.
+    Only E8M0 bytes >= 247 can push a value past the fp32 range (giving ±inf).
     """
     _check_2d(wq, name)
     if wq.dtype != torch.float8_e4m3fn:
@@ -112,7 +125,7 @@ def _row_blocks(x: torch.Tensor, block: int, what: str) -> torch.Tensor:
         raise ValueError(
             f"{what}: last dim of shape {tuple(x.shape)} must be a multiple of block={block}"
         )
-    return x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    return x.to(_work_dtype(x)).reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
 def quantize_act(x: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +136,7 @@ def quantize_act(x: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch
     """
     xb = _row_blocks(x, block, "quantize_act")
     s = _block_scales(xb.abs().amax(dim=-1))
-    q = _e4m3_rne(xb / s.unsqueeze(-1))
+    q = _e4m3_round(xb / s.unsqueeze(-1)).to(torch.float8_e4m3fn)
     return q.reshape(x.shape), s
 
 
@@ -131,5 +144,4 @@ def fake_quant_fp8(x: torch.Tensor, block: int) -> torch.Tensor:
     """FP8 simulation: quantise as `quantize_act(x, block)` and dequantise back to x's dtype."""
     xb = _row_blocks(x, block, "fake_quant_fp8")
     s = _block_scales(xb.abs().amax(dim=-1)).unsqueeze(-1)
-    q = _e4m3_rne(xb / s)
-    return (q.to(torch.float32) * s).reshape(x.shape).to(x.dtype)
+    return (_e4m3_round(xb / s) * s).reshape(x.shape).to(x.dtype)

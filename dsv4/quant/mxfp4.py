@@ -82,7 +82,8 @@ def unpack_e2m1(packed: torch.Tensor, name: str = "weight") -> torch.Tensor:
 
 
 def _group_scales(amax: torch.Tensor) -> torch.Tensor:
-    return pow2_ceil(amax.clamp_min(AMAX_FLOOR_FP4) * INV_E2M1_MAX)
+    """fp32 power-of-two scales: fp32 amax (floored) times fp32(1/6), rounded up by pow2_ceil."""
+    return pow2_ceil(amax.to(torch.float32).clamp_min(AMAX_FLOOR_FP4) * INV_E2M1_MAX)
 
 
 def _groups(x: torch.Tensor, block: int, what: str) -> torch.Tensor:
@@ -90,7 +91,8 @@ def _groups(x: torch.Tensor, block: int, what: str) -> torch.Tensor:
         raise ValueError(
             f"{what}: last dim of shape {tuple(x.shape)} must be a multiple of block={block}"
         )
-    return x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32  # fp64: no double rounding
+    return x.to(work).reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
 def quantize_mxfp4(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +110,8 @@ def quantize_mxfp4(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor,
 def dequantize_mxfp4(
     packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32, name: str = "weight"
 ) -> torch.Tensor:
-    """`W[n, k] = e2m1(code[n, k]) * 2^(scale[n, k // 32] - 127)`, exact in fp32 and bf16."""
+    """`W[n, k] = e2m1(code[n, k]) * 2^(scale[n, k // 32] - 127)`, exact in fp32 and bf16
+    (only scale bytes >= 253 can push a value past the fp32 range, giving ±inf)."""
     codes = unpack_e2m1(packed, name)
     k = codes.shape[-1]
     if tuple(scale.shape) != (*codes.shape[:-1], k // MXFP4_GROUP) or k % MXFP4_GROUP:

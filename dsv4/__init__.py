@@ -1,0 +1,16 @@
+"""dsv4: exact and fast inference for DeepSeek-V4 checkpoints."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def load_model(path, device="cpu", dtype=None, numerics="reference", **kwargs):
+    """Load a checkpoint directory as a ready `DeepseekV4ForCausalLM` (see dsv4.model.load)."""
+    import torch
+
+    from dsv4.model.load import load_model as _load_model
+    return _load_model(path, device=device, dtype=torch.float32 if dtype is None else dtype,
+                       numerics=numerics, **kwargs)
+
+
+__all__ = ["load_model", "__version__"]

@@ -1,0 +1,405 @@
+"""FP8 block linear: dynamic per-token activation quantisation + FP8 x FP8 GEMM with 128x128 weight scales.
+
+Semantics (checkpoint_format.md §7): the bf16 input is quantised per row and per 128 channels with a
+power-of-two scale, `s = pow2_ceil(max(amax, 1e-4) * fp32(1/448))`, `q = e4m3(clamp(x / s, ±448))`;
+then `y[m, n] = Σ_b (Σ_{k∈b} q[m,k] Wq[n,k]) · s[m,b] · S[n//128, b]`, fp32 accumulation, bf16 out.
+Weight scales are E8M0 bytes (Flash/Pro) or float32 (Flash-Base).
+
+Each public function has a torch reference of the same signature (`*_ref`), built on `dsv4.quant`.
+The Triton path exists only where `triton` imports (the CPU CI machine has none).
+
+Two launch shapes of one kernel:
+* prefill (M > 64): A = quantised activations [BM, 128] x W^T, grouped tile order for L2 reuse;
+  the activations are quantised once by `act_quant` (quantising inside the GEMM would repeat it
+  for every N tile).
+* decode (M <= 64): "swap AB" — the weight tile is the MMA's M side (>= 64 rows, so Hopper's wgmma
+  applies) and the few tokens are its N side; the activation is quantised inside the kernel, and
+  the K range is split over programs (fp32 partials + one reduction launch) when N alone gives too
+  few programs to pull the weight at full bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:  # triton is optional: CPU CI has none
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+BLOCK = 128
+NUM_SMS_H200 = 132
+
+
+# --------------------------------------------------------------------------- torch references
+
+
+def _weight_scale_f32(scale: torch.Tensor, name: str = "scale") -> torch.Tensor:
+    """128x128 weight scales as float32 values (E8M0 bytes decoded, float32 passed through)."""
+    from dsv4.quant.e8m0 import e8m0_to_float
+
+    if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):
+        return e8m0_to_float(scale, name)
+    if scale.dtype == torch.float32:
+        return scale
+    raise ValueError(f"{name}: expected float8_e8m0fnu, uint8 or float32 scales, got {scale.dtype}")
+
+
+def act_quant_ref(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference activation quantisation: (q e4m3fn like x, s fp32 [..., K/block])."""
+    from dsv4.quant.fp8 import quantize_act
+
+    return quantize_act(x, block)
+
+
+def fp8_gemm_ref(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Reference FP8 GEMM on pre-quantised activations: bf16 [..., N].
+
+    Dequantising both operands to fp32 is exact (power-of-two scales), so one fp32 product equals
+    the per-block accumulation up to fp32 summation order.
+    """
+    from dsv4.quant.fp8 import dequantize_fp8_block
+
+    a = q.to(torch.float32) * s.repeat_interleave(BLOCK, dim=-1)
+    w = dequantize_fp8_block(weight, scale, torch.float32)
+    return (a @ w.t()).to(torch.bfloat16)
+
+
+def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Reference FP8 block linear: bf16 x [..., K] -> bf16 [..., N]."""
+    q, s = act_quant_ref(x)
+    return fp8_gemm_ref(q, s, weight, scale)
+
+
+def grouped_linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Grouped `wo_a` in bf16 (reference-exact default): x [M, G, K], weight [G*Ro, K] -> [M, G, Ro].
+
+    The reference dequantises wo_a to bf16 once and runs a bf16 einsum without activation
+    quantisation; this is the same cuBLAS batched product.
+    """
+    m, g, k = x.shape
+    w = weight.view(g, -1, k)
+    return torch.bmm(x.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
+
+
+def grouped_linear_bf16_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    g = x.shape[1]
+    return torch.einsum("mgk,grk->mgr", x, weight.view(g, -1, x.shape[2]))
+
+
+def grouped_fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """FP8 variant of grouped wo_a: x [M, G, K] bf16, weight e4m3 [G*Ro, K], scale [G*Ro/128, K/128]."""
+    m, g, k = x.shape
+    ro = weight.shape[0] // g
+    outs = [
+        fp8_linear_ref(x[:, i], weight[i * ro : (i + 1) * ro], scale[i * ro // BLOCK : (i + 1) * ro // BLOCK])
+        for i in range(g)
+    ]
+    return torch.stack(outs, dim=1)
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _pow2_scale(amax):
+        """s = pow2_ceil(amax * fp32(1/448)) on fp32 bits, and 1/s exactly (both powers of two)."""
+        v = amax * 0.002232142857142857
+        bits = v.to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        s = (e << 23).to(tl.float32, bitcast=True)
+        inv = ((254 - e) << 23).to(tl.float32, bitcast=True)
+        return s, inv
+
+    @triton.jit
+    def _quant_rows(x):
+        """Quantise each row of an fp32 [R, 128] tile: (e4m3 tile, fp32 scale [R])."""
+        amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+        s, inv = _pow2_scale(amax)
+        q = tl.clamp(x * inv[:, None], -448.0, 448.0).to(tl.float8e4nv)
+        return q, s
+
+    @triton.jit
+    def _e8m0_to_f32(b):
+        """E8M0 byte (as int32) -> fp32; byte 0 is the subnormal 2^-127, 255 is NaN."""
+        bits = tl.where(b == 0, 0x00400000, tl.where(b == 255, 0x7FC00000, b << 23))
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _act_quant_kernel(X, Q, S, M, stride_xm, stride_qm, stride_sm, BR: tl.constexpr):
+        pid_r = tl.program_id(0)
+        kb = tl.program_id(1)
+        rows = pid_r * BR + tl.arange(0, BR)
+        cols = kb * 128 + tl.arange(0, 128)
+        mask = rows < M
+        x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask[:, None], other=0.0)
+        q, s = _quant_rows(x.to(tl.float32))
+        tl.store(Q + rows[:, None] * stride_qm + cols[None, :], q, mask=mask[:, None])
+        tl.store(S + rows * stride_sm + kb, s, mask=mask)
+
+    @triton.jit
+    def _fp8_gemm_kernel(
+        A, SA, W, SW, C,
+        M, N, K,
+        stride_am, stride_ag, stride_sam, stride_sag,
+        stride_wn, stride_wg, stride_swn, stride_swg,
+        stride_cm, stride_cg, stride_cs,
+        KB_PER_SPLIT,
+        BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+        SWAP_AB: tl.constexpr, FUSE_QUANT: tl.constexpr, SW_E8M0: tl.constexpr, SPLIT_OUT: tl.constexpr,
+    ):
+        BK: tl.constexpr = 128
+        pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_g = tl.program_id(2)
+        num_m = tl.cdiv(M, BM)
+        num_n = tl.cdiv(N, BN)
+        # grouped ordering: GROUP_M row tiles share each weight tile while it is in L2
+        width = GROUP_M * num_n
+        first_m = (pid // width) * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % width) % size_m
+        pid_n = (pid % width) // size_m
+
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_k = tl.arange(0, BK)
+        mask_m = offs_m < M
+        mask_n = offs_n < N
+        A += pid_g * stride_ag
+        SA += pid_g * stride_sag
+        W += pid_g * stride_wg
+        SW += pid_g * stride_swg
+        C += pid_g * stride_cg + pid_k * stride_cs
+        a_ptrs = A + offs_m[:, None] * stride_am + offs_k[None, :]
+        w_ptrs = W + offs_n[:, None] * stride_wn + offs_k[None, :]
+        sw_ptrs = SW + (offs_n // BK) * stride_swn
+        sa_ptrs = SA + offs_m * stride_sam
+
+        kb0 = pid_k * KB_PER_SPLIT  # the wrapper makes KB_PER_SPLIT divide K // 128
+        if SWAP_AB:
+            acc = tl.zeros((BN, BM), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for kb in range(kb0, kb0 + KB_PER_SPLIT):
+            a = tl.load(a_ptrs + kb * BK, mask=mask_m[:, None], other=0.0)
+            if FUSE_QUANT:
+                a, sa = _quant_rows(a.to(tl.float32))
+            else:
+                sa = tl.load(sa_ptrs + kb, mask=mask_m, other=0.0)
+            w = tl.load(w_ptrs + kb * BK, mask=mask_n[:, None], other=0.0)
+            sw = tl.load(sw_ptrs + kb, mask=mask_n, other=0)
+            if SW_E8M0:
+                sw = _e8m0_to_f32(sw.to(tl.int32))
+            if SWAP_AB:
+                acc += tl.dot(w, tl.trans(a)) * (sw[:, None] * sa[None, :])
+            else:
+                acc += tl.dot(a, tl.trans(w)) * (sa[:, None] * sw[None, :])
+
+        if SWAP_AB:
+            c_ptrs = C + offs_m[None, :] * stride_cm + offs_n[:, None]
+            c_mask = mask_m[None, :] & mask_n[:, None]
+        else:
+            c_ptrs = C + offs_m[:, None] * stride_cm + offs_n[None, :]
+            c_mask = mask_m[:, None] & mask_n[None, :]
+        if SPLIT_OUT:
+            tl.store(c_ptrs, acc, mask=c_mask)
+        else:
+            tl.store(c_ptrs, acc.to(tl.bfloat16), mask=c_mask)
+
+    @triton.jit
+    def _split_reduce_kernel(P, C, numel, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        mask = offs < numel
+        acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            acc += tl.load(P + s * numel + offs, mask=mask, other=0.0)
+        tl.store(C + offs, acc.to(tl.bfloat16), mask=mask)
+
+
+# --------------------------------------------------------------------------- launch configuration
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """One launch shape of `_fp8_gemm_kernel` (see the module docstring)."""
+
+    bm: int
+    bn: int
+    swap_ab: bool
+    fuse_quant: bool
+    split_k: int = 1  # 0 = choose from the grid size
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
+    """Heuristic launch shape for an [m, k] x [n, k]^T product (measured on H200, docs/kernels_notes.md)."""
+    if m <= 64:
+        return LinearConfig(bm=max(16, _next_pow2(m)), bn=64, swap_ab=True, fuse_quant=True,
+                            split_k=0, num_warps=4, num_stages=4)
+    if m <= 256:
+        return LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False, num_warps=4, num_stages=4)
+    return LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8, num_stages=4)
+
+
+def _auto_split(tiles: int, kblocks: int) -> int:
+    """Split K until the grid has ~2 programs per SM (weight streaming needs that many in flight)."""
+    split = 1
+    while tiles * split < 2 * NUM_SMS_H200 and kblocks % (split * 2) == 0 and kblocks // (split * 2) >= 2:
+        split *= 2
+    return split
+
+
+def _check_weight(weight: torch.Tensor, scale: torch.Tensor, k: int, name: str = "weight") -> None:
+    if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D float8_e4m3fn weight, got {weight.dtype} {tuple(weight.shape)}")
+    n, kw = weight.shape
+    if kw != k or k % BLOCK or n % BLOCK:
+        raise ValueError(f"{name}: shape {tuple(weight.shape)} does not fit input features {k} (multiples of 128)")
+    if tuple(scale.shape) != (n // BLOCK, k // BLOCK):
+        raise ValueError(f"{name}: scale shape {tuple(scale.shape)}, expected {(n // BLOCK, k // BLOCK)}")
+    if not weight.is_contiguous() or not scale.is_contiguous():
+        raise ValueError(f"{name}: weight and scale must be contiguous")
+
+
+def _scale_operand(scale: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):
+        return scale.view(torch.uint8), True
+    if scale.dtype == torch.float32:
+        return scale, False
+    raise ValueError(f"scale: expected float8_e8m0fnu, uint8 or float32, got {scale.dtype}")
+
+
+# --------------------------------------------------------------------------- Triton entry points
+
+
+def act_quant(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton activation quantisation, same contract as `act_quant_ref` (block must be 128)."""
+    if block != BLOCK:
+        raise ValueError(f"act_quant: only block=128 is implemented, got {block}")
+    k = x.shape[-1]
+    if k % BLOCK:
+        raise ValueError(f"act_quant: last dim {k} must be a multiple of 128")
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((m, k // BLOCK), dtype=torch.float32, device=x.device)
+    if m:
+        br = 32
+        _act_quant_kernel[(triton.cdiv(m, br), k // BLOCK)](
+            x2, q, s, m, x2.stride(0), q.stride(0), s.stride(0), BR=br, num_warps=4
+        )
+    return q.view(x.shape), s.view(*x.shape[:-1], k // BLOCK)
+
+
+def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg: LinearConfig) -> None:
+    (s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg, s_cm, s_cg) = strides
+    tiles_m, tiles_n = triton.cdiv(m, cfg.bm), triton.cdiv(n, cfg.bn)
+    kblocks = k // BLOCK
+    split = cfg.split_k if cfg.split_k > 0 else _auto_split(tiles_m * tiles_n * groups, kblocks)
+    while kblocks % split:  # every split gets the same number of K blocks
+        split -= 1
+    kb_per = kblocks // split
+    grid = (tiles_m * tiles_n, split, groups)
+    common = dict(BM=cfg.bm, BN=cfg.bn, GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, FUSE_QUANT=cfg.fuse_quant,
+                  SW_E8M0=sw_e8m0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split == 1:
+        _fp8_gemm_kernel[grid](a, sa, weight, sw, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg,
+                               s_cm, s_cg, 0, kb_per, SPLIT_OUT=False, **common)
+        return
+    numel = m * groups * n
+    part = torch.empty((split, numel), dtype=torch.float32, device=out.device)
+    # partials use the output's [m, g, n] layout, contiguous
+    _fp8_gemm_kernel[grid](a, sa, weight, sw, part, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg,
+                           groups * n, n, numel, kb_per, SPLIT_OUT=True, **common)
+    block_r = 1024
+    _split_reduce_kernel[(triton.cdiv(numel, block_r),)](part, out, numel, SPLIT=split, BLOCK_R=block_r, num_warps=4)
+
+
+def fp8_gemm(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+             config: LinearConfig | None = None) -> torch.Tensor:
+    """Triton FP8 GEMM on pre-quantised activations (contract of `fp8_gemm_ref`)."""
+    k = q.shape[-1]
+    _check_weight(weight, scale, k)
+    q2 = q.reshape(-1, k)
+    s2 = s.reshape(-1, k // BLOCK)
+    m, n = q2.shape[0], weight.shape[0]
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=q.device)
+    if m == 0:
+        return out.view(*q.shape[:-1], n)
+    cfg = config or pick_linear_config(m, n, k)
+    if cfg.fuse_quant:
+        cfg = LinearConfig(**{**cfg.__dict__, "fuse_quant": False})
+    sw, e8 = _scale_operand(scale)
+    strides = (q2.stride(0), 0, s2.stride(0), 0, weight.stride(0), 0, sw.stride(0), 0, out.stride(0), 0)
+    _launch_gemm(q2, s2, weight, sw, e8, out, m, n, k, 1, strides, cfg)
+    return out.view(*q.shape[:-1], n)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+               config: LinearConfig | None = None) -> torch.Tensor:
+    """Triton FP8 block linear: bf16 x [..., K] -> bf16 [..., N] (contract of `fp8_linear_ref`)."""
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"fp8_linear: expected a bf16 input, got {x.dtype}")
+    k = x.shape[-1]
+    _check_weight(weight, scale, k)
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, n = x2.shape[0], weight.shape[0]
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    if m == 0:
+        return out.view(*x.shape[:-1], n)
+    cfg = config or pick_linear_config(m, n, k)
+    sw, e8 = _scale_operand(scale)
+    if cfg.fuse_quant:
+        a, sa, s_sam = x2, x2, 0  # SA unused
+    else:
+        a, sa = act_quant(x2)
+        s_sam = sa.stride(0)
+    strides = (a.stride(0), 0, s_sam, 0, weight.stride(0), 0, sw.stride(0), 0, out.stride(0), 0)
+    _launch_gemm(a, sa, weight, sw, e8, out, m, n, k, 1, strides, cfg)
+    return out.view(*x.shape[:-1], n)
+
+
+def grouped_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                       config: LinearConfig | None = None) -> torch.Tensor:
+    """Triton FP8 variant of grouped wo_a (contract of `grouped_fp8_linear_ref`): one launch over G groups."""
+    if x.dtype != torch.bfloat16 or x.dim() != 3:
+        raise ValueError(f"grouped_fp8_linear: expected bf16 [M, G, K], got {x.dtype} {tuple(x.shape)}")
+    m, g, k = x.shape
+    _check_weight(weight, scale, k)
+    if weight.shape[0] % (g * BLOCK):
+        raise ValueError(f"grouped_fp8_linear: weight rows {weight.shape[0]} not divisible into {g} groups of 128s")
+    ro = weight.shape[0] // g
+    x = x.contiguous()
+    out = torch.empty((m, g, ro), dtype=torch.bfloat16, device=x.device)
+    if m == 0:
+        return out
+    cfg = config or pick_linear_config(m, ro, k, g)
+    sw, e8 = _scale_operand(scale)
+    if cfg.fuse_quant:
+        a, sa, s_sam, s_sag = x, x, 0, 0
+    else:
+        a, sa = act_quant(x)  # [M, G, K], [M, G, K/128]
+        s_sam, s_sag = sa.stride(0), sa.stride(1)
+    strides = (a.stride(0), a.stride(1), s_sam, s_sag, weight.stride(0), ro * k, sw.stride(0),
+               (ro // BLOCK) * sw.stride(0), out.stride(0), out.stride(1))
+    _launch_gemm(a, sa, weight, sw, e8, out, m, ro, k, g, strides, cfg)
+    return out

@@ -1,0 +1,492 @@
+"""Routed-expert MoE: grouped GEMMs over experts with fused SwiGLU clamp, routing weight and combine.
+
+Semantics (deepseek_v4_model.md §2.9, checkpoint_format.md §6-§7), per token t and chosen expert e:
+    gate = bf16(W1_e · x)   up = bf16(W3_e · x)                  (FP8-activation GEMMs)
+    z    = bf16( w_te · silu(min(gate, L)) · clamp(up, -L, L) )   (fp32 math, L = swiglu_limit)
+    y_e  = bf16(W2_e · z)
+    out  = bf16( Σ_e y_e [+ shared] )                            (fp32 sum)
+Each GEMM quantises its bf16 input per row and 128 channels (pow2 scales) to e4m3. MXFP4 weights
+are e2m1 codes with one E8M0 scale per 32 inputs; each 32-wide K group is an exact FP8 MMA
+(e2m1 codes are e4m3 values times 2^-6) scaled by its group scale, so the accumulation order is the
+reference's. `act="bf16"` is the W4A16 option: the weights are widened to bf16 and the activations
+are not quantised (not reference-exact; kept as a measured alternative).
+
+Layouts: `ExpertWeights` is the checkpoint layout stacked over experts; `finalize_experts` turns
+it once into `PackedExperts` (w1/w3 fused, nibbles repacked so that each 32-byte chunk holds two
+whole 32-wide K groups — low nibbles one group, high nibbles the next — and group scales stored
+K-major so a program reads them contiguously).
+
+Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
+FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dsv4.kernels.fp8_linear import HAS_TRITON, act_quant
+from dsv4.kernels.moe_align import moe_align
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from dsv4.kernels.fp8_linear import _pow2_scale, _quant_rows
+
+BLOCK = 128
+GROUP = 32
+MAX_FP4_SCALE_BYTE = 248  # the kernel builds 2^(b - 121) from fp32 exponent bits
+
+
+@dataclass
+class ExpertWeights:
+    """Routed experts in checkpoint layout, stacked over E experts.
+
+    mxfp4: w1/w3 int8 [E, I, D/2], w1_scale/w3_scale E8M0 [E, I, D/32], w2 int8 [E, D, I/2], w2_scale [E, D, I/32].
+    fp8:   w1/w3 e4m3 [E, I, D], scales float32 (or E8M0) [E, I/128, D/128], w2 [E, D, I], w2_scale [E, D/128, I/128].
+    """
+
+    fmt: str
+    w1: torch.Tensor
+    w1_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    w3: torch.Tensor
+    w3_scale: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        return self.w1.shape[0]
+
+    @property
+    def inter(self) -> int:
+        return self.w1.shape[1]
+
+    @property
+    def hidden(self) -> int:
+        return self.w2.shape[1]
+
+
+@dataclass
+class PackedExperts:
+    """Kernel layout made by `finalize_experts` (see the module docstring)."""
+
+    fmt: str
+    num_experts: int
+    hidden: int
+    inter: int
+    w13: torch.Tensor  # mxfp4: uint8 [E, 2I, D/2] repacked; fp8: e4m3 [E, 2I, D]
+    w13_scale: torch.Tensor  # mxfp4: uint8 [E, D/32, 2I]; fp8: fp32 [E, 2I/128, D/128]
+    w2: torch.Tensor  # mxfp4: uint8 [E, D, I/2] repacked; fp8: e4m3 [E, D, I]
+    w2_scale: torch.Tensor  # mxfp4: uint8 [E, I/32, D]; fp8: fp32 [E, D/128, I/128]
+
+
+# --------------------------------------------------------------------------- torch reference
+
+
+def _expert_weight_f32(w: torch.Tensor, s: torch.Tensor, fmt: str) -> torch.Tensor:
+    if fmt == "mxfp4":
+        from dsv4.quant.mxfp4 import dequantize_mxfp4
+
+        return dequantize_mxfp4(w, s, torch.float32)
+    from dsv4.quant.fp8 import dequantize_fp8_block
+
+    return dequantize_fp8_block(w, s, torch.float32)
+
+
+def _linear_ref(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "fp8":
+        from dsv4.quant.fp8 import quantize_act
+
+        q, s = quantize_act(x)
+        a = q.to(torch.float32) * s.repeat_interleave(BLOCK, dim=-1)
+    else:
+        a = x.to(torch.float32)
+    return (a @ w.t()).to(torch.bfloat16)
+
+
+def fused_moe_ref(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: ExpertWeights,
+    swiglu_limit: float = 10.0,
+    act: str = "fp8",
+    shared: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference routed MoE on checkpoint-layout experts; loops over the experts that have tokens."""
+    _check_act(act, experts.fmt)
+    ids = topk_ids.long()
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, slot = torch.where(ids == e)
+        w1 = _expert_weight_f32(experts.w1[e], experts.w1_scale[e], experts.fmt)
+        w3 = _expert_weight_f32(experts.w3[e], experts.w3_scale[e], experts.fmt)
+        w2 = _expert_weight_f32(experts.w2[e], experts.w2_scale[e], experts.fmt)
+        xe = x[tok]
+        gate = _linear_ref(xe, w1, act).float().clamp(max=swiglu_limit)
+        up = _linear_ref(xe, w3, act).float().clamp(-swiglu_limit, swiglu_limit)
+        z = F.silu(gate) * up * topk_weights[tok, slot].float()[:, None]
+        y.index_add_(0, tok, _linear_ref(z.to(torch.bfloat16), w2, act).float())
+    if shared is not None:
+        y += shared.float()
+    return y.to(torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- finalize (once after load)
+
+
+def _check_act(act: str, fmt: str) -> None:
+    if act not in ("fp8", "bf16"):
+        raise ValueError(f"moe: act must be 'fp8' or 'bf16', got {act!r}")
+    if fmt not in ("mxfp4", "fp8"):
+        raise ValueError(f"moe: expert format must be 'mxfp4' or 'fp8', got {fmt!r}")
+    if fmt == "fp8" and act != "fp8":
+        raise ValueError("moe: FP8 experts support only act='fp8'")
+
+
+def repack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """Checkpoint nibble order (byte j = elements 2j, 2j+1) -> kernel order (per 64 elements,
+    byte j = elements j and j+32, i.e. two whole 32-wide groups)."""
+    b = packed.view(torch.uint8)
+    k = b.shape[-1] * 2
+    el = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(*b.shape[:-1], k // 64, 2, 32)
+    return (el[..., 0, :] | (el[..., 1, :] << 4)).reshape(b.shape)
+
+
+def _fp4_scale_bytes(s: torch.Tensor, name: str) -> torch.Tensor:
+    if s.dtype not in (torch.float8_e8m0fnu, torch.uint8):
+        raise ValueError(f"{name}: expected E8M0 (float8_e8m0fnu or uint8) scales, got {s.dtype}")
+    b = s.view(torch.uint8)
+    if bool((b > MAX_FP4_SCALE_BYTE).any()):
+        raise ValueError(f"{name}: scale byte > {MAX_FP4_SCALE_BYTE} (>= 2^122 or NaN) is not supported")
+    return b
+
+
+def finalize_experts(w: ExpertWeights) -> PackedExperts:
+    """Build the kernel layout once after load; the caller may drop `w` afterwards."""
+    e, i, h = w.num_experts, w.inter, w.hidden
+    if w.fmt == "mxfp4":
+        if w.w1.shape != (e, i, h // 2) or w.w3.shape != w.w1.shape or w.w2.shape != (e, h, i // 2):
+            raise ValueError(f"experts: inconsistent MXFP4 shapes w1 {tuple(w.w1.shape)}, w3 {tuple(w.w3.shape)}, "
+                             f"w2 {tuple(w.w2.shape)}")
+        if h % BLOCK or i % BLOCK:
+            raise ValueError(f"experts: hidden {h} and inter {i} must be multiples of 128")
+        w13 = torch.empty((e, 2 * i, h // 2), dtype=torch.uint8, device=w.w1.device)
+        w2 = torch.empty((e, h, i // 2), dtype=torch.uint8, device=w.w1.device)
+        for x in range(e):  # one expert at a time keeps the unpacked temporary small
+            w13[x, :i] = repack_fp4(w.w1[x])
+            w13[x, i:] = repack_fp4(w.w3[x])
+            w2[x] = repack_fp4(w.w2[x])
+        s13 = torch.cat([_fp4_scale_bytes(w.w1_scale, "w1_scale"), _fp4_scale_bytes(w.w3_scale, "w3_scale")], 1)
+        s2 = _fp4_scale_bytes(w.w2_scale, "w2_scale")
+        if s13.shape != (e, 2 * i, h // GROUP) or s2.shape != (e, h, i // GROUP):
+            raise ValueError(f"experts: MXFP4 scale shapes {tuple(s13.shape)} / {tuple(s2.shape)} do not match")
+        return PackedExperts("mxfp4", e, h, i, w13, s13.transpose(1, 2).contiguous(), w2,
+                             s2.transpose(1, 2).contiguous())
+    if w.fmt == "fp8":
+        from dsv4.kernels.fp8_linear import _weight_scale_f32
+
+        if w.w1.dtype != torch.float8_e4m3fn or w.w1.shape != (e, i, h) or w.w2.shape != (e, h, i):
+            raise ValueError(f"experts: inconsistent FP8 shapes w1 {tuple(w.w1.shape)}, w2 {tuple(w.w2.shape)}")
+        s13 = torch.cat([_weight_scale_f32(w.w1_scale, "w1_scale"), _weight_scale_f32(w.w3_scale, "w3_scale")], 1)
+        s2 = _weight_scale_f32(w.w2_scale, "w2_scale")
+        if s13.shape != (e, 2 * i // BLOCK, h // BLOCK) or s2.shape != (e, h // BLOCK, i // BLOCK):
+            raise ValueError(f"experts: FP8 scale shapes {tuple(s13.shape)} / {tuple(s2.shape)} do not match")
+        return PackedExperts("fp8", e, h, i, torch.cat([w.w1, w.w3], 1).contiguous(), s13.contiguous(),
+                             w.w2.contiguous(), s2.contiguous())
+    raise ValueError(f"experts: unknown format {w.fmt!r}")
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _fp4_lo(b, USE_ASM: tl.constexpr):
+        """Low nibbles (e2m1 codes) of uint8 bytes -> e4m3 holding e2m1 * 2^-6 (exact bit move)."""
+        if USE_ASM:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t0, t1; and.b32 t0, $1, 0x07070707; shl.b32 t0, t0, 2; "
+                "and.b32 t1, $1, 0x08080808; shl.b32 t1, t1, 4; or.b32 $0, t0, t1; }",
+                "=r,r", [b], dtype=tl.float8e4nv, is_pure=True, pack=4)
+        else:
+            v = b.to(tl.int32)
+            v = ((v & 7) << 2) | ((v & 8) << 4)
+            return v.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+    @triton.jit
+    def _fp4_hi(b, USE_ASM: tl.constexpr):
+        """High nibbles of uint8 bytes -> e4m3 holding e2m1 * 2^-6."""
+        if USE_ASM:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 t0, t1; shr.u32 t0, $1, 2; and.b32 t0, t0, 0x1C1C1C1C; "
+                "and.b32 t1, $1, 0x80808080; or.b32 $0, t0, t1; }",
+                "=r,r", [b], dtype=tl.float8e4nv, is_pure=True, pack=4)
+        else:
+            v = b.to(tl.int32)
+            v = ((v >> 2) & 0x1C) | (v & 0x80)
+            return v.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+    @triton.jit
+    def _group_scale(WSp, g, stride_wsk):
+        """fp32 2^(b - 127 + 6) for group g of each row: undoes the 2^-6 of `_fp4_lo/_hi`."""
+        b = tl.load(WSp + g * stride_wsk).to(tl.int32)
+        return ((b + 6) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _fp4_mma(acc, a0, a1, a2, a3, sa, Wp, WSp, kb, stride_wsk, A16: tl.constexpr, USE_ASM: tl.constexpr):
+        """acc += one 128-wide K block of A · W^T for MXFP4 rows (4 groups of 32)."""
+        b01 = tl.load(Wp + kb * 64)
+        b23 = tl.load(Wp + kb * 64 + 32)
+        f0 = _group_scale(WSp, kb * 4 + 0, stride_wsk)
+        f1 = _group_scale(WSp, kb * 4 + 1, stride_wsk)
+        f2 = _group_scale(WSp, kb * 4 + 2, stride_wsk)
+        f3 = _group_scale(WSp, kb * 4 + 3, stride_wsk)
+        w0 = _fp4_lo(b01, USE_ASM)
+        w1 = _fp4_hi(b01, USE_ASM)
+        w2 = _fp4_lo(b23, USE_ASM)
+        w3 = _fp4_hi(b23, USE_ASM)
+        if A16:  # W4A16: widen to bf16 with the group scale folded in (exact), plain MMA accumulation
+            acc = tl.dot(a0, tl.trans((w0.to(tl.float32) * f0[:, None]).to(tl.bfloat16)), acc)
+            acc = tl.dot(a1, tl.trans((w1.to(tl.float32) * f1[:, None]).to(tl.bfloat16)), acc)
+            acc = tl.dot(a2, tl.trans((w2.to(tl.float32) * f2[:, None]).to(tl.bfloat16)), acc)
+            acc = tl.dot(a3, tl.trans((w3.to(tl.float32) * f3[:, None]).to(tl.bfloat16)), acc)
+        else:  # W4A8: one exact FP8 MMA per 32-group, scaled by the group scale, then the act scale
+            blk = tl.dot(a0, tl.trans(w0)) * f0[None, :]
+            blk += tl.dot(a1, tl.trans(w1)) * f1[None, :]
+            blk += tl.dot(a2, tl.trans(w2)) * f2[None, :]
+            blk += tl.dot(a3, tl.trans(w3)) * f3[None, :]
+            acc += blk * sa[:, None]
+        return acc
+
+    @triton.jit
+    def _fp8w_mma(acc, a, sa, Wp, SWp, kb):
+        """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales."""
+        w = tl.load(Wp + kb * 128)
+        sw = tl.load(SWp + kb)
+        return acc + tl.dot(a, tl.trans(w)) * (sa[:, None] * sw[None, :])
+
+    @triton.jit
+    def _moe_gemm_kernel(
+        A, SA, W, WS, C, CS,
+        SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
+        N, K, num_pairs, top_k, up_off, limit,
+        stride_am, stride_sam,
+        stride_we, stride_wn, stride_wse, stride_wsk,
+        stride_cm, stride_csm,
+        BM: tl.constexpr, BN: tl.constexpr,
+        A_MODE: tl.constexpr,  # 0: fp8 + scales given, 1: bf16 quantised here, 2: bf16 (W4A16)
+        W_FP8: tl.constexpr, GLU: tl.constexpr, QUANT_OUT: tl.constexpr, GATHER_A: tl.constexpr,
+        USE_ASM: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        if pid_m * BM >= tl.load(NUM_POST):
+            return
+        e = tl.load(EXPERT_IDS + pid_m).to(tl.int64)
+        offs_p = pid_m * BM + tl.arange(0, BM)
+        pair = tl.load(SORTED + offs_p)
+        valid = pair < num_pairs
+        if GATHER_A:
+            rows = tl.where(valid, pair // top_k, 0)
+        else:
+            rows = offs_p
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        W_e = W + e * stride_we
+        WS_e = WS + e * stride_wse
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        A16: tl.constexpr = A_MODE == 2
+
+        if W_FP8:
+            offs_k = tl.arange(0, 128)
+            a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]
+            Wg = W_e + offs_n[:, None] * stride_wn + offs_k[None, :]
+            SWg = WS_e + (offs_n // 128) * stride_wsk
+            Wu = Wg + up_off * stride_wn
+            SWu = WS_e + ((offs_n + up_off) // 128) * stride_wsk
+            for kb in range(0, K // 128):
+                a = tl.load(a_ptrs + kb * 128, mask=valid[:, None], other=0.0)
+                if A_MODE == 1:
+                    a, sa = _quant_rows(a.to(tl.float32))
+                else:
+                    sa = tl.load(SA + rows * stride_sam + kb, mask=valid, other=0.0)
+                acc = _fp8w_mma(acc, a, sa, Wg, SWg, kb)
+                if GLU:
+                    acc_u = _fp8w_mma(acc_u, a, sa, Wu, SWu, kb)
+        else:
+            offs_k = tl.arange(0, 32)
+            a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]
+            Wg = W_e + offs_n[:, None] * stride_wn + offs_k[None, :]
+            WSg = WS_e + offs_n
+            Wu = Wg + up_off * stride_wn
+            WSu = WSg + up_off
+            for kb in range(0, K // 128):
+                a0 = tl.load(a_ptrs + kb * 128, mask=valid[:, None], other=0.0)
+                a1 = tl.load(a_ptrs + kb * 128 + 32, mask=valid[:, None], other=0.0)
+                a2 = tl.load(a_ptrs + kb * 128 + 64, mask=valid[:, None], other=0.0)
+                a3 = tl.load(a_ptrs + kb * 128 + 96, mask=valid[:, None], other=0.0)
+                if A_MODE == 0:
+                    sa = tl.load(SA + rows * stride_sam + kb, mask=valid, other=0.0)
+                elif A_MODE == 1:
+                    x0 = a0.to(tl.float32)
+                    x1 = a1.to(tl.float32)
+                    x2 = a2.to(tl.float32)
+                    x3 = a3.to(tl.float32)
+                    amax = tl.maximum(tl.maximum(tl.max(tl.abs(x0), axis=1), tl.max(tl.abs(x1), axis=1)),
+                                      tl.maximum(tl.max(tl.abs(x2), axis=1), tl.max(tl.abs(x3), axis=1)))
+                    sa, inv = _pow2_scale(tl.maximum(amax, 1e-4))
+                    a0 = tl.clamp(x0 * inv[:, None], -448.0, 448.0).to(tl.float8e4nv)
+                    a1 = tl.clamp(x1 * inv[:, None], -448.0, 448.0).to(tl.float8e4nv)
+                    a2 = tl.clamp(x2 * inv[:, None], -448.0, 448.0).to(tl.float8e4nv)
+                    a3 = tl.clamp(x3 * inv[:, None], -448.0, 448.0).to(tl.float8e4nv)
+                else:
+                    sa = tl.zeros((BM,), dtype=tl.float32)  # unused in W4A16
+                acc = _fp4_mma(acc, a0, a1, a2, a3, sa, Wg, WSg, kb, stride_wsk, A16, USE_ASM)
+                if GLU:
+                    acc_u = _fp4_mma(acc_u, a0, a1, a2, a3, sa, Wu, WSu, kb, stride_wsk, A16, USE_ASM)
+
+        if GLU:
+            gate = tl.minimum(acc.to(tl.bfloat16).to(tl.float32), limit)
+            up = tl.clamp(acc_u.to(tl.bfloat16).to(tl.float32), -limit, limit)
+            rw = tl.load(TOPK_W + pair, mask=valid, other=0.0)
+            z = (gate / (1.0 + tl.exp(-gate)) * up) * rw[:, None]
+            zb = z.to(tl.bfloat16)
+            c_ptrs = C + offs_p[:, None] * stride_cm + offs_n[None, :]
+            if QUANT_OUT:  # BN == 128: this tile is exactly one quantisation block of W2's input
+                q, s = _quant_rows(zb.to(tl.float32))
+                tl.store(c_ptrs, q)
+                tl.store(CS + offs_p * stride_csm + pid_n, s)
+            else:
+                tl.store(c_ptrs, zb)
+        else:
+            c_ptrs = C + pair[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
+            tl.store(c_ptrs, acc.to(tl.bfloat16), mask=valid[:, None])
+
+    @triton.jit
+    def _moe_combine_kernel(Y, S, OUT, D, top_k, HAS_SHARED: tl.constexpr, BD: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BD + tl.arange(0, BD)
+        mask = offs < D
+        acc = tl.zeros((BD,), dtype=tl.float32)
+        for j in range(top_k):
+            acc += tl.load(Y + (t * top_k + j) * D + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SHARED:
+            acc += tl.load(S + t * D + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + t * D + offs, acc.to(tl.bfloat16), mask=mask)
+
+
+# --------------------------------------------------------------------------- launch configuration
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    bm: int
+    bn1: int
+    bn2: int
+    quant_first: bool  # GEMM1 reads x quantised by act_quant (else quantises its gathered rows itself)
+    quant_out: bool  # GEMM1 writes z as FP8 + scales (needs bn1 == 128), else bf16
+    num_warps: int = 4
+    num_stages: int = 3
+    use_asm: bool = True
+
+
+def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
+    """Heuristic launch shape from the average number of (token, slot) pairs per used expert."""
+    per_expert = num_pairs / max(1, min(num_pairs, num_experts))
+    if per_expert <= 16:
+        return MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, num_warps=4, num_stages=4)
+    if per_expert <= 64:
+        return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", num_warps=4,
+                         num_stages=3)
+    return MoEConfig(bm=128, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", num_warps=8, num_stages=3)
+
+
+# --------------------------------------------------------------------------- Triton entry point
+
+
+def fused_moe(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: PackedExperts,
+    swiglu_limit: float = 10.0,
+    act: str = "fp8",
+    shared: torch.Tensor | None = None,
+    config: MoEConfig | None = None,
+) -> torch.Tensor:
+    """Triton routed MoE (contract of `fused_moe_ref`, with `finalize_experts` weights): bf16 [M, D]."""
+    _check_act(act, experts.fmt)
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != experts.hidden:
+        raise ValueError(f"fused_moe: expected bf16 x [M, {experts.hidden}], got {x.dtype} {tuple(x.shape)}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"fused_moe: topk_ids {tuple(topk_ids.shape)} / topk_weights "
+                         f"{tuple(topk_weights.shape)} do not match x {tuple(x.shape)}")
+    if shared is not None and (shared.shape != x.shape or shared.dtype != torch.bfloat16):
+        raise ValueError(f"fused_moe: shared must be bf16 {tuple(x.shape)}, got {shared.dtype} {tuple(shared.shape)}")
+    m, d = x.shape
+    top_k = topk_ids.shape[1]
+    e, i = experts.num_experts, experts.inter
+    out = torch.empty((m, d), dtype=torch.bfloat16, device=x.device)
+    if m == 0:
+        return out
+    num_pairs = m * top_k
+    cfg = config or pick_moe_config(num_pairs, e, act)
+    quant_out = act == "fp8" and cfg.quant_out
+    if quant_out and cfg.bn1 != BLOCK:
+        raise ValueError("fused_moe: quant_out needs bn1 == 128")
+    if i % cfg.bn1 or d % cfg.bn2:
+        raise ValueError(f"fused_moe: block sizes {cfg.bn1}/{cfg.bn2} must divide inter {i} / hidden {d}")
+    x = x.contiguous()
+    sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
+    nb = expert_ids.numel()
+    rows = nb * cfg.bm
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    w_fp8 = experts.fmt == "fp8"
+    meta = dict(BM=cfg.bm, W_FP8=w_fp8, USE_ASM=cfg.use_asm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    # GEMM1: [pairs, D] x w13^T -> z [rows, I] in sorted order
+    if act == "bf16":
+        a1, sa1, mode1, s_sa1 = x, x, 2, 0
+    elif cfg.quant_first:
+        a1, sa1 = act_quant(x)
+        mode1, s_sa1 = 0, sa1.stride(0)
+    else:
+        a1, sa1, mode1, s_sa1 = x, x, 1, 0
+    if quant_out:
+        z = torch.empty((rows, i), dtype=torch.float8_e4m3fn, device=x.device)
+        zs = torch.empty((rows, i // BLOCK), dtype=torch.float32, device=x.device)
+    else:
+        z = torch.empty((rows, i), dtype=torch.bfloat16, device=x.device)
+        zs = z
+    w13, s13 = experts.w13, experts.w13_scale
+    _moe_gemm_kernel[(nb, i // cfg.bn1)](
+        a1, sa1, w13, s13, z, zs, sorted_ids, expert_ids, num_post, tw,
+        i, d, num_pairs, top_k, i, float(swiglu_limit),
+        a1.stride(0), s_sa1, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
+        z.stride(0), zs.stride(0) if quant_out else 0,
+        BN=cfg.bn1, A_MODE=mode1, GLU=True, QUANT_OUT=quant_out, GATHER_A=True, **meta,
+    )
+
+    # GEMM2: z [rows, I] x w2^T -> y [pairs, D], one bf16 row per (token, slot)
+    mode2 = 2 if act == "bf16" else (0 if quant_out else 1)
+    y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
+    w2, s2 = experts.w2, experts.w2_scale
+    _moe_gemm_kernel[(nb, d // cfg.bn2)](
+        z, zs, w2, s2, y, y, sorted_ids, expert_ids, num_post, tw,
+        d, i, num_pairs, top_k, 0, float(swiglu_limit),
+        z.stride(0), zs.stride(0) if quant_out else 0, w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
+        y.stride(0), 0,
+        BN=cfg.bn2, A_MODE=mode2, GLU=False, QUANT_OUT=False, GATHER_A=False, **meta,
+    )
+
+    # combine: fp32 sum over the top_k slots (+ shared expert), bf16 out
+    bd = 1024
+    _moe_combine_kernel[(m, triton.cdiv(d, bd))](
+        y, shared if shared is not None else y, out, d, top_k, HAS_SHARED=shared is not None, BD=bd, num_warps=4,
+    )
+    return out

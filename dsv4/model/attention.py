@@ -1,0 +1,129 @@
+"""Attention of one layer (spec §2.3-2.5): q LoRA, one shared K=V head, sliding window plus
+compressed entries in one softmax with a per-head sink, inverse RoPE, grouped output projection.
+
+Query t attends to the window kv of positions max(0, t-127) .. t and to the compressed entries in its
+candidate set: none (sliding-only), all complete entries j < floor((t+1)/128) (HCA), or the indexer's
+selection among j < floor((t+1)/4) (CSA). Scores are `q.k * head_dim^-0.5`; the sink logit of head h
+joins the softmax denominator only. Projections, norms and RoPE run on the flat batch; the attention
+itself runs per sequence, vectorised over that sequence's tokens in blocks of queries.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dsv4.config import LayerSpec, ModelConfig
+from dsv4.model.compressor import Compressor
+from dsv4.model.context import Segment
+from dsv4.model.indexer import Indexer
+from dsv4.model.linear import FP8, Linear
+from dsv4.model.norm import RMSNorm, unweighted_rms_norm
+from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
+from dsv4.model.rope import RotaryEmbedding, apply_rope
+
+QUERY_BLOCK = 256  # queries scored together; bounds the score tensor to ~QUERY_BLOCK x (window + block)
+
+
+def sink_attention(q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor,
+                   window: int, entries: torch.Tensor | None, entry_mask: torch.Tensor | None,
+                   sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """One softmax over (window keys visible to each query) U (masked compressed entries), plus sink.
+
+    q [n, H, Dh], q_pos [n]; keys [K, Dh] with ascending positions key_pos [K] (K = V);
+    entries [N, Dh] with entry_mask [n, N]; sink [H] (fp32). Returns [n, H, Dh] in q.dtype.
+    """
+    acc = acc_dtype(q.dtype)
+    out = torch.empty_like(q)
+    for b0 in range(0, q.shape[0], QUERY_BLOCK):
+        qb, pb = q[b0:b0 + QUERY_BLOCK], q_pos[b0:b0 + QUERY_BLOCK]
+        lo = int(torch.searchsorted(key_pos, pb[0] - window + 1))
+        hi = int(torch.searchsorted(key_pos, pb[-1], right=True))
+        kb, kpos = keys[lo:hi], key_pos[lo:hi]
+        visible = (kpos[None, :] <= pb[:, None]) & (kpos[None, :] > pb[:, None] - window)
+        values = kb
+        if entries is not None and entries.shape[0]:
+            values = torch.cat((kb, entries))
+            visible = torch.cat((visible, entry_mask[b0:b0 + QUERY_BLOCK]), dim=1)
+        scores = torch.einsum("thd,kd->thk", qb.to(acc), values.to(acc)) * scale
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        peak = scores.amax(dim=-1, keepdim=True)  # finite: a query always sees its own kv
+        probs = torch.exp(scores - peak)
+        denom = probs.sum(dim=-1) + torch.exp(sink.to(acc)[None, :] - peak.squeeze(-1))
+        probs = probs.to(q.dtype).to(acc)  # the reference feeds bf16 probabilities to P.V
+        ob = torch.einsum("thk,kd->thd", probs, values.to(acc)) / denom.unsqueeze(-1)
+        out[b0:b0 + QUERY_BLOCK] = ob.to(q.dtype)
+    return out
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics):
+        super().__init__()
+        c = config
+        self.n_heads, self.head_dim, self.rope_dim = c.num_heads, c.head_dim, c.rope_dim
+        self.nope_dim = c.head_dim - c.rope_dim
+        self.groups, self.group_rank = c.o_groups, c.o_lora_rank
+        self.window = c.window
+        self.eps = c.rms_norm_eps
+        self.scale = c.head_dim ** -0.5
+        self.numerics = numerics
+        self.rope = RotaryEmbedding(c.rope_dim, spec.rope, acc_dtype(dtype))
+        self.attn_sink = nn.Parameter(torch.empty(c.num_heads, dtype=acc_dtype(dtype)), requires_grad=False)
+        self.wq_a = Linear(c.hidden_size, c.q_lora_rank, dtype, numerics, FP8)
+        self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, dtype)
+        self.wq_b = Linear(c.q_lora_rank, c.num_heads * c.head_dim, dtype, numerics, FP8)
+        self.wkv = Linear(c.hidden_size, c.head_dim, dtype, numerics, FP8)
+        self.kv_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
+        # wo_a: FP8 in the checkpoint, but a bf16 einsum without activation quantisation in the reference.
+        self.wo_a = Linear(c.num_heads * c.head_dim // c.o_groups, c.o_groups * c.o_lora_rank, dtype,
+                           numerics, FP8, quantize_input=False)
+        self.wo_b = Linear(c.o_groups * c.o_lora_rank, c.hidden_size, dtype, numerics, FP8)
+        self.compressor = Compressor(c, spec.compress_ratio, c.head_dim, self.rope, dtype, numerics, "main") \
+            if spec.has_compressor else None
+        self.indexer = Indexer(c, self.rope, dtype, numerics) if spec.has_indexer else None
+
+    def forward(self, a: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        """a: attention input (after attn_norm) [T, D] of the flat batch -> output [T, D]."""
+        cos, sin = self.rope.cos_sin(positions)
+        a_in = self.wq_a.prepare_input(a)  # shared by wq_a and wkv
+        q_latent = self.q_norm(self.wq_a(a_in, input_ready=True))
+        q_latent_in = self.wq_b.prepare_input(q_latent)  # shared by wq_b and indexer.wq_b
+        q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
+        q = apply_rope(unweighted_rms_norm(q, self.eps), cos[:, None], sin[:, None])
+        kv = apply_rope(self.kv_norm(self.wkv(a_in, input_ready=True)), cos, sin)
+        if self.numerics.simulate_kv_fp8:
+            kv = simulate_kv_fp8(kv, self.nope_dim)
+        rows = self.compressor.project(a, positions) if self.compressor else None
+        if self.indexer:
+            index_rows = self.indexer.compressor.project(a, positions)
+            index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin)
+
+        out = torch.empty_like(q)
+        for seg in segments:
+            sl = slice(seg.start, seg.start + seg.length)
+            state, pos = seg.state, positions[sl]
+            entries = entry_mask = None
+            new_rows = {}
+            if self.compressor:
+                self.compressor.update(state, rows[0][sl], rows[1][sl], a.dtype)
+                new_rows["main"] = (rows[0][sl], rows[1][sl])
+                entries = state.entries("main")
+                if self.indexer:
+                    self.indexer.compressor.update(state, index_rows[0][sl], index_rows[1][sl], a.dtype)
+                    new_rows["index"] = (index_rows[0][sl], index_rows[1][sl])
+                    entry_mask = self.indexer.select(index_q[sl], index_w[sl], state.entries("index"), pos)
+                else:  # HCA: every complete entry is visible
+                    entry_idx = torch.arange(entries.shape[0], device=a.device)
+                    entry_mask = entry_idx[None, :] < ((pos + 1) // self.compressor.ratio)[:, None]
+            past_kv, past_pos = state.window()
+            keys = torch.cat((past_kv, kv[sl]))
+            key_pos = torch.cat((past_pos, pos))
+            out[sl] = sink_attention(q[sl], pos, keys, key_pos, self.window, entries, entry_mask,
+                                     self.attn_sink, self.scale)
+            state.append_tokens(kv[sl], new_rows)
+
+        out = apply_rope(out, cos[:, None], -sin[:, None])  # undo the keys' rotation carried by V = K
+        grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
+        acc = acc_dtype(a.dtype)
+        wo_a = self.wo_a.acc_weight().unflatten(0, (self.groups, self.group_rank))
+        low_rank = torch.einsum("tgi,gri->tgr", grouped.to(acc), wo_a).to(a.dtype)
+        return self.wo_b(low_rank.flatten(1))

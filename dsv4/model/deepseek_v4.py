@@ -1,0 +1,238 @@
+"""DeepSeek-V4 causal LM: the exact CPU reference forward pass (spec deepseek_v4_model.md §2).
+
+    h = embed[token];  X = [h] * hc                       residual streams [T, hc, D]
+    X = Block_l(X)  for every layer                        (mHC + attention, mHC + MoE)
+    hidden = norm(hc_head(X))                              what `forward` returns, [T, D]
+    logits = head(hidden)                                  `compute_logits`, fp32 [T, V]
+
+Parameter names are the official checkpoint names (`embed.weight`, `layers.3.attn.wq_a.weight`,
+`hc_head_fn`, `mtp.0.e_proj.weight`, ...). Weights are held dequantised in the model dtype; the fp32
+parameters of the reference (mHC, attn_sink, ape, gate bias) in fp32 (fp64 for a float64 model).
+
+Numerics (`numerics=`, see also docs/numerics.md):
+* "reference" (default): DeepSeek's inference code. KV nope dims FP8-simulated (block 64, after RoPE)
+  for window kv and compressed entries; indexer q and keys Hadamard-rotated and FP4-simulated (block
+  32); the input of every FP8/FP4-weight linear except wo_a FP8-quantised per token per 128 channels.
+* "transformers": none of the three (transformers 5.23.0 loaded dequantised).
+* The model dtype sets the rest: the reference's bf16 rounding points round to the model dtype, its
+  fp32 computations run in fp32 (fp64 for a float64 model). bfloat16 follows the reference precision
+  map; float32 is the exactness baseline; float64 is for re-derivation tests.
+Deterministic choices where the reference is unspecified: ties in the indexer's top-k and in the
+router's top-k go to the lowest index.
+
+Batches are flat: see `dsv4.model.context` for packing sequences and carrying their decode state.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dsv4.config import ModelConfig
+from dsv4.model.block import Block
+from dsv4.model.context import ForwardContext, Segment, get_forward_context, sequence_spans
+from dsv4.model.hyper import hc_head
+from dsv4.model.linear import PLAIN, Linear, dequantize_weight
+from dsv4.model.mtp import MTPBlock
+from dsv4.model.norm import RMSNorm
+from dsv4.model.numerics import COMPUTE_DTYPES, Numerics, acc_dtype, resolve_numerics
+from dsv4.model.state import SequenceState
+
+STORED_QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab_size: int, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, dim, dtype=dtype), requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dtype not in (torch.int64, torch.int32) or ids.dim() != 1:
+            raise ValueError(f"token ids must be a 1-D int tensor, got {ids.dtype} {tuple(ids.shape)}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.weight.shape[0]):
+            raise ValueError(f"token id out of range [0, {self.weight.shape[0]}): "
+                             f"min {int(ids.min())}, max {int(ids.max())}")
+        return F.embedding(ids, self.weight)
+
+
+class DeepseekV4ForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 numerics: str | Numerics = "reference"):
+        super().__init__()
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype={dtype}; allowed: {', '.join(map(str, COMPUTE_DTYPES))}")
+        self.config, self.dtype, self.numerics = config, dtype, resolve_numerics(numerics)
+        c, acc = config, acc_dtype(dtype)
+        self.embed = Embedding(c.vocab_size, c.hidden_size, dtype)
+        self.layers = nn.ModuleList(Block(c, spec, dtype, self.numerics) for spec in c.layers)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.head = Linear(c.hidden_size, c.vocab_size, dtype, self.numerics)
+        self.hc_head_fn = nn.Parameter(torch.empty(c.hc_mult, c.hc_mult * c.hidden_size, dtype=acc),
+                                       requires_grad=False)
+        self.hc_head_base = nn.Parameter(torch.empty(c.hc_mult, dtype=acc), requires_grad=False)
+        self.hc_head_scale = nn.Parameter(torch.empty(1, dtype=acc), requires_grad=False)
+        self.mtp = nn.ModuleList([MTPBlock(c, dtype, self.numerics, self.embed, self.head)]
+                                 if c.num_nextn_predict_layers else [])
+        self._loaded: set[str] = set()
+        self._pending: dict[str, dict[str, torch.Tensor]] = {}  # quantised weight waiting for its pair
+        self._finalized = False
+        self._mtp_target: torch.Tensor | None = None
+
+    # ---- inference API -------------------------------------------------------------------
+    def new_sequence_state(self, max_rollback: int = 4) -> SequenceState:
+        return SequenceState.create(self.config, self.dtype, self.embed.weight.device, max_rollback)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: object = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Flat batch -> hidden states [T, D] (after hc_head and the final norm)."""
+        if not self._finalized:
+            raise RuntimeError("call finalize_weights() after loading weights, before forward")
+        if intermediate_tensors is not None:
+            raise ValueError("intermediate_tensors: pipeline parallelism is not supported")
+        t = positions.shape[0] if positions.dim() == 1 else -1
+        if t < 0 or positions.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"positions must be a 1-D int tensor, got {positions.dtype} {tuple(positions.shape)}")
+        if inputs_embeds is not None:
+            if inputs_embeds.shape != (t, self.config.hidden_size):
+                raise ValueError(f"inputs_embeds must be [{t}, {self.config.hidden_size}], got {tuple(inputs_embeds.shape)}")
+            h = inputs_embeds.to(self.dtype)
+            if input_ids is not None and input_ids.shape != (t,):
+                raise ValueError(f"input_ids must be [{t}], got {tuple(input_ids.shape)}")
+        elif input_ids is None or input_ids.shape != (t,):
+            raise ValueError(f"input_ids must be [{t}] (one id per position), got "
+                             f"{None if input_ids is None else tuple(input_ids.shape)}")
+        else:
+            h = self.embed(input_ids)
+        if input_ids is not None and input_ids.numel() and \
+                (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+            raise ValueError(f"input_ids out of range [0, {self.config.vocab_size})")
+
+        ctx = get_forward_context() or ForwardContext([t], [self.new_sequence_state()])
+        spans = sequence_spans(ctx, positions, [s.num_tokens for s in ctx.states])
+        x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
+        for i, layer in enumerate(self.layers):
+            segments = [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans, ctx.states) if n]
+            x = layer(x, input_ids, positions, segments)
+        self._mtp_target = x.flatten(1)
+        y = hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
+                    hc_eps=self.config.hc_eps, norm_eps=self.config.rms_norm_eps)
+        return self.norm(y)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """head(hidden) in fp32 (fp64 for a float64 model): [T, V]."""
+        if hidden.dim() != 2 or hidden.shape[1] != self.config.hidden_size:
+            raise ValueError(f"hidden must be [T, {self.config.hidden_size}], got {tuple(hidden.shape)}")
+        acc = acc_dtype(self.dtype)
+        return F.linear(hidden.to(acc), self.head.acc_weight())
+
+    def get_mtp_target_hidden_states(self) -> torch.Tensor:
+        """Residual streams before hc_head of the last forward, [T, hc_mult * D] (MTP input)."""
+        if self._mtp_target is None:
+            raise RuntimeError("no forward has run yet")
+        return self._mtp_target
+
+    def forward_mtp(self, prev_residual: torch.Tensor, next_token_ids: torch.Tensor,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP block: -> (its residual [T, hc*D], hidden [T, D]); see `MTPBlock.forward`."""
+        if not self.mtp:
+            raise RuntimeError("this config has no MTP block (num_nextn_predict_layers = 0)")
+        return self.mtp[0](prev_residual, next_token_ids, positions)
+
+    # ---- weights -------------------------------------------------------------------------
+    def get_expert_mapping(self) -> list[tuple[str, str, int, str]]:
+        """vLLM FusedMoE-style mapping `(param_prefix, checkpoint_prefix, expert_id, shard)`, e.g.
+        ("experts.w13_", "experts.5.w1.", 5, "w1"): w1/w3 fill the two halves of a fused w13, w2 is w2.
+        This model keeps per-expert modules named like the checkpoint and does not need it."""
+        return [("experts.w13_" if shard in ("w1", "w3") else "experts.w2_", f"experts.{e}.{shard}.", e, shard)
+                for e in range(self.config.n_routed_experts) for shard in ("w1", "w2", "w3")]
+
+    def _targets(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_parameters()) | dict(self.named_buffers())
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load backbone tensors (official names; `mtp.*` are skipped). Accepts quantised tensors as
+        stored (FP8 + `.scale`, packed MXFP4 + `.scale`) or unquantised masters; returns the names of
+        the parameters completed by this call."""
+        return self._load(weights, mtp=False)
+
+    def load_mtp_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load the `mtp.0.*` tensors (other names are skipped)."""
+        return self._load(weights, mtp=True)
+
+    def _load(self, weights: Iterable[tuple[str, torch.Tensor]], mtp: bool) -> set[str]:
+        targets = self._targets()
+        linears = {f"{n}.weight": m for n, m in self.named_modules() if isinstance(m, Linear)}
+        done: set[str] = set()
+        for name, tensor in weights:
+            if name.startswith("mtp.") != mtp:
+                continue
+            if mtp and ("emb" in name or name.endswith("head.weight")):
+                continue  # DeepSeek's converter drops MTP copies of embed/head too
+            if name.endswith(".scale"):
+                wname = name[: -len(".scale")] + ".weight"
+                if wname not in linears or linears[wname].weight_format == PLAIN:
+                    raise ValueError(f"{name}: unexpected scale tensor (no quantised weight {wname} in this model)")
+                self._pending.setdefault(wname, {})["scale"] = tensor
+            elif name not in targets:
+                raise ValueError(f"{name}: unexpected tensor (not a parameter of a model with this config)")
+            elif tensor.dtype in STORED_QUANT_DTYPES and name in linears:
+                if linears[name].weight_format == PLAIN:
+                    raise ValueError(f"{name}: stored as {tensor.dtype}, but this weight is never quantised")
+                self._pending.setdefault(name, {})["weight"] = tensor
+                wname = name
+            else:
+                self._copy(name, targets[name], tensor)
+                done.add(name)
+                continue
+            pair = self._pending[wname]
+            if len(pair) == 2:
+                lin = linears[wname]
+                w = dequantize_weight(wname, pair["weight"], pair["scale"].to(pair["weight"].device),
+                                      lin.weight_format, torch.float32)
+                self._copy(wname, lin.weight, w)
+                del self._pending[wname]
+                done.add(wname)
+        self._loaded |= done
+        self._finalized = False
+        return done
+
+    def _copy(self, name: str, target: torch.Tensor, tensor: torch.Tensor) -> None:
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+        if target.dtype == torch.int64:
+            if tensor.is_floating_point():
+                raise ValueError(f"{name}: expected an integer tensor, got {tensor.dtype}")
+            if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= self.config.n_routed_experts):
+                raise ValueError(f"{name}: expert ids outside [0, {self.config.n_routed_experts})")
+        elif not tensor.is_floating_point() or tensor.dtype in STORED_QUANT_DTYPES:
+            raise ValueError(f"{name}: expected a bf16/f16/f32/f64 tensor, got {tensor.dtype}")
+        with torch.no_grad():
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        owner = self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self
+        if isinstance(owner, Linear):
+            owner.invalidate_cache()
+
+    def finalize_weights(self) -> None:
+        """Check that every tensor arrived (MTP: all or none) and is finite; enable forward."""
+        if self._pending:
+            half = {n: sorted(p) for n, p in list(self._pending.items())[:8]}
+            raise ValueError(f"{len(self._pending)} quantised weights lack their pair (have: {half})")
+        targets = self._targets()
+        backbone = {n for n in targets if not n.startswith("mtp.")}
+        mtp = set(targets) - backbone
+        for names, what in ((backbone - self._loaded, "backbone"),
+                            (mtp - self._loaded if mtp & self._loaded else set(), "MTP")):
+            if names:
+                raise ValueError(f"missing {len(names)} {what} tensors, e.g. {sorted(names)[:8]}")
+        for name in sorted(self._loaded):
+            t = targets[name]
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                raise ValueError(f"{name}: contains NaN or infinity after loading")
+        if self.mtp:
+            self.mtp[0].ready = bool(mtp) and mtp <= self._loaded
+        self._finalized = True

@@ -1,0 +1,93 @@
+"""Mixture of experts (spec §2.9): sqrt-softplus gate, hash or biased top-k routing, clamped SwiGLU.
+
+Gate (fp32): `s = sqrt(softplus(W_gate x))`. Top-k layers pick the k largest `s + bias` (the bias is
+for selection only; ties go to the lowest expert id); hash layers take the ids from `tid2eid[token]`.
+Weights `s_e / sum_{picked} s * routed_scaling_factor`. Each routed and the shared expert computes
+`w2(bf16(weight * silu(min(w1 x, L)) * clamp(w3 x, -L, L)))` (the routing weight applied before w2);
+the routed outputs are summed in fp32, the shared one added, and the total rounded.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dsv4.config import LayerSpec, ModelConfig
+from dsv4.model.indexer import top_k_lowest_index
+from dsv4.model.linear import EXPERT, FP8, Linear
+from dsv4.model.numerics import Numerics, acc_dtype
+
+
+class Gate(nn.Module):
+    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype):
+        super().__init__()
+        self.is_hash = spec.moe == "hash"
+        self.top_k = config.num_experts_per_tok
+        self.n_experts = config.n_routed_experts
+        self.normalize = config.norm_topk_prob
+        self.route_scale = config.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(config.n_routed_experts, config.hidden_size, dtype=dtype),
+                                   requires_grad=False)
+        if self.is_hash:
+            self.register_buffer("tid2eid", torch.empty(config.vocab_size, self.top_k, dtype=torch.int64))
+        else:
+            self.bias = nn.Parameter(torch.empty(config.n_routed_experts, dtype=acc_dtype(dtype)),
+                                     requires_grad=False)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (routing weights [T, k] fp32, expert ids [T, k])."""
+        acc = acc_dtype(x.dtype)
+        scores = F.softplus(F.linear(x.to(acc), self.weight.to(acc))).sqrt()
+        if self.is_hash:
+            if token_ids is None:
+                raise ValueError("hash-routed MoE layers need input_ids (got only inputs_embeds)")
+            ids = self.tid2eid[token_ids]
+        else:
+            ids = top_k_lowest_index(scores + self.bias.to(acc), self.top_k)
+        weights = scores.gather(1, ids)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.route_scale, ids
+
+
+class Expert(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, numerics: Numerics, weight_format: str):
+        super().__init__()
+        d, i = config.hidden_size, config.moe_intermediate_size
+        self.limit = config.swiglu_limit
+        self.w1 = Linear(d, i, dtype, numerics, weight_format)
+        self.w2 = Linear(i, d, dtype, numerics, weight_format)
+        self.w3 = Linear(d, i, dtype, numerics, weight_format)
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, input_ready: bool = False
+                ) -> torch.Tensor:
+        acc = acc_dtype(x.dtype)
+        if not input_ready:
+            x = self.w1.prepare_input(x)
+        gate = self.w1(x, input_ready=True).to(acc).clamp(max=self.limit)
+        up = self.w3(x, input_ready=True).to(acc).clamp(-self.limit, self.limit)
+        z = F.silu(gate) * up
+        if weight is not None:
+            z = weight.unsqueeze(-1) * z
+        return self.w2(z.to(x.dtype))
+
+
+class MoE(nn.Module):
+    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics):
+        super().__init__()
+        self.gate = Gate(config, spec, dtype)
+        self.experts = nn.ModuleList(Expert(config, dtype, numerics, EXPERT)
+                                     for _ in range(config.n_routed_experts))
+        self.shared_experts = Expert(config, dtype, numerics, FP8) if config.n_shared_experts else None
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> torch.Tensor:
+        acc = acc_dtype(x.dtype)
+        weights, ids = self.gate(x, token_ids)
+        xq = self.experts[0].w1.prepare_input(x)  # per-row quantisation: shared by all experts
+        y = torch.zeros(x.shape, dtype=acc, device=x.device)
+        for e in torch.unique(ids).tolist():  # ascending expert id: a fixed summation order
+            tokens, slot = torch.where(ids == e)
+            y.index_add_(0, tokens, self.experts[e](xq[tokens], weights[tokens, slot], input_ready=True).to(acc))
+        if self.shared_experts is not None:
+            y += self.shared_experts(xq, input_ready=True).to(acc)
+        return y.to(x.dtype)
