@@ -229,3 +229,19 @@ def test_text_content_parts_render_like_separate_user_messages():
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     assert encode_messages([{"role": "user", "content": parts}], thinking_mode="chat") == \
         encode_messages([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], thinking_mode="chat")
+
+
+def test_task_ends_a_user_turn_and_developer_dropping():
+    """§3.1: a user message with a task is not merged with the next user message. §3.2: with
+    dropping, developer messages before the last user turn disappear, so the assistant after one
+    gets no header; only new messages are rendered after a context (§3.1.3)."""
+    chat = encode_messages([{"role": "user", "content": "q", "task": "query"}, {"role": "user", "content": "b"}],
+                           thinking_mode="chat")
+    assert chat == BOS + USER + "q" + USER + "b" + ASSISTANT + THINK_CLOSE
+    msgs = [{"role": "developer", "content": "d"}, {"role": "assistant", "content": "x", "reasoning_content": "r"},
+            {"role": "user", "content": "q"}]
+    assert encode_messages(msgs) == BOS + "x" + EOS + USER + "q" + ASSISTANT + THINK_OPEN
+    assert encode_messages(msgs, drop_thinking=False) == \
+        BOS + USER + "d" + ASSISTANT + THINK_OPEN + "r" + THINK_CLOSE + "x" + EOS + USER + "q" + ASSISTANT + THINK_OPEN
+    ctx = [{"role": "developer", "content": "d"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "A"}]
+    assert encode_messages([{"role": "user", "content": "q2"}], context=ctx) == USER + "q2" + ASSISTANT + THINK_OPEN

@@ -292,16 +292,26 @@ def test_truncated_call_and_unterminated_reasoning_flags():
 FUZZ_PIECES = [THINK_CLOSE, THINK_OPEN, EOS, BOS, "\n\n<｜DSML｜tool_calls>\n", '<｜DSML｜invoke name="f">\n',
                '<｜DSML｜parameter name="k" string="true">', '<｜DSML｜parameter name="n" string="false">',
                "</｜DSML｜parameter>\n", "</｜DSML｜invoke>\n", "</｜DSML｜tool_calls>", DSML, "<｜", "｜", "<", "</",
-               "/", "think>", "DSML", "\n", "abc", "中文", "😀", "5", "{", '"', "end▁of▁sentence｜>"]
+               "/", "think>", "DSML", "\n", "abc", "中文", "😀", "5", "{", '"', "end▁of▁sentence｜>",
+               "</｜DSML｜invoke", " ", ">", "</｜DSML｜parameter"]
 
 
 def test_fuzz_no_markup_leaks_and_chunking_invariance():
     """Arbitrary marker soup: never raises, never lets a marker string into reasoning or content,
     and every chunking gives the same deltas-rebuilt message and the same result()."""
     rng = random.Random(31337)
-    for trial in range(400):
-        text = "".join(rng.choice(FUZZ_PIECES) for _ in range(rng.randrange(0, 25)))
+    n_with_calls = 0
+    for trial in range(500):
         mode = rng.choice(["chat", "thinking"])
+        if trial % 2:
+            text = "".join(rng.choice(FUZZ_PIECES) for _ in range(rng.randrange(0, 25)))
+        else:   # a well-formed turn with a few random cuts, duplications and insertions
+            prefix = encode_messages([{"role": "user", "content": "q"}], thinking_mode=mode)
+            text = encode_messages([{"role": "user", "content": "q"}, random_assistant(rng)], thinking_mode=mode)[len(prefix):]
+            for _ in range(rng.randrange(0, 4)):
+                a = rng.randrange(len(text) + 1)
+                b = min(len(text), a + rng.randrange(1, 30))
+                text = rng.choice([text[:a] + text[b:], text[:b] + text[a:], text[:a] + rng.choice(FUZZ_PIECES) + text[a:]])
         ref_parser, ref_events = stream(text, [], mode)
         ref = from_events(ref_events)
         for field in ("reasoning_content", "content"):
@@ -316,6 +326,8 @@ def test_fuzz_no_markup_leaks_and_chunking_invariance():
             parser, events = stream(text, cuts, mode)
             assert from_events(events) == ref, (text, cuts)
             assert parser.result() == ref_parser.result()
+        n_with_calls += bool(ref["tool_calls"])
+    assert n_with_calls > 100
 
 
 def test_feed_after_finish_is_an_error():

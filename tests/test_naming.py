@@ -123,8 +123,9 @@ def test_spot_shapes_from_spec_tables():
 def test_tiny_inventory_count_formula(seed):
     g = torch.Generator().manual_seed(seed)
     kinds = ["sliding", "csa", "hca"]
-    layers = ",".join(kinds[int(i)] for i in torch.randint(0, 3, (int(torch.randint(1, 6, ())),), generator=g))
-    cfg = tiny_config("fp4" if seed % 2 else "fp8", layers, num_hash_layers=min(2, seed % 3),
+    n_layers = int(torch.randint(1, 6, (), generator=g))
+    layers = ",".join(kinds[int(i)] for i in torch.randint(0, 3, (n_layers,), generator=g))
+    cfg = tiny_config("fp4" if seed % 2 else "fp8", layers, num_hash_layers=min(2, seed % 3, n_layers),
                       n_routed_experts=4 + seed)
     inv = expected_inventory(cfg)
     extras = {0: 0, 128: 4, 4: 11}

@@ -39,11 +39,11 @@ HELDOUT_FRACTION = 0.05
 # Hyperparameters of the documented run (tools/README.md).
 SEQ_LEN = 384          # 3 complete HCA entries, 96 CSA entries per training window
 BATCH = 4
-STEPS = 700
-LR, LR_MIN_FRAC, WARMUP = 2e-3, 0.1, 40
+STEPS = 330
+LR, LR_MIN_FRAC, WARMUP = 2.5e-3, 0.1, 30
 WEIGHT_DECAY = 0.1
-BIAS_UPDATE = 1e-3     # aux-loss-free balancing: router bias step per optimizer step
-MTP_STEPS = 250
+BIAS_UPDATE = 2e-3     # aux-loss-free balancing: router bias step per optimizer step
+MTP_STEPS = 90
 MTP_LR = 2e-3
 EVAL_EVERY = 100
 

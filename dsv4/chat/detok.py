@@ -56,7 +56,7 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self._ids[self._prefix:self._read])
         window_text = self._decode(self._ids[self._prefix:])
         start = len(prefix_text) + self._partial
-        if False:
+        if window_text.endswith(REPLACEMENT) and not final:
             # Possibly an unfinished character: emit only what precedes the trailing U+FFFD run;
             # text before a complete character cannot change when more bytes arrive.
             end = len(window_text.rstrip(REPLACEMENT))

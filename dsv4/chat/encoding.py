@@ -25,7 +25,7 @@ Input messages are never mutated. Malformed input raises ValueError naming the o
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -366,8 +366,3 @@ def encode_messages(messages: list[dict], *, thinking_mode: str = "thinking",
         prompt += _render_message(i, full, thinking, drop, reasoning_effort, last_user)
     return prompt
 
-
-def iter_special_strings() -> Iterable[str]:
-    """Every special string the encoder can emit (for tokenizer checks)."""
-    yield from (BOS, EOS, USER, ASSISTANT, LATEST_REMINDER, THINK_OPEN, THINK_CLOSE, DSML)
-    yield from TASK_TOKENS.values()

@@ -37,7 +37,7 @@ import re
 import uuid
 from typing import Callable
 
-from .encoding import BOS, DSML, EOS, THINK_CLOSE, THINK_OPEN, TOOL_CALLS_START, to_json, ASSISTANT
+from .encoding import ASSISTANT, BOS, DSML, EOS, THINK_CLOSE, THINK_OPEN, TOOL_CALLS_START, to_json
 
 INVOKE_OPEN = f"<{DSML}invoke"
 INVOKE_CLOSE = f"</{DSML}invoke"
@@ -132,21 +132,18 @@ _TEXT_MARKERS = (DSML, THINK_CLOSE, THINK_OPEN, EOS, BOS)
 _HOLD_MARKERS = (THINK_CLOSE, THINK_OPEN, EOS, BOS) + tuple(
     nl + lt + DSML for nl in ("", "\n", "\n\n") for lt in ("", "<", "</"))
 _TAIL_LEN = max(len(m) for m in _HOLD_MARKERS) - 1
-_INVOKE_RE = re.compile(re.escape(INVOKE_OPEN) + r"(.*?)" + re.escape(INVOKE_CLOSE) + r"\s*>", re.S)
 _NAME_RE = re.compile(r'\s*name\s*=\s*"([^"]*)"')
 _PARAM_RE = re.compile(re.escape(PARAM_OPEN) + r'\s+name\s*=\s*"(.*?)"(?:\s+string\s*=\s*"(true|false)")?\s*>'
                        + r"(.*?)" + re.escape(f"</{DSML}parameter>"), re.S)
+_MARKER_PREFIXES = frozenset(m[:k] for m in _HOLD_MARKERS for k in range(1, len(m)))
 
 
 def _held_suffix(buf: str) -> int:
     """Length of the longest suffix of `buf` that is a proper prefix of a marker."""
-    best = 0
-    for marker in _HOLD_MARKERS:
-        for k in range(min(len(marker) - 1, len(buf)), best, -1):
-            if buf.endswith(marker[:k]):
-                best = k
-                break
-    return best
+    for k in range(min(len(buf), _TAIL_LEN), 0, -1):
+        if buf[-k:] in _MARKER_PREFIXES:
+            return k
+    return 0
 
 
 def _is_json(text: str) -> bool:
@@ -191,6 +188,7 @@ class StreamingParser:
         self._block = ""        # DSML block text, from its opening marker
         self._block_scan = 0    # where the search for the block's end resumes
         self._invoke_pos = 0    # where the search for the next complete invoke resumes
+        self._close_scan = 0    # where the search for the next invoke closing tag resumes
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._calls: list[dict] = []
@@ -292,7 +290,7 @@ class StreamingParser:
                     start -= 1
             self._emit(events, buf[:start])
             self._leave_reasoning("tool_calls")
-            self._block, self._block_scan, self._invoke_pos = buf[start:], 0, 0
+            self._block, self._block_scan, self._invoke_pos, self._close_scan = buf[start:], 0, 0, 0
             self._buf = ""
             self._state = "tools"
             return True
@@ -309,14 +307,37 @@ class StreamingParser:
             self._state = "reasoning"   # a chat-mode reply that opens its own <think> block
         return True   # other markers (stray <think>, </think>, BOS) are dropped
 
+    def _next_invoke(self, block: str, end: int) -> str | None:
+        """Body of the next complete `<｜DSML｜invoke ...</｜DSML｜invoke>` in block[:end], else None.
+
+        Resumable: each character is scanned about once however the block arrives."""
+        start = block.find(INVOKE_OPEN, self._invoke_pos, end)
+        if start == -1:
+            return None
+        body_start = start + len(INVOKE_OPEN)
+        while True:
+            close = block.find(INVOKE_CLOSE, max(body_start, self._close_scan), end)
+            if close == -1:
+                self._close_scan = max(body_start, end - len(INVOKE_CLOSE) + 1)
+                return None
+            j = close + len(INVOKE_CLOSE)
+            while j < end and block[j].isspace():
+                j += 1
+            if j == end:
+                self._close_scan = close   # the ">" may still come
+                return None
+            if block[j] == ">":
+                self._invoke_pos = self._close_scan = j + 1
+                return block[body_start:close]
+            self._close_scan = close + 1   # not a closing tag after all: look further
+
     def _advance_tools(self, events: list[dict], final: bool) -> bool:
         """DSML block: emit complete invokes; leave at </｜DSML｜tool_calls> or EOS."""
         block = self._block
         ends = [(k, m) for m in (TOOL_CALLS_END, EOS) if (k := block.find(m, self._block_scan)) != -1]
         end, marker = min(ends) if ends else (len(block), None)
-        while (m := _INVOKE_RE.search(block, self._invoke_pos, end)) is not None:
-            self._invoke_pos = m.end()
-            call = _tolerant_call(m.group(1))
+        while (body := self._next_invoke(block, end)) is not None:
+            call = _tolerant_call(body)
             if call is None:
                 continue
             index = len(self._calls)

@@ -269,7 +269,7 @@ class Checkpoint:
         has_mtp = any(is_mtp_name(n) for n in sources) and not later
         if include_mtp is None:
             include_mtp = has_mtp
-        include_mtp = bool(include_mtp and cfg.num_nextn_predict_layers)
+        include_mtp = bool(include_mtp and cfg.num_nextn_predict_layers and not later)
         if later or not include_mtp:
             sources = {n: s for n, s in sources.items() if not is_mtp_name(n)}
 

@@ -1,19 +1,39 @@
-"""Asyncio front of the engine: one worker thread runs `LLMEngine.step()`; coroutines submit and stream.
+"""Asyncio front of an engine core: one worker thread runs `core.step()`; coroutines submit and stream.
 
 Why a thread: a step is a blocking torch call (CPU or GPU). Running it on the event loop would stall
-every HTTP connection, so the loop only moves requests and deltas across thread-safe queues.
+every HTTP connection, so the loop only moves requests and deltas across thread-safe queues, and
+only the worker thread ever touches the core (it is not thread-safe).
+
+Public API
+----------
+AsyncEngine(core, *, max_running=256, max_queued=256, step_watchdog_s=120.0)
+    .start() / .shutdown()        worker thread; shutdown ends every stream with finish_reason "abort"
+    .submit([(id, prompt_ids, params), ...]) -> [RequestStream]   all or nothing (event-loop thread)
+        EngineOverloaded when running + queued would exceed max_running + max_queued (-> 429),
+        EngineStopped while draining, stalled or failed (-> 503), ValueError for a duplicate id.
+    .generate(id, prompt_ids, params)   async iterator over one request's deltas (convenience)
+    .accepting, .num_pending(), .stats(), .health() -> (ok, reason), .on_step(seconds) hook
+RequestStream
+    await .accepted()   wait until the core took the request; re-raises its ValueError (-> 400)
+    async for out in stream   RequestOutput deltas until one has finished=True
+    .abort()            stop the request and free its cache pages (idempotent; no-op once finished)
+
+Watchdog: a step running longer than `step_watchdog_s` marks the engine stalled (health 503, new
+requests 503), fails the requests in flight and logs the worker's stack; it recovers when the
+step returns. A step that raises fails its requests and leaves the engine failed for good.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+import traceback
+from typing import AsyncIterator, Callable, Protocol
 
-from .outputs import EngineStats, RequestOutput
+from .outputs import EngineStats, RequestOutput, aborted_output
 
 log = logging.getLogger(__name__)
 
@@ -33,138 +53,222 @@ class EngineOverloaded(RuntimeError):
 
 
 class EngineStopped(RuntimeError):
-    """The engine is draining or stopped (-> HTTP 503)."""
+    """The engine is draining, stalled, failed or stopped (-> HTTP 503)."""
 
 
-@dataclass
-class _Submit:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: object
-    out: asyncio.Queue
-    loop: asyncio.AbstractEventLoop
+_ACCEPTED = object()   # first item of every stream once the core has the request
+
+
+class RequestStream:
+    def __init__(self, engine: "AsyncEngine", request_id: str, prompt_token_ids: list[int], params):
+        self.engine = engine
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.finished = False
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._accepted = False
+        self._early: RequestOutput | None = None   # an "abort" delta that beat the acceptance
+
+    async def accepted(self) -> None:
+        if self._accepted:
+            return
+        item = await self._queue.get()
+        self._accepted = True
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if isinstance(item, RequestOutput):   # ended (shutdown) before the core took it
+            self._early = item
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self._accepted:
+            await self.accepted()
+        if self._early is not None:
+            item, self._early = self._early, None
+        elif self.finished:
+            raise StopAsyncIteration
+        else:
+            item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)
 
 
 class AsyncEngine:
-    def __init__(self, core: EngineCore, *, max_pending: int = 1024, step_watchdog_s: float = 60.0):
+    def __init__(self, core: EngineCore, *, max_running: int = 256, max_queued: int = 256,
+                 step_watchdog_s: float = 120.0):
+        if max_running < 1 or max_queued < 0:
+            raise ValueError(f"AsyncEngine: max_running={max_running} must be >= 1, max_queued={max_queued} >= 0")
         self.core = core
-        self.max_pending = max_pending
+        self.capacity = max_running + max_queued
         self.step_watchdog_s = step_watchdog_s
+        self.on_step: Callable[[float], None] | None = None
+        self.accepting = True
+        self.error: BaseException | None = None
+        self.stalled = False
+        self.step_started: float | None = None
         self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, _Submit] = {}
+        self._streams: dict[str, tuple[RequestStream, asyncio.AbstractEventLoop]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.accepting = True
-        self.step_started: float | None = None
-        self.last_step_s = 0.0
-        self.stalled = False
-        self.error: BaseException | None = None
+        self._threads: list[threading.Thread] = []
         self._stats = core.stats()
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="dsv4-engine", daemon=True)
-            self._thread.start()
-
-    def num_pending(self) -> int:
-        with self._lock:
-            return len(self._streams)
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Stop accepting; wait for in-flight requests up to `timeout_s`. True if all finished."""
-        self.accepting = False
-        deadline = time.monotonic() + timeout_s
-        while self.num_pending() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return self.num_pending() == 0
+        if self._threads:
+            return
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._run, name="dsv4-engine", daemon=True),
+                         threading.Thread(target=self._watchdog, name="dsv4-watchdog", daemon=True)]
+        for t in self._threads:
+            t.start()
 
     def shutdown(self) -> None:
+        """Stop accepting, end every open stream with an "abort" delta, stop the worker."""
         self.accepting = False
         with self._lock:
             ids = list(self._streams)
         for rid in ids:
-            self.abort(rid)
+            self._fail(rid, None)
+            self._inbox.put(("abort", rid))
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        for t in self._threads:
+            t.join(timeout=30)
+        self._threads = []
 
-    # ---- requests ----------------------------------------------------------------------
+    # ---- state -------------------------------------------------------------------------
+    def num_pending(self) -> int:
+        """Requests submitted and not yet finished or aborted in the core."""
+        with self._lock:
+            return len(self._streams)
+
     def stats(self) -> EngineStats:
         return self._stats
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params) -> AsyncIterator[RequestOutput]:
-        """Submit and yield deltas until finished. Cancelling the consumer aborts the request."""
+    def step_overdue(self) -> bool:
+        started = self.step_started
+        return started is not None and time.monotonic() - started > self.step_watchdog_s
+
+    def health(self) -> tuple[bool, str]:
+        if self.error is not None:
+            return False, f"engine failed: {self.error}"
+        if self.stalled or self.step_overdue():
+            return False, f"engine step running longer than {self.step_watchdog_s:g}s"
+        if self._threads and not self._threads[0].is_alive():
+            return False, "engine thread is not running"
+        return True, "ok" if self.accepting else "draining"
+
+    # ---- requests ----------------------------------------------------------------------
+    def submit(self, requests: list[tuple[str, list[int], object]]) -> list[RequestStream]:
+        """Admit all requests or none. Call on the event loop that will consume the streams."""
         if not self.accepting:
             raise EngineStopped("server is shutting down")
-        if self.error is not None:
-            raise EngineStopped(f"engine failed: {self.error}")
+        ok, reason = self.health()
+        if not ok:
+            raise EngineStopped(reason)
         loop = asyncio.get_running_loop()
-        sub = _Submit(request_id, prompt_token_ids, params, asyncio.Queue(), loop)
+        streams = [RequestStream(self, rid, ids, params) for rid, ids, params in requests]
         with self._lock:
-            if len(self._streams) >= self.max_pending:
-                raise EngineOverloaded(f"too many requests in flight ({self.max_pending})")
-            if request_id in self._streams:
-                raise ValueError(f"duplicate request id {request_id}")
-            self._streams[request_id] = sub
-        self._inbox.put(("add", sub))
+            if len(self._streams) + len(streams) > self.capacity:
+                raise EngineOverloaded(f"the server is at capacity ({self.capacity} requests running or "
+                                       f"queued); retry later")
+            for s in streams:
+                if s.request_id in self._streams:
+                    raise ValueError(f"duplicate request id {s.request_id}")
+            for s in streams:
+                self._streams[s.request_id] = (s, loop)
+        for s in streams:
+            self._inbox.put(("add", s))
         self._wake.set()
-        finished = False
+        return streams
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params) -> AsyncIterator[RequestOutput]:
+        """Submit one request and yield its deltas; leaving the loop early aborts it."""
+        (stream,) = self.submit([(request_id, prompt_token_ids, params)])
         try:
-            while True:
-                item = await sub.out.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
+            async for out in stream:
+                yield out
         finally:
-            if not finished:
-                self.abort(request_id)
+            stream.abort()
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
         self._wake.set()
 
-    # ---- worker thread -----------------------------------------------------------------
-    def _deliver(self, rid: str, item) -> None:
+    # ---- worker side -------------------------------------------------------------------
+    def _deliver(self, items: list[tuple[str, object]]) -> None:
+        """Hand (request id, item) pairs to their event loops: one wake-up per loop per call."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         with self._lock:
-            sub = self._streams.get(rid)
-            done = isinstance(item, BaseException) or item.finished
-            if sub is not None and done:
-                del self._streams[rid]
-        if sub is not None:
-            sub.loop.call_soon_threadsafe(sub.out.put_nowait, item)
+            for rid, item in items:
+                entry = self._streams.get(rid)
+                if entry is None:
+                    continue   # aborted or failed meanwhile
+                stream, loop = entry
+                if isinstance(item, BaseException) or (isinstance(item, RequestOutput) and item.finished):
+                    del self._streams[rid]
+                by_loop.setdefault(loop, []).append((stream, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:   # that loop is closed: nobody is listening any more
+                pass
+
+    def _fail(self, rid: str, error: BaseException | None) -> None:
+        """End a stream now (error, or an "abort" delta when None); the core is told separately."""
+        entry = self._streams.get(rid)
+        if entry is not None:
+            n_prompt = len(entry[0].prompt_token_ids)
+            self._deliver([(rid, error if error is not None else aborted_output(rid, n_prompt))])
 
     def _drain_inbox(self) -> None:
+        delivered = []
         while True:
             try:
                 kind, arg = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                break
             if kind == "add":
+                with self._lock:
+                    live = arg.request_id in self._streams
+                if not live:
+                    continue   # aborted before the core saw it
                 try:
                     self.core.add_request(arg.request_id, arg.prompt_token_ids, arg.params)
-                except Exception as e:  # validation failure: report to that request only
-                    self._deliver(arg.request_id, e)
+                    delivered.append((arg.request_id, _ACCEPTED))
+                except Exception as e:  # the core's validation: fails that request only
+                    delivered.append((arg.request_id, e if isinstance(e, ValueError) else ValueError(str(e))))
             else:
                 with self._lock:
-                    known = arg in self._streams
-                self.core.abort_request(arg)
-                if known:
-                    with self._lock:
-                        self._streams.pop(arg, None)
+                    self._streams.pop(arg, None)
+                try:
+                    self.core.abort_request(arg)
+                except Exception:
+                    log.exception("abort of %s failed", arg)
+        if delivered:
+            self._deliver(delivered)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
             self._drain_inbox()
-            if not self.core.has_unfinished():
+            if self._stop.is_set():
+                return
+            if self.error is not None or not self.core.has_unfinished():
                 self._stats = self.core.stats()
                 self._wake.wait(timeout=0.1)
                 self._wake.clear()
@@ -173,24 +277,42 @@ class AsyncEngine:
             try:
                 outputs = self.core.step()
             except Exception as e:  # a failing step fails its requests, never the process
-                log.exception("engine step failed")
+                log.exception("engine step failed; the engine now refuses requests")
                 self.error = e
                 with self._lock:
                     ids = list(self._streams)
                 for rid in ids:
-                    self.core.abort_request(rid)
-                    self._deliver(rid, RuntimeError(f"engine step failed: {e}"))
+                    self._fail(rid, EngineStopped(f"engine step failed: {e}"))
                 continue
             finally:
-                self.last_step_s = time.monotonic() - self.step_started
+                elapsed = time.monotonic() - self.step_started
                 self.step_started = None
-            if self.last_step_s > self.step_watchdog_s:
-                log.warning("engine step took %.1fs (watchdog %.1fs)", self.last_step_s, self.step_watchdog_s)
-            for out in outputs:
-                self._deliver(out.request_id, out)
+                self.stalled = False
+                if self.on_step is not None:
+                    self.on_step(elapsed)
+            self._deliver([(out.request_id, out) for out in outputs])
             self._stats = self.core.stats()
 
-    def step_overdue(self) -> bool:
-        """Watchdog: True while the current step has run longer than the limit."""
-        started = self.step_started
-        return started is not None and time.monotonic() - started > self.step_watchdog_s
+    def _watchdog(self) -> None:
+        period = min(1.0, self.step_watchdog_s / 4)
+        reported: float | None = None
+        while not self._stop.wait(period):
+            started = self.step_started
+            if started is None or not self.step_overdue() or reported == started:
+                continue
+            reported = started
+            self.stalled = True
+            frame = sys._current_frames().get(self._threads[0].ident) if self._threads else None
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else "(unavailable)"
+            log.error("engine step running for %.1fs (watchdog %gs); failing in-flight requests. "
+                      "Worker stack:\n%s", time.monotonic() - started, self.step_watchdog_s, stack)
+            with self._lock:
+                ids = list(self._streams)
+            for rid in ids:
+                self._fail(rid, EngineStopped(f"engine step exceeded the {self.step_watchdog_s:g}s watchdog"))
+                self._inbox.put(("abort", rid))   # the core drops them once the step returns
+
+
+def _put_all(batch: list[tuple[RequestStream, object]]) -> None:
+    for stream, item in batch:
+        stream._queue.put_nowait(item)

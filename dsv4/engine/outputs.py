@@ -1,7 +1,27 @@
-"""What the engine hands back per request and step: incremental deltas."""
+"""What the engine hands back per request and step (incremental deltas), and how they are made.
+
+Public API
+----------
+RequestOutput    one step's *new* tokens / text of one request (plus running counts)
+TokenLogprob     logprob of one generated token and the best alternatives
+EngineStats      queue, running and cache-page numbers of an engine core
+OutputTracker(request_id, prompt_token_ids, params, tokenizer)
+    .update(seq, new_token_ids, logprobs) -> RequestOutput | None
+    Turns a `Sequence`'s progress into a delta. Text rules (the same for every core, so the
+    server sees one behaviour):
+      * the text of the EOS token or of a matched stop token id is not part of the text (the
+        token id is still in `token_ids`; finish_reason "stop" says why it ended);
+      * a matched stop string and everything after it are cut (the scheduler's `output_text`);
+      * while stop strings are active, the last (longest stop - 1) characters are held back,
+        so no emitted text is ever taken back;
+      * special tokens other than EOS are kept (the chat parser needs </think> and DSML).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Sequence as Seq
+
+from ..chat.detok import IncrementalDetokenizer
 
 
 @dataclass
@@ -30,8 +50,59 @@ class EngineStats:
     num_waiting: int
     num_running: int
     cache_usage: float           # fraction of cache pages in use (max over kinds)
-    free_pages: int
-    total_pages: int
+    free_pages: int              # summed over page kinds
+    total_pages: int             # summed over page kinds
     prompt_tokens_total: int
     generation_tokens_total: int
     num_preemptions: int
+    page_usage: dict[str, float] = field(default_factory=dict)  # per page kind
+
+
+def aborted_output(request_id: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> RequestOutput:
+    """The last delta of a request the engine gave up on (shutdown, failed step)."""
+    return RequestOutput(request_id, [], "", True, "abort", prompt_tokens, completion_tokens)
+
+
+class OutputTracker:
+    """Per-request delta builder; call `update` once per step in which the sequence got tokens."""
+
+    def __init__(self, request_id: str, prompt_token_ids: Seq[int], params: Any, tokenizer: Any | None):
+        self.request_id = request_id
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self._detok = (IncrementalDetokenizer(tokenizer, context_ids=prompt_token_ids)
+                       if tokenizer is not None else None)
+        self._holdback = max((len(s) for s in params.stop), default=1) - 1
+        self._sent = 0            # characters of text already emitted
+        self._num_tokens = 0      # generated tokens seen
+
+    def update(self, seq: Any, new_token_ids: Seq[int],
+               logprobs: list[TokenLogprob] | None = None) -> RequestOutput | None:
+        """Delta for the tokens appended to `seq` since the last call; None if nothing to say."""
+        self._num_tokens += len(new_token_ids)
+        finished = seq.is_finished
+        text = ""
+        if self._detok is not None:
+            feed = list(new_token_ids)
+            drops_last = finished and seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+            if drops_last and feed:
+                feed = feed[:-1]   # EOS / stop token: counted, not shown
+            if feed:
+                self._detok.add_many(feed)
+            if finished:
+                self._detok.flush()
+                full = seq.output_text if isinstance(seq.stop_reason, str) else self._detok.text
+                upto = len(full)
+            else:
+                full = self._detok.text
+                upto = len(full) - self._holdback if self.params.stop else len(full)
+            if upto > self._sent:
+                text = full[self._sent:upto]
+                self._sent = upto
+        if not new_token_ids and not text and not finished:
+            return None
+        return RequestOutput(
+            request_id=self.request_id, token_ids=list(new_token_ids), text=text, finished=finished,
+            finish_reason=seq.finish_reason if finished else None, prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=self._num_tokens, logprobs=logprobs,
+            stop_reason=seq.stop_reason if finished else None)

@@ -235,6 +235,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

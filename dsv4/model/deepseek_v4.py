@@ -57,6 +57,12 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
+def lm_head(hidden: torch.Tensor, head: Linear) -> torch.Tensor:
+    """Logits in fp32 (fp64 for a float64 model), accumulated in the model's accumulation dtype."""
+    logits = F.linear(hidden.to(acc_dtype(head.weight.dtype)), head.acc_weight())
+    return logits.to(torch.float64 if head.weight.dtype == torch.float64 else torch.float32)
+
+
 class DeepseekV4ForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
                  numerics: str | Numerics = "reference"):
@@ -108,11 +114,19 @@ class DeepseekV4ForCausalLM(nn.Module):
                              f"{None if input_ids is None else tuple(input_ids.shape)}")
         else:
             h = self.embed(input_ids)
-        if input_ids is not None and input_ids.numel() and \
-                (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
-            raise ValueError(f"input_ids out of range [0, {self.config.vocab_size})")
+        if input_ids is None and self.config.num_hash_layers:
+            raise ValueError("input_ids are required: hash-routed MoE layers route by token id")
+        if input_ids is not None:
+            input_ids = input_ids.long()
+            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+                raise ValueError(f"input_ids out of range [0, {self.config.vocab_size})")
+        positions = positions.long()
 
         ctx = get_forward_context() or ForwardContext([t], [self.new_sequence_state()])
+        for s in ctx.states:
+            if s.dtype != self.dtype or len(s.layers) != len(self.layers):
+                raise ValueError(f"SequenceState ({s.dtype}, {len(s.layers)} layers) does not belong to this "
+                                 f"model ({self.dtype}, {len(self.layers)} layers); use model.new_sequence_state()")
         spans = sequence_spans(ctx, positions, [s.num_tokens for s in ctx.states])
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         for i, layer in enumerate(self.layers):
@@ -124,11 +138,10 @@ class DeepseekV4ForCausalLM(nn.Module):
         return self.norm(y)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """head(hidden) in fp32 (fp64 for a float64 model): [T, V]."""
+        """head(hidden): fp32 logits [T, V] (float64 for a float64 model)."""
         if hidden.dim() != 2 or hidden.shape[1] != self.config.hidden_size:
             raise ValueError(f"hidden must be [T, {self.config.hidden_size}], got {tuple(hidden.shape)}")
-        acc = acc_dtype(self.dtype)
-        return F.linear(hidden.to(acc), self.head.acc_weight())
+        return lm_head(hidden, self.head)
 
     def get_mtp_target_hidden_states(self) -> torch.Tensor:
         """Residual streams before hc_head of the last forward, [T, hc_mult * D] (MTP input)."""

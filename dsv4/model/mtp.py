@@ -13,7 +13,6 @@ drafts feed the returned residual back in as `prev_residual`.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dsv4.config import ModelConfig
@@ -57,11 +56,12 @@ class MTPBlock(Block):
         if prev_residual.shape != (t, width) or next_token_ids.shape != (t,) or positions.shape != (t,):
             raise ValueError(f"MTP forward: expected prev_residual [T, {width}], next_token_ids [T], positions [T]; "
                              f"got {tuple(prev_residual.shape)}, {tuple(next_token_ids.shape)}, {tuple(positions.shape)}")
+        positions = positions.long()
         ctx = get_forward_context()
         if ctx is None:
             ctx = ForwardContext([t], [SequenceState.create(self.config, self.dtype, prev_residual.device)])
-        if any(s.mtp is None for s in ctx.states):
-            raise ValueError("a SequenceState in the forward context has no MTP state")
+        if any(s.mtp is None or s.dtype != self.dtype for s in ctx.states):
+            raise ValueError("a SequenceState in the forward context has no MTP state or another dtype")
         spans = sequence_spans(ctx, positions, [s.mtp.num_tokens for s in ctx.states])
         segments = [Segment(start, n, s.mtp) for (start, n), s in zip(spans, ctx.states) if n]
 
@@ -77,6 +77,5 @@ class MTPBlock(Block):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits through the shared head, fp32 (fp64 for a float64 model)."""
-        _, head = self._shared
-        acc = acc_dtype(self.dtype)
-        return F.linear(hidden.to(acc), head.acc_weight())
+        from dsv4.model.deepseek_v4 import lm_head
+        return lm_head(hidden, self._shared[1])

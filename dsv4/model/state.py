@@ -78,6 +78,7 @@ class LayerState:
         self.max_rollback = max_rollback
         self.ratio = spec.compress_ratio
         self.overlap = spec.compress_ratio == 4
+        self.dtype = dtype
         self.num_tokens = 0
         self.min_length = 0  # truncate() may not go below this
         self._ring = torch.zeros(config.window + max_rollback, config.head_dim, dtype=dtype, device=device)
@@ -161,6 +162,7 @@ class SequenceState:
     def __init__(self, layers: list[LayerState], mtp: LayerState | None = None):
         self.layers = layers
         self.mtp = mtp
+        self.dtype = layers[0].dtype
 
     @classmethod
     def create(cls, config: ModelConfig, dtype: torch.dtype = torch.float32,

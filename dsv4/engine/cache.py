@@ -1,0 +1,100 @@
+"""Hybrid decode cache of the engine: page accounting + per-sequence model state + the model call.
+
+DeepSeek-V4 keeps several kinds of per-sequence state (spec deepseek_v4_model.md §3): the sliding
+window ring, compressed entries (ratio 4 and 128), indexer keys and the compressors' open windows.
+`BlockManager` accounts them in fixed-size pages per kind, so capacity is known up front and the
+scheduler preempts when a kind runs out. The tensors live in `dsv4.engine.paged_state` pools.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import ModelConfig
+from ..model.context import ForwardContext, set_forward_context
+from .block_manager import BlockManager, make_page_kinds, required_kinds
+from .scheduler import ScheduledBatch
+from .sequence import Sequence
+
+MAX_ROLLBACK = 4  # tokens a sequence can roll back (MTP speculative decoding drafts at most 3)
+DEFAULT_PAGE_SIZES = {"window": 16, "compressed4": 64, "compressed128": 16, "indexer4": 64}
+
+
+@dataclass
+class CacheConfig:
+    page_sizes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PAGE_SIZES))
+    num_pages: dict[str, int] = field(default_factory=dict)
+    max_rollback: int = MAX_ROLLBACK
+    kv_dtype: str = "auto"  # "auto" (model dtype) or "fp8" (nope dims e4m3 + E8M0 scales)
+
+    @classmethod
+    def for_capacity(cls, config: ModelConfig, *, max_num_seqs: int, max_model_len: int,
+                     total_tokens: int | None = None, **kw) -> "CacheConfig":
+        """Pools sized for `total_tokens` tokens of context over all sequences (default: enough for
+        every sequence at a quarter of max_model_len, and at least two at full length)."""
+        cfg = cls(**kw)
+        if total_tokens is None:
+            total_tokens = max(max_num_seqs * max_model_len // 4, 2 * max_model_len)
+        ring = config.window + cfg.max_rollback
+        for name in required_kinds(config.compress_ratios):
+            if name == "window":
+                n = max_num_seqs * math.ceil(ring / cfg.page_sizes[name])
+            elif name == "state":
+                n = max_num_seqs
+            else:
+                ratio = int(name.removeprefix("compressed").removeprefix("indexer"))
+                # per-sequence rounding up of the last page, plus the bulk
+                n = math.ceil(total_tokens / ratio / cfg.page_sizes[name]) + max_num_seqs
+            cfg.num_pages.setdefault(name, n)
+        return cfg
+
+
+class HybridCache:
+    def __init__(self, config: ModelConfig, cache_config: CacheConfig, *, dtype: torch.dtype,
+                 device: torch.device | str):
+        self.config = config
+        self.cache_config = cache_config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        ring = config.window + cache_config.max_rollback
+        kinds = make_page_kinds(config.compress_ratios, ring, cache_config.page_sizes, cache_config.num_pages)
+        self.block_manager = BlockManager(kinds)
+        from .paged_state import PagedPools
+        self.pools = PagedPools(config, self.block_manager, dtype=dtype, device=self.device,
+                                max_rollback=cache_config.max_rollback, kv_dtype=cache_config.kv_dtype)
+        self.states: dict[str, object] = {}
+
+    def bytes_per_token(self) -> dict[str, float]:
+        return self.pools.bytes_per_token()
+
+    def state_of(self, seq: Sequence):
+        state = self.states.get(seq.request_id)
+        if state is None:
+            state = self.states[seq.request_id] = self.pools.new_state(seq)
+        return state
+
+    def release(self, seq: Sequence) -> None:
+        self.states.pop(seq.request_id, None)
+
+    def run(self, model, batch: ScheduledBatch) -> torch.Tensor:
+        """Forward the batch; return fp32 logits of the last token of every sampled row."""
+        ids, positions, lens, states, last = [], [], [], [], []
+        offset = 0
+        for row in batch.rows:
+            ids.extend(row.token_ids)
+            positions.extend(range(row.start, row.start + row.num_tokens))
+            lens.append(row.num_tokens)
+            states.append(self.state_of(row.seq))
+            offset += row.num_tokens
+            if row.sample:
+                last.append(offset - 1)
+        dev = self.device
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        with set_forward_context(ForwardContext(lens, states)):
+            hidden = model.forward(input_ids, pos)
+        if not last:
+            return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=dev)
+        return model.compute_logits(hidden[torch.tensor(last, device=dev)])

@@ -1,0 +1,174 @@
+"""The engine core: scheduler + cache + model runner + sampler + detokenizer, one `step()` at a time.
+
+Device-agnostic: the model decides where tensors live; the engine only moves token ids in and
+sampled ids out. `AsyncEngine` (server) and `LLM` (Python API) both drive this class.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..chat.detok import IncrementalDetokenizer
+from ..config import ModelConfig
+from .block_manager import BlockManager
+from .cache import CacheConfig, HybridCache
+from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    cache: CacheConfig | None = None
+
+
+class _Stream:
+    """Per-request text bookkeeping: incremental detokenization and stop-string hold-back."""
+
+    def __init__(self, seq: Sequence, tokenizer):
+        self.seq = seq
+        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self.text = ""
+        self.emitted_chars = 0
+        self.emitted_tokens = 0
+        self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
+
+    def advance(self, stop_tokens: set[int]) -> tuple[list[int], str]:
+        seq = self.seq
+        new = seq.output_token_ids[self.emitted_tokens:]
+        self.emitted_tokens += len(new)
+        if self.detok is not None:
+            for t in new:
+                if t in stop_tokens and seq.is_finished and t == seq.last_token_id:
+                    continue  # the eos / stop token itself is not part of the text
+                self.text += self.detok.add(t)
+            if seq.is_finished:
+                self.text += self.detok.flush()
+        if seq.is_finished and seq.output_text is not None and seq.finish_reason == "stop" \
+                and isinstance(seq.stop_reason, str):
+            visible = seq.output_text
+        elif seq.is_finished:
+            visible = self.text
+        else:
+            visible = self.text[: max(len(self.text) - self.hold, self.emitted_chars)]
+        delta = visible[self.emitted_chars:]
+        self.emitted_chars = max(self.emitted_chars, len(visible))
+        return new, delta
+
+
+class LLMEngine:
+    def __init__(self, model, config: ModelConfig, tokenizer=None, engine_config: EngineConfig | None = None,
+                 model_name: str = "dsv4"):
+        ec = engine_config or EngineConfig()
+        self.model = model
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.eos_token_id = config.eos_token_id
+        self.vocab_size = config.vocab_size
+        self.max_model_len = min(ec.max_model_len, config.max_position_embeddings)
+        self.device = next(model.parameters()).device
+        cache_cfg = ec.cache or CacheConfig.for_capacity(config, max_num_seqs=ec.max_num_seqs,
+                                                          max_model_len=self.max_model_len)
+        self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)
+        self.block_manager: BlockManager = self.cache.block_manager
+        detok = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+        self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens, self.max_model_len),
+                                   self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
+        self.sampler = Sampler()
+        self.streams: dict[str, _Stream] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path | None = None, *, device: str = "auto", dtype: torch.dtype | None = None,
+                        numerics: str = "reference", engine_config: EngineConfig | None = None) -> "LLMEngine":
+        from .. import load_model
+        from ..chat.tokenizer import load_tokenizer
+        from .assets import default_model_path
+        path = Path(path) if path is not None else default_model_path()
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype is None:
+            dtype = torch.bfloat16 if device != "cpu" else torch.float32
+        model = load_model(path, device=device, dtype=dtype, numerics=numerics)
+        tokenizer = load_tokenizer(path)
+        return cls(model, model.config, tokenizer, engine_config, model_name=path.name)
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None) -> None:
+        params = params or SamplingParams()
+        bad = [t for t in prompt_token_ids if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise ValueError(f"request {request_id!r}: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        seq = Sequence(request_id, prompt_token_ids, params)
+        if params.max_tokens is not None and seq.num_prompt_tokens + params.max_tokens > self.max_model_len:
+            raise ValueError(f"request {request_id!r}: prompt ({seq.num_prompt_tokens}) + max_tokens "
+                             f"({params.max_tokens}) exceeds max_model_len={self.max_model_len}")
+        self.scheduler.add(seq)
+        self.streams[request_id] = _Stream(seq, self.tokenizer)
+        self.prompt_tokens_total += seq.num_prompt_tokens
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.scheduler.abort(request_id)
+        if seq is not None:
+            self.cache.release(seq)
+        self.streams.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return not self.scheduler.is_finished()
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        usage = bm.usage()
+        free = sum(bm.num_free(k) for k in bm.kinds)
+        total = sum(bm.num_total(k) for k in bm.kinds)
+        return EngineStats(self.scheduler.num_waiting, self.scheduler.num_running, max(usage.values(), default=0.0),
+                           free, total, self.prompt_tokens_total, self.generation_tokens_total,
+                           self.scheduler.num_preemptions)
+
+    # ---- one step ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        batch: ScheduledBatch = self.scheduler.schedule()
+        for seq in batch.preempted:
+            self.cache.release(seq)
+        if not batch.rows:
+            return []
+        logits = self.cache.run(self.model, batch)
+        sample_rows = [i for i, r in enumerate(batch.rows) if r.sample]
+        sampled: list[int | None] = [None] * len(batch.rows)
+        logprobs = [None] * len(batch.rows)
+        if sample_rows:
+            out = self.sampler.sample_sequences(logits, [batch.rows[i].seq for i in sample_rows])
+            for j, i in enumerate(sample_rows):
+                sampled[i], logprobs[i] = out.token_ids[j], out.logprobs[j]
+        finished = self.scheduler.postprocess(batch, sampled)
+        for seq in finished:
+            self.cache.release(seq)
+        outputs = []
+        stop_tokens = set(self.scheduler.eos_token_ids)
+        for i in sample_rows:
+            seq = batch.rows[i].seq
+            stream = self.streams.get(seq.request_id)
+            if stream is None:  # aborted meanwhile
+                continue
+            new, text = stream.advance(stop_tokens | set(seq.params.stop_token_ids))
+            self.generation_tokens_total += len(new)
+            lp = logprobs[i]
+            lps = [TokenLogprob(sampled[i], lp.logprob, lp.top)] if lp is not None else None
+            outputs.append(RequestOutput(seq.request_id, new, text, seq.is_finished, seq.finish_reason,
+                                         seq.num_prompt_tokens, seq.num_output_tokens, lps, seq.stop_reason))
+            if seq.is_finished:
+                del self.streams[seq.request_id]
+        return outputs

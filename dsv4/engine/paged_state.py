@@ -1,0 +1,232 @@
+"""Paged storage of the model's decode state: preallocated pools indexed by the block tables.
+
+`PagedLayerState` implements the same small interface as `dsv4.model.state.LayerState` (window,
+compressor_rows, entries, num_entries, append_entries, append_tokens, truncate), so the model
+cannot tell the two apart; the tests check that logits are identical. Page ids come from the
+`BlockManager` (one block table per kind, shared by every layer), so a pool tensor per layer and
+kind is `[num_pages, page_size, width]`:
+
+  window         ring of window + max_rollback slots per sequence (slot = position mod ring)
+  compressed{r}  compressed KV entries of ratio-r layers, entry i at index i
+  indexer4       indexer keys of ratio-4 layers
+  state          one page per sequence: the compressors' raw rows, a ring of `rows_cap` slots
+
+KV as FP8 (`kv_dtype="fp8"`): the 448 nope dims as e4m3 + one E8M0 byte per 64 dims, the rope
+dims in the model dtype. With `numerics="reference"` the nope dims are already FP8-simulated with
+power-of-two block-64 scales, so this storage is lossless (a test checks it).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import LayerSpec, ModelConfig
+from ..quant.e8m0 import e8m0_to_float
+from ..quant.fp8 import quantize_act
+from .block_manager import BlockManager
+
+KV_BLOCK = 64
+
+
+class _EntryPool:
+    """[pages, page_size, width] storage, optionally FP8 for the first `nope` dims."""
+
+    def __init__(self, pages: int, page_size: int, width: int, nope: int, fp8: bool, dtype, device):
+        self.page_size, self.width, self.nope, self.fp8 = page_size, width, nope, fp8
+        if fp8:
+            self.q = torch.empty(pages, page_size, nope, dtype=torch.float8_e4m3fn, device=device)
+            self.s = torch.empty(pages, page_size, nope // KV_BLOCK, dtype=torch.uint8, device=device)
+            self.rope = torch.empty(pages, page_size, width - nope, dtype=dtype, device=device)
+        else:
+            self.data = torch.empty(pages, page_size, width, dtype=dtype, device=device)
+
+    def nbytes_per_slot(self) -> int:
+        if self.fp8:
+            return self.nope + self.nope // KV_BLOCK + (self.width - self.nope) * self.rope.element_size()
+        return self.width * self.data.element_size()
+
+    def write(self, pages: torch.Tensor, offs: torch.Tensor, rows: torch.Tensor) -> None:
+        if not self.fp8:
+            self.data[pages, offs] = rows.to(self.data.dtype)
+            return
+        q, s = quantize_act(rows[:, : self.nope].float(), block=KV_BLOCK)
+        self.q[pages, offs] = q
+        self.s[pages, offs] = ((s.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)  # pow2 -> exponent byte
+        self.rope[pages, offs] = rows[:, self.nope:].to(self.rope.dtype)
+
+    def read(self, pages: torch.Tensor, offs: torch.Tensor, dtype) -> torch.Tensor:
+        if not self.fp8:
+            return self.data[pages, offs].to(dtype)
+        scale = e8m0_to_float(self.s[pages, offs]).repeat_interleave(KV_BLOCK, dim=-1)
+        nope = self.q[pages, offs].float() * scale
+        return torch.cat((nope.to(dtype), self.rope[pages, offs].to(dtype)), dim=-1)
+
+
+class PagedPools:
+    def __init__(self, config: ModelConfig, block_manager: BlockManager, *, dtype: torch.dtype,
+                 device: torch.device, max_rollback: int, kv_dtype: str = "auto"):
+        if kv_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_dtype={kv_dtype!r}; allowed: auto, fp8")
+        self.config, self.bm, self.dtype, self.device = config, block_manager, dtype, device
+        self.max_rollback = max_rollback
+        self.acc = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+        fp8 = kv_dtype == "fp8"
+        kinds = block_manager.kinds
+        self.ring = config.window + max_rollback
+        specs = list(config.layers) + ([config.mtp_layer] if config.num_nextn_predict_layers else [])
+        self.window, self.entries, self.rows = {}, {}, {}
+        for spec in specs:
+            w = kinds["window"]
+            self.window[spec.index] = _EntryPool(w.num_pages, w.page_size, config.head_dim, config.nope_dim,
+                                                 fp8, dtype, device)
+            if spec.has_compressor:
+                k = kinds[f"compressed{spec.compress_ratio}"]
+                self.entries[spec.index, "main"] = _EntryPool(k.num_pages, k.page_size, config.head_dim,
+                                                              config.nope_dim, fp8, dtype, device)
+                st = kinds["state"]
+                c = 2 if spec.has_indexer else 1
+                cap = self.rows_cap(spec)
+                self.rows[spec.index, "main"] = torch.empty(2, st.num_pages, cap, c * config.head_dim,
+                                                            dtype=self.acc, device=device)
+                if spec.has_indexer:
+                    k = kinds["indexer4"]
+                    self.entries[spec.index, "index"] = _EntryPool(k.num_pages, k.page_size, config.index_head_dim,
+                                                                   config.index_head_dim, False, dtype, device)
+                    self.rows[spec.index, "index"] = torch.empty(2, st.num_pages, cap, 2 * config.index_head_dim,
+                                                                 dtype=self.acc, device=device)
+
+    def rows_cap(self, spec: LayerSpec) -> int:
+        """Raw compressor rows kept: the open window, (CSA) the previous one, and rollback slack."""
+        r = spec.compress_ratio
+        return 2 * r + self.max_rollback + (r if spec.has_indexer else 0)
+
+    def bytes_per_token(self) -> dict[str, float]:
+        """Asymptotic bytes per token of context per kind (fixed-size window/state excluded)."""
+        out: dict[str, float] = {}
+        for (layer, name), pool in self.entries.items():
+            ratio = self.config.layer(layer).compress_ratio
+            kind = f"compressed{ratio}" if name == "main" else "indexer4"
+            out[kind] = out.get(kind, 0.0) + pool.nbytes_per_slot() / ratio
+        return out
+
+    def fixed_bytes_per_sequence(self) -> dict[str, int]:
+        window = sum(p.nbytes_per_slot() for p in self.window.values()) * self.ring
+        state = sum(t[0, 0].numel() * t.element_size() * 2 for t in self.rows.values())
+        return {"window": window, "state": state}
+
+    def new_state(self, seq):
+        from ..model.state import SequenceState
+        layers = [PagedLayerState(self, spec, seq) for spec in self.config.layers]
+        mtp = PagedLayerState(self, self.config.mtp_layer, seq) if self.config.num_nextn_predict_layers else None
+        return SequenceState(layers, mtp)
+
+
+class PagedLayerState:
+    def __init__(self, pools: PagedPools, spec: LayerSpec, seq):
+        self.pools, self.spec, self.seq = pools, spec, seq
+        self.window_size = pools.config.window
+        self.max_rollback = pools.max_rollback
+        self.ratio = spec.compress_ratio
+        self.overlap = spec.compress_ratio == 4
+        self.num_tokens = 0
+        self.min_length = 0
+        self._n_entries = {}
+        self._first = {}
+        if spec.has_compressor:
+            self._n_entries["main"], self._first["main"] = 0, 0
+            if spec.has_indexer:
+                self._n_entries["index"], self._first["index"] = 0, 0
+
+    # ---- addressing ----------------------------------------------------------------------
+    def _table(self, kind: str) -> torch.Tensor:
+        return torch.tensor(self.seq.block_tables[kind], dtype=torch.long, device=self.pools.device)
+
+    def _locate(self, kind: str, index: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self._table(kind)
+        if int(index.max()) // page_size >= table.numel():
+            raise RuntimeError(f"layer {self.spec.index}: {kind} index {int(index.max())} beyond the "
+                               f"{table.numel()} pages allocated to request {self.seq.request_id!r}")
+        return table[index // page_size], index % page_size
+
+    def _entry_kind(self, name: str) -> str:
+        return f"compressed{self.ratio}" if name == "main" else "indexer4"
+
+    def _state_page(self) -> int:
+        return self.seq.block_tables["state"][0]
+
+    # ---- reads ---------------------------------------------------------------------------
+    def window(self) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.num_tokens
+        positions = torch.arange(max(0, end - self.window_size + 1), end, device=self.pools.device)
+        pool = self.pools.window[self.spec.index]
+        if positions.numel() == 0:
+            return torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device), positions
+        pages, offs = self._locate("window", positions % self.pools.ring, pool.page_size)
+        return pool.read(pages, offs, self.pools.dtype), positions
+
+    def compressor_rows(self, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        first, end = self._first[name], self.num_tokens
+        buf = self.pools.rows[self.spec.index, name]
+        slots = torch.arange(first, end, device=self.pools.device) % buf.shape[2]
+        page = self._state_page()
+        return buf[0, page, slots], buf[1, page, slots], first
+
+    def entries(self, name: str) -> torch.Tensor:
+        n = self._n_entries[name]
+        pool = self.pools.entries[self.spec.index, name]
+        if n == 0:
+            return torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device)
+        pages, offs = self._locate(self._entry_kind(name), torch.arange(n, device=self.pools.device), pool.page_size)
+        return pool.read(pages, offs, self.pools.dtype)
+
+    def num_entries(self, name: str) -> int:
+        return self._n_entries[name]
+
+    # ---- writes --------------------------------------------------------------------------
+    def append_entries(self, name: str, entries: torch.Tensor) -> None:
+        k = entries.shape[0]
+        if k == 0:
+            return
+        n = self._n_entries[name]
+        pool = self.pools.entries[self.spec.index, name]
+        pages, offs = self._locate(self._entry_kind(name), torch.arange(n, n + k, device=self.pools.device),
+                                   pool.page_size)
+        pool.write(pages, offs, entries)
+        self._n_entries[name] = n + k
+
+    def append_tokens(self, kv: torch.Tensor, rows: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        n = kv.shape[0]
+        start, end = self.num_tokens, self.num_tokens + n
+        if set(rows) != set(self._first):
+            raise ValueError(f"layer {self.spec.index}: expected compressor rows {sorted(self._first)}, "
+                             f"got {sorted(rows)}")
+        ring = self.pools.ring
+        keep = min(n, ring)
+        pool = self.pools.window[self.spec.index]
+        pages, offs = self._locate("window", torch.arange(end - keep, end, device=self.pools.device) % ring,
+                                   pool.page_size)
+        pool.write(pages, offs, kv[n - keep:])
+        self.min_length = max(self.min_length, end - self.max_rollback)
+        keep_from = max(0, self.ratio * (self.min_length // self.ratio) - (self.ratio if self.overlap else 0)) \
+            if self.ratio else 0
+        for name, (c, z) in rows.items():
+            buf = self.pools.rows[self.spec.index, name]
+            cap = buf.shape[2]
+            lo = max(start, end - cap)  # rows older than the ring are never read again
+            slots = torch.arange(lo, end, device=self.pools.device) % cap
+            page = self._state_page()
+            buf[0, page, slots] = c[lo - start:].to(buf.dtype)
+            buf[1, page, slots] = z[lo - start:].to(buf.dtype)
+            self._first[name] = max(self._first[name], keep_from, end - cap)
+            if self._n_entries[name] != end // self.ratio:
+                raise RuntimeError(f"layer {self.spec.index}: {self._n_entries[name]} {name} entries after "
+                                   f"{end} tokens (expected {end // self.ratio})")
+        self.num_tokens = end
+
+    def truncate(self, num_tokens: int) -> None:
+        target = self.num_tokens - num_tokens
+        if num_tokens < 0 or target < self.min_length:
+            raise ValueError(f"cannot truncate {num_tokens} tokens from a state of {self.num_tokens} "
+                             f"(can go back to {self.min_length}, max_rollback={self.max_rollback})")
+        for name in self._first:
+            self._n_entries[name] = min(self._n_entries[name], target // self.ratio)
+        self.num_tokens = target
