@@ -155,6 +155,12 @@ def rope(x: torch.Tensor, pos: torch.Tensor, freqs: torch.Tensor, inverse: bool 
     return torch.cat([x[..., :-rd], rot], dim=-1)
 
 
+def top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest per row; exact ties go to the lower index (the reference leaves
+    tie-breaking unspecified; FP4-simulated index scores can tie, e.g. at 0 after the ReLU)."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 class Ref:
     """Float64 DeepSeek-V4 (backbone + MTP) over one sequence starting at position 0."""
 
@@ -284,7 +290,7 @@ class Ref:
         k = min(self.cfg["index_topk"], scores.shape[1])
         sel = torch.zeros_like(scores, dtype=torch.bool)
         if k:
-            sel.scatter_(1, scores.topk(k, dim=1).indices, True)
+            sel.scatter_(1, top_k(scores, k), True)
         return sel & torch.isfinite(scores)
 
     # -- MoE (§2.9)
@@ -300,7 +306,7 @@ class Ref:
         if hashed:
             S = self.w[p + "gate.tid2eid"][ids].long()
         else:
-            S = (scores + self.w[p + "gate.bias"]).topk(c["num_experts_per_tok"], dim=-1).indices
+            S = top_k(scores + self.w[p + "gate.bias"], c["num_experts_per_tok"])
         wts = scores.gather(1, S)
         wts = wts / wts.sum(-1, keepdim=True) * c["routed_scaling_factor"]
         y = self.swiglu(x, p + "shared_experts.", 1.0) if c.get("n_shared_experts", 1) else torch.zeros_like(x)

@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -407,102 +408,54 @@ def train_mtp(model, cfg, stream, chunks, log) -> tuple[MTPBlock, list[dict]]:
     return mtp, history
 
 
-# ---- official names ----------------------------------------------------------------------------
+# ---- official names (via dsv4's one naming table) ------------------------------------------------
 
-BLOCK_NAMES = {  # transformers name inside a decoder layer -> official name inside `layers.N.` / `mtp.0.`
-    "attn_hc.fn": "hc_attn_fn", "attn_hc.base": "hc_attn_base", "attn_hc.scale": "hc_attn_scale",
-    "ffn_hc.fn": "hc_ffn_fn", "ffn_hc.base": "hc_ffn_base", "ffn_hc.scale": "hc_ffn_scale",
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.sinks": "attn.attn_sink",
-    "self_attn.q_a_proj.weight": "attn.wq_a.weight",
-    "self_attn.q_a_norm.weight": "attn.q_norm.weight",
-    "self_attn.q_b_proj.weight": "attn.wq_b.weight",
-    "self_attn.kv_proj.weight": "attn.wkv.weight",
-    "self_attn.kv_norm.weight": "attn.kv_norm.weight",
-    "self_attn.o_a_proj.weight": "attn.wo_a.weight",
-    "self_attn.o_b_proj.weight": "attn.wo_b.weight",
-    "self_attn.compressor.position_bias": "attn.compressor.ape",
-    "self_attn.compressor.kv_proj.weight": "attn.compressor.wkv.weight",
-    "self_attn.compressor.gate_proj.weight": "attn.compressor.wgate.weight",
-    "self_attn.compressor.kv_norm.weight": "attn.compressor.norm.weight",
-    "self_attn.compressor.indexer.q_b_proj.weight": "attn.indexer.wq_b.weight",
-    "self_attn.compressor.indexer.scorer.weights_proj.weight": "attn.indexer.weights_proj.weight",
-    "self_attn.compressor.indexer.position_bias": "attn.indexer.compressor.ape",
-    "self_attn.compressor.indexer.kv_proj.weight": "attn.indexer.compressor.wkv.weight",
-    "self_attn.compressor.indexer.gate_proj.weight": "attn.indexer.compressor.wgate.weight",
-    "self_attn.compressor.indexer.kv_norm.weight": "attn.indexer.compressor.norm.weight",
-    "mlp.gate.weight": "ffn.gate.weight",
-    "mlp.gate.e_score_correction_bias": "ffn.gate.bias",
-    "mlp.gate.tid2eid": "ffn.gate.tid2eid",
-    "mlp.shared_experts.gate_proj.weight": "ffn.shared_experts.w1.weight",
-    "mlp.shared_experts.up_proj.weight": "ffn.shared_experts.w3.weight",
-    "mlp.shared_experts.down_proj.weight": "ffn.shared_experts.w2.weight",
-}
-GLOBAL_NAMES = {"model.embed_tokens.weight": "embed.weight", "lm_head.weight": "head.weight",
-                "model.norm.weight": "norm.weight", "model.hc_head.hc_fn": "hc_head_fn",
-                "model.hc_head.hc_base": "hc_head_base", "model.hc_head.hc_scale": "hc_head_scale"}
-MTP_NAMES = {"e_proj.weight": "e_proj.weight", "h_proj.weight": "h_proj.weight", "enorm.weight": "enorm.weight",
-             "hnorm.weight": "hnorm.weight", "norm.weight": "norm.weight", "hc_head.hc_fn": "hc_head_fn",
-             "hc_head.hc_base": "hc_head_base", "hc_head.hc_scale": "hc_head_scale"}
-
-
-def block_masters(prefix: str, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in sd.items():
-        if name == "mlp.experts.gate_up_proj":      # [E, 2I, D]: gate rows [0, I), up rows [I, 2I)
-            inter = t.shape[1] // 2
-            for e in range(t.shape[0]):
-                out[f"{prefix}ffn.experts.{e}.w1.weight"] = t[e, :inter].clone()
-                out[f"{prefix}ffn.experts.{e}.w3.weight"] = t[e, inter:].clone()
-        elif name == "mlp.experts.down_proj":       # [E, D, I]
-            for e in range(t.shape[0]):
-                out[f"{prefix}ffn.experts.{e}.w2.weight"] = t[e].clone()
-        elif name in BLOCK_NAMES:
-            out[prefix + BLOCK_NAMES[name]] = t.detach().clone()
-        else:
-            raise ValueError(f"no official name for block tensor {name!r}")
-    return out
+MTP_EXTRAS = {"e_proj.weight": "e_proj.weight", "h_proj.weight": "h_proj.weight", "enorm.weight": "enorm.weight",
+              "hnorm.weight": "hnorm.weight", "norm.weight": "norm.weight", "hc_head.hc_fn": "hc_head_fn",
+              "hc_head.hc_base": "hc_head_base", "hc_head.hc_scale": "hc_head_scale"}
 
 
 def to_masters(model, mtp: MTPBlock | None) -> dict[str, torch.Tensor]:
-    sd = model.state_dict()
-    masters = {GLOBAL_NAMES[k]: sd[k].clone() for k in GLOBAL_NAMES}
-    for i, layer in enumerate(model.model.layers):
-        masters.update(block_masters(f"layers.{i}.", layer.state_dict()))
-    if mtp is not None:
-        msd = mtp.state_dict()
-        masters.update(block_masters("mtp.0.", {k[len("block."):]: v for k, v in msd.items()
-                                                if k.startswith("block.")}))
-        masters.update({"mtp.0." + MTP_NAMES[k]: v.clone() for k, v in msd.items() if k in MTP_NAMES})
+    """Official-name fp32 masters; merged experts [E, 2I, D] split into per-expert w1/w3 (and w2)."""
+    from dsv4.checkpoint.naming import official_from_transformers
+    masters = dict(official_from_transformers((k, v.detach().clone()) for k, v in model.state_dict().items()))
+    if mtp is not None:  # the MTP block is a decoder layer: convert it as layer 0, then rename
+        block = ((f"layers.0.{k[len('block.'):]}", v.detach().clone())
+                 for k, v in mtp.state_dict().items() if k.startswith("block."))
+        masters.update({"mtp.0." + k[len("layers.0."):]: v for k, v in official_from_transformers(block)})
+        masters.update({"mtp.0." + MTP_EXTRAS[k]: v.clone() for k, v in mtp.state_dict().items() if k in MTP_EXTRAS})
     return masters
-
-
-def hf_block_state(prefix: str, module: nn.Module, masters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Inverse of `block_masters`: transformers state of one decoder layer from official masters."""
-    n = module.mlp.experts.gate_up_proj.shape[0]
-    sd = {}
-    for name in module.state_dict():
-        if name == "mlp.experts.gate_up_proj":
-            sd[name] = torch.stack([torch.cat([masters[f"{prefix}ffn.experts.{e}.w1.weight"],
-                                               masters[f"{prefix}ffn.experts.{e}.w3.weight"]]) for e in range(n)])
-        elif name == "mlp.experts.down_proj":
-            sd[name] = torch.stack([masters[f"{prefix}ffn.experts.{e}.w2.weight"] for e in range(n)])
-        else:
-            sd[name] = masters[prefix + BLOCK_NAMES[name]]
-    return sd
 
 
 def load_masters_into(model, mtp: MTPBlock | None, masters: dict[str, torch.Tensor]) -> None:
     """Inverse of `to_masters` (used by --eval to rebuild the fp32 transformers model)."""
-    sd = {k: masters[v] for k, v in GLOBAL_NAMES.items()}
-    for i, layer in enumerate(model.model.layers):
-        sd.update({f"model.layers.{i}.{k}": v for k, v in hf_block_state(f"layers.{i}.", layer, masters).items()})
-    model.load_state_dict(sd, strict=True)
+    from dsv4.checkpoint.naming import official_to_transformers
+
+    def state(names, rename) -> dict[str, torch.Tensor]:
+        sd: dict[str, torch.Tensor] = {}
+        experts: dict[str, dict] = {}
+        for name in names:
+            m = re.match(r"^(.*)\.ffn\.experts\.(\d+)\.(w[123])\.weight$", name)
+            if m:
+                experts.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = masters[name]
+            else:
+                sd[rename(name)] = masters[name]
+        for block, w in experts.items():
+            n = 1 + max(e for e, _ in w)
+            tf = rename(f"{block}.ffn.gate.weight").replace("gate.weight", "experts.")
+            sd[tf + "gate_up_proj"] = torch.stack([torch.cat([w[e, "w1"], w[e, "w3"]]) for e in range(n)])
+            sd[tf + "down_proj"] = torch.stack([w[e, "w2"] for e in range(n)])
+        return sd
+
+    model.load_state_dict(state([n for n in masters if not n.startswith("mtp.")], official_to_transformers),
+                          strict=True)
     if mtp is not None:
-        msd = {f"block.{k}": v for k, v in hf_block_state("mtp.0.", mtp.block, masters).items()}
-        msd.update({k: masters["mtp.0." + v] for k, v in MTP_NAMES.items()})
-        mtp.load_state_dict(msd, strict=True)
+        extras = {"mtp.0." + v: k for k, v in MTP_EXTRAS.items()}
+        block = [n for n in masters if n.startswith("mtp.0.") and n not in extras]
+        sd = state(block, lambda n: "block." + official_to_transformers("layers.0." + n[len("mtp.0."):], False)
+                   [len("layers.0."):])
+        sd.update({v: masters[k] for k, v in extras.items()})
+        mtp.load_state_dict(sd, strict=True)
 
 
 # ---- files -----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 `Checkpoint.open` checks everything that can be checked without the model (files, headers against
 file sizes, names, shapes, dtypes, expert dtype, every block scale) *before* any weight is handed
 out, so a bad checkpoint never produces a half-loaded model. Weights are then streamed one tensor
-at a time from memory-mapped shards, so extra RAM stays around the size of the largest tensor.
+at a time from memory-mapped shards (tensors are zero-copy views of the mapping); a shard is
+unmapped as soon as iteration moves past it, so resident memory stays around one shard plus
+whatever the consumer keeps.
 Spec: checkpoint_format.md §2–§4, §10–§12; deepseek_v4_model.md §1.4.
 """
 from __future__ import annotations
@@ -287,6 +289,7 @@ class Checkpoint:
         ckpt = cls(root, cfg, layout, sources, specs, include_mtp, progress)
         if check_scales:
             ckpt._check_scales()
+            ckpt.close()
         log.info("%s: %s layout, %d tensors, expert_dtype=%s, mtp=%s", root, layout, len(specs),
                  cfg.expert_dtype, include_mtp)
         return ckpt
@@ -390,9 +393,19 @@ class Checkpoint:
         else:
             names = [n for n in self.specs if filter(n)]
         names.sort(key=lambda n: str(self._sources[n].stored.file))  # stable: keeps order within a file
-        for name in tqdm(names, desc="loading weights", unit="tensor", file=sys.stderr,
-                         disable=not self.progress):
-            yield name, self._read(name)
+        bar = tqdm(total=len(names), desc="loading weights", unit="tensor", file=sys.stderr,
+                   disable=not self.progress)
+        try:
+            for i, name in enumerate(names):
+                yield name, self._read(name)
+                bar.update()
+                file = self._sources[name].stored.file
+                if i + 1 == len(names) or self._sources[names[i + 1]].stored.file != file:
+                    # done with this shard: drop our mapping, so its pages leave RSS once the
+                    # consumer has dropped the tensors (peak RSS ~ one shard, not the checkpoint)
+                    self._handles.pop(file, None)
+        finally:
+            bar.close()
 
     def close(self) -> None:
         self._handles.clear()

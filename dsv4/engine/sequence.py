@@ -110,7 +110,7 @@ class Sequence:
             # Whole-text search: detokenizing a longer prefix may rewrite its tail (partial UTF-8).
             hits = [(pos, -len(s), s) for s in p.stop if (pos := text.find(s)) >= 0]
             if hits:
-                pos, _, s = max(hits)     # earliest match; longest string on a tie
+                pos, _, s = min(hits)     # earliest match; longest string on a tie
                 self.output_text = text[:pos]
                 self.finish("stop", s)
                 return True

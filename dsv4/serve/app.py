@@ -1,12 +1,13 @@
-"""The OpenAI-compatible HTTP app (FastAPI): routes, auth, limits, streaming.
+"""The OpenAI-compatible HTTP app (FastAPI): routes, limits, streaming.
 
-Everything a client can get wrong is checked here and answered with a 4xx in the OpenAI error
-shape; the engine only ever sees valid requests. Generation runs in `AsyncEngine`'s thread.
+Everything a client can get wrong is checked here (or in protocol.py / chat_bridge.py) and
+answered with a 4xx in the OpenAI error shape; the engine only ever sees valid requests.
+Generation runs in `AsyncEngine`'s thread. A request's sequences (n choices, several prompts) are
+admitted together or not at all; a client that goes away aborts them, which frees their pages.
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -15,23 +16,25 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.async_engine import AsyncEngine, EngineOverloaded, EngineStopped
+from ..engine.async_engine import AsyncEngine, EngineOverloaded, EngineStopped, RequestStream
 from ..engine.outputs import RequestOutput
-from .chat_bridge import ChatBridge
+from .chat_bridge import ChatBridge, RenderedChat, RequestError
+from .guard import Guard
 from .metrics import ServerMetrics
-from .protocol import (ChatCompletionRequest, CompletionRequest, error_body, new_id, now, usage)
+from .protocol import ChatCompletionRequest, CompletionRequest, error_body, new_id, now, usage
 
 log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None):
+                 param: str | None = None, code: str | int | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type_, param
+        self.code = status if code is None else code
 
 
 @dataclass
@@ -40,74 +43,135 @@ class ServerConfig:
     max_model_len: int
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
-    default_max_tokens: int | None = None
+    completion_default_max_tokens: int = 16   # OpenAI's default for /v1/completions
 
 
 def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig) -> FastAPI:
-    app = FastAPI(title="dsv4", version="0.1.0")
-    metrics = ServerMetrics()
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class _StreamWithAbort(StreamingResponse):
+    """Aborts its engine requests however the response ends: finished, client gone, cancelled,
+    or never started (a client that leaves before the first byte)."""
+
+    def __init__(self, content, streams: list[RequestStream]):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        self.streams = streams
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for s in self.streams:
+                s.abort()
+
+
+class _Observer:
+    """Latency and token metrics of one sequence, fed with its deltas."""
+
+    def __init__(self, metrics: ServerMetrics, start: float):
+        self.metrics, self.start, self.last = metrics, start, None
+
+    def __call__(self, out: RequestOutput) -> None:
+        t = time.monotonic()
+        if out.token_ids:
+            if self.last is None:
+                self.metrics.ttft.observe(t - self.start)
+            else:
+                self.metrics.itl.observe((t - self.last) / len(out.token_ids))
+            self.last = t
+            self.metrics.generation_tokens.inc(len(out.token_ids))
+        if out.finished:
+            self.metrics.requests.labels(out.finish_reason or "unknown").inc()
+            self.metrics.e2e.observe(t - self.start)
+
+
+async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(choice index, delta) pairs of several streams, in arrival order."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s: RequestStream) -> None:
+        try:
+            async for out in s:
+                await q.put((i, out))
+            await q.put((i, None))
+        except BaseException as e:   # handed to the consumer, which re-raises it
+            await q.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await q.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
+               metrics: ServerMetrics | None = None) -> Guard:
+    """The ASGI app: FastAPI routes wrapped in the auth / draining / body-size guard."""
+    app = FastAPI(title="dsv4", version="0.1.0", docs_url=None, redoc_url=None)
+    metrics = metrics or ServerMetrics()
+    engine.on_step = metrics.step.observe
     app.state.engine, app.state.metrics, app.state.cfg = engine, metrics, cfg
 
-    # ---- errors --------------------------------------------------------------------------
+    # ---- errors: always the OpenAI shape, never a 500 for bad input -------------------------
+    def error_response(status: int, message: str, type_: str = "invalid_request_error",
+                       param: str | None = None, code: str | int | None = None) -> JSONResponse:
+        metrics.rejected.labels(str(status)).inc()
+        return JSONResponse(error_body(message, type_, param, status if code is None else code), status_code=status)
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError):
-        metrics.rejected.labels(str(e.status)).inc()
-        return JSONResponse(error_body(e.message, e.type, e.param, e.status), status_code=e.status)
+        return error_response(e.status, e.message, e.type, e.param, e.code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {}
+        errors = e.errors()
+        first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        msg = f"{loc}: {first.get('msg', 'invalid request')}" if loc else first.get("msg", "invalid request")
-        metrics.rejected.labels("400").inc()
-        return JSONResponse(error_body(msg, param=loc, code=400), status_code=400)
+        msg = str(first.get("msg", "invalid request"))
+        return error_response(400, f"{loc}: {msg}" if loc else msg, param=loc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException):
-        return JSONResponse(error_body(str(e.detail), code=e.status_code), status_code=e.status_code)
+        return error_response(e.status_code, str(e.detail))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, e: Exception):
         log.exception("internal error")
-        return JSONResponse(error_body("internal server error", "server_error", code=500), status_code=500)
-
-    # ---- auth, body size, draining -------------------------------------------------------
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        path = request.url.path
-        if cfg.api_key and path != "/health":
-            header = request.headers.get("authorization", "")
-            token = header[7:] if header.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), cfg.api_key.encode()):
-                metrics.rejected.labels("401").inc()
-                return JSONResponse(error_body("invalid or missing API key", "authentication_error", code=401),
-                                    status_code=401)
-        if request.method == "POST":
-            if not engine.accepting:
-                metrics.rejected.labels("503").inc()
-                return JSONResponse(error_body("server is shutting down", "service_unavailable", code=503),
-                                    status_code=503)
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > cfg.max_body_bytes):
-                return JSONResponse(error_body(f"request body larger than {cfg.max_body_bytes} bytes", code=413),
-                                    status_code=413)
-        return await call_next(request)
+        return error_response(500, "internal server error", "server_error")
 
     # ---- plain routes --------------------------------------------------------------------
     @app.get("/health")
     async def health():
-        if engine.error is not None or engine.step_overdue():
-            return JSONResponse({"status": "unhealthy"}, status_code=503)
-        return {"status": "ok" if engine.accepting else "draining"}
+        ok, reason = engine.health()
+        return JSONResponse({"status": reason}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prom():
         metrics.refresh(engine.stats(), engine.num_pending())
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models():
@@ -117,223 +181,217 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig) -> Fa
     # ---- shared generation plumbing -----------------------------------------------------
     def check_model(name: str | None) -> None:
         if name is not None and name != cfg.model_name:
-            raise ApiError(404, f"The model `{name}` does not exist.", "not_found_error", "model")
+            raise ApiError(404, f"The model `{name}` does not exist.", "not_found_error", "model",
+                           "model_not_found")
 
     def budget(prompt_len: int, max_tokens: int | None, what: str) -> int:
         if prompt_len == 0:
-            raise ApiError(400, "prompt is empty", param="prompt")
-        if max_tokens is None:
-            max_tokens = cfg.default_max_tokens or max(cfg.max_model_len - prompt_len, 0)
-        total = prompt_len + max_tokens
-        if prompt_len >= cfg.max_model_len or total > cfg.max_model_len:
+            raise ApiError(400, f"the {what} is empty", param=what)
+        requested = max_tokens if max_tokens is not None else max(cfg.max_model_len - prompt_len, 0)
+        if prompt_len >= cfg.max_model_len or prompt_len + requested > cfg.max_model_len:
             raise ApiError(400, f"This model's maximum context length is {cfg.max_model_len} tokens. "
-                                f"However, you requested {total} tokens ({prompt_len} in the {what}, "
-                                f"{max_tokens} in the completion). Please reduce the length of the "
-                                f"{what} or completion.", param="max_tokens")
-        return max_tokens
+                                f"However, you requested {prompt_len + requested} tokens ({prompt_len} in the "
+                                f"{what}, {requested} in the completion). Please reduce the length of the "
+                                f"{what} or completion.", param=what, code="context_length_exceeded")
+        return requested
 
-    async def stream_one(rid: str, ids: list[int], params) -> AsyncIterator[RequestOutput]:
-        start = time.monotonic()
-        last = None
+    async def admit(jobs: list[tuple[list[int], Any]], prefix: str) -> tuple[str, list[RequestStream]]:
+        """Submit all sequences of one request; map refusals to HTTP statuses."""
+        rid = new_id(prefix)
         try:
-            async for out in engine.generate(rid, ids, params):
-                t = time.monotonic()
-                if out.token_ids:
-                    if last is None:
-                        metrics.ttft.observe(t - start)
-                    else:
-                        metrics.itl.observe((t - last) / len(out.token_ids))
-                    last = t
-                    metrics.generation_tokens.inc(len(out.token_ids))
-                if out.finished:
-                    metrics.requests.labels(out.finish_reason or "unknown").inc()
-                    metrics.e2e.observe(t - start)
-                yield out
+            streams = engine.submit([(f"{rid}-{i}", ids, params) for i, (ids, params) in enumerate(jobs)])
         except EngineOverloaded as e:
-            raise ApiError(429, str(e), "rate_limit_error") from None
+            raise ApiError(429, str(e), "rate_limit_error", code=429) from None
+        except EngineStopped as e:
+            raise ApiError(503, str(e), "service_unavailable", code=503) from None
+        try:
+            for s in streams:
+                await s.accepted()
+        except BaseException as e:
+            for s in streams:
+                s.abort()
+            if isinstance(e, ValueError):
+                raise ApiError(400, str(e)) from None
+            if isinstance(e, EngineStopped):
+                raise ApiError(503, str(e), "service_unavailable") from None
+            raise
+        metrics.prompt_tokens.inc(sum(len(ids) for ids, _ in jobs))
+        return rid, streams
+
+    async def collect(request: Request, streams: list[RequestStream]) -> list[list[RequestOutput]]:
+        """All deltas of every stream; a client that disconnects meanwhile aborts them."""
+        start = time.monotonic()
+
+        async def run(s: RequestStream) -> list[RequestOutput]:
+            observe, outs = _Observer(metrics, start), []
+            async for out in s:
+                observe(out)
+                outs.append(out)
+            return outs
+
+        work = asyncio.ensure_future(asyncio.gather(*(run(s) for s in streams)))
+        gone = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                return work.result()
+            raise ApiError(499, "client disconnected", code=499)
         except EngineStopped as e:
             raise ApiError(503, str(e), "service_unavailable") from None
-        except ValueError as e:
-            raise ApiError(400, str(e)) from None
+        finally:
+            for f in (work, gone):
+                f.cancel()
+            for s in streams:
+                s.abort()
 
-    async def first_then_rest(gen: AsyncIterator[RequestOutput]):
-        """Pull the first delta before answering, so admission errors become HTTP statuses."""
-        try:
-            first = await gen.__anext__()
-        except StopAsyncIteration:
-            first = None
-        return first, gen
-
-    async def collect(gen: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
-        return [o async for o in gen]
+    def error_event(e: BaseException) -> bytes:
+        if isinstance(e, EngineStopped):
+            return _sse(error_body(str(e), "service_unavailable", code=503))
+        log.error("stream failed: %r", e)
+        return _sse(error_body("internal server error", "server_error", code=500))
 
     # ---- /v1/completions -----------------------------------------------------------------
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
-        prompts = bridge.completion_prompts(req.prompt)
-        if req.echo and req.stream:
-            raise ApiError(400, "echo is not supported with stream", param="echo")
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
-        jobs = []
-        for p_i, ids in enumerate(prompts):
-            max_tokens = budget(len(ids), req.max_tokens if req.max_tokens is not None else 16, "prompt")
-            for k in range(req.n):
-                params = bridge.sampling_params(req, max_tokens, logprobs=req.logprobs, k=k)
-                jobs.append((p_i * req.n + k, ids, params))
-        metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts) * req.n)
-        rid = new_id("cmpl")
-        created = now()
-        gens = [stream_one(f"{rid}-{i}", ids, params) for i, ids, params in jobs]
-        firsts = await asyncio.gather(*(first_then_rest(g) for g in gens))
+        if req.echo and req.logprobs is not None:
+            raise ApiError(400, "echo with logprobs needs prompt logprobs, which dsv4 does not compute",
+                           param="echo")
+        try:
+            prompts = bridge.completion_prompts(req.prompt)
+            max_tokens = req.max_tokens if req.max_tokens is not None else cfg.completion_default_max_tokens
+            jobs = []
+            for ids in prompts:
+                budget(len(ids), max_tokens, "prompt")
+                for k in range(req.n):
+                    jobs.append((ids, bridge.sampling_params(req, max_tokens, logprobs=req.logprobs, k=k)))
+        except RequestError as e:
+            raise ApiError(400, str(e), param=e.param) from None
+        rid, streams = await admit(jobs, "cmpl")
+        created, n_in = now(), sum(len(ids) for ids, _ in jobs)
+        echoes = [bridge.decode(ids) if req.echo else "" for ids, _ in jobs]
+        head = {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name}
 
-        def choice(i: int, text: str, outs: list[RequestOutput], finish: str | None) -> dict:
-            lp = bridge.completion_logprobs(outs) if req.logprobs is not None else None
+        def choice(i: int, text: str, outs: list[RequestOutput], finish: str | None, offset: int = 0) -> dict:
+            lp = bridge.completion_logprobs(outs, offset) if req.logprobs is not None else None
             return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
 
         if not req.stream:
-            results = []
-            for (i, ids, _), (first, gen) in zip(jobs, firsts):
-                outs = ([first] if first else []) + await collect(gen)
-                text = "".join(o.text for o in outs)
-                if req.echo:
-                    text = bridge.decode(ids) + text
-                results.append((i, text, outs))
-            n_out = sum(o[-1].completion_tokens for _, _, o in results if o)
-            n_in = sum(len(ids) for _, ids, _ in jobs)
-            return {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
-                    "choices": [choice(i, text, outs, outs[-1].finish_reason if outs else "abort")
-                                for i, text, outs in results],
-                    "usage": usage(n_in, n_out)}
+            results = await collect(request, streams)
+            choices = [choice(i, echoes[i] + "".join(o.text for o in outs), outs, outs[-1].finish_reason)
+                       for i, outs in enumerate(results)]
+            n_out = sum(outs[-1].completion_tokens for outs in results)
+            return {**head, "choices": choices, "usage": usage(n_in, n_out)}
 
-        async def events():
-            queue: asyncio.Queue = asyncio.Queue()
-            done = object()
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-            async def pump(i: int, first, gen):
-                try:
-                    if first is not None:
-                        await queue.put((i, first))
-                        async for o in gen:
-                            await queue.put((i, o))
-                finally:
-                    await queue.put((i, done))
-
-            tasks = [asyncio.create_task(pump(i, f, g)) for (i, _, _), (f, g) in zip(jobs, firsts)]
-            remaining, n_out = len(tasks), {}
+        async def events() -> AsyncIterator[bytes]:
+            start = time.monotonic()
+            observers = [_Observer(metrics, start) for _ in streams]
+            n_out, offsets, unfinished = [0] * len(streams), [0] * len(streams), len(streams)
+            for i, text in enumerate(echoes):
+                if text:
+                    offsets[i] = len(text)
+                    yield _sse({**head, "choices": [choice(i, text, [], None)]})
             try:
-                while remaining:
-                    i, o = await queue.get()
-                    if o is done:
-                        remaining -= 1
-                        continue
+                async for i, o in _merge(streams):
+                    observers[i](o)
                     n_out[i] = o.completion_tokens
-                    yield _sse({"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
-                                "choices": [choice(i, o.text, [o], o.finish_reason if o.finished else None)]})
-                if req.stream_options and req.stream_options.include_usage:
-                    n_in = sum(len(ids) for _, ids, _ in jobs)
-                    yield _sse({"id": rid, "object": "text_completion", "created": created,
-                                "model": cfg.model_name, "choices": [], "usage": usage(n_in, sum(n_out.values()))})
-                yield b"data: [DONE]\n\n"
-            finally:
-                for t in tasks:
-                    t.cancel()
+                    chunk = {**head, "choices": [choice(i, o.text, [o], o.finish_reason, offsets[i])]}
+                    offsets[i] += len(o.text)
+                    unfinished -= o.finished
+                    if unfinished == 0 and not include_usage:
+                        chunk["usage"] = usage(n_in, sum(n_out))
+                    yield _sse(chunk)
+                if include_usage:
+                    yield _sse({**head, "choices": [], "usage": usage(n_in, sum(n_out))})
+            except Exception as e:
+                yield error_event(e)
+            yield SSE_DONE
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return _StreamWithAbort(events(), streams)
 
     # ---- /v1/chat/completions ------------------------------------------------------------
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest):
+    async def chat(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
         try:
             rendered = bridge.render_chat(req)
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages") from None
-        ids = rendered.token_ids
-        max_tokens = budget(len(ids), req.max_completion_tokens or req.max_tokens, "messages")
-        top = req.top_logprobs if req.logprobs else None
-        if req.logprobs and top is None:
-            top = 0
-        jobs = [(k, bridge.sampling_params(req, max_tokens, logprobs=top, k=k)) for k in range(req.n)]
-        metrics.prompt_tokens.inc(len(ids) * req.n)
-        rid = new_id("chatcmpl")
-        created = now()
-        gens = [stream_one(f"{rid}-{k}", ids, params) for k, params in jobs]
-        firsts = await asyncio.gather(*(first_then_rest(g) for g in gens))
-        base = {"id": rid, "created": created, "model": cfg.model_name}
+            ids = rendered.token_ids
+            max_tokens = budget(len(ids), req.max_completion_tokens or req.max_tokens, "messages")
+            top = (req.top_logprobs or 0) if req.logprobs else None
+            jobs = [(ids, bridge.sampling_params(req, max_tokens, logprobs=top, k=k)) for k in range(req.n)]
+        except RequestError as e:
+            raise ApiError(400, str(e), param=e.param) from None
+        rid, streams = await admit(jobs, "chatcmpl")
+        head = {"id": rid, "created": now(), "model": cfg.model_name}
+        n_in = len(ids) * req.n
 
         if not req.stream:
-            choices, n_out = [], 0
-            for (k, _), (first, gen) in zip(jobs, firsts):
-                outs = ([first] if first else []) + await collect(gen)
-                n_out += outs[-1].completion_tokens if outs else 0
-                parsed = rendered.parse("".join(o.text for o in outs))
-                finish = outs[-1].finish_reason if outs else "abort"
-                if parsed.get("tool_calls") and finish == "stop":
-                    finish = "tool_calls"
-                msg = {"role": "assistant", "content": parsed.get("content"),
-                       "reasoning_content": parsed.get("reasoning_content")}
-                if parsed.get("tool_calls"):
-                    msg["tool_calls"] = parsed["tool_calls"]
-                lp = bridge.chat_logprobs(outs) if req.logprobs else None
-                choices.append({"index": k, "message": msg, "logprobs": lp, "finish_reason": finish})
-            return {**base, "object": "chat.completion", "choices": choices,
-                    "usage": usage(len(ids) * req.n, n_out)}
+            results = await collect(request, streams)
+            return {**head, "object": "chat.completion",
+                    "choices": [_chat_choice(k, outs, rendered, bridge if req.logprobs else None)
+                                for k, outs in enumerate(results)],
+                    "usage": usage(n_in, sum(outs[-1].completion_tokens for outs in results))}
 
-        async def events():
-            queue: asyncio.Queue = asyncio.Queue()
-            done = object()
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        chunk_head = {**head, "object": "chat.completion.chunk"}
 
-            async def pump(k: int, first, gen):
-                try:
-                    if first is not None:
-                        await queue.put((k, first))
-                        async for o in gen:
-                            await queue.put((k, o))
-                finally:
-                    await queue.put((k, done))
+        def chunk(k: int, delta: dict, lp: dict | None = None, finish: str | None = None) -> dict:
+            return {**chunk_head, "choices": [{"index": k, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
-            tasks = [asyncio.create_task(pump(k, f, g)) for (k, _), (f, g) in zip(jobs, firsts)]
-            parsers = {k: rendered.stream_parser() for k, _ in jobs}
-            saw_tool = {k: False for k, _ in jobs}
-            n_out: dict[int, int] = {}
-            remaining = len(tasks)
+        async def events() -> AsyncIterator[bytes]:
+            start = time.monotonic()
+            observers = [_Observer(metrics, start) for _ in streams]
+            parsers = [rendered.stream_parser() for _ in streams]
+            saw_tool = [False] * len(streams)
+            n_out, unfinished = [0] * len(streams), len(streams)
+            for k in range(len(streams)):
+                yield _sse(chunk(k, {"role": "assistant", "content": ""}))
             try:
-                for k, _ in jobs:
-                    yield _sse({**base, "object": "chat.completion.chunk",
-                                "choices": [{"index": k, "delta": {"role": "assistant", "content": ""},
-                                             "logprobs": None, "finish_reason": None}]})
-                while remaining:
-                    k, o = await queue.get()
-                    if o is done:
-                        remaining -= 1
-                        continue
+                async for k, o in _merge(streams):
+                    observers[k](o)
                     n_out[k] = o.completion_tokens
                     deltas = parsers[k].feed(o.text)
                     if o.finished:
                         deltas += parsers[k].finish()
-                    lp = bridge.chat_logprobs([o]) if req.logprobs else None
+                    lp = bridge.chat_logprobs([o]) if req.logprobs and o.logprobs else None
+                    if lp is not None and not deltas:
+                        deltas = [{}]   # text held back by the parser: the logprobs still go out now
                     for d in deltas:
                         saw_tool[k] |= "tool_calls" in d
-                        yield _sse({**base, "object": "chat.completion.chunk",
-                                    "choices": [{"index": k, "delta": d, "logprobs": lp, "finish_reason": None}]})
+                        yield _sse(chunk(k, d, lp))
                         lp = None
                     if o.finished:
-                        finish = o.finish_reason
-                        if saw_tool[k] and finish == "stop":
-                            finish = "tool_calls"
-                        yield _sse({**base, "object": "chat.completion.chunk",
-                                    "choices": [{"index": k, "delta": {}, "logprobs": lp,
-                                                 "finish_reason": finish}]})
-                if req.stream_options and req.stream_options.include_usage:
-                    yield _sse({**base, "object": "chat.completion.chunk", "choices": [],
-                                "usage": usage(len(ids) * req.n, sum(n_out.values()))})
-                yield b"data: [DONE]\n\n"
-            finally:
-                for t in tasks:
-                    t.cancel()
+                        unfinished -= 1
+                        finish = "tool_calls" if saw_tool[k] and o.finish_reason == "stop" else o.finish_reason
+                        last = chunk(k, {}, None, finish)
+                        if unfinished == 0 and not include_usage:
+                            last["usage"] = usage(n_in, sum(n_out))
+                        yield _sse(last)
+                if include_usage:
+                    yield _sse({**chunk_head, "choices": [], "usage": usage(n_in, sum(n_out))})
+            except Exception as e:
+                yield error_event(e)
+            yield SSE_DONE
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return _StreamWithAbort(events(), streams)
 
-    return app
+    return Guard(app, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
+                 is_accepting=lambda: engine.accepting,
+                 on_reject=lambda status: metrics.rejected.labels(str(status)).inc())
+
+
+def _chat_choice(k: int, outs: list[RequestOutput], rendered: RenderedChat, bridge: ChatBridge | None) -> dict:
+    parsed = rendered.parse("".join(o.text for o in outs))
+    finish = outs[-1].finish_reason
+    msg: dict[str, Any] = {"role": "assistant", "content": parsed["content"],
+                           "reasoning_content": parsed["reasoning_content"]}
+    if parsed["tool_calls"]:
+        msg["tool_calls"] = parsed["tool_calls"]
+        if finish == "stop":
+            finish = "tool_calls"
+    lp = bridge.chat_logprobs(outs) if bridge is not None else None
+    return {"index": k, "message": msg, "logprobs": lp, "finish_reason": finish}

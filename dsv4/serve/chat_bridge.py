@@ -1,4 +1,8 @@
-"""Translation between OpenAI request fields and dsv4's tokenizer, chat encoding and parser."""
+"""Translation between OpenAI request fields and dsv4's tokenizer, chat encoding and parser.
+
+Every problem with a request raises `RequestError` (a ValueError with the offending field), which
+the app answers with a 400.
+"""
 from __future__ import annotations
 
 import uuid
@@ -6,10 +10,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..chat.encoding import encode_messages
-from ..chat.parser import StreamingParser, parse_completion, prompt_ends_in_reasoning
+from ..chat.parser import StreamingParser, prompt_ends_in_reasoning
 from ..engine.outputs import RequestOutput
 from ..engine.sampling_params import SamplingParams
-from .protocol import ChatCompletionRequest, SamplingFields
+from .protocol import REASONING_EFFORTS, ChatCompletionRequest, NamedToolChoice, SamplingFields
+
+
+class RequestError(ValueError):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def tool_call_id(_: int = 0) -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass
@@ -20,10 +34,10 @@ class RenderedChat:
     in_reasoning: bool
 
     def stream_parser(self) -> StreamingParser:
-        return StreamingParser(self.thinking_mode, in_reasoning=self.in_reasoning,
-                               make_tool_call_id=lambda i: f"call_{uuid.uuid4().hex[:24]}")
+        return StreamingParser(self.thinking_mode, in_reasoning=self.in_reasoning, make_tool_call_id=tool_call_id)
 
     def parse(self, text: str) -> dict:
+        """The whole reply -> {content, reasoning_content, tool_calls} (OpenAI message fields)."""
         parser = self.stream_parser()
         parser.feed(text)
         parser.finish()
@@ -34,72 +48,103 @@ class RenderedChat:
 
 
 class ChatBridge:
-    """Holds the tokenizer (may be None: token-id prompts only) and the model's EOS id."""
+    """Holds the tokenizer (None: token-id completions only), the vocabulary size and the
+    server's default thinking mode."""
 
-    def __init__(self, tokenizer, eos_token_id: int, vocab_size: int):
+    def __init__(self, tokenizer, vocab_size: int, *, default_thinking: bool = False):
         self.tokenizer = tokenizer
-        self.eos_token_id = eos_token_id
         self.vocab_size = vocab_size
+        self.default_thinking = default_thinking
 
     # ---- prompts -------------------------------------------------------------------------
     def _need_tokenizer(self, what: str):
         if self.tokenizer is None:
-            raise ValueError(f"{what} needs a tokenizer, and this model has no tokenizer.json; "
-                             "send token ids instead")
+            raise RequestError(f"{what} needs a tokenizer, and this model has no tokenizer.json; "
+                               "send token ids to /v1/completions instead", "prompt")
         return self.tokenizer
 
     def completion_prompts(self, prompt: Any) -> list[list[int]]:
-        from .app import ApiError
         if isinstance(prompt, str):
             prompts = [prompt]
-        elif prompt and isinstance(prompt[0], int):
+        elif isinstance(prompt[0], int):
             prompts = [list(prompt)]
         else:
             prompts = list(prompt)
         out = []
         for p in prompts:
             if isinstance(p, str):
-                try:
-                    ids = self._need_tokenizer("a text prompt").encode(p)
-                except ValueError as e:
-                    raise ApiError(400, str(e), param="prompt") from None
+                ids = self._need_tokenizer("a text prompt").encode(p)
             else:
                 ids = list(p)
                 bad = [t for t in ids if not 0 <= t < self.vocab_size]
                 if bad:
-                    raise ApiError(400, f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                                   param="prompt")
+                    raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                                       "prompt")
             out.append(ids)
         return out
 
+    def thinking_options(self, req: ChatCompletionRequest) -> tuple[bool, str | None]:
+        """(thinking on?, DeepSeek effort). Precedence: chat_template_kwargs, `thinking`,
+        `reasoning_effort`, the server default."""
+        thinking, effort = self.default_thinking, None
+        if req.reasoning_effort is not None:
+            thinking, effort = REASONING_EFFORTS[req.reasoning_effort]
+        if req.thinking is not None:
+            thinking = req.thinking.type == "enabled"
+        kw = req.chat_template_kwargs
+        if kw is not None:
+            for flag in (kw.enable_thinking, kw.thinking):
+                if flag is not None:
+                    thinking = flag
+            if kw.reasoning_effort is not None:
+                effort = kw.reasoning_effort
+        return thinking, effort
+
     def render_chat(self, req: ChatCompletionRequest) -> RenderedChat:
         tok = self._need_tokenizer("chat")
+        thinking, effort = self.thinking_options(req)
         kw = req.chat_template_kwargs
-        thinking = False
-        if kw is not None:
-            for v in (kw.thinking, kw.enable_thinking):
-                if v is not None:
-                    thinking = v
-        effort = (kw.reasoning_effort if kw and kw.reasoning_effort else None) or \
-            (req.reasoning_effort if req.reasoning_effort in ("high", "max") else None)
         drop = kw.drop_thinking if kw and kw.drop_thinking is not None else True
         messages = []
-        for m in req.messages:
-            d: dict[str, Any] = {"role": m.role, "content": m.text()}
-            if m.reasoning_content is not None:
-                d["reasoning_content"] = m.reasoning_content
-            if m.tool_calls:
-                d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
-            if m.tool_call_id is not None:
-                d["tool_call_id"] = m.tool_call_id
-            messages.append(d)
-        tools = None
-        if req.tools and req.tool_choice != "none":
-            tools = [t.model_dump(exclude_none=True) for t in req.tools]
+        try:
+            for m in req.messages:
+                d: dict[str, Any] = {"role": m.role, "content": m.text()}
+                if m.reasoning_content is not None:
+                    d["reasoning_content"] = m.reasoning_content
+                if m.tool_calls:
+                    d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+                if m.tool_call_id is not None:
+                    d["tool_call_id"] = m.tool_call_id
+                messages.append(d)
+        except ValueError as e:
+            raise RequestError(str(e), "messages") from None
+        tools = self._tools_for_prompt(req)
         mode = "thinking" if thinking else "chat"
-        prompt = encode_messages(messages, thinking_mode=mode, drop_thinking=drop,
-                                 reasoning_effort=effort, tools=tools)
+        try:
+            prompt = encode_messages(messages, thinking_mode=mode, drop_thinking=drop,
+                                     reasoning_effort=effort, tools=tools)
+        except ValueError as e:
+            raise RequestError(str(e), "messages") from None
         return RenderedChat(prompt, tok.encode(prompt), mode, prompt_ends_in_reasoning(prompt))
+
+    @staticmethod
+    def _tools_for_prompt(req: ChatCompletionRequest) -> list[dict] | None:
+        """tool_choice "none" hides the tools; a named function shows only that one. "required"
+        cannot be enforced without constrained decoding: the tools are shown as for "auto"."""
+        choice = req.tool_choice
+        if not req.tools:
+            if choice not in (None, "none", "auto"):
+                raise RequestError("tool_choice needs a non-empty tools list", "tool_choice")
+            return None
+        if choice == "none":
+            return None
+        tools = [t.model_dump(exclude_none=True) for t in req.tools]
+        if isinstance(choice, NamedToolChoice):
+            tools = [t for t in tools if t["function"]["name"] == choice.function.name]
+            if not tools:
+                raise RequestError(f"tool_choice names function {choice.function.name!r}, which is not in tools",
+                                   "tool_choice")
+        return tools
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
@@ -107,10 +152,16 @@ class ChatBridge:
     # ---- sampling ------------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int, *, logprobs: int | None,
                         k: int) -> SamplingParams:
-        from .app import ApiError
         seed = req.seed
         if seed is not None and k:
             seed = (seed + k) % (2**63)  # n > 1 with a seed: distinct but reproducible choices
+        stop_ids = req.stop_token_ids or []
+        bad = [t for t in stop_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"stop_token_ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                               "stop_token_ids")
+        if req.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer, and this model has none", "stop")
         try:
             return SamplingParams(
                 temperature=1.0 if req.temperature is None else req.temperature,
@@ -121,24 +172,27 @@ class ChatBridge:
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 seed=seed, max_tokens=max_tokens, stop=req.stop or [],
-                stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos, logprobs=logprobs)
+                stop_token_ids=stop_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
         except ValueError as e:
-            raise ApiError(400, str(e)) from None
+            raise RequestError(str(e)) from None
 
     # ---- logprobs ------------------------------------------------------------------------
     def _tok(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
 
-    def completion_logprobs(self, outs: list[RequestOutput]) -> dict | None:
-        tokens, lps, tops = [], [], []
+    def completion_logprobs(self, outs: list[RequestOutput], text_offset: int = 0) -> dict:
+        tokens, lps, tops, offsets = [], [], [], []
         for o in outs:
             for lp in o.logprobs or []:
-                tokens.append(self._tok(lp.token_id))
+                s = self._tok(lp.token_id)
+                tokens.append(s)
                 lps.append(lp.logprob)
                 tops.append({self._tok(t): v for t, v in lp.top})
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": []}
+                offsets.append(text_offset)
+                text_offset += len(s)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
-    def chat_logprobs(self, outs: list[RequestOutput]) -> dict | None:
+    def chat_logprobs(self, outs: list[RequestOutput]) -> dict:
         content = []
         for o in outs:
             for lp in o.logprobs or []:

@@ -1,36 +1,50 @@
-"""Prometheus metrics of one server (own registry, so several apps can live in one process)."""
+"""Prometheus metrics of one server (own registry, so several apps can live in one process).
+
+Latencies are observed by the app as deltas reach the client side of the engine; queue, running
+and cache-page gauges are copied from the engine's stats on every scrape.
+"""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class ServerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.ttft = Histogram("dsv4_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("dsv4_inter_token_latency_seconds", "Time between streamed tokens",
+        self.ttft = Histogram("dsv4_time_to_first_token_seconds", "Time from admission to the first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("dsv4_inter_token_latency_seconds", "Time between generated tokens",
                              buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("dsv4_request_latency_seconds", "End-to-end request latency",
+        self.e2e = Histogram("dsv4_request_latency_seconds", "Admission to last token",
                              buckets=LATENCY_BUCKETS, registry=r)
-        self.queue = Gauge("dsv4_num_requests_waiting", "Requests waiting to be scheduled", registry=r)
-        self.running = Gauge("dsv4_num_requests_running", "Requests being generated", registry=r)
-        self.pending = Gauge("dsv4_num_requests_in_flight", "Requests admitted by the server", registry=r)
-        self.cache_usage = Gauge("dsv4_cache_usage_ratio", "Fraction of cache pages in use", registry=r)
-        self.free_pages = Gauge("dsv4_cache_free_pages", "Free cache pages", registry=r)
-        self.total_pages = Gauge("dsv4_cache_total_pages", "All cache pages", registry=r)
-        self.preemptions = Gauge("dsv4_num_preemptions_total", "Preemptions so far", registry=r)
-        self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.step = Histogram("dsv4_engine_step_seconds", "Duration of one engine step",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Gauge("dsv4_num_requests_waiting", "Sequences waiting to be scheduled", registry=r)
+        self.running = Gauge("dsv4_num_requests_running", "Sequences being generated", registry=r)
+        self.pending = Gauge("dsv4_num_requests_in_flight", "Sequences admitted by the server, not finished",
+                             registry=r)
+        self.cache_usage = Gauge("dsv4_cache_usage_ratio", "Fraction of cache pages in use (max over kinds)",
+                                 registry=r)
+        self.kind_usage = Gauge("dsv4_cache_kind_usage_ratio", "Fraction of cache pages in use", ["kind"],
+                                registry=r)
+        self.free_pages = Gauge("dsv4_cache_free_pages", "Free cache pages (all kinds)", registry=r)
+        self.total_pages = Gauge("dsv4_cache_total_pages", "All cache pages (all kinds)", registry=r)
+        self.preemptions = Gauge("dsv4_num_preemptions", "Preemptions since start", registry=r)
+        self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("dsv4_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("dsv4_requests", "Finished requests", ["finish_reason"], registry=r)
-        self.rejected = Counter("dsv4_rejected_requests", "Requests refused before the engine", ["status"], registry=r)
+        self.requests = Counter("dsv4_requests", "Finished sequences", ["finish_reason"], registry=r)
+        self.rejected = Counter("dsv4_rejected_requests", "Requests answered with an error status", ["status"],
+                                registry=r)
 
     def refresh(self, stats, pending: int) -> None:
         self.queue.set(stats.num_waiting)
         self.running.set(stats.num_running)
         self.pending.set(pending)
         self.cache_usage.set(stats.cache_usage)
+        for kind, value in getattr(stats, "page_usage", {}).items():
+            self.kind_usage.labels(kind).set(value)
         self.free_pages.set(stats.free_pages)
         self.total_pages.set(stats.total_pages)
         self.preemptions.set(stats.num_preemptions)

@@ -2,6 +2,8 @@
 
 Only what dsv4 implements is declared; unknown fields are ignored like the OpenAI API does, but
 values of known fields are validated here, before the engine sees anything (bad input -> 400).
+Fields that would change the result but are not implemented (logit_bias, suffix, prompt
+logprobs, non-text content) are refused with a 400 rather than silently ignored.
 """
 from __future__ import annotations
 
@@ -12,9 +14,18 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_N = 8
+MAX_PROMPTS = 64          # prompts in one /v1/completions request
 MAX_STOP = 8
 MAX_STOP_LEN = 256
 MAX_LOGPROBS = 20
+MAX_TOOLS = 128
+MAX_MESSAGES = 4096
+MAX_STOP_TOKEN_IDS = 64
+
+# OpenAI reasoning_effort -> (thinking on?, DeepSeek-V4 effort). V4 knows "high" and "max".
+REASONING_EFFORTS = {"none": (False, None), "minimal": (True, "high"), "low": (True, "high"),
+                     "medium": (True, "high"), "high": (True, "high"), "xhigh": (True, "max"),
+                     "max": (True, "max")}
 
 
 def new_id(prefix: str) -> str:
@@ -30,22 +41,23 @@ class StreamOptions(_Lenient):
 
 
 class SamplingFields(_Lenient):
-    model: str | None = None
+    model: str | None = Field(default=None, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=1_000_000)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
-    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
 
     @field_validator("stop")
@@ -63,6 +75,13 @@ class SamplingFields(_Lenient):
                 raise ValueError(f"stop sequences must be at most {MAX_STOP_LEN} characters")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v: dict | None) -> None:
+        if v:
+            raise ValueError("logit_bias is not supported")
+        return None
+
 
 class CompletionRequest(SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
@@ -76,6 +95,8 @@ class CompletionRequest(SamplingFields):
         if isinstance(v, list):
             if not v:
                 raise ValueError("prompt must not be empty")
+            if isinstance(v[0], (list, str)) and len(v) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
             if isinstance(v[0], list) and any(not p for p in v):
                 raise ValueError("token-id prompts must not be empty")
         return v
@@ -103,9 +124,23 @@ class ToolCall(_Lenient):
     function: FunctionCall
 
 
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: Union[str, list[dict[str, Any]], None] = None
+    content: Union[str, list[ContentPart], None] = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -117,9 +152,9 @@ class ChatMessage(_Lenient):
             return self.content
         parts = []
         for part in self.content:
-            if part.get("type") != "text":
-                raise ValueError(f"unsupported content part type {part.get('type')!r}; only 'text'")
-            parts.append(str(part.get("text", "")))
+            if part.type != "text" or part.text is None:
+                raise ValueError(f"unsupported content part type {part.type!r}; only 'text' parts are supported")
+            parts.append(part.text)
         return "".join(parts)
 
 
@@ -130,14 +165,21 @@ class ChatTemplateKwargs(_Lenient):
     drop_thinking: bool | None = None
 
 
+class ThinkingOption(_Lenient):
+    """DeepSeek API style: {"type": "enabled" | "disabled"}."""
+    type: Literal["enabled", "disabled"]
+
+
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[ToolDef] | None = Field(default=None, max_length=128)
-    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    reasoning_effort: Literal["high", "max", "low", "medium"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    thinking: ThinkingOption | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
 
 
