@@ -61,9 +61,23 @@ def _run_make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lazy(module: str, attr: str) -> Callable:
+    """Import heavy subcommands (engine, server) only when they are used."""
+    def call(*args):
+        import importlib
+        return getattr(importlib.import_module(module), attr)(*args)
+    return call
+
+
 COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
     "inspect": ("validate and summarise a checkpoint", _add_inspect, _run_inspect),
     "make-tiny": ("write a random tiny checkpoint in the official format", _add_make_tiny, _run_make_tiny),
+    "generate": ("generate text for one or more prompts", _lazy("dsv4.cli_generate", "add_generate_arguments"),
+                 _lazy("dsv4.cli_generate", "run_generate")),
+    "chat": ("interactive chat (streaming)", _lazy("dsv4.cli_generate", "add_chat_arguments"),
+             _lazy("dsv4.cli_generate", "run_chat")),
+    "serve": ("OpenAI-compatible HTTP server", _lazy("dsv4.serve.cli_serve", "add_arguments"),
+              _lazy("dsv4.serve.cli_serve", "run")),
 }
 
 

@@ -128,19 +128,22 @@ def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
 
 
 def rope_freqs(c: dict, compressed: bool) -> torch.Tensor:
-    """ω_i per pair (§2.4.2), rounded to fp32 like the reference's table."""
+    """ω_i per pair (§2.4.2) as an fp32 table. The table is a convention of the trained model, so it
+    is evaluated in fp32 in the order of DeepSeek's reference (`1 / base^(2i/d)`, then the YaRN blend
+    `ω/s·(1-keep) + ω·keep` with keep = 1 - ramp); a correctly rounded table differs in the last bit,
+    which moves logits by ~1e-6 and would hide FP8-rounding flips in float64 comparisons."""
     rd = c["qk_rope_head_dim"]
-    base = c["compress_rope_theta"] if compressed else c["rope_theta"]
-    i = torch.arange(rd // 2, dtype=f64)
-    w = base ** (-2.0 * i / rd)
+    base = float(c["compress_rope_theta"] if compressed else c["rope_theta"])
+    w = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
     ys = c.get("rope_scaling")
     if compressed and ys:
         s, l0 = ys["factor"], ys["original_max_position_embeddings"]
         cdim = lambda n: rd * math.log(l0 / (2 * math.pi * n)) / (2 * math.log(base))  # noqa: E731
         lo, hi = max(math.floor(cdim(ys["beta_fast"])), 0), min(math.ceil(cdim(ys["beta_slow"])), rd - 1)
-        ramp = ((i - lo) / ((hi + 0.001 if hi == lo else hi) - lo)).clamp(0, 1)
-        w = (w / s) * ramp + w * (1 - ramp)
-    return w.to(torch.float32)
+        ramp = ((torch.arange(rd // 2, dtype=torch.float32) - lo) / ((hi + 0.001 if hi == lo else hi) - lo)).clamp(0, 1)
+        keep = 1 - ramp
+        w = w / s * (1 - keep) + w * keep
+    return w
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:

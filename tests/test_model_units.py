@@ -50,7 +50,8 @@ def ref_omega(rope_dim: int, theta: float, yarn) -> torch.Tensor:
     omega = theta ** (-2 * i / rope_dim)
     if yarn is not None:
         def c(n):
-            return rope_dim * math.log(yarn.original_max_position_embeddings / (2 * math.pi * n)) / (2 * math.log(theta))
+            l0 = yarn.original_max_position_embeddings
+            return rope_dim * math.log(l0 / (2 * math.pi * n)) / (2 * math.log(theta))
         lo, hi = max(math.floor(c(yarn.beta_fast)), 0), min(math.ceil(c(yarn.beta_slow)), rope_dim - 1)
         ramp = ((i - lo) / (hi - lo)).clamp(0, 1)
         omega = omega / yarn.factor * ramp + omega * (1 - ramp)

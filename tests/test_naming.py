@@ -35,9 +35,11 @@ def inventory(name: str, include_mtp: bool = True) -> dict:
 
 # checkpoint_format.md §4
 TOTALS = {
-    "flash": (69187, 159_609_485_896, {"BF16": 433, "F32": 417, "F8_E4M3": 375, "F8_E8M0": 34167, "I64": 3, "I8": 33792},
+    "flash": (69187, 159_609_485_896,
+              {"BF16": 433, "F32": 417, "F8_E4M3": 375, "F8_E8M0": 34167, "I64": 3, "I8": 33792},
               (1575, 3_593_787_756)),
-    "pro": (145116, 864_704_792_696, {"BF16": 619, "F32": 590, "F8_E4M3": 528, "F8_E8M0": 71952, "I64": 3, "I8": 71424},
+    "pro": (145116, 864_704_792_696,
+            {"BF16": 619, "F32": 590, "F8_E4M3": 528, "F8_E8M0": 71952, "I64": 3, "I8": 71424},
             (2343, 13_956_587_692)),
     "flash-base": (69187, 292_555_345_480, {"BF16": 433, "F32": 34584, "F8_E4M3": 34167, "I64": 3},
                    (1575, 6_615_289_836)),
@@ -156,7 +158,8 @@ def test_names_match_transformers_rename_rules():
     for name in inv:
         if ".experts." in name and ".shared_experts." not in name:
             continue
-        assert official_to_transformers(name, with_model_prefix=False) == _rename_with_transformers_rules(name, rules), name
+        expected = _rename_with_transformers_rules(name, rules)
+        assert official_to_transformers(name, with_model_prefix=False) == expected, name
         checked += 1
     assert checked > 60
 

@@ -51,6 +51,13 @@ def dequant_fp4_f64(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return e2m1_f64(w) * e8m0_f64(s).repeat_interleave(32, 1)
 
 
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (float8 tensors compared as bytes)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.element_size() == 1 else torch.equal(a, b)
+
+
 def read_dir(path) -> tuple[dict, dict]:
     index = json.loads((path / "model.safetensors.index.json").read_text())
     tensors, where = {}, {}
@@ -140,8 +147,9 @@ def test_random_masters_are_sensible():
     cfg = tiny_config("fp4", "csa,hca", num_hash_layers=2)
     m = random_master_weights(cfg, seed=5)
     assert m.keys() == expected_inventory(cfg, quantized=False).keys()
-    assert torch.equal(m["layers.1.attn.wq_b.weight"], random_master_weights(cfg, seed=5)["layers.1.attn.wq_b.weight"])
-    assert not torch.equal(m["layers.1.attn.wq_b.weight"], random_master_weights(cfg, seed=6)["layers.1.attn.wq_b.weight"])
+    name = "layers.1.attn.wq_b.weight"
+    assert torch.equal(m[name], random_master_weights(cfg, seed=5)[name])
+    assert not torch.equal(m[name], random_master_weights(cfg, seed=6)[name])
     for layer in (0, 1):
         t = m[f"layers.{layer}.ffn.gate.tid2eid"]
         assert t.dtype == torch.int64 and t.shape == (cfg.vocab_size, cfg.num_experts_per_tok)
@@ -166,9 +174,7 @@ def test_shard_options_and_bad_masters(tmp_path):
         else:
             assert len(files) >= 3 and all(f.stat().st_size < 400_000 + 300_000 for f in files)
         got = dict(Checkpoint.open(out, progress=False).iter_tensors())
-        assert got.keys() == ref.keys() and all(torch.equal(got[k].view(torch.uint8) if got[k].dtype.itemsize == 1
-                                                            else got[k], ref[k].view(torch.uint8)
-                                                            if ref[k].dtype.itemsize == 1 else ref[k]) for k in ref)
+        assert got.keys() == ref.keys() and all(same(got[k], ref[k]) for k in ref)
     bad = dict(masters)
     del bad["layers.1.attn.wo_a.weight"]
     with pytest.raises(ValueError, match="layers.1.attn.wo_a.weight"):
@@ -227,7 +233,8 @@ def test_transformers_reads_our_checkpoints(written, tmp_path):
     for name, t in got.items():
         module = name[:-7] if name.endswith(".weight") else None
         if module and f"{module}.scale" in tensors:
-            deq = dequant_fp4_f64 if (is_routed_expert_name(name) and cfg.expert_dtype == "fp4") else dequant_fp8_f64
-            assert t.dtype == torch.bfloat16 and torch.equal(t.double(), deq(tensors[name], tensors[f"{module}.scale"])), name
+            fp4 = is_routed_expert_name(name) and cfg.expert_dtype == "fp4"
+            expect = (dequant_fp4_f64 if fp4 else dequant_fp8_f64)(tensors[name], tensors[f"{module}.scale"])
+            assert t.dtype == torch.bfloat16 and torch.equal(t.double(), expect), name
         else:
             assert torch.equal(t, tensors[name]), name

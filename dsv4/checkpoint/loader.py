@@ -63,11 +63,11 @@ class Source:
     def dtype(self) -> str:
         return self.stored.dtype
 
-    def where(self) -> str:
-        """File (and, for renamed or merged tensors, the stored name) for error messages."""
+    def where(self, name: str) -> str:
+        """The file (and the stored name, where it differs from `name`) for error messages."""
         if self.part is not None:
-            return f"{self.stored.file.name} [{self.stored.name}, expert {self.part.expert}]"
-        return f"{self.stored.file.name} [{self.stored.name}]"
+            return f"{self.stored.file} [{self.stored.name}, expert {self.part.expert}]"
+        return str(self.stored.file) + (f" [{self.stored.name}]" if self.stored.name != name else "")
 
 
 def _fail(msg: str) -> CheckpointError:
@@ -205,7 +205,7 @@ def _official_sources(root: Path, stored: dict[str, StoredTensor]) -> tuple[str,
         if layouts[name] is None:
             continue
         if layouts[name] == "either" or layout == "official":
-            pieces = [(name[6:] if name.startswith("model.") else name, None)]
+            pieces = [(name, None)]
         else:
             try:
                 pieces = transformers_to_official(name, st.shape)
@@ -213,8 +213,8 @@ def _official_sources(root: Path, stored: dict[str, StoredTensor]) -> tuple[str,
                 raise _fail(f"{st.file}: {e}") from None
         for official_name, part in pieces:
             if official_name in sources:
-                raise _fail(f"{root}: tensor {official_name} is stored twice ({sources[official_name].where()} "
-                            f"and {st.file.name}: {name})")
+                first = sources[official_name].where(official_name)
+                raise _fail(f"{root}: tensor {official_name} is stored twice ({first} and {st.file} [{name}])")
             shape = part.shape(st.shape) if part is not None else st.shape
             sources[official_name] = Source(st, part, shape)
     return layout, sources, unknown
@@ -242,6 +242,7 @@ class Checkpoint:
         self.progress = progress
         self._sources = sources
         self._handles: dict[Path, object] = {}
+        self.f32_scales_pow2: bool | None = None  # set by the scale check when float32 scales exist
 
     # ---- construction ------------------------------------------------------------------
     @classmethod
@@ -284,7 +285,7 @@ class Checkpoint:
                 cfg = dataclasses.replace(cfg, expert_dtype=found, raw={**cfg.raw, "expert_dtype": found})
 
         specs = expected_inventory(cfg, include_mtp=include_mtp)
-        cls._check_names(root, cfg, specs, sources, unknown, stored, include_mtp)
+        cls._check_names(root, specs, sources, unknown, stored, include_mtp)
         cls._check_shapes(cfg, specs, sources)
         ckpt = cls(root, cfg, layout, sources, specs, include_mtp, progress)
         if check_scales:
@@ -295,11 +296,12 @@ class Checkpoint:
         return ckpt
 
     @staticmethod
-    def _check_names(root, cfg, specs, sources, unknown, stored, include_mtp) -> None:
+    def _check_names(root: Path, specs: dict[str, TensorSpec], sources: dict[str, Source], unknown: list[str],
+                     stored: dict[str, StoredTensor], include_mtp: bool) -> None:
         unexpected = sorted(set(sources) - set(specs))
         if unknown or unexpected:
             names = [f"{n} ({stored[n].file.name})" for n in unknown] + \
-                    [f"{n} ({sources[n].where()})" for n in unexpected]
+                    [f"{n} ({sources[n].where(n)})" for n in unexpected]
             raise _fail(f"{root}: {len(names)} unexpected tensors not implied by config.json: "
                         f"{_examples(names)}")
         missing = [n for n in specs if n not in sources]
@@ -314,20 +316,25 @@ class Checkpoint:
         for name, spec in specs.items():
             src = sources[name]
             if tuple(src.shape) != spec.shape:
-                raise _fail(f"{src.where()}: tensor {name} has shape {list(src.shape)}, "
+                raise _fail(f"{src.where(name)}: tensor {name} has shape {list(src.shape)}, "
                             f"expected {list(spec.shape)}")
             if _dtype_ok(spec.dtype, src.dtype):
                 continue
             if is_scale_name(name) and not is_routed_expert_name(name) and spec.dtype == linear_scale \
                     and src.dtype in SCALE_DTYPE.values():
-                raise _fail(f"{src.where()}: tensor {name}: linear block scale stored as {src.dtype}, but "
+                raise _fail(f"{src.where(name)}: tensor {name}: linear block scale stored as {src.dtype}, but "
                             f"expert_dtype={cfg.expert_dtype!r} requires {spec.dtype} "
                             "(E8M0 scales go with fp4 experts, float32 scales with fp8 experts)")
-            raise _fail(f"{src.where()}: tensor {name} has dtype {src.dtype}, expected {spec.dtype}")
+            raise _fail(f"{src.where(name)}: tensor {name} has dtype {src.dtype}, expected {spec.dtype}")
 
     def _check_scales(self) -> None:
-        """Every block scale must be a finite positive number (E8M0 byte 255 is NaN)."""
+        """Every block scale must be a finite positive number (E8M0 byte 255 is NaN).
+
+        Also records whether all float32 scales are powers of two (Flash-Base ships UE8M0 values
+        as float32: then converting them to E8M0 is exact; otherwise they must stay float32).
+        """
         names = [n for n in self.specs if is_scale_name(n)]
+        not_pow2 = []
         for name in tqdm(names, desc="checking scales", unit="tensor", file=sys.stderr,
                          disable=not self.progress or not names, leave=False):
             t = self._read(name)
@@ -339,8 +346,14 @@ class Checkpoint:
                 what = "non-finite or non-positive scales"
             if bool(bad.any()):
                 idx = tuple(int(i) for i in bad.nonzero()[0])
-                raise _fail(f"{self._sources[name].where()}: tensor {name} has {int(bad.sum())} "
+                raise _fail(f"{self._sources[name].where(name)}: tensor {name} has {int(bad.sum())} "
                             f"{what}, first at index {list(idx)}")
+            if t.dtype == torch.float32 and not bool((torch.frexp(t).mantissa == 0.5).all()):
+                not_pow2.append(name)
+        self.f32_scales_pow2 = not not_pow2 if any(self.specs[n].dtype == "F32" for n in names) else None
+        if not_pow2:
+            log.warning("%s: %d float32 block-scale tensors are not all powers of two (e.g. %s); they are "
+                        "kept as float32", self.path, len(not_pow2), _examples(not_pow2, 3))
 
     # ---- reading -----------------------------------------------------------------------
     def _handle(self, file: Path):

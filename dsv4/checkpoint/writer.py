@@ -68,9 +68,9 @@ def tiny_config(expert_dtype: str = "fp4", layers: str = "sliding,csa,hca,csa", 
     if quantized:
         d["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                     "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+    overrides = {_FIELD_TO_KEY.get(k, k): v for k, v in overrides.items()}
     for key, value in overrides.items():
-        key = _FIELD_TO_KEY.get(key, key)
-        if key not in d and key not in ("quantization_config",):
+        if key not in d and key != "quantization_config":
             raise ValueError(f"tiny_config: unknown config key {key!r}")
         d[key] = value
     if "num_hidden_layers" in overrides and "compress_ratios" not in overrides:

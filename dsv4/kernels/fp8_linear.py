@@ -133,7 +133,7 @@ if HAS_TRITON:
         bits = tl.where(b == 0, 0x00400000, tl.where(b == 255, 0x7FC00000, b << 23))
         return bits.to(tl.float32, bitcast=True)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _act_quant_kernel(X, Q, S, M, stride_xm, stride_qm, stride_sm, BR: tl.constexpr):
         pid_r = tl.program_id(0)
         kb = tl.program_id(1)
@@ -145,7 +145,7 @@ if HAS_TRITON:
         tl.store(Q + rows[:, None] * stride_qm + cols[None, :], q, mask=mask[:, None])
         tl.store(S + rows * stride_sm + kb, s, mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _fp8_gemm_kernel(
         A, SA, W, SW, C,
         M, N, K,
@@ -200,9 +200,9 @@ if HAS_TRITON:
             if SW_E8M0:
                 sw = _e8m0_to_f32(sw.to(tl.int32))
             if SWAP_AB:
-                acc += tl.dot(w, tl.trans(a)) * (sw[:, None] * sa[None, :])
+                acc += tl.dot(w, tl.trans(a)) * sw[:, None] * sa[None, :]
             else:
-                acc += tl.dot(a, tl.trans(w)) * (sa[:, None] * sw[None, :])
+                acc += tl.dot(a, tl.trans(w)) * sa[:, None] * sw[None, :]
 
         if SWAP_AB:
             c_ptrs = C + offs_m[None, :] * stride_cm + offs_n[:, None]

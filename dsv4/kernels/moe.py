@@ -22,6 +22,7 @@ FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -255,12 +256,12 @@ if HAS_TRITON:
             acc = tl.dot(a1, tl.trans((w1.to(tl.float32) * f1[:, None]).to(tl.bfloat16)), acc)
             acc = tl.dot(a2, tl.trans((w2.to(tl.float32) * f2[:, None]).to(tl.bfloat16)), acc)
             acc = tl.dot(a3, tl.trans((w3.to(tl.float32) * f3[:, None]).to(tl.bfloat16)), acc)
-        else:  # W4A8: one exact FP8 MMA per 32-group, scaled by the group scale, then the act scale
-            blk = tl.dot(a0, tl.trans(w0)) * f0[None, :]
-            blk += tl.dot(a1, tl.trans(w1)) * f1[None, :]
-            blk += tl.dot(a2, tl.trans(w2)) * f2[None, :]
-            blk += tl.dot(a3, tl.trans(w3)) * f3[None, :]
-            acc += blk * sa[:, None]
+        else:  # W4A8: one exact FP8 MMA per 32-group, times its group scale and the act scale
+            # (the reference's order; two multiplies keep a single temporary tile live)
+            acc += tl.dot(a0, tl.trans(w0)) * f0[None, :] * sa[:, None]
+            acc += tl.dot(a1, tl.trans(w1)) * f1[None, :] * sa[:, None]
+            acc += tl.dot(a2, tl.trans(w2)) * f2[None, :] * sa[:, None]
+            acc += tl.dot(a3, tl.trans(w3)) * f3[None, :] * sa[:, None]
         return acc
 
     @triton.jit
@@ -268,9 +269,9 @@ if HAS_TRITON:
         """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales."""
         w = tl.load(Wp + kb * 128)
         sw = tl.load(SWp + kb)
-        return acc + tl.dot(a, tl.trans(w)) * (sa[:, None] * sw[None, :])
+        return acc + tl.dot(a, tl.trans(w)) * sa[:, None] * sw[None, :]
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_pairs", "top_k"])
     def _moe_gemm_kernel(
         A, SA, W, WS, C, CS,
         SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
@@ -367,7 +368,7 @@ if HAS_TRITON:
             c_ptrs = C + pair[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
             tl.store(c_ptrs, acc.to(tl.bfloat16), mask=valid[:, None])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["top_k"])
     def _moe_combine_kernel(Y, S, OUT, D, top_k, HAS_SHARED: tl.constexpr, BD: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -390,20 +391,22 @@ class MoEConfig:
     bn2: int
     quant_first: bool  # GEMM1 reads x quantised by act_quant (else quantises its gathered rows itself)
     quant_out: bool  # GEMM1 writes z as FP8 + scales (needs bn1 == 128), else bf16
-    num_warps: int = 4
+    warps1: int = 4
+    warps2: int = 4
     num_stages: int = 3
     use_asm: bool = True
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
-    """Heuristic launch shape from the average number of (token, slot) pairs per used expert."""
+    """Heuristic launch shape from the average number of (token, slot) pairs per used expert.
+
+    Two fp32 accumulators (gate, up) of a 64x128 tile need 8 warps to stay in registers.
+    """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
     if per_expert <= 16:
-        return MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, num_warps=4, num_stages=4)
-    if per_expert <= 64:
-        return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", num_warps=4,
-                         num_stages=3)
-    return MoEConfig(bm=128, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", num_warps=8, num_stages=3)
+        return MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, warps1=4, warps2=4, num_stages=4)
+    return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=8, warps2=4,
+                     num_stages=3)
 
 
 # --------------------------------------------------------------------------- Triton entry point
@@ -447,7 +450,8 @@ def fused_moe(
     rows = nb * cfg.bm
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w_fp8 = experts.fmt == "fp8"
-    meta = dict(BM=cfg.bm, W_FP8=w_fp8, USE_ASM=cfg.use_asm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    use_asm = cfg.use_asm and os.environ.get("TRITON_INTERPRET") != "1"  # the interpreter runs no inline PTX
+    meta = dict(BM=cfg.bm, W_FP8=w_fp8, USE_ASM=use_asm, num_stages=cfg.num_stages)
 
     # GEMM1: [pairs, D] x w13^T -> z [rows, I] in sorted order
     if act == "bf16":
@@ -469,7 +473,7 @@ def fused_moe(
         i, d, num_pairs, top_k, i, float(swiglu_limit),
         a1.stride(0), s_sa1, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0) if quant_out else 0,
-        BN=cfg.bn1, A_MODE=mode1, GLU=True, QUANT_OUT=quant_out, GATHER_A=True, **meta,
+        BN=cfg.bn1, A_MODE=mode1, GLU=True, QUANT_OUT=quant_out, GATHER_A=True, num_warps=cfg.warps1, **meta,
     )
 
     # GEMM2: z [rows, I] x w2^T -> y [pairs, D], one bf16 row per (token, slot)
@@ -481,7 +485,7 @@ def fused_moe(
         d, i, num_pairs, top_k, 0, float(swiglu_limit),
         z.stride(0), zs.stride(0) if quant_out else 0, w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
         y.stride(0), 0,
-        BN=cfg.bn2, A_MODE=mode2, GLU=False, QUANT_OUT=False, GATHER_A=False, **meta,
+        BN=cfg.bn2, A_MODE=mode2, GLU=False, QUANT_OUT=False, GATHER_A=False, num_warps=cfg.warps2, **meta,
     )
 
     # combine: fp32 sum over the top_k slots (+ shared expert), bf16 out

@@ -62,7 +62,7 @@ def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 
 if HAS_TRITON:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["numel", "nb_max"])
     def _moe_align_kernel(
         TOPK, SORTED, EXPERT_IDS, NUM_POST, CURSOR,
         numel, num_experts, nb_max,

@@ -7,18 +7,22 @@
 
 Parameter names are the official checkpoint names (`embed.weight`, `layers.3.attn.wq_a.weight`,
 `hc_head_fn`, `mtp.0.e_proj.weight`, ...). Weights are held dequantised in the model dtype; the fp32
-parameters of the reference (mHC, attn_sink, ape, gate bias) in fp32 (fp64 for a float64 model).
+parameters of the reference (mHC, attn_sink, ape, gate bias) in the accumulation dtype.
 
-Numerics (`numerics=`, see also docs/numerics.md):
-* "reference" (default): DeepSeek's inference code. KV nope dims FP8-simulated (block 64, after RoPE)
-  for window kv and compressed entries; indexer q and keys Hadamard-rotated and FP4-simulated (block
-  32); the input of every FP8/FP4-weight linear except wo_a FP8-quantised per token per 128 channels.
-* "transformers": none of the three (transformers 5.23.0 loaded dequantised).
-* The model dtype sets the rest: the reference's bf16 rounding points round to the model dtype, its
-  fp32 computations run in fp32 (fp64 for a float64 model). bfloat16 follows the reference precision
-  map; float32 is the exactness baseline; float64 is for re-derivation tests.
-Deterministic choices where the reference is unspecified: ties in the indexer's top-k and in the
-router's top-k go to the lowest index.
+Numerics (`numerics=`; full detail in docs/numerics.md):
+* "reference" (default) simulates DeepSeek's inference code:
+  - KV: the nope dims of every window kv (all layers, MTP too) and every compressed entry are
+    FP8-e4m3 quantised/dequantised in blocks of 64 with pow2 scales, after norm and RoPE;
+  - indexer: queries and keys are Hadamard-rotated and FP4-e2m1 simulated in blocks of 32;
+  - activations: the input of every FP8/FP4-weight linear except wo_a (wq_a, wq_b, wkv, wo_b,
+    indexer.wq_b, experts, mtp e_proj/h_proj) is FP8-quantised per token per 128 channels.
+* "transformers": none of the three (what transformers 5.23.0 computes when loaded dequantised).
+* The model dtype sets where the rest rounds: the reference's bf16 rounding points round to the
+  model dtype; its fp32 computations and all GEMM accumulation run in fp32 for a bfloat16 model
+  (the reference precision map) and in float64 for float32/float64 models. Float64 accumulation
+  makes a float32 model's results independent of batch composition and chunking (fp32 summation
+  order would flip FP8/FP4 roundings); it is the exactness baseline.
+* Ties in the indexer's and the router's top-k go to the lowest index.
 
 Batches are flat: see `dsv4.model.context` for packing sequences and carrying their decode state.
 """
@@ -105,7 +109,8 @@ class DeepseekV4ForCausalLM(nn.Module):
             raise ValueError(f"positions must be a 1-D int tensor, got {positions.dtype} {tuple(positions.shape)}")
         if inputs_embeds is not None:
             if inputs_embeds.shape != (t, self.config.hidden_size):
-                raise ValueError(f"inputs_embeds must be [{t}, {self.config.hidden_size}], got {tuple(inputs_embeds.shape)}")
+                raise ValueError(f"inputs_embeds must be [{t}, {self.config.hidden_size}], "
+                                 f"got {tuple(inputs_embeds.shape)}")
             h = inputs_embeds.to(self.dtype)
             if input_ids is not None and input_ids.shape != (t,):
                 raise ValueError(f"input_ids must be [{t}], got {tuple(input_ids.shape)}")

@@ -55,7 +55,8 @@ class MTPBlock(Block):
         t, width = prev_residual.shape[0], self.hc_mult * self.config.hidden_size
         if prev_residual.shape != (t, width) or next_token_ids.shape != (t,) or positions.shape != (t,):
             raise ValueError(f"MTP forward: expected prev_residual [T, {width}], next_token_ids [T], positions [T]; "
-                             f"got {tuple(prev_residual.shape)}, {tuple(next_token_ids.shape)}, {tuple(positions.shape)}")
+                             f"got {tuple(prev_residual.shape)}, {tuple(next_token_ids.shape)}, "
+                             f"{tuple(positions.shape)}")
         positions = positions.long()
         ctx = get_forward_context()
         if ctx is None:

@@ -13,6 +13,7 @@ All reads and writes go through the small method set below (`window`, `compresso
 `append_entries`, `append_tokens`, `truncate`), so a paged implementation can replace this contiguous
 one. Rollback: `truncate(n)` forgets the last n tokens; it is allowed as long as the result is not
 older than `num_tokens - max_rollback` measured at the furthest point reached (`min_length`).
+A forward that raises after validation (it should not) leaves the states of its batch undefined.
 """
 from __future__ import annotations
 
@@ -120,17 +121,18 @@ class LayerState:
     def append_tokens(self, kv: torch.Tensor, rows: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Commit a chunk of n tokens: their window kv and raw compressor rows."""
         n = kv.shape[0]
-        start, end = self.num_tokens, self.num_tokens + kv.shape[0]
+        start, end = self.num_tokens, self.num_tokens + n
         if set(rows) != set(self._rows):
-            raise ValueError(f"layer {self.spec.index}: expected compressor rows {sorted(self._rows)}, got {sorted(rows)}")
+            raise ValueError(f"layer {self.spec.index}: expected compressor rows {sorted(self._rows)}, "
+                             f"got {sorted(rows)}")
         cap = self._ring.shape[0]
         keep = min(n, cap)
         slots = torch.arange(end - keep, end, device=self._ring.device) % cap
         self._ring[slots] = kv[n - keep:].to(self._ring.dtype)
         self.min_length = max(self.min_length, end - self.max_rollback)
-        # Rows still needed after a rollback to min_length: its open window and (CSA) the one before.
-        keep_from = max(0, self.ratio * (self.min_length // self.ratio) - (self.ratio if self.overlap else 0)) \
-            if self.ratio else 0
+        keep_from = 0
+        if self.ratio:  # rows a rollback to min_length still needs: its open window and (CSA) the one before
+            keep_from = max(0, self.ratio * (self.min_length // self.ratio - (1 if self.overlap else 0)))
         for name, (c, z) in rows.items():
             if self._rows[name].end != start:
                 raise RuntimeError(f"layer {self.spec.index}: compressor rows out of sync")

@@ -151,6 +151,8 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         msg = str(first.get("msg", "invalid request"))
+        if loc is None and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
+            msg = "the request body must be a JSON object (Content-Type: application/json)"
         return error_response(400, f"{loc}: {msg}" if loc else msg, param=loc)
 
     @app.exception_handler(StarletteHTTPException)
@@ -270,7 +272,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         except RequestError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, streams = await admit(jobs, "cmpl")
-        created, n_in = now(), sum(len(ids) for ids, _ in jobs)
+        created, n_in = now(), sum(len(ids) for ids in prompts)   # a prompt counts once, whatever n
         echoes = [bridge.decode(ids) if req.echo else "" for ids, _ in jobs]
         head = {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name}
 
@@ -327,7 +329,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             raise ApiError(400, str(e), param=e.param) from None
         rid, streams = await admit(jobs, "chatcmpl")
         head = {"id": rid, "created": now(), "model": cfg.model_name}
-        n_in = len(ids) * req.n
+        n_in = len(ids)
 
         if not req.stream:
             results = await collect(request, streams)

@@ -187,7 +187,10 @@ class ChatBridge:
                 s = self._tok(lp.token_id)
                 tokens.append(s)
                 lps.append(lp.logprob)
-                tops.append({self._tok(t): v for t, v in lp.top})
+                top: dict[str, float] = {}
+                for t, v in lp.top:   # tokens that decode alike share a key: keep the best
+                    top.setdefault(self._tok(t), v)
+                tops.append(top)
                 offsets.append(text_offset)
                 text_offset += len(s)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}

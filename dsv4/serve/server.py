@@ -1,22 +1,42 @@
-"""`dsv4 serve`: build the engine, run uvicorn, drain gracefully on SIGTERM.
+"""Run the HTTP app on uvicorn around an engine core; drain gracefully on SIGTERM / SIGINT.
 
-SIGTERM/SIGINT: stop admitting (new POSTs get 503 while the socket stays open), let in-flight
-requests finish for up to `shutdown_timeout` seconds, then abort what is left and exit 0.
-A second signal exits at once.
+On the first signal: stop admitting (new POSTs get 503; GETs and the socket stay up), let the
+requests in flight finish for up to `shutdown_timeout` seconds, end what is left with
+finish_reason "abort", then exit with status 0. A second signal exits at once.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
+import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import uvicorn
 
 from ..engine.async_engine import AsyncEngine
 from .app import ServerConfig, create_app
 from .chat_bridge import ChatBridge
+from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeOptions:
+    model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_running: int = 256          # should match the core's max_num_seqs
+    max_queued: int = 256
+    shutdown_timeout: float = 30.0
+    step_watchdog_s: float = 120.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    default_thinking: bool = False
+    log_level: str = "warning"
 
 
 class DrainingServer(uvicorn.Server):
@@ -26,18 +46,21 @@ class DrainingServer(uvicorn.Server):
         self.shutdown_timeout = shutdown_timeout
         self._draining = False
 
-    def handle_exit(self, sig, frame) -> None:  # called from the signal handler
+    def handle_exit(self, sig, frame) -> None:
+        # Deliberately not uvicorn's handler: it closes the socket at once and re-raises the
+        # signal after shutdown (exit status -15); we drain first and exit 0.
         if self._draining:
             self.should_exit = self.force_exit = True
             return
         self._draining = True
         self.engine.accepting = False
-        log.info("signal %s: draining in-flight requests (up to %.0fs)", sig, self.shutdown_timeout)
+        log.warning("signal %s: draining %d requests (up to %gs)", sig, self.engine.num_pending(),
+                    self.shutdown_timeout)
         threading.Thread(target=self._drain, name="dsv4-drain", daemon=True).start()
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.shutdown_timeout
-        while self.engine.num_pending() and time.monotonic() < deadline:
+        while self.engine.num_pending() and time.monotonic() < deadline and not self.force_exit:
             time.sleep(0.05)
         if self.engine.num_pending():
             log.warning("shutdown timeout: aborting %d requests", self.engine.num_pending())
@@ -45,18 +68,45 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(core, bridge: ChatBridge, *, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          api_key: str | None = None, shutdown_timeout: float = 30.0, max_pending: int = 256,
-          step_watchdog_s: float = 120.0, log_level: str = "info") -> int:
-    engine = AsyncEngine(core, max_pending=max_pending, step_watchdog_s=step_watchdog_s)
-    cfg = ServerConfig(model_name=model_name, max_model_len=core.max_model_len, api_key=api_key)
-    app = create_app(engine, bridge, cfg)
-    engine.start()
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                            access_log=False)
-    server = DrainingServer(config, engine, shutdown_timeout)
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
     try:
-        server.run()
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(core, opts: ServeOptions) -> int:
+    """Serve `core` (an EngineCore with .tokenizer, .vocab_size, .max_model_len) until a signal."""
+    if not _is_loopback(opts.host) and not opts.api_key:
+        log.warning("serving on %s without an API key: anyone who can reach it can use it", opts.host)
+    engine = AsyncEngine(core, max_running=opts.max_running, max_queued=opts.max_queued,
+                         step_watchdog_s=opts.step_watchdog_s)
+    bridge = ChatBridge(getattr(core, "tokenizer", None), core.vocab_size, default_thinking=opts.default_thinking)
+    cfg = ServerConfig(model_name=opts.model_name, max_model_len=core.max_model_len, api_key=opts.api_key,
+                       max_body_bytes=opts.max_body_bytes)
+    app = create_app(engine, bridge, cfg, ServerMetrics())
+    sock = bind_socket(opts.host, opts.port)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, log_level=opts.log_level, timeout_graceful_shutdown=5, access_log=False,
+                            lifespan="off")
+    server = DrainingServer(config, engine, opts.shutdown_timeout)
+    engine.start()
+    url_host = f"[{host}]" if ":" in host else host
+    print(f"dsv4 serve: model {opts.model_name!r} on http://{url_host}:{port}/v1", file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])
     finally:
         engine.shutdown()
+        sock.close()
     return 0

@@ -1,0 +1,97 @@
+"""`dsv4 generate` and `dsv4 chat`: stdout carries only generated text; logs go to stderr."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny model)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, or auto")
+    p.add_argument("--numerics", default="reference", choices=["reference", "transformers"])
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default 0 for generate, 1.0 for chat)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=4096)
+
+
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("prompt", nargs="+", help="prompt text (several prompts are batched)")
+    p.add_argument("--no-stream", action="store_true", help="print each result when complete")
+
+
+def add_chat_arguments(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--thinking", action="store_true", help="thinking mode (reasoning shown on stderr)")
+    p.add_argument("--system", default=None, help="system prompt")
+
+
+def _llm(args):
+    from .engine.llm import LLM
+    return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
+               progress=len(getattr(args, "prompt", [])) > 1)
+
+
+def _params(args, default_temperature: float):
+    from .engine.sampling_params import SamplingParams
+    t = default_temperature if args.temperature is None else args.temperature
+    return SamplingParams(temperature=t, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                          max_tokens=args.max_tokens)
+
+
+def run_generate(args) -> int:
+    llm = _llm(args)
+    params = _params(args, 0.0)
+    if len(args.prompt) == 1 and not args.no_stream:
+        for d in llm.stream(args.prompt, params):
+            sys.stdout.write(d.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        return 0
+    for r in llm.generate(args.prompt, params):
+        sys.stdout.write(r.text + "\n")
+    return 0
+
+
+def run_chat(args) -> int:
+    from .chat.encoding import encode_messages
+    from .chat.parser import StreamingParser, prompt_ends_in_reasoning
+    llm = _llm(args)
+    if llm.tokenizer is None:
+        raise ValueError("chat needs a tokenizer; this checkpoint has no tokenizer.json")
+    params = _params(args, 1.0)
+    mode = "thinking" if args.thinking else "chat"
+    history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            sys.stderr.write("you> ")
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        history.append({"role": "user", "content": line})
+        prompt = encode_messages(history, thinking_mode=mode)
+        parser = StreamingParser(mode, in_reasoning=prompt_ends_in_reasoning(prompt))
+        for d in llm.stream([prompt], params):
+            events = parser.feed(d.text) + (parser.finish() if d.finished else [])
+            for e in events:
+                if "reasoning_content" in e:
+                    sys.stderr.write(e["reasoning_content"])
+                elif "content" in e:
+                    sys.stdout.write(e["content"])
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        msg = parser.result()
+        history.append({"role": "assistant", "content": msg["content"],
+                        "reasoning_content": msg["reasoning_content"] or None})

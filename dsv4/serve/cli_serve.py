@@ -1,0 +1,82 @@
+"""`dsv4 serve`: command-line options, engine construction, then `server.serve`.
+
+Wired into dsv4/cli.py as COMMANDS["serve"] = (help, add_arguments, run).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .server import ServeOptions, serve
+
+API_KEY_ENV = "DSV4_API_KEY"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="DIR", help="checkpoint directory (config.json, *.safetensors, tokenizer.json)")
+    p.add_argument("--served-model-name", metavar="NAME",
+                   help="the model id clients send and /v1/models lists (default: the directory name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stderr)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")
+    g = p.add_argument_group("engine")
+    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    g.add_argument("--max-model-len", type=int, default=4096, help="prompt + completion tokens per request")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together at most")
+    g.add_argument("--max-num-batched-tokens", type=int, default=4096, help="tokens per engine step at most")
+    g = p.add_argument_group("serving limits")
+    g.add_argument("--max-queued", type=int, default=256,
+                   help="sequences waiting beyond --max-num-seqs; more are refused with 429")
+    g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds to let in-flight requests finish after SIGTERM")
+    g.add_argument("--step-watchdog", type=float, default=120.0,
+                   help="an engine step longer than this marks the server unhealthy and fails its requests")
+    g.add_argument("--default-thinking", action="store_true",
+                   help="chat requests think unless they turn it off (default: chat mode)")
+    g.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_queued < 0:
+        raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.shutdown_timeout < 0 or args.step_watchdog <= 0:
+        raise ValueError("--shutdown-timeout must be >= 0 and --step-watchdog > 0")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty")
+
+
+def serve_options(args: argparse.Namespace, model_name: str) -> ServeOptions:
+    """Validated server options from parsed arguments (shared by every engine core)."""
+    _check(args)
+    return ServeOptions(model_name=args.served_model_name or model_name, host=args.host, port=args.port,
+                        api_key=args.api_key, max_running=args.max_num_seqs, max_queued=args.max_queued,
+                        shutdown_timeout=args.shutdown_timeout, step_watchdog_s=args.step_watchdog,
+                        max_body_bytes=args.max_body_bytes, default_thinking=args.default_thinking,
+                        log_level=args.log_level)
+
+
+def build_core(args: argparse.Namespace):
+    """The real engine core for --model (imported lazily: the server modules do not need torch)."""
+    from ..engine.llm_engine import LLMEngine
+
+    return LLMEngine(args.model, device=args.device, max_model_len=args.max_model_len,
+                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.model:
+        raise ValueError("--model DIR is required")
+    model_dir = Path(args.model)
+    if not model_dir.is_dir():
+        raise ValueError(f"--model {args.model}: not a directory")
+    opts = serve_options(args, getattr(args, "served_model_name", None) or model_dir.resolve().name)
+    core = build_core(args)
+    return serve(core, opts)
