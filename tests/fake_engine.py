@@ -291,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.tokenizer_dir}: no tokenizer.json")
     n = args.max_num_seqs * args.pages_per_seq
     pages = {"window": n, "compressed4": n, "indexer4": n, "compressed128": n, "state": args.max_num_seqs}
+    for kind in make_page_kinds(COMPRESS_RATIOS, WINDOW, PAGE_SIZES, pages):   # one full-length sequence fits
+        pages[kind.name] = max(pages[kind.name], kind.pages_needed(args.max_model_len))
     core = FakeCore(tok, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens, num_pages=pages,
                     step_delay=args.step_delay, stall_seconds=args.stall_seconds)

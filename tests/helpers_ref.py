@@ -207,7 +207,7 @@ class Ref:
         return post[:, :, None] * f[:, None, :] + torch.einsum("tjk,tjd->tkd", C, X)
 
     def hc_head(self, X: torch.Tensor, prefix: str = "") -> torch.Tensor:
-        fn, base, scale = self.w[prefix + "hc_head_fn"], self.w[prefix + "hc_head_base"], self.w[prefix + "hc_head_scale"]
+        fn, base, scale = (self.w[prefix + "hc_head_" + k] for k in ("fn", "base", "scale"))
         flat = X.reshape(X.shape[0], -1)
         m = (flat @ fn.T) / torch.sqrt(flat.square().mean(-1, keepdim=True) + self.eps)
         wj = torch.sigmoid(m * scale + base) + self.cfg["hc_eps"]
@@ -321,7 +321,8 @@ class Ref:
     # -- block, model, MTP
     def block(self, X, p: str, ratio: int, hashed: bool, ids, pos) -> torch.Tensor:
         u, post, C = self.hc_pre(X, p + "hc_attn")
-        X = self.hc_post(X, self.attention(rms(u, self.w[p + "attn_norm.weight"], self.eps), p + "attn.", ratio, pos), post, C)
+        f = self.attention(rms(u, self.w[p + "attn_norm.weight"], self.eps), p + "attn.", ratio, pos)
+        X = self.hc_post(X, f, post, C)
         u, post, C = self.hc_pre(X, p + "hc_ffn")
         f = self.moe(rms(u, self.w[p + "ffn_norm.weight"], self.eps), p + "ffn.", ids, hashed)
         return self.hc_post(X, f, post, C)

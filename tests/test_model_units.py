@@ -483,3 +483,24 @@ def test_numerics_switch_changes_only_what_it_names():
     assert not torch.equal(fake_quant_fp8(kv[:, cfg.nope_dim:], 64), kv[:, cfg.nope_dim:])
     keys = state.layers[0].entries("index")
     assert keys.shape[0] == 10 and torch.equal(fake_quant_fp4(keys, 32), keys)
+
+
+def test_api_contract_names_hidden_states_and_mtp_target():
+    from dsv4.checkpoint.naming import expected_inventory
+    cfg = tiny_config("fp4")
+    model = build(cfg, torch.float32, "reference")
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    assert names == set(expected_inventory(cfg, include_mtp=True, quantized=False))
+    ids = torch.randint(0, cfg.vocab_size, (10,), generator=torch.Generator().manual_seed(14))
+    hidden = model(ids, torch.arange(10))
+    target = model.get_mtp_target_hidden_states()
+    assert hidden.shape == (10, cfg.hidden_size) and target.shape == (10, cfg.hc_mult * cfg.hidden_size)
+    collapsed = hc_head(target.unflatten(-1, (cfg.hc_mult, -1)), model.hc_head_fn, model.hc_head_base,
+                        model.hc_head_scale, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+    assert torch.equal(model.norm(collapsed), hidden)
+    logits = model.compute_logits(hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (10, cfg.vocab_size)
+    assert torch.equal(model(ids, torch.arange(10), inputs_embeds=model.embed_input_ids(ids)), hidden)
+    mapping = model.get_expert_mapping()
+    assert len(mapping) == 3 * cfg.n_routed_experts
+    assert ("experts.w13_", "experts.5.w3.", 5, "w3") in mapping and ("experts.w2_", "experts.0.w2.", 0, "w2") in mapping

@@ -17,13 +17,12 @@ import pytest
 import torch
 
 pytest.importorskip("accelerate")  # FineGrainedFP8Config needs it even on CPU
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 from transformers import DeepseekV4ForCausalLM, FineGrainedFP8Config  # noqa: E402
 
 import dsv4  # noqa: E402
 from dsv4.checkpoint.writer import random_master_weights, tiny_config, write_checkpoint  # noqa: E402
 from dsv4.model.context import ForwardContext, set_forward_context  # noqa: E402
-from dsv4.model.state import SequenceState  # noqa: E402
 
 from helpers_ref import read_checkpoint  # noqa: E402
 
@@ -174,7 +173,7 @@ def _greedy(step, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
 @torch.no_grad()
 def _dsv4_incremental_greedy(model, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     """Prefill once, then one token per forward through the sequence state."""
-    state = SequenceState.create(model.config, torch.float32)
+    state = model.new_sequence_state()
     with set_forward_context(ForwardContext([len(prompt)], [state])):
         hidden = model.forward(torch.tensor(prompt), torch.arange(len(prompt)))
     rows = [model.compute_logits(hidden[-1:])[0]]

@@ -84,7 +84,8 @@ def test_kv_fp8_simulation_matches_rederivation(head_dim, nope):
 
 def test_indexer_fp4_simulation_matches_rederivation():
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(40, 16, 128, generator=g, dtype=f64) * torch.exp2(torch.randint(-20, 8, (40, 16, 1), generator=g).to(f64))
+    x = torch.randn(40, 16, 128, generator=g, dtype=f64)
+    x *= torch.exp2(torch.randint(-20, 8, (40, 16, 1), generator=g).to(f64))  # per-head magnitudes
     got = simulate_indexer_fp4(x)
     want = fake_quant(x @ hadamard(128), 32, "fp4")
     assert torch.equal(got, want)

@@ -11,9 +11,11 @@ kind is `[num_pages, page_size, width]`:
   indexer4       indexer keys of ratio-4 layers
   state          one page per sequence: the compressors' raw rows, a ring of `rows_cap` slots
 
-KV as FP8 (`kv_dtype="fp8"`): the 448 nope dims as e4m3 + one E8M0 byte per 64 dims, the rope
-dims in the model dtype. With `numerics="reference"` the nope dims are already FP8-simulated with
-power-of-two block-64 scales, so this storage is lossless (a test checks it).
+KV as FP8 (`kv_dtype="fp8"`): the 448 nope dims as e4m3 + one E8M0 byte per 64 dims (+1 pad
+byte), the rope dims in the model dtype — the 584-byte `fp8_ds_mla` entry when that is bf16 — and
+indexer keys as MXFP4 (64 bytes of e2m1 + 4 E8M0 bytes = 68 B). With `numerics="reference"` the
+nope dims are already FP8-simulated with power-of-two block-64 scales and the indexer keys
+FP4-simulated with power-of-two block-32 scales, so this storage is lossless (a test checks it).
 """
 from __future__ import annotations
 
@@ -22,17 +24,22 @@ import torch
 from ..config import LayerSpec, ModelConfig
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
+from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from .block_manager import BlockManager
 
 KV_BLOCK = 64
 
 
 class _EntryPool:
-    """[pages, page_size, width] storage, optionally FP8 for the first `nope` dims."""
+    """[pages, page_size, width] storage: plain, FP8 for the first `nope` dims, or MXFP4 (fp4)."""
 
-    def __init__(self, pages: int, page_size: int, width: int, nope: int, fp8: bool, dtype, device):
-        self.page_size, self.width, self.nope, self.fp8 = page_size, width, nope, fp8
-        if fp8:
+    def __init__(self, pages: int, page_size: int, width: int, nope: int, fp8: bool, dtype, device,
+                 fp4: bool = False):
+        self.page_size, self.width, self.nope, self.fp8, self.fp4 = page_size, width, nope, fp8, fp4
+        if fp4:
+            self.q = torch.empty(pages, page_size, width // 2, dtype=torch.int8, device=device)
+            self.s = torch.empty(pages, page_size, width // 32, dtype=torch.uint8, device=device)
+        elif fp8:
             self.q = torch.empty(pages, page_size, nope, dtype=torch.float8_e4m3fn, device=device)
             self.s = torch.empty(pages, page_size, nope // KV_BLOCK, dtype=torch.uint8, device=device)
             self.rope = torch.empty(pages, page_size, width - nope, dtype=dtype, device=device)
@@ -40,11 +47,15 @@ class _EntryPool:
             self.data = torch.empty(pages, page_size, width, dtype=dtype, device=device)
 
     def nbytes_per_slot(self) -> int:
-        if self.fp8:
-            return self.nope + self.nope // KV_BLOCK + (self.width - self.nope) * self.rope.element_size()
-        return self.width * self.data.element_size()
+        return entry_bytes(self.width, self.nope, self.fp8, self.fp4,
+                           (self.rope if self.fp8 else self.data).element_size() if not self.fp4 else 0)
 
     def write(self, pages: torch.Tensor, offs: torch.Tensor, rows: torch.Tensor) -> None:
+        if self.fp4:
+            q, s = quantize_mxfp4(rows.float(), name="indexer key")
+            self.q[pages, offs] = q
+            self.s[pages, offs] = s.view(torch.uint8)
+            return
         if not self.fp8:
             self.data[pages, offs] = rows.to(self.data.dtype)
             return
@@ -54,11 +65,42 @@ class _EntryPool:
         self.rope[pages, offs] = rows[:, self.nope:].to(self.rope.dtype)
 
     def read(self, pages: torch.Tensor, offs: torch.Tensor, dtype) -> torch.Tensor:
+        if self.fp4:
+            q, s = self.q[pages, offs], self.s[pages, offs]
+            return dequantize_mxfp4(q.flatten(0, -2), s.flatten(0, -2), dtype=torch.float32).view(
+                *q.shape[:-1], self.width).to(dtype)
         if not self.fp8:
             return self.data[pages, offs].to(dtype)
         scale = e8m0_to_float(self.s[pages, offs]).repeat_interleave(KV_BLOCK, dim=-1)
         nope = self.q[pages, offs].float() * scale
         return torch.cat((nope.to(dtype), self.rope[pages, offs].to(dtype)), dim=-1)
+
+
+def entry_bytes(width: int, nope: int, fp8: bool, fp4: bool, elem: int) -> int:
+    """Bytes of one stored entry: plain, FP8 (e4m3 nope + E8M0 per 64 + pad + rope), or MXFP4."""
+    if fp4:
+        return width // 2 + width // 32
+    if fp8:
+        return nope + nope // KV_BLOCK + 1 + (width - nope) * elem
+    return width * elem
+
+
+def cache_bytes_per_token(config: ModelConfig, kv_dtype: str = "auto", dtype: torch.dtype = torch.bfloat16
+                          ) -> dict[str, float]:
+    """Asymptotic cache bytes per token of context, per kind (window ring and state are fixed-size)."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    fp8 = kv_dtype == "fp8"
+    out: dict[str, float] = {}
+    for spec in config.layers:
+        if not spec.has_compressor:
+            continue
+        r = spec.compress_ratio
+        main = entry_bytes(config.head_dim, config.nope_dim, fp8, False, elem)
+        out[f"compressed{r}"] = out.get(f"compressed{r}", 0.0) + main / r
+        if spec.has_indexer:
+            idx = entry_bytes(config.index_head_dim, config.index_head_dim, False, fp8, elem)
+            out["indexer4"] = out.get("indexer4", 0.0) + idx / r
+    return out
 
 
 class PagedPools:
@@ -90,7 +132,8 @@ class PagedPools:
                 if spec.has_indexer:
                     k = kinds["indexer4"]
                     self.entries[spec.index, "index"] = _EntryPool(k.num_pages, k.page_size, config.index_head_dim,
-                                                                   config.index_head_dim, False, dtype, device)
+                                                                   config.index_head_dim, False, dtype, device,
+                                                                   fp4=fp8)
                     self.rows[spec.index, "index"] = torch.empty(2, st.num_pages, cap, 2 * config.index_head_dim,
                                                                  dtype=self.acc, device=device)
 
@@ -103,6 +146,8 @@ class PagedPools:
         """Asymptotic bytes per token of context per kind (fixed-size window/state excluded)."""
         out: dict[str, float] = {}
         for (layer, name), pool in self.entries.items():
+            if layer == self.config.num_layers:
+                continue
             ratio = self.config.layer(layer).compress_ratio
             kind = f"compressed{ratio}" if name == "main" else "indexer4"
             out[kind] = out.get(kind, 0.0) + pool.nbytes_per_slot() / ratio
@@ -123,6 +168,7 @@ class PagedPools:
 class PagedLayerState:
     def __init__(self, pools: PagedPools, spec: LayerSpec, seq):
         self.pools, self.spec, self.seq = pools, spec, seq
+        self.dtype = pools.dtype
         self.window_size = pools.config.window
         self.max_rollback = pools.max_rollback
         self.ratio = spec.compress_ratio

@@ -44,13 +44,14 @@ def sink_attention(q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, key
         if entries is not None and entries.shape[0]:
             values = torch.cat((kb, entries))
             visible = torch.cat((visible, entry_mask[b0:b0 + QUERY_BLOCK]), dim=1)
-        scores = torch.einsum("thd,kd->thk", qb.to(acc), values.to(acc)) * scale
+        values = values.to(acc)
+        scores = torch.einsum("thd,kd->thk", qb.to(acc), values) * scale
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
         peak = scores.amax(dim=-1, keepdim=True)  # finite: a query always sees its own kv
         probs = torch.exp(scores - peak)
         denom = probs.sum(dim=-1) + torch.exp(sink.to(acc)[None, :] - peak.squeeze(-1))
         probs = probs.to(q.dtype).to(acc)  # the reference feeds bf16 probabilities to P.V
-        ob = torch.einsum("thk,kd->thd", probs, values.to(acc)) / denom.unsqueeze(-1)
+        ob = torch.einsum("thk,kd->thd", probs, values) / denom.unsqueeze(-1)
         out[b0:b0 + QUERY_BLOCK] = ob.to(q.dtype)
     return out
 

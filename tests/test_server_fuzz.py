@@ -1,0 +1,131 @@
+"""Fuzzed request bodies against a real server process: never a 500, always the OpenAI error shape.
+
+Bodies are drawn by hypothesis from the fields the server itself publishes in /openapi.json: a valid
+base request with any subset of fields replaced by arbitrary JSON (wrong types, huge and negative
+numbers, NaN, nested junk), random extra fields, arbitrary JSON documents and raw bytes. Valid
+draws really generate (streamed or not), so the engine path is fuzzed too.
+"""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fake_engine import ServerProcess, write_tokenizer
+
+ROUTES = {"/v1/completions": ("CompletionRequest", {"prompt": "count"}),
+          "/v1/chat/completions": ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "hi"}]})}
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tokenizer")
+    write_tokenizer(d)
+    srv = ServerProcess(d, tmp_path_factory.mktemp("server") / "server.log", "--max-model-len", "192",
+                        "--max-num-seqs", "16", "--max-body-bytes", "20000")
+    yield srv
+    rc = srv.stop()
+    log = srv.log()
+    assert rc == 0 and "Traceback" not in log and "internal error" not in log, log
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def fields(http):
+    """Request fields per route, from the served OpenAPI schema."""
+    schemas = http.get("/openapi.json").json()["components"]["schemas"]
+    out = {path: sorted(schemas[name]["properties"]) for path, (name, _) in ROUTES.items()}
+    assert {"prompt", "max_tokens", "stop", "logprobs", "n"} <= set(out["/v1/completions"])
+    assert {"messages", "tools", "tool_choice", "chat_template_kwargs"} <= set(out["/v1/chat/completions"])
+    return out
+
+
+scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.sampled_from([0, 1, -1, 2, 8, 9, 20, 21, 255, 2**63])
+           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30)
+           | st.sampled_from(["auto", "none", "required", "high", "max", "function", "user", "tool", "text"]))
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.sampled_from(["role", "content", "type", "function", "name",
+                                                              "arguments", "text", "thinking", "include_usage"])
+                                             | st.text(max_size=8), inner, max_size=4), max_leaves=10)
+messages = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"])},
+    optional={"content": st.text(max_size=40) | json_values, "tool_calls": json_values,
+              "reasoning_content": st.text(max_size=20), "tool_call_id": st.text(max_size=8)}), max_size=4)
+
+
+def check(r: httpx.Response, stream: bool) -> None:
+    assert r.status_code < 500, r.text
+    if r.status_code != 200:
+        err = r.json()["error"]
+        assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
+        return
+    if stream:
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        for e in events[:-1]:
+            assert "error" not in json.loads(e), e
+    else:
+        assert r.json()["choices"]
+
+
+def post(http, path: str, body) -> None:
+    stream = isinstance(body, dict) and body.get("stream") is True
+    check(http.post(path, content=json.dumps(body, allow_nan=True)), stream)
+
+
+@pytest.mark.parametrize("path", list(ROUTES))
+def test_mutated_valid_bodies_never_500(http, fields, path):
+    @FUZZ
+    @given(data=st.data())
+    def run(data):
+        body = dict(ROUTES[path][1], model="dsv4-fake", max_tokens=data.draw(st.integers(1, 12)))
+        names = data.draw(st.lists(st.sampled_from(fields[path]), max_size=4, unique=True))
+        for name in names:
+            if name == "messages":
+                body[name] = data.draw(messages | json_values)
+            else:
+                body[name] = data.draw(json_values)
+        if data.draw(st.booleans()):
+            body.pop(data.draw(st.sampled_from(sorted(body))))
+        body.update(data.draw(st.dictionaries(st.text(max_size=6), json_values, max_size=2)))
+        post(http, path, body)
+    run()
+
+
+@pytest.mark.parametrize("path", list(ROUTES))
+def test_arbitrary_json_and_bytes_never_500(http, path):
+    @FUZZ
+    @given(body=json_values | st.dictionaries(st.text(max_size=10), json_values, max_size=6), raw=st.binary(max_size=64))
+    def run(body, raw):
+        post(http, path, body)
+        r = http.post(path, content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+    run()
+
+
+def test_valid_sampling_fields_generate(http):
+    """In-range sampling fields always produce a completion (the engine validates nothing the app let through)."""
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None)
+    @given(temperature=st.floats(0, 2), top_p=st.floats(0.01, 1), top_k=st.integers(-1, 50), min_p=st.floats(0, 1),
+           presence=st.floats(-2, 2), frequency=st.floats(-2, 2), repetition=st.floats(0.1, 10),
+           seed=st.integers(-(2**63), 2**64 - 1) | st.none(), n=st.integers(1, 3), stream=st.booleans(),
+           stop=st.lists(st.text(min_size=1, max_size=5), max_size=3), logprobs=st.integers(0, 20) | st.none())
+    def run(temperature, top_p, top_k, min_p, presence, frequency, repetition, seed, n, stream, stop, logprobs):
+        body = {"prompt": "count", "max_tokens": 6, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                "min_p": min_p, "presence_penalty": presence, "frequency_penalty": frequency,
+                "repetition_penalty": repetition, "seed": seed, "n": n, "stream": stream, "stop": stop,
+                "logprobs": logprobs}
+        r = http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        check(r, stream)
+    run()
