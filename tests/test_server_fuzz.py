@@ -18,7 +18,7 @@ from fake_engine import ServerProcess, write_tokenizer
 
 ROUTES = {"/v1/completions": ("CompletionRequest", {"prompt": "count"}),
           "/v1/chat/completions": ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "hi"}]})}
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
@@ -115,7 +115,7 @@ def test_arbitrary_json_and_bytes_never_500(http, path):
 
 def test_valid_sampling_fields_generate(http):
     """In-range sampling fields always produce a completion (the engine validates nothing the app let through)."""
-    @settings(max_examples=60, deadline=None, derandomize=True, database=None)
+    @settings(max_examples=30, deadline=None, derandomize=True, database=None)
     @given(temperature=st.floats(0, 2), top_p=st.floats(0.01, 1), top_k=st.integers(-1, 50), min_p=st.floats(0, 1),
            presence=st.floats(-2, 2), frequency=st.floats(-2, 2), repetition=st.floats(0.1, 10),
            seed=st.integers(-(2**63), 2**64 - 1) | st.none(), n=st.integers(1, 3), stream=st.booleans(),
