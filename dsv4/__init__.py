@@ -13,4 +13,14 @@ def load_model(path, device="cpu", dtype=None, numerics="reference", **kwargs):
                        numerics=numerics, **kwargs)
 
 
-__all__ = ["load_model", "__version__"]
+def __getattr__(name):  # lazy: `import dsv4` stays cheap; the engine loads on first use
+    if name == "LLM":
+        from dsv4.engine.llm import LLM
+        return LLM
+    if name == "SamplingParams":
+        from dsv4.engine.sampling_params import SamplingParams
+        return SamplingParams
+    raise AttributeError(f"module 'dsv4' has no attribute {name!r}")
+
+
+__all__ = ["load_model", "LLM", "SamplingParams", "__version__"]
