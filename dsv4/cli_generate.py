@@ -16,6 +16,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--speculative", choices=["mtp"], default=None,
+                   help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
+    p.add_argument("--num-draft-tokens", type=int, default=1, metavar="K",
+                   help="draft tokens per step with --speculative (1-4; default 1)")
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +37,8 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 def _llm(args):
     from .engine.llm import LLM
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
-               progress=len(getattr(args, "prompt", [])) > 1)
+               progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
+               num_draft_tokens=args.num_draft_tokens)
 
 
 def _params(args, default_temperature: float):

@@ -140,16 +140,17 @@ class FakeCore:
     """EngineCore protocol (see dsv4/engine/async_engine.py) with real page accounting."""
 
     def __init__(self, tokenizer: ChatTokenizer, *, max_model_len: int = 256, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 4096, num_pages: dict[str, int] | None = None,
+                 max_num_batched_tokens: int = 4096, pages_per_seq: int = 4,
                  step_delay: float = 0.0, stall_seconds: float = 0.0, model_name: str = "dsv4-fake"):
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_id
         self.vocab_size = tokenizer.vocab_size
         self.model_name = model_name
         self.max_model_len = max_model_len
-        pages = num_pages or {"window": 4 * max_num_seqs, "compressed4": 4 * max_num_seqs,
-                              "indexer4": 4 * max_num_seqs, "compressed128": 2 * max_num_seqs,
-                              "state": max_num_seqs}
+        n = pages_per_seq * max_num_seqs
+        pages = {"window": n, "compressed4": n, "indexer4": n, "compressed128": n, "state": max_num_seqs}
+        for kind in make_page_kinds(COMPRESS_RATIOS, WINDOW, PAGE_SIZES, pages):   # one full-length sequence fits
+            pages[kind.name] = max(pages[kind.name], kind.pages_needed(max_model_len))
         self.block_manager = BlockManager(make_page_kinds(COMPRESS_RATIOS, WINDOW, PAGE_SIZES, pages))
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len),
                                    self.block_manager, eos_token_ids=tokenizer.eos_id,
@@ -223,19 +224,25 @@ class FakeCore:
 
 
 class ServerProcess:
-    """This file run as a real server process on a free 127.0.0.1 port (tests only).
+    """A real server process on a free 127.0.0.1 port (tests only): this file's fake core by default,
+    or `dsv4 serve` itself with `ServerProcess.cli(...)`.
 
     Every wait is bounded; `stop()` sends SIGTERM and returns the exit status (SIGKILL after `timeout`)."""
 
-    def __init__(self, tokenizer_dir: Path, log_path: Path, *args: str):
+    def __init__(self, tokenizer_dir: Path | None, log_path: Path, *args: str, cli: bool = False):
         self.log_path = log_path
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--tokenizer-dir", str(tokenizer_dir),
-               "--host", "127.0.0.1", "--port", "0", *args]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        if cli:
+            cmd = [sys.executable, "-m", "dsv4", "serve"]
+        else:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--tokenizer-dir", str(tokenizer_dir)]
+        cmd += ["--host", "127.0.0.1", "--port", "0", *args]
+        repo = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
         env.pop("DSV4_API_KEY", None)
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.base_url = self._wait_for_url(timeout=90)
+        self.base_url = self._wait_for_url(timeout=180)
 
     def _wait_for_url(self, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -277,7 +284,7 @@ class ServerProcess:
 
 def main(argv: list[str] | None = None) -> int:
     from dsv4.serve import cli_serve
-    from dsv4.serve.server import serve
+    from dsv4.serve.server import exit_process, serve
 
     p = argparse.ArgumentParser(description="dsv4 server on the scripted fake engine (tests only)")
     cli_serve.add_arguments(p)
@@ -289,14 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(args.tokenizer_dir)
     if tok is None:
         raise SystemExit(f"{args.tokenizer_dir}: no tokenizer.json")
-    n = args.max_num_seqs * args.pages_per_seq
-    pages = {"window": n, "compressed4": n, "indexer4": n, "compressed128": n, "state": args.max_num_seqs}
-    for kind in make_page_kinds(COMPRESS_RATIOS, WINDOW, PAGE_SIZES, pages):   # one full-length sequence fits
-        pages[kind.name] = max(pages[kind.name], kind.pages_needed(args.max_model_len))
     core = FakeCore(tok, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                    max_num_batched_tokens=args.max_num_batched_tokens, num_pages=pages,
+                    max_num_batched_tokens=args.max_num_batched_tokens, pages_per_seq=args.pages_per_seq,
                     step_delay=args.step_delay, stall_seconds=args.stall_seconds)
-    return serve(core, cli_serve.serve_options(args, core.model_name))
+    exit_process(serve(core, cli_serve.serve_options(args, core.model_name)))
+    return 0
 
 
 if __name__ == "__main__":

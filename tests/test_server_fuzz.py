@@ -50,7 +50,8 @@ def fields(http):
     return out
 
 
-scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.sampled_from([0, 1, -1, 2, 8, 9, 20, 21, 255, 2**63])
+scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+           | st.sampled_from([0, 1, -1, 2, 8, 9, 20, 21, 255, 2**63])
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30)
            | st.sampled_from(["auto", "none", "required", "high", "max", "function", "user", "tool", "text"]))
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
@@ -105,7 +106,8 @@ def test_mutated_valid_bodies_never_500(http, fields, path):
 @pytest.mark.parametrize("path", list(ROUTES))
 def test_arbitrary_json_and_bytes_never_500(http, path):
     @FUZZ
-    @given(body=json_values | st.dictionaries(st.text(max_size=10), json_values, max_size=6), raw=st.binary(max_size=64))
+    @given(body=json_values | st.dictionaries(st.text(max_size=10), json_values, max_size=6),
+           raw=st.binary(max_size=64))
     def run(body, raw):
         post(http, path, body)
         r = http.post(path, content=raw, headers={"content-type": "application/json"})

@@ -184,12 +184,12 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         streams = [RequestStream(self, rid, ids, params) for rid, ids, params in requests]
         with self._lock:
-            if len(self._streams) + len(streams) > self.capacity:
-                raise EngineOverloaded(f"the server is at capacity ({self.capacity} requests running or "
-                                       f"queued); retry later")
             for s in streams:
                 if s.request_id in self._streams:
                     raise ValueError(f"duplicate request id {s.request_id}")
+            if len(self._streams) + len(streams) > self.capacity:
+                raise EngineOverloaded(f"the server is at capacity ({self.capacity} requests running or "
+                                       f"queued); retry later")
             for s in streams:
                 self._streams[s.request_id] = (s, loop)
         for s in streams:

@@ -79,17 +79,19 @@ class HybridCache:
         self.states.pop(seq.request_id, None)
 
     def run(self, model, batch: ScheduledBatch) -> torch.Tensor:
-        """Forward the batch; return fp32 logits of the last token of every sampled row."""
+        """Forward the batch; return fp32 logits of the last token of every sampled row (speculative
+        rows: of their last own token and of every draft token, 1 + len(drafts) rows)."""
         ids, positions, lens, states, last = [], [], [], [], []
         offset = 0
         for row in batch.rows:
-            ids.extend(row.token_ids)
-            positions.extend(range(row.start, row.start + row.num_tokens))
-            lens.append(row.num_tokens)
+            tokens = row.token_ids  # the chunk, then the row's draft tokens
+            ids.extend(tokens)
+            positions.extend(range(row.start, row.start + len(tokens)))
+            lens.append(len(tokens))
             states.append(self.state_of(row.seq))
-            offset += row.num_tokens
+            offset += len(tokens)
             if row.sample:
-                last.append(offset - 1)
+                last.extend(range(offset - 1 - len(row.draft_token_ids), offset))
         dev = self.device
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         pos = torch.tensor(positions, dtype=torch.long, device=dev)

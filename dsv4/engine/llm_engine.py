@@ -20,6 +20,7 @@ from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import Sequence
+from .spec_decode import SPECULATIVE_METHODS, MTPSpeculator, mtp_problem
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
     cache: CacheConfig | None = None
+    speculative: str | None = None   # "mtp": draft with the checkpoint's mtp.0 block (docs/speculative.md)
+    num_draft_tokens: int = 1        # draft tokens per decode step when speculative is set
+
+    def __post_init__(self) -> None:
+        if self.speculative not in (None, *SPECULATIVE_METHODS):
+            raise ValueError(f"EngineConfig.speculative={self.speculative!r}; expected None or one of "
+                             f"{SPECULATIVE_METHODS}")
 
 
 class _Stream:
@@ -48,9 +56,12 @@ class _Stream:
         new = seq.output_token_ids[self.emitted_tokens:]
         self.emitted_tokens += len(new)
         if self.detok is not None:
-            for t in new:
-                if t in stop_tokens and seq.is_finished and t == seq.last_token_id:
-                    continue  # the eos / stop token itself is not part of the text
+            # the eos / stop token that ended the request (always its last token) is not part of
+            # the text; any other token is, an EOS under ignore_eos included
+            ended_by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+            for j, t in enumerate(new):
+                if ended_by_token and j == len(new) - 1 and t in stop_tokens:
+                    continue
                 self.text += self.detok.add(t)
             if seq.is_finished:
                 self.text += self.detok.flush()
@@ -83,9 +94,13 @@ class LLMEngine:
         self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)
         self.block_manager: BlockManager = self.cache.block_manager
         detok = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
-        self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens, self.max_model_len),
-                                   self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
         self.sampler = Sampler()
+        self.speculator = MTPSpeculator(model, self.cache, self.sampler, ec.num_draft_tokens) \
+            if ec.speculative == "mtp" else None
+        drafts = ec.num_draft_tokens if self.speculator is not None else 0
+        self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens, self.max_model_len,
+                                                   drafts),
+                                   self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
         self.streams: dict[str, _Stream] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -101,7 +116,14 @@ class LLMEngine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype is None:
             dtype = torch.bfloat16 if device != "cpu" else torch.float32
-        model = load_model(path, device=device, dtype=dtype, numerics=numerics)
+        speculative = engine_config is not None and engine_config.speculative is not None
+        problem = mtp_problem(path) if (path / "config.json").is_file() else None
+        if speculative and problem:
+            raise ValueError(f"speculative={engine_config.speculative!r} needs the checkpoint's complete MTP "
+                             f"block mtp.0: {problem}")
+        if problem:
+            log.warning("no usable MTP block (speculative decoding unavailable): %s", problem)
+        model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative)
         tokenizer = load_tokenizer(path)
         return cls(model, model.config, tokenizer, engine_config, model_name=path.name)
 
@@ -133,9 +155,15 @@ class LLMEngine:
         usage = bm.usage()
         free = sum(bm.num_free(k) for k in bm.kinds)
         total = sum(bm.num_total(k) for k in bm.kinds)
-        return EngineStats(self.scheduler.num_waiting, self.scheduler.num_running, max(usage.values(), default=0.0),
-                           free, total, self.prompt_tokens_total, self.generation_tokens_total,
-                           self.scheduler.num_preemptions)
+        stats = EngineStats(self.scheduler.num_waiting, self.scheduler.num_running, max(usage.values(), default=0.0),
+                            free, total, self.prompt_tokens_total, self.generation_tokens_total,
+                            self.scheduler.num_preemptions)
+        if self.speculator is not None:
+            spec = self.speculator.stats
+            stats.spec_num_drafts = spec.num_drafts
+            stats.spec_draft_tokens = spec.num_draft_tokens
+            stats.spec_accepted_tokens = spec.num_accepted_tokens
+        return stats
 
     # ---- one step ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -145,17 +173,23 @@ class LLMEngine:
             self.cache.release(seq)
         if not batch.rows:
             return []
+        if self.speculator is not None:
+            self.speculator.propose(batch)
         logits = self.cache.run(self.model, batch)
         sample_rows = [i for i, r in enumerate(batch.rows) if r.sample]
-        sampled: list[int | None] = [None] * len(batch.rows)
-        logprobs = [None] * len(batch.rows)
-        if sample_rows:
+        sampled: list = [None] * len(batch.rows)
+        logprobs: list = [None] * len(batch.rows)
+        if self.speculator is not None:  # per row: the emitted tokens, a TokenLogprob list
+            sampled, logprobs = self.speculator.verify(batch, logits)
+        elif sample_rows:
             out = self.sampler.sample_sequences(logits, [batch.rows[i].seq for i in sample_rows])
             for j, i in enumerate(sample_rows):
                 sampled[i], logprobs[i] = out.token_ids[j], out.logprobs[j]
         finished = self.scheduler.postprocess(batch, sampled)
         for seq in finished:
             self.cache.release(seq)
+        if self.speculator is not None:
+            self.speculator.advance(batch)
         outputs = []
         stop_tokens = set(self.scheduler.eos_token_ids)
         for i in sample_rows:
@@ -166,7 +200,10 @@ class LLMEngine:
             new, text = stream.advance(stop_tokens | set(seq.params.stop_token_ids))
             self.generation_tokens_total += len(new)
             lp = logprobs[i]
-            lps = [TokenLogprob(sampled[i], lp.logprob, lp.top)] if lp is not None else None
+            if isinstance(lp, list):
+                lps = lp[: len(new)]  # tokens after a stop were dropped
+            else:
+                lps = [TokenLogprob(sampled[i], lp.logprob, lp.top)] if lp is not None else None
             outputs.append(RequestOutput(seq.request_id, new, text, seq.is_finished, seq.finish_reason,
                                          seq.num_prompt_tokens, seq.num_output_tokens, lps, seq.stop_reason))
             if seq.is_finished:

@@ -56,6 +56,19 @@ class EngineStats:
     generation_tokens_total: int
     num_preemptions: int
     page_usage: dict[str, float] = field(default_factory=dict)  # per page kind
+    # speculative decoding (zero when off): verified rows with drafts, draft tokens, accepted drafts
+    spec_num_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens emitted per verified speculative row: 1 + accepted drafts per row."""
+        return 1.0 + self.spec_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else 0.0
 
 
 def aborted_output(request_id: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> RequestOutput:

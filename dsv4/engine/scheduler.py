@@ -6,7 +6,9 @@ Policy per step (budget = max_num_batched_tokens):
      num_tokens - num_computed_tokens (1 for a decode, the rest of the prompt for a prefill). When
      the pages do not fit, the latest-arriving running sequence is preempted (pages freed, cache
      forgotten, put back at the front of the waiting queue; its generated tokens are kept and are
-     recomputed as part of its next prefill) until they fit, or the sequence itself was the victim;
+     recomputed as part of its next prefill) until they fit, or the sequence itself was the victim.
+     With speculation (num_draft_tokens = k), a decode row also reserves pages and budget for up to
+     k draft tokens, fewer when the budget, the pages, max_tokens or max_model_len leave no room;
   2. if nobody was preempted, waiting sequences are admitted in order while the budget, the page
      pools and max_num_seqs allow (no skipping ahead: the head blocks the queue).
 Because every running sequence arrived before every waiting one, a batch always lists sequences
@@ -34,22 +36,30 @@ class SchedulerConfig:
     max_num_seqs: int = 256              # running sequences (= rows of a batch) at most
     max_num_batched_tokens: int = 8192   # tokens computed per step at most
     max_model_len: int = 4096            # prompt + output tokens at most
+    num_draft_tokens: int = 0            # speculative draft slots reserved per decode row (0 = off)
 
     def __post_init__(self) -> None:
         _positive_int("SchedulerConfig", "max_num_seqs", self.max_num_seqs)
         _positive_int("SchedulerConfig", "max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("SchedulerConfig", "max_model_len", self.max_model_len, minimum=2)
+        _positive_int("SchedulerConfig", "num_draft_tokens", self.num_draft_tokens, minimum=0)
 
 
 @dataclass
 class ScheduledSeq:
     """The model computes seq.token_ids[start : start + num_tokens] at positions start, start + 1, ...
     with the cache holding positions [0, start). When `sample`, the chunk ends at the sequence's last
-    known token and the logits of its last position are sampled."""
+    known token and the logits of its last position are sampled.
+
+    Speculative decode rows reserve `num_draft_tokens` more positions (pages and budget); the
+    speculator fills `draft_token_ids` (at most that many), which the model computes after the
+    row's own token, and the logits of every draft position are verified too."""
     seq: Sequence
     start: int
     num_tokens: int
     sample: bool
+    num_draft_tokens: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def is_decode(self) -> bool:
@@ -62,7 +72,8 @@ class ScheduledSeq:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.seq.token_ids[self.start: self.start + self.num_tokens]
+        """What the model computes: the chunk, then the draft tokens (if any)."""
+        return self.seq.token_ids[self.start: self.start + self.num_tokens] + self.draft_token_ids
 
 
 @dataclass
@@ -78,7 +89,7 @@ class ScheduledBatch:
 
     @property
     def num_tokens(self) -> int:
-        return sum(r.num_tokens for r in self.rows)
+        return sum(r.num_tokens + len(r.draft_token_ids) for r in self.rows)
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -172,6 +183,9 @@ class Scheduler:
             seq = self.running[i]
             remaining = seq.num_tokens - seq.num_computed_tokens
             n = min(remaining, budget)
+            k = self._num_drafts(seq, remaining, budget)
+            while k and not bm.can_allocate(seq, n + k):  # drafts never preempt anybody
+                k -= 1
             while not bm.can_allocate(seq, n):
                 victim = self.running.pop()  # latest arrival
                 self._preempt(victim)
@@ -180,9 +194,9 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 break
-            bm.allocate(seq, n)
-            batch.rows.append(ScheduledSeq(seq, seq.num_computed_tokens, n, n == remaining))
-            budget -= n
+            bm.allocate(seq, n + k)
+            batch.rows.append(ScheduledSeq(seq, seq.num_computed_tokens, n, n == remaining, k))
+            budget -= n + k
             i += 1
 
         while (not batch.preempted and self.waiting and budget > 0
@@ -203,9 +217,22 @@ class Scheduler:
             self._in_flight = batch
         return batch
 
-    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
+    def _num_drafts(self, seq: Sequence, remaining: int, budget: int) -> int:
+        """Draft slots for a decode row: no more than the budget, max_model_len or max_tokens can use."""
+        k = self.config.num_draft_tokens
+        if not k or remaining != 1 or seq.num_computed_tokens == 0:
+            return 0
+        k = min(k, budget - 1, self.config.max_model_len - seq.num_tokens)
+        if seq.params.max_tokens is not None:
+            k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
+        return max(k, 0)
+
+    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | Seq[int] | None]) -> list[Sequence]:
         """Record a computed batch. `sampled_token_ids[i]` is row i's sampled token (ignored, may be
-        None, for rows with sample=False). Returns the sequences that finished in this step."""
+        None, for rows with sample=False), or for a speculative row the list of emitted tokens: its
+        accepted drafts, then the target's token. Tokens are appended one at a time and the stop
+        conditions checked after each (later tokens are dropped). Returns the sequences that
+        finished in this step."""
         if not batch.rows:
             return []
         if batch is not self._in_flight:
@@ -219,17 +246,25 @@ class Scheduler:
             seq = row.seq
             if seq.is_finished:  # aborted after schedule()
                 continue
-            seq.num_computed_tokens += row.num_tokens
             if not row.sample:
+                seq.num_computed_tokens += row.num_tokens
                 continue
-            if token is None:
+            tokens = list(token) if isinstance(token, (list, tuple)) else [token]
+            if not tokens or any(t is None for t in tokens):
                 raise ValueError(f"Scheduler.postprocess: row of request {seq.request_id!r} needs a token")
-            seq.append_token(token)
-            if seq.check_stop(self.eos_token_ids, self.config.max_model_len, self.detokenize):
-                self.running.remove(seq)
-                del self.requests[seq.request_id]
-                self.block_manager.free(seq)
-                finished.append(seq)
+            accepted = len(tokens) - 1  # the model computed these drafts, so they are in the cache
+            if tokens[:-1] != row.draft_token_ids[:accepted] or accepted > len(row.draft_token_ids):
+                raise ValueError(f"Scheduler.postprocess: request {seq.request_id!r}: tokens {tokens} do not "
+                                 f"start with the row's drafts {row.draft_token_ids}")
+            seq.num_computed_tokens += row.num_tokens + accepted
+            for t in tokens:
+                seq.append_token(t)
+                if seq.check_stop(self.eos_token_ids, self.config.max_model_len, self.detokenize):
+                    self.running.remove(seq)
+                    del self.requests[seq.request_id]
+                    self.block_manager.free(seq)
+                    finished.append(seq)
+                    break
         return finished
 
     def _preempt(self, seq: Sequence) -> None:

@@ -189,20 +189,38 @@ if HAS_TRITON:
             acc = tl.zeros((BN, BM), dtype=tl.float32)
         else:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for kb in range(kb0, kb0 + KB_PER_SPLIT):
+        # Scale loads feed no MMA operand, so Triton does not pipeline them: prefetch them two
+        # K blocks ahead by hand (loop-carried registers) instead of waiting a DRAM latency each step.
+        sw0 = tl.load(sw_ptrs + kb0, mask=mask_n, other=0)
+        sw1 = tl.load(sw_ptrs + kb0 + (1 % KB_PER_SPLIT), mask=mask_n, other=0)
+        if FUSE_QUANT:
+            sa0 = sw0
+            sa1 = sw1
+        else:
+            sa0 = tl.load(sa_ptrs + kb0, mask=mask_m, other=0.0)
+            sa1 = tl.load(sa_ptrs + kb0 + (1 % KB_PER_SPLIT), mask=mask_m, other=0.0)
+        for i in range(0, KB_PER_SPLIT):
+            kb = kb0 + i
+            kb_next = kb0 + (i + 2) % KB_PER_SPLIT
+            sw = sw0
+            sw0 = sw1
+            sw1 = tl.load(sw_ptrs + kb_next, mask=mask_n, other=0)
             a = tl.load(a_ptrs + kb * BK, mask=mask_m[:, None], other=0.0)
             if FUSE_QUANT:
                 a, sa = _quant_rows(a.to(tl.float32))
             else:
-                sa = tl.load(sa_ptrs + kb, mask=mask_m, other=0.0)
+                sa = sa0
+                sa0 = sa1
+                sa1 = tl.load(sa_ptrs + kb_next, mask=mask_m, other=0.0)
             w = tl.load(w_ptrs + kb * BK, mask=mask_n[:, None], other=0.0)
-            sw = tl.load(sw_ptrs + kb, mask=mask_n, other=0)
             if SW_E8M0:
-                sw = _e8m0_to_f32(sw.to(tl.int32))
-            if SWAP_AB:
-                acc += tl.dot(w, tl.trans(a)) * sw[:, None] * sa[None, :]
+                swf = _e8m0_to_f32(sw.to(tl.int32))
             else:
-                acc += tl.dot(a, tl.trans(w)) * sa[:, None] * sw[None, :]
+                swf = sw
+            if SWAP_AB:
+                acc += tl.dot(w, tl.trans(a)) * swf[:, None] * sa[None, :]
+            else:
+                acc += tl.dot(a, tl.trans(w)) * sa[:, None] * swf[None, :]
 
         if SWAP_AB:
             c_ptrs = C + offs_m[None, :] * stride_cm + offs_n[:, None]
@@ -247,11 +265,18 @@ def _next_pow2(v: int) -> int:
 
 
 def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
-    """Heuristic launch shape for an [m, k] x [n, k]^T product (measured on H200, docs/kernels_notes.md)."""
+    """Heuristic launch shape for an [m, k] x [n, k]^T product (measured on H200, docs/kernels_notes.md).
+
+    M <= 16: swap AB with the activation quantised inside the GEMM (one launch + split-K reduce).
+    16 < M <= 64: swap AB on pre-quantised activations (quantising inside would repeat it per N tile).
+    M > 64: plain orientation, 64x128 tiles up to M = 1024, 128x128 with 8 warps beyond.
+    """
+    if m <= 16:
+        return LinearConfig(bm=16, bn=64, swap_ab=True, fuse_quant=True, split_k=0, num_warps=4, num_stages=4)
     if m <= 64:
-        return LinearConfig(bm=max(16, _next_pow2(m)), bn=64, swap_ab=True, fuse_quant=True,
-                            split_k=0, num_warps=4, num_stages=4)
-    if m <= 256:
+        return LinearConfig(bm=max(32, _next_pow2(m)), bn=64, swap_ab=True, fuse_quant=False, split_k=0,
+                            num_warps=4, num_stages=4)
+    if m <= 1024:
         return LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False, num_warps=4, num_stages=4)
     return LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8, num_stages=4)
 

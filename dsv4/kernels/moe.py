@@ -14,7 +14,7 @@ are not quantised (not reference-exact; kept as a measured alternative).
 Layouts: `ExpertWeights` is the checkpoint layout stacked over experts; `finalize_experts` turns
 it once into `PackedExperts` (w1/w3 fused, nibbles repacked so that each 32-byte chunk holds two
 whole 32-wide K groups — low nibbles one group, high nibbles the next — and group scales stored
-K-major so a program reads them contiguously).
+packed 4 per int32 word and K-block-major so a program reads them contiguously).
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
 FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
@@ -80,9 +80,9 @@ class PackedExperts:
     hidden: int
     inter: int
     w13: torch.Tensor  # mxfp4: uint8 [E, 2I, D/2] repacked; fp8: e4m3 [E, 2I, D]
-    w13_scale: torch.Tensor  # mxfp4: uint8 [E, D/32, 2I]; fp8: fp32 [E, 2I/128, D/128]
+    w13_scale: torch.Tensor  # mxfp4: int32 [E, D/128, 2I] (4 E8M0 bytes); fp8: fp32 [E, 2I/128, D/128]
     w2: torch.Tensor  # mxfp4: uint8 [E, D, I/2] repacked; fp8: e4m3 [E, D, I]
-    w2_scale: torch.Tensor  # mxfp4: uint8 [E, I/32, D]; fp8: fp32 [E, D/128, I/128]
+    w2_scale: torch.Tensor  # mxfp4: int32 [E, I/128, D]; fp8: fp32 [E, D/128, I/128]
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -167,6 +167,13 @@ def _fp4_scale_bytes(s: torch.Tensor, name: str) -> torch.Tensor:
     return b
 
 
+def _pack_group_scales(b: torch.Tensor) -> torch.Tensor:
+    """uint8 [E, N, K/32] -> int32 [E, K/128, N]: the 4 group scales of one 128-wide K block in one
+    word (byte g = group g), K-block-major so a program loads its N rows contiguously."""
+    e, n, g = b.shape
+    return b.contiguous().view(torch.int32).view(e, n, g // 4).transpose(1, 2).contiguous()
+
+
 def finalize_experts(w: ExpertWeights) -> PackedExperts:
     """Build the kernel layout once after load; the caller may drop `w` afterwards."""
     e, i, h = w.num_experts, w.inter, w.hidden
@@ -186,8 +193,7 @@ def finalize_experts(w: ExpertWeights) -> PackedExperts:
         s2 = _fp4_scale_bytes(w.w2_scale, "w2_scale")
         if s13.shape != (e, 2 * i, h // GROUP) or s2.shape != (e, h, i // GROUP):
             raise ValueError(f"experts: MXFP4 scale shapes {tuple(s13.shape)} / {tuple(s2.shape)} do not match")
-        return PackedExperts("mxfp4", e, h, i, w13, s13.transpose(1, 2).contiguous(), w2,
-                             s2.transpose(1, 2).contiguous())
+        return PackedExperts("mxfp4", e, h, i, w13, _pack_group_scales(s13), w2, _pack_group_scales(s2))
     if w.fmt == "fp8":
         from dsv4.kernels.fp8_linear import _weight_scale_f32
 
@@ -233,20 +239,20 @@ if HAS_TRITON:
             return v.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
 
     @triton.jit
-    def _group_scale(WSp, g, stride_wsk):
-        """fp32 2^(b - 127 + 6) for group g of each row: undoes the 2^-6 of `_fp4_lo/_hi`."""
-        b = tl.load(WSp + g * stride_wsk).to(tl.int32)
+    def _group_scale(sc, g: tl.constexpr):
+        """fp32 2^(b - 127 + 6) from byte g of the packed scales: undoes the 2^-6 of `_fp4_lo/_hi`."""
+        b = (sc >> (8 * g)) & 0xFF
         return ((b + 6) << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _fp4_mma(acc, a0, a1, a2, a3, sa, Wp, WSp, kb, stride_wsk, A16: tl.constexpr, USE_ASM: tl.constexpr):
-        """acc += one 128-wide K block of A · W^T for MXFP4 rows (4 groups of 32)."""
+    def _fp4_mma(acc, a0, a1, a2, a3, sa, Wp, sc, kb, A16: tl.constexpr, USE_ASM: tl.constexpr):
+        """acc += one 128-wide K block of A · W^T for MXFP4 rows (4 groups of 32, scales packed in sc)."""
         b01 = tl.load(Wp + kb * 64)
         b23 = tl.load(Wp + kb * 64 + 32)
-        f0 = _group_scale(WSp, kb * 4 + 0, stride_wsk)
-        f1 = _group_scale(WSp, kb * 4 + 1, stride_wsk)
-        f2 = _group_scale(WSp, kb * 4 + 2, stride_wsk)
-        f3 = _group_scale(WSp, kb * 4 + 3, stride_wsk)
+        f0 = _group_scale(sc, 0)
+        f1 = _group_scale(sc, 1)
+        f2 = _group_scale(sc, 2)
+        f3 = _group_scale(sc, 3)
         w0 = _fp4_lo(b01, USE_ASM)
         w1 = _fp4_hi(b01, USE_ASM)
         w2 = _fp4_lo(b23, USE_ASM)
@@ -265,10 +271,9 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _fp8w_mma(acc, a, sa, Wp, SWp, kb):
-        """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales."""
+    def _fp8w_mma(acc, a, sa, Wp, sw, kb):
+        """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales (sw per row)."""
         w = tl.load(Wp + kb * 128)
-        sw = tl.load(SWp + kb)
         return acc + tl.dot(a, tl.trans(w)) * sa[:, None] * sw[None, :]
 
     @triton.jit(do_not_specialize=["num_pairs", "top_k"])
@@ -303,6 +308,13 @@ if HAS_TRITON:
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
         A16: tl.constexpr = A_MODE == 2
 
+        # Scale loads feed no MMA operand, so Triton does not pipeline them: they are prefetched two
+        # K blocks ahead by hand (loop-carried registers), (kb + 2) % KB keeps the addresses in range.
+        KB = K // 128
+        sa_ptrs = SA + rows * stride_sam
+        if A_MODE == 0:
+            sa0 = tl.load(sa_ptrs, mask=valid, other=0.0)
+            sa1 = tl.load(sa_ptrs + 1 % KB, mask=valid, other=0.0)
         if W_FP8:
             offs_k = tl.arange(0, 128)
             a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]
@@ -310,15 +322,28 @@ if HAS_TRITON:
             SWg = WS_e + (offs_n // 128) * stride_wsk
             Wu = Wg + up_off * stride_wn
             SWu = WS_e + ((offs_n + up_off) // 128) * stride_wsk
-            for kb in range(0, K // 128):
+            sg0 = tl.load(SWg)
+            sg1 = tl.load(SWg + 1 % KB)
+            su0 = tl.load(SWu)
+            su1 = tl.load(SWu + 1 % KB)
+            for kb in range(0, KB):
+                nxt = (kb + 2) % KB
                 a = tl.load(a_ptrs + kb * 128, mask=valid[:, None], other=0.0)
                 if A_MODE == 1:
                     a, sa = _quant_rows(a.to(tl.float32))
                 else:
-                    sa = tl.load(SA + rows * stride_sam + kb, mask=valid, other=0.0)
-                acc = _fp8w_mma(acc, a, sa, Wg, SWg, kb)
+                    sa = sa0
+                    sa0 = sa1
+                    sa1 = tl.load(sa_ptrs + nxt, mask=valid, other=0.0)
+                sg = sg0
+                sg0 = sg1
+                sg1 = tl.load(SWg + nxt)
+                acc = _fp8w_mma(acc, a, sa, Wg, sg, kb)
                 if GLU:
-                    acc_u = _fp8w_mma(acc_u, a, sa, Wu, SWu, kb)
+                    su = su0
+                    su0 = su1
+                    su1 = tl.load(SWu + nxt)
+                    acc_u = _fp8w_mma(acc_u, a, sa, Wu, su, kb)
         else:
             offs_k = tl.arange(0, 32)
             a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]
@@ -326,13 +351,27 @@ if HAS_TRITON:
             WSg = WS_e + offs_n
             Wu = Wg + up_off * stride_wn
             WSu = WSg + up_off
-            for kb in range(0, K // 128):
+            sg0 = tl.load(WSg)
+            sg1 = tl.load(WSg + (1 % KB) * stride_wsk)
+            su0 = tl.load(WSu)
+            su1 = tl.load(WSu + (1 % KB) * stride_wsk)
+            for kb in range(0, KB):
+                nxt = (kb + 2) % KB
+                sg = sg0
+                sg0 = sg1
+                sg1 = tl.load(WSg + nxt * stride_wsk)
+                if GLU:
+                    su = su0
+                    su0 = su1
+                    su1 = tl.load(WSu + nxt * stride_wsk)
                 a0 = tl.load(a_ptrs + kb * 128, mask=valid[:, None], other=0.0)
                 a1 = tl.load(a_ptrs + kb * 128 + 32, mask=valid[:, None], other=0.0)
                 a2 = tl.load(a_ptrs + kb * 128 + 64, mask=valid[:, None], other=0.0)
                 a3 = tl.load(a_ptrs + kb * 128 + 96, mask=valid[:, None], other=0.0)
                 if A_MODE == 0:
-                    sa = tl.load(SA + rows * stride_sam + kb, mask=valid, other=0.0)
+                    sa = sa0
+                    sa0 = sa1
+                    sa1 = tl.load(sa_ptrs + nxt, mask=valid, other=0.0)
                 elif A_MODE == 1:
                     x0 = a0.to(tl.float32)
                     x1 = a1.to(tl.float32)
@@ -347,9 +386,9 @@ if HAS_TRITON:
                     a3 = tl.clamp(x3 * inv[:, None], -448.0, 448.0).to(tl.float8e4nv)
                 else:
                     sa = tl.zeros((BM,), dtype=tl.float32)  # unused in W4A16
-                acc = _fp4_mma(acc, a0, a1, a2, a3, sa, Wg, WSg, kb, stride_wsk, A16, USE_ASM)
+                acc = _fp4_mma(acc, a0, a1, a2, a3, sa, Wg, sg, kb, A16, USE_ASM)
                 if GLU:
-                    acc_u = _fp4_mma(acc_u, a0, a1, a2, a3, sa, Wu, WSu, kb, stride_wsk, A16, USE_ASM)
+                    acc_u = _fp4_mma(acc_u, a0, a1, a2, a3, sa, Wu, su, kb, A16, USE_ASM)
 
         if GLU:
             gate = tl.minimum(acc.to(tl.bfloat16).to(tl.float32), limit)

@@ -6,7 +6,7 @@ expert (experts in ascending order), and each expert's segment is padded to a mu
 
 Outputs (sizes depend only on M * top_k, the expert count and block_m, so a CUDA graph can hold them):
 * `sorted_ids` int32 [max_blocks * block_m]: a pair id, or the sentinel `M * top_k` in padding;
-  the order of pairs inside one expert's segment is unspecified (the kernel fills it with atomics).
+  inside one expert's segment the pairs are in ascending order.
 * `expert_ids` int32 [max_blocks]: the expert of each block, -1 past the last used block.
 * `num_post_padded` int32 [1]: number of used slots (a multiple of block_m).
 """
@@ -64,11 +64,15 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["numel", "nb_max"])
     def _moe_align_kernel(
-        TOPK, SORTED, EXPERT_IDS, NUM_POST, CURSOR,
+        TOPK, SORTED, EXPERT_IDS, NUM_POST,
         numel, num_experts, nb_max,
-        BM: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_B: tl.constexpr,
+        BM: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr, SCATTER: tl.constexpr,
+        BLOCK_B: tl.constexpr,
     ):
-        # One program: counts, padded offsets, block -> expert table, then an atomic scatter.
+        # One program, no atomics: counts, padded offsets, the block -> expert table, then a
+        # deterministic scatter in ascending pair order (the rank of a pair inside its expert is the
+        # running count of that expert plus the number of equal ids before it in the same slice).
+        # SORTED arrives filled with the sentinel, so only real pairs are written here.
         e_offs = tl.arange(0, E_POW2)
         counts = tl.zeros((E_POW2,), dtype=tl.int32)
         for start in range(0, numel, CHUNK):
@@ -78,9 +82,9 @@ if HAS_TRITON:
             counts += tl.histogram(ids, E_POW2, mask=m)
         padded = (counts + BM - 1) // BM * BM
         ends = tl.cumsum(padded, 0)
+        starts = ends - padded
         total = tl.sum(padded, 0)
         tl.store(NUM_POST, total)
-        tl.store(CURSOR + e_offs, ends - padded, mask=e_offs < num_experts)
         for b0 in range(0, nb_max, BLOCK_B):
             b = b0 + tl.arange(0, BLOCK_B)
             pos = b * BM
@@ -88,20 +92,21 @@ if HAS_TRITON:
             eid = tl.sum((ends[None, :] <= pos[:, None]).to(tl.int32), axis=1)
             eid = tl.where(pos < total, eid, -1)
             tl.store(EXPERT_IDS + b, eid, mask=b < nb_max)
-        for p0 in range(0, nb_max * BM, CHUNK):
-            p = p0 + tl.arange(0, CHUNK)
-            tl.store(SORTED + p, numel, mask=p < nb_max * BM)
-        tl.debug_barrier()  # cursor and sentinel stores must land before the scatter
-        for start in range(0, numel, CHUNK):
-            offs = start + tl.arange(0, CHUNK)
+        cursor = starts
+        for start in range(0, numel, SCATTER):
+            offs = start + tl.arange(0, SCATTER)
             m = offs < numel
-            ids = tl.load(TOPK + offs, mask=m, other=0).to(tl.int32)
-            slot = tl.atomic_add(CURSOR + ids, 1, mask=m)
-            tl.store(SORTED + slot, offs, mask=m)
+            ids = tl.load(TOPK + offs, mask=m, other=-1).to(tl.int32)
+            onehot = ids[:, None] == e_offs[None, :]
+            base = tl.sum(tl.where(onehot, cursor[None, :], 0), axis=1)
+            earlier = (ids[:, None] == ids[None, :]) & (offs[None, :] < offs[:, None])
+            rank = tl.sum(earlier.to(tl.int32), axis=1)
+            tl.store(SORTED + base + rank, offs, mask=m)
+            cursor += tl.sum(onehot.to(tl.int32), axis=0)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """Triton version of `moe_align_ref` (one launch); ids must lie in [0, num_experts)."""
+    """Triton version of `moe_align_ref` (same outputs, bit for bit); ids must lie in [0, num_experts)."""
     _check(topk_ids, num_experts, block_m)
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
@@ -109,13 +114,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     numel = flat.numel()
     nb = max_blocks(numel, num_experts, block_m)
     dev = topk_ids.device
-    sorted_ids = torch.empty((nb * block_m,), dtype=torch.int32, device=dev)
+    sorted_ids = torch.full((nb * block_m,), numel, dtype=torch.int32, device=dev)
     expert_ids = torch.empty((nb,), dtype=torch.int32, device=dev)
     num_post = torch.empty((1,), dtype=torch.int32, device=dev)
-    cursor = torch.empty((num_experts,), dtype=torch.int32, device=dev)
     e_pow2 = triton.next_power_of_2(num_experts)
+    scatter = max(16, min(128, 8192 // e_pow2))  # keeps the [SCATTER, E] one-hot tile in registers
     _moe_align_kernel[(1,)](
-        flat, sorted_ids, expert_ids, num_post, cursor, numel, num_experts, nb,
-        BM=block_m, E_POW2=e_pow2, CHUNK=1024, BLOCK_B=max(16, 8192 // e_pow2), num_warps=8,
+        flat, sorted_ids, expert_ids, num_post, numel, num_experts, nb,
+        BM=block_m, E_POW2=e_pow2, CHUNK=1024, SCATTER=scatter, BLOCK_B=max(16, 8192 // e_pow2), num_warps=8,
     )
     return sorted_ids, expert_ids, num_post

@@ -6,6 +6,11 @@ candidate set: none (sliding-only), all complete entries j < floor((t+1)/128) (H
 selection among j < floor((t+1)/4) (CSA). Scores are `q.k * head_dim^-0.5`; the sink logit of head h
 joins the softmax denominator only. Projections, norms and RoPE run on the flat batch; the attention
 itself runs per sequence, vectorised over that sequence's tokens in blocks of queries.
+
+Sharded (`layout` given): this rank computes heads [h0, h0 + H/tp) = output groups [g0, g0 + G/tp)
+(wq_b rows, attn_sink, wo_a rows, wo_b input columns); wo_b's partial sums are all-reduced over the
+TP group in the accumulation dtype and rounded once, as one process does. The q latent, the shared
+K=V head, the compressors and the indexer are replicated (every head needs all of them).
 """
 from __future__ import annotations
 
@@ -57,27 +62,30 @@ def sink_attention(q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, key
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics):
+    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics,
+                 layout=None):
         super().__init__()
         c = config
-        self.n_heads, self.head_dim, self.rope_dim = c.num_heads, c.head_dim, c.rope_dim
+        self.layout = layout
+        heads, groups = (layout.heads, layout.groups) if layout is not None else (c.num_heads, c.o_groups)
+        self.n_heads, self.head_dim, self.rope_dim = heads, c.head_dim, c.rope_dim
         self.nope_dim = c.head_dim - c.rope_dim
-        self.groups, self.group_rank = c.o_groups, c.o_lora_rank
+        self.groups, self.group_rank = groups, c.o_lora_rank
         self.window = c.window
         self.eps = c.rms_norm_eps
         self.scale = c.head_dim ** -0.5
         self.numerics = numerics
         self.rope = RotaryEmbedding(c.rope_dim, spec.rope, acc_dtype(dtype))
-        self.attn_sink = nn.Parameter(torch.empty(c.num_heads, dtype=acc_dtype(dtype)), requires_grad=False)
+        self.attn_sink = nn.Parameter(torch.empty(heads, dtype=acc_dtype(dtype)), requires_grad=False)
         self.wq_a = Linear(c.hidden_size, c.q_lora_rank, dtype, numerics, FP8)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps, dtype)
-        self.wq_b = Linear(c.q_lora_rank, c.num_heads * c.head_dim, dtype, numerics, FP8)
+        self.wq_b = Linear(c.q_lora_rank, heads * c.head_dim, dtype, numerics, FP8)
         self.wkv = Linear(c.hidden_size, c.head_dim, dtype, numerics, FP8)
         self.kv_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
         # wo_a: FP8 in the checkpoint, but a bf16 einsum without activation quantisation in the reference.
-        self.wo_a = Linear(c.num_heads * c.head_dim // c.o_groups, c.o_groups * c.o_lora_rank, dtype,
+        self.wo_a = Linear(c.num_heads * c.head_dim // c.o_groups, groups * c.o_lora_rank, dtype,
                            numerics, FP8, quantize_input=False)
-        self.wo_b = Linear(c.o_groups * c.o_lora_rank, c.hidden_size, dtype, numerics, FP8)
+        self.wo_b = Linear(groups * c.o_lora_rank, c.hidden_size, dtype, numerics, FP8)
         self.compressor = Compressor(c, spec.compress_ratio, c.head_dim, self.rope, dtype, numerics, "main") \
             if spec.has_compressor else None
         self.indexer = Indexer(c, self.rope, dtype, numerics) if spec.has_indexer else None
@@ -127,4 +135,7 @@ class Attention(nn.Module):
         acc = acc_dtype(a.dtype)
         wo_a = self.wo_a.acc_weight().unflatten(0, (self.groups, self.group_rank))
         low_rank = torch.einsum("tgi,gri->tgr", grouped.to(acc), wo_a).to(a.dtype)
-        return self.wo_b(low_rank.flatten(1))
+        if self.layout is None:
+            return self.wo_b(low_rank.flatten(1))
+        partial = self.wo_b(low_rank.flatten(1), out_dtype=acc)  # row-parallel: sum over ranks, then round
+        return self.layout.ps.reduce_tp(partial).to(a.dtype)

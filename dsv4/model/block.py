@@ -14,7 +14,8 @@ from dsv4.model.numerics import Numerics, acc_dtype
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics):
+    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics,
+                 layout=None):
         super().__init__()
         self.spec = spec
         hc, mix, acc = config.hc_mult, config.hc_mix_dim, acc_dtype(dtype)
@@ -27,8 +28,8 @@ class Block(nn.Module):
             self.register_parameter(f"hc_{site}_scale", nn.Parameter(torch.empty(3, dtype=acc), requires_grad=False))
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.attn = Attention(config, spec, dtype, numerics)
-        self.ffn = MoE(config, spec, dtype, numerics)
+        self.attn = Attention(config, spec, dtype, numerics, layout)
+        self.ffn = MoE(config, spec, dtype, numerics, layout)
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
                 segments: list[Segment]) -> torch.Tensor:

@@ -25,6 +25,13 @@ Numerics (`numerics=`; full detail in docs/numerics.md):
 * Ties in the indexer's and the router's top-k go to the lowest index.
 
 Batches are flat: see `dsv4.model.context` for packing sequences and carrying their decode state.
+
+Several processes (`parallel=` a `dsv4.distributed.ParallelState`): every rank runs the same forward
+on the same tokens and holds its shards (dsv4.distributed.sharding): vocabulary rows of embed/head,
+attention heads, the shared expert's TP slice, its EP rank's routed experts. `load_weights` accepts
+full tensors and keeps the rank's slice (other ranks' experts are skipped); `compute_logits` returns
+the full logits on every rank. Partial sums cross ranks in the accumulation dtype, so a float32
+model gives the single-process results (up to float64 summation order).
 """
 from __future__ import annotations
 
@@ -48,42 +55,59 @@ STORED_QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
 
 
 class Embedding(nn.Module):
-    def __init__(self, vocab_size: int, dim: int, dtype: torch.dtype):
+    def __init__(self, vocab_size: int, dim: int, dtype: torch.dtype, layout=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, dim, dtype=dtype), requires_grad=False)
+        self.vocab_size, self.layout = vocab_size, layout
+        rows = layout.vocab if layout is not None else vocab_size
+        self.weight = nn.Parameter(torch.empty(rows, dim, dtype=dtype), requires_grad=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dtype not in (torch.int64, torch.int32) or ids.dim() != 1:
             raise ValueError(f"token ids must be a 1-D int tensor, got {ids.dtype} {tuple(ids.shape)}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.weight.shape[0]):
-            raise ValueError(f"token id out of range [0, {self.weight.shape[0]}): "
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"token id out of range [0, {self.vocab_size}): "
                              f"min {int(ids.min())}, max {int(ids.max())}")
-        return F.embedding(ids, self.weight)
+        if self.layout is None:
+            return F.embedding(ids, self.weight)
+        # vocab-parallel: the rank holding a token's row contributes it, the others zeros (exact sum)
+        local = ids - self.layout.vocab_start
+        mine = (local >= 0) & (local < self.weight.shape[0])
+        rows = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight).masked_fill(~mine[:, None], 0)
+        return self.layout.ps.reduce_tp(rows)
 
 
-def lm_head(hidden: torch.Tensor, head: Linear) -> torch.Tensor:
-    """Logits in fp32 (fp64 for a float64 model), accumulated in the model's accumulation dtype."""
+def lm_head(hidden: torch.Tensor, head: Linear, layout=None) -> torch.Tensor:
+    """Logits in fp32 (fp64 for a float64 model), accumulated in the model's accumulation dtype.
+    With a layout, each rank computes its vocabulary rows and all ranks receive the full logits."""
     logits = F.linear(hidden.to(acc_dtype(head.weight.dtype)), head.acc_weight())
-    return logits.to(torch.float64 if head.weight.dtype == torch.float64 else torch.float32)
+    logits = logits.to(torch.float64 if head.weight.dtype == torch.float64 else torch.float32)
+    return logits if layout is None else layout.ps.gather_tp(logits, dim=-1)
 
 
 class DeepseekV4ForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
-                 numerics: str | Numerics = "reference"):
+                 numerics: str | Numerics = "reference", parallel=None):
         super().__init__()
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"dtype={dtype}; allowed: {', '.join(map(str, COMPUTE_DTYPES))}")
         self.config, self.dtype, self.numerics = config, dtype, resolve_numerics(numerics)
         c, acc = config, acc_dtype(dtype)
-        self.embed = Embedding(c.vocab_size, c.hidden_size, dtype)
-        self.layers = nn.ModuleList(Block(c, spec, dtype, self.numerics) for spec in c.layers)
+        self.parallel = parallel
+        if parallel is not None:
+            from dsv4.distributed.sharding import Layout
+            self.layout = Layout.of(c, parallel)
+        else:
+            self.layout = None
+        layout = self.layout
+        self.embed = Embedding(c.vocab_size, c.hidden_size, dtype, layout)
+        self.layers = nn.ModuleList(Block(c, spec, dtype, self.numerics, layout) for spec in c.layers)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.head = Linear(c.hidden_size, c.vocab_size, dtype, self.numerics)
+        self.head = Linear(c.hidden_size, layout.vocab if layout is not None else c.vocab_size, dtype, self.numerics)
         self.hc_head_fn = nn.Parameter(torch.empty(c.hc_mult, c.hc_mult * c.hidden_size, dtype=acc),
                                        requires_grad=False)
         self.hc_head_base = nn.Parameter(torch.empty(c.hc_mult, dtype=acc), requires_grad=False)
         self.hc_head_scale = nn.Parameter(torch.empty(1, dtype=acc), requires_grad=False)
-        self.mtp = nn.ModuleList([MTPBlock(c, dtype, self.numerics, self.embed, self.head)]
+        self.mtp = nn.ModuleList([MTPBlock(c, dtype, self.numerics, self.embed, self.head, layout)]
                                  if c.num_nextn_predict_layers else [])
         self._loaded: set[str] = set()
         self._pending: dict[str, dict[str, torch.Tensor]] = {}  # quantised weight waiting for its pair
@@ -146,7 +170,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         """head(hidden): fp32 logits [T, V] (float64 for a float64 model)."""
         if hidden.dim() != 2 or hidden.shape[1] != self.config.hidden_size:
             raise ValueError(f"hidden must be [T, {self.config.hidden_size}], got {tuple(hidden.shape)}")
-        return lm_head(hidden, self.head)
+        return lm_head(hidden, self.head, self.layout)
 
     def get_mtp_target_hidden_states(self) -> torch.Tensor:
         """Residual streams before hc_head of the last forward, [T, hc_mult * D] (MTP input)."""
@@ -165,9 +189,11 @@ class DeepseekV4ForCausalLM(nn.Module):
     def get_expert_mapping(self) -> list[tuple[str, str, int, str]]:
         """vLLM FusedMoE-style mapping `(param_prefix, checkpoint_prefix, expert_id, shard)`, e.g.
         ("experts.w13_", "experts.5.w1.", 5, "w1"): w1/w3 fill the two halves of a fused w13, w2 is w2.
-        This model keeps per-expert modules named like the checkpoint and does not need it."""
+        Only the experts this rank holds are listed (all of them in one process); `load_model` reads
+        exactly the routed-expert tensors named here."""
+        experts = self.layout.experts if self.layout is not None else range(self.config.n_routed_experts)
         return [("experts.w13_" if shard in ("w1", "w3") else "experts.w2_", f"experts.{e}.{shard}.", e, shard)
-                for e in range(self.config.n_routed_experts) for shard in ("w1", "w2", "w3")]
+                for e in experts for shard in ("w1", "w2", "w3")]
 
     def _targets(self) -> dict[str, torch.Tensor]:
         return dict(self.named_parameters()) | dict(self.named_buffers())
@@ -175,7 +201,8 @@ class DeepseekV4ForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load backbone tensors (official names; `mtp.*` are skipped). Accepts quantised tensors as
         stored (FP8 + `.scale`, packed MXFP4 + `.scale`) or unquantised masters; returns the names of
-        the parameters completed by this call."""
+        the parameters completed by this call. Sharded: full tensors in, this rank's slice kept;
+        routed experts of other ranks are skipped."""
         return self._load(weights, mtp=False)
 
     def load_mtp_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -186,11 +213,14 @@ class DeepseekV4ForCausalLM(nn.Module):
         targets = self._targets()
         linears = {f"{n}.weight": m for n, m in self.named_modules() if isinstance(m, Linear)}
         done: set[str] = set()
+        layout = self.layout
         for name, tensor in weights:
             if name.startswith("mtp.") != mtp:
                 continue
             if mtp and ("emb" in name or name.endswith("head.weight")):
                 continue  # DeepSeek's converter drops MTP copies of embed/head too
+            if layout is not None and not layout.owns(name):
+                continue  # a routed expert of another EP rank
             if name.endswith(".scale"):
                 wname = name[: -len(".scale")] + ".weight"
                 if wname not in linears or linears[wname].weight_format == PLAIN:
@@ -204,14 +234,20 @@ class DeepseekV4ForCausalLM(nn.Module):
                 self._pending.setdefault(name, {})["weight"] = tensor
                 wname = name
             else:
+                if layout is not None:
+                    from dsv4.distributed.sharding import take
+                    tensor = take(name, tensor, layout.cut(name))
                 self._copy(name, targets[name], tensor)
                 done.add(name)
                 continue
             pair = self._pending[wname]
             if len(pair) == 2:
                 lin = linears[wname]
-                w = dequantize_weight(wname, pair["weight"], pair["scale"].to(pair["weight"].device),
-                                      lin.weight_format, torch.float32)
+                qw, qs = pair["weight"], pair["scale"]
+                if layout is not None:
+                    from dsv4.distributed.sharding import take_fp8_pair
+                    qw, qs = take_fp8_pair(wname, qw, qs, layout.cut(wname))
+                w = dequantize_weight(wname, qw, qs.to(qw.device), lin.weight_format, torch.float32)
                 self._copy(wname, lin.weight, w)
                 del self._pending[wname]
                 done.add(wname)

@@ -5,6 +5,10 @@ for selection only; ties go to the lowest expert id); hash layers take the ids f
 Weights `s_e / sum_{picked} s * routed_scaling_factor`. Each routed and the shared expert computes
 `w2(bf16(weight * silu(min(w1 x, L)) * clamp(w3 x, -L, L)))` (the routing weight applied before w2);
 the routed outputs are summed in fp32, the shared one added, and the total rounded.
+
+Sharded (`layout` given, see dsv4.distributed.sharding): this rank holds only its EP rank's experts
+(the others are `RemoteExpert` placeholders) and its TP slice of the shared expert; the combine
+across ranks lives in dsv4.distributed.moe_comm.
 """
 from __future__ import annotations
 
@@ -51,16 +55,19 @@ class Gate(nn.Module):
 
 
 class Expert(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, numerics: Numerics, weight_format: str):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, numerics: Numerics, weight_format: str,
+                 intermediate: int | None = None):
         super().__init__()
-        d, i = config.hidden_size, config.moe_intermediate_size
+        d, i = config.hidden_size, intermediate or config.moe_intermediate_size
         self.limit = config.swiglu_limit
         self.w1 = Linear(d, i, dtype, numerics, weight_format)
         self.w2 = Linear(i, d, dtype, numerics, weight_format)
         self.w3 = Linear(d, i, dtype, numerics, weight_format)
 
-    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, input_ready: bool = False
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, input_ready: bool = False,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """w2 output in out_dtype (default: rounded to the input dtype; a TP slice of the shared
+        expert asks for the accumulation dtype, to be summed over ranks before rounding)."""
         acc = acc_dtype(x.dtype)
         if not input_ready:
             x = self.w1.prepare_input(x)
@@ -69,20 +76,32 @@ class Expert(nn.Module):
         z = F.silu(gate) * up
         if weight is not None:
             z = weight.unsqueeze(-1) * z
-        return self.w2(z.to(x.dtype))
+        return self.w2(z.to(x.dtype), out_dtype=out_dtype)
+
+
+class RemoteExpert(nn.Module):
+    """Placeholder for a routed expert held by another EP rank (keeps `experts.{e}` = expert e)."""
 
 
 class MoE(nn.Module):
-    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics):
+    def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics,
+                 layout=None):
         super().__init__()
+        self.layout = layout
+        self.quantize_input = numerics.quantize_activations  # routed and shared inputs alike
+        owned = layout.experts if layout is not None else range(config.n_routed_experts)
         self.gate = Gate(config, spec, dtype)
-        self.experts = nn.ModuleList(Expert(config, dtype, numerics, EXPERT)
-                                     for _ in range(config.n_routed_experts))
-        self.shared_experts = Expert(config, dtype, numerics, FP8) if config.n_shared_experts else None
+        self.experts = nn.ModuleList(Expert(config, dtype, numerics, EXPERT) if e in owned else RemoteExpert()
+                                     for e in range(config.n_routed_experts))
+        shared_inter = layout.shared_inter if layout is not None else None
+        self.shared_experts = Expert(config, dtype, numerics, FP8, shared_inter) if config.n_shared_experts else None
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> torch.Tensor:
         acc = acc_dtype(x.dtype)
         weights, ids = self.gate(x, token_ids)
+        if self.layout is not None:
+            from dsv4.distributed.moe_comm import moe_forward
+            return moe_forward(self, x, weights, ids)
         xq = self.experts[0].w1.prepare_input(x)  # per-row quantisation: shared by all experts
         y = torch.zeros(x.shape, dtype=acc, device=x.device)
         for e in torch.unique(ids).tolist():  # ascending expert id: a fixed summation order

@@ -27,8 +27,9 @@ from dsv4.model.state import SequenceState
 
 class MTPBlock(Block):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, numerics: Numerics,
-                 embed: nn.Module, head: nn.Module):
-        super().__init__(config, config.mtp_layer, dtype, numerics)
+                 embed: nn.Module, head: nn.Module, layout=None):
+        super().__init__(config, config.mtp_layer, dtype, numerics, layout)
+        self.layout = layout
         d, hc, acc = config.hidden_size, config.hc_mult, acc_dtype(dtype)
         self.config, self.dtype, self.hc_mult = config, dtype, hc
         self.ready = False  # set by the model once all mtp.0.* tensors are loaded
@@ -79,4 +80,4 @@ class MTPBlock(Block):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits through the shared head, fp32 (fp64 for a float64 model)."""
         from dsv4.model.deepseek_v4 import lm_head
-        return lm_head(hidden, self._shared[1])
+        return lm_head(hidden, self._shared[1], self.layout)

@@ -8,13 +8,15 @@ import argparse
 import os
 from pathlib import Path
 
-from .server import ServeOptions, serve
+from .server import ServeOptions, exit_process, serve
 
 API_KEY_ENV = "DSV4_API_KEY"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", metavar="DIR", help="checkpoint directory (config.json, *.safetensors, tokenizer.json)")
+    p.add_argument("--model", metavar="DIR",
+                   help="checkpoint directory (config.json, *.safetensors, tokenizer.json); "
+                        "default: the tiny model shipped inside the package")
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the model id clients send and /v1/models lists (default: the directory name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -22,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                    help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")
     g = p.add_argument_group("engine")
-    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    g.add_argument("--device", default="auto", help="cpu, cuda, or auto")
+    g.add_argument("--numerics", default="reference", choices=["reference", "transformers"])
     g.add_argument("--max-model-len", type=int, default=4096, help="prompt + completion tokens per request")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together at most")
     g.add_argument("--max-num-batched-tokens", type=int, default=4096, help="tokens per engine step at most")
@@ -64,19 +67,18 @@ def serve_options(args: argparse.Namespace, model_name: str) -> ServeOptions:
 
 
 def build_core(args: argparse.Namespace):
-    """The real engine core for --model (imported lazily: the server modules do not need torch)."""
-    from ..engine.llm_engine import LLMEngine
+    """The real engine core (imported lazily: building the parser must not import torch)."""
+    from ..engine.llm_engine import EngineConfig, LLMEngine
 
-    return LLMEngine(args.model, device=args.device, max_model_len=args.max_model_len,
-                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    if args.model is not None and not Path(args.model).is_dir():
+        raise ValueError(f"--model {args.model}: not a directory")
+    config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_model_len=args.max_model_len)
+    return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.model:
-        raise ValueError("--model DIR is required")
-    model_dir = Path(args.model)
-    if not model_dir.is_dir():
-        raise ValueError(f"--model {args.model}: not a directory")
-    opts = serve_options(args, getattr(args, "served_model_name", None) or model_dir.resolve().name)
+    _check(args)   # bad options fail before the (slow) model load
     core = build_core(args)
-    return serve(core, opts)
+    exit_process(serve(core, serve_options(args, core.model_name)))
+    return 0   # not reached

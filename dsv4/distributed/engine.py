@@ -1,0 +1,116 @@
+"""The engine in a multi-process run: every rank runs the same `LLMEngine` loop in lock-step.
+
+Each rank owns a full `LLMEngine` around its shard of the model. The engine is deterministic given
+its inputs (requests, aborts, sampled ids), so the ranks stay in step when
+
+* rank 0 alone takes requests and aborts (HTTP server, CLI) and, at every `step()`, broadcasts the
+  ones that arrived since the previous step; each worker applies them in the same order and steps;
+* rank 0 alone samples and broadcasts the sampled ids (`BroadcastSampler`), so per-request
+  generators and torch's global RNG never have to agree across processes.
+
+The model's collectives inside `step()` then line up by construction. Messages travel over the gloo
+control group (`ParallelState.control_group`, long timeout: a server may idle for hours).
+
+    rank 0:  core = DistributedEngine(engine, ps); ... core.add_request/step ...; core.shutdown()
+    others:  worker_loop(engine, ps)      # returns after rank 0's shutdown()
+
+Speculative decoding is not supported across processes (its draft sampling would need the same
+treatment); `check_engine` refuses it.
+"""
+from __future__ import annotations
+
+import logging
+
+from dsv4.distributed.parallel_state import ParallelState, broadcast_object
+
+log = logging.getLogger(__name__)
+
+
+class BroadcastSampler:
+    """Rank 0 samples with the engine's sampler; every rank gets rank 0's `SamplerOutput`."""
+
+    def __init__(self, inner, ps: ParallelState):
+        self.inner, self.ps = inner, ps
+
+    def sample_sequences(self, logits, seqs):
+        out = self.inner.sample_sequences(logits, seqs) if self.ps.is_first else None
+        return broadcast_object(out, self.ps)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def check_engine(engine) -> None:
+    if getattr(engine, "speculator", None) is not None:
+        raise ValueError("speculative decoding is not supported with --tp/--ep > 1 yet")
+
+
+def _apply(engine, commands: list[tuple]) -> None:
+    for cmd in commands:
+        if cmd[0] == "add":
+            engine.add_request(cmd[1], cmd[2], cmd[3])
+        elif cmd[0] == "abort":
+            engine.abort_request(cmd[1])
+        else:
+            raise RuntimeError(f"unknown engine command {cmd[0]!r}")
+
+
+class DistributedEngine:
+    """Rank 0's engine core (the `EngineCore` protocol of dsv4.engine.async_engine)."""
+
+    def __init__(self, engine, ps: ParallelState):
+        if not ps.is_first:
+            raise ValueError("DistributedEngine runs on rank 0; the other ranks run worker_loop")
+        check_engine(engine)
+        self.engine, self.ps = engine, ps
+        engine.sampler = BroadcastSampler(engine.sampler, ps)
+        self._pending: list[tuple] = []
+        self._stopped = False
+
+    def __getattr__(self, name: str):  # max_model_len, tokenizer, model_name, config, ...
+        return getattr(self.engine, name)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params=None) -> None:
+        # validated (and queued) here first: a refused request never reaches the workers
+        self.engine.add_request(request_id, prompt_token_ids, params)
+        self._pending.append(("add", request_id, [int(t) for t in prompt_token_ids], params))
+
+    def abort_request(self, request_id: str) -> None:
+        self.engine.abort_request(request_id)
+        self._pending.append(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def stats(self):
+        return self.engine.stats()
+
+    def step(self):
+        if self._stopped:
+            raise RuntimeError("DistributedEngine.step after shutdown")
+        commands, self._pending = self._pending, []
+        broadcast_object(("step", commands), self.ps)
+        return self.engine.step()
+
+    def shutdown(self) -> None:
+        """Release the workers (idempotent)."""
+        if not self._stopped:
+            self._stopped = True
+            broadcast_object(("stop", []), self.ps)
+
+
+def worker_loop(engine, ps: ParallelState) -> None:
+    """Follow rank 0: apply its requests/aborts, step when it steps; return when it shuts down."""
+    if ps.is_first:
+        raise ValueError("worker_loop runs on ranks other than 0")
+    check_engine(engine)
+    engine.sampler = BroadcastSampler(engine.sampler, ps)
+    steps = 0
+    while True:
+        kind, commands = broadcast_object(None, ps)
+        _apply(engine, commands)
+        if kind == "stop":
+            log.info("rank %d: stop after %d steps", ps.rank, steps)
+            return
+        engine.step()
+        steps += 1

@@ -1,0 +1,332 @@
+"""MTP speculative decoding: the checkpoint's own `mtp.0` block drafts k tokens, one target forward
+verifies them (docs/speculative.md).
+
+Positions. MTP row t combines the target's pre-hc_head residual X_t with the embedding of token t+1,
+runs at position t and predicts token t+2. When the target has computed tokens 0..n-1 and token n
+(sampled, not yet computed) is known, the MTP state holds rows 0..n-1 -- one position behind the
+token stream, level with the target's state. One engine step of a decode row:
+
+  propose  d_1 comes from the MTP logits of row n-1 (computed at the end of the previous step);
+           d_i (i >= 2) from a chained MTP row at position n+i-2 fed its own residual and d_{i-1}.
+           Chained rows rest on MTP residuals, not the target's, so they are rolled back at once.
+  verify   the target computes [x_n, d_1..d_k] at positions n..n+k in one forward; greedy rows
+           accept d_i while it equals the target argmax, sampled rows use the rejection rule
+           below; the first rejected position emits the target's token (or the bonus token after
+           k acceptances). The target state rolls back the rejected drafts (`truncate`).
+  advance  after the scheduler appended the tokens: the MTP consumes (X_t, token t+1) for every
+           position the target kept this step (prefill chunks too), ending at row n'-1 again, and
+           keeps that row's residual and logits for the next step's d_1.
+
+Sampling (Leviathan et al. 2023, Chen et al. 2023): p, q are the *processed* target and draft
+distributions (penalties, temperature, min-p, top-k, top-p applied the same way, the output history
+extended by the drafts before each position); accept d with probability min(1, p(d)/q(d)), else
+draw from norm(max(0, p - q)). The emitted tokens are distributed exactly as non-speculative
+sampling from p. Seeded requests draw everything (drafts, acceptance, corrections) from their own
+generator, so they are reproducible -- but not token-identical to non-speculative seeded sampling.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..model.context import ForwardContext, set_forward_context
+from .outputs import TokenLogprob
+from .sampler import apply_penalties, filter_logits, make_generator
+from .scheduler import ScheduledBatch, ScheduledSeq
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+SPECULATIVE_METHODS = ("mtp",)
+
+
+# ---- checkpoint / model checks ---------------------------------------------------------------
+
+def mtp_problem(path: str | Path) -> str | None:
+    """Why the checkpoint at `path` has no usable `mtp.0` block (None if it has one). Names only:
+    shapes and scales of the block are validated when it is loaded."""
+    from ..checkpoint.errors import CheckpointError
+    from ..checkpoint.loader import Checkpoint
+    from ..config import ModelConfig
+    cfg = ModelConfig.from_file(Path(path) / "config.json")
+    if not cfg.num_nextn_predict_layers:
+        return f"{path}/config.json: num_nextn_predict_layers = 0 (the model has no MTP block)"
+    try:
+        with Checkpoint.open(path, include_mtp=True, progress=False, check_scales=False) as ckpt:
+            if not ckpt.include_mtp:
+                return f"{path}: the mtp.* tensors are a drafter variant dsv4 does not support"
+    except CheckpointError as e:
+        try:  # a backbone problem is not an MTP problem: loading the model reports it
+            Checkpoint.open(path, include_mtp=False, progress=False, check_scales=False).close()
+        except CheckpointError:
+            return None
+        return str(e)
+    return None
+
+
+def require_mtp(model) -> None:
+    """ValueError unless `model` has a loaded MTP block."""
+    mtp = getattr(model, "mtp", None)
+    if not mtp or not getattr(mtp[0], "ready", False):
+        n = getattr(getattr(model, "config", None), "num_nextn_predict_layers", "?")
+        raise ValueError("speculative='mtp' needs the checkpoint's MTP block mtp.0, but this model has none "
+                         f"loaded (num_nextn_predict_layers={n}); load the checkpoint with its complete "
+                         "mtp.0.* tensors or turn speculation off")
+
+
+# ---- acceptance rules (pure functions) -------------------------------------------------------
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from `probs` [V] by the exponential race argmax(p_i / E_i), E_i ~ Exp(1)."""
+    noise = torch.empty_like(probs).exponential_(generator=generator).clamp_min_(torch.finfo(probs.dtype).tiny)
+    return int((probs / noise).argmax())
+
+
+def greedy_verify(target_ids: list[int], drafts: list[int]) -> list[int]:
+    """target_ids[i]: target argmax at draft position i (k + 1 of them). Returns the emitted tokens:
+    the accepted drafts, then the target's token at the first mismatch or the bonus token."""
+    out = []
+    for d, t in zip(drafts, target_ids):
+        if d != t:
+            return out + [t]
+        out.append(d)
+    return out + [target_ids[len(drafts)]]
+
+
+def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: list[int],
+                     generator: torch.Generator | None) -> list[int]:
+    """Speculative sampling. p [k+1, V]: target distributions at the k draft positions and the bonus
+    position; q [k, V]: the distributions the drafts were drawn from. Returns the emitted tokens."""
+    out = []
+    for i, d in enumerate(drafts):
+        u = float(torch.rand((), dtype=torch.float64, device=p.device, generator=generator))
+        if u * float(q[i, d]) < float(p[i, d]):  # accept with probability min(1, p/q)
+            out.append(d)
+            continue
+        residual = (p[i].double() - q[i].double()).clamp_min(0.0)
+        total = float(residual.sum())
+        # total == 0 means p == q up to rounding: then the rejection itself had probability ~0
+        return out + [draw((residual / total).to(p.dtype) if total > 0 else p[i], generator)]
+    return out + [draw(p[len(drafts)], generator)]
+
+
+# ---- the engine part -------------------------------------------------------------------------
+
+@dataclass
+class SpecStats:
+    num_drafts: int = 0            # verified rows that carried at least one draft token
+    num_draft_tokens: int = 0      # draft tokens verified
+    num_accepted_tokens: int = 0   # of which accepted
+    accepted_histogram: list[int] = field(default_factory=list)  # [j]: rows that accepted exactly j
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verified row (accepted drafts + the target's own token)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        while len(self.accepted_histogram) <= accepted:
+            self.accepted_histogram.append(0)
+        self.accepted_histogram[accepted] += 1
+
+
+@dataclass
+class _Seed:
+    """What the next step's first draft starts from: MTP row `position` (= n - 1) of `state`."""
+    state: object
+    position: int
+    residual: torch.Tensor   # [hc*D] MTP residual of that row (chained drafts feed it back)
+    logits: torch.Tensor     # [V] MTP logits of that row: the draft distribution of token n + 1
+
+
+@dataclass
+class _Chain:
+    row: ScheduledSeq
+    state: object
+    residual: torch.Tensor
+    logits: torch.Tensor
+    chained: int = 0         # chained MTP rows appended to the MTP state (rolled back after drafting)
+
+
+class MTPSpeculator:
+    """Drafting, verification and MTP bookkeeping for `LLMEngine` (propose -> forward -> verify ->
+    postprocess -> advance, once per step)."""
+
+    def __init__(self, model, cache, sampler, num_draft_tokens: int):
+        require_mtp(model)
+        max_rollback = cache.cache_config.max_rollback
+        if not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens <= max_rollback:
+            raise ValueError(f"num_draft_tokens={num_draft_tokens!r}; expected an integer in [1, {max_rollback}] "
+                             "(the decode state rolls back at most CacheConfig.max_rollback tokens)")
+        self.model, self.cache, self.sampler = model, cache, sampler
+        self.num_draft_tokens = num_draft_tokens
+        self.stats = SpecStats()
+        self._seeds: dict[str, _Seed] = {}
+        self._q: dict[int, list[torch.Tensor]] = {}  # id(row) -> draft distributions (sampled rows)
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator | None:
+        if seq.params.seed is None:
+            return self.sampler.generator
+        if seq.generator is None:
+            seq.generator = make_generator(seq.params.seed, device)
+        return seq.generator
+
+    @staticmethod
+    def _process(logits: torch.Tensor, seqs: list[Sequence], drafted: list[list[int]]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(penalised, processed) logits of rows whose output history is extended by `drafted`."""
+        params = [s.params for s in seqs]
+        prompts = [s.prompt_token_ids if s.params.has_penalties else [] for s in seqs]
+        outputs = [s.output_token_ids + d if s.params.has_penalties else [] for s, d in zip(seqs, drafted)]
+        penalised = apply_penalties(logits, params, prompts, outputs)
+        return penalised, filter_logits(penalised, params)
+
+    def _state(self, seq: Sequence):
+        return self.cache.states.get(seq.request_id)
+
+    # ---- 1. drafts ---------------------------------------------------------------------------
+    def propose(self, batch: ScheduledBatch) -> None:
+        """Fill `row.draft_token_ids` (up to `row.num_draft_tokens`) of the batch's decode rows."""
+        self._q.clear()
+        chains = []
+        for row in batch.rows:
+            if not row.num_draft_tokens:
+                continue
+            seed, state = self._seeds.get(row.seq.request_id), self._state(row.seq)
+            if (seed is None or state is None or seed.state is not state or seed.position != row.start - 1
+                    or state.mtp.num_tokens != row.start):
+                log.debug("request %r: no MTP seed for position %d; decoding without drafts",
+                          row.seq.request_id, row.start)
+                continue
+            chains.append(_Chain(row, state, seed.residual, seed.logits))
+        everyone, live = list(chains), chains
+        while live:
+            seqs = [c.row.seq for c in live]
+            penalised, processed = self._process(torch.stack([c.logits for c in live]), seqs,
+                                                 [c.row.draft_token_ids for c in live])
+            for i, c in enumerate(live):
+                if c.row.seq.params.greedy:
+                    d = int(penalised[i].argmax())
+                else:
+                    q = torch.softmax(processed[i], dim=-1)
+                    d = draw(q, self._generator(c.row.seq, q.device))
+                    self._q.setdefault(id(c.row), []).append(q)
+                c.row.draft_token_ids.append(d)
+            live = [c for c in live if len(c.row.draft_token_ids) < c.row.num_draft_tokens]
+            if live:
+                self._chain(live)
+        for c in everyone:
+            if c.chained:
+                c.state.mtp.truncate(c.chained)
+
+    def _chain(self, chains: list[_Chain]) -> None:
+        """One chained MTP row per chain: its residual, its last draft, at the draft's position - 1."""
+        dev = chains[0].residual.device
+        ids = torch.tensor([c.row.draft_token_ids[-1] for c in chains], dtype=torch.long, device=dev)
+        pos = torch.tensor([c.row.start + len(c.row.draft_token_ids) - 1 for c in chains], dtype=torch.long,
+                           device=dev)
+        with set_forward_context(ForwardContext([1] * len(chains), [c.state for c in chains])):
+            residual, hidden = self.model.forward_mtp(torch.stack([c.residual for c in chains]), ids, pos)
+        logits = self.model.compute_logits(hidden)
+        for i, c in enumerate(chains):
+            c.residual, c.logits, c.chained = residual[i], logits[i], c.chained + 1
+
+    # ---- 2. verification ---------------------------------------------------------------------
+    def verify(self, batch: ScheduledBatch, logits: torch.Tensor
+               ) -> tuple[list[list[int] | None], list[list[TokenLogprob] | None]]:
+        """Accept/reject every sampled row's drafts; roll the target state back over the rejected
+        ones. `logits`: `HybridCache.run` output (1 + len(drafts) rows per sampled row). Returns,
+        per batch row, the emitted tokens and (if requested) their logprobs; None for other rows."""
+        tokens: list[list[int] | None] = [None] * len(batch.rows)
+        logprobs: list[list[TokenLogprob] | None] = [None] * len(batch.rows)
+        picked = [i for i, r in enumerate(batch.rows) if r.sample]
+        widths = [1 + len(batch.rows[i].draft_token_ids) for i in picked]
+        if logits.shape[0] != sum(widths):
+            raise RuntimeError(f"speculative verify: {logits.shape[0]} logit rows for {sum(widths)} positions")
+        seqs = [batch.rows[i].seq for i, w in zip(picked, widths) for _ in range(w)]
+        drafted = [batch.rows[i].draft_token_ids[:j] for i, w in zip(picked, widths) for j in range(w)]
+        penalised, processed = self._process(logits, seqs, drafted)
+        start = 0
+        for i, w in zip(picked, widths):
+            row, rows = batch.rows[i], slice(start, start + w)
+            start += w
+            seq, drafts = row.seq, row.draft_token_ids
+            if seq.params.greedy:
+                out = greedy_verify(penalised[rows].argmax(dim=-1).tolist(), drafts)
+            else:
+                p = torch.softmax(processed[rows], dim=-1)
+                q = torch.stack(self._q[id(row)]) if drafts else p[:0]
+                out = rejection_sample(p, q, drafts, self._generator(seq, p.device))
+            accepted = len(out) - 1
+            state = self._state(seq)
+            if len(drafts) > accepted and state is not None:
+                state.truncate(len(drafts) - accepted)
+            if drafts:
+                self.stats.record(len(drafts), accepted)
+            tokens[i] = out
+            if seq.params.logprobs is not None:
+                source = logits if self.sampler.logprobs_mode == "raw" else processed
+                logprobs[i] = token_logprobs(source[rows][: len(out)], out, seq.params.logprobs)
+        self._q.clear()
+        return tokens, logprobs
+
+    # ---- 3. MTP catch-up ---------------------------------------------------------------------
+    def advance(self, batch: ScheduledBatch) -> None:
+        """After `Scheduler.postprocess`: feed the MTP every position the target kept in this step and
+        keep the seed of each sequence that decodes next."""
+        residual = self.model.get_mtp_target_hidden_states()
+        parts, ids, pos, lens, states, ready = [], [], [], [], [], []
+        offset = flat = 0
+        for row in batch.rows:
+            width = len(row.token_ids)
+            seq, state = row.seq, self._state(row.seq)
+            if not seq.is_finished and state is not None:
+                kept = seq.num_computed_tokens - row.start
+                if state.mtp.num_tokens != row.start or not 0 < kept <= width:
+                    raise RuntimeError(f"request {seq.request_id!r}: MTP state at {state.mtp.num_tokens}, "
+                                       f"row starts at {row.start}, {kept} tokens kept")
+                parts.append(residual[offset: offset + kept])
+                ids.extend(seq.token_ids[row.start + 1: row.start + kept + 1])
+                pos.extend(range(row.start, row.start + kept))
+                lens.append(kept)
+                states.append(state)
+                flat += kept
+                if row.sample:
+                    ready.append((seq.request_id, state, flat - 1, row.start + kept - 1))
+            offset += width
+        if offset != residual.shape[0]:
+            raise RuntimeError(f"speculative advance: the last forward had {residual.shape[0]} tokens, "
+                               f"the batch {offset}")
+        if lens:
+            dev = residual.device
+            with set_forward_context(ForwardContext(lens, states)):
+                res, hidden = self.model.forward_mtp(torch.cat(parts), torch.tensor(ids, dtype=torch.long, device=dev),
+                                                     torch.tensor(pos, dtype=torch.long, device=dev))
+            if ready:
+                last = torch.tensor([r[2] for r in ready], device=dev)
+                logits = self.model.compute_logits(hidden[last])
+                for j, (rid, state, at, position) in enumerate(ready):
+                    self._seeds[rid] = _Seed(state, position, res[at].clone(), logits[j])
+        # forget sequences whose state the cache released (finished, aborted, preempted)
+        self._seeds = {rid: s for rid, s in self._seeds.items() if self.cache.states.get(rid) is s.state}
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], n_top: int) -> list[TokenLogprob]:
+    """Row i of `logits` is the distribution tokens[i] was emitted from."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+    n = min(n_top, lp.shape[1])
+    vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)
+    vals, ids = vals[:, :n].tolist(), ids[:, :n].tolist()
+    return [TokenLogprob(t, c, list(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids, vals)]

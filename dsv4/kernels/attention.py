@@ -1,0 +1,306 @@
+"""Decode attention over the paged FP8 cache (spec §2.5), beside a torch reference of the same signature.
+
+One query token per sequence b at position t = pos[b]. Its candidates, in one softmax with the sink:
+
+* the window: positions max(0, t-W+1) .. t, read from the window ring (slot p mod ring) through the
+  sequence's window block table — the caller inserts t's own kv first;
+* compressed entries: either an index list `comp_idx [B, K]` (CSA: the indexer's top-k, -1 = empty)
+  or, with `comp_idx=None`, the dense range 0 .. comp_count[b]-1 (HCA: every complete entry),
+  read from the compressed pool through the compressed block table.
+
+Pools use the engine's `fp8_ds_mla` split (dsv4/engine/paged_state.py): `q` e4m3 [pages, ps, nope],
+`s` E8M0 bytes [pages, ps, nope/64], `rope` bf16 [pages, ps, Dh-nope]. K = V = the dequantised
+512-d entry. Scores `q.k * scale` in fp32; the per-head sink logit joins the denominator only;
+probabilities are rounded to bf16 for P.V (fp32 accumulation); the output is rounded to bf16 and its
+rope dims rotated back by -t (inverse RoPE, fp32 math, bf16 result).
+
+Kernel: grid (B, ceil(H/16), splits); a program holds 16 heads x Dh in fp32 and walks its share of the
+candidate list in blocks of 16 entries (gather + FP8 dequant in registers, two tensor-core dots,
+online softmax). With one split it finishes in place; otherwise a combine launch merges the splits
+(flash-decoding), adds the sink and applies the inverse RoPE.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+import torch
+
+try:  # triton is optional: CPU CI has none
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+KV_BLOCK = 64
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class FP8Pool(Protocol):
+    """What the kernel reads of a paged FP8 entry pool (`paged_state._EntryPool` with fp8=True)."""
+
+    q: torch.Tensor  # e4m3 [pages, page_size, nope]
+    s: torch.Tensor  # uint8 E8M0 [pages, page_size, nope / 64]
+    rope: torch.Tensor  # bf16 [pages, page_size, Dh - nope]
+
+
+# --------------------------------------------------------------------------- torch reference
+
+
+def _gather(pool: FP8Pool, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Dequantised entries `index` (long [n]) of one sequence (table: its block table row), bf16 [n, Dh]."""
+    ps = pool.q.shape[1]
+    pages, offs = table.long()[index // ps], index % ps
+    scale = torch.exp2(pool.s[pages, offs].float() - 127).repeat_interleave(KV_BLOCK, dim=-1)
+    nope = (pool.q[pages, offs].float() * scale).to(torch.bfloat16)
+    return torch.cat((nope, pool.rope[pages, offs].to(torch.bfloat16)), dim=-1)
+
+
+def decode_attention_ref(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         window_pool: FP8Pool, window_table: torch.Tensor, ring: int, window: int,
+                         comp_pool: FP8Pool | None, comp_table: torch.Tensor | None,
+                         comp_idx: torch.Tensor | None, comp_count: torch.Tensor | None,
+                         sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """Reference: per sequence, gather + dequantise, then the model's `sink_attention` and inverse RoPE."""
+    from dsv4.model.attention import sink_attention
+    from dsv4.model.rope import apply_rope
+
+    out = torch.empty_like(q)
+    dev = q.device
+    for b in range(q.shape[0]):
+        t = int(pos[b])
+        kpos = torch.arange(max(0, t - window + 1), t + 1, device=dev)
+        keys = _gather(window_pool, window_table[b], kpos % ring)
+        entries = mask = None
+        if comp_pool is not None:
+            if comp_idx is not None:
+                idx = comp_idx[b][comp_idx[b] >= 0].long()
+            else:
+                idx = torch.arange(int(comp_count[b]), device=dev)
+            if idx.numel():
+                entries = _gather(comp_pool, comp_table[b], idx)
+                mask = torch.ones(1, idx.numel(), dtype=torch.bool, device=dev)
+        o = sink_attention(q[b:b + 1], pos[b:b + 1].long(), keys, kpos, window, entries, mask, sink.float(), scale)
+        out[b] = apply_rope(o[0], cos[b].float(), -sin[b].float())
+    return out
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _load_kv(PQ, PS, PR, row, valid, offs_d, NOPE: tl.constexpr, ROPE: tl.constexpr):
+        """Gather + dequantise entries at pool rows `row` [BN] -> bf16 [BN, Dh] (invalid rows = 0)."""
+        is_nope = offs_d < NOPE
+        vm = valid[:, None]
+        qv = tl.load(PQ + row[:, None] * NOPE + offs_d[None, :], mask=vm & is_nope[None, :], other=0.0)
+        sb = tl.load(PS + row[:, None] * (NOPE // 64) + offs_d[None, :] // 64, mask=vm & is_nope[None, :], other=0)
+        sc = (sb.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # E8M0 byte -> 2^(b-127)
+        rv = tl.load(PR + row[:, None] * ROPE + (offs_d[None, :] - NOPE), mask=vm & (~is_nope[None, :]), other=0.0)
+        return tl.where(is_nope[None, :], qv.to(tl.float32) * sc, rv.to(tl.float32)).to(tl.bfloat16)
+
+    @triton.jit
+    def _inverse_rope_store(o, OUT, COS, SIN, b, offs_h, hmask, HD: tl.constexpr, NOPE: tl.constexpr,
+                            BH: tl.constexpr):
+        """Round o [BH, HD] to bf16 (the reference output), rotate its rope pairs by -t, store bf16."""
+        o = o.to(tl.bfloat16).to(tl.float32)
+        ev, od = tl.split(tl.reshape(o, (BH, HD // 2, 2)))
+        pair = tl.arange(0, HD // 2)
+        rp = pair >= NOPE // 2
+        c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
+        s = tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+        o = tl.reshape(tl.join(ev * c + od * s, od * c - ev * s), (BH, HD))
+        offs_d = tl.arange(0, HD)
+        tl.store(OUT + offs_h[:, None] * HD + offs_d[None, :], o.to(tl.bfloat16),
+                 mask=hmask[:, None])
+
+    @triton.jit
+    def _decode_attn_kernel(
+        Q, POS, COS, SIN, SINK, OUT, PACC, PML,
+        WQ, WS, WR, WTAB, CQ, CS, CR, CTAB, CIDX, CCNT,
+        H, ring, w_ps, c_ps, w_tab_stride, c_tab_stride, n_comp, per_split, scale,
+        WIN: tl.constexpr, HAS_COMP: tl.constexpr, INDEXED: tl.constexpr, SPLIT: tl.constexpr,
+        HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        pid_h = tl.program_id(1)
+        sid = tl.program_id(2)
+        ROPE: tl.constexpr = HD - NOPE
+        offs_h = pid_h * BH + tl.arange(0, BH)
+        hmask = offs_h < H
+        offs_d = tl.arange(0, HD)
+        q = tl.load(Q + (b * H + offs_h[:, None]) * HD + offs_d[None, :], mask=hmask[:, None], other=0.0)
+        t = tl.load(POS + b)
+        n_cand = WIN + n_comp
+        if HAS_COMP and not INDEXED:
+            cnt = tl.load(CCNT + b)
+        m_i = tl.full((BH,), -1.0e30, tl.float32)
+        l_i = tl.zeros((BH,), tl.float32)
+        acc = tl.zeros((BH, HD), tl.float32)
+        j_lo = sid * per_split
+        for jj in range(0, per_split, BN):
+            offs_j = j_lo + jj + tl.arange(0, BN)
+            in_win = offs_j < WIN
+            p = t - (WIN - 1) + offs_j
+            v_w = in_win & (p >= 0)
+            slot = tl.where(v_w, p, 0) % ring
+            w_page = tl.load(WTAB + b * w_tab_stride + slot // w_ps, mask=v_w, other=0)
+            row_w = w_page.to(tl.int64) * w_ps + slot % w_ps
+            kv = _load_kv(WQ, WS, WR, row_w, v_w, offs_d, NOPE, ROPE)
+            valid = v_w
+            if HAS_COMP:
+                c = offs_j - WIN
+                v_c = (~in_win) & (c < n_comp) & (offs_j < n_cand)
+                if INDEXED:
+                    idx = tl.load(CIDX + b * n_comp + c, mask=v_c, other=-1)
+                    v_c = v_c & (idx >= 0)
+                else:
+                    idx = c
+                    v_c = v_c & (c < cnt)
+                idx = tl.where(v_c, idx, 0)
+                c_page = tl.load(CTAB + b * c_tab_stride + idx // c_ps, mask=v_c, other=0)
+                row_c = c_page.to(tl.int64) * c_ps + idx % c_ps
+                kv += _load_kv(CQ, CS, CR, row_c, v_c, offs_d, NOPE, ROPE)  # disjoint masks: one is 0
+                valid = valid | v_c
+            if INTERP:  # the CPU interpreter multiplies bf16 dot operands as raw bits
+                s = tl.dot(q.to(tl.float32), tl.trans(kv.to(tl.float32))) * scale
+            else:
+                s = tl.dot(q, tl.trans(kv)) * scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            pr = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            pb = pr.to(tl.bfloat16)
+            if INTERP:
+                acc = acc * alpha[:, None] + tl.dot(pb.to(tl.float32), kv.to(tl.float32))
+            else:
+                acc = tl.dot(pb, kv, acc * alpha[:, None])
+            m_i = m_new
+        if SPLIT:
+            base = (b * tl.num_programs(2) + sid) * H + offs_h
+            tl.store(PACC + base[:, None] * HD + offs_d[None, :], acc, mask=hmask[:, None])
+            tl.store(PML + base * 2, m_i, mask=hmask)
+            tl.store(PML + base * 2 + 1, l_i, mask=hmask)
+        else:
+            sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
+            o = acc / (l_i + tl.exp(sink - m_i))[:, None]
+            _inverse_rope_store(o, OUT + b * H * HD, COS, SIN, b, offs_h, hmask, HD, NOPE, BH)
+
+    @triton.jit
+    def _combine_kernel(PACC, PML, SINK, COS, SIN, OUT, H, n_split,
+                        HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, SP: tl.constexpr):
+        b = tl.program_id(0)
+        offs_h = tl.program_id(1) * BH + tl.arange(0, BH)
+        hmask = offs_h < H
+        offs_s = tl.arange(0, SP)
+        smask = offs_s < n_split
+        ml = PML + ((b * n_split + offs_s[:, None]) * H + offs_h[None, :]) * 2
+        m_s = tl.load(ml, mask=smask[:, None] & hmask[None, :], other=-1.0e30)  # [SP, BH]
+        l_s = tl.load(ml + 1, mask=smask[:, None] & hmask[None, :], other=0.0)
+        m = tl.max(m_s, axis=0)
+        w = tl.exp(m_s - m[None, :])
+        sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
+        denom = tl.sum(w * l_s, axis=0) + tl.exp(sink - m)
+        offs_d = tl.arange(0, HD)
+        o = tl.zeros((BH, HD), tl.float32)
+        for s in range(0, n_split):
+            ws = tl.sum(tl.where(offs_s[:, None] == s, w, 0.0), axis=0)
+            a = tl.load(PACC + ((b * n_split + s) * H + offs_h[:, None]) * HD + offs_d[None, :],
+                        mask=hmask[:, None], other=0.0)
+            o += ws[:, None] * a
+        _inverse_rope_store(o / denom[:, None], OUT + b * H * HD, COS, SIN, b, offs_h, hmask, HD, NOPE, BH)
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+def _check_pool(pool: FP8Pool, name: str, hd: int) -> int:
+    if pool.q.dtype != torch.float8_e4m3fn or pool.s.dtype != torch.uint8 or pool.rope.dtype != torch.bfloat16:
+        raise ValueError(f"decode_attention: {name} must be an FP8 pool (e4m3 q, uint8 E8M0 s, bf16 rope), got "
+                         f"{pool.q.dtype}/{pool.s.dtype}/{pool.rope.dtype}")
+    nope = pool.q.shape[-1]
+    if nope % KV_BLOCK or pool.s.shape[-1] != nope // KV_BLOCK or nope + pool.rope.shape[-1] != hd:
+        raise ValueError(f"decode_attention: {name} widths {nope}+{pool.rope.shape[-1]} (scales {pool.s.shape[-1]}) "
+                         f"do not make head_dim {hd}")
+    for t in (pool.q, pool.s, pool.rope):
+        if not t.is_contiguous():
+            raise ValueError(f"decode_attention: {name} tensors must be contiguous")
+    return nope
+
+
+def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     window_pool: FP8Pool, window_table: torch.Tensor, ring: int, window: int,
+                     comp_pool: FP8Pool | None, comp_table: torch.Tensor | None,
+                     comp_idx: torch.Tensor | None, comp_count: torch.Tensor | None,
+                     sink: torch.Tensor, scale: float, splits: int | None = None) -> torch.Tensor:
+    """Triton decode attention (contract of `decode_attention_ref`): bf16 [B, H, Dh]."""
+    if not HAS_TRITON:
+        raise RuntimeError("dsv4.kernels.attention: triton is not installed (use decode_attention_ref)")
+    if q.dim() != 3 or q.dtype != torch.bfloat16:
+        raise ValueError(f"decode_attention: q must be bf16 [B, H, Dh], got {q.dtype} {tuple(q.shape)}")
+    bsz, h, hd = q.shape
+    if hd & (hd - 1):
+        raise ValueError(f"decode_attention: head_dim {hd} must be a power of two")
+    nope = _check_pool(window_pool, "window_pool", hd)
+    if pos.shape != (bsz,) or cos.shape != (bsz, (hd - nope) // 2) or sin.shape != cos.shape:
+        raise ValueError(f"decode_attention: pos {tuple(pos.shape)} / cos {tuple(cos.shape)} / sin "
+                         f"{tuple(sin.shape)} do not match B={bsz}, rope pairs {(hd - nope) // 2}")
+    if window_table.dim() != 2 or window_table.shape[0] != bsz:
+        raise ValueError(f"decode_attention: window_table must be [B, pages], got {tuple(window_table.shape)}")
+    has_comp = comp_pool is not None
+    indexed = comp_idx is not None
+    n_comp = 0
+    if has_comp:
+        _check_pool(comp_pool, "comp_pool", hd)
+        if comp_table is None or comp_table.dim() != 2 or comp_table.shape[0] != bsz:
+            raise ValueError("decode_attention: comp_table must be [B, pages] when comp_pool is given")
+        if indexed:
+            if comp_idx.dim() != 2 or comp_idx.shape[0] != bsz:
+                raise ValueError(f"decode_attention: comp_idx must be [B, K], got {tuple(comp_idx.shape)}")
+            n_comp = comp_idx.shape[1]
+        else:
+            if comp_count is None or comp_count.shape != (bsz,):
+                raise ValueError("decode_attention: give comp_idx [B, K] or comp_count [B]")
+            n_comp = int(comp_table.shape[1]) * comp_pool.q.shape[1]  # upper bound; masked by the count
+    dev = q.device
+    out = torch.empty_like(q)
+    bh, bn = 16, 16
+    hblocks = triton.cdiv(h, bh)
+    n_cand = window + n_comp
+    if splits is None:  # fill the chip: ~2 programs per SM, at least 64 candidates per split
+        splits = max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(264, bsz * hblocks)))
+    per_split = triton.cdiv(triton.cdiv(n_cand, splits), bn) * bn
+    splits = triton.cdiv(n_cand, per_split)
+    i32 = torch.int32
+    q = q.contiguous()
+    pos32, wtab = pos.to(i32).contiguous(), window_table.to(i32).contiguous()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    sink = sink.float().contiguous()
+    cp = comp_pool if has_comp else window_pool
+    ctab = comp_table.to(i32).contiguous() if has_comp else wtab
+    cidx = comp_idx.to(i32).contiguous() if indexed else wtab
+    ccnt = comp_count.to(i32).contiguous() if (has_comp and not indexed) else pos32
+    if splits > 1:
+        pacc = torch.empty(bsz, splits, h, hd, dtype=torch.float32, device=dev)
+        pml = torch.empty(bsz, splits, h, 2, dtype=torch.float32, device=dev)
+    else:
+        pacc = pml = out
+    _decode_attn_kernel[(bsz, hblocks, splits)](
+        q, pos32, cos, sin, sink, out, pacc, pml,
+        window_pool.q, window_pool.s, window_pool.rope, wtab, cp.q, cp.s, cp.rope, ctab, cidx, ccnt,
+        h, ring, window_pool.q.shape[1], cp.q.shape[1], wtab.stride(0), ctab.stride(0), n_comp, per_split,
+        float(scale),
+        WIN=window, HAS_COMP=has_comp, INDEXED=indexed, SPLIT=splits > 1, HD=hd, NOPE=nope, BH=bh, BN=bn,
+        INTERP=INTERPRET, num_warps=8,
+    )
+    if splits > 1:
+        _combine_kernel[(bsz, hblocks)](pacc, pml, sink, cos, sin, out, h, splits, HD=hd, NOPE=nope, BH=bh,
+                                        SP=max(2, triton.next_power_of_2(splits)), num_warps=8)
+    return out

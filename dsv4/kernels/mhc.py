@@ -1,0 +1,364 @@
+"""mHC kernels (spec §2.2, §2.10): pre (RMS-scaled mix + Sinkhorn + collapse), post (expand + mix),
+post(prev) fused with pre(next), and the HC head — each beside a torch reference of the same signature.
+
+Two launches per mHC site, whatever the batch:
+
+* `_mix_kernel` (grid: token blocks x D splits) reads the streams X [T, 4, D] once — for the fused
+  variant it first forms `X'_k = post_k f + sum_j comb[j, k] X_j`, rounds it to bf16 and stores it —
+  and writes split partials of the 24 mixes `fn . flat(X)` and of `sum(X^2)`. The mix runs on the
+  tensor cores: X is exactly bf16 and the fp32 `fn` is split into `hi + lo` bf16 halves, so two bf16
+  dots with fp32 accumulation reproduce the fp32 product to ~2^-17 relative.
+* `_finish_kernel` (one program per token) sums the partials, applies rho, the sigmoids and the
+  20-iteration Sinkhorn in the spec's order (row softmax + eps, column step, 19 x (row, column)),
+  writes post/comb, and collapses `u = sum_j pre_j X_j` in fp32 -> bf16, optionally followed by the
+  sub-layer's weighted RMSNorm (the only consumer of u). The HC head uses the same two kernels with
+  4 mixes, `w = sigmoid(m scale + base) + eps`, no Sinkhorn.
+
+`hc` must be 4 (all released models); the kernels name the four streams explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from dsv4.model.hyper import hc_head as _hc_head_model
+from dsv4.model.hyper import hc_post as _hc_post_model
+from dsv4.model.hyper import hc_pre as _hc_pre_model
+
+try:  # triton is optional: CPU CI has none
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the machine
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+HC = 4
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
+
+
+class MixWeight(NamedTuple):
+    """fn [n_mix, 4D] fp32 split for the tensor cores: hi = bf16(fn), lo = bf16(fn - hi), both [32, 4D]."""
+
+    hi: torch.Tensor
+    lo: torch.Tensor
+    n_mix: int
+
+
+def prepare_mix(fn: torch.Tensor) -> MixWeight:
+    """Split an fp32 mHC/HC-head `fn` into bf16 hi/lo halves padded to 32 rows (do once per weight)."""
+    if fn.dim() != 2 or fn.shape[0] > MIX_PAD:
+        raise ValueError(f"mHC fn: expected [n_mix <= {MIX_PAD}, hc*D], got {tuple(fn.shape)}")
+    f32 = fn.to(torch.float32)
+    hi = torch.zeros(MIX_PAD, fn.shape[1], dtype=torch.bfloat16, device=fn.device)
+    lo = torch.zeros_like(hi)
+    hi[: fn.shape[0]] = f32.to(torch.bfloat16)
+    lo[: fn.shape[0]] = (f32 - hi[: fn.shape[0]].float()).to(torch.bfloat16)
+    return MixWeight(hi, lo, fn.shape[0])
+
+
+# --------------------------------------------------------------------------- torch references
+
+
+def _rms_norm_ref(u: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    uf = u.float()
+    return (weight.float() * uf * torch.rsqrt(uf.square().mean(-1, keepdim=True) + eps)).to(u.dtype)
+
+
+def hc_pre_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
+               sinkhorn_iters: int, hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, 4, D] bf16 -> (u [T, D] bf16 — RMSNorm_w(u) when norm_weight is given —, post [T, 4], comb [T, 4, 4])."""
+    u, post, comb = _hc_pre_model(x, fn, base, scale, sinkhorn_iters=sinkhorn_iters, hc_eps=hc_eps,
+                                  norm_eps=norm_eps)
+    if norm_weight is not None:
+        u = _rms_norm_ref(u, norm_weight, norm_eps)
+    return u, post, comb
+
+
+def hc_post_ref(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """X'_k = post_k f + sum_j comb[j, k] X_j (fp32, rounded to bf16): [T, 4, D]."""
+    return _hc_post_model(f, x, post, comb)
+
+
+def hc_post_pre_ref(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                    fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, sinkhorn_iters: int,
+                    hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None):
+    """post of one sub-layer followed by pre of the next: (X', u, post', comb')."""
+    x_new = hc_post_ref(f, x, post, comb)
+    return (x_new,) + hc_pre_ref(x_new, fn, base, scale, sinkhorn_iters=sinkhorn_iters, hc_eps=hc_eps,
+                                 norm_eps=norm_eps, norm_weight=norm_weight)
+
+
+def hc_head_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
+                hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """HC head collapse y [T, D] bf16 (then RMSNorm_w(y) when norm_weight is given)."""
+    y = _hc_head_model(x, fn, base, scale, hc_eps=hc_eps, norm_eps=norm_eps)
+    return _rms_norm_ref(y, norm_weight, norm_eps) if norm_weight is not None else y
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _mix_dot(acc, xk, FH, FL, col0, offs_d, HCD, NP: tl.constexpr, INTERP: tl.constexpr):
+        """acc[BT, NP] += xk[BT, BK] (bf16) . fn[:, col0 + offs_d]^T via the hi/lo bf16 split."""
+        offs_n = tl.arange(0, NP)
+        ptr = offs_n[None, :] * HCD + col0 + offs_d[:, None]
+        hi, lo = tl.load(FH + ptr), tl.load(FL + ptr)
+        if INTERP:  # Triton's CPU interpreter multiplies bf16 dot operands as raw bits
+            xk, hi, lo = xk.to(tl.float32), hi.to(tl.float32), lo.to(tl.float32)
+        acc = tl.dot(xk, hi, acc)
+        return tl.dot(xk, lo, acc)
+
+    @triton.jit
+    def _mix_kernel(
+        X, F, POST, COMB, XOUT, FH, FL, PART, SQ,
+        T, D, d_per_split,
+        FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+        INTERP: tl.constexpr,
+    ):
+        pid_t = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        offs_t = pid_t * BT + tl.arange(0, BT)
+        tmask = offs_t < T
+        HCD = 4 * D
+        row = offs_t[:, None] * HCD
+        if FUSE_POST:  # per-token post [4] and comb [4, 4] as columns
+            p0 = tl.load(POST + offs_t * 4 + 0, mask=tmask, other=0.0)[:, None]
+            p1 = tl.load(POST + offs_t * 4 + 1, mask=tmask, other=0.0)[:, None]
+            p2 = tl.load(POST + offs_t * 4 + 2, mask=tmask, other=0.0)[:, None]
+            p3 = tl.load(POST + offs_t * 4 + 3, mask=tmask, other=0.0)[:, None]
+        acc = tl.zeros((BT, NP), dtype=tl.float32)
+        sq = tl.zeros((BT,), dtype=tl.float32)
+        d_lo = pid_s * d_per_split
+        for i in range(0, d_per_split, BK):
+            offs_d = d_lo + i + tl.arange(0, BK)
+            m2 = tmask[:, None] & (offs_d[None, :] < D)
+            x0 = tl.load(X + row + 0 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+            x1 = tl.load(X + row + 1 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+            x2 = tl.load(X + row + 2 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+            x3 = tl.load(X + row + 3 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+            if FUSE_POST:
+                f = tl.load(F + offs_t[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+                cb = COMB + offs_t * 16
+                y0 = p0 * f + (tl.load(cb + 0, mask=tmask, other=0.0)[:, None] * x0
+                               + tl.load(cb + 4, mask=tmask, other=0.0)[:, None] * x1
+                               + tl.load(cb + 8, mask=tmask, other=0.0)[:, None] * x2
+                               + tl.load(cb + 12, mask=tmask, other=0.0)[:, None] * x3)
+                y1 = p1 * f + (tl.load(cb + 1, mask=tmask, other=0.0)[:, None] * x0
+                               + tl.load(cb + 5, mask=tmask, other=0.0)[:, None] * x1
+                               + tl.load(cb + 9, mask=tmask, other=0.0)[:, None] * x2
+                               + tl.load(cb + 13, mask=tmask, other=0.0)[:, None] * x3)
+                y2 = p2 * f + (tl.load(cb + 2, mask=tmask, other=0.0)[:, None] * x0
+                               + tl.load(cb + 6, mask=tmask, other=0.0)[:, None] * x1
+                               + tl.load(cb + 10, mask=tmask, other=0.0)[:, None] * x2
+                               + tl.load(cb + 14, mask=tmask, other=0.0)[:, None] * x3)
+                y3 = p3 * f + (tl.load(cb + 3, mask=tmask, other=0.0)[:, None] * x0
+                               + tl.load(cb + 7, mask=tmask, other=0.0)[:, None] * x1
+                               + tl.load(cb + 11, mask=tmask, other=0.0)[:, None] * x2
+                               + tl.load(cb + 15, mask=tmask, other=0.0)[:, None] * x3)
+                b0, b1, b2, b3 = y0.to(tl.bfloat16), y1.to(tl.bfloat16), y2.to(tl.bfloat16), y3.to(tl.bfloat16)
+                orow = XOUT + row + offs_d[None, :]
+                tl.store(orow + 0 * D, b0, mask=m2)
+                tl.store(orow + 1 * D, b1, mask=m2)
+                tl.store(orow + 2 * D, b2, mask=m2)
+                tl.store(orow + 3 * D, b3, mask=m2)
+            else:
+                b0, b1, b2, b3 = x0.to(tl.bfloat16), x1.to(tl.bfloat16), x2.to(tl.bfloat16), x3.to(tl.bfloat16)
+            if DO_MIX:
+                f0, f1, f2, f3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
+                sq += tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=1)
+                acc = _mix_dot(acc, b0, FH, FL, 0 * D, offs_d, HCD, NP, INTERP)
+                acc = _mix_dot(acc, b1, FH, FL, 1 * D, offs_d, HCD, NP, INTERP)
+                acc = _mix_dot(acc, b2, FH, FL, 2 * D, offs_d, HCD, NP, INTERP)
+                acc = _mix_dot(acc, b3, FH, FL, 3 * D, offs_d, HCD, NP, INTERP)
+        if DO_MIX:
+            offs_n = tl.arange(0, NP)
+            tl.store(PART + (pid_s * T + offs_t[:, None]) * NP + offs_n[None, :], acc, mask=tmask[:, None])
+            tl.store(SQ + pid_s * T + offs_t, sq, mask=tmask)
+
+    @triton.jit
+    def _sigmoid(v):
+        return 1.0 / (1.0 + tl.exp(-v))
+
+    @triton.jit
+    def _finish_kernel(
+        X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB,
+        T, D, nsplit, hc_eps, norm_eps,
+        HEAD: tl.constexpr, HAS_NORM: tl.constexpr, ITERS: tl.constexpr,
+        NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr,
+    ):
+        t = tl.program_id(0)
+        offs_s = tl.arange(0, SP)
+        smask = offs_s < nsplit
+        j4 = tl.arange(0, 4)
+        sq = tl.sum(tl.load(SQ + offs_s * T + t, mask=smask, other=0.0), axis=0)
+        rho = 1.0 / tl.sqrt(sq / (4 * D) + norm_eps)
+        part = PART + (offs_s[:, None] * T + t) * NP
+        m_pre = tl.sum(tl.load(part + j4[None, :], mask=smask[:, None], other=0.0), axis=0) * rho
+        pre = _sigmoid(m_pre * tl.load(SCALE) + tl.load(BASE + j4)) + hc_eps
+        if not HEAD:
+            m_post = tl.sum(tl.load(part + 4 + j4[None, :], mask=smask[:, None], other=0.0), axis=0) * rho
+            post = 2.0 * _sigmoid(m_post * tl.load(SCALE + 1) + tl.load(BASE + 4 + j4))
+            tl.store(POST + t * 4 + j4, post)
+            jk = j4[:, None] * 4 + j4[None, :]  # [source j, destination k]
+            part3 = PART + (offs_s[:, None, None] * T + t) * NP + 8 + jk[None, :, :]
+            m_comb = tl.sum(tl.load(part3, mask=smask[:, None, None], other=0.0), axis=0) * rho
+            a = m_comb * tl.load(SCALE + 2) + tl.load(BASE + 8 + jk)
+            e = tl.exp(a - tl.max(a, axis=1)[:, None])
+            c = e / tl.sum(e, axis=1)[:, None] + hc_eps
+            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+            for _ in tl.static_range(ITERS - 1):
+                c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+                c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+            tl.store(COMB + t * 16 + jk, c)
+        # collapse u = sum_j pre_j X_j (fp32 -> bf16), then optionally the sub-layer RMSNorm
+        xrow = X + t * 4 * D
+        usq = tl.zeros((BD,), dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            offs_d = d0 + tl.arange(0, BD)
+            dm = offs_d < D
+            x = tl.load(xrow + j4[:, None] * D + offs_d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
+            u = tl.sum(pre[:, None] * x, axis=0).to(tl.bfloat16)
+            tl.store(U + t * D + offs_d, u, mask=dm)
+            uf = u.to(tl.float32)
+            usq += uf * uf
+        if HAS_NORM:
+            r = 1.0 / tl.sqrt(tl.sum(usq, axis=0) / D + norm_eps)
+            for d0 in range(0, D, BD):
+                offs_d = d0 + tl.arange(0, BD)
+                dm = offs_d < D
+                x = tl.load(xrow + j4[:, None] * D + offs_d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
+                u = tl.sum(pre[:, None] * x, axis=0).to(tl.bfloat16).to(tl.float32)
+                w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
+                tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _require_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("dsv4.kernels.mhc: triton is not installed (use the *_ref functions)")
+
+
+def _check_streams(x: torch.Tensor, name: str = "x") -> tuple[int, int]:
+    if x.dim() != 3 or x.shape[1] != HC or x.dtype != torch.bfloat16:
+        raise ValueError(f"mHC {name}: expected bf16 [T, {HC}, D], got {x.dtype} {tuple(x.shape)}")
+    if x.shape[2] % 16:
+        raise ValueError(f"mHC {name}: hidden size {x.shape[2]} must be a multiple of 16")
+    return x.shape[0], x.shape[2]
+
+
+def _pick_split(t: int, d: int, bt: int, bk: int) -> tuple[int, int]:
+    """(splits, D columns per split): enough programs to fill the chip at decode sizes."""
+    chunks = triton.cdiv(d, bk)
+    tblocks = triton.cdiv(t, bt)
+    split = 1
+    while split * 2 <= chunks and tblocks * split < 264 and chunks % (split * 2) == 0:
+        split *= 2
+    return split, (chunks // split) * bk
+
+
+def _as_mix(fn) -> MixWeight:
+    return fn if isinstance(fn, MixWeight) else prepare_mix(fn)
+
+
+def _mix(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, do_mix: bool = True):
+    t, d = x.shape[0], x.shape[2]
+    bt = 16 if t <= 16 else 64
+    bk = min(64, triton.next_power_of_2(d))
+    split, per = _pick_split(t, d, bt, bk)
+    part = torch.empty(split, t, MIX_PAD, dtype=torch.float32, device=x.device)
+    sq = torch.empty(split, t, dtype=torch.float32, device=x.device)
+    if fuse is not None:
+        f, post, comb = fuse
+        xout = torch.empty_like(x)
+        f, post, comb = f.contiguous(), post.contiguous().float(), comb.contiguous().float()
+    else:
+        f = post = comb = xout = x
+    _mix_kernel[(triton.cdiv(t, bt), split)](
+        x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
+        FUSE_POST=fuse is not None, DO_MIX=do_mix, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET, num_warps=4,
+    )
+    return xout, part, sq, split
+
+
+def _finish(x, part, sq, split, base, scale, norm_weight, head: bool, iters: int, hc_eps: float,
+            norm_eps: float):
+    t, d = x.shape[0], x.shape[2]
+    u = torch.empty(t, d, dtype=torch.bfloat16, device=x.device)
+    normed = torch.empty_like(u) if norm_weight is not None else u
+    post = torch.empty(t, HC, dtype=torch.float32, device=x.device)
+    comb = torch.empty(t, HC, HC, dtype=torch.float32, device=x.device)
+    bd = min(1024, triton.next_power_of_2(d))
+    _finish_kernel[(t,)](
+        x, part, sq, base.float().contiguous(), scale.float().contiguous(),
+        norm_weight if norm_weight is not None else u, u, normed, post, comb,
+        t, d, split, float(hc_eps), float(norm_eps),
+        HEAD=head, HAS_NORM=norm_weight is not None, ITERS=iters, NP=MIX_PAD,
+        SP=max(2, triton.next_power_of_2(split)), BD=bd, num_warps=4,
+    )
+    return (normed if norm_weight is not None else u), post, comb
+
+
+def hc_pre(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, sinkhorn_iters: int,
+           hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton mHC pre (contract of `hc_pre_ref`); `fn` is the fp32 weight or a `prepare_mix` result."""
+    _require_triton()
+    _check_streams(x)
+    if sinkhorn_iters < 1:
+        raise ValueError(f"hc_pre: sinkhorn_iters={sinkhorn_iters} must be >= 1")
+    fn = _as_mix(fn)
+    if fn.n_mix != (2 + HC) * HC:
+        raise ValueError(f"hc_pre: fn has {fn.n_mix} mixes, expected {(2 + HC) * HC}")
+    x = x.contiguous()
+    _, part, sq, split = _mix(x, fn, None)
+    return _finish(x, part, sq, split, base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps)
+
+
+def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """Triton mHC post (contract of `hc_post_ref`): one launch."""
+    _require_triton()
+    t, d = _check_streams(x)
+    if f.shape != (t, d):
+        raise ValueError(f"hc_post: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
+    dummy = MixWeight(x, x, 0)
+    xout, _, _, _ = _mix(x.contiguous(), dummy, (f.to(torch.bfloat16), post, comb), do_mix=False)
+    return xout
+
+
+def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn, base: torch.Tensor,
+                scale: torch.Tensor, *, sinkhorn_iters: int, hc_eps: float, norm_eps: float,
+                norm_weight: torch.Tensor | None = None):
+    """Triton post(prev sub-layer) + pre(next) in two launches (contract of `hc_post_pre_ref`)."""
+    _require_triton()
+    t, d = _check_streams(x)
+    if f.shape != (t, d):
+        raise ValueError(f"hc_post_pre: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
+    fn = _as_mix(fn)
+    xout, part, sq, split = _mix(x.contiguous(), fn, (f.to(torch.bfloat16), post, comb))
+    return (xout,) + _finish(xout, part, sq, split, base, scale, norm_weight, False, sinkhorn_iters, hc_eps,
+                             norm_eps)
+
+
+def hc_head(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, norm_eps: float,
+            norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton HC head (contract of `hc_head_ref`), two launches, final RMSNorm fused when given."""
+    _require_triton()
+    _check_streams(x)
+    fn = _as_mix(fn)
+    if fn.n_mix != HC:
+        raise ValueError(f"hc_head: fn has {fn.n_mix} mixes, expected {HC}")
+    x = x.contiguous()
+    _, part, sq, split = _mix(x, fn, None)
+    return _finish(x, part, sq, split, base, scale, norm_weight, True, 1, hc_eps, norm_eps)[0]

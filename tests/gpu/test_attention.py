@@ -1,0 +1,122 @@
+"""Decode attention over the paged FP8 cache vs the torch reference (gather + dequantise + the CPU
+model's `sink_attention` + inverse RoPE) and a float64 re-derivation; fresh random pools, shuffled
+page tables, partial windows, -1 padded index lists, poisoned outputs."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+REL = 2e-3 if DEV != "cpu" else 1e-2  # the CPU interpreter truncates fp32 -> bf16
+HD, NOPE, WIN, RING = 512, 448, 128, 132
+
+
+def _pool(pages: int, ps: int, gen: torch.Generator):
+    """Random FP8 entries: e4m3 codes, E8M0 scale bytes around 2^0, bf16 rope dims."""
+    from dsv4.quant.fp8 import quantize_act
+
+    vals = torch.randn(pages * ps, NOPE, generator=gen, device=DEV)
+    vals = vals * torch.exp2(torch.randint(-2, 3, (pages * ps, NOPE // 64), generator=gen,
+                                           device=DEV).float()).repeat_interleave(64, 1)
+    q, s = quantize_act(vals, block=64)
+    sbyte = ((s.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+    rope = torch.randn(pages * ps, HD - NOPE, generator=gen, device=DEV).to(torch.bfloat16)
+    return SimpleNamespace(q=q.view(pages, ps, NOPE).contiguous(), s=sbyte.view(pages, ps, -1).contiguous(),
+                           rope=rope.view(pages, ps, -1).contiguous())
+
+
+def _case(bsz: int, heads: int, positions: list[int], ratio: int, topk: int, gen: torch.Generator):
+    from dsv4.model.rope import RotaryEmbedding
+    from dsv4.config import Rope
+
+    w_ps, c_ps = 16, 16
+    w_pages = -(-RING // w_ps)
+    wpool = _pool(bsz * w_pages + 3, w_ps, gen)
+    wtab = torch.randperm(bsz * w_pages + 3, generator=gen, device=DEV)[: bsz * w_pages].view(bsz, w_pages)
+    q = (torch.randn(bsz, heads, HD, generator=gen, device=DEV)).to(torch.bfloat16)
+    pos = torch.tensor(positions, device=DEV)
+    rope = RotaryEmbedding(HD - NOPE, Rope(theta=10000.0, yarn=None))
+    cos, sin = rope.cos_sin(pos)
+    sink = torch.randn(heads, generator=gen, device=DEV)
+    cpool = ctab = cidx = ccnt = None
+    if ratio:
+        n_max = max(positions) // ratio + 1
+        c_pages = -(-n_max // c_ps)
+        cpool = _pool(bsz * c_pages + 2, c_ps, gen)
+        ctab = torch.randperm(bsz * c_pages + 2, generator=gen, device=DEV)[: bsz * c_pages].view(bsz, c_pages)
+        visible = [(p + 1) // ratio for p in positions]
+        if ratio == 4:
+            cidx = torch.full((bsz, topk), -1, dtype=torch.int32, device=DEV)
+            for b, v in enumerate(visible):
+                pick = torch.randperm(v, generator=gen, device=DEV)[: min(topk, v)]
+                slots = torch.randperm(topk, generator=gen, device=DEV)[: pick.numel()]
+                cidx[b, slots] = pick.int()
+        else:
+            ccnt = torch.tensor(visible, device=DEV)
+    return dict(q=q, pos=pos, cos=cos.to(DEV), sin=sin.to(DEV), window_pool=wpool, window_table=wtab, ring=RING,
+                window=WIN, comp_pool=cpool, comp_table=ctab, comp_idx=cidx, comp_count=ccnt, sink=sink,
+                scale=HD ** -0.5)
+
+
+def _f64(args) -> torch.Tensor:
+    """float64 re-derivation of spec §2.5 from the dequantised candidates (no bf16 probability rounding)."""
+    from dsv4.kernels.attention import _gather
+    out = []
+    for b in range(args["q"].shape[0]):
+        t = int(args["pos"][b])
+        kp = torch.arange(max(0, t - WIN + 1), t + 1, device=DEV)
+        keys = [_gather(args["window_pool"], args["window_table"][b], kp % RING)]
+        if args["comp_pool"] is not None:
+            idx = (args["comp_idx"][b][args["comp_idx"][b] >= 0].long() if args["comp_idx"] is not None
+                   else torch.arange(int(args["comp_count"][b]), device=DEV))
+            keys.append(_gather(args["comp_pool"], args["comp_table"][b], idx))
+        v = torch.cat(keys).double()
+        s = args["q"][b].double() @ v.T * args["scale"]
+        m = s.amax(-1, keepdim=True)
+        e = torch.exp(s - m)
+        o = (e @ v) / (e.sum(-1, keepdim=True) + torch.exp(args["sink"].double()[:, None] - m))
+        c, sn = args["cos"][b].double(), args["sin"][b].double()
+        ev, od = o[:, NOPE::2].clone(), o[:, NOPE + 1::2].clone()
+        o[:, NOPE::2], o[:, NOPE + 1::2] = ev * c + od * sn, od * c - ev * sn
+        out.append(o)
+    return torch.stack(out)
+
+
+CASES = [  # (heads, positions, ratio, topk, splits)
+    (64, [5], 0, 0, None),
+    (64, [1000, 37], 4, 512, None),
+    (64, [3000, 130, 2047], 4, 512, 1),
+    (64, [70000, 4095], 128, 0, None),
+    (20, [255, 127, 128, 6000], 128, 0, 3),
+    (64, [8191] * 8, 4, 512, None),
+]
+if DEV == "cpu":
+    CASES = [(4, [5], 0, 0, None), (4, [200, 37], 4, 16, None), (4, [300], 4, 8, 1), (3, [600, 127], 128, 0, 2)]
+
+
+@pytest.mark.parametrize("heads,positions,ratio,topk,splits", CASES)
+def test_decode_attention(heads, positions, ratio, topk, splits, poison, close_bf16):
+    from dsv4.kernels.attention import decode_attention, decode_attention_ref
+
+    gen = torch.Generator(DEV).manual_seed(heads + sum(positions) + ratio)
+    args = _case(len(positions), heads, positions, ratio, topk, gen)
+    poison()
+    out = decode_attention(**args, splits=splits)
+    ref = decode_attention_ref(**args)
+    close_bf16(out, ref, rel=REL, what="vs reference")
+    close_bf16(out, _f64(args).to(torch.bfloat16), rel=2 * REL, what="vs float64")
+
+
+def test_rejects_bf16_pool():
+    from dsv4.kernels.attention import decode_attention
+
+    gen = torch.Generator(DEV).manual_seed(1)
+    args = _case(1, 4, [10], 0, 0, gen)
+    args["window_pool"] = SimpleNamespace(q=args["window_pool"].rope, s=args["window_pool"].s,
+                                          rope=args["window_pool"].rope)
+    with pytest.raises(ValueError, match="window_pool"):
+        decode_attention(**args)

@@ -1,0 +1,84 @@
+"""`dsv4 generate` / `dsv4 chat` as subprocesses on a tiny checkpoint with a tokenizer: stdout carries
+exactly the generated text (the same as the Python API's), errors are one line on stderr with a
+non-zero exit status."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsv4.engine.llm import LLM
+from dsv4.engine.sampling_params import SamplingParams
+from test_llm_api import write_tokenized_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["The quick brown fox", "Numbers like 12"]
+
+
+def dsv4_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m dsv4 ...`; stdout/stderr decoded as UTF-8 without newline translation."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}
+    res = subprocess.run([sys.executable, "-m", "dsv4", *args], cwd=REPO, env=env, capture_output=True,
+                         input=None if stdin is None else stdin.encode(), timeout=120)
+    res.stdout, res.stderr = res.stdout.decode("utf-8"), res.stderr.decode("utf-8")
+    return res
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory) -> Path:
+    return write_tokenized_checkpoint(tmp_path_factory.mktemp("cli_tok"), seed=11)[0]
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt) -> LLM:
+    return LLM(ckpt, device="cpu", dtype=torch.float32)
+
+
+def test_generate_prints_only_the_generated_text(ckpt, llm):
+    want = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=8))[0]
+    assert len(want.token_ids) >= 1 and want.text
+    res = dsv4_cli("generate", "--model", str(ckpt), "--max-tokens", "8", "--temperature", "0", PROMPTS[0])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == want.text + "\n"
+
+
+def test_generate_several_prompts_one_line_each(ckpt, llm):
+    want = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=5))
+    res = dsv4_cli("generate", "--model", str(ckpt), "--max-tokens", "5", "--temperature", "0", *PROMPTS)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "".join(r.text + "\n" for r in want)
+
+
+def test_chat_reads_stdin_and_prints_the_reply_content(ckpt, llm):
+    want = llm.chat([{"role": "user", "content": "The lazy dog"}], SamplingParams(temperature=0.0, max_tokens=6))[0]
+    res = dsv4_cli("chat", "--model", str(ckpt), "--max-tokens", "6", "--temperature", "0", stdin="The lazy dog\n")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == want.content + "\n"
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode != 0
+    assert res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("dsv4 generate: error: ")
+    return lines[0]
+
+
+def test_missing_model_directory_is_a_one_line_error(tmp_path):
+    missing = tmp_path / "no_such_checkpoint"
+    line = one_line_error(dsv4_cli("generate", "--model", str(missing), "--max-tokens", "2", "hello"))
+    assert str(missing) in line
+
+
+def test_text_prompt_without_tokenizer_is_a_one_line_error(ckpt, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(ckpt, bare, ignore=shutil.ignore_patterns("tokenizer*"))
+    line = one_line_error(dsv4_cli("generate", "--model", str(bare), "--max-tokens", "2", "hello"))
+    assert "tokenizer" in line
+

@@ -1,0 +1,200 @@
+"""Tensor- and expert-parallel runs (gloo, CPU) against one process.
+
+A tiny quantised checkpoint (FP8 linears, MXFP4 experts) with every attention kind (sliding, CSA,
+HCA) and both routings (layers 0-1 hash-routed, 2-3 top-k) is loaded by one process and by two
+ranks in five layouts: TP2, EP2, TP2+EP2, each EP layout with both MoE combines. Every rank must
+give the single-process logits (a prefill, then decode steps with the carried state, and the MTP
+block) to 1e-5 relative (float32 computes in float64, so expect exact), the same greedy tokens from
+the lock-stepped engines, hold only its shard, and read only its own experts from the checkpoint.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from dsv4.checkpoint.writer import random_master_weights, tiny_config, write_checkpoint
+from dsv4.distributed.sharding import Cut, Layout, take, take_fp8_pair
+
+TOL = 1e-5
+CFG = tiny_config("fp4", "sliding,csa,hca,csa", num_hash_layers=2, moe_intermediate_size=256)
+LENGTH = 140        # > 128: the HCA layer completes an entry; > 4 * index_topk: CSA really selects
+CHUNKS = [132, 3, 1, 1, 1, 2]   # prefill, then decode steps of the same sequence (sums to LENGTH)
+PROMPTS = [[5, 17, 300, 41, 8, 99, 250], [7, 7, 1, 400, 23]]
+MAX_TOKENS = 4
+LAYOUTS_2 = [(2, 1, "allreduce"), (1, 2, "allreduce"), (2, 2, "allreduce"), (1, 2, "alltoall"),
+             (2, 2, "alltoall")]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(2, CFG.vocab_size, (LENGTH,), generator=torch.Generator().manual_seed(5))
+
+
+def run_model(model) -> dict[str, torch.Tensor]:
+    """Logits of a prefill and decode steps of one sequence, and of the MTP block on the prefill."""
+    from dsv4.model import ForwardContext, set_forward_context
+    ids = _ids()
+    state, parts, start = model.new_sequence_state(), [], 0
+    with torch.no_grad():
+        for n in CHUNKS:
+            with set_forward_context(ForwardContext([n], [state])):
+                parts.append(model.compute_logits(model(ids[start:start + n], torch.arange(start, start + n))))
+            if start == 0:
+                residual = model.get_mtp_target_hidden_states()
+            start += n
+        _, hidden = model.forward_mtp(residual[:-1], ids[1:CHUNKS[0]], torch.arange(CHUNKS[0] - 1))
+        return {"logits": torch.cat(parts), "mtp": model.mtp[0].compute_logits(hidden)}
+
+
+def make_engine(model):
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+    return LLMEngine(model, model.config, None, EngineConfig(max_num_seqs=4, max_num_batched_tokens=64,
+                                                             max_model_len=64))
+
+
+def greedy(core) -> dict[str, list[int]]:
+    from dsv4.engine.sampling_params import SamplingParams
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    tokens = {}
+    for i, p in enumerate(PROMPTS):
+        core.add_request(f"r{i}", p, params)
+        tokens[f"r{i}"] = []
+    while core.has_unfinished():
+        for out in core.step():
+            tokens[out.request_id] += out.token_ids
+    return tokens
+
+
+def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from dsv4.checkpoint.loader import Checkpoint
+    from dsv4.distributed import ParallelConfig, init_parallel
+    from dsv4.distributed.engine import DistributedEngine, worker_loop
+    from dsv4.model.load import load_model
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    read: list[str] = []  # tensors handed out for loading (validation reads only headers and scales)
+    original = Checkpoint.iter_tensors
+
+    def recording(self, filter=None):
+        for name, tensor in original(self, filter):
+            read.append(name)
+            yield name, tensor
+    Checkpoint.iter_tensors = recording
+    results = []
+    for tp, ep, comm in layouts:
+        ps = init_parallel(ParallelConfig(tp, ep, comm))
+        read.clear()
+        model = load_model(ckpt, parallel=ps)
+        res = run_model(model)
+        res["read"] = list(read)
+        res["shapes"] = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        engine = make_engine(model)
+        if ps.is_first:
+            core = DistributedEngine(engine, ps)
+            res["greedy"] = greedy(core)
+            core.shutdown()
+        else:
+            worker_loop(engine, ps)
+        results.append(res)
+    torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def spawn(world: int, ckpt, tmp_path, layouts) -> list[list[dict]]:
+    from dsv4.distributed.launcher import free_port
+    mp.spawn(_rank_main, args=(world, free_port(), str(ckpt), str(tmp_path), layouts), nprocs=world)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt"), CFG, random_master_weights(CFG, seed=11))
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    from dsv4.model.load import load_model
+    model = load_model(checkpoint)
+    out = run_model(model)
+    out["greedy"] = greedy(make_engine(model))
+    return out
+
+
+def check_rank(res: dict, ref: dict, layout: tuple, rank: int) -> None:
+    tp, ep, comm = layout
+    what = f"rank {rank} tp={tp} ep={ep} {comm}"
+    for key in ("logits", "mtp"):
+        assert res[key].shape == ref[key].shape, what
+        assert rel(res[key], ref[key]) <= TOL, f"{what} {key}: rel {rel(res[key], ref[key]):.2e}"
+    if rank == 0:
+        assert res["greedy"] == ref["greedy"], what
+    # this rank's shard only
+    c, shapes = CFG, res["shapes"]
+    per = c.n_routed_experts // ep
+    mine = range((rank % ep) * per, (rank % ep + 1) * per)
+    held = {int(n.split(".")[4]) for n in shapes if n.startswith("layers.2.ffn.experts.")}
+    assert held == set(mine), what
+    assert shapes["layers.1.attn.wq_b.weight"] == (c.num_heads // tp * c.head_dim, c.q_lora_rank), what
+    assert shapes["layers.1.attn.wo_b.weight"] == (c.hidden_size, c.o_groups // tp * c.o_lora_rank), what
+    assert shapes["head.weight"] == (c.vocab_size // tp, c.hidden_size), what
+    assert shapes["mtp.0.ffn.shared_experts.w2.weight"] == (c.hidden_size, c.moe_intermediate_size // tp), what
+    # the checkpoint reader never touched another rank's experts
+    experts_read = {int(n.split(".")[4]) for n in res["read"] if ".ffn.experts." in n}
+    assert experts_read == set(mine), what
+
+
+def test_two_ranks_match_one_process(checkpoint, reference, tmp_path):
+    assert len(set(map(tuple, reference["greedy"].values()))) == 2  # the prompts continue differently
+    results = spawn(2, checkpoint, tmp_path, LAYOUTS_2)
+    for rank, per_rank in enumerate(results):
+        for layout, res in zip(LAYOUTS_2, per_rank):
+            check_rank(res, reference, layout, rank)
+
+
+@pytest.mark.slow
+def test_four_ranks_tp2_ep4(checkpoint, reference, tmp_path):
+    """Two TP groups of two (attention computed twice), experts over all four ranks."""
+    layouts = [(2, 4, "allreduce"), (2, 4, "alltoall")]
+    results = spawn(4, checkpoint, tmp_path, layouts)
+    for rank, per_rank in enumerate(results):
+        for layout, res in zip(layouts, per_rank):
+            check_rank(res, reference, layout, rank)
+
+
+# ---- layout arithmetic and slicing (no processes) ---------------------------------------------
+
+def test_layout_rejects_what_cannot_be_split():
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        Layout(CFG, 8, 1, 0)            # 4 heads
+    with pytest.raises(ValueError, match="n_routed_experts"):
+        Layout(CFG, 1, 3, 0)            # 8 experts
+    from dsv4.distributed import ParallelConfig
+    with pytest.raises(ValueError, match="divide"):
+        ParallelConfig(2, 3)
+    small = tiny_config("fp4")           # moe_intermediate_size 128: I/2 would cut an FP8 block
+    layout = Layout(small, 2, 1, 1)
+    assert not layout.shared_split and layout.cut("layers.0.ffn.shared_experts.w1.weight") is None
+    assert layout.cut("layers.0.attn.wo_b.weight") == Cut(1, 128, 128)
+
+
+def test_cutting_a_quantised_pair_equals_cutting_the_dequantised_weight():
+    from dsv4.quant.fp8 import dequantize_fp8_block, quantize_fp8_block
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(384, 256, generator=g) * torch.rand(384, 1, generator=g)
+    wq, s = quantize_fp8_block(w)
+    full = dequantize_fp8_block(wq, s)
+    for cut in (Cut(0, 128, 256), Cut(1, 128, 128), Cut(0, 256, 128)):
+        part_q, part_s = take_fp8_pair("w", wq, s, cut)
+        assert torch.equal(dequantize_fp8_block(part_q, part_s), take("w", full, cut))
+    with pytest.raises(ValueError, match="tiles"):
+        take_fp8_pair("w", wq, s, Cut(0, 64, 128))

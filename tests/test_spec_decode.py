@@ -1,0 +1,405 @@
+"""MTP speculative decoding (dsv4.engine.spec_decode) on tiny fp32 models, CPU.
+
+References, independent of the speculative path:
+* greedy: the same engine without speculation (itself checked against full-forward greedy decoding
+  in test_engine.py); the fp32 model accumulates in float64, so verification over 1 + k positions
+  must reproduce the one-token-at-a-time results token for token;
+* sampling: the exact distribution of the first generated tokens, re-derived in float64 from plain
+  forwards of the model over every prefix (temperature and top-k applied here, not by dsv4), and a
+  chi-square goodness-of-fit test of many seeded speculative generations against it;
+* the acceptance rule alone: Monte Carlo against the known target distributions.
+
+A random MTP head almost never agrees with a random target, which would leave the accept paths
+untested; the greedy tests therefore also use a *bigram drafter*: mtp.0 rewired (embedding ->
+e_proj -> head) to predict each token's most frequent successor in the baseline outputs, so drafts
+are accepted about half the time and every accepted length 0..k occurs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dsv4.checkpoint.writer import random_master_weights, tiny_config, write_checkpoint
+from dsv4.engine.cache import CacheConfig
+from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+from dsv4.engine.sampling_params import SamplingParams
+from dsv4.engine.spec_decode import rejection_sample
+from dsv4.model import DeepseekV4ForCausalLM
+
+CFG = tiny_config("fp4", layers="sliding,csa,hca", vocab_size=32)
+MAX_LEN = 160
+# ratio-4 edges, ring (20 slots) crossings, and prompts that reach 128 (the first HCA entry) in decode
+LENGTHS = [1, 2, 3, 5, 7, 9, 13, 17, 22, 30, 41, 60, 90, 124, 126, 131]
+GEN = 10
+EMBEDDED = Path(__file__).resolve().parents[1] / "dsv4" / "assets" / "tiny"
+
+
+def build_model(cfg, masters) -> DeepseekV4ForCausalLM:
+    m = DeepseekV4ForCausalLM(cfg, torch.float32, "reference")
+    m.load_weights(masters.items())
+    m.load_mtp_weights(masters.items())
+    m.finalize_weights()
+    return m.eval()
+
+
+def bigram_drafter(cfg, masters: dict, successor: dict[int, int]) -> dict:
+    """Masters whose mtp.0 predicts successor[token t+1] for token t+2: h_proj and the stream mixes are
+    neutralised, the sub-layers damped (they still run on the MTP state), e_proj maps each token's
+    normalised embedding onto the head row of its successor."""
+    out, d, hc = dict(masters), cfg.hidden_size, cfg.hc_mult
+    emb = masters["embed.weight"].double()
+    unit = emb / emb.square().mean(-1, keepdim=True).sqrt()
+    head = masters["head.weight"].double()
+    want = torch.stack([head[successor.get(t, t)] for t in range(cfg.vocab_size)])
+    proj = want.T @ torch.linalg.pinv(unit.T)
+    out["mtp.0.e_proj.weight"] = (proj / proj.abs().max()).to(torch.bfloat16)
+    out["mtp.0.h_proj.weight"] = masters["mtp.0.h_proj.weight"] * 0
+    for name in masters:
+        if name.startswith("mtp.0.") and name.endswith(("w2.weight", "wo_b.weight")):
+            out[name] = masters[name] * 0.05
+    for site in ("attn", "ffn"):
+        out[f"mtp.0.hc_{site}_fn"] = masters[f"mtp.0.hc_{site}_fn"] * 0
+        base = torch.zeros(2 * hc + hc * hc)
+        base[2 * hc:] = (torch.eye(hc) * 30).flatten()  # Sinkhorn of this is the identity mix
+        out[f"mtp.0.hc_{site}_base"] = base
+    for name in ("enorm", "norm"):
+        out[f"mtp.0.{name}.weight"] = torch.ones(d, dtype=torch.bfloat16)
+    return out
+
+
+def make_engine(model, k: int | None, *, max_num_seqs: int = 16, budget: int = 48, cache=None,
+                max_len: int = MAX_LEN) -> LLMEngine:
+    ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_len,
+                      cache=cache, speculative="mtp" if k else None, num_draft_tokens=k or 1)
+    return LLMEngine(model, model.config, None, ec)
+
+
+def drain(engine: LLMEngine, max_steps: int = 3000) -> dict:
+    out: dict[str, dict] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return out
+        for o in engine.step():
+            r = out.setdefault(o.request_id, {"tokens": [], "logprobs": [], "finish": None})
+            r["tokens"] += o.token_ids
+            r["logprobs"] += o.logprobs or []
+            if o.finished:
+                r["finish"] = o.finish_reason
+    raise AssertionError("engine made no progress")
+
+
+def assert_all_free(engine: LLMEngine) -> None:
+    s = engine.stats()
+    assert (s.num_waiting, s.num_running) == (0, 0)
+    assert s.free_pages == s.total_pages and engine.cache.states == {}
+    assert engine.speculator is None or engine.speculator._seeds == {}
+
+
+# ---- greedy equivalence ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def masters():
+    return random_master_weights(CFG, seed=61)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(62)
+    return [torch.randint(2, CFG.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def request_params(i: int) -> SamplingParams:
+    """Mostly plain greedy; a few rows with penalties, a stop token, logprobs, or eos."""
+    kw = dict(temperature=0.0, max_tokens=GEN + (i % 3) - 1, ignore_eos=True)
+    if i == 3:
+        kw["repetition_penalty"] = 1.3
+    if i == 6:
+        kw.update(presence_penalty=0.7, frequency_penalty=0.4)
+    if i in (4, 9):
+        kw["logprobs"] = 2
+    if i == 10:
+        kw["stop_token_ids"] = [7, 30]
+    if i == 12:
+        kw["ignore_eos"] = False
+    return SamplingParams(**kw)
+
+
+@pytest.fixture(scope="module")
+def random_model(masters):
+    return build_model(CFG, masters)
+
+
+@pytest.fixture(scope="module")
+def baseline(random_model, prompts):
+    engine = make_engine(random_model, None)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, request_params(i))
+    out = drain(engine)
+    assert len({tuple(r["tokens"]) for r in out.values()}) >= 12  # not a degenerate comparison
+    return out
+
+
+@pytest.fixture(scope="module")
+def drafter_model(masters, baseline):
+    pairs = Counter((a, b) for r in baseline.values() for a, b in zip(r["tokens"], r["tokens"][1:]))
+    successor: dict[int, int] = {}
+    for (a, b), _ in pairs.most_common():
+        successor.setdefault(a, b)
+    return build_model(CFG, bigram_drafter(CFG, masters, successor))
+
+
+def assert_same(out: dict, baseline: dict, ids) -> None:
+    for rid in ids:
+        got, want = out[rid], baseline[rid]
+        assert got["tokens"] == want["tokens"], rid
+        assert got["finish"] == want["finish"], rid
+        assert len(got["logprobs"]) == len(want["logprobs"])
+        for a, b in zip(got["logprobs"], want["logprobs"]):
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-5
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+@pytest.mark.parametrize("k,tiny_pool", [(1, False), (2, True), (3, False)])
+def test_greedy_batch16_identical(drafter_model, prompts, baseline, k, tiny_pool):
+    cache = None
+    if tiny_pool:  # compressed4/indexer4 pages for ~1/3 of the batch: preemption + recompute under speculation
+        cache = CacheConfig.for_capacity(CFG, max_num_seqs=16, max_model_len=MAX_LEN,
+                                         page_sizes={"window": 8, "compressed4": 4, "indexer4": 4,
+                                                     "compressed128": 1},
+                                         num_pages={"compressed4": 36, "indexer4": 36})
+    engine = make_engine(drafter_model, k, cache=cache)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, request_params(i))
+    out = drain(engine)
+    assert_same(out, baseline, [f"r{i}" for i in range(len(prompts))])
+    assert_all_free(engine)
+    spec = engine.speculator.stats
+    assert len(spec.accepted_histogram) == k + 1 and min(spec.accepted_histogram) > 0  # every path ran
+    s = engine.stats()
+    assert (s.spec_num_drafts, s.spec_accepted_tokens) == (spec.num_drafts, spec.num_accepted_tokens)
+    assert 0.1 < s.spec_acceptance_rate < 0.95
+    assert s.spec_mean_accepted_length == pytest.approx(1 + spec.num_accepted_tokens / spec.num_drafts)
+    assert s.generation_tokens_total == sum(len(r["tokens"]) for r in baseline.values())
+    if tiny_pool:
+        assert engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_batch1_identical(drafter_model, prompts, baseline, k):
+    engine = make_engine(drafter_model, k, max_num_seqs=1, budget=40)
+    for i in (0, 13, 15):  # 1 token; 124 and 131 tokens, chunked, decoding across 128
+        engine.add_request(f"r{i}", prompts[i], request_params(i))
+    assert_same(drain(engine), baseline, ["r0", "r13", "r15"])
+    assert engine.speculator.stats.num_accepted_tokens > 0
+    assert_all_free(engine)
+
+
+def test_random_mtp_head_identical_and_abort_frees(random_model, prompts, baseline):
+    engine = make_engine(random_model, 2)
+    for i in range(8):
+        engine.add_request(f"r{i}", prompts[i], request_params(i))
+    engine.add_request("gone", prompts[11], request_params(11))
+    while engine.scheduler.requests["gone"].num_output_tokens < 2:
+        engine.step()
+    engine.step()  # schedules drafts for "gone"
+    engine.abort_request("gone")
+    out = drain(engine)
+    assert "gone" not in engine.scheduler.requests
+    assert_same(out, baseline, [f"r{i}" for i in range(8)])
+    assert_all_free(engine)
+    assert engine.speculator.stats.num_draft_tokens > 0
+
+
+# ---- the acceptance rule ---------------------------------------------------------------------
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(chi2_df >= x): the regularised upper incomplete gamma Q(df/2, x/2) by its power series."""
+    a, z = df / 2, x / 2
+    term = total = 1.0 / a
+    n = 1
+    while term > 1e-15 * total:
+        term *= z / (a + n)
+        total += term
+        n += 1
+    return 1.0 - math.exp(a * math.log(z) - z - math.lgamma(a)) * total if z > 0 else 1.0
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson goodness of fit; cells expecting < 5 are pooled."""
+    n = float(counts.sum())
+    expected = probs.double() * n
+    small = expected < 5
+    obs = torch.cat((counts.double()[~small], counts.double()[small].sum().reshape(1)))
+    exp = torch.cat((expected[~small], expected[small].sum().reshape(1)))
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    return chi2_sf(stat, int(keep.sum()) - 1)
+
+
+def test_rejection_sample_preserves_target_distribution():
+    """Drafts d1 ~ q0, d2 ~ Q1[d1]: the first emitted token must follow p0, and the second, given an
+    accepted first draft v, P1[v] -- whatever q is (here far from p, with zeros on both sides)."""
+    v = 5
+    g = torch.Generator().manual_seed(5)
+    p0 = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
+    q0 = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
+    p1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
+    q1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
+    p2 = torch.softmax(torch.randn(v, v, v, generator=g), -1)
+    first, second = torch.zeros(v), torch.zeros(v, v)
+    n = 12000
+    for _ in range(n):
+        d1 = int(torch.multinomial(q0, 1, generator=g))
+        d2 = int(torch.multinomial(q1[d1], 1, generator=g))
+        out = rejection_sample(torch.stack((p0, p1[d1], p2[d1, d2])), torch.stack((q0, q1[d1])), [d1, d2], g)
+        assert 1 <= len(out) <= 3 and out[:-1] == [d1, d2][: len(out) - 1]
+        first[out[0]] += 1
+        if len(out) >= 2:
+            second[out[0], out[1]] += 1
+    assert first[4] == 0  # p0 excludes token 4, although q0 proposes it most
+    assert chi2_pvalue(first, p0) > 1e-3
+    for t in range(4):
+        if second[t].sum() > 200:
+            assert chi2_pvalue(second[t], p1[t]) > 1e-3
+
+
+# ---- sampling distribution end to end --------------------------------------------------------
+
+SMALL = tiny_config("fp4", layers="sliding", vocab_size=8)
+PROMPT = [3, 5, 2]
+TOP_K, TEMP = 3, 1.3
+
+
+def exact_processed(model, prefix: list[int]) -> torch.Tensor:
+    """Target distribution after `prefix` in float64: temperature, then the top-k mask."""
+    with torch.inference_mode():
+        logits = model.compute_logits(model(torch.tensor(prefix), torch.arange(len(prefix))))[-1].double()
+    logits = logits / TEMP
+    keep = torch.zeros_like(logits, dtype=torch.bool)
+    keep[torch.sort(logits, descending=True, stable=True).indices[:TOP_K]] = True
+    return torch.softmax(logits.masked_fill(~keep, float("-inf")), -1)
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    return build_model(SMALL, random_master_weights(SMALL, seed=71))
+
+
+def test_sampling_matches_target_distribution(small_model):
+    """Joint law of the first three generated tokens under k=2 (the second and third come from draft
+    acceptance, the correction or the bonus token) against the exact law."""
+    v = SMALL.vocab_size
+    p1 = exact_processed(small_model, PROMPT)
+    joint = torch.zeros(v, v, v, dtype=torch.float64)
+    for a in p1.nonzero()[:, 0].tolist():
+        p2 = exact_processed(small_model, PROMPT + [a])
+        for b in p2.nonzero()[:, 0].tolist():
+            joint[a, b] = p1[a] * p2[b] * exact_processed(small_model, PROMPT + [a, b])
+    counts = torch.zeros(v, v, v)
+    engine = make_engine(small_model, 2, max_num_seqs=128, budget=512, max_len=32)
+    n = 640
+    for s in range(n):
+        engine.add_request(f"s{s}", PROMPT, SamplingParams(temperature=TEMP, top_k=TOP_K, seed=1000 + s,
+                                                           max_tokens=4, ignore_eos=True))
+    out = drain(engine)
+    for r in out.values():
+        a, b, c = r["tokens"][:3]
+        counts[a, b, c] += 1
+    hist = engine.speculator.stats.accepted_histogram
+    assert len(hist) == 3 and min(hist) > 0
+    assert chi2_pvalue(counts.flatten(), joint.flatten()) > 1e-3
+    assert_all_free(engine)
+
+
+def test_seeded_sampling_reproducible_across_batches(small_model):
+    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=s, max_tokens=12, ignore_eos=True) for s in (1, 2)]
+    alone = []
+    for p in params:
+        engine = make_engine(small_model, 3, max_len=32)
+        engine.add_request("x", PROMPT, p)
+        alone.append(drain(engine)["x"]["tokens"])
+    engine = make_engine(small_model, 3, max_len=32)
+    engine.add_request("noise", [1, 2, 3, 4, 5], SamplingParams(temperature=1.0, max_tokens=9))
+    for i, p in enumerate(params):
+        engine.add_request(f"x{i}", PROMPT, p)
+    out = drain(engine)
+    assert [out["x0"]["tokens"], out["x1"]["tokens"]] == alone
+    assert alone[0] != alone[1]
+
+
+# ---- checkpoints without a usable mtp.0 ------------------------------------------------------
+
+def test_missing_or_incomplete_mtp(tmp_path, caplog):
+    full = random_master_weights(SMALL, seed=81)
+    missing = write_checkpoint(tmp_path / "missing", SMALL, {k: t for k, t in full.items()
+                                                             if not k.startswith("mtp.")})
+    partial = write_checkpoint(tmp_path / "partial", SMALL, full)
+    index = partial / "model.safetensors.index.json"
+    shard = partial / json.loads(index.read_text())["weight_map"]["mtp.0.e_proj.weight"]
+    tensors = load_file(shard)
+    del tensors["mtp.0.e_proj.weight"], tensors["mtp.0.e_proj.scale"]
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    weight_map = json.loads(index.read_text())
+    for name in ("mtp.0.e_proj.weight", "mtp.0.e_proj.scale"):
+        del weight_map["weight_map"][name]
+    index.write_text(json.dumps(weight_map))
+
+    spec = EngineConfig(max_model_len=32, speculative="mtp", num_draft_tokens=2)
+    for path, what in ((missing, "mtp.0"), (partial, "mtp.0.e_proj")):
+        with pytest.raises(ValueError, match="speculative='mtp' needs the checkpoint's complete MTP block") as e:
+            LLMEngine.from_pretrained(path, device="cpu", engine_config=spec)
+        assert what in str(e.value)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            engine = LLMEngine.from_pretrained(path, device="cpu", engine_config=EngineConfig(max_model_len=32))
+        assert any("no usable MTP block" in r.getMessage() for r in caplog.records)
+        engine.add_request("r", PROMPT, SamplingParams(temperature=0.0, max_tokens=3))
+        assert len(drain(engine)["r"]["tokens"]) == 3
+
+    no_mtp = DeepseekV4ForCausalLM(SMALL, torch.float32)
+    no_mtp.load_weights(full.items())
+    no_mtp.finalize_weights()
+    with pytest.raises(ValueError, match="needs the checkpoint's MTP block mtp.0"):
+        LLMEngine(no_mtp, SMALL, None, spec)
+    with pytest.raises(ValueError, match="speculative="):
+        EngineConfig(speculative="eagle")
+    model = build_model(SMALL, full)
+    for k in (0, 5):
+        with pytest.raises(ValueError, match="num_draft_tokens"):
+            LLMEngine(model, SMALL, None, EngineConfig(max_model_len=32, speculative="mtp", num_draft_tokens=k))
+
+
+# ---- the embedded trained model --------------------------------------------------------------
+
+@pytest.mark.skipif(not (EMBEDDED / "config.json").is_file(), reason="embedded model not present")
+def test_embedded_model_greedy_identical_and_acceptance():
+    from dsv4.engine.spec_decode import mtp_problem
+    problem = mtp_problem(EMBEDDED)
+    if problem:
+        pytest.skip(f"embedded model has no usable MTP block: {problem}")
+    base = LLMEngine.from_pretrained(EMBEDDED, device="cpu", engine_config=EngineConfig(max_model_len=256))
+    tok = base.tokenizer
+    texts = ["The following methods can be defined to", "If the exception", "def main():", "In 1905,"]
+    prompts = [tok.encode(t) if tok is not None else [5 + i, 9, 13] for i, t in enumerate(texts)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        base.add_request(f"r{i}", p, params)
+    want = drain(base)
+    for k in (1, 3):
+        engine = LLMEngine.from_pretrained(EMBEDDED, device="cpu", engine_config=EngineConfig(
+            max_model_len=256, speculative="mtp", num_draft_tokens=k))
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, params)
+        got = drain(engine)
+        assert all(got[r]["tokens"] == want[r]["tokens"] for r in want)
+        rate = engine.stats().spec_acceptance_rate
+        print(f"embedded model k={k}: acceptance {rate:.3f}, mean accepted length "
+              f"{engine.stats().spec_mean_accepted_length:.2f}")
+        assert rate > 2.0 / base.config.vocab_size  # a trained head is far above chance
