@@ -133,20 +133,27 @@ def bench_linears(models, ms, ceil, sweep: bool) -> list[dict]:
             for m in ms:
                 x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
                 q, sa = act_quant(x)
-                sa_cm = sa.t().contiguous().t()  # cuBLAS wants the 1x128 scales outer-dim-major
                 r = dict(model=model, name=name, m=m, n=n, k=k)
                 r["ours_us"], _ = try_time(lambda: fp8_linear(x, w, ws))
                 r["ours_gemm_us"], _ = try_time(lambda: fp8_gemm(q, sa, w, ws))
                 r["quant_us"], _ = try_time(lambda: act_quant(x))
-                r["cublas_gemm_us"], _ = try_time(lambda: torch._scaled_mm(
-                    q, w.t(), scale_a=sa_cm, scale_b=ws32.t(), out_dtype=torch.bfloat16))
+                r["cublas_rows"] = m
+                for rows in (m, 16):  # cuBLAS blockwise rejects M = 1: measure it on 16 rows instead
+                    xc = x if rows == m else torch.randn(rows, k, device=DEV).to(torch.bfloat16)
+                    qc, sc = act_quant(xc)
+                    sc_cm = sc.t().contiguous().t()  # cuBLAS wants the 1x128 scales outer-dim-major
+                    r["cublas_gemm_us"], _ = try_time(lambda: torch._scaled_mm(
+                        qc, w.t(), scale_a=sc_cm, scale_b=ws32.t(), out_dtype=torch.bfloat16))
 
-                def cublas_full():
-                    qq, ss = act_quant(x)
-                    return torch._scaled_mm(qq, w.t(), scale_a=ss.t().contiguous().t(), scale_b=ws32.t(),
-                                            out_dtype=torch.bfloat16)
+                    def cublas_full():
+                        qq, ss = act_quant(xc)
+                        return torch._scaled_mm(qq, w.t(), scale_a=ss.t().contiguous().t(), scale_b=ws32.t(),
+                                                out_dtype=torch.bfloat16)
 
-                r["cublas_us"], _ = try_time(cublas_full)
+                    r["cublas_us"], _ = try_time(cublas_full)
+                    if r["cublas_us"] == r["cublas_us"]:  # not NaN
+                        r["cublas_rows"] = rows
+                        break
                 r["config"] = str(pick_linear_config(m, n, k))
                 best, best_cfg = r["ours_us"], "default"
                 if sweep:
@@ -208,10 +215,10 @@ def random_experts(e: int, d: int, i: int, fmt: str) -> PackedExperts:
         def u8(*shape, lo=0, hi=256):
             return torch.randint(lo, hi, shape, device=DEV, dtype=torch.uint8)
 
-        def scales(kk, n):  # int32 words of 4 E8M0 bytes, [E, K/128, N]
-            return u8(e, kk // 128, n, 4, lo=118, hi=125).view(torch.int32).view(e, kk // 128, n)
+        def scales(n, kk):  # int32 words of 4 E8M0 bytes, [E, N, K/128]
+            return u8(e, n, kk // 128, 4, lo=118, hi=125).view(torch.int32).view(e, n, kk // 128)
 
-        return PackedExperts("mxfp4", e, d, i, u8(e, 2 * i, d // 2), scales(d, 2 * i), u8(e, d, i // 2), scales(i, d))
+        return PackedExperts("mxfp4", e, d, i, u8(e, 2 * i, d // 2), scales(2 * i, d), u8(e, d, i // 2), scales(d, i))
     w13 = torch.empty(e, 2 * i, d, device=DEV, dtype=torch.float8_e4m3fn)
     w2 = torch.empty(e, d, i, device=DEV, dtype=torch.float8_e4m3fn)
     for x in range(e):
@@ -231,9 +238,9 @@ def moe_alternatives() -> dict:
         "decode": MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, num_stages=4),
         "decode_bn128": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, num_stages=4),
         "bm32": MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, num_stages=4),
-        "prefill": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8),
+        "prefill": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, warps2=8),
         "bm128_bn64": MoEConfig(bm=128, bn1=64, bn2=64, quant_first=True, quant_out=False, warps1=8, warps2=4),
-        "prefill_noasm": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, use_asm=False),
+        "prefill_w2_4warps": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8),
     }
 
 
@@ -285,8 +292,6 @@ def bench_moe(models, ms, ceil, sweep: bool, base: bool) -> list[dict]:
                 r["ours_w4a16_us"], _ = try_time(lambda: fused_moe(x, ids, w, ex, act="bf16"))
             if sweep:
                 for nm, cfg in moe_alternatives().items():
-                    if fmt == "fp8" and not cfg.use_asm:
-                        continue
                     t, _ = try_time(lambda: fused_moe(x, ids, w, ex, config=cfg))
                     r[f"{nm}_us"] = t
                     if t < best:
@@ -323,15 +328,17 @@ def markdown(meta: dict, ceil: dict, lin: list[dict], moe: list[dict]) -> str:
            f"FP8 tensorwise {ceil['fp8_tensorwise_TFLOPs']:.0f}; FP8 blockwise {ceil['fp8_blockwise_TFLOPs']:.0f}.", ""]
     if lin:
         out += ["FP8 linear (ours = quant + GEMM, µs; cuBLAS = our act_quant + `_scaled_mm` blockwise; "
-                "×cuBLAS > 1 means ours is faster; GEMM-only columns exclude the activation quantisation):", "",
+                "×cuBLAS > 1 means ours is faster; GEMM-only columns exclude the activation quantisation; "
+                "* = cuBLAS measured on 16 rows because it rejects M = 1):", "",
                 "| model | linear | N×K | M | ours µs | cuBLAS µs | ×cuBLAS | ours GEMM µs | cuBLAS GEMM µs | ×GEMM |"
                 " TFLOP/s | GB/s | %BW | %FP8 |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in lin:
             if "groups" in r:
                 continue
+            star = "*" if r.get("cublas_rows", r["m"]) != r["m"] else ""
             out.append(f"| {r['model']} | {r['name']} | {r['n']}×{r['k']} | {r['m']} | {r['ours_us']:.1f} | "
-                       f"{r['cublas_us']:.1f} | {r['x_cublas']:.2f} | {r['ours_gemm_us']:.1f} | "
+                       f"{r['cublas_us']:.1f}{star} | {r['x_cublas']:.2f} | {r['ours_gemm_us']:.1f} | "
                        f"{r['cublas_gemm_us']:.1f} | {r['x_cublas_gemm']:.2f} | {r['tflops']:.0f} | {r['gbps']:.0f} | "
                        f"{r['pct_bw']:.0f} | {r['pct_fp8']:.0f} |")
         out += ["", "Grouped wo_a (x [M, G, 4096] · wo_a[g]^T): FP8 Triton option vs the bf16 `bmm` default:", "",

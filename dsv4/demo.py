@@ -1,20 +1,18 @@
-"""`make demo` (temporary): write a random tiny checkpoint to a temp dir and run `dsv4 inspect` on it."""
+"""`make demo`: generate text with the tiny DeepSeek-V4 model shipped inside the package."""
 from __future__ import annotations
 
 import sys
-import tempfile
 
 from dsv4.cli import main as cli
 
+PROMPTS = ["The for statement", "A class definition", "Exceptions are"]
+
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="dsv4-demo-") as tmp:
-        for args in (["make-tiny", tmp, "--seed", "0"], ["inspect", tmp]):
-            print(f"$ dsv4 {' '.join(args)}", flush=True)
-            rc = cli(args)
-            if rc:
-                return rc
-    return 0
+    args = ["generate", "--max-tokens", "48", "--temperature", "0.7", "--top-p", "0.9", "--seed", "1",
+            "--no-stream", *PROMPTS]
+    print(f"$ dsv4 {' '.join(repr(a) if ' ' in a else a for a in args)}", flush=True)
+    return cli(args)
 
 
 if __name__ == "__main__":

@@ -215,7 +215,8 @@ def test_encodings_are_valid_and_mxfp4_reencodes_losslessly(headers):
         if entry["dtype"] == "F8_E8M0":
             assert (t.view(torch.uint8) != 255).all(), f"{name}: NaN scale"
         elif entry["dtype"] in ("F8_E4M3", "BF16", "F32"):
-            assert torch.isfinite(t.float()).all() and t.float().std() > 0 or t.numel() < 4, name
+            assert torch.isfinite(t.float()).all(), name
+            assert t.numel() < 4 or t.float().std() > 0, f"{name}: constant"
         if re.search(r"experts\.\d+\.w\d\.scale$", name):
             # checkpoint_format.md §9: lossless FP8 re-encode iff every 32-group exponent of a
             # 128x128 tile is within 14 of the tile maximum
@@ -278,7 +279,7 @@ def _assert_mostly_words(text: str, words: set[str]) -> None:
 @torch.no_grad()
 def test_transformers_heldout_perplexity_and_words(hf_model, tok, heldout_chunk, corpus_words):
     ppl = math.exp(_nll(hf_model(input_ids=heldout_chunk[None], use_cache=False).logits[0], heldout_chunk))
-    assert ppl < 60, ppl  # untrained: ~vocab size (2048)
+    assert ppl < 80, ppl  # trained: ~45 on this chunk; untrained: ~vocab size (2048)
     for prompt in PROMPTS:
         text = _greedy(lambda ids: hf_model(input_ids=ids[None], use_cache=False).logits[0, -1], tok, prompt)
         _assert_mostly_words(text, corpus_words)
@@ -288,13 +289,16 @@ def test_transformers_heldout_perplexity_and_words(hf_model, tok, heldout_chunk,
 def test_dsv4_runs_the_embedded_model(hf_model, tok, heldout_chunk, corpus_words):
     try:
         model = dsv4.load_model(TINY, numerics="reference")
+        plain = dsv4.load_model(TINY, numerics="transformers")
     except (ImportError, AttributeError) as e:
         pytest.skip(f"dsv4 model not available: {e}")
 
-    def logits(ids):
-        return model.compute_logits(model.forward(ids, torch.arange(len(ids))))
+    def logits(ids, m=model):
+        return m.compute_logits(m.forward(ids, torch.arange(len(ids))))
 
     ref = hf_model(input_ids=heldout_chunk[None], use_cache=False).logits[0]
+    # simulations off: the same math as transformers, up to fp32 rounding
+    torch.testing.assert_close(logits(heldout_chunk, plain), ref, atol=1e-3, rtol=0)
     # FP8 activation/KV and FP4 indexer simulation cost a little on a trained model, not more
     assert abs(_nll(logits(heldout_chunk), heldout_chunk) - _nll(ref, heldout_chunk)) < 0.05
     for prompt in PROMPTS:

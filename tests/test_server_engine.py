@@ -160,3 +160,17 @@ def test_core_rejection_and_failing_step(tok):
         finally:
             engine.shutdown()
     run(main())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--port", "70000"], "--port"),
+    (["--max-queued", "-1"], "--max-queued"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--api-key", " "], "--api-key"),
+    (["--step-watchdog", "0"], "--step-watchdog"),
+])
+def test_serve_cli_rejects_bad_options_before_loading(args, message, capsys):
+    from dsv4.cli import main
+    assert main(["serve", "--model", "/nonexistent", *args]) == 1
+    err = capsys.readouterr().err
+    assert "dsv4 serve: error:" in err and message in err

@@ -53,11 +53,20 @@ def fields(http):
 scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
            | st.sampled_from([0, 1, -1, 2, 8, 9, 20, 21, 255, 2**63])
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30)
+           | st.text(st.characters(exclude_categories=()), max_size=8)   # NUL, controls
            | st.sampled_from(["auto", "none", "required", "high", "max", "function", "user", "tool", "text"]))
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.sampled_from(["role", "content", "type", "function", "name",
                                                               "arguments", "text", "thinking", "include_usage"])
                                              | st.text(max_size=8), inner, max_size=4), max_leaves=10)
+# Any code point, lone surrogates included (st.text never yields those, so build strings by hand).
+edge_text = st.lists(st.characters(exclude_categories=()) | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+                     min_size=1, max_size=8).map("".join)
+TEXT_SLOTS = {"/v1/completions": [lambda t: {"prompt": t}, lambda t: {"stop": [t]}, lambda t: {"prompt": [t, "x"]}],
+              "/v1/chat/completions": [lambda t: {"messages": [{"role": "user", "content": t}]},
+                                       lambda t: {"messages": [{"role": "system", "content": t},
+                                                               {"role": "user", "content": "x"}]},
+                                       lambda t: {"stop": t}]}
 messages = st.lists(st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"])},
     optional={"content": st.text(max_size=40) | json_values, "tool_calls": json_values,
@@ -99,6 +108,8 @@ def test_mutated_valid_bodies_never_500(http, fields, path):
         if data.draw(st.booleans()):
             body.pop(data.draw(st.sampled_from(sorted(body))))
         body.update(data.draw(st.dictionaries(st.text(max_size=6), json_values, max_size=2)))
+        if data.draw(st.booleans()):   # any Unicode (lone surrogates, NUL, controls) in a text field
+            body.update(data.draw(st.sampled_from(TEXT_SLOTS[path]))(data.draw(edge_text)))
         post(http, path, body)
     run()
 

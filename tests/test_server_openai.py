@@ -325,7 +325,9 @@ def test_bad_requests_get_openai_errors(server, path, body, status):
 
 
 def test_malformed_bodies(server):
-    for raw in (b"{", b"[]", b"null", b"\xff\xfe", b'{"prompt": NaN}', b""):
+    deep = b'{"prompt": ' + b"[" * 20000 + b"]" * 20000 + b"}"
+    for raw in (b"{", b"[]", b"null", b"\xff\xfe", b'{"prompt": NaN}', b"", deep, b'{"prompt": "\\ud800x"}',
+                b'{"prompt": "ok", "stop": ["\\udfff"]}'):
         r = httpx.post(server.base_url + "/v1/completions", headers={**AUTH, "content-type": "application/json"},
                        content=raw)
         assert r.status_code == 400, (raw, r.text)

@@ -74,24 +74,28 @@ def bigram_drafter(cfg, masters: dict, successor: dict[int, int]) -> dict:
     return out
 
 
-def make_engine(model, k: int | None, *, max_num_seqs: int = 16, budget: int = 48, cache=None,
+def make_engine(model, k: int | None, *, max_num_seqs: int = 16, budget: int = 64, cache=None,
                 max_len: int = MAX_LEN) -> LLMEngine:
     ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_len,
                       cache=cache, speculative="mtp" if k else None, num_draft_tokens=k or 1)
     return LLMEngine(model, model.config, None, ec)
 
 
-def drain(engine: LLMEngine, max_steps: int = 3000) -> dict:
-    out: dict[str, dict] = {}
+def step(engine: LLMEngine, out: dict) -> None:
+    for o in engine.step():
+        r = out.setdefault(o.request_id, {"tokens": [], "logprobs": [], "finish": None})
+        r["tokens"] += o.token_ids
+        r["logprobs"] += o.logprobs or []
+        if o.finished:
+            r["finish"] = o.finish_reason
+
+
+def drain(engine: LLMEngine, out: dict | None = None, max_steps: int = 3000) -> dict:
+    out = {} if out is None else out
     for _ in range(max_steps):
         if not engine.has_unfinished():
             return out
-        for o in engine.step():
-            r = out.setdefault(o.request_id, {"tokens": [], "logprobs": [], "finish": None})
-            r["tokens"] += o.token_ids
-            r["logprobs"] += o.logprobs or []
-            if o.finished:
-                r["finish"] = o.finish_reason
+        step(engine, out)
     raise AssertionError("engine made no progress")
 
 
@@ -173,7 +177,7 @@ def test_greedy_batch16_identical(drafter_model, prompts, baseline, k, tiny_pool
         cache = CacheConfig.for_capacity(CFG, max_num_seqs=16, max_model_len=MAX_LEN,
                                          page_sizes={"window": 8, "compressed4": 4, "indexer4": 4,
                                                      "compressed128": 1},
-                                         num_pages={"compressed4": 36, "indexer4": 36})
+                                         num_pages={"compressed4": 20, "indexer4": 20})
     engine = make_engine(drafter_model, k, cache=cache)
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, request_params(i))
@@ -194,25 +198,26 @@ def test_greedy_batch16_identical(drafter_model, prompts, baseline, k, tiny_pool
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_greedy_batch1_identical(drafter_model, prompts, baseline, k):
     engine = make_engine(drafter_model, k, max_num_seqs=1, budget=40)
-    for i in (0, 13, 15):  # 1 token; 124 and 131 tokens, chunked, decoding across 128
+    for i in (0, 14):  # 1 token; 126 tokens, chunked, decoding across 128
         engine.add_request(f"r{i}", prompts[i], request_params(i))
-    assert_same(drain(engine), baseline, ["r0", "r13", "r15"])
+    assert_same(drain(engine), baseline, ["r0", "r14"])
     assert engine.speculator.stats.num_accepted_tokens > 0
     assert_all_free(engine)
 
 
 def test_random_mtp_head_identical_and_abort_frees(random_model, prompts, baseline):
     engine = make_engine(random_model, 2)
-    for i in range(8):
+    for i in range(6):
         engine.add_request(f"r{i}", prompts[i], request_params(i))
     engine.add_request("gone", prompts[11], request_params(11))
-    while engine.scheduler.requests["gone"].num_output_tokens < 2:
-        engine.step()
-    engine.step()  # schedules drafts for "gone"
+    out: dict = {}
+    while engine.scheduler.requests["gone"].num_output_tokens < 3:
+        step(engine, out)
+    assert engine.speculator._seeds["gone"].position == engine.scheduler.requests["gone"].num_tokens - 2
     engine.abort_request("gone")
-    out = drain(engine)
+    drain(engine, out)
     assert "gone" not in engine.scheduler.requests
-    assert_same(out, baseline, [f"r{i}" for i in range(8)])
+    assert_same(out, baseline, [f"r{i}" for i in range(6)])
     assert_all_free(engine)
     assert engine.speculator.stats.num_draft_tokens > 0
 
@@ -254,7 +259,7 @@ def test_rejection_sample_preserves_target_distribution():
     q1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
     p2 = torch.softmax(torch.randn(v, v, v, generator=g), -1)
     first, second = torch.zeros(v), torch.zeros(v, v)
-    n = 12000
+    n = 4000
     for _ in range(n):
         d1 = int(torch.multinomial(q0, 1, generator=g))
         d2 = int(torch.multinomial(q1[d1], 1, generator=g))
@@ -304,7 +309,7 @@ def test_sampling_matches_target_distribution(small_model):
             joint[a, b] = p1[a] * p2[b] * exact_processed(small_model, PROMPT + [a, b])
     counts = torch.zeros(v, v, v)
     engine = make_engine(small_model, 2, max_num_seqs=128, budget=512, max_len=32)
-    n = 640
+    n = 512
     for s in range(n):
         engine.add_request(f"s{s}", PROMPT, SamplingParams(temperature=TEMP, top_k=TOP_K, seed=1000 + s,
                                                            max_tokens=4, ignore_eos=True))
@@ -386,13 +391,13 @@ def test_embedded_model_greedy_identical_and_acceptance():
         pytest.skip(f"embedded model has no usable MTP block: {problem}")
     base = LLMEngine.from_pretrained(EMBEDDED, device="cpu", engine_config=EngineConfig(max_model_len=256))
     tok = base.tokenizer
-    texts = ["The following methods can be defined to", "If the exception", "def main():", "In 1905,"]
+    texts = ["The following methods can be defined to", "If the exception", "In 1905,"]
     prompts = [tok.encode(t) if tok is not None else [5 + i, 9, 13] for i, t in enumerate(texts)]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     for i, p in enumerate(prompts):
         base.add_request(f"r{i}", p, params)
     want = drain(base)
-    for k in (1, 3):
+    for k in (2,):
         engine = LLMEngine.from_pretrained(EMBEDDED, device="cpu", engine_config=EngineConfig(
             max_model_len=256, speculative="mtp", num_draft_tokens=k))
         for i, p in enumerate(prompts):

@@ -523,10 +523,11 @@ def evaluate(out: Path, log) -> dict:
     runners["transformers, shipped FP8/MXFP4 checkpoint (dequantized)"] = \
         lambda ids: quant(input_ids=ids[None], use_cache=False).logits[0]
 
+    dsv4_models = {}
     try:
         import dsv4
         for numerics in ("reference", "transformers"):
-            model = dsv4.load_model(out, numerics=numerics)
+            model = dsv4_models[numerics] = dsv4.load_model(out, numerics=numerics)
             runners[f"dsv4, shipped checkpoint, numerics={numerics}"] = \
                 lambda ids, model=model: model.compute_logits(model.forward(ids, torch.arange(len(ids))))
     except (ImportError, AttributeError) as e:
@@ -544,15 +545,37 @@ def evaluate(out: Path, log) -> dict:
             report["samples"][name] = {p: tok.decode(greedy(lambda ids: run(ids)[-1], [BOS] + tok.encode(p).ids, 40))
                                        for p in SAMPLE_PROMPTS}
         box = capture_last_residual(master)
-        total, count = 0.0, 0
-        for ids in chunks:
-            logits = mtp_logits(master, mtp, box, ids[None])[0]
-            total += F.cross_entropy(logits, ids[2:], reduction="sum").item()
-            count += len(ids) - 2
-        report["mtp_heldout_nll_t+2"] = total / count
+        report["mtp_heldout_nll_t+2"] = {"transformers, fp32 masters": mtp_nll(
+            chunks, lambda ids: mtp_logits(master, mtp, box, ids[None])[0],
+            lambda ids: master(input_ids=ids[None], use_cache=False).logits[0])}
+        for numerics, model in dsv4_models.items():
+            report["mtp_heldout_nll_t+2"][f"dsv4, numerics={numerics}"] = mtp_nll(
+                chunks, lambda ids, m=model: dsv4_mtp_logits(m, ids),
+                lambda ids, m=model: m.compute_logits(m.forward(ids, torch.arange(len(ids)))))
     report["files_bytes"] = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
     report["total_bytes"] = sum(report["files_bytes"].values())
     return report
+
+
+def dsv4_mtp_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """dsv4's MTP block on a whole chunk: X_L[t] + embed[t+1] at position t -> logits for t+2."""
+    model.forward(ids, torch.arange(len(ids)))
+    x = model.get_mtp_target_hidden_states()[:-1]
+    _, hidden = model.forward_mtp(x, ids[1:], torch.arange(len(ids) - 1))
+    return model.mtp[0].compute_logits(hidden)[:-1]
+
+
+def mtp_nll(chunks, mtp_fn, main_fn) -> dict:
+    """t+2 NLL of the MTP head, and how often its greedy draft equals the main model's next greedy token."""
+    total, agree, count = 0.0, 0, 0
+    for ids in chunks:
+        if len(ids) < 3:
+            continue
+        draft = mtp_fn(ids).float()
+        total += F.cross_entropy(draft, ids[2:], reduction="sum").item()
+        agree += int((draft.argmax(-1) == main_fn(ids)[1:-1].argmax(-1)).sum())
+        count += len(ids) - 2
+    return {"nll": total / count, "draft_agrees_with_main_greedy": agree / count}
 
 
 def main() -> None:
@@ -589,7 +612,7 @@ def main() -> None:
         write_checkpoint_files(args.out, cfg, load_file(str(MASTERS_PATH)))
         return
 
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     log(f"held-out topics: {list(held)}")
     stream, chunks = token_stream(tok, list(train.values())), eval_chunks(tok, list(held.values()))
     log(f"train tokens {len(stream)}, held-out tokens {sum(len(c) - 1 for c in chunks)}, vocab {tok.get_vocab_size()}")
@@ -598,13 +621,14 @@ def main() -> None:
     log(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
     history = train_backbone(model, cfg, stream, chunks, log)
     mtp, mtp_history = train_mtp(model, cfg, stream, chunks, log)
-    log(f"training wall time {time.time() - t0:.0f}s")
+    log(f"training wall time {time.time() - t0:.0f}s, cpu time {time.process_time() - c0:.0f}s")
 
     from safetensors.torch import save_file
     masters = to_masters(model, mtp)
     save_file({k: v.contiguous() for k, v in masters.items()}, str(MASTERS_PATH))
     HISTORY_PATH.write_text(json.dumps({"backbone": history, "mtp": mtp_history,
-                                        "wall_seconds": time.time() - t0}, indent=2))
+                                        "wall_seconds": time.time() - t0,
+                                        "cpu_seconds": time.process_time() - c0}, indent=2))
     write_tokenizer_files(args.out, tok)
     try:
         write_checkpoint_files(args.out, cfg, masters)

@@ -2,6 +2,7 @@
 
 Wiring (dsv4/cli.py): add `add_parallel_arguments(p)` to the generate and serve parsers, and in
 `main`, after parsing, `if wants_parallel(args): return run_parallel(args.command, args, argv)`.
+Until then (and for tests) `python -m dsv4.distributed.cli generate|serve ...` is the same thing.
 Without a launcher environment `run_parallel` re-runs the same command line as max(N, M) ranks
 (`launcher.spawn_ranks`); inside one it joins the group, loads this rank's shard and runs: rank 0
 prints / serves HTTP with a `DistributedEngine`, the other ranks follow in `worker_loop`.
@@ -34,16 +35,19 @@ def wants_parallel(args: argparse.Namespace) -> bool:
     return max(getattr(args, "tp", None) or 1, getattr(args, "ep", None) or 1) > 1
 
 
-def run_parallel(command: str, args: argparse.Namespace, argv: list[str] | None = None) -> int:
+def run_parallel(command: str, args: argparse.Namespace, argv: list[str] | None = None,
+                 module: str = "dsv4") -> int:
     from dsv4.distributed import launcher
     from dsv4.distributed.parallel_state import ParallelConfig, destroy_parallel
 
     if command not in _COMMANDS:
         raise ValueError(f"dsv4 {command} does not run on several processes (supported: {', '.join(_COMMANDS)})")
+    if getattr(args, "speculative", None):
+        raise ValueError("--speculative is not supported with --tp/--ep > 1 yet")
     if not launcher.under_launcher():
         tp, ep = launcher.resolve_sizes(args.tp, args.ep)
         world = ParallelConfig(tp, ep, args.moe_comm).world_size  # validates before starting anything
-        return launcher.spawn_ranks(list(sys.argv[1:] if argv is None else argv), world)
+        return launcher.spawn_ranks(list(sys.argv[1:] if argv is None else argv), world, module)
     ps = launcher.init_from_env(args.tp, args.ep, args.moe_comm, getattr(args, "device", None))
     try:
         return _COMMANDS[command](args, ps)
@@ -123,3 +127,26 @@ def _serve(args: argparse.Namespace, ps) -> int:
 
 
 _COMMANDS = {"generate": _generate, "serve": _serve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dsv4.distributed.cli generate|serve ...`: the dsv4 subcommands' own options plus
+    --tp/--ep/--moe-comm (the same code path as the wired `dsv4` command)."""
+    from dsv4.cli_generate import add_generate_arguments
+    from dsv4.serve.cli_serve import add_arguments as add_serve_arguments
+
+    parser = argparse.ArgumentParser(prog="python -m dsv4.distributed.cli")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, add in (("generate", add_generate_arguments), ("serve", add_serve_arguments)):
+        add(sub.add_parser(name))
+        add_parallel_arguments(sub.choices[name])
+    args = parser.parse_args(argv)
+    try:
+        return run_parallel(args.command, args, argv, module="dsv4.distributed.cli")
+    except ValueError as e:
+        print(f"dsv4 {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

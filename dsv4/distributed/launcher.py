@@ -58,8 +58,8 @@ def init_from_env(tp: int | None = None, ep: int | None = None, moe_comm: str = 
     return init_parallel(config, f"cuda:{local}" if use_cuda else "cpu")
 
 
-def spawn_ranks(argv: list[str], world: int) -> int:
-    """Run `python -m dsv4 argv` as `world` ranks on this host; return the first failing exit
+def spawn_ranks(argv: list[str], world: int, module: str = "dsv4") -> int:
+    """Run `python -m <module> argv` as `world` ranks on this host; return the first failing exit
     status (or 0). SIGINT/SIGTERM go to rank 0, which releases the other ranks when it stops."""
     port = free_port()
     procs: list[subprocess.Popen] = []
@@ -67,7 +67,7 @@ def spawn_ranks(argv: list[str], world: int) -> int:
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         out = None if rank == 0 else subprocess.DEVNULL
-        procs.append(subprocess.Popen([sys.executable, "-m", "dsv4", *argv], env=env, stdout=out))
+        procs.append(subprocess.Popen([sys.executable, "-m", module, *argv], env=env, stdout=out))
 
     def forward(sig, _frame):
         if procs[0].poll() is None:

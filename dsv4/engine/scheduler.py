@@ -63,8 +63,8 @@ class ScheduledSeq:
 
     @property
     def is_decode(self) -> bool:
-        """One new token on top of a non-empty cache, sampled: the decode-kernel case."""
-        return self.num_tokens == 1 and self.start > 0 and self.sample
+        """One new token on top of a non-empty cache, sampled, no drafts: the decode-kernel case."""
+        return self.num_tokens == 1 and self.start > 0 and self.sample and not self.num_draft_tokens
 
     @property
     def is_prefill(self) -> bool:

