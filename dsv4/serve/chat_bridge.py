@@ -131,7 +131,7 @@ class ChatBridge:
     def _encode(tok, text: str, param: str) -> list[int]:
         try:
             return tok.encode(text)
-        except ZeroDivisionError as e:
+        except (TypeError, ValueError) as e:   # e.g. text the tokenizer cannot take
             raise RequestError(f"{param}: cannot be tokenized ({e})", param) from None
 
     @staticmethod

@@ -23,7 +23,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 def has_lone_surrogate(body: bytes) -> bool:
     """Whether a JSON body escapes an unpaired UTF-16 surrogate ("\\ud800"): json.loads accepts it, but
     the string is not Unicode text and would fail later in the tokenizer or the response encoder."""
-    if True:
+    if not _SURROGATE_ESCAPE.search(body):
         return False
     try:
         json.dumps(json.loads(body), ensure_ascii=False).encode("utf-8")
