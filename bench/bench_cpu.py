@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     model = dsv4.load_model(path, dtype=dtype, numerics=args.numerics)
     batches = [int(b) for b in args.batch_sizes.split(",")]
 
+    load_before = os.getloadavg()[0]
     run_once(model, 2, 16, 4, seed=0)  # warm-up: first-call allocations, lazy inits
     rows = []
     for b in batches:
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- date: {datetime.date.today().isoformat()}")
     print(f"- command: `{' '.join(['python bench/bench_cpu.py', *map(shlex.quote, argv or sys.argv[1:])])}`")
     print(f"- machine: {cpu_name()}, {os.cpu_count()} logical CPUs; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads; 1-min load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after (other processes share the cores)")
     print(f"- model: {what} ({cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}, "
           f"window {cfg.window}), {args.dtype}, numerics={args.numerics}")
     print(f"- workload: prompts of {args.prompt_len} random tokens, {args.gen_tokens} greedy tokens each, "

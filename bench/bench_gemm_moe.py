@@ -113,14 +113,16 @@ def ceilings() -> dict:
 
 
 def linear_alternatives(m: int) -> list[LinearConfig]:
+    """Other launch shapes timed next to the default (`pick_linear_config`) in each regime."""
     if m <= 64:
         bm = max(16, triton.next_power_of_2(m))
-        return [LinearConfig(bm=bm, bn=128, swap_ab=True, fuse_quant=True, split_k=0),
-                LinearConfig(bm=bm, bn=64, swap_ab=True, fuse_quant=True, split_k=0, num_stages=6),
-                LinearConfig(bm=bm, bn=64, swap_ab=False, fuse_quant=True, split_k=0)]
+        small = m <= 16
+        return [LinearConfig(bm=bm, bn=128, swap_ab=True, fuse_quant=small, split_k=0),
+                LinearConfig(bm=bm, bn=64, swap_ab=True, fuse_quant=not small, split_k=0),
+                LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False, split_k=0)]
     return [LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False, num_warps=4),
-            LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8, num_stages=3),
-            LinearConfig(bm=128, bn=64, swap_ab=False, fuse_quant=False, num_warps=4)]
+            LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8, num_stages=4),
+            LinearConfig(bm=128, bn=64, swap_ab=False, fuse_quant=False, num_warps=4, num_stages=3)]
 
 
 def bench_linears(models, ms, ceil, sweep: bool) -> list[dict]:
@@ -138,8 +140,8 @@ def bench_linears(models, ms, ceil, sweep: bool) -> list[dict]:
                 r["ours_gemm_us"], _ = try_time(lambda: fp8_gemm(q, sa, w, ws))
                 r["quant_us"], _ = try_time(lambda: act_quant(x))
                 r["cublas_rows"] = m
-                for rows in (m, 16):  # cuBLAS blockwise rejects M = 1: measure it on 16 rows instead
-                    xc = x if rows == m else torch.randn(rows, k, device=DEV).to(torch.bfloat16)
+                for nrow in (m, 16):  # cuBLAS blockwise rejects M = 1: measure it on 16 rows instead
+                    xc = x if nrow == m else torch.randn(nrow, k, device=DEV).to(torch.bfloat16)
                     qc, sc = act_quant(xc)
                     sc_cm = sc.t().contiguous().t()  # cuBLAS wants the 1x128 scales outer-dim-major
                     r["cublas_gemm_us"], _ = try_time(lambda: torch._scaled_mm(
@@ -152,7 +154,7 @@ def bench_linears(models, ms, ceil, sweep: bool) -> list[dict]:
 
                     r["cublas_us"], _ = try_time(cublas_full)
                     if r["cublas_us"] == r["cublas_us"]:  # not NaN
-                        r["cublas_rows"] = rows
+                        r["cublas_rows"] = nrow
                         break
                 r["config"] = str(pick_linear_config(m, n, k))
                 best, best_cfg = r["ours_us"], "default"

@@ -36,6 +36,8 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 
 def _llm(args):
     from .engine.llm import LLM
+    if args.num_draft_tokens != 1 and args.speculative is None:
+        raise ValueError("--num-draft-tokens needs --speculative mtp")
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
                num_draft_tokens=args.num_draft_tokens)

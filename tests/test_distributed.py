@@ -198,3 +198,24 @@ def test_cutting_a_quantised_pair_equals_cutting_the_dequantised_weight():
         assert torch.equal(dequantize_fp8_block(part_q, part_s), take("w", full, cut))
     with pytest.raises(ValueError, match="tiles"):
         take_fp8_pair("w", wq, s, Cut(0, 64, 128))
+
+
+def test_cli_spawns_ranks_and_matches_one_process_generate():
+    """`--tp 2 --ep 2` on the embedded model: two ranks started by the CLI, only rank 0 prints, and
+    the greedy text equals a single-process LLM's."""
+    import subprocess
+    import sys
+
+    from dsv4.engine.llm import LLM
+    from dsv4.engine.sampling_params import SamplingParams
+    prompts = ["The following methods can be defined to", "If the exception"]
+    want = [r.text for r in LLM(None, device="cpu").generate(prompts, SamplingParams(temperature=0.0, max_tokens=8))]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    run = subprocess.run([sys.executable, "-m", "dsv4.distributed.cli", "generate", *prompts, "--tp", "2",
+                          "--ep", "2", "--device", "cpu", "--max-tokens", "8", "--no-stream"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == "".join(t + "\n" for t in want)
+    assert any(w.strip() for w in want)

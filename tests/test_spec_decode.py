@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dsv4.checkpoint.writer import random_master_weights, tiny_config, write_checkpoint
+from dsv4.cli import main as cli_main
 from dsv4.engine.cache import CacheConfig
 from dsv4.engine.llm_engine import EngineConfig, LLMEngine
 from dsv4.engine.sampling_params import SamplingParams
@@ -341,7 +342,7 @@ def test_seeded_sampling_reproducible_across_batches(small_model):
 
 # ---- checkpoints without a usable mtp.0 ------------------------------------------------------
 
-def test_missing_or_incomplete_mtp(tmp_path, caplog):
+def test_missing_or_incomplete_mtp(tmp_path, caplog, capsys):
     full = random_master_weights(SMALL, seed=81)
     missing = write_checkpoint(tmp_path / "missing", SMALL, {k: t for k, t in full.items()
                                                              if not k.startswith("mtp.")})
@@ -367,6 +368,10 @@ def test_missing_or_incomplete_mtp(tmp_path, caplog):
         assert any("no usable MTP block" in r.getMessage() for r in caplog.records)
         engine.add_request("r", PROMPT, SamplingParams(temperature=0.0, max_tokens=3))
         assert len(drain(engine)["r"]["tokens"]) == 3
+    capsys.readouterr()
+    assert cli_main(["generate", "--model", str(missing), "--device", "cpu", "--speculative", "mtp", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dsv4 generate: error: speculative='mtp' needs") and "mtp.0" in err
 
     no_mtp = DeepseekV4ForCausalLM(SMALL, torch.float32)
     no_mtp.load_weights(full.items())
@@ -408,3 +413,14 @@ def test_embedded_model_greedy_identical_and_acceptance():
         print(f"embedded model k={k}: acceptance {rate:.3f}, mean accepted length "
               f"{engine.stats().spec_mean_accepted_length:.2f}")
         assert rate > 2.0 / base.config.vocab_size  # a trained head is far above chance
+
+
+@pytest.mark.skipif(not (EMBEDDED / "config.json").is_file(), reason="embedded model not present")
+def test_cli_generate_speculative_prints_the_same_text(capsys):
+    args = ["generate", "--device", "cpu", "--max-tokens", "12", "--temperature", "0", "--no-stream", "If the exception"]
+    assert cli_main(args) == 0
+    want = capsys.readouterr().out
+    assert cli_main(args[:1] + ["--speculative", "mtp", "--num-draft-tokens", "3"] + args[1:]) == 0
+    assert capsys.readouterr().out == want and want.strip()
+    assert cli_main(args[:1] + ["--num-draft-tokens", "3"] + args[1:]) == 1
+    assert "--num-draft-tokens needs --speculative mtp" in capsys.readouterr().err

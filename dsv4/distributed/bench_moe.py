@@ -33,10 +33,12 @@ def _layer(cfg, ps, dtype, device):
     from dsv4.model.numerics import resolve_numerics
     with torch.device(device):
         moe = MoE(cfg, cfg.layer(0), dtype, resolve_numerics("reference"), Layout.of(cfg, ps))
-    g = torch.Generator().manual_seed(0)  # the same weights on every rank (each keeps its slice)
+    # One seed, parameters in module order: the router is the same on every rank (the same routing);
+    # the expert slices get arbitrary but fixed values (timing only needs consistent shapes).
+    g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
-        for name, p in moe.named_parameters():
-            full = torch.randn(p.shape, generator=g) * (p.shape[-1] ** -0.5 if p.dim() > 1 else 0.01)
+        for p in moe.parameters():
+            full = torch.randn(p.shape, generator=g, device=device) * (p.shape[-1] ** -0.5 if p.dim() > 1 else 0.01)
             p.copy_(full.to(p.dtype))
     return moe.eval()
 

@@ -133,13 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m dsv4.distributed.cli generate|serve ...`: the dsv4 subcommands' own options plus
     --tp/--ep/--moe-comm (the same code path as the wired `dsv4` command)."""
     from dsv4.cli_generate import add_generate_arguments
-    from dsv4.serve.cli_serve import add_arguments as add_serve_arguments
+
+    def add_serve_arguments(p):  # the server's modules need uvicorn: import them only to serve
+        from dsv4.serve.cli_serve import add_arguments
+        add_arguments(p)
 
     parser = argparse.ArgumentParser(prog="python -m dsv4.distributed.cli")
     sub = parser.add_subparsers(dest="command", required=True)
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     for name, add in (("generate", add_generate_arguments), ("serve", add_serve_arguments)):
-        add(sub.add_parser(name))
-        add_parallel_arguments(sub.choices[name])
+        p = sub.add_parser(name)
+        if name == command:
+            add(p)
+            add_parallel_arguments(p)
     args = parser.parse_args(argv)
     try:
         return run_parallel(args.command, args, argv, module="dsv4.distributed.cli")

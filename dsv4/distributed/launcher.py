@@ -54,7 +54,10 @@ def init_from_env(tp: int | None = None, ep: int | None = None, moe_comm: str = 
     if use_cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+        if use_cuda:
+            dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device(f"cuda:{local}"))
+        else:
+            dist.init_process_group("gloo", rank=rank, world_size=world)
     return init_parallel(config, f"cuda:{local}" if use_cuda else "cpu")
 
 

@@ -197,7 +197,7 @@ if HAS_TRITON:
         sw_all = tl.load(SW + (pid_n * BN // BK) * stride_swn + kb0 + kidx, mask=kmask, other=0)
         if SW_E8M0:
             sw_all = _e8m0_to_f32(sw_all.to(tl.int32))
-        PRELOAD_SA: tl.constexpr = (not FUSE_QUANT) and (BM * KBP <= 4096)
+        PRELOAD_SA: tl.constexpr = (not FUSE_QUANT) and (BM * KBP <= 2048)  # larger tiles measured slower
         if PRELOAD_SA:
             sa_all = tl.load(sa_ptrs[:, None] + kb0 + kidx[None, :], mask=mask_m[:, None] & kmask[None, :], other=0.0)
         for kb in range(kb0, kb0 + KB_PER_SPLIT):
@@ -261,14 +261,11 @@ def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
     """Heuristic launch shape for an [m, k] x [n, k]^T product (measured on H200, docs/kernels_notes.md).
 
     M <= 16: swap AB with the activation quantised inside the GEMM (one launch + split-K reduce).
-    16 < M <= 64: swap AB on pre-quantised activations (quantising inside would repeat it per N tile).
-    M > 64: plain orientation, 64x128 tiles up to M = 1024, 128x128 with 8 warps beyond.
+    16 < M <= 64: 64x128 tiles on pre-quantised activations (quantising inside would repeat it per N tile).
+    M > 64: 64x128 tiles up to M = 1024, 128x128 with 8 warps beyond.
     """
     if m <= 16:
         return LinearConfig(bm=16, bn=64, swap_ab=True, fuse_quant=True, split_k=0, num_warps=4, num_stages=4)
-    if m <= 64:
-        return LinearConfig(bm=max(32, _next_pow2(m)), bn=64, swap_ab=True, fuse_quant=False, split_k=0,
-                            num_warps=4, num_stages=4)
     if m <= 1024:
         return LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False, num_warps=4, num_stages=4)
     return LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8, num_stages=4)

@@ -313,7 +313,8 @@ if HAS_TRITON:
         KB = K // 128
         kidx = tl.arange(0, KBP)
         kmask = kidx < KB
-        PRELOAD_SA: tl.constexpr = (A_MODE == 0) and (BM * KBP <= 4096)
+        PRELOAD_SA: tl.constexpr = (A_MODE == 0) and (BM * KBP <= 2048)
+        PRELOAD_WS: tl.constexpr = KBP <= 32  # a [BN, 64] tile per weight set measured 2x slower (Pro)
         if PRELOAD_SA:
             sa_all = tl.load(SA + rows[:, None] * stride_sam + kidx[None, :], mask=valid[:, None] & kmask[None, :],
                              other=0.0)
@@ -344,12 +345,17 @@ if HAS_TRITON:
             Wg = W_e + offs_n[:, None] * stride_wn + offs_k[None, :]
             Wu = Wg + up_off * stride_wn
             # packed group scales, [BN, KBP] int32 per weight set
-            sg_all = tl.load(WS_e + offs_n[:, None] * stride_wsk + kidx[None, :], mask=kmask[None, :], other=0)
-            if GLU:
-                su_all = tl.load(WS_e + (offs_n[:, None] + up_off) * stride_wsk + kidx[None, :], mask=kmask[None, :],
-                                 other=0)
+            WSg = WS_e + offs_n * stride_wsk
+            WSu = WSg + up_off * stride_wsk
+            if PRELOAD_WS:
+                sg_all = tl.load(WSg[:, None] + kidx[None, :], mask=kmask[None, :], other=0)
+                if GLU:
+                    su_all = tl.load(WSu[:, None] + kidx[None, :], mask=kmask[None, :], other=0)
             for kb in range(0, KB):
-                sg = tl.sum(tl.where(kidx[None, :] == kb, sg_all, 0), axis=1)
+                if PRELOAD_WS:
+                    sg = tl.sum(tl.where(kidx[None, :] == kb, sg_all, 0), axis=1)
+                else:
+                    sg = tl.load(WSg + kb)
                 a0 = tl.load(a_ptrs + kb * 128, mask=valid[:, None], other=0.0)
                 a1 = tl.load(a_ptrs + kb * 128 + 32, mask=valid[:, None], other=0.0)
                 a2 = tl.load(a_ptrs + kb * 128 + 64, mask=valid[:, None], other=0.0)
@@ -375,7 +381,10 @@ if HAS_TRITON:
                     sa = tl.zeros((BM,), dtype=tl.float32)  # unused in W4A16
                 acc = _fp4_mma(acc, a0, a1, a2, a3, sa, Wg, sg, kb, A16, USE_ASM)
                 if GLU:
-                    su = tl.sum(tl.where(kidx[None, :] == kb, su_all, 0), axis=1)
+                    if PRELOAD_WS:
+                        su = tl.sum(tl.where(kidx[None, :] == kb, su_all, 0), axis=1)
+                    else:
+                        su = tl.load(WSu + kb)
                     acc_u = _fp4_mma(acc_u, a0, a1, a2, a3, sa, Wu, su, kb, A16, USE_ASM)
 
         if GLU:
@@ -425,15 +434,19 @@ class MoEConfig:
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
-    """Heuristic launch shape from the average number of (token, slot) pairs per used expert.
+    """Heuristic launch shape from the average number of (token, slot) pairs per used expert
+    (the winners of the H200 sweep in docs/kernels_notes.md).
 
-    A 64x128 tile needs 8 warps to keep its accumulators (two for gate/up) and the preloaded scales
-    in registers.
+    A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers.
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
-    if per_expert <= 16:
-        return MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, warps1=4, warps2=4, num_stages=4)
-    return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=8, warps2=8,
+    if per_expert <= 8:
+        return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
+                         num_stages=4)
+    if per_expert <= 32:
+        return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
+                         num_stages=4)
+    return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=8, warps2=4,
                      num_stages=3)
 
 

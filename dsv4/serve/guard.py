@@ -1,5 +1,8 @@
 """ASGI middleware in front of every route: API key, draining (503) and request body size (413).
 
+Every POST route takes JSON, so a POST body is read as JSON whatever its Content-Type says
+(`curl -d` sends application/x-www-form-urlencoded).
+
 Pure ASGI rather than a BaseHTTPMiddleware, so streaming responses and client-disconnect
 detection pass through untouched. The body of a POST is read here, bounded, and replayed to the
 app; after it, `receive` is the server's own again (the app waits on it to see a disconnect).
@@ -102,6 +105,8 @@ class Guard:
             await self._reject(send, 400, "The request contains an unpaired UTF-16 surrogate escape; strings must "
                                           "be valid Unicode", "invalid_request_error", 400)
             return
+        headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-type"]
+        scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
         replayed = False
 
         async def replay() -> dict:

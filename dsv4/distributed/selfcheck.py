@@ -1,0 +1,82 @@
+"""Check a multi-process setup: sharded tiny models against one process, on this machine's devices.
+
+    python -m dsv4.distributed.selfcheck --world 2 [--device cuda] [--dtype float32|bfloat16]
+
+Rank 0 also builds the whole model; every layout (TP, EP, TP+EP, both MoE combines) must reproduce
+its logits for a 140-token prefill and four decode steps (every attention kind, hash and top-k
+routing). Prints the max relative error per layout; float32 models compute in float64 and should
+print 0 or ~1e-7 (a float64 summation-order difference surfacing in one fp32 rounding).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    from dsv4.model import ForwardContext, set_forward_context
+    state, out, start = model.new_sequence_state(), [], 0
+    with torch.no_grad():
+        for n in (ids.numel() - 4, 1, 1, 1, 1):
+            with set_forward_context(ForwardContext([n], [state])):
+                pos = torch.arange(start, start + n, device=ids.device)
+                out.append(model.compute_logits(model(ids[start:start + n], pos)))
+            start += n
+    return torch.cat(out).double()
+
+
+def _main(rank: int, args) -> None:
+    from dsv4.checkpoint.writer import random_master_weights, tiny_config
+    from dsv4.distributed import ParallelConfig, destroy_parallel, init_parallel, launcher
+    from dsv4.model import DeepseekV4ForCausalLM
+
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    ps0 = launcher.init_from_env(device=args.device)  # world-sized groups; layouts below re-group
+    dtype = getattr(torch, args.dtype)
+    cfg = tiny_config("fp4", "sliding,csa,hca,csa", num_hash_layers=2, moe_intermediate_size=256)
+    masters = random_master_weights(cfg, seed=1)
+    ids = torch.randint(2, cfg.vocab_size, (140,), generator=torch.Generator().manual_seed(2)).to(ps0.device)
+
+    def build(parallel):
+        with torch.device(ps0.device):
+            m = DeepseekV4ForCausalLM(cfg, dtype, parallel=parallel)
+        m.load_weights(masters.items())
+        m.finalize_weights()
+        return m
+
+    ref = _logits(build(None), ids) if ps0.is_first else None
+    w = ps0.world_size
+    layouts = [(w, 1, "allreduce"), (1, w, "allreduce"), (w, w, "allreduce"), (1, w, "alltoall"),
+               (w, w, "alltoall")]
+    try:
+        for tp, ep, comm in layouts:
+            if cfg.num_heads % tp or cfg.o_groups % tp:
+                continue
+            ps = init_parallel(ParallelConfig(tp, ep, comm), ps0.device)
+            got = _logits(build(ps), ids)
+            if ps.is_first:
+                err = float((got - ref).abs().max() / ref.abs().max())
+                print(f"tp={tp} ep={ep} {comm:9s} {args.dtype}: max rel error {err:.3e}", flush=True)
+    finally:
+        destroy_parallel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=2, help="ranks to start (ignored under torchrun)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    args = p.parse_args(argv)
+    from dsv4.distributed.launcher import free_port, under_launcher
+    if under_launcher():
+        _main(int(os.environ["RANK"]), args)
+        return
+    os.environ.update(WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    torch.multiprocessing.spawn(_main, args=(args,), nprocs=args.world)
+
+
+if __name__ == "__main__":
+    main()
