@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from dsv4.checkpoint.naming import SAFETENSORS_DTYPES, TensorSpec, expected_inventory
+from dsv4.checkpoint.naming import TensorSpec, expected_inventory
 from dsv4.config import ModelConfig
 
 MiB, GB = 1 << 20, 10 ** 9

@@ -130,9 +130,9 @@ def request_params(i: int) -> SamplingParams:
     if i in (4, 9):
         kw["logprobs"] = 2
     if i == 10:
-        kw["stop_token_ids"] = [7, 30]
+        kw["ignore_eos"] = False  # its continuation has an EOS (id 1) at the 4th token
     if i == 12:
-        kw["ignore_eos"] = False
+        kw["stop_token_ids"] = [17, 30]  # hit at the 8th token
     return SamplingParams(**kw)
 
 
@@ -148,6 +148,7 @@ def baseline(random_model, prompts):
         engine.add_request(f"r{i}", p, request_params(i))
     out = drain(engine)
     assert len({tuple(r["tokens"]) for r in out.values()}) >= 12  # not a degenerate comparison
+    assert out["r10"]["finish"] == out["r12"]["finish"] == "stop"
     return out
 
 
@@ -204,6 +205,23 @@ def test_greedy_batch1_identical(drafter_model, prompts, baseline, k):
     assert_same(drain(engine), baseline, ["r0", "r14"])
     assert engine.speculator.stats.num_accepted_tokens > 0
     assert_all_free(engine)
+
+
+def test_draft_slots_respect_budget_and_max_model_len(drafter_model, prompts):
+    """k=3 but a budget of 3 tokens per step leaves room for 2 drafts; max_model_len cuts the last
+    steps shorter still. Output as without speculation, ending exactly at max_model_len."""
+    prompt = prompts[9]
+    max_len = len(prompt) + 9
+    runs = []
+    for k in (None, 3):
+        engine = make_engine(drafter_model, k, max_num_seqs=1, budget=3, max_len=max_len)
+        engine.add_request("r", prompt, SamplingParams(temperature=0.0, ignore_eos=True))
+        runs.append(drain(engine)["r"])
+        assert_all_free(engine)
+    assert runs[1] == runs[0] and runs[0]["finish"] == "length" and len(runs[0]["tokens"]) == 9
+    spec = engine.speculator.stats
+    assert spec.num_accepted_tokens > 0 and len(spec.accepted_histogram) <= 3
+    assert spec.num_draft_tokens <= 2 * spec.num_drafts
 
 
 def test_random_mtp_head_identical_and_abort_frees(random_model, prompts, baseline):

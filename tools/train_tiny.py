@@ -12,6 +12,7 @@ Everything is seeded; same Python/torch versions => same files.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -171,7 +172,8 @@ def eval_chunks(tok, texts: list[str], seq_len: int = SEQ_LEN) -> list[torch.Ten
 
 def hf_config(cfg: dict, **override):
     from transformers import DeepseekV4Config
-    d = {k: v for k, v in cfg.items() if k not in ("quantization_config", "architectures", "torch_dtype")}
+    # deep copy: transformers edits nested dicts (rope_scaling) in place
+    d = copy.deepcopy({k: v for k, v in cfg.items() if k not in ("quantization_config", "architectures", "torch_dtype")})
     d.update(override)
     return DeepseekV4Config(**d)
 
