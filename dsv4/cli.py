@@ -76,9 +76,16 @@ COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
                  _lazy("dsv4.cli_generate", "run_generate")),
     "chat": ("interactive chat (streaming)", _lazy("dsv4.cli_generate", "add_chat_arguments"),
              _lazy("dsv4.cli_generate", "run_chat")),
+    "bench": ("generation throughput (and speculative-decoding acceptance)",
+              _lazy("dsv4.cli_bench", "add_arguments"), _lazy("dsv4.cli_bench", "run")),
+    "plan": ("check whether a model's weights and cache fit on N GPUs",
+             _lazy("dsv4.planner", "add_arguments"), _lazy("dsv4.planner", "run")),
     "serve": ("OpenAI-compatible HTTP server", _lazy("dsv4.serve.cli_serve", "add_arguments"),
               _lazy("dsv4.serve.cli_serve", "run")),
 }
+
+
+PARALLEL_COMMANDS = ("generate", "serve")  # accept --tp/--ep (ranks spawned, or joined under torchrun)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (help_text, add_arguments, run) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(p)
+        if name in PARALLEL_COMMANDS:
+            from dsv4.distributed.cli import add_parallel_arguments
+            add_parallel_arguments(p)
         p.set_defaults(run=run)
     return parser
 
@@ -101,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.command in PARALLEL_COMMANDS:
+            from dsv4.distributed.cli import run_parallel, wants_parallel
+            if wants_parallel(args):
+                return int(run_parallel(args.command, args, argv) or 0)
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         print("dsv4: interrupted", file=sys.stderr)

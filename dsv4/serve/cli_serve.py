@@ -8,7 +8,6 @@ import argparse
 import os
 from pathlib import Path
 
-from .server import ServeOptions, exit_process, serve
 
 API_KEY_ENV = "DSV4_API_KEY"
 
@@ -29,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=4096, help="prompt + completion tokens per request")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together at most")
     g.add_argument("--max-num-batched-tokens", type=int, default=4096, help="tokens per engine step at most")
+    g.add_argument("--speculative", choices=["mtp"], default=None,
+                   help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
+    g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
     g = p.add_argument_group("serving limits")
     g.add_argument("--max-queued", type=int, default=256,
                    help="sequences waiting beyond --max-num-seqs; more are refused with 429")
@@ -56,8 +58,9 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--api-key is empty")
 
 
-def serve_options(args: argparse.Namespace, model_name: str) -> ServeOptions:
+def serve_options(args: argparse.Namespace, model_name: str):
     """Validated server options from parsed arguments (shared by every engine core)."""
+    from .server import ServeOptions  # lazy: building the CLI parser must not import uvicorn
     _check(args)
     return ServeOptions(model_name=args.served_model_name or model_name, host=args.host, port=args.port,
                         api_key=args.api_key, max_running=args.max_num_seqs, max_queued=args.max_queued,
@@ -72,12 +75,16 @@ def build_core(args: argparse.Namespace):
 
     if args.model is not None and not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model}: not a directory")
+    if args.num_draft_tokens != 1 and args.speculative is None:
+        raise ValueError("--num-draft-tokens needs --speculative mtp")
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          max_model_len=args.max_model_len)
+                          max_model_len=args.max_model_len, speculative=args.speculative,
+                          num_draft_tokens=args.num_draft_tokens)
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config)
 
 
 def run(args: argparse.Namespace) -> int:
+    from .server import exit_process, serve
     _check(args)   # bad options fail before the (slow) model load
     core = build_core(args)
     exit_process(serve(core, serve_options(args, core.model_name)))

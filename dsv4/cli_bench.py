@@ -1,0 +1,69 @@
+"""`dsv4 bench`: end-to-end generation throughput of a checkpoint (+ speculative-decoding stats).
+
+Random prompt token ids (seeded), greedy decoding with ignore_eos so every request produces exactly
+--output-len tokens. Prints one JSON object on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny model)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--numerics", default="reference", choices=["reference", "transformers"])
+    p.add_argument("--batch", type=int, default=16, help="concurrent requests")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speculative", choices=["mtp"], default=None)
+    p.add_argument("--num-draft-tokens", type=int, default=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.llm_engine import EngineConfig, LLMEngine
+    from .engine.sampling_params import SamplingParams
+
+    for name in ("batch", "prompt_len", "output_len"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    max_len = args.prompt_len + args.output_len + 1
+    ec = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch * args.prompt_len, 256),
+                      max_model_len=max_len, speculative=args.speculative, num_draft_tokens=args.num_draft_tokens)
+    engine = LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=ec)
+    g = torch.Generator().manual_seed(args.seed)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    for i in range(args.batch):
+        ids = torch.randint(2, engine.vocab_size, (args.prompt_len,), generator=g).tolist()
+        engine.add_request(f"bench-{i}", ids, params)
+    t0 = time.perf_counter()
+    first_token_at = None
+    steps = 0
+    while engine.has_unfinished():
+        outs = engine.step()
+        steps += 1
+        if first_token_at is None and any(o.token_ids for o in outs):
+            first_token_at = time.perf_counter()
+    end = time.perf_counter()
+    if first_token_at is None:
+        first_token_at = end
+    stats = engine.stats()
+    decode_tokens = args.batch * (args.output_len - 1)
+    result = {
+        "model": engine.model_name, "device": str(engine.device), "batch": args.batch,
+        "prompt_len": args.prompt_len, "output_len": args.output_len, "steps": steps,
+        "prefill_tok_per_s": args.batch * args.prompt_len / max(first_token_at - t0, 1e-9),
+        "decode_tok_per_s": decode_tokens / max(end - first_token_at, 1e-9),
+        "total_s": end - t0,
+        "speculative": args.speculative, "num_draft_tokens": args.num_draft_tokens if args.speculative else 0,
+        "spec_acceptance_rate": stats.spec_acceptance_rate,
+        "spec_mean_accepted_length": stats.spec_mean_accepted_length,
+    }
+    json.dump(result, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
