@@ -453,6 +453,22 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
 # --------------------------------------------------------------------------- Triton entry point
 
 
+def _check_packed(p: PackedExperts) -> None:
+    """Shapes and dtypes of the kernel layout (a layout mix-up would otherwise read out of bounds)."""
+    e, d, i = p.num_experts, p.hidden, p.inter
+    if p.fmt == "mxfp4":
+        want = {"w13": ((e, 2 * i, d // 2), torch.uint8), "w13_scale": ((e, 2 * i, d // BLOCK), torch.int32),
+                "w2": ((e, d, i // 2), torch.uint8), "w2_scale": ((e, d, i // BLOCK), torch.int32)}
+    else:
+        want = {"w13": ((e, 2 * i, d), torch.float8_e4m3fn), "w13_scale": ((e, 2 * i // BLOCK, d // BLOCK), torch.float32),
+                "w2": ((e, d, i), torch.float8_e4m3fn), "w2_scale": ((e, d // BLOCK, i // BLOCK), torch.float32)}
+    for name, (shape, dtype) in want.items():
+        t = getattr(p, name)
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"PackedExperts.{name}: expected contiguous {dtype} {shape} (see finalize_experts), "
+                             f"got {t.dtype} {tuple(t.shape)}")
+
+
 def fused_moe(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -472,6 +488,7 @@ def fused_moe(
                          f"{tuple(topk_weights.shape)} do not match x {tuple(x.shape)}")
     if shared is not None and (shared.shape != x.shape or shared.dtype != torch.bfloat16):
         raise ValueError(f"fused_moe: shared must be bf16 {tuple(x.shape)}, got {shared.dtype} {tuple(shared.shape)}")
+    _check_packed(experts)
     m, d = x.shape
     top_k = topk_ids.shape[1]
     e, i = experts.num_experts, experts.inter
