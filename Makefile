@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python -m dsv4.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
