@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = model.config
     print(f"- date: {datetime.date.today().isoformat()}")
-    print(f"- command: `{' '.join(['python bench/bench_cpu.py', *map(shlex.quote, argv or sys.argv[1:])])}`")
+    env = [f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY") if k in os.environ]
+    command = [*env, "python bench/bench_cpu.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
+    print(f"- command: `{' '.join(command)}`")
     print(f"- machine: {cpu_name()}, {os.cpu_count()} logical CPUs; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; 1-min load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after (other processes share the cores)")
