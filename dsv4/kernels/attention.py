@@ -22,23 +22,13 @@ online softmax). With one split it finishes in place; otherwise a combine launch
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
 import torch
 
-try:  # triton is optional: CPU CI has none
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - depends on the machine
-    triton = None
-    tl = None
-    HAS_TRITON = False
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 KV_BLOCK = 64
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class FP8Pool(Protocol):

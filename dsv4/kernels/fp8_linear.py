@@ -24,15 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-try:  # triton is optional: CPU CI has none
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - depends on the machine
-    triton = None
-    tl = None
-    HAS_TRITON = False
+from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
 
 BLOCK = 128
 NUM_SMS_H200 = 132

@@ -19,7 +19,6 @@ Two launches per mHC site, whatever the batch:
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -28,18 +27,9 @@ from dsv4.model.hyper import hc_head as _hc_head_model
 from dsv4.model.hyper import hc_post as _hc_post_model
 from dsv4.model.hyper import hc_pre as _hc_pre_model
 
-try:  # triton is optional: CPU CI has none
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - depends on the machine
-    triton = None
-    tl = None
-    HAS_TRITON = False
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 HC = 4
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
 
 
