@@ -11,11 +11,10 @@ from pathlib import Path
 
 import torch
 
-from ..chat.detok import IncrementalDetokenizer
 from ..config import ModelConfig
 from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
-from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -38,43 +37,6 @@ class EngineConfig:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
             raise ValueError(f"EngineConfig.speculative={self.speculative!r}; expected None or one of "
                              f"{SPECULATIVE_METHODS}")
-
-
-class _Stream:
-    """Per-request text bookkeeping: incremental detokenization and stop-string hold-back."""
-
-    def __init__(self, seq: Sequence, tokenizer):
-        self.seq = seq
-        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
-        self.text = ""
-        self.emitted_chars = 0
-        self.emitted_tokens = 0
-        self.hold = max((len(s) for s in seq.params.stop), default=1) - 1
-
-    def advance(self, stop_tokens: set[int]) -> tuple[list[int], str]:
-        seq = self.seq
-        new = seq.output_token_ids[self.emitted_tokens:]
-        self.emitted_tokens += len(new)
-        if self.detok is not None:
-            # the eos / stop token that ended the request (always its last token) is not part of
-            # the text; any other token is, an EOS under ignore_eos included
-            ended_by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
-            for j, t in enumerate(new):
-                if ended_by_token and j == len(new) - 1 and t in stop_tokens:
-                    continue
-                self.text += self.detok.add(t)
-            if seq.is_finished:
-                self.text += self.detok.flush()
-        if seq.is_finished and seq.output_text is not None and seq.finish_reason == "stop" \
-                and isinstance(seq.stop_reason, str):
-            visible = seq.output_text
-        elif seq.is_finished:
-            visible = self.text
-        else:
-            visible = self.text[: max(len(self.text) - self.hold, self.emitted_chars)]
-        delta = visible[self.emitted_chars:]
-        self.emitted_chars = max(self.emitted_chars, len(visible))
-        return new, delta
 
 
 class LLMEngine:
@@ -101,7 +63,7 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens, self.max_model_len,
                                                    drafts),
                                    self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
-        self.streams: dict[str, _Stream] = {}
+        self.streams: dict[str, OutputTracker] = {}  # text deltas per running request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -138,7 +100,7 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r}: prompt ({seq.num_prompt_tokens}) + max_tokens "
                              f"({params.max_tokens}) exceeds max_model_len={self.max_model_len}")
         self.scheduler.add(seq)
-        self.streams[request_id] = _Stream(seq, self.tokenizer)
+        self.streams[request_id] = OutputTracker(request_id, seq.prompt_token_ids, params, self.tokenizer)
         self.prompt_tokens_total += seq.num_prompt_tokens
 
     def abort_request(self, request_id: str) -> None:
@@ -157,7 +119,7 @@ class LLMEngine:
         total = sum(bm.num_total(k) for k in bm.kinds)
         stats = EngineStats(self.scheduler.num_waiting, self.scheduler.num_running, max(usage.values(), default=0.0),
                             free, total, self.prompt_tokens_total, self.generation_tokens_total,
-                            self.scheduler.num_preemptions)
+                            self.scheduler.num_preemptions, page_usage=usage)
         if self.speculator is not None:
             spec = self.speculator.stats
             stats.spec_num_drafts = spec.num_drafts
@@ -191,21 +153,21 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.advance(batch)
         outputs = []
-        stop_tokens = set(self.scheduler.eos_token_ids)
         for i in sample_rows:
             seq = batch.rows[i].seq
-            stream = self.streams.get(seq.request_id)
-            if stream is None:  # aborted meanwhile
+            tracker = self.streams.get(seq.request_id)
+            if tracker is None:  # aborted meanwhile
                 continue
-            new, text = stream.advance(stop_tokens | set(seq.params.stop_token_ids))
+            new = seq.output_token_ids[tracker.num_tokens:]
             self.generation_tokens_total += len(new)
             lp = logprobs[i]
             if isinstance(lp, list):
                 lps = lp[: len(new)]  # tokens after a stop were dropped
             else:
                 lps = [TokenLogprob(sampled[i], lp.logprob, lp.top)] if lp is not None else None
-            outputs.append(RequestOutput(seq.request_id, new, text, seq.is_finished, seq.finish_reason,
-                                         seq.num_prompt_tokens, seq.num_output_tokens, lps, seq.stop_reason))
+            out = tracker.update(seq, new, lps)
+            if out is not None:
+                outputs.append(out)
             if seq.is_finished:
                 del self.streams[seq.request_id]
         return outputs

@@ -89,6 +89,11 @@ class OutputTracker:
         self._sent = 0            # characters of text already emitted
         self._num_tokens = 0      # generated tokens seen
 
+    @property
+    def num_tokens(self) -> int:
+        """Generated tokens already reported."""
+        return self._num_tokens
+
     def update(self, seq: Any, new_token_ids: Seq[int],
                logprobs: list[TokenLogprob] | None = None) -> RequestOutput | None:
         """Delta for the tokens appended to `seq` since the last call; None if nothing to say."""
