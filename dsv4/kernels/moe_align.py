@@ -15,15 +15,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
-    HAS_TRITON = False
+from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
