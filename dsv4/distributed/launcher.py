@@ -61,6 +61,15 @@ def init_from_env(tp: int | None = None, ep: int | None = None, moe_comm: str = 
     return init_parallel(config, f"cuda:{local}" if use_cuda else "cpu")
 
 
+def run_ranks(fn, args, world: int) -> None:
+    """Run `fn(rank, args)` on every rank: this process's rank under torchrun, else `world` local ranks."""
+    if under_launcher():
+        fn(int(os.environ["RANK"]), args)
+        return
+    os.environ.update(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    torch.multiprocessing.spawn(fn, args=(args,), nprocs=world)
+
+
 def spawn_ranks(argv: list[str], world: int, module: str = "dsv4") -> int:
     """Run `python -m <module> argv` as `world` ranks on this host; return the first failing exit
     status (or 0). SIGINT/SIGTERM go to rank 0, which releases the other ranks when it stops."""

@@ -70,12 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = p.parse_args(argv)
-    from dsv4.distributed.launcher import free_port, under_launcher
-    if under_launcher():
-        _main(int(os.environ["RANK"]), args)
-        return
-    os.environ.update(WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    torch.multiprocessing.spawn(_main, args=(args,), nprocs=args.world)
+    from dsv4.distributed.launcher import run_ranks
+    run_ranks(_main, args, args.world)
 
 
 if __name__ == "__main__":
