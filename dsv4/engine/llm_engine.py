@@ -69,7 +69,8 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, device: str = "auto", dtype: torch.dtype | None = None,
-                        numerics: str = "reference", engine_config: EngineConfig | None = None) -> "LLMEngine":
+                        numerics: str = "reference", engine_config: EngineConfig | None = None,
+                        kernels: str = "auto") -> "LLMEngine":
         from .. import load_model
         from ..chat.tokenizer import load_tokenizer
         from .assets import default_model_path
@@ -85,7 +86,8 @@ class LLMEngine:
                              f"block mtp.0: {problem}")
         if problem:
             log.warning("no usable MTP block (speculative decoding unavailable): %s", problem)
-        model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative)
+        model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative,
+                           kernels=kernels)
         tokenizer = load_tokenizer(path)
         return cls(model, model.config, tokenizer, engine_config, model_name=path.name)
 

@@ -24,6 +24,12 @@ Numerics (`numerics=`; full detail in docs/numerics.md):
   order would flip FP8/FP4 roundings); it is the exactness baseline.
 * Ties in the indexer's and the router's top-k go to the lowest index.
 
+Kernels (`kernels=`): "torch" (default on CPU) is the reference path above. "triton" (bf16 model on
+CUDA, one process) keeps the FP8 linear weights quantised and runs them through
+`dsv4.kernels.fp8_linear`, and runs the routed experts through `dsv4.kernels.moe.fused_moe` with
+MXFP4/FP8 weights kept packed; everything else stays in torch. "auto" picks "triton" when the model
+is built on CUDA in bf16 without sharding and triton imports, else "torch".
+
 Batches are flat: see `dsv4.model.context` for packing sequences and carrying their decode state.
 
 Several processes (`parallel=` a `dsv4.distributed.ParallelState`): every rank runs the same forward
@@ -36,6 +42,7 @@ model gives the single-process results (up to float64 summation order).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -45,13 +52,30 @@ from dsv4.config import ModelConfig
 from dsv4.model.block import Block
 from dsv4.model.context import ForwardContext, Segment, get_forward_context, sequence_spans
 from dsv4.model.hyper import hc_head
-from dsv4.model.linear import PLAIN, Linear, dequantize_weight
+from dsv4.model.linear import PLAIN, Linear, dequantize_weight, quantized_weights
+from dsv4.model.moe import MoE
 from dsv4.model.mtp import MTPBlock
 from dsv4.model.norm import RMSNorm
 from dsv4.model.numerics import COMPUTE_DTYPES, Numerics, acc_dtype, resolve_numerics
 from dsv4.model.state import SequenceState
 
 STORED_QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
+KERNELS = ("auto", "torch", "triton")
+
+
+def resolve_kernels(kernels: str, dtype: torch.dtype, device: torch.device, parallel=None) -> str:
+    """"auto" -> "triton" on CUDA for a bf16 single-process model when triton imports, else "torch"."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels={kernels!r}; allowed: {', '.join(KERNELS)}")
+    from dsv4.kernels._triton import HAS_TRITON
+    usable = device.type == "cuda" and HAS_TRITON and dtype == torch.bfloat16 and parallel is None
+    if kernels == "auto":
+        return "triton" if usable else "torch"
+    if kernels == "triton" and not usable:
+        raise ValueError(f"kernels='triton' needs a bf16 model on CUDA, one process, and triton installed "
+                         f"(got dtype={dtype}, device={device}, triton={'yes' if HAS_TRITON else 'no'}, "
+                         f"parallel={parallel is not None})")
+    return kernels
 
 
 class Embedding(nn.Module):
@@ -86,11 +110,22 @@ def lm_head(hidden: torch.Tensor, head: Linear, layout=None) -> torch.Tensor:
 
 class DeepseekV4ForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
-                 numerics: str | Numerics = "reference", parallel=None):
+                 numerics: str | Numerics = "reference", parallel=None, kernels: str = "auto"):
+        """kernels: "auto" | "torch" | "triton" (see the module docstring); the device is the current
+        default device (build under `with torch.device("cuda"):`, as `load_model` does)."""
         super().__init__()
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"dtype={dtype}; allowed: {', '.join(map(str, COMPUTE_DTYPES))}")
         self.config, self.dtype, self.numerics = config, dtype, resolve_numerics(numerics)
+        self.kernels = resolve_kernels(kernels, dtype, torch.empty(0).device, parallel)
+        with quantized_weights(config.expert_dtype) if self.kernels == "triton" else nullcontext():
+            self._build(config, dtype, parallel)
+        self._loaded: set[str] = set()
+        self._pending: dict[str, dict[str, torch.Tensor]] = {}  # quantised weight waiting for its pair
+        self._finalized = False
+        self._mtp_target: torch.Tensor | None = None
+
+    def _build(self, config: ModelConfig, dtype: torch.dtype, parallel) -> None:
         c, acc = config, acc_dtype(dtype)
         self.parallel = parallel
         if parallel is not None:
@@ -109,10 +144,6 @@ class DeepseekV4ForCausalLM(nn.Module):
         self.hc_head_scale = nn.Parameter(torch.empty(1, dtype=acc), requires_grad=False)
         self.mtp = nn.ModuleList([MTPBlock(c, dtype, self.numerics, self.embed, self.head, layout)]
                                  if c.num_nextn_predict_layers else [])
-        self._loaded: set[str] = set()
-        self._pending: dict[str, dict[str, torch.Tensor]] = {}  # quantised weight waiting for its pair
-        self._finalized = False
-        self._mtp_target: torch.Tensor | None = None
 
     # ---- inference API -------------------------------------------------------------------
     def new_sequence_state(self, max_rollback: int = 4) -> SequenceState:
@@ -233,6 +264,10 @@ class DeepseekV4ForCausalLM(nn.Module):
                     raise ValueError(f"{name}: stored as {tensor.dtype}, but this weight is never quantised")
                 self._pending.setdefault(name, {})["weight"] = tensor
                 wname = name
+            elif name in linears and linears[name].kernel_format is not None:  # a master, quantised here
+                linears[name].load_master(name, tensor)
+                done |= {name, name[: -len(".weight")] + ".scale"}
+                continue
             else:
                 if layout is not None:
                     from dsv4.distributed.sharding import take
@@ -247,8 +282,12 @@ class DeepseekV4ForCausalLM(nn.Module):
                 if layout is not None:
                     from dsv4.distributed.sharding import take_fp8_pair
                     qw, qs = take_fp8_pair(wname, qw, qs, layout.cut(wname))
-                w = dequantize_weight(wname, qw, qs.to(qw.device), lin.weight_format, torch.float32)
-                self._copy(wname, lin.weight, w)
+                if lin.kernel_format is not None:  # kernel mode: kept as stored
+                    lin.load_quantized(wname, qw, qs)
+                    done.add(wname[: -len(".weight")] + ".scale")
+                else:
+                    w = dequantize_weight(wname, qw, qs.to(qw.device), lin.weight_format, torch.float32)
+                    self._copy(wname, lin.weight, w)
                 del self._pending[wname]
                 done.add(wname)
         self._loaded |= done
@@ -285,8 +324,13 @@ class DeepseekV4ForCausalLM(nn.Module):
                 raise ValueError(f"missing {len(names)} {what} tensors, e.g. {sorted(names)[:8]}")
         for name in sorted(self._loaded):
             t = targets[name]
-            if t.is_floating_point() and not torch.isfinite(t).all():
+            if t.is_floating_point() and t.dtype not in STORED_QUANT_DTYPES and not torch.isfinite(t).all():
                 raise ValueError(f"{name}: contains NaN or infinity after loading")
         if self.mtp:
             self.mtp[0].ready = bool(mtp) and mtp <= self._loaded
+        if self.kernels == "triton":  # an unloaded MTP block keeps its (empty) experts unpacked
+            blocks = list(self.layers) + [m for m in self.mtp if m.ready]
+            for m in (m for b in blocks for m in b.modules()):
+                if isinstance(m, MoE):
+                    m.pack_experts()
         self._finalized = True

@@ -14,7 +14,8 @@ _EXPERT_PREFIX = re.compile(r"experts\.\d+\.w[123]\.")
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                numerics: str | Numerics = "reference", *, include_mtp: bool | None = None,
-               progress: bool = False, parallel=None, tp: int = 1, ep: int = 1) -> DeepseekV4ForCausalLM:
+               progress: bool = False, parallel=None, tp: int = 1, ep: int = 1,
+               kernels: str = "auto") -> DeepseekV4ForCausalLM:
     """Validate the checkpoint first (names, shapes, dtypes, scales), then build, load, finalize.
 
     include_mtp: None loads the MTP block iff the checkpoint has it. Any problem raises (a
@@ -24,6 +25,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     one (torch.distributed must be initialised with max(tp, ep) processes). Each rank then reads
     only the routed experts that `model.get_expert_mapping()` lists and keeps its slice of the
     TP-split tensors.
+
+    kernels: "auto" | "torch" | "triton" — "triton" keeps FP8/MXFP4 weights quantised and runs the
+    Triton FP8 linear and fused MoE kernels (bf16 on CUDA); "auto" picks it when possible.
     """
     from dsv4.checkpoint.loader import Checkpoint
 
@@ -32,7 +36,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         parallel = init_parallel(ParallelConfig(tp, ep), device)
     with Checkpoint.open(path, include_mtp=include_mtp, progress=progress) as ckpt:
         with torch.device(device):
-            model = DeepseekV4ForCausalLM(ckpt.config, dtype=dtype, numerics=numerics, parallel=parallel)
+            model = DeepseekV4ForCausalLM(ckpt.config, dtype=dtype, numerics=numerics, parallel=parallel,
+                                          kernels=kernels)
         wanted = {prefix for _, prefix, _, _ in model.get_expert_mapping()}
 
         def needed(name: str) -> bool:  # routed experts: only those this rank holds are read at all

@@ -6,6 +6,10 @@ Weights `s_e / sum_{picked} s * routed_scaling_factor`. Each routed and the shar
 `w2(bf16(weight * silu(min(w1 x, L)) * clamp(w3 x, -L, L)))` (the routing weight applied before w2);
 the routed outputs are summed in fp32, the shared one added, and the total rounded.
 
+Kernel mode (`kernels="triton"`): `pack_experts` (at finalize) stacks the quantised routed experts
+into `dsv4.kernels.moe.PackedExperts` (MXFP4 stays packed) and frees the per-expert tensors; the
+routed experts then run as one `fused_moe` (FP8 activations, reference numerics).
+
 Sharded (`layout` given, see dsv4.distributed.sharding): this rank holds only its EP rank's experts
 (the others are `RemoteExpert` placeholders) and its TP slice of the shared expert; the combine
 across ranks lives in dsv4.distributed.moe_comm.
@@ -88,6 +92,8 @@ class MoE(nn.Module):
                  layout=None):
         super().__init__()
         self.layout = layout
+        self.limit = config.swiglu_limit
+        self.packed = None  # kernel mode: dsv4.kernels.moe.PackedExperts after pack_experts()
         self.quantize_input = numerics.quantize_activations  # routed and shared inputs alike
         owned = layout.experts if layout is not None else range(config.n_routed_experts)
         self.gate = Gate(config, spec, dtype)
@@ -96,9 +102,28 @@ class MoE(nn.Module):
         shared_inter = layout.shared_inter if layout is not None else None
         self.shared_experts = Expert(config, dtype, numerics, FP8, shared_inter) if config.n_shared_experts else None
 
+    def pack_experts(self) -> None:
+        """Kernel mode: routed experts -> the fused MoE kernel's layout (once, after loading)."""
+        fmt = getattr(self.experts[0], "w1", None) and self.experts[0].w1.kernel_format
+        if fmt is None or self.packed is not None:
+            return
+        from dsv4.kernels.moe import ExpertWeights, finalize_experts
+        stacked = {f"{w}{part}": torch.stack([getattr(getattr(e, w), "weight" if not part else "scale")
+                                              for e in self.experts])
+                   for w in ("w1", "w2", "w3") for part in ("", "_scale")}
+        self.packed = finalize_experts(ExpertWeights(fmt, **stacked))
+        for e in self.experts:  # the packed copy is the only one kept
+            for w in (e.w1, e.w2, e.w3):
+                w.weight = nn.Parameter(w.weight.new_empty(0), requires_grad=False)
+                w.scale = w.scale.new_empty(0)
+
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> torch.Tensor:
         acc = acc_dtype(x.dtype)
         weights, ids = self.gate(x, token_ids)
+        if self.packed is not None:
+            from dsv4.kernels.moe import fused_moe
+            shared = self.shared_experts(x) if self.shared_experts is not None else None
+            return fused_moe(x, ids, weights, self.packed, self.limit, act="fp8", shared=shared)
         if self.layout is not None:
             from dsv4.distributed.moe_comm import moe_forward
             return moe_forward(self, x, weights, ids)
