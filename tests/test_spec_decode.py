@@ -408,29 +408,34 @@ def test_missing_or_incomplete_mtp(tmp_path, caplog, capsys):
 
 @pytest.mark.skipif(not (EMBEDDED / "config.json").is_file(), reason="embedded model not present")
 def test_embedded_model_greedy_identical_and_acceptance():
+    """Issue #8 acceptance on the trained model: batch 16 and batch 1, k = 1, 2, 3."""
     from dsv4.engine.spec_decode import mtp_problem
     problem = mtp_problem(EMBEDDED)
     if problem:
         pytest.skip(f"embedded model has no usable MTP block: {problem}")
     base = LLMEngine.from_pretrained(EMBEDDED, device="cpu", engine_config=EngineConfig(max_model_len=256))
     tok = base.tokenizer
-    texts = ["The following methods can be defined to", "If the exception", "In 1905,"]
+    texts = ["The following methods can be defined to", "If the exception", "In 1905,", "A class",
+             "The for statement", "Exceptions are", "The import system", "Objects", "Names refer to",
+             "The with statement", "Lambda", "Comparisons", "The return statement", "Slicings",
+             "Identifiers", "The try statement"]
     prompts = [tok.encode(t) if tok is not None else [5 + i, 9, 13] for i, t in enumerate(texts)]
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     for i, p in enumerate(prompts):
         base.add_request(f"r{i}", p, params)
     want = drain(base)
-    for k in (2,):
-        engine = LLMEngine.from_pretrained(EMBEDDED, device="cpu", engine_config=EngineConfig(
-            max_model_len=256, speculative="mtp", num_draft_tokens=k))
-        for i, p in enumerate(prompts):
-            engine.add_request(f"r{i}", p, params)
-        got = drain(engine)
-        assert all(got[r]["tokens"] == want[r]["tokens"] for r in want)
-        rate = engine.stats().spec_acceptance_rate
-        print(f"embedded model k={k}: acceptance {rate:.3f}, mean accepted length "
-              f"{engine.stats().spec_mean_accepted_length:.2f}")
-        assert rate > 2.0 / base.config.vocab_size  # a trained head is far above chance
+    for k in (1, 2, 3):
+        for batch in (16, 1):
+            engine = LLMEngine.from_pretrained(EMBEDDED, device="cpu", engine_config=EngineConfig(
+                max_model_len=256, speculative="mtp", num_draft_tokens=k))
+            for i, p in enumerate(prompts[:batch]):
+                engine.add_request(f"r{i}", p, params)
+            got = drain(engine)
+            assert all(got[r]["tokens"] == want[r]["tokens"] for r in got), (k, batch)
+            rate = engine.stats().spec_acceptance_rate
+            print(f"embedded model k={k} batch={batch}: acceptance {rate:.3f}, mean accepted length "
+                  f"{engine.stats().spec_mean_accepted_length:.2f}")
+            assert rate > 2.0 / base.config.vocab_size  # a trained head is far above chance
 
 
 @pytest.mark.skipif(not (EMBEDDED / "config.json").is_file(), reason="embedded model not present")
