@@ -25,6 +25,7 @@ from ..config import LayerSpec, ModelConfig
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from ..model.state import oldest_needed_row
 from .block_manager import BlockManager
 
 KV_BLOCK = 64
@@ -252,8 +253,7 @@ class PagedLayerState:
                                    pool.page_size)
         pool.write(pages, offs, kv[n - keep:])
         self.min_length = max(self.min_length, end - self.max_rollback)
-        keep_from = max(0, self.ratio * (self.min_length // self.ratio) - (self.ratio if self.overlap else 0)) \
-            if self.ratio else 0
+        keep_from = oldest_needed_row(self.ratio, self.overlap, self.min_length)
         for name, (c, z) in rows.items():
             buf = self.pools.rows[self.spec.index, name]
             cap = buf.shape[2]

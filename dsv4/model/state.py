@@ -23,6 +23,14 @@ from dsv4.config import LayerSpec, ModelConfig
 from dsv4.model.numerics import acc_dtype
 
 
+def oldest_needed_row(ratio: int, overlap: bool, min_length: int) -> int:
+    """First position whose raw compressor row a rollback to `min_length` may still need: the window
+    open at min_length and, for the overlapping (CSA) compressor, the complete window before it."""
+    if not ratio:
+        return 0
+    return max(0, ratio * (min_length // ratio - (1 if overlap else 0)))
+
+
 class GrowBuffer:
     """Rows appended at the end, dropped from the end; capacity doubles so appends are amortised O(1)."""
 
@@ -130,9 +138,7 @@ class LayerState:
         slots = torch.arange(end - keep, end, device=self._ring.device) % cap
         self._ring[slots] = kv[n - keep:].to(self._ring.dtype)
         self.min_length = max(self.min_length, end - self.max_rollback)
-        keep_from = 0
-        if self.ratio:  # rows a rollback to min_length still needs: its open window and (CSA) the one before
-            keep_from = max(0, self.ratio * (self.min_length // self.ratio - (1 if self.overlap else 0)))
+        keep_from = oldest_needed_row(self.ratio, self.overlap, self.min_length)
         for name, (c, z) in rows.items():
             if self._rows[name].end != start:
                 raise RuntimeError(f"layer {self.spec.index}: compressor rows out of sync")
