@@ -25,7 +25,7 @@ from ..config import LayerSpec, ModelConfig
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from ..model.state import oldest_needed_row
+from ..model.state import oldest_needed_row, truncate_target
 from .block_manager import BlockManager
 
 KV_BLOCK = 64
@@ -269,10 +269,7 @@ class PagedLayerState:
         self.num_tokens = end
 
     def truncate(self, num_tokens: int) -> None:
-        target = self.num_tokens - num_tokens
-        if num_tokens < 0 or target < self.min_length:
-            raise ValueError(f"cannot truncate {num_tokens} tokens from a state of {self.num_tokens} "
-                             f"(can go back to {self.min_length}, max_rollback={self.max_rollback})")
+        target = truncate_target(self, num_tokens)
         for name in self._first:
             self._n_entries[name] = min(self._n_entries[name], target // self.ratio)
         self.num_tokens = target

@@ -31,6 +31,15 @@ def oldest_needed_row(ratio: int, overlap: bool, min_length: int) -> int:
     return max(0, ratio * (min_length // ratio - (1 if overlap else 0)))
 
 
+def truncate_target(state, num_tokens: int) -> int:
+    """Length of `state` after forgetting `num_tokens` tokens; ValueError if the rollback is too deep."""
+    target = state.num_tokens - num_tokens
+    if num_tokens < 0 or target < state.min_length:
+        raise ValueError(f"cannot truncate {num_tokens} tokens from a state of {state.num_tokens} "
+                         f"(can go back to {state.min_length}, max_rollback={state.max_rollback})")
+    return target
+
+
 class GrowBuffer:
     """Rows appended at the end, dropped from the end; capacity doubles so appends are amortised O(1)."""
 
@@ -150,10 +159,7 @@ class LayerState:
 
     def truncate(self, num_tokens: int) -> None:
         """Forget the last `num_tokens` tokens."""
-        target = self.num_tokens - num_tokens
-        if num_tokens < 0 or target < self.min_length:
-            raise ValueError(f"cannot truncate {num_tokens} tokens from a state of {self.num_tokens} "
-                             f"(can go back to {self.min_length}, max_rollback={self.max_rollback})")
+        target = truncate_target(self, num_tokens)
         for name in self._rows:
             self._rows[name].truncate(target)
             self._entries[name].truncate(target // self.ratio)
