@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from dsv4.checkpoint.naming import (
-    SAFETENSORS_DTYPES, TensorSpec, expected_inventory, is_mtp_name, is_routed_expert_name,
+    SAFETENSORS_DTYPES, expected_inventory, is_mtp_name, is_routed_expert_name,
 )
 from dsv4.config import ModelConfig
 from dsv4.checkpoint.loader import INDEX_FILE
@@ -80,17 +80,17 @@ def tiny_config(expert_dtype: str = "fp4", layers: str = "sliding,csa,hca,csa", 
 
 # ---- random masters -------------------------------------------------------------------------
 
-def _init(name: str, spec: TensorSpec, cfg: ModelConfig, g: torch.Generator) -> torch.Tensor:
-    """Initial values chosen so activations stay O(1) through a few random layers."""
-    shape = spec.shape
+def init_value(name: str, shape: tuple[int, ...], cfg: ModelConfig, g: torch.Generator) -> torch.Tensor:
+    """Initial values (fp32, or int64 for tid2eid) of an unquantised tensor, made on g's device;
+    chosen so that activations stay O(1) through a few random layers."""
     leaf = name.rsplit(".", 1)[-1]
 
     def randn(std: float = 1.0, mean: float = 0.0) -> torch.Tensor:
-        return torch.randn(shape, generator=g, dtype=torch.float32) * std + mean
+        return torch.randn(shape, generator=g, dtype=torch.float32, device=g.device) * std + mean
 
     if leaf == "tid2eid":  # distinct expert ids per token
         v, k = shape
-        return torch.rand(v, cfg.n_routed_experts, generator=g).argsort(dim=1)[:, :k].to(torch.int64)
+        return torch.rand(v, cfg.n_routed_experts, generator=g, device=g.device).argsort(dim=1)[:, :k].to(torch.int64)
     if name == "embed.weight":
         return randn()
     if leaf == "attn_sink":
@@ -104,7 +104,7 @@ def _init(name: str, spec: TensorSpec, cfg: ModelConfig, g: torch.Generator) -> 
     if name.endswith("_base"):
         return randn(0.1)
     if name.endswith("_scale"):
-        return 0.1 + 0.1 * torch.rand(shape, generator=g)
+        return 0.1 + 0.1 * torch.rand(shape, generator=g, device=g.device)
     if len(shape) == 1:  # RMSNorm weights
         return randn(0.05, 1.0)
     return randn(1.0 / math.sqrt(shape[1]))  # linears [out, in], router, head
@@ -118,7 +118,7 @@ def random_master_weights(cfg: ModelConfig, seed: int = 0, include_mtp: bool = T
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, spec in expected_inventory(cfg, include_mtp=include_mtp, quantized=False).items():
-        out[name] = _init(name, spec, cfg, g).to(SAFETENSORS_DTYPES[spec.dtype][0])
+        out[name] = init_value(name, spec.shape, cfg, g).to(SAFETENSORS_DTYPES[spec.dtype][0])
     return out
 
 

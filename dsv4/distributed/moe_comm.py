@@ -28,7 +28,12 @@ from dsv4.model.numerics import acc_dtype, quantize_activation
 
 
 def moe_forward(moe, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The parallel MoE output [T, D] (model dtype) for router output (weights, ids) [T, k]."""
+    """The parallel MoE output [T, D] (model dtype) for router output (weights, ids) [T, k].
+
+    Kernel mode (`moe.packed`, GPU) always combines by all-reduce: the fused kernel computes the
+    rank's experts for all tokens in one launch and quantises its input itself."""
+    if moe.packed is not None:
+        return _allreduce(moe, x, x, weights, ids)
     xq = quantize_activation(x) if moe.quantize_input else x
     if moe.layout.ps.moe_comm == "alltoall" and moe.layout.ep > 1:
         return _alltoall(moe, x, xq, weights, ids)
@@ -38,6 +43,12 @@ def moe_forward(moe, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) 
 def _local_experts(moe, xq: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, acc: torch.dtype
                    ) -> torch.Tensor:
     """Sum over this rank's experts of round(y_e), ascending expert id, in acc dtype."""
+    if moe.packed is not None:  # fused kernel: other ranks' pairs marked -1, fp32 partial sum
+        from dsv4.kernels.moe import fused_moe
+        owned = moe.layout.experts
+        local = ids - owned.start
+        local = torch.where((local >= 0) & (local < len(owned)), local, -1).to(torch.int32)
+        return fused_moe(xq, local, weights, moe.packed, moe.limit, act="fp8", out_dtype=acc)
     y = torch.zeros(xq.shape, dtype=acc, device=xq.device)
     owned = moe.layout.experts
     for e in torch.unique(ids).tolist():

@@ -1,11 +1,13 @@
 """Check a multi-process setup: sharded tiny models against one process, on this machine's devices.
 
-    python -m dsv4.distributed.selfcheck --world 2 [--device cuda] [--dtype float32|bfloat16]
+    python -m dsv4.distributed.selfcheck --world 2 [--device cuda] [--dtype float32|bfloat16] [--kernels triton]
 
 Rank 0 also builds the whole model; every layout (TP, EP, TP+EP, both MoE combines) must reproduce
 its logits for a 140-token prefill and four decode steps (every attention kind, hash and top-k
 routing). Prints the max relative error per layout; float32 models compute in float64 and should
-print 0 or ~1e-7 (a float64 summation-order difference surfacing in one fp32 rounding).
+print 0 or ~1e-7 (a float64 summation-order difference surfacing in one fp32 rounding). With
+`--kernels triton` (bf16 on CUDA) both sides run the Triton kernels; the sharded side rounds its
+row-parallel partial sums to bf16 once more, so expect bf16-level differences (~1e-2 of the max).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def _main(rank: int, args) -> None:
 
     def build(parallel):
         with torch.device(ps0.device):
-            m = DeepseekV4ForCausalLM(cfg, dtype, parallel=parallel)
+            m = DeepseekV4ForCausalLM(cfg, dtype, parallel=parallel, kernels=args.kernels)
         m.load_weights(masters.items())
         m.finalize_weights()
         return m
@@ -59,7 +61,8 @@ def _main(rank: int, args) -> None:
             got = _logits(build(ps), ids)
             if ps.is_first:
                 err = float((got - ref).abs().max() / ref.abs().max())
-                print(f"tp={tp} ep={ep} {comm:9s} {args.dtype}: max rel error {err:.3e}", flush=True)
+                print(f"tp={tp} ep={ep} {comm:9s} {args.dtype} kernels={args.kernels}: max rel error {err:.3e}",
+                      flush=True)
     finally:
         destroy_parallel()
 
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--world", type=int, default=2, help="ranks to start (ignored under torchrun)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--kernels", default="torch", choices=("torch", "triton"))
     args = p.parse_args(argv)
     from dsv4.distributed.launcher import run_ranks
     run_ranks(_main, args, args.world)

@@ -18,6 +18,10 @@ packed 4 per int32 word).
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
 FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
+
+Expert parallel: ids outside [0, num_experts) (-1) are pairs held by another rank; they are skipped,
+and `out_dtype=torch.float32` returns the unrounded fp32 sum so that the ranks' partial sums can be
+added before the one final rounding (dsv4.distributed.moe_comm).
 """
 
 from __future__ import annotations
@@ -117,12 +121,16 @@ def fused_moe_ref(
     swiglu_limit: float = 10.0,
     act: str = "fp8",
     shared: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """Reference routed MoE on checkpoint-layout experts; loops over the experts that have tokens."""
+    """Reference routed MoE on checkpoint-layout experts; loops over the experts that have tokens
+    (ids outside [0, E) are skipped)."""
     _check_act(act, experts.fmt)
     ids = topk_ids.long()
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in torch.unique(ids).tolist():
+        if not 0 <= e < experts.num_experts:
+            continue
         tok, slot = torch.where(ids == e)
         w1 = _expert_weight_f32(experts.w1[e], experts.w1_scale[e], experts.fmt)
         w3 = _expert_weight_f32(experts.w3[e], experts.w3_scale[e], experts.fmt)
@@ -134,7 +142,7 @@ def fused_moe_ref(
         y.index_add_(0, tok, _linear_ref(z.to(torch.bfloat16), w2, act).float())
     if shared is not None:
         y += shared.float()
-    return y.to(torch.bfloat16)
+    return y.to(out_dtype)
 
 
 # --------------------------------------------------------------------------- finalize (once after load)
@@ -405,16 +413,18 @@ if HAS_TRITON:
             tl.store(c_ptrs, acc.to(tl.bfloat16), mask=valid[:, None])
 
     @triton.jit(do_not_specialize=["top_k"])
-    def _moe_combine_kernel(Y, S, OUT, D, top_k, HAS_SHARED: tl.constexpr, BD: tl.constexpr):
+    def _moe_combine_kernel(Y, S, IDS, OUT, D, top_k, num_experts, HAS_SHARED: tl.constexpr, BD: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BD + tl.arange(0, BD)
         mask = offs < D
         acc = tl.zeros((BD,), dtype=tl.float32)
         for j in range(top_k):
-            acc += tl.load(Y + (t * top_k + j) * D + offs, mask=mask, other=0.0).to(tl.float32)
+            e = tl.load(IDS + t * top_k + j)
+            here = (e >= 0) & (e < num_experts)  # else: computed by another rank, row never written
+            acc += tl.load(Y + (t * top_k + j) * D + offs, mask=mask & here, other=0.0).to(tl.float32)
         if HAS_SHARED:
             acc += tl.load(S + t * D + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(OUT + t * D + offs, acc.to(tl.bfloat16), mask=mask)
+        tl.store(OUT + t * D + offs, acc.to(OUT.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------- launch configuration
@@ -478,9 +488,13 @@ def fused_moe(
     act: str = "fp8",
     shared: torch.Tensor | None = None,
     config: MoEConfig | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """Triton routed MoE (contract of `fused_moe_ref`, with `finalize_experts` weights): bf16 [M, D]."""
+    """Triton routed MoE (contract of `fused_moe_ref`, with `finalize_experts` weights): [M, D] in
+    out_dtype (bf16, or fp32 for an unrounded expert-parallel partial sum)."""
     _check_act(act, experts.fmt)
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"fused_moe: out_dtype must be bfloat16 or float32, got {out_dtype}")
     if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != experts.hidden:
         raise ValueError(f"fused_moe: expected bf16 x [M, {experts.hidden}], got {x.dtype} {tuple(x.shape)}")
     if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
@@ -492,7 +506,7 @@ def fused_moe(
     m, d = x.shape
     top_k = topk_ids.shape[1]
     e, i = experts.num_experts, experts.inter
-    out = torch.empty((m, d), dtype=torch.bfloat16, device=x.device)
+    out = torch.empty((m, d), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
     num_pairs = m * top_k
@@ -550,7 +564,9 @@ def fused_moe(
 
     # combine: fp32 sum over the top_k slots (+ shared expert), bf16 out
     bd = 1024
+    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     _moe_combine_kernel[(m, triton.cdiv(d, bd))](
-        y, shared if shared is not None else y, out, d, top_k, HAS_SHARED=shared is not None, BD=bd, num_warps=4,
+        y, shared if shared is not None else y, ids, out, d, top_k, e, HAS_SHARED=shared is not None, BD=bd,
+        num_warps=4,
     )
     return out

@@ -9,6 +9,9 @@ Outputs (sizes depend only on M * top_k, the expert count and block_m, so a CUDA
   inside one expert's segment the pairs are in ascending order.
 * `expert_ids` int32 [max_blocks]: the expert of each block, -1 past the last used block.
 * `num_post_padded` int32 [1]: number of used slots (a multiple of block_m).
+
+An id outside [0, num_experts) (-1 by convention) marks a pair this process does not compute (a
+routed expert held by another EP rank): it is left out of every segment.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     flat = topk_ids.reshape(-1).long()
     numel = flat.numel()
     nb = max_blocks(numel, num_experts, block_m)
-    counts = torch.bincount(flat, minlength=num_experts)
+    valid = (flat >= 0) & (flat < num_experts)
+    counts = torch.bincount(flat[valid], minlength=num_experts)
     padded = (counts + block_m - 1) // block_m * block_m
     starts = torch.cumsum(padded, 0) - padded
     first = torch.cumsum(counts, 0) - counts  # unpadded start of each expert in sorted order
-    order = torch.argsort(flat, stable=True)
+    order = torch.argsort(torch.where(valid, flat, num_experts), stable=True)[: int(valid.sum())]
     experts_sorted = flat[order]
-    rank = torch.arange(numel, device=flat.device) - first[experts_sorted]
+    rank = torch.arange(order.numel(), device=flat.device) - first[experts_sorted]
     sorted_ids = torch.full((nb * block_m,), numel, dtype=torch.int32, device=flat.device)
     sorted_ids[starts[experts_sorted] + rank] = order.to(torch.int32)
     blocks = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
@@ -71,7 +75,8 @@ if HAS_TRITON:
             offs = start + tl.arange(0, CHUNK)
             m = offs < numel
             ids = tl.load(TOPK + offs, mask=m, other=0).to(tl.int32)
-            counts += tl.histogram(ids, E_POW2, mask=m)
+            m = m & (ids >= 0) & (ids < num_experts)  # other ids: pairs computed elsewhere
+            counts += tl.histogram(tl.where(m, ids, 0), E_POW2, mask=m)
         padded = (counts + BM - 1) // BM * BM
         ends = tl.cumsum(padded, 0)
         starts = ends - padded
@@ -89,6 +94,8 @@ if HAS_TRITON:
             offs = start + tl.arange(0, SCATTER)
             m = offs < numel
             ids = tl.load(TOPK + offs, mask=m, other=-1).to(tl.int32)
+            m = m & (ids >= 0) & (ids < num_experts)
+            ids = tl.where(m, ids, -1)
             onehot = ids[:, None] == e_offs[None, :]
             base = tl.sum(tl.where(onehot, cursor[None, :], 0), axis=1)
             earlier = (ids[:, None] == ids[None, :]) & (offs[None, :] < offs[:, None])
@@ -98,7 +105,7 @@ if HAS_TRITON:
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """Triton version of `moe_align_ref` (same outputs, bit for bit); ids must lie in [0, num_experts)."""
+    """Triton version of `moe_align_ref` (same outputs, bit for bit)."""
     _check(topk_ids, num_experts, block_m)
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():

@@ -25,10 +25,12 @@ Numerics (`numerics=`; full detail in docs/numerics.md):
 * Ties in the indexer's and the router's top-k go to the lowest index.
 
 Kernels (`kernels=`): "torch" (default on CPU) is the reference path above. "triton" (bf16 model on
-CUDA, one process) keeps the FP8 linear weights quantised and runs them through
+CUDA, one process or sharded) keeps the FP8 linear weights quantised and runs them through
 `dsv4.kernels.fp8_linear`, and runs the routed experts through `dsv4.kernels.moe.fused_moe` with
 MXFP4/FP8 weights kept packed; everything else stays in torch. "auto" picks "triton" when the model
-is built on CUDA in bf16 without sharding and triton imports, else "torch".
+is built on CUDA in bf16 and triton imports, else "torch". Sharded, the row-parallel partial sums
+(wo_b, shared w2) leave the FP8 kernel rounded to bf16 before the all-reduce (one extra rounding
+against one process; bf16-level differences, checked by `dsv4.distributed.selfcheck --kernels`).
 
 Batches are flat: see `dsv4.model.context` for packing sequences and carrying their decode state.
 
@@ -63,18 +65,17 @@ STORED_QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
 KERNELS = ("auto", "torch", "triton")
 
 
-def resolve_kernels(kernels: str, dtype: torch.dtype, device: torch.device, parallel=None) -> str:
-    """"auto" -> "triton" on CUDA for a bf16 single-process model when triton imports, else "torch"."""
+def resolve_kernels(kernels: str, dtype: torch.dtype, device: torch.device) -> str:
+    """"auto" -> "triton" on CUDA for a bf16 model when triton imports, else "torch"."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels={kernels!r}; allowed: {', '.join(KERNELS)}")
     from dsv4.kernels._triton import HAS_TRITON
-    usable = device.type == "cuda" and HAS_TRITON and dtype == torch.bfloat16 and parallel is None
+    usable = device.type == "cuda" and HAS_TRITON and dtype == torch.bfloat16
     if kernels == "auto":
         return "triton" if usable else "torch"
     if kernels == "triton" and not usable:
-        raise ValueError(f"kernels='triton' needs a bf16 model on CUDA, one process, and triton installed "
-                         f"(got dtype={dtype}, device={device}, triton={'yes' if HAS_TRITON else 'no'}, "
-                         f"parallel={parallel is not None})")
+        raise ValueError(f"kernels='triton' needs a bf16 model on CUDA and triton installed "
+                         f"(got dtype={dtype}, device={device}, triton={'yes' if HAS_TRITON else 'no'})")
     return kernels
 
 
@@ -117,7 +118,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"dtype={dtype}; allowed: {', '.join(map(str, COMPUTE_DTYPES))}")
         self.config, self.dtype, self.numerics = config, dtype, resolve_numerics(numerics)
-        self.kernels = resolve_kernels(kernels, dtype, torch.empty(0).device, parallel)
+        self.kernels = resolve_kernels(kernels, dtype, torch.empty(0).device)
         with quantized_weights(config.expert_dtype) if self.kernels == "triton" else nullcontext():
             self._build(config, dtype, parallel)
         self._loaded: set[str] = set()
@@ -265,6 +266,9 @@ class DeepseekV4ForCausalLM(nn.Module):
                 self._pending.setdefault(name, {})["weight"] = tensor
                 wname = name
             elif name in linears and linears[name].kernel_format is not None:  # a master, quantised here
+                if layout is not None:
+                    from dsv4.distributed.sharding import take
+                    tensor = take(name, tensor, layout.cut(name))
                 linears[name].load_master(name, tensor)
                 done |= {name, name[: -len(".weight")] + ".scale"}
                 continue
@@ -293,6 +297,14 @@ class DeepseekV4ForCausalLM(nn.Module):
         self._loaded |= done
         self._finalized = False
         return done
+
+    def load_random_weights(self, seed: int = 0) -> None:
+        """Random weights of the checkpoint's formats and magnitudes, made in place on the model's
+        device (full-size benchmarks, no disk; see dsv4.model.synthetic), then `finalize_weights`."""
+        from dsv4.model.synthetic import fill_random_weights
+        self._pending.clear()
+        self._loaded |= fill_random_weights(self, seed)
+        self.finalize_weights()
 
     def _copy(self, name: str, target: torch.Tensor, tensor: torch.Tensor) -> None:
         if tuple(tensor.shape) != tuple(target.shape):

@@ -12,7 +12,8 @@ routed experts then run as one `fused_moe` (FP8 activations, reference numerics)
 
 Sharded (`layout` given, see dsv4.distributed.sharding): this rank holds only its EP rank's experts
 (the others are `RemoteExpert` placeholders) and its TP slice of the shared expert; the combine
-across ranks lives in dsv4.distributed.moe_comm.
+across ranks lives in dsv4.distributed.moe_comm. In kernel mode only this rank's experts are packed
+(local index = expert id - first owned id).
 """
 from __future__ import annotations
 
@@ -104,15 +105,16 @@ class MoE(nn.Module):
 
     def pack_experts(self) -> None:
         """Kernel mode: routed experts -> the fused MoE kernel's layout (once, after loading)."""
-        fmt = getattr(self.experts[0], "w1", None) and self.experts[0].w1.kernel_format
+        mine = [e for e in self.experts if isinstance(e, Expert)]  # this rank's, ascending id
+        fmt = mine[0].w1.kernel_format if mine else None
         if fmt is None or self.packed is not None:
             return
         from dsv4.kernels.moe import ExpertWeights, finalize_experts
         stacked = {f"{w}{part}": torch.stack([getattr(getattr(e, w), "weight" if not part else "scale")
-                                              for e in self.experts])
+                                              for e in mine])
                    for w in ("w1", "w2", "w3") for part in ("", "_scale")}
         self.packed = finalize_experts(ExpertWeights(fmt, **stacked))
-        for e in self.experts:  # the packed copy is the only one kept
+        for e in mine:  # the packed copy is the only one kept
             for w in (e.w1, e.w2, e.w3):
                 w.weight = nn.Parameter(w.weight.new_empty(0), requires_grad=False)
                 w.scale = w.scale.new_empty(0)
@@ -120,7 +122,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> torch.Tensor:
         acc = acc_dtype(x.dtype)
         weights, ids = self.gate(x, token_ids)
-        if self.packed is not None:
+        if self.packed is not None and self.layout is None:
             from dsv4.kernels.moe import fused_moe
             shared = self.shared_experts(x) if self.shared_experts is not None else None
             return fused_moe(x, ids, weights, self.packed, self.limit, act="fp8", shared=shared)

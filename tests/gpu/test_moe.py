@@ -39,6 +39,23 @@ def test_moe_align_matches_reference(m, e, k, bm, skew, poison):
     assert bool((s[int(nr):] == m * k).all())
 
 
+@pytest.mark.parametrize("m,e,k,bm", [(1, 8, 6, 16), (64, 128, 6, 16), (1000, 128, 6, 64)])
+def test_moe_align_skips_other_ranks_pairs(m, e, k, bm, poison):
+    """Expert parallel: ids outside [0, E) (-1, or an expert of another rank) are left out."""
+    from dsv4.kernels.moe_align import moe_align, moe_align_ref
+
+    gen = torch.Generator(DEV).manual_seed(m + e + 7)
+    ids, _ = _topk(m, 2 * e, k, gen)  # half the ids belong to "the other rank"
+    ids = torch.where(ids < e, ids, torch.where(ids % 2 == 0, -1, ids)).to(torch.int32)
+    poison()
+    s, eids, n = moe_align(ids, e, bm)
+    sr, eidr, nr = moe_align_ref(ids, e, bm)
+    assert torch.equal(n, nr) and torch.equal(eids, eidr) and torch.equal(s, sr)
+    kept = s[s < m * k].long()
+    assert kept.numel() == int(((ids >= 0) & (ids < e)).sum())  # every local pair once, no other
+    assert bool((ids.reshape(-1)[kept] < e).all()) and bool((ids.reshape(-1)[kept] >= 0).all())
+
+
 def _mxfp4_experts(e: int, d: int, i: int, gen: torch.Generator):
     from dsv4.kernels.moe import ExpertWeights
 
@@ -97,6 +114,32 @@ def test_fused_moe_mxfp4(cfg_name, act, m, poison, close_bf16):
     # z passes through an FP8 re-quantisation: an ulp of difference in silu can move one element by one
     # e4m3 step, hence a looser bound than a single GEMM
     close_bf16(y, ref, rel=1e-2, what=f"moe {act} {cfg_name} m={m}")
+
+
+@pytest.mark.parametrize("m", [1, 9, 200])
+def test_fused_moe_expert_parallel_partials(m, poison, close_bf16):
+    """Two 'ranks' each computing their half of the experts (other ids -> -1) in fp32 add up to the
+    one-process result, and each half matches the reference's partial."""
+    from dsv4.kernels.moe import ExpertWeights, finalize_experts, fused_moe, fused_moe_ref
+
+    e, d, i, k = 16, 512, 256, 6
+    gen = torch.Generator(DEV).manual_seed(m + 41)
+    experts = _mxfp4_experts(e, d, i, gen)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _topk(m, e, k, gen)
+    total = torch.zeros(m, d, device=DEV)
+    for half in range(2):
+        lo = half * (e // 2)
+        part = ExpertWeights("mxfp4", *(getattr(experts, f)[lo:lo + e // 2] for f in
+                                        ("w1", "w1_scale", "w2", "w2_scale", "w3", "w3_scale")))
+        local = ids - lo
+        local = torch.where((local >= 0) & (local < e // 2), local, -1)
+        poison()
+        y = fused_moe(x, local, w, finalize_experts(part), out_dtype=torch.float32)
+        assert y.dtype == torch.float32
+        close_bf16(y, fused_moe_ref(x, local, w, part, out_dtype=torch.float32), rel=1e-2, what=f"half {half}")
+        total += y
+    close_bf16(total.to(torch.bfloat16), fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"sum m={m}")
 
 
 def test_swiglu_clamp_is_exercised():

@@ -1,0 +1,265 @@
+"""Full-size DeepSeek-V4 model over W GPUs (TP/EP on NCCL), random weights made on the GPUs.
+
+    python bench/bench_parallel.py --config bench/configs/deepseek-v4-flash.config.json --world 2 \
+        [--tp 2 --ep 2] [--layers N] [--batches 1,8,16,64] [--ctx 1024] [--prefill 8192] [--json OUT]
+
+Every rank builds `DeepseekV4ForCausalLM` with its shard (`parallel=`, kernel mode: FP8 linears and
+the fused MXFP4 MoE of dsv4.kernels, everything else the torch reference path), fills it with
+`load_random_weights` (no disk), and runs, with contiguous per-sequence state:
+
+* prefill: one `--prefill`-token prompt in one forward (TTFT of that prompt, tokens/s);
+* decode: for each batch size B, B sequences prefilled with `--ctx` tokens, then the median
+  milliseconds of one decode step (1 token per sequence, logits, greedy pick), one MTP draft step,
+  and one verify step (2 tokens per sequence, the target's work with one MTP draft);
+* ceilings measured in the same run: device-to-device copy bandwidth per GPU, NCCL all-reduce
+  latency (one decode-sized bf16 row block) and bandwidth (256 MiB).
+
+The decode roofline is the bytes one step must read on the busiest rank (this rank's weights except
+the embedding, the routed experts a uniform router touches on average, the KV state read) over the
+measured copy bandwidth. Rank 0 prints a table and writes the numbers as JSON.
+
+`--device cpu` (gloo, the torch reference path, small sizes) only checks the script itself, e.g. with
+a tiny config written by `dsv4 make-tiny`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def _config(path: str, layers: int | None):
+    from dsv4.config import ModelConfig
+    with open(path) as f:
+        d = json.load(f)
+    if layers is not None and layers < d["num_hidden_layers"]:
+        ratios = d["compress_ratios"]
+        d["compress_ratios"] = ratios[:layers] + ratios[d["num_hidden_layers"]:]
+        d["num_hidden_layers"] = layers
+        d["num_hash_layers"] = min(d.get("num_hash_layers", 0), layers)
+    return ModelConfig.from_dict(d)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _median_ms(fn, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        _sync()
+        t = time.perf_counter()
+        fn()
+        _sync()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _copy_bandwidth(dev) -> float:
+    a = torch.empty(2 << 30 if dev.type == "cuda" else 64 << 20, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    ms = _median_ms(lambda: b.copy_(a), 10)
+    return 2 * a.numel() / (ms * 1e-3)  # read + write
+
+
+def _allreduce(dev, numel: int, dtype) -> float:
+    t = torch.randn(numel, device=dev).to(dtype)
+    return _median_ms(lambda: dist.all_reduce(t), 20, warmup=5)
+
+
+class Runner:
+    """Drives the model: prefill, decode, MTP and verify steps on contiguous states."""
+
+    def __init__(self, model, vocab: int, dev):
+        self.model, self.vocab, self.dev = model, vocab, dev
+        self.gen = torch.Generator().manual_seed(7)  # same ids on every rank
+
+    def ids(self, n: int) -> torch.Tensor:
+        return torch.randint(2, self.vocab, (n,), generator=self.gen).to(self.dev)
+
+    def forward(self, states, lens, ids=None):
+        from dsv4.model import ForwardContext, set_forward_context
+        pos = torch.cat([torch.arange(s.num_tokens, s.num_tokens + n) for s, n in zip(states, lens)]).to(self.dev)
+        ids = self.ids(sum(lens)) if ids is None else ids
+        with torch.no_grad(), set_forward_context(ForwardContext(lens, states)):
+            hidden = self.model(ids, pos)
+            last = torch.tensor(lens, device=self.dev).cumsum(0) - 1
+            return self.model.compute_logits(hidden[last]).argmax(-1)
+
+    def mtp(self, states, lens):
+        from dsv4.model import ForwardContext, set_forward_context
+        pos = torch.cat([torch.arange(s.mtp.num_tokens, s.mtp.num_tokens + n) for s, n in zip(states, lens)])
+        pos = pos.to(self.dev)
+        width = self.model.config.hc_mult * self.model.config.hidden_size
+        res = torch.randn(pos.numel(), width, device=self.dev).to(torch.bfloat16)
+        with torch.no_grad(), set_forward_context(ForwardContext(lens, states)):
+            _, hidden = self.model.forward_mtp(res, self.ids(pos.numel()), pos)
+            return self.model.mtp[0].compute_logits(hidden).argmax(-1)
+
+    def prefill(self, states, ctx: int, chunk: int = 8192, with_mtp: bool = True) -> None:
+        per = max(1, chunk // ctx)
+        for i in range(0, len(states), per):
+            group = states[i:i + per]
+            self.forward(group, [ctx] * len(group))
+            if with_mtp:
+                self.mtp(group, [ctx] * len(group))
+
+
+def _decode_roof_bytes(model, batch: int, ctx: int) -> int:
+    """Bytes one decode step reads on this rank (see the module docstring)."""
+    from dsv4.model.moe import MoE
+    c = model.config
+    total = 0
+    for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.startswith(("embed.", "mtp.")) or ".tid2eid" in name:
+            continue
+        total += p.numel() * p.element_size()
+    for m in model.layers.modules():
+        if isinstance(m, MoE) and m.packed is not None:
+            pk = m.packed
+            per_expert = sum(t.numel() * t.element_size() for t in (pk.w13, pk.w13_scale, pk.w2, pk.w2_scale)) \
+                // pk.num_experts
+            share = pk.num_experts / c.n_routed_experts
+            touched = c.n_routed_experts * (1 - (1 - c.num_experts_per_tok / c.n_routed_experts) ** batch)
+            total += int(per_expert * touched * share)
+    entry = c.head_dim * 2  # bf16 contiguous state
+    kv = 0
+    for spec in c.layers:
+        kv += min(ctx, c.window) * entry
+        if spec.compress_ratio == 4:
+            kv += min(ctx // 4, c.index_topk) * entry + (ctx // 4) * c.index_head_dim * 2
+        elif spec.compress_ratio:
+            kv += (ctx // spec.compress_ratio) * entry
+    return total + batch * kv
+
+
+def _rank_main(rank: int, args) -> None:
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    from dsv4.distributed import launcher
+    from dsv4.model import DeepseekV4ForCausalLM
+
+    ps = launcher.init_from_env(args.tp, args.ep, device=args.device)
+    dev = ps.device
+    gpu = dev.type == "cuda"
+    first = ps.is_first
+    say = (lambda *a: print(*a, flush=True)) if first else (lambda *a: None)
+    out: dict = {"world": ps.world_size, "tp": ps.tp, "ep": ps.ep, "gpu": torch.cuda.get_device_name(dev) if gpu else "cpu"}
+
+    out["copy_GBps"] = _copy_bandwidth(dev) / 1e9
+    if ps.world_size > 1:
+        out["allreduce_row_us"] = 1e3 * _allreduce(dev, args.ceiling_rows * 4096, torch.bfloat16)
+        n = 128 << 20 if gpu else 1 << 20
+        ms = _allreduce(dev, n, torch.bfloat16)
+        out["allreduce_busbw_GBps"] = 2 * (ps.world_size - 1) / ps.world_size * (2 * n) / (ms * 1e-3) / 1e9
+    say(f"ceilings: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()})}")
+
+    cfg = _config(args.config, args.layers)
+    t0 = time.perf_counter()
+    with torch.device(dev):
+        model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, parallel=ps if ps.world_size > 1 else None,
+                                      kernels="triton" if gpu else "torch")
+    model.load_random_weights(seed=1)
+    model.eval()
+    _sync()
+    out["layers"] = cfg.num_layers
+    out["build_s"] = time.perf_counter() - t0
+    out["weights_GB_per_gpu"] = torch.cuda.memory_allocated(dev) / 1e9 if gpu else 0.0
+    say(f"model: {cfg.num_layers} layers, built+filled in {out['build_s']:.1f} s, "
+        f"{out['weights_GB_per_gpu']:.1f} GB on GPU {ps.rank}")
+
+    run = Runner(model, cfg.vocab_size, dev)
+    # warm-up: compile the Triton kernels for the token counts used below
+    warm = [model.new_sequence_state() for _ in range(2)]
+    run.prefill(warm, 300)
+    for lens in ([1, 1], [2, 2]):
+        run.forward(warm, lens)
+    run.mtp(warm, [1, 1])
+
+    if args.prefill:
+        times = []
+        for _ in range(args.prefill_reps):
+            st = [model.new_sequence_state()]
+            _sync()
+            t = time.perf_counter()
+            run.forward(st, [args.prefill])
+            _sync()
+            times.append(time.perf_counter() - t)
+        ms = 1e3 * statistics.median(times)
+        dec = _median_ms(lambda: run.forward(st, [1]), args.reps)  # decode right after that prompt
+        out["prefill"] = {"tokens": args.prefill, "ms": ms, "tok_per_s": args.prefill / ms * 1e3,
+                          "decode_ms_after": dec}
+        say(f"prefill {args.prefill} tokens: {ms:.0f} ms = {args.prefill / ms * 1e3:.0f} tok/s (TTFT); "
+            f"then decode B=1 at ctx {args.prefill}: {dec:.1f} ms/step")
+        del st
+
+    out["decode"] = []
+    for b in args.batches:
+        states = [model.new_sequence_state() for _ in range(b)]
+        run.prefill(states, args.ctx)
+        one, two = [1] * b, [2] * b
+        dec = _median_ms(lambda: run.forward(states, one), args.reps)
+        mtp = _median_ms(lambda: run.mtp(states, one), args.reps)
+        ver = _median_ms(lambda: run.forward(states, two), max(3, args.reps // 2))
+        roof_bytes = _decode_roof_bytes(model, b, args.ctx)
+        roof = torch.tensor([roof_bytes], dtype=torch.float64, device=dev)
+        if dist.is_initialized():
+            dist.all_reduce(roof, op=dist.ReduceOp.MAX)
+        roof_ms = float(roof) / (out["copy_GBps"] * 1e9) * 1e3
+        row = {"batch": b, "ctx": args.ctx, "decode_ms": dec, "mtp_ms": mtp, "verify2_ms": ver,
+               "tok_per_s": b / dec * 1e3, "roof_ms": roof_ms, "roof_x": dec / roof_ms}
+        out["decode"].append(row)
+        say(f"B={b:3d} ctx={args.ctx}: decode {dec:8.1f} ms/step ({b / dec * 1e3:7.1f} tok/s), "
+            f"MTP draft {mtp:6.1f} ms, verify(2 tok) {ver:8.1f} ms, roofline {roof_ms:.2f} ms ({dec / roof_ms:.0f}x)")
+        del states
+        if gpu:
+            torch.cuda.empty_cache()
+
+    out["peak_GB_per_gpu"] = torch.cuda.max_memory_allocated(dev) / 1e9 if gpu else 0.0
+    if first and args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    _sync()
+    from dsv4.distributed import destroy_parallel
+    destroy_parallel()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "configs",
+                                                    "deepseek-v4-flash.config.json"))
+    p.add_argument("--world", type=int, default=2, help="GPUs (ignored under torchrun)")
+    p.add_argument("--tp", type=int, default=None)
+    p.add_argument("--ep", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None, help="keep the first N layers (default: all)")
+    p.add_argument("--batches", default="1,8,16,64")
+    p.add_argument("--ctx", type=int, default=1024, help="context of each decoding sequence")
+    p.add_argument("--prefill", type=int, default=8192)
+    p.add_argument("--prefill-reps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--ceiling-rows", type=int, default=1, help="rows of the all-reduce latency probe")
+    p.add_argument("--json", default=None)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    args = p.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",") if b]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_parallel needs CUDA GPUs (or --device cpu for a smoke run)")
+    from dsv4.distributed.launcher import run_ranks
+    run_ranks(_rank_main, args, args.world)
+
+
+if __name__ == "__main__":
+    main()
