@@ -51,8 +51,9 @@ def act_quant_ref(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, to
     return quantize_act(x, block)
 
 
-def fp8_gemm_ref(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Reference FP8 GEMM on pre-quantised activations: bf16 [..., N].
+def fp8_gemm_ref(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                 out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Reference FP8 GEMM on pre-quantised activations: [..., N] in out_dtype.
 
     Dequantising both operands to fp32 is exact (power-of-two scales), so one fp32 product equals
     the per-block accumulation up to fp32 summation order.
@@ -61,13 +62,14 @@ def fp8_gemm_ref(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: 
 
     a = q.to(torch.float32) * s.repeat_interleave(BLOCK, dim=-1)
     w = dequantize_fp8_block(weight, scale, torch.float32)
-    return (a @ w.t()).to(torch.bfloat16)
+    return (a @ w.t()).to(out_dtype)
 
 
-def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Reference FP8 block linear: bf16 x [..., K] -> bf16 [..., N]."""
+def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Reference FP8 block linear: bf16 x [..., K] -> [..., N] in out_dtype."""
     q, s = act_quant_ref(x)
-    return fp8_gemm_ref(q, s, weight, scale)
+    return fp8_gemm_ref(q, s, weight, scale, out_dtype)
 
 
 def grouped_linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -216,7 +218,7 @@ if HAS_TRITON:
         if SPLIT_OUT:
             tl.store(c_ptrs, acc, mask=c_mask)
         else:
-            tl.store(c_ptrs, acc.to(tl.bfloat16), mask=c_mask)
+            tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=c_mask)
 
     @triton.jit
     def _split_reduce_kernel(P, C, numel, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr):
@@ -225,7 +227,7 @@ if HAS_TRITON:
         acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
         for s in tl.static_range(SPLIT):
             acc += tl.load(P + s * numel + offs, mask=mask, other=0.0)
-        tl.store(C + offs, acc.to(tl.bfloat16), mask=mask)
+        tl.store(C + offs, acc.to(C.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------- launch configuration
@@ -363,17 +365,20 @@ def fp8_gemm(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: torc
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-               config: LinearConfig | None = None) -> torch.Tensor:
-    """Triton FP8 block linear: bf16 x [..., K] -> bf16 [..., N] (contract of `fp8_linear_ref`)."""
+               config: LinearConfig | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Triton FP8 block linear: bf16 x [..., K] -> [..., N] in out_dtype (bf16, or fp32 for a
+    row-parallel partial sum that is rounded after the all-reduce); contract of `fp8_linear_ref`."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"fp8_linear: expected a bf16 input, got {x.dtype}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"fp8_linear: out_dtype must be bfloat16 or float32, got {out_dtype}")
     k = x.shape[-1]
     _check_weight(weight, scale, k)
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, n = x2.shape[0], weight.shape[0]
-    out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out.view(*x.shape[:-1], n)
     cfg = config or pick_linear_config(m, n, k)

@@ -29,8 +29,8 @@ CUDA, one process or sharded) keeps the FP8 linear weights quantised and runs th
 `dsv4.kernels.fp8_linear`, and runs the routed experts through `dsv4.kernels.moe.fused_moe` with
 MXFP4/FP8 weights kept packed; everything else stays in torch. "auto" picks "triton" when the model
 is built on CUDA in bf16 and triton imports, else "torch". Sharded, the row-parallel partial sums
-(wo_b, shared w2) leave the FP8 kernel rounded to bf16 before the all-reduce (one extra rounding
-against one process; bf16-level differences, checked by `dsv4.distributed.selfcheck --kernels`).
+(wo_b, shared w2) leave the FP8 kernel in fp32 and are rounded once after the all-reduce, as in the
+torch path (`dsv4.distributed.selfcheck --kernels triton` checks it on GPUs).
 
 Batches are flat: see `dsv4.model.context` for packing sequences and carrying their decode state.
 
@@ -338,6 +338,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             t = targets[name]
             if t.is_floating_point() and t.dtype not in STORED_QUANT_DTYPES and not torch.isfinite(t).all():
                 raise ValueError(f"{name}: contains NaN or infinity after loading")
+        targets = t = None  # packing below frees the per-expert tensors: hold no references to them
         if self.mtp:
             self.mtp[0].ready = bool(mtp) and mtp <= self._loaded
         if self.kernels == "triton":  # an unloaded MTP block keeps its (empty) experts unpacked

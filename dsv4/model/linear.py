@@ -131,6 +131,8 @@ class Linear(nn.Module):
             if self.kernel_format != "fp8":
                 raise RuntimeError("MXFP4 expert weights run only inside the fused MoE kernel")
             from dsv4.kernels.fp8_linear import fp8_linear
+            if out_dtype == torch.float32:  # a partial sum: unrounded, like the torch path
+                return fp8_linear(x, self.weight, self.scale, out_dtype=torch.float32)
             y = fp8_linear(x, self.weight, self.scale)
             return y if out_dtype is None else y.to(out_dtype)
         if not input_ready:

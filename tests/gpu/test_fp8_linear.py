@@ -59,6 +59,23 @@ def test_fp8_linear_default_config(n, k, m, poison, close_bf16):
     close_bf16(fp8_linear(x, w, s), fp8_linear_ref(x, w, s), what=f"fp8_linear {m}x{n}x{k}")
 
 
+@pytest.mark.parametrize("n,k", [(4096, 128), (4096, 4096), (4096, 1024)])
+@pytest.mark.parametrize("m", [1, 64, 300])
+def test_fp8_linear_fp32_partial(n, k, m, poison):
+    """out_dtype=float32 (row-parallel partial sums): the unrounded fp32 result of the reference GEMM."""
+    from dsv4.kernels.fp8_linear import fp8_linear, fp8_linear_ref
+
+    gen = torch.Generator(DEV).manual_seed(n + k + m + 5)
+    x = _x(m, k, gen)
+    w, s = _weight(n, k, gen, "float32")
+    poison()
+    y = fp8_linear(x, w, s, out_dtype=torch.float32)
+    ref = fp8_linear_ref(x, w, s, out_dtype=torch.float32)
+    assert y.dtype == torch.float32 and torch.isfinite(y).all()
+    err = float((y.double() - ref.double()).norm() / ref.double().norm())
+    assert err < 1e-5, err  # fp32 summation order only (a bf16 rounding would show ~1e-3)
+
+
 def _configs():
     from dsv4.kernels.fp8_linear import LinearConfig
 
