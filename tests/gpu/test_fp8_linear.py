@@ -73,7 +73,10 @@ def test_fp8_linear_fp32_partial(n, k, m, poison):
     ref = fp8_linear_ref(x, w, s, out_dtype=torch.float32)
     assert y.dtype == torch.float32 and torch.isfinite(y).all()
     err = float((y.double() - ref.double()).norm() / ref.double().norm())
-    assert err < 1e-5, err  # fp32 summation order only (a bf16 rounding would show ~1e-3)
+    # Hopper's FP8 MMA accumulates with a shortened mantissa (measured 1.2e-4 here), well under the
+    # ~1e-3 that one bf16 rounding adds; and the output really is unrounded fp32:
+    assert err < 5e-4, err
+    assert float((y != y.to(torch.bfloat16).float()).float().mean()) > 0.9
 
 
 def _configs():
