@@ -75,9 +75,14 @@ def _copy_bandwidth(dev) -> float:
     return 2 * a.numel() / (ms * 1e-3)  # read + write
 
 
-def _allreduce(dev, numel: int, dtype) -> float:
+def _allreduce(dev, numel: int, dtype, iters: int = 50) -> float:
+    """Milliseconds per all-reduce, from back-to-back calls (the sync/barrier around them amortised)."""
     t = torch.randn(numel, device=dev).to(dtype)
-    return _median_ms(lambda: dist.all_reduce(t), 20, warmup=5)
+
+    def loop():
+        for _ in range(iters):
+            dist.all_reduce(t)
+    return _median_ms(loop, 5, warmup=1) / iters
 
 
 class Runner:
@@ -163,7 +168,7 @@ def _rank_main(rank: int, args) -> None:
     if ps.world_size > 1:
         out["allreduce_row_us"] = 1e3 * _allreduce(dev, args.ceiling_rows * 4096, torch.bfloat16)
         n = 128 << 20 if gpu else 1 << 20
-        ms = _allreduce(dev, n, torch.bfloat16)
+        ms = _allreduce(dev, n, torch.bfloat16, iters=5)
         out["allreduce_busbw_GBps"] = 2 * (ps.world_size - 1) / ps.world_size * (2 * n) / (ms * 1e-3) / 1e9
     say(f"ceilings: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()})}")
 

@@ -1,4 +1,8 @@
-"""One transformer block (spec §2.2): mHC around attention, then mHC around the MoE."""
+"""One transformer block (spec §2.2): mHC around attention, then mHC around the MoE.
+
+Kernel mode (`use_mhc_kernels`, bf16 on CUDA): the mHC sites run through dsv4.kernels.mhc — pre with
+the sub-layer's RMSNorm fused, the attention's post fused with the MoE's pre — five launches per
+block instead of ~250 small torch ops (Sinkhorn's 20 iterations dominate those)."""
 from __future__ import annotations
 
 import torch
@@ -30,11 +34,30 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.attn = Attention(config, spec, dtype, numerics, layout)
         self.ffn = MoE(config, spec, dtype, numerics, layout)
+        self.mhc = None  # kernel mode: {site: dsv4.kernels.mhc.MixWeight}
+
+    def use_mhc_kernels(self) -> None:
+        """Run mHC through the Triton kernels (after the weights are final; call again after a reload)."""
+        from dsv4.kernels.mhc import prepare_mix
+        self.mhc = {site: prepare_mix(getattr(self, f"hc_{site}_fn")) for site in ("attn", "ffn")}
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
                 segments: list[Segment]) -> torch.Tensor:
         """x: residual streams [T, hc, D] -> [T, hc, D]."""
+        if self.mhc is not None:
+            return self._forward_kernels(x, token_ids, positions, segments)
         u, post, comb = hc_pre(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, **self.hc_kwargs)
         x = hc_post(self.attn(self.attn_norm(u), positions, segments), x, post, comb)
         u, post, comb = hc_pre(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, **self.hc_kwargs)
         return hc_post(self.ffn(self.ffn_norm(u), token_ids), x, post, comb)
+
+    def _forward_kernels(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
+                         segments: list[Segment]) -> torch.Tensor:
+        from dsv4.kernels import mhc
+        kw = self.hc_kwargs
+        u, post, comb = mhc.hc_pre(x, self.mhc["attn"], self.hc_attn_base, self.hc_attn_scale,
+                                   norm_weight=self.attn_norm.weight, **kw)
+        f = self.attn(u, positions, segments)
+        x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base, self.hc_ffn_scale,
+                                           norm_weight=self.ffn_norm.weight, **kw)
+        return mhc.hc_post(self.ffn(u, token_ids), x, post, comb)

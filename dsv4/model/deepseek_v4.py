@@ -27,7 +27,8 @@ Numerics (`numerics=`; full detail in docs/numerics.md):
 Kernels (`kernels=`): "torch" (default on CPU) is the reference path above. "triton" (bf16 model on
 CUDA, one process or sharded) keeps the FP8 linear weights quantised and runs them through
 `dsv4.kernels.fp8_linear`, and runs the routed experts through `dsv4.kernels.moe.fused_moe` with
-MXFP4/FP8 weights kept packed; everything else stays in torch. "auto" picks "triton" when the model
+MXFP4/FP8 weights kept packed, and the mHC sites and the HC head (+ final norm) through
+`dsv4.kernels.mhc`; everything else stays in torch. "auto" picks "triton" when the model
 is built on CUDA in bf16 and triton imports, else "torch". Sharded, the row-parallel partial sums
 (wo_b, shared w2) leave the FP8 kernel in fp32 and are rounded once after the all-reduce, as in the
 torch path (`dsv4.distributed.selfcheck --kernels triton` checks it on GPUs).
@@ -122,6 +123,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         with quantized_weights(config.expert_dtype) if self.kernels == "triton" else nullcontext():
             self._build(config, dtype, parallel)
         self._loaded: set[str] = set()
+        self._head_mix = None  # kernel mode: the HC head's dsv4.kernels.mhc.MixWeight
         self._pending: dict[str, dict[str, torch.Tensor]] = {}  # quantised weight waiting for its pair
         self._finalized = False
         self._mtp_target: torch.Tensor | None = None
@@ -194,6 +196,11 @@ class DeepseekV4ForCausalLM(nn.Module):
             segments = [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans, ctx.states) if n]
             x = layer(x, input_ids, positions, segments)
         self._mtp_target = x.flatten(1)
+        if self._head_mix is not None:  # kernel mode: HC head + final norm in two launches
+            from dsv4.kernels.mhc import hc_head as hc_head_kernel
+            return hc_head_kernel(x, self._head_mix, self.hc_head_base, self.hc_head_scale,
+                                  hc_eps=self.config.hc_eps, norm_eps=self.config.rms_norm_eps,
+                                  norm_weight=self.norm.weight)
         y = hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
                     hc_eps=self.config.hc_eps, norm_eps=self.config.rms_norm_eps)
         return self.norm(y)
@@ -346,4 +353,9 @@ class DeepseekV4ForCausalLM(nn.Module):
             for m in (m for b in blocks for m in b.modules()):
                 if isinstance(m, MoE):
                     m.pack_experts()
+            if self.config.hc_mult == 4:  # the mHC kernels name four streams
+                from dsv4.kernels.mhc import prepare_mix
+                for b in blocks:
+                    b.use_mhc_kernels()
+                self._head_mix = prepare_mix(self.hc_head_fn)
         self._finalized = True
