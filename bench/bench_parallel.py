@@ -162,7 +162,8 @@ def _rank_main(rank: int, args) -> None:
     gpu = dev.type == "cuda"
     first = ps.is_first
     say = (lambda *a: print(*a, flush=True)) if first else (lambda *a: None)
-    out: dict = {"world": ps.world_size, "tp": ps.tp, "ep": ps.ep, "gpu": torch.cuda.get_device_name(dev) if gpu else "cpu"}
+    out: dict = {"world": ps.world_size, "tp": ps.tp, "ep": ps.ep, "cuda_graphs": args.cuda_graphs,
+                 "gpu": torch.cuda.get_device_name(dev) if gpu else "cpu"}
 
     out["copy_GBps"] = _copy_bandwidth(dev) / 1e9
     if ps.world_size > 1:
@@ -179,6 +180,8 @@ def _rank_main(rank: int, args) -> None:
                                       kernels="triton" if gpu else "torch")
     model.load_random_weights(seed=1)
     model.eval()
+    if args.cuda_graphs:
+        model.enable_cuda_graphs(max_batch=max(args.batches))
     _sync()
     out["layers"] = cfg.num_layers
     out["build_s"] = time.perf_counter() - t0
@@ -258,6 +261,7 @@ def main(argv=None) -> None:
     p.add_argument("--ceiling-rows", type=int, default=1, help="rows of the all-reduce latency probe")
     p.add_argument("--json", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--cuda-graphs", action="store_true", help="decode through piecewise CUDA graphs (1 GPU)")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",") if b]
     if args.device == "cuda" and not torch.cuda.is_available():

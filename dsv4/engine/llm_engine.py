@@ -70,7 +70,8 @@ class LLMEngine:
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, device: str = "auto", dtype: torch.dtype | None = None,
                         numerics: str = "reference", engine_config: EngineConfig | None = None,
-                        kernels: str = "auto") -> "LLMEngine":
+                        kernels: str = "auto", cuda_graphs: bool = False) -> "LLMEngine":
+        """cuda_graphs: decode steps as piecewise CUDA graphs (one GPU; dsv4.model.graphs)."""
         from .. import load_model
         from ..chat.tokenizer import load_tokenizer
         from .assets import default_model_path
@@ -88,6 +89,8 @@ class LLMEngine:
             log.warning("no usable MTP block (speculative decoding unavailable): %s", problem)
         model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative,
                            kernels=kernels)
+        if cuda_graphs:
+            model.enable_cuda_graphs(max_batch=(engine_config or EngineConfig()).max_num_seqs)
         tokenizer = load_tokenizer(path)
         return cls(model, model.config, tokenizer, engine_config, model_name=path.name)
 

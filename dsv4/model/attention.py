@@ -14,6 +14,8 @@ K=V head, the compressors and the indexer are replicated (every head needs all o
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -29,20 +31,42 @@ from dsv4.model.rope import RotaryEmbedding, apply_rope
 QUERY_BLOCK = 256  # queries scored together; bounds the score tensor to ~QUERY_BLOCK x (window + block)
 
 
+class AttentionInputs(NamedTuple):
+    """What `Attention.prepare` computes per token for `attend` and `finish`."""
+    q: torch.Tensor                      # [T, H, Dh] normed, RoPE'd
+    kv: torch.Tensor                     # [T, Dh] the shared K=V head (FP8-simulated nope dims)
+    cos: torch.Tensor                    # [T, rope_dim/2]
+    sin: torch.Tensor
+    rows: tuple | None                   # main compressor rows (C, Z) fp32
+    index_rows: tuple | None             # indexer compressor rows
+    index_q: torch.Tensor | None         # [T, Hi, di]
+    index_w: torch.Tensor | None         # [T, Hi]
+    dtype: torch.dtype
+
+
 def sink_attention(q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor,
                    window: int, entries: torch.Tensor | None, entry_mask: torch.Tensor | None,
-                   sink: torch.Tensor, scale: float) -> torch.Tensor:
+                   sink: torch.Tensor, scale: float, first: tuple[int, int] | None = None,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """One softmax over (window keys visible to each query) U (masked compressed entries), plus sink.
 
     q [n, H, Dh], q_pos [n]; keys [K, Dh] with ascending positions key_pos [K] (K = V);
-    entries [N, Dh] with entry_mask [n, N]; sink [H] (fp32). Returns [n, H, Dh] in q.dtype.
+    entries [N, Dh] with entry_mask [n, N]; sink [H] (fp32). Returns [n, H, Dh] in q.dtype (written
+    into `out` when given). `first = (q_pos[0], key_pos[0])` says that both position lists are
+    consecutive (the model's case), so the key range of a query block is found without reading
+    positions back from the device.
     """
     acc = acc_dtype(q.dtype)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     for b0 in range(0, q.shape[0], QUERY_BLOCK):
         qb, pb = q[b0:b0 + QUERY_BLOCK], q_pos[b0:b0 + QUERY_BLOCK]
-        lo = int(torch.searchsorted(key_pos, pb[0] - window + 1))
-        hi = int(torch.searchsorted(key_pos, pb[-1], right=True))
+        if first is not None:
+            p0 = first[0] + b0
+            lo = max(0, p0 - window + 1 - first[1])
+            hi = min(keys.shape[0], p0 + qb.shape[0] - first[1])
+        else:
+            lo = int(torch.searchsorted(key_pos, pb[0] - window + 1))
+            hi = int(torch.searchsorted(key_pos, pb[-1], right=True))
         kb, kpos = keys[lo:hi], key_pos[lo:hi]
         visible = (kpos[None, :] <= pb[:, None]) & (kpos[None, :] > pb[:, None] - window)
         values = kb
@@ -92,6 +116,15 @@ class Attention(nn.Module):
 
     def forward(self, a: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
         """a: attention input (after attn_norm) [T, D] of the flat batch -> output [T, D]."""
+        pre = self.prepare(a, positions)
+        return self.finish(self.attend(pre, positions, segments), pre)
+
+    # A forward is prepare (per token, no state) -> attend (per sequence, reads/writes the state) ->
+    # finish (per token). Decode under CUDA graphs (dsv4.model.graphs) captures prepare and finish
+    # and runs attend eagerly between them.
+
+    def prepare(self, a: torch.Tensor, positions: torch.Tensor) -> AttentionInputs:
+        """Projections, norms, RoPE and the compressor/indexer rows of the flat batch."""
         cos, sin = self.rope.cos_sin(positions)
         a_in = self.wq_a.prepare_input(a)  # shared by wq_a and wkv
         q_latent = self.q_norm(self.wq_a(a_in, input_ready=True))
@@ -102,40 +135,50 @@ class Attention(nn.Module):
         if self.numerics.simulate_kv_fp8:
             kv = simulate_kv_fp8(kv, self.nope_dim)
         rows = self.compressor.project(a, positions) if self.compressor else None
+        index_rows = index_q = index_w = None
         if self.indexer:
             index_rows = self.indexer.compressor.project(a, positions)
             index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin)
+        return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype)
 
-        out = torch.empty_like(q)
+    def attend(self, pre: AttentionInputs, positions: torch.Tensor, segments: list[Segment],
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Per sequence: update its state and attend; returns (or fills) [T, H, Dh] before inverse RoPE."""
+        q, kv, rows, index_rows = pre.q, pre.kv, pre.rows, pre.index_rows
+        out = torch.empty_like(q) if out is None else out
         for seg in segments:
             sl = slice(seg.start, seg.start + seg.length)
             state, pos = seg.state, positions[sl]
+            done = state.num_tokens
             entries = entry_mask = None
             new_rows = {}
             if self.compressor:
-                self.compressor.update(state, rows[0][sl], rows[1][sl], a.dtype)
+                self.compressor.update(state, rows[0][sl], rows[1][sl], pre.dtype)
                 new_rows["main"] = (rows[0][sl], rows[1][sl])
                 entries = state.entries("main")
                 if self.indexer:
-                    self.indexer.compressor.update(state, index_rows[0][sl], index_rows[1][sl], a.dtype)
+                    self.indexer.compressor.update(state, index_rows[0][sl], index_rows[1][sl], pre.dtype)
                     new_rows["index"] = (index_rows[0][sl], index_rows[1][sl])
-                    entry_mask = self.indexer.select(index_q[sl], index_w[sl], state.entries("index"), pos)
+                    entry_mask = self.indexer.select(pre.index_q[sl], pre.index_w[sl], state.entries("index"), pos)
                 else:  # HCA: every complete entry is visible
-                    entry_idx = torch.arange(entries.shape[0], device=a.device)
+                    entry_idx = torch.arange(entries.shape[0], device=q.device)
                     entry_mask = entry_idx[None, :] < ((pos + 1) // self.compressor.ratio)[:, None]
             past_kv, past_pos = state.window()
             keys = torch.cat((past_kv, kv[sl]))
             key_pos = torch.cat((past_pos, pos))
-            out[sl] = sink_attention(q[sl], pos, keys, key_pos, self.window, entries, entry_mask,
-                                     self.attn_sink, self.scale)
+            sink_attention(q[sl], pos, keys, key_pos, self.window, entries, entry_mask, self.attn_sink,
+                           self.scale, first=(done, done - past_kv.shape[0]), out=out[sl])
             state.append_tokens(kv[sl], new_rows)
+        return out
 
-        out = apply_rope(out, cos[:, None], -sin[:, None])  # undo the keys' rotation carried by V = K
+    def finish(self, out: torch.Tensor, pre: AttentionInputs) -> torch.Tensor:
+        """Inverse RoPE, grouped wo_a, wo_b (row-parallel all-reduce when sharded) -> [T, D]."""
+        out = apply_rope(out, pre.cos[:, None], -pre.sin[:, None])  # undo the keys' rotation carried by V = K
         grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
-        acc = acc_dtype(a.dtype)
+        acc = acc_dtype(pre.dtype)
         wo_a = self.wo_a.acc_weight().unflatten(0, (self.groups, self.group_rank))
-        low_rank = torch.einsum("tgi,gri->tgr", grouped.to(acc), wo_a).to(a.dtype)
+        low_rank = torch.einsum("tgi,gri->tgr", grouped.to(acc), wo_a).to(pre.dtype)
         if self.layout is None:
             return self.wo_b(low_rank.flatten(1))
         partial = self.wo_b(low_rank.flatten(1), out_dtype=acc)  # row-parallel: sum over ranks, then round
-        return self.layout.ps.reduce_tp(partial).to(a.dtype)
+        return self.layout.ps.reduce_tp(partial).to(pre.dtype)

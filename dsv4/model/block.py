@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from dsv4.config import LayerSpec, ModelConfig
-from dsv4.model.attention import Attention
+from dsv4.model.attention import Attention, AttentionInputs
 from dsv4.model.context import Segment
 from dsv4.model.hyper import hc_post, hc_pre
 from dsv4.model.moe import MoE
@@ -44,20 +44,33 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
                 segments: list[Segment]) -> torch.Tensor:
         """x: residual streams [T, hc, D] -> [T, hc, D]."""
+        hc, pre = self.pre(x, positions)
+        return self.post(x, self.attn.attend(pre, positions, segments), pre, hc, token_ids)
+
+    # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
+    # them and runs `attn.attend` eagerly in between.
+
+    def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[tuple, AttentionInputs]:
+        """mHC pre of the attention site + attention `prepare` -> ((post, comb), attention inputs)."""
         if self.mhc is not None:
-            return self._forward_kernels(x, token_ids, positions, segments)
-        u, post, comb = hc_pre(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, **self.hc_kwargs)
-        x = hc_post(self.attn(self.attn_norm(u), positions, segments), x, post, comb)
+            from dsv4.kernels import mhc
+            u, post, comb = mhc.hc_pre(x, self.mhc["attn"], self.hc_attn_base, self.hc_attn_scale,
+                                       norm_weight=self.attn_norm.weight, **self.hc_kwargs)
+        else:
+            u, post, comb = hc_pre(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, **self.hc_kwargs)
+            u = self.attn_norm(u)
+        return (post, comb), self.attn.prepare(u, positions)
+
+    def post(self, x: torch.Tensor, attended: torch.Tensor, pre: AttentionInputs, hc: tuple,
+             token_ids: torch.Tensor | None) -> torch.Tensor:
+        """Attention `finish`, mHC post, the MoE site -> the block's output streams."""
+        f = self.attn.finish(attended, pre)
+        post, comb = hc
+        if self.mhc is not None:
+            from dsv4.kernels import mhc
+            x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base,
+                                               self.hc_ffn_scale, norm_weight=self.ffn_norm.weight, **self.hc_kwargs)
+            return mhc.hc_post(self.ffn(u, token_ids), x, post, comb)
+        x = hc_post(f, x, post, comb)
         u, post, comb = hc_pre(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, **self.hc_kwargs)
         return hc_post(self.ffn(self.ffn_norm(u), token_ids), x, post, comb)
-
-    def _forward_kernels(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
-                         segments: list[Segment]) -> torch.Tensor:
-        from dsv4.kernels import mhc
-        kw = self.hc_kwargs
-        u, post, comb = mhc.hc_pre(x, self.mhc["attn"], self.hc_attn_base, self.hc_attn_scale,
-                                   norm_weight=self.attn_norm.weight, **kw)
-        f = self.attn(u, positions, segments)
-        x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base, self.hc_ffn_scale,
-                                           norm_weight=self.ffn_norm.weight, **kw)
-        return mhc.hc_post(self.ffn(u, token_ids), x, post, comb)

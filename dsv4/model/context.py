@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dsv4.model.rope import check_positions
+
 from dsv4.model.state import LayerState, SequenceState
 
 
@@ -71,13 +73,19 @@ def sequence_spans(ctx: ForwardContext, positions: torch.Tensor, lengths: list[i
     total = sum(int(n) for n in ctx.seq_lens)
     if total != positions.shape[0]:
         raise ValueError(f"ForwardContext.seq_lens sums to {total} but the batch has {positions.shape[0]} tokens")
-    spans, start = [], 0
-    for i, (n, done) in enumerate(zip(ctx.seq_lens, lengths)):
+    spans, start, expected = [], 0, []
+    for n, done in zip(ctx.seq_lens, lengths):
         n = int(n)
-        expected = torch.arange(done, done + n, device=positions.device)
-        if not torch.equal(positions[start:start + n], expected):
-            raise ValueError(f"sequence {i}: positions {positions[start:start + n].tolist()[:8]}... must continue "
-                             f"its state, i.e. run {done}..{done + n - 1}")
+        expected.append(torch.arange(done, done + n))
         spans.append((start, n))
         start += n
+    expected = torch.cat(expected) if expected else torch.empty(0, dtype=torch.long)
+    if expected.numel():
+        check_positions(int(expected.max()))
+    if not torch.equal(positions.cpu().long(), expected):  # one transfer for the whole batch
+        for i, ((start, n), done) in enumerate(zip(spans, lengths)):
+            got = positions[start:start + n].tolist()
+            if got != list(range(done, done + n)):
+                raise ValueError(f"sequence {i}: positions {got[:8]}... must continue its state, i.e. run "
+                                 f"{done}..{done + n - 1}")
     return spans

@@ -124,6 +124,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             self._build(config, dtype, parallel)
         self._loaded: set[str] = set()
         self._head_mix = None  # kernel mode: the HC head's dsv4.kernels.mhc.MixWeight
+        self._graphs = None  # dsv4.model.graphs.DecodeGraphs after enable_cuda_graphs()
         self._pending: dict[str, dict[str, torch.Tensor]] = {}  # quantised weight waiting for its pair
         self._finalized = False
         self._mtp_target: torch.Tensor | None = None
@@ -149,6 +150,15 @@ class DeepseekV4ForCausalLM(nn.Module):
                                  if c.num_nextn_predict_layers else [])
 
     # ---- inference API -------------------------------------------------------------------
+    def enable_cuda_graphs(self, max_batch: int = 64, capture: bool = True) -> None:
+        """Run decode steps (one token per sequence, up to max_batch sequences) as piecewise CUDA
+        graphs, captured per batch bucket on first use (dsv4.model.graphs). Single process; call
+        after finalize_weights. `capture=False` runs the same pieces eagerly (tests)."""
+        if not self._finalized:
+            raise RuntimeError("enable_cuda_graphs: call finalize_weights() first")
+        from dsv4.model.graphs import DecodeGraphs
+        self._graphs = DecodeGraphs(self, max_batch, capture)
+
     def new_sequence_state(self, max_rollback: int = 4) -> SequenceState:
         return SequenceState.create(self.config, self.dtype, self.embed.weight.device, max_rollback)
 
@@ -176,7 +186,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             raise ValueError(f"input_ids must be [{t}] (one id per position), got "
                              f"{None if input_ids is None else tuple(input_ids.shape)}")
         else:
-            h = self.embed(input_ids)
+            h = None  # embedded below, or inside the decode graph
         if input_ids is None and self.config.num_hash_layers:
             raise ValueError("input_ids are required: hash-routed MoE layers route by token id")
         if input_ids is not None:
@@ -191,11 +201,24 @@ class DeepseekV4ForCausalLM(nn.Module):
                 raise ValueError(f"SequenceState ({s.dtype}, {len(s.layers)} layers) does not belong to this "
                                  f"model ({self.dtype}, {len(self.layers)} layers); use model.new_sequence_state()")
         spans = sequence_spans(ctx, positions, [s.num_tokens for s in ctx.states])
+
+        def segments(i: int) -> list[Segment]:
+            return [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans, ctx.states) if n]
+
+        if self._graphs is not None and inputs_embeds is None and self._graphs.handles(ctx.seq_lens):
+            hidden = self._graphs.step(input_ids, positions, segments)
+            self._mtp_target = self._graphs.last_streams(t).flatten(1)
+            return hidden
+        if h is None:
+            h = self.embed(input_ids)
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         for i, layer in enumerate(self.layers):
-            segments = [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans, ctx.states) if n]
-            x = layer(x, input_ids, positions, segments)
+            x = layer(x, input_ids, positions, segments(i))
         self._mtp_target = x.flatten(1)
+        return self.final_hidden(x)
+
+    def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """HC head + final norm: residual streams [T, hc, D] -> hidden [T, D]."""
         if self._head_mix is not None:  # kernel mode: HC head + final norm in two launches
             from dsv4.kernels.mhc import hc_head as hc_head_kernel
             return hc_head_kernel(x, self._head_mix, self.hc_head_base, self.hc_head_scale,
@@ -359,3 +382,5 @@ class DeepseekV4ForCausalLM(nn.Module):
                     b.use_mhc_kernels()
                 self._head_mix = prepare_mix(self.hc_head_fn)
         self._finalized = True
+        if self._graphs is not None:  # graphs captured from the old weights are dropped
+            self.enable_cuda_graphs(self._graphs.max_batch, self._graphs.capture)

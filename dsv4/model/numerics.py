@@ -97,14 +97,20 @@ def _hadamard64(n: int) -> torch.Tensor:
     return h / n ** 0.5
 
 
-def hadamard_matrix(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Normalised Sylvester-Hadamard matrix, H[i, j] = (-1)^popcount(i & j) / sqrt(n)."""
-    return _hadamard64(n).to(dtype)
+def hadamard_matrix(n: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Normalised Sylvester-Hadamard matrix, H[i, j] = (-1)^popcount(i & j) / sqrt(n); cached per
+    device, so a forward never copies it from the host (and can run under CUDA-graph capture)."""
+    return _hadamard_on(n, dtype, torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _hadamard_on(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return _hadamard64(n).to(device=device, dtype=dtype)
 
 
 def simulate_indexer_fp4(x: torch.Tensor) -> torch.Tensor:
     """Hadamard-rotate the last dim, then FP4-simulate it in blocks of 32 (spec §2.6.2)."""
     from dsv4.quant.mxfp4 import fake_quant_fp4
     acc = acc_dtype(x.dtype)
-    rotated = (x.to(acc) @ hadamard_matrix(x.shape[-1], acc).to(x.device)).to(x.dtype)
+    rotated = (x.to(acc) @ hadamard_matrix(x.shape[-1], acc, x.device)).to(x.dtype)
     return _blockwise(fake_quant_fp4, rotated, 32)

@@ -56,10 +56,22 @@ class RotaryEmbedding:
         self.rope = rope
         self.acc = acc
         self.omega = rope_frequencies(rope_dim, rope)
+        self._omega_on: dict[torch.device, torch.Tensor] = {}  # one copy per device: no transfer per call
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if positions.numel() and int(positions.max()) >= 1 << 24:
-            raise ValueError(f"position {int(positions.max())} is not exactly representable in fp32")
-        angles = positions.to(torch.float32)[:, None] * self.omega.to(positions.device)[None, :]
+        """Positions must be < 2^24 (exact in fp32): `check_positions` once per forward, not here (no
+        host sync per layer, and CUDA-graph capturable)."""
+        omega = self._omega_on.get(positions.device)
+        if omega is None:
+            omega = self._omega_on[positions.device] = self.omega.to(positions.device)
+        angles = positions.to(torch.float32)[:, None] * omega[None, :]
         angles = angles.to(self.acc)
         return angles.cos(), angles.sin()
+
+
+MAX_POSITION = 1 << 24
+
+
+def check_positions(max_position: int) -> None:
+    if max_position >= MAX_POSITION:
+        raise ValueError(f"position {max_position} is not exactly representable in fp32 (RoPE needs < 2^24)")

@@ -1,0 +1,127 @@
+"""Decode steps under piecewise CUDA graphs (one token per sequence, single process).
+
+A decode step of L layers is cut where it touches per-sequence state:
+
+    piece 0      embed -> layer 0 `pre`                       (captured)
+    attend 0     layer 0 attention over each sequence's state (eager: state sizes change every step)
+    piece i      layer i-1 `post` -> layer i `pre`            (captured)
+    ...
+    piece L      layer L-1 `post` -> HC head + final norm     (captured)
+
+so the mHC, projection, norm/RoPE, MoE and HC-head work of a step is L + 1 graph replays instead of
+thousands of launches, and the eager part is only the state reads/writes and the attention itself
+(the design vLLM calls piecewise graphs). Graphs are captured per batch bucket (1, 2, 4, ... 64;
+a batch is padded to the next bucket with position 0 / token 0 rows that no sequence reads) the
+first time a bucket is used; all graphs of a bucket share one memory pool and are replayed in the
+order they were captured. Results equal the eager kernel-mode model bit for bit at a bucket's exact
+size (the same kernels on the same rows); a padded batch may pick another MoE launch shape.
+
+`capture=False` runs the same pieces eagerly through the same static buffers (CPU tests of the
+plumbing). Sharded models are not captured (collectives inside graphs are not set up here).
+"""
+from __future__ import annotations
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class _Bucket:
+    """Static buffers and pieces of one batch size."""
+
+    def __init__(self, model, size: int, capture: bool):
+        dev = model.embed.weight.device
+        self.model, self.size, self.capture = model, size, capture
+        self.ids = torch.zeros(size, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(size, dtype=torch.long, device=dev)
+        n = len(model.layers)
+        self.x: list = [None] * (n + 1)      # residual streams entering layer i (x[n]: after the last)
+        self.hc: list = [None] * n           # mHC (post, comb) of layer i's attention site
+        self.pre: list = [None] * n          # AttentionInputs of layer i
+        self.attended: list = [None] * n     # attend outputs: inputs of piece i + 1
+        self.hidden = None
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        pieces = [self._piece(i) for i in range(n + 1)]
+        if capture:
+            self._capture(pieces)
+        self.pieces = pieces
+
+    def _piece(self, i: int):
+        m, n = self.model, len(self.model.layers)
+
+        def run() -> None:
+            if i == 0:
+                h = m.embed(self.ids)
+                x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
+            else:
+                layer = m.layers[i - 1]
+                x = layer.post(self.x[i - 1], self.attended[i - 1], self.pre[i - 1], self.hc[i - 1], self.ids)
+            self.x[i] = x
+            if i < n:
+                self.hc[i], self.pre[i] = m.layers[i].pre(x, self.pos)
+                if self.attended[i] is None:
+                    self.attended[i] = torch.zeros_like(self.pre[i].q)  # read by the warm-up and capture
+            else:
+                self.hidden = m.final_hidden(x)
+        return run
+
+    def _capture(self, pieces) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: kernels compiled, lazy weight copies made
+            for _ in range(2):
+                for run in pieces:
+                    run()
+        torch.cuda.current_stream().wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        for run in pieces:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                run()
+            self.graphs.append(g)
+
+    def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
+        b = input_ids.shape[0]
+        self.ids[:b].copy_(input_ids)
+        self.pos[:b].copy_(positions)
+        if b < self.size:
+            self.ids[b:].zero_()
+            self.pos[b:].zero_()
+        for i in range(len(self.pieces)):
+            if self.capture:
+                self.graphs[i].replay()
+            else:
+                self.pieces[i]()
+            if i < len(self.model.layers):
+                self.model.layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i),
+                                                 out=self.attended[i])
+        return self.hidden[:b].clone()  # the static buffer is overwritten by the next step
+
+
+class DecodeGraphs:
+    """The buckets of a model (see the module docstring); built lazily."""
+
+    def __init__(self, model, max_batch: int = 64, capture: bool = True):
+        if model.layout is not None:
+            raise ValueError("CUDA-graph decode is single-process only (a sharded model runs eagerly)")
+        if capture and model.embed.weight.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device (capture=False runs the pieces eagerly)")
+        self.model, self.capture = model, capture
+        self.sizes = [b for b in BUCKETS if b <= max_batch] or [1]
+        self.max_batch = self.sizes[-1]
+        self._buckets: dict[int, _Bucket] = {}
+
+    def handles(self, seq_lens) -> bool:
+        return 0 < len(seq_lens) <= self.max_batch and all(int(n) == 1 for n in seq_lens)
+
+    def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
+        """Hidden states [B, D] of one decode step; the residual streams land in `last_streams(B)`."""
+        size = next(s for s in self.sizes if s >= input_ids.shape[0])
+        bucket = self._buckets.get(size)
+        if bucket is None:
+            bucket = self._buckets[size] = _Bucket(self.model, size, self.capture)
+        self._last = bucket
+        return bucket.step(input_ids, positions, segments_per_layer)
+
+    def last_streams(self, b: int) -> torch.Tensor:
+        return self._last.x[-1][:b].clone()
