@@ -87,10 +87,11 @@ class Embedding(nn.Module):
         rows = layout.vocab if layout is not None else vocab_size
         self.weight = nn.Parameter(torch.empty(rows, dim, dtype=dtype), requires_grad=False)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, validate: bool = True) -> torch.Tensor:
+        """validate=False: the caller checked the ids' range already (no host sync; graph capture)."""
         if ids.dtype not in (torch.int64, torch.int32) or ids.dim() != 1:
             raise ValueError(f"token ids must be a 1-D int tensor, got {ids.dtype} {tuple(ids.shape)}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+        if validate and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"token id out of range [0, {self.vocab_size}): "
                              f"min {int(ids.min())}, max {int(ids.max())}")
         if self.layout is None:

@@ -51,7 +51,7 @@ class _Bucket:
 
         def run() -> None:
             if i == 0:
-                h = m.embed(self.ids)
+                h = m.embed(self.ids, validate=False)  # the model's forward checked the real ids
                 x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
             else:
                 layer = m.layers[i - 1]
