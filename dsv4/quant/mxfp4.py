@@ -9,6 +9,8 @@ encode to code 8 (-0), like an IEEE conversion.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dsv4.quant.e8m0 import e8m0_bytes, e8m0_to_float, float_to_e8m0, pow2_ceil
@@ -27,6 +29,12 @@ E2M1_VALUES = torch.tensor(
 _TIES_DOWN = (0.25, 1.25, 2.5, 5.0)  # v >  t  -> next code
 _TIES_UP = (0.75, 1.75, 3.5)  # v >= t  -> next code
 
+
+
+@functools.lru_cache(maxsize=None)
+def _e2m1_values(device: torch.device) -> torch.Tensor:
+    """E2M1_VALUES on `device`, copied once (no host copy per call: CUDA-graph capturable)."""
+    return E2M1_VALUES.to(device)
 
 def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     """RNE e2m1 codes (uint8) of x after clamping to ±6; comparisons in fp32 (fp64 for fp64 input)."""
@@ -59,7 +67,7 @@ def _check_codes(codes: torch.Tensor, name: str) -> None:
 def e2m1_decode(codes: torch.Tensor, name: str = "codes") -> torch.Tensor:
     """e2m1 codes (uint8 0..15) -> float32 values (code 8 is -0.0)."""
     _check_codes(codes, name)
-    return E2M1_VALUES.to(codes.device)[codes.long()]
+    return _e2m1_values(codes.device)[codes.long()]
 
 
 def pack_e2m1(codes: torch.Tensor, name: str = "codes") -> torch.Tensor:
@@ -120,7 +128,7 @@ def dequantize_mxfp4(
             f"{tuple(packed.shape)} (expected {(*codes.shape[:-1], k // MXFP4_GROUP)})"
         )
     s = e8m0_to_float(scale, name=f"{name} scale")
-    values = E2M1_VALUES.to(codes.device)[codes.long()]
+    values = _e2m1_values(codes.device)[codes.long()]
     w = values.view(*codes.shape[:-1], k // MXFP4_GROUP, MXFP4_GROUP) * s.unsqueeze(-1)
     return w.reshape(codes.shape).to(dtype)
 
@@ -130,7 +138,7 @@ def fake_quant_fp4(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     e2m1-round x/s and return the dequantised values in x's dtype (NaN propagates via s)."""
     g = _groups(x, block, "fake_quant_fp4")
     s = _group_scales(g.abs().amax(dim=-1)).unsqueeze(-1)
-    values = E2M1_VALUES.to(x.device)[_e2m1_codes(g / s).long()]
+    values = _e2m1_values(x.device)[_e2m1_codes(g / s).long()]
     return (values * s).reshape(x.shape).to(x.dtype)
 
 
@@ -179,7 +187,7 @@ def mxfp4_to_fp8_block(
     # either way, so clamping the shift keeps the result identical while staying in fp32 range.
     tile_byte_per_group = tile_byte.repeat_interleave(FP8_TILE, 0).repeat_interleave(per_tile, 1)
     shift = (b - tile_byte_per_group[:n, :groups]).clamp_min(-126)
-    values = E2M1_VALUES.to(codes.device)[codes.long()].view(n, groups, MXFP4_GROUP)
+    values = _e2m1_values(codes.device)[codes.long()].view(n, groups, MXFP4_GROUP)
     scaled = values * _pow2_int(shift).unsqueeze(-1)
     wq = scaled.reshape(n, k).to(torch.float8_e4m3fn)  # |scaled| <= 6 * 2^6 = 384: no clamp needed
     return wq, tile_byte.to(torch.uint8).view(torch.float8_e8m0fnu), bad_tiles
