@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative", choices=["mtp"], default=None)
     p.add_argument("--num-draft-tokens", type=int, default=1)
+    p.add_argument("--cuda-graphs", action="store_true",
+                    help="decode steps as piecewise CUDA graphs (one GPU; docs/benchmarks.md #6)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     max_len = args.prompt_len + args.output_len + 1
     ec = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch * args.prompt_len, 256),
                       max_model_len=max_len, speculative=args.speculative, num_draft_tokens=args.num_draft_tokens)
-    engine = LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=ec)
+    engine = LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=ec,
+                                       cuda_graphs=args.cuda_graphs)
     g = torch.Generator().manual_seed(args.seed)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     for i in range(args.batch):

@@ -92,10 +92,10 @@ def _main(rank: int, args) -> None:
                 err = float((got - ref).abs().max() / ref.abs().max())
                 rms = float((got - ref).norm() / ref.norm())
                 same = sum(a == b for a, b in zip(text, ref_text))
+                first = next((i for i, (a, b) in enumerate(zip(text, ref_text)) if a != b), None)
                 print(f"tp={tp} ep={ep} {comm:9s} {args.dtype} kernels={args.kernels}: max rel error {err:.3e}, "
                       f"rel RMS {rms:.3e}, greedy {same}/{len(ref_text)} tokens equal"
-                      f"{' (first differs at ' + str(next(i for i, (a, b) in enumerate(zip(text, ref_text)) if a != b)) + ')' if same < len(ref_text) else ''}",
-                      flush=True)
+                      f"{'' if first is None else f' (first differs at {first})'}", flush=True)
     finally:
         destroy_parallel()
 

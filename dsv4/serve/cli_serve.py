@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
+    g.add_argument("--cuda-graphs", action="store_true",
+                    help="decode steps as piecewise CUDA graphs (one GPU; docs/benchmarks.md #6)")
     g = p.add_argument_group("serving limits")
     g.add_argument("--max-queued", type=int, default=256,
                    help="sequences waiting beyond --max-num-seqs; more are refused with 429")
@@ -80,7 +82,8 @@ def build_core(args: argparse.Namespace):
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len, speculative=args.speculative,
                           num_draft_tokens=args.num_draft_tokens)
-    return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config)
+    return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
+                                     cuda_graphs=getattr(args, "cuda_graphs", False))
 
 
 def run(args: argparse.Namespace) -> int:
