@@ -82,3 +82,9 @@ def test_text_prompt_without_tokenizer_is_a_one_line_error(ckpt, tmp_path):
     line = one_line_error(dsv4_cli("generate", "--model", str(bare), "--max-tokens", "2", "hello"))
     assert "tokenizer" in line
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_cuda_graphs_without_a_gpu_is_a_one_line_error(ckpt):
+    line = one_line_error(dsv4_cli("generate", "--model", str(ckpt), "--device", "cpu", "--cuda-graphs", "hello"))
+    assert "CUDA" in line
