@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from dsv4.config import LayerSpec, ModelConfig
 from dsv4.model.compressor import Compressor
@@ -85,6 +86,28 @@ def sink_attention(q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, key
     return out
 
 
+def _lengths_mask(lengths: list[int], width: int, device, left: bool = False) -> torch.Tensor:
+    """[B, width] bool: the first (or, left-padded, the last) lengths[b] slots of row b."""
+    n = torch.tensor(lengths, device=device)[:, None]
+    slot = torch.arange(width, device=device)[None, :]
+    return slot >= width - n if left else slot < n
+
+
+def _sink_attention_decode(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sink: torch.Tensor,
+                           scale: float, out: torch.Tensor) -> None:
+    """`sink_attention` for one query per sequence over padded keys: q [B, H, Dh], keys [B, K, Dh],
+    visible [B, K] -> out [B, H, Dh] (same arithmetic, masked slots get zero weight)."""
+    acc = acc_dtype(q.dtype)
+    values = keys.to(acc)
+    scores = torch.einsum("bhd,bkd->bhk", q.to(acc), values) * scale
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    peak = scores.amax(dim=-1, keepdim=True)  # finite: the token's own kv is always visible
+    probs = torch.exp(scores - peak)
+    denom = probs.sum(dim=-1) + torch.exp(sink.to(acc)[None, :] - peak.squeeze(-1))
+    probs = probs.to(q.dtype).to(acc)
+    out.copy_((torch.einsum("bhk,bkd->bhd", probs, values) / denom.unsqueeze(-1)).to(q.dtype))
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics,
                  layout=None):
@@ -146,6 +169,8 @@ class Attention(nn.Module):
         """Per sequence: update its state and attend; returns (or fills) [T, H, Dh] before inverse RoPE."""
         q, kv, rows, index_rows = pre.q, pre.kv, pre.rows, pre.index_rows
         out = torch.empty_like(q) if out is None else out
+        if len(segments) > 1 and all(seg.length == 1 and seg.start == i for i, seg in enumerate(segments)):
+            return self._attend_decode(pre, segments, out)
         for seg in segments:
             sl = slice(seg.start, seg.start + seg.length)
             state, pos = seg.state, positions[sl]
@@ -169,6 +194,41 @@ class Attention(nn.Module):
             sink_attention(q[sl], pos, keys, key_pos, self.window, entries, entry_mask, self.attn_sink,
                            self.scale, first=(done, done - past_kv.shape[0]), out=out[sl])
             state.append_tokens(kv[sl], new_rows)
+        return out
+
+    def _attend_decode(self, pre: AttentionInputs, segments: list[Segment], out: torch.Tensor) -> torch.Tensor:
+        """One token per sequence (rows 0..B-1): the state updates stay per sequence, the indexer and
+        the attention run once over the batch, keys padded per sequence and masked out."""
+        b, dev = len(segments), pre.q.device
+        windows, entries, index_keys = [], [], []
+        for i, seg in enumerate(segments):
+            state, new_rows = seg.state, {}
+            if self.compressor:
+                c, z = pre.rows[0][i:i + 1], pre.rows[1][i:i + 1]
+                self.compressor.update(state, c, z, pre.dtype)
+                new_rows["main"] = (c, z)
+                entries.append(state.entries("main"))
+                if self.indexer:
+                    c, z = pre.index_rows[0][i:i + 1], pre.index_rows[1][i:i + 1]
+                    self.indexer.compressor.update(state, c, z, pre.dtype)
+                    new_rows["index"] = (c, z)
+                    index_keys.append(state.entries("index"))
+            windows.append(state.window()[0])  # a copy: safe from the append below
+            state.append_tokens(pre.kv[i:i + 1], new_rows)
+        # every past window key is visible to the new token; left padding keeps them next to it
+        keys = [pad_sequence(windows, batch_first=True, padding_side="left"), pre.kv[:b, None]]
+        visible = [_lengths_mask([w.shape[0] for w in windows], keys[0].shape[1], dev, left=True),
+                   torch.ones(b, 1, dtype=torch.bool, device=dev)]
+        if self.compressor:
+            counts = [e.shape[0] for e in entries]
+            keys.append(pad_sequence(entries, batch_first=True))
+            present = _lengths_mask(counts, keys[-1].shape[1], dev)
+            if self.indexer and keys[-1].shape[1]:
+                present = self.indexer.select_padded(pre.index_q[:b], pre.index_w[:b],
+                                                     pad_sequence(index_keys, batch_first=True), present)
+            visible.append(present)  # HCA: every complete entry
+        _sink_attention_decode(pre.q[:b], torch.cat(keys, 1), torch.cat(visible, 1), self.attn_sink, self.scale,
+                               out[:b])
         return out
 
     def finish(self, out: torch.Tensor, pre: AttentionInputs) -> torch.Tensor:

@@ -48,6 +48,19 @@ class Indexer(nn.Module):
         weights = self.weights_proj(a) * self.weight_scale
         return q, weights
 
+    def select_padded(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                      present: torch.Tensor) -> torch.Tensor:
+        """Decode batch, one query per sequence: q [B, Hi, di], weights [B, Hi], keys [B, N, di] padded,
+        present [B, N] (a sequence's keys, all visible to its new token) -> mask [B, N]. Same
+        scores, ties and top-k as `select` on each sequence alone; padding is never picked."""
+        acc = acc_dtype(q.dtype)
+        scores = torch.relu(torch.einsum("bhd,bnd->bhn", q.to(acc), keys.to(acc)).to(q.dtype))
+        scores = (scores.to(acc) * weights.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
+        scores = scores.masked_fill(~present, float("-inf"))
+        picked = top_k_lowest_index(scores, min(self.topk, keys.shape[1]))
+        mask = torch.zeros_like(present)
+        return mask.scatter_(1, picked, present.gather(1, picked))
+
     def select(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         """Boolean mask [T, N]: which of the N keys each query attends to."""
