@@ -18,16 +18,8 @@ from dsv4.kernels.fp8_linear import (
     grouped_linear_bf16_ref,
     pick_linear_config,
 )
-from dsv4.kernels.moe import (
-    ExpertWeights,
-    MoEConfig,
-    PackedExperts,
-    finalize_experts,
-    fused_moe,
-    fused_moe_ref,
-    pick_moe_config,
-    repack_fp4,
-)
+from dsv4.kernels.moe import MoEConfig, fused_moe, fused_moe_ref, pick_moe_config
+from dsv4.kernels.moe_layout import ExpertWeights, PackedExperts, finalize_experts, repack_fp4
 from dsv4.kernels.moe_align import max_blocks, moe_align, moe_align_ref
 
 __all__ = [

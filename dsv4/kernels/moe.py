@@ -11,10 +11,8 @@ are e2m1 codes with one E8M0 scale per 32 inputs; each 32-wide K group is an exa
 reference's. `act="bf16"` is the W4A16 option: the weights are widened to bf16 and the activations
 are not quantised (not reference-exact; kept as a measured alternative).
 
-Layouts: `ExpertWeights` is the checkpoint layout stacked over experts; `finalize_experts` turns
-it once into `PackedExperts` (w1/w3 fused, nibbles repacked so that each 32-byte chunk holds two
-whole 32-wide K groups — low nibbles one group, high nibbles the next — and group scales stored
-packed 4 per int32 word).
+Layouts (`ExpertWeights` -> `finalize_experts` -> `PackedExperts`) live in dsv4.kernels.moe_layout and
+are re-exported here.
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
 FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
@@ -34,60 +32,15 @@ import torch.nn.functional as F
 
 from dsv4.kernels.fp8_linear import HAS_TRITON, act_quant
 from dsv4.kernels.moe_align import moe_align
+from dsv4.kernels.moe_layout import (  # noqa: F401  (ExpertWeights, finalize_experts: re-exported)
+    BLOCK, ExpertWeights, PackedExperts, check_packed, finalize_experts,
+)
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     from dsv4.kernels.fp8_linear import _pow2_scale, _quant_rows
-
-BLOCK = 128
-GROUP = 32
-MAX_FP4_SCALE_BYTE = 248  # the kernel builds 2^(b - 121) from fp32 exponent bits
-
-
-@dataclass
-class ExpertWeights:
-    """Routed experts in checkpoint layout, stacked over E experts.
-
-    mxfp4: w1/w3 int8 [E, I, D/2], w1_scale/w3_scale E8M0 [E, I, D/32], w2 int8 [E, D, I/2], w2_scale [E, D, I/32].
-    fp8:   w1/w3 e4m3 [E, I, D], scales float32 (or E8M0) [E, I/128, D/128], w2 [E, D, I], w2_scale [E, D/128, I/128].
-    """
-
-    fmt: str
-    w1: torch.Tensor
-    w1_scale: torch.Tensor
-    w2: torch.Tensor
-    w2_scale: torch.Tensor
-    w3: torch.Tensor
-    w3_scale: torch.Tensor
-
-    @property
-    def num_experts(self) -> int:
-        return self.w1.shape[0]
-
-    @property
-    def inter(self) -> int:
-        return self.w1.shape[1]
-
-    @property
-    def hidden(self) -> int:
-        return self.w2.shape[1]
-
-
-@dataclass
-class PackedExperts:
-    """Kernel layout made by `finalize_experts` (see the module docstring)."""
-
-    fmt: str
-    num_experts: int
-    hidden: int
-    inter: int
-    w13: torch.Tensor  # mxfp4: uint8 [E, 2I, D/2] repacked; fp8: e4m3 [E, 2I, D]
-    w13_scale: torch.Tensor  # mxfp4: int32 [E, 2I, D/128] (4 E8M0 bytes); fp8: fp32 [E, 2I/128, D/128]
-    w2: torch.Tensor  # mxfp4: uint8 [E, D, I/2] repacked; fp8: e4m3 [E, D, I]
-    w2_scale: torch.Tensor  # mxfp4: int32 [E, D, I/128]; fp8: fp32 [E, D/128, I/128]
-
 
 # --------------------------------------------------------------------------- torch reference
 
@@ -145,9 +98,6 @@ def fused_moe_ref(
     return y.to(out_dtype)
 
 
-# --------------------------------------------------------------------------- finalize (once after load)
-
-
 def _check_act(act: str, fmt: str) -> None:
     if act not in ("fp8", "bf16"):
         raise ValueError(f"moe: act must be 'fp8' or 'bf16', got {act!r}")
@@ -155,65 +105,6 @@ def _check_act(act: str, fmt: str) -> None:
         raise ValueError(f"moe: expert format must be 'mxfp4' or 'fp8', got {fmt!r}")
     if fmt == "fp8" and act != "fp8":
         raise ValueError("moe: FP8 experts support only act='fp8'")
-
-
-def repack_fp4(packed: torch.Tensor) -> torch.Tensor:
-    """Checkpoint nibble order (byte j = elements 2j, 2j+1) -> kernel order (per 64 elements,
-    byte j = elements j and j+32, i.e. two whole 32-wide groups)."""
-    b = packed.view(torch.uint8)
-    k = b.shape[-1] * 2
-    el = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(*b.shape[:-1], k // 64, 2, 32)
-    return (el[..., 0, :] | (el[..., 1, :] << 4)).reshape(b.shape)
-
-
-def _fp4_scale_bytes(s: torch.Tensor, name: str) -> torch.Tensor:
-    if s.dtype not in (torch.float8_e8m0fnu, torch.uint8):
-        raise ValueError(f"{name}: expected E8M0 (float8_e8m0fnu or uint8) scales, got {s.dtype}")
-    b = s.view(torch.uint8)
-    if bool((b > MAX_FP4_SCALE_BYTE).any()):
-        raise ValueError(f"{name}: scale byte > {MAX_FP4_SCALE_BYTE} (>= 2^122 or NaN) is not supported")
-    return b
-
-
-def _pack_group_scales(b: torch.Tensor) -> torch.Tensor:
-    """uint8 [E, N, K/32] -> int32 [E, N, K/128]: the 4 group scales of one 128-wide K block in one
-    word (byte g = group g), so a program loads all its scales as one small [BN, K/128] tile."""
-    e, n, g = b.shape
-    return b.contiguous().view(torch.int32).view(e, n, g // 4)
-
-
-def finalize_experts(w: ExpertWeights) -> PackedExperts:
-    """Build the kernel layout once after load; the caller may drop `w` afterwards."""
-    e, i, h = w.num_experts, w.inter, w.hidden
-    if w.fmt == "mxfp4":
-        if w.w1.shape != (e, i, h // 2) or w.w3.shape != w.w1.shape or w.w2.shape != (e, h, i // 2):
-            raise ValueError(f"experts: inconsistent MXFP4 shapes w1 {tuple(w.w1.shape)}, w3 {tuple(w.w3.shape)}, "
-                             f"w2 {tuple(w.w2.shape)}")
-        if h % BLOCK or i % BLOCK:
-            raise ValueError(f"experts: hidden {h} and inter {i} must be multiples of 128")
-        w13 = torch.empty((e, 2 * i, h // 2), dtype=torch.uint8, device=w.w1.device)
-        w2 = torch.empty((e, h, i // 2), dtype=torch.uint8, device=w.w1.device)
-        for x in range(e):  # one expert at a time keeps the unpacked temporary small
-            w13[x, :i] = repack_fp4(w.w1[x])
-            w13[x, i:] = repack_fp4(w.w3[x])
-            w2[x] = repack_fp4(w.w2[x])
-        s13 = torch.cat([_fp4_scale_bytes(w.w1_scale, "w1_scale"), _fp4_scale_bytes(w.w3_scale, "w3_scale")], 1)
-        s2 = _fp4_scale_bytes(w.w2_scale, "w2_scale")
-        if s13.shape != (e, 2 * i, h // GROUP) or s2.shape != (e, h, i // GROUP):
-            raise ValueError(f"experts: MXFP4 scale shapes {tuple(s13.shape)} / {tuple(s2.shape)} do not match")
-        return PackedExperts("mxfp4", e, h, i, w13, _pack_group_scales(s13), w2, _pack_group_scales(s2))
-    if w.fmt == "fp8":
-        from dsv4.kernels.fp8_linear import _weight_scale_f32
-
-        if w.w1.dtype != torch.float8_e4m3fn or w.w1.shape != (e, i, h) or w.w2.shape != (e, h, i):
-            raise ValueError(f"experts: inconsistent FP8 shapes w1 {tuple(w.w1.shape)}, w2 {tuple(w.w2.shape)}")
-        s13 = torch.cat([_weight_scale_f32(w.w1_scale, "w1_scale"), _weight_scale_f32(w.w3_scale, "w3_scale")], 1)
-        s2 = _weight_scale_f32(w.w2_scale, "w2_scale")
-        if s13.shape != (e, 2 * i // BLOCK, h // BLOCK) or s2.shape != (e, h // BLOCK, i // BLOCK):
-            raise ValueError(f"experts: FP8 scale shapes {tuple(s13.shape)} / {tuple(s2.shape)} do not match")
-        return PackedExperts("fp8", e, h, i, torch.cat([w.w1, w.w3], 1).contiguous(), s13.contiguous(),
-                             w.w2.contiguous(), s2.contiguous())
-    raise ValueError(f"experts: unknown format {w.fmt!r}")
 
 
 # --------------------------------------------------------------------------- Triton kernels
@@ -463,22 +354,6 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
 # --------------------------------------------------------------------------- Triton entry point
 
 
-def _check_packed(p: PackedExperts) -> None:
-    """Shapes and dtypes of the kernel layout (a layout mix-up would otherwise read out of bounds)."""
-    e, d, i = p.num_experts, p.hidden, p.inter
-    if p.fmt == "mxfp4":
-        want = {"w13": ((e, 2 * i, d // 2), torch.uint8), "w13_scale": ((e, 2 * i, d // BLOCK), torch.int32),
-                "w2": ((e, d, i // 2), torch.uint8), "w2_scale": ((e, d, i // BLOCK), torch.int32)}
-    else:
-        want = {"w13": ((e, 2 * i, d), torch.float8_e4m3fn), "w13_scale": ((e, 2 * i // BLOCK, d // BLOCK), torch.float32),
-                "w2": ((e, d, i), torch.float8_e4m3fn), "w2_scale": ((e, d // BLOCK, i // BLOCK), torch.float32)}
-    for name, (shape, dtype) in want.items():
-        t = getattr(p, name)
-        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"PackedExperts.{name}: expected contiguous {dtype} {shape} (see finalize_experts), "
-                             f"got {t.dtype} {tuple(t.shape)}")
-
-
 def fused_moe(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -502,7 +377,7 @@ def fused_moe(
                          f"{tuple(topk_weights.shape)} do not match x {tuple(x.shape)}")
     if shared is not None and (shared.shape != x.shape or shared.dtype != torch.bfloat16):
         raise ValueError(f"fused_moe: shared must be bf16 {tuple(x.shape)}, got {shared.dtype} {tuple(shared.shape)}")
-    _check_packed(experts)
+    check_packed(experts)
     m, d = x.shape
     top_k = topk_ids.shape[1]
     e, i = experts.num_experts, experts.inter
