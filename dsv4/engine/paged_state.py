@@ -187,12 +187,22 @@ class PagedLayerState:
     def _table(self, kind: str) -> torch.Tensor:
         return torch.tensor(self.seq.block_tables[kind], dtype=torch.long, device=self.pools.device)
 
-    def _locate(self, kind: str, index: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        table = self._table(kind)
-        if int(index.max()) // page_size >= table.numel():
-            raise RuntimeError(f"layer {self.spec.index}: {kind} index {int(index.max())} beyond the "
-                               f"{table.numel()} pages allocated to request {self.seq.request_id!r}")
-        return table[index // page_size], index % page_size
+    def _locate(self, kind: str, index: torch.Tensor, page_size: int, max_index: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page, offset) of each slot index; `max_index` (= index.max(), known on the host) is
+        checked against the pages allocated here, so no value is read back from the device."""
+        pages = self.seq.block_tables[kind]
+        if max_index // page_size >= len(pages):
+            raise RuntimeError(f"layer {self.spec.index}: {kind} index {max_index} beyond the "
+                               f"{len(pages)} pages allocated to request {self.seq.request_id!r}")
+        return self._table(kind)[index // page_size], index % page_size
+
+    def _ring_slots(self, start: int, end: int) -> tuple[torch.Tensor, int]:
+        """Ring slots of positions [start, end) (end > start) and their largest slot."""
+        ring = self.pools.ring
+        slots = torch.arange(start, end, device=self.pools.device) % ring
+        wraps = end - start >= ring or start % ring > (end - 1) % ring
+        return slots, ring - 1 if wraps else (end - 1) % ring
 
     def _entry_kind(self, name: str) -> str:
         return f"compressed{self.ratio}" if name == "main" else "indexer4"
@@ -207,7 +217,8 @@ class PagedLayerState:
         pool = self.pools.window[self.spec.index]
         if positions.numel() == 0:
             return torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device), positions
-        pages, offs = self._locate("window", positions % self.pools.ring, pool.page_size)
+        slots, top = self._ring_slots(max(0, end - self.window_size + 1), end)
+        pages, offs = self._locate("window", slots, pool.page_size, top)
         return pool.read(pages, offs, self.pools.dtype), positions
 
     def compressor_rows(self, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -222,7 +233,8 @@ class PagedLayerState:
         pool = self.pools.entries[self.spec.index, name]
         if n == 0:
             return torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device)
-        pages, offs = self._locate(self._entry_kind(name), torch.arange(n, device=self.pools.device), pool.page_size)
+        pages, offs = self._locate(self._entry_kind(name), torch.arange(n, device=self.pools.device),
+                                   pool.page_size, n - 1)
         return pool.read(pages, offs, self.pools.dtype)
 
     def num_entries(self, name: str) -> int:
@@ -236,7 +248,7 @@ class PagedLayerState:
         n = self._n_entries[name]
         pool = self.pools.entries[self.spec.index, name]
         pages, offs = self._locate(self._entry_kind(name), torch.arange(n, n + k, device=self.pools.device),
-                                   pool.page_size)
+                                   pool.page_size, n + k - 1)
         pool.write(pages, offs, entries)
         self._n_entries[name] = n + k
 
@@ -249,8 +261,8 @@ class PagedLayerState:
         ring = self.pools.ring
         keep = min(n, ring)
         pool = self.pools.window[self.spec.index]
-        pages, offs = self._locate("window", torch.arange(end - keep, end, device=self.pools.device) % ring,
-                                   pool.page_size)
+        slots, top = self._ring_slots(end - keep, end)
+        pages, offs = self._locate("window", slots, pool.page_size, top)
         pool.write(pages, offs, kv[n - keep:])
         self.min_length = max(self.min_length, end - self.max_rollback)
         keep_from = oldest_needed_row(self.ratio, self.overlap, self.min_length)
