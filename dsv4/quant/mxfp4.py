@@ -103,16 +103,24 @@ def _groups(x: torch.Tensor, block: int, what: str) -> torch.Tensor:
     return x.to(work).reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
-def quantize_mxfp4(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., N, K] weight -> (packed int8 [..., N, K/2], scale float8_e8m0fnu [..., N, K/32])."""
+def quantize_mxfp4(w: torch.Tensor, name: str = "weight", validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., N, K] weight -> (packed int8 [..., N, K/2], scale float8_e8m0fnu [..., N, K/32]).
+
+    validate=False (the FP4 indexer-key cache, every decode step): no finiteness check and the scale
+    bytes taken straight from the fp32 exponent (the scales are normal powers of two by construction),
+    so nothing is read back from the device."""
     if not w.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point weight, got {w.dtype}")
-    if not bool(torch.isfinite(w).all()):
+    if validate and not bool(torch.isfinite(w).all()):
         raise ValueError(f"{name}: weight contains NaN or inf; cannot quantise to MXFP4")
     g = _groups(w.detach(), MXFP4_GROUP, name)
     s = _group_scales(g.abs().amax(dim=-1))
     codes = _e2m1_codes((g / s.unsqueeze(-1)).reshape(w.shape))
-    return pack_e2m1(codes, name), float_to_e8m0(s, name=f"{name} scale")
+    if validate:
+        scale = float_to_e8m0(s, name=f"{name} scale")
+    else:
+        scale = ((s.view(torch.int32) >> 23) & 0xFF).to(torch.uint8).view(torch.float8_e8m0fnu)
+    return pack_e2m1(codes, name), scale
 
 
 def dequantize_mxfp4(
