@@ -76,3 +76,16 @@ def test_batched_decode_equals_per_sequence(dtype, monkeypatch):
         agree = float((batched.argmax(-1) == alone.argmax(-1)).double().mean())
         print(f"bf16 batched vs per-sequence: rel {rel:.2e}, argmax agreement {agree:.4f}")
         assert rel < 1e-2 and agree > 0.98, (rel, agree)
+
+
+def test_batched_first_tokens_of_fresh_sequences():
+    """One-token prompts prefilled together take the batched path with empty windows and no entries."""
+    model = _model(torch.float32)
+    ids = torch.tensor([5, 77, 301])
+    fresh = [model.new_sequence_state() for _ in ids]
+    with torch.no_grad(), set_forward_context(ForwardContext([1, 1, 1], fresh)):
+        together = model.compute_logits(model(ids, torch.zeros(3, dtype=torch.long)))
+    for i, t in enumerate(ids):
+        st = model.new_sequence_state()
+        with torch.no_grad(), set_forward_context(ForwardContext([1], [st])):
+            assert torch.equal(model.compute_logits(model(t[None], torch.zeros(1, dtype=torch.long)))[0], together[i])

@@ -106,6 +106,9 @@ class DecodeGraphs:
             raise ValueError("CUDA-graph decode is single-process only (a sharded model runs eagerly)")
         if capture and model.embed.weight.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device (capture=False runs the pieces eagerly)")
+        if capture and model.kernels != "triton":
+            raise ValueError("CUDA graphs need kernels='triton' (the torch MoE path reads expert ids back to the "
+                             "host, which a captured graph cannot do)")
         self.model, self.capture = model, capture
         self.sizes = [b for b in BUCKETS if b <= max_batch] or [1]
         self.max_batch = self.sizes[-1]
