@@ -83,6 +83,8 @@ class Compressor(nn.Module):
 
     def update(self, state: LayerState, c_new: torch.Tensor, z_new: torch.Tensor, dtype: torch.dtype) -> None:
         """Append the entries that the chunk (c_new, z_new) of one sequence completes to `state`."""
+        if (state.num_tokens + c_new.shape[0]) // self.ratio == state.num_tokens // self.ratio:
+            return  # no window closes in this chunk (most decode steps): nothing to read or pool
         c_old, z_old, first = state.compressor_rows(self.kind)
         c, z = torch.cat((c_old, c_new)), torch.cat((z_old, z_new))
         pooled, first_entry = self.pool(c, z, first, state.num_tokens)
