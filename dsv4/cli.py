@@ -85,7 +85,7 @@ COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
 }
 
 
-PARALLEL_COMMANDS = ("generate", "serve")  # accept --tp/--ep (ranks spawned, or joined under torchrun)
+PARALLEL_COMMANDS = ("generate", "serve", "bench")  # accept --tp/--ep (ranks spawned, or joined under torchrun)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,48 +25,66 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="decode steps as piecewise CUDA graphs (one GPU; docs/benchmarks.md #6)")
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from .engine.llm_engine import EngineConfig, LLMEngine
-    from .engine.sampling_params import SamplingParams
-
+def check_arguments(args: argparse.Namespace) -> None:
     for name in ("batch", "prompt_len", "output_len"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    max_len = args.prompt_len + args.output_len + 1
-    ec = EngineConfig(max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch * args.prompt_len, 256),
-                      max_model_len=max_len, speculative=args.speculative, num_draft_tokens=args.num_draft_tokens)
+
+
+def engine_limits(args: argparse.Namespace) -> dict:
+    """max_num_seqs / max_num_batched_tokens / max_model_len for the benchmark's workload."""
+    return dict(max_num_seqs=args.batch, max_num_batched_tokens=max(args.batch * args.prompt_len, 256),
+                max_model_len=args.prompt_len + args.output_len + 1)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .engine.llm_engine import EngineConfig, LLMEngine
+
+    check_arguments(args)
+    ec = EngineConfig(**engine_limits(args), speculative=args.speculative, num_draft_tokens=args.num_draft_tokens)
     engine = LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=ec,
                                        cuda_graphs=args.cuda_graphs)
+    report(measure(engine, args, engine), args)
+    return 0
+
+
+def measure(core, args: argparse.Namespace, engine) -> dict:
+    """Run the workload through `core` (an LLMEngine, or rank 0's DistributedEngine) and time it."""
+    import torch
+
+    from .engine.sampling_params import SamplingParams
+
     g = torch.Generator().manual_seed(args.seed)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     for i in range(args.batch):
         ids = torch.randint(2, engine.vocab_size, (args.prompt_len,), generator=g).tolist()
-        engine.add_request(f"bench-{i}", ids, params)
+        core.add_request(f"bench-{i}", ids, params)
     t0 = time.perf_counter()
     first_token_at = None
     steps = 0
-    while engine.has_unfinished():
-        outs = engine.step()
+    while core.has_unfinished():
+        outs = core.step()
         steps += 1
         if first_token_at is None and any(o.token_ids for o in outs):
             first_token_at = time.perf_counter()
     end = time.perf_counter()
     if first_token_at is None:
         first_token_at = end
-    stats = engine.stats()
+    stats = core.stats()
     decode_tokens = args.batch * (args.output_len - 1)
-    result = {
+    speculative = getattr(args, "speculative", None)
+    return {
         "model": engine.model_name, "device": str(engine.device), "batch": args.batch,
         "prompt_len": args.prompt_len, "output_len": args.output_len, "steps": steps,
         "prefill_tok_per_s": args.batch * args.prompt_len / max(first_token_at - t0, 1e-9),
         "decode_tok_per_s": decode_tokens / max(end - first_token_at, 1e-9),
         "total_s": end - t0,
-        "speculative": args.speculative, "num_draft_tokens": args.num_draft_tokens if args.speculative else 0,
+        "speculative": speculative, "num_draft_tokens": args.num_draft_tokens if speculative else 0,
         "spec_acceptance_rate": stats.spec_acceptance_rate,
         "spec_mean_accepted_length": stats.spec_mean_accepted_length,
     }
+
+
+def report(result: dict, args: argparse.Namespace) -> None:
     json.dump(result, sys.stdout, indent=1)
     sys.stdout.write("\n")
-    return 0

@@ -219,3 +219,25 @@ def test_cli_spawns_ranks_and_matches_one_process_generate():
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == "".join(t + "\n" for t in want)
     assert any(w.strip() for w in want)
+
+
+def test_bench_runs_on_two_ranks_and_reports_json():
+    """`dsv4 bench --tp 2 --ep 2` (ranks spawned by the CLI): one JSON report from rank 0 with the
+    layout, every request run to its length (steps = 1 prefill + output_len - 1 decode steps)."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    run = subprocess.run([sys.executable, "-m", "dsv4", "bench", "--tp", "2", "--ep", "2", "--device", "cpu",
+                          "--batch", "3", "--prompt-len", "16", "--output-len", "5"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    assert (result["tp"], result["ep"], result["batch"], result["steps"]) == (2, 2, 3, 5)
+    assert result["decode_tok_per_s"] > 0 and result["prefill_tok_per_s"] > 0
+    bad = subprocess.run([sys.executable, "-m", "dsv4", "bench", "--tp", "2", "--device", "cpu", "--cuda-graphs"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "one GPU" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,4 +1,4 @@
-"""`dsv4 generate|serve ... --tp N --ep M` and `torchrun --nproc-per-node W -m dsv4 generate|serve ...`.
+"""`dsv4 generate|serve|bench ... --tp N --ep M` and `torchrun --nproc-per-node W -m dsv4 generate|...`.
 
 Wiring (dsv4/cli.py): add `add_parallel_arguments(p)` to the generate and serve parsers, and in
 `main`, after parsing, `if wants_parallel(args): return run_parallel(args.command, args, argv)`.
@@ -44,6 +44,8 @@ def run_parallel(command: str, args: argparse.Namespace, argv: list[str] | None 
         raise ValueError(f"dsv4 {command} does not run on several processes (supported: {', '.join(_COMMANDS)})")
     if getattr(args, "speculative", None):
         raise ValueError("--speculative is not supported with --tp/--ep > 1 yet")
+    if getattr(args, "cuda_graphs", False):
+        raise ValueError("--cuda-graphs runs on one GPU only (not with --tp/--ep > 1 yet)")
     if not launcher.under_launcher():
         tp, ep = launcher.resolve_sizes(args.tp, args.ep)
         world = ParallelConfig(tp, ep, args.moe_comm).world_size  # validates before starting anything
@@ -126,12 +128,34 @@ def _serve(args: argparse.Namespace, ps) -> int:
         core.shutdown()
 
 
-_COMMANDS = {"generate": _generate, "serve": _serve}
+def _bench(args: argparse.Namespace, ps) -> int:
+    from dsv4.cli_bench import check_arguments, engine_limits, measure, report
+    from dsv4.distributed.engine import DistributedEngine, worker_loop
+
+    check_arguments(args)
+    limits = engine_limits(args)
+    args.max_model_len = limits["max_model_len"]
+    engine = build_engine(args, ps, limits["max_num_seqs"], limits["max_num_batched_tokens"])
+    if not ps.is_first:
+        worker_loop(engine, ps)
+        return 0
+    core = DistributedEngine(engine, ps)
+    try:
+        result = measure(core, args, engine)
+        result.update(tp=ps.tp, ep=ps.ep, moe_comm=ps.moe_comm)
+        report(result, args)
+        return 0
+    finally:
+        core.shutdown()
+
+
+_COMMANDS = {"generate": _generate, "serve": _serve, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m dsv4.distributed.cli generate|serve ...`: the dsv4 subcommands' own options plus
     --tp/--ep/--moe-comm (the same code path as the wired `dsv4` command)."""
+    from dsv4.cli_bench import add_arguments as add_bench_arguments
     from dsv4.cli_generate import add_generate_arguments
 
     def add_serve_arguments(p):  # the server's modules need uvicorn: import them only to serve
@@ -141,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsv4.distributed.cli")
     sub = parser.add_subparsers(dest="command", required=True)
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
-    for name, add in (("generate", add_generate_arguments), ("serve", add_serve_arguments)):
+    for name, add in (("generate", add_generate_arguments), ("serve", add_serve_arguments),
+                      ("bench", add_bench_arguments)):
         p = sub.add_parser(name)
         if name == command:
             add(p)
