@@ -88,3 +88,13 @@ def test_text_prompt_without_tokenizer_is_a_one_line_error(ckpt, tmp_path):
 def test_cuda_graphs_without_a_gpu_is_a_one_line_error(ckpt):
     line = one_line_error(dsv4_cli("generate", "--model", str(ckpt), "--device", "cpu", "--cuda-graphs", "hello"))
     assert "CUDA" in line
+
+
+def test_bench_reports_json(ckpt):
+    import json
+    res = dsv4_cli("bench", "--model", str(ckpt), "--device", "cpu", "--batch", "2", "--prompt-len", "8",
+                   "--output-len", "3")
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert (result["batch"], result["steps"], result["speculative"]) == (2, 3, None)
+    assert result["decode_tok_per_s"] > 0
