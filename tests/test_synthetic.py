@@ -106,3 +106,29 @@ def test_fused_moe_ref_partials_add_up():
         total += fused_moe_ref(x, local, w, part, out_dtype=torch.float32)
     assert float((total - whole).abs().max()) <= 1e-6 * float(whole.abs().max())
     assert float(whole.abs().max()) > 0
+
+
+def test_ranks_fill_replicated_tensors_identically():
+    """Two ranks of a tp 2 x ep 2 layout, same seed: every tensor both hold whole (router, norms,
+    mHC, q latent, compressors, indexer) is equal, so routing agrees as with a real checkpoint; the
+    shards (TP slices, each rank's experts) differ."""
+    from types import SimpleNamespace
+
+    from dsv4.distributed.sharding import Layout
+
+    cfg = tiny_config("fp4", "sliding,csa,hca", num_hash_layers=1, moe_intermediate_size=256)
+    models = []
+    for rank in range(2):
+        m = DeepseekV4ForCausalLM(cfg, torch.float32, parallel=SimpleNamespace(tp=2, ep=2, rank=rank))
+        m.load_random_weights(7)
+        models.append(m)
+    layout = Layout(cfg, 2, 2, 0)
+    a, b = (dict(m.named_parameters()) | dict(m.named_buffers()) for m in models)
+    replicated = [n for n in a if layout.cut(n) is None and layout.owns(n) and a[n].numel()
+                  and ".experts." not in n]
+    assert len(replicated) > 50
+    for n in replicated:
+        assert torch.equal(a[n], b[n]), n
+    for n in ("layers.0.attn.wq_b.weight", "layers.1.attn.attn_sink", "layers.2.ffn.shared_experts.w2.weight"):
+        assert not torch.equal(a[n], b[n]), n
+    assert not torch.equal(a["layers.1.ffn.experts.0.w1.weight"], b["layers.1.ffn.experts.4.w1.weight"])

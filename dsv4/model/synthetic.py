@@ -6,7 +6,8 @@ random codes and one scale per block sized so that a dequantised row has the std
 (1/sqrt(in)): FP8 e4m3 codes ~ N(0, 2^2) with scale 2^round(log2(1/(2 sqrt(in)))), MXFP4 bytes
 uniform (e2m1 values have std ~2.93) with E8M0 scale 2^round(log2(1/(2.93 sqrt(in)))).
 Ranks that fill with the same seed build the same values for the tensors they replicate (parameter
-order and shapes agree across ranks), so routing and the mHC mixes agree as in a real checkpoint.
+order and shapes agree across ranks), so routing and the mHC mixes agree as in a real checkpoint;
+their shards (TP slices, routed experts) come from a second generator seeded by the rank, so they differ.
 """
 from __future__ import annotations
 
@@ -38,10 +39,18 @@ def _fill_quantized(lin: Linear, leaf: str, t: torch.Tensor, g: torch.Generator)
         t.fill_(2.0 ** _block_exponent(k, 2.0))
 
 
+def _is_shard(layout, module: str, leaf: str) -> bool:
+    """A TP slice or a routed expert (the rank's own part), not a replicated tensor."""
+    weight = f"{module}.weight" if leaf in ("weight", "scale") else f"{module}.{leaf}" if module else leaf
+    return ".experts." in module or layout.cut(weight) is not None
+
+
 def fill_random_weights(model, seed: int = 0) -> set[str]:
     """Fill every tensor of `model` in place (on its device); returns the names filled."""
     device = next(model.parameters()).device
-    g = torch.Generator(device).manual_seed(seed)
+    layout = getattr(model, "layout", None)
+    replicated = torch.Generator(device).manual_seed(seed)
+    sharded = torch.Generator(device).manual_seed(seed + 1 + 1009 * (layout.rank if layout is not None else 0))
     quantized = {n: m for n, m in model.named_modules() if isinstance(m, Linear) and m.kernel_format is not None}
     targets = dict(model.named_parameters()) | dict(model.named_buffers())
     with torch.no_grad():
@@ -49,6 +58,7 @@ def fill_random_weights(model, seed: int = 0) -> set[str]:
             if t.numel() == 0:
                 continue
             module, leaf = name.rsplit(".", 1) if "." in name else ("", name)
+            g = sharded if layout is not None and _is_shard(layout, module, leaf) else replicated
             if module in quantized:
                 _fill_quantized(quantized[module], leaf, t, g)
             else:
