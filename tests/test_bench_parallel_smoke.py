@@ -1,0 +1,34 @@
+"""bench/bench_parallel.py (the full-size multi-GPU benchmark) on CPU with gloo and a tiny config:
+the script's plumbing (ranks, random fill, prefill/decode/MTP/verify timing, roofline, JSON) keeps
+working between device sessions. Its numbers here mean nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bench_parallel_runs_on_two_cpu_ranks(tmp_path):
+    from dsv4.checkpoint.writer import tiny_config
+
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps(tiny_config("fp4", "sliding,csa,hca").to_dict()))
+    out = tmp_path / "out.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_parallel.py"), "--device", "cpu",
+                          "--config", str(cfg_path), "--world", "2", "--batches", "1,3", "--ctx", "20",
+                          "--prefill", "40", "--reps", "1", "--prefill-reps", "1", "--json", str(out)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert (result["world"], result["tp"], result["ep"], result["layers"]) == (2, 2, 2, 3)
+    assert [r["batch"] for r in result["decode"]] == [1, 3]
+    for r in result["decode"]:
+        assert r["decode_ms"] > 0 and r["mtp_ms"] > 0 and r["verify2_ms"] > 0 and r["roof_ms"] > 0
+    assert result["prefill"]["tokens"] == 40
