@@ -167,10 +167,10 @@ class Attention(nn.Module):
     def attend(self, pre: AttentionInputs, positions: torch.Tensor, segments: list[Segment],
                out: torch.Tensor | None = None) -> torch.Tensor:
         """Per sequence: update its state and attend; returns (or fills) [T, H, Dh] before inverse RoPE."""
-        q, kv, rows, index_rows = pre.q, pre.kv, pre.rows, pre.index_rows
-        out = torch.empty_like(q) if out is None else out
+        out = torch.empty_like(pre.q) if out is None else out
         if len(segments) > 1 and all(seg.length == 1 and seg.start == i for i, seg in enumerate(segments)):
             return self._attend_decode(pre, segments, out)
+        q, kv, rows, index_rows = pre.q, pre.kv, pre.rows, pre.index_rows
         for seg in segments:
             sl = slice(seg.start, seg.start + seg.length)
             state, pos = seg.state, positions[sl]

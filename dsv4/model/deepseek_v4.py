@@ -211,7 +211,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             self._mtp_target = self._graphs.last_streams(t).flatten(1)
             return hidden
         if h is None:
-            h = self.embed(input_ids)
+            h = self.embed(input_ids, validate=False)  # range checked above
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         for i, layer in enumerate(self.layers):
             x = layer(x, input_ids, positions, segments(i))
