@@ -75,6 +75,13 @@ class HybridCache:
             state = self.states[seq.request_id] = self.pools.new_state(seq)
         return state
 
+    def reserve(self, seq: Sequence, num_new_tokens: int):
+        """Pages for the next `num_new_tokens` tokens of `seq`, counted as computed; its state.
+        For driving the model without the scheduler (benchmarks, tests)."""
+        self.block_manager.allocate(seq, num_new_tokens)
+        seq.num_computed_tokens += num_new_tokens
+        return self.state_of(seq)
+
     def release(self, seq: Sequence) -> None:
         self.states.pop(seq.request_id, None)
 

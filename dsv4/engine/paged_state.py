@@ -32,20 +32,21 @@ KV_BLOCK = 64
 
 
 class _EntryPool:
-    """[pages, page_size, width] storage: plain, FP8 for the first `nope` dims, or MXFP4 (fp4)."""
+    """[pages, page_size, width] storage: plain, FP8 for the first `nope` dims, or MXFP4 (fp4).
+    Zero-filled, so that every slot ever read (masked padding included) holds finite values."""
 
     def __init__(self, pages: int, page_size: int, width: int, nope: int, fp8: bool, dtype, device,
                  fp4: bool = False):
         self.page_size, self.width, self.nope, self.fp8, self.fp4 = page_size, width, nope, fp8, fp4
         if fp4:
-            self.q = torch.empty(pages, page_size, width // 2, dtype=torch.int8, device=device)
-            self.s = torch.empty(pages, page_size, width // 32, dtype=torch.uint8, device=device)
+            self.q = torch.zeros(pages, page_size, width // 2, dtype=torch.int8, device=device)
+            self.s = torch.zeros(pages, page_size, width // 32, dtype=torch.uint8, device=device)
         elif fp8:
-            self.q = torch.empty(pages, page_size, nope, dtype=torch.float8_e4m3fn, device=device)
-            self.s = torch.empty(pages, page_size, nope // KV_BLOCK, dtype=torch.uint8, device=device)
-            self.rope = torch.empty(pages, page_size, width - nope, dtype=dtype, device=device)
+            self.q = torch.zeros(pages, page_size, nope, dtype=torch.float8_e4m3fn, device=device)
+            self.s = torch.zeros(pages, page_size, nope // KV_BLOCK, dtype=torch.uint8, device=device)
+            self.rope = torch.zeros(pages, page_size, width - nope, dtype=dtype, device=device)
         else:
-            self.data = torch.empty(pages, page_size, width, dtype=dtype, device=device)
+            self.data = torch.zeros(pages, page_size, width, dtype=dtype, device=device)
 
     def nbytes_per_slot(self) -> int:
         return entry_bytes(self.width, self.nope, self.fp8, self.fp4,
@@ -113,29 +114,33 @@ class PagedPools:
         self.max_rollback = max_rollback
         self.acc = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         fp8 = kv_dtype == "fp8"
+        self.fp8 = fp8
         kinds = block_manager.kinds
+        # one extra page per kind: the trash page, target of the writes a fixed-shape decode step
+        # does not want (windows still open, graph padding rows); see dsv4.engine.paged_decode
+        self.trash = {name: k.num_pages for name, k in kinds.items()}
         self.ring = config.window + max_rollback
         specs = list(config.layers) + ([config.mtp_layer] if config.num_nextn_predict_layers else [])
         self.window, self.entries, self.rows = {}, {}, {}
         for spec in specs:
             w = kinds["window"]
-            self.window[spec.index] = _EntryPool(w.num_pages, w.page_size, config.head_dim, config.nope_dim,
+            self.window[spec.index] = _EntryPool(w.num_pages + 1, w.page_size, config.head_dim, config.nope_dim,
                                                  fp8, dtype, device)
             if spec.has_compressor:
                 k = kinds[f"compressed{spec.compress_ratio}"]
-                self.entries[spec.index, "main"] = _EntryPool(k.num_pages, k.page_size, config.head_dim,
+                self.entries[spec.index, "main"] = _EntryPool(k.num_pages + 1, k.page_size, config.head_dim,
                                                               config.nope_dim, fp8, dtype, device)
                 st = kinds["state"]
                 c = 2 if spec.has_indexer else 1
                 cap = self.rows_cap(spec)
-                self.rows[spec.index, "main"] = torch.empty(2, st.num_pages, cap, c * config.head_dim,
+                self.rows[spec.index, "main"] = torch.zeros(2, st.num_pages + 1, cap, c * config.head_dim,
                                                             dtype=self.acc, device=device)
                 if spec.has_indexer:
                     k = kinds["indexer4"]
-                    self.entries[spec.index, "index"] = _EntryPool(k.num_pages, k.page_size, config.index_head_dim,
+                    self.entries[spec.index, "index"] = _EntryPool(k.num_pages + 1, k.page_size, config.index_head_dim,
                                                                    config.index_head_dim, False, dtype, device,
                                                                    fp4=fp8)
-                    self.rows[spec.index, "index"] = torch.empty(2, st.num_pages, cap, 2 * config.index_head_dim,
+                    self.rows[spec.index, "index"] = torch.zeros(2, st.num_pages + 1, cap, 2 * config.index_head_dim,
                                                                  dtype=self.acc, device=device)
 
     def rows_cap(self, spec: LayerSpec) -> int:
@@ -158,6 +163,11 @@ class PagedPools:
         window = sum(p.nbytes_per_slot() for p in self.window.values()) * self.ring
         state = sum(t[0, 0].numel() * t.element_size() * 2 for t in self.rows.values())
         return {"window": window, "state": state}
+
+    def decode_step(self, size: int, num_tokens: int):
+        """A fixed-shape decode step of `size` rows whose contexts reach at most `num_tokens` tokens."""
+        from .paged_decode import DecodeStep
+        return DecodeStep(self, size, DecodeStep.entry_pages_for(self, num_tokens))
 
     def new_state(self, seq):
         from ..model.state import SequenceState
@@ -279,6 +289,19 @@ class PagedLayerState:
                 raise RuntimeError(f"layer {self.spec.index}: {self._n_entries[name]} {name} entries after "
                                    f"{end} tokens (expected {end // self.ratio})")
         self.num_tokens = end
+
+    def advance_decode(self) -> None:
+        """Count one token whose kv, rows and (if it closed a window) entry a fixed-shape decode
+        step (dsv4.engine.paged_decode) has written: the bookkeeping half of `append_tokens`."""
+        end = self.num_tokens + 1
+        self.num_tokens = end
+        self.min_length = max(self.min_length, end - self.max_rollback)
+        if self._first:
+            keep_from = oldest_needed_row(self.ratio, self.overlap, self.min_length)
+            cap = self.pools.rows_cap(self.spec)
+            for name in self._first:
+                self._n_entries[name] = end // self.ratio
+                self._first[name] = max(self._first[name], keep_from, end - cap)
 
     def truncate(self, num_tokens: int) -> None:
         target = truncate_target(self, num_tokens)

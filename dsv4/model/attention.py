@@ -114,6 +114,8 @@ class Attention(nn.Module):
         super().__init__()
         c = config
         self.layout = layout
+        self.layer_index = spec.index
+        self.decode_kernel = False  # kernel mode: paged FP8 decode steps run dsv4.kernels.attention
         heads, groups = (layout.heads, layout.groups) if layout is not None else (c.num_heads, c.o_groups)
         self.n_heads, self.head_dim, self.rope_dim = heads, c.head_dim, c.rope_dim
         self.nope_dim = c.head_dim - c.rope_dim
@@ -164,10 +166,13 @@ class Attention(nn.Module):
             index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin)
         return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype)
 
-    def attend(self, pre: AttentionInputs, positions: torch.Tensor, segments: list[Segment],
-               out: torch.Tensor | None = None) -> torch.Tensor:
-        """Per sequence: update its state and attend; returns (or fills) [T, H, Dh] before inverse RoPE."""
+    def attend(self, pre: AttentionInputs, positions: torch.Tensor, segments: list[Segment] | None,
+               out: torch.Tensor | None = None, step=None) -> torch.Tensor:
+        """Per sequence: update its state and attend; returns (or fills) [T, H, Dh] before inverse RoPE.
+        `step` (a dsv4.engine.paged_decode.DecodeStep) replaces `segments` for a paged decode batch."""
         out = torch.empty_like(pre.q) if out is None else out
+        if step is not None:
+            return self._attend_step(pre, step, out)
         if len(segments) > 1 and all(seg.length == 1 and seg.start == i for i, seg in enumerate(segments)):
             return self._attend_decode(pre, segments, out)
         q, kv, rows, index_rows = pre.q, pre.kv, pre.rows, pre.index_rows
@@ -229,6 +234,52 @@ class Attention(nn.Module):
             visible.append(present)  # HCA: every complete entry
         _sink_attention_decode(pre.q[:b], torch.cat(keys, 1), torch.cat(visible, 1), self.attn_sink, self.scale,
                                out[:b])
+        return out
+
+    def _attend_step(self, pre: AttentionInputs, step, out: torch.Tensor) -> torch.Tensor:
+        """A paged decode step in fixed-shape batch ops (dsv4.engine.paged_decode): write the token's
+        kv, rows and (branch-free) entries, then one softmax over window U entries per row."""
+        layer = self.layer_index
+        step.write_kv(layer, pre.kv)
+        for comp, rows in ((self.compressor, pre.rows), (self.indexer and self.indexer.compressor, pre.index_rows)):
+            if comp:
+                step.write_rows(layer, comp.kind, *rows)
+                c, z, has_prev = step.window_rows(layer, comp.kind)
+                entries = comp.finish_at(comp.pool_window(c, z, has_prev), step.entry_positions(comp.ratio), pre.dtype)
+                step.write_entries(layer, comp.kind, entries)
+        picked = valid = None
+        if self.indexer:
+            index_keys, present = step.entries(layer, "index")
+            picked, valid = self.indexer.pick_padded(pre.index_q, pre.index_w, index_keys, present)
+        if self.decode_kernel and step.fp8:
+            return self._attend_step_kernel(pre, step, picked, valid, out)
+        keys, visible = step.window_keys(layer)
+        if self.indexer:
+            keys = torch.cat((keys, step.entries_at(layer, "main", picked)), dim=1)
+            visible = torch.cat((visible, valid), dim=1)
+        elif self.compressor:  # HCA: every complete entry
+            entries, present = step.entries(layer, "main")
+            keys, visible = torch.cat((keys, entries), dim=1), torch.cat((visible, present), dim=1)
+        _sink_attention_decode(pre.q, keys, visible, self.attn_sink, self.scale, out)
+        return out
+
+    def _attend_step_kernel(self, pre, step, picked, valid, out):
+        """The Triton kernel reads the FP8 pools itself; identity cos/sin keep the inverse RoPE in
+        `finish`, so both paths round the same way."""
+        from dsv4.kernels.attention import decode_attention
+        pools, layer = step.pools, self.layer_index
+        comp = table = idx = count = None
+        if self.compressor:
+            r = self.compressor.ratio
+            comp, table = pools.entries[layer, "main"], step.tables[f"compressed{r}"]
+            if self.indexer:
+                idx = torch.where(valid, picked, -1)
+            else:
+                count = step.entry_count(r)
+        one = torch.ones_like(pre.cos, dtype=torch.float32)
+        out.copy_(decode_attention(pre.q, step.pos, one, torch.zeros_like(one), pools.window[layer],
+                                   step.tables["window"], pools.ring, self.window, comp, table, idx, count,
+                                   self.attn_sink, self.scale))
         return out
 
     def finish(self, out: torch.Tensor, pre: AttentionInputs) -> torch.Tensor:

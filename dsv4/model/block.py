@@ -42,10 +42,10 @@ class Block(nn.Module):
         self.mhc = {site: prepare_mix(getattr(self, f"hc_{site}_fn")) for site in ("attn", "ffn")}
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
-                segments: list[Segment]) -> torch.Tensor:
-        """x: residual streams [T, hc, D] -> [T, hc, D]."""
+                segments: list[Segment] | None, step=None) -> torch.Tensor:
+        """x: residual streams [T, hc, D] -> [T, hc, D] (`step`: a paged decode step, see Attention.attend)."""
         hc, pre = self.pre(x, positions)
-        return self.post(x, self.attn.attend(pre, positions, segments), pre, hc, token_ids)
+        return self.post(x, self.attn.attend(pre, positions, segments, step=step), pre, hc, token_ids)
 
     # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
     # them and runs `attn.attend` eagerly in between.

@@ -69,10 +69,26 @@ class Compressor(nn.Module):
         weights = torch.softmax(own_z, dim=1)
         return (weights * own_c).sum(dim=1), i0
 
+    def pool_window(self, c: torch.Tensor, z: torch.Tensor, has_prev: torch.Tensor) -> torch.Tensor:
+        """One window per batch row: raw rows [B, R, w] (R = r, or 2r for CSA with the previous
+        window first; has_prev [B] False for entry 0) -> pooled [B, d] fp32, as `pool` computes it."""
+        r, d = self.ratio, self.dim
+        if self.overlap:
+            keep = has_prev[:, None, None]
+            prev_c = torch.where(keep, c[:, :r, :d], 0.0)
+            prev_z = torch.where(keep, z[:, :r, :d], float("-inf"))
+            c = torch.cat((prev_c, c[:, r:, d:]), dim=1)
+            z = torch.cat((prev_z, z[:, r:, d:]), dim=1)
+        return (torch.softmax(z, dim=1) * c).sum(dim=1)
+
     def finish(self, pooled: torch.Tensor, first_entry: int, dtype: torch.dtype) -> torch.Tensor:
         """Pooled rows -> stored entries: round, norm, RoPE at i*r, quantisation simulation."""
-        entries = self.norm(pooled.to(dtype))
         positions = (torch.arange(pooled.shape[0], device=pooled.device) + first_entry) * self.ratio
+        return self.finish_at(pooled, positions, dtype)
+
+    def finish_at(self, pooled: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`finish` with each entry's RoPE position (i*r) given."""
+        entries = self.norm(pooled.to(dtype))
         cos, sin = self.rope.cos_sin(positions)
         entries = apply_rope(entries, cos, sin)
         if self.kind == "main" and self.numerics.simulate_kv_fp8:

@@ -66,6 +66,23 @@ STORED_QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
 KERNELS = ("auto", "torch", "triton")
 
 
+def _paged_decode_pools(ctx: ForwardContext):
+    """The engine's pools when every sequence of the batch is paged there and brings one token."""
+    if not ctx.states or any(int(n) != 1 for n in ctx.seq_lens):
+        return None
+    pools = getattr(ctx.states[0].layers[0], "pools", None)
+    if pools is None or any(getattr(s.layers[0], "pools", None) is not pools for s in ctx.states):
+        return None
+    return pools
+
+
+def _advance(states) -> None:
+    """Host bookkeeping after a paged decode step (the step wrote the state on the device)."""
+    for s in states:
+        for layer in s.layers:
+            layer.advance_decode()
+
+
 def resolve_kernels(kernels: str, dtype: torch.dtype, device: torch.device) -> str:
     """"auto" -> "triton" on CUDA for a bf16 model when triton imports, else "torch"."""
     if kernels not in KERNELS:
@@ -206,7 +223,19 @@ class DeepseekV4ForCausalLM(nn.Module):
         def segments(i: int) -> list[Segment]:
             return [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans, ctx.states) if n]
 
-        if self._graphs is not None and inputs_embeds is None and self._graphs.handles(ctx.seq_lens):
+        pools = _paged_decode_pools(ctx)
+        graphs = self._graphs is not None and inputs_embeds is None and self._graphs.handles(ctx.seq_lens)
+        step = None
+        if pools is not None:  # a decode batch over the engine's pools: fixed-shape step, one graph
+            if graphs:
+                hidden = self._graphs.paged_step(pools, input_ids, ctx.states)
+                self._mtp_target = self._graphs.last_streams(t).flatten(1)
+                _advance(ctx.states)
+                return hidden
+            step = pools.decode_step(t, max(s.num_tokens for s in ctx.states) + 1)
+            step.fill(ctx.states)
+            step.derive()
+        elif graphs:
             hidden = self._graphs.step(input_ids, positions, segments)
             self._mtp_target = self._graphs.last_streams(t).flatten(1)
             return hidden
@@ -214,7 +243,9 @@ class DeepseekV4ForCausalLM(nn.Module):
             h = self.embed(input_ids, validate=False)  # range checked above
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         for i, layer in enumerate(self.layers):
-            x = layer(x, input_ids, positions, segments(i))
+            x = layer(x, input_ids, positions, None if step else segments(i), step=step)
+        if step is not None:
+            _advance(ctx.states)
         self._mtp_target = x.flatten(1)
         return self.final_hidden(x)
 
@@ -381,6 +412,8 @@ class DeepseekV4ForCausalLM(nn.Module):
                 from dsv4.kernels.mhc import prepare_mix
                 for b in blocks:
                     b.use_mhc_kernels()
+            for b in self.layers:
+                b.attn.decode_kernel = True
                 self._head_mix = prepare_mix(self.hc_head_fn)
         self._finalized = True
         if self._graphs is not None:  # graphs captured from the old weights are dropped

@@ -66,19 +66,7 @@ class _Bucket:
         return run
 
     def _capture(self, pieces) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: kernels compiled, lazy weight copies made
-            for _ in range(2):
-                for run in pieces:
-                    run()
-        torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        for run in pieces:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                run()
-            self.graphs.append(g)
+        self.graphs = _capture(pieces)
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
         b = input_ids.shape[0]
@@ -98,6 +86,60 @@ class _Bucket:
         return self.hidden[:b].clone()  # the static buffer is overwritten by the next step
 
 
+def _capture(pieces) -> list:
+    """Warm up (kernels compiled, lazy weight copies made), then one graph per piece, one pool."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for run in pieces:
+                run()
+    torch.cuda.current_stream().wait_stream(side)
+    pool, graphs = torch.cuda.graph_pool_handle(), []
+    for run in pieces:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            run()
+        graphs.append(g)
+    return graphs
+
+
+class _StepBucket:
+    """A whole decode step over the engine's paged pools as one graph (dsv4.engine.paged_decode):
+    the state reads and writes are fixed-shape too, so nothing runs eagerly. The warm-up runs the
+    first real step three times, which is harmless: every state write of a step overwrites its slot
+    with the same value."""
+
+    def __init__(self, model, step, capture: bool):
+        self.model, self.step, self.capture = model, step, capture
+        self.ids = torch.zeros(step.size, dtype=torch.long, device=model.embed.weight.device)
+        self.streams = self.hidden = None
+        self.graphs = []
+
+    def _run(self) -> None:
+        m, step = self.model, self.step
+        step.derive()
+        h = m.embed(self.ids, validate=False)
+        x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
+        for layer in m.layers:
+            x = layer(x, self.ids, step.pos, None, step=step)
+        self.streams, self.hidden = x, m.final_hidden(x)
+
+    def run(self, input_ids: torch.Tensor, states: list) -> torch.Tensor:
+        b = input_ids.shape[0]
+        self.step.fill(states)
+        self.ids[:b].copy_(input_ids)
+        self.ids[b:].zero_()
+        if not self.capture:
+            self._run()
+        elif not self.graphs:
+            self.graphs = _capture([self._run])
+            self.graphs[0].replay()
+        else:
+            self.graphs[0].replay()
+        return self.hidden[:b].clone()
+
+
 class DecodeGraphs:
     """The buckets of a model (see the module docstring); built lazily."""
 
@@ -113,6 +155,7 @@ class DecodeGraphs:
         self.sizes = [b for b in BUCKETS if b <= max_batch] or [1]
         self.max_batch = self.sizes[-1]
         self._buckets: dict[int, _Bucket] = {}
+        self._steps: dict[tuple, _StepBucket] = {}
 
     def handles(self, seq_lens) -> bool:
         return 0 < len(seq_lens) <= self.max_batch and all(int(n) == 1 for n in seq_lens)
@@ -126,5 +169,17 @@ class DecodeGraphs:
         self._last = bucket
         return bucket.step(input_ids, positions, segments_per_layer)
 
+    def paged_step(self, pools, input_ids: torch.Tensor, states: list) -> torch.Tensor:
+        """Hidden states [B, D] of a decode step over paged states, as one graph per (batch bucket,
+        context bucket): contexts are rounded up to a power of two (at least 1024 tokens)."""
+        size = next(s for s in self.sizes if s >= input_ids.shape[0])
+        ctx = max(1024, 1 << max(s.num_tokens for s in states).bit_length())
+        bucket = self._steps.get((pools, size, ctx))
+        if bucket is None:
+            bucket = self._steps[pools, size, ctx] = _StepBucket(self.model, pools.decode_step(size, ctx), self.capture)
+        self._last = bucket
+        return bucket.run(input_ids, states)
+
     def last_streams(self, b: int) -> torch.Tensor:
-        return self._last.x[-1][:b].clone()
+        last = self._last
+        return (last.streams if isinstance(last, _StepBucket) else last.x[-1])[:b].clone()

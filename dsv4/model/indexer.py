@@ -53,13 +53,23 @@ class Indexer(nn.Module):
         """Decode batch, one query per sequence: q [B, Hi, di], weights [B, Hi], keys [B, N, di] padded,
         present [B, N] (a sequence's keys, all visible to its new token) -> mask [B, N]. Same
         scores, ties and top-k as `select` on each sequence alone; padding is never picked."""
+        picked = top_k_lowest_index(self._scores_padded(q, weights, keys, present), min(self.topk, keys.shape[1]))
+        mask = torch.zeros_like(present)
+        return mask.scatter_(1, picked, present.gather(1, picked))
+
+    def pick_padded(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                    present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`select_padded` as a list: (entry indices [B, K] ascending, which are real picks [B, K]),
+        K = min(index_topk, N) -- what a kernel gathers instead of masking all N entries."""
+        picked = top_k_lowest_index(self._scores_padded(q, weights, keys, present), min(self.topk, keys.shape[1]))
+        picked = picked.sort(dim=1).values
+        return picked, present.gather(1, picked)
+
+    def _scores_padded(self, q, weights, keys, present) -> torch.Tensor:
         acc = acc_dtype(q.dtype)
         scores = torch.relu(torch.einsum("bhd,bnd->bhn", q.to(acc), keys.to(acc)).to(q.dtype))
         scores = (scores.to(acc) * weights.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
-        scores = scores.masked_fill(~present, float("-inf"))
-        picked = top_k_lowest_index(scores, min(self.topk, keys.shape[1]))
-        mask = torch.zeros_like(present)
-        return mask.scatter_(1, picked, present.gather(1, picked))
+        return scores.masked_fill(~present, float("-inf"))
 
     def select(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:

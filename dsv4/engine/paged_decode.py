@@ -1,0 +1,187 @@
+"""A decode step over the paged pools as fixed-shape tensor work: no per-sequence Python inside the
+model and no device->host reads, so a whole step can be one CUDA graph (dsv4.model.graphs).
+
+One token per sequence, at position t_b. The host ships the positions and the block tables once per
+step (one copy; tables padded with each kind's trash page, see `PagedPools.trash`); `derive` turns
+them into every slot index the layers use, once per step, shared by all layers of a kind:
+
+  window ring   write: slot t mod ring;  read: positions t-W+1 .. t (the new kv is written first)
+  raw rows      write: slot t mod cap;   read: the window containing t (CSA: and the one before)
+  entries       write: entry t // r if t closes its window, else the trash page;
+                read: entries 0 .. N-1 of the table width, present where < (t+1) // r
+
+So the compressor is branch-free: every step pools the window containing t (from the rows written so
+far) and the result lands in the trash page unless t closes that window, the moment the per-sequence
+path would pool it. Graph padding rows (position 0, tables all trash) only write to trash pages.
+Every pool is zero-filled and only finite values are written, so masked reads of padding or trash
+slots contribute exact zeros.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class DecodeStep:
+    """Static index buffers of a `size`-row decode batch; `entry_pages[kind]` = table width of each
+    entry kind (the context the step can hold: width * page_size * ratio tokens)."""
+
+    def __init__(self, pools, size: int, entry_pages: dict[str, int]):
+        self.pools, self.size = pools, size
+        self.config, self.fp8 = pools.config, pools.fp8
+        self.kinds = pools.bm.kinds
+        self.widths = {}
+        for name, kind in self.kinds.items():
+            if name == "window":
+                self.widths[name] = math.ceil(pools.ring / kind.page_size)
+            elif name == "state":
+                self.widths[name] = 1
+            else:
+                self.widths[name] = max(1, entry_pages[name])
+        total = size + sum(size * w for w in self.widths.values())
+        dev = pools.device
+        self._host = torch.empty(total, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self._dev = torch.zeros(total, dtype=torch.long, device=dev)
+        self.pos = self._dev[:size]
+        self.tables, o = {}, size
+        for name, w in self.widths.items():
+            self.tables[name] = self._dev[o:o + size * w].view(size, w)
+            o += size * w
+        self._derived: dict = {}
+
+    @staticmethod
+    def entry_pages_for(pools, num_tokens: int) -> dict[str, int]:
+        """Entry-table widths that hold a context of `num_tokens` tokens."""
+        return {name: math.ceil(num_tokens // k.ratio / k.page_size)
+                for name, k in pools.bm.kinds.items() if name not in ("window", "state")}
+
+    def capacity(self) -> int:
+        """Largest context (tokens, this step's token included) every entry table can address."""
+        return min([self.widths[n] * k.page_size * k.ratio + k.ratio - 1
+                    for n, k in self.kinds.items() if n not in ("window", "state")] or [1 << 62])
+
+    # ---- host ----------------------------------------------------------------------------
+    def fill(self, states: list) -> None:
+        """Positions and block tables of `states` (SequenceStates over these pools, one token each)
+        into the static buffers; rows beyond len(states) become padding."""
+        if len(states) > self.size:
+            raise ValueError(f"DecodeStep: {len(states)} sequences for a step of {self.size} rows")
+        trash = self.pools.trash
+        pad = self.size - len(states)
+        flat = [s.num_tokens for s in states] + [0] * pad
+        for name, w in self.widths.items():
+            kind = self.kinds[name]
+            for s in states:
+                seq, t = s.layers[0].seq, s.num_tokens
+                table = seq.block_tables.get(name, [])[:w]
+                if kind.pages_needed(t + 1) > len(table):
+                    raise RuntimeError(f"request {seq.request_id!r}: position {t} needs "
+                                       f"{kind.pages_needed(t + 1)} {name} pages; {len(table)} usable "
+                                       f"(allocated {len(seq.block_tables.get(name, []))}, step holds {w})")
+                flat += table + [trash[name]] * (w - len(table))
+            flat += [trash[name]] * (w * pad)
+        host = self._host
+        host.copy_(torch.tensor(flat, dtype=torch.long))
+        self._dev.copy_(host)  # blocking: the host buffer is refilled by the next step
+
+    # ---- device (inside the graph) ---------------------------------------------------------
+    def derive(self) -> None:
+        """Every slot index of the step, from the static buffers (device ops only)."""
+        t, dev, d = self.pos, self._dev.device, {}
+        w = self.config.window
+        ring, wk = self.pools.ring, self.kinds["window"]
+        wt = self.tables["window"]
+        slot = t % ring
+        d["w_page"], d["w_off"] = wt.gather(1, (slot // wk.page_size)[:, None])[:, 0], slot % wk.page_size
+        p = t[:, None] - (w - 1) + torch.arange(w, device=dev)[None, :]
+        d["wr_valid"] = p >= 0
+        slot = p.clamp(min=0) % ring
+        d["wr_page"], d["wr_off"] = wt.gather(1, slot // wk.page_size), slot % wk.page_size
+        if "state" in self.tables:
+            d["state_page"] = self.tables["state"][:, 0]
+        for name, kind in self.kinds.items():
+            if name in ("window", "state"):
+                continue
+            r, ps, table = kind.ratio, kind.page_size, self.tables[name]
+            width = table.shape[1]
+            i = t // r
+            closes = (t + 1) % r == 0
+            page = table.gather(1, (i // ps).clamp(max=width - 1)[:, None])[:, 0]
+            d[name, "write"] = (torch.where(closes, page, self.pools.trash[name]), i % ps)
+            j = torch.arange(width * ps, device=dev)
+            d[name, "read"] = (table[:, j // ps], (j % ps)[None, :].expand(self.size, -1),
+                               j[None, :] < ((t + 1) // r)[:, None])
+            d["count", r] = (t + 1) // r
+            d["entry_pos", r] = i * r
+        self._derived = d
+
+    def _rows_slots(self, ratio: int, overlap: bool, cap: int):
+        key = ("rows", ratio, overlap, cap)
+        if key not in self._derived:  # derived on first use, still inside the step
+            t = self.pos
+            first = (t // ratio) * ratio - (ratio if overlap else 0)
+            p = first[:, None] + torch.arange((2 if overlap else 1) * ratio, device=t.device)[None, :]
+            self._derived[key] = (t % cap, p.clamp(min=0) % cap, t >= ratio)
+        return self._derived[key]
+
+    # ---- per layer -------------------------------------------------------------------------
+    def write_kv(self, layer: int, kv: torch.Tensor) -> None:
+        d = self._derived
+        self.pools.window[layer].write(d["w_page"], d["w_off"], kv)
+
+    def window_keys(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV of positions t-W+1 .. t [B, W, Dh] and which of them exist [B, W]."""
+        d = self._derived
+        return self.pools.window[layer].read(d["wr_page"], d["wr_off"], self.pools.dtype), d["wr_valid"]
+
+    def _rows(self, layer: int, name: str):
+        spec = self.config.layer(layer)
+        cap = self.pools.rows_cap(spec)
+        return self.pools.rows[layer, name], self._rows_slots(spec.compress_ratio, spec.compress_ratio == 4, cap)
+
+    def write_rows(self, layer: int, name: str, c: torch.Tensor, z: torch.Tensor) -> None:
+        buf, (slot, _, _) = self._rows(layer, name)
+        page = self._derived["state_page"]
+        buf[0, page, slot] = c.to(buf.dtype)
+        buf[1, page, slot] = z.to(buf.dtype)
+
+    def window_rows(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Raw (C, Z) rows [B, R, w] of the window containing t (CSA: R = 2r, the previous window
+        first) and, for CSA, whether that previous window exists [B]."""
+        buf, (_, slots, has_prev) = self._rows(layer, name)
+        page = self._derived["state_page"][:, None]
+        return buf[0, page, slots], buf[1, page, slots], has_prev
+
+    def entry_positions(self, ratio: int) -> torch.Tensor:
+        """Position i*r of the entry the window containing t becomes (its RoPE position)."""
+        return self._derived["entry_pos", ratio]
+
+    def _entry_kind(self, layer: int, name: str) -> str:
+        r = self.config.layer(layer).compress_ratio
+        return f"compressed{r}" if name == "main" else f"indexer{r}"
+
+    def write_entries(self, layer: int, name: str, entries: torch.Tensor) -> None:
+        page, off = self._derived[self._entry_kind(layer, name), "write"]
+        self.pools.entries[layer, name].write(page, off, entries)
+
+    def entries(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """All entry slots of the tables [B, N, d] and which hold complete entries [B, N]."""
+        page, off, present = self._derived[self._entry_kind(layer, name), "read"]
+        return self.pools.entries[layer, name].read(page, off, self.pools.dtype), present
+
+    def entries_at(self, layer: int, name: str, index: torch.Tensor) -> torch.Tensor:
+        """Entries `index` [B, K] (values in 0 .. N-1) -> [B, K, d]."""
+        kind = self._entry_kind(layer, name)
+        ps, table = self.kinds[kind].page_size, self.tables[kind]
+        return self.pools.entries[layer, name].read(table.gather(1, index // ps), index % ps, self.pools.dtype)
+
+    def entry_count(self, ratio: int) -> torch.Tensor:
+        return self._derived["count", ratio]
+
+    # ---- host, after the step --------------------------------------------------------------
+    @staticmethod
+    def advance(states: list) -> None:
+        for s in states:
+            for layer in s.layers:
+                layer.advance_decode()

@@ -1,0 +1,112 @@
+"""Fixed-shape decode steps over the paged pools (dsv4.engine.paged_decode, `Attention._attend_step`)
+against the per-sequence path on the *same* pools: sequences whose windows, ratio-4 and ratio-128
+compressed entries and indexer selections differ, windows closing at different steps, rollbacks
+(as MTP verification does), graph-bucket padding rows, FP8/FP4 storage."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4.model.deepseek_v4 as dsv4_model
+from dsv4.checkpoint.writer import tiny_config
+from dsv4.engine.cache import CacheConfig, HybridCache
+from dsv4.engine.sequence import Sequence
+from dsv4.model import DeepseekV4ForCausalLM, ForwardContext, set_forward_context
+from dsv4.model.attention import Attention
+
+PROMPTS = (3, 130, 7, 262, 1, 40, 127)  # around the window (16), ratio 4 and ratio 128 boundaries
+
+
+def _model():
+    cfg = tiny_config("fp4", "sliding,csa,hca,csa", num_hash_layers=1, index_topk=8)
+    m = DeepseekV4ForCausalLM(cfg, torch.float32)
+    m.load_random_weights(5)
+    return m
+
+
+class _Batch:
+    """Sequences over a HybridCache, driven without the scheduler."""
+
+    def __init__(self, model, kv_dtype: str):
+        self.model = model
+        cfg = model.config
+        self.cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=len(PROMPTS), max_model_len=512,
+                                                               kv_dtype=kv_dtype), dtype=model.dtype, device="cpu")
+        self.seqs = [Sequence(f"r{i}", [1]) for i in range(len(PROMPTS))]
+        self.states = [self.cache.state_of(s) for s in self.seqs]
+        with torch.no_grad():
+            for seq, n in zip(self.seqs, PROMPTS):
+                self.forward([seq], torch.randint(2, 500, (n,), generator=torch.Generator().manual_seed(n)))
+
+    def forward(self, seqs, ids):
+        n = ids.shape[0] // len(seqs)
+        states = [self.cache.reserve(s, n) for s in seqs]
+        pos = torch.cat([torch.arange(st.num_tokens, st.num_tokens + n) for st in states])
+        with set_forward_context(ForwardContext([n] * len(seqs), states)):
+            return self.model.compute_logits(self.model(ids, pos))
+
+    def decode(self, steps: int, seed: int = 0):
+        """`steps` decode steps over a changing subset of the sequences; a rollback of 2 tokens of
+        sequence 1 after step 5 (re-decoded as a 2-token chunk: the per-sequence path)."""
+        gen, out = torch.Generator().manual_seed(seed), []
+        with torch.no_grad():
+            for step in range(steps):
+                live = [s for i, s in enumerate(self.seqs) if step < 4 or i % 3 != 2]
+                out.append(self.forward(live, torch.randint(2, 500, (len(live),), generator=gen)))
+                if step == 5:
+                    self.cache.state_of(self.seqs[1]).truncate(2)
+                    self.seqs[1].num_computed_tokens -= 2
+                    out.append(self.forward([self.seqs[1]], torch.randint(2, 500, (2,), generator=gen)))
+        return out
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+def test_step_equals_per_sequence_path(kv_dtype, monkeypatch):
+    calls = []
+    real = Attention._attend_step
+    monkeypatch.setattr(Attention, "_attend_step", lambda self, *a: calls.append(1) or real(self, *a))
+    stepped = _Batch(_model(), kv_dtype).decode(40)
+    assert calls, "the fixed-shape step did not run"
+    monkeypatch.setattr(dsv4_model, "_paged_decode_pools", lambda ctx: None)  # force the per-sequence path
+    calls.clear()
+    alone = _Batch(_model(), kv_dtype).decode(40)
+    assert not calls
+    worst = 0.0
+    for a, b in zip(stepped, alone):
+        worst = max(worst, float(((a.double() - b.double()).abs().max() / b.double().abs().max())))
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+    print(f"{kv_dtype}: step vs per-sequence max rel {worst:.2e}")
+    assert worst < 1e-5  # float64 accumulation; only summation order differs (gathered top-k vs masked all)
+
+
+def test_padded_rows_touch_no_state():
+    """Graph-bucket padding (capture=False runs the graph's code eagerly): a batch of 5 in a bucket of
+    8, then the same steps unpadded, give identical logits and leave identical pools."""
+    runs = []
+    for graphs in (True, False):
+        m = _model()
+        if graphs:
+            m.enable_cuda_graphs(max_batch=8, capture=False)
+        b = _Batch(m, "fp8")
+        runs.append((b.decode(12, seed=3), b.cache.pools))
+        if graphs:
+            assert any(size == 8 for (_, size, _) in m._graphs._steps)
+    (a, pa), (b, pb) = runs
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    for key, pool in pa.entries.items():
+        other = pb.entries[key]
+        for name in ("q", "s", "rope", "data"):
+            if hasattr(pool, name):  # the trash page may differ (it is never read unmasked)
+                assert torch.equal(getattr(pool, name)[:-1], getattr(other, name)[:-1]), key
+
+
+def test_missing_pages_are_named():
+    m = _model()
+    b = _Batch(m, "auto")
+    seq = b.seqs[3]
+    seq.block_tables["compressed4"] = seq.block_tables["compressed4"][:-1]  # as if never allocated
+    states = [b.cache.state_of(seq)]
+    with pytest.raises(RuntimeError, match="'r3'.*compressed4"):
+        with torch.no_grad(), set_forward_context(ForwardContext([1], states)):
+            m(torch.tensor([5]), torch.tensor([states[0].num_tokens]))
