@@ -5,7 +5,8 @@
 
 Every rank builds `DeepseekV4ForCausalLM` with its shard (`parallel=`, kernel mode: FP8 linears and
 the fused MXFP4 MoE of dsv4.kernels, everything else the torch reference path), fills it with
-`load_random_weights` (no disk), and runs, with contiguous per-sequence state:
+`load_random_weights` (no disk), and runs on the engine's paged pools (`--kv-dtype fp8|auto`) or on
+contiguous per-sequence state (`--kv-dtype contiguous`):
 
 * prefill: one `--prefill`-token prompt in one forward (TTFT of that prompt, tokens/s);
 * decode: for each batch size B, B sequences prefilled with `--ctx` tokens, then the median
@@ -85,18 +86,59 @@ def _allreduce(dev, numel: int, dtype, iters: int = 50) -> float:
     return _median_ms(loop, 5, warmup=1) / iters
 
 
-class Runner:
-    """Drives the model: prefill, decode, MTP and verify steps on contiguous states."""
+def _count_launches(model, step) -> int:
+    """GPU kernels one decode step launches when run eagerly (graphs off for the count)."""
+    from torch.profiler import ProfilerActivity, profile
+    graphs, model._graphs = model._graphs, None
+    try:
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+    finally:
+        model._graphs = graphs
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
-    def __init__(self, model, vocab: int, dev):
-        self.model, self.vocab, self.dev = model, vocab, dev
+
+class Runner:
+    """Drives the model: prefill, decode, MTP and verify steps, on the engine's paged pools (`cache`,
+    a HybridCache: decode steps take the fixed-shape path) or on contiguous states (cache None)."""
+
+    def __init__(self, model, vocab: int, dev, cache=None):
+        self.model, self.vocab, self.dev, self.cache = model, vocab, dev, cache
         self.gen = torch.Generator().manual_seed(7)  # same ids on every rank
+        self._seqs: dict[int, object] = {}
+        self._count = 0
+
+    def new_states(self, n: int) -> list:
+        if self.cache is None:
+            return [self.model.new_sequence_state() for _ in range(n)]
+        from dsv4.engine.sequence import Sequence
+        out = []
+        for _ in range(n):
+            self._count += 1
+            seq = Sequence(f"bench{self._count}", [1])
+            state = self.cache.state_of(seq)
+            self._seqs[id(state)] = seq
+            out.append(state)
+        return out
+
+    def release(self, states) -> None:
+        for s in states:
+            seq = self._seqs.pop(id(s), None)
+            if seq is not None:
+                self.cache.block_manager.free(seq)
+                self.cache.release(seq)
 
     def ids(self, n: int) -> torch.Tensor:
         return torch.randint(2, self.vocab, (n,), generator=self.gen).to(self.dev)
 
     def forward(self, states, lens, ids=None):
         from dsv4.model import ForwardContext, set_forward_context
+        if self.cache is not None:
+            for s, n in zip(states, lens):
+                self.cache.reserve(self._seqs[id(s)], n)
         pos = torch.cat([torch.arange(s.num_tokens, s.num_tokens + n) for s, n in zip(states, lens)]).to(self.dev)
         ids = self.ids(sum(lens)) if ids is None else ids
         with torch.no_grad(), set_forward_context(ForwardContext(lens, states)):
@@ -189,18 +231,29 @@ def _rank_main(rank: int, args) -> None:
     say(f"model: {cfg.num_layers} layers, built+filled in {out['build_s']:.1f} s, "
         f"{out['weights_GB_per_gpu']:.1f} GB on GPU {ps.rank}")
 
-    run = Runner(model, cfg.vocab_size, dev)
+    cache = None
+    if args.kv_dtype != "contiguous":
+        from dsv4.engine.cache import CacheConfig, HybridCache
+        steps = 4 * args.reps + 64  # decode/verify tokens a sequence gains at one batch size, with margin
+        longest = max(args.ctx + steps, args.prefill + steps)
+        cache_cfg = CacheConfig.for_capacity(cfg, max_num_seqs=max(args.batches) + 3, max_model_len=longest,
+                                             total_tokens=max(args.batches) * (args.ctx + steps) + longest + 600,
+                                             kv_dtype=args.kv_dtype)
+        cache = HybridCache(cfg, cache_cfg, dtype=model.dtype, device=dev)
+    out["state"] = args.kv_dtype
+    run = Runner(model, cfg.vocab_size, dev, cache)
     # warm-up: compile the Triton kernels for the token counts used below
-    warm = [model.new_sequence_state() for _ in range(2)]
+    warm = run.new_states(2)
     run.prefill(warm, 300)
     for lens in ([1, 1], [2, 2]):
         run.forward(warm, lens)
     run.mtp(warm, [1, 1])
+    run.release(warm)
 
     if args.prefill:
         times = []
         for _ in range(args.prefill_reps):
-            st = [model.new_sequence_state()]
+            st = run.new_states(1)
             _sync()
             t = time.perf_counter()
             run.forward(st, [args.prefill])
@@ -212,27 +265,29 @@ def _rank_main(rank: int, args) -> None:
                           "decode_ms_after": dec}
         say(f"prefill {args.prefill} tokens: {ms:.0f} ms = {args.prefill / ms * 1e3:.0f} tok/s (TTFT); "
             f"then decode B=1 at ctx {args.prefill}: {dec:.1f} ms/step")
-        del st
+        run.release(st)
 
     out["decode"] = []
     for b in args.batches:
-        states = [model.new_sequence_state() for _ in range(b)]
+        states = run.new_states(b)
         run.prefill(states, args.ctx)
         one, two = [1] * b, [2] * b
         dec = _median_ms(lambda: run.forward(states, one), args.reps)
         mtp = _median_ms(lambda: run.mtp(states, one), args.reps)
         ver = _median_ms(lambda: run.forward(states, two), max(3, args.reps // 2))
+        launches = _count_launches(model, lambda: run.forward(states, one)) if gpu else 0
         roof_bytes = _decode_roof_bytes(model, b, args.ctx)
         roof = torch.tensor([roof_bytes], dtype=torch.float64, device=dev)
         if dist.is_initialized():
             dist.all_reduce(roof, op=dist.ReduceOp.MAX)
         roof_ms = float(roof) / (out["copy_GBps"] * 1e9) * 1e3
-        row = {"batch": b, "ctx": args.ctx, "decode_ms": dec, "mtp_ms": mtp, "verify2_ms": ver,
+        row = {"batch": b, "ctx": args.ctx, "decode_ms": dec, "mtp_ms": mtp, "verify2_ms": ver, "launches": launches,
                "tok_per_s": b / dec * 1e3, "roof_ms": roof_ms, "roof_x": dec / roof_ms}
         out["decode"].append(row)
         say(f"B={b:3d} ctx={args.ctx}: decode {dec:8.1f} ms/step ({b / dec * 1e3:7.1f} tok/s), "
-            f"MTP draft {mtp:6.1f} ms, verify(2 tok) {ver:8.1f} ms, roofline {roof_ms:.2f} ms ({dec / roof_ms:.0f}x)")
-        del states
+            f"MTP draft {mtp:6.1f} ms, verify(2 tok) {ver:8.1f} ms, roofline {roof_ms:.2f} ms ({dec / roof_ms:.0f}x), "
+            f"{launches} kernels/step eager")
+        run.release(states)
         if gpu:
             torch.cuda.empty_cache()
 
@@ -261,7 +316,9 @@ def main(argv=None) -> None:
     p.add_argument("--ceiling-rows", type=int, default=1, help="rows of the all-reduce latency probe")
     p.add_argument("--json", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--cuda-graphs", action="store_true", help="decode through piecewise CUDA graphs (1 GPU)")
+    p.add_argument("--cuda-graphs", action="store_true", help="decode through CUDA graphs (1 GPU)")
+    p.add_argument("--kv-dtype", default="fp8", choices=("fp8", "auto", "contiguous"),
+                   help="paged pools with FP8 (default) or model-dtype KV, or the contiguous per-sequence state")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",") if b]
     if args.device == "cuda" and not torch.cuda.is_available():

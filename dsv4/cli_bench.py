@@ -21,8 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative", choices=["mtp"], default=None)
     p.add_argument("--num-draft-tokens", type=int, default=1)
-    p.add_argument("--cuda-graphs", action="store_true",
-                    help="decode steps as piecewise CUDA graphs (one GPU; docs/benchmarks.md #6)")
+    p.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (one GPU; docs/benchmarks.md #6)")
+    p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
+                   help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
+                        "(lossless under reference numerics; the GPU decode kernel reads it)")
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -41,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from .engine.llm_engine import EngineConfig, LLMEngine
 
     check_arguments(args)
-    ec = EngineConfig(**engine_limits(args), speculative=args.speculative, num_draft_tokens=args.num_draft_tokens)
+    ec = EngineConfig(**engine_limits(args), speculative=args.speculative, num_draft_tokens=args.num_draft_tokens,
+                      kv_dtype=getattr(args, "kv_dtype", "auto"))
     engine = LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=ec,
                                        cuda_graphs=args.cuda_graphs)
     report(measure(engine, args, engine), args)

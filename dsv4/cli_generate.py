@@ -20,8 +20,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     p.add_argument("--num-draft-tokens", type=int, default=1, metavar="K",
                    help="draft tokens per step with --speculative (1-4; default 1)")
-    p.add_argument("--cuda-graphs", action="store_true",
-                    help="decode steps as piecewise CUDA graphs (one GPU; docs/benchmarks.md #6)")
+    p.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (one GPU; docs/benchmarks.md #6)")
+    p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
+                   help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
+                        "(lossless under reference numerics; the GPU decode kernel reads it)")
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +44,8 @@ def _llm(args):
         raise ValueError("--num-draft-tokens needs --speculative mtp")
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
-               num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", False))
+               num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", False),
+               kv_dtype=getattr(args, "kv_dtype", "auto"))
 
 
 def _params(args, default_temperature: float):

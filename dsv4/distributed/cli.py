@@ -73,7 +73,7 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
     model = load_model(path, device=ps.device, dtype=dtype, numerics=getattr(args, "numerics", "reference"),
                        include_mtp=False, parallel=ps)
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          max_model_len=args.max_model_len)
+                          max_model_len=args.max_model_len, kv_dtype=getattr(args, "kv_dtype", "auto"))
     return LLMEngine(model, model.config, load_tokenizer(path), config, model_name=path.name)
 
 

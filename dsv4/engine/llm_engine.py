@@ -32,6 +32,7 @@ class EngineConfig:
     cache: CacheConfig | None = None
     speculative: str | None = None   # "mtp": draft with the checkpoint's mtp.0 block (docs/speculative.md)
     num_draft_tokens: int = 1        # draft tokens per decode step when speculative is set
+    kv_dtype: str = "auto"           # cache storage (CacheConfig.kv_dtype) unless `cache` is given
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
@@ -52,7 +53,8 @@ class LLMEngine:
         self.max_model_len = min(ec.max_model_len, config.max_position_embeddings)
         self.device = next(model.parameters()).device
         cache_cfg = ec.cache or CacheConfig.for_capacity(config, max_num_seqs=ec.max_num_seqs,
-                                                          max_model_len=self.max_model_len)
+                                                          max_model_len=self.max_model_len,
+                                                          kv_dtype=ec.kv_dtype)
         self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)
         self.block_manager: BlockManager = self.cache.block_manager
         detok = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
@@ -71,7 +73,7 @@ class LLMEngine:
     def from_pretrained(cls, path: str | Path | None = None, *, device: str = "auto", dtype: torch.dtype | None = None,
                         numerics: str = "reference", engine_config: EngineConfig | None = None,
                         kernels: str = "auto", cuda_graphs: bool = False) -> "LLMEngine":
-        """cuda_graphs: decode steps as piecewise CUDA graphs (one GPU; dsv4.model.graphs)."""
+        """cuda_graphs: decode steps as CUDA graphs (one GPU; dsv4.model.graphs)."""
         from .. import load_model
         from ..chat.tokenizer import load_tokenizer
         from .assets import default_model_path

@@ -31,8 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
-    g.add_argument("--cuda-graphs", action="store_true",
-                    help="decode steps as piecewise CUDA graphs (one GPU; docs/benchmarks.md #6)")
+    g.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (one GPU; docs/benchmarks.md #6)")
+    g.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
+                   help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
+                        "(lossless under reference numerics; the GPU decode kernel reads it)")
     g = p.add_argument_group("serving limits")
     g.add_argument("--max-queued", type=int, default=256,
                    help="sequences waiting beyond --max-num-seqs; more are refused with 429")
@@ -81,7 +83,7 @@ def build_core(args: argparse.Namespace):
         raise ValueError("--num-draft-tokens needs --speculative mtp")
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len, speculative=args.speculative,
-                          num_draft_tokens=args.num_draft_tokens)
+                          num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"))
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
                                      cuda_graphs=getattr(args, "cuda_graphs", False))
 
