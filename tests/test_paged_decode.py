@@ -110,3 +110,40 @@ def test_missing_pages_are_named():
     with pytest.raises(RuntimeError, match="'r3'.*compressed4"):
         with torch.no_grad(), set_forward_context(ForwardContext([1], states)):
             m(torch.tensor([5]), torch.tensor([states[0].num_tokens]))
+
+
+def test_step_state_work_reads_nothing_back(monkeypatch):
+    """What a CUDA graph captures must not read tensor values on the host (capture fails on the GPU:
+    an `.item()`, `bool()` or `int()` of a device tensor). On CPU: every such read raises inside the
+    step's index derivation and the attention's state work, for FP8/FP4 pools and a padded bucket.
+    (The torch MoE reads expert ids back; graphs run the Triton MoE, checked on the GPU.)"""
+    from dsv4.engine.paged_decode import DecodeStep
+
+    banned = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
+    runs = []
+
+    def guard(fn):
+        def guarded(*args):
+            saved = {name: getattr(torch.Tensor, name) for name in banned}
+
+            def refuse(name):
+                def f(*a, **k):
+                    raise AssertionError(f"host read Tensor.{name} inside a captured decode step")
+                return f
+            try:
+                for name in banned:
+                    setattr(torch.Tensor, name, refuse(name))
+                return fn(*args)
+            finally:
+                for name, f in saved.items():
+                    setattr(torch.Tensor, name, f)
+                runs.append(fn.__name__)
+        return guarded
+
+    monkeypatch.setattr(DecodeStep, "derive", guard(DecodeStep.derive))
+    monkeypatch.setattr(Attention, "_attend_step", guard(Attention._attend_step))
+    m = _model()
+    m.enable_cuda_graphs(max_batch=8, capture=False)
+    _Batch(m, "fp8").decode(6)
+    assert "derive" in runs and "_attend_step" in runs
+    assert any(size == 8 for (_, size, _) in m._graphs._steps)
