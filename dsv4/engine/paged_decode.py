@@ -140,6 +140,25 @@ class DecodeStep:
         cap = self.pools.rows_cap(spec)
         return self.pools.rows[layer, name], self._rows_slots(spec.compress_ratio, spec.compress_ratio == 4, cap)
 
+    def rows_window(self, layer: int, name: str):
+        """(state pool [2, pages, cap, w], state page [B], window slots [B, R], has_prev [B]) for kernels."""
+        buf, (_, slots, has_prev) = self._rows(layer, name)
+        return buf, self._derived["state_page"], slots, has_prev
+
+    def kv_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._derived["w_page"], self._derived["w_off"]
+
+    def entry_slot(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page, offset) [B] where this step's entry goes (the trash page unless t closes a window)."""
+        return self._derived[self._entry_kind(layer, name), "write"]
+
+    def entry_cos_sin(self, ratio: int, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE of the entry positions i*r, computed once per step and rope table."""
+        key = ("cos_sin", ratio, id(rope))
+        if key not in self._derived:
+            self._derived[key] = rope.cos_sin(self.entry_positions(ratio))
+        return self._derived[key]
+
     def write_rows(self, layer: int, name: str, c: torch.Tensor, z: torch.Tensor) -> None:
         buf, (slot, _, _) = self._rows(layer, name)
         page = self._derived["state_page"]

@@ -240,10 +240,18 @@ class Attention(nn.Module):
         """A paged decode step in fixed-shape batch ops (dsv4.engine.paged_decode): write the token's
         kv, rows and (branch-free) entries, then one softmax over window U entries per row."""
         layer = self.layer_index
-        step.write_kv(layer, pre.kv)
+        fused = self.decode_kernel and step.fp8 and self.numerics.simulate_kv_fp8 and self.numerics.simulate_indexer_fp4
+        if fused:
+            from dsv4.kernels.cache_store import store_rows
+            store_rows(pre.kv, *step.kv_slot(), step.pools.window[layer])
+        else:
+            step.write_kv(layer, pre.kv)
         for comp, rows in ((self.compressor, pre.rows), (self.indexer and self.indexer.compressor, pre.index_rows)):
             if comp:
                 step.write_rows(layer, comp.kind, *rows)
+                if fused:
+                    self._compress_step_kernels(comp, step)
+                    continue
                 c, z, has_prev = step.window_rows(layer, comp.kind)
                 entries = comp.finish_at(comp.pool_window(c, z, has_prev), step.entry_positions(comp.ratio), pre.dtype)
                 step.write_entries(layer, comp.kind, entries)
@@ -262,6 +270,18 @@ class Attention(nn.Module):
             keys, visible = torch.cat((keys, entries), dim=1), torch.cat((visible, present), dim=1)
         _sink_attention_decode(pre.q, keys, visible, self.attn_sink, self.scale, out)
         return out
+
+    def _compress_step_kernels(self, comp, step) -> None:
+        """Pool the window containing t and store its entry: two launches (dsv4.kernels.cache_store)."""
+        from dsv4.kernels.cache_store import pool_windows, store_rows
+        from dsv4.model.numerics import hadamard_matrix
+        layer, name = self.layer_index, comp.kind
+        buf, page, slots, has_prev = step.rows_window(layer, name)
+        pooled = pool_windows(buf[0], buf[1], page, slots, has_prev, comp.ratio, comp.dim)
+        cos, sin = step.entry_cos_sin(comp.ratio, comp.rope)
+        had = hadamard_matrix(comp.dim, torch.float32, pooled.device) if name == "index" else None
+        store_rows(pooled, *step.entry_slot(layer, name), step.pools.entries[layer, name], norm_weight=comp.norm.weight,
+                   eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had)
 
     def _attend_step_kernel(self, pre, step, picked, valid, out):
         """The Triton kernel reads the FP8 pools itself; identity cos/sin keep the inverse RoPE in

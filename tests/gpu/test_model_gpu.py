@@ -182,10 +182,16 @@ def test_llm_with_cuda_graphs_generates_the_same_text():
 
 
 def test_paged_fp8_decode_kernel_graphs_and_torch_attention_agree():
-    """Paged FP8 decode steps (dsv4.engine.paged_decode): the Triton decode-attention kernel eagerly,
-    the same under one whole-step CUDA graph, and the torch gather path over the same FP8 pools give
-    the same greedy text on the embedded model."""
+    """Paged FP8 decode steps (dsv4.engine.paged_decode) on the embedded model: the Triton
+    decode-attention kernel eagerly and under one whole-step CUDA graph give the same greedy text;
+    teacher-forced logits of the kernel and of the torch gather path over the same FP8 pools agree to
+    bf16 level (the kernel's online softmax rounds P differently, so long greedy runs may part at a
+    near-tie)."""
+    from pathlib import Path
+
+    import dsv4
     from dsv4 import LLM, SamplingParams
+    from paged_driver import PagedBatch
 
     prompts = ["def main():", "The", "import os\nimport sys\n", "class A:\n    def", "x = ["]
     params = SamplingParams(temperature=0.0, max_tokens=48)
@@ -195,7 +201,16 @@ def test_paged_fp8_decode_kernel_graphs_and_torch_attention_agree():
     graphed = LLM(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
     assert [r.token_ids for r in graphed.generate(prompts, params)] == eager
     assert graphed.engine.model._graphs._steps  # whole-step graphs were captured
-    torch_attn = LLM(device=DEVICE, kv_dtype="fp8")
-    for b in torch_attn.engine.model.layers:
-        b.attn.decode_kernel = False
-    assert [r.token_ids for r in torch_attn.generate(prompts, params)] == eager
+
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    runs = []
+    for use_kernel in (True, False):
+        model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+        for b in model.layers:
+            b.attn.decode_kernel = use_kernel
+        runs.append(torch.cat(PagedBatch(model, "fp8").decode(40)))
+    k, t = runs
+    rel = float((k.double() - t.double()).norm() / t.double().norm())
+    agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
+    print(f"paged FP8 decode, kernel vs torch attention: rel {rel:.2e}, argmax agreement {agree:.4f}")
+    assert rel < 2e-2 and agree > 0.97, (rel, agree)

@@ -1,0 +1,188 @@
+"""The paged decode step's cache writes as two fused kernels (dsv4.engine.paged_decode), beside torch
+references of the same signatures:
+
+* `pool_windows` — the compressor pooling of the window containing t, every row of the batch: the
+  raw (C, Z) rows read straight from the state pool (CSA: the previous window's A halves, zero weight
+  for entry 0), softmax over the window per column, weighted sum -> fp32 [B, d].
+* `store_rows` — rows -> the pool slot (page, off) in one launch, for the FP8/FP4 pools of the
+  reference numerics: optionally round fp32 -> bf16, RMSNorm, RoPE on the trailing pairs (compressed
+  entries: at position i*r), then e4m3 + one E8M0 byte per 64 nope dims with the rope dims in bf16
+  (window kv, compressed entries), or Hadamard rotation + MXFP4 (indexer keys).
+
+Numerics are those of the torch path (`Compressor.finish_at` + `_EntryPool.write`): the torch path
+FP8-simulates and then quantises again for storage, which is lossless, so one quantisation here
+stores the same values (the scale byte may differ by one when the block maximum rounded down; the
+dequantised entry is identical). fp32 sums run in another order than torch's (RMS, softmax, Hadamard):
+results agree to fp32 rounding, hence to bf16 except at rare rounding ties.
+"""
+from __future__ import annotations
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+
+KV_BLOCK = 64
+
+
+# --------------------------------------------------------------------------- torch references
+
+def pool_windows_ref(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor, slots: torch.Tensor,
+                     has_prev: torch.Tensor, ratio: int, dim: int) -> torch.Tensor:
+    """rows_c/rows_z [pages, cap, w] fp32 (one compressor's state pool); page [B]; slots [B, R] ring
+    slots of the window's positions (R = 2r with the previous window first when w = 2*dim, else r);
+    has_prev [B] -> pooled [B, dim] fp32."""
+    c, z = rows_c[page[:, None], slots], rows_z[page[:, None], slots]
+    if rows_c.shape[-1] == 2 * dim:
+        keep = has_prev[:, None, None]
+        c = torch.cat((torch.where(keep, c[:, :ratio, :dim], 0.0), c[:, ratio:, dim:]), dim=1)
+        z = torch.cat((torch.where(keep, z[:, :ratio, :dim], float("-inf")), z[:, ratio:, dim:]), dim=1)
+    return (torch.softmax(z, dim=1) * c).sum(dim=1)
+
+
+def store_rows_ref(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, norm_weight=None,
+                   eps: float = 0.0, cos=None, sin=None, hadamard=None) -> None:
+    """x [B, D] (fp32 pooled rows are rounded to bf16 first); optional RMSNorm(norm_weight), RoPE
+    with cos/sin [B, rope/2], Hadamard [D, D] (indexer keys); stored into `pool`
+    (a dsv4.engine.paged_state._EntryPool with fp8 or fp4 storage) at (page, off)."""
+    from dsv4.model.rope import apply_rope
+    y = x.to(torch.bfloat16)
+    if norm_weight is not None:
+        yf = y.float()
+        yf = yf * torch.rsqrt(yf.square().mean(-1, keepdim=True) + eps)
+        y = (norm_weight.float() * yf).to(torch.bfloat16)
+    if cos is not None:
+        y = apply_rope(y, cos, sin)
+    if hadamard is not None:
+        y = (y.float() @ hadamard.float()).to(torch.bfloat16)
+    pool.write(page, off, y)
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if HAS_TRITON:
+    from dsv4.kernels.fp8_linear import _pow2_scale
+
+    @triton.jit
+    def _pool_kernel(C, Z, PAGE, SLOTS, HAS_PREV, OUT, stride_p, stride_s, stride_sl, stride_o,
+                     R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr, DIM: tl.constexpr,
+                     OVERLAP: tl.constexpr, BD: tl.constexpr):
+        b = tl.program_id(0)
+        cols = tl.program_id(1) * BD + tl.arange(0, BD)
+        j = tl.arange(0, RR)
+        valid = j < R
+        slot = tl.load(SLOTS + b * stride_sl + j, mask=valid, other=0)
+        base = tl.load(PAGE + b).to(tl.int64) * stride_p + slot.to(tl.int64) * stride_s
+        if OVERLAP:
+            col0 = tl.where(j < RATIO, 0, DIM)
+            valid = valid & ((j >= RATIO) | (tl.load(HAS_PREV + b) != 0))
+        else:
+            col0 = j * 0
+        offs = base[:, None] + col0[:, None] + cols[None, :]
+        c = tl.load(C + offs, mask=valid[:, None], other=0.0)
+        z = tl.load(Z + offs, mask=valid[:, None], other=float("-inf"))
+        m = tl.max(z, axis=0)
+        e = tl.exp(z - m[None, :])
+        w = e / tl.sum(e, axis=0)[None, :]
+        tl.store(OUT + b * stride_o + cols, tl.sum(w * c, axis=0))
+
+    @triton.jit
+    def _e4m3(v, INTERP: tl.constexpr):
+        """fp32 v (|v| <= 448) -> e4m3, round to nearest even. Triton's interpreter (CPU checks) casts
+        without carrying the rounding into the exponent, so there the value is rounded first."""
+        if INTERP:
+            e = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+            quantum = ((tl.maximum(e, 121) - 3) << 23).to(tl.float32, bitcast=True)  # 2^(max(E, -6) - 3)
+            v = ((v / quantum + 12582912.0) - 12582912.0) * quantum
+        return v.to(tl.float8e4nv)
+
+    @triton.jit
+    def _e2m1_code(v):
+        """RNE e2m1 code (0..15) of fp32 v already divided by its scale (|v| <= 6)."""
+        a = tl.abs(v)
+        code = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) \
+            + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
+        sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
+        return code | (sign << 3)
+
+    @triton.jit
+    def _store_kernel(X, PAGE, OFF, W, COS, SIN, H, Q, S, ROPE, stride_x, stride_cs,
+                      q_page, q_off, s_page, s_off, r_page, r_off, eps,
+                      D: tl.constexpr, NOPE: tl.constexpr, ROPE0: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
+                      HADAMARD: tl.constexpr, FP4: tl.constexpr, INTERP: tl.constexpr):
+        b = tl.program_id(0)
+        d = tl.arange(0, D)
+        y = tl.load(X + b * stride_x + d).to(tl.bfloat16).to(tl.float32)
+        if NORM:
+            ms = tl.sum(y * y, axis=0) / D
+            y = (tl.load(W + d).to(tl.float32) * (y * tl.math.rsqrt(ms + eps))).to(tl.bfloat16).to(tl.float32)
+        if ROT:
+            a, c = tl.split(tl.reshape(y, (D // 2, 2)))
+            pair = tl.arange(0, D // 2)
+            rope = pair >= ROPE0 // 2  # the trailing pairs
+            cs = tl.load(COS + b * stride_cs + pair - ROPE0 // 2, mask=rope, other=1.0)
+            sn = tl.load(SIN + b * stride_cs + pair - ROPE0 // 2, mask=rope, other=0.0)
+            y = tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (D,)).to(tl.bfloat16).to(tl.float32)
+        if HADAMARD:
+            h = tl.load(H + d[:, None] * D + d[None, :])
+            y = tl.sum(y[:, None] * h, axis=0).to(tl.bfloat16).to(tl.float32)
+        page = tl.load(PAGE + b).to(tl.int64)
+        off = tl.load(OFF + b).to(tl.int64)
+        if FP4:  # MXFP4: 32-element groups, s = pow2_ceil(max(amax, 6*2^-126) * fp32(1/6))
+            g = tl.reshape(y, (D // 32, 32))
+            v = tl.maximum(tl.max(tl.abs(g), axis=1), 6.0 * 1.1754943508222875e-38) * 0.16666667163372040
+            bits = v.to(tl.int32, bitcast=True)
+            e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+            inv = ((254 - e) << 23).to(tl.float32, bitcast=True)
+            code = _e2m1_code(tl.reshape(g * inv[:, None], (D,)))
+            lo, hi = tl.split(tl.reshape(code, (D // 2, 2)))
+            tl.store(Q + page * q_page + off * q_off + tl.arange(0, D // 2), (lo | (hi << 4)).to(tl.int8))
+            tl.store(S + page * s_page + off * s_off + tl.arange(0, D // 32), e.to(tl.uint8))
+        else:  # FP8: e4m3 + E8M0 per 64 nope dims; the rope dims stay bf16
+            g = tl.reshape(y, (D // KV_BLOCK, KV_BLOCK))
+            s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=1), 1e-4))
+            q = _e4m3(tl.reshape(tl.clamp(g * inv[:, None], -448.0, 448.0), (D,)), INTERP)
+            nope = d < NOPE
+            tl.store(Q + page * q_page + off * q_off + d, q, mask=nope)
+            blk = tl.arange(0, D // KV_BLOCK)
+            sbyte = ((s.to(tl.int32, bitcast=True) >> 23) & 0xFF).to(tl.uint8)
+            tl.store(S + page * s_page + off * s_off + blk, sbyte, mask=blk < NOPE // KV_BLOCK)
+            tl.store(ROPE + page * r_page + off * r_off + d - NOPE, y.to(tl.bfloat16), mask=d >= NOPE)
+
+
+def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor, slots: torch.Tensor,
+                 has_prev: torch.Tensor, ratio: int, dim: int) -> torch.Tensor:
+    """Triton `pool_windows_ref`."""
+    b, r = slots.shape
+    overlap = rows_c.shape[-1] == 2 * dim
+    out = torch.empty(b, dim, dtype=torch.float32, device=rows_c.device)
+    slots = slots.contiguous()
+    bd = 64 if r > 16 else 128
+    _pool_kernel[(b, dim // bd)](rows_c, rows_z, page, slots, has_prev, out, rows_c.stride(0), rows_c.stride(1),
+                                 slots.stride(0), out.stride(0), R=r, RR=triton.next_power_of_2(r), RATIO=ratio,
+                                 DIM=dim, OVERLAP=overlap, BD=bd, num_warps=4)
+    return out
+
+
+def store_rows(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, norm_weight=None,
+               eps: float = 0.0, cos=None, sin=None, hadamard=None) -> None:
+    """Triton `store_rows_ref` (FP8 or FP4 pools)."""
+    if not (pool.fp8 or pool.fp4):
+        raise ValueError("store_rows: the kernel writes FP8/FP4 pools only (use store_rows_ref)")
+    b, d = x.shape
+    x = x.contiguous()
+    nope = pool.nope if pool.fp8 else d
+    dummy = x
+    if pool.fp4:
+        q, s, rope = pool.q, pool.s, pool.q
+    else:
+        q, s, rope = pool.q, pool.s, pool.rope
+    rot = cos is not None
+    cos_t = cos.float().contiguous() if rot else dummy
+    sin_t = sin.float().contiguous() if rot else dummy
+    _store_kernel[(b,)](
+        x, page, off, norm_weight if norm_weight is not None else dummy, cos_t, sin_t,
+        hadamard.float().contiguous() if hadamard is not None else dummy, q, s, rope,
+        x.stride(0), cos_t.stride(0) if rot else 0,
+        q.stride(0), q.stride(1), s.stride(0), s.stride(1), rope.stride(0), rope.stride(1), float(eps),
+        D=d, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NORM=norm_weight is not None, ROT=rot, HADAMARD=hadamard is not None, FP4=pool.fp4,
+        INTERP=INTERPRET, num_warps=4)

@@ -1,0 +1,49 @@
+"""Drives a model over the engine's paged pools without the scheduler: sequences of different
+lengths prefilled, then decode steps over a changing subset of them with one rollback (tests of
+dsv4.engine.paged_decode on CPU and GPU)."""
+from __future__ import annotations
+
+import torch
+
+from dsv4.engine.cache import CacheConfig, HybridCache
+from dsv4.engine.sequence import Sequence
+from dsv4.model import ForwardContext, set_forward_context
+
+PROMPTS = (3, 130, 7, 262, 1, 40, 127)  # around the window (16), ratio 4 and ratio 128 boundaries
+
+
+class PagedBatch:
+    """Sequences over a HybridCache, driven without the scheduler."""
+
+    def __init__(self, model, kv_dtype: str, prompts=PROMPTS):
+        self.model, self.device = model, model.embed.weight.device
+        cfg = model.config
+        self.cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=len(prompts), max_model_len=512,
+                                                               kv_dtype=kv_dtype), dtype=model.dtype,
+                                 device=model.embed.weight.device)
+        self.seqs = [Sequence(f"r{i}", [1]) for i in range(len(prompts))]
+        self.states = [self.cache.state_of(s) for s in self.seqs]
+        with torch.no_grad():
+            for seq, n in zip(self.seqs, prompts):
+                self.forward([seq], torch.randint(2, 500, (n,), generator=torch.Generator().manual_seed(n)))
+
+    def forward(self, seqs, ids):
+        n = ids.shape[0] // len(seqs)
+        states = [self.cache.reserve(s, n) for s in seqs]
+        pos = torch.cat([torch.arange(st.num_tokens, st.num_tokens + n) for st in states]).to(self.device)
+        with set_forward_context(ForwardContext([n] * len(seqs), states)):
+            return self.model.compute_logits(self.model(ids.to(self.device), pos)).float().cpu()
+
+    def decode(self, steps: int, seed: int = 0):
+        """`steps` decode steps over a changing subset of the sequences; a rollback of 2 tokens of
+        sequence 1 after step 5 (re-decoded as a 2-token chunk: the per-sequence path)."""
+        gen, out = torch.Generator().manual_seed(seed), []
+        with torch.no_grad():
+            for step in range(steps):
+                live = [s for i, s in enumerate(self.seqs) if step < 4 or i % 3 != 2]
+                out.append(self.forward(live, torch.randint(2, 500, (len(live),), generator=gen)))
+                if step == 5:
+                    self.cache.state_of(self.seqs[1]).truncate(2)
+                    self.seqs[1].num_computed_tokens -= 2
+                    out.append(self.forward([self.seqs[1]], torch.randint(2, 500, (2,), generator=gen)))
+        return out
