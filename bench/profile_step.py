@@ -1,0 +1,97 @@
+"""Where one eager decode step's GPU kernels come from: 4 Flash-shaped layers (sliding, sliding, CSA,
+HCA), random weights, paged FP8 pools, batch 1 at context 1024. Prints kernels and GPU microseconds
+per model part (torch profiler; parts are labelled with record_function). A development aid for
+issue #6's fusion work, not a benchmark.
+
+    python bench/profile_step.py [--layers 4] [--batch 1] [--ctx 1024]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+PARTS = [("dsv4.model.block", "Block", "pre"), ("dsv4.model.attention", "Attention", "prepare"),
+         ("dsv4.model.attention", "Attention", "_attend_step"), ("dsv4.model.attention", "Attention", "finish"),
+         ("dsv4.model.moe", "MoE", "forward"), ("dsv4.model.block", "Block", "post"),
+         ("dsv4.model.indexer", "Indexer", "pick_padded"), ("dsv4.model.indexer", "Indexer", "queries"),
+         ("dsv4.model.compressor", "Compressor", "project"), ("dsv4.engine.paged_decode", "DecodeStep", "derive")]
+
+
+def _label(mod, cls, name):
+    import importlib
+    klass = getattr(importlib.import_module(mod), cls)
+    real = getattr(klass, name)
+
+    @functools.wraps(real)
+    def f(*a, **k):
+        with torch.profiler.record_function(f"{cls}.{name}"):
+            return real(*a, **k)
+    setattr(klass, name, f)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--ctx", type=int, default=1024)
+    args = p.parse_args()
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_parallel import Runner, _config  # noqa: E402
+    from dsv4.engine.cache import CacheConfig, HybridCache
+    from dsv4.model import DeepseekV4ForCausalLM
+    cfg = _config(os.path.join(os.path.dirname(__file__), "configs", "deepseek-v4-flash.config.json"), args.layers)
+    dev = torch.device("cuda")
+    with torch.device(dev):
+        model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels="triton")
+    model.load_random_weights(seed=1)
+    cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=args.batch + 1, max_model_len=args.ctx + 64,
+                                                      kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
+    run = Runner(model, cfg.vocab_size, dev, cache)
+    states = run.new_states(args.batch)
+    run.prefill(states, args.ctx, with_mtp=False)
+    one = [1] * args.batch
+    for _ in range(3):
+        run.forward(states, one)
+    for part in PARTS:
+        _label(*part)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run.forward(states, one)
+        torch.cuda.synchronize()
+    events = prof.events()
+    gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    print(f"{len(gpu)} kernels, {sum(e.device_time for e in gpu):.0f} us GPU in one eager step "
+          f"({args.layers} layers, batch {args.batch}, ctx {args.ctx})")
+
+    def subtree_kernels(e):
+        out = list(e.kernels)
+        for c in e.cpu_children:
+            out += subtree_kernels(c)
+        return out
+    table = collections.defaultdict(lambda: [0, 0, 0.0])
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU and any(e.name == f"{c}.{n}" for _, c, n in PARTS):
+            ks = subtree_kernels(e)
+            row = table[e.name]
+            row[0] += 1
+            row[1] += len(ks)
+            row[2] += sum(k.duration for k in ks)
+    print(f"{'part (nested parts counted in both)':40s} {'calls':>5} {'kernels':>8} {'GPU us':>8}")
+    for name, (calls, n, us) in sorted(table.items(), key=lambda kv: -kv[1][1]):
+        print(f"{name:40s} {calls:5d} {n:8d} {us:8.0f}")
+    names = collections.Counter(e.name[:60] for e in gpu)
+    print("most launched kernels:")
+    for name, n in names.most_common(25):
+        print(f"  {n:5d}  {name}")
+
+
+if __name__ == "__main__":
+    main()
