@@ -22,6 +22,7 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
 
 KV_BLOCK = 64
+_KV_BLOCK = tl.constexpr(KV_BLOCK) if HAS_TRITON else KV_BLOCK  # what a jitted function may read
 
 
 # --------------------------------------------------------------------------- torch references
@@ -138,14 +139,14 @@ if HAS_TRITON:
             tl.store(Q + page * q_page + off * q_off + tl.arange(0, D // 2), (lo | (hi << 4)).to(tl.int8))
             tl.store(S + page * s_page + off * s_off + tl.arange(0, D // 32), e.to(tl.uint8))
         else:  # FP8: e4m3 + E8M0 per 64 nope dims; the rope dims stay bf16
-            g = tl.reshape(y, (D // KV_BLOCK, KV_BLOCK))
+            g = tl.reshape(y, (D // _KV_BLOCK, _KV_BLOCK))
             s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=1), 1e-4))
             q = _e4m3(tl.reshape(tl.clamp(g * inv[:, None], -448.0, 448.0), (D,)), INTERP)
             nope = d < NOPE
             tl.store(Q + page * q_page + off * q_off + d, q, mask=nope)
-            blk = tl.arange(0, D // KV_BLOCK)
+            blk = tl.arange(0, D // _KV_BLOCK)
             sbyte = ((s.to(tl.int32, bitcast=True) >> 23) & 0xFF).to(tl.uint8)
-            tl.store(S + page * s_page + off * s_off + blk, sbyte, mask=blk < NOPE // KV_BLOCK)
+            tl.store(S + page * s_page + off * s_off + blk, sbyte, mask=blk < NOPE // _KV_BLOCK)
             tl.store(ROPE + page * r_page + off * r_off + d - NOPE, y.to(tl.bfloat16), mask=d >= NOPE)
 
 

@@ -187,10 +187,12 @@ def test_paged_fp8_decode_kernel_graphs_and_torch_attention_agree():
     teacher-forced logits of the kernel and of the torch gather path over the same FP8 pools agree to
     bf16 level (the kernel's online softmax rounds P differently, so long greedy runs may part at a
     near-tie)."""
+    import sys
     from pathlib import Path
 
     import dsv4
     from dsv4 import LLM, SamplingParams
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from paged_driver import PagedBatch
 
     prompts = ["def main():", "The", "import os\nimport sys\n", "class A:\n    def", "x = ["]
