@@ -115,7 +115,7 @@ class Attention(nn.Module):
         c = config
         self.layout = layout
         self.layer_index = spec.index
-        self.decode_kernel = False  # kernel mode: paged FP8 decode steps run dsv4.kernels.attention
+        self.use_kernels = False  # kernel mode: fused glue (dsv4.kernels.norm_rope), cache stores, decode attention
         heads, groups = (layout.heads, layout.groups) if layout is not None else (c.num_heads, c.o_groups)
         self.n_heads, self.head_dim, self.rope_dim = heads, c.head_dim, c.rope_dim
         self.nope_dim = c.head_dim - c.rope_dim
@@ -152,13 +152,24 @@ class Attention(nn.Module):
         """Projections, norms, RoPE and the compressor/indexer rows of the flat batch."""
         cos, sin = self.rope.cos_sin(positions)
         a_in = self.wq_a.prepare_input(a)  # shared by wq_a and wkv
-        q_latent = self.q_norm(self.wq_a(a_in, input_ready=True))
-        q_latent_in = self.wq_b.prepare_input(q_latent)  # shared by wq_b and indexer.wq_b
-        q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
-        q = apply_rope(unweighted_rms_norm(q, self.eps), cos[:, None], sin[:, None])
-        kv = apply_rope(self.kv_norm(self.wkv(a_in, input_ready=True)), cos, sin)
-        if self.numerics.simulate_kv_fp8:
-            kv = simulate_kv_fp8(kv, self.nope_dim)
+        if self.use_kernels:  # the same steps, one launch per tensor
+            from dsv4.kernels import norm_rope as nr
+            q_latent = nr.norm_rope(self.wq_a(a_in, input_ready=True), norm=nr.WEIGHTED, weight=self.q_norm.weight,
+                                    eps=self.q_norm.eps)
+            q_latent_in = self.wq_b.prepare_input(q_latent)
+            q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
+            q = nr.norm_rope(q, norm=nr.UNWEIGHTED, eps=self.eps, cos=cos, sin=sin)
+            kv = nr.norm_rope(self.wkv(a_in, input_ready=True), norm=nr.WEIGHTED, weight=self.kv_norm.weight,
+                              eps=self.kv_norm.eps, cos=cos, sin=sin,
+                              sim=nr.SIM_FP8 if self.numerics.simulate_kv_fp8 else nr.SIM_NONE, nope=self.nope_dim)
+        else:
+            q_latent = self.q_norm(self.wq_a(a_in, input_ready=True))
+            q_latent_in = self.wq_b.prepare_input(q_latent)  # shared by wq_b and indexer.wq_b
+            q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
+            q = apply_rope(unweighted_rms_norm(q, self.eps), cos[:, None], sin[:, None])
+            kv = apply_rope(self.kv_norm(self.wkv(a_in, input_ready=True)), cos, sin)
+            if self.numerics.simulate_kv_fp8:
+                kv = simulate_kv_fp8(kv, self.nope_dim)
         rows = self.compressor.project(a, positions) if self.compressor else None
         index_rows = index_q = index_w = None
         if self.indexer:
@@ -240,7 +251,7 @@ class Attention(nn.Module):
         """A paged decode step in fixed-shape batch ops (dsv4.engine.paged_decode): write the token's
         kv, rows and (branch-free) entries, then one softmax over window U entries per row."""
         layer = self.layer_index
-        fused = self.decode_kernel and step.fp8 and self.numerics.simulate_kv_fp8 and self.numerics.simulate_indexer_fp4
+        fused = self.use_kernels and step.fp8 and self.numerics.simulate_kv_fp8 and self.numerics.simulate_indexer_fp4
         if fused:
             from dsv4.kernels.cache_store import store_rows
             store_rows(pre.kv, *step.kv_slot(), step.pools.window[layer])
@@ -259,7 +270,7 @@ class Attention(nn.Module):
         if self.indexer:
             index_keys, present = step.entries(layer, "index")
             picked, valid = self.indexer.pick_padded(pre.index_q, pre.index_w, index_keys, present)
-        if self.decode_kernel and step.fp8:
+        if self.use_kernels and step.fp8:
             return self._attend_step_kernel(pre, step, picked, valid, out)
         keys, visible = step.window_keys(layer)
         if self.indexer:
@@ -304,11 +315,18 @@ class Attention(nn.Module):
 
     def finish(self, out: torch.Tensor, pre: AttentionInputs) -> torch.Tensor:
         """Inverse RoPE, grouped wo_a, wo_b (row-parallel all-reduce when sharded) -> [T, D]."""
-        out = apply_rope(out, pre.cos[:, None], -pre.sin[:, None])  # undo the keys' rotation carried by V = K
-        grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
         acc = acc_dtype(pre.dtype)
-        wo_a = self.wo_a.acc_weight().unflatten(0, (self.groups, self.group_rank))
-        low_rank = torch.einsum("tgi,gri->tgr", grouped.to(acc), wo_a).to(pre.dtype)
+        if self.use_kernels:  # one launch for the inverse RoPE; wo_a as the reference's bf16 einsum
+            from dsv4.kernels.norm_rope import norm_rope
+            out = norm_rope(out, cos=pre.cos, sin=pre.sin, inverse=True)
+            grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
+            wo_a = self.wo_a.weight.unflatten(0, (self.groups, self.group_rank))
+            low_rank = torch.einsum("tgi,gri->tgr", grouped, wo_a)  # fp32 accumulation, bf16 result
+        else:
+            out = apply_rope(out, pre.cos[:, None], -pre.sin[:, None])  # undo the keys' rotation carried by V = K
+            grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
+            wo_a = self.wo_a.acc_weight().unflatten(0, (self.groups, self.group_rank))
+            low_rank = torch.einsum("tgi,gri->tgr", grouped.to(acc), wo_a).to(pre.dtype)
         if self.layout is None:
             return self.wo_b(low_rank.flatten(1))
         partial = self.wo_b(low_rank.flatten(1), out_dtype=acc)  # row-parallel: sum over ranks, then round

@@ -54,6 +54,7 @@ from torch import nn
 from dsv4.config import ModelConfig
 from dsv4.model.block import Block
 from dsv4.model.context import ForwardContext, Segment, get_forward_context, sequence_spans
+from dsv4.model.rope import shared_cos_sin
 from dsv4.model.hyper import hc_head
 from dsv4.model.linear import PLAIN, Linear, dequantize_weight, quantized_weights
 from dsv4.model.moe import MoE
@@ -242,8 +243,9 @@ class DeepseekV4ForCausalLM(nn.Module):
         if h is None:
             h = self.embed(input_ids, validate=False)  # range checked above
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
-        for i, layer in enumerate(self.layers):
-            x = layer(x, input_ids, positions, None if step else segments(i), step=step)
+        with shared_cos_sin():
+            for i, layer in enumerate(self.layers):
+                x = layer(x, input_ids, positions, None if step else segments(i), step=step)
         if step is not None:
             _advance(ctx.states)
         self._mtp_target = x.flatten(1)
@@ -413,7 +415,9 @@ class DeepseekV4ForCausalLM(nn.Module):
                 for b in blocks:
                     b.use_mhc_kernels()
             for b in self.layers:
-                b.attn.decode_kernel = True
+                b.attn.use_kernels = True
+                if b.attn.indexer:
+                    b.attn.indexer.use_kernels = True
                 self._head_mix = prepare_mix(self.hc_head_fn)
         self._finalized = True
         if self._graphs is not None:  # graphs captured from the old weights are dropped

@@ -33,6 +33,7 @@ class Indexer(nn.Module):
         self.rope = rope
         self.numerics = numerics
         self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
+        self.use_kernels = False  # kernel mode (set at finalize): q glue in dsv4.kernels.norm_rope
         self.wq_b = Linear(config.q_lora_rank, self.n_heads * self.head_dim, dtype, numerics, FP8)
         self.weights_proj = Linear(config.hidden_size, self.n_heads, dtype, numerics)
         self.compressor = Compressor(config, self.ratio, self.head_dim, rope, dtype, numerics, kind="index")
@@ -42,9 +43,13 @@ class Indexer(nn.Module):
         """(indexer queries [T, Hi, di], head weights [T, Hi]) of a flat batch; q_latent_in is the
         (already activation-quantised) input of wq_b."""
         q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
-        q = apply_rope(q, cos[:, None], sin[:, None])
-        if self.numerics.simulate_indexer_fp4:
-            q = simulate_indexer_fp4(q)
+        if self.use_kernels:  # RoPE + Hadamard + FP4 simulation in one launch
+            from dsv4.kernels import norm_rope as nr
+            q = nr.norm_rope(q, cos=cos, sin=sin, sim=nr.SIM_FP4 if self.numerics.simulate_indexer_fp4 else nr.SIM_NONE)
+        else:
+            q = apply_rope(q, cos[:, None], sin[:, None])
+            if self.numerics.simulate_indexer_fp4:
+                q = simulate_indexer_fp4(q)
         weights = self.weights_proj(a) * self.weight_scale
         return q, weights
 

@@ -7,6 +7,7 @@ Angles are built like DeepSeek's reference: fp32(p) * fp32(omega), rounded to fp
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -60,13 +61,39 @@ class RotaryEmbedding:
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions must be < 2^24 (exact in fp32): `check_positions` once per forward, not here (no
-        host sync per layer, and CUDA-graph capturable)."""
+        host sync per layer, and CUDA-graph capturable). Inside `shared_cos_sin()` the tables of one
+        positions tensor are computed once for all layers of the same RoPE kind."""
+        key = (self.rope_dim, self.rope, self.acc, id(positions))  # the entry holds positions: id stays unique
+        if _shared is not None:
+            hit = _shared.get(key)
+            if hit is not None and hit[0] is positions:
+                return hit[1]
+        out = self._cos_sin(positions)
+        if _shared is not None:
+            _shared[key] = (positions, out)
+        return out
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         omega = self._omega_on.get(positions.device)
         if omega is None:
             omega = self._omega_on[positions.device] = self.omega.to(positions.device)
         angles = positions.to(torch.float32)[:, None] * omega[None, :]
         angles = angles.to(self.acc)
         return angles.cos(), angles.sin()
+
+
+_shared: dict | None = None
+
+
+@contextlib.contextmanager
+def shared_cos_sin():
+    """Within one forward (positions not modified in between): one cos/sin table per RoPE kind."""
+    global _shared
+    previous, _shared = _shared, {}
+    try:
+        yield
+    finally:
+        _shared = previous
 
 
 MAX_POSITION = 1 << 24

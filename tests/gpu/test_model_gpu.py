@@ -181,7 +181,7 @@ def test_llm_with_cuda_graphs_generates_the_same_text():
     assert graphed == plain
 
 
-def test_paged_fp8_decode_kernel_graphs_and_torch_attention_agree():
+def test_paged_fp8_decode_kernels_graphs_and_torch_attention_agree():
     """Paged FP8 decode steps (dsv4.engine.paged_decode) on the embedded model: the Triton
     decode-attention kernel eagerly and under one whole-step CUDA graph give the same greedy text;
     teacher-forced logits of the kernel and of the torch gather path over the same FP8 pools agree to
@@ -198,7 +198,7 @@ def test_paged_fp8_decode_kernel_graphs_and_torch_attention_agree():
     prompts = ["def main():", "The", "import os\nimport sys\n", "class A:\n    def", "x = ["]
     params = SamplingParams(temperature=0.0, max_tokens=48)
     kernel = LLM(device=DEVICE, kv_dtype="fp8")
-    assert all(b.attn.decode_kernel for b in kernel.engine.model.layers)
+    assert all(b.attn.use_kernels for b in kernel.engine.model.layers)
     eager = [r.token_ids for r in kernel.generate(prompts, params)]
     graphed = LLM(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
     assert [r.token_ids for r in graphed.generate(prompts, params)] == eager
@@ -208,8 +208,10 @@ def test_paged_fp8_decode_kernel_graphs_and_torch_attention_agree():
     runs = []
     for use_kernel in (True, False):
         model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
-        for b in model.layers:
-            b.attn.decode_kernel = use_kernel
+        for b in model.layers:  # attention glue, cache stores and decode attention: kernels or torch
+            b.attn.use_kernels = use_kernel
+            if b.attn.indexer:
+                b.attn.indexer.use_kernels = use_kernel
         runs.append(torch.cat(PagedBatch(model, "fp8").decode(40)))
     k, t = runs
     rel = float((k.double() - t.double()).norm() / t.double().norm())

@@ -1,0 +1,129 @@
+"""Attention input glue in one launch per tensor (kernel mode), beside the torch reference of the same
+signature: RMS norm -> RoPE on the trailing pairs -> quantisation simulation, row by row.
+
+    q latent   weighted RMSNorm (fp32 math)
+    q heads    unweighted per-head norm in bf16 arithmetic (as the reference) + RoPE
+    output     inverse RoPE of the attention output
+    window kv  weighted RMSNorm + RoPE + FP8 simulation of the nope dims (blocks of 64)
+    indexer q  RoPE + Hadamard rotation + FP4 simulation (blocks of 32)
+
+The torch path spends 10-35 small launches on each of these (dsv4.model.norm/rope/numerics); the
+reference below *is* that path, so the kernel is tested against what the model computes. fp32 sums
+run in another order than torch's: results agree to bf16 rounding except at rare ties.
+"""
+from __future__ import annotations
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+
+NONE, WEIGHTED, UNWEIGHTED = 0, 1, 2
+SIM_NONE, SIM_FP8, SIM_FP4 = 0, 1, 2
+
+
+def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
+                  cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE,
+                  nope: int = 0, inverse: bool = False) -> torch.Tensor:
+    """x [T, D] or [T, G, D] bf16; cos/sin [T, rope/2] (per token, shared by the G rows; `inverse`
+    rotates by -angle); nope: the FP8-simulated leading dims (sim=SIM_FP8). Returns the model's result,
+    bf16 of x's shape."""
+    from dsv4.model.norm import unweighted_rms_norm
+    from dsv4.model.numerics import simulate_indexer_fp4, simulate_kv_fp8
+    from dsv4.model.rope import apply_rope
+    y = x
+    if norm == WEIGHTED:
+        yf = y.float()
+        yf = yf * torch.rsqrt(yf.square().mean(-1, keepdim=True) + eps)
+        y = (weight.float() * yf).to(x.dtype)
+    elif norm == UNWEIGHTED:
+        y = unweighted_rms_norm(y, eps)
+    if cos is not None:
+        c, s = (cos, sin) if x.dim() == 2 else (cos[:, None], sin[:, None])
+        y = apply_rope(y, c, -s if inverse else s)
+    if sim == SIM_FP8:
+        y = simulate_kv_fp8(y, nope)
+    elif sim == SIM_FP4:
+        y = simulate_indexer_fp4(y)
+    return y
+
+
+if HAS_TRITON:
+    from dsv4.kernels.cache_store import _e4m3
+    from dsv4.kernels.fp8_linear import _pow2_scale
+
+    @triton.jit
+    def _bf16(v):
+        return v.to(tl.bfloat16).to(tl.float32)
+
+    @triton.jit
+    def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, G, stride_cs,
+                          D: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr, NORM: tl.constexpr,
+                          ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr, INTERP: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        tok = row // G
+        d = tl.arange(0, D)
+        y = tl.load(X + row * D + d).to(tl.float32)
+        if NORM == 1:
+            ms = tl.sum(y * y, axis=0) / D
+            y = _bf16(tl.load(W + d).to(tl.float32) * (y * tl.math.rsqrt(ms + eps)))
+        elif NORM == 2:  # bf16 arithmetic, every intermediate rounded as torch does
+            mean = _bf16(tl.sum(_bf16(y * y), axis=0) / D)
+            r = _bf16(tl.math.rsqrt(_bf16(mean + eps)))
+            y = _bf16(y * r)
+        if ROT:
+            a, c = tl.split(tl.reshape(y, (D // 2, 2)))
+            pair = tl.arange(0, D // 2)
+            rope = pair >= ROPE0 // 2
+            cs = tl.load(COS + tok * stride_cs + pair - ROPE0 // 2, mask=rope, other=1.0)
+            sn = tl.load(SIN + tok * stride_cs + pair - ROPE0 // 2, mask=rope, other=0.0)
+            if INV:
+                sn = -sn
+            y = _bf16(tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (D,)))
+        if SIM == 1:  # FP8 simulation of the first NOPE dims, blocks of 64
+            g = tl.reshape(y, (D // 64, 64))
+            s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=1), 1e-4))
+            q = _e4m3(tl.clamp(g * inv[:, None], -448.0, 448.0), INTERP).to(tl.float32)
+            y = tl.where(d < NOPE, _bf16(tl.reshape(q * s[:, None], (D,))), y)
+        elif SIM == 2:  # Hadamard, then FP4 simulation in blocks of 32
+            h = tl.load(H + d[:, None] * D + d[None, :])
+            y = _bf16(tl.sum(y[:, None] * h, axis=0))
+            g = tl.reshape(y, (D // 32, 32))
+            v = tl.maximum(tl.max(tl.abs(g), axis=1), 6.0 * 1.1754943508222875e-38) * 0.16666667163372040
+            bits = v.to(tl.int32, bitcast=True)
+            e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+            s = (e << 23).to(tl.float32, bitcast=True)
+            inv = ((254 - e) << 23).to(tl.float32, bitcast=True)
+            t = g * inv[:, None]
+            a = tl.abs(t)
+            mag = 0.5 * ((a > 0.25).to(tl.float32) + (a >= 0.75).to(tl.float32) + (a > 1.25).to(tl.float32)
+                         + (a >= 1.75).to(tl.float32)) + (a > 2.5).to(tl.float32) + (a >= 3.5).to(tl.float32) \
+                + 2.0 * (a > 5.0).to(tl.float32)
+            y = _bf16(tl.reshape(tl.where(t < 0, -mag, mag) * s[:, None], (D,)))
+        tl.store(OUT + row * D + d, y.to(tl.bfloat16))
+
+
+def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
+              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE,
+              nope: int = 0, inverse: bool = False) -> torch.Tensor:
+    """Triton `norm_rope_ref` (bf16, D a power of two)."""
+    if x.dtype != torch.bfloat16 or x.shape[-1] & (x.shape[-1] - 1):
+        raise ValueError(f"norm_rope: x must be bf16 with a power-of-two last dim, got {x.dtype} {tuple(x.shape)}")
+    d = x.shape[-1]
+    g = x.shape[1] if x.dim() == 3 else 1
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    rows = x.numel() // d
+    if rows == 0:
+        return out
+    rot = cos is not None
+    cos_t = cos.float().contiguous() if rot else x
+    sin_t = sin.float().contiguous() if rot else x
+    had = None
+    if sim == SIM_FP4:
+        from dsv4.model.numerics import hadamard_matrix
+        had = hadamard_matrix(d, torch.float32, x.device)
+    _norm_rope_kernel[(rows,)](
+        x, out, weight if weight is not None else x, cos_t, sin_t, had if had is not None else x, float(eps), g,
+        cos_t.stride(0) if rot else 0, D=d, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm,
+        ROT=rot, INV=inverse, SIM=sim, INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
+    return out

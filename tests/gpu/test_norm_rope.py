@@ -1,0 +1,52 @@
+"""Fused attention-input glue (dsv4.kernels.norm_rope) vs its torch reference, which is the model's own
+path (RMSNorm, per-head bf16 norm, RoPE, FP8 / Hadamard+FP4 simulation): every case of the model,
+fresh random inputs over several binades, outputs poisoned with NaN first."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"  # the CPU interpreter truncates fp32 -> bf16
+
+CASES = {  # name: (shape, kwargs builder)
+    "q_latent": ((5, 1024), "weighted"),
+    "q_heads": ((3, 64, 512), "unweighted"),
+    "kv": ((7, 512), "kv"),
+    "index_q": ((4, 64, 128), "index"),
+    "output": ((6, 64, 512), "inverse"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_norm_rope_matches_model_path(case, monkeypatch):
+    from dsv4.config import Rope, Yarn
+    from dsv4.kernels import norm_rope as nr
+    from dsv4.model.rope import RotaryEmbedding
+
+    shape, kind = CASES[case]
+    g = torch.Generator(device=DEV).manual_seed(len(case))
+    scale = torch.exp2(torch.randint(-4, 5, (shape[0],) + (1,) * (len(shape) - 1), generator=g, device=DEV).float())
+    x = (torch.randn(shape, generator=g, device=DEV) * scale).to(torch.bfloat16)
+    d = shape[-1]
+    rope = RotaryEmbedding(64, Rope(theta=160000.0, yarn=Yarn(16.0, 65536, 32.0, 1.0)))
+    cos, sin = rope.cos_sin(torch.randint(0, 100000, (shape[0],), generator=g, device=DEV))
+    weight = (1 + 0.3 * torch.randn(d, generator=g, device=DEV)).to(torch.bfloat16)
+    kw = {"weighted": dict(norm=nr.WEIGHTED, weight=weight, eps=1e-6),
+          "unweighted": dict(norm=nr.UNWEIGHTED, eps=1e-6, cos=cos, sin=sin),
+          "kv": dict(norm=nr.WEIGHTED, weight=weight, eps=1e-6, cos=cos, sin=sin, sim=nr.SIM_FP8, nope=448),
+          "index": dict(cos=cos, sin=sin, sim=nr.SIM_FP4),
+          "inverse": dict(cos=cos, sin=sin, inverse=True)}[kind]
+    want = nr.norm_rope_ref(x, **kw)
+    real_empty = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **k: real_empty(t, **k).fill_(float("nan")))  # poison
+    got = nr.norm_rope(x, **kw)
+    assert got.shape == want.shape and got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+    differ = float((got != want).double().mean())
+    rel = float((got.double() - want.double()).norm() / want.double().norm())
+    print(f"{case}: {differ:.2e} of elements differ, rel {rel:.2e}")
+    # fp32 sums in another order: bf16 results differ only at rounding ties (FP4/FP8 steps amplify those)
+    assert rel < (0.1 if INTERP else 2e-2) and differ < (0.7 if INTERP else 0.02), (differ, rel)
