@@ -88,9 +88,12 @@ def main() -> None:
     for name, (calls, n, us) in sorted(table.items(), key=lambda kv: -kv[1][1]):
         print(f"{name:40s} {calls:5d} {n:8d} {us:8.0f}")
     names = collections.Counter(e.name[:60] for e in gpu)
-    print("most launched kernels:")
-    for name, n in names.most_common(25):
-        print(f"  {n:5d}  {name}")
+    times = collections.Counter()
+    for e in gpu:
+        times[e.name[:60]] += e.device_time
+    print("kernels by GPU time (us, launches):")
+    for name, us in times.most_common(int(os.environ.get("TOP", "25"))):
+        print(f"  {us:8.0f} {names[name]:5d}  {name}")
 
 
 if __name__ == "__main__":
