@@ -157,12 +157,15 @@ class Runner:
             return self.model.mtp[0].compute_logits(hidden).argmax(-1)
 
     def prefill(self, states, ctx: int, chunk: int = 8192, with_mtp: bool = True) -> None:
+        """`ctx` tokens into every state, at most `chunk` tokens per forward (long prompts in pieces)."""
         per = max(1, chunk // ctx)
         for i in range(0, len(states), per):
             group = states[i:i + per]
-            self.forward(group, [ctx] * len(group))
-            if with_mtp:
-                self.mtp(group, [ctx] * len(group))
+            for done in range(0, ctx, chunk):
+                n = min(chunk, ctx - done)
+                self.forward(group, [n] * len(group))
+                if with_mtp:
+                    self.mtp(group, [n] * len(group))
 
 
 def _decode_roof_bytes(model, batch: int, ctx: int) -> int:

@@ -19,6 +19,9 @@ from dsv4.model.numerics import Numerics, acc_dtype, simulate_indexer_fp4
 from dsv4.model.rope import RotaryEmbedding, apply_rope
 
 
+QUERY_BLOCK = 256  # queries scored together (bounds the [block, heads, N] score tensor)
+
+
 def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest scores per row; equal scores are taken in increasing index order."""
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
@@ -78,15 +81,19 @@ class Indexer(nn.Module):
 
     def select(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
-        """Boolean mask [T, N]: which of the N keys each query attends to."""
+        """Boolean mask [T, N]: which of the N keys each query attends to. Queries are scored in
+        blocks of QUERY_BLOCK (the [T, heads, N] scores of a long prompt would not fit in memory)."""
         n_keys = keys.shape[0]
-        visible = (positions + 1) // self.ratio
         acc = acc_dtype(q.dtype)  # the reference computes these in bf16; the model dtype rounds here
-        scores = torch.relu(torch.einsum("thd,nd->thn", q.to(acc), keys.to(acc)).to(q.dtype))
-        scores = (scores.to(acc) * weights.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
+        keys_acc = keys.to(acc)
         entry = torch.arange(n_keys, device=keys.device)
-        scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
-        picked = top_k_lowest_index(scores, min(self.topk, n_keys))
-        valid = picked < visible[:, None]
         mask = torch.zeros(q.shape[0], n_keys, dtype=torch.bool, device=keys.device)
-        return mask.scatter_(1, picked, valid)
+        for b0 in range(0, q.shape[0], QUERY_BLOCK):
+            qb, wb = q[b0:b0 + QUERY_BLOCK], weights[b0:b0 + QUERY_BLOCK]
+            visible = (positions[b0:b0 + QUERY_BLOCK] + 1) // self.ratio
+            scores = torch.relu(torch.einsum("thd,nd->thn", qb.to(acc), keys_acc).to(q.dtype))
+            scores = (scores.to(acc) * wb.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
+            scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
+            picked = top_k_lowest_index(scores, min(self.topk, n_keys))
+            mask[b0:b0 + QUERY_BLOCK].scatter_(1, picked, picked < visible[:, None])
+        return mask
