@@ -27,21 +27,27 @@ class PagedBatch:
             for seq, n in zip(self.seqs, prompts):
                 self.forward([seq], torch.randint(2, 500, (n,), generator=torch.Generator().manual_seed(n)))
 
-    def forward(self, seqs, ids):
-        n = ids.shape[0] // len(seqs)
-        states = [self.cache.reserve(s, n) for s in seqs]
-        pos = torch.cat([torch.arange(st.num_tokens, st.num_tokens + n) for st in states]).to(self.device)
-        with set_forward_context(ForwardContext([n] * len(seqs), states)):
-            return self.model.compute_logits(self.model(ids.to(self.device), pos)).float().cpu()
+    def forward(self, seqs, ids, lens=None):
+        lens = lens or [ids.shape[0] // len(seqs)] * len(seqs)
+        states = [self.cache.reserve(s, n) for s, n in zip(seqs, lens)]
+        pos = torch.cat([torch.arange(st.num_tokens, st.num_tokens + n) for st, n in zip(states, lens)])
+        with set_forward_context(ForwardContext(lens, states)):
+            return self.model.compute_logits(self.model(ids.to(self.device), pos.to(self.device))).float().cpu()
 
     def decode(self, steps: int, seed: int = 0):
         """`steps` decode steps over a changing subset of the sequences; a rollback of 2 tokens of
-        sequence 1 after step 5 (re-decoded as a 2-token chunk: the per-sequence path)."""
+        sequence 1 after step 5, re-decoded as a 2-token chunk; every 7th step an MTP-verify-like
+        step where the sequences bring 1-4 tokens each, then a rollback of 1 token of every sequence."""
         gen, out = torch.Generator().manual_seed(seed), []
         with torch.no_grad():
             for step in range(steps):
                 live = [s for i, s in enumerate(self.seqs) if step < 4 or i % 3 != 2]
-                out.append(self.forward(live, torch.randint(2, 500, (len(live),), generator=gen)))
+                lens = [1 + (i + step) % 4 for i in range(len(live))] if step % 7 == 6 else [1] * len(live)
+                out.append(self.forward(live, torch.randint(2, 500, (sum(lens),), generator=gen), lens))
+                if step % 7 == 6:
+                    for s in live:
+                        self.cache.state_of(s).truncate(1)
+                        s.num_computed_tokens -= 1
                 if step == 5:
                     self.cache.state_of(self.seqs[1]).truncate(2)
                     self.seqs[1].num_computed_tokens -= 2

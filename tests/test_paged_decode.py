@@ -28,7 +28,7 @@ def test_step_equals_per_sequence_path(kv_dtype, monkeypatch):
     monkeypatch.setattr(Attention, "_attend_step", lambda self, *a: calls.append(1) or real(self, *a))
     stepped = _Batch(_model(), kv_dtype).decode(40)
     assert calls, "the fixed-shape step did not run"
-    monkeypatch.setattr(dsv4_model, "_paged_decode_pools", lambda ctx: None)  # force the per-sequence path
+    monkeypatch.setattr(dsv4_model, "paged_step_pools", lambda ctx: None)  # force the per-sequence path
     calls.clear()
     alone = _Batch(_model(), kv_dtype).decode(40)
     assert not calls
@@ -108,3 +108,38 @@ def test_step_state_work_reads_nothing_back(monkeypatch):
     _Batch(m, "fp8").decode(6)
     assert "derive" in runs and "_attend_step" in runs
     assert any(size == 8 for (_, size, _) in m._graphs._steps)
+
+
+def test_mtp_draft_step_equals_per_sequence_path(monkeypatch):
+    """The MTP block's draft rows over the paged pools (one or two per sequence, as chained drafts
+    and their catch-up rows) take the fixed-shape step; same logits as its per-sequence path."""
+    import dsv4.model.mtp as mtp_module
+
+    def drafts(b):
+        m, gen, out = b.model, torch.Generator().manual_seed(9), []
+        width = m.config.hc_mult * m.config.hidden_size
+        with torch.no_grad():
+            for step in range(9):
+                lens = [1 + (i + step) % 2 for i in range(len(b.states))]
+                pos = torch.cat([torch.arange(s.mtp.num_tokens, s.mtp.num_tokens + n) for s, n in zip(b.states, lens)])
+                res = torch.randn(pos.numel(), width, generator=gen)
+                ids = torch.randint(2, 500, (pos.numel(),), generator=gen)
+                with set_forward_context(ForwardContext(lens, b.states)):
+                    _, hidden = m.forward_mtp(res, ids, pos)
+                out.append(m.mtp[0].compute_logits(hidden))
+        return out
+
+    calls = []
+    real = Attention._attend_step
+    monkeypatch.setattr(Attention, "_attend_step", lambda self, *a: calls.append(self.layer_index) or real(self, *a))
+    model = _model()
+    mtp_index = model.config.num_layers
+    stepped = drafts(_Batch(model, "fp8"))
+    assert mtp_index in calls
+    monkeypatch.setattr(mtp_module, "paged_step_pools", lambda ctx: None)
+    calls.clear()
+    alone = drafts(_Batch(_model(), "fp8"))
+    assert mtp_index not in calls
+    for a, b in zip(stepped, alone):
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        assert float((a.double() - b.double()).abs().max() / b.double().abs().max()) < 1e-5

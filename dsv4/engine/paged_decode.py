@@ -1,7 +1,9 @@
 """A decode step over the paged pools as fixed-shape tensor work: no per-sequence Python inside the
 model and no device->host reads, so a whole step can be one CUDA graph (dsv4.model.graphs).
 
-One token per sequence, at position t_b. The host ships the positions and the block tables once per
+Each row is one token at position t (a decode batch: one row per sequence; an MTP verify batch: a
+sequence's token and its drafts, up to `max_rollback + 1` rows, each with the sequence's tables). The
+host ships the positions and the block tables once per
 step (one copy; tables padded with each kind's trash page, see `PagedPools.trash`); `derive` turns
 them into every slot index the layers use, once per step, shared by all layers of a kind:
 
@@ -10,9 +12,11 @@ them into every slot index the layers use, once per step, shared by all layers o
   entries       write: entry t // r if t closes its window, else the trash page;
                 read: entries 0 .. N-1 of the table width, present where < (t+1) // r
 
-So the compressor is branch-free: every step pools the window containing t (from the rows written so
-far) and the result lands in the trash page unless t closes that window, the moment the per-sequence
-path would pool it. Graph padding rows (position 0, tables all trash) only write to trash pages.
+So the compressor is branch-free: every row pools the window containing its t (from the rows written
+so far) and the result lands in the trash page unless t closes that window, the moment the
+per-sequence path would pool it. Every write of a layer (all rows) precedes its reads, so a row sees
+the kv, rows and entries of the earlier tokens of its own sequence in the same step; the ring slack
+(`max_rollback`) keeps a later row from overwriting what an earlier one still reads. Graph padding rows (position 0, tables all trash) only write to trash pages.
 Every pool is zero-filled and only finite values are written, so masked reads of padding or trash
 slots contribute exact zeros.
 """
@@ -62,24 +66,35 @@ class DecodeStep:
                     for n, k in self.kinds.items() if n not in ("window", "state")] or [1 << 62])
 
     # ---- host ----------------------------------------------------------------------------
-    def fill(self, states: list) -> None:
-        """Positions and block tables of `states` (SequenceStates over these pools, one token each)
-        into the static buffers; rows beyond len(states) become padding."""
-        if len(states) > self.size:
-            raise ValueError(f"DecodeStep: {len(states)} sequences for a step of {self.size} rows")
+    def fill(self, states: list, lens: list[int] | None = None, mtp: bool = False) -> None:
+        """Positions and block tables of `states` (SequenceStates over these pools) into the static
+        buffers: sequence b brings lens[b] tokens (default 1), one row each, in batch order; rows
+        beyond them become padding. `mtp`: positions continue the MTP block's state."""
+        lens = [1] * len(states) if lens is None else lens
+        done = [(s.mtp if mtp else s).num_tokens for s in states]
+        rows = sum(lens)
+        if rows > self.size:
+            raise ValueError(f"DecodeStep: {rows} tokens for a step of {self.size} rows")
         trash = self.pools.trash
-        pad = self.size - len(states)
-        flat = [s.num_tokens for s in states] + [0] * pad
+        pad = self.size - rows
+        flat = [t + j for t, n in zip(done, lens) for j in range(n)] + [0] * pad
+        specs = [self.config.mtp_layer] if mtp else self.config.layers
+        used = {"window"} | {k for spec in specs if spec.has_compressor
+                             for k in (f"compressed{spec.compress_ratio}", "state")} \
+            | {"indexer4" for spec in specs if spec.has_indexer}
         for name, w in self.widths.items():
             kind = self.kinds[name]
-            for s in states:
-                seq, t = s.layers[0].seq, s.num_tokens
+            for s, n, t in zip(states, lens, done):
+                if name not in used:  # tables of kinds these layers never touch: all trash
+                    flat += [trash[name]] * (w * n)
+                    continue
+                seq, end = s.layers[0].seq, t + n
                 table = seq.block_tables.get(name, [])[:w]
-                if kind.pages_needed(t + 1) > len(table):
-                    raise RuntimeError(f"request {seq.request_id!r}: position {t} needs "
-                                       f"{kind.pages_needed(t + 1)} {name} pages; {len(table)} usable "
+                if kind.pages_needed(end) > len(table):
+                    raise RuntimeError(f"request {seq.request_id!r}: position {end - 1} needs "
+                                       f"{kind.pages_needed(end)} {name} pages; {len(table)} usable "
                                        f"(allocated {len(seq.block_tables.get(name, []))}, step holds {w})")
-                flat += table + [trash[name]] * (w - len(table))
+                flat += (table + [trash[name]] * (w - len(table))) * n
             flat += [trash[name]] * (w * pad)
         host = self._host
         host.copy_(torch.tensor(flat, dtype=torch.long))
@@ -197,10 +212,3 @@ class DecodeStep:
 
     def entry_count(self, ratio: int) -> torch.Tensor:
         return self._derived["count", ratio]
-
-    # ---- host, after the step --------------------------------------------------------------
-    @staticmethod
-    def advance(states: list) -> None:
-        for s in states:
-            for layer in s.layers:
-                layer.advance_decode()

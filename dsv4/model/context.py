@@ -89,3 +89,27 @@ def sequence_spans(ctx: ForwardContext, positions: torch.Tensor, lengths: list[i
                 raise ValueError(f"sequence {i}: positions {got[:8]}... must continue its state, i.e. run "
                                  f"{done}..{done + n - 1}")
     return spans
+
+
+def paged_step_pools(ctx: ForwardContext):
+    """The engine's pools when every sequence of the batch is paged there and brings 1 to
+    `max_rollback + 1` tokens (decode, MTP draft/verify, short prompt tails): such a batch runs as
+    one fixed-shape step (dsv4.engine.paged_decode)."""
+    if not ctx.states:
+        return None
+    pools = getattr(ctx.states[0].layers[0], "pools", None)
+    if pools is None or any(getattr(s.layers[0], "pools", None) is not pools for s in ctx.states):
+        return None
+    if not all(1 <= int(n) <= pools.max_rollback + 1 for n in ctx.seq_lens):
+        return None
+    return pools
+
+
+def advance_paged(states: list[SequenceState], lens: list[int], mtp: bool = False) -> None:
+    """Host bookkeeping after a fixed-shape step (which wrote the states on the device): the
+    backbone layers, or the MTP block's state, move on by lens[b] tokens."""
+    for s, n in zip(states, lens):
+        for layer in ([s.mtp] if mtp else s.layers):
+            for _ in range(int(n)):
+                layer.advance_decode()
+

@@ -53,7 +53,8 @@ from torch import nn
 
 from dsv4.config import ModelConfig
 from dsv4.model.block import Block
-from dsv4.model.context import ForwardContext, Segment, get_forward_context, sequence_spans
+from dsv4.model.context import (ForwardContext, Segment, advance_paged, get_forward_context, paged_step_pools,
+                                sequence_spans)
 from dsv4.model.rope import shared_cos_sin
 from dsv4.model.hyper import hc_head
 from dsv4.model.linear import PLAIN, Linear, dequantize_weight, quantized_weights
@@ -65,23 +66,6 @@ from dsv4.model.state import SequenceState
 
 STORED_QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
 KERNELS = ("auto", "torch", "triton")
-
-
-def _paged_decode_pools(ctx: ForwardContext):
-    """The engine's pools when every sequence of the batch is paged there and brings one token."""
-    if not ctx.states or any(int(n) != 1 for n in ctx.seq_lens):
-        return None
-    pools = getattr(ctx.states[0].layers[0], "pools", None)
-    if pools is None or any(getattr(s.layers[0], "pools", None) is not pools for s in ctx.states):
-        return None
-    return pools
-
-
-def _advance(states) -> None:
-    """Host bookkeeping after a paged decode step (the step wrote the state on the device)."""
-    for s in states:
-        for layer in s.layers:
-            layer.advance_decode()
 
 
 def resolve_kernels(kernels: str, dtype: torch.dtype, device: torch.device) -> str:
@@ -233,19 +217,19 @@ class DeepseekV4ForCausalLM(nn.Module):
         def segments(i: int) -> list[Segment]:
             return [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans, ctx.states) if n]
 
-        pools = _paged_decode_pools(ctx)
-        graphs = self._graphs is not None and inputs_embeds is None and self._graphs.handles(ctx.seq_lens)
+        pools = paged_step_pools(ctx)
+        lens = [int(n) for n in ctx.seq_lens]
         step = None
-        if pools is not None:  # a decode batch over the engine's pools: fixed-shape step, one graph
-            if graphs:
-                hidden = self._graphs.paged_step(pools, input_ids, ctx.states)
+        if pools is not None:  # short rows over the engine's pools: fixed-shape step, one graph
+            if self._graphs is not None and inputs_embeds is None and t <= self._graphs.max_batch:
+                hidden = self._graphs.paged_step(pools, input_ids, ctx.states, lens)
                 self._mtp_target = self._graphs.last_streams(t).flatten(1)
-                _advance(ctx.states)
+                advance_paged(ctx.states, lens)
                 return hidden
-            step = pools.decode_step(t, max(s.num_tokens for s in ctx.states) + 1)
-            step.fill(ctx.states)
+            step = pools.decode_step(t, max(s.num_tokens + n for s, n in zip(ctx.states, lens)))
+            step.fill(ctx.states, lens)
             step.derive()
-        elif graphs:
+        elif self._graphs is not None and inputs_embeds is None and self._graphs.handles(ctx.seq_lens):
             hidden = self._graphs.step(input_ids, positions, segments)
             self._mtp_target = self._graphs.last_streams(t).flatten(1)
             return hidden
@@ -256,7 +240,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             for i, layer in enumerate(self.layers):
                 x = layer(x, input_ids, positions, None if step else segments(i), step=step)
         if step is not None:
-            _advance(ctx.states)
+            advance_paged(ctx.states, lens)
         self._mtp_target = x.flatten(1)
         return self.final_hidden(x)
 
@@ -423,7 +407,7 @@ class DeepseekV4ForCausalLM(nn.Module):
                 from dsv4.kernels.mhc import prepare_mix
                 for b in blocks:
                     b.use_mhc_kernels()
-            for b in self.layers:
+            for b in blocks:
                 b.attn.use_kernels = True
                 if b.attn.indexer:
                     b.attn.indexer.use_kernels = True

@@ -127,9 +127,9 @@ class _StepBucket:
                 x = layer(x, self.ids, step.pos, None, step=step)
         self.streams, self.hidden = x, m.final_hidden(x)
 
-    def run(self, input_ids: torch.Tensor, states: list) -> torch.Tensor:
+    def run(self, input_ids: torch.Tensor, states: list, lens: list[int]) -> torch.Tensor:
         b = input_ids.shape[0]
-        self.step.fill(states)
+        self.step.fill(states, lens)
         self.ids[:b].copy_(input_ids)
         self.ids[b:].zero_()
         if not self.capture:
@@ -171,16 +171,17 @@ class DecodeGraphs:
         self._last = bucket
         return bucket.step(input_ids, positions, segments_per_layer)
 
-    def paged_step(self, pools, input_ids: torch.Tensor, states: list) -> torch.Tensor:
-        """Hidden states [B, D] of a decode step over paged states, as one graph per (batch bucket,
-        context bucket): contexts are rounded up to a power of two (at least 1024 tokens)."""
+    def paged_step(self, pools, input_ids: torch.Tensor, states: list, lens: list[int]) -> torch.Tensor:
+        """Hidden states [T, D] of a fixed-shape step over paged states (sequence b brings lens[b]
+        tokens), as one graph per (row bucket, context bucket): contexts rounded up to a power of two
+        (at least 1024 tokens)."""
         size = next(s for s in self.sizes if s >= input_ids.shape[0])
-        ctx = max(1024, 1 << max(s.num_tokens for s in states).bit_length())
+        ctx = max(1024, 1 << (max(s.num_tokens + n for s, n in zip(states, lens)) - 1).bit_length())
         bucket = self._steps.get((pools, size, ctx))
         if bucket is None:
             bucket = self._steps[pools, size, ctx] = _StepBucket(self.model, pools.decode_step(size, ctx), self.capture)
         self._last = bucket
-        return bucket.run(input_ids, states)
+        return bucket.run(input_ids, states, lens)
 
     def last_streams(self, b: int) -> torch.Tensor:
         last = self._last

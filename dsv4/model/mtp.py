@@ -17,7 +17,8 @@ from torch import nn
 
 from dsv4.config import ModelConfig
 from dsv4.model.block import Block
-from dsv4.model.context import ForwardContext, Segment, get_forward_context, sequence_spans
+from dsv4.model.context import (ForwardContext, Segment, advance_paged, get_forward_context, paged_step_pools,
+                                sequence_spans)
 from dsv4.model.hyper import hc_head
 from dsv4.model.linear import FP8, Linear
 from dsv4.model.norm import RMSNorm
@@ -66,13 +67,21 @@ class MTPBlock(Block):
             raise ValueError("a SequenceState in the forward context has no MTP state or another dtype")
         spans = sequence_spans(ctx, positions, [s.mtp.num_tokens for s in ctx.states])
         segments = [Segment(start, n, s.mtp) for (start, n), s in zip(spans, ctx.states) if n]
+        pools, step = paged_step_pools(ctx), None
+        if pools is not None:  # draft rows over the engine's pools: the fixed-shape step
+            lens = [int(n) for n in ctx.seq_lens]
+            step = pools.decode_step(t, max(s.mtp.num_tokens + n for s, n in zip(ctx.states, lens)))
+            step.fill(ctx.states, lens, mtp=True)
+            step.derive()
 
         x = prev_residual.to(self.dtype).unflatten(-1, (self.hc_mult, -1))
         acc = acc_dtype(self.dtype)
         e = self.e_proj(self.enorm(embed(next_token_ids)))
         h = self.h_proj(self.hnorm(x).flatten(0, 1)).unflatten(0, x.shape[:2])
         x = (h.to(acc) + e.to(acc).unsqueeze(1)).to(self.dtype)
-        x = super().forward(x, None, positions, segments)
+        x = super().forward(x, None, positions, None if step else segments, step=step)
+        if step is not None:
+            advance_paged(ctx.states, lens, mtp=True)
         hidden = self.norm(hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
                                    hc_eps=self.hc_kwargs["hc_eps"], norm_eps=self.hc_kwargs["norm_eps"]))
         return x.flatten(1), hidden
