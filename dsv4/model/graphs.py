@@ -1,6 +1,10 @@
-"""Decode steps under piecewise CUDA graphs (one token per sequence, single process).
+"""Decode steps under CUDA graphs (single process).
 
-A decode step of L layers is cut where it touches per-sequence state:
+Over the engine's paged pools (the usual case): a fixed-shape step (dsv4.engine.paged_decode; every
+sequence brings 1..max_rollback+1 tokens) is captured whole -- embed, every layer including its state
+reads/writes and attention, HC head -- as one graph per (row bucket, context bucket) (`_StepBucket`).
+
+Over contiguous per-sequence states (no engine), the step is cut where it touches state:
 
     piece 0      embed -> layer 0 `pre`                       (captured)
     attend 0     layer 0 attention over each sequence's state (eager: state sizes change every step)
@@ -8,15 +12,13 @@ A decode step of L layers is cut where it touches per-sequence state:
     ...
     piece L      layer L-1 `post` -> HC head + final norm     (captured)
 
-so the mHC, projection, norm/RoPE, MoE and HC-head work of a step is L + 1 graph replays instead of
-thousands of launches, and the eager part is only the state reads/writes and the attention itself
-(the design vLLM calls piecewise graphs). Graphs are captured per batch bucket (1, 2, 4, ... 64;
-a batch is padded to the next bucket with position 0 / token 0 rows that no sequence reads) the
-first time a bucket is used; all graphs of a bucket share one memory pool and are replayed in the
-order they were captured. Results equal the eager kernel-mode model bit for bit at a bucket's exact
-size (the same kernels on the same rows); a padded batch may pick another MoE launch shape.
+(piecewise graphs, `_Bucket`). Graphs are captured per batch bucket (1, 2, 4, ... 64; a batch is
+padded to the next bucket with position 0 / token 0 rows that no sequence reads -- over paged pools
+their writes go to the trash pages) the first time a bucket is used. Results equal the eager
+kernel-mode model bit for bit at a bucket's exact size (the same kernels on the same rows); a padded
+batch may pick another MoE launch shape.
 
-`capture=False` runs the same pieces eagerly through the same static buffers (CPU tests of the
+`capture=False` runs the same code eagerly through the same static buffers (CPU tests of the
 plumbing). Sharded models are not captured (collectives inside graphs are not set up here).
 """
 from __future__ import annotations
