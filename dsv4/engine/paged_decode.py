@@ -60,11 +60,6 @@ class DecodeStep:
         return {name: math.ceil(num_tokens // k.ratio / k.page_size)
                 for name, k in pools.bm.kinds.items() if name not in ("window", "state")}
 
-    def capacity(self) -> int:
-        """Largest context (tokens, this step's token included) every entry table can address."""
-        return min([self.widths[n] * k.page_size * k.ratio + k.ratio - 1
-                    for n, k in self.kinds.items() if n not in ("window", "state")] or [1 << 62])
-
     # ---- host ----------------------------------------------------------------------------
     def fill(self, states: list, lens: list[int] | None = None, mtp: bool = False) -> None:
         """Positions and block tables of `states` (SequenceStates over these pools) into the static

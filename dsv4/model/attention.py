@@ -5,7 +5,8 @@ Query t attends to the window kv of positions max(0, t-127) .. t and to the comp
 candidate set: none (sliding-only), all complete entries j < floor((t+1)/128) (HCA), or the indexer's
 selection among j < floor((t+1)/4) (CSA). Scores are `q.k * head_dim^-0.5`; the sink logit of head h
 joins the softmax denominator only. Projections, norms and RoPE run on the flat batch; the attention
-itself runs per sequence, vectorised over that sequence's tokens in blocks of queries.
+itself runs per sequence (vectorised over that sequence's tokens in blocks of queries), or, for short
+rows over the engine's paged pools, as one fixed-shape step over all rows (`_attend_step`).
 
 Sharded (`layout` given): this rank computes heads [h0, h0 + H/tp) = output groups [g0, g0 + G/tp)
 (wq_b rows, attn_sink, wo_a rows, wo_b input columns); wo_b's partial sums are all-reduced over the
