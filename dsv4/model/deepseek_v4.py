@@ -57,7 +57,7 @@ from dsv4.model.context import (ForwardContext, Segment, advance_paged, get_forw
                                 sequence_spans)
 from dsv4.model.rope import shared_cos_sin
 from dsv4.model.hyper import hc_head
-from dsv4.model.linear import PLAIN, Linear, dequantize_weight, quantized_weights
+from dsv4.model.linear import PLAIN, Linear, bf16_gemm_fp32, dequantize_weight, quantized_weights
 from dsv4.model.moe import MoE
 from dsv4.model.mtp import MTPBlock
 from dsv4.model.norm import RMSNorm
@@ -105,18 +105,13 @@ class Embedding(nn.Module):
         return self.layout.ps.reduce_tp(rows)
 
 
-_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=) (CUDA)
-
-
 def lm_head(hidden: torch.Tensor, head: Linear, layout=None) -> torch.Tensor:
     """Logits in fp32 (fp64 for a float64 model), accumulated in the model's accumulation dtype.
     With a layout, each rank computes its vocabulary rows and all ranks receive the full logits."""
     w = head.weight
-    if w.is_cuda and w.dtype == torch.bfloat16 and _HAS_MM_OUT_DTYPE:
-        # bf16 products are exact in fp32: a bf16 GEMM accumulating into fp32 output is the same sum
-        # as the fp32 GEMM, and reads the 1 GB head once instead of a 2 GB fp32 copy
-        logits = torch.mm(hidden.to(w.dtype), w.t(), out_dtype=torch.float32)
-    else:
+    # CUDA bf16: one bf16 GEMM into fp32 reads the 1 GB head, not a 2 GB fp32 copy of it
+    logits = bf16_gemm_fp32(hidden.to(w.dtype), w) if w.dtype == torch.bfloat16 else None
+    if logits is None:
         logits = F.linear(hidden.to(acc_dtype(w.dtype)), head.acc_weight())
         logits = logits.to(torch.float64 if w.dtype == torch.float64 else torch.float32)
     return logits if layout is None else layout.ps.gather_tp(logits, dim=-1)

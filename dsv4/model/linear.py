@@ -32,6 +32,20 @@ EXPERT = "expert"  # MXFP4 (I8 packed + per-32 E8M0 scale) or FP8 block (Flash-B
 _KEEP_QUANTIZED: ContextVar[str | None] = ContextVar("dsv4_keep_quantized", default=None)
 
 
+_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=) (CUDA)
+
+
+def bf16_gemm_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """`x @ weight.T` in fp32 for bf16 operands on CUDA: one bf16 GEMM accumulating into fp32 output.
+    bf16 products are exact in fp32, so this is the fp32 GEMM of the same values (up to summation
+    order) without an fp32 copy of the weight or of x. None where it does not apply (CPU, other
+    dtypes): the caller computes in its accumulation dtype."""
+    if not (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and _HAS_MM_OUT_DTYPE):
+        return None
+    y = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
 @contextmanager
 def quantized_weights(expert_dtype: str):
     """Linears created inside keep FP8/MXFP4 weights quantised (kernel mode, see module docstring)."""
@@ -137,8 +151,9 @@ class Linear(nn.Module):
             return y if out_dtype is None else y.to(out_dtype)
         if not input_ready:
             x = self.prepare_input(x)
-        acc = acc_dtype(x.dtype)
-        y = F.linear(x.to(acc), self.acc_weight())
+        y = bf16_gemm_fp32(x, self.weight)
+        if y is None:
+            y = F.linear(x.to(acc_dtype(x.dtype)), self.acc_weight())
         return y.to(out_dtype or x.dtype)
 
     def extra_repr(self) -> str:
