@@ -1,6 +1,6 @@
-"""`bf16_gemm_fp32` (dsv4.model.linear): the CUDA bf16 GEMM into fp32 used by the plain linears, the
-MoE router and the LM head equals the fp32 GEMM of the same bf16 values (products are exact in
-fp32; only the summation order differs), for decode- and prefill-sized inputs, 2-D and 3-D."""
+"""`bf16_gemm_fp32` (dsv4.model.linear): the CUDA bf16 GEMM into fp32 of the LM head (and, next, of
+the plain linears and the MoE router) equals the fp32 GEMM of the same bf16 values (products are
+exact in fp32; only the summation order differs), for decode- and prefill-sized inputs, 2-D and 3-D."""
 
 from __future__ import annotations
 
