@@ -54,6 +54,16 @@ def test_generate_several_prompts_one_line_each(ckpt, llm):
     assert res.stdout == "".join(r.text + "\n" for r in want)
 
 
+def test_generate_with_fp8_cache_prints_the_same_text(ckpt, llm):
+    """--kv-dtype fp8 reaches the engine's pools; under reference numerics that storage is lossless."""
+    want = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=6))
+    res = dsv4_cli("generate", "--model", str(ckpt), "--max-tokens", "6", "--temperature", "0", "--kv-dtype", "fp8",
+                   *PROMPTS)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "".join(r.text + "\n" for r in want)
+    assert LLM(ckpt, device="cpu", dtype=torch.float32, kv_dtype="fp8").engine.cache.pools.fp8
+
+
 def test_chat_reads_stdin_and_prints_the_reply_content(ckpt, llm):
     want = llm.chat([{"role": "user", "content": "The lazy dog"}], SamplingParams(temperature=0.0, max_tokens=6))[0]
     res = dsv4_cli("chat", "--model", str(ckpt), "--max-tokens", "6", "--temperature", "0", stdin="The lazy dog\n")

@@ -143,3 +143,12 @@ def test_mtp_draft_step_equals_per_sequence_path(monkeypatch):
     for a, b in zip(stepped, alone):
         assert torch.equal(a.argmax(-1), b.argmax(-1))
         assert float((a.double() - b.double()).abs().max() / b.double().abs().max()) < 1e-5
+
+
+def test_fp8_pools_are_lossless_under_reference_numerics():
+    """FP8 window/entries (e4m3 + E8M0 nope dims) and MXFP4 indexer keys store exactly the values the
+    reference numerics already simulate: every logit equals the model-dtype pools' bit for bit."""
+    plain = _Batch(_model(), "auto").decode(16, seed=4)
+    fp8 = _Batch(_model(), "fp8").decode(16, seed=4)
+    for a, b in zip(plain, fp8):
+        assert torch.equal(a, b)
