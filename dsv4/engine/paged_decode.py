@@ -162,13 +162,6 @@ class DecodeStep:
         """(page, offset) [B] where this step's entry goes (the trash page unless t closes a window)."""
         return self._derived[self._entry_kind(layer, name), "write"]
 
-    def entry_cos_sin(self, ratio: int, rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE of the entry positions i*r, computed once per step and rope table."""
-        key = ("cos_sin", ratio, id(rope))
-        if key not in self._derived:
-            self._derived[key] = rope.cos_sin(self.entry_positions(ratio))
-        return self._derived[key]
-
     def write_rows(self, layer: int, name: str, c: torch.Tensor, z: torch.Tensor) -> None:
         buf, (slot, _, _) = self._rows(layer, name)
         page = self._derived["state_page"]
@@ -178,9 +171,8 @@ class DecodeStep:
     def window_rows(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Raw (C, Z) rows [B, R, w] of the window containing t (CSA: R = 2r, the previous window
         first) and, for CSA, whether that previous window exists [B]."""
-        buf, (_, slots, has_prev) = self._rows(layer, name)
-        page = self._derived["state_page"][:, None]
-        return buf[0, page, slots], buf[1, page, slots], has_prev
+        buf, page, slots, has_prev = self.rows_window(layer, name)
+        return buf[0, page[:, None], slots], buf[1, page[:, None], slots], has_prev
 
     def entry_positions(self, ratio: int) -> torch.Tensor:
         """Position i*r of the entry the window containing t becomes (its RoPE position)."""

@@ -27,6 +27,7 @@ from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from ..model.state import oldest_needed_row, truncate_target
 from .block_manager import BlockManager
+from .paged_decode import DecodeStep
 
 KV_BLOCK = 64
 
@@ -166,7 +167,6 @@ class PagedPools:
 
     def decode_step(self, size: int, num_tokens: int):
         """A fixed-shape decode step of `size` rows whose contexts reach at most `num_tokens` tokens."""
-        from .paged_decode import DecodeStep
         return DecodeStep(self, size, DecodeStep.entry_pages_for(self, num_tokens))
 
     def new_state(self, seq):
@@ -290,10 +290,10 @@ class PagedLayerState:
                                    f"{end} tokens (expected {end // self.ratio})")
         self.num_tokens = end
 
-    def advance_decode(self) -> None:
-        """Count one token whose kv, rows and (if it closed a window) entry a fixed-shape decode
-        step (dsv4.engine.paged_decode) has written: the bookkeeping half of `append_tokens`."""
-        end = self.num_tokens + 1
+    def advance_decode(self, n: int = 1) -> None:
+        """Count n tokens whose kv, rows and (closed windows') entries a fixed-shape step
+        (dsv4.engine.paged_decode) has written: the bookkeeping half of `append_tokens`."""
+        end = self.num_tokens + n
         self.num_tokens = end
         self.min_length = max(self.min_length, end - self.max_rollback)
         if self._first:

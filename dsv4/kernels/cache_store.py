@@ -32,12 +32,8 @@ def pool_windows_ref(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Ten
     """rows_c/rows_z [pages, cap, w] fp32 (one compressor's state pool); page [B]; slots [B, R] ring
     slots of the window's positions (R = 2r with the previous window first when w = 2*dim, else r);
     has_prev [B] -> pooled [B, dim] fp32."""
-    c, z = rows_c[page[:, None], slots], rows_z[page[:, None], slots]
-    if rows_c.shape[-1] == 2 * dim:
-        keep = has_prev[:, None, None]
-        c = torch.cat((torch.where(keep, c[:, :ratio, :dim], 0.0), c[:, ratio:, dim:]), dim=1)
-        z = torch.cat((torch.where(keep, z[:, :ratio, :dim], float("-inf")), z[:, ratio:, dim:]), dim=1)
-    return (torch.softmax(z, dim=1) * c).sum(dim=1)
+    from dsv4.model.compressor import pool_window
+    return pool_window(rows_c[page[:, None], slots], rows_z[page[:, None], slots], has_prev, ratio, dim)
 
 
 def store_rows_ref(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, norm_weight=None,
@@ -45,14 +41,9 @@ def store_rows_ref(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool,
     """x [B, D] (fp32 pooled rows are rounded to bf16 first); optional RMSNorm(norm_weight), RoPE
     with cos/sin [B, rope/2], Hadamard [D, D] (indexer keys); stored into `pool`
     (a dsv4.engine.paged_state._EntryPool with fp8 or fp4 storage) at (page, off)."""
-    from dsv4.model.rope import apply_rope
-    y = x.to(torch.bfloat16)
-    if norm_weight is not None:
-        yf = y.float()
-        yf = yf * torch.rsqrt(yf.square().mean(-1, keepdim=True) + eps)
-        y = (norm_weight.float() * yf).to(torch.bfloat16)
-    if cos is not None:
-        y = apply_rope(y, cos, sin)
+    from dsv4.kernels.norm_rope import NONE, WEIGHTED, norm_rope_ref
+    y = norm_rope_ref(x.to(torch.bfloat16), norm=NONE if norm_weight is None else WEIGHTED, weight=norm_weight,
+                      eps=eps, cos=cos, sin=sin)
     if hadamard is not None:
         y = (y.float() @ hadamard.float()).to(torch.bfloat16)
     pool.write(page, off, y)

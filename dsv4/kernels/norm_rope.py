@@ -27,14 +27,12 @@ def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | N
     """x [T, D] or [T, G, D] bf16; cos/sin [T, rope/2] (per token, shared by the G rows; `inverse`
     rotates by -angle); nope: the FP8-simulated leading dims (sim=SIM_FP8). Returns the model's result,
     bf16 of x's shape."""
-    from dsv4.model.norm import unweighted_rms_norm
+    from dsv4.model.norm import rms_norm, unweighted_rms_norm
     from dsv4.model.numerics import simulate_indexer_fp4, simulate_kv_fp8
     from dsv4.model.rope import apply_rope
     y = x
     if norm == WEIGHTED:
-        yf = y.float()
-        yf = yf * torch.rsqrt(yf.square().mean(-1, keepdim=True) + eps)
-        y = (weight.float() * yf).to(x.dtype)
+        y = rms_norm(y, weight, eps)
     elif norm == UNWEIGHTED:
         y = unweighted_rms_norm(y, eps)
     if cos is not None:

@@ -290,7 +290,7 @@ class Attention(nn.Module):
         layer, name = self.layer_index, comp.kind
         buf, page, slots, has_prev = step.rows_window(layer, name)
         pooled = pool_windows(buf[0], buf[1], page, slots, has_prev, comp.ratio, comp.dim)
-        cos, sin = step.entry_cos_sin(comp.ratio, comp.rope)
+        cos, sin = comp.rope.cos_sin(step.entry_positions(comp.ratio))  # shared by the layers (shared_cos_sin)
         had = hadamard_matrix(comp.dim, torch.float32, pooled.device) if name == "index" else None
         store_rows(pooled, *step.entry_slot(layer, name), step.pools.entries[layer, name], norm_weight=comp.norm.weight,
                    eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had)

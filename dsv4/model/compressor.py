@@ -20,6 +20,17 @@ from dsv4.model.rope import RotaryEmbedding, apply_rope
 from dsv4.model.state import LayerState
 
 
+def pool_window(c: torch.Tensor, z: torch.Tensor, has_prev: torch.Tensor, ratio: int, dim: int) -> torch.Tensor:
+    """One window per batch row: raw rows [B, R, w] (w = 2*dim for CSA: R = 2r with the previous
+    window first, has_prev [B] False for entry 0; else R = r) -> pooled [B, dim] fp32, as
+    `Compressor.pool` computes it."""
+    if c.shape[-1] == 2 * dim:
+        keep = has_prev[:, None, None]
+        c = torch.cat((torch.where(keep, c[:, :ratio, :dim], 0.0), c[:, ratio:, dim:]), dim=1)
+        z = torch.cat((torch.where(keep, z[:, :ratio, :dim], float("-inf")), z[:, ratio:, dim:]), dim=1)
+    return (torch.softmax(z, dim=1) * c).sum(dim=1)
+
+
 class Compressor(nn.Module):
     def __init__(self, config: ModelConfig, ratio: int, dim: int, rope: RotaryEmbedding,
                  dtype: torch.dtype, numerics: Numerics, kind: str):
@@ -70,16 +81,7 @@ class Compressor(nn.Module):
         return (weights * own_c).sum(dim=1), i0
 
     def pool_window(self, c: torch.Tensor, z: torch.Tensor, has_prev: torch.Tensor) -> torch.Tensor:
-        """One window per batch row: raw rows [B, R, w] (R = r, or 2r for CSA with the previous
-        window first; has_prev [B] False for entry 0) -> pooled [B, d] fp32, as `pool` computes it."""
-        r, d = self.ratio, self.dim
-        if self.overlap:
-            keep = has_prev[:, None, None]
-            prev_c = torch.where(keep, c[:, :r, :d], 0.0)
-            prev_z = torch.where(keep, z[:, :r, :d], float("-inf"))
-            c = torch.cat((prev_c, c[:, r:, d:]), dim=1)
-            z = torch.cat((prev_z, z[:, r:, d:]), dim=1)
-        return (torch.softmax(z, dim=1) * c).sum(dim=1)
+        return pool_window(c, z, has_prev, self.ratio, self.dim)
 
     def finish(self, pooled: torch.Tensor, first_entry: int, dtype: torch.dtype) -> torch.Tensor:
         """Pooled rows -> stored entries: round, norm, RoPE at i*r, quantisation simulation."""

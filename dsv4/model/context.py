@@ -110,6 +110,5 @@ def advance_paged(states: list[SequenceState], lens: list[int], mtp: bool = Fals
     backbone layers, or the MTP block's state, move on by lens[b] tokens."""
     for s, n in zip(states, lens):
         for layer in ([s.mtp] if mtp else s.layers):
-            for _ in range(int(n)):
-                layer.advance_decode()
+            layer.advance_decode(int(n))
 
