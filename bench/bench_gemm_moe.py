@@ -243,6 +243,14 @@ def moe_alternatives() -> dict:
         "prefill": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, warps2=8),
         "bm128_bn64": MoEConfig(bm=128, bn1=64, bn2=64, quant_first=True, quant_out=False, warps1=8, warps2=4),
         "prefill_w2_4warps": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8),
+        "swap128": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True, num_stages=4),
+        "swap128_s6": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True, num_stages=6),
+        "swap128_w8": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True, warps1=8,
+                                warps2=8, num_stages=4),
+        "swap64": MoEConfig(bm=16, bn1=64, bn2=64, quant_first=True, quant_out=False, swap=True, num_stages=4),
+        "swap64_s6": MoEConfig(bm=16, bn1=64, bn2=64, quant_first=True, quant_out=False, swap=True, num_stages=6),
+        "swap_bm32": MoEConfig(bm=32, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True, num_stages=4),
+        "swap_bm64": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True, num_stages=3),
     }
 
 
@@ -368,9 +376,12 @@ def main() -> None:
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--only", choices=["linear", "moe"], default=None)
     ap.add_argument("--models", default="flash,pro")
+    ap.add_argument("--ms", default=None, help="comma-separated token counts (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     ms = [1, 64, 4096] if args.quick else MS
+    if args.ms:
+        ms = [int(v) for v in args.ms.split(",")]
     sweep = not (args.quick or args.no_sweep)
     models = args.models.split(",")
     t0 = time.time()

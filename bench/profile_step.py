@@ -3,7 +3,9 @@ HCA), random weights, paged FP8 pools, batch 1 at context 1024. Prints kernels a
 per model part (torch profiler; parts are labelled with record_function). A development aid for
 issue #6's fusion work, not a benchmark.
 
-    python bench/profile_step.py [--layers 4] [--batch 1] [--ctx 1024]
+    python bench/profile_step.py [--layers 4] [--batch 1] [--ctx 1024] [--prefill N]
+
+`--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill).
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ PARTS = [("dsv4.model.block", "Block", "pre"), ("dsv4.model.attention", "Attenti
          ("dsv4.model.attention", "Attention", "_attend_step"), ("dsv4.model.attention", "Attention", "finish"),
          ("dsv4.model.moe", "MoE", "forward"), ("dsv4.model.block", "Block", "post"),
          ("dsv4.model.indexer", "Indexer", "pick_padded"), ("dsv4.model.indexer", "Indexer", "queries"),
-         ("dsv4.model.compressor", "Compressor", "project"), ("dsv4.engine.paged_decode", "DecodeStep", "derive")]
+         ("dsv4.model.compressor", "Compressor", "project"), ("dsv4.engine.paged_decode", "DecodeStep", "derive"),
+         ("dsv4.model.attention", "Attention", "attend"), ("dsv4.model.indexer", "Indexer", "select"),
+         ("dsv4.model.moe", "Gate", "forward"), ("dsv4.model.moe", "Expert", "forward")]
 
 
 def _label(mod, cls, name):
@@ -41,7 +45,10 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill instead of a decode step")
     args = p.parse_args()
+    if args.prefill:
+        args.batch, args.ctx = 1, args.prefill
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_parallel import Runner, _config  # noqa: E402
     from dsv4.engine.cache import CacheConfig, HybridCache
@@ -59,6 +66,10 @@ def main() -> None:
     one = [1] * args.batch
     for _ in range(3):
         run.forward(states, one)
+    if args.prefill:  # the profiled call: a fresh sequence's whole prompt in one forward
+        run.release(states)
+        states = run.new_states(1)
+        one = [args.prefill]
     for part in PARTS:
         _label(*part)
     torch.cuda.synchronize()
@@ -68,7 +79,8 @@ def main() -> None:
         torch.cuda.synchronize()
     events = prof.events()
     gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    print(f"{len(gpu)} kernels, {sum(e.device_time for e in gpu):.0f} us GPU in one eager step "
+    what = f"{args.prefill}-token prefill" if args.prefill else "eager step"
+    print(f"{len(gpu)} kernels, {sum(e.device_time for e in gpu):.0f} us GPU in one {what} "
           f"({args.layers} layers, batch {args.batch}, ctx {args.ctx})")
 
     def subtree_kernels(e):

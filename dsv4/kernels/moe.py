@@ -144,36 +144,52 @@ if HAS_TRITON:
         return ((b + 6) << 23).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _fp4_mma(acc, a0, a1, a2, a3, sa, Wp, sc, kb, A16: tl.constexpr, USE_ASM: tl.constexpr):
-        """acc += one 128-wide K block of A · W^T for MXFP4 rows (4 groups of 32, scales packed in sc)."""
-        b01 = tl.load(Wp + kb * 64)
-        b23 = tl.load(Wp + kb * 64 + 32)
-        f0 = _group_scale(sc, 0)
-        f1 = _group_scale(sc, 1)
-        f2 = _group_scale(sc, 2)
-        f3 = _group_scale(sc, 3)
-        w0 = _fp4_lo(b01, USE_ASM)
-        w1 = _fp4_hi(b01, USE_ASM)
-        w2 = _fp4_lo(b23, USE_ASM)
-        w3 = _fp4_hi(b23, USE_ASM)
-        if A16:  # W4A16: widen to bf16 with the group scale folded in (exact), plain MMA accumulation
-            acc = tl.dot(a0, tl.trans((w0.to(tl.float32) * f0[:, None]).to(tl.bfloat16)), acc)
-            acc = tl.dot(a1, tl.trans((w1.to(tl.float32) * f1[:, None]).to(tl.bfloat16)), acc)
-            acc = tl.dot(a2, tl.trans((w2.to(tl.float32) * f2[:, None]).to(tl.bfloat16)), acc)
-            acc = tl.dot(a3, tl.trans((w3.to(tl.float32) * f3[:, None]).to(tl.bfloat16)), acc)
-        else:  # W4A8: one exact FP8 MMA per 32-group, times its group scale and the act scale
-            # (the reference's order; two multiplies keep a single temporary tile live)
-            acc += tl.dot(a0, tl.trans(w0)) * f0[None, :] * sa[:, None]
-            acc += tl.dot(a1, tl.trans(w1)) * f1[None, :] * sa[:, None]
-            acc += tl.dot(a2, tl.trans(w2)) * f2[None, :] * sa[:, None]
-            acc += tl.dot(a3, tl.trans(w3)) * f3[None, :] * sa[:, None]
+    def _group_dot(acc, a, w, f, sa, SWAP: tl.constexpr):
+        """acc += (A · W^T) · f · sa for one exact FP8 MMA over a 32-wide K group. SWAP: the weight
+        rows are the MMA's M side (acc is [BN, BM]) so that a 16-token tile is wgmma's N side."""
+        if SWAP:
+            acc = acc + tl.dot(w, tl.trans(a)) * f[:, None] * sa[None, :]
+        else:
+            acc = acc + tl.dot(a, tl.trans(w)) * f[None, :] * sa[:, None]
         return acc
 
     @triton.jit
-    def _fp8w_mma(acc, a, sa, Wp, sw, kb):
-        """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales (sw per row)."""
+    def _group_dot16(acc, a, w, f, SWAP: tl.constexpr):
+        """W4A16: widen the group to bf16 with its scale folded in (exact), plain MMA accumulation."""
+        wb = (w.to(tl.float32) * f[:, None]).to(tl.bfloat16)
+        if SWAP:
+            acc = tl.dot(wb, tl.trans(a), acc)
+        else:
+            acc = tl.dot(a, tl.trans(wb), acc)
+        return acc
+
+    @triton.jit
+    def _fp4_mma(acc, a0, a1, a2, a3, sa, Wp, sc, kb, A16: tl.constexpr, USE_ASM: tl.constexpr,
+                 SWAP: tl.constexpr):
+        """acc += one 128-wide K block of A · W^T for MXFP4 rows (4 groups of 32, scales packed in sc)."""
+        b01 = tl.load(Wp + kb * 64)
+        b23 = tl.load(Wp + kb * 64 + 32)
+        if A16:
+            acc = _group_dot16(acc, a0, _fp4_lo(b01, USE_ASM), _group_scale(sc, 0), SWAP)
+            acc = _group_dot16(acc, a1, _fp4_hi(b01, USE_ASM), _group_scale(sc, 1), SWAP)
+            acc = _group_dot16(acc, a2, _fp4_lo(b23, USE_ASM), _group_scale(sc, 2), SWAP)
+            acc = _group_dot16(acc, a3, _fp4_hi(b23, USE_ASM), _group_scale(sc, 3), SWAP)
+        else:  # W4A8: the reference's order, one FP8 MMA per group times its group and act scales
+            acc = _group_dot(acc, a0, _fp4_lo(b01, USE_ASM), _group_scale(sc, 0), sa, SWAP)
+            acc = _group_dot(acc, a1, _fp4_hi(b01, USE_ASM), _group_scale(sc, 1), sa, SWAP)
+            acc = _group_dot(acc, a2, _fp4_lo(b23, USE_ASM), _group_scale(sc, 2), sa, SWAP)
+            acc = _group_dot(acc, a3, _fp4_hi(b23, USE_ASM), _group_scale(sc, 3), sa, SWAP)
+        return acc
+
+    @triton.jit
+    def _fp8w_mma(acc, a, sa, Wp, sw, kb, SWAP: tl.constexpr):
+        """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales (sw per tile)."""
         w = tl.load(Wp + kb * 128)
-        return acc + tl.dot(a, tl.trans(w)) * sa[:, None] * sw[None, :]
+        if SWAP:
+            acc = acc + tl.dot(w, tl.trans(a)) * sa[None, :] * sw
+        else:
+            acc = acc + tl.dot(a, tl.trans(w)) * sa[:, None] * sw
+        return acc
 
     @triton.jit(do_not_specialize=["num_pairs", "top_k"])
     def _moe_gemm_kernel(
@@ -187,6 +203,7 @@ if HAS_TRITON:
         A_MODE: tl.constexpr,  # 0: fp8 + scales given, 1: bf16 quantised here, 2: bf16 (W4A16)
         W_FP8: tl.constexpr, GLU: tl.constexpr, QUANT_OUT: tl.constexpr, GATHER_A: tl.constexpr,
         USE_ASM: tl.constexpr, KBP: tl.constexpr,  # KBP: next power of two >= K // 128
+        SWAP: tl.constexpr,  # accumulate [BN, BM] (weights as the MMA's M side; small token tiles)
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -203,8 +220,12 @@ if HAS_TRITON:
         offs_n = pid_n * BN + tl.arange(0, BN)
         W_e = W + e * stride_we
         WS_e = WS + e * stride_wse
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        if SWAP:
+            acc = tl.zeros((BN, BM), dtype=tl.float32)
+            acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            acc_u = tl.zeros((BM, BN), dtype=tl.float32)
         A16: tl.constexpr = A_MODE == 2
 
         # Scale loads feed no MMA operand, so Triton's pipeliner would leave them in the loop, each
@@ -234,10 +255,10 @@ if HAS_TRITON:
                 else:
                     sa = tl.load(SA + rows * stride_sam + kb, mask=valid, other=0.0)
                 sg = tl.sum(tl.where(kidx == kb, sg_all, 0.0), axis=0)
-                acc = _fp8w_mma(acc, a, sa, Wg, sg, kb)
+                acc = _fp8w_mma(acc, a, sa, Wg, sg, kb, SWAP)
                 if GLU:
                     su = tl.sum(tl.where(kidx == kb, su_all, 0.0), axis=0)
-                    acc_u = _fp8w_mma(acc_u, a, sa, Wu, su, kb)
+                    acc_u = _fp8w_mma(acc_u, a, sa, Wu, su, kb, SWAP)
         else:
             offs_k = tl.arange(0, 32)
             a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]
@@ -278,14 +299,17 @@ if HAS_TRITON:
                     a3 = tl.clamp(x3 * inv[:, None], -448.0, 448.0).to(tl.float8e4nv)
                 else:
                     sa = tl.zeros((BM,), dtype=tl.float32)  # unused in W4A16
-                acc = _fp4_mma(acc, a0, a1, a2, a3, sa, Wg, sg, kb, A16, USE_ASM)
+                acc = _fp4_mma(acc, a0, a1, a2, a3, sa, Wg, sg, kb, A16, USE_ASM, SWAP)
                 if GLU:
                     if PRELOAD_WS:
                         su = tl.sum(tl.where(kidx[None, :] == kb, su_all, 0), axis=1)
                     else:
                         su = tl.load(WSu + kb)
-                    acc_u = _fp4_mma(acc_u, a0, a1, a2, a3, sa, Wu, su, kb, A16, USE_ASM)
+                    acc_u = _fp4_mma(acc_u, a0, a1, a2, a3, sa, Wu, su, kb, A16, USE_ASM, SWAP)
 
+        if SWAP:
+            acc = tl.trans(acc)
+            acc_u = tl.trans(acc_u)
         if GLU:
             gate = tl.minimum(acc.to(tl.bfloat16).to(tl.float32), limit)
             up = tl.clamp(acc_u.to(tl.bfloat16).to(tl.float32), -limit, limit)
@@ -332,6 +356,7 @@ class MoEConfig:
     warps2: int = 4
     num_stages: int = 3
     use_asm: bool = True
+    swap: bool = False  # weights as the MMA's M side, bm tokens as N (wgmma for 16-token tiles)
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
@@ -398,7 +423,7 @@ def fused_moe(
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w_fp8 = experts.fmt == "fp8"
     use_asm = cfg.use_asm and os.environ.get("TRITON_INTERPRET") != "1"  # the interpreter runs no inline PTX
-    meta = dict(BM=cfg.bm, W_FP8=w_fp8, USE_ASM=use_asm, num_stages=cfg.num_stages)
+    meta = dict(BM=cfg.bm, W_FP8=w_fp8, USE_ASM=use_asm, SWAP=cfg.swap, num_stages=cfg.num_stages)
 
     # GEMM1: [pairs, D] x w13^T -> z [rows, I] in sorted order
     if act == "bf16":

@@ -151,7 +151,9 @@ class Linear(nn.Module):
             return y if out_dtype is None else y.to(out_dtype)
         if not input_ready:
             x = self.prepare_input(x)
-        y = F.linear(x.to(acc_dtype(x.dtype)), self.acc_weight())
+        y = bf16_gemm_fp32(x, self.weight) if acc_dtype(x.dtype) == torch.float32 else None
+        if y is None:  # CPU / other dtypes: the GEMM in the accumulation dtype
+            y = F.linear(x.to(acc_dtype(x.dtype)), self.acc_weight())
         return y.to(out_dtype or x.dtype)
 
     def extra_repr(self) -> str:

@@ -23,7 +23,7 @@ from torch import nn
 
 from dsv4.config import LayerSpec, ModelConfig
 from dsv4.model.indexer import top_k_lowest_index
-from dsv4.model.linear import EXPERT, FP8, Linear
+from dsv4.model.linear import EXPERT, FP8, Linear, bf16_gemm_fp32
 from dsv4.model.numerics import Numerics, acc_dtype
 
 
@@ -46,7 +46,10 @@ class Gate(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (routing weights [T, k] fp32, expert ids [T, k])."""
         acc = acc_dtype(x.dtype)
-        scores = F.softplus(F.linear(x.to(acc), self.weight.to(acc))).sqrt()
+        logits = bf16_gemm_fp32(x, self.weight) if acc == torch.float32 else None
+        if logits is None:
+            logits = F.linear(x.to(acc), self.weight.to(acc))
+        scores = F.softplus(logits).sqrt()
         if self.is_hash:
             if token_ids is None:
                 raise ValueError("hash-routed MoE layers need input_ids (got only inputs_embeds)")

@@ -91,10 +91,13 @@ def _configs():
         "prefill": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, warps2=8),
         "prefill_bf16z": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=False, quant_out=False, warps1=8, warps2=8),
         "bm128_bn64": MoEConfig(bm=128, bn1=64, bn2=64, quant_first=True, quant_out=False, warps1=8, warps2=4),
+        "swap": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True),
+        "swap_bn64": MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, swap=True),
     }
 
 
-@pytest.mark.parametrize("cfg_name", ["decode", "decode_noasm", "prefill", "prefill_bf16z", "bm128_bn64", None])
+@pytest.mark.parametrize("cfg_name", ["decode", "decode_noasm", "prefill", "prefill_bf16z", "bm128_bn64", "swap",
+                                      "swap_bn64", None])
 @pytest.mark.parametrize("act", ["fp8", "bf16"])
 @pytest.mark.parametrize("m", [1, 5, 64, 300])
 def test_fused_moe_mxfp4(cfg_name, act, m, poison, close_bf16):
@@ -165,9 +168,11 @@ def test_fused_moe_fp8_experts(m, scale_dtype, poison, close_bf16):
     packed = finalize_experts(experts)
     x = (torch.randn(m, d, generator=gen, device=DEV) * 4).to(torch.bfloat16)
     ids, w = _topk(m, e, k, gen)
-    poison()
-    y = fused_moe(x, ids, w, packed)
-    close_bf16(y, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fp8 experts m={m}")
+    ref = fused_moe_ref(x, ids, w, experts)
+    for cfg in (None, _configs()["swap"]):
+        poison()
+        y = fused_moe(x, ids, w, packed, config=cfg)
+        close_bf16(y, ref, rel=1e-2, what=f"fp8 experts m={m} swap={cfg is not None}")
 
 
 @pytest.mark.parametrize("model", ["flash", "pro"])
