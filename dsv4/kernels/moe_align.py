@@ -104,13 +104,45 @@ if HAS_TRITON:
             cursor += tl.sum(onehot.to(tl.int32), axis=0)
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """Triton version of `moe_align_ref` (same outputs, bit for bit)."""
+SORT_ABOVE = 4096  # pairs: beyond this the single-program scan (serial over pairs) loses to a sort
+
+
+def _moe_align_sort(flat: torch.Tensor, num_experts: int, block_m: int):
+    """`moe_align_ref` without host synchronisation (a stable device sort; graph-capturable): long
+    prefills, where the single-program scan walks tens of thousands of pairs serially."""
+    numel, dev = flat.numel(), flat.device
+    nb = max_blocks(numel, num_experts, block_m)
+    key = torch.where((flat >= 0) & (flat < num_experts), flat.long(), num_experts)  # foreign -> last
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded[num_experts] = 0
+    ends = torch.cumsum(padded, 0)
+    first = torch.cumsum(counts, 0) - counts  # unpadded start of each expert in sorted order
+    order = torch.argsort(key, stable=True)
+    es = key[order]
+    dest = ends[es] - padded[es] + torch.arange(numel, device=dev) - first[es]
+    dest = torch.where(es < num_experts, dest, nb * block_m)  # foreign pairs -> a dropped spare slot
+    sorted_ids = torch.full((nb * block_m + 1,), numel, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    total = ends[num_experts - 1]
+    pos = torch.arange(nb, device=dev) * block_m
+    expert_ids = torch.searchsorted(ends[:num_experts], pos, right=True)
+    expert_ids = torch.where(pos < total, expert_ids, -1).to(torch.int32)
+    return sorted_ids[: nb * block_m], expert_ids, total.to(torch.int32).reshape(1)
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: str | None = None):
+    """Triton version of `moe_align_ref` (same outputs, bit for bit). `method`: "scan" (one Triton
+    program), "sort" (device sort, for many pairs) or None (by size)."""
     _check(topk_ids, num_experts, block_m)
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     numel = flat.numel()
+    if method not in (None, "scan", "sort"):
+        raise ValueError(f"moe_align: method must be 'scan', 'sort' or None, got {method!r}")
+    if method == "sort" or (method is None and numel > SORT_ABOVE):
+        return _moe_align_sort(flat, num_experts, block_m)
     nb = max_blocks(numel, num_experts, block_m)
     dev = topk_ids.device
     sorted_ids = torch.full((nb * block_m,), numel, dtype=torch.int32, device=dev)

@@ -24,7 +24,7 @@ from torch.nn.utils.rnn import pad_sequence
 from dsv4.config import LayerSpec, ModelConfig
 from dsv4.model.compressor import Compressor
 from dsv4.model.context import Segment
-from dsv4.model.indexer import Indexer
+from dsv4.model.indexer import Indexer, indices_to_mask
 from dsv4.model.linear import FP8, Linear, bf16_gemm_fp32
 from dsv4.model.norm import RMSNorm, unweighted_rms_norm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
@@ -193,11 +193,13 @@ class Attention(nn.Module):
         if len(segments) > 1 and all(seg.length == 1 and seg.start == i for i, seg in enumerate(segments)):
             return self._attend_decode(pre, segments, out)
         q, kv, rows, index_rows = pre.q, pre.kv, pre.rows, pre.index_rows
+        # kernel mode on CUDA: one Triton launch per sequence over index lists (no [T, N] masks)
+        kernel = self.use_kernels and q.is_cuda and q.dtype == torch.bfloat16
         for seg in segments:
             sl = slice(seg.start, seg.start + seg.length)
             state, pos = seg.state, positions[sl]
             done = state.num_tokens
-            entries = entry_mask = None
+            entries = entry_idx = None
             new_rows = {}
             if self.compressor:
                 self.compressor.update(state, rows[0][sl], rows[1][sl], pre.dtype)
@@ -206,15 +208,21 @@ class Attention(nn.Module):
                 if self.indexer:
                     self.indexer.compressor.update(state, index_rows[0][sl], index_rows[1][sl], pre.dtype)
                     new_rows["index"] = (index_rows[0][sl], index_rows[1][sl])
-                    entry_mask = self.indexer.select(pre.index_q[sl], pre.index_w[sl], state.entries("index"), pos)
+                    entry_idx = self.indexer.select_indices(pre.index_q[sl], pre.index_w[sl],
+                                                            state.entries("index"), pos)
                 else:  # HCA: every complete entry is visible
-                    entry_idx = torch.arange(entries.shape[0], device=q.device)
-                    entry_mask = entry_idx[None, :] < ((pos + 1) // self.compressor.ratio)[:, None]
+                    every = torch.arange(entries.shape[0], device=q.device)[None, :]
+                    entry_idx = torch.where(every < ((pos + 1) // self.compressor.ratio)[:, None], every, -1)
             past_kv, past_pos = state.window()
             keys = torch.cat((past_kv, kv[sl]))
-            key_pos = torch.cat((past_pos, pos))
-            sink_attention(q[sl], pos, keys, key_pos, self.window, entries, entry_mask, self.attn_sink,
-                           self.scale, first=(done, done - past_kv.shape[0]), out=out[sl])
+            if kernel:
+                from dsv4.kernels.prefill_attention import prefill_attention
+                prefill_attention(q[sl], done, keys, done - past_kv.shape[0], self.window, entries, entry_idx,
+                                  self.attn_sink, self.scale, out=out[sl])
+            else:
+                entry_mask = None if entries is None else indices_to_mask(entry_idx, entries.shape[0])
+                sink_attention(q[sl], pos, keys, torch.cat((past_pos, pos)), self.window, entries, entry_mask,
+                               self.attn_sink, self.scale, first=(done, done - past_kv.shape[0]), out=out[sl])
             state.append_tokens(kv[sl], new_rows)
         return out
 

@@ -27,6 +27,13 @@ def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
+def indices_to_mask(idx: torch.Tensor, width: int) -> torch.Tensor:
+    """[T, k] entry lists (-1 = none, no repeats) -> boolean mask [T, width]."""
+    idx = torch.where(idx >= 0, idx.long(), width)  # -1 -> a spare column, dropped below
+    mask = torch.zeros(idx.shape[0], width + 1, dtype=torch.bool, device=idx.device)
+    return mask.scatter_(1, idx, True)[:, :width]
+
+
 class Indexer(nn.Module):
     def __init__(self, config: ModelConfig, rope: RotaryEmbedding, dtype: torch.dtype, numerics: Numerics):
         super().__init__()
@@ -81,13 +88,19 @@ class Indexer(nn.Module):
 
     def select(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
-        """Boolean mask [T, N]: which of the N keys each query attends to. Queries are scored in
-        blocks of QUERY_BLOCK (the [T, heads, N] scores of a long prompt would not fit in memory)."""
+        """Boolean mask [T, N]: which of the N keys each query attends to (`select_indices` as a mask)."""
+        return indices_to_mask(self.select_indices(q, weights, keys, positions), keys.shape[0])
+
+    def select_indices(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                       positions: torch.Tensor) -> torch.Tensor:
+        """[T, min(index_topk, N)] long: the keys each query attends to, -1 where it sees fewer.
+        Queries are scored in blocks of QUERY_BLOCK (the [T, heads, N] scores of a long prompt would
+        not fit in memory)."""
         n_keys = keys.shape[0]
         acc = acc_dtype(q.dtype)  # the reference computes these in bf16; the model dtype rounds here
         keys_acc = keys.to(acc)
         entry = torch.arange(n_keys, device=keys.device)
-        mask = torch.zeros(q.shape[0], n_keys, dtype=torch.bool, device=keys.device)
+        out = torch.empty(q.shape[0], min(self.topk, n_keys), dtype=torch.long, device=keys.device)
         for b0 in range(0, q.shape[0], QUERY_BLOCK):
             qb, wb = q[b0:b0 + QUERY_BLOCK], weights[b0:b0 + QUERY_BLOCK]
             visible = (positions[b0:b0 + QUERY_BLOCK] + 1) // self.ratio
@@ -97,6 +110,6 @@ class Indexer(nn.Module):
             scores = torch.relu(scores.to(q.dtype))
             scores = (scores.to(acc) * wb.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
             scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
-            picked = top_k_lowest_index(scores, min(self.topk, n_keys))
-            mask[b0:b0 + QUERY_BLOCK].scatter_(1, picked, picked < visible[:, None])
-        return mask
+            picked = top_k_lowest_index(scores, out.shape[1])
+            out[b0:b0 + QUERY_BLOCK] = torch.where(picked < visible[:, None], picked, -1)
+        return out

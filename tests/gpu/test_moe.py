@@ -23,14 +23,15 @@ def _topk(m: int, e: int, k: int, gen: torch.Generator, skew: bool = False):
 @pytest.mark.parametrize("m,e,k,bm", [(1, 8, 6, 16), (7, 8, 3, 16), (64, 256, 6, 16), (1000, 256, 6, 64),
                                       (300, 384, 6, 64), (4096, 256, 6, 64)])
 @pytest.mark.parametrize("skew", [False, True])
-def test_moe_align_matches_reference(m, e, k, bm, skew, poison):
+@pytest.mark.parametrize("method", ["scan", "sort"])
+def test_moe_align_matches_reference(m, e, k, bm, skew, method, poison):
     from dsv4.kernels.moe_align import moe_align, moe_align_ref
 
     gen = torch.Generator(DEV).manual_seed(m * 3 + e + bm)
     ids, _ = _topk(m, e, k, gen, skew)
     ids = ids.to(torch.int32)
     poison()
-    s, eids, n = moe_align(ids, e, bm)
+    s, eids, n = moe_align(ids, e, bm, method=method)
     sr, eidr, nr = moe_align_ref(ids, e, bm)
     assert torch.equal(n, nr)
     assert torch.equal(eids, eidr)
@@ -40,7 +41,8 @@ def test_moe_align_matches_reference(m, e, k, bm, skew, poison):
 
 
 @pytest.mark.parametrize("m,e,k,bm", [(1, 8, 6, 16), (64, 128, 6, 16), (1000, 128, 6, 64)])
-def test_moe_align_skips_other_ranks_pairs(m, e, k, bm, poison):
+@pytest.mark.parametrize("method", ["scan", "sort"])
+def test_moe_align_skips_other_ranks_pairs(m, e, k, bm, method, poison):
     """Expert parallel: ids outside [0, E) (-1, or an expert of another rank) are left out."""
     from dsv4.kernels.moe_align import moe_align, moe_align_ref
 
@@ -48,7 +50,7 @@ def test_moe_align_skips_other_ranks_pairs(m, e, k, bm, poison):
     ids, _ = _topk(m, 2 * e, k, gen)  # half the ids belong to "the other rank"
     ids = torch.where(ids < e, ids, torch.where(ids % 2 == 0, -1, ids)).to(torch.int32)
     poison()
-    s, eids, n = moe_align(ids, e, bm)
+    s, eids, n = moe_align(ids, e, bm, method=method)
     sr, eidr, nr = moe_align_ref(ids, e, bm)
     assert torch.equal(n, nr) and torch.equal(eids, eidr) and torch.equal(s, sr)
     kept = s[s < m * k].long()

@@ -1,0 +1,144 @@
+"""Prefill attention of one sequence's chunk (spec §2.5), beside a torch reference of the same signature.
+
+Query i of the chunk sits at position t = q_pos0 + i and attends, in one softmax with the per-head
+sink logit, to
+
+* the window: keys at positions max(0, t-W+1) .. t, row j of `keys` holding position key_pos0 + j
+  (the previous window followed by the chunk's own kv, consecutive positions);
+* compressed entries: the rows `entry_idx[i]` of `entries` (-1 = none): the indexer's top-k on CSA
+  layers, every complete entry on HCA layers.
+
+K = V (one shared kv head, MQA). Scores `q.k * scale` in fp32; probabilities rounded to bf16 for P.V
+with fp32 accumulation; the denominator sums the unrounded probabilities plus exp(sink). The output is
+bf16, before the inverse RoPE (the caller's `finish`).
+
+Kernel: grid (queries, Dh / DV); a program holds all heads of one query (the heads share every key
+tile) and walks its window tiles, then its gathered entries, in tiles of BN keys with an online
+softmax. Scores need the whole head dim, so with DV < Dh the programs of one query recompute them and
+each keeps a DV-wide slice of the output (fewer live registers). The running maximum differs from the
+reference's single maximum only in where the bf16 rounding of the probabilities happens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+
+
+def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
+                          entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """Reference: the entry lists as a mask, then the model's `sink_attention` (its own arithmetic)."""
+    from dsv4.model.attention import sink_attention
+    from dsv4.model.indexer import indices_to_mask
+
+    n, dev = q.shape[0], q.device
+    q_pos = torch.arange(q_pos0, q_pos0 + n, device=dev)
+    key_pos = torch.arange(key_pos0, key_pos0 + keys.shape[0], device=dev)
+    mask = None if entries is None else indices_to_mask(entry_idx, entries.shape[0])
+    return sink_attention(q, q_pos, keys, key_pos, window, entries, mask, sink.float(), scale,
+                          first=(q_pos0, key_pos0))
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _dot(a, b, INTERP: tl.constexpr):
+        if INTERP:  # Triton's interpreter multiplies raw bf16 bits in `dot`
+            return tl.dot(a.to(tl.float32), b.to(tl.float32))
+        return tl.dot(a, b)
+
+    @triton.jit
+    def _softmax_step(m, l, acc, s, v, INTERP: tl.constexpr):
+        """One online-softmax step over a key tile: s [BH, BN] fp32 scores (-inf masked), v [BN, DV]."""
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(tl.bfloat16), v, INTERP)
+        return m_new, l, acc
+
+    @triton.jit
+    def _prefill_attn_kernel(
+        Q, K, E, IDX, SINK, OUT,
+        H, n_idx, q_pos0, key_pos0, window, scale,
+        stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh,
+        BH: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, HAS_E: tl.constexpr,
+        INTERP: tl.constexpr,
+    ):
+        t = tl.program_id(0)
+        offs_h = tl.arange(0, BH)
+        hmask = offs_h < H
+        offs_d = tl.arange(0, D)
+        offs_v = tl.program_id(1) * DV + tl.arange(0, DV)
+        offs_n = tl.arange(0, BN)
+        q = tl.load(Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
+                    mask=hmask[:, None], other=0.0)
+        m = tl.full((BH,), -1.0e30, dtype=tl.float32)
+        l = tl.zeros((BH,), dtype=tl.float32)
+        acc = tl.zeros((BH, DV), dtype=tl.float32)
+
+        pos = q_pos0 + t
+        j_lo = tl.maximum(pos - window + 1 - key_pos0, 0)
+        j_hi = pos - key_pos0 + 1  # exclusive: the query's own key is the last one
+        for j0 in range(j_lo, j_hi, BN):
+            rows = j0 + offs_n
+            valid = rows < j_hi
+            base = K + rows.to(tl.int64)[:, None] * stride_kt
+            k = tl.load(base + offs_d[None, :], mask=valid[:, None], other=0.0)
+            s = _dot(q, tl.trans(k), INTERP) * scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            v = tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
+            m, l, acc = _softmax_step(m, l, acc, s, v, INTERP)
+        if HAS_E:
+            for i0 in range(0, n_idx, BN):
+                slot = i0 + offs_n
+                idx = tl.load(IDX + t.to(tl.int64) * stride_it + slot, mask=slot < n_idx, other=-1)
+                valid = idx >= 0
+                base = E + tl.where(valid, idx, 0).to(tl.int64)[:, None] * stride_et
+                k = tl.load(base + offs_d[None, :], mask=valid[:, None], other=0.0)
+                s = _dot(q, tl.trans(k), INTERP) * scale
+                s = tl.where(valid[None, :], s, float("-inf"))
+                v = tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
+                m, l, acc = _softmax_step(m, l, acc, s, v, INTERP)
+
+        sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
+        o = acc / (l + tl.exp(sink - m))[:, None]
+        tl.store(OUT + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :],
+                 o.to(OUT.dtype.element_ty), mask=hmask[:, None])
+
+
+def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
+                      entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
+                      scale: float, out: torch.Tensor | None = None, dv: int | None = None) -> torch.Tensor:
+    """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k]); fills `out`."""
+    n, h, d = q.shape
+    if q.dtype != torch.bfloat16 or keys.dtype != torch.bfloat16 or keys.shape[1] != d:
+        raise ValueError(f"prefill_attention: expected bf16 q [n, H, {d}] and keys [K, {d}], got "
+                         f"{q.dtype} {tuple(q.shape)} / {keys.dtype} {tuple(keys.shape)}")
+    if q_pos0 < key_pos0 or q_pos0 + n > key_pos0 + keys.shape[0]:
+        raise ValueError(f"prefill_attention: keys [{key_pos0}, {key_pos0 + keys.shape[0]}) must hold the "
+                         f"queries' own positions [{q_pos0}, {q_pos0 + n})")
+    has_e = entries is not None and entries.shape[0] > 0 and entry_idx is not None and entry_idx.shape[1] > 0
+    if has_e and (entries.dtype != torch.bfloat16 or entries.shape[1] != d or entry_idx.shape[0] != n):
+        raise ValueError(f"prefill_attention: entries {entries.dtype} {tuple(entries.shape)} / entry_idx "
+                         f"{tuple(entry_idx.shape)} do not match q {tuple(q.shape)}")
+    out = torch.empty_like(q) if out is None else out
+    if n == 0:
+        return out
+    dv = dv or (d if d <= 256 else d // 2)
+    bh = max(16, triton.next_power_of_2(h))
+    e = entries if has_e else keys
+    idx = entry_idx.to(torch.int32).contiguous() if has_e else keys
+    q, keys, e = q.contiguous(), keys.contiguous(), e.contiguous()
+    sink = sink.float().contiguous()
+    _prefill_attn_kernel[(n, d // dv)](
+        q, keys, e, idx, sink, out,
+        h, idx.shape[1] if has_e else 0, q_pos0, key_pos0, window, float(scale),
+        q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e else 0,
+        out.stride(0), out.stride(1),
+        BH=bh, D=d, DV=dv, BN=32, HAS_E=has_e, INTERP=INTERPRET, num_warps=8 if bh * dv >= 16384 else 4,
+        num_stages=2 if bh <= 64 else 1,  # 128 heads x 512 dims: two stages would not fit in shared memory
+    )
+    return out

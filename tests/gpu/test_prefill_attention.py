@@ -1,0 +1,97 @@
+"""Prefill attention (dsv4.kernels.prefill_attention) vs its torch reference (the CPU model's
+`sink_attention` on the same inputs) and a float64 re-derivation of spec §2.5; fresh random inputs,
+partial windows, -1 padded entry lists (CSA top-k and HCA causal lists), poisoned outputs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+REL = 2e-3 if DEV != "cpu" else 1.5e-2  # the CPU interpreter truncates fp32 -> bf16 (probabilities)
+HD = 512 if DEV != "cpu" else 64  # the interpreter is slow: a narrow head there
+
+
+def _case(n, heads, q_pos0, past, window, n_entries, kind, gen, topk=16):
+    """q, keys (the previous `past` window keys + the chunk's own), entries and entry lists."""
+    q = (torch.randn(n, heads, HD, generator=gen, device=DEV) * 0.6).to(torch.bfloat16)
+    keys = torch.randn(past + n, HD, generator=gen, device=DEV).to(torch.bfloat16)
+    sink = torch.randn(heads, generator=gen, device=DEV)
+    entries = idx = None
+    if kind != "none":
+        entries = torch.randn(n_entries, HD, generator=gen, device=DEV).to(torch.bfloat16)
+        pos = torch.arange(q_pos0, q_pos0 + n, device=DEV)
+        if kind == "csa":  # a random top-k of the visible entries per query, -1 padded, any order
+            ratio, k = 4, min(topk, n_entries)
+            visible = ((pos + 1) // ratio).clamp(max=n_entries)
+            score = torch.rand(n, n_entries, generator=gen, device=DEV)
+            score = score.masked_fill(torch.arange(n_entries, device=DEV)[None] >= visible[:, None], -1.0)
+            top = score.topk(k, dim=1)
+            idx = torch.where(top.values >= 0, top.indices, -1)
+        else:  # HCA: every complete entry, in order
+            visible = ((pos + 1) // 128).clamp(max=n_entries)
+            ar = torch.arange(n_entries, device=DEV)[None].expand(n, -1)
+            idx = torch.where(ar < visible[:, None], ar, -1)
+    return q, keys, q_pos0 - past, entries, idx, sink
+
+
+def _float64(q, q_pos0, keys, key_pos0, window, entries, idx, sink, scale):
+    """Spec §2.5 directly, per query, in float64 (bf16 probabilities not simulated)."""
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for i in range(q.shape[0]):
+        t = q_pos0 + i
+        lo = max(t - window + 1, key_pos0, 0) - key_pos0
+        cand = keys[lo:t - key_pos0 + 1].double()
+        if entries is not None:
+            sel = idx[i][idx[i] >= 0].long()
+            cand = torch.cat((cand, entries[sel].double()))
+        s = q[i].double() @ cand.T * scale
+        peak = s.amax(dim=1, keepdim=True)
+        p = torch.exp(s - peak)
+        out[i] = (p @ cand) / (p.sum(1, keepdim=True) + torch.exp(sink.double()[:, None] - peak))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["csa", "hca", "none"])
+@pytest.mark.parametrize("n,q_pos0,past", [(37, 200, 127), (20, 0, 0), (70, 90, 90)])
+def test_prefill_attention_matches_reference(kind, n, q_pos0, past, poison, close_bf16):
+    from dsv4.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+
+    gen = torch.Generator(DEV).manual_seed(n * 31 + q_pos0 + len(kind))
+    window, heads = 128, 64 if DEV != "cpu" else 16
+    q, keys, key_pos0, entries, idx, sink = _case(n, heads, q_pos0, past, window, 80, kind, gen)
+    scale = HD ** -0.5
+    ref = prefill_attention_ref(q, q_pos0, keys, key_pos0, window, entries, idx, sink, scale)
+    for dv in (None, HD):  # split head dim (default for 512) and one program per query
+        poison()
+        y = prefill_attention(q, q_pos0, keys, key_pos0, window, entries, idx, sink, scale, dv=dv)
+        close_bf16(y, ref, rel=REL, what=f"prefill attention {kind} n={n} dv={dv}")
+    exact = _float64(q, q_pos0, keys, key_pos0, window, entries, idx, sink, scale)
+    close_bf16(y, exact, rel=max(REL, 5e-3), what=f"vs float64 {kind} n={n}")
+
+
+def test_prefill_attention_pro_heads_and_short_window(poison, close_bf16):
+    """128 heads (Pro), a window shorter than the chunk, entry lists longer than one key tile."""
+    from dsv4.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+
+    gen = torch.Generator(DEV).manual_seed(5)
+    heads = 128 if DEV != "cpu" else 32
+    q, keys, key_pos0, entries, idx, sink = _case(50, heads, 300, 40, 24, 120, "csa", gen, topk=70)
+    ref = prefill_attention_ref(q, 300, keys, key_pos0, 24, entries, idx, sink, 0.05)
+    poison()
+    y = prefill_attention(q, 300, keys, key_pos0, 24, entries, idx, sink, 0.05)
+    close_bf16(y, ref, rel=REL, what="pro heads")
+
+
+def test_prefill_attention_rejects_bad_inputs():
+    from dsv4.kernels.prefill_attention import prefill_attention
+
+    q = torch.randn(4, 16, HD, device=DEV).to(torch.bfloat16)
+    keys = torch.randn(4, HD, device=DEV).to(torch.bfloat16)
+    sink = torch.zeros(16, device=DEV)
+    with pytest.raises(ValueError, match="must hold"):
+        prefill_attention(q, 10, keys, 0, 128, None, None, sink, 1.0)
+    with pytest.raises(ValueError, match="bf16"):
+        prefill_attention(q.float(), 0, keys, 0, 128, None, None, sink, 1.0)
