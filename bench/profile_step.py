@@ -40,12 +40,41 @@ def _label(mod, cls, name):
     setattr(klass, name, f)
 
 
+def _list_syncs(call) -> None:
+    """Run `call` with CUDA sync debugging on; print each dsv4 line that made the host wait."""
+    import traceback
+    import warnings
+    sites = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack() if "/dsv4/" in f.filename]
+        if frames:
+            f = frames[-1]
+            sites[f"{f.filename.split('/dsv4/')[-1]}:{f.lineno} {f.line}"] += 1
+    old = warnings.showwarning
+    warnings.showwarning = record
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = old
+    torch.cuda.synchronize()
+    print(f"host waits in the call: {sum(sites.values())} at {len(sites)} places")
+    for site, n in sites.most_common(25):
+        print(f"  {n:5d}  {site}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill instead of a decode step")
+    p.add_argument("--syncs", action="store_true", help="also list where the profiled call waits for the GPU")
     args = p.parse_args()
     if args.prefill:
         args.batch, args.ctx = 1, args.prefill
@@ -73,6 +102,11 @@ def main() -> None:
     for part in PARTS:
         _label(*part)
     torch.cuda.synchronize()
+    if args.syncs:
+        _list_syncs(lambda: run.forward(states, one))
+        if args.prefill:
+            run.release(states)
+            states = run.new_states(1)
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run.forward(states, one)

@@ -188,6 +188,7 @@ class PagedLayerState:
         self.min_length = 0
         self._n_entries = {}
         self._first = {}
+        self._tables: dict[str, tuple[list[int], torch.Tensor]] = {}  # device copies of block tables
         if spec.has_compressor:
             self._n_entries["main"], self._first["main"] = 0, 0
             if spec.has_indexer:
@@ -195,7 +196,16 @@ class PagedLayerState:
 
     # ---- addressing ----------------------------------------------------------------------
     def _table(self, kind: str) -> torch.Tensor:
-        return torch.tensor(self.seq.block_tables[kind], dtype=torch.long, device=self.pools.device)
+        """The block table on the device, copied again only when it changed: a pageable host->device
+        copy waits for the GPU queue to drain (10 such waits made a prefill mostly host-bound)."""
+        pages = self.seq.block_tables[kind]
+        hit = self._tables.get(kind)
+        if hit is None or hit[0] != pages:
+            table = torch.tensor(pages, dtype=torch.long)
+            if torch.device(self.pools.device).type == "cuda":
+                table = table.pin_memory().to(self.pools.device, non_blocking=True)
+            hit = self._tables[kind] = (list(pages), table)
+        return hit[1]
 
     def _locate(self, kind: str, index: torch.Tensor, page_size: int, max_index: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -145,10 +145,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _group_dot(acc, a, w, f, sa, SWAP: tl.constexpr):
-        """acc += (A · W^T) · f · sa for one exact FP8 MMA over a 32-wide K group. SWAP: the weight
-        rows are the MMA's M side (acc is [BN, BM]) so that a 16-token tile is wgmma's N side."""
+        """acc += (A · W^T) · f · sa for one exact MMA over a 32-wide K group. SWAP: the weight rows
+        are the MMA's M side (acc is [BN, BM]) so that a 16-token tile is wgmma's N side; both operands
+        go in as f16 (exact for e4m3 values): an FP8 wgmma sums its 32 products with a shortened
+        accumulator (measured: greedy text of the embedded model moved at a near-tie), an f16 one
+        in fp32 like the mma.sync path."""
         if SWAP:
-            acc = acc + tl.dot(w, tl.trans(a)) * f[:, None] * sa[None, :]
+            acc = acc + tl.dot(w.to(tl.float16), tl.trans(a.to(tl.float16))) * f[:, None] * sa[None, :]
         else:
             acc = acc + tl.dot(a, tl.trans(w)) * f[None, :] * sa[:, None]
         return acc
@@ -185,8 +188,8 @@ if HAS_TRITON:
     def _fp8w_mma(acc, a, sa, Wp, sw, kb, SWAP: tl.constexpr):
         """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales (sw per tile)."""
         w = tl.load(Wp + kb * 128)
-        if SWAP:
-            acc = acc + tl.dot(w, tl.trans(a)) * sa[None, :] * sw
+        if SWAP:  # f16 operands: see _group_dot
+            acc = acc + tl.dot(w.to(tl.float16), tl.trans(a.to(tl.float16))) * sa[None, :] * sw
         else:
             acc = acc + tl.dot(a, tl.trans(w)) * sa[:, None] * sw
         return acc

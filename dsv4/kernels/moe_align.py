@@ -115,7 +115,7 @@ def _moe_align_sort(flat: torch.Tensor, num_experts: int, block_m: int):
     key = torch.where((flat >= 0) & (flat < num_experts), flat.long(), num_experts)  # foreign -> last
     counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_experts] = 0
+    padded = torch.cat((padded[:num_experts], padded.new_zeros(1)))  # foreign pairs get no segment
     ends = torch.cumsum(padded, 0)
     first = torch.cumsum(counts, 0) - counts  # unpadded start of each expert in sorted order
     order = torch.argsort(key, stable=True)

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
-REL = 2e-3 if DEV != "cpu" else 1.5e-2  # the CPU interpreter truncates fp32 -> bf16 (probabilities)
+# bf16 probabilities rounded at the running maximum (not the final one as in the reference): up to an
+# ulp apart, on top of the bf16 output rounding; the CPU interpreter truncates fp32 -> bf16 as well
+REL = 4e-3 if DEV != "cpu" else 1.5e-2
 HD = 512 if DEV != "cpu" else 64  # the interpreter is slow: a narrow head there
 
 
