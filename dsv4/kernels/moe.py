@@ -145,13 +145,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _group_dot(acc, a, w, f, sa, SWAP: tl.constexpr):
-        """acc += (A · W^T) · f · sa for one exact MMA over a 32-wide K group. SWAP: the weight rows
-        are the MMA's M side (acc is [BN, BM]) so that a 16-token tile is wgmma's N side; both operands
-        go in as f16 (exact for e4m3 values): an FP8 wgmma sums its 32 products with a shortened
-        accumulator (measured: greedy text of the embedded model moved at a near-tie), an f16 one
-        in fp32 like the mma.sync path."""
+        """acc += (A · W^T) · f · sa for one MMA over a 32-wide K group. Default (mma.sync, operands
+        widened to f16): exact products summed in fp32. SWAP (an option, not the default): the weight
+        rows are the MMA's M side (acc is [BN, BM]) so that a 16-token tile is an FP8 wgmma's N side --
+        20 % faster at decode sizes, but the FP8 wgmma sums its 32 products in a shortened accumulator
+        (it moved a near-tie of the embedded model's greedy text); with f16 operands it is exact but
+        slower than the default (docs/kernels_notes.md, session 4)."""
         if SWAP:
-            acc = acc + tl.dot(w.to(tl.float16), tl.trans(a.to(tl.float16))) * f[:, None] * sa[None, :]
+            acc = acc + tl.dot(w, tl.trans(a)) * f[:, None] * sa[None, :]
         else:
             acc = acc + tl.dot(a, tl.trans(w)) * f[None, :] * sa[:, None]
         return acc
@@ -188,8 +189,8 @@ if HAS_TRITON:
     def _fp8w_mma(acc, a, sa, Wp, sw, kb, SWAP: tl.constexpr):
         """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales (sw per tile)."""
         w = tl.load(Wp + kb * 128)
-        if SWAP:  # f16 operands: see _group_dot
-            acc = acc + tl.dot(w.to(tl.float16), tl.trans(a.to(tl.float16))) * sa[None, :] * sw
+        if SWAP:  # see _group_dot
+            acc = acc + tl.dot(w, tl.trans(a)) * sa[None, :] * sw
         else:
             acc = acc + tl.dot(a, tl.trans(w)) * sa[:, None] * sw
         return acc
@@ -359,7 +360,7 @@ class MoEConfig:
     warps2: int = 4
     num_stages: int = 3
     use_asm: bool = True
-    swap: bool = False  # weights as the MMA's M side, bm tokens as N (wgmma for 16-token tiles)
+    swap: bool = False  # FP8 wgmma with the weights as M, bm tokens as N: faster, not fp32-exact
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
@@ -369,9 +370,9 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers.
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
-    if per_expert <= 8:  # swap AB (session 4 sweep: Flash M=1 98.7 -> 78.7 us, M=64 1562 -> 1348 us)
+    if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
-                         num_stages=4, swap=True)
+                         num_stages=4)
     if per_expert <= 32:
         return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
                          num_stages=4)
