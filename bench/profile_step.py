@@ -24,7 +24,7 @@ PARTS = [("dsv4.model.block", "Block", "pre"), ("dsv4.model.attention", "Attenti
          ("dsv4.model.moe", "MoE", "forward"), ("dsv4.model.block", "Block", "post"),
          ("dsv4.model.indexer", "Indexer", "pick_padded"), ("dsv4.model.indexer", "Indexer", "queries"),
          ("dsv4.model.compressor", "Compressor", "project"), ("dsv4.engine.paged_decode", "DecodeStep", "derive"),
-         ("dsv4.model.attention", "Attention", "attend"), ("dsv4.model.indexer", "Indexer", "select"),
+         ("dsv4.model.attention", "Attention", "attend"), ("dsv4.model.indexer", "Indexer", "select_indices"),
          ("dsv4.model.moe", "Gate", "forward"), ("dsv4.model.moe", "Expert", "forward")]
 
 

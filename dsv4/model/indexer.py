@@ -86,11 +86,6 @@ class Indexer(nn.Module):
         scores = (scores.to(acc) * weights.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
         return scores.masked_fill(~present, float("-inf"))
 
-    def select(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
-        """Boolean mask [T, N]: which of the N keys each query attends to (`select_indices` as a mask)."""
-        return indices_to_mask(self.select_indices(q, weights, keys, positions), keys.shape[0])
-
     def select_indices(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                        positions: torch.Tensor) -> torch.Tensor:
         """[T, min(index_topk, N)] long: the keys each query attends to, -1 where it sees fewer.
