@@ -25,7 +25,7 @@ from dsv4.config import LayerSpec, ModelConfig
 from dsv4.model.compressor import Compressor
 from dsv4.model.context import Segment
 from dsv4.model.indexer import Indexer, indices_to_mask
-from dsv4.model.linear import FP8, Linear, bf16_gemm_fp32
+from dsv4.model.linear import FP8, Linear, bf16_gemm_applies, bf16_gemm_fp32
 from dsv4.model.norm import RMSNorm, unweighted_rms_norm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
 from dsv4.model.rope import RotaryEmbedding, apply_rope
@@ -75,18 +75,17 @@ def sink_attention(q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, key
         if entries is not None and entries.shape[0]:
             values = torch.cat((kb, entries))
             visible = torch.cat((visible, entry_mask[b0:b0 + QUERY_BLOCK]), dim=1)
-        scores = bf16_gemm_fp32(qb, values)  # CUDA bf16: tensor cores, exact products into fp32
-        if scores is None:
-            scores = torch.einsum("thd,kd->thk", qb.to(acc), values.to(acc))
+        tensor_cores = bf16_gemm_applies(qb, values)  # CUDA bf16: exact products into fp32
+        if not tensor_cores:
+            values = values.to(acc)
+        scores = bf16_gemm_fp32(qb, values) if tensor_cores else torch.einsum("thd,kd->thk", qb.to(acc), values)
         scores = scores * scale
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
         peak = scores.amax(dim=-1, keepdim=True)  # finite: a query always sees its own kv
         probs = torch.exp(scores - peak)
         denom = probs.sum(dim=-1) + torch.exp(sink.to(acc)[None, :] - peak.squeeze(-1))
         probs = probs.to(q.dtype)  # the reference feeds bf16 probabilities to P.V
-        ob = bf16_gemm_fp32(probs, values.t())
-        if ob is None:
-            ob = torch.einsum("thk,kd->thd", probs.to(acc), values.to(acc))
+        ob = bf16_gemm_fp32(probs, values.t()) if tensor_cores else torch.einsum("thk,kd->thd", probs.to(acc), values)
         ob = ob / denom.unsqueeze(-1)
         out[b0:b0 + QUERY_BLOCK] = ob.to(q.dtype)
     return out

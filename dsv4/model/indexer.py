@@ -14,7 +14,7 @@ from torch import nn
 
 from dsv4.config import ModelConfig
 from dsv4.model.compressor import Compressor
-from dsv4.model.linear import FP8, Linear, bf16_gemm_fp32
+from dsv4.model.linear import FP8, Linear, bf16_gemm_applies, bf16_gemm_fp32
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_indexer_fp4
 from dsv4.model.rope import RotaryEmbedding, apply_rope
 
@@ -93,15 +93,14 @@ class Indexer(nn.Module):
         not fit in memory)."""
         n_keys = keys.shape[0]
         acc = acc_dtype(q.dtype)  # the reference computes these in bf16; the model dtype rounds here
-        keys_acc = keys.to(acc)
+        tensor_cores = bf16_gemm_applies(q, keys)  # CUDA bf16: exact products into fp32
+        keys_acc = keys if tensor_cores else keys.to(acc)
         entry = torch.arange(n_keys, device=keys.device)
         out = torch.empty(q.shape[0], min(self.topk, n_keys), dtype=torch.long, device=keys.device)
         for b0 in range(0, q.shape[0], QUERY_BLOCK):
             qb, wb = q[b0:b0 + QUERY_BLOCK], weights[b0:b0 + QUERY_BLOCK]
             visible = (positions[b0:b0 + QUERY_BLOCK] + 1) // self.ratio
-            scores = bf16_gemm_fp32(qb, keys)  # CUDA bf16: tensor cores, exact products into fp32
-            if scores is None:
-                scores = torch.einsum("thd,nd->thn", qb.to(acc), keys_acc)
+            scores = bf16_gemm_fp32(qb, keys) if tensor_cores else torch.einsum("thd,nd->thn", qb.to(acc), keys_acc)
             scores = torch.relu(scores.to(q.dtype))
             scores = (scores.to(acc) * wb.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
             scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))

@@ -35,12 +35,17 @@ _KEEP_QUANTIZED: ContextVar[str | None] = ContextVar("dsv4_keep_quantized", defa
 _HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=) (CUDA)
 
 
+def bf16_gemm_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `bf16_gemm_fp32` runs for these operands (CUDA, both bf16)."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and _HAS_MM_OUT_DTYPE
+
+
 def bf16_gemm_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """`x @ weight.T` in fp32 for bf16 operands on CUDA: one bf16 GEMM accumulating into fp32 output.
     bf16 products are exact in fp32, so this is the fp32 GEMM of the same values (up to summation
     order) without an fp32 copy of the weight or of x. None where it does not apply (CPU, other
     dtypes): the caller computes in its accumulation dtype."""
-    if not (x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and _HAS_MM_OUT_DTYPE):
+    if not bf16_gemm_applies(x, weight):
         return None
     y = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
     return y.view(*x.shape[:-1], weight.shape[0])
