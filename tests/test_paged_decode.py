@@ -145,6 +145,40 @@ def test_mtp_draft_step_equals_per_sequence_path(monkeypatch):
         assert float((a.double() - b.double()).abs().max() / b.double().abs().max()) < 1e-5
 
 
+def test_mtp_draft_graph_equals_eager_step():
+    """Draft rows through the MTP graph bucket (capture=False runs the graph's code eagerly through
+    its static, padded buffers) give the eager fixed-shape step's logits bit for bit."""
+    def drafts(m):
+        # the backbone prompts do not matter here (the MTP block keeps its own state): one token each
+        b, gen, out = _Batch(m, "fp8", prompts=(1,) * 5), torch.Generator().manual_seed(12), []
+        width = m.config.hc_mult * m.config.hidden_size
+        with torch.no_grad():
+            for step in range(7):  # within the one window page each sequence holds
+                lens = [1 + (i * step) % 2 for i in range(len(b.states))]
+                pos = torch.cat([torch.arange(s.mtp.num_tokens, s.mtp.num_tokens + n) for s, n in zip(b.states, lens)])
+                res = torch.randn(pos.numel(), width, generator=gen)
+                ids = torch.randint(2, 500, (pos.numel(),), generator=gen)
+                with set_forward_context(ForwardContext(lens, b.states)):
+                    out.append(m.mtp[0].compute_logits(m.forward_mtp(res, ids, pos)[1]))
+        return out
+
+    graphed = _model()
+    graphed.enable_cuda_graphs(max_batch=16, capture=False)
+    got = drafts(graphed)
+    rows = {a.shape[0] for a in got}
+    sizes = {size for (_, size, _) in graphed._graphs._mtp_steps}
+    assert sizes and sizes - rows, f"no padded MTP graph bucket was used (rows {rows}, buckets {sizes})"
+    for a, b in zip(got, drafts(_model())):
+        assert torch.equal(a, b)
+
+
+def test_mtp_rejects_out_of_range_ids():
+    m = _model()
+    res = torch.randn(2, m.config.hc_mult * m.config.hidden_size)
+    with pytest.raises(ValueError, match="next_token_ids out of range"):
+        m.forward_mtp(res, torch.tensor([3, m.config.vocab_size]), torch.arange(2))
+
+
 def test_fp8_pools_are_lossless_under_reference_numerics():
     """FP8 window/entries (e4m3 + E8M0 nope dims) and MXFP4 indexer keys store exactly the values the
     reference numerics already simulate: every logit equals the model-dtype pools' bit for bit."""

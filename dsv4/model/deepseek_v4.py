@@ -267,7 +267,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         """The MTP block: -> (its residual [T, hc*D], hidden [T, D]); see `MTPBlock.forward`."""
         if not self.mtp:
             raise RuntimeError("this config has no MTP block (num_nextn_predict_layers = 0)")
-        return self.mtp[0](prev_residual, next_token_ids, positions)
+        return self.mtp[0](prev_residual, next_token_ids, positions, graphs=self._graphs)
 
     # ---- weights -------------------------------------------------------------------------
     def get_expert_mapping(self) -> list[tuple[str, str, int, str]]:
@@ -404,6 +404,7 @@ class DeepseekV4ForCausalLM(nn.Module):
                     b.use_mhc_kernels()
             for b in blocks:
                 b.attn.use_kernels = True
+                b.ffn.gate.use_kernels = True
                 if b.attn.indexer:
                     b.attn.indexer.use_kernels = True
                 self._head_mix = prepare_mix(self.hc_head_fn)

@@ -2,7 +2,8 @@
 
 Over the engine's paged pools (the usual case): a fixed-shape step (dsv4.engine.paged_decode; every
 sequence brings 1..max_rollback+1 tokens) is captured whole -- embed, every layer including its state
-reads/writes and attention, HC head -- as one graph per (row bucket, context bucket) (`_StepBucket`).
+reads/writes and attention, HC head -- as one graph per (row bucket, context bucket) (`_StepBucket`);
+the MTP block's draft rows likewise (`_MTPStepBucket`).
 
 Over contiguous per-sequence states (no engine), the step is cut where it touches state:
 
@@ -144,6 +145,47 @@ class _StepBucket:
         return self.hidden[:b].clone()
 
 
+class _MTPStepBucket:
+    """The MTP block's draft rows over the engine's paged pools as one graph, like `_StepBucket`:
+    embed + e/h projections, the block with its state reads and writes, HC head and norm."""
+
+    def __init__(self, block, step, capture: bool):
+        dev = block.hc_head_base.device
+        self.block, self.step, self.capture = block, step, capture
+        width = block.hc_mult * block.config.hidden_size
+        self.residual_in = torch.zeros(step.size, width, dtype=block.dtype, device=dev)
+        self.ids = torch.zeros(step.size, dtype=torch.long, device=dev)
+        self.residual = self.hidden = None
+        self.graphs = []
+
+    def _run(self) -> None:
+        from dsv4.model.rope import shared_cos_sin
+        self.step.derive()
+        with shared_cos_sin():
+            self.residual, self.hidden = self.block.compute(self.residual_in, self.ids, self.step.pos, None,
+                                                            step=self.step)
+
+    def run(self, prev_residual: torch.Tensor, ids: torch.Tensor, states: list, lens: list[int]):
+        b = ids.shape[0]
+        self.step.fill(states, lens, mtp=True)
+        self.residual_in[:b].copy_(prev_residual)
+        self.residual_in[b:].zero_()
+        self.ids[:b].copy_(ids)
+        self.ids[b:].zero_()
+        if not self.capture:
+            self._run()
+        else:
+            if not self.graphs:
+                self.graphs = _capture([self._run])
+            self.graphs[0].replay()
+        return self.residual[:b].clone(), self.hidden[:b].clone()
+
+
+def _context_bucket(lengths) -> int:
+    """Contexts rounded up to a power of two (at least 1024 tokens): one graph serves a range."""
+    return max(1024, 1 << (max(lengths) - 1).bit_length())
+
+
 class DecodeGraphs:
     """The buckets of a model (see the module docstring); built lazily."""
 
@@ -160,6 +202,7 @@ class DecodeGraphs:
         self.max_batch = self.sizes[-1]
         self._buckets: dict[int, _Bucket] = {}
         self._steps: dict[tuple, _StepBucket] = {}
+        self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
 
     def handles(self, seq_lens) -> bool:
         return 0 < len(seq_lens) <= self.max_batch and all(int(n) == 1 for n in seq_lens)
@@ -178,12 +221,24 @@ class DecodeGraphs:
         tokens), as one graph per (row bucket, context bucket): contexts rounded up to a power of two
         (at least 1024 tokens)."""
         size = next(s for s in self.sizes if s >= input_ids.shape[0])
-        ctx = max(1024, 1 << (max(s.num_tokens + n for s, n in zip(states, lens)) - 1).bit_length())
+        ctx = _context_bucket([s.num_tokens + n for s, n in zip(states, lens)])
         bucket = self._steps.get((pools, size, ctx))
         if bucket is None:
             bucket = self._steps[pools, size, ctx] = _StepBucket(self.model, pools.decode_step(size, ctx), self.capture)
         self._last = bucket
         return bucket.run(input_ids, states, lens)
+
+    def paged_mtp_step(self, pools, block, prev_residual: torch.Tensor, ids: torch.Tensor, states: list,
+                       lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP block's (residual [T, hc*D], hidden [T, D]) for draft rows over the paged states
+        (`MTPBlock.forward` with graphs), one graph per (row bucket, context bucket)."""
+        size = next(s for s in self.sizes if s >= ids.shape[0])
+        ctx = _context_bucket([s.mtp.num_tokens + n for s, n in zip(states, lens)])
+        bucket = self._mtp_steps.get((pools, size, ctx))
+        if bucket is None:
+            bucket = self._mtp_steps[pools, size, ctx] = _MTPStepBucket(block, pools.decode_step(size, ctx),
+                                                                         self.capture)
+        return bucket.run(prev_residual, ids, states, lens)
 
     def last_streams(self, b: int) -> torch.Tensor:
         last = self._last

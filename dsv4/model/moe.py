@@ -8,7 +8,8 @@ the routed outputs are summed in fp32, the shared one added, and the total round
 
 Kernel mode (`kernels="triton"`): `pack_experts` (at finalize) stacks the quantised routed experts
 into `dsv4.kernels.moe.PackedExperts` (MXFP4 stays packed) and frees the per-expert tensors; the
-routed experts then run as one `fused_moe` (FP8 activations, reference numerics).
+routed experts then run as one `fused_moe` (FP8 activations, reference numerics), and the gate's
+epilogue after its logits GEMM as one `dsv4.kernels.router.route` launch.
 
 Sharded (`layout` given, see dsv4.distributed.sharding): this rank holds only its EP rank's experts
 (the others are `RemoteExpert` placeholders) and its TP slice of the shared expert; the combine
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsv4.config import LayerSpec, ModelConfig
-from dsv4.model.indexer import top_k_lowest_index
+from dsv4.kernels.router import route, route_ref
 from dsv4.model.linear import EXPERT, FP8, Linear, bf16_gemm_fp32
 from dsv4.model.numerics import Numerics, acc_dtype
 
@@ -42,6 +43,7 @@ class Gate(nn.Module):
         else:
             self.bias = nn.Parameter(torch.empty(config.n_routed_experts, dtype=acc_dtype(dtype)),
                                      requires_grad=False)
+        self.use_kernels = False  # kernel mode (set at finalize): dsv4.kernels.router.route
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (routing weights [T, k] fp32, expert ids [T, k])."""
@@ -49,17 +51,15 @@ class Gate(nn.Module):
         logits = bf16_gemm_fp32(x, self.weight) if acc == torch.float32 else None
         if logits is None:
             logits = F.linear(x.to(acc), self.weight.to(acc))
-        scores = F.softplus(logits).sqrt()
-        if self.is_hash:
-            if token_ids is None:
-                raise ValueError("hash-routed MoE layers need input_ids (got only inputs_embeds)")
-            ids = self.tid2eid[token_ids]
-        else:
-            ids = top_k_lowest_index(scores + self.bias.to(acc), self.top_k)
-        weights = scores.gather(1, ids)
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights * self.route_scale, ids
+        if self.is_hash and token_ids is None:
+            raise ValueError("hash-routed MoE layers need input_ids (got only inputs_embeds)")
+        args = dict(bias=None if self.is_hash else self.bias, tid2eid=self.tid2eid if self.is_hash else None,
+                    token_ids=token_ids if self.is_hash else None, normalize=self.normalize,
+                    route_scale=self.route_scale)
+        if self.use_kernels and logits.is_cuda and logits.dtype == torch.float32 \
+                and (not self.is_hash or token_ids.device == logits.device):
+            return route(logits, self.top_k, **args)  # the epilogue below as one launch
+        return route_ref(logits, self.top_k, **args)
 
 
 class Expert(nn.Module):

@@ -46,20 +46,24 @@ class MTPBlock(Block):
         self._shared = (embed, head)
 
     def forward(self, prev_residual: torch.Tensor, next_token_ids: torch.Tensor,
-                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                positions: torch.Tensor, graphs=None) -> tuple[torch.Tensor, torch.Tensor]:
         """prev_residual [T, hc*D], next_token_ids [T], positions [T] -> (residual [T, hc*D], hidden [T, D]).
 
         Sequences and states come from the forward context (`state.mtp` of each sequence); without
-        one the rows are one fresh sequence from position 0. Logits: `compute_logits(hidden)`."""
+        one the rows are one fresh sequence from position 0. Logits: `compute_logits(hidden)`.
+        `graphs` (the model's dsv4.model.graphs.DecodeGraphs): draft rows over the engine's pools
+        replay a captured step instead of running eagerly."""
         if not self.ready:
             raise RuntimeError("MTP weights are not loaded (load_mtp_weights + finalize_weights)")
-        embed, _ = self._shared
         t, width = prev_residual.shape[0], self.hc_mult * self.config.hidden_size
         if prev_residual.shape != (t, width) or next_token_ids.shape != (t,) or positions.shape != (t,):
             raise ValueError(f"MTP forward: expected prev_residual [T, {width}], next_token_ids [T], positions [T]; "
                              f"got {tuple(prev_residual.shape)}, {tuple(next_token_ids.shape)}, "
                              f"{tuple(positions.shape)}")
-        positions = positions.long()
+        positions, next_token_ids = positions.long(), next_token_ids.long()
+        vocab = self.config.vocab_size
+        if t and (int(next_token_ids.min()) < 0 or int(next_token_ids.max()) >= vocab):
+            raise ValueError(f"MTP next_token_ids out of range [0, {vocab})")
         ctx = get_forward_context()
         if ctx is None:
             ctx = ForwardContext([t], [SequenceState.create(self.config, self.dtype, prev_residual.device)])
@@ -67,21 +71,30 @@ class MTPBlock(Block):
             raise ValueError("a SequenceState in the forward context has no MTP state or another dtype")
         spans = sequence_spans(ctx, positions, [s.mtp.num_tokens for s in ctx.states])
         segments = [Segment(start, n, s.mtp) for (start, n), s in zip(spans, ctx.states) if n]
-        pools, step = paged_step_pools(ctx), None
-        if pools is not None:  # draft rows over the engine's pools: the fixed-shape step
-            lens = [int(n) for n in ctx.seq_lens]
+        pools = paged_step_pools(ctx)
+        if pools is None:
+            return self.compute(prev_residual, next_token_ids, positions, segments)
+        lens = [int(n) for n in ctx.seq_lens]  # draft rows over the engine's pools: the fixed-shape step
+        if graphs is not None and t <= graphs.max_batch:
+            out = graphs.paged_mtp_step(pools, self, prev_residual, next_token_ids, ctx.states, lens)
+        else:
             step = pools.decode_step(t, max(s.mtp.num_tokens + n for s, n in zip(ctx.states, lens)))
             step.fill(ctx.states, lens, mtp=True)
             step.derive()
+            out = self.compute(prev_residual, next_token_ids, step.pos, None, step=step)
+        advance_paged(ctx.states, lens, mtp=True)
+        return out
 
+    def compute(self, prev_residual: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor,
+                segments: list[Segment] | None, step=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's math on checked inputs: per-sequence `segments`, or a derived fixed-shape `step`."""
+        embed, _ = self._shared
         x = prev_residual.to(self.dtype).unflatten(-1, (self.hc_mult, -1))
         acc = acc_dtype(self.dtype)
-        e = self.e_proj(self.enorm(embed(next_token_ids)))
+        e = self.e_proj(self.enorm(embed(next_token_ids, validate=False)))
         h = self.h_proj(self.hnorm(x).flatten(0, 1)).unflatten(0, x.shape[:2])
         x = (h.to(acc) + e.to(acc).unsqueeze(1)).to(self.dtype)
-        x = super().forward(x, None, positions, None if step else segments, step=step)
-        if step is not None:
-            advance_paged(ctx.states, lens, mtp=True)
+        x = super().forward(x, None, positions, segments, step=step)
         hidden = self.norm(hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
                                    hc_eps=self.hc_kwargs["hc_eps"], norm_eps=self.hc_kwargs["norm_eps"]))
         return x.flatten(1), hidden
