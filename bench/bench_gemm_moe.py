@@ -251,6 +251,13 @@ def moe_alternatives() -> dict:
         "swap64_s6": MoEConfig(bm=16, bn1=64, bn2=64, quant_first=True, quant_out=False, swap=True, num_stages=6),
         "swap_bm32": MoEConfig(bm=32, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True, num_stages=4),
         "swap_bm64": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True, num_stages=3),
+        # session 5: CUDA-core W4A8 per pair (dsv4.kernels.moe_gemv)
+        "gemv32_u4": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=32, gemv_unroll=4),
+        "gemv32_u2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=32, gemv_unroll=2),
+        "gemv32_u1": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=32, gemv_unroll=1),
+        "gemv16_w2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=16, warps1=2,
+                               gemv_unroll=2),
+        "gemv64": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_unroll=2),
     }
 
 
@@ -302,6 +309,8 @@ def bench_moe(models, ms, ceil, sweep: bool, base: bool) -> list[dict]:
                 r["ours_w4a16_us"], _ = try_time(lambda: fused_moe(x, ids, w, ex, act="bf16"))
             if sweep:
                 for nm, cfg in moe_alternatives().items():
+                    if cfg.gemv and m > 64:  # one program per pair: a decode-size path only
+                        continue
                     t, _ = try_time(lambda: fused_moe(x, ids, w, ex, config=cfg))
                     r[f"{nm}_us"] = t
                     if t < best:

@@ -361,6 +361,11 @@ class MoEConfig:
     num_stages: int = 3
     use_asm: bool = True
     swap: bool = False  # FP8 wgmma with the weights as M, bm tokens as N: faster, not fp32-exact
+    gemv: int = 0  # MXFP4 W4A8 on CUDA cores, one program per pair and `gemv` rows (dsv4.kernels.moe_gemv)
+    gemv_unroll: int = 2  # ... with this many 128-wide K blocks loaded per loop step
+
+
+GEMV_MAX_PAIRS_PER_EXPERT = 1.5  # H200 sweep (session 5): B = 1, 8 (~1 pair per expert) CUDA cores win
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
@@ -370,6 +375,9 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers.
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
+    if per_expert <= GEMV_MAX_PAIRS_PER_EXPERT and act == "fp8":  # MXFP4 only; FP8 experts take the MMA fields
+        return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
+                         num_stages=4, gemv=32)
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)
@@ -421,6 +429,12 @@ def fused_moe(
     if i % cfg.bn1 or d % cfg.bn2 or max(cfg.bn1, cfg.bn2) > BLOCK:
         raise ValueError(f"fused_moe: block sizes {cfg.bn1}/{cfg.bn2} must be <= 128 and divide inter {i} / hidden {d}")
     x = x.contiguous()
+    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+    if cfg.gemv and experts.fmt == "mxfp4" and act == "fp8":
+        from dsv4.kernels.moe_gemv import moe_gemv
+        y = moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
+                     unroll=cfg.gemv_unroll)
+        return _combine(y, shared, ids, out, e)
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     nb = expert_ids.numel()
     rows = nb * cfg.bm
@@ -466,11 +480,16 @@ def fused_moe(
         KBP=triton.next_power_of_2(i // BLOCK), **meta,
     )
 
-    # combine: fp32 sum over the top_k slots (+ shared expert), bf16 out
+    return _combine(y, shared, ids, out, e)
+
+
+def _combine(y: torch.Tensor, shared: torch.Tensor | None, ids: torch.Tensor, out: torch.Tensor,
+             num_experts: int) -> torch.Tensor:
+    """out = fp32 sum over the top_k slots' rows of y (+ shared expert), rounded to out's dtype."""
+    m, d = out.shape
     bd = 1024
-    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     _moe_combine_kernel[(m, triton.cdiv(d, bd))](
-        y, shared if shared is not None else y, ids, out, d, top_k, e, HAS_SHARED=shared is not None, BD=bd,
-        num_warps=4,
+        y, shared if shared is not None else y, ids, out, d, ids.shape[1], num_experts,
+        HAS_SHARED=shared is not None, BD=bd, num_warps=4,
     )
     return out

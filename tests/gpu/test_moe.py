@@ -95,11 +95,16 @@ def _configs():
         "bm128_bn64": MoEConfig(bm=128, bn1=64, bn2=64, quant_first=True, quant_out=False, warps1=8, warps2=4),
         "swap": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, swap=True),
         "swap_bn64": MoEConfig(bm=16, bn1=64, bn2=64, quant_first=False, quant_out=False, swap=True),
+        "gemv": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=32),
+        "gemv_bn64": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, warps1=8,
+                               gemv_unroll=4),
+        "gemv_bn16_u1": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=16, warps1=2,
+                                  gemv_unroll=1),
     }
 
 
 @pytest.mark.parametrize("cfg_name", ["decode", "decode_noasm", "prefill", "prefill_bf16z", "bm128_bn64", "swap",
-                                      "swap_bn64", None])
+                                      "swap_bn64", "gemv", "gemv_bn64", "gemv_bn16_u1", None])
 @pytest.mark.parametrize("act", ["fp8", "bf16"])
 @pytest.mark.parametrize("m", [1, 5, 64, 300])
 def test_fused_moe_mxfp4(cfg_name, act, m, poison, close_bf16):
@@ -140,7 +145,8 @@ def test_fused_moe_expert_parallel_partials(m, poison, close_bf16):
         local = ids - lo
         local = torch.where((local >= 0) & (local < e // 2), local, -1)
         poison()
-        y = fused_moe(x, local, w, finalize_experts(part), out_dtype=torch.float32)
+        y = fused_moe(x, local, w, finalize_experts(part), out_dtype=torch.float32,
+                      config=_configs()["gemv"] if m == 9 else None)
         assert y.dtype == torch.float32
         close_bf16(y, fused_moe_ref(x, local, w, part, out_dtype=torch.float32), rel=1e-2, what=f"half {half}")
         total += y
@@ -189,9 +195,10 @@ def test_fused_moe_real_dims(model, poison, close_bf16):
     for m in (1, 3, 70):
         x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
         ids, w = _topk(m, e, 6, gen)
-        poison()
-        close_bf16(fused_moe(x, ids, w, packed), fused_moe_ref(x, ids, w, experts), rel=1e-2,
-                   what=f"{model} m={m}")
+        ref = fused_moe_ref(x, ids, w, experts)
+        for cfg in (None, _configs()["gemv"]):
+            poison()
+            close_bf16(fused_moe(x, ids, w, packed, config=cfg), ref, rel=1e-2, what=f"{model} m={m} {cfg}")
 
 
 def test_finalize_rejects_bad_scales():
