@@ -191,6 +191,12 @@ class DecodeStep:
         page, off, present = self._derived[self._entry_kind(layer, name), "read"]
         return self.pools.entries[layer, name].read(page, off, self.pools.dtype), present
 
+    def entry_read_slots(self, layer: int, name: str):
+        """(pool, page [B, N], offset [B, N], present [B, N]): the slots `entries` reads, for kernels
+        that read the pool themselves."""
+        page, off, present = self._derived[self._entry_kind(layer, name), "read"]
+        return self.pools.entries[layer, name], page, off, present
+
     def entries_at(self, layer: int, name: str, index: torch.Tensor) -> torch.Tensor:
         """Entries `index` [B, K] (values in 0 .. N-1) -> [B, K, d]."""
         kind = self._entry_kind(layer, name)

@@ -280,7 +280,10 @@ class Attention(nn.Module):
                 entries = comp.finish_at(comp.pool_window(c, z, has_prev), step.entry_positions(comp.ratio), pre.dtype)
                 step.write_entries(layer, comp.kind, entries)
         picked = valid = None
-        if self.indexer:
+        if self.indexer and self.use_kernels and step.fp8:  # scores read the FP4 key pool: one launch
+            picked, valid = self.indexer.pick_from_pool(pre.index_q, pre.index_w,
+                                                        *step.entry_read_slots(layer, "index"))
+        elif self.indexer:
             index_keys, present = step.entries(layer, "index")
             picked, valid = self.indexer.pick_padded(pre.index_q, pre.index_w, index_keys, present)
         if self.use_kernels and step.fp8:

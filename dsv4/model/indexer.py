@@ -76,8 +76,17 @@ class Indexer(nn.Module):
                     present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`select_padded` as a list: (entry indices [B, K] ascending, which are real picks [B, K]),
         K = min(index_topk, N) -- what a kernel gathers instead of masking all N entries."""
-        picked = top_k_lowest_index(self._scores_padded(q, weights, keys, present), min(self.topk, keys.shape[1]))
-        picked = picked.sort(dim=1).values
+        return self._pick(self._scores_padded(q, weights, keys, present), present)
+
+    def pick_from_pool(self, q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tensor, off: torch.Tensor,
+                       present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`pick_padded` with the scores computed straight from the paged key pool in one launch
+        (dsv4.kernels.indexer_scores); page/off/present [B, N] name each row's entry slots."""
+        from dsv4.kernels.indexer_scores import indexer_scores
+        return self._pick(indexer_scores(q, weights, pool, page, off, present), present)
+
+    def _pick(self, scores: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        picked = top_k_lowest_index(scores, min(self.topk, scores.shape[1])).sort(dim=1).values
         return picked, present.gather(1, picked)
 
     def _scores_padded(self, q, weights, keys, present) -> torch.Tensor:

@@ -1,0 +1,144 @@
+"""Lightning-indexer decode scores (spec §2.8) straight from the paged indexer-key pool, one launch,
+beside a torch reference of the same signature.
+
+Row b (one query token) scores the entry slots n = 0 .. N-1 of its block table, slot n stored at
+`pool[page[b, n], off[b, n]]` and counted only where `present[b, n]` (dsv4.engine.paged_decode
+derives these once per step):
+
+  s[b, h, n] = bf16(q[b, h] . K[b, n])            fp32 dot, exact bf16 products
+  I[b, n]    = bf16(sum_h fp32(relu(s)) * fp32(w[b, h]))     -inf where not present
+
+which is `Indexer._scores_padded` on `pool.read(page, off, bf16)`. The pool is a
+`paged_state._EntryPool`: with FP8 caches the keys are MXFP4 (`q` int8 [pages, ps, di/2], low
+nibble = even element; `s` uint8 E8M0 [pages, ps, di/32]), otherwise plain bf16 `data`
+[pages, ps, di]. e2m1 * 2^k is exact in bf16, so the in-register dequantisation equals `read`.
+
+Kernel: grid (B, ceil(N/BN)); a program loads q [Hi, di] and w [Hi] once, gathers BN keys (absent
+slots are not read), one tensor-core dot [Hi, BN] and the head reduction. The fp32 sums (di in the
+dot, Hi in the reduction) run in another order than torch's, so scores agree except for rare
+1-ulp bf16 rounding flips. Device ops only: CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+
+
+# --------------------------------------------------------------------------- torch reference
+
+def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tensor, off: torch.Tensor,
+                       present: torch.Tensor) -> torch.Tensor:
+    """q [B, Hi, di], weights [B, Hi], pool an `_EntryPool` of indexer keys, page/off/present [B, N]
+    -> scores [B, N] in q.dtype (the math of `Indexer._scores_padded`)."""
+    keys = pool.read(page, off, q.dtype)
+    acc = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+    s = torch.relu(torch.einsum("bhd,bnd->bhn", q.to(acc), keys.to(acc)).to(q.dtype))
+    s = (s.to(acc) * weights.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
+    return s.masked_fill(~present, float("-inf"))
+
+
+# --------------------------------------------------------------------------- Triton kernel
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _round_bf16(x, INTERP: tl.constexpr):
+        """fp32 -> its nearest-even bf16 value, kept in fp32 (the interpreter's cast truncates)."""
+        if INTERP:
+            bits = x.to(tl.int32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+            return bits.to(tl.float32, bitcast=True)
+        return x.to(tl.bfloat16).to(tl.float32)
+
+    @triton.jit
+    def _mxfp4_keys(PQ, PS, row_q, row_s, load, d):
+        """Dequantised MXFP4 keys [BN, D] fp32 (each byte is loaded for both of its nibbles)."""
+        byte = tl.load(PQ + row_q[:, None] + (d // 2)[None, :], mask=load[:, None], other=0).to(tl.int32)
+        code = (byte >> ((d & 1) * 4)[None, :]) & 0xF
+        m = code & 7  # e2m1 magnitude: 0, 0.5, then 2^(e-1) * (1 + mantissa/2) for m >= 2
+        normal = (((m >> 1) + 126) << 23 | (m & 1) << 22).to(tl.float32, bitcast=True)
+        mag = tl.where(m >= 2, normal, m.to(tl.float32) * 0.5)
+        sb = tl.load(PS + row_s[:, None] + (d // 32)[None, :], mask=load[:, None], other=127).to(tl.int32)
+        sbits = tl.where(sb == 0, 1 << 22, tl.where(sb == 255, 0x7FC00000, sb << 23))  # as e8m0_to_float
+        val = mag * sbits.to(tl.float32, bitcast=True)
+        return tl.where(code >= 8, -val, val)
+
+    @triton.jit
+    def _scores_kernel(Q, W, PQ, PS, PAGE, OFF, PRESENT, OUT, N, H,
+                       sq_b, sq_h, sw_b, sw_h, pq_page, pq_off, ps_page, ps_off,
+                       spg_b, spg_n, sof_b, sof_n, spr_b, spr_n, so_b,
+                       HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP4: tl.constexpr,
+                       INTERP: tl.constexpr):
+        b = tl.program_id(0)
+        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        h = tl.arange(0, HP)
+        d = tl.arange(0, D)
+        hm = h < H
+        q = tl.load(Q + b * sq_b + h[:, None] * sq_h + d[None, :], mask=hm[:, None], other=0.0)
+        w = tl.load(W + b * sw_b + h * sw_h, mask=hm, other=0.0).to(tl.float32)
+        inb = n < N
+        load = tl.load(PRESENT + b * spr_b + n * spr_n, mask=inb, other=0) != 0  # absent slots: not read
+        page = tl.load(PAGE + b * spg_b + n * spg_n, mask=load, other=0).to(tl.int64)
+        off = tl.load(OFF + b * sof_b + n * sof_n, mask=load, other=0).to(tl.int64)
+        if FP4:
+            k = _mxfp4_keys(PQ, PS, page * pq_page + off * pq_off, page * ps_page + off * ps_off, load, d)
+        else:
+            k = tl.load(PQ + (page * pq_page + off * pq_off)[:, None] + d[None, :], mask=load[:, None],
+                        other=0.0).to(tl.float32)
+        if INTERP:  # the interpreter multiplies raw bf16 bits in `dot`; fp32 products are exact too
+            s = tl.dot(q.to(tl.float32), tl.trans(k))
+        else:  # bf16 operands (k is exact in bf16), exact products, fp32 accumulation
+            s = tl.dot(q, tl.trans(k.to(tl.bfloat16)))
+        s = tl.maximum(_round_bf16(s, INTERP), 0.0)
+        total = _round_bf16(tl.sum(s * w[:, None], axis=0), INTERP)
+        total = tl.where(load, total, float("-inf"))
+        tl.store(OUT + b * so_b + n, total.to(tl.bfloat16), mask=inb)
+
+
+# --------------------------------------------------------------------------- launcher
+
+def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tensor, off: torch.Tensor,
+                   present: torch.Tensor, block_n: int = 64) -> torch.Tensor:
+    """Triton `indexer_scores_ref` (bf16 q; MXFP4 or plain bf16 pools): bf16 [B, N]."""
+    if not HAS_TRITON:
+        raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use indexer_scores_ref)")
+    if q.dim() != 3 or q.dtype != torch.bfloat16:
+        raise ValueError(f"indexer_scores: q must be bf16 [B, Hi, di], got {q.dtype} {tuple(q.shape)}")
+    bsz, h, di = q.shape
+    if di < 32 or di & (di - 1):
+        raise ValueError(f"indexer_scores: head dim {di} must be a power of two >= 32")
+    if weights.shape != (bsz, h) or not weights.is_floating_point():
+        raise ValueError(f"indexer_scores: weights must be float [B={bsz}, Hi={h}], got {weights.dtype} "
+                         f"{tuple(weights.shape)}")
+    if page.dim() != 2 or page.shape[0] != bsz or off.shape != page.shape or present.shape != page.shape:
+        raise ValueError(f"indexer_scores: page/off/present must be [B={bsz}, N], got {tuple(page.shape)}/"
+                         f"{tuple(off.shape)}/{tuple(present.shape)}")
+    if page.dtype not in (torch.int32, torch.int64) or off.dtype not in (torch.int32, torch.int64) \
+            or present.dtype != torch.bool:
+        raise ValueError(f"indexer_scores: page/off must be int32/int64 and present bool, got "
+                         f"{page.dtype}/{off.dtype}/{present.dtype}")
+    if pool.fp4:
+        pq, ps = pool.q, pool.s
+        if pq.dtype != torch.int8 or ps.dtype != torch.uint8 or pq.shape[-1] * 2 != di or ps.shape[-1] * 32 != di:
+            raise ValueError(f"indexer_scores: MXFP4 pool q {pq.dtype} {tuple(pq.shape)} / s {ps.dtype} "
+                             f"{tuple(ps.shape)} does not hold {di}-d keys")
+    elif not pool.fp8 and pool.data.dtype == torch.bfloat16 and pool.data.shape[-1] == di:
+        pq = ps = pool.data
+    else:
+        raise ValueError("indexer_scores: the pool must store MXFP4 or bf16 keys of the query's head dim")
+    if pq.stride(-1) != 1 or ps.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("indexer_scores: q's and the pool's last dims must be contiguous")
+    n = page.shape[1]
+    out = torch.empty(bsz, n, dtype=torch.bfloat16, device=q.device)
+    if bsz == 0 or n == 0:
+        return out
+    pres = present.view(torch.uint8)  # same bytes; a bool pointer would load as int1
+    bn = max(16, min(block_n, triton.next_power_of_2(n)))
+    _scores_kernel[(bsz, triton.cdiv(n, bn))](
+        q, weights, pq, ps, page, off, pres, out, n, h,
+        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), pq.stride(0), pq.stride(1), ps.stride(0), ps.stride(1),
+        page.stride(0), page.stride(1), off.stride(0), off.stride(1), pres.stride(0), pres.stride(1),
+        out.stride(0),
+        HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, num_warps=4)
+    return out

@@ -1,0 +1,114 @@
+"""Indexer decode scores straight from the paged key pool (dsv4.kernels.indexer_scores) vs the torch
+reference (itself `Indexer._scores_padded` on the pool's `read`) and a float64 re-derivation: engine
+`_EntryPool`s (MXFP4 as with FP8 caches, plain bf16 otherwise) filled through their write path,
+shuffled block tables padded with the trash page, absent slots, poisoned outputs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+DI = 128
+
+
+def _case(bsz: int, heads: int, ps: int, width: int, fp4: bool, holes: bool, gen: torch.Generator):
+    """A pool of random keys and one query per row; rows hold 0 .. width*ps entries (derive's layout:
+    page = table[:, j // ps], off = j % ps, present = j < count), `holes` also drops random slots."""
+    from dsv4.engine.paged_state import _EntryPool
+
+    pages = bsz * width + 2
+    trash = pages  # the engine's extra page, written too (open windows land there)
+    pool = _EntryPool(pages + 1, ps, DI, DI, False, torch.bfloat16, DEV, fp4=fp4)
+    keys = torch.randn((pages + 1) * ps, DI, generator=gen, device=DEV)
+    keys = keys * torch.exp2(torch.randint(-3, 4, (keys.shape[0], 1), generator=gen, device=DEV).float())
+    every = torch.arange((pages + 1) * ps, device=DEV)
+    pool.write(every // ps, every % ps, keys.to(torch.bfloat16))
+    n = width * ps
+    count = torch.randint(0, n + 1, (bsz,), generator=gen, device=DEV)
+    count[0] = n  # one full row
+    if bsz > 1:
+        count[1] = 0  # one row with no entries: all -inf
+    used = -(-count // ps)
+    table = torch.randperm(pages, generator=gen, device=DEV)[: bsz * width].view(bsz, width)
+    table = torch.where(torch.arange(width, device=DEV)[None, :] < used[:, None], table, trash)
+    j = torch.arange(n, device=DEV)
+    page, off = table[:, j // ps], (j % ps)[None, :].expand(bsz, -1)
+    present = j[None, :] < count[:, None]
+    if holes:
+        present &= torch.rand(bsz, n, generator=gen, device=DEV) < 0.8
+    q = torch.randn(bsz, heads, DI, generator=gen, device=DEV).to(torch.bfloat16)
+    w = (torch.randn(bsz, heads, generator=gen, device=DEV) * DI ** -0.5 * heads ** -0.5).to(torch.bfloat16)
+    return q, w, pool, page, off, present
+
+
+def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
+    """Spacing of bf16 values at |x| (fp64)."""
+    e = torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126)))
+    return torch.exp2(e - 7)
+
+
+@pytest.mark.parametrize("bsz,heads,ps,width,fp4,holes", [
+    (1, 64, 64, 3, True, False), (3, 64, 64, 5, True, True), (8, 64, 16, 9, True, False),
+    (3, 16, 64, 2, True, False), (3, 64, 16, 7, False, True), (8, 16, 64, 1, False, False)])
+def test_indexer_scores(bsz, heads, ps, width, fp4, holes, poison):
+    from dsv4.kernels.indexer_scores import indexer_scores, indexer_scores_ref
+    from dsv4.model.indexer import Indexer
+
+    gen = torch.Generator(DEV).manual_seed(bsz * 1000 + heads + ps + width + fp4 + 2 * holes)
+    q, w, pool, page, off, present = _case(bsz, heads, ps, width, fp4, holes, gen)
+    keys = pool.read(page, off, torch.bfloat16)
+    ref = indexer_scores_ref(q, w, pool, page, off, present)
+    assert torch.equal(ref, Indexer._scores_padded(None, q, w, keys, present))  # the model's own math
+    poison()
+    got = indexer_scores(q, w, pool, page, off, present)
+    assert got.shape == present.shape and got.dtype == torch.bfloat16
+    assert torch.equal(torch.isneginf(got), ~present) and torch.isfinite(got[present]).all()
+
+    # float64 re-derivation without the intermediate roundings, and a bound for them: each head's
+    # dot rounds to bf16 (2^-9 relative), the head sum too; fp32 sums add far less
+    s64 = torch.einsum("bhd,bnd->bhn", q.double(), keys.double())
+    absdot = torch.einsum("bhd,bnd->bhn", q.double().abs(), keys.double().abs())
+    exact = (torch.relu(s64) * w.double()[:, :, None]).sum(1)
+    mag = ((s64.abs() + absdot * 2.0 ** -9) * w.double().abs()[:, :, None]).sum(1)
+    bound = 2.0 ** -8 * (mag + exact.abs()) + 2.0 ** -126
+    err = (got.double() - exact).abs()[present]
+    assert (err <= bound[present]).all(), float((err / bound[present]).max())
+
+    # vs the reference: equal but for rare rounding flips in the fp32 sums, each within the bound
+    diff = (got.double() != ref.double()) & present
+    frac = float(diff.double().sum() / present.sum().clamp_min(1))
+    ulp1 = float((((got.double() - ref.double()).abs() <= _ulp_bf16(ref.double())) & diff).double().sum())
+    print(f"B={bsz} Hi={heads} N={present.shape[1]} fp4={fp4}: {frac:.2e} of scores differ "
+          f"({ulp1:.0f} of {float(diff.sum()):.0f} by one bf16 ulp)")
+    assert frac <= 0.01, frac
+    assert ((got.double() - ref.double()).abs()[diff] <= 2 * bound[diff]).all()
+
+    # the glue: torch top-k over these scores, as pick_padded does over the reference's
+    ix = Indexer.__new__(Indexer)
+    object.__setattr__(ix, "topk", 24)
+    picked, valid = ix.pick_from_pool(q, w, pool, page, off, present)
+    want, want_valid = ix._pick(got, present)
+    assert torch.equal(picked, want) and torch.equal(valid, want_valid)
+    same = (got == ref).all(1) | (torch.isneginf(got) & torch.isneginf(ref)).all(1)
+    ref_picked, ref_valid = ix.pick_padded(q, w, keys, present)
+    assert torch.equal(picked[same], ref_picked[same]) and torch.equal(valid[same], ref_valid[same])
+
+
+def test_indexer_scores_rejects_bad_inputs():
+    from dsv4.kernels.indexer_scores import indexer_scores
+
+    gen = torch.Generator(DEV).manual_seed(7)
+    q, w, pool, page, off, present = _case(2, 16, 16, 2, True, False, gen)
+    with pytest.raises(ValueError, match="q must be bf16"):
+        indexer_scores(q.float(), w, pool, page, off, present)
+    with pytest.raises(ValueError, match="weights"):
+        indexer_scores(q, w[:, :8], pool, page, off, present)
+    with pytest.raises(ValueError, match="page/off/present"):
+        indexer_scores(q, w, pool, page[:, :5], off, present)
+    with pytest.raises(ValueError, match="present bool"):
+        indexer_scores(q, w, pool, page, off, present.int())
+    with pytest.raises(ValueError, match="MXFP4 pool"):
+        indexer_scores(q[..., :64].contiguous(), w, pool, page, off, present)
