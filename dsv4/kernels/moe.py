@@ -24,6 +24,7 @@ added before the one final rounding (dsv4.distributed.moe_comm).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -365,7 +366,9 @@ class MoEConfig:
     gemv_unroll: int = 2  # ... with this many 128-wide K blocks loaded per loop step
 
 
-GEMV_MAX_PAIRS_PER_EXPERT = 1.5  # H200 sweep (session 5): B = 1, 8 (~1 pair per expert) CUDA cores win
+# H200 sweep (session 5): the CUDA-core path wins up to ~1.4 pairs per touched expert (Flash B <= 24,
+# Pro B <= 48), ties at 1.42 (Flash B = 32), loses from ~1.7 (Flash B = 48)
+GEMV_MAX_PAIRS_PER_EXPERT = 1.45
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
@@ -375,7 +378,9 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers.
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
-    if per_expert <= GEMV_MAX_PAIRS_PER_EXPERT and act == "fp8":  # MXFP4 only; FP8 experts take the MMA fields
+    # pairs per *touched* expert if the ids were uniform: E (1 - exp(-pairs/E)) experts are touched
+    per_touched = num_pairs / max(1.0, num_experts * -math.expm1(-num_pairs / max(1, num_experts)))
+    if per_touched <= GEMV_MAX_PAIRS_PER_EXPERT and act == "fp8":  # MXFP4 only; FP8 experts take the MMA fields
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
                          num_stages=4, gemv=32)
     if per_expert <= 8:
