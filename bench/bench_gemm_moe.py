@@ -117,14 +117,9 @@ def linear_alternatives(m: int) -> list[LinearConfig]:
     if m <= 64:
         bm = max(16, triton.next_power_of_2(m))
         small = m <= 16
-        alts = [LinearConfig(bm=bm, bn=128, swap_ab=True, fuse_quant=small, split_k=0),
+        return [LinearConfig(bm=bm, bn=128, swap_ab=True, fuse_quant=small, split_k=0),
                 LinearConfig(bm=bm, bn=64, swap_ab=True, fuse_quant=not small, split_k=0),
                 LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False, split_k=0)]
-        if m == 1:  # session 5: the CUDA-core kernel (dsv4.kernels.fp8_gemv), rows per program x K blocks per step
-            alts += [LinearConfig(bm=16, bn=64, swap_ab=True, fuse_quant=True, split_k=0, gemv=r, gemv_unroll=u)
-                     for r, u in ((16, 2), (32, 2), (64, 2), (16, 4), (32, 1))]
-            alts.append(LinearConfig(bm=16, bn=64, swap_ab=True, fuse_quant=True, split_k=0))  # session-4 default
-        return alts
     return [LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False, num_warps=4),
             LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8, num_stages=4),
             LinearConfig(bm=128, bn=64, swap_ab=False, fuse_quant=False, num_warps=4, num_stages=3)]

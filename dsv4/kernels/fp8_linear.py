@@ -245,8 +245,6 @@ class LinearConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 4
-    gemv: int = 0  # one token: CUDA-core kernel with this many weight rows per program (dsv4.kernels.fp8_gemv)
-    gemv_unroll: int = 2  # ... loading this many 128-wide K blocks per loop step
 
 
 def _next_pow2(v: int) -> int:
@@ -256,14 +254,10 @@ def _next_pow2(v: int) -> int:
 def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
     """Heuristic launch shape for an [m, k] x [n, k]^T product (measured on H200, docs/kernels_notes.md).
 
-    M = 1: the CUDA-core kernel of dsv4.kernels.fp8_gemv (one launch, no split-K partials).
     M <= 16: swap AB with the activation quantised inside the GEMM (one launch + split-K reduce).
     16 < M <= 64: 64x128 tiles on pre-quantised activations (quantising inside would repeat it per N tile).
     M > 64: 64x128 tiles up to M = 1024, 128x128 with 8 warps beyond.
     """
-    if m == 1 and groups == 1:  # one token: CUDA cores, >= 2 programs per SM where the rows allow
-        rows = next((b for b in (64, 32) if n // b >= 2 * NUM_SMS_H200), 16)
-        return LinearConfig(bm=16, bn=64, swap_ab=True, fuse_quant=True, split_k=0, gemv=rows)
     if m <= 16:
         return LinearConfig(bm=16, bn=64, swap_ab=True, fuse_quant=True, split_k=0, num_warps=4, num_stages=4)
     if m <= 1024:
@@ -325,10 +319,6 @@ def act_quant(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.
 
 def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg: LinearConfig) -> None:
     (s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg, s_cm, s_cg) = strides
-    if cfg.gemv and m == 1 and groups == 1:
-        from dsv4.kernels.fp8_gemv import launch_fp8_gemv
-        launch_fp8_gemv(a, sa, weight, sw, sw_e8m0, out, cfg.fuse_quant, cfg.gemv, cfg.gemv_unroll, cfg.num_warps)
-        return
     tiles_m, tiles_n = triton.cdiv(m, cfg.bm), triton.cdiv(n, cfg.bn)
     kblocks = k // BLOCK
     split = cfg.split_k if cfg.split_k > 0 else _auto_split(tiles_m * tiles_n * groups, kblocks)

@@ -112,7 +112,7 @@ if HAS_TRITON:
             tl.store(Y + p * stride_y + offs_n, acc.to(tl.bfloat16))
 
 
-def blocks_per_step(k: int, most: int) -> int:
+def _unroll(k: int, most: int) -> int:
     """K blocks per loop step: the largest of most, most/2, .. 1 that divides k // 128."""
     u = most
     while (k // BLOCK) % u:
@@ -142,7 +142,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     _gemv_glu_kernel[(pairs, i // bn)](
         q, sq, ids, tw, w13, s13, z, i, d, top_k, e, float(swiglu_limit),
         q.stride(0), sq.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
-        BN=bn, UNROLL=blocks_per_step(d, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1)
+        BN=bn, UNROLL=_unroll(d, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1)
     zq = torch.empty((pairs, i), dtype=torch.float8_e4m3fn, device=x.device)
     zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
     _quant_z_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0), num_warps=1)
@@ -151,5 +151,5 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     _gemv_down_kernel[(pairs, d // bn)](
         zq, zs, ids, w2, s2, y, i, e,
         zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        BN=bn, UNROLL=blocks_per_step(i, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1)
+        BN=bn, UNROLL=_unroll(i, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1)
     return y
