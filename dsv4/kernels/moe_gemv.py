@@ -121,7 +121,7 @@ def _unroll(k: int, most: int) -> int:
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
-             swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 4) -> torch.Tensor:
+             swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2) -> torch.Tensor:
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
     pairs are left unwritten); `fused_moe` sums them in its combine kernel."""
     check_packed(experts)

@@ -62,11 +62,10 @@ if HAS_TRITON:
         return tl.sqrt_rn(tl.where(x > 20.0, x, sp))
 
     @triton.jit
-    def _sum_torch_order(v, BK: tl.constexpr, P: tl.constexpr):
-        """Sum of v [BK] (zero-padded) in the order torch's CUDA reduce uses for a short row (k < 64):
-        P = pow2 <= k threads, thread t adds v[t] + v[t+P], then a shfl_down tree (offsets 1, 2, ..).
-        Every step adds two values, so only the pairing matters. Guessed from torch's Reduce.cuh, but
-        torch's sum measured up to 2 ulp away on the H200 after the division: not its order."""
+    def _pairwise_sum(v, BK: tl.constexpr, P: tl.constexpr):
+        """Sum of v [BK] (zero-padded, k < 64) in a fixed pairwise order: with P = pow2 <= k, v[t] +
+        v[t+P] first, then neighbours (offsets 1, 2, ..). Modelled on torch's CUDA reduce for short rows,
+        but torch's `.sum(-1)` measured up to 2 ulp away on the H200 after the division: not its order."""
         if BK > P:
             v = tl.sum(tl.reshape(v, (2, P)), axis=0)
         if P >= 32:
@@ -116,7 +115,7 @@ if HAS_TRITON:
                 w = tl.where(slot == j, tl.sum(tl.where(hit, s, 0.0), axis=0), w)  # exact; keeps NaN
                 order = tl.where(hit, -2147483648, order)
         if NORMALIZE:
-            w = tl.div_rn(w, _sum_torch_order(tl.where(in_k, w, 0.0), BK, P))
+            w = tl.div_rn(w, _pairwise_sum(tl.where(in_k, w, 0.0), BK, P))
         w = w * route_scale
         tl.store(W_OUT + row * K + slot, w, mask=in_k)
         tl.store(ID_OUT + row * K + slot, ids, mask=in_k)
@@ -128,7 +127,7 @@ def _check(logits, k, bias, tid2eid, token_ids) -> None:
     if logits.shape[1] > 0 and logits.stride(1) != 1:
         raise ValueError("route: logits rows must be contiguous (stride(1) == 1)")
     e = logits.shape[1]
-    if not isinstance(k, int) or not 1 <= k <= min(e, 63):  # 63: see _sum_torch_order
+    if not isinstance(k, int) or not 1 <= k <= min(e, 63):  # 63: see _pairwise_sum
         raise ValueError(f"route: need 1 <= k <= min(E = {e}, 63), got k = {k!r}")
     others = {"bias": bias, "tid2eid": tid2eid, "token_ids": token_ids}
     for name, t in others.items():
