@@ -11,8 +11,9 @@ are e2m1 codes with one E8M0 scale per 32 inputs; each 32-wide K group is an exa
 reference's. `act="bf16"` is the W4A16 option: the weights are widened to bf16 and the activations
 are not quantised (not reference-exact; kept as a measured alternative).
 
-Layouts (`ExpertWeights` -> `finalize_experts` -> `PackedExperts`) live in dsv4.kernels.moe_layout and
-are re-exported here.
+Layouts (`ExpertWeights` -> `finalize_experts` -> `PackedExperts`) live in dsv4.kernels.moe_layout, launch
+shapes (`MoEConfig`, `pick_moe_config`) in dsv4.kernels.moe_config; both are re-exported here. Decode-sized
+MXFP4 batches take the CUDA-core kernels of dsv4.kernels.moe_gemv (`MoEConfig.gemv`).
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
 FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
@@ -24,15 +25,14 @@ added before the one final rounding (dsv4.distributed.moe_comm).
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from dsv4.kernels.fp8_linear import HAS_TRITON, act_quant
 from dsv4.kernels.moe_align import moe_align
+from dsv4.kernels.moe_config import MoEConfig, pick_moe_config  # noqa: F401  (re-exported)
 from dsv4.kernels.moe_layout import (  # noqa: F401  (ExpertWeights, finalize_experts: re-exported)
     BLOCK, ExpertWeights, PackedExperts, check_packed, finalize_experts,
 )
@@ -345,52 +345,6 @@ if HAS_TRITON:
         if HAS_SHARED:
             acc += tl.load(S + t * D + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(OUT + t * D + offs, acc.to(OUT.dtype.element_ty), mask=mask)
-
-
-# --------------------------------------------------------------------------- launch configuration
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    bm: int
-    bn1: int
-    bn2: int
-    quant_first: bool  # GEMM1 reads x quantised by act_quant (else quantises its gathered rows itself)
-    quant_out: bool  # GEMM1 writes z as FP8 + scales (needs bn1 == 128), else bf16
-    warps1: int = 4
-    warps2: int = 4
-    num_stages: int = 3
-    use_asm: bool = True
-    swap: bool = False  # FP8 wgmma with the weights as M, bm tokens as N: faster, not fp32-exact
-    gemv: int = 0  # MXFP4 W4A8 on CUDA cores, one program per pair and `gemv` rows (dsv4.kernels.moe_gemv)
-    gemv_unroll: int = 2  # ... with this many 128-wide K blocks loaded per loop step
-
-
-# H200 sweep (session 5): the CUDA-core path wins up to ~1.4 pairs per touched expert (Flash B <= 24,
-# Pro B <= 48), ties at 1.42 (Flash B = 32), loses from ~1.7 (Flash B = 48)
-GEMV_MAX_PAIRS_PER_EXPERT = 1.45
-
-
-def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
-    """Heuristic launch shape from the average number of (token, slot) pairs per used expert
-    (the winners of the H200 sweep in docs/kernels_notes.md).
-
-    A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers.
-    """
-    per_expert = num_pairs / max(1, min(num_pairs, num_experts))
-    # pairs per *touched* expert if the ids were uniform: E (1 - exp(-pairs/E)) experts are touched
-    per_touched = num_pairs / max(1.0, num_experts * -math.expm1(-num_pairs / max(1, num_experts)))
-    if per_touched <= GEMV_MAX_PAIRS_PER_EXPERT and act == "fp8":  # MXFP4 only; FP8 experts take the MMA fields
-        return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
-                         num_stages=4, gemv=32)
-    if per_expert <= 8:
-        return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
-                         num_stages=4)
-    if per_expert <= 32:
-        return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
-                         num_stages=4)
-    return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=8, warps2=4,
-                     num_stages=3)
 
 
 # --------------------------------------------------------------------------- Triton entry point
