@@ -107,6 +107,23 @@ def _capture(pieces) -> list:
     return graphs
 
 
+def _fill_padded(buf: torch.Tensor, rows: torch.Tensor) -> None:
+    """Static input buffer <- this step's rows; the padding rows are zeroed (no sequence reads them)."""
+    b = rows.shape[0]
+    buf[:b].copy_(rows)
+    buf[b:].zero_()
+
+
+def _launch(bucket) -> None:
+    """Run a bucket's `_run` eagerly (capture=False) or as its graph, captured on first use."""
+    if not bucket.capture:
+        bucket._run()
+        return
+    if not bucket.graphs:
+        bucket.graphs = _capture([bucket._run])
+    bucket.graphs[0].replay()
+
+
 class _StepBucket:
     """A whole decode step over the engine's paged pools as one graph (dsv4.engine.paged_decode):
     the state reads and writes are fixed-shape too, so nothing runs eagerly. The warm-up runs the
@@ -131,18 +148,10 @@ class _StepBucket:
         self.streams, self.hidden = x, m.final_hidden(x)
 
     def run(self, input_ids: torch.Tensor, states: list, lens: list[int]) -> torch.Tensor:
-        b = input_ids.shape[0]
         self.step.fill(states, lens)
-        self.ids[:b].copy_(input_ids)
-        self.ids[b:].zero_()
-        if not self.capture:
-            self._run()
-        elif not self.graphs:
-            self.graphs = _capture([self._run])
-            self.graphs[0].replay()
-        else:
-            self.graphs[0].replay()
-        return self.hidden[:b].clone()
+        _fill_padded(self.ids, input_ids)
+        _launch(self)
+        return self.hidden[:input_ids.shape[0]].clone()
 
 
 class _MTPStepBucket:
@@ -168,16 +177,9 @@ class _MTPStepBucket:
     def run(self, prev_residual: torch.Tensor, ids: torch.Tensor, states: list, lens: list[int]):
         b = ids.shape[0]
         self.step.fill(states, lens, mtp=True)
-        self.residual_in[:b].copy_(prev_residual)
-        self.residual_in[b:].zero_()
-        self.ids[:b].copy_(ids)
-        self.ids[b:].zero_()
-        if not self.capture:
-            self._run()
-        else:
-            if not self.graphs:
-                self.graphs = _capture([self._run])
-            self.graphs[0].replay()
+        _fill_padded(self.residual_in, prev_residual)
+        _fill_padded(self.ids, ids)
+        _launch(self)
         return self.residual[:b].clone(), self.hidden[:b].clone()
 
 
