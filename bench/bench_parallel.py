@@ -101,6 +101,23 @@ def _count_launches(model, step) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def _replay_ms(model, reps: int) -> float:
+    """GPU time of the last decode step's graph alone, replayed back to back (the step minus the host's
+    work around it: filling the tables, the LM head, argmax, the read-back)."""
+    bucket = model._graphs._last
+    if not getattr(bucket, "graphs", None):
+        return 0.0
+    g = bucket.graphs[0]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 class Runner:
     """Drives the model: prefill, decode, MTP and verify steps, on the engine's paged pools (`cache`,
     a HybridCache: decode steps take the fixed-shape path) or on contiguous states (cache None)."""
@@ -279,6 +296,7 @@ def _rank_main(rank: int, args) -> None:
         run.prefill(states, args.ctx)
         one, two = [1] * b, [2] * b
         dec = _median_ms(lambda: run.forward(states, one), args.reps)
+        replay = _replay_ms(model, args.reps) if gpu and args.cuda_graphs else 0.0
         mtp = _median_ms(lambda: run.mtp(states, one), args.reps)
         ver = _median_ms(lambda: run.forward(states, two), max(3, args.reps // 2))
         launches = _count_launches(model, lambda: run.forward(states, one)) if gpu else 0
@@ -287,11 +305,12 @@ def _rank_main(rank: int, args) -> None:
         if dist.is_initialized():
             dist.all_reduce(roof, op=dist.ReduceOp.MAX)
         roof_ms = float(roof) / (out["copy_GBps"] * 1e9) * 1e3
-        row = {"batch": b, "ctx": args.ctx, "decode_ms": dec, "mtp_ms": mtp, "verify2_ms": ver, "launches": launches,
+        row = {"batch": b, "ctx": args.ctx, "decode_ms": dec, "mtp_ms": mtp, "verify2_ms": ver, "replay_ms": replay,
+               "launches": launches,
                "tok_per_s": b / dec * 1e3, "roof_ms": roof_ms, "roof_x": dec / roof_ms}
         out["decode"].append(row)
         say(f"B={b:3d} ctx={args.ctx}: decode {dec:8.1f} ms/step ({b / dec * 1e3:7.1f} tok/s), "
-            f"MTP draft {mtp:6.1f} ms, verify(2 tok) {ver:8.1f} ms, roofline {roof_ms:.2f} ms ({dec / roof_ms:.0f}x), "
+            f"(graph replay {replay:.2f}), MTP draft {mtp:6.1f} ms, verify(2 tok) {ver:8.1f} ms, roofline {roof_ms:.2f} ms ({dec / roof_ms:.0f}x), "
             f"{launches} kernels/step eager")
         run.release(states)
         if gpu:

@@ -25,7 +25,8 @@ PARTS = [("dsv4.model.block", "Block", "pre"), ("dsv4.model.attention", "Attenti
          ("dsv4.model.indexer", "Indexer", "pick_padded"), ("dsv4.model.indexer", "Indexer", "queries"),
          ("dsv4.model.compressor", "Compressor", "project"), ("dsv4.engine.paged_decode", "DecodeStep", "derive"),
          ("dsv4.model.attention", "Attention", "attend"), ("dsv4.model.indexer", "Indexer", "select_indices"),
-         ("dsv4.model.moe", "Gate", "forward"), ("dsv4.model.moe", "Expert", "forward")]
+         ("dsv4.model.moe", "Gate", "forward"), ("dsv4.model.moe", "Expert", "forward"),
+         ("dsv4.model.block", "Block", "forward")]
 
 
 def _label(mod, cls, name):
@@ -75,6 +76,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill instead of a decode step")
     p.add_argument("--syncs", action="store_true", help="also list where the profiled call waits for the GPU")
+    p.add_argument("--order", action="store_true", help="also list each layer's kernels in launch order")
     args = p.parse_args()
     if args.prefill:
         args.batch, args.ctx = 1, args.prefill
@@ -112,7 +114,8 @@ def main() -> None:
         run.forward(states, one)
         torch.cuda.synchronize()
     events = prof.events()
-    gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    labels = {f"{c}.{n}" for _, c, n in PARTS}  # record_function ranges show up as GPU events too
+    gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in labels]
     what = f"{args.prefill}-token prefill" if args.prefill else "eager step"
     print(f"{len(gpu)} kernels, {sum(e.device_time for e in gpu):.0f} us GPU in one {what} "
           f"({args.layers} layers, batch {args.batch}, ctx {args.ctx})")
@@ -133,6 +136,8 @@ def main() -> None:
     print(f"{'part (nested parts counted in both)':40s} {'calls':>5} {'kernels':>8} {'GPU us':>8}")
     for name, (calls, n, us) in sorted(table.items(), key=lambda kv: -kv[1][1]):
         print(f"{name:40s} {calls:5d} {n:8d} {us:8.0f}")
+    if args.order:
+        _print_order(events, gpu)
     names = collections.Counter(e.name[:60] for e in gpu)
     times = collections.Counter()
     for e in gpu:
@@ -141,6 +146,32 @@ def main() -> None:
     for name, us in times.most_common(int(os.environ.get("TOP", "25"))):
         print(f"  {us:8.0f} {names[name]:5d}  {name}")
 
+
+def _print_order(events, gpu) -> None:
+    """The step's kernels in launch order with the innermost labelled part that launched each: the
+    runtime's launch calls (CPU events, in order) pair up with the GPU events (one stream, in order)."""
+    labels = {f"{c}.{n}" for _, c, n in PARTS}
+    launches = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+                       and ("LaunchKernel" in e.name or e.name.startswith(("cudaMemcpy", "cudaMemset")))),
+                      key=lambda e: e.time_range.start)
+    kernels = sorted(gpu, key=lambda e: e.time_range.start)
+    if len(launches) != len(kernels):
+        print(f"order: {len(launches)} launch calls vs {len(kernels)} GPU events; not paired")
+        return
+    layer = -1
+    for call, k in zip(launches, kernels):
+        chain, e = [], call.cpu_parent
+        while e is not None:
+            if e.name in labels:
+                chain.append(e)
+            e = e.cpu_parent
+        if chain and chain[-1].name == "Block.forward":
+            blk = chain[-1]
+            if blk.id != layer:
+                layer = blk.id
+                print(f"-- {blk.name} #{blk.id}")
+        label = chain[0].name if chain else "-"
+        print(f"  {k.device_time:6.1f}  {label:24s} {k.name[:80]}")
 
 if __name__ == "__main__":
     main()

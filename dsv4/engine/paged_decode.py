@@ -155,6 +155,10 @@ class DecodeStep:
         buf, (_, slots, has_prev) = self._rows(layer, name)
         return buf, self._derived["state_page"], slots, has_prev
 
+    def row_slot(self, layer: int, name: str) -> torch.Tensor:
+        """[B] ring slot of the state pool where this step's (C, Z) rows go (`write_rows`' slot)."""
+        return self._rows(layer, name)[1][0]
+
     def kv_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self._derived["w_page"], self._derived["w_off"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, grid_sync, pdl, tl, triton
 
 KV_BLOCK = 64
 _KV_BLOCK = tl.constexpr(KV_BLOCK) if HAS_TRITON else KV_BLOCK  # what a jitted function may read
@@ -28,11 +28,16 @@ _KV_BLOCK = tl.constexpr(KV_BLOCK) if HAS_TRITON else KV_BLOCK  # what a jitted 
 # --------------------------------------------------------------------------- torch references
 
 def pool_windows_ref(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor, slots: torch.Tensor,
-                     has_prev: torch.Tensor, ratio: int, dim: int) -> torch.Tensor:
+                     has_prev: torch.Tensor, ratio: int, dim: int, new_rows: tuple | None = None) -> torch.Tensor:
     """rows_c/rows_z [pages, cap, w] fp32 (one compressor's state pool); page [B]; slots [B, R] ring
     slots of the window's positions (R = 2r with the previous window first when w = 2*dim, else r);
-    has_prev [B] -> pooled [B, dim] fp32."""
+    has_prev [B] -> pooled [B, dim] fp32. `new_rows = (c, z, slot)` ([B, w], [B, w], [B]) first
+    stores this step's rows at (page, slot) of the pools."""
     from dsv4.model.compressor import pool_window
+    if new_rows is not None:
+        c, z, slot = new_rows
+        rows_c[page, slot] = c.to(rows_c.dtype)
+        rows_z[page, slot] = z.to(rows_z.dtype)
     return pool_window(rows_c[page[:, None], slots], rows_z[page[:, None], slots], has_prev, ratio, dim)
 
 
@@ -55,15 +60,17 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _pow2_scale
 
     @triton.jit
-    def _pool_kernel(C, Z, PAGE, SLOTS, HAS_PREV, OUT, stride_p, stride_s, stride_sl, stride_o,
-                     R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr, DIM: tl.constexpr,
-                     OVERLAP: tl.constexpr, BD: tl.constexpr):
+    def _pool_kernel(C, Z, PAGE, SLOTS, HAS_PREV, OUT, NC, NZ, NSLOT, stride_p, stride_s, stride_sl, stride_o,
+                     stride_n, R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr, DIM: tl.constexpr,
+                     OVERLAP: tl.constexpr, BD: tl.constexpr, NEW: tl.constexpr):
+        grid_sync()
         b = tl.program_id(0)
         cols = tl.program_id(1) * BD + tl.arange(0, BD)
         j = tl.arange(0, RR)
         valid = j < R
         slot = tl.load(SLOTS + b * stride_sl + j, mask=valid, other=0)
-        base = tl.load(PAGE + b).to(tl.int64) * stride_p + slot.to(tl.int64) * stride_s
+        page = tl.load(PAGE + b).to(tl.int64)
+        base = page * stride_p + slot.to(tl.int64) * stride_s
         if OVERLAP:
             col0 = tl.where(j < RATIO, 0, DIM)
             valid = valid & ((j >= RATIO) | (tl.load(HAS_PREV + b) != 0))
@@ -72,6 +79,18 @@ if HAS_TRITON:
         offs = base[:, None] + col0[:, None] + cols[None, :]
         c = tl.load(C + offs, mask=valid[:, None], other=0.0)
         z = tl.load(Z + offs, mask=valid[:, None], other=float("-inf"))
+        if NEW:  # this step's row: stored for later steps, and used here in place of the pool's copy
+            ns = tl.load(NSLOT + b)
+            here = (slot == ns)[:, None] & valid[:, None]
+            noffs = b * stride_n + col0[:, None] + cols[None, :]
+            c = tl.where(here, tl.load(NC + noffs, mask=here, other=0.0), c)
+            z = tl.where(here, tl.load(NZ + noffs, mask=here, other=0.0), z)
+            dst = page * stride_p + ns.to(tl.int64) * stride_s + cols
+            tl.store(C + dst, tl.load(NC + b * stride_n + cols))
+            tl.store(Z + dst, tl.load(NZ + b * stride_n + cols))
+            if OVERLAP:
+                tl.store(C + dst + DIM, tl.load(NC + b * stride_n + DIM + cols))
+                tl.store(Z + dst + DIM, tl.load(NZ + b * stride_n + DIM + cols))
         m = tl.max(z, axis=0)
         e = tl.exp(z - m[None, :])
         w = e / tl.sum(e, axis=0)[None, :]
@@ -101,6 +120,7 @@ if HAS_TRITON:
                       q_page, q_off, s_page, s_off, r_page, r_off, eps,
                       D: tl.constexpr, NOPE: tl.constexpr, ROPE0: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
                       HADAMARD: tl.constexpr, FP4: tl.constexpr, INTERP: tl.constexpr):
+        grid_sync()
         b = tl.program_id(0)
         d = tl.arange(0, D)
         y = tl.load(X + b * stride_x + d).to(tl.bfloat16).to(tl.float32)
@@ -142,16 +162,27 @@ if HAS_TRITON:
 
 
 def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor, slots: torch.Tensor,
-                 has_prev: torch.Tensor, ratio: int, dim: int) -> torch.Tensor:
-    """Triton `pool_windows_ref`."""
+                 has_prev: torch.Tensor, ratio: int, dim: int, new_rows: tuple | None = None) -> torch.Tensor:
+    """Triton `pool_windows_ref` (the new rows, when given, are stored in the same launch)."""
     b, r = slots.shape
     overlap = rows_c.shape[-1] == 2 * dim
     out = torch.empty(b, dim, dtype=torch.float32, device=rows_c.device)
     slots = slots.contiguous()
+    if new_rows is not None:
+        nc, nz, nslot = new_rows
+        if nc.shape != (b, rows_c.shape[-1]) or nz.shape != nc.shape or nc.stride() != nz.stride() \
+                or nc.stride(-1) != 1 or nc.dtype != rows_c.dtype or nz.dtype != rows_z.dtype:
+            raise ValueError(f"pool_windows: new rows must be {rows_c.dtype} [{b}, {rows_c.shape[-1]}] with unit "
+                             f"column stride and equal strides, got {nc.dtype} {tuple(nc.shape)} {nc.stride()} / "
+                             f"{nz.dtype} {tuple(nz.shape)} {nz.stride()}")
+        stride_n = nc.stride(0)
+    else:
+        nc, nz, nslot, stride_n = rows_c, rows_z, page, 0
     bd = 64 if r > 16 else 128
-    _pool_kernel[(b, dim // bd)](rows_c, rows_z, page, slots, has_prev, out, rows_c.stride(0), rows_c.stride(1),
-                                 slots.stride(0), out.stride(0), R=r, RR=triton.next_power_of_2(r), RATIO=ratio,
-                                 DIM=dim, OVERLAP=overlap, BD=bd, num_warps=4)
+    _pool_kernel[(b, dim // bd)](rows_c, rows_z, page, slots, has_prev, out, nc, nz, nslot, rows_c.stride(0),
+                                 rows_c.stride(1), slots.stride(0), out.stride(0), stride_n, R=r,
+                                 RR=triton.next_power_of_2(r), RATIO=ratio, DIM=dim, OVERLAP=overlap, BD=bd,
+                                 NEW=new_rows is not None, num_warps=4, **pdl())
     return out
 
 
@@ -177,4 +208,4 @@ def store_rows(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, 
         x.stride(0), cos_t.stride(0) if rot else 0,
         q.stride(0), q.stride(1), s.stride(0), s.stride(1), rope.stride(0), rope.stride(1), float(eps),
         D=d, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NORM=norm_weight is not None, ROT=rot, HADAMARD=hadamard is not None, FP4=pool.fp4,
-        INTERP=INTERPRET, num_warps=4)
+        INTERP=INTERPRET, num_warps=4, **pdl())

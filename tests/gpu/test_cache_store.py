@@ -117,3 +117,31 @@ def test_store_rows_matches_reference(case):
     assert rel < (0.1 if INTERP else 5e-3) and diff < (0.2 if INTERP else 0.01), (float(diff), rel)
     if case == "kv":  # no arithmetic before the quantisation: bit-exact values
         assert INTERP or torch.equal(deq_got, deq_want)
+
+
+@pytest.mark.parametrize("ratio,dim,overlap", [(4, 128, True), (128, 512, False)])
+def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
+    """`new_rows`: the step's (C, Z) rows land at their slot (strided column views accepted) and the
+    pooling sees them -- the same pools and result as writing them first and pooling after."""
+    from dsv4.kernels.cache_store import pool_windows, pool_windows_ref
+
+    g = _gen(7 * ratio + dim)
+    bsz, pages, cap = 5, 8, 2 * ratio + 4 + (ratio if overlap else 0)
+    width = (2 if overlap else 1) * dim
+    rows = torch.randn(2, pages, cap, width, generator=g, device=DEV) * 3
+    page = torch.randperm(pages, generator=g, device=DEV)[:bsz]
+    t = torch.randint(0, 5000, (bsz,), generator=g, device=DEV)
+    t[0] = ratio - 1
+    first = (t // ratio) * ratio - (ratio if overlap else 0)
+    p = first[:, None] + torch.arange((2 if overlap else 1) * ratio, device=DEV)[None, :]
+    slots, has_prev, cur = p.clamp(min=0) % cap, t >= ratio, t % cap
+    both = torch.randn(bsz, 2 * width + 3, generator=g, device=DEV) * 3  # c and z as column views
+    new = (both[:, :width], both[:, width:2 * width], cur)
+    mine, ref = rows.clone(), rows.clone()
+    got = pool_windows(mine[0], mine[1], page, slots, has_prev, ratio, dim, new_rows=new)
+    want = pool_windows_ref(ref[0], ref[1], page, slots, has_prev, ratio, dim, new_rows=new)
+    assert torch.equal(mine, ref)  # the new rows stored, nothing else touched
+    assert torch.equal(mine[0, page, cur], new[0]) and torch.equal(mine[1, page, cur], new[1])
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    with pytest.raises(ValueError, match="new rows"):
+        pool_windows(mine[0], mine[1], page, slots, has_prev, ratio, dim, new_rows=(new[0].double(), new[1], cur))
