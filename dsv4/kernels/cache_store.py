@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, grid_sync, pdl, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
 
 KV_BLOCK = 64
 _KV_BLOCK = tl.constexpr(KV_BLOCK) if HAS_TRITON else KV_BLOCK  # what a jitted function may read
@@ -63,7 +63,6 @@ if HAS_TRITON:
     def _pool_kernel(C, Z, PAGE, SLOTS, HAS_PREV, OUT, NC, NZ, NSLOT, stride_p, stride_s, stride_sl, stride_o,
                      stride_n, R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr, DIM: tl.constexpr,
                      OVERLAP: tl.constexpr, BD: tl.constexpr, NEW: tl.constexpr):
-        grid_sync()
         b = tl.program_id(0)
         cols = tl.program_id(1) * BD + tl.arange(0, BD)
         j = tl.arange(0, RR)
@@ -120,7 +119,6 @@ if HAS_TRITON:
                       q_page, q_off, s_page, s_off, r_page, r_off, eps,
                       D: tl.constexpr, NOPE: tl.constexpr, ROPE0: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
                       HADAMARD: tl.constexpr, FP4: tl.constexpr, INTERP: tl.constexpr):
-        grid_sync()
         b = tl.program_id(0)
         d = tl.arange(0, D)
         y = tl.load(X + b * stride_x + d).to(tl.bfloat16).to(tl.float32)
@@ -182,7 +180,7 @@ def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor,
     _pool_kernel[(b, dim // bd)](rows_c, rows_z, page, slots, has_prev, out, nc, nz, nslot, rows_c.stride(0),
                                  rows_c.stride(1), slots.stride(0), out.stride(0), stride_n, R=r,
                                  RR=triton.next_power_of_2(r), RATIO=ratio, DIM=dim, OVERLAP=overlap, BD=bd,
-                                 NEW=new_rows is not None, num_warps=4, **pdl())
+                                 NEW=new_rows is not None, num_warps=4)
     return out
 
 
@@ -208,4 +206,4 @@ def store_rows(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, 
         x.stride(0), cos_t.stride(0) if rot else 0,
         q.stride(0), q.stride(1), s.stride(0), s.stride(1), rope.stride(0), rope.stride(1), float(eps),
         D=d, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NORM=norm_weight is not None, ROT=rot, HADAMARD=hadamard is not None, FP4=pool.fp4,
-        INTERP=INTERPRET, num_warps=4, **pdl())
+        INTERP=INTERPRET, num_warps=4)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, grid_sync, pdl, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -70,7 +70,6 @@ if HAS_TRITON:
                        spg_b, spg_n, sof_b, sof_n, spr_b, spr_n, so_b,
                        HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP4: tl.constexpr,
                        INTERP: tl.constexpr):
-        grid_sync()
         b = tl.program_id(0)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         h = tl.arange(0, HP)
@@ -141,5 +140,5 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
         q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), pq.stride(0), pq.stride(1), ps.stride(0), ps.stride(1),
         page.stride(0), page.stride(1), off.stride(0), off.stride(1), pres.stride(0), pres.stride(1),
         out.stride(0),
-        HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, num_warps=4, **pdl())
+        HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, num_warps=4)
     return out

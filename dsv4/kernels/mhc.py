@@ -27,7 +27,7 @@ from dsv4.model.hyper import hc_head as _hc_head_model
 from dsv4.model.hyper import hc_post as _hc_post_model
 from dsv4.model.hyper import hc_pre as _hc_pre_model
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, grid_sync, pdl, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 HC = 4
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
@@ -115,7 +115,6 @@ if HAS_TRITON:
         FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
         INTERP: tl.constexpr,
     ):
-        grid_sync()
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
         offs_t = pid_t * BT + tl.arange(0, BT)
@@ -187,14 +186,10 @@ if HAS_TRITON:
         HEAD: tl.constexpr, HAS_NORM: tl.constexpr, ITERS: tl.constexpr,
         NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr,
     ):
-        grid_sync()
         t = tl.program_id(0)
         offs_s = tl.arange(0, SP)
         smask = offs_s < nsplit
         j4 = tl.arange(0, 4)
-        offs_d = tl.arange(0, BD)
-        dm = offs_d < D
-        x = tl.load(X + t * 4 * D + j4[:, None] * D + offs_d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
         sq = tl.sum(tl.load(SQ + offs_s * T + t, mask=smask, other=0.0), axis=0)
         rho = 1.0 / tl.sqrt(sq / (4 * D) + norm_eps)
         part = PART + (offs_s[:, None] * T + t) * NP
@@ -215,15 +210,26 @@ if HAS_TRITON:
                 c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
                 c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
             tl.store(COMB + t * 16 + jk, c)
-        # collapse u = sum_j pre_j X_j (fp32 -> bf16) over the whole row held in registers (BD >= D:
-        # one load, issued before the Sinkhorn above in program order only), then the optional RMSNorm
-        u = tl.sum(pre[:, None] * x, axis=0).to(tl.bfloat16)
-        tl.store(U + t * D + offs_d, u, mask=dm)
-        if HAS_NORM:
+        # collapse u = sum_j pre_j X_j (fp32 -> bf16), then optionally the sub-layer RMSNorm
+        xrow = X + t * 4 * D
+        usq = tl.zeros((BD,), dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            offs_d = d0 + tl.arange(0, BD)
+            dm = offs_d < D
+            x = tl.load(xrow + j4[:, None] * D + offs_d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
+            u = tl.sum(pre[:, None] * x, axis=0).to(tl.bfloat16)
+            tl.store(U + t * D + offs_d, u, mask=dm)
             uf = u.to(tl.float32)
-            r = 1.0 / tl.sqrt(tl.sum(uf * uf, axis=0) / D + norm_eps)
-            w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
-            tl.store(NORMED + t * D + offs_d, (w * (uf * r)).to(tl.bfloat16), mask=dm)
+            usq += uf * uf
+        if HAS_NORM:
+            r = 1.0 / tl.sqrt(tl.sum(usq, axis=0) / D + norm_eps)
+            for d0 in range(0, D, BD):
+                offs_d = d0 + tl.arange(0, BD)
+                dm = offs_d < D
+                x = tl.load(xrow + j4[:, None] * D + offs_d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
+                u = tl.sum(pre[:, None] * x, axis=0).to(tl.bfloat16).to(tl.float32)
+                w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
+                tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -271,7 +277,7 @@ def _mix(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, do_mix: bool = True
         f = post = comb = xout = x
     _mix_kernel[(triton.cdiv(t, bt), split)](
         x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
-        FUSE_POST=fuse is not None, DO_MIX=do_mix, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET, num_warps=4, **pdl()
+        FUSE_POST=fuse is not None, DO_MIX=do_mix, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET, num_warps=4,
     )
     return xout, part, sq, split
 
@@ -283,13 +289,13 @@ def _finish(x, part, sq, split, base, scale, norm_weight, head: bool, iters: int
     normed = torch.empty_like(u) if norm_weight is not None else u
     post = torch.empty(t, HC, dtype=torch.float32, device=x.device)
     comb = torch.empty(t, HC, HC, dtype=torch.float32, device=x.device)
-    bd = triton.next_power_of_2(d)  # the whole row: 4 x bd fp32 spread over bd / 128 threads
+    bd = min(1024, triton.next_power_of_2(d))
     _finish_kernel[(t,)](
         x, part, sq, base.float().contiguous(), scale.float().contiguous(),
         norm_weight if norm_weight is not None else u, u, normed, post, comb,
         t, d, split, float(hc_eps), float(norm_eps),
         HEAD=head, HAS_NORM=norm_weight is not None, ITERS=iters, NP=MIX_PAD,
-        SP=max(2, triton.next_power_of_2(split)), BD=bd, num_warps=max(4, min(16, bd // 512)), **pdl()
+        SP=max(2, triton.next_power_of_2(split)), BD=bd, num_warps=4,
     )
     return (normed if norm_weight is not None else u), post, comb
 

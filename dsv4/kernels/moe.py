@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 
 from dsv4.kernels.fp8_linear import HAS_TRITON, act_quant
-from dsv4.kernels._triton import grid_sync, pdl
 from dsv4.kernels.moe_align import moe_align
 from dsv4.kernels.moe_config import MoEConfig, pick_moe_config  # noqa: F401  (re-exported)
 from dsv4.kernels.moe_layout import (  # noqa: F401  (ExpertWeights, finalize_experts: re-exported)
@@ -211,7 +210,6 @@ if HAS_TRITON:
         USE_ASM: tl.constexpr, KBP: tl.constexpr,  # KBP: next power of two >= K // 128
         SWAP: tl.constexpr,  # accumulate [BN, BM] (weights as the MMA's M side; small token tiles)
     ):
-        grid_sync()
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         if pid_m * BM >= tl.load(NUM_POST):
@@ -336,7 +334,6 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["top_k"])
     def _moe_combine_kernel(Y, S, IDS, OUT, D, top_k, num_experts, HAS_SHARED: tl.constexpr, BD: tl.constexpr):
-        grid_sync()
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BD + tl.arange(0, BD)
         mask = offs < D
@@ -426,7 +423,7 @@ def fused_moe(
         a1.stride(0), s_sa1, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0) if quant_out else 0,
         BN=cfg.bn1, A_MODE=mode1, GLU=True, QUANT_OUT=quant_out, GATHER_A=True, num_warps=cfg.warps1,
-        KBP=triton.next_power_of_2(d // BLOCK), **meta, **pdl()
+        KBP=triton.next_power_of_2(d // BLOCK), **meta,
     )
 
     # GEMM2: z [rows, I] x w2^T -> y [pairs, D], one bf16 row per (token, slot)
@@ -439,7 +436,7 @@ def fused_moe(
         z.stride(0), zs.stride(0) if quant_out else 0, w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
         y.stride(0), 0,
         BN=cfg.bn2, A_MODE=mode2, GLU=False, QUANT_OUT=False, GATHER_A=False, num_warps=cfg.warps2,
-        KBP=triton.next_power_of_2(i // BLOCK), **meta, **pdl()
+        KBP=triton.next_power_of_2(i // BLOCK), **meta,
     )
 
     return _combine(y, shared, ids, out, e)
@@ -452,6 +449,6 @@ def _combine(y: torch.Tensor, shared: torch.Tensor | None, ids: torch.Tensor, ou
     bd = 1024
     _moe_combine_kernel[(m, triton.cdiv(d, bd))](
         y, shared if shared is not None else y, ids, out, d, ids.shape[1], num_experts,
-        HAS_SHARED=shared is not None, BD=bd, num_warps=4, **pdl()
+        HAS_SHARED=shared is not None, BD=bd, num_warps=4,
     )
     return out

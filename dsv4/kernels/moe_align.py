@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, grid_sync, pdl, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -65,7 +65,6 @@ if HAS_TRITON:
         BM: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr, SCATTER: tl.constexpr,
         BLOCK_B: tl.constexpr,
     ):
-        grid_sync()
         # One program, no atomics: counts, padded offsets, the block -> expert table, then a
         # deterministic scatter in ascending pair order (the rank of a pair inside its expert is the
         # running count of that expert plus the number of equal ids before it in the same slice).
@@ -153,6 +152,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: st
     scatter = max(16, min(128, 8192 // e_pow2))  # keeps the [SCATTER, E] one-hot tile in registers
     _moe_align_kernel[(1,)](
         flat, sorted_ids, expert_ids, num_post, numel, num_experts, nb,
-        BM=block_m, E_POW2=e_pow2, CHUNK=1024, SCATTER=scatter, BLOCK_B=max(16, 8192 // e_pow2), num_warps=8, **pdl()
+        BM=block_m, E_POW2=e_pow2, CHUNK=1024, SCATTER=scatter, BLOCK_B=max(16, 8192 // e_pow2), num_warps=8,
     )
     return sorted_ids, expert_ids, num_post

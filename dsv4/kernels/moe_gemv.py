@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, grid_sync, pdl
+from dsv4.kernels._triton import HAS_TRITON
 from dsv4.kernels.fp8_linear import act_quant
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
 
@@ -64,7 +64,6 @@ if HAS_TRITON:
                          stride_q, stride_sq, stride_we, stride_wn, stride_wse, stride_wsn, stride_z,
                          BN: tl.constexpr, UNROLL: tl.constexpr, USE_ASM: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p."""
-        grid_sync()
         p = tl.program_id(0).to(tl.int64)
         e = tl.load(IDS + p).to(tl.int64)
         if (e >= 0) & (e < num_experts):  # else: another rank's expert (its z row is never read)
@@ -87,7 +86,6 @@ if HAS_TRITON:
     @triton.jit(do_not_specialize=["top_k", "num_experts"])
     def _quant_z_kernel(Z, ZQ, ZS, IDS, num_experts, stride_z, stride_zq, stride_zs):
         """FP8 quantisation of one 128-block of a pair's z row (skipped for other ranks' pairs)."""
-        grid_sync()
         p = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1)
         e = tl.load(IDS + p)
@@ -102,7 +100,6 @@ if HAS_TRITON:
                           stride_zq, stride_zs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
                           BN: tl.constexpr, UNROLL: tl.constexpr, USE_ASM: tl.constexpr):
         """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p."""
-        grid_sync()
         p = tl.program_id(0).to(tl.int64)
         e = tl.load(IDS + p).to(tl.int64)
         if (e >= 0) & (e < num_experts):
@@ -145,14 +142,14 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     _gemv_glu_kernel[(pairs, i // bn)](
         q, sq, ids, tw, w13, s13, z, i, d, top_k, e, float(swiglu_limit),
         q.stride(0), sq.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
-        BN=bn, UNROLL=_unroll(d, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1, **pdl())
+        BN=bn, UNROLL=_unroll(d, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1)
     zq = torch.empty((pairs, i), dtype=torch.float8_e4m3fn, device=x.device)
     zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
-    _quant_z_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0), num_warps=1, **pdl())
+    _quant_z_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0), num_warps=1)
     y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
     w2, s2 = experts.w2, experts.w2_scale
     _gemv_down_kernel[(pairs, d // bn)](
         zq, zs, ids, w2, s2, y, i, e,
         zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        BN=bn, UNROLL=_unroll(i, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1, **pdl())
+        BN=bn, UNROLL=_unroll(i, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1)
     return y

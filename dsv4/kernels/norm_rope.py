@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, grid_sync, pdl, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 NONE, WEIGHTED, UNWEIGHTED = 0, 1, 2
 SIM_NONE, SIM_FP8, SIM_FP4 = 0, 1, 2
@@ -57,7 +57,6 @@ if HAS_TRITON:
     def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, G, stride_cs,
                           D: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr, NORM: tl.constexpr,
                           ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr, INTERP: tl.constexpr):
-        grid_sync()
         row = tl.program_id(0).to(tl.int64)
         tok = row // G
         d = tl.arange(0, D)
@@ -124,5 +123,5 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     _norm_rope_kernel[(rows,)](
         x, out, weight if weight is not None else x, cos_t, sin_t, had if had is not None else x, float(eps), g,
         cos_t.stride(0) if rot else 0, D=d, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm,
-        ROT=rot, INV=inverse, SIM=sim, INTERP=INTERPRET, num_warps=4 if d <= 512 else 8, **pdl())
+        ROT=rot, INV=inverse, SIM=sim, INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
     return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, grid_sync, pdl, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 
 def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
@@ -67,7 +67,6 @@ if HAS_TRITON:
         BH: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, HAS_E: tl.constexpr,
         INTERP: tl.constexpr,
     ):
-        grid_sync()
         t = tl.program_id(0)
         offs_h = tl.arange(0, BH)
         hmask = offs_h < H
@@ -140,6 +139,6 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e else 0,
         out.stride(0), out.stride(1),
         BH=bh, D=d, DV=dv, BN=32, HAS_E=has_e, INTERP=INTERPRET, num_warps=8 if bh * dv >= 16384 else 4,
-        num_stages=2 if bh <= 64 else 1,  # 128 heads x 512 dims: two stages would not fit in shared memory, **pdl()
+        num_stages=2 if bh <= 64 else 1,  # 128 heads x 512 dims: two stages would not fit in shared memory
     )
     return out

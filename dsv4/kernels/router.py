@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, grid_sync, pdl, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -83,7 +83,6 @@ if HAS_TRITON:
                       E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
                       HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORMALIZE: tl.constexpr,
                       INTERP: tl.constexpr):
-        grid_sync()
         row = tl.program_id(0).to(tl.int64)
         slot = tl.arange(0, BK)
         in_k = slot < K
@@ -175,5 +174,5 @@ def route(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, tid2ei
         E=e, BE=be, K=k, BK=bk, P=bk if bk == k else bk // 2, HAS_BIAS=bias is not None, HASH=hashed,
         NORMALIZE=bool(normalize), INTERP=INTERPRET,
         num_warps=1 if be <= 512 else 4,  # a few warp-shuffle reductions per pick, no block barriers
-        enable_reflect_ftz=False, **pdl())  # libdevice without FTZ, as torch's CUDA math library
+        enable_reflect_ftz=False)  # libdevice without FTZ, as torch's CUDA math library
     return weights, ids
