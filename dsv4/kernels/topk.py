@@ -1,0 +1,163 @@
+"""Per-row top-k of indexer scores as an ascending index list, one launch, beside a torch reference.
+
+`topk_lowest_index(scores [B, N], k, present [B, N] | None) -> (picked [B, k] int64, valid [B, k] bool)`
+
+The picked SET of row b is the first k entries of the order (score descending, index ascending) --
+exactly what `torch.sort(scores, descending=True, stable=True).indices[:, :k]` chooses (the
+indexer's `top_k_lowest_index`). The list is returned in ascending index order, and
+`valid = present[b, picked]` (all True without `present`). This is `Indexer._pick` in one launch.
+
+Ordering details (those of torch's CPU sort, which the reference runs):
+  * -inf (absent entries) ranks below every finite score; equal scores go by lowest index.
+  * -0.0 and +0.0 are equal scores (ties by index), since torch's comparisons treat them equal.
+  * NaN, of either sign bit, ranks above +inf and all NaNs are equal (ties by index). Torch's own
+    casts make NaNs of both signs (fp32 NaN -> bf16 gives 0xFFFF), so raw bit order would not do.
+    (Indexer scores are never NaN in practice; this only keeps kernel and reference identical.)
+
+Kernel: grid (B,), one program per row, the row streamed in chunks of BLOCK so N of 262K works.
+Each score becomes an order-preserving unsigned key (sign set: all bits flipped, else the sign bit
+set; -0 -> +0 and every NaN -> the largest key first), 16 significant bits for bf16/fp16, 32 for
+fp32. A radix select finds the k-th largest key T one 8-bit digit at a time (2 passes over the row
+for 16-bit keys, 4 for fp32), each pass a `tl.histogram` of the digit among the keys that match
+the digits fixed so far. Then `take` = the number of keys equal to T still needed, and a last pass
+selects key > T plus the first `take` keys == T in index order (a running `tl.cumsum` of the tie
+mask), and scatters each selected index to its exclusive prefix count of selected -- so the output
+comes out ascending and every one of its k slots is written exactly once (no pre-fill needed).
+Zero and NaN are recognised on the bits, not by float compares: Triton's interpreter compares bf16
+as raw bits (NaN == NaN, -0 != +0), which would hide bugs of the compiled kernel. Device ops only:
+CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
+
+SCORE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}  # +inf; above: NaN
+
+
+def _check(scores: torch.Tensor, k: int, present: torch.Tensor | None, who: str) -> None:
+    if scores.dim() != 2 or scores.dtype not in SCORE_DTYPES:
+        raise ValueError(f"{who}: scores must be bf16/fp16/fp32 [B, N], got {scores.dtype} {tuple(scores.shape)}")
+    n = scores.shape[1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise ValueError(f"{who}: k must be an int with 1 <= k <= N={n}, got {k!r}")
+    if present is not None and (present.dtype != torch.bool or present.shape != scores.shape
+                                or present.device != scores.device):
+        raise ValueError(f"{who}: present must be bool {tuple(scores.shape)} on {scores.device}, got "
+                         f"{present.dtype} {tuple(present.shape)} on {present.device}")
+
+
+# --------------------------------------------------------------------------- torch reference
+
+def topk_lowest_index_ref(scores: torch.Tensor, k: int,
+                          present: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sort-based definition: stable descending sort, first k indices, re-sorted ascending."""
+    _check(scores, k, present, "topk_lowest_index_ref")
+    picked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k].sort(dim=1).values
+    if present is None:
+        return picked, torch.ones_like(picked, dtype=torch.bool)
+    return picked, present.gather(1, picked)
+
+
+# --------------------------------------------------------------------------- Triton kernel
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _order_keys(S, row, offs, inb, KEY16: tl.constexpr, INF_BITS: tl.constexpr):
+        """Scores -> uint32 keys whose unsigned order is the score order (16-bit keys in the top half,
+        low half zero, so the 2 digit passes fix them completely). INF_BITS: +inf's bits; above: NaN."""
+        x = tl.load(S + row + offs, mask=inb, other=0.0)
+        if KEY16:
+            bits = x.to(tl.uint16, bitcast=True).to(tl.uint32)
+            key = tl.where((bits >> 15) != 0, bits ^ 0xFFFF, bits | 0x8000)
+            mag = bits & 0x7FFF
+            key = tl.where(mag > INF_BITS, 0xFFFF, tl.where(mag == 0, 0x8000, key))  # NaN on top; -0 == +0
+            key = key << 16
+        else:
+            bits = x.to(tl.uint32, bitcast=True)
+            key = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+            mag = bits & 0x7FFFFFFF
+            key = tl.where(mag > INF_BITS, 0xFFFFFFFF, tl.where(mag == 0, 0x80000000, key))
+        return key
+
+    @triton.jit
+    def _topk_kernel(S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
+                     KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        row = b * ss_b
+        lane = tl.arange(0, BLOCK)
+        bins = tl.arange(0, 256)
+        # Radix select, most significant digit first: `prefix` holds the digits of T fixed so far,
+        # `take` how many of the keys matching them are still to be picked (1 <= take <= matches).
+        prefix = tl.full([], 0, tl.uint32)
+        take = K
+        for p in tl.static_range(2 if KEY16 else 4):
+            hist = tl.zeros([256], dtype=tl.int32)
+            for start in range(0, N, BLOCK):
+                idx = start + lane
+                inb = idx < N
+                key = _order_keys(S, row, idx * ss_n, inb, KEY16, INF_BITS)
+                if p > 0:
+                    inb = inb & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
+                hist += tl.histogram(((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256, mask=inb)
+            at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # matches with digit >= bin
+            t = tl.max(tl.where(at_least >= take, bins, -1), axis=0)
+            take -= tl.sum(tl.where(bins > t, hist, 0), axis=0)
+            prefix = prefix | (t.to(tl.uint32) << (24 - 8 * p))
+        # Select key > T, and the first `take` keys == T by index; compact in index order.
+        n_out = 0
+        ties = 0
+        for start in range(0, N, BLOCK):
+            idx = start + lane
+            inb = idx < N
+            key = _order_keys(S, row, idx * ss_n, inb, KEY16, INF_BITS)
+            tie = (inb & (key == prefix)).to(tl.int32)
+            sel = inb & ((key > prefix) | ((tie != 0) & (ties + tl.cumsum(tie, axis=0) <= take)))
+            sel32 = sel.to(tl.int32)
+            pos = n_out + tl.cumsum(sel32, axis=0) - sel32
+            tl.store(PICKED + b * so_b + pos, idx.to(tl.int64), mask=sel)
+            if HAS_PRESENT:
+                ok = tl.load(PRESENT + b * sp_b + idx * sp_n, mask=sel, other=0)
+            else:
+                ok = tl.full([BLOCK], 1, tl.uint8)
+            tl.store(VALID + b * sv_b + pos, ok, mask=sel)
+            n_out += tl.sum(sel32, axis=0)
+            ties += tl.sum(tie, axis=0)
+
+
+# --------------------------------------------------------------------------- launcher
+
+def _block(n: int) -> int:
+    """Chunk length: the row in one chunk up to 4096; never below 256 (one histogram bin per thread)."""
+    return max(256, min(4096, triton.next_power_of_2(n)))
+
+
+def topk_lowest_index(scores: torch.Tensor, k: int,
+                      present: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton `topk_lowest_index_ref`: (picked int64 [B, k] ascending, valid bool [B, k])."""
+    if not HAS_TRITON:
+        raise RuntimeError("dsv4.kernels.topk: triton is not installed (use topk_lowest_index_ref)")
+    _check(scores, k, present, "topk_lowest_index")
+    picked = torch.empty(scores.shape[0], k, dtype=torch.int64, device=scores.device)
+    valid = torch.empty(scores.shape[0], k, dtype=torch.bool, device=scores.device)
+    _launch(scores, k, present, picked, valid)
+    return picked, valid
+
+
+def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: torch.Tensor,
+            valid: torch.Tensor) -> None:
+    """The kernel into given [B, k] outputs (rows may be strided: the tests guard the slots past k)."""
+    bsz, n = scores.shape
+    if bsz == 0:
+        return
+    valid8 = valid.view(torch.uint8)  # a bool pointer would load/store as int1
+    pres = present.view(torch.uint8) if present is not None else valid8  # not read without present
+    block = _block(n)
+    _topk_kernel[(bsz,)](
+        scores, pres, picked, valid8, n, k,
+        scores.stride(0), scores.stride(1), pres.stride(0), pres.stride(1), picked.stride(0), valid8.stride(0),
+        KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
+        BLOCK=block, num_warps=4 if block <= 1024 else 8)

@@ -1,0 +1,155 @@
+"""dsv4.kernels.topk (one-launch radix-select top-k, listed ascending) vs its torch reference (the
+stable descending sort, itself checked against brute force in tests/test_topk_ref.py), run on the CPU
+copy so CUDA sort quirks cannot leak in: heavy ties, all-equal rows, -inf padded tails with their
+present masks, signed zeros, NaNs of both signs, strided inputs, poisoned outputs, and guard slots
+past k that must stay untouched."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter runs ~0.1 s per row: fewer rows there
+FLAVOURS = ("ties", "spread", "tail", "flat")
+
+
+def _nan(dtype: torch.dtype, negative: bool) -> torch.Tensor:
+    """A quiet NaN with the sign bit set or clear, built on the bits (float math may canonicalise it)."""
+    ints = torch.int16 if dtype.itemsize == 2 else torch.int32
+    bits = torch.tensor([float("nan")], dtype=dtype).view(ints)
+    sign = torch.tensor([-(1 << (8 * dtype.itemsize - 1))], dtype=ints)
+    return (bits | sign if negative else bits & ~sign).view(dtype)
+
+
+def _row(flavour: str, n: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row of scores (on the CPU) and its present mask."""
+    present = torch.rand(n, generator=gen) < 0.8
+    if flavour == "ties":  # a few values, both zeros, both infinities, NaNs of both signs
+        table = torch.tensor([-1.5, -0.0, 0.0, 0.25, 2.0, float("inf"), float("-inf")], dtype=dtype)
+        s = table[torch.randint(0, len(table), (n,), generator=gen)]
+        nans = torch.where(torch.rand(n, generator=gen) < 0.5, _nan(dtype, True), _nan(dtype, False))
+        s = torch.where(torch.rand(n, generator=gen) < 0.02, nans, s)  # where copies the bits
+    elif flavour == "flat":  # one value everywhere but a few -inf holes: the k-th key ties with all
+        s = torch.full((n,), 0.5, dtype=dtype).masked_fill(~present, float("-inf"))
+    else:  # relu'd weighted sums look like this: spread magnitudes, exact zeros, bf16 ties
+        s = torch.relu(torch.randn(n, generator=gen) * torch.exp2(torch.randint(-4, 5, (n,), generator=gen).float()))
+        s = s.to(dtype)
+        if flavour == "tail":  # the decode layout: entries [0, count) real, -inf after, holes masked
+            count = int(torch.randint(0, n + 1, (1,), generator=gen))
+            present &= torch.arange(n) < count
+            s = s.masked_fill(~present, float("-inf"))
+    return s, present
+
+
+def _case(bsz: int, n: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    rows = [_row(FLAVOURS[(b + seed) % len(FLAVOURS)], n, dtype, gen) for b in range(bsz)]
+    return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+
+
+def _assert_matches(scores: torch.Tensor, k: int, present: torch.Tensor | None, got, what: str) -> None:
+    from dsv4.kernels.topk import topk_lowest_index_ref
+
+    want_p, want_v = topk_lowest_index_ref(scores.cpu(), k, None if present is None else present.cpu())
+    picked, valid = got
+    assert picked.dtype == torch.int64 and valid.dtype == torch.bool, what
+    assert picked.shape == valid.shape == (scores.shape[0], k), what
+    bad = (picked.cpu() != want_p).any(dim=1).nonzero().flatten().tolist()
+    assert not bad, f"{what}: picks differ in rows {bad[:8]}"
+    assert torch.equal(valid.cpu().view(torch.uint8), want_v.view(torch.uint8)), f"{what}: valid differs"
+
+
+def _ks(n: int) -> dict[str, int]:
+    return {"1": 1, "512": min(512, n), "N": n}
+
+
+@pytest.mark.parametrize("kk", ["1", "512", "N"])
+@pytest.mark.parametrize("n", [7, 256, 1000, 5000, 20000])
+@pytest.mark.parametrize("bsz", [1, 3, 64])
+def test_matches_reference(bsz: int, n: int, kk: str, poison) -> None:
+    from dsv4.kernels.topk import topk_lowest_index
+
+    if INTERP and ((bsz == 64 and (n, kk) != (256, "512")) or (n == 20000 and kk != "512" and bsz > 1)):
+        pytest.skip("interpreter: too slow for this size (runs on the GPU)")
+    k = _ks(n)[kk]
+    scores, present = _case(bsz, n, torch.bfloat16, seed=n * 7 + bsz + len(kk) + k)
+    scores, present = scores.to(DEV), present.to(DEV)
+    poison()
+    _assert_matches(scores, k, present, topk_lowest_index(scores, k, present), f"B={bsz} N={n} k={k}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [300, 5000])
+def test_other_dtypes(dtype: torch.dtype, n: int, poison) -> None:
+    from dsv4.kernels.topk import topk_lowest_index
+
+    scores, present = _case(4, n, dtype, seed=n + dtype.itemsize)
+    scores, present = scores.to(DEV), present.to(DEV)
+    for k in (1, 200, n):
+        poison()
+        _assert_matches(scores, k, present, topk_lowest_index(scores, k, present), f"{dtype} N={n} k={k}")
+
+
+@pytest.mark.parametrize("n", [50, 4100])
+def test_without_present_all_valid(n: int, poison) -> None:
+    from dsv4.kernels.topk import topk_lowest_index
+
+    scores, _ = _case(3, n, torch.bfloat16, seed=n + 11)
+    scores = scores.to(DEV)
+    poison()
+    got = topk_lowest_index(scores, min(512, n))
+    _assert_matches(scores, min(512, n), None, got, f"N={n} without present")
+    assert bool(got[1].all())
+
+
+def test_strided_inputs(poison) -> None:
+    """Row and column strides of the scores and of present are honoured (a transposed view)."""
+    from dsv4.kernels.topk import topk_lowest_index
+
+    scores, present = _case(5, 600, torch.bfloat16, seed=5)
+    scores_t = scores.t().contiguous().to(DEV).t()  # strides (1, 5)
+    present_t = present.t().contiguous().to(DEV).t()
+    assert scores_t.stride(1) != 1 and present_t.stride(1) != 1
+    poison()
+    _assert_matches(scores, 300, present, topk_lowest_index(scores_t, 300, present_t), "transposed views")
+
+
+@pytest.mark.parametrize("n, k", [(7, 3), (300, 1), (5000, 512), (9000, 9000)])
+def test_writes_exactly_k_slots(n: int, k: int) -> None:
+    """Output rows with guard columns after slot k: over-selection (say of tied keys) would land there."""
+    from dsv4.kernels.topk import _launch
+
+    scores, present = _case(3, n, torch.bfloat16, seed=n + k)
+    scores, present = scores.to(DEV), present.to(DEV)
+    guard = 4096
+    picked = torch.full((3, k + guard), -7, dtype=torch.int64, device=DEV)
+    valid = torch.full((3, k + guard), 3, dtype=torch.uint8, device=DEV).view(torch.bool)
+    _launch(scores, k, present, picked[:, :k], valid[:, :k])
+    assert bool((picked[:, k:] == -7).all()) and bool((valid[:, k:].view(torch.uint8) == 3).all()), "guard written"
+    _assert_matches(scores, k, present, (picked[:, :k], valid[:, :k]), f"guarded N={n} k={k}")
+
+
+@pytest.mark.skipif(INTERP, reason="interpreter: a 262144-entry row takes minutes")
+@pytest.mark.parametrize("k", [512, 262144])
+def test_million_token_row(k: int, poison) -> None:
+    """N = 262144 (1M context / 4): 64 chunks carried through every pass."""
+    from dsv4.kernels.topk import topk_lowest_index
+
+    scores, present = _case(2, 262144, torch.bfloat16, seed=k)
+    scores, present = scores.to(DEV), present.to(DEV)
+    poison()
+    _assert_matches(scores, k, present, topk_lowest_index(scores, k, present), f"N=262144 k={k}")
+
+
+def test_bad_arguments_rejected() -> None:
+    from dsv4.kernels.topk import topk_lowest_index
+
+    scores = torch.randn(2, 40, device=DEV).to(torch.bfloat16)
+    for k in (0, 41):
+        with pytest.raises(ValueError, match="k must be"):
+            topk_lowest_index(scores, k)
+    with pytest.raises(ValueError, match="present"):
+        topk_lowest_index(scores, 3, torch.ones(2, 40, dtype=torch.bool, device=DEV)[:, :39])
