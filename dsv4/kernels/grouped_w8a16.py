@@ -1,0 +1,245 @@
+"""Grouped `wo_a` straight from the FP8 checkpoint weight: bf16 activations x e4m3 weights, bf16 out.
+
+Semantics (deepseek_v4_model.md, grouped output projection): the reference dequantises `wo_a` to bf16
+and runs a bf16 einsum without activation quantisation,
+    `y[t, g, r] = bf16( Σ_i x[t, g, i] · W[g·R + r, i] · S[(g·R + r) // 128, i // 128] )`,
+fp32 accumulation. It reads 1 byte per weight instead of the bf16 copy's 2, and no bf16 copy is kept
+(Flash: ~2.9 GB over 43 layers).
+
+"Swap AB" at every T: the weight rows are the MMA's M side, so the converted tile is the register
+operand of Hopper's wgmma, and the tokens are its N side. Two numerically exact paths:
+* E8M0 scales (Flash/Pro): per 128-wide K block, a bf16 MMA of the e4m3 *values* (exact in bf16) with
+  x, then the fp32 partial times the block's power of two (exact) into the accumulator: the reference's
+  products, summed in another fp32 order. Keeping the weight operand a pure function of the loaded
+  tile lets Triton read it from shared memory straight into the MMA operand layout (a runtime scale
+  factor on the tile blocks that and costs a second shared-memory round trip). e4m3 -> bf16 runs on
+  the integer ALUs (`_e4m3_bits_to_bf16`); Triton's own cast goes through f16 with one low-throughput
+  F2F conversion per value.
+* float32 scales (Flash-Base): the weight times its scale in fp32, rounded to bf16 (the reference's
+  dequantisation for any float32 value, powers of two or not), one fp32 accumulation chain. This path
+  keeps the shared-memory round trip; power-of-two float32 scales converted to E8M0 at load time take
+  the fast path.
+Launch shapes (`pick_grouped_config`):
+* decode, T <= 64: 64 weight rows x 16..64 tokens per program, the whole K range in one program
+  (Flash: G·R / 64 = 128 programs for 132 SMs; no split-K, so no cross-program reduction).
+* prefill, T > 64: 128 weight rows x 128 tokens, 8 warps. Correct at any T, not tuned (the weight
+  conversion repeats per token tile; cuBLAS on a bf16 copy may be faster there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+
+BLOCK = 128
+DECODE_MAX_T = 64
+_SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)
+
+
+# --------------------------------------------------------------------------- checks and reference
+
+
+def _check_args(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> tuple[int, int, int, int]:
+    """(T, G, R, Din) of a valid call; ValueError naming the argument otherwise."""
+    if x.dtype != torch.bfloat16 or x.dim() != 3:
+        raise ValueError(f"grouped_linear_w8a16: x must be bf16 [T, G, Din], got {x.dtype} {tuple(x.shape)}")
+    t, g, din = x.shape
+    if g < 1 or din < 1 or din % BLOCK:
+        raise ValueError(f"grouped_linear_w8a16: x shape {tuple(x.shape)}: need G >= 1 and Din a multiple of 128")
+    if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
+        raise ValueError(f"grouped_linear_w8a16: weight must be 2-D float8_e4m3fn [G*R, Din], "
+                         f"got {weight.dtype} {tuple(weight.shape)}")
+    rows, kw = weight.shape
+    if kw != din or rows % g or (rows // g) % BLOCK or rows == 0:
+        raise ValueError(f"grouped_linear_w8a16: weight shape {tuple(weight.shape)} does not fit x {tuple(x.shape)} "
+                         f"(expected [G*R, {din}] with R a positive multiple of 128, G = {g})")
+    if scale.dtype not in _SCALE_DTYPES:
+        raise ValueError(f"grouped_linear_w8a16: scale must be float8_e8m0fnu, uint8 (E8M0 bytes) or float32, "
+                         f"got {scale.dtype}")
+    if tuple(scale.shape) != (rows // BLOCK, din // BLOCK):
+        raise ValueError(f"grouped_linear_w8a16: scale shape {tuple(scale.shape)}, expected "
+                         f"{(rows // BLOCK, din // BLOCK)} (one per 128x128 weight block)")
+    if not (x.device == weight.device == scale.device):
+        raise ValueError(f"grouped_linear_w8a16: x, weight and scale on different devices "
+                         f"({x.device}, {weight.device}, {scale.device})")
+    return t, g, rows // g, din
+
+
+def grouped_linear_w8a16_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Reference: x bf16 [T, G, Din], weight e4m3 [G*R, Din], scale [G*R/128, Din/128] -> bf16 [T, G, R].
+
+    The weight is dequantised to bf16 as the reference does (exact for power-of-two scales), then one
+    fp32 einsum and one rounding to bf16.
+    """
+    from dsv4.quant.fp8 import dequantize_fp8_block
+
+    t, g, r, din = _check_args(x, weight, scale)
+    w = dequantize_fp8_block(weight, scale, torch.bfloat16, name="weight").to(torch.float32).view(g, r, din)
+    return torch.einsum("tgi,gri->tgr", x.to(torch.float32), w).to(torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- Triton kernel
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _e8m0_to_f32(b):
+        """E8M0 byte (as int32) -> fp32; byte 0 is the subnormal 2^-127, 255 is NaN."""
+        bits = tl.where(b == 0, 0x00400000, tl.where(b == 255, 0x7FC00000, b << 23))
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _bf16_rne(x):
+        """fp32 -> bf16 rounding to nearest even on the bits (for the interpreter, whose cast truncates)."""
+        bits = x.to(tl.uint32, bitcast=True)
+        r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        r = tl.where(x != x, 0x7FC0, r)  # NaN stays NaN
+        return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+    @triton.jit
+    def _e4m3_bits_to_bf16(q):
+        """e4m3 bytes (uint8, two per call) -> bf16 equal to the e4m3 value times 2^-120, exactly (zeros and
+        subnormals included; the NaN codes 0x7F/0xFF read as ±480·2^-120, never NaN).
+        One byte permute puts byte 0 in bits 8..15 and byte 1 in bits 24..31, with byte 0's sign
+        replicated into bits 16..23; an arithmetic shift right by 4 then lands each byte's exponent and
+        mantissa in the bf16 fields of its half and its sign in the half's top bit; a mask clears the rest."""
+        return tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t;
+            cvt.u32.u16 t, $1;
+            prmt.b32 t, t, 0, 0x1804;
+            shr.s32 t, t, 4;
+            and.b32 $0, t, 0x87F087F0;
+            }
+            """,
+            constraints="=r,h",
+            args=[q],
+            dtype=tl.bfloat16,
+            is_pure=True,
+            pack=2,
+        )
+
+    @triton.jit(do_not_specialize=["T"])
+    def _grouped_w8a16_kernel(
+        X, W, S, Y,
+        T, R,
+        stride_xt, stride_xg, stride_s, stride_yt, stride_yg,
+        DIN: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+        S_E8M0: tl.constexpr, BITS: tl.constexpr, INTERP: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)  # BN weight rows, all in one group and one 128-row scale block
+        pid_t = tl.program_id(1)  # BM tokens
+        row0 = pid_n * BN
+        g = row0 // R
+        offs_n = tl.arange(0, BN)
+        offs_t = pid_t * BM + tl.arange(0, BM)
+        offs_k = tl.arange(0, 128)
+        mask_t = offs_t < T
+        w_ptrs = W + (row0 + offs_n)[:, None].to(tl.int64) * DIN + offs_k[None, :]
+        x_ptrs = X + offs_t[:, None].to(tl.int64) * stride_xt + g * stride_xg + offs_k[None, :]
+        s_ptr = S + (row0 // 128) * stride_s
+
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for kb in range(0, DIN // 128):
+            s = tl.load(s_ptr + kb)  # issued early, used after the MMA; the scale row is one cached line
+            wq = tl.load(w_ptrs + kb * 128)
+            x = tl.load(x_ptrs + kb * 128, mask=mask_t[:, None], other=0.0)
+            if INTERP:  # the CPU interpreter multiplies bf16 values (dot operands too) as raw bits
+                x = x.to(tl.float32)
+            if S_E8M0:
+                # Σ e4m3·x over the block (exact products), then the exact power-of-two scale
+                s = _e8m0_to_f32(s.to(tl.int32))
+                if INTERP:
+                    w = wq.to(tl.float32)
+                elif BITS:
+                    w = _e4m3_bits_to_bf16(wq.to(tl.uint8, bitcast=True)) * 1.329227995784916e36  # 2^120
+                else:
+                    w = wq.to(tl.bfloat16)
+                acc += tl.dot(w, tl.trans(x)) * s
+            else:
+                # any float32 scale: the weight rounded once to bf16 from its fp32 product, as the
+                # reference dequantises; exact products, one fp32 accumulation chain
+                if INTERP:
+                    w = _bf16_rne(wq.to(tl.float32) * s).to(tl.float32)
+                else:
+                    w = (wq.to(tl.float32) * s).to(tl.bfloat16)
+                acc = tl.dot(w, tl.trans(x), acc)
+
+        r = row0 - g * R + offs_n
+        y_ptrs = Y + offs_t[None, :].to(tl.int64) * stride_yt + g * stride_yg + r[:, None]
+        if INTERP:  # the interpreter's fp32 -> bf16 cast truncates
+            out = _bf16_rne(acc)
+        else:
+            out = acc.to(tl.bfloat16)  # cvt.rn
+        tl.store(y_ptrs, out, mask=mask_t[None, :])
+
+
+# --------------------------------------------------------------------------- launch configuration
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    """One launch shape of `_grouped_w8a16_kernel`: bn weight rows x bm tokens per program."""
+
+    bn: int  # 64 or 128 (one 128-row scale block per tile); 128 wants 8 warps (4 spill at bm=64)
+    bm: int  # power of two, 16..128
+    num_warps: int = 4
+    num_stages: int = 4
+    bit_convert: bool = True  # E8M0 path: ALU bit conversion (`_e4m3_bits_to_bf16`), else Triton's cast
+
+
+def pick_grouped_config(t: int) -> GroupedConfig:
+    """Decode (T <= 64): 64 rows x the tokens rounded up to a power of two (>= 16, the wgmma N minimum),
+    whole K per program. Prefill: 128 x 128 tiles on 8 warps (one wgmma m64n128 per warpgroup)."""
+    if t <= DECODE_MAX_T:
+        return GroupedConfig(bn=64, bm=max(16, triton.next_power_of_2(t)), num_warps=4, num_stages=4)
+    return GroupedConfig(bn=128, bm=128, num_warps=8, num_stages=3)
+
+
+def _check_config(cfg: GroupedConfig, r: int) -> None:
+    if cfg.bn not in (64, 128) or r % cfg.bn:
+        raise ValueError(f"GroupedConfig: bn={cfg.bn} must be 64 or 128 and divide R={r}")
+    if cfg.bm not in (16, 32, 64, 128):
+        raise ValueError(f"GroupedConfig: bm={cfg.bm} must be 16, 32, 64 or 128")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def grouped_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                         config: GroupedConfig | None = None) -> torch.Tensor:
+    """Triton grouped `wo_a` (contract of `grouped_linear_w8a16_ref`): one launch, no host syncs.
+
+    x bf16 [T, G, Din] (any strides with a unit last one), weight e4m3 [G*R, Din] contiguous,
+    scale [G*R/128, Din/128] E8M0 (float8_e8m0fnu / uint8) or float32 -> bf16 [T, G, R], any T.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError("dsv4.kernels.grouped_w8a16.grouped_linear_w8a16 needs triton")
+    t, g, r, din = _check_args(x, weight, scale)
+    if not weight.is_contiguous():
+        raise ValueError("grouped_linear_w8a16: weight must be contiguous")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    s_e8m0 = scale.dtype != torch.float32
+    sw = scale.view(torch.uint8) if s_e8m0 else scale
+    if sw.stride(-1) != 1:
+        sw = sw.contiguous()
+    out = torch.empty((t, g, r), dtype=torch.bfloat16, device=x.device)
+    if t == 0:
+        return out
+    cfg = config or pick_grouped_config(t)
+    _check_config(cfg, r)
+    grid = (g * r // cfg.bn, triton.cdiv(t, cfg.bm))
+    if grid[1] > 65535:
+        raise ValueError(f"grouped_linear_w8a16: T={t} exceeds the grid limit ({65535 * cfg.bm} tokens at bm={cfg.bm})")
+    _grouped_w8a16_kernel[grid](
+        x, weight, sw, out, t, r,
+        x.stride(0), x.stride(1), sw.stride(0), out.stride(0), out.stride(1),
+        DIN=din, BN=cfg.bn, BM=cfg.bm, S_E8M0=s_e8m0, BITS=cfg.bit_convert, INTERP=INTERPRET,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

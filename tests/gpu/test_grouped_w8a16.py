@@ -1,0 +1,167 @@
+"""Grouped wo_a kernel (bf16 x FP8 weight, `dsv4/kernels/grouped_w8a16.py`) vs its torch reference.
+
+Fresh random inputs; poisoned allocator before every kernel call. Kernel and reference take the same
+exact products and sum them in fp32 in different orders, so after the bf16 rounding most elements are
+bit-equal and the rest one bf16 ulp apart (plus an fp32 summation allowance where a sum cancels).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+# "cpu" only for checking the tests themselves under TRITON_INTERPRET=1 (slow)
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+F64 = torch.float64
+
+
+def _inputs(t: int, g: int, r: int, din: int, scale_fmt: str, seed: int):
+    """x with per-128-block magnitudes 2^-6..2^6, FP8 weight with block scales 2^-4..2^4 apart."""
+    from dsv4.quant.fp8 import quantize_fp8_block
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    x = torch.randn(t, g, din, generator=gen, device=DEV)
+    x = x * torch.exp2(torch.randint(-6, 7, (t, g, din // 128), generator=gen, device=DEV).float()).repeat_interleave(
+        128, -1)
+    w = torch.randn(g * r, din, generator=gen, device=DEV) * 0.02
+    w = w * torch.exp2(torch.randint(-4, 5, (g * r // 128, din // 128), generator=gen, device=DEV).float()
+                       ).repeat_interleave(128, 0).repeat_interleave(128, 1)
+    wq, s = quantize_fp8_block(w, "e8m0" if scale_fmt in ("e8m0", "uint8") else "float32")
+    if scale_fmt == "uint8":
+        s = s.view(torch.uint8)
+    elif scale_fmt == "float32_any":  # not powers of two: the weight must round to bf16 like the reference's
+        s = s * (1 + torch.rand(s.shape, generator=gen, device=DEV))
+    return x.to(torch.bfloat16), wq, s
+
+
+def _abs_products(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Σ_i |x · w| per output (float64), the scale of the fp32 summation error."""
+    from dsv4.quant.fp8 import dequantize_fp8_block
+
+    t, g, din = x.shape
+    w = dequantize_fp8_block(weight, scale, F64).view(g, -1, din).abs()
+    return torch.einsum("tgi,gri->tgr", x.to(F64).abs(), w)
+
+
+def _assert_bf16_sum_close(y, ref, mag, din, min_equal=0.9, what=""):
+    """Mostly bit-equal; every element within one bf16 ulp + 8·sqrt(Din)·2^-24·Σ|x·w|."""
+    assert y.shape == ref.shape and y.dtype == torch.bfloat16, f"{what}: {tuple(y.shape)} {y.dtype}"
+    assert torch.isfinite(y).all(), f"{what}: non-finite output (unwritten elements?)"
+    yd, rd = y.to(F64), ref.to(F64)
+    top = torch.maximum(yd.abs(), rd.abs()).clamp_min(2.0**-126)
+    allowed = torch.exp2(torch.floor(torch.log2(top)) - 7) + 8 * math.sqrt(din) * 2.0**-24 * mag
+    over = (yd - rd).abs() > allowed
+    assert not over.any(), f"{what}: {int(over.sum())} elements beyond one ulp, e.g. {yd[over][:4]} vs {rd[over][:4]}"
+    equal = float((y.view(torch.int16) == ref.view(torch.int16)).double().mean())
+    assert equal >= min_equal, f"{what}: only {equal:.3f} of the elements bit-equal"
+
+
+def _check(x, w, s, config=None, what=""):
+    from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16, grouped_linear_w8a16_ref
+
+    y = grouped_linear_w8a16(x, w, s, config)
+    ref = grouped_linear_w8a16_ref(x, w, s)
+    _assert_bf16_sum_close(y, ref, _abs_products(x, w, s), x.shape[-1], what=what)
+    return y
+
+
+@pytest.mark.parametrize("scale_fmt", ["e8m0", "uint8", "float32", "float32_any"])
+@pytest.mark.parametrize("t", [1, 3, 16, 64, 300])
+def test_default_config_small(t, scale_fmt, poison):
+    x, w, s = _inputs(t, 2, 256, 512, scale_fmt, seed=t * 7 + len(scale_fmt))
+    poison()
+    _check(x, w, s, what=f"T={t} {scale_fmt}")
+
+
+@pytest.mark.parametrize("t", [5] + ([1, 16, 64, 300] if DEV == "cuda" else []))
+def test_flash_shape(t, poison):
+    """Flash wo_a: G = 8, R = 1024, Din = 4096 (the interpreter runs only T = 5)."""
+    x, w, s = _inputs(t, 8, 1024, 4096, "e8m0", seed=t)
+    poison()
+    _check(x, w, s, what=f"flash T={t}")
+
+
+def _configs():
+    from dsv4.kernels.grouped_w8a16 import GroupedConfig
+
+    return [
+        GroupedConfig(bn=64, bm=16),
+        GroupedConfig(bn=64, bm=32, num_stages=6),
+        GroupedConfig(bn=128, bm=64, num_warps=8),
+        GroupedConfig(bn=128, bm=128, num_warps=8, num_stages=3),
+        GroupedConfig(bn=64, bm=128, num_warps=4, num_stages=2),
+        GroupedConfig(bn=64, bm=16, bit_convert=False),
+    ]
+
+
+@pytest.mark.parametrize("cfg_idx", range(6))
+@pytest.mark.parametrize("scale_fmt", ["e8m0", "float32"])
+def test_every_config(cfg_idx, scale_fmt, poison):
+    """Each launch shape on a token count that leaves a partial tile (and G = 1)."""
+    cfg = _configs()[cfg_idx]
+    for t, g in ((37, 1), (70, 3)):
+        x, w, s = _inputs(t, g, 128 * (1 + cfg_idx % 2), 384, scale_fmt, seed=cfg_idx * 13 + t)
+        poison()
+        _check(x, w, s, cfg, what=f"{cfg} T={t} G={g} {scale_fmt}")
+
+
+@pytest.mark.parametrize("cfg_idx", [0, 3, 5])
+def test_every_e4m3_code_exact(cfg_idx, poison):
+    """One-hot tokens read single weights back: y[t, g, r] = W[g*R + r, t] exactly, for all 254 finite
+    e4m3 codes under E8M0 scales from 2^-107 to 2^13 (the bit conversion, the 2^120 rebias and the
+    per-block scale are all exact, so this is bit-equal)."""
+    from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16, grouped_linear_w8a16_ref
+    from dsv4.quant.fp8 import dequantize_fp8_block
+
+    g, r, din = 2, 128, 256
+    gen = torch.Generator(DEV).manual_seed(cfg_idx)
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8, device=DEV)
+    idx = torch.randperm(g * r * din, generator=gen, device=DEV) % codes.numel()  # each code ~258 times
+    w = codes[idx].view(g * r, din).view(torch.float8_e4m3fn)
+    scale_bytes = torch.tensor([20, 100, 119, 127, 128, 134, 135, 140], dtype=torch.uint8, device=DEV)
+    s = scale_bytes[torch.randint(0, 8, (g * r // 128, din // 128), generator=gen, device=DEV)]
+    x = torch.zeros(din, g, din, device=DEV)
+    x[torch.arange(din), :, torch.arange(din)] = 1.0  # token t reads input column t
+    x = x.to(torch.bfloat16)
+    poison()
+    y = grouped_linear_w8a16(x, w, s, _configs()[cfg_idx])
+    want = dequantize_fp8_block(w, s, torch.bfloat16).view(g, r, din).permute(2, 0, 1)
+    assert torch.equal(y, want)  # value equality: a -0.0 weight sums to +0.0 with the other tokens' zeros
+    assert torch.equal(y, grouped_linear_w8a16_ref(x, w, s))
+
+
+def test_strided_input_and_determinism(poison):
+    """x as a non-contiguous view (the rows of a wider buffer); two calls are bit-identical (no split-K)."""
+    from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16
+
+    x, w, s = _inputs(9, 2, 128, 256, "e8m0", seed=99)
+    wide = torch.randn(9, 2, 384, device=DEV).to(torch.bfloat16)
+    wide[..., 64:320] = x
+    xv = wide[..., 64:320]
+    assert not xv.is_contiguous()
+    poison()
+    y = _check(xv, w, s, what="strided x")
+    poison()
+    assert torch.equal(y, grouped_linear_w8a16(x, w, s))
+
+
+def test_empty_and_bad_inputs():
+    from dsv4.kernels.grouped_w8a16 import GroupedConfig, grouped_linear_w8a16
+
+    x, w, s = _inputs(2, 2, 128, 256, "e8m0", seed=1)
+    assert grouped_linear_w8a16(x[:0], w, s).shape == (0, 2, 128)
+    with pytest.raises(ValueError, match="x must be bf16"):
+        grouped_linear_w8a16(x.float(), w, s)
+    with pytest.raises(ValueError, match="does not fit x"):
+        grouped_linear_w8a16(x[:, :1], w[:200], s)
+    with pytest.raises(ValueError, match="scale shape"):
+        grouped_linear_w8a16(x, w, s[:, :1])
+    with pytest.raises(ValueError, match="weight must be contiguous"):
+        grouped_linear_w8a16(x, w.t().contiguous().t(), s)
+    with pytest.raises(ValueError, match="bn=96"):
+        grouped_linear_w8a16(x, w, s, GroupedConfig(bn=96, bm=16))
+    with pytest.raises(ValueError, match="bm=8"):
+        grouped_linear_w8a16(x, w, s, GroupedConfig(bn=64, bm=8))
