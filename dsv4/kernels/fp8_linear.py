@@ -9,13 +9,15 @@ Each public function has a torch reference of the same signature (`*_ref`), buil
 The Triton path exists only where `triton` imports (the CPU CI machine has none).
 
 Two launch shapes of one kernel:
-* prefill (M > 64): A = quantised activations [BM, 128] x W^T, grouped tile order for L2 reuse;
+* prefill (M > 16): A = quantised activations [BM, 128] x W^T, grouped tile order for L2 reuse;
   the activations are quantised once by `act_quant` (quantising inside the GEMM would repeat it
   for every N tile).
-* decode (M <= 64): "swap AB" — the weight tile is the MMA's M side (>= 64 rows, so Hopper's wgmma
+* decode (M <= 16): "swap AB" — the weight tile is the MMA's M side (>= 64 rows, so Hopper's wgmma
   applies) and the few tokens are its N side; the activation is quantised inside the kernel, and
-  the K range is split over programs (fp32 partials + one reduction launch) when N alone gives too
-  few programs to pull the weight at full bandwidth.
+  the K range is split over programs when N alone gives too few programs to pull the weight at full
+  bandwidth. Still one launch (one CUDA-graph node): each split stores an fp32 partial tile and
+  bumps a per-tile arrival counter; the last to arrive sums the partials in split order and writes
+  the output (see `_split_counters`).
 """
 
 from __future__ import annotations
@@ -141,11 +143,12 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["M"])
     def _fp8_gemm_kernel(
-        A, SA, W, SW, C,
+        A, SA, W, SW, C, P, CNT,
         M, N, K,
         stride_am, stride_ag, stride_sam, stride_sag,
         stride_wn, stride_wg, stride_swn, stride_swg,
-        stride_cm, stride_cg, stride_cs,
+        stride_cm, stride_cg,
+        stride_pm, stride_pg, stride_ps,
         KB_PER_SPLIT,
         BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
         SWAP_AB: tl.constexpr, FUSE_QUANT: tl.constexpr, SW_E8M0: tl.constexpr, SPLIT_OUT: tl.constexpr,
@@ -173,7 +176,7 @@ if HAS_TRITON:
         SA += pid_g * stride_sag
         W += pid_g * stride_wg
         SW += pid_g * stride_swg
-        C += pid_g * stride_cg + pid_k * stride_cs
+        C += pid_g * stride_cg
         a_ptrs = A + offs_m[:, None] * stride_am + offs_k[None, :]
         w_ptrs = W + offs_n[:, None] * stride_wn + offs_k[None, :]
         sa_ptrs = SA + offs_m * stride_sam
@@ -210,24 +213,39 @@ if HAS_TRITON:
                 acc += tl.dot(a, tl.trans(w)) * (sa[:, None] * sw)
 
         if SWAP_AB:
-            c_ptrs = C + offs_m[None, :] * stride_cm + offs_n[:, None]
+            c_offs_m, c_offs_n = offs_m[None, :], offs_n[:, None]
             c_mask = mask_m[None, :] & mask_n[:, None]
         else:
-            c_ptrs = C + offs_m[:, None] * stride_cm + offs_n[None, :]
+            c_offs_m, c_offs_n = offs_m[:, None], offs_n[None, :]
             c_mask = mask_m[:, None] & mask_n[None, :]
+        c_ptrs = C + c_offs_m * stride_cm + c_offs_n
         if SPLIT_OUT:
-            tl.store(c_ptrs, acc, mask=c_mask)
+            # Split K: store this split's fp32 partial, count the arrival; the last of the
+            # num_programs(1) splits of this (tile, group) reduces in split order 0..S-1 (fp32, from
+            # 0.0: bit-identical to a separate reduction pass) and writes C.
+            # Ordering: the CTA barrier orders every thread's partial stores before the one thread
+            # that issues the atomic, whose gpu-scope release is cumulative over them (the pattern of
+            # cooperative groups' grid sync: bar.sync, then one thread's fence + atomic). In the last
+            # arriver, that thread's acquire, then a second CTA barrier, order every thread's
+            # partial loads after all the other splits' releases; the loads read L2 (.cg), past the
+            # SM's L1, which is not coherent with the other SMs' stores.
+            split = tl.num_programs(1)
+            p_ptrs = P + pid_g * stride_pg + c_offs_m * stride_pm + c_offs_n
+            tl.store(p_ptrs + pid_k * stride_ps, acc, mask=c_mask)
+            tl.debug_barrier()
+            cnt_ptr = CNT + pid_g * tl.num_programs(0) + pid
+            arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == split - 1:  # uniform over the CTA: the atomic's result is broadcast
+                tl.debug_barrier()
+                total = tl.zeros_like(acc)
+                for s in range(0, split):
+                    total += tl.load(p_ptrs + s * stride_ps, mask=c_mask, other=0.0, cache_modifier=".cg")
+                tl.store(c_ptrs, total.to(C.dtype.element_ty), mask=c_mask)
+                # every split of this tile has arrived, so nothing else touches the counter in this
+                # launch: zero it for the next launch (and for CUDA-graph replays)
+                tl.store(cnt_ptr, 0)
         else:
             tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=c_mask)
-
-    @triton.jit
-    def _split_reduce_kernel(P, C, numel, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        mask = offs < numel
-        acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-        for s in tl.static_range(SPLIT):
-            acc += tl.load(P + s * numel + offs, mask=mask, other=0.0)
-        tl.store(C + offs, acc.to(C.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------- launch configuration
@@ -254,7 +272,7 @@ def _next_pow2(v: int) -> int:
 def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
     """Heuristic launch shape for an [m, k] x [n, k]^T product (measured on H200, docs/kernels_notes.md).
 
-    M <= 16: swap AB with the activation quantised inside the GEMM (one launch + split-K reduce).
+    M <= 16: swap AB with the activation quantised inside the GEMM, split K reduced in the same launch.
     16 < M <= 64: 64x128 tiles on pre-quantised activations (quantising inside would repeat it per N tile).
     M > 64: 64x128 tiles up to M = 1024, 128x128 with 8 warps beyond.
     """
@@ -317,6 +335,27 @@ def act_quant(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.
     return q.view(x.shape), s.view(*x.shape[:-1], k // BLOCK)
 
 
+# Split-K arrival counters, one int32 per (output tile, group) of a launch, per device. Allocated
+# zeroed once and left zeroed by every launch (the last split of a tile resets its counter), so no
+# per-call memset node. 64K entries (256 KiB) cover every decode shape (a few thousand tiles at most),
+# so a shape that ran once eagerly (the warm-up before capture) never grows the buffer inside a
+# CUDA-graph capture; growing there is refused, since the zero fill would not run before the replay.
+# A replaced buffer is kept alive: captured graphs still point at it. Launches sharing the buffer
+# must not overlap on different streams (the model issues them all on one stream).
+_COUNTER_MIN = 1 << 16
+_split_counter_cache: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
+    bufs = _split_counter_cache.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(f"fp8_linear: split-K counters for {needed} tiles must be allocated before CUDA-graph "
+                             "capture; run the same shape once eagerly first")
+        bufs.append(torch.zeros(max(_COUNTER_MIN, _next_pow2(needed)), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
 def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg: LinearConfig) -> None:
     (s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg, s_cm, s_cg) = strides
     tiles_m, tiles_n = triton.cdiv(m, cfg.bm), triton.cdiv(n, cfg.bn)
@@ -331,17 +370,16 @@ def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg:
     common = dict(BM=cfg.bm, BN=cfg.bn, GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, FUSE_QUANT=cfg.fuse_quant,
                   SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
-    if split == 1:
-        _fp8_gemm_kernel[grid](a, sa, weight, sw, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg,
-                               s_cm, s_cg, 0, kb_per, SPLIT_OUT=False, **common)
+    if split == 1:  # P and CNT unused
+        _fp8_gemm_kernel[grid](a, sa, weight, sw, out, out, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg,
+                               s_swn, s_swg, s_cm, s_cg, 0, 0, 0, kb_per, SPLIT_OUT=False, **common)
         return
     numel = m * groups * n
+    # partials in the output's [m, g, n] layout, contiguous; every element is written before it is read
     part = torch.empty((split, numel), dtype=torch.float32, device=out.device)
-    # partials use the output's [m, g, n] layout, contiguous
-    _fp8_gemm_kernel[grid](a, sa, weight, sw, part, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg,
-                           groups * n, n, numel, kb_per, SPLIT_OUT=True, **common)
-    block_r = 1024
-    _split_reduce_kernel[(triton.cdiv(numel, block_r),)](part, out, numel, SPLIT=split, BLOCK_R=block_r, num_warps=4)
+    counters = _split_counters(out.device, tiles_m * tiles_n * groups)
+    _fp8_gemm_kernel[grid](a, sa, weight, sw, out, part, counters, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg,
+                           s_swn, s_swg, s_cm, s_cg, groups * n, n, numel, kb_per, SPLIT_OUT=True, **common)
 
 
 def fp8_gemm(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,

@@ -141,3 +141,162 @@ def test_bad_inputs_raise():
         fp8_linear(_x(2, 512, gen), w, s[:1])
     with pytest.raises(ValueError, match="bf16"):
         fp8_linear(_x(2, 512, gen).float(), w, s)
+
+
+# --------------------------------------------------------------------------- split K, reduced in the GEMM launch
+
+
+def _x_exact(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Random values on the e4m3 grid (3 mantissa bits, 2^9 range per 128-block, block scales 2^±6): the
+    activation quantisation is exact, so the result does not depend on fp32->e4m3 rounding (which
+    Triton's CPU interpreter gets wrong when the mantissa carries into the exponent)."""
+    mant = 1 + torch.randint(0, 8, (m, k), generator=gen, device=DEV).float() / 8
+    sign = torch.randint(0, 2, (m, k), generator=gen, device=DEV).float() * 2 - 1
+    e = torch.randint(-2, 7, (m, k), generator=gen, device=DEV).float()
+    block = torch.randint(-6, 7, (m, k // 128), generator=gen, device=DEV).float().repeat_interleave(128, 1)
+    return (sign * mant * torch.exp2(e + block)).to(torch.bfloat16)
+
+
+def _split_cfg(split: int, kind: str = "swap"):
+    from dsv4.kernels.fp8_linear import LinearConfig
+
+    if kind == "swap":  # the decode shape
+        return LinearConfig(bm=16, bn=64, swap_ab=True, fuse_quant=True, split_k=split)
+    if kind == "swap_preq":
+        return LinearConfig(bm=32, bn=128, swap_ab=True, fuse_quant=False, split_k=split)
+    return LinearConfig(bm=16, bn=64, swap_ab=False, fuse_quant=True, split_k=split)
+
+
+def _counters_zero() -> bool:
+    """Every launch leaves its arrival counters at zero (the next launch and graph replays rely on it)."""
+    import importlib
+
+    mod = importlib.import_module("dsv4.kernels.fp8_linear")
+    return all(int(b.count_nonzero()) == 0 for bufs in mod._split_counter_cache.values() for b in bufs)
+
+
+def _kernel_bf16(t: torch.Tensor) -> torch.Tensor:
+    """fp32 -> bf16 as the kernel's `.to(bfloat16)` rounds: to nearest even on the GPU; Triton's CPU interpreter
+    truncates (round toward zero) instead."""
+    if DEV == "cpu":
+        return (t.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+    return t.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("split", [2, 3, 4, 8])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_split_k_vs_reference(split, out_dtype, poison, close_bf16):
+    from dsv4.kernels.fp8_linear import fp8_linear, fp8_linear_ref
+
+    m, n, k = 3, 256, 128 * 24  # 24 K blocks: every split divides; n = 4 tiles of 64
+    gen = torch.Generator(DEV).manual_seed(100 + split)
+    x = _x_exact(m, k, gen)
+    w, s = _weight(n, k, gen, "e8m0")
+    poison()
+    y = fp8_linear(x, w, s, _split_cfg(split), out_dtype=out_dtype)
+    ref = fp8_linear_ref(x, w, s, out_dtype=torch.float32)
+    assert y.dtype == out_dtype and _counters_zero()
+    if out_dtype == torch.bfloat16:
+        close_bf16(y, _kernel_bf16(ref), what=f"split {split}")
+    else:
+        assert torch.isfinite(y).all()
+        err = float((y.double() - ref.double()).norm() / ref.double().norm())
+        assert err < 5e-4, err
+
+
+def _k_slice(x, w, s, i: int, kb: int):
+    """Inputs of split i alone (kb K blocks): activation blocks quantise independently, so slicing K is exact."""
+    c = slice(i * kb * 128, (i + 1) * kb * 128)
+    return x[:, c].contiguous(), w[:, c].contiguous(), s[:, i * kb : (i + 1) * kb].contiguous()
+
+
+@pytest.mark.parametrize("split", [2, 3, 4, 6])
+@pytest.mark.parametrize("kind", ["swap", "swap_preq", "plain"])
+def test_split_k_bit_identical_to_two_step(split, kind, poison):
+    """One launch == the same kernel run per K slice (split 1, fp32 out) and the partials summed s = 0..S-1 in
+    fp32 from zero, then rounded once: the fused reduction changes no bit."""
+    from dsv4.kernels.fp8_linear import fp8_linear
+
+    m, n, k = 5, 256, 128 * 12
+    kb = k // 128 // split
+    gen = torch.Generator(DEV).manual_seed(200 + split)
+    x = _x(m, k, gen)
+    w, s = _weight(n, k, gen, "float32" if split % 2 else "e8m0")
+    parts = [fp8_linear(*_k_slice(x, w, s, i, kb), _split_cfg(1, kind), out_dtype=torch.float32) for i in range(split)]
+    total = torch.zeros_like(parts[0])
+    for p in parts:
+        total += p
+    for out_dtype in (torch.float32, torch.bfloat16):
+        poison()
+        y = fp8_linear(x, w, s, _split_cfg(split, kind), out_dtype=out_dtype)
+        want = total if out_dtype == torch.float32 else _kernel_bf16(total)
+        assert torch.equal(y, want), f"split {split} {kind} {out_dtype}"
+    assert _counters_zero()
+
+
+def test_split_k_repeated_launches_and_graph(poison):
+    """Back-to-back launches (and CUDA-graph replays) alternating two inputs: each gives its own result, bit for
+    bit. A counter left non-zero would leave tiles unwritten or summed early; a racy reduction would vary."""
+    from dsv4.kernels.fp8_linear import fp8_linear
+
+    m, n, k = (2, 128, 512) if DEV == "cpu" else (4, 4096, 7168)
+    gen = torch.Generator(DEV).manual_seed(300)
+    xs = [_x(m, k, gen), _x(m, k, gen)]
+    w, s = _weight(n, k, gen, "e8m0")
+    cfgs = [_split_cfg(4), None]  # forced split 4, and the default decode config (auto split)
+    for cfg in cfgs:
+        first = [fp8_linear(x, w, s, cfg) for x in xs]
+        assert not torch.equal(first[0], first[1])
+        for i in range(20):
+            if i % 5 == 0:
+                poison()
+            assert torch.equal(fp8_linear(xs[i % 2], w, s, cfg), first[i % 2]), f"{cfg} call {i}"
+        assert _counters_zero()
+        if DEV != "cuda":
+            continue
+        static_x = xs[0].clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = fp8_linear(static_x, w, s, cfg)
+        for i in range(6):
+            static_x.copy_(xs[i % 2])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, first[i % 2]), f"{cfg} replay {i}"
+        assert _counters_zero()
+
+
+@pytest.mark.parametrize("split", [0, 2, 8])  # 0: auto (4 here)
+def test_split_k_grouped(split, poison, close_bf16):
+    """Grouped launch (grid z = groups, counters per tile and group): each group bit-equal to its own
+    fp8_linear with the same config, and close to the reference."""
+    from dsv4.kernels.fp8_linear import fp8_linear, fp8_linear_ref, grouped_fp8_linear
+
+    m, g, ro, k = 2, 3, 128, 1024
+    gen = torch.Generator(DEV).manual_seed(400 + split)
+    x = _x_exact(m * g, k, gen).view(m, g, k)
+    w, s = _weight(g * ro, k, gen, "e8m0")
+    cfg = _split_cfg(split)
+    poison()
+    y = grouped_fp8_linear(x, w, s, cfg)
+    for i in range(g):
+        wi, si = w[i * ro : (i + 1) * ro], s[i * ro // 128 : (i + 1) * ro // 128]
+        assert torch.equal(y[:, i], fp8_linear(x[:, i], wi, si, cfg)), f"group {i}"
+        ref = _kernel_bf16(fp8_linear_ref(x[:, i], wi, si, out_dtype=torch.float32))
+        close_bf16(y[:, i], ref, what=f"grouped split {split}, group {i}")
+    assert torch.equal(grouped_fp8_linear(x, w, s, cfg), y)  # counters were reset by the first launch
+    assert _counters_zero()
+
+
+def test_split_counters_cached_and_grown():
+    """One zeroed buffer per device, reused; a larger need appends a larger one and keeps the old alive."""
+    import importlib
+
+    mod = importlib.import_module("dsv4.kernels.fp8_linear")
+    dev = torch.device(DEV, 0) if DEV == "cuda" else torch.device(DEV)
+    a = mod._split_counters(dev, 10)
+    assert a.dtype == torch.int32 and a.numel() >= 1 << 16 and int(a.count_nonzero()) == 0
+    assert mod._split_counters(dev, a.numel()) is a
+    b = mod._split_counters(dev, a.numel() + 1)
+    assert b.numel() > a.numel() and int(b.count_nonzero()) == 0
+    assert mod._split_counters(dev, 5) is b and any(t is a for t in mod._split_counter_cache[dev])
