@@ -1,9 +1,13 @@
 """Decode-step glue kernels timed inside CUDA graphs (20 calls per graph, so launch gaps count as they
-do in a captured step): mHC pre / post+pre at decode sizes, for this tree's `dsv4.kernels.mhc` and,
-side by side, a baseline copy of that module (`--baseline path/to/mhc.py`, e.g. the last commit's).
-Checks that both give the same post/comb and nearly the same u. A development aid for issue #6.
+do in a captured step). A development aid for issue #6:
 
-    python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64]
+* mHC pre / post+pre / HC head (no Sinkhorn) at decode sizes, for this tree's `dsv4.kernels.mhc` and,
+  side by side, a baseline copy of that module (`--baseline path/to/mhc.py`, e.g. the last commit's);
+  checks that both give the same post/comb and nearly the same u.
+* decode attention (Flash shapes: 64 heads x 512, window 128) for sliding, CSA (512 picked entries)
+  and HCA rows at several split counts (`--attn`), checked against the one-split result.
+
+    python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn]
 """
 from __future__ import annotations
 
@@ -54,7 +58,10 @@ def main() -> None:
     p.add_argument("--baseline", default="")
     p.add_argument("--tokens", default="1,8,64")
     p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--attn", action="store_true", help="also sweep decode attention's split count")
     args = p.parse_args()
+    if args.attn:
+        attention_splits()
     from dsv4.kernels import mhc
     mods = {"this tree": mhc}
     if args.baseline:
@@ -72,12 +79,15 @@ def main() -> None:
         f = torch.randn(t, d, device=dev, generator=g).to(torch.bfloat16)
         post = torch.rand(t, 4, device=dev, generator=g) * 2
         comb = torch.rand(t, 4, 4, device=dev, generator=g) / 4
-        outs, row_pre, row_pp = [], [], []
+        outs, row_pre, row_pp, row_head = [], [], [], []
         for name, m in mods.items():
             w = m.prepare_mix(fn)
             outs.append(m.hc_pre(x, w, base[:24], scale, **kw))
             row_pre.append(graph_us(lambda: m.hc_pre(x, w, base, scale, **kw)))
             row_pp.append(graph_us(lambda: m.hc_post_pre(f, x, post, comb, w, base, scale, **kw)))
+            wh = m.prepare_mix(fn[:4])
+            row_head.append(graph_us(lambda: m.hc_head(x, wh, base[:4], scale[:1], hc_eps=1e-6, norm_eps=1e-6,
+                                                       norm_weight=norm_w)))
         if len(outs) == 2:
             (u0, p0, c0), (u1, p1, c1) = outs
             assert torch.equal(p0, p1) and torch.allclose(c0, c1, rtol=1e-6, atol=0), "post/comb differ"
@@ -85,6 +95,55 @@ def main() -> None:
             assert du <= 2 ** -6 * u0.float().abs().max().item(), f"u differs by {du}"
         print(f"{'hc_pre':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_pre))
         print(f"{'hc_post_pre':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_pp))
+        print(f"{'hc_head':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_head))
+
+
+def _fp8_pool(pages: int, ps: int, dev, g):
+    from types import SimpleNamespace
+    q = (torch.randn(pages, ps, 448, device=dev, generator=g) * 4).to(torch.float8_e4m3fn)
+    s = torch.randint(120, 130, (pages, ps, 7), device=dev, generator=g, dtype=torch.int32).to(torch.uint8)
+    rope = torch.randn(pages, ps, 64, device=dev, generator=g).to(torch.bfloat16)
+    return SimpleNamespace(q=q, s=s, rope=rope)
+
+
+def attention_splits() -> None:
+    """µs per decode_attention call at B = 1 and 8, ctx 4K, for split counts around the default."""
+    from dsv4.kernels.attention import decode_attention
+    dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(1)
+    ctx, ps, ring = 4096, 64, 256
+    print(f"decode attention, 64 heads x 512, ctx {ctx}: µs per call in a CUDA graph, by split count")
+    print(f"{'kind':8s} {'B':>3} " + " ".join(f"{'auto' if v is None else v:>7}" for v in SPLITS))
+    for bsz in (1, 8):
+        w_pages = ring // ps
+        wpool = _fp8_pool(bsz * w_pages + 1, ps, dev, g)
+        wtab = torch.randperm(bsz * w_pages, device=dev, generator=g).view(bsz, w_pages)
+        q = torch.randn(bsz, 64, 512, device=dev, generator=g).to(torch.bfloat16)
+        pos = torch.full((bsz,), ctx - 1, device=dev)
+        sink = torch.randn(64, device=dev, generator=g)
+        for kind, ratio in (("sliding", 0), ("CSA", 4), ("HCA", 128)):
+            comp = table = idx = count = None
+            if ratio:
+                n = ctx // ratio
+                c_pages = -(-n // ps)
+                comp = _fp8_pool(bsz * c_pages + 1, ps, dev, g)
+                table = torch.randperm(bsz * c_pages, device=dev, generator=g).view(bsz, c_pages)
+                if ratio == 4:
+                    idx = torch.stack([torch.randperm(n, device=dev, generator=g)[:512].sort().values
+                                       for _ in range(bsz)])
+                else:
+                    count = torch.full((bsz,), n, device=dev)
+            args = (q, pos, None, None, wpool, wtab, ring, 128, comp, table, idx, count, sink, 512 ** -0.5)
+            want = decode_attention(*args, splits=1)
+            row = []
+            for sp in SPLITS:
+                got = decode_attention(*args, splits=sp)
+                err = (got.float() - want.float()).abs().max().item()
+                assert err <= 2 ** -6 * want.float().abs().max().item(), (kind, bsz, sp, err)
+                row.append(graph_us(lambda: decode_attention(*args, splits=sp)))
+            print(f"{kind:8s} {bsz:3d} " + " ".join(f"{v:7.1f}" for v in row))
+
+
+SPLITS = (None, 1, 2, 4, 8, 16, 32, 48)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,31 @@ def test_quantized_fill_has_master_magnitude(expert_dtype, fmt):
     assert 2 ** -0.5 < ratio < 2 ** 0.5, ratio  # one power-of-two rounding of the scale at most
 
 
+@pytest.mark.parametrize("expert_dtype", ["fp4", "fp8"])
+def test_wo_a_keeps_fp8_weight_in_kernel_mode(expert_dtype):
+    """An FP8 linear without activation quantisation (wo_a) keeps its e4m3 weight for the grouped
+    W8A16 kernel; its scales come back as E8M0 bytes when all are powers of two, else as float32,
+    and the cached conversion follows an in-place reload of the scales."""
+    from dsv4.model.synthetic import _fill_quantized
+    from dsv4.quant.e8m0 import e8m0_to_float
+
+    with quantized_weights(expert_dtype):
+        lin = Linear(1024, 256, torch.bfloat16, resolve_numerics("reference"), FP8, quantize_input=False)
+    assert lin.kernel_format == "w8a16" and lin.weight.dtype == torch.float8_e4m3fn
+    g = torch.Generator().manual_seed(5)
+    _fill_quantized(lin, "weight", lin.weight, g)
+    with torch.no_grad():
+        lin.scale.copy_(torch.exp2(torch.randint(-20, 3, lin.scale.shape, generator=g).float()))
+    e8 = lin.e8m0_scale()
+    assert e8.dtype == torch.uint8 and torch.equal(e8m0_to_float(e8), lin.scale)
+    assert lin.e8m0_scale() is e8  # cached
+    with torch.no_grad():
+        lin.scale.mul_(1.5)  # no longer powers of two: the float32 scales themselves
+    assert lin.e8m0_scale().dtype == torch.float32 and torch.equal(lin.e8m0_scale(), lin.scale)
+    with pytest.raises(RuntimeError, match="w8a16"):
+        lin(torch.randn(2, 1024, dtype=torch.bfloat16))
+
+
 def test_moe_align_ref_skips_foreign_ids():
     from dsv4.kernels.moe_align import moe_align_ref
 

@@ -12,7 +12,8 @@ Pools use the engine's `fp8_ds_mla` split (dsv4/engine/paged_state.py): `q` e4m3
 `s` E8M0 bytes [pages, ps, nope/64], `rope` bf16 [pages, ps, Dh-nope]. K = V = the dequantised
 512-d entry. Scores `q.k * scale` in fp32; the per-head sink logit joins the denominator only;
 probabilities are rounded to bf16 for P.V (fp32 accumulation); the output is rounded to bf16 and its
-rope dims rotated back by -t (inverse RoPE, fp32 math, bf16 result).
+rope dims rotated back by -t (inverse RoPE, fp32 math, bf16 result) -- or left as they are with
+cos = sin = None, for a caller that applies the inverse RoPE itself.
 
 Kernel: grid (B, ceil(H/16), splits); a program holds 16 heads x Dh in fp32 and walks its share of the
 candidate list in blocks of 16 entries (gather + FP8 dequant in registers, two tensor-core dots,
@@ -51,16 +52,17 @@ def _gather(pool: FP8Pool, table: torch.Tensor, index: torch.Tensor) -> torch.Te
     return torch.cat((nope, pool.rope[pages, offs].to(torch.bfloat16)), dim=-1)
 
 
-def decode_attention_ref(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def decode_attention_ref(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
                          window_pool: FP8Pool, window_table: torch.Tensor, ring: int, window: int,
                          comp_pool: FP8Pool | None, comp_table: torch.Tensor | None,
                          comp_idx: torch.Tensor | None, comp_count: torch.Tensor | None,
-                         sink: torch.Tensor, scale: float) -> torch.Tensor:
-    """Reference: per sequence, gather + dequantise, then the model's `sink_attention` and inverse RoPE."""
+                         sink: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference: per sequence, gather + dequantise, then the model's `sink_attention` and inverse RoPE
+    (none with cos = sin = None); written into `out` when given."""
     from dsv4.model.attention import sink_attention
     from dsv4.model.rope import apply_rope
 
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     dev = q.device
     for b in range(q.shape[0]):
         t = int(pos[b])
@@ -76,7 +78,7 @@ def decode_attention_ref(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, 
                 entries = _gather(comp_pool, comp_table[b], idx)
                 mask = torch.ones(1, idx.numel(), dtype=torch.bool, device=dev)
         o = sink_attention(q[b:b + 1], pos[b:b + 1].long(), keys, kpos, window, entries, mask, sink.float(), scale)
-        out[b] = apply_rope(o[0], cos[b].float(), -sin[b].float())
+        out[b] = o[0] if cos is None else apply_rope(o[0], cos[b].float(), -sin[b].float())
     return out
 
 
@@ -97,15 +99,16 @@ if HAS_TRITON:
 
     @triton.jit
     def _inverse_rope_store(o, OUT, COS, SIN, b, offs_h, hmask, HD: tl.constexpr, NOPE: tl.constexpr,
-                            BH: tl.constexpr):
-        """Round o [BH, HD] to bf16 (the reference output), rotate its rope pairs by -t, store bf16."""
+                            BH: tl.constexpr, ROT: tl.constexpr):
+        """Round o [BH, HD] to bf16 (the reference output), rotate its rope pairs by -t (ROT), store bf16."""
         o = o.to(tl.bfloat16).to(tl.float32)
-        ev, od = tl.split(tl.reshape(o, (BH, HD // 2, 2)))
-        pair = tl.arange(0, HD // 2)
-        rp = pair >= NOPE // 2
-        c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
-        s = tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-        o = tl.reshape(tl.join(ev * c + od * s, od * c - ev * s), (BH, HD))
+        if ROT:
+            ev, od = tl.split(tl.reshape(o, (BH, HD // 2, 2)))
+            pair = tl.arange(0, HD // 2)
+            rp = pair >= NOPE // 2
+            c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
+            s = tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+            o = tl.reshape(tl.join(ev * c + od * s, od * c - ev * s), (BH, HD))
         offs_d = tl.arange(0, HD)
         tl.store(OUT + offs_h[:, None] * HD + offs_d[None, :], o.to(tl.bfloat16),
                  mask=hmask[:, None])
@@ -116,7 +119,8 @@ if HAS_TRITON:
         WQ, WS, WR, WTAB, CQ, CS, CR, CTAB, CIDX, CCNT,
         H, ring, w_ps, c_ps, w_tab_stride, c_tab_stride, n_comp, per_split, scale,
         WIN: tl.constexpr, HAS_COMP: tl.constexpr, INDEXED: tl.constexpr, SPLIT: tl.constexpr,
-        HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr,
+        HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, ROT: tl.constexpr,
+        INTERP: tl.constexpr,
     ):
         b = tl.program_id(0)
         pid_h = tl.program_id(1)
@@ -181,11 +185,11 @@ if HAS_TRITON:
         else:
             sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
             o = acc / (l_i + tl.exp(sink - m_i))[:, None]
-            _inverse_rope_store(o, OUT + b * H * HD, COS, SIN, b, offs_h, hmask, HD, NOPE, BH)
+            _inverse_rope_store(o, OUT + b * H * HD, COS, SIN, b, offs_h, hmask, HD, NOPE, BH, ROT)
 
     @triton.jit
     def _combine_kernel(PACC, PML, SINK, COS, SIN, OUT, H, n_split,
-                        HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, SP: tl.constexpr):
+                        HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, SP: tl.constexpr, ROT: tl.constexpr):
         b = tl.program_id(0)
         offs_h = tl.program_id(1) * BH + tl.arange(0, BH)
         hmask = offs_h < H
@@ -205,7 +209,7 @@ if HAS_TRITON:
             a = tl.load(PACC + ((b * n_split + s) * H + offs_h[:, None]) * HD + offs_d[None, :],
                         mask=hmask[:, None], other=0.0)
             o += ws[:, None] * a
-        _inverse_rope_store(o / denom[:, None], OUT + b * H * HD, COS, SIN, b, offs_h, hmask, HD, NOPE, BH)
+        _inverse_rope_store(o / denom[:, None], OUT + b * H * HD, COS, SIN, b, offs_h, hmask, HD, NOPE, BH, ROT)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -225,12 +229,21 @@ def _check_pool(pool: FP8Pool, name: str, hd: int) -> int:
     return nope
 
 
-def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def _index(t: torch.Tensor) -> torch.Tensor:
+    """Index tensors go to the kernel as int32 or int64 as they are (a conversion is one more launch
+    per layer in the captured step); other dtypes become int32."""
+    t = t if t.dtype in (torch.int32, torch.int64) else t.to(torch.int32)
+    return t.contiguous()
+
+
+def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
                      window_pool: FP8Pool, window_table: torch.Tensor, ring: int, window: int,
                      comp_pool: FP8Pool | None, comp_table: torch.Tensor | None,
                      comp_idx: torch.Tensor | None, comp_count: torch.Tensor | None,
-                     sink: torch.Tensor, scale: float, splits: int | None = None) -> torch.Tensor:
-    """Triton decode attention (contract of `decode_attention_ref`): bf16 [B, H, Dh]."""
+                     sink: torch.Tensor, scale: float, splits: int | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton decode attention (contract of `decode_attention_ref`): bf16 [B, H, Dh]. cos = sin = None
+    skips the inverse RoPE (the caller applies it); `out` (contiguous bf16 [B, H, Dh]) receives the result."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.attention: triton is not installed (use decode_attention_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16:
@@ -239,9 +252,17 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin:
     if hd & (hd - 1):
         raise ValueError(f"decode_attention: head_dim {hd} must be a power of two")
     nope = _check_pool(window_pool, "window_pool", hd)
-    if pos.shape != (bsz,) or cos.shape != (bsz, (hd - nope) // 2) or sin.shape != cos.shape:
-        raise ValueError(f"decode_attention: pos {tuple(pos.shape)} / cos {tuple(cos.shape)} / sin "
-                         f"{tuple(sin.shape)} do not match B={bsz}, rope pairs {(hd - nope) // 2}")
+    rot = cos is not None
+    if (sin is not None) != rot:
+        raise ValueError("decode_attention: give both cos and sin, or neither (no inverse RoPE)")
+    if pos.shape != (bsz,) or (rot and (cos.shape != (bsz, (hd - nope) // 2) or sin.shape != cos.shape)):
+        raise ValueError(f"decode_attention: pos {tuple(pos.shape)} / cos {None if cos is None else tuple(cos.shape)}"
+                         f" / sin {None if sin is None else tuple(sin.shape)} do not match B={bsz}, rope pairs "
+                         f"{(hd - nope) // 2}")
+    if out is not None and (out.shape != q.shape or out.dtype != torch.bfloat16 or not out.is_contiguous()
+                            or out.device != q.device):
+        raise ValueError(f"decode_attention: out must be contiguous bf16 {tuple(q.shape)} on {q.device}, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
     if window_table.dim() != 2 or window_table.shape[0] != bsz:
         raise ValueError(f"decode_attention: window_table must be [B, pages], got {tuple(window_table.shape)}")
     has_comp = comp_pool is not None
@@ -260,7 +281,7 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin:
                 raise ValueError("decode_attention: give comp_idx [B, K] or comp_count [B]")
             n_comp = int(comp_table.shape[1]) * comp_pool.q.shape[1]  # upper bound; masked by the count
     dev = q.device
-    out = torch.empty_like(q)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     bh, bn = 16, 16
     hblocks = triton.cdiv(h, bh)
     n_cand = window + n_comp
@@ -268,15 +289,14 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin:
         splits = max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(264, bsz * hblocks)))
     per_split = triton.cdiv(triton.cdiv(n_cand, splits), bn) * bn
     splits = triton.cdiv(n_cand, per_split)
-    i32 = torch.int32
     q = q.contiguous()
-    pos32, wtab = pos.to(i32).contiguous(), window_table.to(i32).contiguous()
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    pos32, wtab = _index(pos), _index(window_table)
+    cos, sin = (cos.float().contiguous(), sin.float().contiguous()) if rot else (pos32, pos32)  # unread if not rot
     sink = sink.float().contiguous()
     cp = comp_pool if has_comp else window_pool
-    ctab = comp_table.to(i32).contiguous() if has_comp else wtab
-    cidx = comp_idx.to(i32).contiguous() if indexed else wtab
-    ccnt = comp_count.to(i32).contiguous() if (has_comp and not indexed) else pos32
+    ctab = _index(comp_table) if has_comp else wtab
+    cidx = _index(comp_idx) if indexed else wtab
+    ccnt = _index(comp_count) if (has_comp and not indexed) else pos32
     if splits > 1:
         pacc = torch.empty(bsz, splits, h, hd, dtype=torch.float32, device=dev)
         pml = torch.empty(bsz, splits, h, 2, dtype=torch.float32, device=dev)
@@ -288,9 +308,9 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin:
         h, ring, window_pool.q.shape[1], cp.q.shape[1], wtab.stride(0), ctab.stride(0), n_comp, per_split,
         float(scale),
         WIN=window, HAS_COMP=has_comp, INDEXED=indexed, SPLIT=splits > 1, HD=hd, NOPE=nope, BH=bh, BN=bn,
-        INTERP=INTERPRET, num_warps=8,
+        ROT=rot, INTERP=INTERPRET, num_warps=8,
     )
     if splits > 1:
         _combine_kernel[(bsz, hblocks)](pacc, pml, sink, cos, sin, out, h, splits, HD=hd, NOPE=nope, BH=bh,
-                                        SP=max(2, triton.next_power_of_2(splits)), num_warps=8)
+                                        SP=max(2, triton.next_power_of_2(splits)), ROT=rot, num_warps=8)
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
@@ -31,6 +32,7 @@ from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
 from dsv4.model.rope import RotaryEmbedding, apply_rope
 
 QUERY_BLOCK = 256  # queries scored together; bounds the score tensor to ~QUERY_BLOCK x (window + block)
+W8A16_MAX_TOKENS = 64  # kernel mode: wo_a from the FP8 weight up to here (decode), cuBLAS on bf16 above
 
 
 class AttentionInputs(NamedTuple):
@@ -143,6 +145,7 @@ class Attention(nn.Module):
         self.compressor = Compressor(c, spec.compress_ratio, c.head_dim, self.rope, dtype, numerics, "main") \
             if spec.has_compressor else None
         self.indexer = Indexer(c, self.rope, dtype, numerics) if spec.has_indexer else None
+        self._fused: tuple[torch.Tensor, list[int]] | None = None  # kernel mode: see fused_input_weight
 
     def forward(self, a: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
         """a: attention input (after attn_norm) [T, D] of the flat batch -> output [T, D]."""
@@ -175,12 +178,75 @@ class Attention(nn.Module):
             kv = apply_rope(self.kv_norm(self.wkv(a_in, input_ready=True)), cos, sin)
             if self.numerics.simulate_kv_fp8:
                 kv = simulate_kv_fp8(kv, self.nope_dim)
-        rows = self.compressor.project(a, positions) if self.compressor else None
-        index_rows = index_q = index_w = None
+        rows = index_rows = index_q = index_w = None
+        if self.compressor and self.use_kernels:  # one GEMM + one launch instead of ~5 per linear
+            rows, index_rows, index_w = self._project_fused(a, positions)
+        elif self.compressor:
+            rows = self.compressor.project(a, positions)
+            if self.indexer:
+                index_rows = self.indexer.compressor.project(a, positions)
         if self.indexer:
-            index_rows = self.indexer.compressor.project(a, positions)
-            index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin)
+            index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w)
         return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype)
+
+    # Kernel mode: the bf16 linears that read `a` (compressors, indexer head weights) as one GEMM.
+
+    def fused_linears(self) -> list[Linear]:
+        """The bf16 linears of `a` besides wq_a/wkv, in the fused weight's row order:
+        main wkv | main wgate | index wkv | index wgate | weights_proj (sliding layers: none)."""
+        if self.compressor is None:
+            return []
+        lins = [self.compressor.wkv, self.compressor.wgate]
+        if self.indexer:
+            lins += [self.indexer.compressor.wkv, self.indexer.compressor.wgate, self.indexer.weights_proj]
+        return lins
+
+    def fused_input_weight(self) -> torch.Tensor:
+        """`fused_linears`' weights row-stacked [N, D], built on first use. From then on each linear's
+        weight *is* its row block (a view): no second copy, and a reload (an in-place copy into the
+        weights) updates the stack too. Rebuilt when a weight was replaced since (`.to()`, a new Parameter)."""
+        lins = self.fused_linears()
+        if self._fused is not None and [lin.weight.data_ptr() for lin in lins] == self._fused[1]:
+            return self._fused[0]
+        for lin in lins:
+            if lin.kernel_format is not None or lin.quantize_input:
+                raise RuntimeError(f"layer {self.layer_index}: fused projections need plain bf16 linears ({lin})")
+        with torch.inference_mode(False), torch.no_grad():  # normal tensors: later loads copy into them
+            stacked = torch.cat([lin.weight.detach() for lin in lins])
+            row = 0
+            for lin in lins:
+                lin.weight.data = stacked[row:row + lin.out_features]
+                lin.invalidate_cache()
+                row += lin.out_features
+        self._fused = (stacked, [lin.weight.data_ptr() for lin in lins])
+        return stacked
+
+    def _apply(self, fn, recurse=True):  # .to()/.cuda() give the linears new weights: drop the old stack
+        self._fused = None
+        return super()._apply(fn, recurse)
+
+    def _project_fused(self, a: torch.Tensor, positions: torch.Tensor
+                       ) -> tuple[tuple, tuple | None, torch.Tensor | None]:
+        """(rows, index_rows, index_w) as `Compressor.project` and `weights_proj(a) * weight_scale`
+        compute them: one GEMM into fp32 over `fused_input_weight`, then one launch
+        (dsv4.kernels.projections) adds each compressor's ape to its gate columns in place and rounds the
+        head weights. The rows are column views of the GEMM output."""
+        from dsv4.kernels import projections as pj
+        weight = self.fused_input_weight()
+        y = bf16_gemm_fp32(a, weight)
+        if y is None:  # CPU / other dtypes: the GEMM in the accumulation dtype, as Linear does
+            acc = acc_dtype(a.dtype)
+            y = F.linear(a.to(acc), weight.to(acc))
+        width = self.compressor.wkv.out_features
+        rows = (y[:, :width], y[:, width:2 * width])
+        gates, index_rows, head = [(width, self.compressor.ape)], None, None
+        if self.indexer:
+            col, iw = 2 * width, self.indexer.compressor.wkv.out_features
+            index_rows = (y[:, col:col + iw], y[:, col + iw:col + 2 * iw])
+            gates.append((col + iw, self.indexer.compressor.ape))
+            head = (col + 2 * iw, self.indexer.n_heads, self.indexer.weight_scale)
+        finish = pj.finish_projections if pj.HAS_TRITON and (y.is_cuda or pj.INTERPRET) else pj.finish_projections_ref
+        return rows, index_rows, finish(y, positions, gates, head)
 
     def attend(self, pre: AttentionInputs, positions: torch.Tensor, segments: list[Segment] | None,
                out: torch.Tensor | None = None, step=None) -> torch.Tensor:
@@ -272,10 +338,10 @@ class Attention(nn.Module):
             step.write_kv(layer, pre.kv)
         for comp, rows in ((self.compressor, pre.rows), (self.indexer and self.indexer.compressor, pre.index_rows)):
             if comp:
-                step.write_rows(layer, comp.kind, *rows)
-                if fused:
-                    self._compress_step_kernels(comp, step)
+                if fused:  # the rows are stored by the pooling launch
+                    self._compress_step_kernels(comp, step, rows)
                     continue
+                step.write_rows(layer, comp.kind, *rows)
                 c, z, has_prev = step.window_rows(layer, comp.kind)
                 entries = comp.finish_at(comp.pool_window(c, z, has_prev), step.entry_positions(comp.ratio), pre.dtype)
                 step.write_entries(layer, comp.kind, entries)
@@ -298,21 +364,26 @@ class Attention(nn.Module):
         _sink_attention_decode(pre.q, keys, visible, self.attn_sink, self.scale, out)
         return out
 
-    def _compress_step_kernels(self, comp, step) -> None:
-        """Pool the window containing t and store its entry: two launches (dsv4.kernels.cache_store)."""
+    def _compress_step_kernels(self, comp, step, rows: tuple) -> None:
+        """Store the token's (C, Z) rows, pool the window containing t and store its entry: two
+        launches (dsv4.kernels.cache_store)."""
         from dsv4.kernels.cache_store import pool_windows, store_rows
         from dsv4.model.numerics import hadamard_matrix
         layer, name = self.layer_index, comp.kind
         buf, page, slots, has_prev = step.rows_window(layer, name)
-        pooled = pool_windows(buf[0], buf[1], page, slots, has_prev, comp.ratio, comp.dim)
+        c, z = (r.to(buf.dtype) for r in rows)
+        if c.stride() != z.stride() or c.stride(-1) != 1:  # pool_windows reads both with one stride
+            c, z = c.contiguous(), z.contiguous()
+        pooled = pool_windows(buf[0], buf[1], page, slots, has_prev, comp.ratio, comp.dim,
+                              new_rows=(c, z, step.row_slot(layer, name)))
         cos, sin = comp.rope.cos_sin(step.entry_positions(comp.ratio))  # shared by the layers (shared_cos_sin)
         had = hadamard_matrix(comp.dim, torch.float32, pooled.device) if name == "index" else None
         store_rows(pooled, *step.entry_slot(layer, name), step.pools.entries[layer, name], norm_weight=comp.norm.weight,
                    eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had)
 
     def _attend_step_kernel(self, pre, step, picked, valid, out):
-        """The Triton kernel reads the FP8 pools itself; identity cos/sin keep the inverse RoPE in
-        `finish`, so both paths round the same way."""
+        """The Triton kernel reads the FP8 pools itself and writes `out`; without cos/sin it leaves the
+        inverse RoPE to `finish`, so both paths round the same way."""
         from dsv4.kernels.attention import decode_attention
         pools, layer = step.pools, self.layer_index
         comp = table = idx = count = None
@@ -323,21 +394,27 @@ class Attention(nn.Module):
                 idx = torch.where(valid, picked, -1)
             else:
                 count = step.entry_count(r)
-        one = torch.ones_like(pre.cos, dtype=torch.float32)
-        out.copy_(decode_attention(pre.q, step.pos, one, torch.zeros_like(one), pools.window[layer],
-                                   step.tables["window"], pools.ring, self.window, comp, table, idx, count,
-                                   self.attn_sink, self.scale))
+        decode_attention(pre.q, step.pos, None, None, pools.window[layer], step.tables["window"], pools.ring,
+                         self.window, comp, table, idx, count, self.attn_sink, self.scale, out=out)
         return out
 
     def finish(self, out: torch.Tensor, pre: AttentionInputs) -> torch.Tensor:
         """Inverse RoPE, grouped wo_a, wo_b (row-parallel all-reduce when sharded) -> [T, D]."""
         acc = acc_dtype(pre.dtype)
-        if self.use_kernels:  # one launch for the inverse RoPE; wo_a as the reference's bf16 einsum
+        if self.use_kernels:  # one launch for the inverse RoPE; wo_a: the reference's bf16 products
             from dsv4.kernels.norm_rope import norm_rope
             out = norm_rope(out, cos=pre.cos, sin=pre.sin, inverse=True)
             grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
-            wo_a = self.wo_a.weight.unflatten(0, (self.groups, self.group_rank))
-            low_rank = torch.einsum("tgi,gri->tgr", grouped, wo_a)  # fp32 accumulation, bf16 result
+            if self.wo_a.kernel_format == "w8a16" and grouped.shape[0] <= W8A16_MAX_TOKENS:
+                from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16  # half the weight bytes
+                low_rank = grouped_linear_w8a16(grouped, self.wo_a.weight, self.wo_a.e8m0_scale())
+            else:
+                wo_a = self.wo_a.weight
+                if self.wo_a.kernel_format == "w8a16":  # prefill: cuBLAS on a transient bf16 copy
+                    from dsv4.quant.fp8 import dequantize_fp8_block
+                    wo_a = dequantize_fp8_block(wo_a, self.wo_a.scale, dtype=torch.bfloat16)
+                wo_a = wo_a.unflatten(0, (self.groups, self.group_rank))
+                low_rank = torch.einsum("tgi,gri->tgr", grouped, wo_a)  # fp32 accumulation, bf16 result
         else:
             out = apply_rope(out, pre.cos[:, None], -pre.sin[:, None])  # undo the keys' rotation carried by V = K
             grouped = out.flatten(1).unflatten(-1, (self.groups, -1))

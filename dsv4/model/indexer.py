@@ -48,10 +48,11 @@ class Indexer(nn.Module):
         self.weights_proj = Linear(config.hidden_size, self.n_heads, dtype, numerics)
         self.compressor = Compressor(config, self.ratio, self.head_dim, rope, dtype, numerics, kind="index")
 
-    def queries(self, q_latent_in: torch.Tensor, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def queries(self, q_latent_in: torch.Tensor, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(indexer queries [T, Hi, di], head weights [T, Hi]) of a flat batch; q_latent_in is the
-        (already activation-quantised) input of wq_b."""
+        (already activation-quantised) input of wq_b. `weights`: the head weights when already computed
+        (kernel mode: by the layer's fused projection of `a`, see `Attention.fused_input_weight`)."""
         q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
         if self.use_kernels:  # RoPE + Hadamard + FP4 simulation in one launch
             from dsv4.kernels import norm_rope as nr
@@ -60,7 +61,8 @@ class Indexer(nn.Module):
             q = apply_rope(q, cos[:, None], sin[:, None])
             if self.numerics.simulate_indexer_fp4:
                 q = simulate_indexer_fp4(q)
-        weights = self.weights_proj(a) * self.weight_scale
+        if weights is None:
+            weights = self.weights_proj(a) * self.weight_scale
         return q, weights
 
     def select_padded(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
@@ -86,7 +88,11 @@ class Indexer(nn.Module):
         return self._pick(indexer_scores(q, weights, pool, page, off, present), present)
 
     def _pick(self, scores: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        picked = top_k_lowest_index(scores, min(self.topk, scores.shape[1])).sort(dim=1).values
+        k = min(self.topk, scores.shape[1])
+        if self.use_kernels and scores.is_cuda:  # the same selection in one launch (radix select)
+            from dsv4.kernels.topk import topk_lowest_index
+            return topk_lowest_index(scores, k, present)
+        picked = top_k_lowest_index(scores, k).sort(dim=1).values
         return picked, present.gather(1, picked)
 
     def _scores_padded(self, q, weights, keys, present) -> torch.Tensor:

@@ -72,9 +72,12 @@ class Linear(nn.Module):
         self.quantize_input = quantize_input and numerics.quantize_activations
         self._acc_weight: torch.Tensor | None = None  # weight in the accumulation dtype, built lazily
         keep = _KEEP_QUANTIZED.get()
-        self.kernel_format: str | None = None  # "fp8" | "mxfp4" in kernel mode, else None
+        self.kernel_format: str | None = None  # "fp8" | "mxfp4" | "w8a16" in kernel mode, else None
+        self._e8m0_scale: tuple | None = None  # "w8a16": (scale version, E8M0 bytes or fp32 scales)
         if keep is not None and self.quantize_input and weight_format != PLAIN:
             self.kernel_format = "mxfp4" if weight_format == EXPERT and keep == "fp4" else "fp8"
+        elif keep is not None and weight_format == FP8 and quantize_input is False:
+            self.kernel_format = "w8a16"  # wo_a: FP8 weight, bf16 input (dsv4.kernels.grouped_w8a16)
         if self.kernel_format is None:
             self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
             return
@@ -120,6 +123,18 @@ class Linear(nn.Module):
             q, s = quantize_fp8_block(w.float(), scale_dtype="float32")
         self.load_quantized(name, q, s)
 
+    def e8m0_scale(self) -> torch.Tensor:
+        """Kernel mode: the block scales as E8M0 bytes when all are powers of two (the fast path of
+        dsv4.kernels.grouped_w8a16), else the float32 scales. Cached until the scales change in place
+        (its first call reads a flag back from the device: not inside a CUDA-graph capture)."""
+        key = (self.scale.data_ptr(), self.scale._version)
+        if self._e8m0_scale is None or self._e8m0_scale[0] != key:
+            from dsv4.quant.e8m0 import float_to_e8m0
+            s = self.scale
+            pow2 = bool(((s > 0) & (torch.frexp(s).mantissa == 0.5)).all())
+            self._e8m0_scale = (key, float_to_e8m0(s).view(torch.uint8) if pow2 else s)
+        return self._e8m0_scale[1]
+
     def acc_weight(self) -> torch.Tensor:
         acc = acc_dtype(self.weight.dtype)
         if acc == self.weight.dtype:
@@ -130,10 +145,10 @@ class Linear(nn.Module):
         return w
 
     def invalidate_cache(self) -> None:
-        self._acc_weight = None
+        self._acc_weight = self._e8m0_scale = None
 
-    def _apply(self, fn, recurse=True):  # .to()/.cuda() change the weight: drop the cached copy
-        self._acc_weight = None
+    def _apply(self, fn, recurse=True):  # .to()/.cuda() change the weight: drop the cached copies
+        self._acc_weight = self._e8m0_scale = None
         return super()._apply(fn, recurse)
 
     def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -148,7 +163,7 @@ class Linear(nn.Module):
         """y = W x accumulated in acc_dtype(x.dtype); result in out_dtype or x.dtype."""
         if self.kernel_format is not None:
             if self.kernel_format != "fp8":
-                raise RuntimeError("MXFP4 expert weights run only inside the fused MoE kernel")
+                raise RuntimeError(f"{self.kernel_format} weights run only inside their kernels (fused MoE, grouped wo_a)")
             from dsv4.kernels.fp8_linear import fp8_linear
             if out_dtype == torch.float32:  # a partial sum: unrounded, like the torch path
                 return fp8_linear(x, self.weight, self.scale, out_dtype=torch.float32)
