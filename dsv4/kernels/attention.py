@@ -18,7 +18,9 @@ cos = sin = None, for a caller that applies the inverse RoPE itself.
 Kernel: grid (B, ceil(H/16), splits); a program holds 16 heads x Dh in fp32 and walks its share of the
 candidate list in blocks of 16 entries (gather + FP8 dequant in registers, two tensor-core dots,
 online softmax). With one split it finishes in place; otherwise a combine launch merges the splits
-(flash-decoding), adds the sink and applies the inverse RoPE.
+(flash-decoding), adds the sink and applies the inverse RoPE. The candidates are split so that the
+grid is about one wave (`NUM_SMS`): at batch 1 the latency of a program's serial block loop, not
+bandwidth, sets the time.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 KV_BLOCK = 64
+# Split count: about one program per SM (H200: 132). Measured (bench/bench_glue.py --attn, ctx 4K): at B=1
+# 16-32 splits are 1.5-3x faster than the old "2 per SM, >= 64 entries per split" rule, at B=8 4 splits.
+NUM_SMS = 132
 
 
 class FP8Pool(Protocol):
@@ -285,8 +290,8 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | Non
     bh, bn = 16, 16
     hblocks = triton.cdiv(h, bh)
     n_cand = window + n_comp
-    if splits is None:  # fill the chip: ~2 programs per SM, at least 64 candidates per split
-        splits = max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(264, bsz * hblocks)))
+    if splits is None:  # one wave of programs over the SMs, at least one 16-entry block per split
+        splits = max(1, min(triton.cdiv(n_cand, bn), NUM_SMS // (bsz * hblocks)))
     per_split = triton.cdiv(triton.cdiv(n_cand, splits), bn) * bn
     splits = triton.cdiv(n_cand, per_split)
     q = q.contiguous()

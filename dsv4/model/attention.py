@@ -398,6 +398,15 @@ class Attention(nn.Module):
                          self.window, comp, table, idx, count, self.attn_sink, self.scale, out=out)
         return out
 
+    def _wo_a_dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """wo_a as [groups, rank, in] in dtype; kernel mode keeps it FP8 ("w8a16"): dequantised here."""
+        if self.wo_a.kernel_format == "w8a16":
+            from dsv4.quant.fp8 import dequantize_fp8_block
+            w = dequantize_fp8_block(self.wo_a.weight, self.wo_a.scale, dtype=dtype)
+        else:
+            w = self.wo_a.weight if self.wo_a.weight.dtype == dtype else self.wo_a.acc_weight()
+        return w.unflatten(0, (self.groups, self.group_rank))
+
     def finish(self, out: torch.Tensor, pre: AttentionInputs) -> torch.Tensor:
         """Inverse RoPE, grouped wo_a, wo_b (row-parallel all-reduce when sharded) -> [T, D]."""
         acc = acc_dtype(pre.dtype)
@@ -408,18 +417,12 @@ class Attention(nn.Module):
             if self.wo_a.kernel_format == "w8a16" and grouped.shape[0] <= W8A16_MAX_TOKENS:
                 from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16  # half the weight bytes
                 low_rank = grouped_linear_w8a16(grouped, self.wo_a.weight, self.wo_a.e8m0_scale())
-            else:
-                wo_a = self.wo_a.weight
-                if self.wo_a.kernel_format == "w8a16":  # prefill: cuBLAS on a transient bf16 copy
-                    from dsv4.quant.fp8 import dequantize_fp8_block
-                    wo_a = dequantize_fp8_block(wo_a, self.wo_a.scale, dtype=torch.bfloat16)
-                wo_a = wo_a.unflatten(0, (self.groups, self.group_rank))
-                low_rank = torch.einsum("tgi,gri->tgr", grouped, wo_a)  # fp32 accumulation, bf16 result
+            else:  # prefill: cuBLAS (on a transient bf16 copy of the FP8 weight)
+                low_rank = torch.einsum("tgi,gri->tgr", grouped, self._wo_a_dense(pre.dtype))  # fp32 acc, bf16 out
         else:
             out = apply_rope(out, pre.cos[:, None], -pre.sin[:, None])  # undo the keys' rotation carried by V = K
             grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
-            wo_a = self.wo_a.acc_weight().unflatten(0, (self.groups, self.group_rank))
-            low_rank = torch.einsum("tgi,gri->tgr", grouped.to(acc), wo_a).to(pre.dtype)
+            low_rank = torch.einsum("tgi,gri->tgr", grouped.to(acc), self._wo_a_dense(acc)).to(pre.dtype)
         if self.layout is None:
             return self.wo_b(low_rank.flatten(1))
         partial = self.wo_b(low_rank.flatten(1), out_dtype=acc)  # row-parallel: sum over ranks, then round

@@ -9,7 +9,9 @@ the routed outputs are summed in fp32, the shared one added, and the total round
 Kernel mode (`kernels="triton"`): `pack_experts` (at finalize) stacks the quantised routed experts
 into `dsv4.kernels.moe.PackedExperts` (MXFP4 stays packed) and frees the per-expert tensors; the
 routed experts then run as one `fused_moe` (FP8 activations, reference numerics), and the gate's
-epilogue after its logits GEMM as one `dsv4.kernels.router.route` launch.
+epilogue after its logits GEMM as one `dsv4.kernels.router.route` launch. The shared expert's w1/w3
+are stacked into one w13 (`Expert.fuse_w13`, sharded TP slices too): w13 GEMM, one
+`dsv4.kernels.swiglu` launch, w2 GEMM.
 
 Sharded (`layout` given, see dsv4.distributed.sharding): this rank holds only its EP rank's experts
 (the others are `RemoteExpert` placeholders) and its TP slice of the shared expert; the combine
@@ -71,11 +73,35 @@ class Expert(nn.Module):
         self.w1 = Linear(d, i, dtype, numerics, weight_format)
         self.w2 = Linear(i, d, dtype, numerics, weight_format)
         self.w3 = Linear(d, i, dtype, numerics, weight_format)
+        # kernel mode after fuse_w13: w1 over w3 as one FP8 weight [2I, D] + scale [2I/128, D/128]
+        self.w13_weight: torch.Tensor | None = None
+        self.w13_scale: torch.Tensor | None = None
+
+    def fuse_w13(self) -> None:
+        """Kernel mode, FP8 w1/w3: stack them into one weight so that gate and up are one GEMM.
+        w1/w3 become row views of it (no second copy; a later `load_quantized` of w1 or w3 writes
+        through into the fused weight). Plain attributes, not buffers: the loader's tensor list is
+        unchanged and the model is not moved after finalize (like `MoE.packed`)."""
+        w1, w3 = self.w1, self.w3
+        if self.w13_weight is not None or w1.kernel_format != "fp8" or w3.kernel_format != "fp8":
+            return
+        i = w1.out_features
+        weight = torch.cat([w1.weight.detach(), w3.weight.detach()])  # 128-row blocks stay whole (I % 128 == 0)
+        scale = torch.cat([w1.scale, w3.scale])
+        for lin, rows, srows in ((w1, slice(0, i), slice(0, i // 128)), (w3, slice(i, 2 * i), slice(i // 128, None))):
+            lin.weight = nn.Parameter(weight[rows], requires_grad=False)
+            lin.scale = scale[srows]
+        self.w13_weight, self.w13_scale = weight, scale
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, input_ready: bool = False,
                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """w2 output in out_dtype (default: rounded to the input dtype; a TP slice of the shared
         expert asks for the accumulation dtype, to be summed over ranks before rounding)."""
+        if self.w13_weight is not None:  # kernel mode: w13 GEMM -> SwiGLU -> w2 GEMM, three launches
+            from dsv4.kernels.fp8_linear import fp8_linear
+            from dsv4.kernels.swiglu import swiglu
+            z = swiglu(fp8_linear(x, self.w13_weight, self.w13_scale), self.limit, weight)
+            return self.w2(z, out_dtype=out_dtype)
         acc = acc_dtype(x.dtype)
         if not input_ready:
             x = self.w1.prepare_input(x)
@@ -107,7 +133,10 @@ class MoE(nn.Module):
         self.shared_experts = Expert(config, dtype, numerics, FP8, shared_inter) if config.n_shared_experts else None
 
     def pack_experts(self) -> None:
-        """Kernel mode: routed experts -> the fused MoE kernel's layout (once, after loading)."""
+        """Kernel mode: routed experts -> the fused MoE kernel's layout, the shared expert's w1/w3 ->
+        one w13 (once, after loading)."""
+        if self.shared_experts is not None:
+            self.shared_experts.fuse_w13()
         mine = [e for e in self.experts if isinstance(e, Expert)]  # this rank's, ascending id
         fmt = mine[0].w1.kernel_format if mine else None
         if fmt is None or self.packed is not None:

@@ -89,9 +89,14 @@ def test_indexer_scores(bsz, heads, ps, width, fp4, holes, poison):
     # the glue: torch top-k over these scores, as pick_padded does over the reference's
     ix = Indexer.__new__(Indexer)
     object.__setattr__(ix, "topk", 24)
+    object.__setattr__(ix, "use_kernels", False)  # torch's sort-based top-k
     picked, valid = ix.pick_from_pool(q, w, pool, page, off, present)
     want, want_valid = ix._pick(got, present)
     assert torch.equal(picked, want) and torch.equal(valid, want_valid)
+    if got.is_cuda:  # kernel mode: the one-launch radix select picks the same list
+        object.__setattr__(ix, "use_kernels", True)
+        kpicked, kvalid = ix.pick_from_pool(q, w, pool, page, off, present)
+        assert torch.equal(kpicked, picked) and torch.equal(kvalid, valid)
     same = (got == ref).all(1) | (torch.isneginf(got) & torch.isneginf(ref)).all(1)
     ref_picked, ref_valid = ix.pick_padded(q, w, keys, present)
     assert torch.equal(picked[same], ref_picked[same]) and torch.equal(valid[same], ref_valid[same])
