@@ -5,7 +5,8 @@ issue #6's fusion work, not a benchmark.
 
     python bench/profile_step.py [--layers 4] [--batch 1] [--ctx 1024] [--prefill N]
 
-`--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill).
+`--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill);
+`--host` the host's side of captured decode steps (CPU time per op and labelled Python part).
 """
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ PARTS = [("dsv4.model.block", "Block", "pre"), ("dsv4.model.attention", "Attenti
          ("dsv4.model.attention", "Attention", "attend"), ("dsv4.model.indexer", "Indexer", "select_indices"),
          ("dsv4.model.moe", "Gate", "forward"), ("dsv4.model.moe", "Expert", "forward"),
          ("dsv4.model.block", "Block", "forward")]
+
+
+HOST_PARTS = [("dsv4.model.graphs", "_StepBucket", "run"), ("dsv4.engine.paged_decode", "DecodeStep", "fill"),
+              ("dsv4.model.deepseek_v4", "DeepseekV4ForCausalLM", "forward"),
+              ("dsv4.model.deepseek_v4", "DeepseekV4ForCausalLM", "compute_logits"),
+              ("dsv4.engine.cache", "HybridCache", "reserve"), ("dsv4.model.graphs", "DecodeGraphs", "paged_step")]
 
 
 def _label(mod, cls, name):
@@ -77,6 +84,8 @@ def main() -> None:
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill instead of a decode step")
     p.add_argument("--syncs", action="store_true", help="also list where the profiled call waits for the GPU")
     p.add_argument("--order", action="store_true", help="also list each layer's kernels in launch order")
+    p.add_argument("--host", action="store_true",
+                   help="instead: the host's side of captured decode steps (CPU time per torch op / Python part)")
     args = p.parse_args()
     if args.prefill:
         args.batch, args.ctx = 1, args.prefill
@@ -92,6 +101,8 @@ def main() -> None:
     cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=args.batch + 1, max_model_len=args.ctx + 64,
                                                       kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
     run = Runner(model, cfg.vocab_size, dev, cache)
+    if args.host:
+        model.enable_cuda_graphs(max_batch=max(args.batch, 1))
     states = run.new_states(args.batch)
     run.prefill(states, args.ctx, with_mtp=False)
     one = [1] * args.batch
@@ -101,6 +112,9 @@ def main() -> None:
         run.release(states)
         states = run.new_states(1)
         one = [args.prefill]
+    if args.host:
+        _profile_host(run, states, one)
+        return
     for part in PARTS:
         _label(*part)
     torch.cuda.synchronize()
@@ -145,6 +159,33 @@ def main() -> None:
     print("kernels by GPU time (us, launches):")
     for name, us in times.most_common(int(os.environ.get("TOP", "25"))):
         print(f"  {us:8.0f} {names[name]:5d}  {name}")
+
+
+def _profile_host(run, states, one, steps: int = 10) -> None:
+    """Wall time of whole decode steps vs their graph's GPU time, and where the host's time goes."""
+    import time
+    from torch.profiler import ProfilerActivity, profile, record_function
+    for _ in range(3):
+        run.forward(states, one)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        run.forward(states, one)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t) / steps * 1e3
+    for part in HOST_PARTS:
+        _label(*part)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            with record_function("Runner.forward"):
+                run.forward(states, one)
+        torch.cuda.synchronize()
+    print(f"decode step wall {wall:.2f} ms (back to back, {steps} steps); host CPU time by op, per step:")
+    rows = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:30]
+    print(f"{'op':50s} {'calls':>6} {'total ms':>9} {'self ms':>8}")
+    for e in rows:
+        print(f"{e.key[:50]:50s} {e.count // steps:6d} {e.cpu_time_total / 1e3 / steps:9.3f} "
+              f"{e.self_cpu_time_total / 1e3 / steps:8.3f}")
 
 
 def _print_order(events, gpu) -> None:
