@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 CALLS = 20
 
 
-def graph_us(fn, reps: int = 20) -> float:
-    """Microseconds per call of `fn`, captured CALLS times in one graph and replayed."""
+def graph_us(fn, reps: int = 20, calls: int = CALLS) -> float:
+    """Microseconds per call of `fn`, captured `calls` times in one graph and replayed."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -33,7 +33,7 @@ def graph_us(fn, reps: int = 20) -> float:
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(CALLS):
+        for _ in range(calls):
             fn()
     g.replay()
     torch.cuda.synchronize()
@@ -43,7 +43,7 @@ def graph_us(fn, reps: int = 20) -> float:
         g.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * CALLS)
+    return start.elapsed_time(end) * 1e3 / (reps * calls)
 
 
 def _load(path: str):

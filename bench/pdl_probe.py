@@ -1,17 +1,24 @@
 """What one dependent kernel costs inside a CUDA graph, with and without programmatic dependent
 launch (PDL): a chain of N small Triton kernels (each reads the previous one's output) captured in
-one graph, replayed; µs per node. A development aid for issue #6 (decode-step node overhead).
+one graph, replayed; µs per node. A development aid for issue #6 (decode-step node overhead). Session 6
+measured 0.93 -> 0.66 µs per node here, but no gain in the real decode step, so the kernels do not
+use PDL (docs/benchmarks.md #6, session 6).
 
     python bench/pdl_probe.py [--nodes 200] [--numel 8192] [--programs 16]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_glue import graph_us  # noqa: E402
 
 
 @triton.jit
@@ -39,27 +46,6 @@ def chain(a, b, nodes, programs, pdl, torch_every=0):
     return src
 
 
-def timed_graph(fn, reps=50):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--nodes", type=int, default=200)
@@ -76,7 +62,7 @@ def main():
     print(f"{'variant':34s} {'us/replay':>10} {'us/node':>8}")
     for name, pdl, every in (("plain", False, 0), ("PDL", True, 0), ("plain, every 4th a torch op", False, 4),
                              ("PDL, every 4th a torch op", True, 4)):
-        us = timed_graph(lambda: chain(a, b, args.nodes, args.programs, pdl, every))
+        us = graph_us(lambda: chain(a, b, args.nodes, args.programs, pdl, every), reps=50, calls=1)
         print(f"{name:34s} {us:10.1f} {us / args.nodes:8.2f}")
 
 
