@@ -38,6 +38,7 @@ from dsv4.kernels.fp8_linear import (  # noqa: E402
     grouped_linear_bf16,
     pick_linear_config,
 )
+from dsv4.kernels.grouped_w8a16 import GroupedConfig, grouped_linear_w8a16, pick_grouped_config  # noqa: E402
 from dsv4.kernels.moe import MoEConfig, PackedExperts, fused_moe, pick_moe_config  # noqa: E402
 
 MS = [1, 8, 64, 256, 1024, 4096]
@@ -201,10 +202,19 @@ def bench_grouped(model, ms, ceil) -> list[dict]:
         r = dict(model=model, name="wo_a (grouped)", m=m, n=ro, k=k, groups=g)
         r["ours_us"], _ = try_time(lambda: grouped_fp8_linear(x, w, ws))
         r["bf16_bmm_us"], _ = try_time(lambda: grouped_linear_bf16(x, wb))
+        r["w8a16_us"], _ = try_time(lambda: grouped_linear_w8a16(x, w, ws))  # kernel mode's decode path
+        if m <= 64:  # launch shapes of the W8A16 kernel: pipeline depth and the weight conversion
+            base = pick_grouped_config(m)
+            for stages, bit in ((3, True), (6, True), (8, True), (4, False)):
+                cfg = GroupedConfig(**{**base.__dict__, "num_stages": stages, "bit_convert": bit})
+                r[f"w8a16_s{stages}{'' if bit else '_cast'}_us"], _ = try_time(
+                    lambda: grouped_linear_w8a16(x, w, ws, config=cfg))
         _derive_linear(r, ceil)
         r["x_bf16"] = r["bf16_bmm_us"] / r["ours_us"]
         rows.append(r)
-        print(f"{model:5s} wo_a grouped   M={m:5d} fp8 {r['ours_us']:8.1f} bf16-bmm {r['bf16_bmm_us']:8.1f}", flush=True)
+        shapes = " ".join(f"{k[6:-3]} {v:.1f}" for k, v in r.items() if k.startswith("w8a16_s"))
+        print(f"{model:5s} wo_a grouped   M={m:5d} fp8 {r['ours_us']:8.1f} bf16-bmm {r['bf16_bmm_us']:8.1f} "
+              f"w8a16 {r['w8a16_us']:8.1f} ({shapes})", flush=True)
     return rows
 
 
@@ -360,12 +370,14 @@ def markdown(meta: dict, ceil: dict, lin: list[dict], moe: list[dict]) -> str:
                        f"{r['cublas_us']:.1f}{star} | {r['x_cublas']:.2f} | {r['ours_gemm_us']:.1f} | "
                        f"{r['cublas_gemm_us']:.1f} | {r['x_cublas_gemm']:.2f} | {r['tflops']:.0f} | {r['gbps']:.0f} | "
                        f"{r['pct_bw']:.0f} | {r['pct_fp8']:.0f} |")
-        out += ["", "Grouped wo_a (x [M, G, 4096] · wo_a[g]^T): FP8 Triton option vs the bf16 `bmm` default:", "",
-                "| model | G | M | FP8 µs | bf16 bmm µs | ×bf16 | TFLOP/s | %BW |", "|---|---|---|---|---|---|---|---|"]
+        out += ["", "Grouped wo_a (x [M, G, 4096] · wo_a[g]^T): FP8 Triton option, the bf16 `bmm`, and the W8A16 "
+                "kernel (FP8 weight, bf16 input; kernel mode's decode path):", "",
+                "| model | G | M | FP8 µs | bf16 bmm µs | W8A16 µs | ×bf16 | TFLOP/s | %BW |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for r in lin:
             if "groups" in r:
                 out.append(f"| {r['model']} | {r['groups']} | {r['m']} | {r['ours_us']:.1f} | {r['bf16_bmm_us']:.1f} | "
-                           f"{r['x_bf16']:.2f} | {r['tflops']:.0f} | {r['pct_bw']:.0f} |")
+                           f"{r['w8a16_us']:.1f} | {r['x_bf16']:.2f} | {r['tflops']:.0f} | {r['pct_bw']:.0f} |")
     if moe:
         out += ["", "Routed MoE (ours = align + GEMM1 + GEMM2 + combine, W4A8 reference-exact; W4A16 option; peer = "
                 "bf16 experts + `torch._grouped_mm`; %BW on the expert bytes touched; %FP8 of the blockwise peak):", "",
