@@ -18,9 +18,9 @@ cos = sin = None, for a caller that applies the inverse RoPE itself.
 Kernel: grid (B, ceil(H/16), splits); a program holds 16 heads x Dh in fp32 and walks its share of the
 candidate list in blocks of 16 entries (gather + FP8 dequant in registers, two tensor-core dots,
 online softmax). With one split it finishes in place; otherwise a combine launch merges the splits
-(flash-decoding), adds the sink and applies the inverse RoPE. The candidates are split so that the
-grid is about one wave (`NUM_SMS`): at batch 1 the latency of a program's serial block loop, not
-bandwidth, sets the time.
+(flash-decoding), adds the sink and applies the inverse RoPE ("loop" or "wide" kernel, see COMBINE).
+The candidates are split so that the grid is about one wave (`NUM_SMS`): at batch 1 the latency of a
+program's serial block loop, not bandwidth, sets the time.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ KV_BLOCK = 64
 # Split count: about one program per SM (H200: 132). Measured (bench/bench_glue.py --attn, ctx 4K): at B=1
 # 16-32 splits are 1.5-3x faster than the old "2 per SM, >= 64 entries per split" rule, at B=8 4 splits.
 NUM_SMS = 132
+# Split merge: "loop" walks the splits serially (one [16, Dh] load per split, each waiting a memory latency,
+# B*ceil(H/16) programs); "wide" loads all splits of a [BH, BD] tile at once over B*ceil(H/BH)*Dh/BD programs.
+# `decode_attention(combine=...)` overrides this per call (for A/B benchmarks).
+COMBINE = "loop"
+WIDE_BD, WIDE_WARPS = 32, 4  # "wide": columns per program (at most), warps per program
 
 
 class FP8Pool(Protocol):
@@ -216,6 +221,37 @@ if HAS_TRITON:
             o += ws[:, None] * a
         _inverse_rope_store(o / denom[:, None], OUT + b * H * HD, COS, SIN, b, offs_h, hmask, HD, NOPE, BH, ROT)
 
+    @triton.jit
+    def _combine_wide_kernel(PACC, PML, SINK, COS, SIN, OUT, H, n_split,
+                             HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
+                             SP: tl.constexpr, ROT: tl.constexpr):
+        """`_combine_kernel` without the serial split walk: grid (B, ceil(H/BH), HD/BD); a program loads all
+        SP splits of its [BH, BD] tile at once (the loads overlap instead of each waiting a latency)."""
+        b = tl.program_id(0)
+        offs_h = tl.program_id(1) * BH + tl.arange(0, BH)
+        d0 = tl.program_id(2) * BD
+        hmask = offs_h < H
+        offs_s = tl.arange(0, SP)
+        m3 = (offs_s < n_split)[:, None, None] & hmask[None, :, None]  # [SP, BH, 1]
+        row = (b * n_split + offs_s[:, None, None]) * H + offs_h[None, :, None]
+        m_s = tl.load(PML + row * 2, mask=m3, other=-1.0e30)  # [SP, BH, 1]: broadcasts over the tile's columns
+        l_s = tl.load(PML + row * 2 + 1, mask=m3, other=0.0)
+        offs_d = d0 + tl.arange(0, BD)
+        a = tl.load(PACC + row * HD + offs_d[None, None, :], mask=m3, other=0.0)  # [SP, BH, BD]
+        m = tl.max(m_s, axis=0)  # [BH, 1]
+        w = tl.exp(m_s - m[None])
+        sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
+        denom = tl.sum(w * l_s, axis=0) + tl.exp(sink[:, None] - m)
+        o = (tl.sum(w * a, axis=0) / denom).to(tl.bfloat16).to(tl.float32)  # [BH, BD], rounded as the reference
+        if ROT:  # pairs (2i, 2i+1) lie in one tile (BD even); only pairs past NOPE rotate
+            ev, od = tl.split(tl.reshape(o, (BH, BD // 2, 2)))
+            pair = d0 // 2 + tl.arange(0, BD // 2)
+            rp = pair >= NOPE // 2
+            c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
+            s = tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+            o = tl.reshape(tl.join(ev * c + od * s, od * c - ev * s), (BH, BD))
+        tl.store(OUT + (b * H + offs_h[:, None]) * HD + offs_d[None, :], o.to(tl.bfloat16), mask=hmask[:, None])
+
 
 # --------------------------------------------------------------------------- launcher
 
@@ -246,11 +282,15 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | Non
                      comp_pool: FP8Pool | None, comp_table: torch.Tensor | None,
                      comp_idx: torch.Tensor | None, comp_count: torch.Tensor | None,
                      sink: torch.Tensor, scale: float, splits: int | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, combine: str | None = None) -> torch.Tensor:
     """Triton decode attention (contract of `decode_attention_ref`): bf16 [B, H, Dh]. cos = sin = None
-    skips the inverse RoPE (the caller applies it); `out` (contiguous bf16 [B, H, Dh]) receives the result."""
+    skips the inverse RoPE (the caller applies it); `out` (contiguous bf16 [B, H, Dh]) receives the result;
+    `combine` ("loop" / "wide", None = the module's COMBINE) picks the split-merge kernel."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.attention: triton is not installed (use decode_attention_ref)")
+    combine = COMBINE if combine is None else combine
+    if combine not in ("loop", "wide"):
+        raise ValueError(f"decode_attention: combine must be 'loop' or 'wide', got {combine!r}")
     if q.dim() != 3 or q.dtype != torch.bfloat16:
         raise ValueError(f"decode_attention: q must be bf16 [B, H, Dh], got {q.dtype} {tuple(q.shape)}")
     bsz, h, hd = q.shape
@@ -315,7 +355,15 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | Non
         WIN=window, HAS_COMP=has_comp, INDEXED=indexed, SPLIT=splits > 1, HD=hd, NOPE=nope, BH=bh, BN=bn,
         ROT=rot, INTERP=INTERPRET, num_warps=8,
     )
-    if splits > 1:
+    sp = max(2, triton.next_power_of_2(splits))
+    if splits > 1 and combine == "loop":
         _combine_kernel[(bsz, hblocks)](pacc, pml, sink, cos, sin, out, h, splits, HD=hd, NOPE=nope, BH=bh,
-                                        SP=max(2, triton.next_power_of_2(splits)), ROT=rot, num_warps=8)
+                                        SP=sp, ROT=rot, num_warps=8)
+    elif splits > 1:  # tile [sp, bh, bd] of fp32 partials: about 64 per thread
+        budget = 64 * 32 * WIDE_WARPS
+        bd = min(WIDE_BD, hd, max(2, budget // sp))
+        wbh = max(1, min(16, triton.next_power_of_2(h), budget // (sp * bd)))
+        _combine_wide_kernel[(bsz, triton.cdiv(h, wbh), hd // bd)](
+            pacc, pml, sink, cos, sin, out, h, splits, HD=hd, NOPE=nope, BH=wbh, BD=bd, SP=sp, ROT=rot,
+            num_warps=WIDE_WARPS)
     return out

@@ -120,3 +120,64 @@ def test_rejects_bf16_pool():
                                           rope=args["window_pool"].rope)
     with pytest.raises(ValueError, match="window_pool"):
         decode_attention(**args)
+
+
+class _Spy:
+    """Wraps a Triton kernel: records (grid, n_split) of each launch and forwards it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.calls.append((grid, args[7]))
+            return self.kernel[grid](*args, **kw)
+        return launch
+
+
+# (heads, topk, splits, rotate): WIN + topk candidates make exactly `splits` 16-entry-aligned splits; heads are
+# not a multiple of the wide kernel's head block (8, 16, 4, 4 for these split counts); the second sequence has
+# a partial window and a mostly -1 index list, so some of its splits are empty.
+WIDE_CASES = [(5, 16, 2, True), (20, 16, 5, False), (3, 192, 20, True), (5, 400, 33, False), (6, 400, 33, True)]
+
+
+@pytest.mark.parametrize("heads,topk,splits,rotate", WIDE_CASES)
+def test_wide_combine(heads, topk, splits, rotate, poison, close_bf16, monkeypatch):
+    from dsv4.kernels import attention
+
+    gen = torch.Generator(DEV).manual_seed(100 * splits + heads)
+    args = _case(2, heads, [2000, 37], 4, topk, gen)
+    if not rotate:
+        args["cos"] = args["sin"] = None
+    spy = _Spy(attention._combine_wide_kernel)
+    monkeypatch.setattr(attention, "_combine_wide_kernel", spy)
+    poison()
+    out = torch.full_like(args["q"], float("nan"))  # every element must be written
+    wide = attention.decode_attention(**args, splits=splits, combine="wide", out=out)
+    assert len(spy.calls) == 1 and spy.calls[0][1] == splits, spy.calls
+    poison()
+    loop = attention.decode_attention(**args, splits=splits, combine="loop")
+    assert len(spy.calls) == 1
+    close_bf16(wide, loop, rel=2e-3, what="wide vs loop combine")
+    # same fp32 math up to the order of the split sum: all but a few bf16 rounding flips are bit-equal
+    assert (wide != loop).float().mean().item() < 0.01
+    close_bf16(wide, attention.decode_attention_ref(**args), rel=REL, what="wide vs reference")
+    if rotate:
+        close_bf16(wide, _f64(args).to(torch.bfloat16), rel=2 * REL, what="wide vs float64")
+
+
+def test_combine_switch(monkeypatch):
+    from dsv4.kernels import attention
+
+    gen = torch.Generator(DEV).manual_seed(7)
+    args = _case(1, 4, [300], 4, 16, gen)
+    spy = _Spy(attention._combine_wide_kernel)
+    monkeypatch.setattr(attention, "_combine_wide_kernel", spy)
+    monkeypatch.setattr(attention, "COMBINE", "wide")
+    by_default = attention.decode_attention(**args, splits=3)  # combine=None follows the module switch
+    assert [c[1] for c in spy.calls] == [3]
+    loop = attention.decode_attention(**args, splits=3, combine="loop")
+    assert len(spy.calls) == 1
+    assert (by_default != loop).float().mean().item() < 0.01
+    with pytest.raises(ValueError, match="combine"):
+        attention.decode_attention(**args, combine="serial")
