@@ -3,7 +3,8 @@ do in a captured step). A development aid for issue #6:
 
 * mHC pre / post+pre / HC head (no Sinkhorn) at decode sizes, for this tree's `dsv4.kernels.mhc` and,
   side by side, a baseline copy of that module (`--baseline path/to/mhc.py`, e.g. the last commit's);
-  checks that both give the same post/comb and nearly the same u.
+  checks that both give the same post/comb and nearly the same u; last column: this tree with
+  `collapse="split"` (the finish's collapse split over D).
 * decode attention (Flash shapes: 64 heads x 512, window 128) for sliding, CSA (512 picked entries)
   and HCA rows at several split counts (`--attn`), checked against the one-split result.
 
@@ -73,7 +74,7 @@ def main() -> None:
     norm_w = (torch.rand(d, device=dev, generator=g) + 0.5).to(torch.bfloat16)
     kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-6, norm_weight=norm_w)
     print(f"mHC glue, hidden {d}, µs per call inside a CUDA graph ({CALLS} calls per graph)")
-    print(f"{'op':14s} {'T':>5} " + " ".join(f"{n:>12s}" for n in mods))
+    print(f"{'op':14s} {'T':>5} " + " ".join(f"{n:>12s}" for n in mods) + f" {'tree split':>12s}")
     for t in (int(v) for v in args.tokens.split(",")):
         x = torch.randn(t, 4, d, device=dev, generator=g).to(torch.bfloat16)
         f = torch.randn(t, d, device=dev, generator=g).to(torch.bfloat16)
@@ -93,6 +94,16 @@ def main() -> None:
             assert torch.equal(p0, p1) and torch.allclose(c0, c1, rtol=1e-6, atol=0), "post/comb differ"
             du = (u0.float() - u1.float()).abs().max().item()
             assert du <= 2 ** -6 * u0.float().abs().max().item(), f"u differs by {du}"
+        # this tree's finish with the collapse split over D (same post/comb, normed u up to rare 1-ulp flips)
+        ws, whs, sk = mhc.prepare_mix(fn), mhc.prepare_mix(fn[:4]), dict(kw, collapse="split")
+        us, ps, cs = mhc.hc_pre(x, ws, base, scale, **sk)
+        assert torch.equal(ps, outs[0][1]) and torch.equal(cs, outs[0][2]), "split post/comb differ"
+        du = (us.float() - outs[0][0].float()).abs().max().item()
+        assert du <= 2 ** -6 * us.float().abs().max().item(), f"split u differs by {du}"
+        row_pre.append(graph_us(lambda: mhc.hc_pre(x, ws, base, scale, **sk)))
+        row_pp.append(graph_us(lambda: mhc.hc_post_pre(f, x, post, comb, ws, base, scale, **sk)))
+        row_head.append(graph_us(lambda: mhc.hc_head(x, whs, base[:4], scale[:1], hc_eps=1e-6, norm_eps=1e-6,
+                                                     norm_weight=norm_w, collapse="split")))
         print(f"{'hc_pre':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_pre))
         print(f"{'hc_post_pre':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_pp))
         print(f"{'hc_head':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_head))
@@ -107,12 +118,13 @@ def _fp8_pool(pages: int, ps: int, dev, g):
 
 
 def attention_splits() -> None:
-    """µs per decode_attention call at B = 1 and 8, ctx 4K, for split counts around the default."""
+    """µs per decode_attention call at B = 1 and 8, ctx 4K, for split counts around the default (loop
+    combine), and at the default split count with the wide combine (last column)."""
     from dsv4.kernels.attention import decode_attention
     dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(1)
     ctx, ps, ring = 4096, 64, 256
     print(f"decode attention, 64 heads x 512, ctx {ctx}: µs per call in a CUDA graph, by split count")
-    print(f"{'kind':8s} {'B':>3} " + " ".join(f"{'auto' if v is None else v:>7}" for v in SPLITS))
+    print(f"{'kind':8s} {'B':>3} " + " ".join(f"{'auto' if v is None else v:>7}" for v in SPLITS) + f" {'wide':>7}")
     for bsz in (1, 8):
         w_pages = ring // ps
         wpool = _fp8_pool(bsz * w_pages + 1, ps, dev, g)
@@ -136,10 +148,15 @@ def attention_splits() -> None:
             want = decode_attention(*args, splits=1)
             row = []
             for sp in SPLITS:
-                got = decode_attention(*args, splits=sp)
+                got = decode_attention(*args, splits=sp, combine="loop")
                 err = (got.float() - want.float()).abs().max().item()
                 assert err <= 2 ** -6 * want.float().abs().max().item(), (kind, bsz, sp, err)
-                row.append(graph_us(lambda: decode_attention(*args, splits=sp)))
+                row.append(graph_us(lambda: decode_attention(*args, splits=sp, combine="loop")))
+            loop = decode_attention(*args, combine="loop")
+            wide = decode_attention(*args, combine="wide")
+            err = (wide.float() - loop.float()).abs().max().item()
+            assert err <= 2 ** -6 * loop.float().abs().max().item(), (kind, bsz, "wide", err)
+            row.append(graph_us(lambda: decode_attention(*args, combine="wide")))
             print(f"{kind:8s} {bsz:3d} " + " ".join(f"{v:7.1f}" for v in row))
 
 

@@ -8,12 +8,17 @@ Two launches per mHC site, whatever the batch:
   and writes split partials of the 24 mixes `fn . flat(X)` and of `sum(X^2)`. The mix runs on the
   tensor cores: X is exactly bf16 and the fp32 `fn` is split into `hi + lo` bf16 halves, so two bf16
   dots with fp32 accumulation reproduce the fp32 product to ~2^-17 relative.
-* `_finish_kernel` (two programs per token, side by side: post + the Sinkhorn, and the collapse)
-  sums the partials, applies rho and the sigmoids; one program runs the 20-iteration Sinkhorn in the
-  spec's order (row softmax + eps, column step, 19 x (row, column)) and writes post/comb, the other
-  collapses `u = sum_j pre_j X_j` in fp32 -> bf16, optionally followed by the sub-layer's weighted
-  RMSNorm (the only consumer of u) -- at T = 1 that took hc_pre 12.2 -> 10.1 µs on the H200. The HC
-  head uses the same two kernels with 4 mixes, `w = sigmoid(m scale + base) + eps`, no Sinkhorn.
+* the finish sums the partials, applies rho and the sigmoids; one program per token runs the
+  20-iteration Sinkhorn in the spec's order (row softmax + eps, column step, 19 x (row, column)) and
+  writes post/comb, beside the collapse `u = sum_j pre_j X_j` (fp32 -> bf16), optionally followed by
+  the sub-layer's weighted RMSNorm (the only consumer of u). Two variants (`collapse=`, default COLLAPSE):
+  "row" (`_finish_kernel`): one program walks the token's whole row, twice with a norm -- at T = 1
+  that took hc_pre 12.2 -> 10.1 µs on the H200. "split" (`_finish_split_kernel`): one program per
+  SPLIT_BD columns; with a norm each stores its chunk's sum of squares and counts its arrival, and the
+  token's last program sums the partials (by chunk index: deterministic), re-reads u and writes the
+  normed row. Same pre and u bits as "row"; the normed row differs only by the fp32 order of the sum of
+  squares (rare 1-ulp flips). The HC head uses the same kernels with 4 mixes, `w = sigmoid(m scale +
+  base) + eps`, no Sinkhorn.
 
 `hc` must be 4 (all released models); the kernels name the four streams explicitly.
 """
@@ -32,6 +37,9 @@ from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 HC = 4
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
+COLLAPSE = "row"  # finish variant when a call does not pick one: "row" or "split" (module docstring)
+SPLIT_BD = 512  # columns per collapse program of the split finish
+NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 
 
 class MixWeight(NamedTuple):
@@ -181,45 +189,72 @@ if HAS_TRITON:
         return 1.0 / (1.0 + tl.exp(-v))
 
     @triton.jit
+    def _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps,
+                   ITERS: tl.constexpr, NP: tl.constexpr):
+        """post [4] and the Sinkhorn comb [4, 4] of token t, from the split partials of its mixes 4..23."""
+        j4 = tl.arange(0, 4)
+        part = PART + (offs_s[:, None] * T + t) * NP
+        m_post = tl.sum(tl.load(part + 4 + j4[None, :], mask=smask[:, None], other=0.0), axis=0) * rho
+        post = 2.0 * _sigmoid(m_post * tl.load(SCALE + 1) + tl.load(BASE + 4 + j4))
+        tl.store(POST + t * 4 + j4, post)
+        jk = j4[:, None] * 4 + j4[None, :]  # [source j, destination k]
+        part3 = PART + (offs_s[:, None, None] * T + t) * NP + 8 + jk[None, :, :]
+        m_comb = tl.sum(tl.load(part3, mask=smask[:, None, None], other=0.0), axis=0) * rho
+        a = m_comb * tl.load(SCALE + 2) + tl.load(BASE + 8 + jk)
+        e = tl.exp(a - tl.max(a, axis=1)[:, None])
+        c = e / tl.sum(e, axis=1)[:, None] + hc_eps
+        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+        for _ in tl.static_range(ITERS - 1):
+            c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+        tl.store(COMB + t * 16 + jk, c)
+
+    @triton.jit
+    def _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP: tl.constexpr):
+        """pre_j = sigmoid(rho m_j scale_0 + base_j) + eps (also the HC head's w_j), as four scalars."""
+        j4 = tl.arange(0, 4)
+        m = tl.sum(tl.load(PART + (offs_s[:, None] * T + t) * NP + j4[None, :], mask=smask[:, None], other=0.0),
+                   axis=0) * rho
+        pre = _sigmoid(m * tl.load(SCALE) + tl.load(BASE + j4)) + hc_eps
+        # a masked sum adds exact zeros: each scalar is pre's own value
+        return (tl.sum(tl.where(j4 == 0, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 1, pre, 0.0), axis=0),
+                tl.sum(tl.where(j4 == 2, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 3, pre, 0.0), axis=0))
+
+    @triton.jit
+    def _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3):
+        """u = sum_j pre_j X_j over columns offs_d, fp32 -> bf16. An explicit fma chain (not a tl.sum over a
+        [4, BD] tile, nor a + b left to LLVM's contraction, both of which follow the layout) so that
+        both finish variants round u alike."""
+        x0 = tl.load(xrow + 0 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+        x1 = tl.load(xrow + 1 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+        x2 = tl.load(xrow + 2 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+        x3 = tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+        return tl.fma(p3, x3, tl.fma(p2, x2, tl.fma(p1, x1, p0 * x0))).to(tl.bfloat16)
+
+    @triton.jit
     def _finish_kernel(
         X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB,
         T, D, nsplit, hc_eps, norm_eps,
         HAS_NORM: tl.constexpr, ITERS: tl.constexpr,
         NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr,
     ):
+        """collapse="row": program (t, 0) collapses token t's whole row, program (t, 1) runs post + Sinkhorn."""
         t = tl.program_id(0)
         offs_s = tl.arange(0, SP)
         smask = offs_s < nsplit
-        j4 = tl.arange(0, 4)
         sq = tl.sum(tl.load(SQ + offs_s * T + t, mask=smask, other=0.0), axis=0)
         rho = 1.0 / tl.sqrt(sq / (4 * D) + norm_eps)
-        part = PART + (offs_s[:, None] * T + t) * NP
-        if tl.program_id(1) == 1:  # post and the Sinkhorn comb, beside the collapse (program 0)
-            m_post = tl.sum(tl.load(part + 4 + j4[None, :], mask=smask[:, None], other=0.0), axis=0) * rho
-            post = 2.0 * _sigmoid(m_post * tl.load(SCALE + 1) + tl.load(BASE + 4 + j4))
-            tl.store(POST + t * 4 + j4, post)
-            jk = j4[:, None] * 4 + j4[None, :]  # [source j, destination k]
-            part3 = PART + (offs_s[:, None, None] * T + t) * NP + 8 + jk[None, :, :]
-            m_comb = tl.sum(tl.load(part3, mask=smask[:, None, None], other=0.0), axis=0) * rho
-            a = m_comb * tl.load(SCALE + 2) + tl.load(BASE + 8 + jk)
-            e = tl.exp(a - tl.max(a, axis=1)[:, None])
-            c = e / tl.sum(e, axis=1)[:, None] + hc_eps
-            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-            for _ in tl.static_range(ITERS - 1):
-                c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
-                c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-            tl.store(COMB + t * 16 + jk, c)
+        if tl.program_id(1) == 1:
+            _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP)
         else:
-            m_pre = tl.sum(tl.load(part + j4[None, :], mask=smask[:, None], other=0.0), axis=0) * rho
-            pre = _sigmoid(m_pre * tl.load(SCALE) + tl.load(BASE + j4)) + hc_eps
-            # collapse u = sum_j pre_j X_j (fp32 -> bf16), then optionally the sub-layer RMSNorm
+            p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP)
+            # collapse (fp32 -> bf16), then optionally the sub-layer RMSNorm over the bf16 u
             xrow = X + t * 4 * D
             usq = tl.zeros((BD,), dtype=tl.float32)
             for d0 in range(0, D, BD):
                 offs_d = d0 + tl.arange(0, BD)
                 dm = offs_d < D
-                x = tl.load(xrow + j4[:, None] * D + offs_d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
-                u = tl.sum(pre[:, None] * x, axis=0).to(tl.bfloat16)
+                u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3)
                 tl.store(U + t * D + offs_d, u, mask=dm)
                 uf = u.to(tl.float32)
                 usq += uf * uf
@@ -228,10 +263,58 @@ if HAS_TRITON:
                 for d0 in range(0, D, BD):
                     offs_d = d0 + tl.arange(0, BD)
                     dm = offs_d < D
-                    x = tl.load(xrow + j4[:, None] * D + offs_d[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
-                    u = tl.sum(pre[:, None] * x, axis=0).to(tl.bfloat16).to(tl.float32)
+                    u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3).to(tl.float32)
                     w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
                     tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
+
+    @triton.jit
+    def _finish_split_kernel(
+        X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB, USQ, CNT,
+        T, D, nsplit, hc_eps, norm_eps,
+        HAS_NORM: tl.constexpr, LEAD: tl.constexpr, ITERS: tl.constexpr,
+        NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr, NBP: tl.constexpr, NBD: tl.constexpr,
+    ):
+        """collapse="split", grid (T, LEAD + nb): with LEAD = 1 (mHC pre) program (t, 0) runs post + Sinkhorn;
+        program (t, LEAD + c) collapses columns [c BD, (c + 1) BD) of token t; with a norm, the token's last
+        chunk program to finish normalises the whole row."""
+        t = tl.program_id(0)
+        c = tl.program_id(1) - LEAD
+        nb = tl.num_programs(1) - LEAD
+        offs_s = tl.arange(0, SP)
+        smask = offs_s < nsplit
+        sq = tl.sum(tl.load(SQ + offs_s * T + t, mask=smask, other=0.0), axis=0)
+        rho = 1.0 / tl.sqrt(sq / (4 * D) + norm_eps)
+        if LEAD == 1:
+            if c < 0:
+                _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP)
+        if c >= 0:
+            p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP)
+            offs_d = c * BD + tl.arange(0, BD)
+            dm = offs_d < D
+            u = _collapse(X + t * 4 * D, D, offs_d, dm, p0, p1, p2, p3)
+            tl.store(U + t * D + offs_d, u, mask=dm)
+            if HAS_NORM:
+                uf = u.to(tl.float32)
+                tl.store(USQ + t * NBP + c, tl.sum(uf * uf, axis=0))
+                # Publish u and the partial, count the arrival (the ordering of fp8_linear's split K: the CTA
+                # barrier orders every thread's stores before the one thread's gpu-scope acq_rel atomic; in the
+                # last arriver its acquire, then a second barrier, order the .cg (L2) loads after all releases).
+                tl.debug_barrier()
+                arrived = tl.atomic_add(CNT + t, 1, sem="acq_rel", scope="gpu")
+                if arrived == nb - 1:  # uniform over the CTA: the atomic's result is broadcast
+                    tl.debug_barrier()
+                    # the nb partials by chunk index, one fixed reduction tree: the same bits whoever is last
+                    offs_b = tl.arange(0, NBP)
+                    part = tl.load(USQ + t * NBP + offs_b, mask=offs_b < nb, other=0.0, cache_modifier=".cg")
+                    r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
+                    for d0 in range(0, D, NBD):
+                        offs_n = d0 + tl.arange(0, NBD)
+                        nm = offs_n < D
+                        un = tl.load(U + t * D + offs_n, mask=nm, other=0.0, cache_modifier=".cg").to(tl.float32)
+                        w = tl.load(NORM_W + offs_n, mask=nm, other=0.0).to(tl.float32)
+                        tl.store(NORMED + t * D + offs_n, (w * (un * r)).to(tl.bfloat16), mask=nm)
+                    # every chunk of the token has arrived, nothing else touches its counter in this launch
+                    tl.store(CNT + t, 0)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -284,29 +367,65 @@ def _mix(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, do_mix: bool = True
     return xout, part, sq, split
 
 
+# Per-token arrival counters of the split finish with a norm, int32, per device. Allocated zeroed once and
+# left zeroed by every launch (a token's last chunk resets its counter), so no memset node per call; never
+# grown inside a CUDA-graph capture (the zero fill would not be replayed). A replaced buffer is kept alive:
+# captured graphs still point at it. Launches sharing it must not overlap on different streams.
+_COUNTER_MIN = 1 << 16
+_counter_cache: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
+    bufs = _counter_cache.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(f"mHC: arrival counters for {needed} tokens must be allocated before CUDA-graph "
+                             "capture; run the same shape once eagerly first")
+        bufs.append(torch.zeros(max(_COUNTER_MIN, triton.next_power_of_2(needed)), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
+def _collapse_mode(collapse: str | None, who: str) -> str:
+    mode = COLLAPSE if collapse is None else collapse
+    if mode not in ("row", "split"):
+        raise ValueError(f"{who}: collapse={mode!r} must be 'row' or 'split'")
+    return mode
+
+
 def _finish(x, part, sq, split, base, scale, norm_weight, head: bool, iters: int, hc_eps: float,
-            norm_eps: float):
+            norm_eps: float, mode: str):
     t, d = x.shape[0], x.shape[2]
     u = torch.empty(t, d, dtype=torch.bfloat16, device=x.device)
     normed = torch.empty_like(u) if norm_weight is not None else u
     post = torch.empty(t, HC, dtype=torch.float32, device=x.device)
     comb = torch.empty(t, HC, HC, dtype=torch.float32, device=x.device)
-    bd = min(1024, triton.next_power_of_2(d))
-    _finish_kernel[(t, 1 if head else 2)](
-        x, part, sq, base.float().contiguous(), scale.float().contiguous(),
-        norm_weight if norm_weight is not None else u, u, normed, post, comb,
-        t, d, split, float(hc_eps), float(norm_eps),
-        HAS_NORM=norm_weight is not None, ITERS=iters, NP=MIX_PAD,
-        SP=max(2, triton.next_power_of_2(split)), BD=bd, num_warps=4,
-    )
+    args = (x, part, sq, base.float().contiguous(), scale.float().contiguous(),
+            norm_weight if norm_weight is not None else u, u, normed, post, comb)
+    tail = (t, d, split, float(hc_eps), float(norm_eps))
+    kw = dict(HAS_NORM=norm_weight is not None, ITERS=iters, NP=MIX_PAD, SP=max(2, triton.next_power_of_2(split)),
+              num_warps=4)
+    if mode == "row":
+        _finish_kernel[(t, 1 if head else 2)](*args, *tail, BD=min(1024, triton.next_power_of_2(d)), **kw)
+    else:
+        bd = min(SPLIT_BD, triton.next_power_of_2(d))
+        nb = triton.cdiv(d, bd)
+        nbp = max(2, triton.next_power_of_2(nb))
+        usq = cnt = u  # the norm's per-token partial sums of squares (each written before read) and counters
+        if norm_weight is not None:
+            usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, t)
+        _finish_split_kernel[(t, nb + (0 if head else 1))](
+            *args, usq, cnt, *tail, LEAD=0 if head else 1, BD=bd, NBP=nbp,
+            NBD=min(NORM_BD, triton.next_power_of_2(d)), **kw)
     return (normed if norm_weight is not None else u), post, comb
 
 
 def hc_pre(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, sinkhorn_iters: int,
-           hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None
+           hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None, collapse: str | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton mHC pre (contract of `hc_pre_ref`); `fn` is the fp32 weight or a `prepare_mix` result."""
+    """Triton mHC pre (contract of `hc_pre_ref`); `fn` is the fp32 weight or a `prepare_mix` result;
+    `collapse` picks the finish variant ("row" / "split", default the module's COLLAPSE)."""
     _require_triton()
+    mode = _collapse_mode(collapse, "hc_pre")
     _check_streams(x)
     if sinkhorn_iters < 1:
         raise ValueError(f"hc_pre: sinkhorn_iters={sinkhorn_iters} must be >= 1")
@@ -315,7 +434,7 @@ def hc_pre(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, sink
         raise ValueError(f"hc_pre: fn has {fn.n_mix} mixes, expected {(2 + HC) * HC}")
     x = x.contiguous()
     _, part, sq, split = _mix(x, fn, None)
-    return _finish(x, part, sq, split, base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps)
+    return _finish(x, part, sq, split, base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps, mode)
 
 
 def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
@@ -331,26 +450,28 @@ def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
 
 def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn, base: torch.Tensor,
                 scale: torch.Tensor, *, sinkhorn_iters: int, hc_eps: float, norm_eps: float,
-                norm_weight: torch.Tensor | None = None):
+                norm_weight: torch.Tensor | None = None, collapse: str | None = None):
     """Triton post(prev sub-layer) + pre(next) in two launches (contract of `hc_post_pre_ref`)."""
     _require_triton()
+    mode = _collapse_mode(collapse, "hc_post_pre")
     t, d = _check_streams(x)
     if f.shape != (t, d):
         raise ValueError(f"hc_post_pre: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     fn = _as_mix(fn)
     xout, part, sq, split = _mix(x.contiguous(), fn, (f.to(torch.bfloat16), post, comb))
     return (xout,) + _finish(xout, part, sq, split, base, scale, norm_weight, False, sinkhorn_iters, hc_eps,
-                             norm_eps)
+                             norm_eps, mode)
 
 
 def hc_head(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, norm_eps: float,
-            norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+            norm_weight: torch.Tensor | None = None, collapse: str | None = None) -> torch.Tensor:
     """Triton HC head (contract of `hc_head_ref`), two launches, final RMSNorm fused when given."""
     _require_triton()
+    mode = _collapse_mode(collapse, "hc_head")
     _check_streams(x)
     fn = _as_mix(fn)
     if fn.n_mix != HC:
         raise ValueError(f"hc_head: fn has {fn.n_mix} mixes, expected {HC}")
     x = x.contiguous()
     _, part, sq, split = _mix(x, fn, None)
-    return _finish(x, part, sq, split, base, scale, norm_weight, True, 1, hc_eps, norm_eps)[0]
+    return _finish(x, part, sq, split, base, scale, norm_weight, True, 1, hc_eps, norm_eps, mode)[0]

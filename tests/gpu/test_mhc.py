@@ -128,3 +128,133 @@ def test_bad_input_names_tensor():
     x = torch.randn(2, 3, 64, device=DEV).to(torch.bfloat16)  # 3 streams instead of 4
     with pytest.raises(ValueError, match="mHC x"):
         hc_pre(x, torch.randn(24, 192, device=DEV), torch.randn(24, device=DEV), torch.rand(3, device=DEV), **KW)
+
+
+# --------------------------------------------------------------------------- collapse="split" finish
+# The split finish collapses each token's row in SPLIT_BD-column chunks, one program each; with a norm the
+# token's last chunk to arrive (per-token counter) normalises the row. The small width runs with 64-column
+# chunks (3 chunks, the last one partial) so the counter path is exercised at interpreter sizes too.
+SMALL_D = 176
+SPLIT_CASES = [(op, t, d, nw) for op in ("pre", "post_pre", "head") for t in (1, 3, 64)
+               for d in (SMALL_D, 4096, 7168) for nw in (False, True)]
+if DEV == "cpu":  # the interpreter takes seconds per 4096-column mix or 64-token finish: one such case
+    SPLIT_CASES = [c for c in SPLIT_CASES if c[2] == SMALL_D and c[1] < 64] + [("pre", 1, 4096, True)]
+
+
+def _split_setup(op: str, t: int, d: int, with_norm: bool, monkeypatch):
+    """Inputs of one case, and `call(collapse)` returning (u or normed u, *the other outputs)."""
+    from dsv4.kernels import mhc
+
+    if d == SMALL_D:
+        monkeypatch.setattr(mhc, "SPLIT_BD", 64)
+        monkeypatch.setattr(mhc, "NORM_BD", 64)
+    gen = torch.Generator(DEV).manual_seed(1000 * t + d + 7 * with_norm + len(op))
+    x = _streams(t, d, gen)
+    w = (torch.rand(d, generator=gen, device=DEV) + 0.5).to(torch.bfloat16) if with_norm else None
+    if op == "head":
+        fn, base, scale = _params(4, 1, d, gen)
+        kw = dict(hc_eps=1e-6, norm_eps=1e-6, norm_weight=w)
+        return (lambda c: (mhc.hc_head(x, fn, base, scale, collapse=c, **kw),),
+                lambda: (mhc.hc_head_ref(x, fn, base, scale, **kw),), (x, fn, base, scale, w))
+    fn, base, scale = _params(24, 3, d, gen)
+    mix = mhc.prepare_mix(fn)
+    if op == "pre":
+        return (lambda c: mhc.hc_pre(x, mix, base, scale, norm_weight=w, collapse=c, **KW),
+                lambda: mhc.hc_pre_ref(x, fn, base, scale, norm_weight=w, **KW), (x, fn, base, scale, w))
+    f = torch.randn(t, d, generator=gen, device=DEV).to(torch.bfloat16)
+    _, post0, comb0 = _f64_pre(x, *_params(24, 3, d, gen))
+    post0, comb0 = post0.float(), comb0.float()
+
+    def call(c):
+        xn, u, post, comb = mhc.hc_post_pre(f, x, post0, comb0, mix, base, scale, norm_weight=w, collapse=c, **KW)
+        return u, post, comb, xn
+
+    def ref():
+        xn, u, post, comb = mhc.hc_post_pre_ref(f, x, post0, comb0, fn, base, scale, norm_weight=w, **KW)
+        return u, post, comb, xn
+
+    return call, ref, (None, fn, base, scale, w)
+
+
+def _u64(op: str, x, fn, base, scale, w) -> torch.Tensor:
+    """float64 re-derivation of the collapse (spec §2.2 / §2.10), rounded to bf16, then RMSNorm_w in float64."""
+    from dsv4.model.hyper import hc_head as model_head
+
+    if op == "head":
+        u = model_head(x.double(), fn.double(), base.double(), scale.double(), hc_eps=1e-6, norm_eps=1e-6)
+    else:
+        u = _f64_pre(x, fn, base, scale)[0]
+    u = u.to(torch.bfloat16)
+    if w is None:
+        return u
+    u = u.double()
+    return (w.double() * u * torch.rsqrt(u.square().mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+
+
+def _within_one_ulp(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    """bf16 results whose fp32 inputs differ only in the last bits of a common factor: rare 1-ulp flips."""
+    a, b = a.float(), b.float()
+    diff = (a - b).abs()
+    ulp = torch.exp2(torch.floor(torch.log2(torch.maximum(a.abs(), b.abs()).clamp_min(1e-30))) - 7)
+    assert bool((diff <= ulp).all()), f"{what}: more than one bf16 ulp apart"
+    assert float((diff > 0).float().mean()) < 0.01, f"{what}: too many rounding flips"
+
+
+@pytest.mark.parametrize("op,t,d,with_norm", SPLIT_CASES)
+def test_split_collapse(op, t, d, with_norm, poison, close_bf16, monkeypatch):
+    call, ref, (x, fn, base, scale, w) = _split_setup(op, t, d, with_norm, monkeypatch)
+    poison()
+    split = call("split")
+    poison()
+    row = call("row")
+    refs = ref()
+    close_bf16(split[0], refs[0], rel=REL, what=f"{op} split vs ref")
+    if op == "post_pre":
+        assert torch.equal(split[3], row[3]), "post output"
+        x = split[3]  # pre of exactly what the kernel wrote
+    close_bf16(split[0], _u64(op, x, fn, base, scale, w), rel=REL, what=f"{op} split vs float64")
+    if op != "head":
+        _, post64, comb64 = _f64_pre(x, fn, base, scale)
+        assert _rel(split[1], post64) < 1e-5 and _rel(split[2], comb64) < 1e-4
+        assert torch.equal(split[1], row[1]) and torch.equal(split[2], row[2]), "post/comb differ from row"
+    # same u bits as the row finish; the norm only sums the squares in another fp32 order
+    if with_norm:
+        _within_one_ulp(split[0], row[0], f"{op} split vs row")
+    else:
+        assert torch.equal(split[0], row[0]), f"{op}: split u differs from row u"
+
+
+def _counters_zero() -> bool:
+    from dsv4.kernels import mhc
+
+    return all(int(b.count_nonzero()) == 0 for bufs in mhc._counter_cache.values() for b in bufs)
+
+
+@pytest.mark.parametrize("op", ["pre", "head"])
+def test_split_repeated_calls_identical(op, poison, monkeypatch):
+    """Back-to-back launches (and, on CUDA, graph replays) reuse the counters: each leaves them at zero."""
+    call, _, _ = _split_setup(op, 3, SMALL_D, True, monkeypatch)
+    poison()
+    first = call("split")
+    assert _counters_zero()
+    for _ in range(19):
+        assert all(torch.equal(a, b) for a, b in zip(call("split"), first))
+    assert _counters_zero()
+    if DEV == "cuda":
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = [call("split") for _ in range(20)]
+        for _ in range(2):
+            g.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(a, b) for o in outs for a, b in zip(o, first))
+        assert _counters_zero()
+
+
+def test_bad_collapse_names_keyword():
+    from dsv4.kernels.mhc import hc_head
+
+    x = torch.randn(2, 4, 64, device=DEV).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="collapse"):
+        hc_head(x, torch.randn(4, 256, device=DEV), torch.randn(4, device=DEV), torch.rand(1, device=DEV),
+                hc_eps=1e-6, norm_eps=1e-6, collapse="rows")
