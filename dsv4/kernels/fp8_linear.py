@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton  # noqa: F401
 
 BLOCK = 128
 NUM_SMS_H200 = 132
@@ -335,25 +335,9 @@ def act_quant(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.
     return q.view(x.shape), s.view(*x.shape[:-1], k // BLOCK)
 
 
-# Split-K arrival counters, one int32 per (output tile, group) of a launch, per device. Allocated
-# zeroed once and left zeroed by every launch (the last split of a tile resets its counter), so no
-# per-call memset node. 64K entries (256 KiB) cover every decode shape (a few thousand tiles at most),
-# so a shape that ran once eagerly (the warm-up before capture) never grows the buffer inside a
-# CUDA-graph capture; growing there is refused, since the zero fill would not run before the replay.
-# A replaced buffer is kept alive: captured graphs still point at it. Launches sharing the buffer
-# must not overlap on different streams (the model issues them all on one stream).
-_COUNTER_MIN = 1 << 16
-_split_counter_cache: dict[torch.device, list[torch.Tensor]] = {}
-
-
 def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
-    bufs = _split_counter_cache.setdefault(device, [])
-    if not bufs or bufs[-1].numel() < needed:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise ValueError(f"fp8_linear: split-K counters for {needed} tiles must be allocated before CUDA-graph "
-                             "capture; run the same shape once eagerly first")
-        bufs.append(torch.zeros(max(_COUNTER_MIN, _next_pow2(needed)), dtype=torch.int32, device=device))
-    return bufs[-1]
+    """Split-K arrival counters, one per (output tile, group) of a launch (dsv4.kernels._triton)."""
+    return arrival_counters("fp8_linear split-K", device, needed)
 
 
 def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg: LinearConfig) -> None:

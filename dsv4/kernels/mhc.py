@@ -33,7 +33,7 @@ from dsv4.model.hyper import hc_head as _hc_head_model
 from dsv4.model.hyper import hc_post as _hc_post_model
 from dsv4.model.hyper import hc_pre as _hc_pre_model
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton  # noqa: F401
 
 HC = 4
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
@@ -367,22 +367,9 @@ def _mix(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, do_mix: bool = True
     return xout, part, sq, split
 
 
-# Per-token arrival counters of the split finish with a norm, int32, per device. Allocated zeroed once and
-# left zeroed by every launch (a token's last chunk resets its counter), so no memset node per call; never
-# grown inside a CUDA-graph capture (the zero fill would not be replayed). A replaced buffer is kept alive:
-# captured graphs still point at it. Launches sharing it must not overlap on different streams.
-_COUNTER_MIN = 1 << 16
-_counter_cache: dict[torch.device, list[torch.Tensor]] = {}
-
-
 def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
-    bufs = _counter_cache.setdefault(device, [])
-    if not bufs or bufs[-1].numel() < needed:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise ValueError(f"mHC: arrival counters for {needed} tokens must be allocated before CUDA-graph "
-                             "capture; run the same shape once eagerly first")
-        bufs.append(torch.zeros(max(_COUNTER_MIN, triton.next_power_of_2(needed)), dtype=torch.int32, device=device))
-    return bufs[-1]
+    """Per-token arrival counters of the split finish with a norm (dsv4.kernels._triton)."""
+    return arrival_counters("mHC split finish", device, needed)
 
 
 def _collapse_mode(collapse: str | None, who: str) -> str:

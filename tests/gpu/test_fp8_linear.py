@@ -171,8 +171,8 @@ def _counters_zero() -> bool:
     """Every launch leaves its arrival counters at zero (the next launch and graph replays rely on it)."""
     import importlib
 
-    mod = importlib.import_module("dsv4.kernels.fp8_linear")
-    return all(int(b.count_nonzero()) == 0 for bufs in mod._split_counter_cache.values() for b in bufs)
+    mod = importlib.import_module("dsv4.kernels._triton")
+    return all(int(b.count_nonzero()) == 0 for bufs in mod._counter_cache.values() for b in bufs)
 
 
 def _kernel_bf16(t: torch.Tensor) -> torch.Tensor:
@@ -299,4 +299,5 @@ def test_split_counters_cached_and_grown():
     assert mod._split_counters(dev, a.numel()) is a
     b = mod._split_counters(dev, a.numel() + 1)
     assert b.numel() > a.numel() and int(b.count_nonzero()) == 0
-    assert mod._split_counters(dev, 5) is b and any(t is a for t in mod._split_counter_cache[dev])
+    cache = importlib.import_module("dsv4.kernels._triton")._counter_cache
+    assert mod._split_counters(dev, 5) is b and any(t is a for t in cache["fp8_linear split-K", dev])

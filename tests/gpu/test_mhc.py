@@ -225,9 +225,9 @@ def test_split_collapse(op, t, d, with_norm, poison, close_bf16, monkeypatch):
 
 
 def _counters_zero() -> bool:
-    from dsv4.kernels import mhc
+    from dsv4.kernels import _triton
 
-    return all(int(b.count_nonzero()) == 0 for bufs in mhc._counter_cache.values() for b in bufs)
+    return all(int(b.count_nonzero()) == 0 for bufs in _triton._counter_cache.values() for b in bufs)
 
 
 @pytest.mark.parametrize("op", ["pre", "head"])
