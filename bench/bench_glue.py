@@ -20,31 +20,19 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))  # bench_e2e's graph timer
 
 CALLS = 20
 
 
 def graph_us(fn, reps: int = 20, calls: int = CALLS) -> float:
-    """Microseconds per call of `fn`, captured `calls` times in one graph and replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    """Microseconds per call of `fn`, captured `calls` times in one graph (bench_e2e.graph_ms: median replay)."""
+    from bench_e2e import graph_ms
+
+    def many() -> None:
         for _ in range(calls):
             fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * calls)
+    return graph_ms(many, reps) * 1e3 / calls
 
 
 def _load(path: str):

@@ -129,6 +129,14 @@ if HAS_TRITON:
         bits = tl.where(b == 0, 0x00400000, tl.where(b == 255, 0x7FC00000, b << 23))
         return bits.to(tl.float32, bitcast=True)
 
+    @triton.jit
+    def _bf16_rne(x):
+        """fp32 -> bf16 rounding to nearest even on the bits (for the interpreter, whose cast truncates)."""
+        bits = x.to(tl.uint32, bitcast=True)
+        r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        r = tl.where(x != x, 0x7FC0, r)  # NaN stays NaN (the carry could reach the sign bit)
+        return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
     @triton.jit(do_not_specialize=["M"])
     def _act_quant_kernel(X, Q, S, M, stride_xm, stride_qm, stride_sm, BR: tl.constexpr):
         pid_r = tl.program_id(0)

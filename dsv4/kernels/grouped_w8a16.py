@@ -84,20 +84,7 @@ def grouped_linear_w8a16_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch
 # --------------------------------------------------------------------------- Triton kernel
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _e8m0_to_f32(b):
-        """E8M0 byte (as int32) -> fp32; byte 0 is the subnormal 2^-127, 255 is NaN."""
-        bits = tl.where(b == 0, 0x00400000, tl.where(b == 255, 0x7FC00000, b << 23))
-        return bits.to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _bf16_rne(x):
-        """fp32 -> bf16 rounding to nearest even on the bits (for the interpreter, whose cast truncates)."""
-        bits = x.to(tl.uint32, bitcast=True)
-        r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        r = tl.where(x != x, 0x7FC0, r)  # NaN stays NaN
-        return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    from dsv4.kernels.fp8_linear import _bf16_rne, _e8m0_to_f32
 
     @triton.jit
     def _e4m3_bits_to_bf16(q):

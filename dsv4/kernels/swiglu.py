@@ -49,6 +49,7 @@ def _check(gate_up: torch.Tensor, weight: torch.Tensor | None) -> int:
 # --------------------------------------------------------------------------- Triton kernel
 
 if HAS_TRITON:
+    from dsv4.kernels.fp8_linear import _bf16_rne
     from triton.language.extra import libdevice
 
     @triton.jit(do_not_specialize=["M", "limit"])
@@ -73,14 +74,6 @@ if HAS_TRITON:
         else:
             zb = z.to(tl.bfloat16)  # cvt.rn: round to nearest even
         tl.store(Z + row * stride_zm + cols, zb, mask=mask)
-
-    @triton.jit
-    def _bf16_rne(x):
-        """fp32 -> bf16 rounding to nearest even on the bits (the interpreter's cast truncates)."""
-        bits = x.to(tl.uint32, bitcast=True)
-        r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        r = tl.where(x != x, 0x7FC0, r)  # NaN stays NaN (the carry could reach the sign bit)
-        return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 def swiglu(gate_up: torch.Tensor, limit: float, weight: torch.Tensor | None = None) -> torch.Tensor:
