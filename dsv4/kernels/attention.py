@@ -37,8 +37,10 @@ KV_BLOCK = 64
 NUM_SMS = 132
 # Split merge: "loop" walks the splits serially (one [16, Dh] load per split, each waiting a memory latency,
 # B*ceil(H/16) programs); "wide" loads all splits of a [BH, BD] tile at once over B*ceil(H/BH)*Dh/BD programs.
-# `decode_attention(combine=...)` overrides this per call (for A/B benchmarks).
-COMBINE = "loop"
+# `decode_attention(combine=...)` overrides this per call (for A/B benchmarks). Session 7 on the H200 (ctx 4K,
+# whole decode attention incl. combine, µs): B=1 sliding 15.8 -> 12.0, CSA 32.7 -> 24.7, HCA 19.4 -> 16.6;
+# B=8 19.9 -> 18.7, 93.1 -> 91.5, 34.5 -> 33.1 (docs/benchmarks.md #6, session 7).
+COMBINE = "wide"
 WIDE_BD, WIDE_WARPS = 32, 4  # "wide": columns per program (at most), warps per program
 
 
