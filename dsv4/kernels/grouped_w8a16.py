@@ -20,10 +20,15 @@ operand of Hopper's wgmma, and the tokens are its N side. Two numerically exact 
   keeps the shared-memory round trip; power-of-two float32 scales converted to E8M0 at load time take
   the fast path.
 Launch shapes (`pick_grouped_config`):
-* decode, T <= 64: 64 weight rows x 16..64 tokens per program, the whole K range in one program
-  (Flash: G·R / 64 = 128 programs for 132 SMs; no split-K, so no cross-program reduction).
-* prefill, T > 64: 128 weight rows x 128 tokens, 8 warps. Correct at any T, not tuned (the weight
-  conversion repeats per token tile; cuBLAS on a bf16 copy may be faster there).
+* decode, T <= 64: 64 weight rows x 16..64 tokens per program, the K range split over programs
+  (`_auto_split`: Flash G·R / 64 = 128 row tiles x 4 splits of 8 K blocks = 512 programs, ~4 per SM,
+  so each SM has several weight streams in flight instead of one). Still one launch: each split
+  stores its fp32 partial tile and bumps the tile's arrival counter; the last to arrive sums the
+  partials in split order 0..S-1 (deterministic, independent of the arrival order), rounds once to
+  bf16 and zeroes the counter for the next launch / CUDA-graph replay (the pattern of
+  `dsv4.kernels.fp8_linear`, counters from `dsv4.kernels._triton.arrival_counters`).
+* prefill, T > 64: 128 weight rows x 128 tokens, 8 warps, whole K per program. Correct at any T, not
+  tuned (the weight conversion repeats per token tile; cuBLAS on a bf16 copy may be faster there).
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
 
 BLOCK = 128
 DECODE_MAX_T = 64
+NUM_SMS = 132  # H200
+MIN_SPLIT_KBLOCKS = 4  # auto split: at least this many 128-wide K blocks per program
 _SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)
 
 
@@ -110,16 +117,25 @@ if HAS_TRITON:
             pack=2,
         )
 
+    @triton.jit
+    def _store_bf16(y_ptrs, acc, mask, INTERP: tl.constexpr):
+        if INTERP:  # the interpreter's fp32 -> bf16 cast truncates
+            out = _bf16_rne(acc)
+        else:
+            out = acc.to(tl.bfloat16)  # cvt.rn
+        tl.store(y_ptrs, out, mask=mask)
+
     @triton.jit(do_not_specialize=["T"])
     def _grouped_w8a16_kernel(
-        X, W, S, Y,
+        X, W, S, Y, P, CNT,
         T, R,
-        stride_xt, stride_xg, stride_s, stride_yt, stride_yg,
+        stride_xt, stride_xg, stride_s, stride_yt, stride_yg, stride_ps,
         DIN: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-        S_E8M0: tl.constexpr, BITS: tl.constexpr, INTERP: tl.constexpr,
+        S_E8M0: tl.constexpr, BITS: tl.constexpr, SPLIT_OUT: tl.constexpr, INTERP: tl.constexpr,
     ):
         pid_n = tl.program_id(0)  # BN weight rows, all in one group and one 128-row scale block
         pid_t = tl.program_id(1)  # BM tokens
+        pid_k = tl.program_id(2)  # K range (split-K)
         row0 = pid_n * BN
         g = row0 // R
         offs_n = tl.arange(0, BN)
@@ -129,9 +145,17 @@ if HAS_TRITON:
         w_ptrs = W + (row0 + offs_n)[:, None].to(tl.int64) * DIN + offs_k[None, :]
         x_ptrs = X + offs_t[:, None].to(tl.int64) * stride_xt + g * stride_xg + offs_k[None, :]
         s_ptr = S + (row0 // 128) * stride_s
+        KBLOCKS: tl.constexpr = DIN // 128
+        if SPLIT_OUT:  # split i of S takes K blocks [i·KB/S, (i+1)·KB/S): balanced within one block
+            split = tl.num_programs(2)
+            kb_lo = pid_k * KBLOCKS // split
+            kb_hi = (pid_k + 1) * KBLOCKS // split
+        else:
+            kb_lo = 0
+            kb_hi = KBLOCKS
 
         acc = tl.zeros((BN, BM), dtype=tl.float32)
-        for kb in range(0, DIN // 128):
+        for kb in range(kb_lo, kb_hi):
             s = tl.load(s_ptr + kb)  # issued early, used after the MMA; the scale row is one cached line
             wq = tl.load(w_ptrs + kb * 128)
             x = tl.load(x_ptrs + kb * 128, mask=mask_t[:, None], other=0.0)
@@ -157,12 +181,28 @@ if HAS_TRITON:
                 acc = tl.dot(w, tl.trans(x), acc)
 
         r = row0 - g * R + offs_n
-        y_ptrs = Y + offs_t[None, :].to(tl.int64) * stride_yt + g * stride_yg + r[:, None]
-        if INTERP:  # the interpreter's fp32 -> bf16 cast truncates
-            out = _bf16_rne(acc)
+        y_offs = offs_t[None, :].to(tl.int64) * stride_yt + g * stride_yg + r[:, None]
+        if SPLIT_OUT:
+            # P holds one fp32 copy of Y's [T, G, R] layout per split. Ordering as in fp8_linear's
+            # split-K: the CTA barrier puts every thread's partial stores before the one thread's
+            # gpu-scope acq_rel atomic (a cumulative release); in the last arriver, the atomic's
+            # acquire and a second barrier put the partial loads (.cg: from L2, past the
+            # non-coherent L1) after every other split's release.
+            p_ptrs = P + y_offs
+            tl.store(p_ptrs + pid_k.to(tl.int64) * stride_ps, acc, mask=mask_t[None, :])
+            tl.debug_barrier()
+            cnt_ptr = CNT + pid_t * tl.num_programs(0) + pid_n
+            arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == split - 1:  # uniform over the CTA: the scalar atomic's result is broadcast
+                tl.debug_barrier()
+                total = tl.zeros((BN, BM), dtype=tl.float32)
+                for _ in range(0, split):  # split order from 0.0: the same bits whoever arrives last
+                    total += tl.load(p_ptrs, mask=mask_t[None, :], other=0.0, cache_modifier=".cg")
+                    p_ptrs += stride_ps  # 64-bit pointer steps: no int32 product to overflow
+                _store_bf16(Y + y_offs, total, mask_t[None, :], INTERP)
+                tl.store(cnt_ptr, 0)  # every split has arrived: ready for the next launch / replay
         else:
-            out = acc.to(tl.bfloat16)  # cvt.rn
-        tl.store(y_ptrs, out, mask=mask_t[None, :])
+            _store_bf16(Y + y_offs, acc, mask_t[None, :], INTERP)
 
 
 # --------------------------------------------------------------------------- launch configuration
@@ -177,14 +217,26 @@ class GroupedConfig:
     num_warps: int = 4
     num_stages: int = 4
     bit_convert: bool = True  # E8M0 path: ALU bit conversion (`_e4m3_bits_to_bf16`), else Triton's cast
+    split_k: int = 0  # programs per output tile along K, reduced in the launch; 0 = `_auto_split`
+
+
+def _auto_split(tiles: int, kblocks: int) -> int:
+    """Double the K split while the grid stays within ~4 programs per SM and every split keeps at least
+    MIN_SPLIT_KBLOCKS K blocks: one program streams one weight tile with a few loads in flight, so
+    several per SM are what pulls the weight at full bandwidth (Flash decode: 128 tiles -> split 4)."""
+    split = 1
+    while tiles * split * 2 <= 4 * NUM_SMS and kblocks // (split * 2) >= MIN_SPLIT_KBLOCKS:
+        split *= 2
+    return split
 
 
 def pick_grouped_config(t: int) -> GroupedConfig:
     """Decode (T <= 64): 64 rows x the tokens rounded up to a power of two (>= 16, the wgmma N minimum),
-    whole K per program. Prefill: 128 x 128 tiles on 8 warps (one wgmma m64n128 per warpgroup)."""
+    K split automatically. Prefill: 128 x 128 tiles on 8 warps (one wgmma m64n128 per warpgroup), whole
+    K per program (split-K untimed there)."""
     if t <= DECODE_MAX_T:
-        return GroupedConfig(bn=64, bm=max(16, triton.next_power_of_2(t)), num_warps=4, num_stages=4)
-    return GroupedConfig(bn=128, bm=128, num_warps=8, num_stages=3)
+        return GroupedConfig(bn=64, bm=max(16, triton.next_power_of_2(t)), num_warps=4, num_stages=4, split_k=0)
+    return GroupedConfig(bn=128, bm=128, num_warps=8, num_stages=3, split_k=1)
 
 
 def _check_config(cfg: GroupedConfig, r: int) -> None:
@@ -192,6 +244,13 @@ def _check_config(cfg: GroupedConfig, r: int) -> None:
         raise ValueError(f"GroupedConfig: bn={cfg.bn} must be 64 or 128 and divide R={r}")
     if cfg.bm not in (16, 32, 64, 128):
         raise ValueError(f"GroupedConfig: bm={cfg.bm} must be 16, 32, 64 or 128")
+    if cfg.split_k < 0:
+        raise ValueError(f"GroupedConfig: split_k={cfg.split_k} must be >= 0 (0 = auto)")
+
+
+def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
+    """Arrival counters, one per output tile of a launch (allocated before any CUDA-graph capture)."""
+    return arrival_counters("grouped_w8a16 split-K", device, needed)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -220,13 +279,20 @@ def grouped_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
         return out
     cfg = config or pick_grouped_config(t)
     _check_config(cfg, r)
-    grid = (g * r // cfg.bn, triton.cdiv(t, cfg.bm))
-    if grid[1] > 65535:
+    tiles_n, tiles_t, kblocks = g * r // cfg.bn, triton.cdiv(t, cfg.bm), din // BLOCK
+    if tiles_t > 65535:
         raise ValueError(f"grouped_linear_w8a16: T={t} exceeds the grid limit ({65535 * cfg.bm} tokens at bm={cfg.bm})")
-    _grouped_w8a16_kernel[grid](
-        x, weight, sw, out, t, r,
-        x.stride(0), x.stride(1), sw.stride(0), out.stride(0), out.stride(1),
-        DIN=din, BN=cfg.bn, BM=cfg.bm, S_E8M0=s_e8m0, BITS=cfg.bit_convert, INTERP=INTERPRET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    split = min(cfg.split_k or _auto_split(tiles_n * tiles_t, kblocks), kblocks)  # no empty K ranges
+    common = dict(DIN=din, BN=cfg.bn, BM=cfg.bm, S_E8M0=s_e8m0, BITS=cfg.bit_convert, SPLIT_OUT=split > 1,
+                  INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    strides = (x.stride(0), x.stride(1), sw.stride(0), out.stride(0), out.stride(1))
+    if split == 1:  # P and CNT unused
+        _grouped_w8a16_kernel[(tiles_n, tiles_t, 1)](x, weight, sw, out, out, out, t, r, *strides, 0, **common)
+        return out
+    # fp32 partials, one copy of the output's contiguous [T, G, R] layout per split; every element that
+    # is read was written in the same launch (rows always full, tokens masked alike on both sides)
+    part = torch.empty((split, t * g * r), dtype=torch.float32, device=x.device)
+    counters = _split_counters(x.device, tiles_n * tiles_t)
+    _grouped_w8a16_kernel[(tiles_n, tiles_t, split)](x, weight, sw, out, part, counters, t, r, *strides,
+                                                     part.stride(0), **common)
     return out

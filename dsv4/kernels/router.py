@@ -17,12 +17,20 @@ rounded. The normalising sum adds the k picks pairwise in a fixed order; torch's
 adds them in another (measured on the H200: normalised weights differ by up to 2 ulp). Triton's CPU
 interpreter has no libdevice: there the scores use numpy's exp/log (a few ulps off), for developer
 checks only.
+
+`gate_route(x [T, D] bf16, weight [E, D] bf16, k, ...)` -> (weights, ids, logits [T, E] fp32) is Gate's
+decode-size path: the logits GEMV and `route` in one launch. Programs split the weight over experts and
+hidden slices and store fp32 partial logits; per group of rows, the last program to arrive (an arrival
+counter it resets for the next launch / CUDA-graph replay) sums the partials in slice order and runs the
+same routing epilogue (`_route_epilogue`, shared with `route`'s kernel). Its logits are exact bf16
+products summed in fp32 in its own fixed order, which is not cuBLAS's: the same up to fp32 rounding, so
+the ids can differ from the two-launch path where two keys are within a few ulps.
 """
 from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -79,22 +87,27 @@ if HAS_TRITON:
         return tl.sum(v, axis=0)
 
     @triton.jit
-    def _route_kernel(L, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_l, stride_t2e, stride_tok, route_scale,
-                      E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORMALIZE: tl.constexpr,
-                      INTERP: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def _route_epilogue(x, row, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
+                        E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORMALIZE: tl.constexpr,
+                        INTERP: tl.constexpr):
+        """`route` of one row: x = its fp32 logits [BE] over columns 0..BE-1 (padding ignored) -> the
+        row's k weights and ids stored at W_OUT / ID_OUT + row * K. Shared by both kernels below."""
         slot = tl.arange(0, BK)
         in_k = slot < K
+        col = tl.arange(0, BE)
+        valid = col < E
         if HASH:
             tok = tl.load(TOK + row * stride_tok).to(tl.int64)
             ids = tl.load(T2E + tok * stride_t2e + slot, mask=in_k, other=0).to(tl.int64)
-            ok = in_k & (ids >= 0) & (ids < E)  # a bad table entry reads no memory: NaN weight
-            w = _sqrt_softplus(tl.load(L + row * stride_l + ids, mask=ok, other=float("nan")), INTERP)
+            ok = in_k & (ids >= 0) & (ids < E)  # a bad table entry picks nothing: NaN weight
+            picked = tl.zeros([BK], dtype=tl.float32)
+            for j in tl.static_range(K):  # the picked logits (an exact gather), then their scores only
+                id_j = tl.load(T2E + tok * stride_t2e + j).to(tl.int64)
+                picked = tl.where(slot == j, tl.sum(tl.where(col == id_j, x, 0.0), axis=0), picked)
+            w = tl.where(ok, _sqrt_softplus(picked, INTERP), float("nan"))
         else:
-            col = tl.arange(0, BE)
-            valid = col < E
-            s = _sqrt_softplus(tl.load(L + row * stride_l + col, mask=valid, other=0.0), INTERP)
+            s = _sqrt_softplus(x, INTERP)
             key = s
             if HAS_BIAS:
                 key = s + tl.load(BIAS + col, mask=valid, other=0.0)
@@ -120,36 +133,111 @@ if HAS_TRITON:
         tl.store(W_OUT + row * K + slot, w, mask=in_k)
         tl.store(ID_OUT + row * K + slot, ids, mask=in_k)
 
+    @triton.jit
+    def _route_kernel(L, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_l, stride_t2e, stride_tok, route_scale,
+                      E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORMALIZE: tl.constexpr,
+                      INTERP: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        col = tl.arange(0, BE)
+        x = tl.load(L + row * stride_l + col, mask=col < E, other=0.0)
+        _route_epilogue(x, row, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
+                        E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP)
+
+    @triton.jit
+    def _gate_route_kernel(X, W, PART, LOGITS, CNT, BIAS, T2E, TOK, W_OUT, ID_OUT, T, stride_x, stride_w,
+                           stride_t2e, stride_tok, route_scale,
+                           D: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, S: tl.constexpr,
+                           RB: tl.constexpr, E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr,
+                           BK: tl.constexpr, P: tl.constexpr, HAS_BIAS: tl.constexpr, HASH: tl.constexpr,
+                           NORMALIZE: tl.constexpr, INTERP: tl.constexpr):
+        """Program (i, g): experts [BN * (i // S), +BN) x hidden [KS * (i % S), +KS) for the rows of
+        group g ([RB * g, +RB) of T); partial logits -> PART [S, T, E]. The group's last arriver sums
+        each row's S partials in split order (the same bits whoever arrives last), stores the logits
+        and runs the routing epilogue."""
+        pid = tl.program_id(0)
+        grp = tl.program_id(1)
+        split = pid % S  # neighbouring programs: the same experts, consecutive hidden slices
+        rn = (pid // S) * BN + tl.arange(0, BN)
+        rk = split * KS + tl.arange(0, KS)
+        n_ok, k_ok = rn < E, rk < D
+        # the whole weight tile is loaded up front: one burst of loads in flight per program
+        wt = tl.load(W + rn[:, None].to(tl.int64) * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        t0 = grp * RB
+        for r in range(RB):
+            t = t0 + r
+            if t < T:
+                xv = tl.load(X + t * stride_x + rk, mask=k_ok, other=0.0).to(tl.float32)
+                part = tl.sum(wt * xv[None, :], axis=1)  # bf16 x bf16 products are exact in fp32
+                tl.store(PART + (split * T + t) * E + rn, part, mask=n_ok)
+        # Publish the partials, count the arrival (the ordering of fp8_linear's split K: the CTA barrier
+        # orders every thread's stores before the one thread's gpu-scope acq_rel atomic; in the last
+        # arriver its acquire, then a second barrier, order the .cg (L2) loads after all releases).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(CNT + grp, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(0) - 1:  # uniform over the CTA: the atomic's result is broadcast
+            tl.debug_barrier()
+            col = tl.arange(0, BE)
+            valid = col < E
+            for r in range(RB):
+                t = t0 + r
+                if t < T:
+                    x = tl.zeros([BE], dtype=tl.float32)
+                    for sp in tl.static_range(S):
+                        x += tl.load(PART + (sp * T + t) * E + col, mask=valid, other=0.0, cache_modifier=".cg")
+                    tl.store(LOGITS + t * E + col, x, mask=valid)
+                    _route_epilogue(x, t, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok,
+                                    route_scale, E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP)
+            # every program of the group has arrived, nothing else touches its counter in this launch:
+            # zero it for the next launch (and for CUDA-graph replays)
+            tl.store(CNT + grp, 0)
+
+
+def _check_routing(who, t, e, device, k, bias, tid2eid, token_ids) -> None:
+    """The routing arguments of `route` / `gate_route` for T = t rows of E = e experts on `device`."""
+    if not isinstance(k, int) or not 1 <= k <= min(e, 63):  # 63: see _pairwise_sum
+        raise ValueError(f"{who}: need 1 <= k <= min(E = {e}, 63), got k = {k!r}")
+    others = {"bias": bias, "tid2eid": tid2eid, "token_ids": token_ids}
+    for name, v in others.items():
+        if v is not None and v.device != device:
+            raise ValueError(f"{who}: {name} is on {v.device}, the logits' inputs on {device}")
+    if tid2eid is not None:
+        if bias is not None:
+            raise ValueError(f"{who}: hash routing (tid2eid) takes no bias")
+        if token_ids is None:
+            raise ValueError(f"{who}: hash routing needs token_ids")
+        if tid2eid.dim() != 2 or tid2eid.shape[1] != k or tid2eid.dtype not in (torch.int32, torch.int64) \
+                or tid2eid.stride(1) != 1:
+            raise ValueError(f"{who}: tid2eid must be int32/int64 [V, k={k}] with contiguous rows, "
+                             f"got {tid2eid.dtype} {tuple(tid2eid.shape)}")
+        if token_ids.dim() != 1 or token_ids.shape[0] != t or token_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{who}: token_ids must be int32/int64 [T={t}], "
+                             f"got {token_ids.dtype} {tuple(token_ids.shape)}")
+    elif token_ids is not None:
+        raise ValueError(f"{who}: token_ids given without tid2eid")
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (e,) or bias.stride(0) != 1):
+        raise ValueError(f"{who}: bias must be contiguous fp32 [E={e}], got {bias.dtype} {tuple(bias.shape)}")
+
 
 def _check(logits, k, bias, tid2eid, token_ids) -> None:
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"route: logits must be fp32 [T, E], got {logits.dtype} {tuple(logits.shape)}")
     if logits.shape[1] > 0 and logits.stride(1) != 1:
         raise ValueError("route: logits rows must be contiguous (stride(1) == 1)")
-    e = logits.shape[1]
-    if not isinstance(k, int) or not 1 <= k <= min(e, 63):  # 63: see _pairwise_sum
-        raise ValueError(f"route: need 1 <= k <= min(E = {e}, 63), got k = {k!r}")
-    others = {"bias": bias, "tid2eid": tid2eid, "token_ids": token_ids}
-    for name, t in others.items():
-        if t is not None and t.device != logits.device:
-            raise ValueError(f"route: {name} is on {t.device}, logits on {logits.device}")
-    if tid2eid is not None:
-        if bias is not None:
-            raise ValueError("route: hash routing (tid2eid) takes no bias")
-        if token_ids is None:
-            raise ValueError("route: hash routing needs token_ids")
-        if tid2eid.dim() != 2 or tid2eid.shape[1] != k or tid2eid.dtype not in (torch.int32, torch.int64) \
-                or tid2eid.stride(1) != 1:
-            raise ValueError(f"route: tid2eid must be int32/int64 [V, k={k}] with contiguous rows, "
-                             f"got {tid2eid.dtype} {tuple(tid2eid.shape)}")
-        if token_ids.dim() != 1 or token_ids.shape[0] != logits.shape[0] \
-                or token_ids.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"route: token_ids must be int32/int64 [T={logits.shape[0]}], "
-                             f"got {token_ids.dtype} {tuple(token_ids.shape)}")
-    elif token_ids is not None:
-        raise ValueError("route: token_ids given without tid2eid")
-    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (e,) or bias.stride(0) != 1):
-        raise ValueError(f"route: bias must be contiguous fp32 [E={e}], got {bias.dtype} {tuple(bias.shape)}")
+    _check_routing("route", logits.shape[0], logits.shape[1], logits.device, k, bias, tid2eid, token_ids)
+
+
+def _epilogue_args(e: int, k: int, bias, tid2eid, token_ids, normalize: bool, route_scale: float,
+                   dummy: torch.Tensor) -> dict:
+    """`_route_epilogue`'s arguments as launch keywords (`dummy` stands in for absent tensors)."""
+    hashed = tid2eid is not None
+    bk = triton.next_power_of_2(k)
+    return dict(BIAS=bias if bias is not None else dummy, T2E=tid2eid if hashed else dummy,
+                TOK=token_ids if hashed else dummy, stride_t2e=tid2eid.stride(0) if hashed else 0,
+                stride_tok=token_ids.stride(0) if hashed else 0, route_scale=float(route_scale),
+                E=e, BE=triton.next_power_of_2(e), K=k, BK=bk, P=bk if bk == k else bk // 2,
+                HAS_BIAS=bias is not None, HASH=hashed, NORMALIZE=bool(normalize), INTERP=INTERPRET)
 
 
 def route(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, tid2eid: torch.Tensor | None = None,
@@ -164,15 +252,69 @@ def route(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, tid2ei
     ids = torch.empty(t, k, dtype=torch.int64, device=logits.device)
     if t == 0:
         return weights, ids
-    hashed = tid2eid is not None
-    be, bk = triton.next_power_of_2(e), triton.next_power_of_2(k)
+    args = _epilogue_args(e, k, bias, tid2eid, token_ids, normalize, route_scale, ids)
     _route_kernel[(t,)](
-        logits, bias if bias is not None else logits, tid2eid if hashed else ids,
-        token_ids if hashed else ids, weights, ids,
-        logits.stride(0), tid2eid.stride(0) if hashed else 0, token_ids.stride(0) if hashed else 0,
-        float(route_scale),
-        E=e, BE=be, K=k, BK=bk, P=bk if bk == k else bk // 2, HAS_BIAS=bias is not None, HASH=hashed,
-        NORMALIZE=bool(normalize), INTERP=INTERPRET,
-        num_warps=1 if be <= 512 else 4,  # a few warp-shuffle reductions per pick, no block barriers
+        L=logits, W_OUT=weights, ID_OUT=ids, stride_l=logits.stride(0), **args,
+        num_warps=1 if args["BE"] <= 512 else 4,  # a few warp-shuffle reductions per pick, no block barriers
         enable_reflect_ftz=False)  # libdevice without FTZ, as torch's CUDA math library
     return weights, ids
+
+
+# --------------------------------------------------------------------------- logits GEMV + route, one launch
+
+GATE_ROUTE_MAX_T = 16  # Gate takes the fused path up to this many rows (decode sizes)
+
+
+def gate_route_config(e: int, d: int) -> dict:
+    """Default tiling of `gate_route`: 8K-element weight tiles (16 KB of bf16: one burst of loads per
+    program), 1024-wide hidden slices (Flash: 32 expert tiles x 4 splits = 128 programs; Pro: 48 x 7),
+    four rows per group (the last arriver of each group routes its rows one after another)."""
+    block_k = min(1024, triton.next_power_of_2(d))
+    return dict(block_n=max(1, min(8192 // block_k, triton.next_power_of_2(e))), block_k=block_k,
+                rows_per_group=4, num_warps=4)
+
+
+def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor | None = None,
+               tid2eid: torch.Tensor | None = None, token_ids: torch.Tensor | None = None, normalize: bool = True,
+               route_scale: float = 1.0, block_n: int | None = None, block_k: int | None = None,
+               rows_per_group: int | None = None,
+               num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`route(x @ weight.T in fp32, ...)` for bf16 x [T, D] and weight [E, D] as one launch (decode sizes,
+    T <= GATE_ROUTE_MAX_T is what it is tuned for) -> (weights [T, k] fp32, ids [T, k] int64, logits
+    [T, E] fp32). The logits are exact bf16 products summed in fp32: per (row, expert) a fixed tree over
+    each `block_k` hidden slice, then the slices in order (not cuBLAS's order, which is unspecified too;
+    independent of T and of which program arrives last). No host syncs; the arrival counters are
+    allocated on the first call for a device (run once eagerly before a CUDA-graph capture)."""
+    if not HAS_TRITON:
+        raise RuntimeError("dsv4.kernels.router.gate_route needs triton")
+    if x.dim() != 2 or weight.dim() != 2 or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 \
+            or x.shape[1] != weight.shape[1] or x.shape[1] == 0:
+        raise ValueError(f"gate_route: x must be bf16 [T, D] and weight bf16 [E, D], got x {x.dtype} "
+                         f"{tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}")
+    if x.device != weight.device:
+        raise ValueError(f"gate_route: x is on {x.device}, weight on {weight.device}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("gate_route: x and weight rows must be contiguous (stride(1) == 1)")
+    (t, d), e = x.shape, weight.shape[0]
+    _check_routing("gate_route", t, e, x.device, k, bias, tid2eid, token_ids)
+    cfg = gate_route_config(e, d)
+    bn, ks = block_n or cfg["block_n"], block_k or cfg["block_k"]
+    rb, warps = rows_per_group or cfg["rows_per_group"], num_warps or cfg["num_warps"]
+    if any(v & (v - 1) for v in (bn, ks)) or rb < 1:
+        raise ValueError(f"gate_route: block_n ({bn}) and block_k ({ks}) must be powers of two, "
+                         f"rows_per_group ({rb}) positive")
+    dev = x.device
+    weights = torch.empty(t, k, dtype=torch.float32, device=dev)
+    ids = torch.empty(t, k, dtype=torch.int64, device=dev)
+    logits = torch.empty(t, e, dtype=torch.float32, device=dev)
+    if t == 0:
+        return weights, ids, logits
+    splits, groups = triton.cdiv(d, ks), triton.cdiv(t, rb)
+    partials = torch.empty(splits, t, e, dtype=torch.float32, device=dev)
+    counters = arrival_counters("router gate_route", dev, groups)
+    _gate_route_kernel[(triton.cdiv(e, bn) * splits, groups)](
+        X=x, W=weight, PART=partials, LOGITS=logits, CNT=counters, W_OUT=weights, ID_OUT=ids, T=t,
+        stride_x=x.stride(0), stride_w=weight.stride(0), D=d, BN=bn, KS=ks, S=splits, RB=rb,
+        **_epilogue_args(e, k, bias, tid2eid, token_ids, normalize, route_scale, ids),
+        num_warps=warps, enable_reflect_ftz=False)
+    return weights, ids, logits

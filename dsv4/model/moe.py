@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsv4.config import LayerSpec, ModelConfig
-from dsv4.kernels.router import route, route_ref
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET
+from dsv4.kernels.router import GATE_ROUTE_MAX_T, gate_route, route, route_ref
 from dsv4.model.linear import EXPERT, FP8, Linear, bf16_gemm_fp32
 from dsv4.model.numerics import Numerics, acc_dtype
 
@@ -45,23 +46,34 @@ class Gate(nn.Module):
         else:
             self.bias = nn.Parameter(torch.empty(config.n_routed_experts, dtype=acc_dtype(dtype)),
                                      requires_grad=False)
-        self.use_kernels = False  # kernel mode (set at finalize): dsv4.kernels.router.route
+        self.use_kernels = False  # kernel mode (set at finalize): dsv4.kernels.router (see forward)
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (routing weights [T, k] fp32, expert ids [T, k])."""
-        acc = acc_dtype(x.dtype)
-        logits = bf16_gemm_fp32(x, self.weight) if acc == torch.float32 else None
-        if logits is None:
-            logits = F.linear(x.to(acc), self.weight.to(acc))
+        """-> (routing weights [T, k] fp32, expert ids [T, k]). Kernel mode: decode sizes run the logits
+        GEMV and the routing as one `gate_route` launch; otherwise the logits GEMM, then one `route`."""
         if self.is_hash and token_ids is None:
             raise ValueError("hash-routed MoE layers need input_ids (got only inputs_embeds)")
         args = dict(bias=None if self.is_hash else self.bias, tid2eid=self.tid2eid if self.is_hash else None,
                     token_ids=token_ids if self.is_hash else None, normalize=self.normalize,
                     route_scale=self.route_scale)
+        if self._fused_applies(x, token_ids):
+            weights, ids, _ = gate_route(x, self.weight, self.top_k, **args)
+            return weights, ids
+        acc = acc_dtype(x.dtype)
+        logits = bf16_gemm_fp32(x, self.weight) if acc == torch.float32 else None
+        if logits is None:
+            logits = F.linear(x.to(acc), self.weight.to(acc))
         if self.use_kernels and logits.is_cuda and logits.dtype == torch.float32 \
                 and (not self.is_hash or token_ids.device == logits.device):
             return route(logits, self.top_k, **args)  # the epilogue below as one launch
         return route_ref(logits, self.top_k, **args)
+
+    def _fused_applies(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> bool:
+        """Kernel mode, bf16, 1..GATE_ROUTE_MAX_T rows on CUDA (or Triton's interpreter, for tests)."""
+        return (self.use_kernels and HAS_TRITON and (x.is_cuda or INTERPRET) and x.dim() == 2
+                and 1 <= x.shape[0] <= GATE_ROUTE_MAX_T and x.stride(-1) == 1
+                and x.dtype == torch.bfloat16 and self.weight.dtype == torch.bfloat16
+                and (not self.is_hash or token_ids.device == x.device))
 
 
 class Expert(nn.Module):

@@ -134,7 +134,7 @@ def test_every_e4m3_code_exact(cfg_idx, poison):
 
 
 def test_strided_input_and_determinism(poison):
-    """x as a non-contiguous view (the rows of a wider buffer); two calls are bit-identical (no split-K)."""
+    """x as a non-contiguous view (the rows of a wider buffer); two calls are bit-identical."""
     from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16
 
     x, w, s = _inputs(9, 2, 128, 256, "e8m0", seed=99)
@@ -165,3 +165,146 @@ def test_empty_and_bad_inputs():
         grouped_linear_w8a16(x, w, s, GroupedConfig(bn=96, bm=16))
     with pytest.raises(ValueError, match="bm=8"):
         grouped_linear_w8a16(x, w, s, GroupedConfig(bn=64, bm=8))
+    with pytest.raises(ValueError, match="split_k=-1"):
+        grouped_linear_w8a16(x, w, s, GroupedConfig(bn=64, bm=16, split_k=-1))
+
+
+# --------------------------------------------------------------------------- split K, reduced in the launch
+
+SPLIT_KEY = "grouped_w8a16 split-K"
+
+
+def _exact_inputs(t: int, g: int, r: int, din: int, scale_fmt: str, seed: int):
+    """Inputs whose every fp32 partial sum is exact, in any order and grouping: x = ±{0..3}·2^{-1,0,1},
+    weights ±{8..15}/8·2^{-1,0} (normal e4m3), block scales 2^{-1,0,1}, so every product is a multiple of
+    2^-6 and Σ|x·w·s| < 2^24·2^-6 (asserted). Every split count must then give the reference's bits."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    x = torch.randint(-3, 4, (t, g, din), generator=gen, device=DEV).float()
+    x = (x * torch.exp2(torch.randint(-1, 2, (t, g, din // 128), generator=gen, device=DEV).float()
+                        ).repeat_interleave(128, -1)).to(torch.bfloat16)
+    mant = torch.randint(8, 16, (g * r, din), generator=gen, device=DEV).float() / 8
+    sign = torch.randint(0, 2, (g * r, din), generator=gen, device=DEV).float() * 2 - 1
+    w = (sign * mant * torch.exp2(torch.randint(-1, 1, (g * r, din), generator=gen, device=DEV).float()))
+    wq = w.to(torch.float8_e4m3fn)
+    assert torch.equal(wq.float(), w)
+    sb = torch.randint(126, 129, (g * r // 128, din // 128), generator=gen, device=DEV, dtype=torch.uint8)
+    s = sb.view(torch.float8_e8m0fnu) if scale_fmt == "e8m0" else torch.exp2(sb.float() - 127)
+    assert float(_abs_products(x, wq, s).max()) < 2.0**18  # 2^24 units of 2^-6: no fp32 sum rounds
+    return x, wq, s
+
+
+def _counters_zero() -> bool:
+    """Every launch leaves its arrival counters at zero (the next launch and graph replays rely on it)."""
+    import importlib
+
+    cache = importlib.import_module("dsv4.kernels._triton")._counter_cache
+    return all(int(b.count_nonzero()) == 0 for key, bufs in cache.items() if key[0] == SPLIT_KEY for b in bufs)
+
+
+def _split_cfg(t: int, split: int, **kw):
+    from dsv4.kernels.grouped_w8a16 import GroupedConfig, pick_grouped_config
+
+    return GroupedConfig(**{**pick_grouped_config(t).__dict__, "split_k": split, **kw})
+
+
+def test_auto_split_rule():
+    """2..4 programs per SM where the K range allows, >= MIN_SPLIT_KBLOCKS K blocks per split, powers of two."""
+    from dsv4.kernels.grouped_w8a16 import MIN_SPLIT_KBLOCKS, NUM_SMS, _auto_split
+
+    assert _auto_split(8 * 1024 // 64, 4096 // 128) == 4  # Flash decode: 512 programs of 8 K blocks
+    assert _auto_split(2 * 128 // 64, 1024 // 128) == 2  # the small shapes below really split
+    for tiles in (1, 2, 16, 33, 66, 128, 132, 200, 264, 600):
+        for kblocks in (1, 3, 4, 8, 12, 32, 56, 64):
+            s = _auto_split(tiles, kblocks)
+            assert s >= 1 and s & (s - 1) == 0
+            if s > 1:
+                assert tiles * s <= 4 * NUM_SMS and kblocks // s >= MIN_SPLIT_KBLOCKS
+            # doubling again would overfill the grid or starve a split
+            assert tiles * s * 2 > 4 * NUM_SMS or kblocks // (s * 2) < MIN_SPLIT_KBLOCKS
+
+
+# (T, G, scale) cases; the interpreter runs a subset (each K block of each program costs ~6 ms there)
+_SPLIT_CASES = [(t, g, f) for t in (1, 5, 16, 64) for g in (1, 2, 8) for f in ("e8m0", "float32")]
+_SPLIT_CASES_CPU = [(1, 1, "e8m0"), (1, 8, "float32"), (5, 2, "float32"), (16, 1, "float32"), (16, 2, "e8m0"),
+                    (64, 1, "e8m0"), (64, 2, "float32")]
+
+
+@pytest.mark.parametrize("t,g,scale_fmt", _SPLIT_CASES if DEV == "cuda" else _SPLIT_CASES_CPU)
+def test_split_exact_sums(t, g, scale_fmt, poison):
+    """With exact sums every split count (1, 2, 3 uneven, auto = 2, 8 = one K block each, 11 > K blocks)
+    must give the reference's bits: no partial lost, doubled, read stale or left unwritten (poisoned)."""
+    from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16, grouped_linear_w8a16_ref
+
+    x, w, s = _exact_inputs(t, g, 128, 1024, scale_fmt, seed=1000 + 10 * t + g)
+    ref = grouped_linear_w8a16_ref(x, w, s)
+    assert ref.abs().max() > 0
+    splits = (1, 2, 3, 0, 8, 11) if DEV == "cuda" or g == 1 else (1, 3, 0)
+    for split in splits:
+        poison()
+        y = grouped_linear_w8a16(x, w, s, _split_cfg(t, split))
+        assert torch.equal(y, ref), f"split {split}: {int((y != ref).sum())} elements differ"
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("scale_fmt,split", [("e8m0", 0), ("uint8", 3), ("float32", 2), ("float32_any", 0)])
+def test_split_random_inputs(scale_fmt, split, poison):
+    """General values: within the rounding allowance of the reference and of the unsplit kernel."""
+    from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16
+
+    t, g, din = 5, 2, 1024
+    x, w, s = _inputs(t, g, 128, din, scale_fmt, seed=2000 + split)
+    poison()
+    y = _check(x, w, s, _split_cfg(t, split), what=f"split {split} {scale_fmt}")
+    poison()
+    y1 = grouped_linear_w8a16(x, w, s, _split_cfg(t, 1))
+    _assert_bf16_sum_close(y, y1, _abs_products(x, w, s), din, what=f"split {split} vs split 1")
+    assert _counters_zero()
+
+
+def test_split_repeated_calls_and_graph(poison):
+    """The same calls again, alternating two inputs: bit-identical every time (a fixed reduction order; a
+    counter left non-zero would finish tiles early or never). On CUDA also captured in a graph and replayed."""
+    from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16
+
+    t, g, r, din, calls = (5, 2, 128, 1024, 4) if DEV == "cpu" else (5, 8, 1024, 4096, 20)
+    xs = [_inputs(t, g, r, din, "e8m0", seed=3000 + i)[0] for i in range(2)]
+    _, w, s = _inputs(t, g, r, din, "e8m0", seed=3002)
+    for cfg in (_split_cfg(t, 3), None):  # forced uneven split 3, and the default decode config (auto split)
+        first = [grouped_linear_w8a16(x, w, s, cfg) for x in xs]
+        assert not torch.equal(first[0], first[1])
+        for i in range(calls):
+            poison()
+            assert torch.equal(grouped_linear_w8a16(xs[i % 2], w, s, cfg), first[i % 2]), f"{cfg} call {i}"
+        assert _counters_zero()
+        if DEV != "cuda":
+            continue
+        static_x = xs[0].clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # counters exist already: the eager calls above allocated them
+            static_y = grouped_linear_w8a16(static_x, w, s, cfg)
+        for i in range(6):
+            static_x.copy_(xs[i % 2])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, first[i % 2]), f"{cfg} replay {i}"
+        assert _counters_zero()
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="Flash size: too slow for the interpreter")
+@pytest.mark.parametrize("t", [1, 5, 16, 64])
+def test_split_flash_exact_and_deterministic(t, poison):
+    """Flash wo_a (G = 8, R = 1024, Din = 4096): every split count gives the reference's bits on exact sums,
+    and on general values ten repeated default-config calls are bit-identical."""
+    from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16, grouped_linear_w8a16_ref
+
+    for fmt in ("e8m0", "float32"):
+        x, w, s = _exact_inputs(t, 8, 1024, 4096, fmt, seed=4000 + t)
+        ref = grouped_linear_w8a16_ref(x, w, s)
+        for split in (1, 2, 4, 8, 0, 32):
+            poison()
+            assert torch.equal(grouped_linear_w8a16(x, w, s, _split_cfg(t, split)), ref), f"{fmt} split {split}"
+    x, w, s = _inputs(t, 8, 1024, 4096, "e8m0", seed=4100 + t)
+    y = grouped_linear_w8a16(x, w, s)
+    for i in range(10):
+        assert torch.equal(grouped_linear_w8a16(x, w, s), y), f"call {i}"
+    assert _counters_zero()

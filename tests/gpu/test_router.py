@@ -1,9 +1,12 @@
 """Fused MoE router epilogue (dsv4.kernels.router.route) vs its torch reference (Gate's own path) and a
 float64 re-derivation: fresh random logits over several binades, exact ties at the top (duplicate
-columns with equal bias), bias / no bias / hash routing, normalisation on and off, outputs poisoned."""
+columns with equal bias), bias / no bias / hash routing, normalisation on and off, outputs poisoned.
+The fused decode path (`gate_route`: logits GEMV + route in one launch) against a float64 GEMM and
+against `route_ref` on its own logits (see `test_gate_route_matches_float64` for near-ties)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -160,7 +163,8 @@ def test_normalising_sum_order(k):
 
 @pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs need CUDA")
 def test_route_in_cuda_graph_and_gate():
-    """No host syncs: the launch captures into a CUDA graph; Gate's kernel path = its torch path."""
+    """No host syncs: the launch captures into a CUDA graph; Gate's kernel path = its torch path (past
+    GATE_ROUTE_MAX_T rows: the logits GEMM, then `route`)."""
     from dsv4.checkpoint.writer import tiny_config
     from dsv4.kernels.router import route, route_ref
     from dsv4.model.moe import Gate
@@ -186,9 +190,236 @@ def test_route_in_cuda_graph_and_gate():
                                             for _ in range(cfg.vocab_size)]))
         else:
             gate.bias.normal_(generator=g).mul_(0.1)
-        h = torch.randn(9, cfg.hidden_size, generator=g, device=DEV).to(torch.bfloat16)
-        tok = torch.randint(0, cfg.vocab_size, (9,), generator=g, device=DEV)
+        h = torch.randn(24, cfg.hidden_size, generator=g, device=DEV).to(torch.bfloat16)
+        tok = torch.randint(0, cfg.vocab_size, (24,), generator=g, device=DEV)
         want = gate(h, tok)
         gate.use_kernels = True
         got = gate(h, tok)
         assert torch.equal(got[1], want[1]) and int(_ulps(got[0], want[0]).max()) <= 2
+
+
+# --------------------------------------------------------------------------- gate_route (GEMV + route)
+
+TIED = (5, 17, 200)  # identical weight rows and biases: exact ties, to be taken lowest id first
+U32 = 2.0 ** -24
+
+
+def _gate_inputs(t, e, d, g):
+    """bf16 x [t, d], W [e, d] (logits of std ~2, rows scaled by 2^[-1, 1]); odd rows point at the
+    TIED experts (whose logits then lead by ~24)."""
+    w = torch.randn(e, d, generator=g, device=DEV) * (2.0 / math.sqrt(d))
+    w[list(TIED)] = w[TIED[0]].clone()
+    w = w.to(torch.bfloat16)
+    x = torch.randn(t, d, generator=g, device=DEV) * torch.exp2(torch.randint(-1, 2, (t, 1), generator=g,
+                                                                               device=DEV).float())
+    x[1::2] = torch.randn(x[1::2].shape, generator=g, device=DEV) + 6.0 * w[TIED[0]].float()
+    return x.to(torch.bfloat16), w
+
+
+def _near_tie_rows(logits64, bias, k, err):
+    """Rows where an fp32 computation of the keys may order the first k+1 differently from float64:
+    two neighbours (descending float64 keys) closer than the keys' possible fp32 error. err [T] bounds
+    each row's |fp32 logit - float64 logit|; |d sqrt(softplus(x)) / dx| < 1/3, so each key moves by
+    < err/2 from its logit, plus < 8 ulp from the scores' math and the bias add: neighbours further
+    apart than err + 16 ulp keep their order. Exact float64 ties (duplicated weight rows) are exact
+    fp32 ties too and not counted."""
+    key = torch.sqrt(torch.log1p(torch.exp(logits64)))
+    if bias is not None:
+        key = key + bias.double()
+    top = key.sort(dim=1, descending=True, stable=True).values[:, :k + 1]
+    gap = top[:, :-1] - top[:, 1:]
+    tol = err[:, None] + 16 * U32 * (top[:, :-1].abs() + 1.0)
+    return ((gap > 0) & (gap <= tol)).any(dim=1)
+
+
+GATE_SHAPES = [(256, 4096), (384, 7168)] if DEV == "cuda" else [(256, 200), (384, 200)]  # (E, D)
+# the default tiling, and a small one (several hidden slices, a ragged last slice / expert tile)
+GATE_CONFIGS = [{}, dict(block_n=256, block_k=64, rows_per_group=2)]
+
+
+@pytest.mark.parametrize("mode", ["bias", "plain", "hash"])
+@pytest.mark.parametrize("e,d", GATE_SHAPES)
+@pytest.mark.parametrize("t", [1, 3, 8, 16])
+def test_gate_route_matches_float64(t, e, d, mode, poison):
+    """Logits within the fp32 summation bound of a float64 GEMM; ids / weights = `route_ref` on the
+    kernel's own logits (ids exact, weights as `route`'s); ids = the float64 order except in near-tied
+    rows, where the kernel's fp32 order and float64 may legitimately part: two of the first k+1
+    float64 keys closer than the row's measured logit error plus 16 ulp (`_near_tie_rows`). Those
+    rows are only counted, and must be few. Repeated calls give the same bits and leave the arrival counters zero."""
+    from dsv4.kernels._triton import arrival_counters
+    from dsv4.kernels.router import gate_route, route_ref
+
+    k, scale = 6, 2.5
+    g = torch.Generator(device=DEV).manual_seed(t * 7919 + e + len(mode))
+    x, w = _gate_inputs(t, e, d, g)
+    bias, kw = None, dict(normalize=mode != "plain", route_scale=scale)
+    if mode == "bias":
+        bias = torch.randint(-2, 3, (e,), generator=g, device=DEV) * 0.125
+        bias[list(TIED)] = bias[TIED[0]].clone()
+        kw.update(bias=bias)
+    if mode == "hash":
+        tid2eid = torch.stack([torch.randperm(e, generator=g, device=DEV)[:k] for _ in range(50)])
+        tok = torch.randint(0, 50, (t,), generator=g, device=DEV)
+        kw.update(tid2eid=tid2eid, token_ids=tok)
+    prods = x.double()[:, None, :] * w.double()[None, :, :]  # exact: bf16 x bf16
+    ref64, bound = prods.sum(-1), d * U32 * prods.abs().sum(-1)
+    ref64[:, list(TIED)] = ref64[:, TIED[0]].clone()[:, None]  # equal by construction: no reduction-order doubt
+    # CUDA: every tiling; the interpreter: one of them per case (time)
+    for cfg in GATE_CONFIGS if DEV == "cuda" else [GATE_CONFIGS[(t + len(mode)) % 2]]:
+        poison()
+        wts, ids, logits = gate_route(x, w, k, **kw, **cfg)
+        assert logits.dtype == torch.float32 and logits.shape == (t, e)
+        assert ((logits.double() - ref64).abs() <= bound).all(), "logits outside the fp32 summation bound"
+        tied_rows = torch.arange(t, device=DEV)[1::2]
+        assert (logits[tied_rows][:, list(TIED)] == logits[tied_rows, TIED[0]][:, None]).all()
+
+        want = route_ref(logits, k, **kw)
+        _check((wts, ids), want, logits, bias, kw["normalize"], scale)
+        if mode == "hash":
+            assert torch.equal(ids, tid2eid[tok])
+        else:
+            assert (ids[tied_rows, :3] == torch.tensor(TIED, device=DEV)).all(), "exact ties not lowest id first"
+            ids64 = route_ref(ref64, k, bias=None if bias is None else bias.double())[1]
+            near = _near_tie_rows(ref64, bias, k, (logits.double() - ref64).abs().max(dim=1).values)
+            assert int(near.sum()) <= max(1, t // 4), f"{int(near.sum())} near-tied rows of {t}: bad test data?"
+            assert torch.equal(ids[~near], ids64[~near]), "ids differ from the float64 order away from near-ties"
+        # weights against float64 scores at the picked ids (from the float64 logits)
+        s64 = torch.sqrt(torch.log1p(torch.exp(ref64))).gather(1, ids)
+        w64 = (s64 / s64.sum(1, keepdim=True) if kw["normalize"] else s64) * scale
+        torch.testing.assert_close(wts.double(), w64, rtol=1e-4, atol=0)
+
+        assert not arrival_counters("router gate_route", x.device, 1).any(), "arrival counters left non-zero"
+        if t <= 3 or DEV == "cuda":  # the same launch again (interpreter: small T only, for time)
+            again = gate_route(x, w, k, **kw, **cfg)
+            assert all(torch.equal(a, b) for a, b in zip(again, (wts, ids, logits))), "repeated call differs"
+
+
+def test_gate_route_rows_independent_of_batch():
+    """A row's logits, ids and weights do not depend on the other rows, on T or on the row grouping."""
+    from dsv4.kernels.router import gate_route
+
+    e, d = GATE_SHAPES[0]
+    g = torch.Generator(device=DEV).manual_seed(77)
+    x, w = _gate_inputs(7, e, d, g)
+    bias = torch.randn(e, generator=g, device=DEV) * 0.1
+    full = gate_route(x, w, 6, bias=bias, rows_per_group=4)
+    for rows, rb in ((slice(0, 1), 4), (slice(2, 7), 2)):
+        part = gate_route(x[rows], w, 6, bias=bias, rows_per_group=rb)
+        assert all(torch.equal(a[rows], b) for a, b in zip(full, part)), (rows, rb)
+
+
+def test_gate_route_rejects_bad_arguments():
+    from dsv4.kernels.router import gate_route
+
+    x = torch.randn(2, 64, device=DEV).to(torch.bfloat16)
+    w = torch.randn(16, 64, device=DEV).to(torch.bfloat16)
+    t2e = torch.zeros(10, 2, dtype=torch.int64, device=DEV)
+    tok = torch.zeros(2, dtype=torch.int64, device=DEV)
+    bad = [
+        dict(x=x.float(), weight=w, k=2), dict(x=x, weight=w.float(), k=2), dict(x=x, weight=w[:, :32], k=2),
+        dict(x=x[:, ::2], weight=w[:, ::2], k=2), dict(x=x[0], weight=w, k=2), dict(x=x, weight=w, k=0),
+        dict(x=x, weight=w, k=17), dict(x=x, weight=w, k=2, bias=torch.zeros(8, device=DEV)),
+        dict(x=x, weight=w, k=2, tid2eid=t2e), dict(x=x, weight=w, k=2, tid2eid=t2e, token_ids=tok[:1]),
+        dict(x=x, weight=w, k=2, token_ids=tok), dict(x=x, weight=w, k=2, block_n=12),
+        dict(x=x, weight=w, k=2, block_k=48), dict(x=x[:, :0], weight=w[:, :0], k=2),
+    ]
+    for kw in bad:
+        with pytest.raises(ValueError):
+            gate_route(**kw)
+    wts, ids, logits = gate_route(x[:0], w, 2)
+    assert wts.shape == ids.shape == (0, 2) and logits.shape == (0, 16)
+
+
+def test_gate_fused_path(monkeypatch):
+    """Gate in kernel mode: 1..GATE_ROUTE_MAX_T bf16 rows take `gate_route` (same bits as calling it),
+    more rows the GEMM + route path; both agree with Gate's torch path (ids where no near-tie)."""
+    from dsv4.checkpoint.writer import tiny_config
+    from dsv4.kernels import router
+    from dsv4.model import moe
+
+    calls = []
+    monkeypatch.setattr(moe, "gate_route", lambda *a, **kw: calls.append(a[0].shape[0]) or router.gate_route(*a, **kw))
+    g = torch.Generator(device=DEV).manual_seed(5)
+    cfg = tiny_config("fp4", layers="sliding,sliding")
+    for spec in cfg.layers:  # layer 0 hash-routed, layer 1 top-k
+        gate = moe.Gate(cfg, spec, torch.bfloat16).to(DEV)
+        gate.weight.normal_(generator=g)
+        if gate.is_hash:
+            gate.tid2eid.copy_(torch.stack([torch.randperm(cfg.n_routed_experts, generator=g, device=DEV)
+                                            [:gate.top_k] for _ in range(cfg.vocab_size)]))
+        else:
+            gate.bias.normal_(generator=g).mul_(0.1)
+        for t in (1, 5, router.GATE_ROUTE_MAX_T + 1):
+            h = torch.randn(t, cfg.hidden_size, generator=g, device=DEV).to(torch.bfloat16)
+            tok = torch.randint(0, cfg.vocab_size, (t,), generator=g, device=DEV)
+            gate.use_kernels = False
+            want_w, want_ids = gate(h, tok)
+            gate.use_kernels = True
+            calls.clear()
+            got_w, got_ids = gate(h, tok)
+            if t > router.GATE_ROUTE_MAX_T:
+                assert not calls
+                continue
+            assert calls == [t]
+            args = dict(bias=None if gate.is_hash else gate.bias, tid2eid=gate.tid2eid if gate.is_hash else None,
+                        token_ids=tok if gate.is_hash else None, normalize=gate.normalize,
+                        route_scale=gate.route_scale)
+            direct = router.gate_route(h, gate.weight, gate.top_k, **args)
+            assert torch.equal(got_w, direct[0]) and torch.equal(got_ids, direct[1])
+            ref64 = h.double() @ gate.weight.double().T
+            # both paths' logits are within D u sum|x w| of float64 (any fp32 summation order)
+            err = cfg.hidden_size * U32 * (h.double().abs() @ gate.weight.double().abs().T).max(1).values
+            near = _near_tie_rows(ref64, None if gate.is_hash else gate.bias, gate.top_k, err)
+            assert torch.equal(got_ids[~near], want_ids[~near])
+            torch.testing.assert_close(got_w[~near], want_w[~near], rtol=1e-4, atol=0)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs need CUDA")
+def test_gate_route_in_cuda_graph():
+    """Captured once, replayed on new inputs: the eager bits (the counters reset each launch); prints the
+    decode cost against the two-launch path (logits GEMM + route) inside a graph."""
+    from dsv4.kernels.router import gate_route, route
+    from dsv4.model.linear import bf16_gemm_fp32
+
+    for e, d in GATE_SHAPES:
+        g = torch.Generator(device=DEV).manual_seed(e)
+        for t in (1, 4, 16):
+            x, w = _gate_inputs(t, e, d, g)
+            bias = torch.randn(e, generator=g, device=DEV) * 0.1
+            gate_route(x, w, 6, bias=bias)  # compile and allocate the counters outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = gate_route(x, w, 6, bias=bias)
+            for _ in range(3):
+                x.copy_(_gate_inputs(t, e, d, g)[0])
+                graph.replay()
+                want = gate_route(x, w, 6, bias=bias)
+                assert all(torch.equal(a, b) for a, b in zip(out, want))
+
+            def time_us(fn, calls=20, reps=20):
+                fn()
+                gr = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(gr):
+                    for _ in range(calls):
+                        fn()
+                ts = []
+                for _ in range(reps):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    gr.replay()
+                    b.record()
+                    b.synchronize()
+                    ts.append(a.elapsed_time(b) * 1e3 / calls)
+                return sorted(ts)[len(ts) // 2]
+            split = time_us(lambda: route(bf16_gemm_fp32(x, w), 6, bias=bias))
+            line = f"\ngate E={e} D={d} T={t}: GEMM + route {split:.2f} us; gate_route"
+            for cfg in TIMED_CONFIGS:  # the default first, then a few tilings to compare
+                # another tiling sums in another order: the logits agree to fp32 rounding (ids may not, at near-ties)
+                torch.testing.assert_close(gate_route(x, w, 6, bias=bias, **cfg)[2], out[2], rtol=1e-5, atol=1e-5)
+                fused = time_us(lambda: gate_route(x, w, 6, bias=bias, **cfg))
+                line += f" {fused:.2f} us {cfg or 'default'};"
+            print(line)
+
+
+TIMED_CONFIGS = [{}, dict(num_warps=1, block_n=8, block_k=256), dict(num_warps=2, block_n=8, block_k=512),
+                 dict(num_warps=4, block_n=16, block_k=1024), dict(num_warps=8, block_n=16, block_k=1024)]
