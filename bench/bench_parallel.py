@@ -120,11 +120,16 @@ def _replay_ms(model, reps: int) -> float:
 
 class Runner:
     """Drives the model: prefill, decode, MTP and verify steps, on the engine's paged pools (`cache`,
-    a HybridCache: decode steps take the fixed-shape path) or on contiguous states (cache None)."""
+    a HybridCache: decode steps take the fixed-shape path) or on contiguous states (cache None).
+
+    A step never makes the host wait for the GPU here (only the timing harness does): random ids are
+    drawn on the device, positions and row indices go over in pinned memory without a wait, and the
+    context says the inputs are ours (`trusted_inputs`: the model reads no device tensor back to check
+    them; the MTP block still checks its ids, dsv4/model/mtp.py)."""
 
     def __init__(self, model, vocab: int, dev, cache=None):
         self.model, self.vocab, self.dev, self.cache = model, vocab, dev, cache
-        self.gen = torch.Generator().manual_seed(7)  # same ids on every rank
+        self.gen = torch.Generator(device=dev).manual_seed(7)  # same ids on every rank
         self._seqs: dict[int, object] = {}
         self._count = 0
 
@@ -149,27 +154,35 @@ class Runner:
                 self.cache.release(seq)
 
     def ids(self, n: int) -> torch.Tensor:
-        return torch.randint(2, self.vocab, (n,), generator=self.gen).to(self.dev)
+        return torch.randint(2, self.vocab, (n,), generator=self.gen, device=self.dev)
+
+    def _positions(self, starts: list[int], lens: list[int]) -> torch.Tensor:
+        """Positions start..start+n-1 of every sequence, on the device (one copy, not waited for)."""
+        from dsv4.model.context import to_device
+        flat = [t + j for t, n in zip(starts, lens) for j in range(n)]
+        return to_device(torch.tensor(flat, dtype=torch.long), self.dev)
 
     def forward(self, states, lens, ids=None):
         from dsv4.model import ForwardContext, set_forward_context
+        from dsv4.model.context import to_device
         if self.cache is not None:
             for s, n in zip(states, lens):
                 self.cache.reserve(self._seqs[id(s)], n)
-        pos = torch.cat([torch.arange(s.num_tokens, s.num_tokens + n) for s, n in zip(states, lens)]).to(self.dev)
+        pos = self._positions([s.num_tokens for s in states], lens)
         ids = self.ids(sum(lens)) if ids is None else ids
-        with torch.no_grad(), set_forward_context(ForwardContext(lens, states)):
+        with torch.no_grad(), set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
             hidden = self.model(ids, pos)
-            last = torch.tensor(lens, device=self.dev).cumsum(0) - 1
-            return self.model.compute_logits(hidden[last]).argmax(-1)
+            if any(n != 1 for n in lens):  # the last row of every sequence
+                ends = torch.tensor(lens, dtype=torch.long).cumsum(0) - 1
+                hidden = hidden[to_device(ends, self.dev)]
+            return self.model.compute_logits(hidden).argmax(-1)
 
     def mtp(self, states, lens):
         from dsv4.model import ForwardContext, set_forward_context
-        pos = torch.cat([torch.arange(s.mtp.num_tokens, s.mtp.num_tokens + n) for s, n in zip(states, lens)])
-        pos = pos.to(self.dev)
+        pos = self._positions([s.mtp.num_tokens for s in states], lens)
         width = self.model.config.hc_mult * self.model.config.hidden_size
         res = torch.randn(pos.numel(), width, device=self.dev).to(torch.bfloat16)
-        with torch.no_grad(), set_forward_context(ForwardContext(lens, states)):
+        with torch.no_grad(), set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
             _, hidden = self.model.forward_mtp(res, self.ids(pos.numel()), pos)
             return self.model.mtp[0].compute_logits(hidden).argmax(-1)
 

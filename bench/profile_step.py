@@ -6,7 +6,8 @@ issue #6's fusion work, not a benchmark.
     python bench/profile_step.py [--layers 4] [--batch 1] [--ctx 1024] [--prefill N]
 
 `--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill);
-`--host` the host's side of captured decode steps (CPU time per op and labelled Python part).
+`--host` the host's side of captured decode steps (CPU time per op and labelled Python part); with
+`--syncs` also the lines where such a step makes the host wait for the GPU.
 """
 from __future__ import annotations
 
@@ -113,6 +114,8 @@ def main() -> None:
         states = run.new_states(1)
         one = [args.prefill]
     if args.host:
+        if args.syncs:  # the lines where a captured decode step still makes the host wait
+            _list_syncs(lambda: run.forward(states, one))
         _profile_host(run, states, one)
         return
     for part in PARTS:

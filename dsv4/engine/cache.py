@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import ModelConfig
-from ..model.context import ForwardContext, set_forward_context
+from ..model.context import ForwardContext, set_forward_context, to_device
 from .block_manager import BlockManager, make_page_kinds, required_kinds
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
@@ -100,10 +100,13 @@ class HybridCache:
             if row.sample:
                 last.extend(range(offset - 1 - len(row.draft_token_ids), offset))
         dev = self.device
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        # host tensors: the model checks them on the host and copies them without waiting for the GPU
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        pos = torch.tensor(positions, dtype=torch.long)
         with set_forward_context(ForwardContext(lens, states)):
             hidden = model.forward(input_ids, pos)
         if not last:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=dev)
-        return model.compute_logits(hidden[torch.tensor(last, device=dev)])
+        if len(last) == hidden.shape[0]:  # every row sampled (plain decode): no gather
+            return model.compute_logits(hidden)
+        return model.compute_logits(hidden[to_device(torch.tensor(last), dev)])

@@ -3,8 +3,8 @@ model and no device->host reads, so a whole step can be one CUDA graph (dsv4.mod
 
 Each row is one token at position t (a decode batch: one row per sequence; an MTP verify batch: a
 sequence's token and its drafts, up to `max_rollback + 1` rows, each with the sequence's tables). The
-host ships the positions and the block tables once per
-step (one copy; tables padded with each kind's trash page, see `PagedPools.trash`); `derive` turns
+host ships the positions and the block tables once per step (one copy that the host does not wait
+for; tables padded with each kind's trash page, see `PagedPools.trash`); `derive` turns
 them into every slot index the layers use, once per step, shared by all layers of a kind:
 
   window ring   write: slot t mod ring;  read: positions t-W+1 .. t (the new kv is written first)
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -45,7 +46,6 @@ class DecodeStep:
                 self.widths[name] = max(1, entry_pages[name])
         total = size + sum(size * w for w in self.widths.values())
         dev = pools.device
-        self._host = torch.empty(total, dtype=torch.long, pin_memory=dev.type == "cuda")
         self._dev = torch.zeros(total, dtype=torch.long, device=dev)
         self.pos = self._dev[:size]
         self.tables, o = {}, size
@@ -53,6 +53,24 @@ class DecodeStep:
             self.tables[name] = self._dev[o:o + size * w].view(size, w)
             o += size * w
         self._derived: dict = {}
+        # Host side. `_image` holds what `_dev` must hold after `fill` (positions, then each kind's
+        # table rows); a table row is rewritten only when its pages change (`_row_pages`: the pages
+        # row r holds, [] = all trash: padding rows, and kinds the step's layers never touch).
+        self._image = np.empty(total, dtype=np.int64)
+        self._image_pos = self._image[:size]
+        self._image_tables, o = {}, size
+        for name, w in self.widths.items():
+            self._image_tables[name] = self._image[o:o + size * w].reshape(size, w)
+            self._image_tables[name][:] = pools.trash[name]
+            o += size * w
+        self._row_pages = {name: [[] for _ in range(size)] for name in self.widths}
+        self._kinds: dict[bool, list[tuple]] = {}  # mtp -> `_kind_rows`
+        # Two pinned staging buffers, used in turn, each with the event of its last copy: the copy to
+        # the device does not block, and a buffer is refilled only after its previous copy has run.
+        self._cuda = dev.type == "cuda"
+        self._staging: list = [None, None]
+        self._copied: list = [None, None]
+        self._turn = 0
 
     @staticmethod
     def entry_pages_for(pools, num_tokens: int) -> dict[str, int]:
@@ -60,40 +78,74 @@ class DecodeStep:
         return {name: math.ceil(num_tokens // k.ratio / k.page_size)
                 for name, k in pools.bm.kinds.items() if name not in ("window", "state")}
 
+    def _kind_rows(self, mtp: bool) -> list[tuple]:
+        """Per kind: (name, width, kind, trash page, image rows, held pages, used by these layers)."""
+        if mtp not in self._kinds:
+            specs = [self.config.mtp_layer] if mtp else self.config.layers
+            used = {"window"} | {k for spec in specs if spec.has_compressor
+                                 for k in (f"compressed{spec.compress_ratio}", "state")} \
+                | {"indexer4" for spec in specs if spec.has_indexer}
+            self._kinds[mtp] = [(name, w, self.kinds[name], self.pools.trash[name], self._image_tables[name],
+                                 self._row_pages[name], name in used) for name, w in self.widths.items()]
+        return self._kinds[mtp]
+
     # ---- host ----------------------------------------------------------------------------
     def fill(self, states: list, lens: list[int] | None = None, mtp: bool = False) -> None:
         """Positions and block tables of `states` (SequenceStates over these pools) into the static
         buffers: sequence b brings lens[b] tokens (default 1), one row each, in batch order; rows
-        beyond them become padding. `mtp`: positions continue the MTP block's state."""
-        lens = [1] * len(states) if lens is None else lens
+        beyond them become padding. `mtp`: positions continue the MTP block's state. The copy to the
+        device is queued on the current stream, not waited for."""
+        lens = [1] * len(states) if lens is None else [int(n) for n in lens]
         done = [(s.mtp if mtp else s).num_tokens for s in states]
         rows = sum(lens)
         if rows > self.size:
             raise ValueError(f"DecodeStep: {rows} tokens for a step of {self.size} rows")
-        trash = self.pools.trash
-        pad = self.size - rows
-        flat = [t + j for t, n in zip(done, lens) for j in range(n)] + [0] * pad
-        specs = [self.config.mtp_layer] if mtp else self.config.layers
-        used = {"window"} | {k for spec in specs if spec.has_compressor
-                             for k in (f"compressed{spec.compress_ratio}", "state")} \
-            | {"indexer4" for spec in specs if spec.has_indexer}
-        for name, w in self.widths.items():
-            kind = self.kinds[name]
-            for s, n, t in zip(states, lens, done):
-                if name not in used:  # tables of kinds these layers never touch: all trash
-                    flat += [trash[name]] * (w * n)
-                    continue
-                seq, end = s.layers[0].seq, t + n
-                table = seq.block_tables.get(name, [])[:w]
-                if kind.pages_needed(end) > len(table):
-                    raise RuntimeError(f"request {seq.request_id!r}: position {end - 1} needs "
-                                       f"{kind.pages_needed(end)} {name} pages; {len(table)} usable "
-                                       f"(allocated {len(seq.block_tables.get(name, []))}, step holds {w})")
-                flat += (table + [trash[name]] * (w - len(table))) * n
-            flat += [trash[name]] * (w * pad)
-        host = self._host
-        host.copy_(torch.tensor(flat, dtype=torch.long))
-        self._dev.copy_(host)  # blocking: the host buffer is refilled by the next step
+        self._image_pos[:rows] = [t + j for t, n in zip(done, lens) for j in range(n)]
+        if rows < self.size:
+            self._image_pos[rows:] = 0
+        kinds = self._kind_rows(mtp)
+        r0 = 0
+        for s, n, t in zip(states, lens, done):
+            seq, end = s.layers[0].seq, t + n
+            for name, w, kind, trash, image, held, used in kinds:
+                pages = []  # kinds these layers never touch: all trash
+                if used:
+                    pages = seq.block_tables.get(name, pages)
+                    if len(pages) > w:
+                        pages = pages[:w]
+                    if kind.pages_needed(end) > len(pages):
+                        raise RuntimeError(f"request {seq.request_id!r}: position {end - 1} needs "
+                                           f"{kind.pages_needed(end)} {name} pages; {len(pages)} usable "
+                                           f"(allocated {len(seq.block_tables.get(name, ()))}, step holds {w})")
+                for r in range(r0, r0 + n):
+                    if held[r] != pages:  # rewritten only when this row's pages changed
+                        image[r, :len(pages)] = pages
+                        image[r, len(pages):] = trash
+                        held[r] = list(pages)  # a copy: the sequence's list grows in place
+            r0 += n
+        for name, w, kind, trash, image, held, used in kinds:
+            for r in range(rows, self.size):  # padding rows: all trash
+                if held[r]:
+                    image[r] = trash
+                    held[r] = []
+        self._upload()
+
+    def _upload(self) -> None:
+        """`_image` -> the device buffer through the next staging buffer, without waiting for the copy
+        (on the host: a plain copy)."""
+        i = self._turn
+        self._turn = 1 - i
+        if self._staging[i] is None:
+            buf = torch.empty(self._image.shape[0], dtype=torch.long, pin_memory=self._cuda)
+            self._staging[i] = (buf, buf.numpy())
+            self._copied[i] = torch.cuda.Event() if self._cuda else None
+        elif self._copied[i] is not None:
+            self._copied[i].synchronize()  # its copy two fills ago has run (almost always long done)
+        buf, view = self._staging[i]
+        view[:] = self._image
+        self._dev.copy_(buf, non_blocking=True)
+        if self._copied[i] is not None:
+            self._copied[i].record()
 
     # ---- device (inside the graph) ---------------------------------------------------------
     def derive(self) -> None:

@@ -23,6 +23,7 @@ from typing import Sequence as Seq
 import torch
 
 from dsv4.engine.sampling_params import SamplingParams
+from dsv4.model.context import to_device
 
 LOGPROBS_MODES = ("raw", "processed")
 
@@ -38,6 +39,12 @@ class TokenLogprobs:
 class SamplerOutput:
     token_ids: list[int]                       # one per row
     logprobs: list[TokenLogprobs | None]       # one per row; None where params.logprobs is None
+
+
+def _on(values: list, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A small host list as a tensor on `device`, copied without waiting for the GPU queue (a plain
+    `torch.tensor(values, device=cuda)` waits until every queued kernel has run)."""
+    return to_device(torch.tensor(values, dtype=dtype), device)
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -57,7 +64,7 @@ def _history_tensor(ids: Seq[Seq[int]], vocab: int, device: torch.device, what: 
             if t.min() < 0 or t.max() >= vocab:
                 raise ValueError(f"sampler: {what} token ids of row {r} must lie in [0, {vocab})")
             out[r, : len(row)] = t
-    return out.to(device)
+    return to_device(out, device)
 
 
 def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams],
@@ -77,10 +84,10 @@ def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams],
     seen = in_prompt[:, :vocab] | (counts > 0)
 
     def col(name: str) -> torch.Tensor:
-        return torch.tensor([getattr(params[i], name) for i in rows], dtype=logits.dtype, device=dev)[:, None]
+        return _on([getattr(params[i], name) for i in rows], dev, logits.dtype)[:, None]
 
     rep, freq, pres = col("repetition_penalty"), col("frequency_penalty"), col("presence_penalty")
-    idx = torch.tensor(rows, device=dev)
+    idx = _on(rows, dev)
     x = logits[idx]
     x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
     x = x - freq * counts - pres * (counts > 0).to(x.dtype)
@@ -94,18 +101,17 @@ def filter_logits(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Te
 
     Greedy rows are returned unchanged (no temperature, no filters)."""
     dev, vocab = logits.device, logits.shape[1]
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
-                         dtype=logits.dtype, device=dev)
+    temps = _on([p.temperature if p.temperature > 0 else 1.0 for p in params], dev, logits.dtype)
     x = logits / temps[:, None]
     rows = [i for i, p in enumerate(params) if not p.greedy and
             (p.effective_top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0)]
     if not rows:
         return x
-    idx = torch.tensor(rows, device=dev)
+    idx = _on(rows, dev)
     sub = x[idx]
-    top_k = torch.tensor([params[i].effective_top_k or vocab for i in rows], device=dev)[:, None]
-    top_p = torch.tensor([params[i].top_p for i in rows], dtype=torch.float64, device=dev)[:, None]
-    min_p = torch.tensor([params[i].min_p for i in rows], dtype=sub.dtype, device=dev)[:, None]
+    top_k = _on([params[i].effective_top_k or vocab for i in rows], dev)[:, None]
+    top_p = _on([params[i].top_p for i in rows], dev, torch.float64)[:, None]
+    min_p = _on([params[i].min_p for i in rows], dev, sub.dtype)[:, None]
 
     # Work in "sorted space": stable descending sort puts equal logits in id order.
     vals, order = torch.sort(sub, dim=-1, descending=True, stable=True)
@@ -166,7 +172,7 @@ class Sampler:
                     noise[i] = torch.empty(vocab, device=logits.device).exponential_(generator=generators[i])
             noise.clamp_min_(torch.finfo(noise.dtype).tiny)  # a zero draw would make 0/0 = nan
             drawn = (probs / noise).argmax(dim=-1)
-            idx = torch.tensor(random_rows, device=logits.device)
+            idx = _on(random_rows, logits.device)
             tokens[idx] = drawn[idx]
 
         token_list = tokens.tolist()
@@ -174,9 +180,9 @@ class Sampler:
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         if lp_rows:
             source = logits if self.logprobs_mode == "raw" else processed
-            idx = torch.tensor(lp_rows, device=logits.device)
+            idx = _on(lp_rows, logits.device)
             lp = torch.log_softmax(source[idx], dim=-1)
-            chosen = torch.tensor([token_list[i] for i in lp_rows], device=logits.device)
+            chosen = _on([token_list[i] for i in lp_rows], logits.device)
             chosen_lp = lp.gather(1, chosen[:, None])
             ranks = (lp > chosen_lp).sum(dim=-1) + 1
             n_max = min(max(params[i].logprobs for i in lp_rows), lp.shape[1])

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..model.context import ForwardContext, set_forward_context
+from ..model.context import ForwardContext, set_forward_context, to_device
 from .outputs import TokenLogprob
 from .sampler import apply_penalties, filter_logits, make_generator
 from .scheduler import ScheduledBatch, ScheduledSeq
@@ -215,9 +215,10 @@ class MTPSpeculator:
             seqs = [c.row.seq for c in live]
             penalised, processed = self._process(torch.stack([c.logits for c in live]), seqs,
                                                  [c.row.draft_token_ids for c in live])
+            greedy = penalised.argmax(dim=-1).tolist() if any(s.params.greedy for s in seqs) else None
             for i, c in enumerate(live):
                 if c.row.seq.params.greedy:
-                    d = int(penalised[i].argmax())
+                    d = greedy[i]  # one read-back for all greedy rows
                 else:
                     q = torch.softmax(processed[i], dim=-1)
                     d = draw(q, self._generator(c.row.seq, q.device))
@@ -233,10 +234,11 @@ class MTPSpeculator:
     def _chain(self, chains: list[_Chain]) -> None:
         """One chained MTP row per chain: its residual, its last draft, at the draft's position - 1."""
         dev = chains[0].residual.device
-        ids = torch.tensor([c.row.draft_token_ids[-1] for c in chains], dtype=torch.long, device=dev)
-        pos = torch.tensor([c.row.start + len(c.row.draft_token_ids) - 1 for c in chains], dtype=torch.long,
-                           device=dev)
-        with set_forward_context(ForwardContext([1] * len(chains), [c.state for c in chains])):
+        ids = to_device(torch.tensor([c.row.draft_token_ids[-1] for c in chains], dtype=torch.long), dev)
+        pos = to_device(torch.tensor([c.row.start + len(c.row.draft_token_ids) - 1 for c in chains],
+                                     dtype=torch.long), dev)
+        # drafts are vocabulary ids and the positions our own bookkeeping: nothing to read back
+        with set_forward_context(ForwardContext([1] * len(chains), [c.state for c in chains], trusted_inputs=True)):
             residual, hidden = self.model.forward_mtp(torch.stack([c.residual for c in chains]), ids, pos)
         logits = self.model.compute_logits(hidden)
         for i, c in enumerate(chains):
@@ -257,13 +259,14 @@ class MTPSpeculator:
         seqs = [batch.rows[i].seq for i, w in zip(picked, widths) for _ in range(w)]
         drafted = [batch.rows[i].draft_token_ids[:j] for i, w in zip(picked, widths) for j in range(w)]
         penalised, processed = self._process(logits, seqs, drafted)
+        greedy = penalised.argmax(dim=-1).tolist() if any(s.params.greedy for s in seqs) else None
         start = 0
         for i, w in zip(picked, widths):
             row, rows = batch.rows[i], slice(start, start + w)
             start += w
             seq, drafts = row.seq, row.draft_token_ids
             if seq.params.greedy:
-                out = greedy_verify(penalised[rows].argmax(dim=-1).tolist(), drafts)
+                out = greedy_verify(greedy[rows], drafts)  # one read-back for all greedy rows
             else:
                 p = torch.softmax(processed[rows], dim=-1)
                 q = torch.stack(self._q[id(row)]) if drafts else p[:0]
@@ -310,11 +313,13 @@ class MTPSpeculator:
                                f"the batch {offset}")
         if lens:
             dev = residual.device
-            with set_forward_context(ForwardContext(lens, states)):
-                res, hidden = self.model.forward_mtp(torch.cat(parts), torch.tensor(ids, dtype=torch.long, device=dev),
-                                                     torch.tensor(pos, dtype=torch.long, device=dev))
+            # the sequences' own tokens (prompts checked on arrival, sampled ids) at their positions
+            with set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
+                res, hidden = self.model.forward_mtp(torch.cat(parts),
+                                                     to_device(torch.tensor(ids, dtype=torch.long), dev),
+                                                     to_device(torch.tensor(pos, dtype=torch.long), dev))
             if ready:
-                last = torch.tensor([r[2] for r in ready], device=dev)
+                last = to_device(torch.tensor([r[2] for r in ready], dtype=torch.long), dev)
                 logits = self.model.compute_logits(hidden[last])
                 for j, (rid, state, at, position) in enumerate(ready):
                     self._seeds[rid] = _Seed(state, position, res[at].clone(), logits[j])
@@ -325,7 +330,7 @@ class MTPSpeculator:
 def token_logprobs(logits: torch.Tensor, tokens: list[int], n_top: int) -> list[TokenLogprob]:
     """Row i of `logits` is the distribution tokens[i] was emitted from."""
     lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+    chosen = lp.gather(1, to_device(torch.tensor(tokens, dtype=torch.long), lp.device)[:, None])[:, 0].tolist()
     n = min(n_top, lp.shape[1])
     vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)
     vals, ids = vals[:, :n].tolist(), ids[:, :n].tolist()

@@ -12,6 +12,10 @@ Sharded (`layout` given): this rank computes heads [h0, h0 + H/tp) = output grou
 (wq_b rows, attn_sink, wo_a rows, wo_b input columns); wo_b's partial sums are all-reduced over the
 TP group in the accumulation dtype and rounded once, as one process does. The q latent, the shared
 K=V head, the compressors and the indexer are replicated (every head needs all of them).
+
+Kernel mode stacks the FP8 linears that share an input (`fuse_fp8_pairs`, at finalize): wq_a | wkv
+read the attention input, wq_b | indexer.wq_b the q latent (this rank's wq_b heads over the whole
+indexer when sharded); batch-1 decode then runs one GEMM launch per pair.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ from dsv4.config import LayerSpec, ModelConfig
 from dsv4.model.compressor import Compressor
 from dsv4.model.context import Segment
 from dsv4.model.indexer import Indexer, indices_to_mask
-from dsv4.model.linear import FP8, Linear, bf16_gemm_applies, bf16_gemm_fp32
+from dsv4.model.linear import (FP8, FP8Stack, Linear, bf16_gemm_applies, bf16_gemm_fp32, stack_fp8_linears,
+                               stacked_fp8_forward)
 from dsv4.model.norm import RMSNorm, unweighted_rms_norm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
 from dsv4.model.rope import RotaryEmbedding, apply_rope
@@ -146,6 +151,7 @@ class Attention(nn.Module):
             if spec.has_compressor else None
         self.indexer = Indexer(c, self.rope, dtype, numerics) if spec.has_indexer else None
         self._fused: tuple[torch.Tensor, list[int]] | None = None  # kernel mode: see fused_input_weight
+        self._fp8_stacks: dict[str, FP8Stack] = {}  # kernel mode: see fuse_fp8_pairs
 
     def forward(self, a: torch.Tensor, positions: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
         """a: attention input (after attn_norm) [T, D] of the flat batch -> output [T, D]."""
@@ -162,13 +168,16 @@ class Attention(nn.Module):
         a_in = self.wq_a.prepare_input(a)  # shared by wq_a and wkv
         if self.use_kernels:  # the same steps, one launch per tensor
             from dsv4.kernels import norm_rope as nr
-            q_latent = nr.norm_rope(self.wq_a(a_in, input_ready=True), norm=nr.WEIGHTED, weight=self.q_norm.weight,
-                                    eps=self.q_norm.eps)
+            q_latent, kv = self._fp8_pair("a", a_in)
+            q_latent = nr.norm_rope(q_latent, norm=nr.WEIGHTED, weight=self.q_norm.weight, eps=self.q_norm.eps)
             q_latent_in = self.wq_b.prepare_input(q_latent)
-            q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
-            q = nr.norm_rope(q, norm=nr.UNWEIGHTED, eps=self.eps, cos=cos, sin=sin)
-            kv = nr.norm_rope(self.wkv(a_in, input_ready=True), norm=nr.WEIGHTED, weight=self.kv_norm.weight,
-                              eps=self.kv_norm.eps, cos=cos, sin=sin,
+            if self.indexer:  # wq_b and the indexer's wq_b read the same q latent
+                q, index_proj = self._fp8_pair("q_latent", q_latent_in)
+            else:
+                q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
+            q = nr.norm_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), norm=nr.UNWEIGHTED, eps=self.eps,
+                             cos=cos, sin=sin)
+            kv = nr.norm_rope(kv, norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos, sin=sin,
                               sim=nr.SIM_FP8 if self.numerics.simulate_kv_fp8 else nr.SIM_NONE, nope=self.nope_dim)
         else:
             q_latent = self.q_norm(self.wq_a(a_in, input_ready=True))
@@ -178,6 +187,7 @@ class Attention(nn.Module):
             kv = apply_rope(self.kv_norm(self.wkv(a_in, input_ready=True)), cos, sin)
             if self.numerics.simulate_kv_fp8:
                 kv = simulate_kv_fp8(kv, self.nope_dim)
+            index_proj = None
         rows = index_rows = index_q = index_w = None
         if self.compressor and self.use_kernels:  # one GEMM + one launch instead of ~5 per linear
             rows, index_rows, index_w = self._project_fused(a, positions)
@@ -186,8 +196,39 @@ class Attention(nn.Module):
             if self.indexer:
                 index_rows = self.indexer.compressor.project(a, positions)
         if self.indexer:
-            index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w)
+            index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w, q=index_proj)
         return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype)
+
+    # Kernel mode: the FP8 linears that share an input as one GEMM per pair (batch-1 decode).
+
+    def fp8_pairs(self) -> dict[str, list[Linear]]:
+        """The FP8 linears that read one input: wq_a | wkv (the attention input), wq_b | indexer.wq_b
+        (the q latent; CSA layers)."""
+        pairs = {"a": [self.wq_a, self.wkv]}
+        if self.indexer:
+            pairs["q_latent"] = [self.wq_b, self.indexer.wq_b]
+        return pairs
+
+    def fuse_fp8_pairs(self) -> None:
+        """Kernel mode, at finalize: stack each pair into one FP8 weight (`stack_fp8_linears`; the
+        linears' weights and scales become its row views). A stack the linears still alias is kept
+        (reloads write through), otherwise restacked; pairs that are not both FP8 stay separate."""
+        for name, lins in self.fp8_pairs().items():
+            stack = self._fp8_stacks.get(name)
+            if stack is None or not stack.intact():
+                stack = stack_fp8_linears(lins)
+            if stack is None:
+                self._fp8_stacks.pop(name, None)
+            else:
+                self._fp8_stacks[name] = stack
+
+    def _fp8_pair(self, name: str, x: torch.Tensor) -> list[torch.Tensor]:
+        """The pair's outputs for x (its activation quantisation is the kernel's). One GEMM over the
+        stack for a single row, where its column slices are contiguous (with more rows norm_rope would
+        copy each); else, or where no launch is bit-identical (`stacked_fp8_forward`), one per linear."""
+        stack = self._fp8_stacks.get(name)
+        ys = stacked_fp8_forward(stack, x) if stack is not None and x.numel() == x.shape[-1] else None
+        return ys if ys is not None else [lin(x, input_ready=True) for lin in self.fp8_pairs()[name]]
 
     # Kernel mode: the bf16 linears that read `a` (compressors, indexer head weights) as one GEMM.
 
@@ -221,8 +262,9 @@ class Attention(nn.Module):
         self._fused = (stacked, [lin.weight.data_ptr() for lin in lins])
         return stacked
 
-    def _apply(self, fn, recurse=True):  # .to()/.cuda() give the linears new weights: drop the old stack
+    def _apply(self, fn, recurse=True):  # .to()/.cuda() give the linears new weights: drop the old stacks
         self._fused = None
+        self._fp8_stacks = {}  # the pairs run separately until the next finalize stacks them again
         return super()._apply(fn, recurse)
 
     def _project_fused(self, a: torch.Tensor, positions: torch.Tensor

@@ -11,6 +11,11 @@ caller for the duration of one forward:
 Sequence i owns tokens [sum(seq_lens[:i]), sum(seq_lens[:i+1])); its positions must continue its
 state (`states[i].num_tokens, ...`). A forward appends the tokens to the states. Without a context the
 tokens form one fresh sequence starting at position 0 (its state is discarded afterwards).
+
+Checking ids and positions is free for host tensors but reads device tensors back (a wait for the
+GPU queue). A caller whose ids and positions are right by construction (the engine: prompts checked
+on arrival, sampled ids, positions from its own bookkeeping) sets `trusted_inputs=True`; then device
+ids and positions are not read back (host ones are still checked: that costs nothing).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from dsv4.model.state import LayerState, SequenceState
 class ForwardContext:
     seq_lens: list[int]
     states: list[SequenceState]
+    trusted_inputs: bool = False  # ids in range and positions continuing the states, by construction
 
     def __post_init__(self) -> None:
         if len(self.seq_lens) != len(self.states):
@@ -65,23 +71,46 @@ class Segment:
     state: LayerState
 
 
+def check_token_ids(ids: torch.Tensor, vocab: int, what: str, trusted: bool = False) -> None:
+    """ValueError unless every id lies in [0, vocab). Host ids are checked on the host; device ids
+    with one read-back, or not at all when `trusted` (see the module docstring)."""
+    if ids.numel() == 0 or (trusted and ids.device.type != "cpu"):
+        return
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one transfer for both ends
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"{what} out of range [0, {vocab}): found {lo if lo < 0 else hi}")
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device`; host -> GPU through pinned memory without waiting (the caching host allocator
+    keeps the pinned block until the copy has run, so the source may be dropped at once)."""
+    if t.device.type == "cpu" and torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def sequence_spans(ctx: ForwardContext, positions: torch.Tensor, lengths: list[int]) -> list[tuple[int, int]]:
     """Validate a flat batch against the context: (start, length) per sequence, in batch order.
 
     `lengths[i]` is the number of tokens sequence i has already processed; its positions in this
-    batch must be `lengths[i], lengths[i] + 1, ...`."""
-    total = sum(int(n) for n in ctx.seq_lens)
+    batch must be `lengths[i], lengths[i] + 1, ...`. The largest position is checked from the host-side
+    lengths; the positions themselves unless they are on a device and `ctx.trusted_inputs`."""
+    seq_lens = [int(n) for n in ctx.seq_lens]
+    total = sum(seq_lens)
     if total != positions.shape[0]:
         raise ValueError(f"ForwardContext.seq_lens sums to {total} but the batch has {positions.shape[0]} tokens")
-    spans, start, expected = [], 0, []
-    for n, done in zip(ctx.seq_lens, lengths):
-        n = int(n)
-        expected.append(torch.arange(done, done + n))
+    spans, start = [], 0
+    for n in seq_lens:
         spans.append((start, n))
         start += n
-    expected = torch.cat(expected) if expected else torch.empty(0, dtype=torch.long)
-    if expected.numel():
-        check_positions(int(expected.max()))
+    ends = [done + n for n, done in zip(seq_lens, lengths) if n]
+    if ends:
+        check_positions(max(ends) - 1)
+    if not total or (ctx.trusted_inputs and positions.device.type != "cpu"):
+        return spans
+    # expected[k] = lengths[i] + (k - start_i) for token k of sequence i: a few ops whatever the batch
+    shift = torch.tensor([done - s for (s, _), done in zip(spans, lengths)], dtype=torch.long)
+    expected = torch.arange(total) + shift.repeat_interleave(torch.tensor(seq_lens), output_size=total)
     if not torch.equal(positions.cpu().long(), expected):  # one transfer for the whole batch
         for i, ((start, n), done) in enumerate(zip(spans, lengths)):
             got = positions[start:start + n].tolist()

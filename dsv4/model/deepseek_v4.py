@@ -53,8 +53,8 @@ from torch import nn
 
 from dsv4.config import ModelConfig
 from dsv4.model.block import Block
-from dsv4.model.context import (ForwardContext, Segment, advance_paged, get_forward_context, paged_step_pools,
-                                sequence_spans)
+from dsv4.model.context import (ForwardContext, Segment, advance_paged, check_token_ids, get_forward_context,
+                                paged_step_pools, sequence_spans, to_device)
 from dsv4.model.rope import shared_cos_sin
 from dsv4.model.hyper import hc_head
 from dsv4.model.linear import PLAIN, Linear, bf16_gemm_fp32, dequantize_weight, quantized_weights
@@ -196,13 +196,13 @@ class DeepseekV4ForCausalLM(nn.Module):
             h = None  # embedded below, or inside the decode graph
         if input_ids is None and self.config.num_hash_layers:
             raise ValueError("input_ids are required: hash-routed MoE layers route by token id")
-        if input_ids is not None:
-            input_ids = input_ids.long()
-            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
-                raise ValueError(f"input_ids out of range [0, {self.config.vocab_size})")
-        positions = positions.long()
-
         ctx = get_forward_context() or ForwardContext([t], [self.new_sequence_state()])
+        dev = self.embed.weight.device
+        if input_ids is not None:  # host ids: checked there, copied without a wait; device ids: see check_token_ids
+            input_ids = input_ids.long()
+            check_token_ids(input_ids, self.config.vocab_size, "input_ids", ctx.trusted_inputs)
+            input_ids = to_device(input_ids, dev)
+        positions = positions.long()
         for s in ctx.states:
             if s.dtype != self.dtype or len(s.layers) != len(self.layers):
                 raise ValueError(f"SequenceState ({s.dtype}, {len(s.layers)} layers) does not belong to this "
@@ -215,12 +215,14 @@ class DeepseekV4ForCausalLM(nn.Module):
         pools = paged_step_pools(ctx)
         lens = [int(n) for n in ctx.seq_lens]
         step = None
-        if pools is not None:  # short rows over the engine's pools: fixed-shape step, one graph
-            if self._graphs is not None and inputs_embeds is None and t <= self._graphs.max_batch:
-                hidden = self._graphs.paged_step(pools, input_ids, ctx.states, lens)
-                self._mtp_target = self._graphs.last_streams(t).flatten(1)
-                advance_paged(ctx.states, lens)
-                return hidden
+        if pools is not None and self._graphs is not None and inputs_embeds is None and t <= self._graphs.max_batch:
+            # short rows over the engine's pools: one fixed-shape step, one graph (positions from the states)
+            hidden = self._graphs.paged_step(pools, input_ids, ctx.states, lens)
+            self._mtp_target = self._graphs.last_streams(t).flatten(1)
+            advance_paged(ctx.states, lens)
+            return hidden
+        positions = to_device(positions, dev)
+        if pools is not None:  # the same fixed-shape step, eagerly
             step = pools.decode_step(t, max(s.num_tokens + n for s, n in zip(ctx.states, lens)))
             step.fill(ctx.states, lens)
             step.derive()
@@ -229,7 +231,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             self._mtp_target = self._graphs.last_streams(t).flatten(1)
             return hidden
         if h is None:
-            h = self.embed(input_ids, validate=False)  # range checked above
+            h = self.embed(input_ids, validate=False)  # range checked above (or trusted)
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         with shared_cos_sin():
             for i, layer in enumerate(self.layers):
@@ -403,6 +405,7 @@ class DeepseekV4ForCausalLM(nn.Module):
                 for b in blocks:
                     b.use_mhc_kernels()
             for b in blocks:
+                b.attn.fuse_fp8_pairs()  # wq_a | wkv and wq_b | indexer.wq_b as one FP8 weight each
                 b.attn.use_kernels = True
                 b.ffn.gate.use_kernels = True
                 if b.attn.indexer:

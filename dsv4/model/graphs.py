@@ -73,11 +73,8 @@ class _Bucket:
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
         b = input_ids.shape[0]
-        self.ids[:b].copy_(input_ids)
-        self.pos[:b].copy_(positions)
-        if b < self.size:
-            self.ids[b:].zero_()
-            self.pos[b:].zero_()
+        _fill_padded(self.ids, input_ids)
+        _fill_padded(self.pos, positions)
         for i in range(len(self.pieces)):
             if self.capture:
                 self.graphs[i].replay()
@@ -108,10 +105,14 @@ def _capture(pieces) -> list:
 
 
 def _fill_padded(buf: torch.Tensor, rows: torch.Tensor) -> None:
-    """Static input buffer <- this step's rows; the padding rows are zeroed (no sequence reads them)."""
+    """Static input buffer <- this step's rows; the padding rows are zeroed (no sequence reads them).
+    Queued on the stream, never waited for (host rows go through pinned memory)."""
     b = rows.shape[0]
-    buf[:b].copy_(rows)
-    buf[b:].zero_()
+    if rows.device.type == "cpu" and buf.device.type == "cuda":
+        rows = rows.pin_memory()
+    buf[:b].copy_(rows, non_blocking=True)
+    if b < buf.shape[0]:
+        buf[b:].zero_()
 
 
 def _launch(bucket) -> None:

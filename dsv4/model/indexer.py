@@ -49,11 +49,16 @@ class Indexer(nn.Module):
         self.compressor = Compressor(config, self.ratio, self.head_dim, rope, dtype, numerics, kind="index")
 
     def queries(self, q_latent_in: torch.Tensor, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                weights: torch.Tensor | None = None, q: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(indexer queries [T, Hi, di], head weights [T, Hi]) of a flat batch; q_latent_in is the
         (already activation-quantised) input of wq_b. `weights`: the head weights when already computed
-        (kernel mode: by the layer's fused projection of `a`, see `Attention.fused_input_weight`)."""
-        q = self.wq_b(q_latent_in, input_ready=True).unflatten(-1, (self.n_heads, self.head_dim))
+        (kernel mode: by the layer's fused projection of `a`, see `Attention.fused_input_weight`); `q`:
+        wq_b's output [T, Hi*di] when already computed (kernel mode: the layer's stacked
+        wq_b | indexer.wq_b GEMM, see `Attention.fuse_fp8_pairs`)."""
+        if q is None:
+            q = self.wq_b(q_latent_in, input_ready=True)
+        q = q.unflatten(-1, (self.n_heads, self.head_dim))
         if self.use_kernels:  # RoPE + Hadamard + FP4 simulation in one launch
             from dsv4.kernels import norm_rope as nr
             q = nr.norm_rope(q, cos=cos, sin=sin, sim=nr.SIM_FP4 if self.numerics.simulate_indexer_fp4 else nr.SIM_NONE)

@@ -10,12 +10,17 @@ Kernel mode (a model built with `kernels="triton"`, see `quantized_weights`): ev
 quantises its input keeps its weight as stored — `weight` e4m3 [out, in] + `scale` fp32 128x128
 blocks, or for MXFP4 experts `weight` int8 [out, in/2] + `scale` E8M0 bytes [out, in/32] — and runs
 `dsv4.kernels.fp8_linear` (activation quantisation inside the kernel). MXFP4 experts are only
-storage here: `MoE.pack_experts` moves them into the fused MoE kernel's layout.
+storage here: `MoE.pack_experts` moves them into the fused MoE kernel's layout. FP8 linears that read
+one input can be row-stacked into one weight (`stack_fp8_linears`) and run as one GEMM whose output
+columns are bit for bit those of the separate GEMMs (`stacked_fp8_forward`).
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
+from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -164,11 +169,7 @@ class Linear(nn.Module):
         if self.kernel_format is not None:
             if self.kernel_format != "fp8":
                 raise RuntimeError(f"{self.kernel_format} weights run only inside their kernels (fused MoE, grouped wo_a)")
-            from dsv4.kernels.fp8_linear import fp8_linear
-            if out_dtype == torch.float32:  # a partial sum: unrounded, like the torch path
-                return fp8_linear(x, self.weight, self.scale, out_dtype=torch.float32)
-            y = fp8_linear(x, self.weight, self.scale)
-            return y if out_dtype is None else y.to(out_dtype)
+            return fp8_matmul(x, self.weight, self.scale, out_dtype)
         if not input_ready:
             x = self.prepare_input(x)
         y = bf16_gemm_fp32(x, self.weight) if acc_dtype(x.dtype) == torch.float32 else None
@@ -179,6 +180,91 @@ class Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, format={self.weight_format}, " \
                f"quantize_input={self.quantize_input}, kernel={self.kernel_format}"
+
+
+def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype | None = None,
+               config=None) -> torch.Tensor:
+    """Kernel mode's FP8 GEMM, `dsv4.kernels.fp8_linear.fp8_linear` (looked up at call time, so a
+    reference swapped in for it serves every caller): bf16 out (or out_dtype), fp32 unrounded for a partial sum.
+    `config`: an explicit launch config (`stacked_fp8_forward`)."""
+    from dsv4.kernels.fp8_linear import fp8_linear
+    kw = {} if config is None else {"config": config}
+    if out_dtype == torch.float32:  # a partial sum: unrounded, like the torch path
+        return fp8_linear(x, weight, scale, out_dtype=torch.float32, **kw)
+    y = fp8_linear(x, weight, scale, **kw)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+class FP8Stack(NamedTuple):
+    """FP8 kernel-format linears that read one input, row-stacked (`stack_fp8_linears`)."""
+    weight: torch.Tensor         # e4m3 [sum of out_features, in]
+    scale: torch.Tensor          # fp32 [sum of out_features / 128, in / 128]
+    linears: tuple               # the Linears, in row order
+    aliases: tuple[int, ...]     # their weight and scale addresses: row views of the stack
+
+    def intact(self) -> bool:
+        """Whether every linear still computes from its rows of the stack (a `.to()` or a new
+        Parameter since stacking replaces a weight; an in-place load writes through)."""
+        return _addresses(self.linears) == self.aliases
+
+
+def _addresses(linears) -> tuple[int, ...]:
+    return tuple(p for lin in linears for p in (lin.weight.data_ptr(), lin.scale.data_ptr()))
+
+
+def stack_fp8_linears(linears: list[Linear]) -> FP8Stack | None:
+    """Row-stack FP8 kernel-format linears of one input into one weight and scale. Exact: the scales
+    are per 128x128 block and out_features are multiples of 128, so no block straddles two linears.
+    Each linear's weight and scale become its row views of the stack (no second copy; a later
+    `load_quantized` writes through). None, with nothing changed, unless every linear is "fp8" with
+    the same input width, scale dtype and device."""
+    first = linears[0]
+    if any(lin.kernel_format != "fp8" or lin.weight.shape[1] != first.weight.shape[1] or lin.weight.numel() == 0
+           or lin.scale.dtype != first.scale.dtype or lin.weight.device != first.weight.device for lin in linears):
+        return None
+    with torch.inference_mode(False), torch.no_grad():  # normal tensors: later loads copy into them
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        scale = torch.cat([lin.scale for lin in linears])
+        row = 0
+        for lin in linears:
+            n = lin.weight.shape[0]
+            lin.weight = nn.Parameter(weight[row:row + n], requires_grad=False)
+            lin.scale = scale[row // 128:(row + n) // 128]
+            lin.invalidate_cache()
+            row += n
+    return FP8Stack(weight, scale, tuple(linears), _addresses(linears))
+
+
+@lru_cache(maxsize=1024)
+def _stacked_launch(m: int, widths: tuple[int, ...], k: int):
+    """The `fp8_linear` launch config under which one GEMM over the stacked weights computes every
+    output element as the linear's own launch does, or None. The kernel's per-element arithmetic
+    depends on the tile config (a function of m) and on its split of K (a function of the number of
+    output tiles): the split partials are summed in another order. So the parts must agree on both,
+    and the stacked launch gets their split explicitly."""
+    from dsv4.kernels.fp8_linear import BLOCK, _auto_split, pick_linear_config
+    configs = {pick_linear_config(m, n, k) for n in widths}
+    if len(configs) != 1:
+        return None
+    config = configs.pop()
+    if config.split_k > 0:
+        return config
+    tiles_m = -(-m // config.bm)
+    splits = {_auto_split(tiles_m * -(-n // config.bn), k // BLOCK) for n in widths}
+    return replace(config, split_k=splits.pop()) if len(splits) == 1 else None
+
+
+def stacked_fp8_forward(stack: FP8Stack, x: torch.Tensor) -> list[torch.Tensor] | None:
+    """Each linear's `forward(x)` (bf16) as column views of one GEMM over the stack, bit for bit; None
+    (run the linears) when the stack is no longer intact or no single launch matches the separate
+    launches' arithmetic (see `_stacked_launch`)."""
+    if not stack.intact():
+        return None
+    widths = tuple(lin.weight.shape[0] for lin in stack.linears)
+    config = _stacked_launch(x.numel() // x.shape[-1], widths, x.shape[-1])
+    if config is None:
+        return None
+    return list(fp8_matmul(x, stack.weight, stack.scale, config=config).split(widths, dim=-1))
 
 
 def dequantize_weight(name: str, weight: torch.Tensor, scale: torch.Tensor, weight_format: str,

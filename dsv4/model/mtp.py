@@ -17,8 +17,8 @@ from torch import nn
 
 from dsv4.config import ModelConfig
 from dsv4.model.block import Block
-from dsv4.model.context import (ForwardContext, Segment, advance_paged, get_forward_context, paged_step_pools,
-                                sequence_spans)
+from dsv4.model.context import (ForwardContext, Segment, advance_paged, check_token_ids, get_forward_context,
+                                paged_step_pools, sequence_spans)
 from dsv4.model.hyper import hc_head
 from dsv4.model.linear import FP8, Linear
 from dsv4.model.norm import RMSNorm
@@ -61,10 +61,9 @@ class MTPBlock(Block):
                              f"got {tuple(prev_residual.shape)}, {tuple(next_token_ids.shape)}, "
                              f"{tuple(positions.shape)}")
         positions, next_token_ids = positions.long(), next_token_ids.long()
-        vocab = self.config.vocab_size
-        if t and (int(next_token_ids.min()) < 0 or int(next_token_ids.max()) >= vocab):
-            raise ValueError(f"MTP next_token_ids out of range [0, {vocab})")
         ctx = get_forward_context()
+        check_token_ids(next_token_ids, self.config.vocab_size, "MTP next_token_ids",
+                        trusted=ctx is not None and ctx.trusted_inputs)
         if ctx is None:
             ctx = ForwardContext([t], [SequenceState.create(self.config, self.dtype, prev_residual.device)])
         if any(s.mtp is None or s.dtype != self.dtype for s in ctx.states):
