@@ -410,6 +410,7 @@ class DeepseekV4ForCausalLM(nn.Module):
                 b.ffn.gate.use_kernels = True
                 if b.attn.indexer:
                     b.attn.indexer.use_kernels = True
+            if self.config.hc_mult == 4:  # the HC head kernel likewise (else the torch HC head)
                 self._head_mix = prepare_mix(self.hc_head_fn)
         self._finalized = True
         if self._graphs is not None:  # graphs captured from the old weights are dropped

@@ -15,7 +15,8 @@ import torch
 from dsv4.quant.e8m0 import e8m0_to_float, float_to_e8m0, pow2_ceil
 
 E4M3_MAX = 448.0
-INV_E4M3_MAX = torch.tensor(1.0 / 448.0, dtype=torch.float32)  # fp32(1/448): multiplied, not divided
+# fp32(1/448): multiplied, not divided; on the CPU even when first imported under `with torch.device(...)`
+INV_E4M3_MAX = torch.tensor(1.0 / 448.0, dtype=torch.float32, device="cpu")
 # Floor of amax for activations (from the reference) and, by our choice, for weights too: it keeps
 # scales >= 2^-22, so every dequantised value stays exactly representable in bf16 (smallest
 # product 2^-9 * 2^-22), and an all-zero tile still gets a finite E8M0 scale.
