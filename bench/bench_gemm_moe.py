@@ -203,16 +203,16 @@ def bench_grouped(model, ms, ceil) -> list[dict]:
         r["ours_us"], _ = try_time(lambda: grouped_fp8_linear(x, w, ws))
         r["bf16_bmm_us"], _ = try_time(lambda: grouped_linear_bf16(x, wb))
         r["w8a16_us"], _ = try_time(lambda: grouped_linear_w8a16(x, w, ws))  # kernel mode's decode path
-        if m <= 64:  # launch shapes of the W8A16 kernel: pipeline depth and the weight conversion
+        if m <= 64:  # launch shapes of the W8A16 kernel: the K split (0 = auto), and one deeper pipeline
             base = pick_grouped_config(m)
-            for stages, bit in ((3, True), (6, True), (8, True), (4, False)):
-                cfg = GroupedConfig(**{**base.__dict__, "num_stages": stages, "bit_convert": bit})
-                r[f"w8a16_s{stages}{'' if bit else '_cast'}_us"], _ = try_time(
-                    lambda: grouped_linear_w8a16(x, w, ws, config=cfg))
+            for split, stages in ((1, 4), (2, 4), (4, 4), (8, 4), (0, 4), (0, 6)):
+                cfg = GroupedConfig(**{**base.__dict__, "split_k": split, "num_stages": stages})
+                key = f"w8a16_k{split or 'auto'}{'' if stages == base.num_stages else f'_s{stages}'}_us"
+                r[key], _ = try_time(lambda: grouped_linear_w8a16(x, w, ws, config=cfg))
         _derive_linear(r, ceil)
         r["x_bf16"] = r["bf16_bmm_us"] / r["ours_us"]
         rows.append(r)
-        shapes = " ".join(f"{k[6:-3]} {v:.1f}" for k, v in r.items() if k.startswith("w8a16_s"))
+        shapes = " ".join(f"{k[6:-3]} {v:.1f}" for k, v in r.items() if k.startswith("w8a16_k"))
         print(f"{model:5s} wo_a grouped   M={m:5d} fp8 {r['ours_us']:8.1f} bf16-bmm {r['bf16_bmm_us']:8.1f} "
               f"w8a16 {r['w8a16_us']:8.1f} ({shapes})", flush=True)
     return rows
@@ -268,6 +268,24 @@ def moe_alternatives() -> dict:
         "gemv16_w2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=16, warps1=2,
                                gemv_unroll=2),
         "gemv64": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_unroll=2),
+        # per pair, group sums as f16 tensor-core MMAs (moe_gemv method "mma"): rows, warps, K blocks per step
+        # (gemv_unroll), per tl.dot (gemv_dot_blocks), pipeline depth (gemv_stages)
+        "mma64_u2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                              gemv_unroll=2, gemv_stages=3),
+        "mma64_u2_s4": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                                 gemv_unroll=2, gemv_stages=4),
+        "mma64_u2_kd2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                                  gemv_unroll=2, gemv_dot_blocks=2, gemv_stages=3),
+        "mma64_u4_s2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                                 gemv_unroll=4, gemv_stages=2),
+        "mma64_u1_s4": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                                 gemv_unroll=1, gemv_stages=4),
+        "mma128_w8_u2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=128, warps1=8,
+                                  gemv_mma=True, gemv_unroll=2, gemv_stages=3),
+        "mma128_w8_u4_s2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=128, warps1=8,
+                                     gemv_mma=True, gemv_unroll=4, gemv_stages=2),
+        "mma128_w4_u2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=128, warps1=4,
+                                  gemv_mma=True, gemv_unroll=2, gemv_stages=3),
     }
 
 
@@ -395,7 +413,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="M in {1, 64, 4096}, no config sweep")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--only", choices=["linear", "moe"], default=None)
+    ap.add_argument("--only", choices=["linear", "grouped", "moe"], default=None,
+                    help="linear: FP8 linears + grouped wo_a; grouped: only the grouped wo_a")
     ap.add_argument("--models", default="flash,pro")
     ap.add_argument("--ms", default=None, help="comma-separated token counts (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -414,6 +433,8 @@ def main() -> None:
     try:
         if args.only in (None, "linear"):
             lin = bench_linears(models, ms, ceil, sweep)
+        if args.only == "grouped":
+            lin = [r for model in models for r in bench_grouped(model, ms, ceil)]
         if args.only in (None, "moe"):
             moe = bench_moe(models, ms, ceil, sweep, base=True)
     except Exception:  # noqa: BLE001 - keep what was measured

@@ -392,7 +392,8 @@ def fused_moe(
     if cfg.gemv and experts.fmt == "mxfp4" and act == "fp8":
         from dsv4.kernels.moe_gemv import moe_gemv
         y = moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
-                     unroll=cfg.gemv_unroll)
+                     unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
+                     dot_blocks=cfg.gemv_dot_blocks)
         return _combine(y, shared, ids, out, e)
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     nb = expert_ids.numel()

@@ -21,6 +21,9 @@ class MoEConfig:
     swap: bool = False  # FP8 wgmma with the weights as M, bm tokens as N: faster, not fp32-exact
     gemv: int = 0  # MXFP4 W4A8 on CUDA cores, one program per pair and `gemv` rows (dsv4.kernels.moe_gemv)
     gemv_unroll: int = 2  # ... with this many 128-wide K blocks loaded per loop step
+    gemv_mma: bool = False  # ... the group sums as f16 tensor-core MMAs instead (moe_gemv method "mma", gemv 64/128)
+    gemv_stages: int = 3  # ... "mma": pipeline depth of its weight / activation loads (loop steps)
+    gemv_dot_blocks: int = 1  # ... "mma": K blocks per tl.dot (<= gemv_unroll)
 
 
 # H200 sweep (session 5): the CUDA-core path wins up to ~1.4 pairs per touched expert (Flash B <= 24,

@@ -1,15 +1,28 @@
-"""Routed MXFP4 MoE for decode-sized batches on CUDA cores: one program per (token, slot) pair and
-tile of output rows, no tensor cores, no token->expert alignment.
+"""Routed MXFP4 MoE for decode-sized batches: one program per (token, slot) pair and tile of output
+rows, no token->expert alignment; group sums on CUDA cores (method "cuda") or tensor cores ("mma").
 
 Same contract and numerics as `dsv4.kernels.moe.fused_moe` (W4A8: activations quantised per row and
 128 channels to e4m3, each 32-wide weight group's products summed in fp32 and scaled by the group
 scale and the activation scale; SwiGLU clamp, routing weight, z rounded to bf16 and re-quantised for
-W2; one bf16 row per pair; fp32 combine). Only the summation order differs: here a group's 32
-products are summed by a reduction tree on CUDA cores instead of inside an MMA.
+W2; one bf16 row per pair; fp32 combine). Only the summation order differs: with method "cuda" a
+group's 32 products are summed by a reduction tree on CUDA cores instead of inside an MMA.
 
 Why: with one or two tokens per expert (decode, B <= 8 on Flash), the MMA path computes 16-row tiles
-for one valid row and converts every weight tile to f16 for mma.sync; here each weight element costs
-one e4m3 -> f32 conversion and one FMA, and each program streams its own rows.
+for one valid row and converts every weight tile to f16 for mma.sync; method "cuda" costs one
+e4m3 -> f32 conversion and one FMA per weight element, and each program streams its own rows.
+
+method "mma": the same grid, but each 32-wide group is summed by a tensor-core MMA with f16 operands
+(exact: e2m1 code c with sign s is the f16 with bits (s << 15) | (c << 9), i.e. e2m1 * 2^-14, the
+subnormal 0.5 included; e4m3 -> f16 is exact; the products are exact in the fp32 accumulator). The
+weight rows are the MMA's M side ("swap AB", wgmma with the converted weights as its register
+operand); the N = 16 side holds the pair's activations block-diagonally: the 32 values of group g of
+K block u of a loop step sit in column 4u + g, zeros elsewhere, so each column of the [BN, 16] result
+is one group's exact partial sum, scaled by its group scale and the activation block scale and added
+to an fp32 accumulator column (the W4A8 math of `moe._fp4_mma`; the 16 columns are summed once at the
+end: another summation order of the same fp32 terms). The K order inside the MMA is permuted so that
+each thread converts 8 contiguous weight bytes (`_mma_order`); the activations are stored in that
+order as f16 copies of their e4m3 codes (`_act_pos`), and Triton pipelines the weight and
+activation loads (cp.async, `num_stages`).
 """
 
 from __future__ import annotations
@@ -22,12 +35,23 @@ from dsv4.kernels._triton import HAS_TRITON
 from dsv4.kernels.fp8_linear import act_quant
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
 
+# e2m1 nibbles -> f16 (e2m1 * 2^-14), 4 bytes per call (`method="mma"`). An f16 with bits (s << 15) |
+# (c << 9) has zero low byte and high byte (s << 7) | (c << 1): build those 4 high bytes in one word
+# (shifts + one lop3), then spread them into two f16x2 words with prmt ($0: bytes 0, 1; $1: bytes 2, 3).
+F16_LO_PTX = ("{ .reg .b32 t0, t1; shl.b32 t0, $2, 1; shl.b32 t1, $2, 4; and.b32 t1, t1, 0x80808080; "
+              "lop3.b32 t0, t0, 0x0E0E0E0E, t1, 0xEA; prmt.b32 $0, t0, 0, 0x1404; prmt.b32 $1, t0, 0, 0x3424; }")
+F16_HI_PTX = ("{ .reg .b32 t0, t1; shr.u32 t0, $2, 3; and.b32 t1, $2, 0x80808080; "
+              "lop3.b32 t0, t0, 0x0E0E0E0E, t1, 0xEA; prmt.b32 $0, t0, 0, 0x1404; prmt.b32 $1, t0, 0, 0x3424; }")
+
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe import _fp4_hi, _fp4_lo, _group_scale
+
+    _F16_LO_ASM = tl.constexpr(F16_LO_PTX)
+    _F16_HI_ASM = tl.constexpr(F16_HI_PTX)
 
 if HAS_TRITON:
 
@@ -112,6 +136,161 @@ if HAS_TRITON:
             tl.store(Y + p * stride_y + offs_n, acc.to(tl.bfloat16))
 
 
+if HAS_TRITON:  # ------------------------------------------------------------- method="mma"
+
+    @triton.jit
+    def _f16_lo(b, USE_ASM: tl.constexpr):
+        """Low nibbles (e2m1 codes) of uint8 bytes -> f16 e2m1 * 2^-14 (exact bit move)."""
+        if USE_ASM:
+            return tl.inline_asm_elementwise(_F16_LO_ASM, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            v = b.to(tl.int32)
+            v = ((v & 7) << 9) | ((v & 8) << 12)
+            return v.to(tl.uint16).to(tl.float16, bitcast=True)
+
+    @triton.jit
+    def _f16_hi(b, USE_ASM: tl.constexpr):
+        """High nibbles of uint8 bytes -> f16 e2m1 * 2^-14."""
+        if USE_ASM:
+            return tl.inline_asm_elementwise(_F16_HI_ASM, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            v = b.to(tl.int32)
+            v = (((v >> 4) & 7) << 9) | ((v & 0x80) << 8)
+            return v.to(tl.uint16).to(tl.float16, bitcast=True)
+
+    @triton.jit
+    def _mma_order(b, BN: tl.constexpr, KD: tl.constexpr):
+        """[BN, 64 KD] weight bytes (KD K blocks) -> the MMA's K order: K index k = 64u + 16c + 8h + 2t + i
+        takes byte 64u + 32h + 8t + 2c + i, so that each thread of the f16 wgmma A fragment (k pairs 2t, 2t+1
+        and 2t+8, 2t+9 of each 16-wide chunk c) converts 8 contiguous bytes per row, u and h (a register-only
+        permutation: Triton keeps it in the dot operand layout and reads shared memory 8 bytes at a time)."""
+        b = tl.reshape(b, (BN, KD, 2, 4, 4, 2))  # (row, u, h, t, c, i)
+        b = tl.permute(b, (0, 1, 4, 2, 3, 5))  # (row, u, c, h, t, i)
+        return tl.reshape(b, (BN, 64 * KD))
+
+    @triton.jit
+    def _act_tiles(Arow, kb, u0: tl.constexpr, KD: tl.constexpr):
+        """Block-diagonal f16 activation tiles [64 KD, 16] for the low / high nibbles of K blocks kb .. kb+KD-1
+        (u0 + their index: their place in the scale step), in the K order of `_mma_order` (the activation rows
+        are stored permuted that way, `_quant16_kernel`): row k carries its element in column 4u + g (g: its
+        32-group in block u), zero elsewhere. Masked loads: the pipeliner's cp.async fills the zeros."""
+        k = tl.arange(0, 64 * KD)
+        n = tl.arange(0, 16)
+        col = 4 * (u0 + k // 64) + 2 * ((k // 8) % 2)  # low nibbles: group 0 (h = 0) or 2 (h = 1)
+        ptr = Arow + kb * 128 + (k // 64) * 128 + (k % 64)
+        ptr = ptr[:, None] + n[None, :] * 0
+        lo = tl.load(ptr, mask=n[None, :] == col[:, None], other=0.0)
+        hi = tl.load(ptr + 64, mask=n[None, :] == col[:, None] + 1, other=0.0)
+        return lo, hi
+
+    @triton.jit
+    def _scale_acc(acc, part, Sbytes, SArow, kb0, U: tl.constexpr):
+        """acc += part * group scale * activation scale, per column 4u + g (group g of K block kb0 + u):
+        the group's E8M0 byte b gives 2^(b - 127 + 6) as in `moe._group_scale` (valid for every byte the
+        layout admits), the remaining 2^8 of the 2^-14 weight shift rides on the activation scale (all
+        powers of two: the same products as (part * 2^(b - 127 + 14)) * sa)."""
+        n = tl.arange(0, 16)
+        used = n < 4 * U
+        b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=used[None, :], other=0).to(tl.int32)
+        f = ((b + 6) << 23).to(tl.float32, bitcast=True)
+        sa = tl.load(SArow + kb0 + n // 4, mask=used, other=0.0) * 256.0
+        return acc + (part * f) * sa[None, :]
+
+    @triton.jit(do_not_specialize=["top_k", "num_experts"])
+    def _mma_glu_kernel(XQ, SX, IDS, TOPK_W, W, WS, Z, ZS, I, K, top_k, num_experts, limit,
+                        stride_x, stride_sx, stride_we, stride_wn, stride_wse, stride_wsn, stride_z, stride_zs,
+                        BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
+                        USE_ASM: tl.constexpr):
+        """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
+        (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale."""
+        p = tl.program_id(0).to(tl.int64)
+        pid_n = tl.program_id(1)
+        e = tl.load(IDS + p).to(tl.int64)
+        if (e < 0) | (e >= num_experts):  # another rank's expert (its z row is never read)
+            return
+        t = p // top_k
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        Wg = W + e * stride_we + offs_n[:, None] * stride_wn + tl.arange(0, 64 * KD)[None, :]
+        Wu = Wg + I * stride_wn
+        Sg = WS + e * stride_wse + offs_n[:, None] * stride_wsn  # E8M0 bytes, 4 per K block
+        Su = Sg + I * stride_wsn
+        Xrow = XQ + t * stride_x
+        SXrow = SX + t * stride_sx
+        acc_g = tl.zeros((BN, 16), dtype=tl.float32)
+        acc_u = tl.zeros((BN, 16), dtype=tl.float32)
+        for kb0 in range(0, K // 128, U):
+            part_g = tl.zeros((BN, 16), dtype=tl.float32)
+            part_u = tl.zeros((BN, 16), dtype=tl.float32)
+            for d in tl.static_range(0, U, KD):
+                a_lo, a_hi = _act_tiles(Xrow, kb0 + d, d, KD)
+                bg = _mma_order(tl.load(Wg + (kb0 + d) * 64), BN, KD)
+                bu = _mma_order(tl.load(Wu + (kb0 + d) * 64), BN, KD)
+                part_g = tl.dot(_f16_hi(bg, USE_ASM), a_hi, tl.dot(_f16_lo(bg, USE_ASM), a_lo, part_g))
+                part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
+            acc_g = _scale_acc(acc_g, part_g, Sg, SXrow, kb0, U)
+            acc_u = _scale_acc(acc_u, part_u, Su, SXrow, kb0, U)
+        g = tl.minimum(tl.sum(acc_g, axis=1).to(tl.bfloat16).to(tl.float32), limit)
+        u = tl.clamp(tl.sum(acc_u, axis=1).to(tl.bfloat16).to(tl.float32), -limit, limit)
+        z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
+        if QUANT_OUT:
+            q, s = _quant_rows(z.to(tl.float32)[None, :])
+            tl.store(Z + p * stride_z + pid_n * BN + _act_pos(tl.arange(0, BN))[None, :], q.to(tl.float16))
+            tl.store(ZS + p * stride_zs + pid_n + tl.arange(0, 1), s)
+        else:
+            tl.store(Z + p * stride_z + offs_n, z)
+
+    @triton.jit(do_not_specialize=["num_experts"])
+    def _mma_down_kernel(ZQ, ZS, IDS, W, WS, Y, K, num_experts,
+                         stride_zq, stride_zs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
+                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr):
+        """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes)."""
+        p = tl.program_id(0).to(tl.int64)
+        e = tl.load(IDS + p).to(tl.int64)
+        if (e < 0) | (e >= num_experts):
+            return
+        offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+        Wr = W + e * stride_we + offs_n[:, None] * stride_wn + tl.arange(0, 64 * KD)[None, :]
+        Sr = WS + e * stride_wse + offs_n[:, None] * stride_wsn
+        Zrow = ZQ + p * stride_zq
+        ZSrow = ZS + p * stride_zs
+        acc = tl.zeros((BN, 16), dtype=tl.float32)
+        for kb0 in range(0, K // 128, U):
+            part = tl.zeros((BN, 16), dtype=tl.float32)
+            for d in tl.static_range(0, U, KD):
+                a_lo, a_hi = _act_tiles(Zrow, kb0 + d, d, KD)
+                b = _mma_order(tl.load(Wr + (kb0 + d) * 64), BN, KD)
+                part = tl.dot(_f16_hi(b, USE_ASM), a_hi, tl.dot(_f16_lo(b, USE_ASM), a_lo, part))
+            acc = _scale_acc(acc, part, Sr, ZSrow, kb0, U)
+        tl.store(Y + p * stride_y + offs_n, tl.sum(acc, axis=1).to(tl.bfloat16))
+
+    @triton.jit
+    def _act_pos(e):
+        """Stored position of element e (0..127) of a 128-block of MMA activations: the low-nibble tile's
+        elements (groups 0, 2) at 0..63, the high one's (groups 1, 3) at 64..127, each in the K order of
+        `_mma_order` (byte 32h + 8t + 2c + i at 16c + 8h + 2t + i)."""
+        tile = (e // 32) % 2
+        h = e // 64
+        t = (e // 8) % 4
+        c = (e // 2) % 4
+        return 64 * tile + 16 * c + 8 * h + 2 * t + e % 2
+
+    @triton.jit(do_not_specialize=["num_experts"])
+    def _quant16_kernel(X, Q, S, IDS, num_experts, stride_x, stride_q, stride_s, CHECK_IDS: tl.constexpr):
+        """FP8 quantisation of one 128-block of a row (`act_quant`'s math), stored as the f16 values of the
+        e4m3 codes (exact) in the order of `_act_pos` + fp32 scale; CHECK_IDS: rows are pairs, other ranks'
+        pairs skipped."""
+        r = tl.program_id(0).to(tl.int64)
+        kb = tl.program_id(1)
+        if CHECK_IDS:
+            e = tl.load(IDS + r)
+            if (e < 0) | (e >= num_experts):
+                return
+        offs = tl.arange(0, 128)
+        q, s = _quant_rows(tl.load(X + r * stride_x + kb * 128 + offs)[None, :].to(tl.float32))
+        tl.store(Q + r * stride_q + kb * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
+        tl.store(S + r * stride_s + kb + tl.arange(0, 1), s)
+
+
 def _unroll(k: int, most: int) -> int:
     """K blocks per loop step: the largest of most, most/2, .. 1 that divides k // 128."""
     u = most
@@ -120,13 +299,30 @@ def _unroll(k: int, most: int) -> int:
     return u
 
 
+def _use_asm() -> bool:
+    return os.environ.get("TRITON_INTERPRET") != "1"  # the interpreter runs no inline PTX
+
+
+GEMV_METHODS = ("cuda", "mma")
+MMA_BN = (64, 128)  # wgmma's M side: 64 rows per warpgroup
+
+
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
-             swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2) -> torch.Tensor:
+             swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2, method: str = "cuda",
+             num_stages: int = 3, dot_blocks: int = 1) -> torch.Tensor:
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
-    pairs are left unwritten); `fused_moe` sums them in its combine kernel."""
+    pairs are left unwritten); `fused_moe` sums them in its combine kernel.
+
+    method "cuda": CUDA-core sums, `unroll` K blocks loaded per loop step (num_stages unused).
+    method "mma": tensor-core group sums (module docstring), bn in MMA_BN, `unroll` (1, 2 or 4) K blocks
+    per loop step (one scale update: 4 columns each), `dot_blocks` (1, 2 or 4, at most unroll) K blocks
+    per tl.dot (fewer wgmma waits, more registers), `num_stages` pipeline depth of the weight and
+    activation loads (whole loop steps)."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
         raise ValueError("moe_gemv: MXFP4 experts only")
+    if method not in GEMV_METHODS:
+        raise ValueError(f"moe_gemv: method must be one of {GEMV_METHODS}, got {method!r}")
     m, d = x.shape
     top_k = topk_ids.shape[1]
     e, i = experts.num_experts, experts.inter
@@ -135,7 +331,18 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     pairs = m * top_k
     ids = topk_ids.reshape(-1).contiguous()
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    use_asm = os.environ.get("TRITON_INTERPRET") != "1"  # the interpreter runs no inline PTX
+    if method == "mma":
+        if bn not in MMA_BN or unroll not in (1, 2, 4) or dot_blocks not in (1, 2, 4) or dot_blocks > unroll:
+            raise ValueError(f"moe_gemv(method='mma'): need bn in {MMA_BN}, unroll in (1, 2, 4) and dot_blocks in "
+                             f"(1, 2, 4) <= unroll, got bn={bn}, unroll={unroll}, dot_blocks={dot_blocks}")
+        launch = dict(bn=bn, num_warps=num_warps, unroll=unroll, dot_blocks=dot_blocks, num_stages=num_stages)
+        zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
+        zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
+        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, **launch)
+        y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
+        mma_down_stage(zq, zs, ids, experts, y, **launch)
+        return y
+    use_asm = _use_asm()
     q, sq = act_quant(x)
     z = torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
     w13, s13 = experts.w13, experts.w13_scale
@@ -153,3 +360,43 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
         BN=bn, UNROLL=_unroll(i, unroll), USE_ASM=use_asm, num_warps=num_warps, num_stages=1)
     return y
+
+
+def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts, swiglu_limit: float,
+                  top_k: int, zq: torch.Tensor, zs: torch.Tensor, bn: int = 64, num_warps: int = 4, unroll: int = 2,
+                  dot_blocks: int = 1, num_stages: int = 3) -> None:
+    """GEMM1 of method "mma": writes the rows of the routed pairs (ids in [0, E)) of zq [pairs, I] (f16 values
+    of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales)."""
+    m, d = x.shape
+    e, i = experts.num_experts, experts.inter
+    pairs = ids.numel()
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    xq = torch.empty((m, d), dtype=torch.float16, device=x.device)
+    sx = torch.empty((m, d // BLOCK), dtype=torch.float32, device=x.device)
+    _quant16_kernel[(m, d // BLOCK)](x, xq, sx, ids, e, x.stride(0), xq.stride(0), sx.stride(0), CHECK_IDS=False,
+                                     num_warps=1)
+    quant_out = bn == BLOCK  # a program's z tile is one quantisation block: quantised in the epilogue
+    z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
+    w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes
+    u = _unroll(d, unroll)
+    _mma_glu_kernel[(pairs, i // bn)](
+        xq, sx, ids, tw, w13, s13, z, zs, i, d, top_k, e, float(swiglu_limit),
+        xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
+        zs.stride(0), BN=bn, U=u, KD=min(dot_blocks, u), QUANT_OUT=quant_out, USE_ASM=_use_asm(), num_warps=num_warps,
+        num_stages=num_stages)
+    if not quant_out:
+        _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
+                                             CHECK_IDS=True, num_warps=1)
+
+
+def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, y: torch.Tensor,
+                   bn: int = 64, num_warps: int = 4, unroll: int = 2, dot_blocks: int = 1, num_stages: int = 3) -> None:
+    """GEMM2 of method "mma": writes the rows of the routed pairs of y [pairs, D] bf16 from zq / zs
+    (`mma_glu_stage`'s layout)."""
+    e, i = experts.num_experts, experts.inter
+    w2, s2 = experts.w2, experts.w2_scale.view(torch.uint8)
+    u = _unroll(i, unroll)
+    _mma_down_kernel[(ids.numel(), experts.hidden // bn)](
+        zq, zs, ids, w2, s2, y, i, e,
+        zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
+        BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), num_warps=num_warps, num_stages=num_stages)
