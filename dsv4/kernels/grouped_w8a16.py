@@ -220,12 +220,14 @@ class GroupedConfig:
     split_k: int = 0  # programs per output tile along K, reduced in the launch; 0 = `_auto_split`
 
 
-def _auto_split(tiles: int, kblocks: int) -> int:
-    """Double the K split while the grid stays within ~4 programs per SM and every split keeps at least
-    MIN_SPLIT_KBLOCKS K blocks: one program streams one weight tile with a few loads in flight, so
-    several per SM are what pulls the weight at full bandwidth (Flash decode: 128 tiles -> split 4)."""
+def _auto_split(tiles: int, kblocks: int, per_sm: int = 4) -> int:
+    """Double the K split while the grid stays within ~`per_sm` programs per SM and every split keeps at
+    least MIN_SPLIT_KBLOCKS K blocks: one program streams one weight tile with a few loads in flight, so
+    several per SM are what pulls the weight at full bandwidth (Flash decode: 128 tiles -> split 4).
+    H200, Flash, µs (session 7): T = 1 split 1/2/4/8 24.7/23.2/21.4/22.5; T = 64 (bm 64: 88 KB of shared
+    memory, 2 programs per SM, hence per_sm = 2 there) 29.9/28.3/32.4/41.6."""
     split = 1
-    while tiles * split * 2 <= 4 * NUM_SMS and kblocks // (split * 2) >= MIN_SPLIT_KBLOCKS:
+    while tiles * split * 2 <= per_sm * NUM_SMS and kblocks // (split * 2) >= MIN_SPLIT_KBLOCKS:
         split *= 2
     return split
 
@@ -282,7 +284,8 @@ def grouped_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     tiles_n, tiles_t, kblocks = g * r // cfg.bn, triton.cdiv(t, cfg.bm), din // BLOCK
     if tiles_t > 65535:
         raise ValueError(f"grouped_linear_w8a16: T={t} exceeds the grid limit ({65535 * cfg.bm} tokens at bm={cfg.bm})")
-    split = min(cfg.split_k or _auto_split(tiles_n * tiles_t, kblocks), kblocks)  # no empty K ranges
+    per_sm = 2 if cfg.bm >= 64 else 4  # programs that fit an SM's shared memory (measured, see _auto_split)
+    split = min(cfg.split_k or _auto_split(tiles_n * tiles_t, kblocks, per_sm), kblocks)  # no empty K ranges
     common = dict(DIN=din, BN=cfg.bn, BM=cfg.bm, S_E8M0=s_e8m0, BITS=cfg.bit_convert, SPLIT_OUT=split > 1,
                   INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     strides = (x.stride(0), x.stride(1), sw.stride(0), out.stride(0), out.stride(1))

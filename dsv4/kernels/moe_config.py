@@ -26,8 +26,10 @@ class MoEConfig:
     gemv_dot_blocks: int = 1  # ... "mma": K blocks per tl.dot (<= gemv_unroll)
 
 
-# H200 sweep (session 5): the CUDA-core path wins up to ~1.4 pairs per touched expert (Flash B <= 24,
-# Pro B <= 48), ties at 1.42 (Flash B = 32), loses from ~1.7 (Flash B = 48)
+# H200 sweep (session 5): the per-pair path wins up to ~1.4 pairs per touched expert (Flash B <= 24,
+# Pro B <= 48), ties at 1.42 (Flash B = 32), loses from ~1.7 (Flash B = 48). Session 7: its tensor-core
+# variant (gemv_mma, 64 rows, 2 K blocks per step) beats the CUDA-core one, Flash, µs with L2 flushed:
+# B = 1 62.0 vs 64.6, B = 8 252.8 vs 308.0 (docs/benchmarks.md #5, session 7)
 GEMV_MAX_PAIRS_PER_EXPERT = 1.45
 
 
@@ -42,7 +44,7 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     per_touched = num_pairs / max(1.0, num_experts * -math.expm1(-num_pairs / max(1, num_experts)))
     if per_touched <= GEMV_MAX_PAIRS_PER_EXPERT and act == "fp8":  # MXFP4 only; FP8 experts take the MMA fields
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
-                         num_stages=4, gemv=32)
+                         num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=2, gemv_stages=3)
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)

@@ -107,10 +107,9 @@ def _capture(pieces) -> list:
 def _fill_padded(buf: torch.Tensor, rows: torch.Tensor) -> None:
     """Static input buffer <- this step's rows; the padding rows are zeroed (no sequence reads them).
     Queued on the stream, never waited for (host rows go through pinned memory)."""
+    from dsv4.model.context import to_device
     b = rows.shape[0]
-    if rows.device.type == "cpu" and buf.device.type == "cuda":
-        rows = rows.pin_memory()
-    buf[:b].copy_(rows, non_blocking=True)
+    buf[:b].copy_(to_device(rows, buf.device), non_blocking=True)
     if b < buf.shape[0]:
         buf[b:].zero_()
 

@@ -213,6 +213,7 @@ def test_auto_split_rule():
 
     assert _auto_split(8 * 1024 // 64, 4096 // 128) == 4  # Flash decode: 512 programs of 8 K blocks
     assert _auto_split(2 * 128 // 64, 1024 // 128) == 2  # the small shapes below really split
+    assert _auto_split(8 * 1024 // 64, 4096 // 128, per_sm=2) == 2  # Flash at T = 33..64 (bm 64)
     for tiles in (1, 2, 16, 33, 66, 128, 132, 200, 264, 600):
         for kblocks in (1, 3, 4, 8, 12, 32, 56, 64):
             s = _auto_split(tiles, kblocks)

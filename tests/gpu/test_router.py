@@ -50,8 +50,10 @@ def _check(got, want, logits, bias, normalize, scale):
         torch.testing.assert_close(w, wr, rtol=1e-5, atol=0)
     else:  # libdevice = torch's math: bit-identical, but for the order of the normalising sum
         worst = int(_ulps(w, wr).max())
-        # normalised: the kernel's 6-term sum is not in torch's order (1 ulp) and the division rounds again
-        assert worst <= (2 if normalize else 0), f"weights differ by {worst} ulp"
+        # normalised: the kernel's k-term sum of positive terms is not in torch's order: each order is within
+        # (k-1)/2 ulp of the exact sum, so the two sums within k-1 ulp, plus the division's own rounding
+        # (seen on the H200: 3 ulp at E = 384, D = 7168)
+        assert worst <= (w.shape[1] if normalize else 0), f"weights differ by {worst} ulp"
     # float64 re-derivation of the weights from the picked ids
     s = torch.sqrt(torch.log1p(torch.exp(logits.double())))
     w64 = s.gather(1, i)
