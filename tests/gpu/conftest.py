@@ -65,3 +65,21 @@ def assert_close_bf16(y: torch.Tensor, ref: torch.Tensor, rel: float = 2e-3, wha
     assert err < rel, f"{what}: relative error {err:.2e} >= {rel:.0e}"
     worst = float((y.double() - ref.double()).abs().max())
     assert worst <= 0.02 * float(ref.double().abs().max()), f"{what}: max abs diff {worst}"
+
+
+def assert_graph_replays(fn, static_x: torch.Tensor, inputs: list, expected: list, what: str = "") -> None:
+    """Capture `fn(static_x)` once (its buffers and counters allocated beforehand); replaying it after
+    copying inputs[i % n] into static_x must give expected[i % n] bit for bit."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = fn(static_x)
+    for i in range(6):
+        static_x.copy_(inputs[i % len(inputs)])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, expected[i % len(expected)]), f"{what} replay {i}"
+
+
+@pytest.fixture
+def graph_replays():
+    return assert_graph_replays

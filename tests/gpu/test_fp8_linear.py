@@ -234,7 +234,7 @@ def test_split_k_bit_identical_to_two_step(split, kind, poison):
     assert _counters_zero()
 
 
-def test_split_k_repeated_launches_and_graph(poison):
+def test_split_k_repeated_launches_and_graph(poison, graph_replays):
     """Back-to-back launches (and CUDA-graph replays) alternating two inputs: each gives its own result, bit for
     bit. A counter left non-zero would leave tiles unwritten or summed early; a racy reduction would vary."""
     from dsv4.kernels.fp8_linear import fp8_linear
@@ -254,15 +254,7 @@ def test_split_k_repeated_launches_and_graph(poison):
         assert _counters_zero()
         if DEV != "cuda":
             continue
-        static_x = xs[0].clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = fp8_linear(static_x, w, s, cfg)
-        for i in range(6):
-            static_x.copy_(xs[i % 2])
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(static_y, first[i % 2]), f"{cfg} replay {i}"
+        graph_replays(lambda xx: fp8_linear(xx, w, s, cfg), xs[0].clone(), xs, first, str(cfg))
         assert _counters_zero()
 
 

@@ -262,7 +262,7 @@ def test_split_random_inputs(scale_fmt, split, poison):
     assert _counters_zero()
 
 
-def test_split_repeated_calls_and_graph(poison):
+def test_split_repeated_calls_and_graph(poison, graph_replays):
     """The same calls again, alternating two inputs: bit-identical every time (a fixed reduction order; a
     counter left non-zero would finish tiles early or never). On CUDA also captured in a graph and replayed."""
     from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16
@@ -279,15 +279,7 @@ def test_split_repeated_calls_and_graph(poison):
         assert _counters_zero()
         if DEV != "cuda":
             continue
-        static_x = xs[0].clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # counters exist already: the eager calls above allocated them
-            static_y = grouped_linear_w8a16(static_x, w, s, cfg)
-        for i in range(6):
-            static_x.copy_(xs[i % 2])
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(static_y, first[i % 2]), f"{cfg} replay {i}"
+        graph_replays(lambda xx: grouped_linear_w8a16(xx, w, s, cfg), xs[0].clone(), xs, first, str(cfg))
         assert _counters_zero()
 
 
