@@ -272,23 +272,31 @@ class Attention(nn.Module):
         """(rows, index_rows, index_w) as `Compressor.project` and `weights_proj(a) * weight_scale`
         compute them: one GEMM into fp32 over `fused_input_weight`, then one launch
         (dsv4.kernels.projections) adds each compressor's ape to its gate columns in place and rounds the
-        head weights. The rows are column views of the GEMM output."""
+        head weights. With `projections.DECODE_GEMV` (opt-in) up to DECODE_MAX_T bf16 rows run both in
+        one launch (`project_decode`). The rows are column views of the GEMM output."""
         from dsv4.kernels import projections as pj
         weight = self.fused_input_weight()
-        y = bf16_gemm_fp32(a, weight)
-        if y is None:  # CPU / other dtypes: the GEMM in the accumulation dtype, as Linear does
-            acc = acc_dtype(a.dtype)
-            y = F.linear(a.to(acc), weight.to(acc))
         width = self.compressor.wkv.out_features
-        rows = (y[:, :width], y[:, width:2 * width])
-        gates, index_rows, head = [(width, self.compressor.ape)], None, None
+        gates, head = [(width, self.compressor.ape)], None
         if self.indexer:
             col, iw = 2 * width, self.indexer.compressor.wkv.out_features
-            index_rows = (y[:, col:col + iw], y[:, col + iw:col + 2 * iw])
             gates.append((col + iw, self.indexer.compressor.ape))
             head = (col + 2 * iw, self.indexer.n_heads, self.indexer.weight_scale)
-        finish = pj.finish_projections if pj.HAS_TRITON and (y.is_cuda or pj.INTERPRET) else pj.finish_projections_ref
-        return rows, index_rows, finish(y, positions, gates, head)
+        if pj.DECODE_GEMV and pj.HAS_TRITON and (a.is_cuda or pj.INTERPRET) and a.dim() == 2 \
+                and a.shape[0] <= pj.DECODE_MAX_T and a.stride(1) == 1 and a.dtype == weight.dtype == torch.bfloat16:
+            y, index_w = pj.project_decode(a, weight, positions, gates, head)
+        else:
+            y = bf16_gemm_fp32(a, weight)
+            if y is None:  # CPU / other dtypes: the GEMM in the accumulation dtype, as Linear does
+                acc = acc_dtype(a.dtype)
+                y = F.linear(a.to(acc), weight.to(acc))
+            kernel = pj.HAS_TRITON and (y.is_cuda or pj.INTERPRET)
+            index_w = (pj.finish_projections if kernel else pj.finish_projections_ref)(y, positions, gates, head)
+        rows = (y[:, :width], y[:, width:2 * width])
+        index_rows = None
+        if self.indexer:
+            index_rows = (y[:, col:col + iw], y[:, col + iw:col + 2 * iw])
+        return rows, index_rows, index_w
 
     def attend(self, pre: AttentionInputs, positions: torch.Tensor, segments: list[Segment] | None,
                out: torch.Tensor | None = None, step=None) -> torch.Tensor:
