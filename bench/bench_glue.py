@@ -7,8 +7,11 @@ do in a captured step). A development aid for issue #6:
   `collapse="split"` (the finish's collapse split over D).
 * decode attention (Flash shapes: 64 heads x 512, window 128) for sliding, CSA (512 picked entries)
   and HCA rows at several split counts (`--attn`), checked against the one-split result.
+* the attention input's bf16 projections (`--proj`, Flash CSA and HCA shapes): cuBLAS GEMM + the
+  `finish_projections` launch vs the one-launch `project_decode` (opt-in `projections.DECODE_GEMV`),
+  at its default tiling and a few others.
 
-    python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn]
+    python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn] [--proj]
 """
 from __future__ import annotations
 
@@ -48,7 +51,10 @@ def main() -> None:
     p.add_argument("--tokens", default="1,8,64")
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--attn", action="store_true", help="also sweep decode attention's split count")
+    p.add_argument("--proj", action="store_true", help="also time the two projection paths")
     args = p.parse_args()
+    if args.proj:
+        projection_paths()
     if args.attn:
         attention_splits()
     from dsv4.kernels import mhc
@@ -95,6 +101,41 @@ def main() -> None:
         print(f"{'hc_pre':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_pre))
         print(f"{'hc_post_pre':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_pp))
         print(f"{'hc_head':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_head))
+
+
+def projection_paths() -> None:
+    """µs per call: cuBLAS GEMM into fp32 + `finish_projections` vs `project_decode` (default tiling,
+    then (block_n, k_slice) variants), Flash CSA (main 2x512 overlap, indexer 2x128, 64 head weights)
+    and HCA (main 512) weights, checked against each other."""
+    from dsv4.kernels import projections as pj
+    from dsv4.model.linear import bf16_gemm_fp32
+    dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(2)
+    tilings = [(16, 1024), (32, 512), (32, 2048), (64, 1024)]
+    print("attention-input projections, µs per call in a CUDA graph: cuBLAS + finish | project_decode "
+          "(default, then block_n/k_slice " + ", ".join(f"{b}/{k}" for b, k in tilings) + ")")
+    for kind, width, iwidth, ratio, heads in (("CSA", 1024, 256, 4, 64), ("HCA", 512, 0, 128, 0)):
+        n = 2 * width + 2 * iwidth + heads
+        weight = (torch.randn(n, 4096, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+        gates = [(width, torch.randn(ratio, width, device=dev, generator=g) * 0.1)]
+        if iwidth:
+            gates.append((2 * width + iwidth, torch.randn(ratio, iwidth, device=dev, generator=g) * 0.1))
+        head = (2 * width + 2 * iwidth, heads, 64 ** -0.5) if heads else None
+        for t in (1, 4, 16):
+            a = torch.randn(t, 4096, device=dev, generator=g).to(torch.bfloat16)
+            pos = torch.randint(0, 4096, (t,), device=dev, generator=g)
+
+            def two():
+                y = bf16_gemm_fp32(a, weight)
+                return y, pj.finish_projections(y, pos, gates, head)
+            y2, _ = two()
+            y1, _ = pj.project_decode(a, weight, pos, gates, head)  # also allocates the counters
+            err = ((y1 - y2).abs().max() / y2.abs().max()).item()
+            assert err < 1e-5, f"{kind} T={t}: the paths differ by {err:.1e} (relative to the largest output)"
+            row = [graph_us(two), graph_us(lambda: pj.project_decode(a, weight, pos, gates, head))]
+            for bn, ks in tilings:
+                pj.project_decode(a, weight, pos, gates, head, block_n=bn, k_slice=ks)
+                row.append(graph_us(lambda: pj.project_decode(a, weight, pos, gates, head, block_n=bn, k_slice=ks)))
+            print(f"{kind:4s} N={n:5d} T={t:3d} " + " ".join(f"{v:7.1f}" for v in row))
 
 
 def _fp8_pool(pages: int, ps: int, dev, g):
