@@ -272,6 +272,13 @@ def moe_alternatives() -> dict:
         # (gemv_unroll), per tl.dot (gemv_dot_blocks), pipeline depth (gemv_stages)
         "mma64_u2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
                               gemv_unroll=2, gemv_stages=3),
+        # split-K of the "mma" GLU (gemv_split) and down (gemv_split_down) kernels, reduced in the launch
+        "mma64_u2_k2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                                 gemv_unroll=2, gemv_stages=3, gemv_split=2),
+        "mma64_u2_k4": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                                 gemv_unroll=2, gemv_stages=3, gemv_split=4),
+        "mma64_u2_k2_d2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64,
+                                    gemv_mma=True, gemv_unroll=2, gemv_stages=3, gemv_split=2, gemv_split_down=2),
         "mma64_u2_s4": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
                                  gemv_unroll=2, gemv_stages=4),
         "mma64_u2_kd2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,

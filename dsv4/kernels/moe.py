@@ -394,7 +394,7 @@ def fused_moe(
         from dsv4.kernels.moe_gemv import moe_gemv
         y = moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                      unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
-                     dot_blocks=cfg.gemv_dot_blocks)
+                     dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down)
         return _combine(y, shared, ids, out, e)
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     nb = expert_ids.numel()

@@ -24,6 +24,8 @@ class MoEConfig:
     gemv_mma: bool = False  # ... the group sums as f16 tensor-core MMAs instead (moe_gemv method "mma", gemv 64/128)
     gemv_stages: int = 3  # ... "mma": pipeline depth of its weight / activation loads (loop steps)
     gemv_dot_blocks: int = 1  # ... "mma": K blocks per tl.dot (<= gemv_unroll)
+    gemv_split: int = 1  # ... "mma": programs per GLU row tile along K (split-K reduced in the launch)
+    gemv_split_down: int = 1  # ... "mma": the same for the down (W2) kernel
 
 
 # H200 sweep (session 5): the per-pair path wins up to ~1.4 pairs per touched expert (Flash B <= 24,

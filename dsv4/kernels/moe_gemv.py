@@ -23,6 +23,17 @@ end: another summation order of the same fp32 terms). The K order inside the MMA
 each thread converts 8 contiguous weight bytes (`_mma_order`); the activations are stored in that
 order as f16 copies of their e4m3 codes (`_act_pos`), and Triton pipelines the weight and
 activation loads (cp.async, `num_stages`).
+
+Split-K of method "mma" (`split` / `split_down` > 1, opt-in; 1 = one program per row tile, as above): the
+loop steps of K are cut into S balanced ranges, one program each (grid axis 2). A program sums its range
+exactly as above, adds up its 16 columns, stores the fp32 [BN] partial (gate and up, or y) to a workspace
+and bumps the tile's arrival counter; the last to arrive sums the S partials in split order 0..S-1 from 0.0
+(the same bits whichever program arrives last), runs the epilogue and resets the counter to 0 for the next
+launch / CUDA-graph replay (`dsv4.kernels._triton.arrival_counters`, ordering as in
+`dsv4.kernels.grouped_w8a16`). Numerics: again the same exact fp32 terms, summed per K range first.
+Pairs of other ranks are skipped by all S programs of a tile before the counter (their counters stay 0).
+Why: at decode a GLU program streams 2 x 64 rows x 4096 weights with a few loads in flight; more, shorter
+programs per SM keep more of the weight stream in flight.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ import os
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON
+from dsv4.kernels._triton import HAS_TRITON, arrival_counters
 from dsv4.kernels.fp8_linear import act_quant
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
 
@@ -196,13 +207,64 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         sa = tl.load(SArow + kb0 + n // 4, mask=used, other=0.0) * 256.0
         return acc + (part * f) * sa[None, :]
 
+    @triton.jit
+    def _k_range(K, U: tl.constexpr, SPLIT: tl.constexpr):
+        """First and end K block of this program: all of K, or (SPLIT) range pid_k of tl.num_programs(2)
+        balanced ranges of whole loop steps (U blocks each)."""
+        if SPLIT:
+            steps = K // 128 // U
+            split = tl.num_programs(2)
+            pid_k = tl.program_id(2)
+            return pid_k * steps // split * U, (pid_k + 1) * steps // split * U
+        else:
+            return 0, K // 128
+
+    @triton.jit
+    def _arrive(CNT, tile):
+        """Split-K hand-off after this program stored its fp32 partial(s): bump the tile's counter; True in
+        the last arriver only. The CTA barrier puts every thread's partial stores before the one thread's
+        gpu-scope acq_rel atomic (a cumulative release); in the last arriver, the atomic's acquire and a
+        second barrier put the partial loads (.cg, `_split_sum`) after every other split's release."""
+        tl.debug_barrier()
+        arrived = tl.atomic_add(CNT + tile, 1, sem="acq_rel", scope="gpu")
+        last = arrived == tl.num_programs(2) - 1  # uniform over the CTA: the atomic's result is broadcast
+        if last:
+            tl.debug_barrier()
+        return last
+
+    @triton.jit
+    def _split_sum(P, stride_ps, BN: tl.constexpr):
+        """Sum of the S partials at P, P + stride_ps, ..: split order from 0.0 (arrival-order independent)."""
+        total = tl.zeros((BN,), dtype=tl.float32)
+        for _ in range(0, tl.num_programs(2)):
+            total += tl.load(P, cache_modifier=".cg")
+            P += stride_ps  # 64-bit pointer steps
+        return total
+
+    @triton.jit
+    def _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs,
+                 BN: tl.constexpr, QUANT_OUT: tl.constexpr):
+        """The GLU epilogue: bf16 gate / up, SwiGLU clamp, routing weight, z (or its FP8 block) stored."""
+        g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
+        u = tl.clamp(up.to(tl.bfloat16).to(tl.float32), -limit, limit)
+        z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
+        if QUANT_OUT:
+            q, s = _quant_rows(z.to(tl.float32)[None, :])
+            tl.store(Z + p * stride_z + pid_n * BN + _act_pos(tl.arange(0, BN))[None, :], q.to(tl.float16))
+            tl.store(ZS + p * stride_zs + pid_n + tl.arange(0, 1), s)
+        else:
+            tl.store(Z + p * stride_z + offs_n, z)
+
     @triton.jit(do_not_specialize=["top_k", "num_experts"])
-    def _mma_glu_kernel(XQ, SX, IDS, TOPK_W, W, WS, Z, ZS, I, K, top_k, num_experts, limit,
+    def _mma_glu_kernel(XQ, SX, IDS, TOPK_W, W, WS, Z, ZS, P, CNT, I, K, top_k, num_experts, limit,
                         stride_x, stride_sx, stride_we, stride_wn, stride_wse, stride_wsn, stride_z, stride_zs,
+                        stride_ps, stride_pp,
                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
-                        USE_ASM: tl.constexpr):
+                        USE_ASM: tl.constexpr, SPLIT: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
-        (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale."""
+        (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
+        SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
+        CNT one arrival counter per (pair, row tile)."""
         p = tl.program_id(0).to(tl.int64)
         pid_n = tl.program_id(1)
         e = tl.load(IDS + p).to(tl.int64)
@@ -218,7 +280,8 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         SXrow = SX + t * stride_sx
         acc_g = tl.zeros((BN, 16), dtype=tl.float32)
         acc_u = tl.zeros((BN, 16), dtype=tl.float32)
-        for kb0 in range(0, K // 128, U):
+        kb_lo, kb_hi = _k_range(K, U, SPLIT)
+        for kb0 in range(kb_lo, kb_hi, U):
             part_g = tl.zeros((BN, 16), dtype=tl.float32)
             part_u = tl.zeros((BN, 16), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
@@ -229,21 +292,29 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
             acc_g = _scale_acc(acc_g, part_g, Sg, SXrow, kb0, U)
             acc_u = _scale_acc(acc_u, part_u, Su, SXrow, kb0, U)
-        g = tl.minimum(tl.sum(acc_g, axis=1).to(tl.bfloat16).to(tl.float32), limit)
-        u = tl.clamp(tl.sum(acc_u, axis=1).to(tl.bfloat16).to(tl.float32), -limit, limit)
-        z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
-        if QUANT_OUT:
-            q, s = _quant_rows(z.to(tl.float32)[None, :])
-            tl.store(Z + p * stride_z + pid_n * BN + _act_pos(tl.arange(0, BN))[None, :], q.to(tl.float16))
-            tl.store(ZS + p * stride_zs + pid_n + tl.arange(0, 1), s)
+        gate = tl.sum(acc_g, axis=1)
+        up = tl.sum(acc_u, axis=1)
+        if SPLIT:  # gate at P[k, p, n], up at P[k, p, I + n]
+            Pg = P + p * stride_pp + offs_n
+            tile = p * tl.num_programs(1) + pid_n
+            tl.store(Pg + tl.program_id(2).to(tl.int64) * stride_ps, gate)
+            tl.store(Pg + tl.program_id(2).to(tl.int64) * stride_ps + I, up)
+            if _arrive(CNT, tile):
+                gate = _split_sum(Pg, stride_ps, BN)
+                up = _split_sum(Pg + I, stride_ps, BN)
+                tl.store(CNT + tile, 0)  # every split has arrived: ready for the next launch / replay
+                _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
         else:
-            tl.store(Z + p * stride_z + offs_n, z)
+            _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
 
     @triton.jit(do_not_specialize=["num_experts"])
-    def _mma_down_kernel(ZQ, ZS, IDS, W, WS, Y, K, num_experts,
+    def _mma_down_kernel(ZQ, ZS, IDS, W, WS, Y, P, CNT, K, num_experts,
                          stride_zq, stride_zs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
-                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr):
-        """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes)."""
+                         stride_ps, stride_pp,
+                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr,
+                         SPLIT: tl.constexpr):
+        """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes).
+        SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials."""
         p = tl.program_id(0).to(tl.int64)
         e = tl.load(IDS + p).to(tl.int64)
         if (e < 0) | (e >= num_experts):
@@ -254,14 +325,25 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         Zrow = ZQ + p * stride_zq
         ZSrow = ZS + p * stride_zs
         acc = tl.zeros((BN, 16), dtype=tl.float32)
-        for kb0 in range(0, K // 128, U):
+        kb_lo, kb_hi = _k_range(K, U, SPLIT)
+        for kb0 in range(kb_lo, kb_hi, U):
             part = tl.zeros((BN, 16), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
                 a_lo, a_hi = _act_tiles(Zrow, kb0 + d, d, KD)
                 b = _mma_order(tl.load(Wr + (kb0 + d) * 64), BN, KD)
                 part = tl.dot(_f16_hi(b, USE_ASM), a_hi, tl.dot(_f16_lo(b, USE_ASM), a_lo, part))
             acc = _scale_acc(acc, part, Sr, ZSrow, kb0, U)
-        tl.store(Y + p * stride_y + offs_n, tl.sum(acc, axis=1).to(tl.bfloat16))
+        y = tl.sum(acc, axis=1)
+        if SPLIT:
+            Py = P + p * stride_pp + offs_n
+            tile = p * tl.num_programs(1) + tl.program_id(1)
+            tl.store(Py + tl.program_id(2).to(tl.int64) * stride_ps, y)
+            if _arrive(CNT, tile):
+                y = _split_sum(Py, stride_ps, BN)
+                tl.store(CNT + tile, 0)
+                tl.store(Y + p * stride_y + offs_n, y.to(tl.bfloat16))
+        else:
+            tl.store(Y + p * stride_y + offs_n, y.to(tl.bfloat16))
 
     @triton.jit
     def _act_pos(e):
@@ -309,7 +391,7 @@ MMA_BN = (64, 128)  # wgmma's M side: 64 rows per warpgroup
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
              swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2, method: str = "cuda",
-             num_stages: int = 3, dot_blocks: int = 1) -> torch.Tensor:
+             num_stages: int = 3, dot_blocks: int = 1, split: int = 1, split_down: int = 1) -> torch.Tensor:
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
     pairs are left unwritten); `fused_moe` sums them in its combine kernel.
 
@@ -317,12 +399,16 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     method "mma": tensor-core group sums (module docstring), bn in MMA_BN, `unroll` (1, 2 or 4) K blocks
     per loop step (one scale update: 4 columns each), `dot_blocks` (1, 2 or 4, at most unroll) K blocks
     per tl.dot (fewer wgmma waits, more registers), `num_stages` pipeline depth of the weight and
-    activation loads (whole loop steps)."""
+    activation loads (whole loop steps), `split` / `split_down` programs per row tile of the GLU / down
+    kernel along K (split-K reduced in the launch, module docstring; at most one per loop step)."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
         raise ValueError("moe_gemv: MXFP4 experts only")
     if method not in GEMV_METHODS:
         raise ValueError(f"moe_gemv: method must be one of {GEMV_METHODS}, got {method!r}")
+    for name, s in (("split", split), ("split_down", split_down)):
+        if not isinstance(s, int) or s < 1 or (s > 1 and method != "mma"):
+            raise ValueError(f"moe_gemv: {name} must be a positive int, > 1 only with method='mma', got {s!r}")
     m, d = x.shape
     top_k = topk_ids.shape[1]
     e, i = experts.num_experts, experts.inter
@@ -338,9 +424,9 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         launch = dict(bn=bn, num_warps=num_warps, unroll=unroll, dot_blocks=dot_blocks, num_stages=num_stages)
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
-        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, **launch)
+        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, **launch)
         y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
-        mma_down_stage(zq, zs, ids, experts, y, **launch)
+        mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
         return y
     use_asm = _use_asm()
     q, sq = act_quant(x)
@@ -364,9 +450,10 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 
 def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts, swiglu_limit: float,
                   top_k: int, zq: torch.Tensor, zs: torch.Tensor, bn: int = 64, num_warps: int = 4, unroll: int = 2,
-                  dot_blocks: int = 1, num_stages: int = 3) -> None:
+                  dot_blocks: int = 1, num_stages: int = 3, split: int = 1) -> None:
     """GEMM1 of method "mma": writes the rows of the routed pairs (ids in [0, E)) of zq [pairs, I] (f16 values
-    of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales)."""
+    of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales);
+    split > 1: that many programs per row tile along K (`_split_k`)."""
     m, d = x.shape
     e, i = experts.num_experts, experts.inter
     pairs = ids.numel()
@@ -379,24 +466,43 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes
     u = _unroll(d, unroll)
-    _mma_glu_kernel[(pairs, i // bn)](
-        xq, sx, ids, tw, w13, s13, z, zs, i, d, top_k, e, float(swiglu_limit),
+    split, part, counters = _split_k(split, d // BLOCK // u, (pairs, 2 * i), pairs * (i // bn), zs)
+    _mma_glu_kernel[(pairs, i // bn, split)](
+        xq, sx, ids, tw, w13, s13, z, zs, part, counters, i, d, top_k, e, float(swiglu_limit),
         xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
-        zs.stride(0), BN=bn, U=u, KD=min(dot_blocks, u), QUANT_OUT=quant_out, USE_ASM=_use_asm(), num_warps=num_warps,
-        num_stages=num_stages)
+        zs.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u), QUANT_OUT=quant_out,
+        USE_ASM=_use_asm(), SPLIT=split > 1, num_warps=num_warps, num_stages=num_stages)
     if not quant_out:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
 
 
 def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, y: torch.Tensor,
-                   bn: int = 64, num_warps: int = 4, unroll: int = 2, dot_blocks: int = 1, num_stages: int = 3) -> None:
+                   bn: int = 64, num_warps: int = 4, unroll: int = 2, dot_blocks: int = 1, num_stages: int = 3,
+                   split: int = 1) -> None:
     """GEMM2 of method "mma": writes the rows of the routed pairs of y [pairs, D] bf16 from zq / zs
-    (`mma_glu_stage`'s layout)."""
+    (`mma_glu_stage`'s layout); split > 1: that many programs per row tile along K (`_split_k`)."""
     e, i = experts.num_experts, experts.inter
+    pairs, d = ids.numel(), experts.hidden
     w2, s2 = experts.w2, experts.w2_scale.view(torch.uint8)
     u = _unroll(i, unroll)
-    _mma_down_kernel[(ids.numel(), experts.hidden // bn)](
-        zq, zs, ids, w2, s2, y, i, e,
+    split, part, counters = _split_k(split, i // BLOCK // u, (pairs, d), pairs * (d // bn), zs)
+    _mma_down_kernel[(pairs, d // bn, split)](
+        zq, zs, ids, w2, s2, y, part, counters, i, e,
         zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), num_warps=num_warps, num_stages=num_stages)
+        part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1,
+        num_warps=num_warps, num_stages=num_stages)
+
+
+def _split_k(split: int, steps: int, shape: tuple[int, int], tiles: int, unused: torch.Tensor):
+    """(S, fp32 partials [S, *shape], arrival counters) of a split-K launch; S = split capped at the loop steps
+    (no empty K range). S = 1: `unused` (a 2-D tensor of the launch) in place of both, nothing allocated."""
+    if not isinstance(split, int) or split < 1:
+        raise ValueError(f"moe_gemv: split must be a positive int, got {split!r}")
+    split = min(split, steps)
+    if split == 1:
+        return 1, unused, unused
+    device = unused.device
+    # every element read by a last arriver was written in the same launch (skipped pairs read nothing)
+    part = torch.empty((split, *shape), dtype=torch.float32, device=device)
+    return split, part, arrival_counters("moe_gemv split-K", device, tiles)

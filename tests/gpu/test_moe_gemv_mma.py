@@ -266,3 +266,130 @@ def test_mma_rejects_bad_launch_shapes():
             moe_gemv(x, ids, w, packed, LIMIT, method="mma", **bad)
     with pytest.raises(ValueError, match="method"):
         moe_gemv(x, ids, w, packed, LIMIT, method="tensor")
+
+
+# ----------------------------------------------------------------------------- split-K (split / split_down)
+
+# K = 512 with one K block per loop step: 4 steps, so splits 2, 3 (ranges of 1, 1, 2 steps) and 4 all differ
+SPLIT_SHAPES = {"bn64_u1": (64, 4, 1, 1, 3), "bn128_u1_w8": (128, 8, 1, 1, 3)}
+
+
+def _counters_zero(device) -> bool:
+    from dsv4.kernels._triton import arrival_counters
+    return not bool(arrival_counters("moe_gemv split-K", device, 1).any())
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("split", [2, 3, 4])
+@pytest.mark.parametrize("shape", list(SPLIT_SHAPES))
+def test_mma_glu_stage_split(shape, split, poison, close_bf16):
+    """GLU split-K: z of each routed pair matches the reference's FP8 z and the unsplit launch's (same terms,
+    another fp32 order); a repeated launch gives the same bits; rows of other ranks' pairs stay NaN; every
+    arrival counter is back at zero."""
+    from dsv4.kernels.moe import finalize_experts
+    from dsv4.kernels.moe_gemv import mma_glu_stage
+    from dsv4.quant.fp8 import quantize_act
+
+    e, d, i, k, m = 8, 512, 256, 6, 2
+    gen = torch.Generator(DEV).manual_seed(split * 13 + len(shape))
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _routing(m, e, k, gen, other_ranks=True)
+    flat_ids, flat_w = ids.reshape(-1).contiguous(), w.reshape(-1).float().contiguous()
+    bn, warps, unroll, kd, stages = SPLIT_SHAPES[shape]
+
+    def run(s):
+        poison()
+        zq = torch.full((m * k, i), float("nan"), dtype=torch.float16, device=DEV)
+        zs = torch.full((m * k, i // 128), float("nan"), dtype=torch.float32, device=DEV)
+        mma_glu_stage(x, flat_ids, flat_w, packed, LIMIT, k, zq, zs, bn=bn, num_warps=warps, unroll=unroll,
+                      dot_blocks=kd, num_stages=stages, split=s)
+        assert _counters_zero(zq.device), f"split {s}: arrival counters not reset"
+        return zq, zs
+
+    zq1, zs1 = run(1)
+    zq, zs = run(split)
+    zq_again, zs_again = run(split)
+    assert torch.equal(_bits(zq), _bits(zq_again)) and torch.equal(_bits(zs), _bits(zs_again)), "not deterministic"
+    order = _act_order(i).to(DEV)
+
+    def dequant(q16, s32):
+        q = torch.empty(i, dtype=torch.float32, device=DEV)
+        q[order] = q16.float()
+        return (q * s32.repeat_interleave(128))[None]
+
+    for p, z_ref in enumerate(_glu_ref(x, ids, w, experts)):
+        if z_ref is None:
+            assert bool(zq[p].isnan().all()) and bool(zs[p].isnan().all()), f"pair {p} of another rank was written"
+            continue
+        q_ref, s_ref = quantize_act(z_ref[None])
+        want = q_ref.float()[0] * s_ref[0].repeat_interleave(128)
+        close_bf16(dequant(zq[p], zs[p]), want[None], rel=1e-2, what=f"{shape} split {split} z of pair {p}")
+        close_bf16(dequant(zq[p], zs[p]), dequant(zq1[p], zs1[p]), rel=1e-2, what=f"{shape} split {split} vs 1")
+
+
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_mma_down_stage_split(split, poison, close_bf16):
+    """Down split-K: y rows = bf16(dequant(z) . W2_e^T), close to the unsplit launch's, bit-identical when
+    repeated; rows of other ranks' pairs stay NaN; counters back at zero."""
+    from dsv4.kernels.moe import _expert_weight_f32, finalize_experts
+    from dsv4.kernels.moe_gemv import mma_down_stage
+    from dsv4.quant.fp8 import quantize_act
+
+    e, d, i, k, m = 8, 256, 512, 6, 2
+    gen = torch.Generator(DEV).manual_seed(split + 101)
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    ids, _ = _routing(m, e, k, gen, other_ranks=True)
+    flat_ids = ids.reshape(-1).contiguous()
+    pairs = m * k
+    z = torch.randn(pairs, i, generator=gen, device=DEV) * torch.rand(pairs, 1, generator=gen, device=DEV) * 4
+    q, s = quantize_act(z.to(torch.bfloat16))
+    zq = q.float()[:, _act_order(i).to(DEV)].to(torch.float16).contiguous()
+
+    def run(sp):
+        poison()
+        y = torch.full((pairs, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+        mma_down_stage(zq, s.contiguous(), flat_ids, packed, y, bn=64, unroll=1, split=sp)
+        assert _counters_zero(y.device), f"split {sp}: arrival counters not reset"
+        return y
+
+    y1, y, y_again = run(1), run(split), run(split)
+    assert torch.equal(_bits(y), _bits(y_again)), "not deterministic"
+    a = q.float() * s.repeat_interleave(128, dim=1)
+    for p in range(pairs):
+        ex = int(flat_ids[p])
+        if ex < 0:
+            assert bool(y[p].isnan().all()), f"pair {p} of another rank was written"
+            continue
+        w2 = _expert_weight_f32(experts.w2[ex], experts.w2_scale[ex], "mxfp4")
+        close_bf16(y[p:p + 1], (a[p:p + 1] @ w2.t()).to(torch.bfloat16), what=f"split {split} y of pair {p}")
+        close_bf16(y[p:p + 1], y1[p:p + 1], what=f"split {split} vs 1, pair {p}")
+
+
+def test_mma_moe_split_end_to_end(poison, close_bf16):
+    """fused_moe with MoEConfig(gemv_split=3, gemv_split_down=2) (another rank's pairs included) against
+    fused_moe_ref; split-K arguments rejected where they do not apply."""
+    from dsv4.kernels.moe import MoEConfig, finalize_experts, fused_moe, fused_moe_ref
+    from dsv4.kernels.moe_gemv import moe_gemv
+
+    e, d, i, k, m = 16, 512, 256, 6, 1
+    gen = torch.Generator(DEV).manual_seed(2024)
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _routing(m, e, k, gen, other_ranks=True)
+    cfg = MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                    gemv_unroll=1, gemv_split=3, gemv_split_down=2)
+    poison()
+    y = fused_moe(x, ids, w, packed, out_dtype=torch.float32, config=cfg)
+    close_bf16(y, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what="split-K fused_moe")
+    assert _counters_zero(y.device)
+    for bad in (dict(method="mma", bn=64, split=0), dict(method="mma", bn=64, split_down=-1),
+                dict(method="cuda", split=2)):
+        with pytest.raises(ValueError, match="split"):
+            moe_gemv(x, ids, w, packed, LIMIT, **bad)
