@@ -348,13 +348,23 @@ def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
     return arrival_counters("fp8_linear split-K", device, needed)
 
 
+def launch_split(m: int, n: int, k: int, cfg: LinearConfig, groups: int = 1) -> int:
+    """The K split a launch of `cfg` over an [m, k] x [n, k]^T product uses: the config's own, else
+    `_auto_split` of its grid, lowered until every split gets the same number of K blocks. Two launches
+    with the same config and split compute every output element the same way."""
+    kblocks = k // BLOCK
+    tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn) * groups
+    split = cfg.split_k if cfg.split_k > 0 else _auto_split(tiles, kblocks)
+    while kblocks % split:
+        split -= 1
+    return split
+
+
 def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg: LinearConfig) -> None:
     (s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg, s_cm, s_cg) = strides
     tiles_m, tiles_n = triton.cdiv(m, cfg.bm), triton.cdiv(n, cfg.bn)
     kblocks = k // BLOCK
-    split = cfg.split_k if cfg.split_k > 0 else _auto_split(tiles_m * tiles_n * groups, kblocks)
-    while kblocks % split:  # every split gets the same number of K blocks
-        split -= 1
+    split = launch_split(m, n, k, cfg, groups)
     kb_per = kblocks // split
     grid = (tiles_m * tiles_n, split, groups)
     if cfg.bn > BLOCK:

@@ -242,15 +242,12 @@ def _stacked_launch(m: int, widths: tuple[int, ...], k: int):
     depends on the tile config (a function of m) and on its split of K (a function of the number of
     output tiles): the split partials are summed in another order. So the parts must agree on both,
     and the stacked launch gets their split explicitly."""
-    from dsv4.kernels.fp8_linear import BLOCK, _auto_split, pick_linear_config
+    from dsv4.kernels.fp8_linear import launch_split, pick_linear_config
     configs = {pick_linear_config(m, n, k) for n in widths}
     if len(configs) != 1:
         return None
     config = configs.pop()
-    if config.split_k > 0:
-        return config
-    tiles_m = -(-m // config.bm)
-    splits = {_auto_split(tiles_m * -(-n // config.bn), k // BLOCK) for n in widths}
+    splits = {launch_split(m, n, k, config) for n in widths}
     return replace(config, split_k=splits.pop()) if len(splits) == 1 else None
 
 
