@@ -351,9 +351,10 @@ def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
 def launch_split(m: int, n: int, k: int, cfg: LinearConfig, groups: int = 1) -> int:
     """The K split a launch of `cfg` over an [m, k] x [n, k]^T product uses: the config's own, else
     `_auto_split` of its grid, lowered until every split gets the same number of K blocks. Two launches
-    with the same config and split compute every output element the same way."""
+    with the same config and split compute every output element the same way. Plain Python (callers
+    without triton use it too)."""
     kblocks = k // BLOCK
-    tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn) * groups
+    tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * groups
     split = cfg.split_k if cfg.split_k > 0 else _auto_split(tiles, kblocks)
     while kblocks % split:
         split -= 1
