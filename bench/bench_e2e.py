@@ -177,7 +177,8 @@ class Layer:
                 # group scales packed 4 per int32 along K: [E, N, K/128] (the #5 kernel's layout)
                 torch.randint(118, 124, (E, 2 * I, D // 128, 4), **u8).view(torch.int32).view(E, 2 * I, D // 128),
                 torch.randint(0, 256, (E, D, I // 2), **u8),
-                torch.randint(118, 124, (E, D, I // 128, 4), **u8).view(torch.int32).view(E, D, I // 128))
+                torch.randint(118, 124, (E, D, I // 128, 4), **u8).view(torch.int32).view(E, D, I // 128),
+                wide_ok=True)  # scale bytes <= 128
 
     def _compressor(self, d, r, dev):
         c2 = 2 if r == 4 else 1

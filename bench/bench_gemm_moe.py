@@ -230,7 +230,8 @@ def random_experts(e: int, d: int, i: int, fmt: str) -> PackedExperts:
         def scales(n, kk):  # int32 words of 4 E8M0 bytes, [E, N, K/128]
             return u8(e, n, kk // 128, 4, lo=118, hi=125).view(torch.int32).view(e, n, kk // 128)
 
-        return PackedExperts("mxfp4", e, d, i, u8(e, 2 * i, d // 2), scales(2 * i, d), u8(e, d, i // 2), scales(d, i))
+        return PackedExperts("mxfp4", e, d, i, u8(e, 2 * i, d // 2), scales(2 * i, d), u8(e, d, i // 2), scales(d, i),
+                             wide_ok=True)  # scale bytes <= 128
     w13 = torch.empty(e, 2 * i, d, device=DEV, dtype=torch.float8_e4m3fn)
     w2 = torch.empty(e, d, i, device=DEV, dtype=torch.float8_e4m3fn)
     for x in range(e):
@@ -293,6 +294,15 @@ def moe_alternatives() -> dict:
                                      gemv_mma=True, gemv_unroll=4, gemv_stages=2),
         "mma128_w4_u2": MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=128, warps1=4,
                                   gemv_mma=True, gemv_unroll=2, gemv_stages=3),
+        # session 8: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide): token rows, warps, stages
+        "wide64_w8": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, wide=True),
+        "wide64_w8_s4": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, num_stages=4,
+                                  wide=True),
+        "wide64_w4": MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, wide=True),
+        "wide128_w8": MoEConfig(bm=128, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, wide=True),
+        "wide128_w8_s2": MoEConfig(bm=128, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8,
+                                   num_stages=2, wide=True),
+        "wide32_w4": MoEConfig(bm=32, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, wide=True),
     }
 
 
@@ -345,6 +355,8 @@ def bench_moe(models, ms, ceil, sweep: bool, base: bool) -> list[dict]:
             if sweep:
                 for nm, cfg in moe_alternatives().items():
                     if cfg.gemv and m > 64:  # one program per pair: a decode-size path only
+                        continue
+                    if cfg.wide and (fmt != "mxfp4" or m < 64):  # MXFP4 at prefill sizes only
                         continue
                     t, _ = try_time(lambda: fused_moe(x, ids, w, ex, config=cfg))
                     r[f"{nm}_us"] = t

@@ -8,7 +8,7 @@ do in a captured step). A development aid for issue #6:
 * decode attention (Flash shapes: 64 heads x 512, window 128) for sliding, CSA (512 picked entries)
   and HCA rows at several split counts (`--attn`), checked against the one-split result.
 * the attention input's bf16 projections (`--proj`, Flash CSA and HCA shapes): cuBLAS GEMM + the
-  `finish_projections` launch vs the one-launch `project_decode` (opt-in `projections.DECODE_GEMV`),
+  `finish_projections` launch vs the one-launch `project_decode` (`projections.DECODE_GEMV`, the default),
   at its default tiling and a few others.
 
     python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn] [--proj]

@@ -397,6 +397,11 @@ def fused_moe(
                      dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down)
         return _combine(y, shared, ids, out, e)
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
+    if cfg.wide and experts.fmt == "mxfp4" and experts.wide_ok and act == "fp8":
+        from dsv4.kernels.moe_wide import moe_wide
+        y = moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
+                     bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages)
+        return _combine(y, shared, ids, out, e)
     nb = expert_ids.numel()
     rows = nb * cfg.bm
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()

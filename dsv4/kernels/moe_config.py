@@ -26,6 +26,7 @@ class MoEConfig:
     gemv_dot_blocks: int = 1  # ... "mma": K blocks per tl.dot (<= gemv_unroll)
     gemv_split: int = 1  # ... "mma": programs per GLU row tile along K (split-K reduced in the launch)
     gemv_split_down: int = 1  # ... "mma": the same for the down (W2) kernel
+    wide: bool = False  # MXFP4: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide; bm, bn2, warps1, stages)
 
 
 # H200 sweep (session 5): the per-pair path wins up to ~1.4 pairs per touched expert (Flash B <= 24,
@@ -33,23 +34,36 @@ class MoEConfig:
 # variant (gemv_mma, 64 rows, 2 K blocks per step) beats the CUDA-core one, Flash, µs with L2 flushed:
 # B = 1 62.0 vs 64.6, B = 8 252.8 vs 308.0 (docs/benchmarks.md #5, session 7)
 GEMV_MAX_PAIRS_PER_EXPERT = 1.45
+# Split-K of the per-pair GLU (session 8, Flash, µs L2-flushed): 6 pairs (192 row-tile programs for 132 SMs)
+# 62.3 -> 56.4 with 2 splits (4 splits 59.0; also splitting the down kernel 59.4); 48 pairs 252.1 -> 266.8,
+# so only batches this small split. Pro (48 row tiles per pair) not measured.
+GEMV_SPLIT_MAX_PAIRS = 8
+# MXFP4 at prefill sizes: the bf16-wgmma kernel (dsv4.kernels.moe_wide) from this many pairs per expert.
+# Session 8, Flash, ms L2-flushed (bench_gemm_moe): M = 4096 (96 pairs per expert) 128-row tiles 6.31 vs
+# 8.92 for the per-group kernel, M = 8192 12.20 vs 15.48; M = 1024 (24 per expert) 5.61 vs 3.32.
+WIDE_MIN_PAIRS_PER_EXPERT = 64
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
     """Heuristic launch shape from the average number of (token, slot) pairs per used expert
     (the winners of the H200 sweep in docs/kernels_notes.md).
 
-    A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers.
+    A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers. From
+    WIDE_MIN_PAIRS_PER_EXPERT on, MXFP4 experts take dsv4.kernels.moe_wide (FP8 experts ignore `wide`).
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
     # pairs per *touched* expert if the ids were uniform: E (1 - exp(-pairs/E)) experts are touched
     per_touched = num_pairs / max(1.0, num_experts * -math.expm1(-num_pairs / max(1, num_experts)))
     if per_touched <= GEMV_MAX_PAIRS_PER_EXPERT and act == "fp8":  # MXFP4 only; FP8 experts take the MMA fields
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
-                         num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=2, gemv_stages=3)
+                         num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=2, gemv_stages=3,
+                         gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS else 1)
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)
+    if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT and act == "fp8":
+        return MoEConfig(bm=128, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, num_stages=3,
+                         wide=True)
     if per_expert <= 32:
         return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
                          num_stages=4)

@@ -16,6 +16,7 @@ import torch
 BLOCK = 128
 GROUP = 32
 MAX_FP4_SCALE_BYTE = 248  # the kernel builds 2^(b - 121) from fp32 exponent bits
+WIDE_MAX_SCALE_BYTE = 128  # dsv4.kernels.moe_wide builds 2^(b - 1) from fp32 exponent bits
 
 
 @dataclass
@@ -59,6 +60,7 @@ class PackedExperts:
     w13_scale: torch.Tensor  # mxfp4: int32 [E, 2I, D/128] (4 E8M0 bytes); fp8: fp32 [E, 2I/128, D/128]
     w2: torch.Tensor  # mxfp4: uint8 [E, D, I/2] repacked; fp8: e4m3 [E, D, I]
     w2_scale: torch.Tensor  # mxfp4: int32 [E, D, I/128]; fp8: fp32 [E, D/128, I/128]
+    wide_ok: bool = False  # mxfp4 with every scale byte <= WIDE_MAX_SCALE_BYTE: dsv4.kernels.moe_wide applies
 
 
 def repack_fp4(packed: torch.Tensor) -> torch.Tensor:
@@ -105,7 +107,8 @@ def finalize_experts(w: ExpertWeights) -> PackedExperts:
         s2 = _fp4_scale_bytes(w.w2_scale, "w2_scale")
         if s13.shape != (e, 2 * i, h // GROUP) or s2.shape != (e, h, i // GROUP):
             raise ValueError(f"experts: MXFP4 scale shapes {tuple(s13.shape)} / {tuple(s2.shape)} do not match")
-        return PackedExperts("mxfp4", e, h, i, w13, _pack_group_scales(s13), w2, _pack_group_scales(s2))
+        wide_ok = int(s13.max()) <= WIDE_MAX_SCALE_BYTE and int(s2.max()) <= WIDE_MAX_SCALE_BYTE
+        return PackedExperts("mxfp4", e, h, i, w13, _pack_group_scales(s13), w2, _pack_group_scales(s2), wide_ok)
     if w.fmt == "fp8":
         from dsv4.kernels.fp8_linear import _weight_scale_f32
 

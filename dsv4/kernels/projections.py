@@ -1,5 +1,5 @@
 """A layer's fused bf16 projections of the attention input (kernel mode): the epilogue launch after the
-GEMM, an opt-in one-launch GEMV + epilogue for decode sizes, and the torch reference.
+GEMM, a one-launch GEMV + epilogue for decode sizes (the default there), and the torch reference.
 
 Kernel mode runs every bf16 linear that reads the attention input `a` -- the compressors' wkv and
 wgate, the indexer's weights_proj -- as one GEMM into fp32 over their row-stacked weights
@@ -14,8 +14,8 @@ same `y`. (Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding: 
 
 `finish_projections(y, ...)` is that epilogue as one launch after cuBLAS (`bf16_gemm_fp32`).
 `project_decode(a, weight, ...)` -> (y, head weights) is the GEMM and the epilogue in one launch for
-T <= DECODE_MAX_T rows (opt-in: `DECODE_GEMV`). Programs split W over row tiles and K slices and store
-fp32 partials (bf16 products are exact in fp32; each slice is summed by the tensor-core dot in its
+T <= DECODE_MAX_T rows (`DECODE_GEMV`, on by default). Programs split W over row tiles and K slices and
+store fp32 partials (bf16 products are exact in fp32; each slice is summed by the tensor-core dot in its
 own order); per row tile, the last program to arrive (an arrival counter it resets for the next launch
 and for CUDA-graph replays) adds the slices in slice order -- the same bits whoever arrives last --
 and runs the same epilogue (`_finish_block`) on its columns. y is cuBLAS's up to fp32 summation
@@ -32,7 +32,9 @@ from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, tr
 Gate = tuple[int, torch.Tensor]              # (first column, ape fp32 [ratio, width])
 HeadWeights = tuple[int, int, float]         # (first column, number of heads, scale)
 COL_BLOCK = 256
-DECODE_GEMV = False   # Attention._project_fused: project_decode instead of cuBLAS + finish_projections
+# Attention._project_fused: project_decode instead of cuBLAS + finish_projections. Default since session 8:
+# Flash CSA (N 2624) 11.0 -> 7.5 µs, HCA (N 1024) 7.6 -> 5.0 µs per call in a CUDA graph at T = 1..16.
+DECODE_GEMV = True
 DECODE_MAX_T = 16     # rows one project_decode launch handles (the dot's M tile)
 
 
@@ -200,7 +202,8 @@ def finish_projections(y: torch.Tensor, positions: torch.Tensor, gates: Sequence
 def decode_config(n: int, k: int) -> dict:
     """Default tiling of `project_decode`: 32-row tiles of W, K slices of 1024 (512 where that leaves
     fewer than 256 programs), 128-wide dot steps. Flash CSA (N = 2624, K = 4096): 82 tiles x 4 slices
-    = 328 programs, 64 KB of W each; HCA (N = 1024): 32 x 8 = 256. Not timed yet."""
+    = 328 programs, 64 KB of W each; HCA (N = 1024): 32 x 8 = 256. H200, session 8 (bench_glue --proj):
+    7.5 / 5.0 µs; 16-row tiles 7.3 / 5.0, 32 x 2048 8.9 / 7.1, 64 x 1024 7.9 / 6.2 -- kept."""
     block_k = min(128, triton.next_power_of_2(k))
     block_n = 32
     tiles = triton.cdiv(n, block_n)

@@ -272,7 +272,7 @@ class Attention(nn.Module):
         """(rows, index_rows, index_w) as `Compressor.project` and `weights_proj(a) * weight_scale`
         compute them: one GEMM into fp32 over `fused_input_weight`, then one launch
         (dsv4.kernels.projections) adds each compressor's ape to its gate columns in place and rounds the
-        head weights. With `projections.DECODE_GEMV` (opt-in) up to DECODE_MAX_T bf16 rows run both in
+        head weights. With `projections.DECODE_GEMV` (the default) up to DECODE_MAX_T bf16 rows run both in
         one launch (`project_decode`). The rows are column views of the GEMM output."""
         from dsv4.kernels import projections as pj
         weight = self.fused_input_weight()

@@ -1,0 +1,173 @@
+"""Routed MXFP4 MoE for large batches (prefill) on bf16 tensor cores, with the reference's W4A8 values.
+
+Why: the W4A8 grouped GEMM of dsv4.kernels.moe sums each 32-wide K group in its own MMA (f16 operands,
+mma.sync) and rescales the accumulator per group; at prefill sizes that runs at ≈ 11-14 % of the FP8
+peak (docs/benchmarks.md #5). Here every operand value the reference multiplies is held exactly in bf16
+instead, so one accumulation chain covers the whole K range on wgmma:
+
+    activation   e4m3 code * pow2 row scale (act_quant, per 128)   -> exact in bf16 (4 significant bits)
+    weight       e2m1 code * E8M0 group scale (per 32)             -> exact in bf16 (2 significant bits)
+    product      exact in fp32 (6 significant bits); the sum is fp32 in the MMA's order
+
+so the results are the reference's products summed in fp32 (another order than the per-group kernel;
+same contract as `fused_moe_ref`). The weights are widened in registers by bit moves (`_e2m1_f32`) and
+one multiply by the group scale, and are the MMA's M side (`acc[BN, BM]`, the wgmma A operand from
+registers); the activation rows (bf16, dequantised once per call) are the N side. Each 32-wide group is
+one dot into the same accumulator: 32 bytes of a packed row hold two whole groups (`moe_layout.repack_fp4`),
+low nibbles and high. The widening needs group scales <= 2^1 (byte <= 128; `PackedExperts.wide_ok`, true
+for released checkpoints); `fused_moe` falls back to the per-group kernel otherwise.
+
+GEMM1 (w13, gate and up) ends in the SwiGLU clamp, routing weight and the W2 input quantisation (per
+row and 128 channels, the reference's act_quant); it stores the quantised z dequantised to bf16, again
+exact. GEMM2 (w2) writes one bf16 row per (token, slot); `moe.fused_moe` then runs the usual combine.
+"""
+from __future__ import annotations
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+from dsv4.kernels.moe_layout import BLOCK, PackedExperts
+
+if HAS_TRITON:
+    from dsv4.kernels.fp8_linear import _quant_rows
+
+    def _e2m1_asm(hi: bool) -> str:
+        """PTX for 4 bytes -> 4 fp32 (`_e2m1_f32`): prmt moves byte k to the top, then shift/mask/or."""
+        if hi:
+            body = "shr.u32 m, t, 6; and.b32 m, m, 0x01C00000; and.b32 s, t, 0x80000000; or.b32 {o}, m, s; "
+        else:
+            body = "shr.u32 m, t, 2; and.b32 m, m, 0x01C00000; shl.b32 s, t, 4; and.b32 s, s, 0x80000000; " \
+                   "or.b32 {o}, m, s; "
+        return "{ .reg .b32 t, m, s, z; mov.b32 z, 0; " + "".join(
+            f"prmt.b32 t, $4, z, 0x{k}444; " + body.format(o=f"${k}") for k in range(4)) + "}"
+
+    _ASM_LO: tl.constexpr = tl.constexpr(_e2m1_asm(False))
+    _ASM_HI: tl.constexpr = tl.constexpr(_e2m1_asm(True))
+
+    @triton.jit
+    def _e2m1_f32(b, HI: tl.constexpr, USE_ASM: tl.constexpr):
+        """uint8 bytes -> fp32 e2m1(code) * 2^-126 of their low (or high) nibbles, by bit moves: the code's
+        3 magnitude bits become the exponent's low 2 bits and the top mantissa bit (code 1 = 0.5 lands
+        on the subnormal 2^-127), the sign bit the sign."""
+        if USE_ASM:
+            if HI:
+                return tl.inline_asm_elementwise(_ASM_HI, "=r,=r,=r,=r,r", [b], dtype=tl.float32, is_pure=True,
+                                                 pack=4)
+            else:
+                return tl.inline_asm_elementwise(_ASM_LO, "=r,=r,=r,=r,r", [b], dtype=tl.float32, is_pure=True,
+                                                 pack=4)
+        else:
+            c = b.to(tl.int32)
+            if HI:
+                c = c >> 4
+            return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _scale(sc, g: tl.constexpr):
+        """fp32 2^(byte g of the packed E8M0 word - 1): with `_e2m1_f32`'s 2^-126, the group scale 2^(b - 127).
+        Needs b <= 128 (`PackedExperts.wide_ok`)."""
+        return ((((sc >> (8 * g)) & 0xFF) + 126) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _group_dot(acc, wb, sc, a, g: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr):
+        """acc[BN, BM] += W_g · a^T for one 32-wide group g: weights widened exactly to bf16 with the group
+        scale folded in. (Triton's CPU interpreter mis-multiplies bf16 made inside a kernel: fp32 there.)"""
+        w = (_e2m1_f32(wb, HI, USE_ASM) * _scale(sc, g)[:, None]).to(tl.bfloat16)
+        if INTERP:
+            return tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), acc)
+        return tl.dot(w, tl.trans(a), acc)
+
+    @triton.jit
+    def _block_dot(acc, w_ptrs, s_ptrs, a_ptrs, kb, valid, USE_ASM: tl.constexpr, INTERP: tl.constexpr):
+        """acc += one 128-wide K block: per 64-wide half h, 32 weight bytes per row hold group 2h (low
+        nibbles) and 2h + 1 (high); each group is one bf16 dot against its 32 activation columns."""
+        sc = tl.load(s_ptrs + kb)
+        for h in tl.static_range(2):
+            wb = tl.load(w_ptrs + kb * 64 + h * 32)
+            a_lo = tl.load(a_ptrs + kb * 128 + h * 64, mask=valid[:, None], other=0.0)
+            a_hi = tl.load(a_ptrs + kb * 128 + h * 64 + 32, mask=valid[:, None], other=0.0)
+            acc = _group_dot(acc, wb, sc, a_lo, 2 * h, False, USE_ASM, INTERP)
+            acc = _group_dot(acc, wb, sc, a_hi, 2 * h + 1, True, USE_ASM, INTERP)
+        return acc
+
+    @triton.jit(do_not_specialize=["num_pairs", "top_k"])
+    def _wide_kernel(
+        A, W, WS, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
+        K, num_pairs, top_k, up_off, limit,
+        stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
+        BM: tl.constexpr, BN: tl.constexpr, GLU: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        if pid_m * BM >= tl.load(NUM_POST):
+            return
+        e = tl.load(EXPERT_IDS + pid_m).to(tl.int64)
+        offs_p = pid_m * BM + tl.arange(0, BM)
+        pair = tl.load(SORTED + offs_p)
+        valid = pair < num_pairs
+        if GLU:  # x rows gathered by token; GEMM2 reads z in sorted order
+            rows = tl.where(valid, pair // top_k, 0).to(tl.int64)
+        else:
+            rows = offs_p.to(tl.int64)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        j = tl.arange(0, 32)
+        a_ptrs = A + rows[:, None] * stride_am + j[None, :]
+        w_ptrs = W + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + j[None, :]
+        s_ptrs = WS + e * stride_wse + offs_n.to(tl.int64) * stride_wsn
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+        for kb in range(0, K // 128):
+            acc = _block_dot(acc, w_ptrs, s_ptrs, a_ptrs, kb, valid, USE_ASM, INTERP)
+            if GLU:
+                acc_u = _block_dot(acc_u, w_ptrs + up_off * stride_wn, s_ptrs + up_off * stride_wsn, a_ptrs, kb,
+                                   valid, USE_ASM, INTERP)
+        acc = tl.trans(acc)  # [BM, BN]
+        if GLU:
+            gate = tl.minimum(acc.to(tl.bfloat16).to(tl.float32), limit)
+            up = tl.clamp(tl.trans(acc_u).to(tl.bfloat16).to(tl.float32), -limit, limit)
+            rw = tl.load(TOPK_W + pair, mask=valid, other=0.0)
+            z = ((gate / (1.0 + tl.exp(-gate)) * up) * rw[:, None]).to(tl.bfloat16)
+            q, s = _quant_rows(z.to(tl.float32))  # BN == 128: one quantisation block of W2's input
+            zq = (q.to(tl.float32) * s[:, None]).to(tl.bfloat16)  # exact
+            tl.store(C + offs_p.to(tl.int64)[:, None] * stride_cm + offs_n[None, :], zq)
+        else:
+            c_ptrs = C + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+            tl.store(c_ptrs, acc.to(tl.bfloat16), mask=valid[:, None])
+
+
+def dequantized_act(x: torch.Tensor) -> torch.Tensor:
+    """The reference's FP8 activation (act_quant: e4m3 per row and 128 channels, pow2 scales) as exact
+    bf16 values [M, K]."""
+    from dsv4.kernels.fp8_linear import act_quant
+
+    q, s = act_quant(x)
+    m, k = q.shape
+    return (q.view(m, k // BLOCK, BLOCK).float() * s[..., None]).to(torch.bfloat16).view(m, k)
+
+
+def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
+             topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
+             bm: int = 64, bn2: int = 128, num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
+    """The two grouped GEMMs on `moe_align(topk_ids, E, bm)`'s blocks: bf16 x [M, D], MXFP4 experts ->
+    y [pairs, D] bf16, one row per (token, slot) (rows of other ranks' pairs are left unwritten)."""
+    if experts.fmt != "mxfp4" or not experts.wide_ok:
+        raise ValueError("moe_wide: needs MXFP4 experts with scale bytes <= 128 (PackedExperts.wide_ok)")
+    if bm not in (16, 32, 64, 128, 256) or bn2 not in (64, 128):
+        raise ValueError(f"moe_wide: bm must be a power of two in 16..256 and bn2 64 or 128, got {bm}, {bn2}")
+    d, i = experts.hidden, experts.inter
+    num_pairs, nb = topk_weights.numel(), expert_ids.numel()
+    xq = dequantized_act(x)
+    z = torch.empty((nb * bm, i), dtype=torch.bfloat16, device=x.device)
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
+    meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, num_warps=num_warps, num_stages=num_stages)
+    _wide_kernel[(nb, i // BLOCK)](
+        xq, w13, s13, z, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
+        xq.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
+        BN=BLOCK, GLU=True, **meta)
+    y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
+    _wide_kernel[(nb, d // bn2)](
+        z, w2, s2, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
+        z.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
+        BN=bn2, GLU=False, **meta)
+    return y

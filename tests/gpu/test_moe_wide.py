@@ -1,0 +1,116 @@
+"""The prefill MoE on bf16 tensor cores (dsv4.kernels.moe_wide): its weight widening against an exhaustive
+table of (code, scale byte), and `fused_moe` with `MoEConfig(wide=True)` against `fused_moe_ref`."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: E402
+
+if HAS_TRITON:
+    from dsv4.kernels.moe_wide import _e2m1_f32, _scale
+
+    @triton.jit
+    def _probe(CODES, SC, OUT, G: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, BN: tl.constexpr):
+        r = tl.arange(0, BN)[:, None] * 32 + tl.arange(0, 32)[None, :]
+        w = _e2m1_f32(tl.load(CODES + r), HI, USE_ASM) * _scale(tl.load(SC + tl.arange(0, BN)), G)[:, None]
+        tl.store(OUT + r, w.to(tl.bfloat16))
+
+
+@pytest.mark.parametrize("group", [0, 1, 2, 3])
+@pytest.mark.parametrize("use_asm", [True, False])
+def test_widen_exhaustive(group, use_asm):
+    """Every e2m1 code (both signs, in the low or the high nibble as the group's parity says) times every
+    scale byte the kernel accepts (0..128, subnormal results included), picked from the packed word's
+    byte `group`, equals the float64 value exactly."""
+    if use_asm and os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter runs no inline PTX")
+    from dsv4.kernels.moe_layout import WIDE_MAX_SCALE_BYTE
+
+    rows, top = 256, WIDE_MAX_SCALE_BYTE + 1
+    gen = torch.Generator().manual_seed(group)
+    sbytes = torch.stack([torch.randperm(top, generator=gen)[torch.arange(rows) % top] for _ in range(4)], 1)
+    words = (sbytes[:, 0] | sbytes[:, 1] << 8 | sbytes[:, 2] << 16 | sbytes[:, 3] << 24).to(torch.int32)
+    codes = ((torch.arange(rows)[:, None] * 7 + torch.arange(32)[None, :]) % 16)  # every code in every row range
+    other = torch.randint(0, 16, (rows, 32), generator=gen)  # the byte's other nibble must not leak in
+    hi = group % 2 == 1
+    packed = (codes << 4 | other) if hi else (other << 4 | codes)
+    out = torch.full((rows, 32), float("nan"), dtype=torch.bfloat16, device=DEV)
+    _probe[(1,)](packed.to(torch.uint8).to(DEV), words.to(DEV), out, G=group, HI=hi, USE_ASM=use_asm, BN=rows)
+    mag = torch.tensor(E2M1, dtype=torch.float64)[codes & 7]
+    want = torch.where((codes & 8) != 0, -mag, mag) * torch.pow(2.0, sbytes[:, group:group + 1].double() - 127)
+    got = out.cpu().double()
+    bad = (got != want) & ~((got == 0) & (want == 0))
+    if os.environ.get("TRITON_INTERPRET") == "1":  # its fp32 -> bf16 cast flushes bf16 subnormals
+        bad &= want.abs() >= 2.0 ** -126
+    assert not bool(bad.any()), f"{int(bad.sum())} wrong, e.g. code {codes[bad][0]} byte " \
+                                f"{sbytes[:, group:group + 1].expand(rows, 32)[bad][0]}: {got[bad][0]} != {want[bad][0]}"
+
+
+def _wide(bm: int, warps: int = 8):
+    from dsv4.kernels.moe import MoEConfig
+
+    return MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=warps, wide=True)
+
+
+@pytest.mark.parametrize("bm,warps", [(64, 8), (128, 8), (64, 4)])
+@pytest.mark.parametrize("m", [1, 5, 300])
+def test_fused_moe_wide(bm, warps, m, poison, close_bf16):
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    e, d, i, k = 16, 512, 256, 6
+    gen = torch.Generator(DEV).manual_seed(m * 7 + bm + warps)
+    experts = _mxfp4_experts(e, d, i, gen)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _topk(m, e, k, gen, skew=m == 300)
+    shared = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16) if m == 5 else None
+    poison()
+    y = fused_moe(x, ids, w, finalize_experts(experts), shared=shared, config=_wide(bm, warps))
+    close_bf16(y, fused_moe_ref(x, ids, w, experts, shared=shared), rel=1e-2, what=f"wide bm={bm} m={m}")
+
+
+def test_fused_moe_wide_other_ranks_and_real_dims(poison, close_bf16):
+    """Flash's D and I (a few experts), with a third of the pairs held by another rank (id -1):
+    the fp32 partial sum matches the reference's."""
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    e, d, i, m = 12, 4096, 2048, 70
+    gen = torch.Generator(DEV).manual_seed(5)
+    experts = _mxfp4_experts(e, d, i, gen)
+    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
+    ids, w = _topk(m, e, 6, gen)
+    ids = torch.where(ids % 3 == 0, -1, ids)
+    poison()
+    y = fused_moe(x, ids, w, finalize_experts(experts), config=_wide(64), out_dtype=torch.float32)
+    close_bf16(y, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what="wide flash dims")
+
+
+def test_wide_falls_back_past_its_scale_range(poison, close_bf16):
+    """A scale byte > 128 clears `wide_ok`; a wide config then runs the per-group kernel, still exact."""
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    e, d, i, m = 8, 512, 256, 200
+    gen = torch.Generator(DEV).manual_seed(11)
+    experts = _mxfp4_experts(e, d, i, gen)
+    assert finalize_experts(experts).wide_ok
+    experts.w2_scale[3, 7, 2] = 129  # one group of one expert: 2^2, weights up to 24
+    packed = finalize_experts(experts)
+    assert not packed.wide_ok
+    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
+    ids, w = _topk(m, e, 6, gen)
+    poison()
+    close_bf16(fused_moe(x, ids, w, packed, config=_wide(128)), fused_moe_ref(x, ids, w, experts), rel=1e-2,
+               what="wide config, scales out of range")
