@@ -50,8 +50,9 @@ def test_widen_exhaustive(group, use_asm):
     bad = (got != want) & ~((got == 0) & (want == 0))
     if os.environ.get("TRITON_INTERPRET") == "1":  # its fp32 -> bf16 cast flushes bf16 subnormals
         bad &= want.abs() >= 2.0 ** -126
-    assert not bool(bad.any()), f"{int(bad.sum())} wrong, e.g. code {codes[bad][0]} byte " \
-                                f"{sbytes[:, group:group + 1].expand(rows, 32)[bad][0]}: {got[bad][0]} != {want[bad][0]}"
+    byte = sbytes[:, group:group + 1].expand(rows, 32)
+    assert not bool(bad.any()), f"{int(bad.sum())} wrong, e.g. code {codes[bad][0]} byte {byte[bad][0]}: " \
+                                f"{got[bad][0]} != {want[bad][0]}"
 
 
 def _wide(bm: int, warps: int = 8):
