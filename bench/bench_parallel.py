@@ -256,7 +256,7 @@ def _rank_main(rank: int, args) -> None:
     model.load_random_weights(seed=1)
     model.eval()
     if args.cuda_graphs:
-        model.enable_cuda_graphs(max_batch=max(args.batches))
+        model.enable_cuda_graphs(max_batch=2 * max(args.batches))  # the verify step: 2 tokens per sequence
     _sync()
     out["layers"] = cfg.num_layers
     out["build_s"] = time.perf_counter() - t0

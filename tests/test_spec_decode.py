@@ -212,7 +212,10 @@ def test_greedy_identical_through_decode_graphs(drafter_model, prompts, baseline
     """The engine with decode graphs (capture=False runs the graphs' code through their static, padded
     buffers on the CPU): backbone steps and MTP draft rows take the graph buckets, same tokens."""
     model = copy.deepcopy(drafter_model)  # graphs change how the model runs: not the shared fixture
-    model.enable_cuda_graphs(max_batch=16, capture=False)
+    # what LLMEngine.from_pretrained gives the graphs for make_engine's 16 sequences with 2 drafts each
+    rows = EngineConfig(max_num_seqs=16, speculative="mtp", num_draft_tokens=2).decode_step_rows
+    assert rows == 16 * 3
+    model.enable_cuda_graphs(max_batch=rows, capture=False)
     stats = []
     for m in (drafter_model, model):
         engine = make_engine(m, 2)
@@ -225,6 +228,22 @@ def test_greedy_identical_through_decode_graphs(drafter_model, prompts, baseline
     # the outputs cannot tell wrong drafts (verification rejects them): the drafts themselves must match
     assert stats[0].num_accepted_tokens > 0
     assert (stats[1].num_drafts, stats[1].accepted_histogram) == (stats[0].num_drafts, stats[0].accepted_histogram)
+
+
+def test_verify_steps_take_a_graph_bucket(drafter_model, prompts, baseline):
+    """Graphs sized by `EngineConfig.decode_step_rows` hold a verify step (4 sequences x 3 rows = 12 rows,
+    bucket 16): sized by max_num_seqs (4) it would run eagerly. Same tokens as without graphs."""
+    ec = EngineConfig(max_num_seqs=4, speculative="mtp", num_draft_tokens=2)
+    assert ec.decode_step_rows == 12
+    model = copy.deepcopy(drafter_model)
+    model.enable_cuda_graphs(max_batch=ec.decode_step_rows, capture=False)
+    assert model._graphs.max_batch == 16
+    engine = make_engine(model, 2, max_num_seqs=4)
+    for i in range(4):
+        engine.add_request(f"r{i}", prompts[i], request_params(i))
+    assert_same(drain(engine), baseline, [f"r{i}" for i in range(4)])
+    assert engine.speculator.stats.num_drafts > 0
+    assert 16 in {size for _, size, _ in model._graphs._steps}  # the 12-row verify steps
 
 
 def test_draft_slots_respect_budget_and_max_model_len(drafter_model, prompts):

@@ -39,6 +39,12 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.speculative={self.speculative!r}; expected None or one of "
                              f"{SPECULATIVE_METHODS}")
 
+    @property
+    def decode_step_rows(self) -> int:
+        """Most token rows of one decode step: every sequence brings 1 token, or 1 + the drafts when a
+        speculative step verifies them (so CUDA graphs must cover that many rows, not max_num_seqs)."""
+        return self.max_num_seqs * (1 + self.num_draft_tokens if self.speculative else 1)
+
 
 class LLMEngine:
     def __init__(self, model, config: ModelConfig, tokenizer=None, engine_config: EngineConfig | None = None,
@@ -92,7 +98,7 @@ class LLMEngine:
         model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative,
                            kernels=kernels)
         if cuda_graphs:
-            model.enable_cuda_graphs(max_batch=(engine_config or EngineConfig()).max_num_seqs)
+            model.enable_cuda_graphs(max_batch=(engine_config or EngineConfig()).decode_step_rows)
         tokenizer = load_tokenizer(path)
         return cls(model, model.config, tokenizer, engine_config, model_name=path.name)
 

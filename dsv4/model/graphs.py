@@ -13,7 +13,7 @@ Over contiguous per-sequence states (no engine), the step is cut where it touche
     ...
     piece L      layer L-1 `post` -> HC head + final norm     (captured)
 
-(piecewise graphs, `_Bucket`). Graphs are captured per batch bucket (1, 2, 4, ... 64; a batch is
+(piecewise graphs, `_Bucket`). Graphs are captured per batch bucket (1, 2, 4, ... 128; a batch is
 padded to the next bucket with position 0 / token 0 rows that no sequence reads -- over paged pools
 their writes go to the trash pages) the first time a bucket is used. Results equal the eager
 kernel-mode model bit for bit at a bucket's exact size (the same kernels on the same rows); a padded
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences with one draft each
 
 
 class _Bucket:
@@ -200,7 +200,8 @@ class DecodeGraphs:
             raise ValueError("CUDA graphs need kernels='triton' (the torch MoE path reads expert ids back to the "
                              "host, which a captured graph cannot do)")
         self.model, self.capture = model, capture
-        self.sizes = [b for b in BUCKETS if b <= max_batch] or [1]
+        # up to the first bucket that holds max_batch rows (max_batch 6 -> 8: a batch of 6 runs graphed)
+        self.sizes = [b for b in BUCKETS if b < max_batch] + [next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])]
         self.max_batch = self.sizes[-1]
         self._buckets: dict[int, _Bucket] = {}
         self._steps: dict[tuple, _StepBucket] = {}
