@@ -197,6 +197,20 @@ if HAS_TRITON:
             acc = acc + tl.dot(a, tl.trans(w)) * sa[:, None] * sw
         return acc
 
+    @triton.jit
+    def _block_pairs(pid_m, EXPERT_IDS, SORTED, num_pairs, top_k, BM: tl.constexpr, GATHER_A: tl.constexpr):
+        """Row block pid_m of `moe_align`'s layout: (expert, sorted slots, pair ids, valid mask, activation
+        rows: the pairs' tokens with GATHER_A, else the sorted slots themselves)."""
+        e = tl.load(EXPERT_IDS + pid_m).to(tl.int64)
+        offs_p = pid_m * BM + tl.arange(0, BM)
+        pair = tl.load(SORTED + offs_p)
+        valid = pair < num_pairs
+        if GATHER_A:
+            rows = tl.where(valid, pair // top_k, 0)
+        else:
+            rows = offs_p
+        return e, offs_p, pair, valid, rows
+
     @triton.jit(do_not_specialize=["num_pairs", "top_k"])
     def _moe_gemm_kernel(
         A, SA, W, WS, C, CS,
@@ -215,14 +229,7 @@ if HAS_TRITON:
         pid_n = tl.program_id(1)
         if pid_m * BM >= tl.load(NUM_POST):
             return
-        e = tl.load(EXPERT_IDS + pid_m).to(tl.int64)
-        offs_p = pid_m * BM + tl.arange(0, BM)
-        pair = tl.load(SORTED + offs_p)
-        valid = pair < num_pairs
-        if GATHER_A:
-            rows = tl.where(valid, pair // top_k, 0)
-        else:
-            rows = offs_p
+        e, offs_p, pair, valid, rows = _block_pairs(pid_m, EXPERT_IDS, SORTED, num_pairs, top_k, BM, GATHER_A)
         offs_n = pid_n * BN + tl.arange(0, BN)
         W_e = W + e * stride_we
         WS_e = WS + e * stride_wse

@@ -30,6 +30,7 @@ from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
+    from dsv4.kernels.moe import _block_pairs
 
     def _e2m1_asm(hi: bool) -> str:
         """PTX for 4 bytes -> 4 fp32 (`_e2m1_f32`): prmt moves byte k to the top, then shift/mask/or."""
@@ -101,14 +102,9 @@ if HAS_TRITON:
         pid_n = tl.program_id(1)
         if pid_m * BM >= tl.load(NUM_POST):
             return
-        e = tl.load(EXPERT_IDS + pid_m).to(tl.int64)
-        offs_p = pid_m * BM + tl.arange(0, BM)
-        pair = tl.load(SORTED + offs_p)
-        valid = pair < num_pairs
-        if GLU:  # x rows gathered by token; GEMM2 reads z in sorted order
-            rows = tl.where(valid, pair // top_k, 0).to(tl.int64)
-        else:
-            rows = offs_p.to(tl.int64)
+        # GLU: x rows gathered by token; GEMM2 reads z in sorted order
+        e, offs_p, pair, valid, rows = _block_pairs(pid_m, EXPERT_IDS, SORTED, num_pairs, top_k, BM, GLU)
+        rows = rows.to(tl.int64)
         offs_n = pid_n * BN + tl.arange(0, BN)
         j = tl.arange(0, 32)
         a_ptrs = A + rows[:, None] * stride_am + j[None, :]
