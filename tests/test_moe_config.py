@@ -1,0 +1,37 @@
+"""The MoE launch-shape rule (dsv4.kernels.moe_config.pick_moe_config) picks the kernels the H200 sweeps
+measured fastest (docs/benchmarks.md #5): per-pair kernels at decode sizes (GLU split-K only while the pairs
+leave SMs idle), the bf16-wgmma kernel from 64 pairs per expert, the per-group grouped GEMM in between."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4.kernels.moe_config import GEMV_SPLIT_MAX_PAIRS, WIDE_MIN_PAIRS_PER_EXPERT, pick_moe_config
+
+FLASH_E, PRO_E, TOP_K = 256, 384, 6
+
+
+@pytest.mark.parametrize("experts", [FLASH_E, PRO_E])
+@pytest.mark.parametrize("tokens", [1, 2, 8, 64, 256, 1024, 4096, 8192])
+def test_regimes(experts, tokens):
+    pairs = tokens * TOP_K
+    cfg = pick_moe_config(pairs, experts)
+    per_expert = pairs / min(pairs, experts)
+    if tokens <= 8:  # decode: one program per (pair, row tile)
+        assert cfg.gemv and cfg.gemv_mma and not cfg.wide
+        assert cfg.gemv_split == (2 if pairs <= GEMV_SPLIT_MAX_PAIRS else 1)
+    elif per_expert >= WIDE_MIN_PAIRS_PER_EXPERT:
+        assert cfg.wide and cfg.bm == 128 and cfg.bn1 == 128 and not cfg.gemv
+    else:
+        assert not cfg.wide and not cfg.gemv
+    assert cfg.bn1 == 128 or not cfg.quant_out  # a fused z quantisation needs one 128-wide block per tile
+
+
+def test_thresholds_match_the_measured_crossovers():
+    """Flash: B = 1 (6 pairs) splits, B = 8 (48 pairs) does not; M = 4096 (96 pairs per expert) takes the
+    wide kernel, M = 1024 (24 per expert) does not."""
+    assert pick_moe_config(6, FLASH_E).gemv_split == 2
+    assert pick_moe_config(48, FLASH_E).gemv_split == 1
+    assert pick_moe_config(4096 * TOP_K, FLASH_E).wide
+    assert not pick_moe_config(1024 * TOP_K, FLASH_E).wide
+    assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel
