@@ -28,6 +28,10 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 
+# Widen through f16 (4 nibbles per word op, cvt f16 -> f32) instead of one fp32 per byte: fewer integer
+# ops per weight; opt-in until measured on the H200 (bench/runs/run_device_s9a.sh)
+WIDEN_F16 = False
+
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe import _block_pairs
@@ -42,8 +46,21 @@ if HAS_TRITON:
         return "{ .reg .b32 t, m, s, z; mov.b32 z, 0; " + "".join(
             f"prmt.b32 t, $4, z, 0x{k}444; " + body.format(o=f"${k}") for k in range(4)) + "}"
 
+    def _e2m1_f16_asm(hi: bool) -> str:
+        """PTX for 4 bytes -> 4 f16 in 2 registers (`_e2m1_f16`): all 4 nibbles become f16 high bytes
+        (sign << 7 | magnitude << 1) in one word, then 2 prmt put them into the f16 lanes."""
+        if hi:
+            prep = "shr.b32 m, $2, 3; and.b32 m, m, 0x0E0E0E0E; and.b32 s, $2, 0x80808080; or.b32 t, m, s; "
+        else:
+            prep = "shl.b32 m, $2, 1; and.b32 m, m, 0x0E0E0E0E; shl.b32 s, $2, 4; and.b32 s, s, 0x80808080; " \
+                   "or.b32 t, m, s; "
+        return "{ .reg .b32 t, m, s, z; mov.b32 z, 0; " + prep + "prmt.b32 $0, t, z, 0x1404; " \
+               "prmt.b32 $1, t, z, 0x3424; }"
+
     _ASM_LO: tl.constexpr = tl.constexpr(_e2m1_asm(False))
     _ASM_HI: tl.constexpr = tl.constexpr(_e2m1_asm(True))
+    _ASM16_LO: tl.constexpr = tl.constexpr(_e2m1_f16_asm(False))
+    _ASM16_HI: tl.constexpr = tl.constexpr(_e2m1_f16_asm(True))
 
     @triton.jit
     def _e2m1_f32(b, HI: tl.constexpr, USE_ASM: tl.constexpr):
@@ -64,22 +81,51 @@ if HAS_TRITON:
             return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _scale(sc, g: tl.constexpr):
-        """fp32 2^(byte g of the packed E8M0 word - 1): with `_e2m1_f32`'s 2^-126, the group scale 2^(b - 127).
-        Needs b <= 128 (`PackedExperts.wide_ok`)."""
-        return ((((sc >> (8 * g)) & 0xFF) + 126) << 23).to(tl.float32, bitcast=True)
+    def _e2m1_f16(b, HI: tl.constexpr, USE_ASM: tl.constexpr):
+        """uint8 bytes -> f16 e2m1(code) * 2^-14 of their low (or high) nibbles: the same bit moves as
+        `_e2m1_f32` into f16's exponent and mantissa (code 1 = the f16 subnormal 2^-15), 4 bytes at once."""
+        if USE_ASM:
+            if HI:
+                return tl.inline_asm_elementwise(_ASM16_HI, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+            else:
+                return tl.inline_asm_elementwise(_ASM16_LO, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            c = b.to(tl.int32)
+            if HI:
+                c = c >> 4
+            return (((c & 8) << 12) | ((c & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
 
     @triton.jit
-    def _group_dot(acc, wb, sc, a, g: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr):
-        """acc[BN, BM] += W_g · a^T for one 32-wide group g: weights widened exactly to bf16 with the group
-        scale folded in. (Triton's CPU interpreter mis-multiplies bf16 made inside a kernel: fp32 there.)"""
-        w = (_e2m1_f32(wb, HI, USE_ASM) * _scale(sc, g)[:, None]).to(tl.bfloat16)
+    def _scale(sc, g: tl.constexpr, F16: tl.constexpr):
+        """fp32 2^(b - 1) (F16: 2^(b - 113)) of byte g of the packed E8M0 word: times `_e2m1_f32`'s 2^-126
+        (`_e2m1_f16`'s 2^-14), the group scale 2^(b - 127). Needs b <= 128 (`PackedExperts.wide_ok`)."""
+        b = (sc >> (8 * g)) & 0xFF
+        if F16:
+            return ((b + 14) << 23).to(tl.float32, bitcast=True)
+        return ((b + 126) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _widen(wb, sc, g: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, F16: tl.constexpr):
+        """bf16 [BN, 32] weights of group g from their packed bytes: exact, the group scale folded in."""
+        if F16:
+            w = _e2m1_f16(wb, HI, USE_ASM).to(tl.float32)
+        else:
+            w = _e2m1_f32(wb, HI, USE_ASM)
+        return (w * _scale(sc, g, F16)[:, None]).to(tl.bfloat16)
+
+    @triton.jit
+    def _group_dot(acc, wb, sc, a, g: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
+                   F16: tl.constexpr):
+        """acc[BN, BM] += W_g · a^T for one 32-wide group g (`_widen`). (Triton's CPU interpreter
+        mis-multiplies bf16 made inside a kernel: fp32 there.)"""
+        w = _widen(wb, sc, g, HI, USE_ASM, F16)
         if INTERP:
             return tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), acc)
         return tl.dot(w, tl.trans(a), acc)
 
     @triton.jit
-    def _block_dot(acc, w_ptrs, s_ptrs, a_ptrs, kb, valid, USE_ASM: tl.constexpr, INTERP: tl.constexpr):
+    def _block_dot(acc, w_ptrs, s_ptrs, a_ptrs, kb, valid, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
+                   F16: tl.constexpr):
         """acc += one 128-wide K block: per 64-wide half h, 32 weight bytes per row hold group 2h (low
         nibbles) and 2h + 1 (high); each group is one bf16 dot against its 32 activation columns."""
         sc = tl.load(s_ptrs + kb)
@@ -87,8 +133,8 @@ if HAS_TRITON:
             wb = tl.load(w_ptrs + kb * 64 + h * 32)
             a_lo = tl.load(a_ptrs + kb * 128 + h * 64, mask=valid[:, None], other=0.0)
             a_hi = tl.load(a_ptrs + kb * 128 + h * 64 + 32, mask=valid[:, None], other=0.0)
-            acc = _group_dot(acc, wb, sc, a_lo, 2 * h, False, USE_ASM, INTERP)
-            acc = _group_dot(acc, wb, sc, a_hi, 2 * h + 1, True, USE_ASM, INTERP)
+            acc = _group_dot(acc, wb, sc, a_lo, 2 * h, False, USE_ASM, INTERP, F16)
+            acc = _group_dot(acc, wb, sc, a_hi, 2 * h + 1, True, USE_ASM, INTERP, F16)
         return acc
 
     @triton.jit(do_not_specialize=["num_pairs", "top_k"])
@@ -97,6 +143,7 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
         BM: tl.constexpr, BN: tl.constexpr, GLU: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
+        F16: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -113,10 +160,10 @@ if HAS_TRITON:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         acc_u = tl.zeros((BN, BM), dtype=tl.float32)
         for kb in range(0, K // 128):
-            acc = _block_dot(acc, w_ptrs, s_ptrs, a_ptrs, kb, valid, USE_ASM, INTERP)
+            acc = _block_dot(acc, w_ptrs, s_ptrs, a_ptrs, kb, valid, USE_ASM, INTERP, F16)
             if GLU:
                 acc_u = _block_dot(acc_u, w_ptrs + up_off * stride_wn, s_ptrs + up_off * stride_wsn, a_ptrs, kb,
-                                   valid, USE_ASM, INTERP)
+                                   valid, USE_ASM, INTERP, F16)
         acc = tl.trans(acc)  # [BM, BN]
         if GLU:
             gate = tl.minimum(acc.to(tl.bfloat16).to(tl.float32), limit)
@@ -156,7 +203,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     z = torch.empty((nb * bm, i), dtype=torch.bfloat16, device=x.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
-    meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, num_warps=num_warps, num_stages=num_stages)
+    meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
+                num_stages=num_stages)
     _wide_kernel[(nb, i // BLOCK)](
         xq, w13, s13, z, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
         xq.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),

@@ -15,21 +15,22 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: E402
 
 if HAS_TRITON:
-    from dsv4.kernels.moe_wide import _e2m1_f32, _scale
+    from dsv4.kernels.moe_wide import _widen
 
     @triton.jit
-    def _probe(CODES, SC, OUT, G: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, BN: tl.constexpr):
+    def _probe(CODES, SC, OUT, G: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, F16: tl.constexpr,
+               BN: tl.constexpr):
         r = tl.arange(0, BN)[:, None] * 32 + tl.arange(0, 32)[None, :]
-        w = _e2m1_f32(tl.load(CODES + r), HI, USE_ASM) * _scale(tl.load(SC + tl.arange(0, BN)), G)[:, None]
-        tl.store(OUT + r, w.to(tl.bfloat16))
+        tl.store(OUT + r, _widen(tl.load(CODES + r), tl.load(SC + tl.arange(0, BN)), G, HI, USE_ASM, F16))
 
 
 @pytest.mark.parametrize("group", [0, 1, 2, 3])
 @pytest.mark.parametrize("use_asm", [True, False])
-def test_widen_exhaustive(group, use_asm):
+@pytest.mark.parametrize("f16", [False, True])
+def test_widen_exhaustive(group, use_asm, f16):
     """Every e2m1 code (both signs, in the low or the high nibble as the group's parity says) times every
     scale byte the kernel accepts (0..128, subnormal results included), picked from the packed word's
-    byte `group`, equals the float64 value exactly."""
+    byte `group`, equals the float64 value exactly -- through fp32 bit moves or the f16 ones."""
     if use_asm and os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter runs no inline PTX")
     from dsv4.kernels.moe_layout import WIDE_MAX_SCALE_BYTE
@@ -43,7 +44,8 @@ def test_widen_exhaustive(group, use_asm):
     hi = group % 2 == 1
     packed = (codes << 4 | other) if hi else (other << 4 | codes)
     out = torch.full((rows, 32), float("nan"), dtype=torch.bfloat16, device=DEV)
-    _probe[(1,)](packed.to(torch.uint8).to(DEV), words.to(DEV), out, G=group, HI=hi, USE_ASM=use_asm, BN=rows)
+    _probe[(1,)](packed.to(torch.uint8).to(DEV), words.to(DEV), out, G=group, HI=hi, USE_ASM=use_asm, F16=f16,
+                 BN=rows)
     mag = torch.tensor(E2M1, dtype=torch.float64)[codes & 7]
     want = torch.where((codes & 8) != 0, -mag, mag) * torch.pow(2.0, sbytes[:, group:group + 1].double() - 127)
     got = out.cpu().double()
@@ -61,13 +63,15 @@ def _wide(bm: int, warps: int = 8):
     return MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=warps, wide=True)
 
 
-@pytest.mark.parametrize("bm,warps", [(64, 8), (128, 8), (64, 4)])
+@pytest.mark.parametrize("bm,warps,f16", [(64, 8, False), (128, 8, False), (64, 4, False), (128, 8, True)])
 @pytest.mark.parametrize("m", [1, 5, 300])
-def test_fused_moe_wide(bm, warps, m, poison, close_bf16):
+def test_fused_moe_wide(bm, warps, f16, m, poison, close_bf16, monkeypatch):
     from test_moe import _mxfp4_experts, _topk
 
+    from dsv4.kernels import moe_wide
     from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
 
+    monkeypatch.setattr(moe_wide, "WIDEN_F16", f16)
     e, d, i, k = 16, 512, 256, 6
     gen = torch.Generator(DEV).manual_seed(m * 7 + bm + warps)
     experts = _mxfp4_experts(e, d, i, gen)
