@@ -201,7 +201,8 @@ class DecodeGraphs:
                              "host, which a captured graph cannot do)")
         self.model, self.capture = model, capture
         # up to the first bucket that holds max_batch rows (max_batch 6 -> 8: a batch of 6 runs graphed)
-        self.sizes = [b for b in BUCKETS if b < max_batch] + [next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])]
+        top = next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])
+        self.sizes = [b for b in BUCKETS if b <= top]
         self.max_batch = self.sizes[-1]
         self._buckets: dict[int, _Bucket] = {}
         self._steps: dict[tuple, _StepBucket] = {}
