@@ -238,12 +238,20 @@ def test_verify_steps_take_a_graph_bucket(drafter_model, prompts, baseline):
     model = copy.deepcopy(drafter_model)
     model.enable_cuda_graphs(max_batch=ec.decode_step_rows, capture=False)
     assert model._graphs.max_batch == 16
+    steps = []  # (bucket rows, tokens per sequence) of every graphed step
+    paged_step = model._graphs.paged_step
+
+    def recording(pools, input_ids, states, lens):
+        steps.append((next(s for s in model._graphs.sizes if s >= input_ids.shape[0]), tuple(lens)))
+        return paged_step(pools, input_ids, states, lens)
+
+    model._graphs.paged_step = recording
     engine = make_engine(model, 2, max_num_seqs=4)
     for i in range(4):
         engine.add_request(f"r{i}", prompts[i], request_params(i))
     assert_same(drain(engine), baseline, [f"r{i}" for i in range(4)])
     assert engine.speculator.stats.num_drafts > 0
-    assert 16 in {size for _, size, _ in model._graphs._steps}  # the 12-row verify steps
+    assert (16, (3, 3, 3, 3)) in steps  # a verify step of 4 sequences x (1 + 2 drafts) in the 16-row bucket
 
 
 def test_draft_slots_respect_budget_and_max_model_len(drafter_model, prompts):

@@ -42,8 +42,11 @@ class EngineConfig:
     @property
     def decode_step_rows(self) -> int:
         """Most token rows of one decode step: every sequence brings 1 token, or 1 + the drafts when a
-        speculative step verifies them (so CUDA graphs must cover that many rows, not max_num_seqs)."""
-        return self.max_num_seqs * (1 + self.num_draft_tokens if self.speculative else 1)
+        speculative step verifies them (so CUDA graphs must cover that many rows, not max_num_seqs), within
+        the step's token budget. Graph buckets end at 128 rows (dsv4.model.graphs.BUCKETS): larger steps run
+        eagerly."""
+        rows = self.max_num_seqs * (1 + self.num_draft_tokens if self.speculative else 1)
+        return min(rows, self.max_num_batched_tokens)
 
 
 class LLMEngine:

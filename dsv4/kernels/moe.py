@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from dsv4.kernels.fp8_linear import HAS_TRITON, act_quant
 from dsv4.kernels.moe_align import moe_align
-from dsv4.kernels.moe_config import MoEConfig, pick_moe_config  # noqa: F401  (re-exported)
+from dsv4.kernels.moe_config import MoEConfig, large_batch_config, pick_moe_config  # noqa: F401  (re-exported)
 from dsv4.kernels.moe_layout import (  # noqa: F401  (ExpertWeights, finalize_experts: re-exported)
     BLOCK, ExpertWeights, PackedExperts, check_packed, finalize_experts,
 )
@@ -390,6 +390,9 @@ def fused_moe(
         return out
     num_pairs = m * top_k
     cfg = config or pick_moe_config(num_pairs, e, act)
+    wide = cfg.wide and experts.fmt == "mxfp4" and experts.wide_ok and act == "fp8"
+    if cfg.wide and not wide:  # the wide kernel does not apply: the per-group kernel's measured shape
+        cfg = large_batch_config(act)
     quant_out = act == "fp8" and cfg.quant_out
     if quant_out and cfg.bn1 != BLOCK:
         raise ValueError("fused_moe: quant_out needs bn1 == 128")
@@ -404,7 +407,7 @@ def fused_moe(
                      dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down)
         return _combine(y, shared, ids, out, e)
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
-    if cfg.wide and experts.fmt == "mxfp4" and experts.wide_ok and act == "fp8":
+    if wide:
         from dsv4.kernels.moe_wide import moe_wide
         y = moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
                      bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages)

@@ -49,7 +49,8 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     (the winners of the H200 sweep in docs/kernels_notes.md).
 
     A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers. From
-    WIDE_MIN_PAIRS_PER_EXPERT on, MXFP4 experts take dsv4.kernels.moe_wide (FP8 experts ignore `wide`).
+    WIDE_MIN_PAIRS_PER_EXPERT on, MXFP4 experts take dsv4.kernels.moe_wide (`fused_moe` runs others with
+    `large_batch_config`).
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
     # pairs per *touched* expert if the ids were uniform: E (1 - exp(-pairs/E)) experts are touched
@@ -67,5 +68,11 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     if per_expert <= 32:
         return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
                          num_stages=4)
+    return large_batch_config(act)
+
+
+def large_batch_config(act: str = "fp8") -> MoEConfig:
+    """The per-group kernel's shape for many pairs per expert: also what a `wide` config runs as where the
+    wide kernel does not apply (FP8 experts, MXFP4 scales past `wide_ok`, act="bf16")."""
     return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=8, warps2=4,
                      num_stages=3)

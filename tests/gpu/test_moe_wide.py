@@ -78,8 +78,10 @@ def test_fused_moe_wide(bm, warps, f16, m, poison, close_bf16, monkeypatch):
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     ids, w = _topk(m, e, k, gen, skew=m == 300)
     shared = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16) if m == 5 else None
+    packed = finalize_experts(experts)
+    assert packed.wide_ok  # else this would test the per-group kernel
     poison()
-    y = fused_moe(x, ids, w, finalize_experts(experts), shared=shared, config=_wide(bm, warps))
+    y = fused_moe(x, ids, w, packed, shared=shared, config=_wide(bm, warps))
     close_bf16(y, fused_moe_ref(x, ids, w, experts, shared=shared), rel=1e-2, what=f"wide bm={bm} m={m}")
 
 
@@ -96,8 +98,10 @@ def test_fused_moe_wide_other_ranks_and_real_dims(poison, close_bf16):
     x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
     ids, w = _topk(m, e, 6, gen)
     ids = torch.where(ids % 3 == 0, -1, ids)
+    packed = finalize_experts(experts)
+    assert packed.wide_ok
     poison()
-    y = fused_moe(x, ids, w, finalize_experts(experts), config=_wide(64), out_dtype=torch.float32)
+    y = fused_moe(x, ids, w, packed, config=_wide(64), out_dtype=torch.float32)
     close_bf16(y, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what="wide flash dims")
 
 
