@@ -35,6 +35,7 @@ WIDEN_F16 = False
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe import _block_pairs
+    from dsv4.kernels.moe_gemv import _f16_hi, _f16_lo
 
     def _e2m1_asm(hi: bool) -> str:
         """PTX for 4 bytes -> 4 fp32 (`_e2m1_f32`): prmt moves byte k to the top, then shift/mask/or."""
@@ -46,21 +47,8 @@ if HAS_TRITON:
         return "{ .reg .b32 t, m, s, z; mov.b32 z, 0; " + "".join(
             f"prmt.b32 t, $4, z, 0x{k}444; " + body.format(o=f"${k}") for k in range(4)) + "}"
 
-    def _e2m1_f16_asm(hi: bool) -> str:
-        """PTX for 4 bytes -> 4 f16 in 2 registers (`_e2m1_f16`): all 4 nibbles become f16 high bytes
-        (sign << 7 | magnitude << 1) in one word, then 2 prmt put them into the f16 lanes."""
-        if hi:
-            prep = "shr.b32 m, $2, 3; and.b32 m, m, 0x0E0E0E0E; and.b32 s, $2, 0x80808080; or.b32 t, m, s; "
-        else:
-            prep = "shl.b32 m, $2, 1; and.b32 m, m, 0x0E0E0E0E; shl.b32 s, $2, 4; and.b32 s, s, 0x80808080; " \
-                   "or.b32 t, m, s; "
-        return "{ .reg .b32 t, m, s, z; mov.b32 z, 0; " + prep + "prmt.b32 $0, t, z, 0x1404; " \
-               "prmt.b32 $1, t, z, 0x3424; }"
-
     _ASM_LO: tl.constexpr = tl.constexpr(_e2m1_asm(False))
     _ASM_HI: tl.constexpr = tl.constexpr(_e2m1_asm(True))
-    _ASM16_LO: tl.constexpr = tl.constexpr(_e2m1_f16_asm(False))
-    _ASM16_HI: tl.constexpr = tl.constexpr(_e2m1_f16_asm(True))
 
     @triton.jit
     def _e2m1_f32(b, HI: tl.constexpr, USE_ASM: tl.constexpr):
@@ -81,24 +69,9 @@ if HAS_TRITON:
             return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _e2m1_f16(b, HI: tl.constexpr, USE_ASM: tl.constexpr):
-        """uint8 bytes -> f16 e2m1(code) * 2^-14 of their low (or high) nibbles: the same bit moves as
-        `_e2m1_f32` into f16's exponent and mantissa (code 1 = the f16 subnormal 2^-15), 4 bytes at once."""
-        if USE_ASM:
-            if HI:
-                return tl.inline_asm_elementwise(_ASM16_HI, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
-            else:
-                return tl.inline_asm_elementwise(_ASM16_LO, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
-        else:
-            c = b.to(tl.int32)
-            if HI:
-                c = c >> 4
-            return (((c & 8) << 12) | ((c & 7) << 9)).to(tl.int16).to(tl.float16, bitcast=True)
-
-    @triton.jit
     def _scale(sc, g: tl.constexpr, F16: tl.constexpr):
         """fp32 2^(b - 1) (F16: 2^(b - 113)) of byte g of the packed E8M0 word: times `_e2m1_f32`'s 2^-126
-        (`_e2m1_f16`'s 2^-14), the group scale 2^(b - 127). Needs b <= 128 (`PackedExperts.wide_ok`)."""
+        (moe_gemv `_f16_lo/_hi`'s 2^-14), the group scale 2^(b - 127). Needs b <= 128 (`PackedExperts.wide_ok`)."""
         b = (sc >> (8 * g)) & 0xFF
         if F16:
             return ((b + 14) << 23).to(tl.float32, bitcast=True)
@@ -107,8 +80,11 @@ if HAS_TRITON:
     @triton.jit
     def _widen(wb, sc, g: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, F16: tl.constexpr):
         """bf16 [BN, 32] weights of group g from their packed bytes: exact, the group scale folded in."""
-        if F16:
-            w = _e2m1_f16(wb, HI, USE_ASM).to(tl.float32)
+        if F16:  # the decode path's e2m1 -> f16 bit moves (4 nibbles per word op)
+            if HI:
+                w = _f16_hi(wb, USE_ASM).to(tl.float32)
+            else:
+                w = _f16_lo(wb, USE_ASM).to(tl.float32)
         else:
             w = _e2m1_f32(wb, HI, USE_ASM)
         return (w * _scale(sc, g, F16)[:, None]).to(tl.bfloat16)
