@@ -8,7 +8,8 @@ derives these once per step):
   s[b, h, n] = bf16(q[b, h] . K[b, n])            fp32 dot, exact bf16 products
   I[b, n]    = bf16(sum_h fp32(relu(s)) * fp32(w[b, h]))     -inf where not present
 
-which is `Indexer._scores_padded` on `pool.read(page, off, bf16)`. The pool is a
+which is `Indexer._scores_padded` on `pool.read(page, off, bf16)`. `prefill_index_scores` is the same
+math for a prompt chunk's queries against one sequence's contiguous keys, causal by entry count. The pool is a
 `paged_state._EntryPool`: with FP8 caches the keys are MXFP4 (`q` int8 [pages, ps, di/2], low
 nibble = even element; `s` uint8 E8M0 [pages, ps, di/32]), otherwise plain bf16 `data`
 [pages, ps, di]. e2m1 * 2^k is exact in bf16, so the in-register dequantisation equals `read`.
@@ -31,7 +32,20 @@ def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, pool, page: torch
                        present: torch.Tensor) -> torch.Tensor:
     """q [B, Hi, di], weights [B, Hi], pool an `_EntryPool` of indexer keys, page/off/present [B, N]
     -> scores [B, N] in q.dtype (the math of `Indexer._scores_padded`)."""
-    keys = pool.read(page, off, q.dtype)
+    return _scores(q, weights, pool.read(page, off, q.dtype), present)
+
+
+def prefill_index_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                             visible: torch.Tensor) -> torch.Tensor:
+    """q [T, Hi, di], weights [T, Hi], one sequence's keys [N, di], visible [T] (query t sees entries
+    0 .. visible[t]-1) -> scores [T, N] in q.dtype, -inf where not visible (the scores of
+    `Indexer.select_indices`)."""
+    present = torch.arange(keys.shape[0], device=keys.device)[None, :] < visible[:, None]
+    return _scores(q, weights, keys.expand(q.shape[0], -1, -1), present)
+
+
+def _scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """keys [B, N, di]: the math of `Indexer._scores_padded`."""
     acc = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
     s = torch.relu(torch.einsum("bhd,bnd->bhn", q.to(acc), keys.to(acc)).to(q.dtype))
     s = (s.to(acc) * weights.to(acc).unsqueeze(-1)).sum(dim=1).to(q.dtype)
@@ -96,6 +110,37 @@ if HAS_TRITON:
         tl.store(OUT + b * so_b + n, total.to(tl.bfloat16), mask=inb)
 
 
+    @triton.jit
+    def _prefill_scores_kernel(Q, W, K, VIS, OUT, T, N, H, sq_t, sq_h, sw_t, sw_h, sk_n, so_t,
+                               D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr):
+        """Scores [BT queries, BN keys]: per head one tensor-core dot, its bf16 rounding, relu and the
+        head weight, summed over heads in fp32; -inf from query t's visible count on. Tiles no query of
+        the block sees are only filled with -inf (about half of a prompt's tiles)."""
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
+        n = tl.program_id(1) * BN + tl.arange(0, BN)
+        d = tl.arange(0, D)
+        tm, nm = t < T, n < N
+        vis = tl.load(VIS + t, mask=tm, other=0)
+        out_ptrs = OUT + t.to(tl.int64)[:, None] * so_t + n[None, :]
+        if tl.program_id(1) * BN >= tl.max(vis, axis=0):
+            tl.store(out_ptrs, tl.full((BT, BN), float("-inf"), tl.float32).to(tl.bfloat16),
+                     mask=tm[:, None] & nm[None, :])
+            return
+        k = tl.load(K + n.to(tl.int64)[:, None] * sk_n + d[None, :], mask=nm[:, None], other=0.0)
+        total = tl.zeros((BT, BN), dtype=tl.float32)
+        q_ptrs = Q + t.to(tl.int64)[:, None] * sq_t + d[None, :]
+        for h in range(H):
+            q = tl.load(q_ptrs + h * sq_h, mask=tm[:, None], other=0.0)
+            w = tl.load(W + t * sw_t + h * sw_h, mask=tm, other=0.0).to(tl.float32)
+            if INTERP:  # see _scores_kernel
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+            else:
+                s = tl.dot(q, tl.trans(k))
+            total += tl.maximum(_round_bf16(s, INTERP), 0.0) * w[:, None]
+        total = tl.where(n[None, :] < vis[:, None], _round_bf16(total, INTERP), float("-inf"))
+        tl.store(out_ptrs, total.to(tl.bfloat16), mask=tm[:, None] & nm[None, :])
+
+
 # --------------------------------------------------------------------------- launcher
 
 def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tensor, off: torch.Tensor,
@@ -141,4 +186,35 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
         page.stride(0), page.stride(1), off.stride(0), off.stride(1), pres.stride(0), pres.stride(1),
         out.stride(0),
         HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, num_warps=4)
+    return out
+
+
+def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
+                         block_t: int = 64, block_n: int = 128) -> torch.Tensor:
+    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]."""
+    if not HAS_TRITON:
+        raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
+    if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
+        raise ValueError(f"prefill_index_scores: q must be bf16 [T, Hi, di] (last dim contiguous), got {q.dtype} "
+                         f"{tuple(q.shape)}")
+    t, h, di = q.shape
+    if di < 32 or di & (di - 1):
+        raise ValueError(f"prefill_index_scores: head dim {di} must be a power of two >= 32")
+    if keys.dim() != 2 or keys.shape[1] != di or keys.dtype != torch.bfloat16 or keys.stride(-1) != 1:
+        raise ValueError(f"prefill_index_scores: keys must be bf16 [N, {di}] (last dim contiguous), got "
+                         f"{keys.dtype} {tuple(keys.shape)}")
+    if weights.shape != (t, h) or not weights.is_floating_point():
+        raise ValueError(f"prefill_index_scores: weights must be float [T={t}, Hi={h}], got {weights.dtype} "
+                         f"{tuple(weights.shape)}")
+    if visible.shape != (t,) or visible.dtype != torch.int32:
+        raise ValueError(f"prefill_index_scores: visible must be int32 [T={t}], got {visible.dtype} "
+                         f"{tuple(visible.shape)}")
+    n = keys.shape[0]
+    out = torch.empty(t, n, dtype=torch.bfloat16, device=q.device)
+    if t == 0 or n == 0:
+        return out
+    bn = max(16, min(block_n, triton.next_power_of_2(n)))
+    _prefill_scores_kernel[(triton.cdiv(t, block_t), triton.cdiv(n, bn))](
+        q, weights, keys, visible, out, t, n, h, q.stride(0), q.stride(1), weights.stride(0), weights.stride(1),
+        keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, num_warps=4)
     return out

@@ -390,11 +390,7 @@ def fused_moe(
         return out
     num_pairs = m * top_k
     cfg = config or pick_moe_config(num_pairs, e, act)
-    if cfg.wide and act == "fp8":
-        from dsv4.kernels import moe_wide
-        wide = moe_wide.applies(experts)
-    else:
-        wide = False
+    wide = cfg.wide and experts.fmt == "mxfp4" and experts.wide_ok and act == "fp8"
     if cfg.wide and not wide:  # the wide kernel does not apply: the per-group kernel's measured shape
         cfg = large_batch_config(act)
     quant_out = act == "fp8" and cfg.quant_out
@@ -412,7 +408,8 @@ def fused_moe(
         return _combine(y, shared, ids, out, e)
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     if wide:
-        y = moe_wide.moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
+        from dsv4.kernels.moe_wide import moe_wide
+        y = moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
                      bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages)
         return _combine(y, shared, ids, out, e)
     nb = expert_ids.numel()

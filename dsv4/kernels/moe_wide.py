@@ -29,11 +29,9 @@ from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 
 # Widen through f16 (4 nibbles per word op, cvt f16 -> f32) instead of one fp32 per byte: fewer integer
-# ops per weight; M = 8192: 12.2 -> 10.5 ms on the H200 (bench/runs/run_device_s9a.sh)
+# ops per weight. Flash MoE on the H200 (bench/runs/run_device_s9a.sh), fp32 vs f16 widening: M = 4096
+# 6.33 -> 5.51 ms, M = 8192 12.18 -> 10.50 ms
 WIDEN_F16 = True
-# FP8 operands (the weights widened to e4m3 per 128-wide K block, `_block_dot8`) where
-# `PackedExperts.fp8_ok`; opt-in until measured on the H200 (bench/runs/run_device_s9b.sh)
-WIDE_FP8 = False
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
@@ -70,66 +68,6 @@ if HAS_TRITON:
             if HI:
                 c = c >> 4
             return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
-
-    def _e4m3_asm(hi: bool) -> str:
-        """PTX for 4 bytes -> 4 e4m3 (`_e2m1_e4m3`): the 4 magnitudes become one prmt selector (a nibble
-        each) into the group's table ($2 = bytes 0-3, $6 = bytes 4-7); the sign bits move to bit 7."""
-        mag = "shr.b32 m, $1, 4; and.b32 m, m, 0x07070707; " if hi else "and.b32 m, $1, 0x07070707; "
-        sign = "and.b32 s, $1, 0x80808080; " if hi else "shl.b32 s, $1, 4; and.b32 s, s, 0x80808080; "
-        return ("{ .reg .b32 m, t, s; " + mag + "shr.b32 t, m, 4; or.b32 m, m, t; and.b32 m, m, 0x00FF00FF; "
-                "shr.b32 t, m, 8; or.b32 m, m, t; prmt.b32 m, $2, $6, m; " + sign + "or.b32 $0, m, s; }")
-
-    # e4m3 bytes of the e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 times 2^6 (codes 0-3 / 4-7, byte k = code k):
-    # the prmt table of a group at its 128-block's largest scale; a group 2^-d below it takes d off the
-    # exponent field of every nonzero byte (exact while d <= FP8_MAX_SCALE_SPREAD: 0.5 * 2^6 * 2^-11 = 2^-6)
-    _T8_LO: tl.constexpr = tl.constexpr(0x6C686000)
-    _T8_HI: tl.constexpr = tl.constexpr(0x7C787470)
-    _ASM8_LO: tl.constexpr = tl.constexpr(_e4m3_asm(False))
-    _ASM8_HI: tl.constexpr = tl.constexpr(_e4m3_asm(True))
-
-    @triton.jit
-    def _e2m1_e4m3(b, d, HI: tl.constexpr, USE_ASM: tl.constexpr):
-        """uint8 [BN, 32] bytes -> e4m3 e2m1(code) * 2^(6 - d) of their low (or high) nibbles, d [BN] >= 0
-        per row (the group's distance below its block's largest scale byte; exact for d <= 11)."""
-        if USE_ASM:
-            lo = tl.broadcast_to((_T8_LO - d * 0x08080800)[:, None], b.shape)
-            hi = tl.broadcast_to((_T8_HI - d * 0x08080808)[:, None], b.shape)
-            if HI:
-                return tl.inline_asm_elementwise(_ASM8_HI, "=r,r,r,r,r,r,r,r,r,r", [b, lo, hi], dtype=tl.float8e4nv,
-                                                 is_pure=True, pack=4)
-            else:
-                return tl.inline_asm_elementwise(_ASM8_LO, "=r,r,r,r,r,r,r,r,r,r", [b, lo, hi], dtype=tl.float8e4nv,
-                                                 is_pure=True, pack=4)
-        else:
-            c = b.to(tl.int32)
-            if HI:
-                c = c >> 4
-            mag = c & 7
-            field = (mag >> 1) + 12 - d[:, None]  # code 1 (0.5) shares code 2's field minus one: 12
-            byte = tl.where(mag >= 2, (field << 3) | ((mag & 1) << 2), tl.where(mag == 1, (12 - d[:, None]) << 3, 0))
-            return (byte | ((c & 8) << 4)).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-
-    @triton.jit
-    def _block_dot8(acc, w_ptrs, s_ptrs, a_ptrs, as_ptrs, kb, valid, USE_ASM: tl.constexpr, INTERP: tl.constexpr):
-        """acc += one 128-wide K block on FP8 operands: the 4 groups' weights as e4m3 relative to the
-        block's largest scale byte bmax (exact, `_e2m1_e4m3`), one chain of 4 MMAs, then the block's
-        scales 2^(bmax - 133) per row and the activation's per token (the FP8 block GEMM of the MXFP4 -> FP8
-        re-encode, checkpoint_format.md section 9, with one scale per row instead of per 128 rows)."""
-        sc = tl.load(s_ptrs + kb)
-        bmax = tl.maximum(tl.maximum(sc & 0xFF, (sc >> 8) & 0xFF), tl.maximum((sc >> 16) & 0xFF, (sc >> 24) & 0xFF))
-        p = tl.zeros(acc.shape, dtype=tl.float32)
-        for h in tl.static_range(2):
-            wb = tl.load(w_ptrs + kb * 64 + h * 32)
-            for g in tl.static_range(2):
-                a = tl.load(a_ptrs + kb * 128 + h * 64 + g * 32, mask=valid[:, None], other=0.0)
-                w = _e2m1_e4m3(wb, bmax - ((sc >> (16 * h + 8 * g)) & 0xFF), g == 1, USE_ASM)
-                if INTERP:
-                    p = tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), p)
-                else:
-                    p = tl.dot(w, tl.trans(a), p)
-        sa = tl.load(as_ptrs + kb, mask=valid, other=0.0)
-        sw = ((bmax - 6) << 23).to(tl.float32, bitcast=True)  # 2^(bmax - 133); bmax >= 7 (fp8_ok)
-        return acc + p * sw[:, None] * sa[None, :]
 
     @triton.jit
     def _scale(sc, g: tl.constexpr, F16: tl.constexpr):
@@ -178,11 +116,11 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["num_pairs", "top_k"])
     def _wide_kernel(
-        A, AS, W, WS, C, CS, SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
+        A, W, WS, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
         K, num_pairs, top_k, up_off, limit,
-        stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, stride_csm,
+        stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
         BM: tl.constexpr, BN: tl.constexpr, GLU: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
-        F16: tl.constexpr, FP8: tl.constexpr,
+        F16: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -198,18 +136,11 @@ if HAS_TRITON:
         s_ptrs = WS + e * stride_wse + offs_n.to(tl.int64) * stride_wsn
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         acc_u = tl.zeros((BN, BM), dtype=tl.float32)
-        as_ptrs = AS + rows * stride_asm
         for kb in range(0, K // 128):
-            if FP8:
-                acc = _block_dot8(acc, w_ptrs, s_ptrs, a_ptrs, as_ptrs, kb, valid, USE_ASM, INTERP)
-                if GLU:
-                    acc_u = _block_dot8(acc_u, w_ptrs + up_off * stride_wn, s_ptrs + up_off * stride_wsn, a_ptrs,
-                                        as_ptrs, kb, valid, USE_ASM, INTERP)
-            else:
-                acc = _block_dot(acc, w_ptrs, s_ptrs, a_ptrs, kb, valid, USE_ASM, INTERP, F16)
-                if GLU:
-                    acc_u = _block_dot(acc_u, w_ptrs + up_off * stride_wn, s_ptrs + up_off * stride_wsn, a_ptrs,
-                                       kb, valid, USE_ASM, INTERP, F16)
+            acc = _block_dot(acc, w_ptrs, s_ptrs, a_ptrs, kb, valid, USE_ASM, INTERP, F16)
+            if GLU:
+                acc_u = _block_dot(acc_u, w_ptrs + up_off * stride_wn, s_ptrs + up_off * stride_wsn, a_ptrs, kb,
+                                   valid, USE_ASM, INTERP, F16)
         acc = tl.trans(acc)  # [BM, BN]
         if GLU:
             gate = tl.minimum(acc.to(tl.bfloat16).to(tl.float32), limit)
@@ -217,12 +148,8 @@ if HAS_TRITON:
             rw = tl.load(TOPK_W + pair, mask=valid, other=0.0)
             z = ((gate / (1.0 + tl.exp(-gate)) * up) * rw[:, None]).to(tl.bfloat16)
             q, s = _quant_rows(z.to(tl.float32))  # BN == 128: one quantisation block of W2's input
-            c_ptrs = C + offs_p.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-            if FP8:
-                tl.store(c_ptrs, q)
-                tl.store(CS + offs_p.to(tl.int64) * stride_csm + pid_n, s)
-            else:
-                tl.store(c_ptrs, (q.to(tl.float32) * s[:, None]).to(tl.bfloat16))  # exact
+            zq = (q.to(tl.float32) * s[:, None]).to(tl.bfloat16)  # exact
+            tl.store(C + offs_p.to(tl.int64)[:, None] * stride_cm + offs_n[None, :], zq)
         else:
             c_ptrs = C + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
             tl.store(c_ptrs, acc.to(tl.bfloat16), mask=valid[:, None])
@@ -238,44 +165,30 @@ def dequantized_act(x: torch.Tensor) -> torch.Tensor:
     return (q.view(m, k // BLOCK, BLOCK).float() * s[..., None]).to(torch.bfloat16).view(m, k)
 
 
-def applies(experts: PackedExperts) -> bool:
-    """Whether `moe_wide` can run these experts exactly (see `PackedExperts.wide_ok` / `fp8_ok`)."""
-    return experts.fmt == "mxfp4" and (experts.wide_ok or (WIDE_FP8 and experts.fp8_ok))
-
-
 def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
              topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
              bm: int = 64, bn2: int = 128, num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
     """The two grouped GEMMs on `moe_align(topk_ids, E, bm)`'s blocks: bf16 x [M, D], MXFP4 experts ->
     y [pairs, D] bf16, one row per (token, slot) (rows of other ranks' pairs are left unwritten)."""
-    if not applies(experts):
-        raise ValueError("moe_wide: needs MXFP4 experts with scale bytes <= 128 (PackedExperts.wide_ok) or, with "
-                         "WIDE_FP8, scales that widen exactly to e4m3 (PackedExperts.fp8_ok)")
+    if experts.fmt != "mxfp4" or not experts.wide_ok:
+        raise ValueError("moe_wide: needs MXFP4 experts with scale bytes <= 128 (PackedExperts.wide_ok)")
     if bm not in (16, 32, 64, 128, 256) or bn2 not in (64, 128):
         raise ValueError(f"moe_wide: bm must be a power of two in 16..256 and bn2 64 or 128, got {bm}, {bn2}")
     d, i = experts.hidden, experts.inter
     num_pairs, nb = topk_weights.numel(), expert_ids.numel()
-    fp8 = WIDE_FP8 and experts.fp8_ok
-    if fp8:
-        from dsv4.kernels.fp8_linear import act_quant
-
-        xq, xs = act_quant(x)
-        z = torch.empty((nb * bm, i), dtype=torch.float8_e4m3fn, device=x.device)
-        zs = torch.empty((nb * bm, i // BLOCK), dtype=torch.float32, device=x.device)
-    else:
-        xq = xs = dequantized_act(x)
-        z = zs = torch.empty((nb * bm, i), dtype=torch.bfloat16, device=x.device)
+    xq = dequantized_act(x)
+    z = torch.empty((nb * bm, i), dtype=torch.bfloat16, device=x.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
-    meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, FP8=fp8, num_warps=num_warps,
+    meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
                 num_stages=num_stages)
     _wide_kernel[(nb, i // BLOCK)](
-        xq, xs, w13, s13, z, zs, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
-        xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
-        zs.stride(0), BN=BLOCK, GLU=True, **meta)
+        xq, w13, s13, z, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
+        xq.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
+        BN=BLOCK, GLU=True, **meta)
     y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
     _wide_kernel[(nb, d // bn2)](
-        z, zs, w2, s2, y, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
-        z.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), 0,
+        z, w2, s2, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
+        z.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
         BN=bn2, GLU=False, **meta)
     return y

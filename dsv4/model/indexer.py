@@ -20,6 +20,7 @@ from dsv4.model.rope import RotaryEmbedding, apply_rope
 
 
 QUERY_BLOCK = 256  # queries scored together (bounds the [block, heads, N] score tensor)
+KERNEL_SCORES = 1 << 26  # kernel mode: scores per block of queries (128 MB of bf16 [block, N])
 
 
 def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -112,6 +113,8 @@ class Indexer(nn.Module):
         Queries are scored in blocks of QUERY_BLOCK (the [T, heads, N] scores of a long prompt would
         not fit in memory)."""
         n_keys = keys.shape[0]
+        if self.use_kernels and q.is_cuda and q.dtype == torch.bfloat16 and keys.dtype == torch.bfloat16 and n_keys:
+            return self._select_kernel(q, weights, keys, positions)
         acc = acc_dtype(q.dtype)  # the reference computes these in bf16; the model dtype rounds here
         tensor_cores = bf16_gemm_applies(q, keys)  # CUDA bf16: exact products into fp32
         keys_acc = keys if tensor_cores else keys.to(acc)
@@ -126,4 +129,24 @@ class Indexer(nn.Module):
             scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
             picked = top_k_lowest_index(scores, out.shape[1])
             out[b0:b0 + QUERY_BLOCK] = torch.where(picked < visible[:, None], picked, -1)
+        return out
+
+    def _select_kernel(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                       positions: torch.Tensor) -> torch.Tensor:
+        """`select_indices` in two launches per block of queries: the scores of the block against every
+        key (dsv4.kernels.indexer_scores; fp32 sums in another order, so rare 1-ulp bf16 flips) and the
+        radix top-k (the same set as the sort; the list ascending instead of by score)."""
+        from dsv4.kernels.indexer_scores import prefill_index_scores
+        from dsv4.kernels.topk import topk_lowest_index
+
+        n_keys = keys.shape[0]
+        keys = keys.contiguous()
+        k = min(self.topk, n_keys)
+        out = torch.empty(q.shape[0], k, dtype=torch.long, device=keys.device)
+        block = max(QUERY_BLOCK, KERNEL_SCORES // n_keys)  # bounds the [block, N] bf16 scores
+        for b0 in range(0, q.shape[0], block):
+            visible = ((positions[b0:b0 + block] + 1) // self.ratio).to(torch.int32)
+            scores = prefill_index_scores(q[b0:b0 + block], weights[b0:b0 + block], keys, visible)
+            picked, _ = topk_lowest_index(scores, k)
+            out[b0:b0 + block] = torch.where(picked < visible[:, None], picked, -1)
         return out

@@ -117,3 +117,55 @@ def test_indexer_scores_rejects_bad_inputs():
         indexer_scores(q, w, pool, page, off, present.int())
     with pytest.raises(ValueError, match="MXFP4 pool"):
         indexer_scores(q[..., :64].contiguous(), w, pool, page, off, present)
+
+
+@pytest.mark.parametrize("t,heads,n,start", [(48, 8, 40, 0), (300, 64, 700, 2000), (70, 16, 33, 5)])
+def test_prefill_index_scores_and_select(t, heads, n, start, poison):
+    """A prompt chunk's queries (positions start .. start+t-1) against one sequence's keys: the kernel's
+    scores vs the reference (-inf exactly where an entry is not yet visible, the rest equal but for rare
+    1-ulp flips, all within the float64 bound), and the model's kernel-mode selection vs its torch one."""
+    from dsv4.kernels.indexer_scores import prefill_index_scores, prefill_index_scores_ref
+    from dsv4.model.indexer import Indexer
+
+    gen = torch.Generator(DEV).manual_seed(t * 7 + heads + n + start)
+    keys = torch.randn(n, DI, generator=gen, device=DEV)
+    keys = (keys * torch.exp2(torch.randint(-3, 4, (n, 1), generator=gen, device=DEV).float())).to(torch.bfloat16)
+    q = torch.randn(t, heads, DI, generator=gen, device=DEV).to(torch.bfloat16)
+    w = (torch.randn(t, heads, generator=gen, device=DEV) * DI ** -0.5 * heads ** -0.5).to(torch.bfloat16)
+    positions = torch.arange(start, start + t, device=DEV)
+    visible = ((positions + 1) // 4).clamp_max(n).to(torch.int32)
+    ref = prefill_index_scores_ref(q, w, keys, visible)
+    poison()
+    got = prefill_index_scores(q, w, keys, visible)
+    present = torch.arange(n, device=DEV)[None, :] < visible[:, None]
+    assert torch.equal(torch.isneginf(got), ~present) and torch.isfinite(got[present]).all()
+    s64 = torch.einsum("thd,nd->thn", q.double(), keys.double())
+    absdot = torch.einsum("thd,nd->thn", q.double().abs(), keys.double().abs())
+    exact = (torch.relu(s64) * w.double()[:, :, None]).sum(1)
+    mag = ((s64.abs() + absdot * 2.0 ** -9) * w.double().abs()[:, :, None]).sum(1)
+    bound = 2.0 ** -8 * (mag + exact.abs()) + 2.0 ** -126
+    assert ((got.double() - exact).abs()[present] <= bound[present]).all()
+    diff = (got.double() != ref.double()) & present
+    assert float(diff.double().sum() / present.sum().clamp_min(1)) <= 0.01
+    assert ((got.double() - ref.double()).abs()[diff] <= 2 * bound[diff]).all()
+
+    if not got.is_cuda:
+        return  # kernel mode selects on CUDA only
+    ix = Indexer.__new__(Indexer)
+    nn_init = torch.nn.Module.__init__
+    nn_init(ix)
+    ix.topk, ix.ratio, ix.use_kernels = 24, 4, False
+    want = ix.select_indices(q, w, keys, positions)
+    ix.use_kernels = True
+    picked = ix.select_indices(q, w, keys, positions)
+    assert picked.shape == want.shape == (t, min(24, n))
+    same = (got == ref).all(1)  # rows whose scores match the reference's exactly pick the same set
+    assert torch.equal(_as_sets(picked[same]), _as_sets(want[same]))
+    assert torch.equal(_as_sets(picked), torch.where(picked < 0, torch.iinfo(picked.dtype).max, picked))  # ascending
+    assert bool(same.double().mean() >= 0.5)
+
+
+def _as_sets(idx: torch.Tensor) -> torch.Tensor:
+    """Rows of entry lists (-1 = none) in a canonical order: ascending, the -1s last."""
+    big = torch.iinfo(idx.dtype).max
+    return torch.where(idx < 0, big, idx).sort(dim=1).values

@@ -15,13 +15,7 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: E402
 
 if HAS_TRITON:
-    from dsv4.kernels.moe_wide import _e2m1_e4m3, _widen
-
-    @triton.jit
-    def _probe8(CODES, D, OUT, HI: tl.constexpr, USE_ASM: tl.constexpr, BN: tl.constexpr):
-        r = tl.arange(0, BN)[:, None] * 32 + tl.arange(0, 32)[None, :]
-        w = _e2m1_e4m3(tl.load(CODES + r), tl.load(D + tl.arange(0, BN)), HI, USE_ASM)
-        tl.store(OUT + r, w.to(tl.uint8, bitcast=True))
+    from dsv4.kernels.moe_wide import _widen
 
     @triton.jit
     def _probe(CODES, SC, OUT, G: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, F16: tl.constexpr,
@@ -63,62 +57,29 @@ def test_widen_exhaustive(group, use_asm, f16):
                                 f"{got[bad][0]} != {want[bad][0]}"
 
 
-@pytest.mark.parametrize("hi", [False, True])
-@pytest.mark.parametrize("use_asm", [True, False])
-def test_e4m3_widen_exhaustive(hi, use_asm):
-    """Every e2m1 code (both signs, low or high nibble) at every distance d = 0..11 below its block's largest
-    scale byte widens to the e4m3 byte of e2m1 * 2^(6 - d) exactly (decoded by torch, compared in float64);
-    the byte's other nibble does not leak in."""
-    if use_asm and os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("the interpreter runs no inline PTX")
-    from dsv4.kernels.moe_layout import FP8_MAX_SCALE_SPREAD
-
-    rows = 256
-    gen = torch.Generator().manual_seed(int(hi))
-    d = torch.randperm(FP8_MAX_SCALE_SPREAD + 1, generator=gen)[torch.arange(rows) % (FP8_MAX_SCALE_SPREAD + 1)]
-    codes = (torch.arange(rows)[:, None] * 5 + torch.arange(32)[None, :]) % 16
-    other = torch.randint(0, 16, (rows, 32), generator=gen)
-    packed = (codes << 4 | other) if hi else (other << 4 | codes)
-    out = torch.full((rows, 32), 0x7F, dtype=torch.uint8, device=DEV)  # e4m3 NaN where unwritten
-    _probe8[(1,)](packed.to(torch.uint8).to(DEV), d.to(torch.int32).to(DEV), out, HI=hi, USE_ASM=use_asm, BN=rows)
-    got = out.cpu().view(torch.float8_e4m3fn).double()
-    mag = torch.tensor(E2M1, dtype=torch.float64)[codes & 7]
-    want = torch.where((codes & 8) != 0, -mag, mag) * torch.pow(2.0, 6 - d[:, None].double())
-    bad = got != want
-    assert not bool(bad.any()), f"{int(bad.sum())} wrong, e.g. code {codes[bad][0]} d {d[:, None].expand(rows, 32)[bad][0]}: " \
-                                f"{got[bad][0]} != {want[bad][0]}"
-
-
 def _wide(bm: int, warps: int = 8):
     from dsv4.kernels.moe import MoEConfig
 
     return MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=warps, wide=True)
 
 
-@pytest.mark.parametrize("bm,warps,f16,fp8", [(64, 8, False, False), (128, 8, False, False), (64, 4, False, False),
-                                               (128, 8, True, False), (64, 8, True, True), (128, 8, True, True)])
+@pytest.mark.parametrize("bm,warps,f16", [(64, 8, False), (128, 8, False), (64, 4, False), (128, 8, True)])
 @pytest.mark.parametrize("m", [1, 5, 300])
-def test_fused_moe_wide(bm, warps, f16, fp8, m, poison, close_bf16, monkeypatch):
-    """bf16 operands (fp32 or f16 widening) or FP8 operands (WIDE_FP8; scale bytes spread over 11 below their
-    block's largest, so every widening distance occurs)."""
+def test_fused_moe_wide(bm, warps, f16, m, poison, close_bf16, monkeypatch):
     from test_moe import _mxfp4_experts, _topk
 
     from dsv4.kernels import moe_wide
     from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
 
     monkeypatch.setattr(moe_wide, "WIDEN_F16", f16)
-    monkeypatch.setattr(moe_wide, "WIDE_FP8", fp8)
     e, d, i, k = 16, 512, 256, 6
     gen = torch.Generator(DEV).manual_seed(m * 7 + bm + warps)
     experts = _mxfp4_experts(e, d, i, gen)
-    if fp8:
-        for s in (experts.w1_scale, experts.w2_scale, experts.w3_scale):
-            s.copy_(torch.randint(113, 125, s.shape, generator=gen, device=DEV, dtype=torch.uint8))
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     ids, w = _topk(m, e, k, gen, skew=m == 300)
     shared = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16) if m == 5 else None
     packed = finalize_experts(experts)
-    assert packed.wide_ok and packed.fp8_ok  # else this would test another kernel
+    assert packed.wide_ok  # else this would test the per-group kernel
     poison()
     y = fused_moe(x, ids, w, packed, shared=shared, config=_wide(bm, warps))
     close_bf16(y, fused_moe_ref(x, ids, w, experts, shared=shared), rel=1e-2, what=f"wide bm={bm} m={m}")
@@ -162,26 +123,3 @@ def test_wide_falls_back_past_its_scale_range(poison, close_bf16):
     poison()
     close_bf16(fused_moe(x, ids, w, packed, config=_wide(128)), fused_moe_ref(x, ids, w, experts), rel=1e-2,
                what="wide config, scales out of range")
-
-
-def test_wide_fp8_falls_back_past_its_spread(poison, close_bf16, monkeypatch):
-    """A group 12 scale bytes below its 128-block's largest clears `fp8_ok`: with WIDE_FP8 the wide kernel then
-    runs on bf16 operands, still exact."""
-    from test_moe import _mxfp4_experts, _topk
-
-    from dsv4.kernels import moe_wide
-    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
-
-    monkeypatch.setattr(moe_wide, "WIDE_FP8", True)
-    e, d, i, m = 8, 512, 256, 200
-    gen = torch.Generator(DEV).manual_seed(12)
-    experts = _mxfp4_experts(e, d, i, gen)
-    assert finalize_experts(experts).fp8_ok
-    experts.w1_scale[2, 5, 4:8] = torch.tensor([124, 112, 120, 121], dtype=torch.uint8)
-    packed = finalize_experts(experts)
-    assert packed.wide_ok and not packed.fp8_ok
-    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
-    ids, w = _topk(m, e, 6, gen)
-    poison()
-    close_bf16(fused_moe(x, ids, w, packed, config=_wide(128)), fused_moe_ref(x, ids, w, experts), rel=1e-2,
-               what="wide fp8 config, scale spread out of range")
