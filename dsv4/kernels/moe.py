@@ -410,7 +410,7 @@ def fused_moe(
     if wide:
         from dsv4.kernels.moe_wide import moe_wide
         y = moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
-                     bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages)
+                     bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
         return _combine(y, shared, ids, out, e)
     nb = expert_ids.numel()
     rows = nb * cfg.bm

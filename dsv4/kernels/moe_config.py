@@ -27,6 +27,7 @@ class MoEConfig:
     gemv_split: int = 1  # ... "mma": programs per GLU row tile along K (split-K reduced in the launch)
     gemv_split_down: int = 1  # ... "mma": the same for the down (W2) kernel
     wide: bool = False  # MXFP4: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide; bm, bn2, warps1, stages)
+    maxnreg: int = 0  # ... its register cap per thread (0: the compiler's choice; 128 with 8 warps: 2 CTAs per SM)
 
 
 # H200 sweep (session 5): the per-pair path wins up to ~1.4 pairs per touched expert (Flash B <= 24,

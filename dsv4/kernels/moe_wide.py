@@ -167,7 +167,7 @@ def dequantized_act(x: torch.Tensor) -> torch.Tensor:
 
 def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
              topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
-             bm: int = 64, bn2: int = 128, num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
+             bm: int = 64, bn2: int = 128, num_warps: int = 8, num_stages: int = 3, maxnreg: int = 0) -> torch.Tensor:
     """The two grouped GEMMs on `moe_align(topk_ids, E, bm)`'s blocks: bf16 x [M, D], MXFP4 experts ->
     y [pairs, D] bf16, one row per (token, slot) (rows of other ranks' pairs are left unwritten)."""
     if experts.fmt != "mxfp4" or not experts.wide_ok:
@@ -182,6 +182,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
     meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
                 num_stages=num_stages)
+    if maxnreg and not INTERPRET:
+        meta["maxnreg"] = maxnreg
     _wide_kernel[(nb, i // BLOCK)](
         xq, w13, s13, z, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
         xq.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
