@@ -13,12 +13,17 @@ run in another order than torch's: results agree to bf16 rounding except at rare
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 NONE, WEIGHTED, UNWEIGHTED = 0, 1, 2
 SIM_NONE, SIM_FP8, SIM_FP4 = 0, 1, 2
+# indexer q (SIM_FP4): rows per program, for one tensor-core dot with the Hadamard signs (one row per program
+# loaded the whole matrix each: 2.58 ms for an 8K prompt's [8192, 64, 128] queries on the H200, s9e)
+HADAMARD_ROWS = 64
 
 
 def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -54,50 +59,60 @@ if HAS_TRITON:
         return v.to(tl.bfloat16).to(tl.float32)
 
     @triton.jit
-    def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, G, stride_cs,
+    def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, G, rows, stride_cs,
                           D: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr, NORM: tl.constexpr,
-                          ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr, INTERP: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+                          ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr, BR: tl.constexpr,
+                          INTERP: tl.constexpr):
+        """BR rows per program ([BR, D] tiles; BR > 1 for the Hadamard's tensor-core dot)."""
+        row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+        live = row < rows
         tok = row // G
         d = tl.arange(0, D)
-        y = tl.load(X + row * D + d).to(tl.float32)
+        y = tl.load(X + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
         if NORM == 1:
-            ms = tl.sum(y * y, axis=0) / D
-            y = _bf16(tl.load(W + d).to(tl.float32) * (y * tl.math.rsqrt(ms + eps)))
+            ms = tl.sum(y * y, axis=1) / D
+            y = _bf16(tl.load(W + d).to(tl.float32)[None, :] * (y * tl.math.rsqrt(ms + eps)[:, None]))
         elif NORM == 2:  # bf16 arithmetic, every intermediate rounded as torch does
-            mean = _bf16(tl.sum(_bf16(y * y), axis=0) / D)
+            mean = _bf16(tl.sum(_bf16(y * y), axis=1) / D)
             r = _bf16(tl.math.rsqrt(_bf16(mean + eps)))
-            y = _bf16(y * r)
+            y = _bf16(y * r[:, None])
         if ROT:
-            a, c = tl.split(tl.reshape(y, (D // 2, 2)))
+            a, c = tl.split(tl.reshape(y, (BR, D // 2, 2)))
             pair = tl.arange(0, D // 2)
-            rope = pair >= ROPE0 // 2
-            cs = tl.load(COS + tok * stride_cs + pair - ROPE0 // 2, mask=rope, other=1.0)
-            sn = tl.load(SIN + tok * stride_cs + pair - ROPE0 // 2, mask=rope, other=0.0)
+            rope = (pair >= ROPE0 // 2)[None, :] & live[:, None]
+            cs_off = tok[:, None] * stride_cs + (pair - ROPE0 // 2)[None, :]
+            cs = tl.load(COS + cs_off, mask=rope, other=1.0)
+            sn = tl.load(SIN + cs_off, mask=rope, other=0.0)
             if INV:
                 sn = -sn
-            y = _bf16(tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (D,)))
+            y = _bf16(tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (BR, D)))
         if SIM == 1:  # FP8 simulation of the first NOPE dims, blocks of 64
-            g = tl.reshape(y, (D // 64, 64))
-            s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=1), 1e-4))
-            q = _e4m3(tl.clamp(g * inv[:, None], -448.0, 448.0), INTERP).to(tl.float32)
-            y = tl.where(d < NOPE, _bf16(tl.reshape(q * s[:, None], (D,))), y)
+            g = tl.reshape(y, (BR, D // 64, 64))
+            s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=2), 1e-4))
+            q = _e4m3(tl.clamp(g * inv[:, :, None], -448.0, 448.0), INTERP).to(tl.float32)
+            y = tl.where(d[None, :] < NOPE, _bf16(tl.reshape(q * s[:, :, None], (BR, D))), y)
         elif SIM == 2:  # Hadamard, then FP4 simulation in blocks of 32
-            h = tl.load(H + d[:, None] * D + d[None, :])
-            y = _bf16(tl.sum(y[:, None] * h, axis=0))
-            g = tl.reshape(y, (D // 32, 32))
-            v = tl.maximum(tl.max(tl.abs(g), axis=1), 6.0 * 1.1754943508222875e-38) * 0.16666667163372040
+            # y is bf16-exact and H = c * S with S = +-1: one tensor-core dot gives the sums of +-y exactly
+            # per product (fp32 sums in the MMA's order), then the one multiply by c
+            sgn = tl.load(H + d[:, None] * D + d[None, :])
+            if INTERP:  # the interpreter multiplies raw bf16 bits in `dot`
+                hy = tl.dot(y, sgn.to(tl.float32))
+            else:
+                hy = tl.dot(y.to(tl.bfloat16), sgn)
+            y = _bf16(hy * (1.0 / tl.sqrt(D * 1.0)))
+            g = tl.reshape(y, (BR, D // 32, 32))
+            v = tl.maximum(tl.max(tl.abs(g), axis=2), 6.0 * 1.1754943508222875e-38) * 0.16666667163372040
             bits = v.to(tl.int32, bitcast=True)
             e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
             s = (e << 23).to(tl.float32, bitcast=True)
             inv = ((254 - e) << 23).to(tl.float32, bitcast=True)
-            t = g * inv[:, None]
+            t = g * inv[:, :, None]
             a = tl.abs(t)
             mag = 0.5 * ((a > 0.25).to(tl.float32) + (a >= 0.75).to(tl.float32) + (a > 1.25).to(tl.float32)
                          + (a >= 1.75).to(tl.float32)) + (a > 2.5).to(tl.float32) + (a >= 3.5).to(tl.float32) \
                 + 2.0 * (a > 5.0).to(tl.float32)
-            y = _bf16(tl.reshape(tl.where(t < 0, -mag, mag) * s[:, None], (D,)))
-        tl.store(OUT + row * D + d, y.to(tl.bfloat16))
+            y = _bf16(tl.reshape(tl.where(t < 0, -mag, mag) * s[:, :, None], (BR, D)))
+        tl.store(OUT + row[:, None] * D + d[None, :], y.to(tl.bfloat16), mask=live[:, None])
 
 
 def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -116,12 +131,18 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     rot = cos is not None
     cos_t = cos.float().contiguous() if rot else x
     sin_t = sin.float().contiguous() if rot else x
-    had = None
+    had, br = x, 1
     if sim == SIM_FP4:
-        from dsv4.model.numerics import hadamard_matrix
-        had = hadamard_matrix(d, torch.float32, x.device)
-    _norm_rope_kernel[(rows,)](
-        x, out, weight if weight is not None else x, cos_t, sin_t, had if had is not None else x, float(eps), g,
+        had, br = _hadamard_signs(d, x.device), HADAMARD_ROWS
+    _norm_rope_kernel[(triton.cdiv(rows, br),)](
+        x, out, weight if weight is not None else x, cos_t, sin_t, had, float(eps), g, rows,
         cos_t.stride(0) if rot else 0, D=d, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm,
-        ROT=rot, INV=inverse, SIM=sim, INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
+        ROT=rot, INV=inverse, SIM=sim, BR=br, INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _hadamard_signs(n: int, device: torch.device) -> torch.Tensor:
+    """The +-1 signs of the normalised Hadamard matrix (exact in bf16), once per device."""
+    from dsv4.model.numerics import hadamard_matrix
+    return torch.sign(hadamard_matrix(n, torch.float32, device)).to(torch.bfloat16)

@@ -111,8 +111,11 @@ if HAS_TRITON:
 
 def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
                       entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
-                      scale: float, out: torch.Tensor | None = None, dv: int | None = None) -> torch.Tensor:
-    """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k]); fills `out`."""
+                      scale: float, out: torch.Tensor | None = None, dv: int | None = None, bn: int = 32,
+                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k]); fills `out`.
+    dv / bn / num_warps / num_stages: the output slice per program, keys per tile and the launch shape
+    (defaults: the measured ones)."""
     n, h, d = q.shape
     if q.dtype != torch.bfloat16 or keys.dtype != torch.bfloat16 or keys.shape[1] != d:
         raise ValueError(f"prefill_attention: expected bf16 q [n, H, {d}] and keys [K, {d}], got "
@@ -138,7 +141,9 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
         h, idx.shape[1] if has_e else 0, q_pos0, key_pos0, window, float(scale),
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e else 0,
         out.stride(0), out.stride(1),
-        BH=bh, D=d, DV=dv, BN=32, HAS_E=has_e, INTERP=INTERPRET, num_warps=8 if bh * dv >= 16384 else 4,
-        num_stages=2 if bh <= 64 else 1,  # 128 heads x 512 dims: two stages would not fit in shared memory
+        BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET,
+        num_warps=num_warps or (8 if bh * dv >= 16384 else 4),
+        # 128 heads x 512 dims: two stages would not fit in shared memory
+        num_stages=num_stages or (2 if bh <= 64 else 1),
     )
     return out

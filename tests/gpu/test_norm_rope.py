@@ -17,6 +17,7 @@ CASES = {  # name: (shape, kwargs builder)
     "q_heads": ((3, 64, 512), "unweighted"),
     "kv": ((7, 512), "kv"),
     "index_q": ((4, 64, 128), "index"),
+    "index_q_tail": ((5, 20, 128), "index"),  # 100 rows: a partial block of HADAMARD_ROWS
     "output": ((6, 64, 512), "inverse"),
 }
 
