@@ -57,15 +57,17 @@ def test_widen_exhaustive(group, use_asm, f16):
                                 f"{got[bad][0]} != {want[bad][0]}"
 
 
-def _wide(bm: int, warps: int = 8):
+def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
     from dsv4.kernels.moe import MoEConfig
 
-    return MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=warps, wide=True)
+    return MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=warps, wide=True,
+                     maxnreg=maxnreg)
 
 
-@pytest.mark.parametrize("bm,warps,f16", [(64, 8, False), (128, 8, False), (64, 4, False), (128, 8, True)])
+@pytest.mark.parametrize("bm,warps,f16,maxnreg", [(64, 8, False, 0), (128, 8, False, 0), (64, 4, False, 0),
+                                                  (128, 8, True, 0), (64, 8, True, 128)])
 @pytest.mark.parametrize("m", [1, 5, 300])
-def test_fused_moe_wide(bm, warps, f16, m, poison, close_bf16, monkeypatch):
+def test_fused_moe_wide(bm, warps, f16, maxnreg, m, poison, close_bf16, monkeypatch):
     from test_moe import _mxfp4_experts, _topk
 
     from dsv4.kernels import moe_wide
@@ -81,7 +83,7 @@ def test_fused_moe_wide(bm, warps, f16, m, poison, close_bf16, monkeypatch):
     packed = finalize_experts(experts)
     assert packed.wide_ok  # else this would test the per-group kernel
     poison()
-    y = fused_moe(x, ids, w, packed, shared=shared, config=_wide(bm, warps))
+    y = fused_moe(x, ids, w, packed, shared=shared, config=_wide(bm, warps, maxnreg))
     close_bf16(y, fused_moe_ref(x, ids, w, experts, shared=shared), rel=1e-2, what=f"wide bm={bm} m={m}")
 
 
