@@ -50,6 +50,27 @@ def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(e - 7)
 
 
+def _check_scores(got, ref, q, w, keys, present, what: str) -> None:
+    """Scores vs a float64 re-derivation without the intermediate roundings, within a bound for them (each
+    head's dot rounds to bf16, 2^-9 relative, the head sum too; fp32 sums add far less), and vs the
+    reference: equal but for rare rounding flips in the fp32 sums, each within twice the bound. keys
+    [B, N, di] per row, or [N, di] shared by every query."""
+    spec = "bhd,bnd->bhn" if keys.dim() == 3 else "bhd,nd->bhn"
+    s64 = torch.einsum(spec, q.double(), keys.double())
+    absdot = torch.einsum(spec, q.double().abs(), keys.double().abs())
+    exact = (torch.relu(s64) * w.double()[:, :, None]).sum(1)
+    mag = ((s64.abs() + absdot * 2.0 ** -9) * w.double().abs()[:, :, None]).sum(1)
+    bound = 2.0 ** -8 * (mag + exact.abs()) + 2.0 ** -126
+    err = (got.double() - exact).abs()[present]
+    assert (err <= bound[present]).all(), float((err / bound[present]).max())
+    diff = (got.double() != ref.double()) & present
+    frac = float(diff.double().sum() / present.sum().clamp_min(1))
+    ulp1 = float((((got.double() - ref.double()).abs() <= _ulp_bf16(ref.double())) & diff).double().sum())
+    print(f"{what}: {frac:.2e} of scores differ ({ulp1:.0f} of {float(diff.sum()):.0f} by one bf16 ulp)")
+    assert frac <= 0.01, frac
+    assert ((got.double() - ref.double()).abs()[diff] <= 2 * bound[diff]).all()
+
+
 @pytest.mark.parametrize("bsz,heads,ps,width,fp4,holes", [
     (1, 64, 64, 3, True, False), (3, 64, 64, 5, True, True), (8, 64, 16, 9, True, False),
     (3, 16, 64, 2, True, False), (3, 64, 16, 7, False, True), (8, 16, 64, 1, False, False)])
@@ -67,24 +88,7 @@ def test_indexer_scores(bsz, heads, ps, width, fp4, holes, poison):
     assert got.shape == present.shape and got.dtype == torch.bfloat16
     assert torch.equal(torch.isneginf(got), ~present) and torch.isfinite(got[present]).all()
 
-    # float64 re-derivation without the intermediate roundings, and a bound for them: each head's
-    # dot rounds to bf16 (2^-9 relative), the head sum too; fp32 sums add far less
-    s64 = torch.einsum("bhd,bnd->bhn", q.double(), keys.double())
-    absdot = torch.einsum("bhd,bnd->bhn", q.double().abs(), keys.double().abs())
-    exact = (torch.relu(s64) * w.double()[:, :, None]).sum(1)
-    mag = ((s64.abs() + absdot * 2.0 ** -9) * w.double().abs()[:, :, None]).sum(1)
-    bound = 2.0 ** -8 * (mag + exact.abs()) + 2.0 ** -126
-    err = (got.double() - exact).abs()[present]
-    assert (err <= bound[present]).all(), float((err / bound[present]).max())
-
-    # vs the reference: equal but for rare rounding flips in the fp32 sums, each within the bound
-    diff = (got.double() != ref.double()) & present
-    frac = float(diff.double().sum() / present.sum().clamp_min(1))
-    ulp1 = float((((got.double() - ref.double()).abs() <= _ulp_bf16(ref.double())) & diff).double().sum())
-    print(f"B={bsz} Hi={heads} N={present.shape[1]} fp4={fp4}: {frac:.2e} of scores differ "
-          f"({ulp1:.0f} of {float(diff.sum()):.0f} by one bf16 ulp)")
-    assert frac <= 0.01, frac
-    assert ((got.double() - ref.double()).abs()[diff] <= 2 * bound[diff]).all()
+    _check_scores(got, ref, q, w, keys, present, f"B={bsz} Hi={heads} N={present.shape[1]} fp4={fp4}")
 
     # the glue: torch top-k over these scores, as pick_padded does over the reference's
     ix = Indexer.__new__(Indexer)
@@ -139,15 +143,7 @@ def test_prefill_index_scores_and_select(t, heads, n, start, poison):
     got = prefill_index_scores(q, w, keys, visible)
     present = torch.arange(n, device=DEV)[None, :] < visible[:, None]
     assert torch.equal(torch.isneginf(got), ~present) and torch.isfinite(got[present]).all()
-    s64 = torch.einsum("thd,nd->thn", q.double(), keys.double())
-    absdot = torch.einsum("thd,nd->thn", q.double().abs(), keys.double().abs())
-    exact = (torch.relu(s64) * w.double()[:, :, None]).sum(1)
-    mag = ((s64.abs() + absdot * 2.0 ** -9) * w.double().abs()[:, :, None]).sum(1)
-    bound = 2.0 ** -8 * (mag + exact.abs()) + 2.0 ** -126
-    assert ((got.double() - exact).abs()[present] <= bound[present]).all()
-    diff = (got.double() != ref.double()) & present
-    assert float(diff.double().sum() / present.sum().clamp_min(1)) <= 0.01
-    assert ((got.double() - ref.double()).abs()[diff] <= 2 * bound[diff]).all()
+    _check_scores(got, ref, q, w, keys, present, f"prefill T={t} Hi={heads} N={n}")
 
     if not got.is_cuda:
         return  # kernel mode selects on CUDA only
