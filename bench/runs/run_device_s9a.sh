@@ -2,12 +2,7 @@
 # Session 9, call 1: GPU tests of the commits after s8e (the `_block_pairs` refactor, the wide fallback to
 # large_batch_config, decode_step_rows, f16 widening through moe_gemv's bit moves), then the prepared A/B:
 # fp32 vs f16 widening of the prefill MoE (moe_wide.WIDEN_F16) at M = 4096 / 8192.
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/outs}; mkdir -p $OUT
-run() {  # pytest with a time limit; prints the summary line and any failures
-  timeout $1 python3 -m pytest -q -rf --tb=line -p no:cacheprovider "${@:2}" > $OUT/pytest_$1.txt 2>&1
-  grep -E "passed|failed|FAILED|Error|error:" $OUT/pytest_$1.txt | grep -vE "^[.sF]+ *\[" | tail -14
-}
+source "$(dirname "$0")/lib.sh"
 run 150 tests/gpu/test_moe_wide.py tests/gpu/test_moe.py
 run 160 tests/gpu/test_model_gpu.py
 timeout 60 python3 - <<'PY'

@@ -3,12 +3,7 @@
 # Session 9, call 4: the prefill indexer in two launches (dsv4.kernels.indexer_scores.prefill_index_scores +
 # the radix top-k) -- GPU tests, its time against the torch path for an 8K prompt at Flash's indexer shape,
 # and the end-to-end prefill 8K / decode of 8 Flash layers with it.
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/outs}; mkdir -p $OUT
-run() {  # pytest with a time limit; prints the summary line and any failures
-  timeout $1 python3 -m pytest -q -rf --tb=line -p no:cacheprovider "${@:2}" > $OUT/pytest_$1.txt 2>&1
-  grep -E "passed|failed|FAILED|Error|error:" $OUT/pytest_$1.txt | grep -vE "^[.sF]+ *\[" | tail -14
-}
+source "$(dirname "$0")/lib.sh"
 run 100 tests/gpu/test_indexer_scores.py tests/gpu/test_topk.py
 timeout 120 python3 bench/bench_prefill_glue.py --skip queries attention
 run 200 tests/gpu/test_model_gpu.py
