@@ -59,7 +59,7 @@ if HAS_TRITON:
         return v.to(tl.bfloat16).to(tl.float32)
 
     @triton.jit
-    def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, G, rows, stride_cs,
+    def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, hscale, G, rows, stride_cs,
                           D: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr, NORM: tl.constexpr,
                           ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr, BR: tl.constexpr,
                           INTERP: tl.constexpr):
@@ -93,13 +93,13 @@ if HAS_TRITON:
             y = tl.where(d[None, :] < NOPE, _bf16(tl.reshape(q * s[:, :, None], (BR, D))), y)
         elif SIM == 2:  # Hadamard, then FP4 simulation in blocks of 32
             # y is bf16-exact and H = c * S with S = +-1: one tensor-core dot gives the sums of +-y exactly
-            # per product (fp32 sums in the MMA's order), then the one multiply by c
+            # per product (fp32 sums in the MMA's order), then the one multiply by c = hscale (the fp32 entry)
             sgn = tl.load(H + d[:, None] * D + d[None, :])
             if INTERP:  # the interpreter multiplies raw bf16 bits in `dot`
                 hy = tl.dot(y, sgn.to(tl.float32))
             else:
                 hy = tl.dot(y.to(tl.bfloat16), sgn)
-            y = _bf16(hy * (1.0 / tl.sqrt(D * 1.0)))
+            y = _bf16(hy * hscale)
             g = tl.reshape(y, (BR, D // 32, 32))
             v = tl.maximum(tl.max(tl.abs(g), axis=2), 6.0 * 1.1754943508222875e-38) * 0.16666667163372040
             bits = v.to(tl.int32, bitcast=True)
@@ -134,8 +134,9 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     had, br = x, 1
     if sim == SIM_FP4:
         had, br = _hadamard_signs(d, x.device), HADAMARD_ROWS
+    hscale = float(torch.tensor(d ** -0.5, dtype=torch.float64).float())  # the matrix's fp32 entry magnitude
     _norm_rope_kernel[(triton.cdiv(rows, br),)](
-        x, out, weight if weight is not None else x, cos_t, sin_t, had, float(eps), g, rows,
+        x, out, weight if weight is not None else x, cos_t, sin_t, had, float(eps), hscale, g, rows,
         cos_t.stride(0) if rot else 0, D=d, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm,
         ROT=rot, INV=inverse, SIM=sim, BR=br, INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
     return out

@@ -15,8 +15,9 @@ bf16, before the inverse RoPE (the caller's `finish`).
 Kernel: grid (queries, Dh / DV); a program holds all heads of one query (the heads share every key
 tile) and walks its window tiles, then its gathered entries, in tiles of BN keys with an online
 softmax. Scores need the whole head dim, so with DV < Dh (Pro's 128 heads) the programs of one query
-recompute them and each keeps a DV-wide slice of the output (fewer live registers). The running maximum differs from the
-reference's single maximum only in where the bf16 rounding of the probabilities happens.
+recompute them and each keeps a DV-wide slice of the output (fewer live registers). The running
+maximum differs from the reference's single maximum only in where the bf16 rounding of the
+probabilities happens.
 """
 
 from __future__ import annotations
