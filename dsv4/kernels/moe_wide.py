@@ -32,6 +32,10 @@ from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 # ops per weight. Flash MoE on the H200 (bench/runs/run_device_s9a.sh), fp32 vs f16 widening: M = 4096
 # 6.33 -> 5.51 ms, M = 8192 12.18 -> 10.50 ms
 WIDEN_F16 = True
+# The same GEMMs with the widening overlapped with asynchronous wgmma (dsv4.kernels.moe_wide_async, Gluon):
+# prepared in session 9, compiled for sm_90a, not yet run on a GPU -- opt-in until measured
+ASYNC = False
+ASYNC_STAGES = 3  # its ring of activation tiles in shared memory
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
@@ -180,17 +184,20 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     z = torch.empty((nb * bm, i), dtype=torch.bfloat16, device=x.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
+    args1 = (xq, w13, s13, z, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
+             xq.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0))
+    y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
+    args2 = (z, w2, s2, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
+             z.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0))
+    if ASYNC and not INTERPRET:  # the Gluon kernel (f16 widening only; no interpreter for Gluon)
+        from dsv4.kernels import moe_wide_async
+        moe_wide_async.launch(args1, (nb, i // BLOCK), bm, BLOCK, True, num_warps, ASYNC_STAGES)
+        moe_wide_async.launch(args2, (nb, d // bn2), bm, bn2, False, num_warps, ASYNC_STAGES)
+        return y
     meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
                 num_stages=num_stages)
     if maxnreg and not INTERPRET:
         meta["maxnreg"] = maxnreg
-    _wide_kernel[(nb, i // BLOCK)](
-        xq, w13, s13, z, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
-        xq.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
-        BN=BLOCK, GLU=True, **meta)
-    y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
-    _wide_kernel[(nb, d // bn2)](
-        z, w2, s2, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
-        z.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        BN=bn2, GLU=False, **meta)
+    _wide_kernel[(nb, i // BLOCK)](*args1, BN=BLOCK, GLU=True, **meta)
+    _wide_kernel[(nb, d // bn2)](*args2, BN=bn2, GLU=False, **meta)
     return y

@@ -64,16 +64,21 @@ def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
                      maxnreg=maxnreg)
 
 
-@pytest.mark.parametrize("bm,warps,f16,maxnreg", [(64, 8, False, 0), (128, 8, False, 0), (64, 4, False, 0),
-                                                  (128, 8, True, 0), (64, 8, True, 128)])
+@pytest.mark.parametrize("bm,warps,f16,maxnreg,asyn", [
+    (64, 8, False, 0, False), (128, 8, False, 0, False), (64, 4, False, 0, False), (128, 8, True, 0, False),
+    (64, 8, True, 128, False), (128, 8, True, 0, True), (64, 8, True, 0, True)])
 @pytest.mark.parametrize("m", [1, 5, 300])
-def test_fused_moe_wide(bm, warps, f16, maxnreg, m, poison, close_bf16, monkeypatch):
+def test_fused_moe_wide(bm, warps, f16, maxnreg, asyn, m, poison, close_bf16, monkeypatch):
+    """asyn: the Gluon kernel with the widening overlapped (moe_wide.ASYNC; f16 widening)."""
     from test_moe import _mxfp4_experts, _topk
 
     from dsv4.kernels import moe_wide
     from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
 
+    if asyn and os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
     monkeypatch.setattr(moe_wide, "WIDEN_F16", f16)
+    monkeypatch.setattr(moe_wide, "ASYNC", asyn)
     e, d, i, k = 16, 512, 256, 6
     gen = torch.Generator(DEV).manual_seed(m * 7 + bm + warps)
     experts = _mxfp4_experts(e, d, i, gen)
@@ -87,12 +92,18 @@ def test_fused_moe_wide(bm, warps, f16, maxnreg, m, poison, close_bf16, monkeypa
     close_bf16(y, fused_moe_ref(x, ids, w, experts, shared=shared), rel=1e-2, what=f"wide bm={bm} m={m}")
 
 
-def test_fused_moe_wide_other_ranks_and_real_dims(poison, close_bf16):
+@pytest.mark.parametrize("asyn", [False, True])
+def test_fused_moe_wide_other_ranks_and_real_dims(asyn, poison, close_bf16, monkeypatch):
     """Flash's D and I (a few experts), with a third of the pairs held by another rank (id -1):
-    the fp32 partial sum matches the reference's."""
+    the fp32 partial sum matches the reference's (also through the Gluon kernel, asyn)."""
     from test_moe import _mxfp4_experts, _topk
 
+    from dsv4.kernels import moe_wide
     from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    if asyn and os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    monkeypatch.setattr(moe_wide, "ASYNC", asyn)
 
     e, d, i, m = 12, 4096, 2048, 70
     gen = torch.Generator(DEV).manual_seed(5)
@@ -125,3 +136,28 @@ def test_wide_falls_back_past_its_scale_range(poison, close_bf16):
     poison()
     close_bf16(fused_moe(x, ids, w, packed, config=_wide(128)), fused_moe_ref(x, ids, w, experts), rel=1e-2,
                what="wide config, scales out of range")
+
+
+@pytest.mark.parametrize("bm", [64, 128])
+def test_async_kernel_matches_the_wide_kernel(bm, poison, monkeypatch):
+    """The Gluon kernel (moe_wide.ASYNC) issues the same bf16 wgmma chain over the same exact operands as the
+    Triton wide kernel, so its outputs agree with it (bar the MMA's internal order, if it ever differs)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels import moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe
+
+    e, d, i, m = 8, 1024, 512, 400
+    gen = torch.Generator(DEV).manual_seed(bm)
+    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
+    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
+    ids, w = _topk(m, e, 6, gen)
+    want = fused_moe(x, ids, w, packed, config=_wide(bm))
+    monkeypatch.setattr(moe_wide, "ASYNC", True)
+    poison()
+    got = fused_moe(x, ids, w, packed, config=_wide(bm))
+    same = float((got == want).double().mean())
+    print(f"bm={bm}: {same:.6f} of outputs bit-identical")
+    assert same > 0.999, same
