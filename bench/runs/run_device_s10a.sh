@@ -13,16 +13,17 @@ e, d, i, k = MOE["flash"]
 ex = random_experts(e, d, i, "mxfp4")
 flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
 wide = lambda bm: MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, wide=True)
-variants = [("triton bm128", False, 3, 128), ("async bm128 s3", True, 3, 128), ("async bm128 s2", True, 2, 128),
-            ("async bm128 s4", True, 4, 128), ("async bm64 s4", True, 4, 64)]
+variants = [("triton bm128", False, False, 3, 128), ("reg bm128 s3", True, False, 3, 128),
+            ("reg bm128 s2", True, False, 2, 128), ("smem bm128 s3", True, True, 3, 128),
+            ("smem bm128 s4", True, True, 4, 128), ("smem bm64 s4", True, True, 4, 64), ("reg bm64 s3", True, False, 3, 64)]
 print("M | " + " | ".join(v[0] for v in variants))
 for m in (2048, 4096, 8192):
     x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
     ids = torch.rand(m, e, device="cuda").topk(k, dim=1).indices
     w = torch.rand(m, k, device="cuda") + 0.1
     row, base = [], None
-    for name, asyn, st, bm in variants:
-        moe_wide.ASYNC, moe_wide.ASYNC_STAGES = asyn, st
+    for name, asyn, a_smem, st, bm in variants:
+        moe_wide.ASYNC, moe_wide.ASYNC_A_SMEM, moe_wide.ASYNC_STAGES = asyn, a_smem, st
         try:
             y = fused_moe(x, ids, w, ex, config=wide(bm))
             base = y if base is None else base
@@ -36,7 +37,7 @@ for m in (2048, 4096, 8192):
             row.append("ERR " + str(ex_)[:120])
     print(f"{m} | " + " | ".join(row))
 PY
-echo "--- 8K prefill of 8 Flash layers, ASYNC on (compare with the same run's default in docs/benchmarks.md #6)"
+echo "--- 8K prefill of 8 Flash layers, ASYNC on (register operand; set ASYNC_A_SMEM below if the table favours it), then the default"
 RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518 timeout 120 python3 - <<'PY' 2>&1 | grep -E "prefill|copy"
 import runpy, sys
 import dsv4.kernels.moe_wide as mw

@@ -36,6 +36,7 @@ WIDEN_F16 = True
 # prepared in session 9, compiled for sm_90a, not yet run on a GPU -- opt-in until measured
 ASYNC = False
 ASYNC_STAGES = 3  # its ring of activation tiles in shared memory
+ASYNC_A_SMEM = False  # ... with the widened weights through shared memory (one MMA step left in flight)
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
@@ -191,8 +192,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
              z.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0))
     if ASYNC and not INTERPRET:  # the Gluon kernel (f16 widening only; no interpreter for Gluon)
         from dsv4.kernels import moe_wide_async
-        moe_wide_async.launch(args1, (nb, i // BLOCK), bm, BLOCK, True, num_warps, ASYNC_STAGES)
-        moe_wide_async.launch(args2, (nb, d // bn2), bm, bn2, False, num_warps, ASYNC_STAGES)
+        moe_wide_async.launch(args1, (nb, i // BLOCK), bm, BLOCK, True, num_warps, ASYNC_STAGES, ASYNC_A_SMEM)
+        moe_wide_async.launch(args2, (nb, d // bn2), bm, bn2, False, num_warps, ASYNC_STAGES, ASYNC_A_SMEM)
         return y
     meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
                 num_stages=num_stages)
