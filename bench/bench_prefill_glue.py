@@ -6,7 +6,7 @@
 * prefill attention (`prefill_attention`) per layer kind over launch shapes (dv, bn, warps, stages), each
   checked against the first shape (max abs difference).
 
-    python bench/bench_prefill_glue.py [--tokens 8192] [--shapes 512,32,8,2 256,32,8,2 ...]
+    python bench/bench_prefill_glue.py [--tokens 8192] [--shapes 512,32,8,2 256,32,8,2 ...] [--kv-one-load]
 
 Times: triton's do_bench (median, L2 not flushed). A development aid; docs/benchmarks.md cites the calls.
 """
@@ -113,7 +113,11 @@ def main() -> None:
     p.add_argument("--shapes", nargs="*", default=["512,32,8,2", "256,32,8,2"],
                    help="prefill attention launch shapes dv,bn,warps,stages (the first is the reference)")
     p.add_argument("--skip", nargs="*", default=[], choices=["select", "queries", "attention"])
+    p.add_argument("--kv-one-load", action="store_true", help="prefill_attention.KV_ONE_LOAD (value tile = key tile)")
     args = p.parse_args()
+    if args.kv_one_load:
+        from dsv4.kernels import prefill_attention
+        prefill_attention.KV_ONE_LOAD = True
     gen = torch.Generator("cuda").manual_seed(0)
     if "select" not in args.skip:
         bench_select(args.tokens, gen)

@@ -2,8 +2,12 @@
 # Prepared in session 9 for session 10's first call: the Gluon prefill MoE with the widening overlapped
 # (dsv4.kernels.moe_wide_async, opt-in moe_wide.ASYNC): its GPU tests, then ms per Flash MoE call (L2 flushed)
 # against the Triton wide kernel in one run, then 8 Flash layers' 8K prefill with it on (in-process override).
+# Also the prefill attention's value tile taken from the key tile (prefill_attention.KV_ONE_LOAD): tests, sweep.
 source "$(dirname "$0")/lib.sh"
 run 150 tests/gpu/test_moe_wide.py
+run 90 tests/gpu/test_prefill_attention.py
+timeout 120 python3 bench/bench_prefill_glue.py --skip select queries --shapes 512,32,8,2 512,64,8,2 512,64,8,1
+timeout 120 python3 bench/bench_prefill_glue.py --skip select queries --shapes 512,32,8,2 512,64,8,2 512,64,8,1 --kv-one-load
 timeout 150 python3 - <<'PY'
 import torch, triton
 from bench.bench_gemm_moe import random_experts, MOE

@@ -26,6 +26,11 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
+# K = V (one shared kv head): with the whole head dim in one program the value tile is the key tile already
+# loaded, so skip its second load (same values; frees shared memory for 64-key tiles). Prepared in session 9,
+# not yet timed: opt-in until bench/runs/run_device_s10a.sh measures it
+KV_ONE_LOAD = False
+
 
 def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
                           entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
@@ -66,7 +71,7 @@ if HAS_TRITON:
         H, n_idx, q_pos0, key_pos0, window, scale,
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh,
         BH: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, HAS_E: tl.constexpr,
-        INTERP: tl.constexpr,
+        INTERP: tl.constexpr, KV_ONE_LOAD: tl.constexpr,
     ):
         t = tl.program_id(0)
         offs_h = tl.arange(0, BH)
@@ -90,7 +95,7 @@ if HAS_TRITON:
             k = tl.load(base + offs_d[None, :], mask=valid[:, None], other=0.0)
             s = _dot(q, tl.trans(k), INTERP) * scale
             s = tl.where(valid[None, :], s, float("-inf"))
-            v = tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
+            v = k if KV_ONE_LOAD else tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
             m, l, acc = _softmax_step(m, l, acc, s, v, INTERP)
         if HAS_E:
             for i0 in range(0, n_idx, BN):
@@ -101,7 +106,7 @@ if HAS_TRITON:
                 k = tl.load(base + offs_d[None, :], mask=valid[:, None], other=0.0)
                 s = _dot(q, tl.trans(k), INTERP) * scale
                 s = tl.where(valid[None, :], s, float("-inf"))
-                v = tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
+                v = k if KV_ONE_LOAD else tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
                 m, l, acc = _softmax_step(m, l, acc, s, v, INTERP)
 
         sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
@@ -145,7 +150,7 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
         h, idx.shape[1] if has_e else 0, q_pos0, key_pos0, window, float(scale),
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e else 0,
         out.stride(0), out.stride(1),
-        BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET,
+        BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=KV_ONE_LOAD and dv == d,
         num_warps=num_warps or (8 if bh * dv >= 16384 else 4),
         # 128 heads x 512 dims: two stages would not fit in shared memory
         num_stages=num_stages or (2 if bh <= 64 else 1),

@@ -58,8 +58,13 @@ def _float64(q, q_pos0, keys, key_pos0, window, entries, idx, sink, scale):
 
 @pytest.mark.parametrize("kind", ["csa", "hca", "none"])
 @pytest.mark.parametrize("n,q_pos0,past", [(37, 200, 127), (20, 0, 0), (70, 90, 90)])
-def test_prefill_attention_matches_reference(kind, n, q_pos0, past, poison, close_bf16):
+@pytest.mark.parametrize("one_load", [False, True])
+def test_prefill_attention_matches_reference(kind, n, q_pos0, past, one_load, poison, close_bf16, monkeypatch):
+    """one_load: the value tile taken from the key tile (prefill_attention.KV_ONE_LOAD, whole head dim)."""
+    from dsv4.kernels import prefill_attention as pa
     from dsv4.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+
+    monkeypatch.setattr(pa, "KV_ONE_LOAD", one_load)
 
     gen = torch.Generator(DEV).manual_seed(n * 31 + q_pos0 + len(kind))
     window, heads = 128, 64 if DEV != "cpu" else 16
