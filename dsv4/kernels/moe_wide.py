@@ -75,8 +75,8 @@ if HAS_TRITON:
             return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _scale(sc, g: tl.constexpr, F16: tl.constexpr):
-        """fp32 2^(b - 1) (F16: 2^(b - 113)) of byte g of the packed E8M0 word: times `_e2m1_f32`'s 2^-126
+    def _scale(sc, g, F16: tl.constexpr):
+        """fp32 2^(b - 1) (F16: 2^(b - 113)) of byte g (constant or not) of the packed E8M0 word: times `_e2m1_f32`'s 2^-126
         (moe_gemv `_f16_lo/_hi`'s 2^-14), the group scale 2^(b - 127). Needs b <= 128 (`PackedExperts.wide_ok`)."""
         b = (sc >> (8 * g)) & 0xFF
         if F16:

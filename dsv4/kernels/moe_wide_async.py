@@ -36,6 +36,7 @@ if HAS_TRITON:
 
     from dsv4.kernels.fp8_linear import _pow2_scale
     from dsv4.kernels.moe_gemv import _f16_hi, _f16_lo
+    from dsv4.kernels.moe_wide import _scale
 
     @gluon.jit
     def _widen_group(w_ptrs, s_ptrs, g):
@@ -44,8 +45,7 @@ if HAS_TRITON:
         kb = g // 4
         sub = g % 4
         wb = gl.load(w_ptrs + kb * 64 + (sub // 2) * 32)
-        b = (gl.load(s_ptrs + kb) >> (8 * sub)) & 0xFF
-        scale = ((b + 14) << 23).to(gl.float32, bitcast=True)
+        scale = _scale(gl.load(s_ptrs + kb), sub, True)
         if sub % 2 == 0:
             w = _f16_lo(wb, True)
         else:
