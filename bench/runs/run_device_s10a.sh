@@ -6,8 +6,6 @@
 source "$(dirname "$0")/lib.sh"
 run 150 tests/gpu/test_moe_wide.py
 run 90 tests/gpu/test_prefill_attention.py
-timeout 120 python3 bench/bench_prefill_glue.py --skip select queries --shapes 512,32,8,2 512,64,8,2 512,64,8,1
-timeout 120 python3 bench/bench_prefill_glue.py --skip select queries --shapes 512,32,8,2 512,64,8,2 512,64,8,1 --kv-one-load
 timeout 150 python3 - <<'PY'
 import torch, triton
 from bench.bench_gemm_moe import random_experts, MOE
@@ -41,14 +39,3 @@ for m in (2048, 4096, 8192):
             row.append("ERR " + str(ex_)[:120])
     print(f"{m} | " + " | ".join(row))
 PY
-echo "--- 8K prefill of 8 Flash layers, ASYNC on (register operand; set ASYNC_A_SMEM below if the table favours it), then the default"
-RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518 timeout 120 python3 - <<'PY' 2>&1 | grep -E "prefill|copy"
-import runpy, sys
-import dsv4.kernels.moe_wide as mw
-mw.ASYNC = True
-sys.argv = ["bench_parallel.py", "--world", "1", "--layers", "8", "--reps", "2", "--batches", "1", "--kv-dtype", "fp8",
-            "--prefill", "8192"]
-runpy.run_path("bench/bench_parallel.py", run_name="__main__")
-PY
-timeout 120 python3 bench/bench_parallel.py --world 1 --layers 8 --reps 2 --batches 1 --kv-dtype fp8 --prefill 8192 \
-    2>&1 | grep -E "prefill|copy"

@@ -36,7 +36,7 @@ WIDEN_F16 = True
 # prepared in session 9, compiled for sm_90a, not yet run on a GPU -- opt-in until measured
 ASYNC = False
 ASYNC_STAGES = 3  # its ring of activation tiles in shared memory
-ASYNC_A_SMEM = False  # ... with the widened weights through shared memory (one MMA step left in flight)
+ASYNC_A_SMEM = False  # ... with the widened weights through shared memory
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows

@@ -39,94 +39,161 @@ if HAS_TRITON:
     from dsv4.kernels.moe_wide import _scale
 
     @gluon.jit
-    def _widen_group(w_ptrs, s_ptrs, g):
-        """bf16 [BN, 32] weights of 32-wide K group g (`moe_wide._widen` with F16): the packed bytes of its
-        half block (low nibbles: even groups, high: odd), times 2^(b - 113) of the row's scale byte."""
-        kb = g // 4
-        sub = g % 4
-        wb = gl.load(w_ptrs + kb * 64 + (sub // 2) * 32)
-        scale = _scale(gl.load(s_ptrs + kb), sub, True)
-        if sub % 2 == 0:
-            w = _f16_lo(wb, True)
-        else:
+    def _widen(wb, sc, g, HI: gl.constexpr):
+        """bf16 [BN, 32] weights of group g (0..3, constant or not) of a 128-wide K block from the bytes of its
+        half (low nibbles: even groups, HI: odd) and the row's packed scale word (`moe_wide._widen`, F16)."""
+        if HI:
             w = _f16_hi(wb, True)
-        return (w.to(gl.float32) * scale[:, None]).to(gl.bfloat16)
+        else:
+            w = _f16_lo(wb, True)
+        return (w.to(gl.float32) * _scale(sc, g, True)[:, None]).to(gl.bfloat16)
 
     @gluon.jit
-    def _reg_a_loop(acc, acc_u, x_s, x_ptrs, x_mask, w_ptrs, s_ptrs, u_ptrs, su_ptrs, ngroups, GLU: gl.constexpr,
-                    STAGES: gl.constexpr):
-        """Weights as the wgmma's register operand: step g issues its MMAs, widens group g + 1 while they run,
-        then waits for them (ptxas requires a register operand to be defined before its MMA's stage)."""
+    def _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j, nhalves, STAGES: gl.constexpr,
+                    GLU: gl.constexpr):
+        """cp.async of 64-wide K half j (its two 32-column activation tiles and the 32 weight bytes per row
+        that hold both groups) into ring slot j % STAGES; one commit group per half (empty past the end)."""
+        if j < nhalves:
+            slot = j % STAGES
+            async_copy.async_copy_global_to_shared(x_s.index(2 * slot), x_ptrs + j * 64, mask=x_mask)
+            async_copy.async_copy_global_to_shared(x_s.index(2 * slot + 1), x_ptrs + j * 64 + 32, mask=x_mask)
+            async_copy.async_copy_global_to_shared(w_s.index(slot), wc_ptrs + j * 32)
+            if GLU:
+                async_copy.async_copy_global_to_shared(u_s.index(slot), uc_ptrs + j * 32)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs, nblocks,
+                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr):
+        """K loop, 64-wide halves through a STAGES-slot cp.async ring (activations and weight bytes): each
+        32-wide group issues its MMAs asynchronously, then the next group is widened from registers (or from
+        the next half's slot) while they run, then they are waited for -- one step in flight, as ptxas
+        requires for a register operand. The scale words are prefetched one 128-wide block ahead."""
+        nhalves = 2 * nblocks
         for s in gl.static_range(STAGES - 1):
-            async_copy.async_copy_global_to_shared(x_s.index(s), x_ptrs + s * 32, mask=x_mask)
-            async_copy.commit_group()
-        w = _widen_group(w_ptrs, s_ptrs, 0)
+            _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s, nhalves, STAGES, GLU)
+        sc = gl.load(s_ptrs)
+        sc_u = sc
+        if GLU:
+            sc_u = gl.load(su_ptrs)
+        async_copy.wait_group(STAGES - 2)
+        wb = w_s.index(0).load(a_l)
+        w = _widen(wb, sc, 0, False)
+        wb_u = wb
         w_u = w
         if GLU:
-            w_u = _widen_group(u_ptrs, su_ptrs, 0)
-        for g in range(ngroups):
-            nxt = g + STAGES - 1
-            if nxt < ngroups:  # its ring slot was read by wgmma(g - 1), which has completed
-                async_copy.async_copy_global_to_shared(x_s.index(nxt % STAGES), x_ptrs + nxt * 32, mask=x_mask)
-            async_copy.commit_group()
-            async_copy.wait_group(STAGES - 1)
-            fence_async_shared()
-            xt = x_s.index(g % STAGES).permute((1, 0))
-            tok = warpgroup_mma(w, xt, acc, is_async=True)
+            wb_u = u_s.index(0).load(a_l)
+            w_u = _widen(wb_u, sc_u, 0, False)
+        for kb in range(nblocks):
+            nxt = gl.minimum(kb + 1, nblocks - 1)
+            sc_next = gl.load(s_ptrs + nxt)
+            sc_u_next = sc_next
             if GLU:
-                tok_u = warpgroup_mma(w_u, xt, acc_u, is_async=True)
-            # the next group's widening runs while the MMAs do (the last step widens one group twice)
-            g1 = gl.minimum(g + 1, ngroups - 1)
-            w_next = _widen_group(w_ptrs, s_ptrs, g1)
-            if GLU:
-                w_u_next = _widen_group(u_ptrs, su_ptrs, g1)
-                acc, acc_u, w, w_u = warpgroup_mma_wait(num_outstanding=0, deps=[tok, tok_u, w, w_u])
-                w_u = w_u_next
-            else:
-                acc, w = warpgroup_mma_wait(num_outstanding=0, deps=[tok, w])
-            w = w_next
-
+                sc_u_next = gl.load(su_ptrs + nxt)
+            for h in gl.static_range(2):
+                j = 2 * kb + h
+                # the slot of half j - 1: its MMAs have completed and its bytes are in registers
+                _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + STAGES - 1, nhalves, STAGES, GLU)
+                fence_async_shared()
+                slot = j % STAGES
+                for sub in gl.static_range(2):
+                    xt = x_s.index(2 * slot + sub).permute((1, 0))
+                    tok = warpgroup_mma(w, xt, acc, is_async=True)
+                    if GLU:
+                        tok_u = warpgroup_mma(w_u, xt, acc_u, is_async=True)
+                    if sub == 0:  # the high nibbles of the bytes in registers
+                        w_next = _widen(wb, sc, 2 * h + 1, True)
+                        if GLU:
+                            w_u_next = _widen(wb_u, sc_u, 2 * h + 1, True)
+                    else:  # the low nibbles of the next half (clamped at the end: a harmless re-read)
+                        async_copy.wait_group(STAGES - 2)
+                        nslot = gl.minimum(j + 1, nhalves - 1) % STAGES
+                        wb = w_s.index(nslot).load(a_l)
+                        if GLU:
+                            wb_u = u_s.index(nslot).load(a_l)
+                        if h == 0:
+                            w_next = _widen(wb, sc, 2, False)
+                            if GLU:
+                                w_u_next = _widen(wb_u, sc_u, 2, False)
+                        else:
+                            w_next = _widen(wb, sc_next, 0, False)
+                            if GLU:
+                                w_u_next = _widen(wb_u, sc_u_next, 0, False)
+                    if GLU:
+                        acc, acc_u, w, w_u = warpgroup_mma_wait(num_outstanding=0, deps=[tok, tok_u, w, w_u])
+                        w_u = w_u_next
+                    else:
+                        acc, w = warpgroup_mma_wait(num_outstanding=0, deps=[tok, w])
+                    w = w_next
+            sc = sc_next
+            sc_u = sc_u_next
         return acc, acc_u
 
     @gluon.jit
-    def _smem_a_loop(acc, acc_u, x_s, x_ptrs, x_mask, W, WS, pid_n, stride_wn, stride_wsn, up_off, ngroups,
-                     BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr):
-        """Weights widened into a 2-slot shared-memory ring and read by the wgmma from there: step g widens
-        group g while step g - 1's MMAs still run (one step left in flight), so the tensor cores always have
-        the next MMA queued. The weight bytes load 16 per thread (coalesced)."""
-        w_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[16, 2], warps_per_cta=[NW, 1],
-                                             order=[1, 0])
-        w_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-        wn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, w_l))
-        wk = gl.arange(0, 32, layout=gl.SliceLayout(0, w_l))
-        w_ptrs = W + wn[:, None].to(gl.int64) * stride_wn + wk[None, :]
-        s_ptrs = WS + wn.to(gl.int64) * stride_wsn
-        u_ptrs = w_ptrs + up_off * stride_wn
-        su_ptrs = s_ptrs + up_off * stride_wsn
-        w_s = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 32], w_sl)
-        wu_s = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 32], w_sl)
-        AHEAD: gl.constexpr = STAGES - 2  # the x slot refilled at step g was read by step g - 2's MMAs
-        for s in gl.static_range(AHEAD):
-            async_copy.async_copy_global_to_shared(x_s.index(s), x_ptrs + s * 32, mask=x_mask)
-            async_copy.commit_group()
-        for g in range(ngroups):
-            nxt = g + AHEAD
-            if nxt < ngroups:
-                async_copy.async_copy_global_to_shared(x_s.index(nxt % STAGES), x_ptrs + nxt * 32, mask=x_mask)
-            async_copy.commit_group()
-            w_s.index(g % 2).store(_widen_group(w_ptrs, s_ptrs, g))  # slot last read by step g - 2's MMA
+    def _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l: gl.constexpr, GLU: gl.constexpr,
+                   STAGES: gl.constexpr):
+        """Half j (landed in its ring slot): widen its two groups into weight slot j % 2 of shared memory and
+        issue their MMAs asynchronously (one commit group per MMA)."""
+        slot = j % STAGES
+        wslot = (j % 2) * 2
+        g = (j % 2) * 2  # its first group within the 128-wide block
+        wb = w_s.index(slot).load(c_l)
+        wa_s.index(wslot).store(_widen(wb, sc, g, False))
+        wa_s.index(wslot + 1).store(_widen(wb, sc, g + 1, True))
+        if GLU:
+            wb_u = u_s.index(slot).load(c_l)
+            wu_s.index(wslot).store(_widen(wb_u, sc_u, g, False))
+            wu_s.index(wslot + 1).store(_widen(wb_u, sc_u, g + 1, True))
+        fence_async_shared()
+        for sub in gl.static_range(2):
+            xt = x_s.index(2 * slot + sub).permute((1, 0))
+            acc = warpgroup_mma(wa_s.index(wslot + sub), xt, acc, is_async=True)
             if GLU:
-                wu_s.index(g % 2).store(_widen_group(u_ptrs, su_ptrs, g))
+                acc_u = warpgroup_mma(wu_s.index(wslot + sub), xt, acc_u, is_async=True)
+        return acc, acc_u
+
+    @gluon.jit
+    def _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs, suc_ptrs, nblocks,
+                        BN: gl.constexpr, c_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr):
+        """K loop with the widened weights through shared memory (2 slots of a 64-wide half): half j is
+        widened and stored while half j - 1's MMAs still run (one half left in flight, so the tensor cores
+        always have queued work), then its MMAs are issued. The ring refills the slot of half j - 2, whose
+        MMAs have completed: STAGES - 2 halves load ahead. Half 0 is peeled off the loop so that every
+        accumulator value reaching the final wait comes from a wgmma (else ptxas serialises them, C7515)."""
+        a_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+        wa_s = gl.allocate_shared_memory(gl.bfloat16, [4, BN, 32], a_sl)
+        wu_s = wa_s
+        if GLU:
+            wu_s = gl.allocate_shared_memory(gl.bfloat16, [4, BN, 32], a_sl)
+        AHEAD: gl.constexpr = STAGES - 2
+        nhalves = 2 * nblocks
+        for s in gl.static_range(AHEAD + 1):
+            _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s, nhalves, STAGES, GLU)
+        sc = gl.load(sc_ptrs)
+        sc_u = sc
+        if GLU:
+            sc_u = gl.load(suc_ptrs)
+        async_copy.wait_group(AHEAD)
+        acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, 0, sc, sc_u, c_l, GLU, STAGES)
+        if GLU:  # (waits for nothing: the loop carries the accumulators as tensors)
+            acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=2, deps=[acc])
+        for j in range(1, nhalves):
+            sc = gl.load(sc_ptrs + j // 2)  # (an L1 hit every other half)
+            if GLU:
+                sc_u = gl.load(suc_ptrs + j // 2)
+            _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + AHEAD, nhalves, STAGES, GLU)
             async_copy.wait_group(AHEAD)
-            fence_async_shared()
-            xt = x_s.index(g % STAGES).permute((1, 0))
-            acc = warpgroup_mma(w_s.index(g % 2), xt, acc, is_async=True)
-            if GLU:
-                acc_u = warpgroup_mma(wu_s.index(g % 2), xt, acc_u, is_async=True)
-                acc, acc_u = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc_u])
+            acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l, GLU, STAGES)
+            if GLU:  # half j - 1's MMAs are done: its ring slot and weight slot are free
+                acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
             else:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
-        acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_u])
+                acc = warpgroup_mma_wait(num_outstanding=2, deps=[acc])
+        if GLU:
+            acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_u])
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         return acc, acc_u
 
     @gluon.jit
@@ -159,25 +226,34 @@ if HAS_TRITON:
         xk = gl.arange(0, 32, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 32)
-        x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, 32], x_sl)
+        x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BM, 32], x_sl)
 
-        # weight rows of this program, loaded in the wgmma A-operand layout
+        # weight bytes: cp.async'd 16 per thread (coalesced) into the ring, read back in the wgmma A-operand
+        # layout; the scale words are read in that layout's rows
+        c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[16, 2],
+                                             warps_per_cta=[NW, 1], order=[1, 0])
+        w_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, c_l))
+        ck = gl.arange(0, 32, layout=gl.SliceLayout(0, c_l))
+        wc_ptrs = W + e * stride_we + cn[:, None].to(gl.int64) * stride_wn + ck[None, :]
+        uc_ptrs = wc_ptrs + up_off * stride_wn
         wn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, a_l))
-        wk = gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))
-        w_ptrs = W + e * stride_we + wn[:, None].to(gl.int64) * stride_wn + wk[None, :]
         s_ptrs = WS + e * stride_wse + wn.to(gl.int64) * stride_wsn
-        u_ptrs = w_ptrs + up_off * stride_wn
         su_ptrs = s_ptrs + up_off * stride_wsn
+        w_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 32], w_sl)
+        u_s = w_s
+        if GLU:
+            u_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 32], w_sl)
 
         acc = gl.zeros([BN, BM], gl.float32, layout=acc_l)
         acc_u = gl.zeros([BN, BM], gl.float32, layout=acc_l)
-        ngroups = K // 32
         if A_SMEM:
-            acc, acc_u = _smem_a_loop(acc, acc_u, x_s, x_ptrs, x_mask, W + e * stride_we, WS + e * stride_wse,
-                                      pid_n, stride_wn, stride_wsn, up_off, ngroups, BM, BN, GLU, NW, STAGES)
+            sc_ptrs = WS + e * stride_wse + cn.to(gl.int64) * stride_wsn
+            acc, acc_u = _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs,
+                                         sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES)
         else:
-            acc, acc_u = _reg_a_loop(acc, acc_u, x_s, x_ptrs, x_mask, w_ptrs, s_ptrs, u_ptrs, su_ptrs, ngroups,
-                                     GLU, STAGES)
+            acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
+                                    K // 128, a_l, GLU, STAGES)
 
         # epilogue in the accumulator layout: [BN channels, BM pairs]
         cp = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
@@ -202,7 +278,8 @@ if HAS_TRITON:
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
            a_smem: bool = False) -> None:
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
-    `moe_wide._wide_kernel` up to its constexprs). a_smem: the weights through shared memory (needs stages >= 3)."""
+    `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
+    widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
     _wide_async_kernel[grid](*kernel_args, BM=bm, BN=bn, GLU=glu, NW=num_warps, STAGES=stages, A_SMEM=a_smem,

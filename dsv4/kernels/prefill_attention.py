@@ -27,9 +27,9 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 # K = V (one shared kv head): with the whole head dim in one program the value tile is the key tile already
-# loaded, so skip its second load (same values; frees shared memory for 64-key tiles). Prepared in session 9,
-# not yet timed: opt-in until bench/runs/run_device_s10a.sh measures it
-KV_ONE_LOAD = False
+# loaded, so skip its second load (same values; frees shared memory for 64-key tiles: 197 -> 131 KB).
+# H200, Flash 8K, s10b: with 64-key tiles CSA 4.81 -> 3.49 ms, HCA 1.55 -> 1.20, SWA 1.02 -> 0.81
+KV_ONE_LOAD = True
 
 
 def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
@@ -117,7 +117,7 @@ if HAS_TRITON:
 
 def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
                       entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
-                      scale: float, out: torch.Tensor | None = None, dv: int | None = None, bn: int = 32,
+                      scale: float, out: torch.Tensor | None = None, dv: int | None = None, bn: int | None = None,
                       num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k]); fills `out`.
     dv / bn / num_warps / num_stages: the output slice per program, keys per tile and the launch shape
@@ -141,6 +141,8 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
     # 1.54, SWA 1.74 -> 1.02 against two half-width programs that each recompute the scores); Pro's 128 heads
     # would need 256 accumulator registers per thread, so they keep the split
     dv = dv or (d if bh * d <= 64 * 512 else d // 2)
+    one_load = KV_ONE_LOAD and dv == d
+    bn = bn or (64 if one_load else 32)  # 64-key tiles fit in shared memory only with the one load
     e = entries if has_e else keys
     idx = entry_idx.to(torch.int32).contiguous() if has_e else keys
     q, keys, e = q.contiguous(), keys.contiguous(), e.contiguous()
@@ -150,7 +152,7 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
         h, idx.shape[1] if has_e else 0, q_pos0, key_pos0, window, float(scale),
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e else 0,
         out.stride(0), out.stride(1),
-        BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=KV_ONE_LOAD and dv == d,
+        BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=one_load,
         num_warps=num_warps or (8 if bh * dv >= 16384 else 4),
         # 128 heads x 512 dims: two stages would not fit in shared memory
         num_stages=num_stages or (2 if bh <= 64 else 1),

@@ -66,12 +66,12 @@ def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
 
 @pytest.mark.parametrize("bm,warps,f16,maxnreg,asyn", [
     (64, 8, False, 0, False), (128, 8, False, 0, False), (64, 4, False, 0, False), (128, 8, True, 0, False),
-    (64, 8, True, 128, False), (128, 8, True, 0, "reg"), (64, 8, True, 0, "reg"), (128, 8, True, 0, "smem"),
-    (64, 8, True, 0, "smem")])
+    (64, 8, True, 128, False), (128, 8, True, 0, "reg2"), (64, 8, True, 0, "reg3"), (128, 8, True, 0, "smem3"),
+    (64, 8, True, 0, "smem4")])
 @pytest.mark.parametrize("m", [1, 5, 300])
 def test_fused_moe_wide(bm, warps, f16, maxnreg, asyn, m, poison, close_bf16, monkeypatch):
-    """asyn: the Gluon kernel with the widening overlapped (moe_wide.ASYNC; f16 widening), the weights as the
-    MMA's register operand or through shared memory."""
+    """asyn: the Gluon kernel with the widening overlapped (moe_wide.ASYNC; f16 widening), the widened weights
+    in registers or shared memory (ASYNC_A_SMEM) and this many ring slots (ASYNC_STAGES)."""
     from test_moe import _mxfp4_experts, _topk
 
     from dsv4.kernels import moe_wide
@@ -81,7 +81,9 @@ def test_fused_moe_wide(bm, warps, f16, maxnreg, asyn, m, poison, close_bf16, mo
         pytest.skip("Gluon kernels do not run in the interpreter")
     monkeypatch.setattr(moe_wide, "WIDEN_F16", f16)
     monkeypatch.setattr(moe_wide, "ASYNC", bool(asyn))
-    monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", asyn == "smem")
+    if asyn:
+        monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", asyn.startswith("smem"))
+        monkeypatch.setattr(moe_wide, "ASYNC_STAGES", int(asyn[-1]))
     e, d, i, k = 16, 512, 256, 6
     gen = torch.Generator(DEV).manual_seed(m * 7 + bm + warps)
     experts = _mxfp4_experts(e, d, i, gen)
@@ -95,8 +97,8 @@ def test_fused_moe_wide(bm, warps, f16, maxnreg, asyn, m, poison, close_bf16, mo
     close_bf16(y, fused_moe_ref(x, ids, w, experts, shared=shared), rel=1e-2, what=f"wide bm={bm} m={m}")
 
 
-@pytest.mark.parametrize("asyn", [False, "reg", "smem"])
-def test_fused_moe_wide_other_ranks_and_real_dims(asyn, poison, close_bf16, monkeypatch):
+@pytest.mark.parametrize("asyn,a_smem", [(False, False), (True, False), (True, True)])
+def test_fused_moe_wide_other_ranks_and_real_dims(asyn, a_smem, poison, close_bf16, monkeypatch):
     """Flash's D and I (a few experts), with a third of the pairs held by another rank (id -1):
     the fp32 partial sum matches the reference's (also through the Gluon kernel, asyn)."""
     from test_moe import _mxfp4_experts, _topk
@@ -106,8 +108,8 @@ def test_fused_moe_wide_other_ranks_and_real_dims(asyn, poison, close_bf16, monk
 
     if asyn and os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
-    monkeypatch.setattr(moe_wide, "ASYNC", bool(asyn))
-    monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", asyn == "smem")
+    monkeypatch.setattr(moe_wide, "ASYNC", asyn)
+    monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", a_smem)
 
     e, d, i, m = 12, 4096, 2048, 70
     gen = torch.Generator(DEV).manual_seed(5)
@@ -143,8 +145,8 @@ def test_wide_falls_back_past_its_scale_range(poison, close_bf16):
 
 
 @pytest.mark.parametrize("bm", [64, 128])
-@pytest.mark.parametrize("a_smem", [False, True])
-def test_async_kernel_matches_the_wide_kernel(bm, a_smem, poison, monkeypatch):
+@pytest.mark.parametrize("a_smem,stages", [(False, 2), (False, 3), (True, 3), (True, 4)])
+def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, poison, monkeypatch):
     """The Gluon kernel (moe_wide.ASYNC) issues the same bf16 wgmma chain over the same exact operands as the
     Triton wide kernel, so its outputs agree with it (bar the MMA's internal order, if it ever differs)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -161,6 +163,7 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, poison, monkeypatch):
     ids, w = _topk(m, e, 6, gen)
     want = fused_moe(x, ids, w, packed, config=_wide(bm))
     monkeypatch.setattr(moe_wide, "ASYNC", True)
+    monkeypatch.setattr(moe_wide, "ASYNC_STAGES", stages)
     monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", a_smem)
     poison()
     got = fused_moe(x, ids, w, packed, config=_wide(bm))
