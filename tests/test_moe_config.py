@@ -1,18 +1,20 @@
 """The MoE launch-shape rule (dsv4.kernels.moe_config.pick_moe_config) picks the kernels the H200 sweeps
 measured fastest (docs/benchmarks.md #5): per-pair kernels at decode sizes (GLU split-K only while the pairs
-leave SMs idle), the bf16-wgmma kernel from 64 pairs per expert, the per-group grouped GEMM in between."""
+leave SMs idle), the bf16-wgmma kernel from 40 pairs per expert (128-row tiles from 64), the per-group
+grouped GEMM in between."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsv4.kernels.moe_config import GEMV_SPLIT_MAX_PAIRS, WIDE_MIN_PAIRS_PER_EXPERT, pick_moe_config
+from dsv4.kernels.moe_config import (GEMV_SPLIT_MAX_PAIRS, WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT,
+                                     pick_moe_config)
 
 FLASH_E, PRO_E, TOP_K = 256, 384, 6
 
 
 @pytest.mark.parametrize("experts", [FLASH_E, PRO_E])
-@pytest.mark.parametrize("tokens", [1, 2, 8, 64, 256, 1024, 4096, 8192])
+@pytest.mark.parametrize("tokens", [1, 2, 8, 64, 256, 1024, 2048, 4096, 8192])
 def test_regimes(experts, tokens):
     pairs = tokens * TOP_K
     cfg = pick_moe_config(pairs, experts)
@@ -22,6 +24,8 @@ def test_regimes(experts, tokens):
         assert cfg.gemv_split == (2 if pairs <= GEMV_SPLIT_MAX_PAIRS else 1)
     elif per_expert >= WIDE_MIN_PAIRS_PER_EXPERT:
         assert cfg.wide and cfg.bm == 128 and cfg.bn1 == 128 and not cfg.gemv
+    elif per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT:
+        assert cfg.wide and cfg.bm == 64 and cfg.bn1 == 128 and not cfg.gemv
     else:
         assert not cfg.wide and not cfg.gemv
     assert cfg.bn1 == 128 or not cfg.quant_out  # a fused z quantisation needs one 128-wide block per tile
@@ -29,9 +33,10 @@ def test_regimes(experts, tokens):
 
 def test_thresholds_match_the_measured_crossovers():
     """Flash: B = 1 (6 pairs) splits, B = 8 (48 pairs) does not; M = 4096 (96 pairs per expert) takes the
-    wide kernel, M = 1024 (24 per expert) does not."""
+    wide kernel, M = 2048 (48 per expert) with 64-row tiles, M = 1024 (24 per expert) not."""
     assert pick_moe_config(6, FLASH_E).gemv_split == 2
     assert pick_moe_config(48, FLASH_E).gemv_split == 1
     assert pick_moe_config(4096 * TOP_K, FLASH_E).wide
+    assert pick_moe_config(2048 * TOP_K, FLASH_E).wide and pick_moe_config(2048 * TOP_K, FLASH_E).bm == 64
     assert not pick_moe_config(1024 * TOP_K, FLASH_E).wide
     assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel

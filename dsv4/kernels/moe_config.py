@@ -43,6 +43,9 @@ GEMV_SPLIT_MAX_PAIRS = 8
 # Session 8, Flash, ms L2-flushed (bench_gemm_moe): M = 4096 (96 pairs per expert) 128-row tiles 6.31 vs
 # 8.92 for the per-group kernel, M = 8192 12.20 vs 15.48; M = 1024 (24 per expert) 5.61 vs 3.32.
 WIDE_MIN_PAIRS_PER_EXPERT = 64
+# ... and with 64-row tiles from this many (Gluon kernel, session 10, bench/runs/run_device_s10d.sh): M = 2048
+# (48 per expert) 3.79 vs 4.67 ms for the per-group kernel; M = 1024 (24 per expert) 3.66 vs 3.25
+WIDE64_MIN_PAIRS_PER_EXPERT = 40
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
@@ -63,9 +66,9 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)
-    if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT and act == "fp8":
-        return MoEConfig(bm=128, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, num_stages=3,
-                         wide=True)
+    if per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT and act == "fp8":
+        return MoEConfig(bm=128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else 64, bn1=128, bn2=128,
+                         quant_first=True, quant_out=True, warps1=8, num_stages=3, wide=True)
     if per_expert <= 32:
         return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
                          num_stages=4)

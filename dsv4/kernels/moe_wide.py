@@ -32,11 +32,13 @@ from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 # ops per weight. Flash MoE on the H200 (bench/runs/run_device_s9a.sh), fp32 vs f16 widening: M = 4096
 # 6.33 -> 5.51 ms, M = 8192 12.18 -> 10.50 ms
 WIDEN_F16 = True
-# The same GEMMs with the widening overlapped with asynchronous wgmma (dsv4.kernels.moe_wide_async, Gluon):
-# prepared in session 9, compiled for sm_90a, not yet run on a GPU -- opt-in until measured
-ASYNC = False
-ASYNC_STAGES = 3  # its ring of activation tiles in shared memory
-ASYNC_A_SMEM = False  # ... with the widened weights through shared memory
+# The same GEMMs with the widening overlapped with asynchronous wgmma (dsv4.kernels.moe_wide_async, Gluon),
+# bit-identical. Flash MoE, ms L2-flushed (bench/runs/run_device_s10d.sh), Triton kernel -> Gluon:
+# 128-row tiles, weights through shared memory, 4 ring slots: M = 4096 5.53 -> 4.86, M = 8192 10.53 -> 9.30;
+# 64-row tiles, weights in registers: M = 2048 4.18 (s10c) -> 3.79 (the shared-memory mode: 4.04)
+ASYNC = True
+ASYNC_STAGES = 4  # ring slots of 64-wide K halves (activations and weight bytes) in shared memory
+ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None: for tiles of >= 128 rows)
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
@@ -190,10 +192,11 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
     args2 = (z, w2, s2, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
              z.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0))
-    if ASYNC and not INTERPRET:  # the Gluon kernel (f16 widening only; no interpreter for Gluon)
+    if ASYNC and WIDEN_F16 and not INTERPRET:  # the Gluon kernel (f16 widening only; no interpreter for Gluon)
         from dsv4.kernels import moe_wide_async
-        moe_wide_async.launch(args1, (nb, i // BLOCK), bm, BLOCK, True, num_warps, ASYNC_STAGES, ASYNC_A_SMEM)
-        moe_wide_async.launch(args2, (nb, d // bn2), bm, bn2, False, num_warps, ASYNC_STAGES, ASYNC_A_SMEM)
+        a_smem = bm >= 128 if ASYNC_A_SMEM is None else ASYNC_A_SMEM
+        moe_wide_async.launch(args1, (nb, i // BLOCK), bm, BLOCK, True, num_warps, ASYNC_STAGES, a_smem)
+        moe_wide_async.launch(args2, (nb, d // bn2), bm, bn2, False, num_warps, ASYNC_STAGES, a_smem)
         return y
     meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
                 num_stages=num_stages)
