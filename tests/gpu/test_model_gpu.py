@@ -9,7 +9,11 @@ summation order differs) 0.21-0.27 — the same size; with numerics="transformer
 simulation) CPU bf16 vs fp32 is 1.3e-2. So the issue's fixed criterion (relative RMS < 2e-2, top-1
 >= 95 %) cannot hold for *any* bf16 model here; it is printed, not asserted. Asserted instead: the GPU
 kernel path is statistically as close to the fp32 reference as the CPU bf16 model — relative RMS
-<= 1.5x the CPU bf16 model's + 2e-2, top-1 agreement within 10 points of it. A kernel indexing or
+<= 1.5x the CPU bf16 model's + 2e-2 — and picks the reference's top-1 token wherever the reference is
+confident: its top-1 logit leads the second by more than 3x the CPU bf16 model's logit noise (RMS
+difference to fp32 at that position), at least 10 such positions per part, >= 90 % agreement. (Top-1
+agreement over all positions is noise here: an exact MoE moved it from 0.64 to 0.58 while the relative
+RMS improved, H200 s10f/s10g; the bf16 CPU model agrees on all confident positions.) A kernel indexing or
 scaling bug gives O(1) errors (and top-1 near chance) and fails this. Decode is teacher-forced with
 the fp32 model's greedy tokens so every model sees the same inputs at every step.
 """
@@ -57,6 +61,15 @@ def _run(model, prompt: torch.Tensor, forced: list[int] | None, steps: int) -> t
     return torch.cat(logits), tokens
 
 
+def _confident_top1(out: torch.Tensor, ref: torch.Tensor, noisy: torch.Tensor) -> tuple[int, float]:
+    """(positions where ref's top-1 leads by > 3x noisy's logit RMS error, out's top-1 agreement on them)."""
+    top2 = ref.double().topk(2, dim=-1).values
+    noise = (noisy.double() - ref.double()).pow(2).mean(-1).sqrt()
+    conf = top2[:, 0] - top2[:, 1] > 3 * noise
+    agree = out.argmax(-1) == ref.argmax(-1)
+    return int(conf.sum()), float(agree[conf].double().mean()) if conf.any() else 0.0
+
+
 def _compare(gpu: torch.Tensor, cpu: torch.Tensor) -> tuple[float, float]:
     g, c = gpu.double(), cpu.double()
     rel = float((g - c).norm() / c.norm())
@@ -89,10 +102,14 @@ def test_logits_match_cpu_reference(tmp_path, size, expert_dtype):
         print(f"\n[e2e {size}/{expert_dtype} {part}] gpu-triton vs cpu-fp32: rel {rel:.2e} top1 {top1:.3f} | "
               f"cpu-bf16 vs cpu-fp32: rel {rel_b:.2e} top1 {top1_b:.3f} | gpu-triton vs cpu-bf16: rel "
               f"{rel_kb:.2e} top1 {top1_kb:.3f} | fixed criterion {met}")
-        rows.append((part, rel, rel_b, top1, top1_b))
-    for part, rel, rel_b, top1, top1_b in rows:
+        n_conf, top1_conf = _confident_top1(out[sl], ref[sl], base[sl])
+        print(f"[e2e {size}/{expert_dtype} {part}] {n_conf} confident positions, gpu-triton top-1 on them "
+              f"{top1_conf:.3f}")
+        rows.append((part, rel, rel_b, n_conf, top1_conf))
+    for part, rel, rel_b, n_conf, top1_conf in rows:
         assert rel <= 1.5 * rel_b + 2e-2, f"{part}: rel RMS {rel:.3e} vs cpu-bf16's {rel_b:.3e}"
-        assert top1 >= top1_b - 0.10, f"{part}: top-1 agreement {top1:.3f} vs cpu-bf16's {top1_b:.3f}"
+        assert n_conf >= 10, f"{part}: only {n_conf} confident positions"
+        assert top1_conf >= 0.9, f"{part}: top-1 agreement {top1_conf:.3f} on {n_conf} confident positions"
 
 
 def test_triton_kernels_refuse_non_bf16(tmp_path):
