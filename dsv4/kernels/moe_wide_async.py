@@ -9,20 +9,21 @@ written out in Gluon (`triton.experimental.gluon`, explicit layouts and asynchro
     widen group g + 1 into registers            CUDA cores, while the MMA runs
     wait for wgmma(g) (keeping its registers)   then the next step
 
-(`_reg_a_loop`: the weights stay the MMA's register operand, one step in flight -- ptxas serialises an MMA
-whose register operand is defined while an earlier MMA is in flight), or, with `a_smem`, the widened group
-goes to a 2-slot shared-memory ring and the MMA reads it there, so one step stays in flight while the next
-group is widened and the tensor cores always have the next MMA queued (`_smem_a_loop`).
+Two K loops, both fed by one cp.async ring of 64-wide K halves (the activation tiles and the packed weight
+bytes, STAGES slots; session 10's first version loaded the weights synchronously and ran 1.7x slower than
+the Triton kernel):
+- `_ring_loop`: the widened weights are the MMA's register operand, one group step in flight (ptxas
+  serialises an MMA whose register operand is defined while an earlier MMA is in flight, C7513);
+- `_smem_ring_loop` (`a_smem`): the widened half goes to a 2-slot shared-memory buffer and the MMAs read it
+  there, one half in flight while the next is widened, so the tensor cores always have queued work.
 
 The values are `moe_wide`'s exactly (the same f16 widening, 2^(b - 113) scale, bf16 operands, one fp32
-chain over K; the GLU epilogue quantises z per token and 128 channels and stores it dequantised), so the
-results equal `moe_wide`'s up to the MMA's summation order. The activation tiles stream through a ring of
-STAGES shared-memory buffers by cp.async; the weights are loaded straight in the wgmma A-operand layout.
+chain over K; the GLU epilogue quantises z per token and 128 channels and stores it dequantised): the
+outputs are bit-identical to the Triton kernel's on the H200 (tests/gpu/test_moe_wide.py).
 
-Status: prepared in session 9 after its device time was spent -- compiled for sm_90a (ptxas: no spills, no
-wgmma serialisation warning; 235 registers and 24 KB / 237 and 56 KB of shared memory for the GLU at 128-row
-tiles), not yet run on a GPU. Opt-in (`moe_wide.ASYNC`, `ASYNC_A_SMEM`, `ASYNC_STAGES`);
-`bench/runs/run_device_s10a.sh` runs its tests and the A/B.
+Measured (H200, Flash MoE, ms L2-flushed, bench/runs/run_device_s10d.sh), Triton kernel -> this one:
+128-row tiles through shared memory, 4 slots: M = 4096 5.53 -> 4.86, M = 8192 10.53 -> 9.30 (registers:
+5.09, 9.88); 64-row tiles in registers: M = 2048 4.18 (s10c) -> 3.79. The default (`moe_wide.ASYNC`).
 """
 from __future__ import annotations
 
