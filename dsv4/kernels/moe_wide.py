@@ -39,6 +39,11 @@ WIDEN_F16 = True
 ASYNC = True
 ASYNC_STAGES = 4  # ring slots of 64-wide K halves (activations and weight bytes) in shared memory
 ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None: for tiles of >= 128 rows)
+# ... with one warpgroup per program (64 weight rows, 4 warps; two programs per SM, whose widening and MMAs
+# interleave without synchronising) instead of two in lockstep; the GLU then stores z unquantised and
+# `requant_rows` quantises it per 128 channels. Prepared in session 10 (compiled, not yet timed): opt-in
+# until bench/bench_moe_wide_shapes.py measures it (bench/runs/run_device_s11a.sh)
+ASYNC_ONE_WARPGROUP = False
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
@@ -162,6 +167,29 @@ if HAS_TRITON:
             tl.store(c_ptrs, acc.to(tl.bfloat16), mask=valid[:, None])
 
 
+if HAS_TRITON:
+    @triton.jit
+    def _requant_kernel(Z, n_rows, stride, BR: tl.constexpr):
+        """Rows [BR] x one 128-wide block of z, in place: act_quant's e4m3 with a pow2 scale, dequantised."""
+        r = tl.program_id(0) * BR + tl.arange(0, BR)
+        c = tl.program_id(1) * 128 + tl.arange(0, 128)
+        ptrs = Z + r.to(tl.int64)[:, None] * stride + c[None, :]
+        mask = (r < n_rows)[:, None]
+        q, s = _quant_rows(tl.load(ptrs, mask=mask, other=0.0).to(tl.float32))
+        tl.store(ptrs, (q.to(tl.float32) * s[:, None]).to(tl.bfloat16), mask=mask)
+
+
+def requant_rows(z: torch.Tensor, br: int = 32) -> torch.Tensor:
+    """z [R, C] bf16 (C a multiple of 128) -> in place, the reference's FP8 activation quantisation of it
+    (`dequantized_act`'s values) without a second buffer."""
+    if z.dtype != torch.bfloat16 or z.dim() != 2 or z.shape[1] % BLOCK or z.stride(1) != 1:
+        raise ValueError(f"requant_rows: expected bf16 [R, 128 k] with unit column stride, got {z.dtype} "
+                         f"{tuple(z.shape)}")
+    if z.shape[0]:
+        _requant_kernel[(triton.cdiv(z.shape[0], br), z.shape[1] // BLOCK)](z, z.shape[0], z.stride(0), BR=br)
+    return z
+
+
 def dequantized_act(x: torch.Tensor) -> torch.Tensor:
     """The reference's FP8 activation (act_quant: e4m3 per row and 128 channels, pow2 scales) as exact
     bf16 values [M, K]."""
@@ -172,15 +200,11 @@ def dequantized_act(x: torch.Tensor) -> torch.Tensor:
     return (q.view(m, k // BLOCK, BLOCK).float() * s[..., None]).to(torch.bfloat16).view(m, k)
 
 
-def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
-             topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
-             bm: int = 64, bn2: int = 128, num_warps: int = 8, num_stages: int = 3, maxnreg: int = 0) -> torch.Tensor:
-    """The two grouped GEMMs on `moe_align(topk_ids, E, bm)`'s blocks: bf16 x [M, D], MXFP4 experts ->
-    y [pairs, D] bf16, one row per (token, slot) (rows of other ranks' pairs are left unwritten)."""
-    if experts.fmt != "mxfp4" or not experts.wide_ok:
-        raise ValueError("moe_wide: needs MXFP4 experts with scale bytes <= 128 (PackedExperts.wide_ok)")
-    if bm not in (16, 32, 64, 128, 256) or bn2 not in (64, 128):
-        raise ValueError(f"moe_wide: bm must be a power of two in 16..256 and bn2 64 or 128, got {bm}, {bn2}")
+def launch_args(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
+                topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
+                bm: int) -> tuple[tuple, tuple, torch.Tensor]:
+    """The two GEMMs' kernel arguments (up to the constexprs; `_wide_kernel`'s order, which the Gluon kernel
+    shares) and the output y [pairs, D] they fill; GEMM1 reads the dequantised FP8 activation, writes z."""
     d, i = experts.hidden, experts.inter
     num_pairs, nb = topk_weights.numel(), expert_ids.numel()
     xq = dequantized_act(x)
@@ -192,11 +216,29 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
     args2 = (z, w2, s2, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
              z.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0))
+    return args1, args2, y
+
+
+def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
+             topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
+             bm: int = 64, bn2: int = 128, num_warps: int = 8, num_stages: int = 3, maxnreg: int = 0) -> torch.Tensor:
+    """The two grouped GEMMs on `moe_align(topk_ids, E, bm)`'s blocks: bf16 x [M, D], MXFP4 experts ->
+    y [pairs, D] bf16, one row per (token, slot) (rows of other ranks' pairs are left unwritten)."""
+    if experts.fmt != "mxfp4" or not experts.wide_ok:
+        raise ValueError("moe_wide: needs MXFP4 experts with scale bytes <= 128 (PackedExperts.wide_ok)")
+    if bm not in (16, 32, 64, 128, 256) or bn2 not in (64, 128):
+        raise ValueError(f"moe_wide: bm must be a power of two in 16..256 and bn2 64 or 128, got {bm}, {bn2}")
+    args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm)
+    d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
     if ASYNC and WIDEN_F16 and not INTERPRET:  # the Gluon kernel (f16 widening only; no interpreter for Gluon)
         from dsv4.kernels import moe_wide_async
         a_smem = bm >= 128 if ASYNC_A_SMEM is None else ASYNC_A_SMEM
-        moe_wide_async.launch(args1, (nb, i // BLOCK), bm, BLOCK, True, num_warps, ASYNC_STAGES, a_smem)
-        moe_wide_async.launch(args2, (nb, d // bn2), bm, bn2, False, num_warps, ASYNC_STAGES, a_smem)
+        bn1, warps = (64, 4) if ASYNC_ONE_WARPGROUP else (BLOCK, num_warps)
+        bn2 = 64 if ASYNC_ONE_WARPGROUP else bn2
+        moe_wide_async.launch(args1, (nb, i // bn1), bm, bn1, True, warps, ASYNC_STAGES, a_smem)
+        if bn1 != BLOCK:
+            requant_rows(args1[3])
+        moe_wide_async.launch(args2, (nb, d // bn2), bm, bn2, False, warps, ASYNC_STAGES, a_smem)
         return y
     meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
                 num_stages=num_stages)

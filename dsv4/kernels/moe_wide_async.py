@@ -265,23 +265,28 @@ if HAS_TRITON:
             gate = gl.minimum(acc.to(gl.bfloat16).to(gl.float32), limit)
             up = gl.minimum(gl.maximum(acc_u.to(gl.bfloat16).to(gl.float32), -limit), limit)
             rw = gl.load(TOPK_W + cpair, mask=cvalid, other=0.0)
-            z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[None, :]).to(gl.bfloat16).to(gl.float32)
-            # W2's input quantisation (act_quant): per pair, over these 128 channels (BN == 128)
-            s, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(z), axis=0), 1e-4))
-            q = gl.minimum(gl.maximum(z * inv[None, :], -448.0), 448.0).to(gl.float8e4nv)
-            zq = (q.to(gl.float32) * s[None, :]).to(gl.bfloat16)  # exact
-            gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], zq)
+            z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[None, :]).to(gl.bfloat16)
+            if BN == 128:  # W2's input quantisation (act_quant): per pair, over these 128 channels
+                zf = z.to(gl.float32)
+                s, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(zf), axis=0), 1e-4))
+                q = gl.minimum(gl.maximum(zf * inv[None, :], -448.0), 448.0).to(gl.float8e4nv)
+                z = (q.to(gl.float32) * s[None, :]).to(gl.bfloat16)  # exact
+            # (narrower tiles store z as is: `moe_wide.requant_rows` quantises it per 128 afterwards)
+            gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z)
         else:
             c_ptrs = C + cpair.to(gl.int64)[None, :] * stride_cm + cn[:, None]
             gl.store(c_ptrs, acc.to(gl.bfloat16), mask=cvalid[None, :] & (cn[:, None] >= 0))
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False) -> None:
+           a_smem: bool = False):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
-    widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3)."""
+    widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3). Returns the compiled kernel
+    (registers and shared memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
-    _wide_async_kernel[grid](*kernel_args, BM=bm, BN=bn, GLU=glu, NW=num_warps, STAGES=stages, A_SMEM=a_smem,
+    if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
+        raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
+    return _wide_async_kernel[grid](*kernel_args, BM=bm, BN=bn, GLU=glu, NW=num_warps, STAGES=stages, A_SMEM=a_smem,
                              num_warps=num_warps)

@@ -145,10 +145,12 @@ def test_wide_falls_back_past_its_scale_range(poison, close_bf16):
 
 
 @pytest.mark.parametrize("bm", [64, 128])
-@pytest.mark.parametrize("a_smem,stages", [(False, 2), (False, 3), (True, 3), (True, 4)])
-def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, poison, monkeypatch):
+@pytest.mark.parametrize("a_smem,stages,one_wg", [(False, 2, False), (False, 3, False), (True, 3, False),
+                                                  (True, 4, False), (False, 4, True), (True, 3, True)])
+def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison, monkeypatch):
     """The Gluon kernel (moe_wide.ASYNC) issues the same bf16 wgmma chain over the same exact operands as the
-    Triton wide kernel, so its outputs agree with it (bar the MMA's internal order, if it ever differs)."""
+    Triton wide kernel, so its outputs agree with it (bar the MMA's internal order, if it ever differs); also
+    with one warpgroup per program (one_wg: z quantised afterwards by `requant_rows`)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _mxfp4_experts, _topk
@@ -161,8 +163,10 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, poison, monkey
     packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
     x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
     ids, w = _topk(m, e, 6, gen)
+    monkeypatch.setattr(moe_wide, "ASYNC", False)  # the Triton kernel
     want = fused_moe(x, ids, w, packed, config=_wide(bm))
     monkeypatch.setattr(moe_wide, "ASYNC", True)
+    monkeypatch.setattr(moe_wide, "ASYNC_ONE_WARPGROUP", one_wg)
     monkeypatch.setattr(moe_wide, "ASYNC_STAGES", stages)
     monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", a_smem)
     poison()
@@ -170,3 +174,20 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, poison, monkey
     same = float((got == want).double().mean())
     print(f"bm={bm}: {same:.6f} of outputs bit-identical")
     assert same > 0.999, same
+
+
+@pytest.mark.parametrize("rows", [1, 37, 300])
+def test_requant_rows_matches_dequantized_act(rows, poison):
+    """`requant_rows` (in place, per row and 128 channels) gives `dequantized_act`'s values bit for bit, over
+    magnitudes from tiny (the 1e-4 amax floor) to large, and leaves the other rows' memory alone."""
+    from dsv4.kernels.moe_wide import dequantized_act, requant_rows
+
+    gen = torch.Generator(DEV).manual_seed(rows)
+    z = torch.randn(rows, 512, generator=gen, device=DEV)
+    z *= torch.logspace(-6, 3, rows, device=DEV)[:, None]
+    z = z.to(torch.bfloat16)
+    buf = torch.full((rows + 3, 512), float("nan"), device=DEV, dtype=torch.bfloat16)
+    buf[:rows] = z
+    requant_rows(buf[:rows])
+    assert torch.equal(buf[:rows], dequantized_act(z))
+    assert torch.isnan(buf[rows:]).all()
