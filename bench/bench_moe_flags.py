@@ -1,0 +1,66 @@
+"""The routed MoE call (`fused_moe`, default config for each M) under module-flag variants, side by side in
+one run, Flash experts, L2 flushed, with the share of outputs bit-identical to the first variant's:
+
+    python bench/bench_moe_flags.py --ms 2048,4096,8192 "default:" \
+        "one warpgroup:dsv4.kernels.moe_wide.ASYNC_ONE_WARPGROUP=True"
+
+A variant is `name:` followed by comma-separated `module.NAME=value` settings (bench/flags.py), applied for
+that variant only. Times: triton's do_bench (median) minus the flush's own time. A development aid;
+docs/benchmarks.md cites the calls.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def main() -> None:
+    import triton
+
+    from bench.bench_gemm_moe import MOE, random_experts
+    from bench.flags import apply, restore
+    from dsv4.kernels.moe import fused_moe
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ms", default="2048,4096,8192")
+    p.add_argument("--experts", default="flash", choices=sorted(MOE))
+    p.add_argument("variants", nargs="+")
+    a = p.parse_args()
+    variants = [(v.partition(":")[0], [s for s in v.partition(":")[2].split(",") if s]) for v in a.variants]
+    e, d, i, k = MOE[a.experts]
+    ex = random_experts(e, d, i, "mxfp4")
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    t_flush = triton.testing.do_bench(flush.zero_, warmup=3, rep=30)
+    print("M | " + " | ".join(f"{name} ms (same)" for name, _ in variants))
+    for m in (int(x) for x in a.ms.split(",")):
+        gen = torch.Generator("cuda").manual_seed(m)
+        x = torch.randn(m, d, device="cuda", generator=gen).to(torch.bfloat16)
+        ids = torch.rand(m, e, device="cuda", generator=gen).topk(k, dim=1).indices
+        w = torch.rand(m, k, device="cuda", generator=gen) + 0.1
+        row, first = [], None
+        for name, settings in variants:
+            old = apply(settings)
+            try:
+                y = fused_moe(x, ids, w, ex)
+                first = y if first is None else first
+
+                def call():
+                    flush.zero_()
+                    fused_moe(x, ids, w, ex)
+
+                t = triton.testing.do_bench(call, warmup=3, rep=30) - t_flush
+                row.append(f"{t:.2f} ({float((y == first).double().mean()):.4f})")
+            except Exception as err:  # a variant that fails: say so, go on
+                row.append(f"ERR {str(err)[:120]}")
+            finally:
+                restore(old)
+        print(f"{m} | " + " | ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
