@@ -53,8 +53,8 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     (the winners of the H200 sweep in docs/kernels_notes.md).
 
     A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers. From
-    WIDE_MIN_PAIRS_PER_EXPERT on, MXFP4 experts take dsv4.kernels.moe_wide (`fused_moe` runs others with
-    `large_batch_config`).
+    WIDE64_MIN_PAIRS_PER_EXPERT on, MXFP4 experts take dsv4.kernels.moe_wide (64-row tiles, 128-row from
+    WIDE_MIN_PAIRS_PER_EXPERT; `fused_moe` runs others with `large_batch_config`).
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
     # pairs per *touched* expert if the ids were uniform: E (1 - exp(-pairs/E)) experts are touched

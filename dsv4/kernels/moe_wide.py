@@ -23,6 +23,8 @@ exact. GEMM2 (w2) writes one bf16 row per (token, slot); `moe.fused_moe` then ru
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
@@ -200,6 +202,12 @@ def dequantized_act(x: torch.Tensor) -> torch.Tensor:
     return (q.view(m, k // BLOCK, BLOCK).float() * s[..., None]).to(torch.bfloat16).view(m, k)
 
 
+@functools.lru_cache(maxsize=None)
+def _is_hopper(device: torch.device) -> bool:
+    """wgmma (the Gluon kernel's MMA) exists on sm_90 only; elsewhere the Triton kernel's tl.dot runs."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
 def launch_args(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
                 topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
                 bm: int) -> tuple[tuple, tuple, torch.Tensor]:
@@ -230,7 +238,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
         raise ValueError(f"moe_wide: bm must be a power of two in 16..256 and bn2 64 or 128, got {bm}, {bn2}")
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm)
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
-    if ASYNC and WIDEN_F16 and not INTERPRET:  # the Gluon kernel (f16 widening only; no interpreter for Gluon)
+    if ASYNC and WIDEN_F16 and not INTERPRET and _is_hopper(x.device):  # the Gluon kernel (f16 widening only;
+        # wgmma is Hopper's; no interpreter for Gluon)
         from dsv4.kernels import moe_wide_async
         a_smem = bm >= 128 if ASYNC_A_SMEM is None else ASYNC_A_SMEM
         bn1, warps = (64, 4) if ASYNC_ONE_WARPGROUP else (BLOCK, num_warps)
