@@ -231,7 +231,7 @@ def random_experts(e: int, d: int, i: int, fmt: str) -> PackedExperts:
             return u8(e, n, kk // 128, 4, lo=118, hi=125).view(torch.int32).view(e, n, kk // 128)
 
         return PackedExperts("mxfp4", e, d, i, u8(e, 2 * i, d // 2), scales(2 * i, d), u8(e, d, i // 2), scales(d, i),
-                             wide_ok=True)  # scale bytes <= 128
+                             wide_ok=True, fp8_ok=True)  # scale bytes <= 128, within 6 of each other
     w13 = torch.empty(e, 2 * i, d, device=DEV, dtype=torch.float8_e4m3fn)
     w2 = torch.empty(e, d, i, device=DEV, dtype=torch.float8_e4m3fn)
     for x in range(e):

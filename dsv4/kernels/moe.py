@@ -26,6 +26,7 @@ added before the one final rounding (dsv4.distributed.moe_comm).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -406,6 +407,10 @@ def fused_moe(
                      unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                      dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down)
         return _combine(y, shared, ids, out, e)
+    if wide:
+        from dsv4.kernels import moe_wide as mw
+        if mw.fp8_path(experts, x.device):  # FP8 operands: their own tile height
+            cfg = dataclasses.replace(cfg, bm=mw.FP8_BM)
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     if wide:
         from dsv4.kernels.moe_wide import moe_wide

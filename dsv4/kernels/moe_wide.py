@@ -46,6 +46,13 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # `requant_rows` quantises it per 128 channels. Prepared in session 10 (compiled, not yet timed): opt-in
 # until bench/bench_moe_wide_shapes.py measures it (bench/runs/run_device_s11a.sh)
 ASYNC_ONE_WARPGROUP = False
+# FP8 operands instead (dsv4.kernels.moe_wide_fp8, Gluon): the MXFP4 weights re-encoded to e4m3 per 128-wide
+# block, FP8 wgmma, the reference's per-128 promotion. Prepared in session 10 (compiled for sm_90a, not yet
+# run): opt-in until bench/runs/run_device_s11b.sh measures it. Its tiles hold FP8_BM tokens (a GLU program
+# keeps six [128, FP8_BM] fp32 tiles in registers), so `fused_moe` aligns the pairs to FP8_BM rows
+WIDE_FP8 = False
+FP8_BM = 64
+FP8_STAGES = 4
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
@@ -208,6 +215,36 @@ def _is_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
+def fp8_path(experts: PackedExperts, device: torch.device) -> bool:
+    """Whether `moe_wide` runs these experts on FP8 operands (WIDE_FP8, exact re-encode, a Hopper GPU)."""
+    return WIDE_FP8 and experts.fmt == "mxfp4" and experts.fp8_ok and not INTERPRET and _is_hopper(device)
+
+
+def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2):
+    """The two GEMMs of `moe_wide` on FP8 operands (dsv4.kernels.moe_wide_fp8): x's act_quant codes and
+    scales in, z as e4m3 codes + per-128 scales between them."""
+    from dsv4.kernels import moe_wide_fp8
+    from dsv4.kernels.fp8_linear import act_quant
+
+    d, i = experts.hidden, experts.inter
+    num_pairs, nb = topk_weights.numel(), expert_ids.numel()
+    xq, xs = act_quant(x)
+    z = torch.empty((nb * bm, i), dtype=torch.float8_e4m3fn, device=x.device)
+    zs = torch.empty((nb * bm, i // BLOCK), dtype=torch.float32, device=x.device)
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
+    w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
+    moe_wide_fp8.launch(
+        (xq, xs, w13, s13, z, zs, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
+         xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
+         zs.stride(0)), (nb, i // BLOCK), bm, BLOCK, True, 8, FP8_STAGES)
+    moe_wide_fp8.launch(
+        (z, zs, w2, s2, y, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
+         z.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), 0),
+        (nb, d // bn2), bm, bn2, False, 8, FP8_STAGES)
+    return y
+
+
 def launch_args(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
                 topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
                 bm: int) -> tuple[tuple, tuple, torch.Tensor]:
@@ -236,6 +273,10 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
         raise ValueError("moe_wide: needs MXFP4 experts with scale bytes <= 128 (PackedExperts.wide_ok)")
     if bm not in (16, 32, 64, 128, 256) or bn2 not in (64, 128):
         raise ValueError(f"moe_wide: bm must be a power of two in 16..256 and bn2 64 or 128, got {bm}, {bn2}")
+    if fp8_path(experts, x.device):
+        if bm != FP8_BM:
+            raise ValueError(f"moe_wide: the FP8 path takes {FP8_BM}-row tiles (moe_align's bm), got {bm}")
+        return _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2)
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm)
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
     if ASYNC and WIDEN_F16 and not INTERPRET and _is_hopper(x.device):  # the Gluon kernel (f16 widening only;

@@ -191,3 +191,33 @@ def test_requant_rows_matches_dequantized_act(rows, poison):
     requant_rows(buf[:rows])
     assert torch.equal(buf[:rows], dequantized_act(z))
     assert torch.isnan(buf[rows:]).all()
+
+
+@pytest.mark.parametrize("m,spread", [(5, 5), (300, 11), (700, 11)])
+def test_fp8_operands_match_the_reference(m, spread, poison, close_bf16, monkeypatch):
+    """moe_wide.WIDE_FP8: the MXFP4 weights re-encoded to e4m3 per 128-wide block relative to its largest scale
+    (group scales up to `spread` below it), FP8 MMAs, the per-128 promotion in fp32. The products are the
+    reference's; each block's sum is the tensor core's, so the outputs match `fused_moe_ref` statistically
+    (at the bf16 wide kernel's tolerance)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels import moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    monkeypatch.setattr(moe_wide, "WIDE_FP8", True)
+    e, d, i, k = 16, 512, 384, 6  # 3 blocks of K in GEMM2: an odd count (the repeated last block)
+    gen = torch.Generator(DEV).manual_seed(m + spread)
+    experts = _mxfp4_experts(e, d, i, gen)
+    for name in ("w1_scale", "w3_scale", "w2_scale"):
+        s = getattr(experts, name)
+        setattr(experts, name, torch.randint(124 - spread, 125, s.shape, generator=gen, device=DEV, dtype=torch.uint8))
+    packed = finalize_experts(experts)
+    assert packed.fp8_ok and packed.wide_ok
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _topk(m, e, k, gen, skew=m == 300)
+    poison()
+    y = fused_moe(x, ids, w, packed, config=_wide(128))
+    assert moe_wide.fp8_path(packed, x.device)
+    close_bf16(y, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"FP8 wide m={m} spread={spread}")
