@@ -95,7 +95,7 @@ def fp8_reencode_ok(b: torch.Tensor) -> bool:
     """Whether every row's 128-wide K block of E8M0 group scales b [..., K/32] re-encodes exactly to e4m3
     relative to the block's largest byte (dsv4.kernels.moe_wide_fp8): the 4 bytes within FP8_MAX_SCALE_SPREAD
     of it, which is >= FP8_MIN_BLOCK_SCALE."""
-    g = b.reshape(*b.shape[:-1], b.shape[-1] // 4, 4).to(torch.int32)
+    g = b.reshape(*b.shape[:-1], b.shape[-1] // 4, 4)  # uint8: hi - lo >= 0, no widened copy
     hi, lo = g.amax(-1), g.amin(-1)
     return bool(((hi - lo <= FP8_MAX_SCALE_SPREAD) & (hi >= FP8_MIN_BLOCK_SCALE)).all())
 
