@@ -2,7 +2,7 @@
 # Prepared in session 10 for session 11: the prefill MoE on FP8 operands (moe_wide.WIDE_FP8, Gluon,
 # dsv4.kernels.moe_wide_fp8: MXFP4 re-encoded to e4m3 per 128-wide block, FP8 wgmma, per-128 promotion;
 # 64-token tiles). Its tests, then the MoE call against the default (L2 flushed, side by side), then 8 Flash
-# layers' 8K prefill with it on. ptxas (CPU machine): GLU 255 registers with 488 B of spills at 64-token
+# layers' 8K prefill with it on. ptxas (CPU machine): GLU 255 registers with 112 B of spills at 64-token
 # tiles, none at 32 (FP8_BM = 32 is the fallback to try if it is slow).
 source "$(dirname "$0")/lib.sh"
 run 120 tests/gpu/test_moe_wide.py -k "fp8 or async_kernel_matches"

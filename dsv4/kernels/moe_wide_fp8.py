@@ -74,13 +74,15 @@ if HAS_TRITON:
         return gl.maximum(gl.maximum(sc & 0xFF, (sc >> 8) & 0xFF), gl.maximum((sc >> 16) & 0xFF, (sc >> 24) & 0xFF))
 
     @gluon.jit
-    def _issue_block(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, kb, nblocks, STAGES: gl.constexpr,
-                     GLU: gl.constexpr):
-        """cp.async of K block kb (activation codes [BM, 128], packed weight bytes [BN, 64]) into ring slot
-        kb % STAGES; one commit group per block (empty past the end)."""
+    def _issue_block(x_s, w_s, u_s, sa_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, sa_mask, kb, nblocks,
+                     STAGES: gl.constexpr, GLU: gl.constexpr):
+        """cp.async of K block kb (activation codes [BM, 128] and their scales [BM], packed weight bytes
+        [BN, 64]) into ring slot kb % STAGES; one commit group per block (empty past the end)."""
         if kb < nblocks:
             slot = kb % STAGES
             async_copy.async_copy_global_to_shared(x_s.index(slot), x_ptrs + kb * 128, mask=x_mask)
+            if GLU:  # (the token scales: GLU only, see `_promote`)
+                async_copy.async_copy_global_to_shared(sa_s.index(slot), sa_ptrs + kb, mask=sa_mask)
             async_copy.async_copy_global_to_shared(w_s.index(slot), wc_ptrs + kb * 64)
             if GLU:
                 async_copy.async_copy_global_to_shared(u_s.index(slot), uc_ptrs + kb * 64)
@@ -99,11 +101,12 @@ if HAS_TRITON:
             wa_s.index(wslot).slice(64 * h + 32, 32, dim=1).store(_e2m1_e4m3(wb, d_hi, True))
 
     @gluon.jit
-    def _stage(x_s, w_s, u_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs, suc_ptrs, kb, nblocks, wslot,
-               c_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr):
+    def _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, sa_mask, sc_ptrs,
+               suc_ptrs, kb, nblocks, wslot, c_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr):
         """Refill the ring STAGES - 2 blocks ahead, wait for block kb, encode its weights into weight slot
         wslot and fence them for the tensor cores."""
-        _issue_block(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, kb + STAGES - 2, nblocks, STAGES, GLU)
+        _issue_block(x_s, w_s, u_s, sa_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, sa_mask, kb + STAGES - 2,
+                     nblocks, STAGES, GLU)
         async_copy.wait_group(STAGES - 2)
         slot = kb % STAGES
         _encode(w_s, wa_s, slot, wslot, gl.load(sc_ptrs + kb), c_l)
@@ -126,9 +129,16 @@ if HAS_TRITON:
         return p, p_u
 
     @gluon.jit
-    def _promote(acc, acc_u, p, p_u, sc_ptrs, suc_ptrs, sa_ptrs, kb, sa_mask, GLU: gl.constexpr):
-        """acc += p * 2^(bmax - 133)[row] * sa[token]: block kb's sum in fp32 with both scales."""
-        sa = gl.load(sa_ptrs + kb, mask=sa_mask, other=0.0)
+    def _promote(acc, acc_u, p, p_u, sc_ptrs, suc_ptrs, sa_s, sa_ptrs, sa_mask, kb, GLU: gl.constexpr,
+                 STAGES: gl.constexpr):
+        """acc += p * 2^(bmax - 133)[row] * sa[token]: block kb's sum in fp32 with both scales. GLU: the token
+        scales from the block's ring slot (which the next refill of it comes after), since a per-token pointer
+        tile in the accumulator's layout (16 per thread) does not fit beside six accumulator tiles; GEMM2 loads
+        them through such pointers (the bundled ptxas crashes, signal 11, on its shared-memory variant)."""
+        if GLU:
+            sa = sa_s.index(kb % STAGES).load(gl.SliceLayout(0, acc.type.layout))
+        else:
+            sa = gl.load(sa_ptrs + kb, mask=sa_mask, other=0.0)
         sw = ((_bmax(gl.load(sc_ptrs + kb)) - 6) << 23).to(gl.float32, bitcast=True)
         acc = acc + p * sw[:, None] * sa[None, :]
         if GLU:
@@ -178,15 +188,23 @@ if HAS_TRITON:
         xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 128)
-        # their scales, in the accumulator's token layout (int32 offsets: 16 tokens per thread through the loop)
-        sp = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-        spair = gl.load(SORTED + sp)
-        svalid = spair < num_pairs
+        # their scales (one per thread; through the ring to the accumulator's token layout)
+        v_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[NW], order=[0])
+        vp = pid_m * BM + gl.arange(0, BM, layout=v_l)
+        vpair = gl.load(SORTED + vp)
+        vvalid = vpair < num_pairs
         if GLU:
-            srows = gl.where(svalid, spair // top_k, 0)
+            vrows = gl.where(vvalid, vpair // top_k, 0).to(gl.int64)
         else:
-            srows = sp
-        sa_ptrs = AS + srows * stride_asm
+            vrows = vp.to(gl.int64)
+        sa_ptrs = AS + vrows * stride_asm
+        if GLU:  # the ring brings them (`_promote`)
+            sd_ptrs = sa_ptrs
+            svalid = vvalid
+        else:  # GEMM2: rows in sorted order, pointers in the accumulator's token layout
+            sp = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+            svalid = gl.load(SORTED + sp) < num_pairs
+            sd_ptrs = AS + sp.to(gl.int64) * stride_asm
 
         # packed weight bytes (16 per thread, coalesced) and scale words: per row of the encode layout and of
         # the accumulator layout
@@ -201,6 +219,7 @@ if HAS_TRITON:
         sa_wu_ptrs = sa_w_ptrs + up_off * stride_wsn
 
         x_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, 128], x_sl)
+        sa_s = gl.allocate_shared_memory(gl.float32, [STAGES, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         w_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 64], b_sl)
         u_s = w_s
         if GLU:
@@ -220,10 +239,11 @@ if HAS_TRITON:
             pb_u = gl.zeros([BN, BM], gl.float32, layout=acc_l)
         nblocks = K // 128
         for s in gl.static_range(STAGES - 2):
-            _issue_block(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s, nblocks, STAGES, GLU)
+            _issue_block(x_s, w_s, u_s, sa_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, s, nblocks, STAGES,
+                         GLU)
         # block 0 into weight slot 0 and its MMAs in flight; then pairs: block 2t + 1 (slot 1) while 2t runs,
         # block 2t + 2 (slot 0) while 2t + 1 runs; a block's sum is promoted while the next one's MMAs run
-        _stage(x_s, w_s, u_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs, suc_ptrs, 0, nblocks, 0,
+        _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs, suc_ptrs, 0, nblocks, 0,
                c_l, GLU, STAGES)
         pa = gl.zeros([BN, BM], gl.float32, layout=acc_l)
         pa_u = pa
@@ -232,22 +252,26 @@ if HAS_TRITON:
         pa, pa_u = _mma(x_s, wa_s, wu_s, 0, 0, pa, pa_u, GLU, STAGES)
         for t in range((nblocks + 1) // 2):
             b1 = gl.minimum(2 * t + 1, nblocks - 1)  # (odd counts: the last pair repeats the last block)
-            _stage(x_s, w_s, u_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs, suc_ptrs, b1, nblocks, 1,
+            _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs, suc_ptrs, b1, nblocks, 1,
                    c_l, GLU, STAGES)
             pa, pa_u = _wait(pa, pa_u, GLU)
             pb, pb_u = _mma(x_s, wa_s, wu_s, b1, 1, pb, pb_u, GLU, STAGES)
-            acc, acc_u = _promote(acc, acc_u, pa, pa_u, sa_w_ptrs, sa_wu_ptrs, sa_ptrs, 2 * t, svalid, GLU)
+            acc, acc_u = _promote(acc, acc_u, pa, pa_u, sa_w_ptrs, sa_wu_ptrs, sa_s, sd_ptrs, svalid, 2 * t,
+                                  GLU, STAGES)
             b2 = gl.minimum(2 * t + 2, nblocks - 1)
-            _stage(x_s, w_s, u_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs, suc_ptrs, b2, nblocks, 0,
+            _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs, suc_ptrs, b2, nblocks, 0,
                    c_l, GLU, STAGES)
             pb, pb_u = _wait(pb, pb_u, GLU)
             pa, pa_u = _mma(x_s, wa_s, wu_s, b2, 0, pa, pa_u, GLU, STAGES)
             if 2 * t + 1 < nblocks:
-                acc, acc_u = _promote(acc, acc_u, pb, pb_u, sa_w_ptrs, sa_wu_ptrs, sa_ptrs, 2 * t + 1, svalid, GLU)
+                acc, acc_u = _promote(acc, acc_u, pb, pb_u, sa_w_ptrs, sa_wu_ptrs, sa_s, sd_ptrs, svalid,
+                                       2 * t + 1, GLU, STAGES)
         pa, pa_u = _wait(pa, pa_u, GLU)  # the repeat (or, for even counts, block n - 1 again): not promoted
 
         # epilogue in the accumulator layout: [BN channels, BM pairs]
-        cvalid = svalid
+        sp = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+        spair = gl.load(SORTED + sp)
+        cvalid = spair < num_pairs
         if GLU:
             gate = gl.minimum(acc.to(gl.bfloat16).to(gl.float32), limit)
             up = gl.minimum(gl.maximum(acc_u.to(gl.bfloat16).to(gl.float32), -limit), limit)
