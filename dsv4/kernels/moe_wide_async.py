@@ -40,6 +40,19 @@ if HAS_TRITON:
     from dsv4.kernels.moe_wide import _scale
 
     @gluon.jit
+    def block_rows(SORTED, pid_m, num_pairs, top_k, BM: gl.constexpr, layout: gl.constexpr, GLU: gl.constexpr):
+        """Row block pid_m of `moe_align`'s layout in a 1-D layout: (sorted slots, valid mask, int64 activation
+        rows -- GLU: the pairs' tokens, else the slots themselves, as z is stored in sorted order)."""
+        slots = pid_m * BM + gl.arange(0, BM, layout=layout)
+        pair = gl.load(SORTED + slots)
+        valid = pair < num_pairs
+        if GLU:
+            rows = gl.where(valid, pair // top_k, 0).to(gl.int64)
+        else:
+            rows = slots.to(gl.int64)
+        return slots, valid, rows
+
+    @gluon.jit
     def _widen(wb, sc, g, HI: gl.constexpr):
         """bf16 [BN, 32] weights of group g (0..3, constant or not) of a 128-wide K block from the bytes of its
         half (low nibbles: even groups, HI: odd) and the row's packed scale word (`moe_wide._widen`, F16)."""
@@ -217,13 +230,7 @@ if HAS_TRITON:
         e = gl.load(EXPERT_IDS + pid_m).to(gl.int64)
 
         # activation rows of the block (GLU: the pairs' tokens; GEMM2: z in sorted order), 32 columns per group
-        xp = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
-        xpair = gl.load(SORTED + xp)
-        xvalid = xpair < num_pairs
-        if GLU:
-            rows = gl.where(xvalid, xpair // top_k, 0).to(gl.int64)
-        else:
-            rows = xp.to(gl.int64)
+        _, xvalid, rows = block_rows(SORTED, pid_m, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
         xk = gl.arange(0, 32, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 32)

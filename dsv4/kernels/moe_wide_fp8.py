@@ -54,6 +54,7 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     from dsv4.kernels.fp8_linear import _pow2_scale
+    from dsv4.kernels.moe_wide_async import block_rows
 
     _ASM8_LO: gl.constexpr = gl.constexpr(e4m3_asm(False))
     _ASM8_HI: gl.constexpr = gl.constexpr(e4m3_asm(True))
@@ -178,33 +179,20 @@ if HAS_TRITON:
         e = gl.load(EXPERT_IDS + pid_m).to(gl.int64)
 
         # activation codes of the block's rows (GLU: the pairs' tokens; GEMM2: z in sorted order)
-        xp = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
-        xpair = gl.load(SORTED + xp)
-        xvalid = xpair < num_pairs
-        if GLU:
-            rows = gl.where(xvalid, xpair // top_k, 0).to(gl.int64)
-        else:
-            rows = xp.to(gl.int64)
+        _, xvalid, rows = block_rows(SORTED, pid_m, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
         xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 128)
         # their scales (one per thread; through the ring to the accumulator's token layout)
         v_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[NW], order=[0])
-        vp = pid_m * BM + gl.arange(0, BM, layout=v_l)
-        vpair = gl.load(SORTED + vp)
-        vvalid = vpair < num_pairs
-        if GLU:
-            vrows = gl.where(vvalid, vpair // top_k, 0).to(gl.int64)
-        else:
-            vrows = vp.to(gl.int64)
+        _, vvalid, vrows = block_rows(SORTED, pid_m, num_pairs, top_k, BM, v_l, GLU)
         sa_ptrs = AS + vrows * stride_asm
         if GLU:  # the ring brings them (`_promote`)
             sd_ptrs = sa_ptrs
             svalid = vvalid
         else:  # GEMM2: rows in sorted order, pointers in the accumulator's token layout
-            sp = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-            svalid = gl.load(SORTED + sp) < num_pairs
-            sd_ptrs = AS + sp.to(gl.int64) * stride_asm
+            _, svalid, srows = block_rows(SORTED, pid_m, num_pairs, top_k, BM, gl.SliceLayout(0, acc_l), GLU)
+            sd_ptrs = AS + srows * stride_asm
 
         # packed weight bytes (16 per thread, coalesced) and scale words: per row of the encode layout and of
         # the accumulator layout
