@@ -151,6 +151,7 @@ if HAS_TRITON:
 
     @gluon.jit
     def _wait(p, p_u, GLU: gl.constexpr):
+        """Wait for the MMAs in flight (p / p_u): their block sums, ready to promote."""
         if GLU:
             p, p_u = warpgroup_mma_wait(num_outstanding=0, deps=[p, p_u])
         else:
