@@ -2,7 +2,7 @@
 one run, Flash experts, L2 flushed, with the share of outputs bit-identical to the first variant's:
 
     python bench/bench_moe_flags.py --ms 2048,4096,8192 "default:" \
-        "one warpgroup:dsv4.kernels.moe_wide.ASYNC_ONE_WARPGROUP=True"
+        "one warpgroup:dsv4.kernels.moe_wide.DOWN_ONE_WARPGROUP=True"
 
 A variant is `name:` followed by comma-separated `module.NAME=value` settings (bench/flags.py), applied for
 that variant only. Times: triton's do_bench (median) minus the flush's own time. A development aid;

@@ -1,6 +1,6 @@
 """Module flags set from the command line, for A/Bs of opt-in kernel variants in one device call.
 
-    python bench/flags.py dsv4.kernels.moe_wide.ASYNC_ONE_WARPGROUP=True -- bench/bench_parallel.py --layers 8 ...
+    python bench/flags.py dsv4.kernels.moe_wide.DOWN_ONE_WARPGROUP=True -- bench/bench_parallel.py --layers 8 ...
 
 runs the script in this process after setting each `module.NAME=value` (a Python literal; the attribute must
 exist). `apply` is the same for other bench scripts (bench_moe_flags.py).

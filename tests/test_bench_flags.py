@@ -9,11 +9,11 @@ from bench.flags import apply, restore
 def test_apply_sets_and_restore_puts_back():
     import dsv4.kernels.moe_wide as mw
 
-    before = (mw.ASYNC_STAGES, mw.ASYNC_ONE_WARPGROUP)
-    old = apply(["dsv4.kernels.moe_wide.ASYNC_STAGES=7", "dsv4.kernels.moe_wide.ASYNC_ONE_WARPGROUP=True"])
-    assert (mw.ASYNC_STAGES, mw.ASYNC_ONE_WARPGROUP) == (7, True)
+    before = (mw.ASYNC_STAGES, mw.DOWN_ONE_WARPGROUP)
+    old = apply(["dsv4.kernels.moe_wide.ASYNC_STAGES=7", "dsv4.kernels.moe_wide.DOWN_ONE_WARPGROUP=True"])
+    assert (mw.ASYNC_STAGES, mw.DOWN_ONE_WARPGROUP) == (7, True)
     restore(old)
-    assert (mw.ASYNC_STAGES, mw.ASYNC_ONE_WARPGROUP) == before
+    assert (mw.ASYNC_STAGES, mw.DOWN_ONE_WARPGROUP) == before
 
 
 @pytest.mark.parametrize("bad,match", [("dsv4.kernels.moe_wide.NO_SUCH_FLAG=1", "no attribute"),

@@ -40,12 +40,15 @@ WIDEN_F16 = True
 # 64-row tiles, weights in registers: M = 2048 4.18 (s10c) -> 3.79 (the shared-memory mode: 4.04)
 ASYNC = True
 ASYNC_STAGES = 4  # ring slots of 64-wide K halves (activations and weight bytes) in shared memory
-ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None: for tiles of >= 128 rows)
-# ... with one warpgroup per program (64 weight rows, 4 warps; two programs per SM, whose widening and MMAs
-# interleave without synchronising) instead of two in lockstep; the GLU then stores z unquantised and
-# `requant_rows` quantises it per 128 channels. Prepared in session 10 (compiled, not yet timed): opt-in
-# until bench/bench_moe_wide_shapes.py measures it (bench/runs/run_device_s11a.sh)
-ASYNC_ONE_WARPGROUP = False
+ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None: two warpgroups, >= 128-row tiles)
+# ... with one warpgroup per program (64 weight rows, 4 warps, the widened weights as the MMA's register
+# operand; two programs per SM, whose widening and MMAs interleave without synchronising) instead of two in
+# lockstep; the GLU then stores z unquantised and `requant_rows` quantises it per 128 channels. Per GEMM
+# (bench/bench_moe_wide_shapes.py, bench/runs/run_device_s11a.sh, ms L2-flushed, two warpgroups -> one):
+# GLU M = 2048 (64-row tiles) 2.38 -> 1.84, M = 4096 3.09 -> 2.62, M = 8192 6.14 -> 5.54; GEMM2 the other
+# way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
+GLU_ONE_WARPGROUP = True
+DOWN_ONE_WARPGROUP = False
 # FP8 operands instead (dsv4.kernels.moe_wide_fp8, Gluon): the MXFP4 weights re-encoded to e4m3 per 128-wide
 # block, FP8 wgmma, the reference's per-128 promotion. Prepared in session 10 (compiled for sm_90a, not yet
 # run): opt-in until bench/runs/run_device_s11b.sh measures it. Its tiles hold FP8_BM tokens (a GLU program
@@ -282,13 +285,13 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     if ASYNC and WIDEN_F16 and not INTERPRET and _is_hopper(x.device):  # the Gluon kernel (f16 widening only;
         # wgmma is Hopper's; no interpreter for Gluon)
         from dsv4.kernels import moe_wide_async
-        a_smem = bm >= 128 if ASYNC_A_SMEM is None else ASYNC_A_SMEM
-        bn1, warps = (64, 4) if ASYNC_ONE_WARPGROUP else (BLOCK, num_warps)
-        bn2 = 64 if ASYNC_ONE_WARPGROUP else bn2
-        moe_wide_async.launch(args1, (nb, i // bn1), bm, bn1, True, warps, ASYNC_STAGES, a_smem)
-        if bn1 != BLOCK:
-            requant_rows(args1[3])
-        moe_wide_async.launch(args2, (nb, d // bn2), bm, bn2, False, warps, ASYNC_STAGES, a_smem)
+        args = ((args1, i, True, GLU_ONE_WARPGROUP, BLOCK), (args2, d, False, DOWN_ONE_WARPGROUP, bn2))
+        for a, n, glu, one, bn in args:
+            bn, warps = (64, 4) if one else (bn, num_warps)
+            a_smem = (bm >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
+            moe_wide_async.launch(a, (nb, n // bn), bm, bn, glu, warps, ASYNC_STAGES, a_smem)
+            if glu and bn != BLOCK:  # z was stored unquantised
+                requant_rows(args1[3])
         return y
     meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
                 num_stages=num_stages)

@@ -145,12 +145,14 @@ def test_wide_falls_back_past_its_scale_range(poison, close_bf16):
 
 
 @pytest.mark.parametrize("bm", [64, 128])
-@pytest.mark.parametrize("a_smem,stages,one_wg", [(False, 2, False), (False, 3, False), (True, 3, False),
-                                                  (True, 4, False), (False, 4, True), (True, 3, True)])
+@pytest.mark.parametrize("a_smem,stages,one_wg", [(False, 2, (0, 0)), (False, 3, (0, 0)), (True, 3, (0, 0)),
+                                                  (True, 4, (0, 0)), (None, 4, (1, 0)), (False, 4, (1, 1)),
+                                                  (True, 3, (1, 1)), (None, 4, (0, 1))])
 def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison, monkeypatch):
     """The Gluon kernel (moe_wide.ASYNC) issues the same bf16 wgmma chain over the same exact operands as the
     Triton wide kernel, so its outputs agree with it (bar the MMA's internal order, if it ever differs); also
-    with one warpgroup per program (one_wg: z quantised afterwards by `requant_rows`)."""
+    with one warpgroup per program for the GLU and/or GEMM2 (one_wg; the GLU's z is then quantised afterwards
+    by `requant_rows`); a_smem None: the default choice of where the widened weights go."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _mxfp4_experts, _topk
@@ -166,7 +168,8 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison
     monkeypatch.setattr(moe_wide, "ASYNC", False)  # the Triton kernel
     want = fused_moe(x, ids, w, packed, config=_wide(bm))
     monkeypatch.setattr(moe_wide, "ASYNC", True)
-    monkeypatch.setattr(moe_wide, "ASYNC_ONE_WARPGROUP", one_wg)
+    monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", bool(one_wg[0]))
+    monkeypatch.setattr(moe_wide, "DOWN_ONE_WARPGROUP", bool(one_wg[1]))
     monkeypatch.setattr(moe_wide, "ASYNC_STAGES", stages)
     monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", a_smem)
     poison()
