@@ -6,8 +6,8 @@ issue #6's fusion work, not a benchmark.
     python bench/profile_step.py [--layers 4] [--batch 1] [--ctx 1024] [--prefill N]
 
 `--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill);
-`--host` the host's side of captured decode steps (CPU time per op and labelled Python part); with
-`--syncs` also the lines where such a step makes the host wait for the GPU.
+`--cprofile` Python's profile of eager decode steps; `--host` the host's side of captured decode steps
+(CPU time per op and labelled Python part); with `--syncs` also the lines where such a step makes the host wait for the GPU.
 """
 from __future__ import annotations
 
@@ -85,6 +85,8 @@ def main() -> None:
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill instead of a decode step")
     p.add_argument("--syncs", action="store_true", help="also list where the profiled call waits for the GPU")
     p.add_argument("--order", action="store_true", help="also list each layer's kernels in launch order")
+    p.add_argument("--cprofile", action="store_true",
+                   help="instead: Python's profiler over eager decode steps (where the host's time goes, by function)")
     p.add_argument("--host", action="store_true",
                    help="instead: the host's side of captured decode steps (CPU time per torch op / Python part)")
     args = p.parse_args()
@@ -113,6 +115,9 @@ def main() -> None:
         run.release(states)
         states = run.new_states(1)
         one = [args.prefill]
+    if args.cprofile:
+        _cprofile(run, states, one)
+        return
     if args.host:
         if args.syncs:  # the lines where a captured decode step still makes the host wait
             _list_syncs(lambda: run.forward(states, one))
@@ -162,6 +167,27 @@ def main() -> None:
     print("kernels by GPU time (us, launches):")
     for name, us in times.most_common(int(os.environ.get("TOP", "25"))):
         print(f"  {us:8.0f} {names[name]:5d}  {name}")
+
+
+def _cprofile(run, states, one, steps: int = 10) -> None:
+    """Eager decode steps' wall time, then cProfile's functions by cumulative and by own time."""
+    import cProfile
+    import pstats
+    import time
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        run.forward(states, one)
+    torch.cuda.synchronize()
+    print(f"eager decode step wall {(time.perf_counter() - t) / steps * 1e3:.2f} ms ({steps} steps)")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        run.forward(states, one)
+    torch.cuda.synchronize()
+    prof.disable()
+    for key in ("cumulative", "tottime"):
+        pstats.Stats(prof).sort_stats(key).print_stats(22)
 
 
 def _profile_host(run, states, one, steps: int = 10) -> None:
