@@ -1,5 +1,6 @@
 """The routed MoE call (`fused_moe`, default config for each M) under module-flag variants, side by side in
-one run, Flash experts, L2 flushed, with the share of outputs bit-identical to the first variant's:
+one run, Flash experts, L2 flushed, with the share of outputs bit-identical to the first variant's and the
+relative RMS difference to it:
 
     python bench/bench_moe_flags.py --ms 2048,4096,8192 "default:" \
         "one warpgroup:dsv4.kernels.moe_wide.DOWN_ONE_WARPGROUP=True"
@@ -36,7 +37,7 @@ def main() -> None:
     ex = random_experts(e, d, i, "mxfp4")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     t_flush = triton.testing.do_bench(flush.zero_, warmup=3, rep=30)
-    print("M | " + " | ".join(f"{name} ms (same)" for name, _ in variants))
+    print("M | " + " | ".join(f"{name} ms (same, rel)" for name, _ in variants))
     for m in (int(x) for x in a.ms.split(",")):
         gen = torch.Generator("cuda").manual_seed(m)
         x = torch.randn(m, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -54,7 +55,8 @@ def main() -> None:
                     fused_moe(x, ids, w, ex)
 
                 t = triton.testing.do_bench(call, warmup=3, rep=30) - t_flush
-                row.append(f"{t:.2f} ({float((y == first).double().mean()):.4f})")
+                rel = float((y.float() - first.float()).norm() / first.float().norm())
+                row.append(f"{t:.2f} ({float((y == first).double().mean()):.4f}, {rel:.1e})")
             except Exception as err:  # a variant that fails: say so, go on
                 row.append(f"ERR {str(err)[:120]}")
             finally:

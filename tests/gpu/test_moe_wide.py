@@ -224,3 +224,52 @@ def test_fp8_operands_match_the_reference(m, spread, poison, close_bf16, monkeyp
     y = fused_moe(x, ids, w, packed, config=_wide(128))
     assert moe_wide.fp8_path(packed, x.device)
     close_bf16(y, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"FP8 wide m={m} spread={spread}")
+
+
+@pytest.mark.parametrize("rows,spread", [(300, 11), (64, 0)])
+def test_reencode_kernel_matches_its_reference(rows, spread, poison):
+    """`moe_reencode.reencode_fp8` (Triton) writes `reencode_fp8_ref`'s e4m3 bytes and block scales bit for bit,
+    with row counts that are and are not a multiple of its row tile, and leaves nothing unwritten."""
+    from dsv4.kernels.moe_layout import _pack_group_scales, repack_fp4
+    from dsv4.kernels.moe_reencode import reencode_fp8, reencode_fp8_ref
+
+    gen = torch.Generator(DEV).manual_seed(rows + spread)
+    k = 384
+    w = repack_fp4(torch.randint(0, 256, (2, rows, k // 2), generator=gen, device=DEV, dtype=torch.uint8))
+    s = torch.randint(124 - spread, 125, (2, rows, k // 32), generator=gen, device=DEV, dtype=torch.uint8)
+    poison()
+    q, qs = reencode_fp8(w, _pack_group_scales(s))
+    want_q, want_s = reencode_fp8_ref(w, _pack_group_scales(s))
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(qs, want_s)
+
+
+@pytest.mark.parametrize("m,spread", [(300, 11), (700, 3)])
+def test_reencode_path_matches_the_reference(m, spread, poison, close_bf16, monkeypatch):
+    """moe_wide.REENCODE: the MXFP4 experts re-encoded to an FP8 copy with per-row block scales, then the FP8
+    per-group kernel (per-128 promotion in fp32): the products are the reference's, each block's sum the tensor
+    core's, so the outputs match `fused_moe_ref` statistically (at the wide kernel's tolerance)."""
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels import moe_reencode, moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    monkeypatch.setattr(moe_wide, "REENCODE", True)
+    monkeypatch.setattr(moe_wide, "REENCODE_MIN_PAIRS_PER_EXPERT", 64)
+    calls = []
+    real = moe_reencode.reencoded_experts
+    monkeypatch.setattr(moe_reencode, "reencoded_experts", lambda p: calls.append(1) or real(p))
+    e, d, i, k = 16, 512, 384, 6
+    gen = torch.Generator(DEV).manual_seed(m + spread + 1)
+    experts = _mxfp4_experts(e, d, i, gen)
+    for name in ("w1_scale", "w3_scale", "w2_scale"):
+        s = getattr(experts, name)
+        setattr(experts, name, torch.randint(124 - spread, 125, s.shape, generator=gen, device=DEV, dtype=torch.uint8))
+    packed = finalize_experts(experts)
+    assert packed.fp8_ok and packed.wide_ok
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _topk(m, e, k, gen, skew=m == 300)
+    poison()
+    y = fused_moe(x, ids, w, packed, config=_wide(128))
+    assert calls == [1]
+    close_bf16(y, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"re-encoded m={m} spread={spread}")
