@@ -3,6 +3,7 @@
 # dsv4.kernels.moe_reencode: one memory-bound re-encode pass, then the FP8-expert per-group kernel with per-row
 # block scales) -- its tests and the FP8 kernel's (the per-row scale option touched it), the MoE call against
 # the default (bm 64 / 128 token tiles), the re-encode pass alone, and the 8K prefill with it on.
+# Measured slower at every size (docs/benchmarks.md #5, session 11) and removed; the code is in commit cb8d6ae.
 source "$(dirname "$0")/lib.sh"
 run 60 tests/gpu/test_moe_wide.py -k "reencode"
 run 150 tests/gpu/test_moe.py

@@ -189,19 +189,8 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _block_scale(s_all, kidx, kb, WS_ROW: tl.constexpr, SWAP: tl.constexpr):
-        """K block kb's weight scale from the preloaded ones: a scalar for 128x128 blocks, else one per
-        weight row, shaped to broadcast over the accumulator ([1, BN], or [BN, 1] with SWAP)."""
-        if WS_ROW:
-            sw = tl.sum(tl.where(kidx[None, :] == kb, s_all, 0.0), axis=1)
-            if SWAP:
-                return sw[:, None]
-            return sw[None, :]
-        return tl.sum(tl.where(kidx == kb, s_all, 0.0), axis=0)
-
-    @triton.jit
     def _fp8w_mma(acc, a, sa, Wp, sw, kb, SWAP: tl.constexpr):
-        """acc += one 128-wide K block of A · W^T for FP8 rows with fp32 block scales sw (see _block_scale)."""
+        """acc += one 128-wide K block of A · W^T for FP8 rows with 128x128 fp32 scales (sw per tile)."""
         w = tl.load(Wp + kb * 128)
         if SWAP:  # see _group_dot
             acc = acc + tl.dot(w, tl.trans(a)) * sa[None, :] * sw
@@ -234,7 +223,6 @@ if HAS_TRITON:
         BM: tl.constexpr, BN: tl.constexpr,
         A_MODE: tl.constexpr,  # 0: fp8 + scales given, 1: bf16 quantised here, 2: bf16 (W4A16)
         W_FP8: tl.constexpr, GLU: tl.constexpr, QUANT_OUT: tl.constexpr, GATHER_A: tl.constexpr,
-        WS_ROW: tl.constexpr,  # W_FP8 with one scale per weight row and K block ([E, N, K/128], moe_reencode)
         USE_ASM: tl.constexpr, KBP: tl.constexpr,  # KBP: next power of two >= K // 128
         SWAP: tl.constexpr,  # accumulate [BN, BM] (weights as the MMA's M side; small token tiles)
     ):
@@ -269,13 +257,9 @@ if HAS_TRITON:
             a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]
             Wg = W_e + offs_n[:, None] * stride_wn + offs_k[None, :]
             Wu = Wg + up_off * stride_wn
-            if WS_ROW:  # [BN, KBP] per weight set
-                sg_all = tl.load(WS_e + offs_n[:, None] * stride_wsk + kidx[None, :], mask=kmask[None, :], other=0.0)
-                su_all = tl.load(WS_e + (offs_n + up_off)[:, None] * stride_wsk + kidx[None, :], mask=kmask[None, :],
-                                 other=0.0)
-            else:  # BN <= 128: one 128-row scale block per tile
-                sg_all = tl.load(WS_e + (pid_n * BN // 128) * stride_wsk + kidx, mask=kmask, other=0.0)
-                su_all = tl.load(WS_e + ((pid_n * BN + up_off) // 128) * stride_wsk + kidx, mask=kmask, other=0.0)
+            # BN <= 128: one 128-row scale block per tile
+            sg_all = tl.load(WS_e + (pid_n * BN // 128) * stride_wsk + kidx, mask=kmask, other=0.0)
+            su_all = tl.load(WS_e + ((pid_n * BN + up_off) // 128) * stride_wsk + kidx, mask=kmask, other=0.0)
             for kb in range(0, KB):
                 a = tl.load(a_ptrs + kb * 128, mask=valid[:, None], other=0.0)
                 if A_MODE == 1:
@@ -284,10 +268,10 @@ if HAS_TRITON:
                     sa = tl.sum(tl.where(kidx[None, :] == kb, sa_all, 0.0), axis=1)
                 else:
                     sa = tl.load(SA + rows * stride_sam + kb, mask=valid, other=0.0)
-                sg = _block_scale(sg_all, kidx, kb, WS_ROW, SWAP)
+                sg = tl.sum(tl.where(kidx == kb, sg_all, 0.0), axis=0)
                 acc = _fp8w_mma(acc, a, sa, Wg, sg, kb, SWAP)
                 if GLU:
-                    su = _block_scale(su_all, kidx, kb, WS_ROW, SWAP)
+                    su = tl.sum(tl.where(kidx == kb, su_all, 0.0), axis=0)
                     acc_u = _fp8w_mma(acc_u, a, sa, Wu, su, kb, SWAP)
         else:
             offs_k = tl.arange(0, 32)
@@ -425,37 +409,20 @@ def fused_moe(
         return _combine(y, shared, ids, out, e)
     if wide:
         from dsv4.kernels import moe_wide as mw
-        if mw.reencode_path(experts, num_pairs, x.device):  # one FP8 copy of the experts, the FP8 kernel
-            from dsv4.kernels.moe_reencode import reencoded_experts
-            y = _grouped_gemms(x, topk_ids, topk_weights, *reencoded_experts(experts), True, True,
-                               dataclasses.replace(large_batch_config(act), bm=mw.REENCODE_BM), act, swiglu_limit)
-            return _combine(y, shared, ids, out, e)
         if mw.fp8_path(experts, x.device):  # FP8 operands: their own tile height
             cfg = dataclasses.replace(cfg, bm=mw.FP8_BM)
-        sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
-        y = mw.moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
-                        bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
+    sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
+    if wide:
+        from dsv4.kernels.moe_wide import moe_wide
+        y = moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
+                     bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
         return _combine(y, shared, ids, out, e)
-    y = _grouped_gemms(x, topk_ids, topk_weights, experts.w13, experts.w13_scale, experts.w2, experts.w2_scale,
-                       experts.fmt == "fp8", False, cfg, act, swiglu_limit)
-    return _combine(y, shared, ids, out, e)
-
-
-def _grouped_gemms(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
-                   s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, w_fp8: bool, ws_row: bool, cfg: MoEConfig,
-                   act: str, swiglu_limit: float) -> torch.Tensor:
-    """The per-group kernel's two GEMMs (MXFP4 or FP8 weights; ws_row: FP8 with per-row block scales) ->
-    y [pairs, D], one bf16 row per (token, slot)."""
-    d = x.shape[1]
-    top_k, num_pairs = topk_ids.shape[1], topk_ids.numel()
-    i = w2.shape[2] * (1 if w_fp8 else 2)
-    quant_out = act == "fp8" and cfg.quant_out
-    sorted_ids, expert_ids, num_post = moe_align(topk_ids, w13.shape[0], cfg.bm)
     nb = expert_ids.numel()
     rows = nb * cfg.bm
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    w_fp8 = experts.fmt == "fp8"
     use_asm = cfg.use_asm and os.environ.get("TRITON_INTERPRET") != "1"  # the interpreter runs no inline PTX
-    meta = dict(BM=cfg.bm, W_FP8=w_fp8, WS_ROW=ws_row, USE_ASM=use_asm, SWAP=cfg.swap, num_stages=cfg.num_stages)
+    meta = dict(BM=cfg.bm, W_FP8=w_fp8, USE_ASM=use_asm, SWAP=cfg.swap, num_stages=cfg.num_stages)
 
     # GEMM1: [pairs, D] x w13^T -> z [rows, I] in sorted order
     if act == "bf16":
@@ -471,6 +438,7 @@ def _grouped_gemms(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     else:
         z = torch.empty((rows, i), dtype=torch.bfloat16, device=x.device)
         zs = z
+    w13, s13 = experts.w13, experts.w13_scale
     _moe_gemm_kernel[(nb, i // cfg.bn1)](
         a1, sa1, w13, s13, z, zs, sorted_ids, expert_ids, num_post, tw,
         i, d, num_pairs, top_k, i, float(swiglu_limit),
@@ -483,6 +451,7 @@ def _grouped_gemms(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     # GEMM2: z [rows, I] x w2^T -> y [pairs, D], one bf16 row per (token, slot)
     mode2 = 2 if act == "bf16" else (0 if quant_out else 1)
     y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
+    w2, s2 = experts.w2, experts.w2_scale
     _moe_gemm_kernel[(nb, d // cfg.bn2)](
         z, zs, w2, s2, y, y, sorted_ids, expert_ids, num_post, tw,
         d, i, num_pairs, top_k, 0, float(swiglu_limit),
@@ -492,7 +461,7 @@ def _grouped_gemms(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
         KBP=triton.next_power_of_2(i // BLOCK), **meta,
     )
 
-    return y
+    return _combine(y, shared, ids, out, e)
 
 
 def _combine(y: torch.Tensor, shared: torch.Tensor | None, ids: torch.Tensor, out: torch.Tensor,

@@ -56,12 +56,6 @@ DOWN_ONE_WARPGROUP = False
 WIDE_FP8 = False
 FP8_BM = 64
 FP8_STAGES = 4
-# ... or the experts re-encoded to FP8 once per call (dsv4.kernels.moe_reencode: one memory-bound pass
-# writing twice the MXFP4 bytes), then the FP8-expert kernel; pays only for many pairs per expert.
-# Prepared in session 11: opt-in until measured
-REENCODE = False
-REENCODE_MIN_PAIRS_PER_EXPERT = 128
-REENCODE_BM = 64  # the FP8 kernel's token tile there (large_batch_config's)
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
@@ -227,13 +221,6 @@ def _is_hopper(device: torch.device) -> bool:
 def fp8_path(experts: PackedExperts, device: torch.device) -> bool:
     """Whether `moe_wide` runs these experts on FP8 operands (WIDE_FP8, exact re-encode, a Hopper GPU)."""
     return WIDE_FP8 and experts.fmt == "mxfp4" and experts.fp8_ok and not INTERPRET and _is_hopper(device)
-
-
-def reencode_path(experts: PackedExperts, num_pairs: int, device: torch.device) -> bool:
-    """Whether `fused_moe` runs these experts on a per-call FP8 copy (REENCODE; enough pairs per expert for
-    the copy to pay; exact re-encode; a GPU)."""
-    return (REENCODE and experts.fmt == "mxfp4" and experts.fp8_ok and (device.type == "cuda" or INTERPRET)
-            and num_pairs >= REENCODE_MIN_PAIRS_PER_EXPERT * experts.num_experts)
 
 
 def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2):
