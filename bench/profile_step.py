@@ -7,7 +7,7 @@ issue #6's fusion work, not a benchmark.
 
 `--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill);
 `--cprofile` Python's profile of eager decode steps; `--host` the host's side of captured decode steps
-(CPU time per op and labelled Python part); with `--syncs` also the lines where such a step makes the host wait for the GPU.
+(CPU time per op and labelled Python part; `--eager`: of eager ones); with `--syncs` also the lines where such a step makes the host wait for the GPU.
 """
 from __future__ import annotations
 
@@ -87,6 +87,7 @@ def main() -> None:
     p.add_argument("--order", action="store_true", help="also list each layer's kernels in launch order")
     p.add_argument("--cprofile", action="store_true",
                    help="instead: Python's profiler over eager decode steps (where the host's time goes, by function)")
+    p.add_argument("--eager", action="store_true", help="with --host: eager steps instead of captured ones")
     p.add_argument("--host", action="store_true",
                    help="instead: the host's side of captured decode steps (CPU time per torch op / Python part)")
     args = p.parse_args()
@@ -104,7 +105,7 @@ def main() -> None:
     cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=args.batch + 1, max_model_len=args.ctx + 64,
                                                       kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
     run = Runner(model, cfg.vocab_size, dev, cache)
-    if args.host:
+    if args.host and not args.eager:
         model.enable_cuda_graphs(max_batch=max(args.batch, 1))
     states = run.new_states(args.batch)
     run.prefill(states, args.ctx, with_mtp=False)
@@ -202,7 +203,7 @@ def _profile_host(run, states, one, steps: int = 10) -> None:
         run.forward(states, one)
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t) / steps * 1e3
-    for part in HOST_PARTS:
+    for part in HOST_PARTS + PARTS:  # (the model's parts run only in eager steps)
         _label(*part)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
