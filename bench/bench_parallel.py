@@ -301,8 +301,9 @@ def _rank_main(rank: int, args) -> None:
         dec = _median_ms(lambda: run.forward(st, [1]), args.reps, warmup=8)
         out["prefill"] = {"tokens": args.prefill, "ms": ms, "tok_per_s": args.prefill / ms * 1e3,
                           "decode_ms_after": dec}
+        how = "graphs" if gpu and args.cuda_graphs else "eager: host-bound, ~3 ms per layer"
         say(f"prefill {args.prefill} tokens: {ms:.0f} ms = {args.prefill / ms * 1e3:.0f} tok/s (TTFT); "
-            f"then decode B=1 at ctx {args.prefill}: {dec:.1f} ms/step")
+            f"then decode B=1 at ctx {args.prefill} ({how}): {dec:.1f} ms/step")
         run.release(st)
 
     out["decode"] = []

@@ -1,13 +1,15 @@
 """The MXFP4 -> e4m3 re-encode of dsv4.kernels.moe_wide_fp8, checked on the CPU where it is plain data:
 its prmt table (T8_LO / T8_HI) less d per exponent field must be e4m3 bytes of e2m1(code) * 2^(6 - d) for every
-code and every d the exactness rule admits, and `fp8_reencode_ok` must admit exactly those blocks."""
+code and every d the exactness rule admits; its PTX (`e4m3_pair_asm`, run here by a small interpreter of the
+few integer instructions it uses) must give those bytes for every packed byte value in every lane and every
+pair of group spreads; and `fp8_reencode_ok` must admit exactly those blocks."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from dsv4.kernels.moe_layout import FP8_MAX_SCALE_SPREAD, FP8_MIN_BLOCK_SCALE, fp8_reencode_ok
-from dsv4.kernels.moe_wide_fp8 import T8_HI, T8_LO
+from dsv4.kernels.moe_wide_fp8 import T8_HI, T8_LO, e4m3_pair_asm
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -55,3 +57,73 @@ def test_reencode_ok_looks_at_every_block_separately():
     assert fp8_reencode_ok(b)
     b[0, 3] = 100
     assert not fp8_reencode_ok(b)
+
+
+def _run_ptx(asm: str, operands: dict) -> dict:
+    """Executes `asm` (and/or/shl/shr/mov/prmt on .b32, prmt in its default mode) on int64 tensors holding
+    32-bit values; operands maps "$i" to a tensor; returns every register and operand after the last step."""
+    regs = dict(operands)
+    body = asm.strip().strip("{}").split(";")
+    m32 = 0xFFFFFFFF
+
+    def val(tok):
+        tok = tok.strip()
+        return regs[tok] if tok in regs else torch.tensor(int(tok, 0), dtype=torch.int64)
+
+    for ins in (x.strip() for x in body):
+        if not ins or ins.startswith(".reg"):
+            continue
+        op, args = ins.split(None, 1)
+        dst, *src = (a.strip() for a in args.split(","))
+        v = [val(a) for a in src]
+        if op == "and.b32":
+            r = v[0] & v[1]
+        elif op == "or.b32":
+            r = v[0] | v[1]
+        elif op == "shl.b32":
+            r = (v[0] << v[1]) & m32
+        elif op == "shr.b32":
+            r = v[0] >> v[1]
+        elif op == "mov.b32":
+            r = v[0]
+        elif op == "prmt.b32":  # default mode: selector nibble i (bits 2:0) picks byte i of {a, b}; bit 3: sign-fill
+            src8 = [(v[0] >> (8 * k)) & 0xFF for k in range(4)] + [(v[1] >> (8 * k)) & 0xFF for k in range(4)]
+            table = torch.stack(torch.broadcast_tensors(*src8, v[2])[:8], -1)
+            r = torch.zeros_like(table[..., 0])
+            for i in range(4):
+                nib = (v[2] >> (4 * i)) & 0xF
+                byte = torch.gather(table, -1, (nib & 7).expand(table.shape[:-1]).unsqueeze(-1)).squeeze(-1)
+                byte = torch.where((nib & 8) != 0, torch.where(byte >= 0x80, 0xFF, 0), byte)
+                r = r | (byte << (8 * i))
+        else:
+            raise AssertionError(f"interpreter: unknown instruction {op}")
+        regs[dst] = r & m32
+    return regs
+
+
+def _tables(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One group's prmt table words for spreads d (the kernel's `_e2m1_e4m3`)."""
+    return T8_LO - d * 0x08080800, T8_HI - d * 0x08080808
+
+
+def test_pair_asm_is_exact_for_every_byte_lane_and_spread_pair():
+    """All 256 byte values in each of the 4 lanes (the other lanes random), for all 12 x 12 spreads of the low-
+    and high-nibble groups: output lane i of $0 is e4m3(e2m1(low nibble of byte i) * 2^(6 - d_lo)), of $1 the
+    same for the high nibble with d_hi."""
+    gen = torch.Generator().manual_seed(0)
+    lanes = torch.randint(0, 256, (4, 4, 256), generator=gen)
+    for i in range(4):
+        lanes[i, i] = torch.arange(256)
+    lanes = lanes.permute(0, 2, 1).reshape(-1, 4)  # [1024 words, 4 bytes]
+    words = sum(lanes[:, k] << (8 * k) for k in range(4))
+    d = torch.arange(FP8_MAX_SCALE_SPREAD + 1)
+    d_lo, d_hi = d[:, None, None], d[None, :, None]
+    (tla, tha), (tlb, thb) = _tables(d_lo), _tables(d_hi)
+    regs = _run_ptx(e4m3_pair_asm(), {"$2": words[None, None, :], "$3": tla, "$7": tha, "$11": tlb, "$15": thb})
+    e2m1 = torch.tensor(E2M1, dtype=torch.float64)
+    for out, shift, dd in (("$0", 0, d_lo), ("$1", 4, d_hi)):
+        got = torch.stack([(regs[out] >> (8 * k)) & 0xFF for k in range(4)], -1)
+        got = got.to(torch.uint8).view(torch.float8_e4m3fn).double()
+        code = (lanes >> shift) & 0xF
+        want = e2m1[code & 7] * torch.exp2((6 - dd).double())[..., None] * torch.where(code >= 8, -1.0, 1.0)
+        assert torch.equal(got, want), out

@@ -34,17 +34,19 @@ T8_LO = 0x6C686000
 T8_HI = 0x7C787470
 
 
-def e4m3_asm(hi: bool) -> str:
-    """PTX for 4 packed bytes ($1) -> 4 e4m3 (`_e2m1_e4m3`): the group's prmt table is T8 less d per exponent
-    field (d = byte 0 of $2, the same for the 4 bytes of one row); the 4 nibbles' magnitudes become one prmt
-    selector into it; the sign bits move to bit 7."""
-    table = (f"and.b32 d, $2, 0xFF; mul.lo.u32 t, d, 0x08080800; sub.u32 lo, {T8_LO:#x}, t; "
-             f"mul.lo.u32 t, d, 0x08080808; sub.u32 hi, {T8_HI:#x}, t; ")
-    mag = "shr.b32 m, $1, 4; and.b32 m, m, 0x07070707; " if hi else "and.b32 m, $1, 0x07070707; "
-    sign = "and.b32 s, $1, 0x80808080; " if hi else "shl.b32 s, $1, 4; and.b32 s, s, 0x80808080; "
-    return ("{ .reg .b32 m, t, s, d, lo, hi; " + table + mag + "shr.b32 t, m, 4; or.b32 m, m, t; "
-            "and.b32 m, m, 0x00FF00FF; shr.b32 t, m, 8; or.b32 m, m, t; prmt.b32 m, lo, hi, m; " + sign +
-            "or.b32 $0, m, s; }")
+def e4m3_pair_asm() -> str:
+    """PTX for 4 packed bytes ($2) -> the e4m3 bytes of their 4 low nibbles ($0) and of their 4 high nibbles ($1)
+    (`_e2m1_e4m3`). The two groups' prmt tables come precomputed per row (T8 less d per exponent field): low
+    nibbles $3 / $7, high nibbles $11 / $15 (each int32 operand is 4 copies of one value, so operand 4i+3 is
+    the i-th table word). Per nibble set: the 4 magnitudes gathered into one 16-bit prmt selector (and, shift,
+    or, prmt), the lookup, the sign bits moved to bit 7 -- 1.75 instructions per weight after ptxas's merging
+    (the session-10 form built the table per 4 weights and took ~4)."""
+    lookup = ("and.b32 m, m, 0x07070707; shr.b32 t, m, 4; or.b32 m, m, t; prmt.b32 m, m, 0, 0x20; "
+              "prmt.b32 r, {lo}, {hi}, m; ")
+    return ("{ .reg .b32 m, t, r; mov.b32 m, $2; " + lookup.format(lo="$3", hi="$7") +
+            "shl.b32 t, $2, 4; and.b32 t, t, 0x80808080; or.b32 $0, r, t; "
+            "shr.b32 m, $2, 4; " + lookup.format(lo="$11", hi="$15") +
+            "and.b32 t, $2, 0x80808080; or.b32 $1, r, t; }")
 
 
 if HAS_TRITON:
@@ -56,18 +58,21 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _pow2_scale
     from dsv4.kernels.moe_wide_async import block_rows
 
-    _ASM8_LO: gl.constexpr = gl.constexpr(e4m3_asm(False))
-    _ASM8_HI: gl.constexpr = gl.constexpr(e4m3_asm(True))
+    _ASM8_PAIR: gl.constexpr = gl.constexpr(e4m3_pair_asm())
+    _T8_LO: gl.constexpr = gl.constexpr(T8_LO)
+    _T8_HI: gl.constexpr = gl.constexpr(T8_HI)
 
     @gluon.jit
-    def _e2m1_e4m3(b, d, HI: gl.constexpr):
-        """uint8 [BN, 32] packed bytes -> e4m3 e2m1(code) * 2^(6 - d) of their low (HI: high) nibbles; d [BN]
-        int32 in 0..11 per row, passed as one byte per element (4 per register, not a table word each)."""
-        dd = (b.to(gl.int32) * 0 + d[:, None]).to(gl.int8)
-        if HI:
-            return gl.inline_asm_elementwise(_ASM8_HI, "=r,r,r", [b, dd], dtype=gl.float8e4nv, is_pure=True, pack=4)
-        else:
-            return gl.inline_asm_elementwise(_ASM8_LO, "=r,r,r", [b, dd], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    def _e2m1_e4m3(b, d_lo, d_hi):
+        """uint8 [BN, 32] packed bytes -> (e4m3 e2m1(code) * 2^(6 - d_lo) of their low nibbles, the same of their
+        high nibbles with d_hi); d_lo, d_hi [BN] int32 in 0..11 per row, turned into each row's tables here."""
+        zero = b.to(gl.int32) * 0
+        tla = zero + (_T8_LO - d_lo * 0x08080800)[:, None]  # (byte 0, code 0, stays 0)
+        tha = zero + (_T8_HI - d_lo * 0x08080808)[:, None]
+        tlb = zero + (_T8_LO - d_hi * 0x08080800)[:, None]
+        thb = zero + (_T8_HI - d_hi * 0x08080808)[:, None]
+        return gl.inline_asm_elementwise(_ASM8_PAIR, "=r,=r" + ",r" * 17, [b, tla, tha, tlb, thb],
+                                         dtype=(gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
 
     @gluon.jit
     def _bmax(sc):
@@ -98,8 +103,9 @@ if HAS_TRITON:
             wb = w_s.index(slot).slice(32 * h, 32, dim=1).load(c_l)
             d_lo = bmax - ((sc >> (16 * h)) & 0xFF)
             d_hi = bmax - ((sc >> (16 * h + 8)) & 0xFF)
-            wa_s.index(wslot).slice(64 * h, 32, dim=1).store(_e2m1_e4m3(wb, d_lo, False))
-            wa_s.index(wslot).slice(64 * h + 32, 32, dim=1).store(_e2m1_e4m3(wb, d_hi, True))
+            lo, hi = _e2m1_e4m3(wb, d_lo, d_hi)
+            wa_s.index(wslot).slice(64 * h, 32, dim=1).store(lo)
+            wa_s.index(wslot).slice(64 * h + 32, 32, dim=1).store(hi)
 
     @gluon.jit
     def _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, sa_mask, sc_ptrs,
