@@ -20,8 +20,8 @@ block, computed and never promoted (odd block counts only).
 GEMM1 (w13) ends in the SwiGLU clamp, routing weight and W2's input quantisation (per pair and 128 channels,
 BN == 128), storing z as e4m3 codes + scales; GEMM2 (w2) reads them and writes bf16 rows per (token, slot).
 
-Status: prepared in session 10 after its device time was spent -- compiled for sm_90a, not yet run on a
-GPU. Opt-in (`moe_wide.WIDE_FP8`); bench/runs/run_device_s11b.sh runs its tests and the A/B.
+Status: correct on the H200 (s11b, s11i) but 1.5-2x slower than the bf16-MMA default; opt-in
+(`moe_wide.WIDE_FP8`). See moe_wide.WIDE_FP8 for the numbers and why.
 """
 from __future__ import annotations
 
