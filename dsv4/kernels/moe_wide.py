@@ -52,8 +52,8 @@ DOWN_ONE_WARPGROUP = False
 # FP8 operands instead (dsv4.kernels.moe_wide_fp8, Gluon): the MXFP4 weights re-encoded to e4m3 per 128-wide
 # block, FP8 wgmma, the reference's per-128 promotion. Measured slower (s11i, ms L2-flushed, default vs FP8):
 # M = 2048 3.30 vs 4.89, 4096 4.59 vs 9.19, 8192 8.98 vs 15.83 -- ALU-bound (SASS: ~1,100 instructions per
-# thread per pair of K blocks vs ~256 per block for the MMAs to bound it), so opt-in. Its tiles hold FP8_BM tokens (a GLU program
-# keeps six [128, FP8_BM] fp32 tiles in registers), so `fused_moe` aligns the pairs to FP8_BM rows
+# thread per pair of K blocks vs ~256 per block for the MMAs to bound it), so opt-in. Its tiles hold FP8_BM
+# tokens (a GLU program keeps six [128, FP8_BM] fp32 tiles in registers), so `fused_moe` aligns the pairs to FP8_BM rows
 WIDE_FP8 = False
 FP8_BM = 64
 FP8_STAGES = 4

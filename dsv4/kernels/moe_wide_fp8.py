@@ -39,8 +39,8 @@ def e4m3_pair_asm() -> str:
     (`_e2m1_e4m3`). The two groups' prmt tables come precomputed per row (T8 less d per exponent field): low
     nibbles $3 / $7, high nibbles $11 / $15 (each int32 operand is 4 copies of one value, so operand 4i+3 is
     the i-th table word). Per nibble set: the 4 magnitudes gathered into one 16-bit prmt selector (and, shift,
-    or, prmt), the lookup, the sign bits moved to bit 7 -- 1.75 instructions per weight after ptxas's merging
-    (the session-10 form built the table per 4 weights and took ~4)."""
+    or, prmt), the lookup, the sign bits moved to bit 7. SASS of the GLU loop: ~1.7 instructions per weight
+    (the session-10 form, one nibble set per call: ~2.1)."""
     lookup = ("and.b32 m, m, 0x07070707; shr.b32 t, m, 4; or.b32 m, m, t; prmt.b32 m, m, 0, 0x20; "
               "prmt.b32 r, {lo}, {hi}, m; ")
     return ("{ .reg .b32 m, t, r; mov.b32 m, $2; " + lookup.format(lo="$3", hi="$7") +
