@@ -198,6 +198,9 @@ def test_stacked_launch_config_matches_each_part():
     assert _stacked_launch(1, (8192, 8192), 1024).split_k == 4  # TP=4 shard: both 128 tiles (alone 256: 2)
     assert _stacked_launch(1, (512, 2048), 128).split_k == 1  # one K block cannot split
     assert _stacked_launch(32, (32768, 8192), 1024).split_k == 1  # prefill tiles never split K
+    from dsv4.kernels.fp8_linear import CUBLAS_MIN_ROWS
+    assert _stacked_launch(CUBLAS_MIN_ROWS - 1, (1024, 512), 4096) is not None
+    assert _stacked_launch(CUBLAS_MIN_ROWS, (1024, 512), 4096) is None  # cuBLAS parts: separate launches
 
 
 # --------------------------------------------------------------------------- whole models

@@ -22,6 +22,7 @@ Two launch shapes of one kernel:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -138,7 +139,7 @@ if HAS_TRITON:
         return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
     @triton.jit(do_not_specialize=["M"])
-    def _act_quant_kernel(X, Q, S, M, stride_xm, stride_qm, stride_sm, BR: tl.constexpr):
+    def _act_quant_kernel(X, Q, S, M, stride_xm, stride_qm, stride_sm, stride_sk, BR: tl.constexpr):
         pid_r = tl.program_id(0)
         kb = tl.program_id(1)
         rows = pid_r * BR + tl.arange(0, BR)
@@ -147,7 +148,7 @@ if HAS_TRITON:
         x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask[:, None], other=0.0)
         q, s = _quant_rows(x.to(tl.float32))
         tl.store(Q + rows[:, None] * stride_qm + cols[None, :], q, mask=mask[:, None])
-        tl.store(S + rows * stride_sm + kb, s, mask=mask)
+        tl.store(S + rows * stride_sm + kb * stride_sk, s, mask=mask)
 
     @triton.jit(do_not_specialize=["M"])
     def _fp8_gemm_kernel(
@@ -322,8 +323,9 @@ def _scale_operand(scale: torch.Tensor) -> tuple[torch.Tensor, bool]:
 # --------------------------------------------------------------------------- Triton entry points
 
 
-def act_quant(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton activation quantisation, same contract as `act_quant_ref` (block must be 128)."""
+def act_quant(x: torch.Tensor, block: int = BLOCK, scales_outer: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton activation quantisation, same contract as `act_quant_ref` (block must be 128).
+    scales_outer: the scales [..., K/128] stored outer-dim-major (a transposed view: cuBLAS's layout)."""
     if block != BLOCK:
         raise ValueError(f"act_quant: only block=128 is implemented, got {block}")
     k = x.shape[-1]
@@ -334,12 +336,15 @@ def act_quant(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.
         x2 = x2.contiguous()
     m = x2.shape[0]
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((m, k // BLOCK), dtype=torch.float32, device=x.device)
+    s = torch.empty((k // BLOCK, m), dtype=torch.float32, device=x.device).t() if scales_outer else \
+        torch.empty((m, k // BLOCK), dtype=torch.float32, device=x.device)
     if m:
         br = 32
         _act_quant_kernel[(triton.cdiv(m, br), k // BLOCK)](
-            x2, q, s, m, x2.stride(0), q.stride(0), s.stride(0), BR=br, num_warps=4
+            x2, q, s, m, x2.stride(0), q.stride(0), s.stride(0), s.stride(1), BR=br, num_warps=4
         )
+    if scales_outer:
+        return q.view(x.shape), s  # 2-D [M, K/128] view
     return q.view(x.shape), s.view(*x.shape[:-1], k // BLOCK)
 
 
@@ -405,10 +410,62 @@ def fp8_gemm(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: torc
     return out.view(*q.shape[:-1], n)
 
 
+# From this many rows (bf16 out, no explicit config) `fp8_linear` hands the GEMM to cuBLAS's blockwise FP8
+# product (`torch._scaled_mm`, 1x128 activation and 128x128 weight scales) on `act_quant`'s output: faster
+# than the Triton GEMM at every Flash/Pro shape from M = 256 (docs/benchmarks.md #5: the Triton GEMM is
+# 0.5-0.65x of it at M >= 1024). The same math: exact e4m3 products summed per 128-block, scaled, fp32 sums
+# (another order). M below it (decode): the Triton kernel (1.1-2x cuBLAS there, and graph-friendly).
+CUBLAS_MIN_ROWS = 256
+_CUBLAS_REJECTED: set = set()  # (m, n, k) cuBLAS refused once (the Triton GEMM runs them)
+_F32_SCALES: OrderedDict = OrderedDict()  # E8M0 weight scales decoded for cuBLAS, most recent last
+
+
+def _cublas_weight_scale(scale: torch.Tensor) -> torch.Tensor:
+    """fp32 128x128 weight scales for cuBLAS, decoded once per E8M0 tensor (and again after an in-place
+    write, which bumps its version). The entry holds the source tensor, so while cached no other storage
+    can take its address (a hit is the same bytes, maybe through another view); least recently used
+    entries go beyond 4096 (a V4-Pro stack has ~1,000 linears)."""
+    if scale.dtype == torch.float32:
+        return scale
+    key = (scale.data_ptr(), tuple(scale.shape), scale._version)
+    hit = _F32_SCALES.get(key)
+    if hit is not None:
+        _F32_SCALES.move_to_end(key)
+        return hit[1]
+    f32 = _weight_scale_f32(scale)
+    _F32_SCALES[key] = (scale, f32)
+    if len(_F32_SCALES) > 4096:
+        _F32_SCALES.popitem(last=False)
+    return f32
+
+
+def cublas_fp8_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """bf16 [M, N] of a 2-D bf16 x2 by `act_quant` + cuBLAS blockwise `_scaled_mm`; None where this torch /
+    cuBLAS build rejects the shape (logged once per shape; the caller runs the Triton GEMM)."""
+    key = (x2.shape[0], weight.shape[0], weight.shape[1])
+    if key in _CUBLAS_REJECTED:
+        return None
+    q, s = act_quant(x2, scales_outer=True)
+    try:
+        return torch._scaled_mm(q, weight.t(), scale_a=s, scale_b=_cublas_weight_scale(scale).t(),
+                                out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as err:
+        import logging
+        logging.getLogger(__name__).warning("cuBLAS blockwise FP8 GEMM rejected %s (%s); Triton GEMM instead",
+                                            key, str(err).splitlines()[0] if str(err) else type(err).__name__)
+        _CUBLAS_REJECTED.add(key)
+        return None
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-               config: LinearConfig | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Triton FP8 block linear: bf16 x [..., K] -> [..., N] in out_dtype (bf16, or fp32 for a
-    row-parallel partial sum that is rounded after the all-reduce); contract of `fp8_linear_ref`."""
+               config: LinearConfig | None = None, out_dtype: torch.dtype = torch.bfloat16,
+               backend: str = "auto") -> torch.Tensor:
+    """FP8 block linear: bf16 x [..., K] -> [..., N] in out_dtype (bf16, or fp32 for a row-parallel
+    partial sum that is rounded after the all-reduce); contract of `fp8_linear_ref`. backend "auto":
+    cuBLAS from CUBLAS_MIN_ROWS rows when out_dtype is bf16 and no config is given, else Triton;
+    "triton" / "cublas" force one (cuBLAS: bf16 out only; falls back to Triton where cuBLAS refuses)."""
+    if backend not in ("auto", "triton", "cublas"):
+        raise ValueError(f"fp8_linear: backend must be 'auto', 'triton' or 'cublas', got {backend!r}")
     if x.dtype != torch.bfloat16:
         raise ValueError(f"fp8_linear: expected a bf16 input, got {x.dtype}")
     if out_dtype not in (torch.bfloat16, torch.float32):
@@ -419,6 +476,15 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, n = x2.shape[0], weight.shape[0]
+    if backend == "cublas" and out_dtype != torch.bfloat16:
+        raise ValueError("fp8_linear: backend 'cublas' gives bf16 out only")
+    cublas = backend == "cublas" or (backend == "auto" and config is None and out_dtype == torch.bfloat16
+                                     and m >= CUBLAS_MIN_ROWS)
+    if cublas and m and x.is_cuda:
+        _scale_operand(scale)  # the dtype check
+        y = cublas_fp8_linear(x2, weight, scale)
+        if y is not None:
+            return y.view(*x.shape[:-1], n)
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out.view(*x.shape[:-1], n)

@@ -366,7 +366,7 @@ def fused_moe(
     experts: PackedExperts,
     swiglu_limit: float = 10.0,
     act: str = "fp8",
-    shared: torch.Tensor | None = None,
+    shared=None,  # tensor, or a zero-argument join giving it (called right before the combine)
     config: MoEConfig | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
@@ -380,14 +380,16 @@ def fused_moe(
     if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"fused_moe: topk_ids {tuple(topk_ids.shape)} / topk_weights "
                          f"{tuple(topk_weights.shape)} do not match x {tuple(x.shape)}")
-    if shared is not None and (shared.shape != x.shape or shared.dtype != torch.bfloat16):
-        raise ValueError(f"fused_moe: shared must be bf16 {tuple(x.shape)}, got {shared.dtype} {tuple(shared.shape)}")
+    if shared is not None and not callable(shared):
+        _check_shared(shared, x.shape)
     check_packed(experts)
     m, d = x.shape
     top_k = topk_ids.shape[1]
     e, i = experts.num_experts, experts.inter
     out = torch.empty((m, d), dtype=out_dtype, device=x.device)
     if m == 0:
+        if callable(shared):
+            shared()  # the join
         return out
     num_pairs = m * top_k
     cfg = config or pick_moe_config(num_pairs, e, act)
@@ -464,9 +466,17 @@ def fused_moe(
     return _combine(y, shared, ids, out, e)
 
 
-def _combine(y: torch.Tensor, shared: torch.Tensor | None, ids: torch.Tensor, out: torch.Tensor,
-             num_experts: int) -> torch.Tensor:
-    """out = fp32 sum over the top_k slots' rows of y (+ shared expert), rounded to out's dtype."""
+def _check_shared(shared: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    if shared.shape != shape or shared.dtype != torch.bfloat16:
+        raise ValueError(f"fused_moe: shared must be bf16 {tuple(shape)}, got {shared.dtype} {tuple(shared.shape)}")
+    return shared
+
+
+def _combine(y: torch.Tensor, shared, ids: torch.Tensor, out: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """out = fp32 sum over the top_k slots' rows of y (+ shared expert), rounded to out's dtype. shared: a
+    tensor, None, or the join of a branch computing it (`dsv4.model.side_stream`), called only here."""
+    if callable(shared):
+        shared = _check_shared(shared(), out.shape)
     m, d = out.shape
     bd = 1024
     _moe_combine_kernel[(m, triton.cdiv(d, bd))](

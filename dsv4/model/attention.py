@@ -35,6 +35,7 @@ from dsv4.model.linear import (FP8, FP8Stack, Linear, bf16_gemm_applies, bf16_ge
 from dsv4.model.norm import RMSNorm, unweighted_rms_norm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
 from dsv4.model.rope import RotaryEmbedding, apply_rope
+from dsv4.model.side_stream import start_beside
 
 QUERY_BLOCK = 256  # queries scored together; bounds the score tensor to ~QUERY_BLOCK x (window + block)
 W8A16_MAX_TOKENS = 64  # kernel mode: wo_a from the FP8 weight up to here (decode), cuBLAS on bf16 above
@@ -165,6 +166,9 @@ class Attention(nn.Module):
     def prepare(self, a: torch.Tensor, positions: torch.Tensor) -> AttentionInputs:
         """Projections, norms, RoPE and the compressor/indexer rows of the flat batch."""
         cos, sin = self.rope.cos_sin(positions)
+        projected = None  # kernel mode: the compressor / indexer projections beside the query path
+        if self.compressor and self.use_kernels:
+            projected = start_beside(a.device, self._project_fused, a, positions)
         a_in = self.wq_a.prepare_input(a)  # shared by wq_a and wkv
         if self.use_kernels:  # the same steps, one launch per tensor
             from dsv4.kernels import norm_rope as nr
@@ -189,8 +193,8 @@ class Attention(nn.Module):
                 kv = simulate_kv_fp8(kv, self.nope_dim)
             index_proj = None
         rows = index_rows = index_q = index_w = None
-        if self.compressor and self.use_kernels:  # one GEMM + one launch instead of ~5 per linear
-            rows, index_rows, index_w = self._project_fused(a, positions)
+        if projected is not None:  # one GEMM + one launch instead of ~5 per linear
+            rows, index_rows, index_w = projected()
         elif self.compressor:
             rows = self.compressor.project(a, positions)
             if self.indexer:

@@ -241,8 +241,11 @@ def _stacked_launch(m: int, widths: tuple[int, ...], k: int):
     output element as the linear's own launch does, or None. The kernel's per-element arithmetic
     depends on the tile config (a function of m) and on its split of K (a function of the number of
     output tiles): the split partials are summed in another order. So the parts must agree on both,
-    and the stacked launch gets their split explicitly."""
-    from dsv4.kernels.fp8_linear import launch_split, pick_linear_config
+    and the stacked launch gets their split explicitly. From CUBLAS_MIN_ROWS rows the parts run cuBLAS,
+    whose summation order may depend on the output width: no stacked launch there."""
+    from dsv4.kernels.fp8_linear import CUBLAS_MIN_ROWS, launch_split, pick_linear_config
+    if m >= CUBLAS_MIN_ROWS:
+        return None
     configs = {pick_linear_config(m, n, k) for n in widths}
     if len(configs) != 1:
         return None

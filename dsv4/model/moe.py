@@ -30,6 +30,7 @@ from dsv4.kernels._triton import HAS_TRITON, INTERPRET
 from dsv4.kernels.router import GATE_ROUTE_MAX_T, gate_route, route, route_ref
 from dsv4.model.linear import EXPERT, FP8, Linear, bf16_gemm_fp32
 from dsv4.model.numerics import Numerics, acc_dtype
+from dsv4.model.side_stream import start_beside
 
 
 class Gate(nn.Module):
@@ -166,11 +167,14 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> torch.Tensor:
         acc = acc_dtype(x.dtype)
-        weights, ids = self.gate(x, token_ids)
         if self.packed is not None and self.layout is None:
             from dsv4.kernels.moe import fused_moe
-            shared = self.shared_experts(x) if self.shared_experts is not None else None
+            shared = None
+            if self.shared_experts is not None:  # beside the router and routed experts (dsv4.model.side_stream)
+                shared = start_beside(x.device, self.shared_experts, x)
+            weights, ids = self.gate(x, token_ids)  # the combine calls the join before it adds the shared output
             return fused_moe(x, ids, weights, self.packed, self.limit, act="fp8", shared=shared)
+        weights, ids = self.gate(x, token_ids)
         if self.layout is not None:
             from dsv4.distributed.moe_comm import moe_forward
             return moe_forward(self, x, weights, ids)

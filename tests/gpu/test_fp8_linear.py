@@ -59,6 +59,29 @@ def test_fp8_linear_default_config(n, k, m, poison, close_bf16):
     close_bf16(fp8_linear(x, w, s), fp8_linear_ref(x, w, s), what=f"fp8_linear {m}x{n}x{k}")
 
 
+@pytest.mark.parametrize("n,k", [(1024, 4096), (32768, 1024), (4096, 8192), (7168, 3072)])
+@pytest.mark.parametrize("m", [255, 256, 300, 1000, 4096])
+def test_fp8_linear_cublas_and_triton_backends(n, k, m, poison, close_bf16):
+    """From CUBLAS_MIN_ROWS rows "auto" runs cuBLAS's blockwise `_scaled_mm` (1x128 / 128x128 scales): both
+    backends against the reference, on E8M0 and float32 weight scales, and the scales cached once per tensor."""
+    from dsv4.kernels import fp8_linear as fl
+
+    gen = torch.Generator(DEV).manual_seed(n + k + m + 11)
+    x = _x(m, k, gen)
+    for scale_dtype in ("e8m0", "float32"):
+        w, s = _weight(n, k, gen, scale_dtype)
+        ref = fl.fp8_linear_ref(x, w, s)
+        for backend in ("auto", "cublas", "triton"):
+            poison()
+            close_bf16(fl.fp8_linear(x, w, s, backend=backend), ref, what=f"{backend} {m}x{n}x{k} {scale_dtype}")
+    rejected = [key for key in fl._CUBLAS_REJECTED if key[1:] == (n, k)]
+    assert not rejected, f"cuBLAS refused {rejected}"
+    s8 = _weight(n, k, gen, "e8m0")[1]
+    assert fl._cublas_weight_scale(s8) is fl._cublas_weight_scale(s8)  # decoded once
+    s8.view(torch.uint8).add_(1)  # an in-place write: decoded again
+    assert torch.equal(fl._cublas_weight_scale(s8), fl._weight_scale_f32(s8))
+
+
 @pytest.mark.parametrize("n,k", [(4096, 128), (4096, 4096), (4096, 1024)])
 @pytest.mark.parametrize("m", [1, 64, 300])
 def test_fp8_linear_fp32_partial(n, k, m, poison):
@@ -141,6 +164,10 @@ def test_bad_inputs_raise():
         fp8_linear(_x(2, 512, gen), w, s[:1])
     with pytest.raises(ValueError, match="bf16"):
         fp8_linear(_x(2, 512, gen).float(), w, s)
+    with pytest.raises(ValueError, match="backend must be"):
+        fp8_linear(_x(2, 512, gen), w, s, backend="cutlass")
+    with pytest.raises(ValueError, match="bf16 out only"):
+        fp8_linear(_x(2, 512, gen), w, s, backend="cublas", out_dtype=torch.float32)
 
 
 # --------------------------------------------------------------------------- split K, reduced in the GEMM launch

@@ -235,3 +235,24 @@ def test_paged_fp8_decode_kernels_graphs_and_torch_attention_agree():
     agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
     print(f"paged FP8 decode, kernel vs torch attention: rel {rel:.2e}, argmax agreement {agree:.4f}")
     assert rel < 2e-2 and agree > 0.97, (rel, agree)
+
+
+def test_shared_expert_beside_routed_is_bit_identical(monkeypatch):
+    """The shared expert on the side stream (dsv4.model.side_stream) runs the same kernels on the same inputs:
+    prefill and decode logits, eager and under CUDA graphs, equal the inline order bit for bit."""
+    from pathlib import Path
+
+    import dsv4
+    from dsv4.model import side_stream
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    prompts = [_ids(2048, n, seed=n + 1) for n in (300, 9, 64, 17)]  # 300 rows: the prefill's cuBLAS linears
+    runs = {}
+    for overlap, graphs in ((False, False), (True, False), (True, True)):
+        monkeypatch.setattr(side_stream, "OVERLAP", overlap)
+        model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+        if graphs:
+            model.enable_cuda_graphs(max_batch=4)
+        runs[overlap, graphs] = _batch_decode(model, prompts, 12)
+    base = runs[False, False]
+    assert torch.isfinite(base).all()
+    assert torch.equal(runs[True, False], base) and torch.equal(runs[True, True], base)

@@ -1,0 +1,61 @@
+"""A second CUDA stream for an independent branch of a layer: the shared expert runs beside the router and
+the routed experts, the compressor / indexer projections beside the query path. Under CUDA-graph capture
+the fork and join become a parallel branch of the graph.
+
+Why: at decode sizes neither branch fills the GPU (the routed MoE's programs are ~1.5 waves, the shared
+expert's GEMMs stream 24 MB with a few programs per SM; the projections are one small launch beside
+a chain of small launches), so running them side by side overlaps their latency tails. The results are the same bits: the same kernels on the same inputs, only their order in
+time changes.
+
+Discipline that keeps the caching allocator safe without events per tensor: the branch only reads
+tensors the caller keeps alive until `join()`; the side stream first waits for all work queued on the
+current stream; the branch's outputs are marked as used by the current stream at the join.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import torch
+
+OVERLAP = True  # switch for A/B runs (bench) and for debugging: False runs the branch inline
+
+T = TypeVar("T")
+_SIDE: dict[int, torch.cuda.Stream] = {}
+
+
+def _side(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE:
+        _SIDE[index] = torch.cuda.Stream(device=index)
+    return _SIDE[index]
+
+
+def start_beside(device: torch.device, fn: Callable[..., T], *args) -> Callable[[], T]:
+    """Queue fn(*args) on the device's side stream after the work queued so far on the current stream;
+    returns join(), which makes the current stream wait for the branch and gives fn's result. Off CUDA
+    or with OVERLAP off, fn runs now and join() just returns its result."""
+    if not (OVERLAP and device.type == "cuda"):
+        out = fn(*args)
+        return lambda: out
+    main = torch.cuda.current_stream(device)
+    side = _side(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        out = fn(*args)
+
+    def join() -> T:
+        main.wait_stream(side)
+        _record(out, main)
+        return out
+
+    return join
+
+
+def _record(out, stream: torch.cuda.Stream) -> None:
+    """Mark every tensor in out (nested tuples / lists) as used by stream."""
+    if isinstance(out, torch.Tensor):
+        out.record_stream(stream)
+    elif isinstance(out, (tuple, list)):
+        for t in out:
+            _record(t, stream)
