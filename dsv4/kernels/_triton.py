@@ -21,15 +21,17 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (the last arriver resets its counter), so no memset node per call. Never grown inside a CUDA-graph
 # capture (the zero fill would not be replayed): the warm-up before a capture allocates them. A replaced
 # buffer is kept alive, since captured graphs still point at it. Launches sharing a buffer must not
-# overlap on different streams (the model issues them all on one stream).
+# overlap, so each lane of work that may run beside another (`dsv4.model.side_stream`: 0 = the current
+# stream, 1 = the side branch) has its own buffers; within a lane the launches are stream-ordered.
 _COUNTER_MIN = 1 << 16
 _counter_cache: dict = {}
+counter_lane = 0  # set by dsv4.model.side_stream while it queues a side branch
 
 
 def arrival_counters(user: str, device, needed: int):
-    """A zeroed int32 buffer of at least `needed` counters for `user` on `device`."""
+    """A zeroed int32 buffer of at least `needed` counters for `user` on `device` (and the current lane)."""
     import torch
-    bufs = _counter_cache.setdefault((user, device), [])
+    bufs = _counter_cache.setdefault((user, device, counter_lane), [])
     if not bufs or bufs[-1].numel() < needed:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise ValueError(f"{user}: arrival counters for {needed} programs must be allocated before CUDA-graph "

@@ -416,6 +416,7 @@ def fp8_gemm(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: torc
 # 0.5-0.65x of it at M >= 1024). The same math: exact e4m3 products summed per 128-block, scaled, fp32 sums
 # (another order). M below it (decode): the Triton kernel (1.1-2x cuBLAS there, and graph-friendly).
 CUBLAS_MIN_ROWS = 256
+CUBLAS_MIN_FEATURES = 512  # cuBLAS 13 refused N = 128 and K = 128 / 256 (CUBLAS_STATUS_NOT_SUPPORTED, s12a)
 _CUBLAS_REJECTED: set = set()  # (m, n, k) cuBLAS refused once (the Triton GEMM runs them)
 _F32_SCALES: OrderedDict = OrderedDict()  # E8M0 weight scales decoded for cuBLAS, most recent last
 
@@ -443,7 +444,7 @@ def cublas_fp8_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     """bf16 [M, N] of a 2-D bf16 x2 by `act_quant` + cuBLAS blockwise `_scaled_mm`; None where this torch /
     cuBLAS build rejects the shape (logged once per shape; the caller runs the Triton GEMM)."""
     key = (x2.shape[0], weight.shape[0], weight.shape[1])
-    if key in _CUBLAS_REJECTED:
+    if key in _CUBLAS_REJECTED or min(key[1:]) < CUBLAS_MIN_FEATURES:
         return None
     q, s = act_quant(x2, scales_outer=True)
     try:
@@ -451,7 +452,7 @@ def cublas_fp8_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
                                 out_dtype=torch.bfloat16)
     except (RuntimeError, NotImplementedError) as err:
         import logging
-        logging.getLogger(__name__).warning("cuBLAS blockwise FP8 GEMM rejected %s (%s); Triton GEMM instead",
+        logging.getLogger(__name__).info("cuBLAS blockwise FP8 GEMM rejected %s (%s); Triton GEMM instead",
                                             key, str(err).splitlines()[0] if str(err) else type(err).__name__)
         _CUBLAS_REJECTED.add(key)
         return None

@@ -18,7 +18,8 @@ from typing import Callable, TypeVar
 
 import torch
 
-OVERLAP = True  # switch for A/B runs (bench) and for debugging: False runs the branch inline
+# The branches that run beside (A/B runs in bench/, debugging): any other name runs inline.
+OVERLAP = ("shared_expert", "projections")
 
 T = TypeVar("T")
 _SIDE: dict[int, torch.cuda.Stream] = {}
@@ -31,18 +32,24 @@ def _side(device: torch.device) -> torch.cuda.Stream:
     return _SIDE[index]
 
 
-def start_beside(device: torch.device, fn: Callable[..., T], *args) -> Callable[[], T]:
-    """Queue fn(*args) on the device's side stream after the work queued so far on the current stream;
-    returns join(), which makes the current stream wait for the branch and gives fn's result. Off CUDA
-    or with OVERLAP off, fn runs now and join() just returns its result."""
-    if not (OVERLAP and device.type == "cuda"):
+def start_beside(device: torch.device, name: str, fn: Callable[..., T], *args) -> Callable[[], T]:
+    """Queue branch `name` = fn(*args) on the device's side stream after the work queued so far on the
+    current stream; returns join(), which makes the current stream wait for the branch and gives fn's
+    result. Off CUDA, or for a name not in OVERLAP, fn runs now and join() just returns its result.
+    The branch's kernels use their own arrival counters (`dsv4.kernels._triton.counter_lane`)."""
+    if not (name in OVERLAP and device.type == "cuda"):
         out = fn(*args)
         return lambda: out
+    from dsv4.kernels import _triton
     main = torch.cuda.current_stream(device)
     side = _side(device)
     side.wait_stream(main)
-    with torch.cuda.stream(side):
-        out = fn(*args)
+    lane, _triton.counter_lane = _triton.counter_lane, 1
+    try:
+        with torch.cuda.stream(side):
+            out = fn(*args)
+    finally:
+        _triton.counter_lane = lane
 
     def join() -> T:
         main.wait_stream(side)
