@@ -323,9 +323,8 @@ def _scale_operand(scale: torch.Tensor) -> tuple[torch.Tensor, bool]:
 # --------------------------------------------------------------------------- Triton entry points
 
 
-def act_quant(x: torch.Tensor, block: int = BLOCK, scales_outer: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton activation quantisation, same contract as `act_quant_ref` (block must be 128).
-    scales_outer: the scales [..., K/128] stored outer-dim-major (a transposed view: cuBLAS's layout)."""
+def act_quant(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton activation quantisation, same contract as `act_quant_ref` (block must be 128)."""
     if block != BLOCK:
         raise ValueError(f"act_quant: only block=128 is implemented, got {block}")
     k = x.shape[-1]
@@ -336,16 +335,17 @@ def act_quant(x: torch.Tensor, block: int = BLOCK, scales_outer: bool = False) -
         x2 = x2.contiguous()
     m = x2.shape[0]
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((k // BLOCK, m), dtype=torch.float32, device=x.device).t() if scales_outer else \
-        torch.empty((m, k // BLOCK), dtype=torch.float32, device=x.device)
+    s = torch.empty((m, k // BLOCK), dtype=torch.float32, device=x.device)
     if m:
-        br = 32
-        _act_quant_kernel[(triton.cdiv(m, br), k // BLOCK)](
-            x2, q, s, m, x2.stride(0), q.stride(0), s.stride(0), s.stride(1), BR=br, num_warps=4
-        )
-    if scales_outer:
-        return q.view(x.shape), s  # 2-D [M, K/128] view
+        _launch_act_quant(x2, q, s, m)
     return q.view(x.shape), s.view(*x.shape[:-1], k // BLOCK)
+
+
+def _launch_act_quant(x2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: int) -> None:
+    """Quantise the first m rows of x2 into q / s (s may be a transposed view: any strides)."""
+    br = 32
+    _act_quant_kernel[(triton.cdiv(m, br), x2.shape[1] // BLOCK)](
+        x2, q, s, m, x2.stride(0), q.stride(0), s.stride(0), s.stride(1), BR=br, num_warps=4)
 
 
 def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
@@ -441,15 +441,21 @@ def _cublas_weight_scale(scale: torch.Tensor) -> torch.Tensor:
 
 
 def cublas_fp8_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
-    """bf16 [M, N] of a 2-D bf16 x2 by `act_quant` + cuBLAS blockwise `_scaled_mm`; None where this torch /
-    cuBLAS build rejects the shape (logged once per shape; the caller runs the Triton GEMM)."""
-    key = (x2.shape[0], weight.shape[0], weight.shape[1])
-    if key in _CUBLAS_REJECTED or min(key[1:]) < CUBLAS_MIN_FEATURES:
+    """bf16 [M, N] of a 2-D bf16 x2 by `act_quant`'s kernel + cuBLAS blockwise `_scaled_mm`; None where this
+    torch / cuBLAS build rejects the shape (logged once per shape; the caller runs the Triton GEMM)."""
+    (m, k), n = x2.shape, weight.shape[0]
+    key = (m, n, k)
+    if key in _CUBLAS_REJECTED or min(n, k) < CUBLAS_MIN_FEATURES:
         return None
-    q, s = act_quant(x2, scales_outer=True)
+    # cuBLAS wants the 1x128 scales outer-dim-major ([K/128, M] transposed) and refused M = 255 (s12b):
+    # rows padded to a multiple of 16, pad rows left unwritten (their output rows are cut off)
+    mp = -(-m // 16) * 16
+    q = torch.empty((mp, k), dtype=torch.float8_e4m3fn, device=x2.device)
+    s = torch.empty((k // BLOCK, mp), dtype=torch.float32, device=x2.device).t()
+    _launch_act_quant(x2, q, s, m)
     try:
         return torch._scaled_mm(q, weight.t(), scale_a=s, scale_b=_cublas_weight_scale(scale).t(),
-                                out_dtype=torch.bfloat16)
+                                out_dtype=torch.bfloat16)[:m]
     except (RuntimeError, NotImplementedError) as err:
         import logging
         logging.getLogger(__name__).info("cuBLAS blockwise FP8 GEMM rejected %s (%s); Triton GEMM instead",
