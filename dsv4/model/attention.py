@@ -454,7 +454,10 @@ class Attention(nn.Module):
 
     def _wo_a_dense(self, dtype: torch.dtype) -> torch.Tensor:
         """wo_a as [groups, rank, in] in dtype; kernel mode keeps it FP8 ("w8a16"): dequantised here."""
-        if self.wo_a.kernel_format == "w8a16":
+        if self.wo_a.kernel_format == "w8a16" and dtype == torch.bfloat16 and self.wo_a.weight.is_cuda:
+            from dsv4.kernels.grouped_w8a16 import dequant_fp8_weight  # one launch
+            w = dequant_fp8_weight(self.wo_a.weight, self.wo_a.scale)
+        elif self.wo_a.kernel_format == "w8a16":
             from dsv4.quant.fp8 import dequantize_fp8_block
             w = dequantize_fp8_block(self.wo_a.weight, self.wo_a.scale, dtype=dtype)
         else:

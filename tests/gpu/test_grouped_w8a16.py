@@ -301,3 +301,22 @@ def test_split_flash_exact_and_deterministic(t, poison):
     for i in range(10):
         assert torch.equal(grouped_linear_w8a16(x, w, s), y), f"call {i}"
     assert _counters_zero()
+
+
+@pytest.mark.parametrize("scale_dtype", ["e8m0", "float32"])
+@pytest.mark.parametrize("n,k", [(128, 128), (8192, 4096), (384, 1024)])
+def test_dequant_fp8_weight_bit_exact(n, k, scale_dtype, poison):
+    """Prefill's one-launch bf16 copy of an FP8 weight equals the torch dequantisation bit for bit."""
+    from dsv4.kernels.grouped_w8a16 import dequant_fp8_weight
+    from dsv4.quant.fp8 import dequantize_fp8_block, quantize_fp8_block
+
+    gen = torch.Generator(DEV).manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen, device=DEV)
+    w *= torch.exp2(torch.randint(-12, 6, (n // 128, k // 128), generator=gen, device=DEV).float()
+                    ).repeat_interleave(128, 0).repeat_interleave(128, 1)
+    q, s = quantize_fp8_block(w, scale_dtype)
+    poison()
+    got = dequant_fp8_weight(q, s)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, dequantize_fp8_block(q, s, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="does not fit"):
+        dequant_fp8_weight(q, s[:, :1])

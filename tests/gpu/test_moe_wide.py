@@ -181,9 +181,10 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison
 
 @pytest.mark.parametrize("rows", [1, 37, 300])
 def test_requant_rows_matches_dequantized_act(rows, poison):
-    """`requant_rows` (in place, per row and 128 channels) gives `dequantized_act`'s values bit for bit, over
-    magnitudes from tiny (the 1e-4 amax floor) to large, and leaves the other rows' memory alone."""
-    from dsv4.kernels.moe_wide import dequantized_act, requant_rows
+    """`requant_rows` (in place, per row and 128 channels) and `dequantized_act` (out of place, one launch) give
+    the act_quant codes times their scales bit for bit, over magnitudes from tiny (the 1e-4 amax floor) to
+    large, and leave the other rows' memory (and the input) alone."""
+    from dsv4.kernels.moe_wide import dequantized_act, dequantized_act_ref, requant_rows
 
     gen = torch.Generator(DEV).manual_seed(rows)
     z = torch.randn(rows, 512, generator=gen, device=DEV)
@@ -192,8 +193,12 @@ def test_requant_rows_matches_dequantized_act(rows, poison):
     buf = torch.full((rows + 3, 512), float("nan"), device=DEV, dtype=torch.bfloat16)
     buf[:rows] = z
     requant_rows(buf[:rows])
-    assert torch.equal(buf[:rows], dequantized_act(z))
+    ref = dequantized_act_ref(z)
+    assert torch.equal(buf[:rows], ref)
     assert torch.isnan(buf[rows:]).all()
+    z_before = z.clone()
+    poison()
+    assert torch.equal(dequantized_act(z), ref) and torch.equal(z, z_before)
 
 
 @pytest.mark.parametrize("m,spread", [(5, 5), (300, 11), (700, 11)])
