@@ -309,8 +309,8 @@ if HAS_TRITON:
     def _dequant_kernel(W, S, OUT, stride_w, stride_s, stride_o, S_E8M0: tl.constexpr):
         """One 128x128 block: e4m3 values times the block's scale in fp32, rounded to bf16."""
         bn, bk = tl.program_id(0).to(tl.int64), tl.program_id(1)
-        rows = bn * BLOCK + tl.arange(0, BLOCK)
-        cols = bk * BLOCK + tl.arange(0, BLOCK)
+        rows = bn * 128 + tl.arange(0, 128)
+        cols = bk * 128 + tl.arange(0, 128)
         w = tl.load(W + rows[:, None] * stride_w + cols[None, :]).to(tl.float32)
         s = tl.load(S + bn * stride_s + bk)
         s = _e8m0_to_f32(s.to(tl.int32)) if S_E8M0 else s
