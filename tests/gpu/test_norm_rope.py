@@ -19,6 +19,11 @@ CASES = {  # name: (shape, kwargs builder)
     "index_q": ((4, 64, 128), "index"),
     "index_q_tail": ((5, 20, 128), "index"),  # 100 rows: a partial block of HADAMARD_ROWS
     "output": ((6, 64, 512), "inverse"),
+    # ROWS_PER_PROGRAM rows per program from ROWS_FROM rows on (prefill sizes), with a partial last block
+    "q_heads_prefill": ((37, 64, 512), "unweighted"),
+    "output_prefill": ((37, 64, 512), "inverse"),
+    "kv_prefill": ((2051, 512), "kv"),
+    "q_latent_prefill": ((2049, 1024), "weighted"),
 }
 
 
