@@ -504,3 +504,25 @@ def test_api_contract_names_hidden_states_and_mtp_target():
     mapping = model.get_expert_mapping()
     assert len(mapping) == 3 * cfg.n_routed_experts
     assert ("experts.w13_", "experts.5.w3.", 5, "w3") in mapping and ("experts.w2_", "experts.0.w2.", 0, "w2") in mapping
+
+
+def test_side_stream_branch_runs_inline_off_cuda_and_past_its_limits():
+    """Off CUDA, for a branch not in OVERLAP, or above MAX_ROWS, `start_beside` runs the branch at once (on
+    the current stream) and its join returns that result; the arrival-counter lane stays the main one."""
+    from dsv4.kernels import _triton
+    from dsv4.model import side_stream as ss
+
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    calls = []
+
+    def branch(t):
+        calls.append(_triton.counter_lane)
+        return t * 2, (t + 1,)
+
+    cases = [("shared_expert", 3), ("unknown_branch", 3), ("projections", ss.MAX_ROWS + 1)]
+    for name, rows in cases:
+        join = ss.start_beside(torch.device("cpu"), name, rows, branch, x)
+        assert len(calls) == cases.index((name, rows)) + 1  # ran before the join
+        doubled, (plus_one,) = join()
+        assert torch.equal(doubled, x * 2) and torch.equal(plus_one, x + 1)
+    assert calls == [0, 0, 0]

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Session 12, first call: cuBLAS blockwise FP8 GEMM for prefill-sized linears (fp8_linear.CUBLAS_MIN_ROWS) and the
 # side stream (shared expert beside the routed experts, compressor/indexer projections beside the query path):
-# (OVERLAP was a bool here; from s12b on it is a tuple of branch names: "()" = off.)
 # GPU tests, then 8 Flash layers with both off / cuBLAS only / both on, 8K prefill and graph decode at ctx 8192.
+# (OVERLAP was a bool here; from s12b on it is a tuple of branch names: "()" = off.)
 source bench/runs/lib.sh
 export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29522
 run 200 tests/gpu/test_fp8_linear.py tests/gpu/test_fused_fp8_linears_gpu.py -k "cublas or default_config or bad or stacked"

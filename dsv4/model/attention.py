@@ -181,7 +181,8 @@ class Attention(nn.Module):
         cos, sin = self.rope.cos_sin(positions)
         projected = None  # kernel mode: the compressor / indexer projections beside the query path
         if self.compressor and self.use_kernels:
-            projected = start_beside(a.device, "projections", self._project_fused, a, positions)
+            projected = start_beside(a.device, "projections", a.shape[0], self._project_fused,
+                                     a, positions)
         a_in = self.wq_a.prepare_input(a)  # shared by wq_a and wkv
         if self.use_kernels:  # the same steps, one launch per tensor
             from dsv4.kernels import norm_rope as nr

@@ -171,7 +171,7 @@ class MoE(nn.Module):
             from dsv4.kernels.moe import fused_moe
             shared = None
             if self.shared_experts is not None:  # beside the router and routed experts (dsv4.model.side_stream)
-                shared = start_beside(x.device, "shared_expert", self.shared_experts, x)
+                shared = start_beside(x.device, "shared_expert", x.shape[0], self.shared_experts, x)
             weights, ids = self.gate(x, token_ids)  # the combine calls the join before it adds the shared output
             return fused_moe(x, ids, weights, self.packed, self.limit, act="fp8", shared=shared)
         weights, ids = self.gate(x, token_ids)

@@ -3,9 +3,11 @@ the routed experts, the compressor / indexer projections beside the query path. 
 the fork and join become a parallel branch of the graph.
 
 Why: at decode sizes neither branch fills the GPU (the routed MoE's programs are ~1.5 waves, the shared
-expert's GEMMs stream 24 MB with a few programs per SM; the projections are one small launch beside
-a chain of small launches), so running them side by side overlaps their latency tails. The results are the same bits: the same kernels on the same inputs, only their order in
-time changes.
+expert's GEMMs stream 24 MB with a few programs per SM; the projections are one small launch beside a
+chain of small launches), so running them side by side overlaps their latency tails (graph replay of 8
+Flash layers at B = 1: 1.82 -> 1.77 ms, s12b). The results are the same bits: the same kernels on the
+same inputs, only their order in time changes. Above MAX_ROWS tokens (prefill) the branches run inline:
+there the kernels fill the GPU on their own (8K prefill 136 vs 137 ms with the side stream, s12a).
 
 Discipline that keeps the caching allocator safe without events per tensor: the branch only reads
 tensors the caller keeps alive until `join()`; the side stream first waits for all work queued on the
@@ -20,6 +22,7 @@ import torch
 
 # The branches that run beside (A/B runs in bench/, debugging): any other name runs inline.
 OVERLAP = ("shared_expert", "projections")
+MAX_ROWS = 128  # the largest CUDA-graph decode bucket
 
 T = TypeVar("T")
 _SIDE: dict[int, torch.cuda.Stream] = {}
@@ -32,12 +35,12 @@ def _side(device: torch.device) -> torch.cuda.Stream:
     return _SIDE[index]
 
 
-def start_beside(device: torch.device, name: str, fn: Callable[..., T], *args) -> Callable[[], T]:
-    """Queue branch `name` = fn(*args) on the device's side stream after the work queued so far on the
-    current stream; returns join(), which makes the current stream wait for the branch and gives fn's
-    result. Off CUDA, or for a name not in OVERLAP, fn runs now and join() just returns its result.
-    The branch's kernels use their own arrival counters (`dsv4.kernels._triton.counter_lane`)."""
-    if not (name in OVERLAP and device.type == "cuda"):
+def start_beside(device: torch.device, name: str, rows: int, fn: Callable[..., T], *args) -> Callable[[], T]:
+    """Queue branch `name` = fn(*args) over `rows` tokens on the device's side stream after the work queued
+    so far on the current stream; returns join(), which makes the current stream wait for the branch and
+    gives fn's result. Off CUDA, above MAX_ROWS, or for a name not in OVERLAP, fn runs now and join() just
+    returns its result. The branch's kernels use their own arrival counters (`_triton.counter_lane`)."""
+    if not (name in OVERLAP and device.type == "cuda" and rows <= MAX_ROWS):
         out = fn(*args)
         return lambda: out
     from dsv4.kernels import _triton

@@ -239,8 +239,9 @@ def test_paged_fp8_decode_kernels_graphs_and_torch_attention_agree():
 
 @pytest.mark.parametrize("branches", [("shared_expert",), ("projections",), ("shared_expert", "projections")])
 def test_side_stream_branches_are_bit_identical(monkeypatch, branches):
-    """Branches on the side stream (dsv4.model.side_stream) run the same kernels on the same inputs: prefill
-    and decode logits, eager and under CUDA graphs, equal the inline order bit for bit."""
+    """Branches on the side stream (dsv4.model.side_stream, up to MAX_ROWS tokens: the decode steps here; the
+    300-token prefill runs them inline) run the same kernels on the same inputs: the logits, eager and under
+    CUDA graphs, equal the inline order bit for bit."""
     from pathlib import Path
 
     import dsv4
