@@ -2,6 +2,7 @@
 # Session 12, final call: GPU tests on the final tree (norm_rope's multi-row programs, the bf16 wo_a copy, the
 # model end to end incl. the side-stream bit-identity), then 8 layers side by side: per-group wo_a GEMMs and
 # multi-row norm_rope off vs on (the final defaults).
+# (WO_A_PER_GROUP was folded into fp8_linear.grouped_linear_bf16, always on, after this call.)
 source bench/runs/lib.sh
 export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29522
 run 40 tests/gpu/test_norm_rope.py tests/gpu/test_grouped_w8a16.py -k "norm_rope or dequant"

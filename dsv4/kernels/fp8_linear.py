@@ -76,14 +76,20 @@ def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 
 
 def grouped_linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Grouped `wo_a` in bf16 (reference-exact default): x [M, G, K], weight [G*Ro, K] -> [M, G, Ro].
+    """Grouped `wo_a` in bf16 (reference-exact; kernel mode's prefill path): x [M, G, K], weight [G*Ro, K]
+    -> contiguous [M, G, Ro].
 
-    The reference dequantises wo_a to bf16 once and runs a bf16 einsum without activation
-    quantisation; this is the same cuBLAS batched product.
+    The reference dequantises wo_a to bf16 and runs a bf16 einsum without activation quantisation
+    (fp32 accumulation). Here one cuBLAS GEMM per group stores straight into its strided columns
+    (leading dimension G*Ro): a batched GEMM writes [G, M, Ro], and the permute copy after it took
+    166 µs per Flash layer at 8K tokens (s12d).
     """
     m, g, k = x.shape
     w = weight.view(g, -1, k)
-    return torch.bmm(x.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
+    y = torch.empty((m, g, w.shape[1]), dtype=x.dtype, device=x.device)
+    for j in range(g):
+        torch.mm(x[:, j], w[j].t(), out=y[:, j])
+    return y
 
 
 def grouped_linear_bf16_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -183,13 +183,14 @@ if HAS_TRITON:
 if HAS_TRITON:
     @triton.jit
     def _requant_kernel(Z, OUT, n_rows, stride, stride_out, BR: tl.constexpr):
-        """Rows [BR] x one 128-wide block of z -> out (may be z): act_quant's e4m3 with a pow2 scale, dequantised."""
-        r = tl.program_id(0) * BR + tl.arange(0, BR)
+        """Rows [BR] x one 128-wide block of z -> out (may be z): act_quant's e4m3 with a pow2 scale,
+        dequantised."""
+        r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
         c = tl.program_id(1) * 128 + tl.arange(0, 128)
         mask = (r < n_rows)[:, None]
-        q, s = _quant_rows(tl.load(Z + r.to(tl.int64)[:, None] * stride + c[None, :], mask=mask, other=0.0).to(tl.float32))
-        tl.store(OUT + r.to(tl.int64)[:, None] * stride_out + c[None, :], (q.to(tl.float32) * s[:, None]).to(tl.bfloat16),
-                 mask=mask)
+        z = tl.load(Z + r[:, None] * stride + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        q, s = _quant_rows(z)
+        tl.store(OUT + r[:, None] * stride_out + c[None, :], (q.to(tl.float32) * s[:, None]).to(tl.bfloat16), mask=mask)
 
 
 def requant_rows(z: torch.Tensor, br: int = 32, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -39,19 +39,6 @@ from dsv4.model.side_stream import start_beside
 
 QUERY_BLOCK = 256  # queries scored together; bounds the score tensor to ~QUERY_BLOCK x (window + block)
 W8A16_MAX_TOKENS = 64  # kernel mode: wo_a from the FP8 weight up to here (decode), cuBLAS on bf16 above
-# kernel-mode prefill wo_a: one GEMM per group written into its columns of [T, G, R] (the einsum's batched
-# GEMM wrote [G, T, R], then a 166 µs permute copy per layer at 8K tokens, s12d)
-WO_A_PER_GROUP = True
-
-
-def _grouped_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """y[t, g] = x[t, g] @ w[g]^T for x [T, G, I], w [G, R, I] (bf16), y [T, G, R] bf16: each group's GEMM
-    stores straight into its strided columns (leading dimension G*R), so no permute copy follows."""
-    t, g, _ = x.shape
-    y = torch.empty((t, g, w.shape[1]), dtype=x.dtype, device=x.device)
-    for j in range(g):
-        torch.mm(x[:, j], w[j].t(), out=y[:, j])
-    return y
 
 
 class AttentionInputs(NamedTuple):
@@ -488,10 +475,9 @@ class Attention(nn.Module):
             if self.wo_a.kernel_format == "w8a16" and grouped.shape[0] <= W8A16_MAX_TOKENS:
                 from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16  # half the weight bytes
                 low_rank = grouped_linear_w8a16(grouped, self.wo_a.weight, self.wo_a.e8m0_scale())
-            elif WO_A_PER_GROUP:  # prefill: cuBLAS on a transient bf16 copy of the FP8 weight, fp32 acc, bf16 out
-                low_rank = _grouped_mm(grouped, self._wo_a_dense(pre.dtype))
-            else:
-                low_rank = torch.einsum("tgi,gri->tgr", grouped, self._wo_a_dense(pre.dtype))
+            else:  # prefill: cuBLAS on a transient bf16 copy of the FP8 weight, fp32 acc, bf16 out
+                from dsv4.kernels.fp8_linear import grouped_linear_bf16
+                low_rank = grouped_linear_bf16(grouped, self._wo_a_dense(pre.dtype).flatten(0, 1))
         else:
             out = apply_rope(out, pre.cos[:, None], -pre.sin[:, None])  # undo the keys' rotation carried by V = K
             grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
