@@ -22,6 +22,7 @@ Two launch shapes of one kernel:
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton  # noq
 
 BLOCK = 128
 NUM_SMS_H200 = 132
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- torch references
@@ -463,9 +465,8 @@ def cublas_fp8_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         return torch._scaled_mm(q, weight.t(), scale_a=s, scale_b=_cublas_weight_scale(scale).t(),
                                 out_dtype=torch.bfloat16)[:m]
     except (RuntimeError, NotImplementedError) as err:
-        import logging
-        logging.getLogger(__name__).info("cuBLAS blockwise FP8 GEMM rejected %s (%s); Triton GEMM instead",
-                                            key, str(err).splitlines()[0] if str(err) else type(err).__name__)
+        log.info("cuBLAS blockwise FP8 GEMM rejected %s (%s); Triton GEMM instead",
+                 key, str(err).splitlines()[0] if str(err) else type(err).__name__)
         _CUBLAS_REJECTED.add(key)
         return None
 
@@ -494,7 +495,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     cublas = backend == "cublas" or (backend == "auto" and config is None and out_dtype == torch.bfloat16
                                      and m >= CUBLAS_MIN_ROWS)
     if cublas and m and x.is_cuda:
-        _scale_operand(scale)  # the dtype check
         y = cublas_fp8_linear(x2, weight, scale)
         if y is not None:
             return y.view(*x.shape[:-1], n)
