@@ -189,15 +189,19 @@ def test_kernel_mode_prepare_unchanged_by_fusion(torch_kernels):
 
 
 def test_stacked_launch_config_matches_each_part():
-    """Decode (m <= 16) splits K by the number of output tiles; one launch is exact only where the
-    parts split alike. Expected splits worked out by hand from the documented rule (double while
-    tiles * split < 2 * 132 SMs and each split keeps >= 2 of the K/128 blocks)."""
-    flash_a = _stacked_launch(1, (1024, 512), 4096)  # 16 and 8 tiles of 64 rows, 32 K blocks: split 16
-    assert flash_a is not None and flash_a.split_k == 16 and flash_a.swap_ab
-    assert _stacked_launch(1, (32768, 8192), 1024) is None  # 512 tiles -> 1, 128 tiles -> 4
-    assert _stacked_launch(1, (8192, 8192), 1024).split_k == 4  # TP=4 shard: both 128 tiles (alone 256: 2)
+    """Decode sizes split K by the number of output tiles; one launch is exact only where the parts split
+    alike. Expected splits worked out by hand from the documented rule: the largest power of two with
+    tiles * split <= 2 * 132 SMs and >= 4 (m <= 16) or >= 8 (16 < m <= 64) K/128 blocks per split, where
+    m <= 16 tiles are 128 weight rows and 16 < m <= 64 tiles 64."""
+    flash_a = _stacked_launch(1, (1024, 512), 4096)  # 8 and 4 tiles, 32 K blocks: split 8 (16 leaves 2)
+    assert flash_a is not None and flash_a.split_k == 8 and flash_a.swap_ab
+    assert _stacked_launch(1, (32768, 8192), 1024) is None  # 256 tiles -> 1, 64 tiles -> 2
+    assert _stacked_launch(1, (8192, 8192), 1024).split_k == 2  # TP=4 shard: 64 tiles each
     assert _stacked_launch(1, (512, 2048), 128).split_k == 1  # one K block cannot split
-    assert _stacked_launch(32, (32768, 8192), 1024).split_k == 1  # prefill tiles never split K
+    assert _stacked_launch(32, (32768, 8192), 1024).split_k == 1  # 512 and 128 tiles of 64 rows, 8 K blocks
+    flash_64 = _stacked_launch(64, (1024, 512), 4096)  # 16 and 8 tiles of 64 rows: 4 (8 would leave 4 blocks)
+    assert flash_64.split_k == 4 and flash_64.bn == 64 and flash_64.bm == 64
+    assert _stacked_launch(128, (4096, 4096), 4096).split_k == 2  # 2 x 32 tiles of 64x128, one wave: 2
     from dsv4.kernels.fp8_linear import CUBLAS_MIN_ROWS
     assert _stacked_launch(CUBLAS_MIN_ROWS - 1, (1024, 512), 4096) is not None
     assert _stacked_launch(CUBLAS_MIN_ROWS, (1024, 512), 4096) is None  # cuBLAS parts: separate launches

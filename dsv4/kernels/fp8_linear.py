@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -287,23 +287,37 @@ def _next_pow2(v: int) -> int:
 
 
 def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
-    """Heuristic launch shape for an [m, k] x [n, k]^T product (measured on H200, docs/kernels_notes.md).
+    """Heuristic launch shape for an [m, k] x [n, k]^T product, K split chosen here (H200 sweeps,
+    `bench/sweep_linear.py`, docs/benchmarks.md session 13).
 
-    M <= 16: swap AB with the activation quantised inside the GEMM, split K reduced in the same launch.
-    16 < M <= 64: 64x128 tiles on pre-quantised activations (quantising inside would repeat it per N tile).
-    M > 64: 64x128 tiles up to M = 1024, 128x128 with 8 warps beyond.
+    M <= 16: swap AB (128 weight rows x 16 tokens) with the activation quantised inside the GEMM.
+    16 < M <= 64: swap AB on pre-quantised activations, 64 weight rows per tile, so that a wide K splits
+    over more programs (Flash wo_b at M = 64: 41.9 -> 19.8 µs against 64x128 tiles without a split).
+    M > 64: 64x128 tiles up to M = 1024, 128x128 with 8 warps beyond, at most one wave after the split
+    (these programs hold more in flight; two waves measured slower, e.g. Flash sh_w13 at M = 128).
     """
+    kblocks = k // BLOCK
     if m <= 16:
-        return LinearConfig(bm=16, bn=64, swap_ab=True, fuse_quant=True, split_k=0, num_warps=4, num_stages=4)
-    if m <= 1024:
-        return LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False, num_warps=4, num_stages=4)
-    return LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8, num_stages=4)
+        cfg, programs, min_kb = LinearConfig(bm=16, bn=128, swap_ab=True, fuse_quant=True), 2 * NUM_SMS_H200, 4
+    elif m <= 64:
+        cfg = LinearConfig(bm=_next_pow2(m), bn=64, swap_ab=True, fuse_quant=False)
+        programs, min_kb = 2 * NUM_SMS_H200, 8
+    elif m <= 1024:
+        cfg, programs, min_kb = LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False), NUM_SMS_H200, 8
+    else:
+        cfg = LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8)
+        programs, min_kb = NUM_SMS_H200, 8
+    tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * groups
+    return replace(cfg, split_k=_auto_split(tiles, kblocks, programs, min_kb))
 
 
-def _auto_split(tiles: int, kblocks: int) -> int:
-    """Split K until the grid has ~2 programs per SM (weight streaming needs that many in flight)."""
+def _auto_split(tiles: int, kblocks: int, programs: int = 2 * NUM_SMS_H200, min_kblocks: int = 2) -> int:
+    """The largest power-of-two K split that keeps the grid within `programs` and every split at
+    `min_kblocks` or more K blocks (weight streaming needs enough programs in flight; each split adds
+    an fp32 partial tile to write and sum)."""
     split = 1
-    while tiles * split < 2 * NUM_SMS_H200 and kblocks % (split * 2) == 0 and kblocks // (split * 2) >= 2:
+    while (tiles * split * 2 <= programs and kblocks % (split * 2) == 0
+           and kblocks // (split * 2) >= min_kblocks):
         split *= 2
     return split
 

@@ -237,7 +237,7 @@ def pick_grouped_config(t: int) -> GroupedConfig:
     K split automatically. Prefill: 128 x 128 tiles on 8 warps (one wgmma m64n128 per warpgroup), whole
     K per program (split-K untimed there)."""
     if t <= DECODE_MAX_T:
-        return GroupedConfig(bn=64, bm=max(16, triton.next_power_of_2(t)), num_warps=4, num_stages=4, split_k=0)
+        return GroupedConfig(bn=64, bm=max(16, triton.next_power_of_2(t)), num_warps=4, num_stages=3, split_k=0)
     return GroupedConfig(bn=128, bm=128, num_warps=8, num_stages=3, split_k=1)
 
 
