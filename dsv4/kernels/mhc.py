@@ -44,6 +44,12 @@ SPLIT_BD = 512  # columns per collapse program of the split finish
 # token rows per mix program above 16 tokens with the post fused in: it holds X, f and X' tiles at once
 # (at 64 rows the fused mix took 735 µs at 8K tokens vs 104 µs without the post, s12d)
 FUSED_BT = 32
+# prefill (above 16 tokens) launch shape of the mix: rows without the post fused in, columns per step, warps
+# and software-pipeline stages (`bench/sweep_mhc_mix.py`; decode sizes keep 16 x 64 on 4 warps)
+MIX_BT = 64
+MIX_BK = 64
+MIX_WARPS = 4
+MIX_STAGES = 3
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 
 
@@ -354,8 +360,9 @@ def _as_mix(fn) -> MixWeight:
 
 def _mix(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, do_mix: bool = True):
     t, d = x.shape[0], x.shape[2]
-    bt = 16 if t <= 16 else (FUSED_BT if fuse is not None else 64)
-    bk = min(64, triton.next_power_of_2(d))
+    prefill = t > 16
+    bt = (FUSED_BT if fuse is not None else MIX_BT) if prefill else 16
+    bk = min(MIX_BK if prefill else 64, triton.next_power_of_2(d))
     split, per = _pick_split(t, d, bt, bk)
     part = torch.empty(split, t, MIX_PAD, dtype=torch.float32, device=x.device)
     sq = torch.empty(split, t, dtype=torch.float32, device=x.device)
@@ -367,7 +374,8 @@ def _mix(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, do_mix: bool = True
         f = post = comb = xout = x
     _mix_kernel[(triton.cdiv(t, bt), split)](
         x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
-        FUSE_POST=fuse is not None, DO_MIX=do_mix, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET, num_warps=4,
+        FUSE_POST=fuse is not None, DO_MIX=do_mix, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET,
+        num_warps=MIX_WARPS if prefill else 4, num_stages=MIX_STAGES if prefill else 3,
     )
     return xout, part, sq, split
 

@@ -39,6 +39,11 @@ WIDEN_F16 = True
 # 128-row tiles, weights through shared memory, 4 ring slots: M = 4096 5.53 -> 4.86, M = 8192 10.53 -> 9.30;
 # 64-row tiles, weights in registers: M = 2048 4.18 (s10c) -> 3.79 (the shared-memory mode: 4.04)
 ASYNC = True
+# Launch order of the Gluon kernel's programs: ASYNC_GROUP_M blocks of rows x every column tile, then the next
+# blocks (0: row block fastest, i.e. one column tile over all experts' blocks before the next). Nsight Compute
+# (s13e, Flash, 8K tokens): with row blocks fastest the GLU read 10 GB from HBM for 2.1 GB of weights and
+# 0.4 GB of activations -- each 1 MB activation block came back from HBM for each of its 32 column tiles
+ASYNC_GROUP_M = 4
 ASYNC_STAGES = 4  # ring slots of 64-wide K halves (activations and weight bytes) in shared memory
 ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None: two warpgroups, >= 128-row tiles)
 # ... with one warpgroup per program (64 weight rows, 4 warps, the widened weights as the MMA's register
@@ -301,7 +306,7 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
         for a, n, glu, one, bn in args:
             bn, warps = (64, 4) if one else (bn, num_warps)
             a_smem = (bm >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
-            moe_wide_async.launch(a, (nb, n // bn), bm, bn, glu, warps, ASYNC_STAGES, a_smem)
+            moe_wide_async.launch(a, (nb, n // bn), bm, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M)
             if glu and bn != BLOCK:  # z was stored unquantised
                 requant_rows(args1[3])
         return y

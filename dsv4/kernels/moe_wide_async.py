@@ -216,7 +216,7 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
-        A_SMEM: gl.constexpr,
+        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr,
     ):
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -225,6 +225,14 @@ if HAS_TRITON:
         x_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
         pid_m = gl.program_id(0)
         pid_n = gl.program_id(1)
+        if GROUP_M > 0:  # launch order: GROUP_M row blocks x every column tile, then the next GROUP_M blocks
+            num_m = gl.num_programs(0)
+            pid = pid_m + pid_n * num_m
+            width = GROUP_M * gl.num_programs(1)
+            first_m = (pid // width) * GROUP_M
+            size_m = gl.minimum(num_m - first_m, GROUP_M)
+            pid_m = first_m + (pid % width) % size_m
+            pid_n = (pid % width) // size_m
         if pid_m * BM >= gl.load(NUM_POST):
             return
         e = gl.load(EXPERT_IDS + pid_m).to(gl.int64)
@@ -286,7 +294,7 @@ if HAS_TRITON:
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False):
+           a_smem: bool = False, group_m: int = 0):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3). Returns the compiled kernel
@@ -296,4 +304,4 @@ def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_war
     if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
         raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
     return _wide_async_kernel[grid](*kernel_args, BM=bm, BN=bn, GLU=glu, NW=num_warps, STAGES=stages, A_SMEM=a_smem,
-                             num_warps=num_warps)
+                                    GROUP_M=group_m, num_warps=num_warps)
