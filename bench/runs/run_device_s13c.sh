@@ -2,6 +2,8 @@
 # Session 13: 8 Flash layers, decode at B = 1 / 8 / 64 (ctx 4096, CUDA graphs), session 12's decode-size linear
 # launch shapes vs this session's (the old `pick_linear_config` patched in); one eager B = 1 decode step's
 # kernels in launch order (4 layers).
+# (Its A/B is void: it patched `dsv4.kernels.fp8_linear`, which the package re-exports as the function, so both rows ran
+# the new shapes; run_device_s13g.sh repeats the A/B with importlib.)
 source bench/runs/lib.sh
 export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29522
 B="bench/bench_parallel.py --world 1 --layers 8 --reps 5 --batches 1,8,64 --ctx 4096 --kv-dtype fp8 --prefill 0 --cuda-graphs"

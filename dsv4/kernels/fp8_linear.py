@@ -8,30 +8,29 @@ Weight scales are E8M0 bytes (Flash/Pro) or float32 (Flash-Base).
 Each public function has a torch reference of the same signature (`*_ref`), built on `dsv4.quant`.
 The Triton path exists only where `triton` imports (the CPU CI machine has none).
 
-Two launch shapes of one kernel:
-* prefill (M > 16): A = quantised activations [BM, 128] x W^T, grouped tile order for L2 reuse;
+Two launch shapes of one kernel (which one at which size: `dsv4.kernels.linear_config`):
+* prefill (M > 64): A = quantised activations [BM, 128] x W^T, grouped tile order for L2 reuse;
   the activations are quantised once by `act_quant` (quantising inside the GEMM would repeat it
-  for every N tile).
-* decode (M <= 16): "swap AB" — the weight tile is the MMA's M side (>= 64 rows, so Hopper's wgmma
-  applies) and the few tokens are its N side; the activation is quantised inside the kernel, and
-  the K range is split over programs when N alone gives too few programs to pull the weight at full
-  bandwidth. Still one launch (one CUDA-graph node): each split stores an fp32 partial tile and
-  bumps a per-tile arrival counter; the last to arrive sums the partials in split order and writes
-  the output (see `_split_counters`).
+  for every N tile). From 256 rows `fp8_linear` hands the product to cuBLAS instead (below).
+* decode (M <= 64): "swap AB" — the weight tile is the MMA's M side (>= 64 rows, so Hopper's wgmma
+  applies) and the few tokens are its N side; up to 16 tokens the activation is quantised inside the
+  kernel, and the K range is split over programs when N alone gives too few programs to pull the
+  weight at full bandwidth. Still one launch (one CUDA-graph node): each split stores an fp32 partial
+  tile and bumps a per-tile arrival counter; the last to arrive sums the partials in split order and
+  writes the output (see `_split_counters`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, replace
 
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton  # noqa: F401
+from dsv4.kernels.linear_config import LinearConfig, launch_split, pick_linear_config  # noqa: F401 (re-exported)
 
 BLOCK = 128
-NUM_SMS_H200 = 132
 log = logging.getLogger(__name__)
 
 
@@ -265,63 +264,6 @@ if HAS_TRITON:
             tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=c_mask)
 
 
-# --------------------------------------------------------------------------- launch configuration
-
-
-@dataclass(frozen=True)
-class LinearConfig:
-    """One launch shape of `_fp8_gemm_kernel` (see the module docstring)."""
-
-    bm: int
-    bn: int
-    swap_ab: bool
-    fuse_quant: bool
-    split_k: int = 1  # 0 = choose from the grid size
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 4
-
-
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, (v - 1).bit_length())
-
-
-def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
-    """Heuristic launch shape for an [m, k] x [n, k]^T product, K split chosen here (H200 sweeps,
-    `bench/sweep_linear.py`, docs/benchmarks.md session 13).
-
-    M <= 16: swap AB (128 weight rows x 16 tokens) with the activation quantised inside the GEMM.
-    16 < M <= 64: swap AB on pre-quantised activations, 64 weight rows per tile, so that a wide K splits
-    over more programs (Flash wo_b at M = 64: 41.9 -> 19.8 µs against 64x128 tiles without a split).
-    M > 64: 64x128 tiles up to M = 1024, 128x128 with 8 warps beyond, at most one wave after the split
-    (these programs hold more in flight; two waves measured slower, e.g. Flash sh_w13 at M = 128).
-    """
-    kblocks = k // BLOCK
-    if m <= 16:
-        cfg, programs, min_kb = LinearConfig(bm=16, bn=128, swap_ab=True, fuse_quant=True), 2 * NUM_SMS_H200, 4
-    elif m <= 64:
-        cfg = LinearConfig(bm=_next_pow2(m), bn=64, swap_ab=True, fuse_quant=False)
-        programs, min_kb = 2 * NUM_SMS_H200, 8
-    elif m <= 1024:
-        cfg, programs, min_kb = LinearConfig(bm=64, bn=128, swap_ab=False, fuse_quant=False), NUM_SMS_H200, 8
-    else:
-        cfg = LinearConfig(bm=128, bn=128, swap_ab=False, fuse_quant=False, num_warps=8)
-        programs, min_kb = NUM_SMS_H200, 8
-    tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * groups
-    return replace(cfg, split_k=_auto_split(tiles, kblocks, programs, min_kb))
-
-
-def _auto_split(tiles: int, kblocks: int, programs: int = 2 * NUM_SMS_H200, min_kblocks: int = 2) -> int:
-    """The largest power-of-two K split that keeps the grid within `programs` and every split at
-    `min_kblocks` or more K blocks (weight streaming needs enough programs in flight; each split adds
-    an fp32 partial tile to write and sum)."""
-    split = 1
-    while (tiles * split * 2 <= programs and kblocks % (split * 2) == 0
-           and kblocks // (split * 2) >= min_kblocks):
-        split *= 2
-    return split
-
-
 def _check_weight(weight: torch.Tensor, scale: torch.Tensor, k: int, name: str = "weight") -> None:
     if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
         raise ValueError(f"{name}: expected a 2-D float8_e4m3fn weight, got {weight.dtype} {tuple(weight.shape)}")
@@ -373,19 +315,6 @@ def _launch_act_quant(x2: torch.Tensor, q: torch.Tensor, s: torch.Tensor, m: int
 def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
     """Split-K arrival counters, one per (output tile, group) of a launch (dsv4.kernels._triton)."""
     return arrival_counters("fp8_linear split-K", device, needed)
-
-
-def launch_split(m: int, n: int, k: int, cfg: LinearConfig, groups: int = 1) -> int:
-    """The K split a launch of `cfg` over an [m, k] x [n, k]^T product uses: the config's own, else
-    `_auto_split` of its grid, lowered until every split gets the same number of K blocks. Two launches
-    with the same config and split compute every output element the same way. Plain Python (callers
-    without triton use it too)."""
-    kblocks = k // BLOCK
-    tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * groups
-    split = cfg.split_k if cfg.split_k > 0 else _auto_split(tiles, kblocks)
-    while kblocks % split:
-        split -= 1
-    return split
 
 
 def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg: LinearConfig) -> None:
