@@ -1,5 +1,5 @@
 """Sweep the prefill launch shape of the mHC mix kernel (`dsv4.kernels.mhc`: MIX_BT / FUSED_BT rows, MIX_BK
-columns per step, MIX_WARPS, MIX_STAGES) for hc_pre and the fused hc_post_pre at Flash width.
+columns per step, MIX_WARPS, MIX_STAGES, MIX_TRANS) for hc_pre and the fused hc_post_pre at Flash width.
 
 Each case: µs per call from a CUDA graph of `--calls` calls, and the largest difference of its post / comb /
 u from the module's default shape (another K order in the mix's dots moves the last bits).
@@ -46,7 +46,7 @@ def main() -> None:
     norm_w = (torch.rand(d, device=dev, generator=g) + 0.5).to(torch.bfloat16)
     kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-6, norm_weight=norm_w)
     default = dict(MIX_BT=mhc.MIX_BT, FUSED_BT=mhc.FUSED_BT, MIX_BK=mhc.MIX_BK, MIX_WARPS=mhc.MIX_WARPS,
-                   MIX_STAGES=mhc.MIX_STAGES)
+                   MIX_STAGES=mhc.MIX_STAGES, MIX_TRANS=mhc.MIX_TRANS)
     gbytes = {}
     for t in (int(v) for v in args.tokens.split(",")):
         x = torch.randn(t, 4, d, device=dev, generator=g).to(torch.bfloat16)
@@ -61,27 +61,30 @@ def main() -> None:
                 setattr(mhc, k, v)
             want = [o.clone() for o in _flat(call())]
             rows = []
-            for bt, bk, warps, stages in itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3)):
+            for bt, bk, warps, stages, trans in itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3),
+                                                                  (False, True)):
+                if trans and (bt < 32 or warps != 4):  # the transposed mix: one 64-row wgmma per warpgroup
+                    continue
                 for k, v in dict(default, **{bt_knob: bt, "MIX_BK": bk, "MIX_WARPS": warps,
-                                             "MIX_STAGES": stages}).items():
+                                             "MIX_STAGES": stages, "MIX_TRANS": trans}).items():
                     setattr(mhc, k, v)
                 try:
                     got = _flat(call())
                     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, want))
                     us = graph_us(call, args.calls)
                 except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
-                    print(f"  {op} T={t} bt={bt} bk={bk} w={warps} s={stages}: {type(e).__name__} {str(e)[:100]}")
+                    print(f"  {op} T={t} bt={bt} bk={bk} w={warps} s={stages} trans={trans}: {type(e).__name__}")
                     continue
-                rows.append((us, bt, bk, warps, stages, diff))
+                rows.append((us, bt, bk, warps, stages, trans, diff))
             rows.sort()
             gbytes[op] = nbytes
             for k, v in default.items():
                 setattr(mhc, k, v)
             us_def = graph_us(call, args.calls)
             print(f"{op} T={t}: default {us_def:.1f} µs ({nbytes / us_def / 1e3:.0f} GB/s); fastest:")
-            for us, bt, bk, warps, stages, diff in rows[:6]:
+            for us, bt, bk, warps, stages, trans, diff in rows[:6]:
                 print(f"   {us:8.1f} µs {nbytes / us / 1e3:6.0f} GB/s  bt={bt:3d} bk={bk:3d} warps={warps} "
-                      f"stages={stages}  max diff {diff:.2e}", flush=True)
+                      f"stages={stages} trans={trans}  max diff {diff:.2e}", flush=True)
 
 
 def _flat(out):

@@ -50,6 +50,9 @@ MIX_BT = 64
 MIX_BK = 64
 MIX_WARPS = 4
 MIX_STAGES = 3
+# prefill mixes as the transposed product (`_mix_dot`'s TRANS; opt-in until measured on the H200: ptxas,
+# 32 x 32 fused tiles on 2 stages: 117 registers, no spills, wgmma, against 255 + 72 B of spills and mma.sync)
+MIX_TRANS = False
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 
 
@@ -118,22 +121,36 @@ def hc_head_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
 if HAS_TRITON:
 
     @triton.jit
-    def _mix_dot(acc, xk, FH, FL, col0, offs_d, HCD, NP: tl.constexpr, INTERP: tl.constexpr):
-        """acc[BT, NP] += xk[BT, BK] (bf16) . fn[:, col0 + offs_d]^T via the hi/lo bf16 split."""
-        offs_n = tl.arange(0, NP)
-        ptr = offs_n[None, :] * HCD + col0 + offs_d[:, None]
-        hi, lo = tl.load(FH + ptr), tl.load(FL + ptr)
-        if INTERP:  # Triton's CPU interpreter multiplies bf16 dot operands as raw bits
-            xk, hi, lo = xk.to(tl.float32), hi.to(tl.float32), lo.to(tl.float32)
-        acc = tl.dot(xk, hi, acc)
-        return tl.dot(xk, lo, acc)
+    def _mix_dot(acc, xk, FH, FL, col0, offs_d, HCD, NP: tl.constexpr, INTERP: tl.constexpr, TRANS: tl.constexpr):
+        """acc[BT, NP] += xk[BT, BK] (bf16) . fn[:, col0 + offs_d]^T via the hi/lo bf16 split. TRANS: the same
+        product transposed with hi and lo stacked, acc[2 NP, BT] += [hi; lo][:, cols] . xk^T (one 64-row wgmma;
+        the kernel adds the halves at the end): the fn tile feeds the MMA from shared memory as loaded and the stream
+        tile is stored to shared memory once, where the untransposed dot converts the stream tile into its
+        register operand layout through shared memory on every step."""
+        if TRANS:
+            offs_n = tl.arange(0, 2 * NP)
+            row = tl.where(offs_n < NP, offs_n, offs_n - NP)
+            ptr = tl.where(offs_n < NP, FH, FL)[:, None] + row[:, None] * HCD + col0 + offs_d[None, :]
+            w = tl.load(ptr)
+            xt = tl.trans(xk)
+            if INTERP:
+                xt, w = xt.to(tl.float32), w.to(tl.float32)
+            acc = tl.dot(w, xt, acc)
+        else:
+            offs_n = tl.arange(0, NP)
+            ptr = offs_n[None, :] * HCD + col0 + offs_d[:, None]
+            hi, lo = tl.load(FH + ptr), tl.load(FL + ptr)
+            if INTERP:  # Triton's CPU interpreter multiplies bf16 dot operands as raw bits
+                xk, hi, lo = xk.to(tl.float32), hi.to(tl.float32), lo.to(tl.float32)
+            acc = tl.dot(xk, lo, tl.dot(xk, hi, acc))
+        return acc
 
     @triton.jit
     def _mix_kernel(
         X, F, POST, COMB, XOUT, FH, FL, PART, SQ,
         T, D, d_per_split,
         FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-        INTERP: tl.constexpr,
+        INTERP: tl.constexpr, TRANS: tl.constexpr,
     ):
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
@@ -146,7 +163,10 @@ if HAS_TRITON:
             p1 = tl.load(POST + offs_t * 4 + 1, mask=tmask, other=0.0)[:, None]
             p2 = tl.load(POST + offs_t * 4 + 2, mask=tmask, other=0.0)[:, None]
             p3 = tl.load(POST + offs_t * 4 + 3, mask=tmask, other=0.0)[:, None]
-        acc = tl.zeros((BT, NP), dtype=tl.float32)
+        if TRANS:
+            acc = tl.zeros((2 * NP, BT), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BT, NP), dtype=tl.float32)
         sq = tl.zeros((BT,), dtype=tl.float32)
         d_lo = pid_s * d_per_split
         for i in range(0, d_per_split, BK):
@@ -186,13 +206,18 @@ if HAS_TRITON:
             if DO_MIX:
                 f0, f1, f2, f3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
                 sq += tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=1)
-                acc = _mix_dot(acc, b0, FH, FL, 0 * D, offs_d, HCD, NP, INTERP)
-                acc = _mix_dot(acc, b1, FH, FL, 1 * D, offs_d, HCD, NP, INTERP)
-                acc = _mix_dot(acc, b2, FH, FL, 2 * D, offs_d, HCD, NP, INTERP)
-                acc = _mix_dot(acc, b3, FH, FL, 3 * D, offs_d, HCD, NP, INTERP)
-        if DO_MIX:
+                acc = _mix_dot(acc, b0, FH, FL, 0 * D, offs_d, HCD, NP, INTERP, TRANS)
+                acc = _mix_dot(acc, b1, FH, FL, 1 * D, offs_d, HCD, NP, INTERP, TRANS)
+                acc = _mix_dot(acc, b2, FH, FL, 2 * D, offs_d, HCD, NP, INTERP, TRANS)
+                acc = _mix_dot(acc, b3, FH, FL, 3 * D, offs_d, HCD, NP, INTERP, TRANS)
+        if DO_MIX and TRANS:  # the hi and lo halves' sums added: [NP, BT]
+            mix = tl.sum(tl.reshape(acc, (2, NP, BT)), axis=0)
+            offs_n = tl.arange(0, NP)
+            tl.store(PART + (pid_s * T + offs_t[None, :]) * NP + offs_n[:, None], mix, mask=tmask[None, :])
+        elif DO_MIX:
             offs_n = tl.arange(0, NP)
             tl.store(PART + (pid_s * T + offs_t[:, None]) * NP + offs_n[None, :], acc, mask=tmask[:, None])
+        if DO_MIX:
             tl.store(SQ + pid_s * T + offs_t, sq, mask=tmask)
 
     @triton.jit
@@ -375,6 +400,7 @@ def _mix(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, do_mix: bool = True
     _mix_kernel[(triton.cdiv(t, bt), split)](
         x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
         FUSE_POST=fuse is not None, DO_MIX=do_mix, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET,
+        TRANS=MIX_TRANS and prefill,
         num_warps=MIX_WARPS if prefill else 4, num_stages=MIX_STAGES if prefill else 3,
     )
     return xout, part, sq, split

@@ -44,8 +44,13 @@ def _rel(y, ref) -> float:
 
 @pytest.mark.parametrize("t,d", SHAPES)
 @pytest.mark.parametrize("with_norm", [False, True])
-def test_hc_pre(t, d, with_norm, poison, close_bf16):
+@pytest.mark.parametrize("trans", [False, True])
+def test_hc_pre(t, d, with_norm, trans, poison, close_bf16, monkeypatch):
+    """trans: the prefill mix as the transposed product (`mhc.MIX_TRANS`; only above 16 tokens)."""
+    from dsv4.kernels import mhc
     from dsv4.kernels.mhc import hc_pre, hc_pre_ref
+
+    monkeypatch.setattr(mhc, "MIX_TRANS", trans)
 
     gen = torch.Generator(DEV).manual_seed(t * 131 + d + with_norm)
     x = _streams(t, d, gen)
@@ -83,8 +88,12 @@ def test_hc_post(t, d, poison, close_bf16):
 
 
 @pytest.mark.parametrize("t,d", SHAPES)
-def test_hc_post_pre(t, d, poison, close_bf16):
+@pytest.mark.parametrize("trans", [False, True])
+def test_hc_post_pre(t, d, trans, poison, close_bf16, monkeypatch):
+    from dsv4.kernels import mhc
     from dsv4.kernels.mhc import hc_post_pre, hc_post_pre_ref, prepare_mix
+
+    monkeypatch.setattr(mhc, "MIX_TRANS", trans)
 
     gen = torch.Generator(DEV).manual_seed(11 * t + d)
     x = _streams(t, d, gen)
