@@ -50,8 +50,9 @@ MIX_BT = 64
 MIX_BK = 64
 MIX_WARPS = 4
 MIX_STAGES = 3
-# prefill mixes as the transposed product (`_mix_dot`'s TRANS; opt-in until measured on the H200: ptxas,
-# 32 x 32 fused tiles on 2 stages: 117 registers, no spills, wgmma, against 255 + 72 B of spills and mma.sync)
+# prefill mixes as the transposed product (`_mix_dot`'s TRANS; opt-in until measured on the H200. ptxas, fused
+# 32 x 32 tiles on 2 stages: 128 registers, no spills, wgmma, 52 KB; today's 32 x 64 on 3: 255 + 72 B of spills,
+# mma.sync, 110 KB)
 MIX_TRANS = False
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 
@@ -123,10 +124,10 @@ if HAS_TRITON:
     @triton.jit
     def _mix_dot(acc, xk, FH, FL, col0, offs_d, HCD, NP: tl.constexpr, INTERP: tl.constexpr, TRANS: tl.constexpr):
         """acc[BT, NP] += xk[BT, BK] (bf16) . fn[:, col0 + offs_d]^T via the hi/lo bf16 split. TRANS: the same
-        product transposed with hi and lo stacked, acc[2 NP, BT] += [hi; lo][:, cols] . xk^T (one 64-row wgmma;
-        the kernel adds the halves at the end): the fn tile feeds the MMA from shared memory as loaded and the stream
-        tile is stored to shared memory once, where the untransposed dot converts the stream tile into its
-        register operand layout through shared memory on every step."""
+        product transposed with hi and lo stacked, acc[2 NP, BT] += [hi; lo][:, cols] . xk^T (one 64-row
+        wgmma; the kernel adds the halves at the end): the fn tile feeds the MMA from shared memory as loaded
+        and the stream tile is stored to shared memory once, where the untransposed dot converts the stream
+        tile into its register operand layout through shared memory on every step."""
         if TRANS:
             offs_n = tl.arange(0, 2 * NP)
             row = tl.where(offs_n < NP, offs_n, offs_n - NP)

@@ -297,7 +297,8 @@ def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_war
            a_smem: bool = False, group_m: int = 0):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
-    widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3). Returns the compiled kernel
+    widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
+    order (`moe_wide.ASYNC_GROUP_M`). Returns the compiled kernel
     (registers and shared memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
