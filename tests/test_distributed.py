@@ -98,13 +98,17 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts
         res = run_model(model)
         res["read"] = list(read)
         res["shapes"] = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        engine = make_engine(model)
-        if ps.is_first:
-            core = DistributedEngine(engine, ps)
-            res["greedy"] = greedy(core)
-            core.shutdown()
-        else:
-            worker_loop(engine, ps)
+        for key, graphs in (("greedy", False), ("greedy_graphs", True)):
+            if graphs:  # the paged steps through the graph code, run eagerly (`capture=False`), every rank
+                model.enable_cuda_graphs(max_batch=4, capture=False)
+            engine = make_engine(model)
+            if ps.is_first:
+                core = DistributedEngine(engine, ps)
+                res[key] = greedy(core)
+                core.shutdown()
+            else:
+                worker_loop(engine, ps)
+        res["graph_steps"] = len(model._graphs._steps)
         results.append(res)
     torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -138,6 +142,8 @@ def check_rank(res: dict, ref: dict, layout: tuple, rank: int) -> None:
         assert rel(res[key], ref[key]) <= TOL, f"{what} {key}: rel {rel(res[key], ref[key]):.2e}"
     if rank == 0:
         assert res["greedy"] == ref["greedy"], what
+        assert res["greedy_graphs"] == ref["greedy"], f"{what}: graph plumbing"
+    assert res["graph_steps"] > 0, f"{what}: no decode step went through the graph code"
     # this rank's shard only
     c, shapes = CFG, res["shapes"]
     per = c.n_routed_experts // ep

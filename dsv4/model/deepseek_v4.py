@@ -160,8 +160,8 @@ class DeepseekV4ForCausalLM(nn.Module):
     def enable_cuda_graphs(self, max_batch: int = 64, capture: bool = True) -> None:
         """Run decode steps (one token per sequence, or the few tokens of a verify step over the paged
         pools; up to max_batch rows, rounded up to a bucket) as CUDA graphs, captured per bucket on first
-        use (dsv4.model.graphs). Single process; call after finalize_weights. `capture=False` runs the same
-        code eagerly (tests)."""
+        use (dsv4.model.graphs). A sharded model graphs the paged steps only, every rank alike; call after
+        finalize_weights. `capture=False` runs the same code eagerly (tests)."""
         if not self._finalized:
             raise RuntimeError("enable_cuda_graphs: call finalize_weights() first")
         from dsv4.model.graphs import DecodeGraphs

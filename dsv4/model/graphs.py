@@ -1,4 +1,4 @@
-"""Decode steps under CUDA graphs (single process).
+"""Decode steps under CUDA graphs (one GPU; over TP/EP ranks the paged whole steps only).
 
 Over the engine's paged pools (the usual case): a fixed-shape step (dsv4.engine.paged_decode; every
 sequence brings 1..max_rollback+1 tokens) is captured whole -- embed, every layer including its state
@@ -20,7 +20,10 @@ kernel-mode model bit for bit at a bucket's exact size (the same kernels on the 
 batch may pick another MoE launch shape.
 
 `capture=False` runs the same code eagerly through the same static buffers (CPU tests of the
-plumbing). Sharded models are not captured (collectives inside graphs are not set up here).
+plumbing). A sharded model (TP/EP ranks in lock-step, dsv4.distributed) graphs the paged whole steps
+only: every rank captures the same bucket at the same engine step, its collectives (NCCL) inside the
+graph; the piecewise path stays eager there. Capturing that on GPUs is not yet validated (the CPU
+tests run the plumbing with `capture=False`), so the CLI still refuses `--cuda-graphs` with --tp/--ep.
 """
 from __future__ import annotations
 
@@ -192,14 +195,13 @@ class DecodeGraphs:
     """The buckets of a model (see the module docstring); built lazily."""
 
     def __init__(self, model, max_batch: int = 64, capture: bool = True):
-        if model.layout is not None:
-            raise ValueError("CUDA-graph decode is single-process only (a sharded model runs eagerly)")
         if capture and model.embed.weight.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device (capture=False runs the pieces eagerly)")
         if capture and model.kernels != "triton":
             raise ValueError("CUDA graphs need kernels='triton' (the torch MoE path reads expert ids back to the "
                              "host, which a captured graph cannot do)")
         self.model, self.capture = model, capture
+        self.sharded = model.layout is not None  # paged whole steps only (module docstring)
         # up to the first bucket that holds max_batch rows (max_batch 6 -> 8: a batch of 6 runs graphed)
         top = next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])
         self.sizes = [b for b in BUCKETS if b <= top]
@@ -209,7 +211,8 @@ class DecodeGraphs:
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
 
     def handles(self, seq_lens) -> bool:
-        return 0 < len(seq_lens) <= self.max_batch and all(int(n) == 1 for n in seq_lens)
+        """Whether a step over contiguous states runs piecewise (never for a sharded model)."""
+        return not self.sharded and 0 < len(seq_lens) <= self.max_batch and all(int(n) == 1 for n in seq_lens)
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
         """Hidden states [B, D] of one decode step; the residual streams land in `last_streams(B)`."""
