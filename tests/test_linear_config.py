@@ -30,20 +30,20 @@ def _fits(tiles: int, kblocks: int, split: int, programs: int, min_kb: int) -> b
     return tiles * split <= programs and kblocks % split == 0 and kblocks // split >= min_kb
 
 
-@pytest.mark.parametrize("n,k", FLASH + PRO)
 @pytest.mark.parametrize("m", MS)
-def test_pick_follows_the_documented_rule(m, n, k):
-    cfg = pick_linear_config(m, n, k)
+def test_pick_follows_the_documented_rule(m):
     want, programs, min_kb = _regime(m)
-    assert {f: getattr(cfg, f) for f in want} == want
-    kblocks = k // 128
-    tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
-    s = cfg.split_k
-    assert s >= 1 and s & (s - 1) == 0, s
-    if s > 1:
-        assert _fits(tiles, kblocks, s, programs, min_kb), (m, n, k, s)
-    assert not _fits(tiles, kblocks, 2 * s, programs, min_kb), f"{m, n, k}: split {s} could double"
-    assert launch_split(m, n, k, cfg) == s  # the launch uses the picked split as is
+    for n, k in FLASH + PRO:
+        cfg = pick_linear_config(m, n, k)
+        assert {f: getattr(cfg, f) for f in want} == want, (m, n, k)
+        kblocks = k // 128
+        tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
+        s = cfg.split_k
+        assert s >= 1 and s & (s - 1) == 0, (m, n, k, s)
+        if s > 1:
+            assert _fits(tiles, kblocks, s, programs, min_kb), (m, n, k, s)
+        assert not _fits(tiles, kblocks, 2 * s, programs, min_kb), f"{m, n, k}: split {s} could double"
+        assert launch_split(m, n, k, cfg) == s  # the launch uses the picked split as is
 
 
 def test_worked_examples():
