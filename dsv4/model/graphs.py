@@ -89,8 +89,10 @@ class _Bucket:
         return self.hidden[:b].clone()  # the static buffer is overwritten by the next step
 
 
-def _capture(pieces) -> list:
-    """Warm up (kernels compiled, lazy weight copies made), then one graph per piece, one pool."""
+def _capture(pieces, sharded: bool = False) -> list:
+    """Warm up (kernels compiled, lazy weight copies made), then one graph per piece, one pool. sharded:
+    capture errors only for this thread's calls (the process group's NCCL watchdog thread queries CUDA
+    events meanwhile, which a process-wide capture would refuse)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -101,7 +103,7 @@ def _capture(pieces) -> list:
     pool, graphs = torch.cuda.graph_pool_handle(), []
     for run in pieces:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
+        with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local" if sharded else "global"):
             run()
         graphs.append(g)
     return graphs
@@ -123,7 +125,8 @@ def _launch(bucket) -> None:
         bucket._run()
         return
     if not bucket.graphs:
-        bucket.graphs = _capture([bucket._run])
+        model = getattr(bucket, "model", None)  # an MTP bucket holds its block (never sharded with graphs)
+        bucket.graphs = _capture([bucket._run], sharded=model is not None and model.layout is not None)
     bucket.graphs[0].replay()
 
 
