@@ -125,8 +125,7 @@ def _launch(bucket) -> None:
         bucket._run()
         return
     if not bucket.graphs:
-        model = getattr(bucket, "model", None)  # an MTP bucket holds its block (never sharded with graphs)
-        bucket.graphs = _capture([bucket._run], sharded=model is not None and model.layout is not None)
+        bucket.graphs = _capture([bucket._run], sharded=bucket.sharded)
     bucket.graphs[0].replay()
 
 
@@ -135,6 +134,8 @@ class _StepBucket:
     the state reads and writes are fixed-shape too, so nothing runs eagerly. The warm-up runs the
     first real step three times, which is harmless: every state write of a step overwrites its slot
     with the same value."""
+
+    sharded = False  # set by DecodeGraphs for a sharded model's buckets (`_capture`)
 
     def __init__(self, model, step, capture: bool):
         self.model, self.step, self.capture = model, step, capture
@@ -163,6 +164,8 @@ class _StepBucket:
 class _MTPStepBucket:
     """The MTP block's draft rows over the engine's paged pools as one graph, like `_StepBucket`:
     embed + e/h projections, the block with its state reads and writes, HC head and norm."""
+
+    sharded = False  # as `_StepBucket.sharded`
 
     def __init__(self, block, step, capture: bool):
         dev = block.hc_head_base.device
@@ -235,6 +238,7 @@ class DecodeGraphs:
         bucket = self._steps.get((pools, size, ctx))
         if bucket is None:
             bucket = self._steps[pools, size, ctx] = _StepBucket(self.model, pools.decode_step(size, ctx), self.capture)
+            bucket.sharded = self.sharded
         self._last = bucket
         return bucket.run(input_ids, states, lens)
 
@@ -248,6 +252,7 @@ class DecodeGraphs:
         if bucket is None:
             bucket = self._mtp_steps[pools, size, ctx] = _MTPStepBucket(block, pools.decode_step(size, ctx),
                                                                          self.capture)
+            bucket.sharded = self.sharded
         return bucket.run(prev_residual, ids, states, lens)
 
     def last_streams(self, b: int) -> torch.Tensor:
