@@ -78,7 +78,7 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts
 
     from dsv4.checkpoint.loader import Checkpoint
     from dsv4.distributed import ParallelConfig, init_parallel
-    from dsv4.distributed.engine import DistributedEngine, worker_loop
+    from dsv4.distributed.engine import lockstep
     from dsv4.model.load import load_model
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -101,13 +101,7 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts
         for key, graphs in (("greedy", False), ("greedy_graphs", True)):
             if graphs:  # the paged steps through the graph code, run eagerly (`capture=False`), every rank
                 model.enable_cuda_graphs(max_batch=4, capture=False)
-            engine = make_engine(model)
-            if ps.is_first:
-                core = DistributedEngine(engine, ps)
-                res[key] = greedy(core)
-                core.shutdown()
-            else:
-                worker_loop(engine, ps)
+            res[key] = lockstep(make_engine(model), ps, greedy)
         res["graph_steps"] = len(model._graphs._steps)
         results.append(res)
     torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))

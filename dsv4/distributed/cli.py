@@ -84,14 +84,11 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _generate(args: argparse.Namespace, ps) -> int:
-    from dsv4.distributed.engine import DistributedEngine, worker_loop
+    from dsv4.distributed.engine import lockstep
 
     engine = build_engine(args, ps)
-    if not ps.is_first:
-        worker_loop(engine, ps)
-        return 0
-    core = DistributedEngine(engine, ps)
-    try:
+
+    def lead(core) -> int:
         if engine.tokenizer is None:
             raise ValueError("this checkpoint has no tokenizer.json: prompts cannot be encoded")
         params = _sampling_params(args)
@@ -108,45 +105,35 @@ def _generate(args: argparse.Namespace, ps) -> int:
                     sys.stdout.flush()
         sys.stdout.write("\n" if stream else "".join(t + "\n" for t in texts.values()))
         return 0
-    finally:
-        core.shutdown()
+
+    return lockstep(engine, ps, lead) or 0
 
 
 def _serve(args: argparse.Namespace, ps) -> int:
-    from dsv4.distributed.engine import DistributedEngine, worker_loop
+    from dsv4.distributed.engine import lockstep
     from dsv4.serve.cli_serve import serve_options
     from dsv4.serve.server import serve
 
     engine = build_engine(args, ps, args.max_num_seqs, args.max_num_batched_tokens)
-    if not ps.is_first:
-        worker_loop(engine, ps)
-        return 0
-    core = DistributedEngine(engine, ps)
-    try:
-        return serve(core, serve_options(args, engine.model_name))
-    finally:
-        core.shutdown()
+    return lockstep(engine, ps, lambda core: serve(core, serve_options(args, engine.model_name))) or 0
 
 
 def _bench(args: argparse.Namespace, ps) -> int:
     from dsv4.cli_bench import check_arguments, engine_limits, measure, report
-    from dsv4.distributed.engine import DistributedEngine, worker_loop
+    from dsv4.distributed.engine import lockstep
 
     check_arguments(args)
     limits = engine_limits(args)
     args.max_model_len = limits["max_model_len"]
     engine = build_engine(args, ps, limits["max_num_seqs"], limits["max_num_batched_tokens"])
-    if not ps.is_first:
-        worker_loop(engine, ps)
-        return 0
-    core = DistributedEngine(engine, ps)
-    try:
+
+    def lead(core) -> int:
         result = measure(core, args, engine)
         result.update(tp=ps.tp, ep=ps.ep, moe_comm=ps.moe_comm)
         report(result, args)
         return 0
-    finally:
-        core.shutdown()
+
+    return lockstep(engine, ps, lead) or 0
 
 
 _COMMANDS = {"generate": _generate, "serve": _serve, "bench": _bench}

@@ -13,6 +13,7 @@ control group (`ParallelState.control_group`, long timeout: a server may idle fo
 
     rank 0:  core = DistributedEngine(engine, ps); ... core.add_request/step ...; core.shutdown()
     others:  worker_loop(engine, ps)      # returns after rank 0's shutdown()
+    or, on every rank:  lockstep(engine, ps, lambda core: ...)
 
 Speculative decoding is not supported across processes (its draft sampling would need the same
 treatment); `check_engine` refuses it.
@@ -114,3 +115,17 @@ def worker_loop(engine, ps: ParallelState) -> None:
             return
         engine.step()
         steps += 1
+
+
+def lockstep(engine, ps: ParallelState, lead):
+    """Every rank's part of a lock-stepped run: rank 0 runs `lead(core)` on a `DistributedEngine` around its
+    engine and releases the workers afterwards (also when `lead` raises), returning its result; the
+    other ranks follow rank 0 until then (`worker_loop`) and return None."""
+    if not ps.is_first:
+        worker_loop(engine, ps)
+        return None
+    core = DistributedEngine(engine, ps)
+    try:
+        return lead(core)
+    finally:
+        core.shutdown()

@@ -34,7 +34,7 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layout)
     import torch.distributed as dist
 
     from dsv4.distributed import ParallelConfig, init_parallel
-    from dsv4.distributed.engine import DistributedEngine, worker_loop
+    from dsv4.distributed.engine import lockstep
     from dsv4.engine.llm_engine import EngineConfig, LLMEngine
     from dsv4.model.load import load_model
 
@@ -48,12 +48,7 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layout)
             model.enable_cuda_graphs(max_batch=4)
         engine = LLMEngine(model, model.config, None, EngineConfig(max_num_seqs=4, max_num_batched_tokens=256,
                                                                   max_model_len=256, kv_dtype="fp8"))
-        if ps.is_first:
-            core = DistributedEngine(engine, ps)
-            res[key] = _greedy(core)
-            core.shutdown()
-        else:
-            worker_loop(engine, ps)
+        res[key] = lockstep(engine, ps, _greedy)
         if graphs:
             res["captured"] = sum(1 for b in model._graphs._steps.values() if b.graphs)
     torch.save(res, os.path.join(outdir, f"rank{rank}.pt"))
