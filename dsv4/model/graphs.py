@@ -135,10 +135,9 @@ class _StepBucket:
     first real step three times, which is harmless: every state write of a step overwrites its slot
     with the same value."""
 
-    sharded = False  # set by DecodeGraphs for a sharded model's buckets (`_capture`)
-
-    def __init__(self, model, step, capture: bool):
+    def __init__(self, model, step, capture: bool, sharded: bool = False):
         self.model, self.step, self.capture = model, step, capture
+        self.sharded = sharded  # a sharded model's step: captured with its collectives (`_capture`)
         self.ids = torch.zeros(step.size, dtype=torch.long, device=model.embed.weight.device)
         self.streams = self.hidden = None
         self.graphs = []
@@ -165,11 +164,9 @@ class _MTPStepBucket:
     """The MTP block's draft rows over the engine's paged pools as one graph, like `_StepBucket`:
     embed + e/h projections, the block with its state reads and writes, HC head and norm."""
 
-    sharded = False  # as `_StepBucket.sharded`
-
-    def __init__(self, block, step, capture: bool):
+    def __init__(self, block, step, capture: bool, sharded: bool = False):
         dev = block.hc_head_base.device
-        self.block, self.step, self.capture = block, step, capture
+        self.block, self.step, self.capture, self.sharded = block, step, capture, sharded
         width = block.hc_mult * block.config.hidden_size
         self.residual_in = torch.zeros(step.size, width, dtype=block.dtype, device=dev)
         self.ids = torch.zeros(step.size, dtype=torch.long, device=dev)
@@ -237,8 +234,8 @@ class DecodeGraphs:
         ctx = _context_bucket([s.num_tokens + n for s, n in zip(states, lens)])
         bucket = self._steps.get((pools, size, ctx))
         if bucket is None:
-            bucket = self._steps[pools, size, ctx] = _StepBucket(self.model, pools.decode_step(size, ctx), self.capture)
-            bucket.sharded = self.sharded
+            bucket = self._steps[pools, size, ctx] = _StepBucket(self.model, pools.decode_step(size, ctx),
+                                                                 self.capture, self.sharded)
         self._last = bucket
         return bucket.run(input_ids, states, lens)
 
@@ -251,8 +248,7 @@ class DecodeGraphs:
         bucket = self._mtp_steps.get((pools, size, ctx))
         if bucket is None:
             bucket = self._mtp_steps[pools, size, ctx] = _MTPStepBucket(block, pools.decode_step(size, ctx),
-                                                                         self.capture)
-            bucket.sharded = self.sharded
+                                                                         self.capture, self.sharded)
         return bucket.run(prev_residual, ids, states, lens)
 
     def last_streams(self, b: int) -> torch.Tensor:
