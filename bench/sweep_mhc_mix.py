@@ -4,7 +4,8 @@ columns per step, MIX_WARPS, MIX_STAGES, MIX_TRANS) for hc_pre and the fused hc_
 Each case: µs per call from a CUDA graph of `--calls` calls, and the largest difference of its post / comb /
 u from the module's default shape (another K order in the mix's dots moves the last bits).
 
-    python bench/sweep_mhc_mix.py [--tokens 8192] [--hidden 4096]
+    python bench/sweep_mhc_mix.py [--tokens 8192] [--hidden 4096] [--ops hc_pre,hc_post_pre] [--rows 16,32,64]
+        [--cols 32,64,128] [--warps 4,8]
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def main() -> None:
     ap.add_argument("--tokens", default="8192")
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--ops", default="hc_pre,hc_post_pre")
+    ap.add_argument("--rows", default="16,32,64", help="tile rows (MIX_BT / FUSED_BT) to sweep")
+    ap.add_argument("--cols", default="32,64,128", help="columns per step (MIX_BK) to sweep")
+    ap.add_argument("--warps", default="4,8")
     args = ap.parse_args()
     d, dev = args.hidden, torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -57,11 +62,13 @@ def main() -> None:
                "hc_post_pre": (lambda: mhc.hc_post_pre(f, x, post, comb, fn, base, scale, **kw), "FUSED_BT",
                                (8 * t * d + t * d) * 2)}
         for op, (call, bt_knob, nbytes) in ops.items():
+            if op not in args.ops.split(","):
+                continue
             for k, v in default.items():
                 setattr(mhc, k, v)
             want = [o.clone() for o in _flat(call())]
             rows = []
-            for bt, bk, warps, stages, trans in itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3),
+            for bt, bk, warps, stages, trans in itertools.product(_ints(args.rows), _ints(args.cols), _ints(args.warps), (2, 3),
                                                                   (False, True)):
                 if trans and (bt < 32 or warps != 4):  # the transposed mix: one 64-row wgmma per warpgroup
                     continue
@@ -85,6 +92,10 @@ def main() -> None:
             for us, bt, bk, warps, stages, trans, diff in rows[:6]:
                 print(f"   {us:8.1f} µs {nbytes / us / 1e3:6.0f} GB/s  bt={bt:3d} bk={bk:3d} warps={warps} "
                       f"stages={stages} trans={trans}  max diff {diff:.2e}", flush=True)
+
+
+def _ints(csv: str) -> list[int]:
+    return [int(v) for v in csv.split(",")]
 
 
 def _flat(out):

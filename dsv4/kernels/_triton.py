@@ -1,6 +1,8 @@
 """Triton is optional: CPU-only machines (CI) import the kernels' torch references without it."""
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 
 try:
@@ -39,3 +41,54 @@ def arrival_counters(user: str, device, needed: int):
         bufs.append(torch.zeros(max(_COUNTER_MIN, 1 << max(0, needed - 1).bit_length()), dtype=torch.int32,
                                 device=device))
     return bufs[-1]
+
+
+# Programmatic dependent launch (PDL, Hopper): a kernel launched with it may be scheduled while the one
+# before it in the stream is still running, and inside a CUDA graph the launch latency between the two
+# goes. Its body must start with `pdl_wait()` (griddepcontrol.wait: the previous kernel has finished and
+# its writes are visible), before which it may only touch what no earlier kernel writes -- the weights:
+# the GEMMs start their weights' L2 prefetch there. Right after the wait it lets the next kernel be
+# scheduled, so at most one kernel waits ahead. `pdl_kernel` launches an entry kernel this way and
+# checks that its source calls `pdl_wait()`; DSV4_PDL=0 turns it off (both instructions are no-ops then).
+PDL = HAS_TRITON and not INTERPRET and os.environ.get("DSV4_PDL", "1") != "0"
+
+
+class _PDLKernel:
+    def __init__(self, fn):
+        if "pdl_wait()" not in inspect.getsource(fn.fn):
+            raise TypeError(f"{fn.__name__}: a pdl_kernel must call pdl_wait() before reading its inputs")
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        launch = self.fn[grid]
+        return functools.partial(launch, launch_pdl=True) if PDL else launch
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+
+def pdl_kernel(fn):
+    """Decorator (above @triton.jit) for an entry kernel launched with PDL."""
+    return _PDLKernel(fn)
+
+
+if HAS_TRITON:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _PDL_ON = tl.constexpr(PDL)
+
+    @triton.jit
+    def pdl_wait():
+        if _PDL_ON:
+            gdc_wait()
+            gdc_launch_dependents()
+
+    @triton.jit
+    def prefetch_l2(base, offs, nbytes):
+        """Start loading nbytes (a multiple of 16) at each 16-byte aligned base + offs into L2 (a hint)."""
+        if _PDL_ON:
+            size = (offs * 0 + nbytes).to(tl.int32)
+            tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                                      [base + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+else:  # pragma: no cover - CPU-only machines
+    pdl_wait = prefetch_l2 = None

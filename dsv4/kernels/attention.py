@@ -30,6 +30,7 @@ from typing import Protocol
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 KV_BLOCK = 64
 # Split count: about one program per SM (H200: 132). Measured (bench/bench_glue.py --attn, ctx 4K): at B=1
@@ -125,6 +126,7 @@ if HAS_TRITON:
         tl.store(OUT + offs_h[:, None] * HD + offs_d[None, :], o.to(tl.bfloat16),
                  mask=hmask[:, None])
 
+    @pdl_kernel
     @triton.jit
     def _decode_attn_kernel(
         Q, POS, COS, SIN, SINK, OUT, PACC, PML,
@@ -134,6 +136,7 @@ if HAS_TRITON:
         HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, ROT: tl.constexpr,
         INTERP: tl.constexpr,
     ):
+        pdl_wait()
         b = tl.program_id(0)
         pid_h = tl.program_id(1)
         sid = tl.program_id(2)
@@ -223,12 +226,14 @@ if HAS_TRITON:
             o += ws[:, None] * a
         _inverse_rope_store(o / denom[:, None], OUT + b * H * HD, COS, SIN, b, offs_h, hmask, HD, NOPE, BH, ROT)
 
+    @pdl_kernel
     @triton.jit
     def _combine_wide_kernel(PACC, PML, SINK, COS, SIN, OUT, H, n_split,
                              HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
                              SP: tl.constexpr, ROT: tl.constexpr):
         """`_combine_kernel` without the serial split walk: grid (B, ceil(H/BH), HD/BD); a program loads all
         SP splits of its [BH, BD] tile at once (the loads overlap instead of each waiting a latency)."""
+        pdl_wait()
         b = tl.program_id(0)
         offs_h = tl.program_id(1) * BH + tl.arange(0, BH)
         d0 = tl.program_id(2) * BD

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 KV_BLOCK = 64
 _KV_BLOCK = tl.constexpr(KV_BLOCK) if HAS_TRITON else KV_BLOCK  # what a jitted function may read
@@ -59,10 +60,12 @@ def store_rows_ref(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool,
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _pow2_scale
 
+    @pdl_kernel
     @triton.jit
     def _pool_kernel(C, Z, PAGE, SLOTS, HAS_PREV, OUT, NC, NZ, NSLOT, stride_p, stride_s, stride_sl, stride_o,
                      stride_n, R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr, DIM: tl.constexpr,
                      OVERLAP: tl.constexpr, BD: tl.constexpr, NEW: tl.constexpr):
+        pdl_wait()
         b = tl.program_id(0)
         cols = tl.program_id(1) * BD + tl.arange(0, BD)
         j = tl.arange(0, RR)
@@ -114,11 +117,13 @@ if HAS_TRITON:
         sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
         return code | (sign << 3)
 
+    @pdl_kernel
     @triton.jit
     def _store_kernel(X, PAGE, OFF, W, COS, SIN, H, Q, S, ROPE, stride_x, stride_cs,
                       q_page, q_off, s_page, s_off, r_page, r_off, eps,
                       D: tl.constexpr, NOPE: tl.constexpr, ROPE0: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
                       HADAMARD: tl.constexpr, FP4: tl.constexpr, INTERP: tl.constexpr):
+        pdl_wait()
         b = tl.program_id(0)
         d = tl.arange(0, D)
         y = tl.load(X + b * stride_x + d).to(tl.bfloat16).to(tl.float32)

@@ -28,9 +28,13 @@ from collections import OrderedDict
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton  # noqa: F401
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
 from dsv4.kernels.linear_config import LinearConfig, launch_split, pick_linear_config  # noqa: F401 (re-exported)
 
 BLOCK = 128
+# K blocks of each GEMM program's weight rows put in flight to L2 before its PDL wait (decode: the
+# kernel is scheduled while the previous one still runs)
+PREFETCH_KBLOCKS = 4
 log = logging.getLogger(__name__)
 
 
@@ -112,6 +116,8 @@ def grouped_fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.T
 # --------------------------------------------------------------------------- Triton kernels
 
 if HAS_TRITON:
+    _PREFETCH_KBLOCKS = tl.constexpr(PREFETCH_KBLOCKS)
+
 
     @triton.jit
     def _pow2_scale(amax):
@@ -145,8 +151,10 @@ if HAS_TRITON:
         r = tl.where(x != x, 0x7FC0, r)  # NaN stays NaN (the carry could reach the sign bit)
         return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
+    @pdl_kernel
     @triton.jit(do_not_specialize=["M"])
     def _act_quant_kernel(X, Q, S, M, stride_xm, stride_qm, stride_sm, stride_sk, BR: tl.constexpr):
+        pdl_wait()
         pid_r = tl.program_id(0)
         kb = tl.program_id(1)
         rows = pid_r * BR + tl.arange(0, BR)
@@ -157,6 +165,7 @@ if HAS_TRITON:
         tl.store(Q + rows[:, None] * stride_qm + cols[None, :], q, mask=mask[:, None])
         tl.store(S + rows * stride_sm + kb * stride_sk, s, mask=mask)
 
+    @pdl_kernel
     @triton.jit(do_not_specialize=["M"])
     def _fp8_gemm_kernel(
         A, SA, W, SW, C, P, CNT,
@@ -208,6 +217,11 @@ if HAS_TRITON:
         kidx = tl.arange(0, KBP)
         kmask = kidx < KB_PER_SPLIT
         sw_all = tl.load(SW + (pid_n * BN // BK) * stride_swn + kb0 + kidx, mask=kmask, other=0)
+        # Before the wait only the weights (nothing earlier in the stream writes them): their scales, and
+        # the first K blocks of this program's rows started into L2 (`_triton.pdl_wait`).
+        rows_n = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
+        prefetch_l2(W + kb0 * BK, rows_n, tl.minimum(KB_PER_SPLIT, _PREFETCH_KBLOCKS) * BK)
+        pdl_wait()
         if SW_E8M0:
             sw_all = _e8m0_to_f32(sw_all.to(tl.int32))
         PRELOAD_SA: tl.constexpr = (not FUSE_QUANT) and (BM * KBP <= 2048)  # larger tiles measured slower

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
 
 BLOCK = 128
 DECODE_MAX_T = 64
@@ -125,6 +126,7 @@ if HAS_TRITON:
             out = acc.to(tl.bfloat16)  # cvt.rn
         tl.store(y_ptrs, out, mask=mask)
 
+    @pdl_kernel
     @triton.jit(do_not_specialize=["T"])
     def _grouped_w8a16_kernel(
         X, W, S, Y, P, CNT,
@@ -154,6 +156,9 @@ if HAS_TRITON:
             kb_lo = 0
             kb_hi = KBLOCKS
 
+        # before the PDL wait only the weights: the first K blocks of this program's rows started into L2
+        prefetch_l2(W + kb_lo * 128, (row0 + offs_n).to(tl.int64) * DIN, tl.minimum(kb_hi - kb_lo, 4) * 128)
+        pdl_wait()
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         for kb in range(kb_lo, kb_hi):
             s = tl.load(s_ptr + kb)  # issued early, used after the MMA; the scale row is one cached line

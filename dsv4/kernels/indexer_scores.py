@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -78,12 +79,14 @@ if HAS_TRITON:
         val = mag * sbits.to(tl.float32, bitcast=True)
         return tl.where(code >= 8, -val, val)
 
+    @pdl_kernel
     @triton.jit
     def _scores_kernel(Q, W, PQ, PS, PAGE, OFF, PRESENT, OUT, N, H,
                        sq_b, sq_h, sw_b, sw_h, pq_page, pq_off, ps_page, ps_off,
                        spg_b, spg_n, sof_b, sof_n, spr_b, spr_n, so_b,
                        HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP4: tl.constexpr,
                        INTERP: tl.constexpr):
+        pdl_wait()
         b = tl.program_id(0)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         h = tl.arange(0, HP)

@@ -34,6 +34,7 @@ from dsv4.model.hyper import hc_post as _hc_post_model
 from dsv4.model.hyper import hc_pre as _hc_pre_model
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton  # noqa: F401
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 HC = 4
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
@@ -146,6 +147,7 @@ if HAS_TRITON:
             acc = tl.dot(xk, lo, tl.dot(xk, hi, acc))
         return acc
 
+    @pdl_kernel
     @triton.jit
     def _mix_kernel(
         X, F, POST, COMB, XOUT, FH, FL, PART, SQ,
@@ -153,6 +155,7 @@ if HAS_TRITON:
         FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
         INTERP: tl.constexpr, TRANS: tl.constexpr,
     ):
+        pdl_wait()
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
         offs_t = pid_t * BT + tl.arange(0, BT)
@@ -268,6 +271,7 @@ if HAS_TRITON:
         x3 = tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
         return tl.fma(p3, x3, tl.fma(p2, x2, tl.fma(p1, x1, p0 * x0))).to(tl.bfloat16)
 
+    @pdl_kernel
     @triton.jit
     def _finish_kernel(
         X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB,
@@ -276,6 +280,7 @@ if HAS_TRITON:
         NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr,
     ):
         """collapse="row": program (t, 0) collapses token t's whole row, program (t, 1) runs post + Sinkhorn."""
+        pdl_wait()
         t = tl.program_id(0)
         offs_s = tl.arange(0, SP)
         smask = offs_s < nsplit
@@ -304,6 +309,7 @@ if HAS_TRITON:
                     w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
                     tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
 
+    @pdl_kernel
     @triton.jit
     def _finish_split_kernel(
         X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB, USQ, CNT,
@@ -314,6 +320,7 @@ if HAS_TRITON:
         """collapse="split", grid (T, LEAD + nb): with LEAD = 1 (mHC pre) program (t, 0) runs post + Sinkhorn;
         program (t, LEAD + c) collapses columns [c BD, (c + 1) BD) of token t; with a norm, the token's last
         chunk program to finish normalises the whole row."""
+        pdl_wait()
         t = tl.program_id(0)
         c = tl.program_id(1) - LEAD
         nb = tl.num_programs(1) - LEAD

@@ -32,6 +32,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 from dsv4.kernels.fp8_linear import HAS_TRITON, act_quant
 from dsv4.kernels.moe_align import moe_align
 from dsv4.kernels.moe_config import MoEConfig, large_batch_config, pick_moe_config  # noqa: F401  (re-exported)
@@ -341,8 +342,10 @@ if HAS_TRITON:
             c_ptrs = C + pair[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
             tl.store(c_ptrs, acc.to(tl.bfloat16), mask=valid[:, None])
 
+    @pdl_kernel
     @triton.jit(do_not_specialize=["top_k"])
     def _moe_combine_kernel(Y, S, IDS, OUT, D, top_k, num_experts, HAS_SHARED: tl.constexpr, BD: tl.constexpr):
+        pdl_wait()
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BD + tl.arange(0, BD)
         mask = offs < D

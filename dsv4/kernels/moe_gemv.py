@@ -43,6 +43,7 @@ import os
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 from dsv4.kernels.fp8_linear import act_quant
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
 
@@ -255,6 +256,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         else:
             tl.store(Z + p * stride_z + offs_n, z)
 
+    @pdl_kernel
     @triton.jit(do_not_specialize=["top_k", "num_experts"])
     def _mma_glu_kernel(XQ, SX, IDS, TOPK_W, W, WS, Z, ZS, P, CNT, I, K, top_k, num_experts, limit,
                         stride_x, stride_sx, stride_we, stride_wn, stride_wse, stride_wsn, stride_z, stride_zs,
@@ -265,6 +267,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
         SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
         CNT one arrival counter per (pair, row tile)."""
+        pdl_wait()
         p = tl.program_id(0).to(tl.int64)
         pid_n = tl.program_id(1)
         e = tl.load(IDS + p).to(tl.int64)
@@ -307,6 +310,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         else:
             _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
 
+    @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
     def _mma_down_kernel(ZQ, ZS, IDS, W, WS, Y, P, CNT, K, num_experts,
                          stride_zq, stride_zs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
@@ -315,6 +319,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                          SPLIT: tl.constexpr):
         """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes).
         SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials."""
+        pdl_wait()
         p = tl.program_id(0).to(tl.int64)
         e = tl.load(IDS + p).to(tl.int64)
         if (e < 0) | (e >= num_experts):
@@ -356,11 +361,13 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         c = (e // 2) % 4
         return 64 * tile + 16 * c + 8 * h + 2 * t + e % 2
 
+    @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
     def _quant16_kernel(X, Q, S, IDS, num_experts, stride_x, stride_q, stride_s, CHECK_IDS: tl.constexpr):
         """FP8 quantisation of one 128-block of a row (`act_quant`'s math), stored as the f16 values of the
         e4m3 codes (exact) in the order of `_act_pos` + fp32 scale; CHECK_IDS: rows are pairs, other ranks'
         pairs skipped."""
+        pdl_wait()
         r = tl.program_id(0).to(tl.int64)
         kb = tl.program_id(1)
         if CHECK_IDS:

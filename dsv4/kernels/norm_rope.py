@@ -18,6 +18,7 @@ import functools
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 NONE, WEIGHTED, UNWEIGHTED = 0, 1, 2
 SIM_NONE, SIM_FP8, SIM_FP4 = 0, 1, 2
@@ -61,12 +62,14 @@ if HAS_TRITON:
     def _bf16(v):
         return v.to(tl.bfloat16).to(tl.float32)
 
+    @pdl_kernel
     @triton.jit
     def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, hscale, G, rows, stride_cs,
                           D: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr, NORM: tl.constexpr,
                           ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr, BR: tl.constexpr,
                           INTERP: tl.constexpr):
         """BR rows per program ([BR, D] tiles; BR > 1 for the Hadamard's tensor-core dot)."""
+        pdl_wait()
         row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
         live = row < rows
         tok = row // G

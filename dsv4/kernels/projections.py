@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton  # noqa: F401
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 Gate = tuple[int, torch.Tensor]              # (first column, ape fp32 [ratio, width])
 HeadWeights = tuple[int, int, float]         # (first column, number of heads, scale)
@@ -87,12 +88,14 @@ if HAS_TRITON:
             if STORE:
                 tl.store(row + cols, z, mask=m)
 
+    @pdl_kernel
     @triton.jit
     def _finish_kernel(Y, POS, APE0, APE1, W_OUT, stride_y, scale,
                        COL0: tl.constexpr, WIDTH0: tl.constexpr, R0: tl.constexpr,
                        COL1: tl.constexpr, WIDTH1: tl.constexpr, R1: tl.constexpr,
                        COLW: tl.constexpr, NW: tl.constexpr, BLOCK: tl.constexpr):
         """One row of y per program: its gate spans (updated in place), then its head span (read only)."""
+        pdl_wait()
         t = tl.program_id(0).to(tl.int64)
         pos = tl.load(POS + t).to(tl.int64)
         row = Y + t * stride_y
@@ -103,6 +106,7 @@ if HAS_TRITON:
         _finish_span(row, t, pos, APE0, APE1, W_OUT, scale, COLW, NW, False,
                      COL0, WIDTH0, R0, COL1, WIDTH1, R1, COLW, NW, BLOCK)
 
+    @pdl_kernel
     @triton.jit
     def _decode_kernel(A, W, PART, Y, CNT, POS, APE0, APE1, W_OUT, T, N, stride_a, stride_w, scale,
                        K: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
@@ -113,6 +117,7 @@ if HAS_TRITON:
         """Program i: W rows [BN * (i // S), +BN) x K slice [KS * (i % S), +KS) for all T rows of A
         (padded to the dot's TM); partials -> PART [S, T, N]. The tile's last arriver sums its S
         partials in slice order, runs the epilogue and stores y [T, N]."""
+        pdl_wait()
         pid = tl.program_id(0)
         tile, split = pid // S, pid % S  # neighbouring programs: one row tile, consecutive K slices
         rt = tl.arange(0, TM)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -144,6 +145,7 @@ if HAS_TRITON:
         _route_epilogue(x, row, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
                         E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP)
 
+    @pdl_kernel
     @triton.jit
     def _gate_route_kernel(X, W, PART, LOGITS, CNT, BIAS, T2E, TOK, W_OUT, ID_OUT, T, stride_x, stride_w,
                            stride_t2e, stride_tok, route_scale,
@@ -155,6 +157,7 @@ if HAS_TRITON:
         group g ([RB * g, +RB) of T); partial logits -> PART [S, T, E]. The group's last arriver sums
         each row's S partials in split order (the same bits whoever arrives last), stores the logits
         and runs the routing epilogue."""
+        pdl_wait()
         pid = tl.program_id(0)
         grp = tl.program_id(1)
         split = pid % S  # neighbouring programs: the same experts, consecutive hidden slices

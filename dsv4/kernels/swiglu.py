@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 BLOCK_I = 1024  # columns per program: decode rows (I = 2048..3072) take 2-3 programs each
 
@@ -52,9 +53,11 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _bf16_rne
     from triton.language.extra import libdevice
 
+    @pdl_kernel
     @triton.jit(do_not_specialize=["M", "limit"])
     def _swiglu_kernel(GU, W, Z, M, I, stride_gm, stride_zm, limit,
                        HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+        pdl_wait()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < I

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
+from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 SCORE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}  # +inf; above: NaN
@@ -83,9 +84,11 @@ if HAS_TRITON:
             key = tl.where(mag > INF_BITS, 0xFFFFFFFF, tl.where(mag == 0, 0x80000000, key))
         return key
 
+    @pdl_kernel
     @triton.jit
     def _topk_kernel(S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
                      KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr):
+        pdl_wait()
         b = tl.program_id(0).to(tl.int64)
         row = b * ss_b
         lane = tl.arange(0, BLOCK)
