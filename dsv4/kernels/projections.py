@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton  # noqa: F401
-from dsv4.kernels._triton import pdl_kernel, pdl_wait
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
 
 Gate = tuple[int, torch.Tensor]              # (first column, ape fp32 [ratio, width])
 HeadWeights = tuple[int, int, float]         # (first column, number of heads, scale)
@@ -113,15 +113,19 @@ if HAS_TRITON:
                        S: tl.constexpr, TM: tl.constexpr, INTERP: tl.constexpr,
                        COL0: tl.constexpr, WIDTH0: tl.constexpr, R0: tl.constexpr,
                        COL1: tl.constexpr, WIDTH1: tl.constexpr, R1: tl.constexpr,
-                       COLW: tl.constexpr, NW: tl.constexpr):
+                       COLW: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr):
         """Program i: W rows [BN * (i // S), +BN) x K slice [KS * (i % S), +KS) for all T rows of A
         (padded to the dot's TM); partials -> PART [S, T, N]. The tile's last arriver sums its S
-        partials in slice order, runs the epilogue and stores y [T, N]."""
-        pdl_wait()
+        partials in slice order, runs the epilogue and stores y [T, N]. PREFETCH: the rows' slices are
+        16-byte aligned, started into L2 before the PDL wait."""
         pid = tl.program_id(0)
         tile, split = pid // S, pid % S  # neighbouring programs: one row tile, consecutive K slices
         rt = tl.arange(0, TM)
         rn = tile * BN + tl.arange(0, BN)
+        if PREFETCH:  # the (static) weights only, before the wait
+            prefetch_l2(W + split * KS, tl.minimum(rn, N - 1).to(tl.int64) * stride_w,
+                        tl.minimum(KS, K - split * KS) * 2)
+        pdl_wait()
         t_ok, n_ok = rt < T, rn < N
         acc = tl.zeros([TM, BN], dtype=tl.float32)
         for k0 in range(0, KS, BK):
@@ -255,5 +259,6 @@ def project_decode(a: torch.Tensor, weight: torch.Tensor, positions: torch.Tenso
     _decode_kernel[(tiles * splits,)](
         A=a, W=weight, PART=partials, Y=y, CNT=counters, POS=positions.contiguous(), T=t, N=n,
         stride_a=a.stride(0), stride_w=weight.stride(0), K=k, BN=bn, KS=ks, BK=bk, S=splits, TM=DECODE_MAX_T,
-        INTERP=INTERPRET, **args, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        INTERP=INTERPRET, **args, PREFETCH=k % 8 == 0 and weight.stride(0) % 8 == 0 and weight.data_ptr() % 16 == 0,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y, w_out

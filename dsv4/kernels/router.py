@@ -157,7 +157,6 @@ if HAS_TRITON:
         group g ([RB * g, +RB) of T); partial logits -> PART [S, T, E]. The group's last arriver sums
         each row's S partials in split order (the same bits whoever arrives last), stores the logits
         and runs the routing epilogue."""
-        pdl_wait()
         pid = tl.program_id(0)
         grp = tl.program_id(1)
         split = pid % S  # neighbouring programs: the same experts, consecutive hidden slices
@@ -167,6 +166,7 @@ if HAS_TRITON:
         # the whole weight tile is loaded up front: one burst of loads in flight per program
         wt = tl.load(W + rn[:, None].to(tl.int64) * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                      other=0.0).to(tl.float32)
+        pdl_wait()  # only the (static) weight tile above is read before it
         t0 = grp * RB
         for r in range(RB):
             t = t0 + r
