@@ -116,8 +116,6 @@ def grouped_fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.T
 # --------------------------------------------------------------------------- Triton kernels
 
 if HAS_TRITON:
-    _PREFETCH_KBLOCKS = tl.constexpr(PREFETCH_KBLOCKS)
-
 
     @triton.jit
     def _pow2_scale(amax):
@@ -178,6 +176,7 @@ if HAS_TRITON:
         BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
         SWAP_AB: tl.constexpr, FUSE_QUANT: tl.constexpr, SW_E8M0: tl.constexpr, SPLIT_OUT: tl.constexpr,
         KBP: tl.constexpr,  # next power of two >= KB_PER_SPLIT
+        PREFETCH: tl.constexpr,  # K blocks of the weight rows started into L2 before the PDL wait
     ):
         BK: tl.constexpr = 128
         pid = tl.program_id(0)
@@ -220,7 +219,7 @@ if HAS_TRITON:
         # Before the wait only the weights (nothing earlier in the stream writes them): their scales, and
         # the first K blocks of this program's rows started into L2 (`_triton.pdl_wait`).
         rows_n = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
-        prefetch_l2(W + kb0 * BK, rows_n, tl.minimum(KB_PER_SPLIT, _PREFETCH_KBLOCKS) * BK)
+        prefetch_l2(W + kb0 * BK, rows_n, tl.minimum(KB_PER_SPLIT, PREFETCH) * BK)
         pdl_wait()
         if SW_E8M0:
             sw_all = _e8m0_to_f32(sw_all.to(tl.int32))
@@ -341,8 +340,8 @@ def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg:
     if cfg.bn > BLOCK:
         raise ValueError(f"LinearConfig: bn={cfg.bn} > 128 is not supported (one weight-scale block per tile)")
     common = dict(BM=cfg.bm, BN=cfg.bn, GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, FUSE_QUANT=cfg.fuse_quant,
-                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
+                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), PREFETCH=PREFETCH_KBLOCKS,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split == 1:  # P and CNT unused
         _fp8_gemm_kernel[grid](a, sa, weight, sw, out, out, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg,
                                s_swn, s_swg, s_cm, s_cg, 0, 0, 0, kb_per, SPLIT_OUT=False, **common)
