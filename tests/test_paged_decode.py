@@ -186,3 +186,36 @@ def test_fp8_pools_are_lossless_under_reference_numerics():
     fp8 = _Batch(_model(), "fp8").decode(16, seed=4)
     for a, b in zip(plain, fp8):
         assert torch.equal(a, b)
+
+
+def test_step_derives_only_the_slots_asked_for():
+    """`DecodeStep.derive` builds nothing up front; each accessor builds its own slots once (the kernel path
+    never asks for the window's or the attended entries' gather tables). Values against a per-row
+    re-derivation in Python ints: the window write slot (page of slot t mod ring) and a CSA layer's entry
+    write slot (entry t // 4 on its page, the trash page unless t closes its window)."""
+    b = _Batch(_model(), "fp8")
+    pools = b.cache.pools
+    states = [b.cache.reserve(seq, 1) for seq in b.seqs]  # pages for each sequence's next token
+    step = pools.decode_step(len(states), 300)
+    step.fill(states)
+    step.derive()
+    assert step._derived == {}
+    page, off = step.kv_slot()
+    assert set(step._derived) == {"window_write"}
+    assert step.kv_slot()[0] is page  # built once per step
+    epage, eoff = step.entry_slot(1, "main")  # layer 1: CSA, ratio 4
+    assert set(step._derived) == {"window_write", ("compressed4", "write")}
+    wps, cps = step.kinds["window"].page_size, step.kinds["compressed4"].page_size
+    closing = 0
+    for r, s in enumerate(states):
+        t = s.num_tokens
+        seq = b.seqs[r]
+        slot = t % pools.ring
+        assert (int(page[r]), int(off[r])) == (seq.block_tables["window"][slot // wps], slot % wps)
+        i = t // 4
+        want = seq.block_tables["compressed4"][i // cps] if (t + 1) % 4 == 0 else pools.trash["compressed4"]
+        assert (int(epage[r]), int(eoff[r])) == (want, i % cps)
+        closing += (t + 1) % 4 == 0
+    assert 0 < closing < len(states)  # both branches of the write slot are exercised
+    step.derive()
+    assert step._derived == {}  # the next step starts afresh

@@ -149,38 +149,48 @@ class DecodeStep:
 
     # ---- device (inside the graph) ---------------------------------------------------------
     def derive(self) -> None:
-        """Every slot index of the step, from the static buffers (device ops only)."""
-        t, dev, d = self.pos, self._dev.device, {}
-        w = self.config.window
-        ring, wk = self.pools.ring, self.kinds["window"]
-        wt = self.tables["window"]
-        slot = t % ring
-        d["w_page"], d["w_off"] = wt.gather(1, (slot // wk.page_size)[:, None])[:, 0], slot % wk.page_size
-        p = t[:, None] - (w - 1) + torch.arange(w, device=dev)[None, :]
-        d["wr_valid"] = p >= 0
-        slot = p.clamp(min=0) % ring
-        d["wr_page"], d["wr_off"] = wt.gather(1, slot // wk.page_size), slot % wk.page_size
-        if "state" in self.tables:
-            d["state_page"] = self.tables["state"][:, 0]
-        for name, kind in self.kinds.items():
-            if name in ("window", "state"):
-                continue
-            r, ps, table = kind.ratio, kind.page_size, self.tables[name]
-            width = table.shape[1]
+        """Start a step: every slot index is derived from the static buffers (device ops only) on its first
+        use in the step and shared by the later layers -- inside a captured step, in its graph. Slots no
+        layer asks for are never built (the kernel path reads the window ring and the attended entries
+        through the tables themselves: their gather tables would be 15 launches per step for nothing)."""
+        self._derived = {}
+
+    def _get(self, key):
+        if key not in self._derived:
+            self._derived[key] = self._derive(key)
+        return self._derived[key]
+
+    def _derive(self, key):
+        t, dev = self.pos, self._dev.device
+        if key == "state_page":
+            return self.tables["state"][:, 0]
+        if key in ("window_write", "window_read"):
+            ring, ps, wt = self.pools.ring, self.kinds["window"].page_size, self.tables["window"]
+            if key == "window_write":  # (page, offset) [B] of position t
+                slot = t % ring
+                return wt.gather(1, (slot // ps)[:, None])[:, 0], slot % ps
+            w = self.config.window  # (page, offset, exists) [B, W] of positions t-W+1 .. t
+            p = t[:, None] - (w - 1) + torch.arange(w, device=dev)[None, :]
+            slot = p.clamp(min=0) % ring
+            return wt.gather(1, slot // ps), slot % ps, p >= 0
+        what, arg = key
+        if what == "count":  # complete entries of ratio `arg` [B]
+            return (t + 1) // arg
+        if what == "entry_pos":  # position i*r of the entry the window containing t becomes [B]
+            return t // arg * arg
+        kind = self.kinds[what]
+        r, ps, table = kind.ratio, kind.page_size, self.tables[what]
+        width = table.shape[1]
+        if arg == "write":  # (page, offset) [B] of entry t // r: the trash page unless t closes its window
             i = t // r
-            closes = (t + 1) % r == 0
             page = table.gather(1, (i // ps).clamp(max=width - 1)[:, None])[:, 0]
-            d[name, "write"] = (torch.where(closes, page, self.pools.trash[name]), i % ps)
-            j = torch.arange(width * ps, device=dev)
-            d[name, "read"] = (table[:, j // ps], (j % ps)[None, :].expand(self.size, -1),
-                               j[None, :] < ((t + 1) // r)[:, None])
-            d["count", r] = (t + 1) // r
-            d["entry_pos", r] = i * r
-        self._derived = d
+            return torch.where((t + 1) % r == 0, page, self.pools.trash[what]), i % ps
+        j = torch.arange(width * ps, device=dev)  # "read": (page, offset, complete) [B, N] of every entry slot
+        return table[:, j // ps], (j % ps)[None, :].expand(self.size, -1), j[None, :] < self._get(("count", r))[:, None]
 
     def _rows_slots(self, ratio: int, overlap: bool, cap: int):
         key = ("rows", ratio, overlap, cap)
-        if key not in self._derived:  # derived on first use, still inside the step
+        if key not in self._derived:
             t = self.pos
             first = (t // ratio) * ratio - (ratio if overlap else 0)
             p = first[:, None] + torch.arange((2 if overlap else 1) * ratio, device=t.device)[None, :]
@@ -189,13 +199,12 @@ class DecodeStep:
 
     # ---- per layer -------------------------------------------------------------------------
     def write_kv(self, layer: int, kv: torch.Tensor) -> None:
-        d = self._derived
-        self.pools.window[layer].write(d["w_page"], d["w_off"], kv)
+        self.pools.window[layer].write(*self._get("window_write"), kv)
 
     def window_keys(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """KV of positions t-W+1 .. t [B, W, Dh] and which of them exist [B, W]."""
-        d = self._derived
-        return self.pools.window[layer].read(d["wr_page"], d["wr_off"], self.pools.dtype), d["wr_valid"]
+        page, off, valid = self._get("window_read")
+        return self.pools.window[layer].read(page, off, self.pools.dtype), valid
 
     def _rows(self, layer: int, name: str):
         spec = self.config.layer(layer)
@@ -205,22 +214,22 @@ class DecodeStep:
     def rows_window(self, layer: int, name: str):
         """(state pool [2, pages, cap, w], state page [B], window slots [B, R], has_prev [B]) for kernels."""
         buf, (_, slots, has_prev) = self._rows(layer, name)
-        return buf, self._derived["state_page"], slots, has_prev
+        return buf, self._get("state_page"), slots, has_prev
 
     def row_slot(self, layer: int, name: str) -> torch.Tensor:
         """[B] ring slot of the state pool where this step's (C, Z) rows go (`write_rows`' slot)."""
         return self._rows(layer, name)[1][0]
 
     def kv_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._derived["w_page"], self._derived["w_off"]
+        return self._get("window_write")
 
     def entry_slot(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(page, offset) [B] where this step's entry goes (the trash page unless t closes a window)."""
-        return self._derived[self._entry_kind(layer, name), "write"]
+        return self._get((self._entry_kind(layer, name), "write"))
 
     def write_rows(self, layer: int, name: str, c: torch.Tensor, z: torch.Tensor) -> None:
         buf, (slot, _, _) = self._rows(layer, name)
-        page = self._derived["state_page"]
+        page = self._get("state_page")
         buf[0, page, slot] = c.to(buf.dtype)
         buf[1, page, slot] = z.to(buf.dtype)
 
@@ -232,25 +241,25 @@ class DecodeStep:
 
     def entry_positions(self, ratio: int) -> torch.Tensor:
         """Position i*r of the entry the window containing t becomes (its RoPE position)."""
-        return self._derived["entry_pos", ratio]
+        return self._get(("entry_pos", ratio))
 
     def _entry_kind(self, layer: int, name: str) -> str:
         r = self.config.layer(layer).compress_ratio
         return f"compressed{r}" if name == "main" else f"indexer{r}"
 
     def write_entries(self, layer: int, name: str, entries: torch.Tensor) -> None:
-        page, off = self._derived[self._entry_kind(layer, name), "write"]
+        page, off = self._get((self._entry_kind(layer, name), "write"))
         self.pools.entries[layer, name].write(page, off, entries)
 
     def entries(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """All entry slots of the tables [B, N, d] and which hold complete entries [B, N]."""
-        page, off, present = self._derived[self._entry_kind(layer, name), "read"]
+        page, off, present = self._get((self._entry_kind(layer, name), "read"))
         return self.pools.entries[layer, name].read(page, off, self.pools.dtype), present
 
     def entry_read_slots(self, layer: int, name: str):
         """(pool, page [B, N], offset [B, N], present [B, N]): the slots `entries` reads, for kernels
         that read the pool themselves."""
-        page, off, present = self._derived[self._entry_kind(layer, name), "read"]
+        page, off, present = self._get((self._entry_kind(layer, name), "read"))
         return self.pools.entries[layer, name], page, off, present
 
     def entries_at(self, layer: int, name: str, index: torch.Tensor) -> torch.Tensor:
@@ -260,4 +269,4 @@ class DecodeStep:
         return self.pools.entries[layer, name].read(table.gather(1, index // ps), index % ps, self.pools.dtype)
 
     def entry_count(self, ratio: int) -> torch.Tensor:
-        return self._derived["count", ratio]
+        return self._get(("count", ratio))
