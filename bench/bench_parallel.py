@@ -357,7 +357,8 @@ def main(argv=None) -> None:
     p.add_argument("--ceiling-rows", type=int, default=1, help="rows of the all-reduce latency probe")
     p.add_argument("--json", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--cuda-graphs", action="store_true", help="decode through CUDA graphs (sharded: not yet GPU-run, see run_device_s15b_x2.sh)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="decode through CUDA graphs (sharded: not yet GPU-run, see run_device_s15b_x2.sh)")
     p.add_argument("--kv-dtype", default="fp8", choices=("fp8", "auto", "contiguous"),
                    help="paged pools with FP8 (default) or model-dtype KV, or the contiguous per-sequence state")
     args = p.parse_args(argv)
