@@ -76,6 +76,7 @@ if HAS_TRITON:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     _PDL_ON = tl.constexpr(PDL)
+    _COMPILED = tl.constexpr(not INTERPRET)  # inline PTX: not under Triton's CPU interpreter
 
     @triton.jit
     def pdl_wait():
@@ -85,8 +86,9 @@ if HAS_TRITON:
 
     @triton.jit
     def prefetch_l2(base, offs, nbytes):
-        """Start loading nbytes (a multiple of 16) at each 16-byte aligned base + offs into L2 (a hint)."""
-        if _PDL_ON:
+        """Start loading nbytes (a multiple of 16) at each 16-byte aligned base + offs into L2 (a hint; the
+        launchers decide whether to: before a PDL wait only while PDL is on)."""
+        if _COMPILED:
             size = (offs * 0 + nbytes).to(tl.int32)
             tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
                                       [base + offs, size], dtype=tl.int32, is_pure=False, pack=1)

@@ -28,7 +28,7 @@ from collections import OrderedDict
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton  # noqa: F401
-from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
+from dsv4.kernels._triton import PDL, pdl_kernel, pdl_wait, prefetch_l2
 from dsv4.kernels.linear_config import LinearConfig, launch_split, pick_linear_config  # noqa: F401 (re-exported)
 
 BLOCK = 128
@@ -218,8 +218,9 @@ if HAS_TRITON:
         sw_all = tl.load(SW + (pid_n * BN // BK) * stride_swn + kb0 + kidx, mask=kmask, other=0)
         # Before the wait only the weights (nothing earlier in the stream writes them): their scales, and
         # the first K blocks of this program's rows started into L2 (`_triton.pdl_wait`).
-        rows_n = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
-        prefetch_l2(W + kb0 * BK, rows_n, tl.minimum(KB_PER_SPLIT, PREFETCH) * BK)
+        if PREFETCH > 0:
+            rows_n = tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
+            prefetch_l2(W + kb0 * BK, rows_n, tl.minimum(KB_PER_SPLIT, PREFETCH) * BK)
         pdl_wait()
         if SW_E8M0:
             sw_all = _e8m0_to_f32(sw_all.to(tl.int32))
@@ -340,7 +341,7 @@ def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg:
     if cfg.bn > BLOCK:
         raise ValueError(f"LinearConfig: bn={cfg.bn} > 128 is not supported (one weight-scale block per tile)")
     common = dict(BM=cfg.bm, BN=cfg.bn, GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, FUSE_QUANT=cfg.fuse_quant,
-                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), PREFETCH=PREFETCH_KBLOCKS,
+                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), PREFETCH=PREFETCH_KBLOCKS if PDL else 0,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split == 1:  # P and CNT unused
         _fp8_gemm_kernel[grid](a, sa, weight, sw, out, out, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg,

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
-from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
+from dsv4.kernels._triton import PDL, pdl_kernel, pdl_wait, prefetch_l2
 
 BLOCK = 128
 DECODE_MAX_T = 64
+PREFETCH_KBLOCKS = 4  # as fp8_linear's: K blocks of each program's weight rows into L2 before its PDL wait
 NUM_SMS = 132  # H200
 MIN_SPLIT_KBLOCKS = 4  # auto split: at least this many 128-wide K blocks per program
 _SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)
@@ -134,6 +135,7 @@ if HAS_TRITON:
         stride_xt, stride_xg, stride_s, stride_yt, stride_yg, stride_ps,
         DIN: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
         S_E8M0: tl.constexpr, BITS: tl.constexpr, SPLIT_OUT: tl.constexpr, INTERP: tl.constexpr,
+        PREFETCH: tl.constexpr,  # K blocks of the weight rows started into L2 before the PDL wait
     ):
         pid_n = tl.program_id(0)  # BN weight rows, all in one group and one 128-row scale block
         pid_t = tl.program_id(1)  # BM tokens
@@ -157,7 +159,8 @@ if HAS_TRITON:
             kb_hi = KBLOCKS
 
         # before the PDL wait only the weights: the first K blocks of this program's rows started into L2
-        prefetch_l2(W + kb_lo * 128, (row0 + offs_n).to(tl.int64) * DIN, tl.minimum(kb_hi - kb_lo, 4) * 128)
+        if PREFETCH > 0:
+            prefetch_l2(W + kb_lo * 128, (row0 + offs_n).to(tl.int64) * DIN, tl.minimum(kb_hi - kb_lo, PREFETCH) * 128)
         pdl_wait()
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         for kb in range(kb_lo, kb_hi):
@@ -292,7 +295,8 @@ def grouped_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     per_sm = 2 if cfg.bm >= 64 else 4  # programs that fit an SM's shared memory (measured, see _auto_split)
     split = min(cfg.split_k or _auto_split(tiles_n * tiles_t, kblocks, per_sm), kblocks)  # no empty K ranges
     common = dict(DIN=din, BN=cfg.bn, BM=cfg.bm, S_E8M0=s_e8m0, BITS=cfg.bit_convert, SPLIT_OUT=split > 1,
-                  INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  INTERP=INTERPRET, PREFETCH=PREFETCH_KBLOCKS if PDL else 0, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
     strides = (x.stride(0), x.stride(1), sw.stride(0), out.stride(0), out.stride(1))
     if split == 1:  # P and CNT unused
         _grouped_w8a16_kernel[(tiles_n, tiles_t, 1)](x, weight, sw, out, out, out, t, r, *strides, 0, **common)

@@ -43,7 +43,7 @@ import os
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters
-from dsv4.kernels._triton import pdl_kernel, pdl_wait
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
 from dsv4.kernels.fp8_linear import act_quant
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
 
@@ -262,7 +262,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                         stride_x, stride_sx, stride_we, stride_wn, stride_wse, stride_wsn, stride_z, stride_zs,
                         stride_ps, stride_pp,
                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
-                        USE_ASM: tl.constexpr, SPLIT: tl.constexpr):
+                        USE_ASM: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
         (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
         SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
@@ -284,6 +284,11 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         acc_g = tl.zeros((BN, 16), dtype=tl.float32)
         acc_u = tl.zeros((BN, 16), dtype=tl.float32)
         kb_lo, kb_hi = _k_range(K, U, SPLIT)
+        if PREFETCH > 0:  # the first K blocks of the gate and up rows into L2 at once (`GLU_PREFETCH_KBLOCKS`)
+            rows = e * stride_we + offs_n.to(tl.int64) * stride_wn
+            nbytes = tl.minimum(kb_hi - kb_lo, PREFETCH) * 64
+            prefetch_l2(W + kb_lo * 64, rows, nbytes)
+            prefetch_l2(W + kb_lo * 64, rows + I * stride_wn, nbytes)
         for kb0 in range(kb_lo, kb_hi, U):
             part_g = tl.zeros((BN, 16), dtype=tl.float32)
             part_u = tl.zeros((BN, 16), dtype=tl.float32)
@@ -316,7 +321,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                          stride_zq, stride_zs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
                          stride_ps, stride_pp,
                          BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr,
-                         SPLIT: tl.constexpr):
+                         SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
         """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes).
         SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials."""
         pdl_wait()
@@ -331,6 +336,9 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         ZSrow = ZS + p * stride_zs
         acc = tl.zeros((BN, 16), dtype=tl.float32)
         kb_lo, kb_hi = _k_range(K, U, SPLIT)
+        if PREFETCH > 0:
+            prefetch_l2(W + kb_lo * 64, e * stride_we + offs_n.to(tl.int64) * stride_wn,
+                        tl.minimum(kb_hi - kb_lo, PREFETCH) * 64)
         for kb0 in range(kb_lo, kb_hi, U):
             part = tl.zeros((BN, 16), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
@@ -394,6 +402,10 @@ def _use_asm() -> bool:
 
 GEMV_METHODS = ("cuda", "mma")
 MMA_BN = (64, 128)  # wgmma's M side: 64 rows per warpgroup
+# K blocks (64 bytes per row each) of its weight rows that a method-"mma" GLU / down program starts into L2 as
+# soon as it knows its expert (0: off). Prepared in session 14 after Nsight Compute found the B = 1 GLU waiting
+# on its loads with HBM 34 % busy; not yet measured (A/B: bench/flags.py dsv4.kernels.moe_gemv.GLU_PREFETCH_KBLOCKS=16).
+GLU_PREFETCH_KBLOCKS = 0
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
@@ -478,7 +490,8 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
         xq, sx, ids, tw, w13, s13, z, zs, part, counters, i, d, top_k, e, float(swiglu_limit),
         xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
         zs.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u), QUANT_OUT=quant_out,
-        USE_ASM=_use_asm(), SPLIT=split > 1, num_warps=num_warps, num_stages=num_stages)
+        USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, num_warps=num_warps,
+        num_stages=num_stages)
     if not quant_out:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
@@ -498,7 +511,7 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
         zq, zs, ids, w2, s2, y, part, counters, i, e,
         zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
         part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1,
-        num_warps=num_warps, num_stages=num_stages)
+        PREFETCH=GLU_PREFETCH_KBLOCKS, num_warps=num_warps, num_stages=num_stages)
 
 
 def _split_k(split: int, steps: int, shape: tuple[int, int], tiles: int, unused: torch.Tensor):
