@@ -7,6 +7,7 @@
 source bench/runs/lib.sh
 export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29522
 run 180 tests/gpu/test_model_gpu.py
+run 60 tests/gpu/test_moe_gemv_mma.py  # moe_gemv_cuda split out (session 14), GLU/down PREFETCH constexpr
 timeout 80 python3 bench/profile_step.py --layers 4 --ctx 4096 > $OUT/profile.txt 2>&1; head -20 $OUT/profile.txt
 for layers in 4 8; do
   echo "== $layers layers"
