@@ -152,10 +152,12 @@ class DecodeStep:
         """Start a step: every slot index is derived from the static buffers (device ops only) on its first
         use in the step and shared by the later layers -- inside a captured step, in its graph. Slots no
         layer asks for are never built (the kernel path reads the window ring and the attended entries
-        through the tables themselves: their gather tables would be 15 launches per step for nothing)."""
+        through the tables themselves: their gather tables would be about 20 launches per step for nothing)."""
         self._derived = {}
 
     def _get(self, key):
+        """The step's slots `key` ("window_write", "window_read", "state_page", (kind, "write" | "read"),
+        ("count" | "entry_pos", ratio)), derived on first use."""
         if key not in self._derived:
             self._derived[key] = self._derive(key)
         return self._derived[key]

@@ -49,7 +49,8 @@ def arrival_counters(user: str, device, needed: int):
 # its writes are visible), before which it may only touch what no earlier kernel writes -- the weights:
 # the GEMMs start their weights' L2 prefetch there. Right after the wait it lets the next kernel be
 # scheduled, so at most one kernel waits ahead. `pdl_kernel` launches an entry kernel this way and
-# checks that its source calls `pdl_wait()`; DSV4_PDL=0 turns it off (both instructions are no-ops then).
+# checks that its source calls `pdl_wait()`; DSV4_PDL=0 turns it off (the kernels then compile without the
+# instructions, and the launchers ask for no prefetch).
 PDL = HAS_TRITON and not INTERPRET and os.environ.get("DSV4_PDL", "1") != "0"
 
 
