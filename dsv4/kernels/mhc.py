@@ -53,8 +53,8 @@ MIX_WARPS = 4
 MIX_STAGES = 2
 # prefill mixes as the transposed product (`_mix_dot`'s TRANS): hi and lo fn rows stacked into one 64-row
 # wgmma tile, the stream tile stored to shared memory once. H200, 8K tokens, µs per call (s14a/s14b,
-# `bench/sweep_mhc_mix.py`): hc_post_pre 624 -> 403 (32 x 64 on 2 stages; ptxas: 128 registers, no spills,
-# where the untransposed mix took 255 + spills), hc_pre 261 -> 252
+# `bench/sweep_mhc_mix.py`): hc_post_pre 624 -> 403 (32 x 64 on 2 stages; ptxas at 32 x 32: 128 registers, no
+# spills, where the untransposed mix took 255 + spills), hc_pre 261 -> 252
 MIX_TRANS = True
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 
