@@ -1,8 +1,8 @@
 """What one dependent kernel costs inside a CUDA graph, with and without programmatic dependent
 launch (PDL): a chain of N small Triton kernels (each reads the previous one's output) captured in
 one graph, replayed; µs per node. A development aid for issue #6 (decode-step node overhead). Session 6
-measured 0.93 -> 0.66 µs per node here, but no gain in the real decode step, so the kernels do not
-use PDL (docs/benchmarks.md #6, session 6).
+measured 0.93 -> 0.66 µs per node here but no gain in the real decode step; session 14's PDL (the weights'
+L2 prefetch before the wait, `dsv4.kernels._triton.pdl_kernel`) took 7 % off the B = 1 step (docs/benchmarks.md).
 
     python bench/pdl_probe.py [--nodes 200] [--numel 8192] [--programs 16]
 """

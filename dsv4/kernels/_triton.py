@@ -52,6 +52,12 @@ def arrival_counters(user: str, device, needed: int):
 # checks that its source calls `pdl_wait()`; DSV4_PDL=0 turns it off (the kernels then compile without the
 # instructions, and the launchers ask for no prefetch).
 PDL = HAS_TRITON and not INTERPRET and os.environ.get("DSV4_PDL", "1") != "0"
+PREFETCH_KBLOCKS = 4  # 128-wide K blocks of a program's weight rows started into L2 before the wait (8: no better)
+
+
+def weight_prefetch_kblocks() -> int:
+    """K blocks a PDL kernel's launcher asks it to prefetch before its wait (0 with PDL off)."""
+    return PREFETCH_KBLOCKS if PDL else 0
 
 
 class _PDLKernel:

@@ -28,13 +28,10 @@ from collections import OrderedDict
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton  # noqa: F401
-from dsv4.kernels._triton import PDL, pdl_kernel, pdl_wait, prefetch_l2
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
 from dsv4.kernels.linear_config import LinearConfig, launch_split, pick_linear_config  # noqa: F401 (re-exported)
 
 BLOCK = 128
-# K blocks of each GEMM program's weight rows put in flight to L2 before its PDL wait (decode: the
-# kernel is scheduled while the previous one still runs)
-PREFETCH_KBLOCKS = 4
 log = logging.getLogger(__name__)
 
 
@@ -341,7 +338,7 @@ def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg:
     if cfg.bn > BLOCK:
         raise ValueError(f"LinearConfig: bn={cfg.bn} > 128 is not supported (one weight-scale block per tile)")
     common = dict(BM=cfg.bm, BN=cfg.bn, GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, FUSE_QUANT=cfg.fuse_quant,
-                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), PREFETCH=PREFETCH_KBLOCKS if PDL else 0,
+                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), PREFETCH=weight_prefetch_kblocks(),
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split == 1:  # P and CNT unused
         _fp8_gemm_kernel[grid](a, sa, weight, sw, out, out, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg,

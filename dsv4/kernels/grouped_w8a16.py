@@ -38,11 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
-from dsv4.kernels._triton import PDL, pdl_kernel, pdl_wait, prefetch_l2
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
 
 BLOCK = 128
 DECODE_MAX_T = 64
-PREFETCH_KBLOCKS = 4  # as fp8_linear's: K blocks of each program's weight rows into L2 before its PDL wait
 NUM_SMS = 132  # H200
 MIN_SPLIT_KBLOCKS = 4  # auto split: at least this many 128-wide K blocks per program
 _SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)
@@ -295,7 +294,7 @@ def grouped_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     per_sm = 2 if cfg.bm >= 64 else 4  # programs that fit an SM's shared memory (measured, see _auto_split)
     split = min(cfg.split_k or _auto_split(tiles_n * tiles_t, kblocks, per_sm), kblocks)  # no empty K ranges
     common = dict(DIN=din, BN=cfg.bn, BM=cfg.bm, S_E8M0=s_e8m0, BITS=cfg.bit_convert, SPLIT_OUT=split > 1,
-                  INTERP=INTERPRET, PREFETCH=PREFETCH_KBLOCKS if PDL else 0, num_warps=cfg.num_warps,
+                  INTERP=INTERPRET, PREFETCH=weight_prefetch_kblocks(), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
     strides = (x.stride(0), x.stride(1), sw.stride(0), out.stride(0), out.stride(1))
     if split == 1:  # P and CNT unused
