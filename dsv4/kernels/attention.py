@@ -120,8 +120,9 @@ if HAS_TRITON:
             pair = tl.arange(0, HD // 2)
             rp = pair >= NOPE // 2
             c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
-            s = tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            o = tl.reshape(tl.join(ev * c + od * s, od * c - ev * s), (BH, HD))
+            sn = -tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+            # written as dsv4.kernels.norm_rope's inverse rotation (same contraction into fma: same bits)
+            o = tl.reshape(tl.join(ev * c - od * sn, ev * sn + od * c), (BH, HD))
         offs_d = tl.arange(0, HD)
         tl.store(OUT + offs_h[:, None] * HD + offs_d[None, :], o.to(tl.bfloat16),
                  mask=hmask[:, None])
@@ -255,8 +256,8 @@ if HAS_TRITON:
             pair = d0 // 2 + tl.arange(0, BD // 2)
             rp = pair >= NOPE // 2
             c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
-            s = tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            o = tl.reshape(tl.join(ev * c + od * s, od * c - ev * s), (BH, BD))
+            sn = -tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+            o = tl.reshape(tl.join(ev * c - od * sn, ev * sn + od * c), (BH, BD))
         tl.store(OUT + (b * H + offs_h[:, None]) * HD + offs_d[None, :], o.to(tl.bfloat16), mask=hmask[:, None])
 
 

@@ -39,6 +39,9 @@ from dsv4.model.side_stream import start_beside
 
 QUERY_BLOCK = 256  # queries scored together; bounds the score tensor to ~QUERY_BLOCK x (window + block)
 W8A16_MAX_TOKENS = 64  # kernel mode: wo_a from the FP8 weight up to here (decode), cuBLAS on bf16 above
+# kernel mode, paged decode step: the decode attention kernel applies the inverse RoPE to its output (one
+# launch fewer per layer than `norm_rope` in `finish`; same bits, tests/gpu/test_attention.py)
+KERNEL_INVERSE_ROPE = True
 
 
 class AttentionInputs(NamedTuple):
@@ -407,7 +410,7 @@ class Attention(nn.Module):
         elif self.indexer:
             index_keys, present = step.entries(layer, "index")
             picked, valid = self.indexer.pick_padded(pre.index_q, pre.index_w, index_keys, present)
-        if self.use_kernels and step.fp8:
+        if self.step_kernel(step):
             return self._attend_step_kernel(pre, step, picked, valid, out)
         keys, visible = step.window_keys(layer)
         if self.indexer:
@@ -436,9 +439,18 @@ class Attention(nn.Module):
         store_rows(pooled, *step.entry_slot(layer, name), step.pools.entries[layer, name], norm_weight=comp.norm.weight,
                    eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had)
 
+    def step_kernel(self, step) -> bool:
+        """Whether a paged decode step attends with the Triton kernel."""
+        return step is not None and self.use_kernels and step.fp8
+
+    def step_rotates(self, step) -> bool:
+        """Whether that kernel also applies the inverse RoPE (`finish` must then skip it)."""
+        return KERNEL_INVERSE_ROPE and self.step_kernel(step)
+
     def _attend_step_kernel(self, pre, step, picked, valid, out):
-        """The Triton kernel reads the FP8 pools itself and writes `out`; without cos/sin it leaves the
-        inverse RoPE to `finish`, so both paths round the same way."""
+        """The Triton kernel reads the FP8 pools itself and writes `out`, with KERNEL_INVERSE_ROPE the
+        inverse RoPE included (rounded to bf16 first, then rotated as `norm_rope(inverse=True)` does: the
+        bits `finish` would give)."""
         from dsv4.kernels.attention import decode_attention
         pools, layer = step.pools, self.layer_index
         comp = table = idx = count = None
@@ -449,7 +461,8 @@ class Attention(nn.Module):
                 idx = torch.where(valid, picked, -1)
             else:
                 count = step.entry_count(r)
-        decode_attention(pre.q, step.pos, None, None, pools.window[layer], step.tables["window"], pools.ring,
+        rot = (pre.cos, pre.sin) if KERNEL_INVERSE_ROPE else (None, None)
+        decode_attention(pre.q, step.pos, *rot, pools.window[layer], step.tables["window"], pools.ring,
                          self.window, comp, table, idx, count, self.attn_sink, self.scale, out=out)
         return out
 
@@ -465,12 +478,14 @@ class Attention(nn.Module):
             w = self.wo_a.weight if self.wo_a.weight.dtype == dtype else self.wo_a.acc_weight()
         return w.unflatten(0, (self.groups, self.group_rank))
 
-    def finish(self, out: torch.Tensor, pre: AttentionInputs) -> torch.Tensor:
-        """Inverse RoPE, grouped wo_a, wo_b (row-parallel all-reduce when sharded) -> [T, D]."""
+    def finish(self, out: torch.Tensor, pre: AttentionInputs, rotated: bool = False) -> torch.Tensor:
+        """Inverse RoPE (unless `rotated`: the decode kernel applied it, `step_rotates`), grouped wo_a, wo_b (row-parallel
+        all-reduce when sharded) -> [T, D]."""
         acc = acc_dtype(pre.dtype)
         if self.use_kernels:  # one launch for the inverse RoPE; wo_a: the reference's bf16 products
             from dsv4.kernels.norm_rope import norm_rope
-            out = norm_rope(out, cos=pre.cos, sin=pre.sin, inverse=True)
+            if not rotated:
+                out = norm_rope(out, cos=pre.cos, sin=pre.sin, inverse=True)
             grouped = out.flatten(1).unflatten(-1, (self.groups, -1))
             if self.wo_a.kernel_format == "w8a16" and grouped.shape[0] <= W8A16_MAX_TOKENS:
                 from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16  # half the weight bytes

@@ -45,7 +45,8 @@ class Block(nn.Module):
                 segments: list[Segment] | None, step=None) -> torch.Tensor:
         """x: residual streams [T, hc, D] -> [T, hc, D] (`step`: a paged decode step, see Attention.attend)."""
         hc, pre = self.pre(x, positions)
-        return self.post(x, self.attn.attend(pre, positions, segments, step=step), pre, hc, token_ids)
+        attended = self.attn.attend(pre, positions, segments, step=step)
+        return self.post(x, attended, pre, hc, token_ids, rotated=self.attn.step_rotates(step))
 
     # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
     # them and runs `attn.attend` eagerly in between.
@@ -62,9 +63,10 @@ class Block(nn.Module):
         return (post, comb), self.attn.prepare(u, positions)
 
     def post(self, x: torch.Tensor, attended: torch.Tensor, pre: AttentionInputs, hc: tuple,
-             token_ids: torch.Tensor | None) -> torch.Tensor:
-        """Attention `finish`, mHC post, the MoE site -> the block's output streams."""
-        f = self.attn.finish(attended, pre)
+             token_ids: torch.Tensor | None, rotated: bool = False) -> torch.Tensor:
+        """Attention `finish` (`rotated`: the attention applied the inverse RoPE), mHC post, the MoE site
+        -> the block's output streams."""
+        f = self.attn.finish(attended, pre, rotated)
         post, comb = hc
         if self.mhc is not None:
             from dsv4.kernels import mhc

@@ -181,3 +181,21 @@ def test_combine_switch(monkeypatch):
     assert (by_default != loop).float().mean().item() < 0.01
     with pytest.raises(ValueError, match="combine"):
         attention.decode_attention(**args, combine="serial")
+
+
+@pytest.mark.parametrize("combine,splits", [("loop", 1), ("loop", 3), ("wide", 3)])
+def test_inverse_rope_in_kernel_is_norm_rope(combine, splits, poison):
+    """The paged decode step lets the kernel apply the inverse RoPE (Attention.step_kernel): the same bits
+    as the kernel without it followed by `norm_rope(inverse=True)` (what `Attention.finish` runs otherwise)."""
+    from dsv4.kernels import attention
+    from dsv4.kernels.norm_rope import norm_rope
+
+    gen = torch.Generator(DEV).manual_seed(11 * splits + len(combine))
+    args = _case(2, 5, [1500, 201], 4, 48, gen)
+    poison()
+    rotated = attention.decode_attention(**args, splits=splits, combine=combine)
+    cos, sin = args["cos"], args["sin"]
+    args["cos"] = args["sin"] = None
+    poison()
+    plain = attention.decode_attention(**args, splits=splits, combine=combine)
+    assert torch.equal(rotated, norm_rope(plain, cos=cos, sin=sin, inverse=True))

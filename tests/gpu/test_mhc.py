@@ -233,26 +233,59 @@ def test_split_collapse(op, t, d, with_norm, poison, close_bf16, monkeypatch):
         assert torch.equal(split[0], row[0]), f"{op}: split u differs from row u"
 
 
+# --------------------------------------------------------------------------- collapse="fused" (decode)
+# One launch per site: the mix's D splits count their arrivals and the token block's last one runs the row
+# finish for the block's tokens. 256 columns = 4 splits of 64 at decode sizes (the arrival path at
+# interpreter sizes); 4096 = 64 splits.
+FUSED_CASES = [(op, t, d, nw) for op in ("pre", "post_pre", "head") for t in (1, 3, 16)
+               for d in (256, 4096, 7168) for nw in (False, True)]
+if DEV == "cpu":
+    FUSED_CASES = [c for c in FUSED_CASES if c[2] == 256 and c[1] < 16] + [("post_pre", 1, 4096, True)]
+
+
+@pytest.mark.parametrize("op,t,d,with_norm", FUSED_CASES)
+def test_fused_finish_matches_row(op, t, d, with_norm, poison, close_bf16, monkeypatch):
+    """The one-launch finish writes the two-launch "row" finish's bits, and matches the reference."""
+    call, ref, _ = _split_setup(op, t, d, with_norm, monkeypatch)
+    poison()
+    fused = call("fused")
+    poison()
+    row = call("row")
+    for i, (a, b) in enumerate(zip(fused, row)):
+        assert torch.equal(a, b), f"{op} output {i}: fused differs from row"
+    close_bf16(fused[0], ref()[0], rel=REL, what=f"{op} fused vs ref")
+
+
+def test_fused_finish_refuses_prefill_sizes():
+    from dsv4.kernels.mhc import hc_head
+
+    x = torch.randn(17, 4, 64, device=DEV).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="fused"):
+        hc_head(x, torch.randn(4, 256, device=DEV), torch.randn(4, device=DEV), torch.rand(1, device=DEV),
+                hc_eps=1e-6, norm_eps=1e-6, collapse="fused")
+
+
 def _counters_zero() -> bool:
     from dsv4.kernels import _triton
 
     return all(int(b.count_nonzero()) == 0 for bufs in _triton._counter_cache.values() for b in bufs)
 
 
+@pytest.mark.parametrize("collapse", ["split", "fused"])
 @pytest.mark.parametrize("op", ["pre", "head"])
-def test_split_repeated_calls_identical(op, poison, monkeypatch):
+def test_split_repeated_calls_identical(op, collapse, poison, monkeypatch):
     """Back-to-back launches (and, on CUDA, graph replays) reuse the counters: each leaves them at zero."""
-    call, _, _ = _split_setup(op, 3, SMALL_D, True, monkeypatch)
+    call, _, _ = _split_setup(op, 3, 256 if collapse == "fused" else SMALL_D, True, monkeypatch)
     poison()
-    first = call("split")
+    first = call(collapse)
     assert _counters_zero()
     for _ in range(19):
-        assert all(torch.equal(a, b) for a, b in zip(call("split"), first))
+        assert all(torch.equal(a, b) for a, b in zip(call(collapse), first))
     assert _counters_zero()
     if DEV == "cuda":
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            outs = [call("split") for _ in range(20)]
+            outs = [call(collapse) for _ in range(20)]
         for _ in range(2):
             g.replay()
             torch.cuda.synchronize()

@@ -1,0 +1,287 @@
+"""The mHC Triton kernels (the launchers, references and module notes live in dsv4.kernels.mhc).
+
+`_mix_kernel` (fused post, 24 or 4 mixes as split partials), the finishes `_finish_kernel` ("row") and
+`_finish_split_kernel` ("split"), and the one-launch decode site: `_mix_kernel` with FINISH, whose token
+block's last-arriving program runs the "row" finish's code for the block's tokens (`_finish_row`), after
+the split-K ordering of dsv4.kernels.fp8_linear (barrier, gpu-scope acq_rel atomic, barrier, `.cg` loads).
+"""
+
+from __future__ import annotations
+
+from dsv4.kernels._triton import HAS_TRITON, pdl_kernel, pdl_wait, tl, triton  # noqa: F401
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _mix_dot(acc, xk, FH, FL, col0, offs_d, HCD, NP: tl.constexpr, INTERP: tl.constexpr, TRANS: tl.constexpr):
+        """acc[BT, NP] += xk[BT, BK] (bf16) . fn[:, col0 + offs_d]^T via the hi/lo bf16 split. TRANS: the same
+        product transposed with hi and lo stacked, acc[2 NP, BT] += [hi; lo][:, cols] . xk^T (one 64-row
+        wgmma; the kernel adds the halves at the end): the fn tile feeds the MMA from shared memory as loaded
+        and the stream tile is stored to shared memory once, where the untransposed dot converts the stream
+        tile into its register operand layout through shared memory on every step."""
+        if TRANS:
+            offs_n = tl.arange(0, 2 * NP)
+            row = tl.where(offs_n < NP, offs_n, offs_n - NP)
+            ptr = tl.where(offs_n < NP, FH, FL)[:, None] + row[:, None] * HCD + col0 + offs_d[None, :]
+            w = tl.load(ptr)
+            xt = tl.trans(xk)
+            if INTERP:
+                xt, w = xt.to(tl.float32), w.to(tl.float32)
+            acc = tl.dot(w, xt, acc)
+        else:
+            offs_n = tl.arange(0, NP)
+            ptr = offs_n[None, :] * HCD + col0 + offs_d[:, None]
+            hi, lo = tl.load(FH + ptr), tl.load(FL + ptr)
+            if INTERP:  # Triton's CPU interpreter multiplies bf16 dot operands as raw bits
+                xk, hi, lo = xk.to(tl.float32), hi.to(tl.float32), lo.to(tl.float32)
+            acc = tl.dot(xk, lo, tl.dot(xk, hi, acc))
+        return acc
+
+    @pdl_kernel
+    @triton.jit
+    def _mix_kernel(
+        X, F, POST, COMB, XOUT, FH, FL, PART, SQ,
+        BASE, SCALE, NORM_W, U, NORMED, POUT, COUT, CNT,
+        T, D, d_per_split, hc_eps, norm_eps,
+        FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+        INTERP: tl.constexpr, TRANS: tl.constexpr,
+        FINISH: tl.constexpr, HEAD: tl.constexpr, HAS_NORM: tl.constexpr, ITERS: tl.constexpr,
+        SP: tl.constexpr, BD: tl.constexpr,
+    ):
+        """The mix (docstring of dsv4.kernels.mhc); FINISH: the token block's last program to store its
+        partials then finishes the block's tokens as `_finish_kernel` would (one launch per mHC site)."""
+        pdl_wait()
+        pid_t = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        offs_t = pid_t * BT + tl.arange(0, BT)
+        tmask = offs_t < T
+        HCD = 4 * D
+        row = offs_t[:, None] * HCD
+        if FUSE_POST:  # per-token post [4] and comb [4, 4] as columns
+            p0 = tl.load(POST + offs_t * 4 + 0, mask=tmask, other=0.0)[:, None]
+            p1 = tl.load(POST + offs_t * 4 + 1, mask=tmask, other=0.0)[:, None]
+            p2 = tl.load(POST + offs_t * 4 + 2, mask=tmask, other=0.0)[:, None]
+            p3 = tl.load(POST + offs_t * 4 + 3, mask=tmask, other=0.0)[:, None]
+        if TRANS:
+            acc = tl.zeros((2 * NP, BT), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BT, NP), dtype=tl.float32)
+        sq = tl.zeros((BT,), dtype=tl.float32)
+        d_lo = pid_s * d_per_split
+        for i in range(0, d_per_split, BK):
+            offs_d = d_lo + i + tl.arange(0, BK)
+            m2 = tmask[:, None] & (offs_d[None, :] < D)
+            x0 = tl.load(X + row + 0 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+            x1 = tl.load(X + row + 1 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+            x2 = tl.load(X + row + 2 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+            x3 = tl.load(X + row + 3 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+            if FUSE_POST:
+                f = tl.load(F + offs_t[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+                cb = COMB + offs_t * 16
+                y0 = p0 * f + (tl.load(cb + 0, mask=tmask, other=0.0)[:, None] * x0
+                               + tl.load(cb + 4, mask=tmask, other=0.0)[:, None] * x1
+                               + tl.load(cb + 8, mask=tmask, other=0.0)[:, None] * x2
+                               + tl.load(cb + 12, mask=tmask, other=0.0)[:, None] * x3)
+                y1 = p1 * f + (tl.load(cb + 1, mask=tmask, other=0.0)[:, None] * x0
+                               + tl.load(cb + 5, mask=tmask, other=0.0)[:, None] * x1
+                               + tl.load(cb + 9, mask=tmask, other=0.0)[:, None] * x2
+                               + tl.load(cb + 13, mask=tmask, other=0.0)[:, None] * x3)
+                y2 = p2 * f + (tl.load(cb + 2, mask=tmask, other=0.0)[:, None] * x0
+                               + tl.load(cb + 6, mask=tmask, other=0.0)[:, None] * x1
+                               + tl.load(cb + 10, mask=tmask, other=0.0)[:, None] * x2
+                               + tl.load(cb + 14, mask=tmask, other=0.0)[:, None] * x3)
+                y3 = p3 * f + (tl.load(cb + 3, mask=tmask, other=0.0)[:, None] * x0
+                               + tl.load(cb + 7, mask=tmask, other=0.0)[:, None] * x1
+                               + tl.load(cb + 11, mask=tmask, other=0.0)[:, None] * x2
+                               + tl.load(cb + 15, mask=tmask, other=0.0)[:, None] * x3)
+                b0, b1, b2, b3 = y0.to(tl.bfloat16), y1.to(tl.bfloat16), y2.to(tl.bfloat16), y3.to(tl.bfloat16)
+                orow = XOUT + row + offs_d[None, :]
+                tl.store(orow + 0 * D, b0, mask=m2)
+                tl.store(orow + 1 * D, b1, mask=m2)
+                tl.store(orow + 2 * D, b2, mask=m2)
+                tl.store(orow + 3 * D, b3, mask=m2)
+            else:
+                b0, b1, b2, b3 = x0.to(tl.bfloat16), x1.to(tl.bfloat16), x2.to(tl.bfloat16), x3.to(tl.bfloat16)
+            if DO_MIX:
+                f0, f1, f2, f3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
+                sq += tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=1)
+                acc = _mix_dot(acc, b0, FH, FL, 0 * D, offs_d, HCD, NP, INTERP, TRANS)
+                acc = _mix_dot(acc, b1, FH, FL, 1 * D, offs_d, HCD, NP, INTERP, TRANS)
+                acc = _mix_dot(acc, b2, FH, FL, 2 * D, offs_d, HCD, NP, INTERP, TRANS)
+                acc = _mix_dot(acc, b3, FH, FL, 3 * D, offs_d, HCD, NP, INTERP, TRANS)
+        if DO_MIX and TRANS:  # the hi and lo halves' sums added: [NP, BT]
+            mix = tl.sum(tl.reshape(acc, (2, NP, BT)), axis=0)
+            offs_n = tl.arange(0, NP)
+            tl.store(PART + (pid_s * T + offs_t[None, :]) * NP + offs_n[:, None], mix, mask=tmask[None, :])
+        elif DO_MIX:
+            offs_n = tl.arange(0, NP)
+            tl.store(PART + (pid_s * T + offs_t[:, None]) * NP + offs_n[None, :], acc, mask=tmask[:, None])
+        if DO_MIX:
+            tl.store(SQ + pid_s * T + offs_t, sq, mask=tmask)
+        if FINISH:
+            # publish the partials (and the fused post's X'; XOUT is X without it), count the arrival; the
+            # last arriver reads every split's stores through L2 (.cg) after its acquire
+            tl.debug_barrier()
+            arrived = tl.atomic_add(CNT + pid_t, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(1) - 1:  # uniform over the CTA: the atomic's result is broadcast
+                tl.debug_barrier()
+                offs_s = tl.arange(0, SP)
+                smask = offs_s < tl.num_programs(1)
+                for i in range(0, BT):
+                    t = pid_t * BT + i
+                    if t < T:
+                        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps, ".cg")
+                        if not HEAD:
+                            _post_comb(PART, BASE, SCALE, POUT, COUT, t, T, offs_s, smask, rho, hc_eps, ITERS, NP,
+                                       ".cg")
+                        _finish_row(XOUT, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps,
+                                    norm_eps, HAS_NORM, NP, BD, ".cg")
+                tl.store(CNT + pid_t, 0)  # every split has arrived: ready for the next launch / replay
+
+    @triton.jit
+    def _sigmoid(v):
+        return 1.0 / (1.0 + tl.exp(-v))
+
+    @triton.jit
+    def _rho(SQ, t, T, D, offs_s, smask, norm_eps, CACHE: tl.constexpr):
+        """1 / RMS of token t's four streams, from the split partial sums of squares."""
+        sq = tl.sum(tl.load(SQ + offs_s * T + t, mask=smask, other=0.0, cache_modifier=CACHE), axis=0)
+        return 1.0 / tl.sqrt(sq / (4 * D) + norm_eps)
+
+    @triton.jit
+    def _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps,
+                   ITERS: tl.constexpr, NP: tl.constexpr, CACHE: tl.constexpr):
+        """post [4] and the Sinkhorn comb [4, 4] of token t, from the split partials of its mixes 4..23."""
+        j4 = tl.arange(0, 4)
+        part = PART + (offs_s[:, None] * T + t) * NP
+        m_post = tl.sum(tl.load(part + 4 + j4[None, :], mask=smask[:, None], other=0.0, cache_modifier=CACHE),
+                        axis=0) * rho
+        post = 2.0 * _sigmoid(m_post * tl.load(SCALE + 1) + tl.load(BASE + 4 + j4))
+        tl.store(POST + t * 4 + j4, post)
+        jk = j4[:, None] * 4 + j4[None, :]  # [source j, destination k]
+        part3 = PART + (offs_s[:, None, None] * T + t) * NP + 8 + jk[None, :, :]
+        m_comb = tl.sum(tl.load(part3, mask=smask[:, None, None], other=0.0, cache_modifier=CACHE), axis=0) * rho
+        a = m_comb * tl.load(SCALE + 2) + tl.load(BASE + 8 + jk)
+        e = tl.exp(a - tl.max(a, axis=1)[:, None])
+        c = e / tl.sum(e, axis=1)[:, None] + hc_eps
+        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+        for _ in tl.static_range(ITERS - 1):
+            c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+        tl.store(COMB + t * 16 + jk, c)
+
+    @triton.jit
+    def _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP: tl.constexpr, CACHE: tl.constexpr):
+        """pre_j = sigmoid(rho m_j scale_0 + base_j) + eps (also the HC head's w_j), as four scalars."""
+        j4 = tl.arange(0, 4)
+        m = tl.sum(tl.load(PART + (offs_s[:, None] * T + t) * NP + j4[None, :], mask=smask[:, None], other=0.0,
+                           cache_modifier=CACHE), axis=0) * rho
+        pre = _sigmoid(m * tl.load(SCALE) + tl.load(BASE + j4)) + hc_eps
+        # a masked sum adds exact zeros: each scalar is pre's own value
+        return (tl.sum(tl.where(j4 == 0, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 1, pre, 0.0), axis=0),
+                tl.sum(tl.where(j4 == 2, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 3, pre, 0.0), axis=0))
+
+    @triton.jit
+    def _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3, CACHE: tl.constexpr = ""):
+        """u = sum_j pre_j X_j over columns offs_d, fp32 -> bf16. An explicit fma chain (not a tl.sum over a
+        [4, BD] tile, nor a + b left to LLVM's contraction, both of which follow the layout) so that
+        both finish variants round u alike."""
+        x0 = tl.load(xrow + 0 * D + offs_d, mask=dm, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        x1 = tl.load(xrow + 1 * D + offs_d, mask=dm, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        x2 = tl.load(xrow + 2 * D + offs_d, mask=dm, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        x3 = tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        return tl.fma(p3, x3, tl.fma(p2, x2, tl.fma(p1, x1, p0 * x0))).to(tl.bfloat16)
+
+    @triton.jit
+    def _finish_row(X, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps, norm_eps,
+                    HAS_NORM: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr, CACHE: tl.constexpr):
+        """Token t's collapse u (fp32 -> bf16) over its whole row, then optionally the sub-layer RMSNorm over
+        the bf16 u (a second pass)."""
+        p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP, CACHE)
+        xrow = X + t * 4 * D
+        usq = tl.zeros((BD,), dtype=tl.float32)
+        for d0 in range(0, D, BD):
+            offs_d = d0 + tl.arange(0, BD)
+            dm = offs_d < D
+            u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3, CACHE)
+            tl.store(U + t * D + offs_d, u, mask=dm)
+            uf = u.to(tl.float32)
+            usq += uf * uf
+        if HAS_NORM:
+            r = 1.0 / tl.sqrt(tl.sum(usq, axis=0) / D + norm_eps)
+            for d0 in range(0, D, BD):
+                offs_d = d0 + tl.arange(0, BD)
+                dm = offs_d < D
+                u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3, CACHE).to(tl.float32)
+                w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
+                tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
+
+    @pdl_kernel
+    @triton.jit
+    def _finish_kernel(
+        X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB,
+        T, D, nsplit, hc_eps, norm_eps,
+        HAS_NORM: tl.constexpr, ITERS: tl.constexpr,
+        NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr,
+    ):
+        """collapse="row": program (t, 0) collapses token t's whole row, program (t, 1) runs post + Sinkhorn."""
+        pdl_wait()
+        t = tl.program_id(0)
+        offs_s = tl.arange(0, SP)
+        smask = offs_s < nsplit
+        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps, "")
+        if tl.program_id(1) == 1:
+            _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP, "")
+        else:
+            _finish_row(X, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps, norm_eps,
+                        HAS_NORM, NP, BD, "")
+
+    @pdl_kernel
+    @triton.jit
+    def _finish_split_kernel(
+        X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB, USQ, CNT,
+        T, D, nsplit, hc_eps, norm_eps,
+        HAS_NORM: tl.constexpr, LEAD: tl.constexpr, ITERS: tl.constexpr,
+        NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr, NBP: tl.constexpr, NBD: tl.constexpr,
+    ):
+        """collapse="split", grid (T, LEAD + nb): with LEAD = 1 (mHC pre) program (t, 0) runs post + Sinkhorn;
+        program (t, LEAD + c) collapses columns [c BD, (c + 1) BD) of token t; with a norm, the token's last
+        chunk program to finish normalises the whole row."""
+        pdl_wait()
+        t = tl.program_id(0)
+        c = tl.program_id(1) - LEAD
+        nb = tl.num_programs(1) - LEAD
+        offs_s = tl.arange(0, SP)
+        smask = offs_s < nsplit
+        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps, "")
+        if LEAD == 1:
+            if c < 0:
+                _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP, "")
+        if c >= 0:
+            p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP, "")
+            offs_d = c * BD + tl.arange(0, BD)
+            dm = offs_d < D
+            u = _collapse(X + t * 4 * D, D, offs_d, dm, p0, p1, p2, p3)
+            tl.store(U + t * D + offs_d, u, mask=dm)
+            if HAS_NORM:
+                uf = u.to(tl.float32)
+                tl.store(USQ + t * NBP + c, tl.sum(uf * uf, axis=0))
+                # Publish u and the partial, count the arrival (the ordering of fp8_linear's split K: the CTA
+                # barrier orders every thread's stores before the one thread's gpu-scope acq_rel atomic; in the
+                # last arriver its acquire, then a second barrier, order the .cg (L2) loads after all releases).
+                tl.debug_barrier()
+                arrived = tl.atomic_add(CNT + t, 1, sem="acq_rel", scope="gpu")
+                if arrived == nb - 1:  # uniform over the CTA: the atomic's result is broadcast
+                    tl.debug_barrier()
+                    # the nb partials by chunk index, one fixed reduction tree: the same bits whoever is last
+                    offs_b = tl.arange(0, NBP)
+                    part = tl.load(USQ + t * NBP + offs_b, mask=offs_b < nb, other=0.0, cache_modifier=".cg")
+                    r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
+                    for d0 in range(0, D, NBD):
+                        offs_n = d0 + tl.arange(0, NBD)
+                        nm = offs_n < D
+                        un = tl.load(U + t * D + offs_n, mask=nm, other=0.0, cache_modifier=".cg").to(tl.float32)
+                        w = tl.load(NORM_W + offs_n, mask=nm, other=0.0).to(tl.float32)
+                        tl.store(NORMED + t * D + offs_n, (w * (un * r)).to(tl.bfloat16), mask=nm)
+                    # every chunk of the token has arrived, nothing else touches its counter in this launch
+                    tl.store(CNT + t, 0)
