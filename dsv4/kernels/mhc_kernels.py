@@ -182,7 +182,7 @@ if HAS_TRITON:
                 tl.sum(tl.where(j4 == 2, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 3, pre, 0.0), axis=0))
 
     @triton.jit
-    def _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3, CACHE: tl.constexpr = ""):
+    def _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3, CACHE: tl.constexpr):
         """u = sum_j pre_j X_j over columns offs_d, fp32 -> bf16. An explicit fma chain (not a tl.sum over a
         [4, BD] tile, nor a + b left to LLVM's contraction, both of which follow the layout) so that
         both finish variants round u alike."""
@@ -261,7 +261,7 @@ if HAS_TRITON:
             p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP, "")
             offs_d = c * BD + tl.arange(0, BD)
             dm = offs_d < D
-            u = _collapse(X + t * 4 * D, D, offs_d, dm, p0, p1, p2, p3)
+            u = _collapse(X + t * 4 * D, D, offs_d, dm, p0, p1, p2, p3, "")
             tl.store(U + t * D + offs_d, u, mask=dm)
             if HAS_NORM:
                 uf = u.to(tl.float32)
