@@ -17,7 +17,8 @@ MXFP4 batches take the per-pair kernels of dsv4.kernels.moe_gemv (`MoEConfig.gem
 variant with `gemv_mma`, the default since session 7, or the CUDA-core one).
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
-FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
+FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots; done
+inside GEMM2 by the decode kernels, dsv4.kernels.moe_gemv_fused).
 
 Expert parallel: ids outside [0, num_experts) (-1) are pairs held by another rank; they are skipped,
 and `out_dtype=torch.float32` returns the unrounded fp32 sum so that the ranks' partial sums can be
@@ -369,7 +370,7 @@ def fused_moe(
     experts: PackedExperts,
     swiglu_limit: float = 10.0,
     act: str = "fp8",
-    shared=None,  # tensor, or a zero-argument join giving it (called right before the combine)
+    shared=None,  # tensor, or a zero-argument join giving it (called right before the combine / fused down)
     config: MoEConfig | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
@@ -408,10 +409,11 @@ def fused_moe(
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     if cfg.gemv and experts.fmt == "mxfp4" and act == "fp8":
         from dsv4.kernels.moe_gemv import moe_gemv
-        y = moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
-                     unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
-                     dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down)
-        return _combine(y, shared, ids, out, e)
+        # the combine included (in the down kernel: moe_gemv.FUSE_COMBINE, which joins `shared` before it)
+        return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
+                        unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
+                        dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,
+                        out=out, shared=shared)
     if wide:
         from dsv4.kernels import moe_wide as mw
         if mw.fp8_path(experts, x.device):  # FP8 operands: their own tile height
@@ -477,7 +479,8 @@ def _check_shared(shared: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 def _combine(y: torch.Tensor, shared, ids: torch.Tensor, out: torch.Tensor, num_experts: int) -> torch.Tensor:
     """out = fp32 sum over the top_k slots' rows of y (+ shared expert), rounded to out's dtype. shared: a
-    tensor, None, or the join of a branch computing it (`dsv4.model.side_stream`), called only here."""
+    tensor, None, or the join of a branch computing it (`dsv4.model.side_stream`), called only here (or in
+    moe_gemv, whose down kernel does this sum itself: dsv4.kernels.moe_gemv_fused)."""
     if callable(shared):
         shared = _check_shared(shared(), out.shape)
     m, d = out.shape
