@@ -49,9 +49,10 @@ MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
 # in session 7 (T = 1, µs in a graph): hc_pre 10.4 -> 9.8, hc_post_pre 12.1 -> 11.3, hc_head 9.9 -> 8.0.
 COLLAPSE = "split"
 SPLIT_BD = 512  # columns per collapse program of the split finish
-# calls of at most this many tokens default to the "fused" finish (one launch per site; its one finishing
-# program handles the block's tokens in turn, so it pays off only for the smallest batches)
-FUSED_MAX_T = 1
+# calls of at most this many tokens default to the "fused" finish (one launch per site). Off: measured slower
+# (s15c, 8 Flash layers, graph replay: B = 1 1.56 -> 1.71 ms with 1, B = 8 3.58 -> 5.02 with 8): the one
+# finishing program's serial Sinkhorn + row walks cost more than the PDL-overlapped second launch
+FUSED_MAX_T = 0
 # token rows per mix program above 16 tokens with the post fused in: it holds X, f and X' tiles at once
 # (at 64 rows the fused mix took 735 µs at 8K tokens vs 104 µs without the post, s12d)
 FUSED_BT = 32
