@@ -17,8 +17,8 @@ MXFP4 batches take the per-pair kernels of dsv4.kernels.moe_gemv (`MoEConfig.gem
 variant with `gemv_mma`, the default since session 7, or the CUDA-core one).
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
-FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots; done
-inside GEMM2 by the decode kernels, dsv4.kernels.moe_gemv_fused).
+FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots; opt-in
+inside GEMM2 for the decode kernels, moe_gemv.FUSE_COMBINE / dsv4.kernels.moe_gemv_fused).
 
 Expert parallel: ids outside [0, num_experts) (-1) are pairs held by another rank; they are skipped,
 and `out_dtype=torch.float32` returns the unrounded fp32 sum so that the ranks' partial sums can be
@@ -409,7 +409,7 @@ def fused_moe(
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     if cfg.gemv and experts.fmt == "mxfp4" and act == "fp8":
         from dsv4.kernels.moe_gemv import moe_gemv
-        # the combine included (in the down kernel: moe_gemv.FUSE_COMBINE, which joins `shared` before it)
+        # the combine included (a launch, or with moe_gemv.FUSE_COMBINE in the down kernel after the join)
         return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                         dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,

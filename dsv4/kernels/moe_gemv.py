@@ -341,13 +341,16 @@ def _use_asm() -> bool:
 GEMV_METHODS = ("cuda", "mma")
 MMA_BN = (64, 128)  # wgmma's M side: 64 rows per warpgroup
 # K blocks (64 bytes per row each) of its weight rows that a method-"mma" GLU / down program starts into L2 as
-# soon as it knows its expert (0: off). Prepared in session 14 after Nsight Compute found the B = 1 GLU waiting
-# on its loads with HBM 34 % busy; not yet measured (A/B: bench/flags.py dsv4.kernels.moe_gemv.GLU_PREFETCH_KBLOCKS=16).
+# soon as it knows its expert (0: off). Session 15 (s15a, bench_moe_flags, ms M = 1 / 8 / 64): default 0.19 /
+# 0.25 / 1.61, 8 blocks 0.37 / 0.28 / 1.61, 32 blocks 0.15 / 0.32 / 1.61 -- no consistent gain, stays off.
 GLU_PREFETCH_KBLOCKS = 0
-# Launch fusions of method "mma" (dsv4.kernels.moe_gemv_fused; same bits, fewer launches; False: separate kernels)
-FUSE_Z_QUANT = True  # bn 64: z re-quantised by the GLU's last tile of each 128-block
-FUSE_COMBINE = True  # moe_gemv(out=...): the combine by the down kernel's last pair of each token
-FUSE_X_QUANT = False  # x quantised inside the GLU (opt-in until measured)
+# Launch fusions of method "mma" (dsv4.kernels.moe_gemv_fused; same bits, fewer launches; False: separate kernels).
+# Opt-in: 8 Flash layers in a CUDA graph (s15d, two runs each, ms B = 1 / 8) all three off 1.56 / 3.58, z + combine
+# on 1.57 / 3.62, z only 1.60 / 3.59; x quant as well +0.13 / +0.86 (s15c). With PDL a small kernel's launch is
+# already hidden, and the last arriver's serial tail (and the shared expert joined before the down) costs as much
+FUSE_Z_QUANT = False  # bn 64: z re-quantised by the GLU's last tile of each 128-block
+FUSE_COMBINE = False  # moe_gemv(out=...): the combine by the down kernel's last pair of each token
+FUSE_X_QUANT = False  # x quantised inside the GLU
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,

@@ -15,7 +15,7 @@ DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
 LIMIT = 10.0
 FLAGS = ("FUSE_Z_QUANT", "FUSE_COMBINE", "FUSE_X_QUANT")
 UNFUSED = dict.fromkeys(FLAGS, False)
-FUSED = dict(FUSE_Z_QUANT=True, FUSE_COMBINE=True, FUSE_X_QUANT=False)  # the defaults
+FUSED = dict(FUSE_Z_QUANT=True, FUSE_COMBINE=True, FUSE_X_QUANT=False)  # the two launch fusions (opt-in)
 ALL = dict.fromkeys(FLAGS, True)
 
 
