@@ -11,8 +11,8 @@ Two launches per mHC site (one at decode sizes, "fused" below):
 * the finish sums the partials, applies rho and the sigmoids; one program per token runs the
   20-iteration Sinkhorn in the spec's order (row softmax + eps, column step, 19 x (row, column)) and
   writes post/comb, beside the collapse `u = sum_j pre_j X_j` (fp32 -> bf16), optionally followed by
-  the sub-layer's weighted RMSNorm (the only consumer of u). Three variants (`collapse=`; by default "fused" up to
-  FUSED_MAX_T tokens, else COLLAPSE):
+  the sub-layer's weighted RMSNorm (the only consumer of u). Three variants (`collapse=`; by default
+  "fused" up to FUSED_MAX_T tokens, else COLLAPSE):
   "row" (`_finish_kernel`): one program walks the token's whole row, twice with a norm -- at T = 1
   that took hc_pre 12.2 -> 10.1 µs on the H200. "split" (`_finish_split_kernel`): one program per
   SPLIT_BD columns; with a norm each stores its chunk's sum of squares and counts its arrival, and the

@@ -479,8 +479,8 @@ class Attention(nn.Module):
         return w.unflatten(0, (self.groups, self.group_rank))
 
     def finish(self, out: torch.Tensor, pre: AttentionInputs, rotated: bool = False) -> torch.Tensor:
-        """Inverse RoPE (unless `rotated`: the decode kernel applied it, `step_rotates`), grouped wo_a, wo_b (row-parallel
-        all-reduce when sharded) -> [T, D]."""
+        """Inverse RoPE (unless `rotated`: the decode kernel applied it, `step_rotates`), grouped wo_a,
+        wo_b (row-parallel all-reduce when sharded) -> [T, D]."""
         acc = acc_dtype(pre.dtype)
         if self.use_kernels:  # one launch for the inverse RoPE; wo_a: the reference's bf16 products
             from dsv4.kernels.norm_rope import norm_rope
