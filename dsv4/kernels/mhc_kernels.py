@@ -37,6 +37,14 @@ if HAS_TRITON:
             acc = tl.dot(xk, lo, tl.dot(xk, hi, acc))
         return acc
 
+    @triton.jit
+    def _post_stream(pk, f, cb, k: tl.constexpr, tmask, x0, x1, x2, x3):
+        """X'_k = post_k f + sum_j comb[j, k] X_j for a [BT, BK] tile (comb rows of 16 per token at cb)."""
+        return pk * f + (tl.load(cb + 0 + k, mask=tmask, other=0.0)[:, None] * x0
+                         + tl.load(cb + 4 + k, mask=tmask, other=0.0)[:, None] * x1
+                         + tl.load(cb + 8 + k, mask=tmask, other=0.0)[:, None] * x2
+                         + tl.load(cb + 12 + k, mask=tmask, other=0.0)[:, None] * x3)
+
     @pdl_kernel
     @triton.jit
     def _mix_kernel(
@@ -78,22 +86,10 @@ if HAS_TRITON:
             if FUSE_POST:
                 f = tl.load(F + offs_t[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
                 cb = COMB + offs_t * 16
-                y0 = p0 * f + (tl.load(cb + 0, mask=tmask, other=0.0)[:, None] * x0
-                               + tl.load(cb + 4, mask=tmask, other=0.0)[:, None] * x1
-                               + tl.load(cb + 8, mask=tmask, other=0.0)[:, None] * x2
-                               + tl.load(cb + 12, mask=tmask, other=0.0)[:, None] * x3)
-                y1 = p1 * f + (tl.load(cb + 1, mask=tmask, other=0.0)[:, None] * x0
-                               + tl.load(cb + 5, mask=tmask, other=0.0)[:, None] * x1
-                               + tl.load(cb + 9, mask=tmask, other=0.0)[:, None] * x2
-                               + tl.load(cb + 13, mask=tmask, other=0.0)[:, None] * x3)
-                y2 = p2 * f + (tl.load(cb + 2, mask=tmask, other=0.0)[:, None] * x0
-                               + tl.load(cb + 6, mask=tmask, other=0.0)[:, None] * x1
-                               + tl.load(cb + 10, mask=tmask, other=0.0)[:, None] * x2
-                               + tl.load(cb + 14, mask=tmask, other=0.0)[:, None] * x3)
-                y3 = p3 * f + (tl.load(cb + 3, mask=tmask, other=0.0)[:, None] * x0
-                               + tl.load(cb + 7, mask=tmask, other=0.0)[:, None] * x1
-                               + tl.load(cb + 11, mask=tmask, other=0.0)[:, None] * x2
-                               + tl.load(cb + 15, mask=tmask, other=0.0)[:, None] * x3)
+                y0 = _post_stream(p0, f, cb, 0, tmask, x0, x1, x2, x3)
+                y1 = _post_stream(p1, f, cb, 1, tmask, x0, x1, x2, x3)
+                y2 = _post_stream(p2, f, cb, 2, tmask, x0, x1, x2, x3)
+                y3 = _post_stream(p3, f, cb, 3, tmask, x0, x1, x2, x3)
                 b0, b1, b2, b3 = y0.to(tl.bfloat16), y1.to(tl.bfloat16), y2.to(tl.bfloat16), y3.to(tl.bfloat16)
                 orow = XOUT + row + offs_d[None, :]
                 tl.store(orow + 0 * D, b0, mask=m2)
