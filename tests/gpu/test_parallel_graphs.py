@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devi
 
 PROMPTS = [[5, 17, 300, 41, 8, 99, 250, 3, 77], [7, 7, 1, 400, 23], [9, 1000, 12]]
 MAX_TOKENS = 24
+HANG_DUMP_S = 400  # per rank process (kernel compilation on a fresh machine included)
 
 
 def _greedy(core) -> dict[str, list[int]]:
@@ -30,6 +31,16 @@ def _greedy(core) -> dict[str, list[int]]:
 
 
 def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layout) -> None:
+    import faulthandler
+    import sys
+    import time
+    # a hung collective fails the test with every thread's stack instead of stalling the run
+    faulthandler.dump_traceback_later(HANG_DUMP_S, exit=True)
+    t0 = time.perf_counter()
+
+    def phase(what: str) -> None:
+        print(f"[rank {rank} {layout}] {what} at {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     import torch.distributed as dist
 
@@ -43,14 +54,17 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layout)
     ps = init_parallel(ParallelConfig(*layout))
     res = {}
     for key, graphs in (("eager", False), ("graphs", True)):
+        phase(f"{key}: loading")
         model = load_model(ckpt, ps.device, torch.bfloat16, parallel=ps, kernels="triton", include_mtp=False)
         if graphs:
             model.enable_cuda_graphs(max_batch=4)
+        phase(f"{key}: decoding")
         engine = LLMEngine(model, model.config, None, EngineConfig(max_num_seqs=4, max_num_batched_tokens=256,
                                                                   max_model_len=256, kv_dtype="fp8"))
         res[key] = lockstep(engine, ps, _greedy)
         if graphs:
             res["captured"] = sum(1 for b in model._graphs._steps.values() if b.graphs)
+        phase(f"{key}: done")
     torch.save(res, os.path.join(outdir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
