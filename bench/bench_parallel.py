@@ -76,13 +76,18 @@ def _copy_bandwidth(dev) -> float:
     return 2 * a.numel() / (ms * 1e-3)  # read + write
 
 
-def _allreduce(dev, numel: int, dtype, iters: int = 50) -> float:
-    """Milliseconds per all-reduce, from back-to-back calls (the sync/barrier around them amortised)."""
+def _allreduce(dev, numel: int, dtype, iters: int = 50, reduce=None, graph: bool = False) -> float:
+    """Milliseconds per all-reduce (NCCL, or `reduce`), from back-to-back calls (the sync/barrier around
+    them amortised), eager or replayed as one CUDA graph. The sums grow without bound (timing only)."""
     t = torch.randn(numel, device=dev).to(dtype)
+    reduce = reduce or dist.all_reduce
 
     def loop():
         for _ in range(iters):
-            dist.all_reduce(t)
+            reduce(t)
+    if graph:
+        from dsv4.model.graphs import _capture
+        return _median_ms(_capture([loop], sharded=True)[0].replay, 5, warmup=1) / iters
     return _median_ms(loop, 5, warmup=1) / iters
 
 
@@ -243,6 +248,12 @@ def _rank_main(rank: int, args) -> None:
     out["copy_GBps"] = _copy_bandwidth(dev) / 1e9
     if ps.world_size > 1:
         out["allreduce_row_us"] = 1e3 * _allreduce(dev, args.ceiling_rows * 4096, torch.bfloat16)
+        if gpu:  # what a graphed decode step pays: one fp32 row of partial sums, NCCL vs the fast path
+            row = args.ceiling_rows * 4096
+            out["allreduce_row_f32_graph_us"] = 1e3 * _allreduce(dev, row, torch.float32, graph=True)
+            if ps.tp_fast is not None:
+                out["fast_allreduce_row_f32_graph_us"] = 1e3 * _allreduce(dev, row, torch.float32,
+                                                                          reduce=ps.tp_fast, graph=True)
         n = 128 << 20 if gpu else 1 << 20
         ms = _allreduce(dev, n, torch.bfloat16, iters=5)
         out["allreduce_busbw_GBps"] = 2 * (ps.world_size - 1) / ps.world_size * (2 * n) / (ms * 1e-3) / 1e9

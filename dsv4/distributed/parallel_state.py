@@ -66,6 +66,8 @@ class ParallelState:
         self.tp_group, self.ep_group, self.control_group = tp_group, ep_group, control_group
         self.device = device
         self.moe_comm = config.moe_comm  # may be switched at run time (benchmarks)
+        # small CUDA reductions over two-rank groups (dsv4.distributed.fast_allreduce); None: NCCL only
+        self.tp_fast = self.ep_fast = None
 
     @property
     def is_first(self) -> bool:
@@ -77,10 +79,10 @@ class ParallelState:
         return self.tp == self.ep
 
     def reduce_tp(self, t: torch.Tensor) -> torch.Tensor:
-        return all_reduce(t, self.tp_group, self.tp)
+        return all_reduce(t, self.tp_group, self.tp, self.tp_fast)
 
     def reduce_ep(self, t: torch.Tensor) -> torch.Tensor:
-        return all_reduce(t, self.ep_group, self.ep)
+        return all_reduce(t, self.ep_group, self.ep, self.ep_fast)
 
     def gather_tp(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         return all_gather_cat(t, self.tp_group, self.tp, dim)
@@ -95,9 +97,12 @@ class ParallelState:
 
 # ---- collectives (no-ops on groups of one) -------------------------------------------------------
 
-def all_reduce(t: torch.Tensor, group, size: int) -> torch.Tensor:
-    """In-place sum over `group` in t's dtype; returns t."""
+def all_reduce(t: torch.Tensor, group, size: int, fast=None) -> torch.Tensor:
+    """In-place sum over `group` in t's dtype; returns t. `fast`: the group's FastAllReduce, used for the
+    tensors it handles (the same bits as NCCL's sum over two ranks)."""
     if size > 1:
+        if fast is not None and fast.handles(t):
+            return fast(t)
         dist.all_reduce(t, group=group)
     return t
 
@@ -154,6 +159,9 @@ def init_parallel(config: ParallelConfig, device: torch.device | str | None = No
     ep_group = tp_group if config.tp == config.ep else _block_groups(config.ep, world, rank)
     control = dist.new_group(list(range(world)), backend="gloo", timeout=CONTROL_TIMEOUT)
     _state = ParallelState(config, rank, device, tp_group, ep_group, control)
+    from dsv4.distributed.fast_allreduce import build_fast_allreduce
+    _state.tp_fast = build_fast_allreduce(tp_group, config.tp, device)
+    _state.ep_fast = _state.tp_fast if ep_group is tp_group else build_fast_allreduce(ep_group, config.ep, device)
     log.info("%s", _state)
     return _state
 
