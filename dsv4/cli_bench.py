@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative", choices=["mtp"], default=None)
     p.add_argument("--num-draft-tokens", type=int, default=1)
-    p.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (one GPU; docs/benchmarks.md #6)")
+    p.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; also across --tp/--ep ranks)")
     p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
                    help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
                         "(lossless under reference numerics; the GPU decode kernel reads it)")

@@ -35,6 +35,11 @@ def wants_parallel(args: argparse.Namespace) -> bool:
     return max(getattr(args, "tp", None) or 1, getattr(args, "ep", None) or 1) > 1
 
 
+def _cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def run_parallel(command: str, args: argparse.Namespace, argv: list[str] | None = None,
                  module: str = "dsv4") -> int:
     from dsv4.distributed import launcher
@@ -44,8 +49,9 @@ def run_parallel(command: str, args: argparse.Namespace, argv: list[str] | None 
         raise ValueError(f"dsv4 {command} does not run on several processes (supported: {', '.join(_COMMANDS)})")
     if getattr(args, "speculative", None):
         raise ValueError("--speculative is not supported with --tp/--ep > 1 yet")
-    if getattr(args, "cuda_graphs", False):
-        raise ValueError("--cuda-graphs runs on one GPU only (not with --tp/--ep > 1 yet)")
+    if getattr(args, "cuda_graphs", False) and (getattr(args, "device", None) == "cpu"
+                                                or not _cuda_available()):
+        raise ValueError("--cuda-graphs needs CUDA devices (each rank captures its decode steps on its GPU)")
     if not launcher.under_launcher():
         tp, ep = launcher.resolve_sizes(args.tp, args.ep)
         world = ParallelConfig(tp, ep, args.moe_comm).world_size  # validates before starting anything
@@ -74,6 +80,8 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
                        include_mtp=False, parallel=ps)
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=args.max_model_len, kv_dtype=getattr(args, "kv_dtype", "auto"))
+    if getattr(args, "cuda_graphs", False):  # every rank captures the same steps, its collectives inside
+        model.enable_cuda_graphs(max_batch=config.decode_step_rows)
     return LLMEngine(model, model.config, load_tokenizer(path), config, model_name=path.name)
 
 

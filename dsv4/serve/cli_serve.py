@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
-    g.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (one GPU; docs/benchmarks.md #6)")
+    g.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; also across --tp/--ep ranks)")
     g.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
                    help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
                         "(lossless under reference numerics; the GPU decode kernel reads it)")
