@@ -24,6 +24,7 @@ LENGTH = 140        # > 128: the HCA layer completes an entry; > 4 * index_topk:
 CHUNKS = [132, 3, 1, 1, 1, 2]   # prefill, then decode steps of the same sequence (sums to LENGTH)
 PROMPTS = [[5, 17, 300, 41, 8, 99, 250], [7, 7, 1, 400, 23]]
 MAX_TOKENS = 4
+SPEC_TOKENS = 10
 LAYOUTS_2 = [(2, 1, "allreduce"), (1, 2, "allreduce"), (2, 2, "allreduce"), (1, 2, "alltoall"),
              (2, 2, "alltoall")]
 
@@ -52,15 +53,16 @@ def run_model(model) -> dict[str, torch.Tensor]:
         return {"logits": torch.cat(parts), "mtp": model.mtp[0].compute_logits(hidden)}
 
 
-def make_engine(model):
+def make_engine(model, speculative: bool = False):
     from dsv4.engine.llm_engine import EngineConfig, LLMEngine
-    return LLMEngine(model, model.config, None, EngineConfig(max_num_seqs=4, max_num_batched_tokens=64,
-                                                             max_model_len=64))
+    return LLMEngine(model, model.config, None, EngineConfig(
+        max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+        speculative="mtp" if speculative else None, num_draft_tokens=2))
 
 
-def greedy(core) -> dict[str, list[int]]:
+def greedy(core, params=None) -> dict[str, list[int]]:
     from dsv4.engine.sampling_params import SamplingParams
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    params = params or SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     tokens = {}
     for i, p in enumerate(PROMPTS):
         core.add_request(f"r{i}", p, params)
@@ -69,6 +71,21 @@ def greedy(core) -> dict[str, list[int]]:
         for out in core.step():
             tokens[out.request_id] += out.token_ids
     return tokens
+
+
+def speculative_runs(model, run=lambda engine, lead: lead(engine), rank: int = 0) -> dict:
+    """MTP speculative decoding (2 drafts per step): greedy, and unseeded sampling from torch's global
+    generator, seeded per rank so that only rank 0's draws can match one process's; `run` drives an
+    engine (lock-stepped across ranks, or directly in one process)."""
+    from dsv4.engine.sampling_params import SamplingParams
+    out = {}
+    for key, params in (("spec_greedy", SamplingParams(temperature=0.0, max_tokens=SPEC_TOKENS, ignore_eos=True)),
+                        ("spec_sampled", SamplingParams(temperature=0.9, max_tokens=SPEC_TOKENS, ignore_eos=True))):
+        engine = make_engine(model, speculative=True)
+        torch.manual_seed(1000 + rank)
+        out[key] = run(engine, lambda core: greedy(core, params))
+        out[key + "_drafted"] = engine.speculator.stats.num_draft_tokens
+    return out
 
 
 def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts) -> None:
@@ -103,6 +120,9 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts
                 model.enable_cuda_graphs(max_batch=4, capture=False)
             res[key] = lockstep(make_engine(model), ps, greedy)
         res["graph_steps"] = len(model._graphs._steps)
+        model._graphs = None
+        if (tp, ep) == (2, 2):  # rank 0 drafts and judges; the other rank follows its decisions
+            res.update(speculative_runs(model, lambda engine, lead: lockstep(engine, ps, lead), rank))
         results.append(res)
     torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -125,6 +145,7 @@ def reference(checkpoint):
     model = load_model(checkpoint)
     out = run_model(model)
     out["greedy"] = greedy(make_engine(model))
+    out.update(speculative_runs(model))
     return out
 
 
@@ -138,6 +159,11 @@ def check_rank(res: dict, ref: dict, layout: tuple, rank: int) -> None:
         assert res["greedy"] == ref["greedy"], what
         assert res["greedy_graphs"] == ref["greedy"], f"{what}: graph plumbing"
     assert res["graph_steps"] > 0, f"{what}: no decode step went through the graph code"
+    if (tp, ep) == (2, 2):
+        assert res["spec_greedy_drafted"] > 0 and res["spec_sampled_drafted"] > 0, what
+        if rank == 0:
+            assert res["spec_greedy"] == ref["spec_greedy"], f"{what}: speculative greedy"
+            assert res["spec_sampled"] == ref["spec_sampled"], f"{what}: speculative sampling"
     # this rank's shard only
     c, shapes = CFG, res["shapes"]
     per = c.n_routed_experts // ep
@@ -202,7 +228,7 @@ def test_cutting_a_quantised_pair_equals_cutting_the_dequantised_weight():
 
 def test_cli_spawns_ranks_and_matches_one_process_generate():
     """`--tp 2 --ep 2` on the embedded model: two ranks started by the CLI, only rank 0 prints, and
-    the greedy text equals a single-process LLM's."""
+    the greedy text equals a single-process LLM's, also with MTP speculative decoding."""
     import subprocess
     import sys
 
@@ -213,11 +239,12 @@ def test_cli_spawns_ranks_and_matches_one_process_generate():
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    run = subprocess.run([sys.executable, "-m", "dsv4.distributed.cli", "generate", *prompts, "--tp", "2",
-                          "--ep", "2", "--device", "cpu", "--max-tokens", "8", "--no-stream"],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout == "".join(t + "\n" for t in want)
+    for extra in ([], ["--speculative", "mtp", "--num-draft-tokens", "2"]):  # greedy: drafts change no token
+        run = subprocess.run([sys.executable, "-m", "dsv4.distributed.cli", "generate", *prompts, "--tp", "2",
+                              "--ep", "2", "--device", "cpu", "--max-tokens", "8", "--no-stream", *extra],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout == "".join(t + "\n" for t in want), extra
     assert any(w.strip() for w in want)
 
 

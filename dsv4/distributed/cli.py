@@ -47,8 +47,7 @@ def run_parallel(command: str, args: argparse.Namespace, argv: list[str] | None 
 
     if command not in _COMMANDS:
         raise ValueError(f"dsv4 {command} does not run on several processes (supported: {', '.join(_COMMANDS)})")
-    if getattr(args, "speculative", None):
-        raise ValueError("--speculative is not supported with --tp/--ep > 1 yet")
+    _check_speculative(args)
     if getattr(args, "cuda_graphs", False) and (getattr(args, "device", None) == "cpu"
                                                 or not _cuda_available()):
         raise ValueError("--cuda-graphs needs CUDA devices (each rank captures its decode steps on its GPU)")
@@ -63,23 +62,40 @@ def run_parallel(command: str, args: argparse.Namespace, argv: list[str] | None 
         destroy_parallel()
 
 
+def _model_path(args: argparse.Namespace) -> Path:
+    from dsv4.engine.assets import default_model_path
+    path = Path(args.model) if args.model else default_model_path()
+    if not path.is_dir():
+        raise ValueError(f"--model {args.model}: not a directory")
+    return path
+
+
+def _check_speculative(args: argparse.Namespace) -> None:
+    """The single-process CLI's checks of --speculative / --num-draft-tokens, before any rank starts."""
+    from dsv4.engine.spec_decode import mtp_problem
+    speculative = getattr(args, "speculative", None)
+    if getattr(args, "num_draft_tokens", 1) != 1 and speculative is None:
+        raise ValueError("--num-draft-tokens needs --speculative mtp")
+    if speculative and (problem := mtp_problem(_model_path(args))):
+        raise ValueError(f"--speculative {speculative} needs the checkpoint's complete MTP block: {problem}")
+
+
 def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048):
     """This rank's LLMEngine around its shard of --model (default: the embedded tiny model)."""
     import torch
 
     from dsv4.chat.tokenizer import load_tokenizer
-    from dsv4.engine.assets import default_model_path
     from dsv4.engine.llm_engine import EngineConfig, LLMEngine
     from dsv4.model.load import load_model
 
-    path = Path(args.model) if args.model else default_model_path()
-    if not path.is_dir():
-        raise ValueError(f"--model {args.model}: not a directory")
+    path = _model_path(args)
     dtype = torch.float32 if ps.device.type == "cpu" else torch.bfloat16
+    speculative = getattr(args, "speculative", None)
     model = load_model(path, device=ps.device, dtype=dtype, numerics=getattr(args, "numerics", "reference"),
-                       include_mtp=False, parallel=ps)
+                       include_mtp=speculative is not None, parallel=ps)
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          max_model_len=args.max_model_len, kv_dtype=getattr(args, "kv_dtype", "auto"))
+                          max_model_len=args.max_model_len, kv_dtype=getattr(args, "kv_dtype", "auto"),
+                          speculative=speculative, num_draft_tokens=getattr(args, "num_draft_tokens", 1))
     if getattr(args, "cuda_graphs", False):  # every rank captures the same steps, its collectives inside
         model.enable_cuda_graphs(max_batch=config.decode_step_rows)
     return LLMEngine(model, model.config, load_tokenizer(path), config, model_name=path.name)

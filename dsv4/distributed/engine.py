@@ -15,8 +15,8 @@ control group (`ParallelState.control_group`, long timeout: a server may idle fo
     others:  worker_loop(engine, ps)      # returns after rank 0's shutdown()
     or, on every rank:  lockstep(engine, ps, lambda core: ...)
 
-Speculative decoding is not supported across processes (its draft sampling would need the same
-treatment); `check_engine` refuses it.
+* with speculative decoding, rank 0 alone draws the drafts and judges them (`MTPSpeculator.decide`)
+  and broadcasts the outcome, so every rank runs the same chained MTP rows and state rollbacks.
 """
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ class BroadcastSampler:
         return getattr(self.inner, name)
 
 
-def check_engine(engine) -> None:
+def share_decisions(engine, ps: ParallelState) -> None:
+    """Make rank 0 the only one that samples, drafts and judges drafts; the others receive its results."""
+    engine.sampler = BroadcastSampler(engine.sampler, ps)
     if getattr(engine, "speculator", None) is not None:
-        raise ValueError("speculative decoding is not supported with --tp/--ep > 1 yet")
+        engine.speculator.decide = lambda fn: broadcast_object(fn() if ps.is_first else None, ps)
 
 
 def _apply(engine, commands: list[tuple]) -> None:
@@ -62,9 +64,8 @@ class DistributedEngine:
     def __init__(self, engine, ps: ParallelState):
         if not ps.is_first:
             raise ValueError("DistributedEngine runs on rank 0; the other ranks run worker_loop")
-        check_engine(engine)
         self.engine, self.ps = engine, ps
-        engine.sampler = BroadcastSampler(engine.sampler, ps)
+        share_decisions(engine, ps)
         self._pending: list[tuple] = []
         self._stopped = False
 
@@ -104,8 +105,7 @@ def worker_loop(engine, ps: ParallelState) -> None:
     """Follow rank 0: apply its requests/aborts, step when it steps; return when it shuts down."""
     if ps.is_first:
         raise ValueError("worker_loop runs on ranks other than 0")
-    check_engine(engine)
-    engine.sampler = BroadcastSampler(engine.sampler, ps)
+    share_decisions(engine, ps)
     steps = 0
     while True:
         kind, commands = broadcast_object(None, ps)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
@@ -41,6 +42,7 @@ from .sequence import Sequence
 log = logging.getLogger(__name__)
 
 SPECULATIVE_METHODS = ("mtp",)
+T = TypeVar("T")
 
 
 # ---- checkpoint / model checks ---------------------------------------------------------------
@@ -173,6 +175,9 @@ class MTPSpeculator:
         self.stats = SpecStats()
         self._seeds: dict[str, _Seed] = {}
         self._q: dict[int, list[torch.Tensor]] = {}  # id(row) -> draft distributions (sampled rows)
+        # decide(fn) -> fn(): the drafts and the verdicts; across TP/EP ranks rank 0 decides and the others
+        # receive its result (dsv4.distributed.engine), so every rank runs the same chained rows and rollbacks
+        self.decide: Callable[[Callable[[], T]], T] = lambda fn: fn()
 
     # ---- helpers -----------------------------------------------------------------------------
     def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator | None:
@@ -212,17 +217,7 @@ class MTPSpeculator:
             chains.append(_Chain(row, state, seed.residual, seed.logits))
         everyone, live = list(chains), chains
         while live:
-            seqs = [c.row.seq for c in live]
-            penalised, processed = self._process(torch.stack([c.logits for c in live]), seqs,
-                                                 [c.row.draft_token_ids for c in live])
-            greedy = penalised.argmax(dim=-1).tolist() if any(s.params.greedy for s in seqs) else None
-            for i, c in enumerate(live):
-                if c.row.seq.params.greedy:
-                    d = greedy[i]  # one read-back for all greedy rows
-                else:
-                    q = torch.softmax(processed[i], dim=-1)
-                    d = draw(q, self._generator(c.row.seq, q.device))
-                    self._q.setdefault(id(c.row), []).append(q)
+            for c, d in zip(live, self.decide(lambda: self._draw(live))):
                 c.row.draft_token_ids.append(d)
             live = [c for c in live if len(c.row.draft_token_ids) < c.row.num_draft_tokens]
             if live:
@@ -230,6 +225,22 @@ class MTPSpeculator:
         for c in everyone:
             if c.chained:
                 c.state.mtp.truncate(c.chained)
+
+    def _draw(self, live: list[_Chain]) -> list[int]:
+        """The next draft of each chain (sampled rows keep their draft distribution q for `verify`)."""
+        seqs = [c.row.seq for c in live]
+        penalised, processed = self._process(torch.stack([c.logits for c in live]), seqs,
+                                             [c.row.draft_token_ids for c in live])
+        greedy = penalised.argmax(dim=-1).tolist() if any(s.params.greedy for s in seqs) else None
+        drafts = []
+        for i, c in enumerate(live):
+            if c.row.seq.params.greedy:
+                drafts.append(greedy[i])  # one read-back for all greedy rows
+            else:
+                q = torch.softmax(processed[i], dim=-1)
+                drafts.append(draw(q, self._generator(c.row.seq, q.device)))
+                self._q.setdefault(id(c.row), []).append(q)
+        return drafts
 
     def _chain(self, chains: list[_Chain]) -> None:
         """One chained MTP row per chain: its residual, its last draft, at the draft's position - 1."""
@@ -250,12 +261,25 @@ class MTPSpeculator:
         """Accept/reject every sampled row's drafts; roll the target state back over the rejected
         ones. `logits`: `HybridCache.run` output (1 + len(drafts) rows per sampled row). Returns,
         per batch row, the emitted tokens and (if requested) their logprobs; None for other rows."""
-        tokens: list[list[int] | None] = [None] * len(batch.rows)
-        logprobs: list[list[TokenLogprob] | None] = [None] * len(batch.rows)
         picked = [i for i, r in enumerate(batch.rows) if r.sample]
         widths = [1 + len(batch.rows[i].draft_token_ids) for i in picked]
         if logits.shape[0] != sum(widths):
             raise RuntimeError(f"speculative verify: {logits.shape[0]} logit rows for {sum(widths)} positions")
+        tokens, logprobs = self.decide(lambda: self._judge(batch, logits, picked, widths))
+        for i in picked:
+            drafts, state = batch.rows[i].draft_token_ids, self._state(batch.rows[i].seq)
+            accepted = len(tokens[i]) - 1
+            if len(drafts) > accepted and state is not None:
+                state.truncate(len(drafts) - accepted)
+            if drafts:
+                self.stats.record(len(drafts), accepted)
+        return tokens, logprobs
+
+    def _judge(self, batch: ScheduledBatch, logits: torch.Tensor, picked: list[int], widths: list[int]
+               ) -> tuple[list[list[int] | None], list[list[TokenLogprob] | None]]:
+        """The emitted tokens (and logprobs) of every sampled row: greedy acceptance or rejection sampling."""
+        tokens: list[list[int] | None] = [None] * len(batch.rows)
+        logprobs: list[list[TokenLogprob] | None] = [None] * len(batch.rows)
         seqs = [batch.rows[i].seq for i, w in zip(picked, widths) for _ in range(w)]
         drafted = [batch.rows[i].draft_token_ids[:j] for i, w in zip(picked, widths) for j in range(w)]
         penalised, processed = self._process(logits, seqs, drafted)
@@ -271,12 +295,6 @@ class MTPSpeculator:
                 p = torch.softmax(processed[rows], dim=-1)
                 q = torch.stack(self._q[id(row)]) if drafts else p[:0]
                 out = rejection_sample(p, q, drafts, self._generator(seq, p.device))
-            accepted = len(out) - 1
-            state = self._state(seq)
-            if len(drafts) > accepted and state is not None:
-                state.truncate(len(drafts) - accepted)
-            if drafts:
-                self.stats.record(len(drafts), accepted)
             tokens[i] = out
             if seq.params.logprobs is not None:
                 source = logits if self.sampler.logprobs_mode == "raw" else processed
