@@ -1,6 +1,7 @@
-"""Decode under CUDA graphs across TP/EP ranks (NCCL collectives captured inside the paged whole-step
-graphs, dsv4.model.graphs): the lock-stepped engines' greedy text and teacher-forced logits must equal
-the same ranks' eager kernel-mode decode. Needs two GPUs (device kind nvidia-h200-x2); skipped otherwise."""
+"""Decode under CUDA graphs across TP/EP ranks (NCCL / symmetric-memory collectives captured inside the
+paged whole-step graphs, dsv4.model.graphs): the lock-stepped engines' greedy tokens must equal the same
+ranks' eager kernel-mode decode, also with MTP speculative decoding (rank 0 drafts and judges). Needs two
+GPUs (device kind nvidia-h200-x2); skipped otherwise."""
 from __future__ import annotations
 
 import os
@@ -53,17 +54,23 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layout)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     ps = init_parallel(ParallelConfig(*layout))
     res = {}
-    for key, graphs in (("eager", False), ("graphs", True)):
+    runs = [("eager", False, False), ("graphs", True, False)]
+    if layout[:2] == (2, 2):  # MTP speculation (2 drafts; rank 0 decides), its draft and verify steps graphed
+        runs += [("spec_eager", False, True), ("spec_graphs", True, True)]
+    for key, graphs, spec in runs:
         phase(f"{key}: loading")
-        model = load_model(ckpt, ps.device, torch.bfloat16, parallel=ps, kernels="triton", include_mtp=False)
+        model = load_model(ckpt, ps.device, torch.bfloat16, parallel=ps, kernels="triton", include_mtp=spec)
+        config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256, kv_dtype="fp8",
+                              speculative="mtp" if spec else None, num_draft_tokens=2)
         if graphs:
-            model.enable_cuda_graphs(max_batch=4)
+            model.enable_cuda_graphs(max_batch=config.decode_step_rows)
         phase(f"{key}: decoding")
-        engine = LLMEngine(model, model.config, None, EngineConfig(max_num_seqs=4, max_num_batched_tokens=256,
-                                                                  max_model_len=256, kv_dtype="fp8"))
+        engine = LLMEngine(model, model.config, None, config)
         res[key] = lockstep(engine, ps, _greedy)
+        if spec:
+            res[key + "_drafted"] = engine.speculator.stats.num_draft_tokens
         if graphs:
-            res["captured"] = sum(1 for b in model._graphs._steps.values() if b.graphs)
+            res[key + "_captured"] = sum(1 for b in model._graphs._steps.values() if b.graphs)
         phase(f"{key}: done")
     torch.save(res, os.path.join(outdir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -77,6 +84,9 @@ def test_graphed_decode_over_two_ranks_matches_eager(layout, tmp_path):
     ckpt = Path(dsv4.__file__).parent / "assets" / "tiny"
     mp.spawn(_rank_main, args=(2, free_port(), str(ckpt), str(tmp_path), layout), nprocs=2)
     res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert all(r["captured"] > 0 for r in res), "no decode step was captured"
+    assert all(r["graphs_captured"] > 0 for r in res), "no decode step was captured"
     assert res[0]["graphs"] == res[0]["eager"], layout
+    if layout[:2] == (2, 2):
+        assert all(r["spec_graphs_captured"] > 0 and r["spec_eager_drafted"] > 0 for r in res)
+        assert res[0]["spec_graphs"] == res[0]["spec_eager"], "speculative: graphs vs eager"
     assert len({tuple(t) for t in res[0]["eager"].values()}) > 1  # the prompts continue differently
