@@ -20,7 +20,7 @@ SHAPES = [((1, 4096), torch.float32), ((2, 3, 4096), torch.float32), ((8, 4096),
 def _rank_main(rank: int, port: int, outdir: str) -> None:
     import faulthandler
     faulthandler.dump_traceback_later(240, exit=True)  # a hung barrier fails the test with the stacks
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank), DSV4_FAST_ALLREDUCE="1")
     import torch.distributed as dist
 
     from dsv4.distributed import ParallelConfig, init_parallel
