@@ -38,10 +38,15 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system prompt")
 
 
+def check_draft_tokens(args) -> None:
+    """--num-draft-tokens only means something with --speculative (generate, chat, serve, every --tp/--ep run)."""
+    if getattr(args, "num_draft_tokens", 1) != 1 and getattr(args, "speculative", None) is None:
+        raise ValueError("--num-draft-tokens needs --speculative mtp")
+
+
 def _llm(args):
     from .engine.llm import LLM
-    if args.num_draft_tokens != 1 and args.speculative is None:
-        raise ValueError("--num-draft-tokens needs --speculative mtp")
+    check_draft_tokens(args)
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
                num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", False),

@@ -71,11 +71,11 @@ def _model_path(args: argparse.Namespace) -> Path:
 
 
 def _check_speculative(args: argparse.Namespace) -> None:
-    """The single-process CLI's checks of --speculative / --num-draft-tokens, before any rank starts."""
+    """--speculative / --num-draft-tokens checked before any rank starts (the MTP block as LLMEngine.from_pretrained does)."""
+    from dsv4.cli_generate import check_draft_tokens
     from dsv4.engine.spec_decode import mtp_problem
+    check_draft_tokens(args)
     speculative = getattr(args, "speculative", None)
-    if getattr(args, "num_draft_tokens", 1) != 1 and speculative is None:
-        raise ValueError("--num-draft-tokens needs --speculative mtp")
     if speculative and (problem := mtp_problem(_model_path(args))):
         raise ValueError(f"--speculative {speculative} needs the checkpoint's complete MTP block: {problem}")
 

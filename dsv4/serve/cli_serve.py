@@ -75,12 +75,12 @@ def serve_options(args: argparse.Namespace, model_name: str):
 
 def build_core(args: argparse.Namespace):
     """The real engine core (imported lazily: building the parser must not import torch)."""
+    from ..cli_generate import check_draft_tokens
     from ..engine.llm_engine import EngineConfig, LLMEngine
 
     if args.model is not None and not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model}: not a directory")
-    if args.num_draft_tokens != 1 and args.speculative is None:
-        raise ValueError("--num-draft-tokens needs --speculative mtp")
+    check_draft_tokens(args)
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len, speculative=args.speculative,
                           num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"))
