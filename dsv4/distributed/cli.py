@@ -71,7 +71,7 @@ def _model_path(args: argparse.Namespace) -> Path:
 
 
 def _check_speculative(args: argparse.Namespace) -> None:
-    """--speculative / --num-draft-tokens checked before any rank starts (the MTP block as LLMEngine.from_pretrained does)."""
+    """--speculative / --num-draft-tokens, checked before any rank starts (the MTP block: as from_pretrained)."""
     from dsv4.cli_generate import check_draft_tokens
     from dsv4.engine.spec_decode import mtp_problem
     check_draft_tokens(args)
