@@ -1,0 +1,142 @@
+"""One-token FP8 block linear on CUDA cores (decode at batch 1): the contract of `fp8_linear_ref` (and, with
+`quant_x=False` and groups, of `grouped_linear_w8a16_ref`) for a single activation row.
+
+Why a second kernel: at M = 1 the tensor-core GEMM (`fp8_linear`, swap AB) keeps a 128-row weight tile per
+K block in shared memory, so two programs share an SM and each waits on its own loads (Nsight Compute,
+session 13: 12 % of warps active, 55 % of HBM bandwidth for wq_b). Here a program holds no shared memory:
+it loads a [BN, KU*128] weight tile straight into registers (KU K blocks at once, many 16-byte loads in
+flight per thread), multiplies it by the quantised activation in fp32 and reduces along K, so many small
+programs per SM keep more bytes in flight.
+
+Math per 128-wide K block b (checkpoint_format.md §7): the activation block is quantised with its
+power-of-two scale s_b (`fp8_linear._quant_rows`), the exact fp32 products w·q are summed, and the sum is
+scaled by S[n//128, b] · s_b, as the GEMM does (another summation order: agreement to fp32 rounding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
+
+BLOCK = 128
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """bn weight rows per program (divides 128: one scale row), ku K blocks per load, split K ranges."""
+
+    bn: int = 32
+    ku: int = 4
+    split_k: int = 0  # 0 = `auto_split`
+    num_warps: int = 4
+
+
+def auto_split(tiles: int, kblocks: int, ku: int, programs: int = 1024) -> int:
+    """Largest power-of-two K split keeping the grid within `programs` and each split >= one KU step."""
+    split = 1
+    while tiles * split * 2 <= programs and kblocks % (split * 2 * ku) == 0:
+        split *= 2
+    return split
+
+
+if HAS_TRITON:
+    from dsv4.kernels.fp8_linear import _bf16_rne, _e8m0_to_f32, _pow2_scale
+
+    @pdl_kernel
+    @triton.jit
+    def _fp8_gemv_kernel(
+        X, W, SW, C, P, CNT,
+        N, ROWS_PER_GROUP, stride_xg, stride_wn, stride_swn, KB_PER_SPLIT,
+        BN: tl.constexpr, KU: tl.constexpr, QUANT_X: tl.constexpr, SW_E8M0: tl.constexpr,
+        SPLIT_OUT: tl.constexpr, OUT_F32: tl.constexpr, PREFETCH: tl.constexpr,
+    ):
+        BK: tl.constexpr = 128
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rows = pid_n * BN + tl.arange(0, BN)
+        ku = tl.arange(0, KU)
+        cols = tl.arange(0, BK)
+        kb0 = pid_k * KB_PER_SPLIT
+        group = (pid_n * BN) // ROWS_PER_GROUP
+        X += group * stride_xg
+        SW += ((pid_n * BN) // BK) * stride_swn
+        w_ptrs = W + rows[:, None, None].to(tl.int64) * stride_wn + ku[None, :, None] * BK + cols[None, None, :]
+        if PREFETCH > 0:
+            prefetch_l2(W + kb0 * BK, rows.to(tl.int64) * stride_wn, tl.minimum(KB_PER_SPLIT, PREFETCH) * BK)
+        pdl_wait()
+        acc = tl.zeros((BN,), dtype=tl.float32)
+        for kb in range(kb0, kb0 + KB_PER_SPLIT, KU):
+            w = tl.load(w_ptrs + kb * BK)
+            sw = tl.load(SW + kb + ku)
+            if SW_E8M0:
+                sw = _e8m0_to_f32(sw.to(tl.int32))
+            x = tl.load(X + kb * BK + ku[:, None] * BK + cols[None, :]).to(tl.float32)
+            if QUANT_X:
+                amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+                s, inv = _pow2_scale(amax)
+                x = tl.clamp(x * inv[:, None], -448.0, 448.0).to(tl.float8e4nv).to(tl.float32)
+                sw = sw * s
+            part = tl.sum(w.to(tl.float32) * x[None, :, :], axis=2)  # [BN, KU]: exact products, fp32 sums
+            acc += tl.sum(part * sw[None, :], axis=1)
+        c_ptrs = C + rows
+        if SPLIT_OUT:
+            # the last of the splits to arrive sums the fp32 partials in split order (`fp8_linear`'s pattern)
+            split = tl.num_programs(1)
+            p_ptrs = P + rows
+            tl.store(p_ptrs + pid_k * N, acc)
+            tl.debug_barrier()
+            cnt_ptr = CNT + pid_n
+            arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == split - 1:
+                tl.debug_barrier()
+                total = tl.zeros_like(acc)
+                for s in range(0, split):
+                    total += tl.load(p_ptrs + s * N, cache_modifier=".cg")
+                if OUT_F32:
+                    tl.store(c_ptrs, total)
+                else:
+                    tl.store(c_ptrs, _bf16_rne(total))  # (RNE under the interpreter too)
+                tl.store(cnt_ptr, 0)
+        else:
+            if OUT_F32:
+                tl.store(c_ptrs, acc)
+            else:
+                tl.store(c_ptrs, _bf16_rne(acc))
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, groups: int = 1,
+             quant_x: bool = True, out_dtype: torch.dtype = torch.bfloat16,
+             config: GemvConfig | None = None) -> torch.Tensor:
+    """One row: x bf16 [1, K] (groups == 1) or [1, G, K] -> [1, N] / [1, G, N // G]. quant_x: FP8 x FP8 block
+    linear (`fp8_linear_ref`); False: W8A16 (`grouped_linear_w8a16_ref`)."""
+    if not HAS_TRITON:
+        raise RuntimeError("dsv4.kernels.fp8_gemv needs triton")
+    cfg = config or GemvConfig()
+    k = x.shape[-1]
+    n = weight.shape[0]
+    if x.numel() != groups * k:
+        raise ValueError(f"fp8_gemv: expected one row of {groups} x {k}, got {tuple(x.shape)}")
+    if BLOCK % cfg.bn or (n // groups) % cfg.bn or k % (BLOCK * cfg.ku):
+        raise ValueError(f"fp8_gemv: {cfg} does not tile N={n} (groups {groups}) x K={k}")
+    x2 = x.reshape(groups, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    e8 = scale.dtype != torch.float32
+    sw = scale.view(torch.uint8) if e8 else scale
+    tiles, kblocks = n // cfg.bn, k // BLOCK
+    split = cfg.split_k or auto_split(tiles, kblocks, cfg.ku)
+    out = torch.empty(n, dtype=out_dtype, device=x.device)
+    common = dict(BN=cfg.bn, KU=cfg.ku, QUANT_X=quant_x, SW_E8M0=e8, OUT_F32=out_dtype == torch.float32,
+                  PREFETCH=weight_prefetch_kblocks(), num_warps=cfg.num_warps, num_stages=1)
+    args = (n, n // groups, x2.stride(0), weight.stride(0), sw.stride(0), kblocks // split)
+    if split == 1:
+        _fp8_gemv_kernel[(tiles, 1)](x2, weight, sw, out, out, out, *args, SPLIT_OUT=False, **common)
+    else:
+        part = torch.empty((split, n), dtype=torch.float32, device=x.device)
+        counters = arrival_counters("fp8_gemv split-K", x.device, tiles)
+        _fp8_gemv_kernel[(tiles, split)](x2, weight, sw, out, part, counters, *args, SPLIT_OUT=True, **common)
+    return out.view(*x.shape[:-1], n // groups) if groups > 1 else out.view(1, n)

@@ -1,0 +1,77 @@
+"""One-token CUDA-core FP8 linear (`dsv4.kernels.fp8_gemv`) vs the torch references, fresh random inputs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")  # "cpu": TRITON_INTERPRET=1 checks of the tests themselves
+
+
+def _x(shape, gen: torch.Generator) -> torch.Tensor:
+    """128-blocks with very different magnitudes, so the activation scales differ per block."""
+    x = torch.randn(*shape, generator=gen, device=DEV)
+    k = shape[-1]
+    mag = torch.exp2(torch.randint(-6, 7, (*shape[:-1], k // 128), generator=gen, device=DEV).float())
+    return (x * mag.repeat_interleave(128, -1)).to(torch.bfloat16)
+
+
+def _weight(n: int, k: int, gen: torch.Generator, scale_dtype: str):
+    from dsv4.quant.fp8 import quantize_fp8_block
+
+    w = torch.randn(n, k, generator=gen, device=DEV) * 0.02
+    w = w * torch.exp2(torch.randint(-3, 4, (n // 128, k // 128), generator=gen, device=DEV).float()).repeat_interleave(
+        128, 0).repeat_interleave(128, 1)
+    return quantize_fp8_block(w, scale_dtype)
+
+
+CONFIGS = [(32, 4, 0, 4), (16, 2, 1, 4), (64, 4, 2, 8), (16, 8, 0, 4)]  # bn, ku, split (0 = auto), warps
+
+
+@pytest.mark.parametrize("n,k", [(1536, 4096), (32768, 1024), (4096, 8192), (4096, 2048), (512, 7168)])
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("scale_dtype", ["e8m0", "float32"])
+def test_gemv_is_the_fp8_linear(n, k, cfg, scale_dtype, poison, close_bf16):
+    from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv
+    from dsv4.kernels.fp8_linear import fp8_linear_ref
+
+    gen = torch.Generator(DEV).manual_seed(n + 3 * k + cfg[0])
+    x = _x((1, k), gen)
+    w, s = _weight(n, k, gen, scale_dtype)
+    config = GemvConfig(*cfg)
+    if k % (128 * config.ku):
+        pytest.skip("K not a multiple of the step")
+    ref = fp8_linear_ref(x, w, s)
+    for _ in range(2):  # the second launch reuses the split-K counters the first one reset
+        poison()
+        close_bf16(fp8_gemv(x, w, s, config=config), ref, what=f"gemv {n}x{k} {config}")
+    y32 = fp8_gemv(x, w, s, config=config, out_dtype=torch.float32)
+    assert y32.dtype == torch.float32
+    close_bf16(y32.to(torch.bfloat16), ref, what="fp32 out")
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_gemv_is_the_grouped_w8a16(cfg, poison, close_bf16):
+    from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv
+    from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16_ref
+
+    g, r, k = 8, 1024, 4096
+    gen = torch.Generator(DEV).manual_seed(11 + cfg[0] + cfg[1])
+    x = _x((1, g, k), gen)
+    w, s = _weight(g * r, k, gen, "e8m0")
+    poison()
+    y = fp8_gemv(x, w, s, groups=g, quant_x=False, config=GemvConfig(*cfg))
+    close_bf16(y, grouped_linear_w8a16_ref(x, w, s), what=f"grouped gemv {cfg}")
+
+
+def test_gemv_refuses_shapes_it_cannot_tile():
+    from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv
+
+    gen = torch.Generator(DEV).manual_seed(5)
+    w, s = _weight(256, 384, gen, "float32")
+    with pytest.raises(ValueError, match="does not tile"):  # 3 K blocks, steps of 2
+        fp8_gemv(_x((1, 384), gen), w, s, config=GemvConfig(32, 2))
+    with pytest.raises(ValueError, match="one row"):
+        fp8_gemv(_x((2, 384), gen), w, s, config=GemvConfig(32, 1))
