@@ -129,6 +129,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, grou
     sw = scale.view(torch.uint8) if e8 else scale
     tiles, kblocks = n // cfg.bn, k // BLOCK
     split = cfg.split_k or auto_split(tiles, kblocks, cfg.ku)
+    if kblocks % split or (kblocks // split) % cfg.ku:
+        raise ValueError(f"fp8_gemv: {cfg} does not tile K={k}: split {split} x steps of {cfg.ku} K blocks")
     out = torch.empty(n, dtype=out_dtype, device=x.device)
     common = dict(BN=cfg.bn, KU=cfg.ku, QUANT_X=quant_x, SW_E8M0=e8, OUT_F32=out_dtype == torch.float32,
                   PREFETCH=weight_prefetch_kblocks(), num_warps=cfg.num_warps, num_stages=1)
