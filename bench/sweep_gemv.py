@@ -34,9 +34,10 @@ DEV = "cuda"
 @triton.jit
 def _read_kernel(W, OUT, stride_wn, KB_PER_SPLIT, BN: tl.constexpr, KU: tl.constexpr):
     """Sum a [BN, KB_PER_SPLIT*128] byte tile as int32 (the bytes must be read; one word stored)."""
+    BKU: tl.constexpr = KU * 128
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rows = pid_n * BN + tl.arange(0, BN)
-    cols = tl.arange(0, KU * 128)
+    cols = tl.arange(0, BKU)
     ptrs = W + rows[:, None].to(tl.int64) * stride_wn + pid_k * KB_PER_SPLIT * 128 + cols[None, :]
     acc = tl.zeros((BN,), dtype=tl.int32)
     for kb in range(0, KB_PER_SPLIT, KU):
@@ -49,7 +50,7 @@ def read_floor(ws, bw_bytes: int) -> tuple[float, str]:
     n, k = ws[0].shape
     best = (float("inf"), "")
     out = torch.empty(1 << 16, dtype=torch.int32, device=DEV)
-    for bn, ku, split, warps in itertools.product((32, 64), (4, 8), (1, 2, 4, 8), (4, 8)):
+    for bn, ku, split, warps in itertools.product((16, 32, 64), (4, 8), (1, 2, 4, 8), (4, 8)):
         kb = k // 128
         if n % bn or kb % (split * ku) or (n // bn) * split > out.numel():
             continue
