@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_gemm_moe import GROUPED, LINEARS  # noqa: E402
 from bench.sweep_linear import copies_for, copy_bandwidth, graph_us  # noqa: E402
 from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv  # noqa: E402
-from dsv4.kernels.fp8_linear import fp8_linear  # noqa: E402
-from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16  # noqa: E402
+from dsv4.kernels.fp8_linear import fp8_linear, pick_gemv_config, pick_linear_config  # noqa: E402
+from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16, pick_grouped_config  # noqa: E402
 
 DEV = "cuda"
 
@@ -54,7 +54,7 @@ def read_floor(ws, bw_bytes: int) -> tuple[float, str]:
         kb = k // 128
         if n % bn or kb % (split * ku) or (n // bn) * split > out.numel():
             continue
-        t = graph_us([lambda w=w: _read_kernel[(n // bn, split)](w, out, w.stride(0), kb // split, BN=bn, KU=ku,
+        t = graph_us([lambda w=w: _read_kernel[(n // bn, split)](w.view(torch.uint8), out, w.stride(0), kb // split, BN=bn, KU=ku,
                                                                   num_warps=warps) for w in ws])
         best = min(best, (t, f"bn={bn} ku={ku} split={split} warps={warps}"))
     return best
@@ -65,6 +65,11 @@ def gemv_grid() -> list[GemvConfig]:
             if bn * ku * 128 <= 256 * 32 * w]  # at most 256 weight bytes per thread and step
     grid += [GemvConfig(32, 4, s, 4) for s in (1, 2, 4, 8, 16)]
     return grid
+
+
+def with_picked(n: int, k: int, groups: int) -> list[GemvConfig]:
+    picked = pick_gemv_config(1, n, k, groups=groups, quant_x=groups == 1)
+    return gemv_grid() + ([picked] if picked is not None else [])
 
 
 def sweep(model: str, bw: float, cap: int) -> list[dict]:
@@ -80,14 +85,18 @@ def sweep(model: str, bw: float, cap: int) -> list[dict]:
             torch.float8_e8m0fnu) for _ in range(c)]
         x = torch.randn(1, groups, k, device=DEV).to(torch.bfloat16) if groups > 1 else \
             torch.randn(1, k, device=DEV).to(torch.bfloat16)
+        # "gemm": the tensor-core kernels (the model's one-row path before the GEMV)
         if groups > 1:
-            ref = grouped_linear_w8a16(x, ws[0], ss[0])
-            t_now = graph_us([lambda w=w, s=s: grouped_linear_w8a16(x, w, s) for w, s in zip(ws, ss)])
+            mma = pick_grouped_config(1)
+            ref = grouped_linear_w8a16(x, ws[0], ss[0], config=mma)
+            t_now = graph_us([lambda w=w, s=s: grouped_linear_w8a16(x, w, s, config=mma) for w, s in zip(ws, ss)])
         else:
-            ref = fp8_linear(x, ws[0], ss[0], backend="triton")
-            t_now = graph_us([lambda w=w, s=s: fp8_linear(x, w, s, backend="triton") for w, s in zip(ws, ss)])
+            mma = pick_linear_config(1, n, k)
+            ref = fp8_linear(x, ws[0], ss[0], config=mma)
+            t_now = graph_us([lambda w=w, s=s: fp8_linear(x, w, s, config=mma) for w, s in zip(ws, ss)])
+        picked = pick_gemv_config(1, n, k, groups=groups, quant_x=groups == 1)
         results = []
-        for cfg in gemv_grid():
+        for cfg in with_picked(n, k, groups):
             try:
                 y = fp8_gemv(x, ws[0], ss[0], groups=groups, quant_x=groups == 1, config=cfg)
             except ValueError:
@@ -99,12 +108,13 @@ def sweep(model: str, bw: float, cap: int) -> list[dict]:
         t_best, best, err = min((r for r in results if r[0] == r[0]), key=lambda r: r[0])
         t_read, read_cfg = read_floor(ws, n * k)
         floor = n * k / (bw * 1e6)
-        rows.append(dict(model=model, name=name, n=n, k=k, now_us=t_now, gemv_us=t_best, gemv=str(best),
-                         rel_err=err, read_us=t_read, read=read_cfg, bw_floor_us=floor,
-                         top=[(round(t, 2), str(cf)) for t, cf, _ in sorted(results, key=lambda r: r[0])[:4]]))
-        print(f"{model} {name:12s} {n * k / 1e6:5.1f} MB  now {t_now:6.2f}  gemv {t_best:6.2f} ({best.bn},{best.ku},"
-              f"{best.split_k},{best.num_warps}) rel.err {err:.1e}  read {t_read:6.2f} ({read_cfg})  "
-              f"bytes@copy {floor:5.2f} µs", flush=True)
+        t_pick = next((t for t, cf, _ in results if picked is not None and cf == picked), float("nan"))
+        rows.append(dict(model=model, name=name, n=n, k=k, gemm_us=t_now, gemv_us=t_best, gemv=str(best),
+                         picked=str(picked), picked_us=t_pick, rel_err=err, read_us=t_read, read=read_cfg,
+                         bw_floor_us=floor, all=[(round(t, 2), str(cf)) for t, cf, _ in sorted(results, key=lambda r: r[0])]))
+        print(f"{model} {name:12s} {n * k / 1e6:5.1f} MB  gemm {t_now:6.2f}  gemv best {t_best:6.2f} ({best.bn},"
+              f"{best.ku},{best.split_k},{best.num_warps}) picked {t_pick:6.2f} rel.err {err:.1e}  read {t_read:6.2f} "
+              f"({read_cfg})  bytes@copy {floor:5.2f} µs", flush=True)
         del ws, ss
         torch.cuda.empty_cache()
     return rows

@@ -188,7 +188,16 @@ def test_kernel_mode_prepare_unchanged_by_fusion(torch_kernels):
     assert got.q.shape == (1, attn.n_heads, attn.head_dim) and got.index_q.shape[1:] == (16, 128)
 
 
-def test_stacked_launch_config_matches_each_part():
+@pytest.fixture
+def no_gemv(monkeypatch):
+    """One-row linears on the tensor-core GEMM (as with `linear_config.GEMV = False`)."""
+    monkeypatch.setattr(importlib.import_module("dsv4.kernels.linear_config"), "GEMV", False)
+    _stacked_launch.cache_clear()
+    yield
+    _stacked_launch.cache_clear()
+
+
+def test_stacked_launch_config_matches_each_part(no_gemv):
     """Decode sizes split K by the number of output tiles; one launch is exact only where the parts split
     alike. Expected splits worked out by hand from the documented rule: the largest power of two with
     tiles * split <= 2 * 132 SMs and >= 4 (m <= 16) or >= 8 (16 < m <= 64) K/128 blocks per split, where
@@ -205,6 +214,20 @@ def test_stacked_launch_config_matches_each_part():
     from dsv4.kernels.fp8_linear import CUBLAS_MIN_ROWS
     assert _stacked_launch(CUBLAS_MIN_ROWS - 1, (1024, 512), 4096) is not None
     assert _stacked_launch(CUBLAS_MIN_ROWS, (1024, 512), 4096) is None  # cuBLAS parts: separate launches
+
+
+def test_stacked_one_row_launch_is_the_gemv_of_each_part():
+    """One row: the CUDA-core GEMV (`pick_gemv_config`): 32 weight rows per program below 2^24 weight bytes,
+    16 from there, none (tensor-core GEMM) from 2^25 FP8 bytes; K steps of 8 blocks where they divide; split:
+    the largest power of two with tiles * split <= 1024 and whole steps per split. Worked out by hand."""
+    from dsv4.kernels.linear_config import GemvConfig
+    _stacked_launch.cache_clear()
+    assert _stacked_launch(1, (1024, 512), 4096) == GemvConfig(32, 8, 4)  # 32 and 16 tiles, 32 K blocks
+    assert _stacked_launch(1, (8192, 8192), 1024) == GemvConfig(32, 8, 1)  # 256 tiles, one step of 8
+    assert _stacked_launch(1, (512, 2048), 128) == GemvConfig(32, 1, 1)
+    assert _stacked_launch(1, (32768, 8192), 1024) is None  # wq_b (2^25 bytes) on the GEMM, idx_wq_b the GEMV
+    assert _stacked_launch(1, (4096, 1024), 4096) is None  # 2^24 bytes: 16-row programs vs 32
+    assert _stacked_launch(2, (1024, 512), 4096).split_k == 8  # two rows: the tensor-core GEMM
 
 
 # --------------------------------------------------------------------------- whole models

@@ -15,32 +15,13 @@ scaled by S[n//128, b] · s_b, as the GEMM does (another summation order: agreem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
+from dsv4.kernels.linear_config import GemvConfig, gemv_split  # noqa: F401 (re-exported)
 
 BLOCK = 128
-
-
-@dataclass(frozen=True)
-class GemvConfig:
-    """bn weight rows per program (divides 128: one scale row), ku K blocks per load, split K ranges."""
-
-    bn: int = 32
-    ku: int = 4
-    split_k: int = 0  # 0 = `auto_split`
-    num_warps: int = 4
-
-
-def auto_split(tiles: int, kblocks: int, ku: int, programs: int = 1024) -> int:
-    """Largest power-of-two K split keeping the grid within `programs` and each split >= one KU step."""
-    split = 1
-    while tiles * split * 2 <= programs and kblocks % (split * 2 * ku) == 0:
-        split *= 2
-    return split
 
 
 if HAS_TRITON:
@@ -128,7 +109,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, grou
     e8 = scale.dtype != torch.float32
     sw = scale.view(torch.uint8) if e8 else scale
     tiles, kblocks = n // cfg.bn, k // BLOCK
-    split = cfg.split_k or auto_split(tiles, kblocks, cfg.ku)
+    split = cfg.split_k or gemv_split(tiles, kblocks, cfg.ku)
     if kblocks % split or (kblocks // split) % cfg.ku:
         raise ValueError(f"fp8_gemv: {cfg} does not tile K={k}: split {split} x steps of {cfg.ku} K blocks")
     out = torch.empty(n, dtype=out_dtype, device=x.device)

@@ -29,7 +29,8 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton  # noqa: F401
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
-from dsv4.kernels.linear_config import LinearConfig, launch_split, pick_linear_config  # noqa: F401 (re-exported)
+from dsv4.kernels.linear_config import GemvConfig, LinearConfig, launch_split, pick_gemv_config  # noqa: F401
+from dsv4.kernels.linear_config import pick_linear_config  # noqa: F401 (re-exported)
 
 BLOCK = 128
 log = logging.getLogger(__name__)
@@ -430,7 +431,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                backend: str = "auto") -> torch.Tensor:
     """FP8 block linear: bf16 x [..., K] -> [..., N] in out_dtype (bf16, or fp32 for a row-parallel
     partial sum that is rounded after the all-reduce); contract of `fp8_linear_ref`. backend "auto":
-    cuBLAS from CUBLAS_MIN_ROWS rows when out_dtype is bf16 and no config is given, else Triton;
+    cuBLAS from CUBLAS_MIN_ROWS rows when out_dtype is bf16 and no config is given, else Triton: one row
+    on the CUDA-core GEMV where `pick_gemv_config` picks it (or config is a GemvConfig), the GEMM below;
     "triton" / "cublas" force one (cuBLAS: bf16 out only; falls back to Triton where cuBLAS refuses)."""
     if backend not in ("auto", "triton", "cublas"):
         raise ValueError(f"fp8_linear: backend must be 'auto', 'triton' or 'cublas', got {backend!r}")
@@ -452,10 +454,13 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         y = cublas_fp8_linear(x2, weight, scale)
         if y is not None:
             return y.view(*x.shape[:-1], n)
+    cfg = config or pick_gemv_config(m, n, k) or pick_linear_config(m, n, k)
+    if isinstance(cfg, GemvConfig):  # one row: the CUDA-core GEMV (dsv4.kernels.fp8_gemv)
+        from dsv4.kernels.fp8_gemv import fp8_gemv
+        return fp8_gemv(x2, weight, scale, out_dtype=out_dtype, config=cfg).view(*x.shape[:-1], n)
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out.view(*x.shape[:-1], n)
-    cfg = config or pick_linear_config(m, n, k)
     sw, e8 = _scale_operand(scale)
     if cfg.fuse_quant:
         a, sa, s_sam = x2, x2, 0  # SA unused

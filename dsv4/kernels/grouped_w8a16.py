@@ -39,6 +39,7 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
+from dsv4.kernels.linear_config import pick_gemv_config
 
 BLOCK = 128
 DECODE_MAX_T = 64
@@ -283,6 +284,10 @@ def grouped_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     sw = scale.view(torch.uint8) if s_e8m0 else scale
     if sw.stride(-1) != 1:
         sw = sw.contiguous()
+    gemv = None if config is not None else pick_gemv_config(t, g * r, din, groups=g, quant_x=False)
+    if gemv is not None:  # one token: the CUDA-core GEMV (18.6 -> 13.1 µs for Flash, session 17)
+        from dsv4.kernels.fp8_gemv import fp8_gemv
+        return fp8_gemv(x, weight, scale, groups=g, quant_x=False, config=gemv)
     out = torch.empty((t, g, r), dtype=torch.bfloat16, device=x.device)
     if t == 0:
         return out

@@ -1,6 +1,7 @@
-"""Launch shapes of the FP8 block linear's Triton GEMM (`dsv4.kernels.fp8_linear`): `LinearConfig`, the
-heuristic `pick_linear_config` and the K split a launch uses. Plain Python: the CPU side (the stacked
-launches of `dsv4.model.linear`) needs the same numbers without triton."""
+"""Launch shapes of the FP8 block linear's Triton kernels: `LinearConfig` / `pick_linear_config` and the K
+split of the tensor-core GEMM (`dsv4.kernels.fp8_linear`), `GemvConfig` / `pick_gemv_config` of the one-token
+CUDA-core GEMV (`dsv4.kernels.fp8_gemv`). Plain Python: the CPU side (the stacked launches of
+`dsv4.model.linear`) needs the same numbers without triton."""
 
 from __future__ import annotations
 
@@ -75,3 +76,44 @@ def launch_split(m: int, n: int, k: int, cfg: LinearConfig, groups: int = 1) -> 
     while kblocks % split:
         split -= 1
     return split
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch shape of `fp8_gemv._fp8_gemv_kernel`: bn weight rows per program (divides 128, so one
+    weight-scale row), ku K blocks per load step, the K split (0 = `gemv_split`)."""
+
+    bn: int = 32
+    ku: int = 4
+    split_k: int = 0
+    num_warps: int = 4
+
+
+GEMV = True  # one-token linears on the CUDA-core GEMV where it is faster (bench/flags.py turns it off for A/Bs)
+# FP8 x FP8 weights of this many bytes and more stay on the tensor-core GEMM at M = 1: Flash wq_b and wo_b
+# (33.5 MB) took 11.8 / 13.4 µs there and 13.3 / 13.9 on the GEMV; below it the GEMV won by 0.3-1.8 µs
+# (sweep_gemv.py, session 17). The W8A16 wo_a (33.5 MB) has no such limit: 18.6 -> 13.1 µs.
+GEMV_MAX_FP8_BYTES = 1 << 25
+
+
+def gemv_split(tiles: int, kblocks: int, ku: int, programs: int = 1024) -> int:
+    """Largest power-of-two K split keeping the grid within `programs` (~8 per SM: the GEMV holds no shared
+    memory) and every split a whole number of KU steps."""
+    split = 1
+    while tiles * split * 2 <= programs and kblocks % (split * 2 * ku) == 0:
+        split *= 2
+    return split
+
+
+def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = True) -> GemvConfig | None:
+    """The GEMV's launch shape for a one-row [1, k] x [n, k]^T product (n rows in `groups` equal groups), or
+    None where the tensor-core GEMM should run (more rows, the large FP8 x FP8 linears, shapes it cannot tile).
+    Split included, so that stacked linears can compare their launches (`dsv4.model.linear`)."""
+    if not GEMV or m != 1 or k % BLOCK or (quant_x and n * k >= GEMV_MAX_FP8_BYTES):
+        return None
+    kblocks = k // BLOCK
+    ku = next(u for u in (8, 4, 2, 1) if kblocks % u == 0)
+    bn = 16 if n * k >= 1 << 24 else 32  # the 16.8 MB sh_w13 and the 33.5 MB wo_a: more, shorter programs
+    if (n // groups) % bn or n % groups:
+        return None
+    return GemvConfig(bn=bn, ku=ku, split_k=gemv_split(n // bn, kblocks, ku))

@@ -240,12 +240,16 @@ def _stacked_launch(m: int, widths: tuple[int, ...], k: int):
     """The `fp8_linear` launch config under which one GEMM over the stacked weights computes every
     output element as the linear's own launch does, or None. The kernel's per-element arithmetic
     depends on the tile config (a function of m) and on its split of K (a function of the number of
-    output tiles): the split partials are summed in another order. So the parts must agree on both,
+    output tiles): the split partials are summed in another order. The one-row GEMV's likewise
+    (`pick_gemv_config`, split included). So the parts must agree on both,
     and the stacked launch gets their split explicitly. From CUBLAS_MIN_ROWS rows the parts run cuBLAS,
     whose summation order may depend on the output width: no stacked launch there."""
-    from dsv4.kernels.fp8_linear import CUBLAS_MIN_ROWS, launch_split, pick_linear_config
+    from dsv4.kernels.fp8_linear import CUBLAS_MIN_ROWS, launch_split, pick_gemv_config, pick_linear_config
     if m >= CUBLAS_MIN_ROWS:
         return None
+    gemvs = {pick_gemv_config(m, n, k) for n in widths}  # one row: the GEMV's configs carry their split
+    if gemvs != {None}:
+        return gemvs.pop() if len(gemvs) == 1 else None
     configs = {pick_linear_config(m, n, k) for n in widths}
     if len(configs) != 1:
         return None
