@@ -11,13 +11,16 @@ programs per SM keep more bytes in flight.
 Math per 128-wide K block b (checkpoint_format.md §7): the activation block is quantised with its
 power-of-two scale s_b (`fp8_linear._quant_rows`), the exact fp32 products w·q are summed, and the sum is
 scaled by S[n//128, b] · s_b, as the GEMM does (another summation order: agreement to fp32 rounding).
+W8A16 (`quant_x=False`, the grouped wo_a): the bf16 activation is used as is; with float32 weight scales
+(Flash-Base; not powers of two) each weight is first rounded to bf16 as w · S, as the reference's
+dequantised bf16 weight is.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
 from dsv4.kernels.linear_config import GemvConfig, gemv_split  # noqa: F401 (re-exported)
 
@@ -33,7 +36,8 @@ if HAS_TRITON:
         X, W, SW, C, P, CNT,
         N, ROWS_PER_GROUP, stride_xg, stride_wn, stride_swn, KB_PER_SPLIT,
         BN: tl.constexpr, KU: tl.constexpr, QUANT_X: tl.constexpr, SW_E8M0: tl.constexpr,
-        SPLIT_OUT: tl.constexpr, OUT_F32: tl.constexpr, PREFETCH: tl.constexpr,
+        SPLIT_OUT: tl.constexpr, OUT_F32: tl.constexpr, PREFETCH: tl.constexpr, ROUND_W: tl.constexpr,
+        INTERP: tl.constexpr,
     ):
         BK: tl.constexpr = 128
         pid_n = tl.program_id(0)
@@ -61,8 +65,13 @@ if HAS_TRITON:
                 s, inv = _pow2_scale(amax)
                 x = tl.clamp(x * inv[:, None], -448.0, 448.0).to(tl.float8e4nv).to(tl.float32)
                 sw = sw * s
-            part = tl.sum(w.to(tl.float32) * x[None, :, :], axis=2)  # [BN, KU]: exact products, fp32 sums
-            acc += tl.sum(part * sw[None, :], axis=1)
+            if ROUND_W:  # W8A16 with float32 scales: the reference's bf16 weight, round(w * scale)
+                wf = w.to(tl.float32) * sw[None, :, None]
+                wf = (_bf16_rne(wf) if INTERP else wf.to(tl.bfloat16)).to(tl.float32)
+                acc += tl.sum(tl.sum(wf * x[None, :, :], axis=2), axis=1)
+            else:
+                part = tl.sum(w.to(tl.float32) * x[None, :, :], axis=2)  # [BN, KU]: exact products, fp32 sums
+                acc += tl.sum(part * sw[None, :], axis=1)
         c_ptrs = C + rows
         if SPLIT_OUT:
             # the last of the splits to arrive sums the fp32 partials in split order (`fp8_linear`'s pattern)
@@ -114,7 +123,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, grou
         raise ValueError(f"fp8_gemv: {cfg} does not tile K={k}: split {split} x steps of {cfg.ku} K blocks")
     out = torch.empty(n, dtype=out_dtype, device=x.device)
     common = dict(BN=cfg.bn, KU=cfg.ku, QUANT_X=quant_x, SW_E8M0=e8, OUT_F32=out_dtype == torch.float32,
-                  PREFETCH=weight_prefetch_kblocks(), num_warps=cfg.num_warps, num_stages=1)
+                  PREFETCH=weight_prefetch_kblocks(), ROUND_W=not (quant_x or e8), INTERP=INTERPRET,
+                  num_warps=cfg.num_warps, num_stages=1)
     args = (n, n // groups, x2.stride(0), weight.stride(0), sw.stride(0), kblocks // split)
     if split == 1:
         _fp8_gemv_kernel[(tiles, 1)](x2, weight, sw, out, out, out, *args, SPLIT_OUT=False, **common)

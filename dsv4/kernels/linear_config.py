@@ -112,8 +112,13 @@ def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = Tr
     if not GEMV or m != 1 or k % BLOCK or (quant_x and n * k >= GEMV_MAX_FP8_BYTES):
         return None
     kblocks = k // BLOCK
-    ku = next(u for u in (8, 4, 2, 1) if kblocks % u == 0)
-    bn = 16 if n * k >= 1 << 24 else 32  # the 16.8 MB sh_w13 and the 33.5 MB wo_a: more, shorter programs
+    # Flash, session 17 (sweep_gemv.py): 32 KB per step (64 rows x 4 K blocks; 32 x 8 where K is 8 blocks:
+    # one step) below 16 MB of weight, 16 rows x 4 blocks from there (sh_w13, wo_a: more, shorter programs)
+    if n * k >= 1 << 24:
+        bn, ku = 16, 4
+    else:
+        bn, ku = (32, 8) if kblocks == 8 else (64, 4)
+    ku = next(u for u in (ku, 2, 1) if kblocks % u == 0)
     if (n // groups) % bn or n % groups:
         return None
     return GemvConfig(bn=bn, ku=ku, split_k=gemv_split(n // bn, kblocks, ku))
