@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_gemm_moe import GROUPED, LINEARS  # noqa: E402
 from bench.sweep_linear import copies_for, copy_bandwidth, graph_us  # noqa: E402
+from dsv4.kernels import linear_config  # noqa: E402
 from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv  # noqa: E402
 from dsv4.kernels.fp8_linear import fp8_linear, pick_gemv_config, pick_linear_config  # noqa: E402
 from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16, pick_grouped_config  # noqa: E402
@@ -120,17 +121,53 @@ def sweep(model: str, bw: float, cap: int) -> list[dict]:
     return rows
 
 
+def sweep_rows(model: str, ms: list[int], cap: int) -> list[dict]:
+    """A few rows: the GEMV at its pick for M rows against the tensor-core kernels at the same M."""
+    rows = []
+    g, ro, kg = GROUPED[model]
+    linear_config.GEMV_MAX_M = max(ms)  # the picks for more rows, whatever the default
+    for name, n, k, groups in [(name, n, k, 1) for name, n, k in LINEARS[model]] + [("wo_a w8a16", g * ro, kg, g)]:
+        if pick_gemv_config(1, n, k, groups=groups, quant_x=groups == 1) is None:
+            continue
+        c = copies_for(n * k, cap)
+        ws = [(torch.randn(n, k, device=DEV) * 0.5).to(torch.float8_e4m3fn) for _ in range(c)]
+        ss = [torch.randint(118, 125, (n // 128, k // 128), device=DEV, dtype=torch.uint8).view(
+            torch.float8_e8m0fnu) for _ in range(c)]
+        for m in ms:
+            picked = pick_gemv_config(m, n, k, groups=groups, quant_x=groups == 1)
+            x = torch.randn(m, groups, k, device=DEV).to(torch.bfloat16) if groups > 1 else \
+                torch.randn(m, k, device=DEV).to(torch.bfloat16)
+            if groups > 1:
+                mma = pick_grouped_config(m)
+                t_mma = graph_us([lambda w=w, s=s: grouped_linear_w8a16(x, w, s, config=mma) for w, s in zip(ws, ss)])
+            else:
+                mma = pick_linear_config(m, n, k)
+                t_mma = graph_us([lambda w=w, s=s: fp8_linear(x, w, s, config=mma) for w, s in zip(ws, ss)])
+            t_gemv = graph_us([lambda w=w, s=s: fp8_gemv(x, w, s, groups=groups, quant_x=groups == 1, config=picked)
+                               for w, s in zip(ws, ss)])
+            rows.append(dict(model=model, name=name, m=m, gemm_us=t_mma, gemv_us=t_gemv, gemv=str(picked)))
+            print(f"{model} {name:12s} M={m}  gemm {t_mma:6.2f}  gemv {t_gemv:6.2f} µs ({picked.bn} x {picked.ku})", flush=True)
+        del ws, ss
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="flash")
     ap.add_argument("--copies", type=int, default=24)
+    ap.add_argument("--rows", default="", help="also time these row counts (e.g. 1,2,3,4) at the one-row picks")
+    ap.add_argument("--skip-grid", action="store_true", help="only the --rows table")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
     rows = []
     for model in args.models.split(","):
-        rows += sweep(model, bw, args.copies)
+        if not args.skip_grid:
+            rows += sweep(model, bw, args.copies)
+        if args.rows:
+            rows += sweep_rows(model, [int(v) for v in args.rows.split(",")], args.copies)
     with open(os.path.join(args.out, "sweep_gemv.json"), "w") as f:
         json.dump(dict(copy_TBps=bw, rows=rows), f, indent=1)
 

@@ -1,12 +1,12 @@
-"""One-token FP8 block linear on CUDA cores (decode at batch 1): the contract of `fp8_linear_ref` (and, with
-`quant_x=False` and groups, of `grouped_linear_w8a16_ref`) for a single activation row.
+"""Few-token FP8 block linear on CUDA cores (decode at batch 1, MTP verify): the contract of `fp8_linear_ref`
+(and, with `quant_x=False` and groups, of `grouped_linear_w8a16_ref`) for 1..GEMV_MAX_ROWS activation rows.
 
 Why a second kernel: at M = 1 the tensor-core GEMM (`fp8_linear`, swap AB) keeps a 128-row weight tile per
 K block in shared memory, so two programs share an SM and each waits on its own loads (Nsight Compute,
 session 13: 12 % of warps active, 55 % of HBM bandwidth for wq_b). Here a program holds no shared memory:
 it loads a [BN, KU*128] weight tile straight into registers (KU K blocks at once, many 16-byte loads in
-flight per thread), multiplies it by the quantised activation in fp32 and reduces along K, so many small
-programs per SM keep more bytes in flight.
+flight per thread), multiplies it by each quantised activation row in fp32 and reduces along K, so many
+small programs per SM keep more bytes in flight. The weight tile is read once for all rows.
 
 Math per 128-wide K block b (checkpoint_format.md §7): the activation block is quantised with its
 power-of-two scale s_b (`fp8_linear._quant_rows`), the exact fp32 products w·q are summed, and the sum is
@@ -31,11 +31,11 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _bf16_rne, _e8m0_to_f32, _pow2_scale
 
     @pdl_kernel
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _fp8_gemv_kernel(
         X, W, SW, C, P, CNT,
-        N, ROWS_PER_GROUP, stride_xg, stride_wn, stride_swn, KB_PER_SPLIT,
-        BN: tl.constexpr, KU: tl.constexpr, QUANT_X: tl.constexpr, SW_E8M0: tl.constexpr,
+        M, N, ROWS_PER_GROUP, stride_xm, stride_xg, stride_wn, stride_swn, KB_PER_SPLIT,
+        MR: tl.constexpr, BN: tl.constexpr, KU: tl.constexpr, QUANT_X: tl.constexpr, SW_E8M0: tl.constexpr,
         SPLIT_OUT: tl.constexpr, OUT_F32: tl.constexpr, PREFETCH: tl.constexpr, ROUND_W: tl.constexpr,
         INTERP: tl.constexpr,
     ):
@@ -45,6 +45,7 @@ if HAS_TRITON:
         rows = pid_n * BN + tl.arange(0, BN)
         ku = tl.arange(0, KU)
         cols = tl.arange(0, BK)
+        mrow = tl.arange(0, MR)
         kb0 = pid_k * KB_PER_SPLIT
         group = (pid_n * BN) // ROWS_PER_GROUP
         X += group * stride_xg
@@ -53,31 +54,38 @@ if HAS_TRITON:
         if PREFETCH > 0:
             prefetch_l2(W + kb0 * BK, rows.to(tl.int64) * stride_wn, tl.minimum(KB_PER_SPLIT, PREFETCH) * BK)
         pdl_wait()
-        acc = tl.zeros((BN,), dtype=tl.float32)
+        acc = tl.zeros((MR, BN), dtype=tl.float32)
         for kb in range(kb0, kb0 + KB_PER_SPLIT, KU):
             w = tl.load(w_ptrs + kb * BK)
             sw = tl.load(SW + kb + ku)
             if SW_E8M0:
                 sw = _e8m0_to_f32(sw.to(tl.int32))
-            x = tl.load(X + kb * BK + ku[:, None] * BK + cols[None, :]).to(tl.float32)
-            if QUANT_X:
-                amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
-                s, inv = _pow2_scale(amax)
-                x = tl.clamp(x * inv[:, None], -448.0, 448.0).to(tl.float8e4nv).to(tl.float32)
-                sw = sw * s
+            wf = w.to(tl.float32)
             if ROUND_W:  # W8A16 with float32 scales: the reference's bf16 weight, round(w * scale)
-                wf = w.to(tl.float32) * sw[None, :, None]
+                wf = wf * sw[None, :, None]
                 wf = (_bf16_rne(wf) if INTERP else wf.to(tl.bfloat16)).to(tl.float32)
-                acc += tl.sum(tl.sum(wf * x[None, :, :], axis=2), axis=1)
-            else:
-                part = tl.sum(w.to(tl.float32) * x[None, :, :], axis=2)  # [BN, KU]: exact products, fp32 sums
-                acc += tl.sum(part * sw[None, :], axis=1)
-        c_ptrs = C + rows
+            for r in tl.static_range(MR):  # each activation row against the weight tile in registers
+                x = tl.load(X + r * stride_xm + kb * BK + ku[:, None] * BK + cols[None, :], mask=r < M,
+                            other=0.0).to(tl.float32)
+                swr = sw
+                if QUANT_X:
+                    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+                    s, inv = _pow2_scale(amax)
+                    x = tl.clamp(x * inv[:, None], -448.0, 448.0).to(tl.float8e4nv).to(tl.float32)
+                    swr = sw * s
+                part = tl.sum(wf * x[None, :, :], axis=2)  # [BN, KU]: exact products, fp32 sums
+                if ROUND_W:
+                    val = tl.sum(part, axis=1)
+                else:
+                    val = tl.sum(part * swr[None, :], axis=1)
+                acc += tl.where(mrow[:, None] == r, val[None, :], 0.0)
+        mask = (mrow < M)[:, None]
+        c_ptrs = C + mrow[:, None] * N + rows[None, :]
         if SPLIT_OUT:
             # the last of the splits to arrive sums the fp32 partials in split order (`fp8_linear`'s pattern)
             split = tl.num_programs(1)
-            p_ptrs = P + rows
-            tl.store(p_ptrs + pid_k * N, acc)
+            p_ptrs = P + mrow[:, None] * N + rows[None, :]
+            tl.store(p_ptrs + pid_k * M * N, acc, mask=mask)
             tl.debug_barrier()
             cnt_ptr = CNT + pid_n
             arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
@@ -85,51 +93,55 @@ if HAS_TRITON:
                 tl.debug_barrier()
                 total = tl.zeros_like(acc)
                 for s in range(0, split):
-                    total += tl.load(p_ptrs + s * N, cache_modifier=".cg")
+                    total += tl.load(p_ptrs + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
                 if OUT_F32:
-                    tl.store(c_ptrs, total)
+                    tl.store(c_ptrs, total, mask=mask)
                 else:
-                    tl.store(c_ptrs, _bf16_rne(total))  # (RNE under the interpreter too)
+                    tl.store(c_ptrs, _bf16_rne(total), mask=mask)  # (RNE under the interpreter too)
                 tl.store(cnt_ptr, 0)
         else:
             if OUT_F32:
-                tl.store(c_ptrs, acc)
+                tl.store(c_ptrs, acc, mask=mask)
             else:
-                tl.store(c_ptrs, _bf16_rne(acc))
+                tl.store(c_ptrs, _bf16_rne(acc), mask=mask)
+
+
+GEMV_MAX_ROWS = 4
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, groups: int = 1,
              quant_x: bool = True, out_dtype: torch.dtype = torch.bfloat16,
              config: GemvConfig | None = None) -> torch.Tensor:
-    """One row: x bf16 [1, K] (groups == 1) or [1, G, K] -> [1, N] / [1, G, N // G]. quant_x: FP8 x FP8 block
-    linear (`fp8_linear_ref`); False: W8A16 (`grouped_linear_w8a16_ref`)."""
+    """A few rows (<= GEMV_MAX_ROWS): x bf16 [..., K] (groups == 1) or [..., G, K] -> [..., N] / [..., G, N // G].
+    quant_x: FP8 x FP8 block linear (`fp8_linear_ref`); False: W8A16 (`grouped_linear_w8a16_ref`)."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.fp8_gemv needs triton")
     cfg = config or GemvConfig()
     k = x.shape[-1]
     n = weight.shape[0]
-    if x.numel() != groups * k:
-        raise ValueError(f"fp8_gemv: expected one row of {groups} x {k}, got {tuple(x.shape)}")
+    m = x.numel() // (groups * k) if k and groups else 0
+    if groups > 1 and x.shape[-2] != groups or m * groups * k != x.numel() or not 1 <= m <= GEMV_MAX_ROWS:
+        raise ValueError(f"fp8_gemv: expected 1..{GEMV_MAX_ROWS} rows of {groups} x {k}, got {tuple(x.shape)}")
     if BLOCK % cfg.bn or (n // groups) % cfg.bn or k % (BLOCK * cfg.ku):
         raise ValueError(f"fp8_gemv: {cfg} does not tile N={n} (groups {groups}) x K={k}")
-    x2 = x.reshape(groups, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x3 = x.reshape(m, groups, k)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
     e8 = scale.dtype != torch.float32
     sw = scale.view(torch.uint8) if e8 else scale
     tiles, kblocks = n // cfg.bn, k // BLOCK
     split = cfg.split_k or gemv_split(tiles, kblocks, cfg.ku)
     if kblocks % split or (kblocks // split) % cfg.ku:
         raise ValueError(f"fp8_gemv: {cfg} does not tile K={k}: split {split} x steps of {cfg.ku} K blocks")
-    out = torch.empty(n, dtype=out_dtype, device=x.device)
-    common = dict(BN=cfg.bn, KU=cfg.ku, QUANT_X=quant_x, SW_E8M0=e8, OUT_F32=out_dtype == torch.float32,
-                  PREFETCH=weight_prefetch_kblocks(), ROUND_W=not (quant_x or e8), INTERP=INTERPRET,
-                  num_warps=cfg.num_warps, num_stages=1)
-    args = (n, n // groups, x2.stride(0), weight.stride(0), sw.stride(0), kblocks // split)
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    common = dict(MR=triton.next_power_of_2(m), BN=cfg.bn, KU=cfg.ku, QUANT_X=quant_x, SW_E8M0=e8,
+                  OUT_F32=out_dtype == torch.float32, PREFETCH=weight_prefetch_kblocks(),
+                  ROUND_W=not (quant_x or e8), INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=1)
+    args = (m, n, n // groups, x3.stride(0), x3.stride(1), weight.stride(0), sw.stride(0), kblocks // split)
     if split == 1:
-        _fp8_gemv_kernel[(tiles, 1)](x2, weight, sw, out, out, out, *args, SPLIT_OUT=False, **common)
+        _fp8_gemv_kernel[(tiles, 1)](x3, weight, sw, out, out, out, *args, SPLIT_OUT=False, **common)
     else:
-        part = torch.empty((split, n), dtype=torch.float32, device=x.device)
+        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
         counters = arrival_counters("fp8_gemv split-K", x.device, tiles)
-        _fp8_gemv_kernel[(tiles, split)](x2, weight, sw, out, part, counters, *args, SPLIT_OUT=True, **common)
-    return out.view(*x.shape[:-1], n // groups) if groups > 1 else out.view(1, n)
+        _fp8_gemv_kernel[(tiles, split)](x3, weight, sw, out, part, counters, *args, SPLIT_OUT=True, **common)
+    return out.view(*x.shape[:-2], groups, n // groups) if groups > 1 else out.view(*x.shape[:-1], n)

@@ -90,6 +90,7 @@ class GemvConfig:
 
 
 GEMV = True  # one-token linears on the CUDA-core GEMV where it is faster (bench/flags.py turns it off for A/Bs)
+GEMV_MAX_M = 1  # rows up to which the GEMV runs (the kernel takes up to fp8_gemv.GEMV_MAX_ROWS = 4)
 # FP8 x FP8 weights of this many bytes and more stay on the tensor-core GEMM at M = 1: Flash wq_b and wo_b
 # (33.5 MB) took 11.8 / 13.4 µs there and 13.3 / 13.9 on the GEMV; below it the GEMV won by 0.3-1.8 µs
 # (sweep_gemv.py, session 17). The W8A16 wo_a (33.5 MB) has no such limit: 18.6 -> 13.1 µs.
@@ -106,15 +107,15 @@ def gemv_split(tiles: int, kblocks: int, ku: int, programs: int = 1024) -> int:
 
 
 def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = True) -> GemvConfig | None:
-    """The GEMV's launch shape for a one-row [1, k] x [n, k]^T product (n rows in `groups` equal groups), or
+    """The GEMV's launch shape for an [m, k] x [n, k]^T product of a few rows (n rows in `groups` equal groups), or
     None where the tensor-core GEMM should run (more rows, the large FP8 x FP8 linears, shapes it cannot tile).
     Split included, so that stacked linears can compare their launches (`dsv4.model.linear`)."""
-    if not GEMV or m != 1 or k % BLOCK or (quant_x and n * k >= GEMV_MAX_FP8_BYTES):
+    if not GEMV or not 1 <= m <= min(GEMV_MAX_M, 4) or k % BLOCK or (quant_x and n * k >= GEMV_MAX_FP8_BYTES):
         return None
     kblocks = k // BLOCK
     # Flash, session 17 (sweep_gemv.py): 32 KB per step (64 rows x 4 K blocks; 32 x 8 where K is 8 blocks:
     # one step) below 16 MB of weight, 16 rows x 4 blocks from there (sh_w13, wo_a: more, shorter programs)
-    if n * k >= 1 << 24:
+    if n * k >= 1 << 24 or m > 1:  # more rows: the fp32 weight tile stays live across them (64 values a thread)
         bn, ku = 16, 4
     else:
         bn, ku = (32, 8) if kblocks == 8 else (64, 4)

@@ -30,15 +30,12 @@ def _weight(n: int, k: int, gen: torch.Generator, scale_dtype: str):
 CONFIGS = [(32, 4, 0, 4), (16, 2, 1, 4), (64, 4, 2, 8), (16, 8, 0, 4)]  # bn, ku, split (0 = auto), warps
 
 
-@pytest.mark.parametrize("n,k", [(1536, 4096), (32768, 1024), (4096, 8192), (4096, 2048), (512, 7168)])
-@pytest.mark.parametrize("cfg", CONFIGS)
-@pytest.mark.parametrize("scale_dtype", ["e8m0", "float32"])
-def test_gemv_is_the_fp8_linear(n, k, cfg, scale_dtype, poison, close_bf16):
+def _linear_case(m, n, k, cfg, scale_dtype, poison, close_bf16):
     from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv
     from dsv4.kernels.fp8_linear import fp8_linear_ref
 
-    gen = torch.Generator(DEV).manual_seed(n + 3 * k + cfg[0])
-    x = _x((1, k), gen)
+    gen = torch.Generator(DEV).manual_seed(n + 3 * k + cfg[0] + 17 * m)
+    x = _x((m, k), gen)
     w, s = _weight(n, k, gen, scale_dtype)
     config = GemvConfig(*cfg)
     if k % (128 * config.ku):
@@ -52,15 +49,34 @@ def test_gemv_is_the_fp8_linear(n, k, cfg, scale_dtype, poison, close_bf16):
     close_bf16(y32.to(torch.bfloat16), ref, what="fp32 out")
 
 
+@pytest.mark.parametrize("n,k", [(1536, 4096), (32768, 1024), (4096, 8192), (4096, 2048), (512, 7168)])
 @pytest.mark.parametrize("cfg", CONFIGS)
-def test_gemv_is_the_grouped_w8a16(cfg, poison, close_bf16):
+@pytest.mark.parametrize("scale_dtype", ["e8m0", "float32"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_is_the_fp8_linear(m, n, k, cfg, scale_dtype, poison, close_bf16):
+    _linear_case(m, n, k, cfg, scale_dtype, poison, close_bf16)
+
+
+@pytest.mark.parametrize("n,k", [(1536, 4096), (4096, 8192)])
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("m", [2, 4])
+def test_gemv_rows(m, n, k, cfg, poison, close_bf16):
+    """Every row against the same weight tile (2 and 4 rows: no masked rows)."""
+    _linear_case(m, n, k, cfg, "e8m0", poison, close_bf16)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("m,scale_dtype", [(1, "e8m0"), (2, "float32"), (3, "e8m0")])
+def test_gemv_is_the_grouped_w8a16(cfg, m, scale_dtype, poison, close_bf16):
     from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv
     from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16_ref
 
     g, r, k = 8, 1024, 4096
-    gen = torch.Generator(DEV).manual_seed(11 + cfg[0] + cfg[1])
-    x = _x((1, g, k), gen)
-    w, s = _weight(g * r, k, gen, "e8m0")
+    gen = torch.Generator(DEV).manual_seed(11 + cfg[0] + cfg[1] + m)
+    x = _x((m, g, k), gen)
+    w, s = _weight(g * r, k, gen, scale_dtype)
+    if scale_dtype == "float32":  # not powers of two: each weight rounds to bf16 as w * S (the reference's)
+        s = s * (1 + torch.rand(s.shape, generator=gen, device=DEV))
     poison()
     y = fp8_gemv(x, w, s, groups=g, quant_x=False, config=GemvConfig(*cfg))
     close_bf16(y, grouped_linear_w8a16_ref(x, w, s), what=f"grouped gemv {cfg}")
@@ -73,5 +89,5 @@ def test_gemv_refuses_shapes_it_cannot_tile():
     w, s = _weight(256, 384, gen, "float32")
     with pytest.raises(ValueError, match="does not tile"):  # 3 K blocks, steps of 2
         fp8_gemv(_x((1, 384), gen), w, s, config=GemvConfig(32, 2))
-    with pytest.raises(ValueError, match="one row"):
-        fp8_gemv(_x((2, 384), gen), w, s, config=GemvConfig(32, 1))
+    with pytest.raises(ValueError, match="rows"):
+        fp8_gemv(_x((5, 384), gen), w, s, config=GemvConfig(32, 1))
