@@ -90,7 +90,10 @@ class GemvConfig:
 
 
 GEMV = True  # one-token linears on the CUDA-core GEMV where it is faster (bench/flags.py turns it off for A/Bs)
-GEMV_MAX_M = 1  # rows up to which the GEMV runs (the kernel takes up to fp8_gemv.GEMV_MAX_ROWS = 4)
+# Rows up to which the GEMV runs (the kernel takes up to 4). Its CUDA-core work grows with the rows while the
+# tensor-core GEMM's does not: at M = 2 only wq_a / wkv were faster (5.48 / 4.28 vs 5.73 / 5.47 µs), sh_w13
+# 12.65 vs 9.61, wo_a 20.9 vs 18.7 (session 17, sweep_gemv.py --rows). So one row only.
+GEMV_MAX_M = 1
 # FP8 x FP8 weights of this many bytes and more stay on the tensor-core GEMM at M = 1: Flash wq_b and wo_b
 # (33.5 MB) took 11.8 / 13.4 µs there and 13.3 / 13.9 on the GEMV; below it the GEMV won by 0.3-1.8 µs
 # (sweep_gemv.py, session 17). The W8A16 wo_a (33.5 MB) has no such limit: 18.6 -> 13.1 µs.
