@@ -6,3 +6,10 @@ run() {
   timeout $1 python3 -m pytest -q -rf --tb=line -p no:cacheprovider "${@:2}" > $OUT/pytest_$1.txt 2>&1
   grep -E "passed|failed|FAILED|Error|error:" $OUT/pytest_$1.txt | grep -vE "^[.sF]+ *\[" | tail -14
 }
+# `rows8 LIMIT BATCHES module.FLAG=value...`: 8 Flash layers on one GPU, decode rows at ctx 4096 (paged FP8, graphs)
+# with the module flags set (bench/flags.py), the ceilings and B= lines only.
+rows8() {
+  RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29522 timeout $1 \
+    python3 bench/flags.py "${@:3}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches $2 --ctx 4096 \
+    --kv-dtype fp8 --prefill 0 --cuda-graphs 2>&1 | grep -E "ceilings|B=|rror" | head -6
+}

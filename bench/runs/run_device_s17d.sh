@@ -4,10 +4,7 @@
 source bench/runs/lib.sh
 run 120 tests/gpu/test_fp8_gemv.py tests/gpu/test_grouped_w8a16.py -k "gemv or default_config_small or flash_shape"
 timeout 60 python3 bench/sweep_gemv.py --models flash --skip-grid --rows 1,2,3,4 2>&1 | grep -E "^flash|copy|rror"
-export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29522
 for rows in 4 1; do
   echo "GEMV_MAX_M=$rows"
-  timeout 85 python3 bench/flags.py dsv4.kernels.linear_config.GEMV_MAX_M=$rows -- bench/bench_parallel.py --world 1 \
-    --layers 8 --reps 4 --batches 1,2,4 --ctx 4096 --kv-dtype fp8 --prefill 0 --cuda-graphs 2>&1 \
-    | grep -E "ceilings|B=|rror" | head -6
+  rows8 85 1,2,4 dsv4.kernels.linear_config.GEMV_MAX_M=$rows
 done
