@@ -1,5 +1,7 @@
-"""Few-token FP8 block linear on CUDA cores (decode at batch 1, MTP verify): the contract of `fp8_linear_ref`
-(and, with `quant_x=False` and groups, of `grouped_linear_w8a16_ref`) for 1..GEMV_MAX_ROWS activation rows.
+"""Few-token FP8 block linear on CUDA cores: the contract of `fp8_linear_ref` (and, with `quant_x=False` and
+groups, of `grouped_linear_w8a16_ref`) for 1..GEMV_MAX_ROWS activation rows. The model runs it for one row
+(decode at batch 1) where `linear_config.pick_gemv_config` picks it; from two rows the tensor-core GEMM was
+faster but for the two smallest Flash linears (`linear_config.GEMV_MAX_M`, docs/benchmarks.md session 17).
 
 Why a second kernel: at M = 1 the tensor-core GEMM (`fp8_linear`, swap AB) keeps a 128-row weight tile per
 K block in shared memory, so two programs share an SM and each waits on its own loads (Nsight Compute,
