@@ -46,7 +46,7 @@ def _read_kernel(W, OUT, stride_wn, KB_PER_SPLIT, BN: tl.constexpr, KU: tl.const
     tl.store(OUT + pid_n * tl.num_programs(1) + pid_k, tl.sum(acc))
 
 
-def read_floor(ws, bw_bytes: int) -> tuple[float, str]:
+def read_floor(ws) -> tuple[float, str]:
     """Fastest plain read of each weight (µs per launch) over a few grid shapes."""
     n, k = ws[0].shape
     best = (float("inf"), "")
@@ -107,7 +107,7 @@ def sweep(model: str, bw: float, cap: int) -> list[dict]:
                           for w, s in zip(ws, ss)])
             results.append((t, cfg, err))
         t_best, best, err = min((r for r in results if r[0] == r[0]), key=lambda r: r[0])
-        t_read, read_cfg = read_floor(ws, n * k)
+        t_read, read_cfg = read_floor(ws)
         floor = n * k / (bw * 1e6)
         t_pick = next((t for t, cf, _ in results if picked is not None and cf == picked), float("nan"))
         rows.append(dict(model=model, name=name, n=n, k=k, gemm_us=t_now, gemv_us=t_best, gemv=str(best),
