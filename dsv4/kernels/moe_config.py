@@ -24,8 +24,8 @@ class MoEConfig:
     gemv_mma: bool = False  # ... the group sums as f16 tensor-core MMAs instead (moe_gemv method "mma", gemv 64/128)
     gemv_stages: int = 3  # ... "mma": pipeline depth of its weight / activation loads (loop steps)
     gemv_dot_blocks: int = 1  # ... "mma": K blocks per tl.dot (<= gemv_unroll)
-    gemv_split: int = 1  # ... "mma": programs per GLU row tile along K (split-K reduced in the launch)
-    gemv_split_down: int = 1  # ... "mma": the same for the down (W2) kernel
+    gemv_split: int = 1  # ... programs per GLU row tile along K (split-K reduced in the launch)
+    gemv_split_down: int = 1  # ... the same for the down (W2) kernel
     wide: bool = False  # MXFP4: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide; bm, bn2, warps1, stages)
     maxnreg: int = 0  # ... its register cap per thread (0: the compiler's choice; 128 with 8 warps: 2 CTAs per SM)
 
@@ -46,6 +46,11 @@ WIDE_MIN_PAIRS_PER_EXPERT = 64
 # ... and with 64-row tiles from this many (Gluon kernel, session 10, bench/runs/run_device_s10d.sh): M = 2048
 # (48 per expert) 3.79 vs 4.67 ms for the per-group kernel; M = 1024 (24 per expert) 3.66 vs 3.25
 WIDE64_MIN_PAIRS_PER_EXPERT = 40
+# Up to this many pairs, the CUDA-core per-pair method with split-K (moe_gemv_cuda) instead of the tensor-core
+# one, launch shape GEMV_CUDA_SHAPE = (rows per program, K blocks per step, GLU split, down split). 0: off
+# (bench/sweep_moe_gemv.py measures it against the default).
+GEMV_CUDA_MAX_PAIRS = 0
+GEMV_CUDA_SHAPE = (32, 2, 4, 2)
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
@@ -59,6 +64,10 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
     # pairs per *touched* expert if the ids were uniform: E (1 - exp(-pairs/E)) experts are touched
     per_touched = num_pairs / max(1.0, num_experts * -math.expm1(-num_pairs / max(1, num_experts)))
+    if num_pairs <= GEMV_CUDA_MAX_PAIRS and act == "fp8":
+        bn, unroll, split, split_down = GEMV_CUDA_SHAPE
+        return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=bn, gemv_unroll=unroll,
+                         gemv_split=split, gemv_split_down=split_down)
     if per_touched <= GEMV_MAX_PAIRS_PER_EXPERT and act == "fp8":  # MXFP4 only; FP8 experts take the MMA fields
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
                          num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=2, gemv_stages=3,

@@ -362,7 +362,8 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     fp32 for an expert-parallel partial): the combine into out [+ shared: a tensor or a join, called before
     the down launch] is done too and out returned (in the down kernel with method "mma" and FUSE_COMBINE).
 
-    method "cuda": CUDA-core sums, `unroll` K blocks loaded per loop step (num_stages unused).
+    method "cuda": CUDA-core sums, `unroll` K blocks loaded per loop step (num_stages unused), `split` /
+    `split_down` as below (each split a whole number of loop steps).
     method "mma": tensor-core group sums (module docstring), bn in MMA_BN, `unroll` (1, 2 or 4) K blocks
     per loop step (one scale update: 4 columns each), `dot_blocks` (1, 2 or 4, at most unroll) K blocks
     per tl.dot (fewer wgmma waits, more registers), `num_stages` pipeline depth of the weight and
@@ -374,8 +375,8 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     if method not in GEMV_METHODS:
         raise ValueError(f"moe_gemv: method must be one of {GEMV_METHODS}, got {method!r}")
     for name, s in (("split", split), ("split_down", split_down)):
-        if not isinstance(s, int) or s < 1 or (s > 1 and method != "mma"):
-            raise ValueError(f"moe_gemv: {name} must be a positive int, > 1 only with method='mma', got {s!r}")
+        if not isinstance(s, int) or s < 1:
+            raise ValueError(f"moe_gemv: {name} must be a positive int, got {s!r}")
     m, d = x.shape
     top_k = topk_ids.shape[1]
     e, i = experts.num_experts, experts.inter
@@ -405,7 +406,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
     else:
         from dsv4.kernels.moe_gemv_cuda import gemv_cuda
-        y = gemv_cuda(x, ids, tw, experts, swiglu_limit, top_k, bn, num_warps, unroll)
+        y = gemv_cuda(x, ids, tw, experts, swiglu_limit, top_k, bn, num_warps, unroll, split, split_down)
     if out is None:
         return y
     from dsv4.kernels.moe import _combine

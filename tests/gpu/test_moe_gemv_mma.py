@@ -390,6 +390,27 @@ def test_mma_moe_split_end_to_end(poison, close_bf16):
     close_bf16(y, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what="split-K fused_moe")
     assert _counters_zero(y.device)
     for bad in (dict(method="mma", bn=64, split=0), dict(method="mma", bn=64, split_down=-1),
-                dict(method="cuda", split=2)):
+                dict(method="cuda", split=0), dict(method="cuda", bn=32, split=3)):  # 3 splits of 4 K blocks
         with pytest.raises(ValueError, match="split"):
             moe_gemv(x, ids, w, packed, LIMIT, **bad)
+
+
+@pytest.mark.parametrize("split,split_down,unroll", [(2, 1, 2), (4, 2, 2), (8, 4, 4), (1, 2, 1)])
+def test_cuda_moe_split_matches_reference(split, split_down, unroll, poison, close_bf16):
+    """Method "cuda" with split-K (the last split to arrive finishes the SwiGLU / the row) against
+    fused_moe_ref, another rank's pairs included; twice, so the reset arrival counters are exercised."""
+    from dsv4.kernels.moe import MoEConfig, finalize_experts, fused_moe, fused_moe_ref
+
+    e, d, i, k, m = 16, 1024, 512, 6, 2
+    gen = torch.Generator(DEV).manual_seed(77 + split * 5 + split_down)
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _routing(m, e, k, gen, other_ranks=True)
+    cfg = MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=32, gemv_unroll=unroll,
+                    gemv_split=split, gemv_split_down=split_down)
+    ref = fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32)
+    for _ in range(2):
+        poison()
+        y = fused_moe(x, ids, w, packed, out_dtype=torch.float32, config=cfg)
+        close_bf16(y, ref, rel=1e-2, what=f"cuda split {split}/{split_down}")

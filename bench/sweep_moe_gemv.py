@@ -1,0 +1,74 @@
+"""Decode-sized routed MoE (issue #5/#6, batch 1-8): the CUDA-core per-pair method with split-K
+(`moe_gemv(method="cuda", split=, split_down=)`) against the tensor-core default (`pick_moe_config`), Flash
+experts (256 x 4096 x 2048 MXFP4, random bytes), and a plain read of the bytes the pairs touch.
+
+Timing as `sweep_linear.py`: `--calls` MoE calls with different random experts (together more than L2) in one
+CUDA graph, µs per call. Prints the default, each CUDA-core shape and the best; the best shape as
+`best: bn,unroll,split,split_down` on the last line.
+
+    python bench/sweep_moe_gemv.py [--tokens 1] [--calls 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_gemm_moe import MOE, random_experts  # noqa: E402
+from bench.sweep_linear import copy_bandwidth, graph_us  # noqa: E402
+from dsv4.kernels.moe_config import pick_moe_config  # noqa: E402
+from dsv4.kernels.moe_gemv import moe_gemv  # noqa: E402
+
+DEV = "cuda"
+LIMIT = 10.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=1)
+    ap.add_argument("--calls", type=int, default=16)
+    args = ap.parse_args()
+    e, d, i, k = MOE["flash"]
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
+    experts = random_experts(e, d, i, "mxfp4")
+    m = args.tokens
+    gen = torch.Generator(DEV).manual_seed(0)
+    x = (torch.randn(m, d, device=DEV) * 2).to(torch.bfloat16)
+    w = torch.rand(m, k, device=DEV).softmax(-1)
+    idss = [torch.randperm(e, generator=gen, device=DEV)[:m * k].view(m, k).to(torch.int32) for _ in range(args.calls)]
+    touched = (2 * i * d // 2 + d * i // 2) * m * k  # bytes of weight codes per call (scales: 1/32 more)
+    cfg = pick_moe_config(m * k, e)
+    default = dict(bn=cfg.gemv, num_warps=cfg.warps1, unroll=cfg.gemv_unroll, num_stages=cfg.gemv_stages,
+                   method="mma" if cfg.gemv_mma else "cuda", split=cfg.gemv_split, split_down=cfg.gemv_split_down)
+    t_def = graph_us([lambda ids=ids: moe_gemv(x, ids, w, experts, LIMIT, **default) for ids in idss])
+    print(f"tokens {m}: default {default}: {t_def:7.2f} µs  (touched {touched / 1e6:.1f} MB: "
+          f"{touched / t_def / 1e3:.0f} GB/s)", flush=True)
+    ref = moe_gemv(x, idss[0], w, experts, LIMIT, **default).float()
+    results = []
+    shapes = list(itertools.product((32, 64), (2,), (2, 4, 8), (1, 2, 4))) + [(32, 4, 4, 2), (32, 4, 8, 2)]
+    for bn, unroll, split, split_down in shapes:  # (64 rows, 4 K blocks per step: spills, ptxas)
+        launch = dict(bn=bn, num_warps=4, unroll=unroll, method="cuda", split=split, split_down=split_down)
+        try:
+            y = moe_gemv(x, idss[0], w, experts, LIMIT, **launch).float()
+        except ValueError as err:
+            print(f"  {launch}: {err}")
+            continue
+        err = float((y - ref).norm() / ref.norm())
+        t = graph_us([lambda ids=ids: moe_gemv(x, ids, w, experts, LIMIT, **launch) for ids in idss])
+        results.append((t, (bn, unroll, split, split_down), err))
+        print(f"  cuda bn={bn} unroll={unroll} split={split}/{split_down}: {t:7.2f} µs  rel.diff {err:.1e}",
+              flush=True)
+    t, best, err = min(r for r in results if r[0] == r[0])
+    print(f"best cuda {best}: {t:.2f} µs vs default {t_def:.2f} ({t_def / t:.2f}x), rel.diff {err:.1e}")
+    print("best: " + ",".join(str(v) for v in best))
+
+
+if __name__ == "__main__":
+    main()
