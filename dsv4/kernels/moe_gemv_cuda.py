@@ -2,8 +2,10 @@
 (dsv4.kernels.moe_gemv has the contract and the tensor-core method "mma", the default path). One program per
 (token, slot) pair and tile of BN output rows; each 32-wide weight group's products are summed by a reduction
 tree on CUDA cores, scaled by the group scale and the activation block scale (the W4A8 math of
-`moe._fp4_mma`), z rounded to bf16 and re-quantised to e4m3 for W2. Kept as the measured alternative
-(`bench/bench_gemm_moe.py`'s gemv* shapes; the "mma" method beat it from session 7)."""
+`moe._fp4_mma`), z rounded to bf16 and re-quantised to e4m3 for W2; split-K along a third program axis (the
+last split to arrive finishes the SwiGLU / the row). Kept as the measured alternative (`bench/sweep_moe_gemv.py`;
+the "mma" method beat it from session 7, and with split-K still 42.2 vs 47.3 µs at B = 1, session 17); the
+picker takes it up to `moe_config.GEMV_CUDA_MAX_PAIRS` pairs (0: never)."""
 from __future__ import annotations
 
 import torch
