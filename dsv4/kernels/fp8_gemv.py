@@ -24,6 +24,7 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
+from dsv4.kernels.fp8_linear import _scale_operand
 from dsv4.kernels.linear_config import GemvConfig, gemv_split  # noqa: F401 (re-exported)
 
 BLOCK = 128
@@ -129,8 +130,9 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, grou
     x3 = x.reshape(m, groups, k)
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
-    e8 = scale.dtype != torch.float32
-    sw = scale.view(torch.uint8) if e8 else scale
+    sw, e8 = _scale_operand(scale)
+    if sw.stride(-1) != 1:  # the kernel steps along K blocks with unit stride
+        sw = sw.contiguous()
     tiles, kblocks = n // cfg.bn, k // BLOCK
     split = cfg.split_k or gemv_split(tiles, kblocks, cfg.ku)
     if kblocks % split or (kblocks // split) % cfg.ku:

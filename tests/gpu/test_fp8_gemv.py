@@ -91,3 +91,20 @@ def test_gemv_refuses_shapes_it_cannot_tile():
         fp8_gemv(_x((1, 384), gen), w, s, config=GemvConfig(32, 2))
     with pytest.raises(ValueError, match="rows"):
         fp8_gemv(_x((5, 384), gen), w, s, config=GemvConfig(32, 1))
+    with pytest.raises(ValueError, match="scale"):
+        fp8_gemv(_x((1, 384), gen), w, s.to(torch.bfloat16), config=GemvConfig(32, 1))
+
+
+def test_gemv_scale_layout_does_not_matter(poison):
+    """A column-major scale (a transposed view) gives the same bits as the row-major one."""
+    from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv
+
+    gen = torch.Generator(DEV).manual_seed(9)
+    w, s = _weight(512, 1024, gen, "float32")
+    x = _x((1, 1024), gen)
+    s_cols = s.t().contiguous().t()
+    assert s_cols.stride(-1) != 1
+    poison()
+    a = fp8_gemv(x, w, s, config=GemvConfig(32, 4, 2))
+    b = fp8_gemv(x, w, s_cols, config=GemvConfig(32, 4, 2))
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
