@@ -47,10 +47,10 @@ WIDE_MIN_PAIRS_PER_EXPERT = 64
 # (48 per expert) 3.79 vs 4.67 ms for the per-group kernel; M = 1024 (24 per expert) 3.66 vs 3.25
 WIDE64_MIN_PAIRS_PER_EXPERT = 40
 # Up to this many pairs, the CUDA-core per-pair method with split-K (moe_gemv_cuda) instead of the tensor-core
-# one, launch shape GEMV_CUDA_SHAPE = (rows per program, K blocks per step, GLU split, down split). 0: off
-# (bench/sweep_moe_gemv.py measures it against the default).
+# one, launch shape GEMV_CUDA_SHAPE = (rows per program, K blocks per step, GLU split, down split). Off: its best
+# shape took 47.3 µs per Flash MoE call at B = 1 against 42.2 for the default (bench/sweep_moe_gemv.py, s17g).
 GEMV_CUDA_MAX_PAIRS = 0
-GEMV_CUDA_SHAPE = (32, 2, 4, 2)
+GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
