@@ -10,6 +10,8 @@ import json
 import sys
 import time
 
+from .cli_generate import add_decode_options
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny model)")
@@ -21,10 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative", choices=["mtp"], default=None)
     p.add_argument("--num-draft-tokens", type=int, default=1)
-    p.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; also across --tp/--ep ranks)")
-    p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
-                   help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
-                        "(lossless under reference numerics; the GPU decode kernel reads it)")
+    add_decode_options(p)
 
 
 def check_arguments(args: argparse.Namespace) -> None:

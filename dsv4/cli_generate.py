@@ -20,10 +20,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     p.add_argument("--num-draft-tokens", type=int, default=1, metavar="K",
                    help="draft tokens per step with --speculative (1-4; default 1)")
-    p.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; also across --tp/--ep ranks)")
-    p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
-                   help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
-                        "(lossless under reference numerics; the GPU decode kernel reads it)")
+    add_decode_options(p)
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +33,15 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--thinking", action="store_true", help="thinking mode (reasoning shown on stderr)")
     p.add_argument("--system", default=None, help="system prompt")
+
+
+def add_decode_options(p) -> None:
+    """--cuda-graphs and --kv-dtype (generate, chat, bench, serve: a parser or an argument group)."""
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; also across --tp/--ep ranks)")
+    p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
+                   help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
+                        "(lossless under reference numerics; the GPU decode kernel reads it)")
 
 
 def check_draft_tokens(args) -> None:

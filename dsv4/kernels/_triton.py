@@ -99,5 +99,25 @@ if HAS_TRITON:
             size = (offs * 0 + nbytes).to(tl.int32)
             tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
                                       [base + offs, size], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def split_k_sum(P, CNT, tile, pid_k, split, vals, offs, stride_ps):
+        """Split K inside one launch: store this split's fp32 partial at P + offs + pid_k * stride_ps and count
+        the arrival on CNT[tile]; returns (whether this program arrived last, and then the `split` partials
+        summed in split order from 0.0 -- the same bits whoever arrives last). Ordering: the CTA barrier puts
+        every thread's partial stores before the one gpu-scope acq_rel atomic; in the last arriver a second
+        barrier puts its partial loads after it, read past the non-coherent L1 (.cg). The last arriver resets
+        the counter for the next launch / graph replay (see `arrival_counters`)."""
+        tl.store(P + pid_k * stride_ps + offs, vals)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(CNT + tile, 1, sem="acq_rel", scope="gpu")
+        last = arrived == split - 1
+        total = tl.zeros_like(vals)
+        if last:
+            tl.debug_barrier()
+            for s in range(0, split):
+                total += tl.load(P + s * stride_ps + offs, cache_modifier=".cg")
+            tl.store(CNT + tile, 0)
+        return last, total
 else:  # pragma: no cover - CPU-only machines
-    pdl_wait = prefetch_l2 = None
+    pdl_wait = prefetch_l2 = split_k_sum = None

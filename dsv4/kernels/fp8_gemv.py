@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
-from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, split_k_sum, weight_prefetch_kblocks
 from dsv4.kernels.fp8_linear import _scale_operand
-from dsv4.kernels.linear_config import GemvConfig, gemv_split  # noqa: F401 (re-exported)
+from dsv4.kernels.linear_config import GEMV_MAX_ROWS, GemvConfig, gemv_split  # noqa: F401 (re-exported)
 
 BLOCK = 128
 
@@ -84,32 +84,15 @@ if HAS_TRITON:
                 acc += tl.where(mrow[:, None] == r, val[None, :], 0.0)
         mask = (mrow < M)[:, None]
         c_ptrs = C + mrow[:, None] * N + rows[None, :]
-        if SPLIT_OUT:
-            # the last of the splits to arrive sums the fp32 partials in split order (`fp8_linear`'s pattern)
-            split = tl.num_programs(1)
-            p_ptrs = P + mrow[:, None] * N + rows[None, :]
-            tl.store(p_ptrs + pid_k * M * N, acc, mask=mask)
-            tl.debug_barrier()
-            cnt_ptr = CNT + pid_n
-            arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-            if arrived == split - 1:
-                tl.debug_barrier()
-                total = tl.zeros_like(acc)
-                for s in range(0, split):
-                    total += tl.load(p_ptrs + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-                if OUT_F32:
-                    tl.store(c_ptrs, total, mask=mask)
-                else:
-                    tl.store(c_ptrs, _bf16_rne(total), mask=mask)  # (RNE under the interpreter too)
-                tl.store(cnt_ptr, 0)
-        else:
+        finish = True
+        if SPLIT_OUT:  # partials [split, MR, N]: rows past M too (zeros), so the helper needs no mask
+            finish, acc = split_k_sum(P, CNT, pid_n, pid_k, tl.num_programs(1), acc,
+                                      mrow[:, None] * N + rows[None, :], MR * N)
+        if finish:
             if OUT_F32:
                 tl.store(c_ptrs, acc, mask=mask)
             else:
-                tl.store(c_ptrs, _bf16_rne(acc), mask=mask)
-
-
-GEMV_MAX_ROWS = 4
+                tl.store(c_ptrs, _bf16_rne(acc), mask=mask)  # (RNE under the interpreter too)
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, groups: int = 1,
@@ -145,7 +128,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, grou
     if split == 1:
         _fp8_gemv_kernel[(tiles, 1)](x3, weight, sw, out, out, out, *args, SPLIT_OUT=False, **common)
     else:
-        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+        part = torch.empty((split, common["MR"], n), dtype=torch.float32, device=x.device)
         counters = arrival_counters("fp8_gemv split-K", x.device, tiles)
         _fp8_gemv_kernel[(tiles, split)](x3, weight, sw, out, part, counters, *args, SPLIT_OUT=True, **common)
     return out.view(*x.shape[:-2], groups, n // groups) if groups > 1 else out.view(*x.shape[:-1], n)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, arrival_counters, pdl_kernel, pdl_wait
+from dsv4.kernels._triton import HAS_TRITON, arrival_counters, pdl_kernel, pdl_wait, split_k_sum
 from dsv4.kernels.fp8_linear import act_quant
 from dsv4.kernels.moe_gemv import _unroll, _use_asm
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
@@ -50,25 +50,6 @@ if HAS_TRITON:
             acc += _group_sum(a3, _fp4_hi(b23, USE_ASM)) * _group_scale(sc, 3) * sa
         return acc
 
-    @triton.jit
-    def _split_done(P, CNT, tile, pid_k, vals, offs, stride_ps):
-        """Split K: store this split's fp32 partial at P + offs (+ pid_k * stride_ps) and count the arrival on
-        CNT[tile]; returns (whether this program arrived last, the partials summed in split order from 0.0).
-        The ordering argument is `fp8_linear._fp8_gemm_kernel`'s (CTA barrier, one gpu-scope acq_rel atomic,
-        .cg loads past the non-coherent L1)."""
-        split = tl.num_programs(2)
-        tl.store(P + pid_k * stride_ps + offs, vals)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(CNT + tile, 1, sem="acq_rel", scope="gpu")
-        last = arrived == split - 1
-        total = tl.zeros_like(vals)
-        if last:
-            tl.debug_barrier()
-            for s in range(0, split):
-                total += tl.load(P + s * stride_ps + offs, cache_modifier=".cg")
-            tl.store(CNT + tile, 0)  # every split has arrived: reset for the next launch / graph replay
-        return last, total
-
     @pdl_kernel
     @triton.jit(do_not_specialize=["top_k", "num_experts"])
     def _gemv_glu_kernel(Q, SQ, IDS, TOPK_W, W, WS, Z, P, CNT, I, K, top_k, num_experts, limit,
@@ -99,7 +80,7 @@ if HAS_TRITON:
                 tile = p * tl.num_programs(1) + tl.program_id(1)
                 both = tl.join(gate, up)  # [BN, 2]
                 offs = p * 2 * I + tl.join(offs_n, offs_n + I)
-                finish, both = _split_done(P, CNT, tile, pid_k, both, offs, stride_ps)
+                finish, both = split_k_sum(P, CNT, tile, pid_k, tl.num_programs(2), both, offs, stride_ps)
                 gate, up = tl.split(both)
             if finish:
                 g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
@@ -143,7 +124,8 @@ if HAS_TRITON:
             finish = True
             if SPLIT_OUT:  # partials [split, pairs, D]
                 tile = p * tl.num_programs(1) + tl.program_id(1)
-                finish, acc = _split_done(P, CNT, tile, pid_k, acc, p * stride_y + offs_n, stride_ps)
+                finish, acc = split_k_sum(P, CNT, tile, pid_k, tl.num_programs(2), acc, p * stride_y + offs_n,
+                                          stride_ps)
             if finish:
                 tl.store(Y + p * stride_y + offs_n, acc.to(tl.bfloat16))
 

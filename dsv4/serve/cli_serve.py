@@ -8,6 +8,8 @@ import argparse
 import os
 from pathlib import Path
 
+from ..cli_generate import add_decode_options, check_draft_tokens
+
 
 API_KEY_ENV = "DSV4_API_KEY"
 
@@ -31,10 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
-    g.add_argument("--cuda-graphs", action="store_true", help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; also across --tp/--ep ranks)")
-    g.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
-                   help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
-                        "(lossless under reference numerics; the GPU decode kernel reads it)")
+    add_decode_options(g)
     g = p.add_argument_group("serving limits")
     g.add_argument("--max-queued", type=int, default=256,
                    help="sequences waiting beyond --max-num-seqs; more are refused with 429")
@@ -75,7 +74,6 @@ def serve_options(args: argparse.Namespace, model_name: str):
 
 def build_core(args: argparse.Namespace):
     """The real engine core (imported lazily: building the parser must not import torch)."""
-    from ..cli_generate import check_draft_tokens
     from ..engine.llm_engine import EngineConfig, LLMEngine
 
     if args.model is not None and not Path(args.model).is_dir():
