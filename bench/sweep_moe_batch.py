@@ -1,0 +1,76 @@
+"""Decode-sized routed MoE at batch 8-64 (issue #5: >= 75 % of copy bandwidth on the expert bytes touched):
+the default (`pick_moe_config`: per-pair tensor-core kernel up to ~1.45 pairs per touched expert, the
+per-group kernel beyond) against the per-pair kernel (`moe_gemv` method "mma") at every batch, Flash experts
+(256 x 4096 x 2048 MXFP4, random bytes), random top-6 routing per token.
+
+Timing as `sweep_linear.py`: `--calls` MoE calls with different routings in one CUDA graph, µs per call, beside
+the touched bytes at the copy bandwidth of the same run.
+
+    python bench/sweep_moe_batch.py [--tokens 8,16,32,48,64] [--calls 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_gemm_moe import MOE, random_experts  # noqa: E402
+from bench.sweep_linear import copy_bandwidth, graph_us  # noqa: E402
+from dsv4.kernels.moe import fused_moe  # noqa: E402
+from dsv4.kernels.moe_config import MoEConfig, pick_moe_config  # noqa: E402
+
+DEV = "cuda"
+LIMIT = 10.0
+
+
+def routing(m: int, e: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Top-k distinct experts per token, tokens independent (what a router does with unrelated tokens)."""
+    return torch.rand(m, e, generator=gen, device=DEV).topk(k, dim=-1).indices.to(torch.int32)
+
+
+def per_pair(bn: int, split: int, stages: int = 3) -> MoEConfig:
+    return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=bn, gemv_mma=True,
+                     gemv_unroll=2, gemv_stages=stages, gemv_split=split)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="8,16,32,48,64")
+    ap.add_argument("--calls", type=int, default=8)
+    args = ap.parse_args()
+    e, d, i, k = MOE["flash"]
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
+    experts = random_experts(e, d, i, "mxfp4")
+    per_expert = (2 * i * d + d * i) // 2 * (1 + 1 / 32)  # weight codes + E8M0 scales
+    variants = {"per-pair bn64 split1": per_pair(64, 1), "per-pair bn64 split2": per_pair(64, 2),
+                "per-pair bn128 split1": per_pair(128, 1), "per-pair bn64 split1 4st": per_pair(64, 1, 4)}
+    for m in (int(t) for t in args.tokens.split(",")):
+        gen = torch.Generator(DEV).manual_seed(m)
+        x = (torch.randn(m, d, device=DEV, generator=gen) * 2).to(torch.bfloat16)
+        w = torch.rand(m, k, device=DEV, generator=gen).softmax(-1)
+        idss = [routing(m, e, k, gen) for _ in range(args.calls)]
+        touched = sum(int(ids.unique().numel()) for ids in idss) / len(idss)
+        floor = touched * per_expert / bw / 1e6
+        cfg = pick_moe_config(m * k, e)
+        ref = fused_moe(x, idss[0], w, experts, LIMIT).float()
+        t_def = graph_us([lambda ids=ids: fused_moe(x, ids, w, experts, LIMIT) for ids in idss])
+        kind = "per-pair" if cfg.gemv else ("wide" if cfg.wide else f"per-group bm{cfg.bm}")
+        print(f"B={m}: {m * k} pairs, {touched:.0f} experts touched ({touched * per_expert / 1e6:.0f} MB, floor "
+              f"{floor:.1f} µs); default ({kind}) {t_def:8.1f} µs = {100 * floor / t_def:3.0f} % of copy BW",
+              flush=True)
+        for name, c in variants.items():
+            y = fused_moe(x, idss[0], w, experts, LIMIT, config=c).float()
+            err = float((y - ref).norm() / ref.norm())
+            t = graph_us([lambda ids=ids, c=c: fused_moe(x, ids, w, experts, LIMIT, config=c) for ids in idss])
+            print(f"  {name:28s} {t:8.1f} µs = {100 * floor / t:3.0f} %  ({t_def / t:.2f}x default)  "
+                  f"rel.diff {err:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
