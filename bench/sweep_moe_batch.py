@@ -1,12 +1,12 @@
 """Decode-sized routed MoE at batch 8-64 (issue #5: >= 75 % of copy bandwidth on the expert bytes touched):
-the default (`pick_moe_config`: per-pair tensor-core kernel up to ~1.45 pairs per touched expert, the
-per-group kernel beyond) against the per-pair kernel (`moe_gemv` method "mma") at every batch, Flash experts
+the default (`pick_moe_config`) against the per-pair tensor-core kernel (`moe_gemv` method "mma") with one and
+with two pairs of an expert per program (dsv4.kernels.moe_gemv_pairs) at every batch, Flash experts
 (256 x 4096 x 2048 MXFP4, random bytes), random top-6 routing per token.
 
 Timing as `sweep_linear.py`: `--calls` MoE calls with different routings in one CUDA graph, µs per call, beside
 the touched bytes at the copy bandwidth of the same run.
 
-    python bench/sweep_moe_batch.py [--tokens 8,16,32,48,64] [--calls 8]
+    python bench/sweep_moe_batch.py [--tokens 8,16,24,32,48,64,96,128] [--calls 8]
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ def routing(m: int, e: int, k: int, gen: torch.Generator) -> torch.Tensor:
     return torch.rand(m, e, generator=gen, device=DEV).topk(k, dim=-1).indices.to(torch.int32)
 
 
-def per_pair(bn: int, split: int, stages: int = 3) -> MoEConfig:
+def per_pair(bn: int, split: int, stages: int = 3, pairs: int = 1) -> MoEConfig:
     return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=bn, gemv_mma=True,
-                     gemv_unroll=2, gemv_stages=stages, gemv_split=split)
+                     gemv_unroll=2, gemv_stages=stages, gemv_split=split, gemv_pairs=pairs,
+                     warps1=8 if bn == 128 else 4)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", default="8,16,32,48,64")
+    ap.add_argument("--tokens", default="8,16,24,32,48,64,96,128")
     ap.add_argument("--calls", type=int, default=8)
     args = ap.parse_args()
     e, d, i, k = MOE["flash"]
@@ -48,8 +49,8 @@ def main() -> None:
     print(f"copy bandwidth {bw:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
     experts = random_experts(e, d, i, "mxfp4")
     per_expert = (2 * i * d + d * i) // 2 * (1 + 1 / 32)  # weight codes + E8M0 scales
-    variants = {"per-pair bn64 split1": per_pair(64, 1), "per-pair bn64 split2": per_pair(64, 2),
-                "per-pair bn128 split1": per_pair(128, 1), "per-pair bn64 split1 4st": per_pair(64, 1, 4)}
+    variants = {"per-pair bn64": per_pair(64, 1), "two pairs bn64": per_pair(64, 1, pairs=2),
+                "two pairs bn64 4 stages": per_pair(64, 1, 4, pairs=2), "two pairs bn128": per_pair(128, 1, pairs=2)}
     for m in (int(t) for t in args.tokens.split(",")):
         gen = torch.Generator(DEV).manual_seed(m)
         x = (torch.randn(m, d, device=DEV, generator=gen) * 2).to(torch.bfloat16)

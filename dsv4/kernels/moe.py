@@ -413,7 +413,7 @@ def fused_moe(
         return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                         dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,
-                        out=out, shared=shared)
+                        out=out, shared=shared, pairs_per_program=cfg.gemv_pairs)
     if wide:
         from dsv4.kernels import moe_wide as mw
         if mw.fp8_path(experts, x.device):  # FP8 operands: their own tile height

@@ -26,6 +26,7 @@ class MoEConfig:
     gemv_dot_blocks: int = 1  # ... "mma": K blocks per tl.dot (<= gemv_unroll)
     gemv_split: int = 1  # ... programs per GLU row tile along K (split-K reduced in the launch)
     gemv_split_down: int = 1  # ... the same for the down (W2) kernel
+    gemv_pairs: int = 1  # ... "mma": pairs of one expert per program (1 or 2: dsv4.kernels.moe_gemv_pairs)
     wide: bool = False  # MXFP4: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide; bm, bn2, warps1, stages)
     maxnreg: int = 0  # ... its register cap per thread (0: the compiler's choice; 128 with 8 warps: 2 CTAs per SM)
 
@@ -50,6 +51,10 @@ WIDE64_MIN_PAIRS_PER_EXPERT = 40
 # one, launch shape GEMV_CUDA_SHAPE = (rows per program, K blocks per step, GLU split, down split). Off: its best
 # shape took 47.3 µs per Flash MoE call at B = 1 against 42.2 for the default (bench/sweep_moe_gemv.py, s17g).
 GEMV_CUDA_MAX_PAIRS = 0
+# Two pairs of one expert per program (tensor-core per-pair kernel, dsv4.kernels.moe_gemv_pairs) from
+# GEMV_PAIRED_FROM to GEMV_PAIRED_MAX pairs per touched expert (uniform ids); the per-group kernel beyond.
+GEMV_PAIRED_FROM = float("inf")
+GEMV_PAIRED_MAX = 0.0
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 
 
@@ -68,10 +73,12 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
         bn, unroll, split, split_down = GEMV_CUDA_SHAPE
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=bn, gemv_unroll=unroll,
                          gemv_split=split, gemv_split_down=split_down)
-    if per_touched <= GEMV_MAX_PAIRS_PER_EXPERT and act == "fp8":  # MXFP4 only; FP8 experts take the MMA fields
+    paired = GEMV_PAIRED_FROM <= per_touched <= GEMV_PAIRED_MAX
+    if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
                          num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=2, gemv_stages=3,
-                         gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS else 1)
+                         gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
+                         gemv_pairs=2 if paired else 1)
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)

@@ -67,6 +67,7 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe_gemv_fused import (_act_pos, _act_tiles_q, _arrive_n, _combine_no_slots, _combine_tile,
                                              _quant_z_block)
+    from dsv4.kernels.moe_gemv_pairs import _act_scales2, _act_tiles2, _block_pairs, _pair_sums
 
     _F16_LO_ASM = tl.constexpr(F16_LO_PTX)
     _F16_HI_ASM = tl.constexpr(F16_HI_PTX)
@@ -125,12 +126,14 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         return tl.load(SArow + kb0 + n // 4, mask=n < 4 * U, other=0.0) * 256.0
 
     @triton.jit
-    def _scale_acc(acc, part, Sbytes, sa, kb0, U: tl.constexpr):
+    def _scale_acc(acc, part, Sbytes, sa, kb0, U: tl.constexpr, PAIRED: tl.constexpr):
         """acc += part * group scale * activation scale sa (`_act_scales`), per column 4u + g (group g of K
         block kb0 + u): the group's E8M0 byte b gives 2^(b - 127 + 6) as in `moe._group_scale` (valid for
         every byte the layout admits), the remaining 2^8 of the 2^-14 weight shift rides on the activation
         scale (all powers of two: the same products as (part * 2^(b - 127 + 14)) * sa)."""
         n = tl.arange(0, 16)
+        if PAIRED:  # two pairs (U = 2, dsv4.kernels.moe_gemv_pairs): column 8j + 4u + g
+            n = n % 8
         used = n < 4 * U
         b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=used[None, :], other=0).to(tl.int32)
         f = ((b + 6) << 23).to(tl.float32, bitcast=True)
@@ -184,23 +187,31 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["top_k", "num_experts"])
-    def _mma_glu_kernel(XQ, SX, IDS, TOPK_W, W, WS, Z, ZS, ZQ, P, CNT, QCNT, I, K, top_k, num_experts, limit,
+    def _mma_glu_kernel(XQ, SX, IDS, BLK, TOPK_W, W, WS, Z, ZS, ZQ, P, CNT, QCNT, I, K, top_k, num_experts, limit,
                         stride_x, stride_sx, stride_we, stride_wn, stride_wse, stride_wsn, stride_z, stride_zs,
                         stride_zq, stride_ps, stride_pp,
                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
                         USE_ASM: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                        FUSE_Q: tl.constexpr, X_BF16: tl.constexpr):
+                        FUSE_Q: tl.constexpr, X_BF16: tl.constexpr, PAIRED: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
         (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
         SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
         CNT one arrival counter per (pair, row tile). FUSE_Q (BN < 128): bf16 z to Z, its FP8 blocks to
-        ZQ / ZS, QCNT one counter per (pair, 128-block). X_BF16: XQ is bf16 x, quantised here (SX unused)."""
+        ZQ / ZS, QCNT one counter per (pair, 128-block). X_BF16: XQ is bf16 x, quantised here (SX unused).
+        PAIRED: program_id(0) is a block of BLK (dsv4.kernels.moe_gemv_pairs): two pairs of one expert."""
         pdl_wait()
-        p = tl.program_id(0).to(tl.int64)
         pid_n = tl.program_id(1)
-        e = tl.load(IDS + p).to(tl.int64)
-        if (e < 0) | (e >= num_experts):  # another rank's expert (its z row is never read)
-            return
+        if PAIRED:
+            p, p1, e = _block_pairs(BLK, IDS, num_experts)
+            if p < 0:  # an unused block
+                return
+            Xrow1 = XQ + tl.maximum(p1, 0) // top_k * stride_x
+            SXrow1 = SX + tl.maximum(p1, 0) // top_k * stride_sx
+        else:
+            p = tl.program_id(0).to(tl.int64)
+            e = tl.load(IDS + p).to(tl.int64)
+            if (e < 0) | (e >= num_experts):  # another rank's expert (its z row is never read)
+                return
         t = p // top_k
         offs_n = pid_n * BN + tl.arange(0, BN)
         Wg = W + e * stride_we + offs_n[:, None] * stride_wn + tl.arange(0, 64 * KD)[None, :]
@@ -226,16 +237,29 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                     a_lo, a_hi, s_d = _act_tiles_q(Xrow, kb0 + d, d, KD)
                     blk = tl.arange(0, 16) // 4
                     sa = tl.where((blk >= d) & (blk < d + KD), s_d * 256.0, sa)
+                elif PAIRED:
+                    a_lo, a_hi = _act_tiles2(Xrow, Xrow1, p1 >= 0, kb0 + d, d, KD)
                 else:
                     a_lo, a_hi = _act_tiles(Xrow, kb0 + d, d, KD)
                 bg = _mma_order(tl.load(Wg + (kb0 + d) * 64), BN, KD)
                 bu = _mma_order(tl.load(Wu + (kb0 + d) * 64), BN, KD)
                 part_g = tl.dot(_f16_hi(bg, USE_ASM), a_hi, tl.dot(_f16_lo(bg, USE_ASM), a_lo, part_g))
                 part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
-            if not X_BF16:
+            if PAIRED:
+                sa = _act_scales2(SXrow, SXrow1, p1 >= 0, kb0)
+            elif not X_BF16:
                 sa = _act_scales(SXrow, kb0, U)
-            acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U)
-            acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U)
+            acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, PAIRED)
+            acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, PAIRED)
+        if PAIRED:  # no split: the host allows neither SPLIT nor the fusions with PAIRED
+            gate, gate1 = _pair_sums(acc_g)
+            up, up1 = _pair_sums(acc_u)
+            _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, ZQ, QCNT, I, limit, stride_z, stride_zs, stride_zq,
+                     BN, QUANT_OUT, False)
+            if p1 >= 0:
+                _glu_out(gate1, up1, p1, pid_n, offs_n, TOPK_W, Z, ZS, ZQ, QCNT, I, limit, stride_z, stride_zs,
+                         stride_zq, BN, QUANT_OUT, False)
+            return
         gate = tl.sum(acc_g, axis=1)
         up = tl.sum(acc_u, axis=1)
         if SPLIT:  # gate at P[k, p, n], up at P[k, p, I + n]
@@ -255,18 +279,26 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts", "top_k"])
-    def _mma_down_kernel(ZQ, ZS, IDS, W, WS, Y, P, CNT, OUT, SH, TCNT, K, num_experts, top_k,
+    def _mma_down_kernel(ZQ, ZS, IDS, BLK, W, WS, Y, P, CNT, OUT, SH, TCNT, K, num_experts, top_k,
                          stride_zq, stride_zs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
                          stride_ps, stride_pp, stride_out, stride_sh,
                          BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr,
                          SPLIT: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
-                         HAS_SHARED: tl.constexpr):
+                         HAS_SHARED: tl.constexpr, PAIRED: tl.constexpr):
         """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes).
         SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials. COMBINE: also OUT [tokens, D] = the
-        combine of the token's y rows [+ SH] (moe_gemv_fused), TCNT one counter per (token, row tile)."""
+        combine of the token's y rows [+ SH] (moe_gemv_fused), TCNT one counter per (token, row tile).
+        PAIRED: as in `_mma_glu_kernel` (neither SPLIT nor COMBINE)."""
         pdl_wait()
-        p = tl.program_id(0).to(tl.int64)
-        e = tl.load(IDS + p).to(tl.int64)
+        if PAIRED:
+            p, p1, e = _block_pairs(BLK, IDS, num_experts)
+            if p < 0:
+                return
+            Zrow1 = ZQ + tl.maximum(p1, 0) * stride_zq
+            ZSrow1 = ZS + tl.maximum(p1, 0) * stride_zs
+        else:
+            p = tl.program_id(0).to(tl.int64)
+            e = tl.load(IDS + p).to(tl.int64)
         if (e < 0) | (e >= num_experts):
             if COMBINE:
                 _combine_no_slots(Y, SH, OUT, IDS, p, top_k, num_experts, stride_y, stride_sh, stride_out, BN,
@@ -285,10 +317,22 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         for kb0 in range(kb_lo, kb_hi, U):
             part = tl.zeros((BN, 16), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
-                a_lo, a_hi = _act_tiles(Zrow, kb0 + d, d, KD)
+                if PAIRED:
+                    a_lo, a_hi = _act_tiles2(Zrow, Zrow1, p1 >= 0, kb0 + d, d, KD)
+                else:
+                    a_lo, a_hi = _act_tiles(Zrow, kb0 + d, d, KD)
                 b = _mma_order(tl.load(Wr + (kb0 + d) * 64), BN, KD)
                 part = tl.dot(_f16_hi(b, USE_ASM), a_hi, tl.dot(_f16_lo(b, USE_ASM), a_lo, part))
-            acc = _scale_acc(acc, part, Sr, _act_scales(ZSrow, kb0, U), kb0, U)
+            if PAIRED:
+                acc = _scale_acc(acc, part, Sr, _act_scales2(ZSrow, ZSrow1, p1 >= 0, kb0), kb0, U, True)
+            else:
+                acc = _scale_acc(acc, part, Sr, _act_scales(ZSrow, kb0, U), kb0, U, False)
+        if PAIRED:
+            y, y1 = _pair_sums(acc)
+            tl.store(Y + p * stride_y + offs_n, y.to(tl.bfloat16))
+            if p1 >= 0:
+                tl.store(Y + p1 * stride_y + offs_n, y1.to(tl.bfloat16))
+            return
         y = tl.sum(acc, axis=1)
         if SPLIT:
             Py = P + p * stride_pp + offs_n
@@ -356,7 +400,7 @@ FUSE_X_QUANT = False  # x quantised inside the GLU
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
              swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2, method: str = "cuda",
              num_stages: int = 3, dot_blocks: int = 1, split: int = 1, split_down: int = 1,
-             out: torch.Tensor | None = None, shared=None) -> torch.Tensor:
+             out: torch.Tensor | None = None, shared=None, pairs_per_program: int = 1) -> torch.Tensor:
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
     pairs are left unwritten); `fused_moe` sums them in its combine kernel. With `out` [M, D] (bf16, or
     fp32 for an expert-parallel partial): the combine into out [+ shared: a tensor or a join, called before
@@ -368,7 +412,9 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     per loop step (one scale update: 4 columns each), `dot_blocks` (1, 2 or 4, at most unroll) K blocks
     per tl.dot (fewer wgmma waits, more registers), `num_stages` pipeline depth of the weight and
     activation loads (whole loop steps), `split` / `split_down` programs per row tile of the GLU / down
-    kernel along K (split-K reduced in the launch, module docstring; at most one per loop step)."""
+    kernel along K (split-K reduced in the launch, module docstring; at most one per loop step),
+    `pairs_per_program` 2: two pairs of one expert per program (dsv4.kernels.moe_gemv_pairs; needs unroll 2 and
+    no split; the launch fusions are not used then)."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
         raise ValueError("moe_gemv: MXFP4 experts only")
@@ -390,11 +436,18 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             raise ValueError(f"moe_gemv(method='mma'): need bn in {MMA_BN}, unroll in (1, 2, 4) and dot_blocks in "
                              f"(1, 2, 4) <= unroll, got bn={bn}, unroll={unroll}, dot_blocks={dot_blocks}")
         launch = dict(bn=bn, num_warps=num_warps, unroll=unroll, dot_blocks=dot_blocks, num_stages=num_stages)
+        if pairs_per_program not in (1, 2):
+            raise ValueError(f"moe_gemv: pairs_per_program must be 1 or 2, got {pairs_per_program!r}")
+        if pairs_per_program == 2:
+            if _unroll(d, unroll) != 2 or _unroll(i, unroll) != 2 or split > 1 or split_down > 1:
+                raise ValueError("moe_gemv: pairs_per_program=2 needs 2 K blocks per loop step (unroll 2) and no split")
+            from dsv4.kernels.moe_gemv_pairs import pair_blocks
+            launch["blocks"] = pair_blocks(ids, e)
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
         mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, **launch)
         y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
-        if out is not None and FUSE_COMBINE:
+        if out is not None and FUSE_COMBINE and pairs_per_program == 1:
             from dsv4.kernels.moe import _check_shared
             if callable(shared):
                 shared = shared()  # the join: the down kernel reads the shared expert's output
@@ -415,16 +468,18 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 
 def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts, swiglu_limit: float,
                   top_k: int, zq: torch.Tensor, zs: torch.Tensor, bn: int = 64, num_warps: int = 4, unroll: int = 2,
-                  dot_blocks: int = 1, num_stages: int = 3, split: int = 1) -> None:
+                  dot_blocks: int = 1, num_stages: int = 3, split: int = 1, blocks: torch.Tensor | None = None) -> None:
     """GEMM1 of method "mma": writes the rows of the routed pairs (ids in [0, E)) of zq [pairs, I] (f16 values
     of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales);
-    split > 1: that many programs per row tile along K (`_split_k`). Launches: x quantisation (unless
-    FUSE_X_QUANT), the GLU, z re-quantisation (bn 64 without FUSE_Z_QUANT)."""
+    split > 1: that many programs per row tile along K (`_split_k`); blocks: `pair_blocks`' two pairs per
+    program. Launches: x quantisation (unless FUSE_X_QUANT), the GLU, z re-quantisation (bn 64 without
+    FUSE_Z_QUANT)."""
     m, d = x.shape
     e, i = experts.num_experts, experts.inter
     pairs = ids.numel()
+    paired = blocks is not None
     x = x if x.stride(-1) == 1 else x.contiguous()
-    if FUSE_X_QUANT:  # the GLU quantises bf16 x itself
+    if FUSE_X_QUANT and not paired:  # the GLU quantises bf16 x itself
         xq, sx, stride_sx = x, x, 0
     else:
         xq = torch.empty((m, d), dtype=torch.float16, device=x.device)
@@ -433,18 +488,18 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
         _quant16_kernel[(m, d // BLOCK)](x, xq, sx, ids, e, x.stride(0), xq.stride(0), sx.stride(0),
                                          CHECK_IDS=False, num_warps=1)
     quant_out = bn == BLOCK  # a program's z tile is one quantisation block: quantised in the epilogue
-    fuse_q = not quant_out and FUSE_Z_QUANT
+    fuse_q = not quant_out and FUSE_Z_QUANT and not paired
     z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
     qcnt = arrival_counters("moe_gemv z-quant", x.device, pairs * (i // BLOCK)) if fuse_q else zs
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes
     u = _unroll(d, unroll)
     split, part, counters = _split_k(split, d // BLOCK // u, (pairs, 2 * i), pairs * (i // bn), zs)
     _mma_glu_kernel[(pairs, i // bn, split)](
-        xq, sx, ids, tw, w13, s13, z, zs, zq, part, counters, qcnt, i, d, top_k, e, float(swiglu_limit),
+        xq, sx, ids, blocks if paired else ids, tw, w13, s13, z, zs, zq, part, counters, qcnt, i, d, top_k, e, float(swiglu_limit),
         xq.stride(0), stride_sx, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
         zs.stride(0), zq.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
         QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, FUSE_Q=fuse_q,
-        X_BF16=FUSE_X_QUANT, num_warps=num_warps, num_stages=num_stages)
+        X_BF16=FUSE_X_QUANT and not paired, PAIRED=paired, num_warps=num_warps, num_stages=num_stages)
     if not quant_out and not fuse_q:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
@@ -453,28 +508,31 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
 def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, y: torch.Tensor,
                    bn: int = 64, num_warps: int = 4, unroll: int = 2, dot_blocks: int = 1, num_stages: int = 3,
                    split: int = 1, out: torch.Tensor | None = None, shared: torch.Tensor | None = None,
-                   top_k: int = 1) -> None:
+                   top_k: int = 1, blocks: torch.Tensor | None = None) -> None:
     """GEMM2 of method "mma": writes the rows of the routed pairs of y [pairs, D] bf16 from zq / zs
     (`mma_glu_stage`'s layout); split > 1: that many programs per row tile along K (`_split_k`). out [pairs /
     top_k, D] (ids: top_k per token): also the combine of each token's rows [+ shared], `_moe_combine_kernel`'s
-    sums, done by the token's last pair per row tile (moe_gemv_fused)."""
+    sums, done by the token's last pair per row tile (moe_gemv_fused). blocks: as in `mma_glu_stage` (no out)."""
     e, i = experts.num_experts, experts.inter
     pairs, d = ids.numel(), experts.hidden
     w2, s2 = experts.w2, experts.w2_scale.view(torch.uint8)
     u = _unroll(i, unroll)
     split, part, counters = _split_k(split, i // BLOCK // u, (pairs, d), pairs * (d // bn), zs)
     combine = out is not None
+    paired = blocks is not None
+    if paired and (combine or split > 1):
+        raise ValueError("mma_down_stage: two pairs per program take neither split nor out")
     if combine:
         if pairs % top_k or out.shape != (pairs // top_k, d) or out.stride(-1) != 1:
             raise ValueError(f"mma_down_stage: out must be [{pairs // top_k}, {d}] with unit column stride")
         tcnt = arrival_counters("moe_gemv combine", zq.device, out.shape[0] * (d // bn))
     sh = shared if shared is not None else y
     _mma_down_kernel[(pairs, d // bn, split)](
-        zq, zs, ids, w2, s2, y, part, counters, out if combine else y, sh, tcnt if combine else zs, i, e, top_k,
+        zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, out if combine else y, sh, tcnt if combine else zs, i, e, top_k,
         zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
         part.stride(0), part.stride(1), out.stride(0) if combine else 0, sh.stride(0), BN=bn, U=u,
         KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, COMBINE=combine,
-        HAS_SHARED=shared is not None, num_warps=num_warps, num_stages=num_stages)
+        HAS_SHARED=shared is not None, PAIRED=paired, num_warps=num_warps, num_stages=num_stages)
 
 
 def _split_k(split: int, steps: int, shape: tuple[int, int], tiles: int, unused: torch.Tensor):
