@@ -1,27 +1,32 @@
 """The MoE launch-shape rule (dsv4.kernels.moe_config.pick_moe_config) picks the kernels the H200 sweeps
 measured fastest (docs/benchmarks.md #5): per-pair kernels at decode sizes (GLU split-K only while the pairs
-leave SMs idle), the bf16-wgmma kernel from 40 pairs per expert (128-row tiles from 64), the per-group
-grouped GEMM in between."""
+leave SMs idle; two pairs of an expert per program from B = 8 to 64 on Flash), the bf16-wgmma kernel from 40
+pairs per expert (128-row tiles from 64), the per-group grouped GEMM in between."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from dsv4.kernels.moe_config import (GEMV_SPLIT_MAX_PAIRS, WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT,
-                                     pick_moe_config)
+from dsv4.kernels.moe_config import (GEMV_PAIRED_FROM, GEMV_PAIRED_MAX, GEMV_SPLIT_MAX_PAIRS,
+                                     WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT, pick_moe_config)
 
 FLASH_E, PRO_E, TOP_K = 256, 384, 6
 
 
 @pytest.mark.parametrize("experts", [FLASH_E, PRO_E])
-@pytest.mark.parametrize("tokens", [1, 2, 8, 64, 256, 1024, 2048, 4096, 8192])
+@pytest.mark.parametrize("tokens", [1, 2, 8, 32, 64, 128, 256, 1024, 2048, 4096, 8192])
 def test_regimes(experts, tokens):
     pairs = tokens * TOP_K
     cfg = pick_moe_config(pairs, experts)
     per_expert = pairs / min(pairs, experts)
-    if tokens <= 8:  # decode: one program per (pair, row tile)
-        assert cfg.gemv and cfg.gemv_mma and not cfg.wide
+    per_touched = pairs / (experts * (1 - math.exp(-pairs / experts)))
+    if per_touched < GEMV_PAIRED_FROM:  # decode: one program per (pair, row tile)
+        assert cfg.gemv and cfg.gemv_mma and not cfg.wide and cfg.gemv_pairs == 1
         assert cfg.gemv_split == (2 if pairs <= GEMV_SPLIT_MAX_PAIRS else 1)
+    elif per_touched <= GEMV_PAIRED_MAX:  # two pairs of an expert per program, no split
+        assert cfg.gemv and cfg.gemv_mma and cfg.gemv_pairs == 2 and cfg.gemv_split == 1 and cfg.gemv_unroll == 2
     elif per_expert >= WIDE_MIN_PAIRS_PER_EXPERT:
         assert cfg.wide and cfg.bm == 128 and cfg.bn1 == 128 and not cfg.gemv
     elif per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT:
@@ -40,3 +45,6 @@ def test_thresholds_match_the_measured_crossovers():
     assert pick_moe_config(2048 * TOP_K, FLASH_E).wide and pick_moe_config(2048 * TOP_K, FLASH_E).bm == 64
     assert not pick_moe_config(1024 * TOP_K, FLASH_E).wide
     assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel
+    # two pairs per program from B = 8 to B = 64 (the session-18 sweep), not at B = 1 nor at B = 96
+    assert [pick_moe_config(b * TOP_K, FLASH_E).gemv_pairs for b in (1, 4, 8, 16, 64, 96)] == [1, 1, 2, 2, 2, 1]
+    assert not pick_moe_config(96 * TOP_K, FLASH_E).gemv

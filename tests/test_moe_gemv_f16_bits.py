@@ -93,7 +93,7 @@ def test_ptx_evaluator_prmt_and_lop3():
 def test_nibble_ptx_exhaustive(which):
     """Every byte value in every position of the packed word: element j (byte j) -> f16 of e2m1(nibble) * 2^-14,
     elements 0, 1 in $0 and 2, 3 in $1 (low half first), the packing Triton uses for pack=4."""
-    from dsv4.kernels.moe_gemv import F16_HI_PTX, F16_LO_PTX
+    from dsv4.kernels.moe_mma_operands import F16_HI_PTX, F16_LO_PTX
 
     asm = F16_LO_PTX if which == "lo" else F16_HI_PTX
     f16_bits = [int(np.float16(v * 2.0**-14).view(np.uint16)) for v in _e2m1_table()]

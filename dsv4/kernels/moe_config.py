@@ -53,8 +53,12 @@ WIDE64_MIN_PAIRS_PER_EXPERT = 40
 GEMV_CUDA_MAX_PAIRS = 0
 # Two pairs of one expert per program (tensor-core per-pair kernel, dsv4.kernels.moe_gemv_pairs) from
 # GEMV_PAIRED_FROM to GEMV_PAIRED_MAX pairs per touched expert (uniform ids); the per-group kernel beyond.
-GEMV_PAIRED_FROM = float("inf")
-GEMV_PAIRED_MAX = 0.0
+# Session 18 (bench/sweep_moe_batch.py, Flash, µs per call in a graph, one pair / two pairs per program / the
+# old default): B = 8 (1.10 per touched expert) 238 / 233 / 238, B = 16 (1.20) 445 / 408 / 448, B = 32 (1.42)
+# 851 / 715 / 848, B = 48 (1.67) 1,258 / 1,018 / 1,349 (per-group), B = 64 (1.93) 1,671 / 1,280 / 1,536,
+# B = 96 (2.51) 2,469 / 1,742 / 1,754, B = 128 (3.16) 3,281 / 2,221 / 1,900. Pro shapes not measured.
+GEMV_PAIRED_FROM = 1.08
+GEMV_PAIRED_MAX = 2.3
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 
 

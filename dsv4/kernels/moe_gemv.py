@@ -52,13 +52,6 @@ from dsv4.kernels._triton import HAS_TRITON, arrival_counters
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
 
-# e2m1 nibbles -> f16 (e2m1 * 2^-14), 4 bytes per call (`method="mma"`). An f16 with bits (s << 15) |
-# (c << 9) has zero low byte and high byte (s << 7) | (c << 1): build those 4 high bytes in one word
-# (shifts + one lop3), then spread them into two f16x2 words with prmt ($0: bytes 0, 1; $1: bytes 2, 3).
-F16_LO_PTX = ("{ .reg .b32 t0, t1; shl.b32 t0, $2, 1; shl.b32 t1, $2, 4; and.b32 t1, t1, 0x80808080; "
-              "lop3.b32 t0, t0, 0x0E0E0E0E, t1, 0xEA; prmt.b32 $0, t0, 0, 0x1404; prmt.b32 $1, t0, 0, 0x3424; }")
-F16_HI_PTX = ("{ .reg .b32 t0, t1; shr.u32 t0, $2, 3; and.b32 t1, $2, 0x80808080; "
-              "lop3.b32 t0, t0, 0x0E0E0E0E, t1, 0xEA; prmt.b32 $0, t0, 0, 0x1404; prmt.b32 $1, t0, 0, 0x3424; }")
 
 if HAS_TRITON:
     import triton
@@ -68,76 +61,9 @@ if HAS_TRITON:
     from dsv4.kernels.moe_gemv_fused import (_act_pos, _act_tiles_q, _arrive_n, _combine_no_slots, _combine_tile,
                                              _quant_z_block)
     from dsv4.kernels.moe_gemv_pairs import _act_scales2, _act_tiles2, _block_pairs, _pair_sums
-
-    _F16_LO_ASM = tl.constexpr(F16_LO_PTX)
-    _F16_HI_ASM = tl.constexpr(F16_HI_PTX)
+    from dsv4.kernels.moe_mma_operands import _act_scales, _act_tiles, _f16_hi, _f16_lo, _mma_order, _scale_acc
 
 if HAS_TRITON:  # ------------------------------------------------------------- method="mma"
-
-    @triton.jit
-    def _f16_lo(b, USE_ASM: tl.constexpr):
-        """Low nibbles (e2m1 codes) of uint8 bytes -> f16 e2m1 * 2^-14 (exact bit move)."""
-        if USE_ASM:
-            return tl.inline_asm_elementwise(_F16_LO_ASM, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
-        else:
-            v = b.to(tl.int32)
-            v = ((v & 7) << 9) | ((v & 8) << 12)
-            return v.to(tl.uint16).to(tl.float16, bitcast=True)
-
-    @triton.jit
-    def _f16_hi(b, USE_ASM: tl.constexpr):
-        """High nibbles of uint8 bytes -> f16 e2m1 * 2^-14."""
-        if USE_ASM:
-            return tl.inline_asm_elementwise(_F16_HI_ASM, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
-        else:
-            v = b.to(tl.int32)
-            v = (((v >> 4) & 7) << 9) | ((v & 0x80) << 8)
-            return v.to(tl.uint16).to(tl.float16, bitcast=True)
-
-    @triton.jit
-    def _mma_order(b, BN: tl.constexpr, KD: tl.constexpr):
-        """[BN, 64 KD] weight bytes (KD K blocks) -> the MMA's K order: K index k = 64u + 16c + 8h + 2t + i
-        takes byte 64u + 32h + 8t + 2c + i, so that each thread of the f16 wgmma A fragment (k pairs 2t, 2t+1
-        and 2t+8, 2t+9 of each 16-wide chunk c) converts 8 contiguous bytes per row, u and h (a register-only
-        permutation: Triton keeps it in the dot operand layout and reads shared memory 8 bytes at a time)."""
-        b = tl.reshape(b, (BN, KD, 2, 4, 4, 2))  # (row, u, h, t, c, i)
-        b = tl.permute(b, (0, 1, 4, 2, 3, 5))  # (row, u, c, h, t, i)
-        return tl.reshape(b, (BN, 64 * KD))
-
-    @triton.jit
-    def _act_tiles(Arow, kb, u0: tl.constexpr, KD: tl.constexpr):
-        """Block-diagonal f16 activation tiles [64 KD, 16] for the low / high nibbles of K blocks kb .. kb+KD-1
-        (u0 + their index: their place in the scale step), in the K order of `_mma_order` (the activation rows
-        are stored permuted that way, `_quant16_kernel`): row k carries its element in column 4u + g (g: its
-        32-group in block u), zero elsewhere. Masked loads: the pipeliner's cp.async fills the zeros."""
-        k = tl.arange(0, 64 * KD)
-        n = tl.arange(0, 16)
-        col = 4 * (u0 + k // 64) + 2 * ((k // 8) % 2)  # low nibbles: group 0 (h = 0) or 2 (h = 1)
-        ptr = Arow + kb * 128 + (k // 64) * 128 + (k % 64)
-        ptr = ptr[:, None] + n[None, :] * 0
-        lo = tl.load(ptr, mask=n[None, :] == col[:, None], other=0.0)
-        hi = tl.load(ptr + 64, mask=n[None, :] == col[:, None] + 1, other=0.0)
-        return lo, hi
-
-    @triton.jit
-    def _act_scales(SArow, kb0, U: tl.constexpr):
-        """Activation scales of the loop step's K blocks kb0 .. kb0+U-1 per column 4u + g, times 2^8 (below)."""
-        n = tl.arange(0, 16)
-        return tl.load(SArow + kb0 + n // 4, mask=n < 4 * U, other=0.0) * 256.0
-
-    @triton.jit
-    def _scale_acc(acc, part, Sbytes, sa, kb0, U: tl.constexpr, PAIRED: tl.constexpr):
-        """acc += part * group scale * activation scale sa (`_act_scales`), per column 4u + g (group g of K
-        block kb0 + u): the group's E8M0 byte b gives 2^(b - 127 + 6) as in `moe._group_scale` (valid for
-        every byte the layout admits), the remaining 2^8 of the 2^-14 weight shift rides on the activation
-        scale (all powers of two: the same products as (part * 2^(b - 127 + 14)) * sa)."""
-        n = tl.arange(0, 16)
-        if PAIRED:  # two pairs (U = 2, dsv4.kernels.moe_gemv_pairs): column 8j + 4u + g
-            n = n % 8
-        used = n < 4 * U
-        b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=used[None, :], other=0).to(tl.int32)
-        f = ((b + 6) << 23).to(tl.float32, bitcast=True)
-        return acc + (part * f) * sa[None, :]
 
     @triton.jit
     def _k_range(K, U: tl.constexpr, SPLIT: tl.constexpr):
@@ -495,9 +421,9 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     u = _unroll(d, unroll)
     split, part, counters = _split_k(split, d // BLOCK // u, (pairs, 2 * i), pairs * (i // bn), zs)
     _mma_glu_kernel[(pairs, i // bn, split)](
-        xq, sx, ids, blocks if paired else ids, tw, w13, s13, z, zs, zq, part, counters, qcnt, i, d, top_k, e, float(swiglu_limit),
-        xq.stride(0), stride_sx, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
-        zs.stride(0), zq.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
+        xq, sx, ids, blocks if paired else ids, tw, w13, s13, z, zs, zq, part, counters, qcnt, i, d, top_k, e,
+        float(swiglu_limit), xq.stride(0), stride_sx, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
+        z.stride(0), zs.stride(0), zq.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
         QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, FUSE_Q=fuse_q,
         X_BF16=FUSE_X_QUANT and not paired, PAIRED=paired, num_warps=num_warps, num_stages=num_stages)
     if not quant_out and not fuse_q:
@@ -528,11 +454,11 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
         tcnt = arrival_counters("moe_gemv combine", zq.device, out.shape[0] * (d // bn))
     sh = shared if shared is not None else y
     _mma_down_kernel[(pairs, d // bn, split)](
-        zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, out if combine else y, sh, tcnt if combine else zs, i, e, top_k,
-        zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        part.stride(0), part.stride(1), out.stride(0) if combine else 0, sh.stride(0), BN=bn, U=u,
-        KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, COMBINE=combine,
-        HAS_SHARED=shared is not None, PAIRED=paired, num_warps=num_warps, num_stages=num_stages)
+        zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, out if combine else y, sh,
+        tcnt if combine else zs, i, e, top_k, zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0),
+        s2.stride(1), y.stride(0), part.stride(0), part.stride(1), out.stride(0) if combine else 0, sh.stride(0),
+        BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS,
+        COMBINE=combine, HAS_SHARED=shared is not None, PAIRED=paired, num_warps=num_warps, num_stages=num_stages)
 
 
 def _split_k(split: int, steps: int, shape: tuple[int, int], tiles: int, unused: torch.Tensor):

@@ -130,7 +130,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _act_tiles_q(Xrow, kb, u0: tl.constexpr, KD: tl.constexpr):
-        """`moe_gemv._act_tiles` from bf16 x: K blocks kb .. kb+KD-1 quantised here (`_quant_rows`' amax,
+        """`moe_mma_operands._act_tiles` from bf16 x: K blocks kb .. kb+KD-1 quantised here (`_quant_rows`' amax,
         scale and e4m3 codes, as f16), and their scales [16] (column 4u + g: block u's scale)."""
         k = tl.arange(0, 64 * KD)
         n = tl.arange(0, 16)

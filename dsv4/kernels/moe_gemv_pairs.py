@@ -68,7 +68,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _act_tiles2(Arow, Arow1, has1, kb, u0: tl.constexpr, KD: tl.constexpr):
-        """`moe_gemv._act_tiles` for two pairs (U = 2): the first pair's block-diagonal elements in columns
+        """`moe_mma_operands._act_tiles` for two pairs (U = 2): the first pair's block-diagonal elements in columns
         0..7, the second's (row Arow1, if has1) in 8..15, one masked load per tile."""
         k = tl.arange(0, 64 * KD)
         n = tl.arange(0, 16)
@@ -82,7 +82,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _act_scales2(SArow, SArow1, has1, kb0):
-        """`moe_gemv._act_scales` (times 2^8) for two pairs: column 8j + 4u + g takes pair j's block kb0 + u."""
+        """`moe_mma_operands._act_scales` (times 2^8) for two pairs: column 8j + 4u + g takes pair j's block kb0 + u."""
         n = tl.arange(0, 16)
         base = tl.where(n < 8, SArow, SArow1)
         return tl.load(base + kb0 + (n % 8) // 4, mask=(n < 8) | has1, other=0.0) * 256.0

@@ -66,7 +66,7 @@ FP8_STAGES = 4
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe import _block_pairs
-    from dsv4.kernels.moe_gemv import _f16_hi, _f16_lo
+    from dsv4.kernels.moe_mma_operands import _f16_hi, _f16_lo
 
     def _e2m1_asm(hi: bool) -> str:
         """PTX for 4 bytes -> 4 fp32 (`_e2m1_f32`): prmt moves byte k to the top, then shift/mask/or."""

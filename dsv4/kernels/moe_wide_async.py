@@ -36,7 +36,7 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     from dsv4.kernels.fp8_linear import _pow2_scale
-    from dsv4.kernels.moe_gemv import _f16_hi, _f16_lo
+    from dsv4.kernels.moe_mma_operands import _f16_hi, _f16_lo
     from dsv4.kernels.moe_wide import _scale
 
     @gluon.jit
