@@ -1,6 +1,6 @@
 """Decode-sized routed MoE at batch 8-64 (issue #5: >= 75 % of copy bandwidth on the expert bytes touched):
-the default (`pick_moe_config`) against the per-pair tensor-core kernel (`moe_gemv` method "mma") with one and
-with two pairs of an expert per program (dsv4.kernels.moe_gemv_pairs) at every batch, Flash experts
+the default (`pick_moe_config`) against the per-pair tensor-core kernel (`moe_gemv` method "mma") with one, two
+and four pairs of an expert per program (dsv4.kernels.moe_gemv_pairs) at every batch, Flash experts
 (256 x 4096 x 2048 MXFP4, random bytes), random top-6 routing per token.
 
 Timing as `sweep_linear.py`: `--calls` MoE calls with different routings in one CUDA graph, µs per call, beside
@@ -23,6 +23,7 @@ from bench.bench_gemm_moe import MOE, random_experts  # noqa: E402
 from bench.sweep_linear import copy_bandwidth, graph_us  # noqa: E402
 from dsv4.kernels.moe import fused_moe  # noqa: E402
 from dsv4.kernels.moe_config import MoEConfig, pick_moe_config  # noqa: E402
+from dsv4.kernels.moe_gemv_pairs import pair_blocks  # noqa: E402
 
 DEV = "cuda"
 LIMIT = 10.0
@@ -49,8 +50,9 @@ def main() -> None:
     print(f"copy bandwidth {bw:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
     experts = random_experts(e, d, i, "mxfp4")
     per_expert = (2 * i * d + d * i) // 2 * (1 + 1 / 32)  # weight codes + E8M0 scales
-    variants = {"per-pair bn64": per_pair(64, 1), "two pairs bn64": per_pair(64, 1, pairs=2),
-                "two pairs bn64 4 stages": per_pair(64, 1, 4, pairs=2), "two pairs bn128": per_pair(128, 1, pairs=2)}
+    variants = {"one pair bn64": per_pair(64, 1), "two pairs bn64": per_pair(64, 1, pairs=2),
+                "four pairs bn64": per_pair(64, 1, pairs=4), "four pairs bn64 2 stages": per_pair(64, 1, 2, pairs=4),
+                "four pairs bn128": per_pair(128, 1, pairs=4)}
     for m in (int(t) for t in args.tokens.split(",")):
         gen = torch.Generator(DEV).manual_seed(m)
         x = (torch.randn(m, d, device=DEV, generator=gen) * 2).to(torch.bfloat16)
@@ -59,12 +61,16 @@ def main() -> None:
         touched = sum(int(ids.unique().numel()) for ids in idss) / len(idss)
         floor = touched * per_expert / bw / 1e6
         cfg = pick_moe_config(m * k, e)
+        blocks = {g: float(pair_blocks(idss[0].reshape(-1), e, g)[:, 0].ge(0).sum()) for g in (2, 4)}
         ref = fused_moe(x, idss[0], w, experts, LIMIT).float()
         t_def = graph_us([lambda ids=ids: fused_moe(x, ids, w, experts, LIMIT) for ids in idss])
-        kind = "per-pair" if cfg.gemv else ("wide" if cfg.wide else f"per-group bm{cfg.bm}")
+        kind = (f"{cfg.gemv_pairs} pair(s) per program" if cfg.gemv else
+                ("wide" if cfg.wide else f"per-group bm{cfg.bm}"))
         print(f"B={m}: {m * k} pairs, {touched:.0f} experts touched ({touched * per_expert / 1e6:.0f} MB, floor "
-              f"{floor:.1f} µs); default ({kind}) {t_def:8.1f} µs = {100 * floor / t_def:3.0f} % of copy BW",
-              flush=True)
+              f"{floor:.1f} µs); default ({kind}) {t_def:8.1f} µs = {100 * floor / t_def:3.0f} % of copy BW; "
+              f"blocks of 2 / 4: {blocks[2]:.0f} / {blocks[4]:.0f}", flush=True)
+        t_blk = graph_us([lambda ids=ids, g=g: pair_blocks(ids.reshape(-1), e, g) for ids in idss for g in (2, 4)])
+        print(f"  pair_blocks alone: {t_blk:.1f} µs", flush=True)
         for name, c in variants.items():
             y = fused_moe(x, idss[0], w, experts, LIMIT, config=c).float()
             err = float((y - ref).norm() / ref.norm())

@@ -26,7 +26,7 @@ class MoEConfig:
     gemv_dot_blocks: int = 1  # ... "mma": K blocks per tl.dot (<= gemv_unroll)
     gemv_split: int = 1  # ... programs per GLU row tile along K (split-K reduced in the launch)
     gemv_split_down: int = 1  # ... the same for the down (W2) kernel
-    gemv_pairs: int = 1  # ... "mma": pairs of one expert per program (1 or 2: dsv4.kernels.moe_gemv_pairs)
+    gemv_pairs: int = 1  # ... "mma": pairs of one expert per program (1, 2 or 4: dsv4.kernels.moe_gemv_pairs)
     wide: bool = False  # MXFP4: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide; bm, bn2, warps1, stages)
     maxnreg: int = 0  # ... its register cap per thread (0: the compiler's choice; 128 with 8 warps: 2 CTAs per SM)
 
@@ -59,6 +59,8 @@ GEMV_CUDA_MAX_PAIRS = 0
 # B = 96 (2.51) 2,469 / 1,742 / 1,754, B = 128 (3.16) 3,281 / 2,221 / 1,900. Pro shapes not measured.
 GEMV_PAIRED_FROM = 1.08
 GEMV_PAIRED_MAX = 2.3
+# ... with four pairs per program (32 MMA columns) instead of two from this many (inf: never)
+GEMV_PAIRS4_FROM = float("inf")
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 
 
@@ -82,7 +84,7 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
                          num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=2, gemv_stages=3,
                          gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
-                         gemv_pairs=2 if paired else 1)
+                         gemv_pairs=(4 if per_touched >= GEMV_PAIRS4_FROM else 2) if paired else 1)
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)

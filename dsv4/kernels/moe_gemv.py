@@ -50,6 +50,7 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
+from dsv4.kernels.moe_gemv_pairs import PAIRS_PER_PROGRAM, pair_blocks
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
 
 
@@ -60,7 +61,8 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe_gemv_fused import (_act_pos, _act_tiles_q, _arrive_n, _combine_no_slots, _combine_tile,
                                              _quant_z_block)
-    from dsv4.kernels.moe_gemv_pairs import _act_scales2, _act_tiles2, _block_pairs, _pair_sums
+    from dsv4.kernels.moe_gemv_pairs import (_act_scales_g, _act_tiles_g, _block_first, _block_member, _block_rows,
+                                             _pair_sum)
     from dsv4.kernels.moe_mma_operands import _act_scales, _act_tiles, _f16_hi, _f16_lo, _mma_order, _scale_acc
 
 if HAS_TRITON:  # ------------------------------------------------------------- method="mma"
@@ -118,21 +120,22 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                         stride_zq, stride_ps, stride_pp,
                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
                         USE_ASM: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                        FUSE_Q: tl.constexpr, X_BF16: tl.constexpr, PAIRED: tl.constexpr):
+                        FUSE_Q: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr, NC: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
         (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
         SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
         CNT one arrival counter per (pair, row tile). FUSE_Q (BN < 128): bf16 z to Z, its FP8 blocks to
         ZQ / ZS, QCNT one counter per (pair, 128-block). X_BF16: XQ is bf16 x, quantised here (SX unused).
-        PAIRED: program_id(0) is a block of BLK (dsv4.kernels.moe_gemv_pairs): two pairs of one expert."""
+        G > 1: program_id(0) is a block of BLK (dsv4.kernels.moe_gemv_pairs): G pairs of one expert, NC MMA
+        columns (16, else 8 G)."""
         pdl_wait()
         pid_n = tl.program_id(1)
-        if PAIRED:
-            p, p1, e = _block_pairs(BLK, IDS, num_experts)
+        if G > 1:
+            p, e = _block_first(BLK, IDS, num_experts, G)
             if p < 0:  # an unused block
                 return
-            Xrow1 = XQ + tl.maximum(p1, 0) // top_k * stride_x
-            SXrow1 = SX + tl.maximum(p1, 0) // top_k * stride_sx
+            xrows, live = _block_rows(BLK, XQ, stride_x, top_k, G, NC)
+            sxrows, live = _block_rows(BLK, SX, stride_sx, top_k, G, NC)
         else:
             p = tl.program_id(0).to(tl.int64)
             e = tl.load(IDS + p).to(tl.int64)
@@ -146,8 +149,8 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         Su = Sg + I * stride_wsn
         Xrow = XQ + t * stride_x
         SXrow = SX + t * stride_sx
-        acc_g = tl.zeros((BN, 16), dtype=tl.float32)
-        acc_u = tl.zeros((BN, 16), dtype=tl.float32)
+        acc_g = tl.zeros((BN, NC), dtype=tl.float32)
+        acc_u = tl.zeros((BN, NC), dtype=tl.float32)
         kb_lo, kb_hi = _k_range(K, U, SPLIT)
         if PREFETCH > 0:  # the first K blocks of the gate and up rows into L2 at once (`GLU_PREFETCH_KBLOCKS`)
             rows = e * stride_we + offs_n.to(tl.int64) * stride_wn
@@ -155,36 +158,34 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             prefetch_l2(W + kb_lo * 64, rows, nbytes)
             prefetch_l2(W + kb_lo * 64, rows + I * stride_wn, nbytes)
         for kb0 in range(kb_lo, kb_hi, U):
-            part_g = tl.zeros((BN, 16), dtype=tl.float32)
-            part_u = tl.zeros((BN, 16), dtype=tl.float32)
-            sa = tl.zeros((16,), dtype=tl.float32)
+            part_g = tl.zeros((BN, NC), dtype=tl.float32)
+            part_u = tl.zeros((BN, NC), dtype=tl.float32)
+            sa = tl.zeros((NC,), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
                 if X_BF16:  # column 4u + g takes block u's scale from the call that quantised it
                     a_lo, a_hi, s_d = _act_tiles_q(Xrow, kb0 + d, d, KD)
                     blk = tl.arange(0, 16) // 4
                     sa = tl.where((blk >= d) & (blk < d + KD), s_d * 256.0, sa)
-                elif PAIRED:
-                    a_lo, a_hi = _act_tiles2(Xrow, Xrow1, p1 >= 0, kb0 + d, d, KD)
+                elif G > 1:
+                    a_lo, a_hi = _act_tiles_g(xrows, live, kb0 + d, d, KD, NC)
                 else:
                     a_lo, a_hi = _act_tiles(Xrow, kb0 + d, d, KD)
                 bg = _mma_order(tl.load(Wg + (kb0 + d) * 64), BN, KD)
                 bu = _mma_order(tl.load(Wu + (kb0 + d) * 64), BN, KD)
                 part_g = tl.dot(_f16_hi(bg, USE_ASM), a_hi, tl.dot(_f16_lo(bg, USE_ASM), a_lo, part_g))
                 part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
-            if PAIRED:
-                sa = _act_scales2(SXrow, SXrow1, p1 >= 0, kb0)
+            if G > 1:
+                sa = _act_scales_g(sxrows, live, kb0, NC)
             elif not X_BF16:
                 sa = _act_scales(SXrow, kb0, U)
-            acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, PAIRED)
-            acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, PAIRED)
-        if PAIRED:  # no split: the host allows neither SPLIT nor the fusions with PAIRED
-            gate, gate1 = _pair_sums(acc_g)
-            up, up1 = _pair_sums(acc_u)
-            _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, ZQ, QCNT, I, limit, stride_z, stride_zs, stride_zq,
-                     BN, QUANT_OUT, False)
-            if p1 >= 0:
-                _glu_out(gate1, up1, p1, pid_n, offs_n, TOPK_W, Z, ZS, ZQ, QCNT, I, limit, stride_z, stride_zs,
-                         stride_zq, BN, QUANT_OUT, False)
+            acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, G, NC)
+            acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, G, NC)
+        if G > 1:  # no split: the host allows neither SPLIT nor the fusions with G > 1
+            for j in tl.static_range(G):
+                pj = _block_member(BLK, j, G)
+                if pj >= 0:
+                    _glu_out(_pair_sum(acc_g, j, NC), _pair_sum(acc_u, j, NC), pj, pid_n, offs_n, TOPK_W, Z, ZS, ZQ,
+                             QCNT, I, limit, stride_z, stride_zs, stride_zq, BN, QUANT_OUT, False)
             return
         gate = tl.sum(acc_g, axis=1)
         up = tl.sum(acc_u, axis=1)
@@ -210,18 +211,18 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                          stride_ps, stride_pp, stride_out, stride_sh,
                          BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr,
                          SPLIT: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
-                         HAS_SHARED: tl.constexpr, PAIRED: tl.constexpr):
+                         HAS_SHARED: tl.constexpr, G: tl.constexpr, NC: tl.constexpr):
         """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes).
         SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials. COMBINE: also OUT [tokens, D] = the
         combine of the token's y rows [+ SH] (moe_gemv_fused), TCNT one counter per (token, row tile).
-        PAIRED: as in `_mma_glu_kernel` (neither SPLIT nor COMBINE)."""
+        G > 1: as in `_mma_glu_kernel` (neither SPLIT nor COMBINE)."""
         pdl_wait()
-        if PAIRED:
-            p, p1, e = _block_pairs(BLK, IDS, num_experts)
+        if G > 1:
+            p, e = _block_first(BLK, IDS, num_experts, G)
             if p < 0:
                 return
-            Zrow1 = ZQ + tl.maximum(p1, 0) * stride_zq
-            ZSrow1 = ZS + tl.maximum(p1, 0) * stride_zs
+            zrows, live = _block_rows(BLK, ZQ, stride_zq, 1, G, NC)
+            zsrows, live = _block_rows(BLK, ZS, stride_zs, 1, G, NC)
         else:
             p = tl.program_id(0).to(tl.int64)
             e = tl.load(IDS + p).to(tl.int64)
@@ -235,29 +236,29 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         Sr = WS + e * stride_wse + offs_n[:, None] * stride_wsn
         Zrow = ZQ + p * stride_zq
         ZSrow = ZS + p * stride_zs
-        acc = tl.zeros((BN, 16), dtype=tl.float32)
+        acc = tl.zeros((BN, NC), dtype=tl.float32)
         kb_lo, kb_hi = _k_range(K, U, SPLIT)
         if PREFETCH > 0:
             prefetch_l2(W + kb_lo * 64, e * stride_we + offs_n.to(tl.int64) * stride_wn,
                         tl.minimum(kb_hi - kb_lo, PREFETCH) * 64)
         for kb0 in range(kb_lo, kb_hi, U):
-            part = tl.zeros((BN, 16), dtype=tl.float32)
+            part = tl.zeros((BN, NC), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
-                if PAIRED:
-                    a_lo, a_hi = _act_tiles2(Zrow, Zrow1, p1 >= 0, kb0 + d, d, KD)
+                if G > 1:
+                    a_lo, a_hi = _act_tiles_g(zrows, live, kb0 + d, d, KD, NC)
                 else:
                     a_lo, a_hi = _act_tiles(Zrow, kb0 + d, d, KD)
                 b = _mma_order(tl.load(Wr + (kb0 + d) * 64), BN, KD)
                 part = tl.dot(_f16_hi(b, USE_ASM), a_hi, tl.dot(_f16_lo(b, USE_ASM), a_lo, part))
-            if PAIRED:
-                acc = _scale_acc(acc, part, Sr, _act_scales2(ZSrow, ZSrow1, p1 >= 0, kb0), kb0, U, True)
+            if G > 1:
+                acc = _scale_acc(acc, part, Sr, _act_scales_g(zsrows, live, kb0, NC), kb0, U, G, NC)
             else:
-                acc = _scale_acc(acc, part, Sr, _act_scales(ZSrow, kb0, U), kb0, U, False)
-        if PAIRED:
-            y, y1 = _pair_sums(acc)
-            tl.store(Y + p * stride_y + offs_n, y.to(tl.bfloat16))
-            if p1 >= 0:
-                tl.store(Y + p1 * stride_y + offs_n, y1.to(tl.bfloat16))
+                acc = _scale_acc(acc, part, Sr, _act_scales(ZSrow, kb0, U), kb0, U, 1, NC)
+        if G > 1:
+            for j in tl.static_range(G):
+                pj = _block_member(BLK, j, G)
+                if pj >= 0:
+                    tl.store(Y + pj * stride_y + offs_n, _pair_sum(acc, j, NC).to(tl.bfloat16))
             return
         y = tl.sum(acc, axis=1)
         if SPLIT:
@@ -339,8 +340,8 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     per tl.dot (fewer wgmma waits, more registers), `num_stages` pipeline depth of the weight and
     activation loads (whole loop steps), `split` / `split_down` programs per row tile of the GLU / down
     kernel along K (split-K reduced in the launch, module docstring; at most one per loop step),
-    `pairs_per_program` 2: two pairs of one expert per program (dsv4.kernels.moe_gemv_pairs; needs unroll 2 and
-    no split; the launch fusions are not used then)."""
+    `pairs_per_program` 2 or 4: that many pairs of one expert per program (dsv4.kernels.moe_gemv_pairs; needs
+    unroll 2 and no split; the launch fusions are not used then)."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
         raise ValueError("moe_gemv: MXFP4 experts only")
@@ -362,13 +363,13 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             raise ValueError(f"moe_gemv(method='mma'): need bn in {MMA_BN}, unroll in (1, 2, 4) and dot_blocks in "
                              f"(1, 2, 4) <= unroll, got bn={bn}, unroll={unroll}, dot_blocks={dot_blocks}")
         launch = dict(bn=bn, num_warps=num_warps, unroll=unroll, dot_blocks=dot_blocks, num_stages=num_stages)
-        if pairs_per_program not in (1, 2):
-            raise ValueError(f"moe_gemv: pairs_per_program must be 1 or 2, got {pairs_per_program!r}")
-        if pairs_per_program == 2:
+        if pairs_per_program not in PAIRS_PER_PROGRAM:
+            raise ValueError(f"moe_gemv: pairs_per_program must be in {PAIRS_PER_PROGRAM}, got {pairs_per_program!r}")
+        if pairs_per_program > 1:
             if _unroll(d, unroll) != 2 or _unroll(i, unroll) != 2 or split > 1 or split_down > 1:
-                raise ValueError("moe_gemv: pairs_per_program=2 needs 2 K blocks per loop step (unroll 2) and no split")
-            from dsv4.kernels.moe_gemv_pairs import pair_blocks
-            launch["blocks"] = pair_blocks(ids, e)
+                raise ValueError(f"moe_gemv: pairs_per_program={pairs_per_program} needs 2 K blocks per loop step "
+                                 "(unroll 2) and no split")
+            launch["blocks"] = pair_blocks(ids, e, pairs_per_program)
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
         mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, **launch)
@@ -397,13 +398,14 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
                   dot_blocks: int = 1, num_stages: int = 3, split: int = 1, blocks: torch.Tensor | None = None) -> None:
     """GEMM1 of method "mma": writes the rows of the routed pairs (ids in [0, E)) of zq [pairs, I] (f16 values
     of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales);
-    split > 1: that many programs per row tile along K (`_split_k`); blocks: `pair_blocks`' two pairs per
-    program. Launches: x quantisation (unless FUSE_X_QUANT), the GLU, z re-quantisation (bn 64 without
+    split > 1: that many programs per row tile along K (`_split_k`); blocks: `pair_blocks`' [P, G] blocks of G
+    pairs per program. Launches: x quantisation (unless FUSE_X_QUANT), the GLU, z re-quantisation (bn 64 without
     FUSE_Z_QUANT)."""
     m, d = x.shape
     e, i = experts.num_experts, experts.inter
     pairs = ids.numel()
     paired = blocks is not None
+    g, nc = _block_shape(blocks)
     x = x if x.stride(-1) == 1 else x.contiguous()
     if FUSE_X_QUANT and not paired:  # the GLU quantises bf16 x itself
         xq, sx, stride_sx = x, x, 0
@@ -425,7 +427,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
         float(swiglu_limit), xq.stride(0), stride_sx, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0), zq.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
         QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, FUSE_Q=fuse_q,
-        X_BF16=FUSE_X_QUANT and not paired, PAIRED=paired, num_warps=num_warps, num_stages=num_stages)
+        X_BF16=FUSE_X_QUANT and not paired, G=g, NC=nc, num_warps=num_warps, num_stages=num_stages)
     if not quant_out and not fuse_q:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
@@ -446,8 +448,9 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
     split, part, counters = _split_k(split, i // BLOCK // u, (pairs, d), pairs * (d // bn), zs)
     combine = out is not None
     paired = blocks is not None
+    g, nc = _block_shape(blocks)
     if paired and (combine or split > 1):
-        raise ValueError("mma_down_stage: two pairs per program take neither split nor out")
+        raise ValueError("mma_down_stage: blocks of pairs take neither split nor out")
     if combine:
         if pairs % top_k or out.shape != (pairs // top_k, d) or out.stride(-1) != 1:
             raise ValueError(f"mma_down_stage: out must be [{pairs // top_k}, {d}] with unit column stride")
@@ -458,7 +461,13 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
         tcnt if combine else zs, i, e, top_k, zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0),
         s2.stride(1), y.stride(0), part.stride(0), part.stride(1), out.stride(0) if combine else 0, sh.stride(0),
         BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS,
-        COMBINE=combine, HAS_SHARED=shared is not None, PAIRED=paired, num_warps=num_warps, num_stages=num_stages)
+        COMBINE=combine, HAS_SHARED=shared is not None, G=g, NC=nc, num_warps=num_warps, num_stages=num_stages)
+
+
+def _block_shape(blocks: torch.Tensor | None) -> tuple[int, int]:
+    """(pairs per program G, MMA columns NC) of a launch: one pair and 16 columns without blocks."""
+    g = 1 if blocks is None else blocks.shape[1]
+    return g, max(16, 8 * g)
 
 
 def _split_k(split: int, steps: int, shape: tuple[int, int], tiles: int, unused: torch.Tensor):

@@ -1,20 +1,21 @@
-"""Two (token, slot) pairs of one expert per program of the decode MoE (method "mma" of dsv4.kernels.moe_gemv,
-`moe_gemv(..., pairs_per_program=2)`).
+"""Several (token, slot) pairs of one expert per program of the decode MoE (method "mma" of
+dsv4.kernels.moe_gemv, `moe_gemv(..., pairs_per_program=G)`, G = 2 or 4).
 
-Why: from batch ~16 on, touched experts get two or more pairs (B = 64 on Flash: 384 pairs on ~200 experts),
-and the one-pair programs stream each such expert's weights once per pair. With one K loop step of two
-128-wide blocks (U = 2) a one-pair program's MMA uses only 8 of its 16 activation columns (column 4u + g:
-group g of block u). The second pair's block-diagonal activations fill columns 8..15, so a program serves two
-pairs of its expert for the same weight stream and the same MMAs; the epilogue runs per pair.
+Why: from batch ~8 on, touched experts get two or more pairs (B = 64 on Flash: 384 pairs on ~200 experts),
+and one-pair programs stream each such expert's weights once per pair. With one K loop step of two 128-wide
+blocks (U = 2) a pair's block-diagonal activations take 8 MMA columns (column 4u + g: group g of block u), and
+a one-pair program's MMA has 16 columns, 8 of them zero. Pair j of a block takes columns 8j .. 8j + 7 (N = 16
+for G = 2, 32 for G = 4), so a program serves G pairs of its expert for one weight stream; the epilogue runs
+per pair.
 
-Bits: each accumulator column still holds one group's exact fp32 partial, and a pair's output sums its own
-16 columns with the other pair's 8 masked to 0.0 -- the one-pair program's sum, whose 8 unused columns are
-0.0 (x + 0.0 is x): the same bits either way (GPU test).
+Bits: each accumulator column still holds one group's exact fp32 partial, and a pair's output sums the
+columns with every other pair's masked to 0.0 -- the one-pair program's sum, whose unused columns are 0.0
+(x + 0.0 is x): the same bits for any G (GPU test).
 
-Pairing (`pair_blocks`, one program): pair p of expert e with rank r among e's pairs (in pair order) starts
-a block if r is even, with the next pair of e (or none) as its partner; blocks are numbered in pair order.
-BLK [P, 2] int32 lists (first, partner or -1), then (-1, -1) up to P rows, so the launch grid (P blocks)
-needs no host sync and the unused blocks return at once. Pairs of other ranks' experts are in no block.
+Blocks (`pair_blocks`, one program): the pairs sorted by (expert, pair index), each expert's run cut into
+blocks of G (the last one padded with -1), blocks in expert order. BLK [P, G] int32 lists the blocks, then
+rows of -1 up to P rows, so the launch grid (P blocks) needs no host sync and the unused blocks return at
+once. Pairs of other ranks' experts are in no block.
 """
 
 from __future__ import annotations
@@ -24,100 +25,113 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, pdl_kernel, pdl_wait
 
 MAX_PAIRS = 4096  # one program holds every pair's id
+PAIRS_PER_PROGRAM = (1, 2, 4)
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    @triton.jit
+    def _max_combine(a, b):
+        return tl.maximum(a, b)
+
     @pdl_kernel
     @triton.jit
-    def _pair_blocks_kernel(IDS, BLK, P, num_experts, BLOCK_P: tl.constexpr, QC: tl.constexpr):
+    def _pair_blocks_kernel(IDS, BLK, KEYS, P, num_experts, G: tl.constexpr, BLOCK_P: tl.constexpr):
+        """Sort the pairs by (expert, pair index) (other ranks' pairs last), rank each within its expert's
+        run, start a block at every rank % G == 0 with the run's next G - 1 pairs."""
         pdl_wait()
         offs = tl.arange(0, BLOCK_P)
         inside = offs < P
         e = tl.load(IDS + offs, mask=inside, other=-1)
         mine = inside & (e >= 0) & (e < num_experts)
-        rank = tl.zeros((BLOCK_P,), dtype=tl.int32)
-        partner = tl.full((BLOCK_P,), BLOCK_P, dtype=tl.int32)
-        for q0 in range(0, P, QC):
-            q = q0 + tl.arange(0, QC)
-            eq = tl.load(IDS + q, mask=q < P, other=-2)
-            same = (e[:, None] == eq[None, :]) & mine[:, None] & (q < P)[None, :]
-            rank += tl.sum((same & (q[None, :] < offs[:, None])).to(tl.int32), axis=1)
-            later = tl.where(same & (q[None, :] > offs[:, None]), q[None, :], BLOCK_P)
-            partner = tl.minimum(partner, tl.min(later, axis=1))
-        start = mine & (rank % 2 == 0)
+        keys = tl.sort(tl.where(mine, e, num_experts) * BLOCK_P + offs)
+        se = keys // BLOCK_P
+        tl.store(KEYS + offs, keys)
+        tl.debug_barrier()  # the sorted keys of every position, for the neighbour loads below (one CTA)
+        prev = tl.where(offs > 0, tl.load(KEYS + offs - 1, mask=offs > 0, other=0) // BLOCK_P, -1)
+        first = tl.associative_scan(tl.where(se != prev, offs, 0), 0, _max_combine)  # the run's first position
+        rank = offs - first
+        start = (se < num_experts) & (rank % G == 0)
+        j = tl.arange(0, G)
+        nxt = offs[:, None] + j[None, :]
+        nk = tl.load(KEYS + nxt, mask=nxt < BLOCK_P, other=-1)
+        members = tl.where((nk >= 0) & (nk // BLOCK_P == se[:, None]), nk % BLOCK_P, -1)
         blk = tl.cumsum(start.to(tl.int32), axis=0) - 1
         nblk = tl.sum(start.to(tl.int32), axis=0)
-        tl.store(BLK + 2 * blk, offs, mask=start)
-        tl.store(BLK + 2 * blk + 1, tl.where(partner < BLOCK_P, partner, -1), mask=start)
+        tl.store(BLK + G * blk[:, None] + j[None, :], members, mask=start[:, None])
         unused = inside & (offs >= nblk)
-        tl.store(BLK + 2 * offs, tl.full((BLOCK_P,), -1, tl.int32), mask=unused)
-        tl.store(BLK + 2 * offs + 1, tl.full((BLOCK_P,), -1, tl.int32), mask=unused)
+        tl.store(BLK + G * offs[:, None] + j[None, :], tl.full((BLOCK_P, G), -1, tl.int32), mask=unused[:, None])
 
     @triton.jit
-    def _block_pairs(BLK, IDS, num_experts):
-        """(first pair, partner or -1, expert) of this program's block (program_id(0)); first = -1 if the block
-        is unused."""
+    def _block_first(BLK, IDS, num_experts, G: tl.constexpr):
+        """(first pair, expert) of this program's block (program_id(0)); first = -1 if the block is unused."""
         b = tl.program_id(0).to(tl.int64)
-        p = tl.load(BLK + 2 * b).to(tl.int64)
-        p1 = tl.load(BLK + 2 * b + 1).to(tl.int64)
+        p = tl.load(BLK + G * b).to(tl.int64)
         e = tl.load(IDS + tl.maximum(p, 0)).to(tl.int64)
-        p = tl.where((e >= 0) & (e < num_experts), p, -1)
-        return p, p1, e
+        return tl.where((e >= 0) & (e < num_experts), p, -1), e
 
     @triton.jit
-    def _act_tiles2(Arow, Arow1, has1, kb, u0: tl.constexpr, KD: tl.constexpr):
-        """`moe_mma_operands._act_tiles` for two pairs (U = 2): the first pair's block-diagonal elements in columns
-        0..7, the second's (row Arow1, if has1) in 8..15, one masked load per tile."""
+    def _block_rows(BLK, A, stride_a, div, G: tl.constexpr, NC: tl.constexpr):
+        """Per MMA column (8 per pair): the row A + (pair // div) * stride_a of the column's pair, and whether
+        that pair exists."""
+        n = tl.arange(0, NC)
+        pc = tl.load(BLK + G * tl.program_id(0).to(tl.int64) + n // 8, mask=n // 8 < G, other=-1).to(tl.int64)
+        return A + tl.maximum(pc, 0) // div * stride_a, pc >= 0
+
+    @triton.jit
+    def _act_tiles_g(rows, live, kb, u0: tl.constexpr, KD: tl.constexpr, NC: tl.constexpr):
+        """`moe_mma_operands._act_tiles` for a block (U = 2): pair j's block-diagonal elements in columns
+        8j .. 8j + 7 (rows, live: `_block_rows`), one masked load per tile."""
         k = tl.arange(0, 64 * KD)
-        n = tl.arange(0, 16)
+        n = tl.arange(0, NC)
         col = 4 * (u0 + k // 64) + 2 * ((k // 8) % 2)
-        base = tl.where(n < 8, Arow, Arow1)
-        ptr = base[None, :] + (kb * 128 + (k // 64) * 128 + (k % 64))[:, None]
-        live = ((n < 8) | has1)[None, :]
-        lo = tl.load(ptr, mask=live & ((n % 8)[None, :] == col[:, None]), other=0.0)
-        hi = tl.load(ptr + 64, mask=live & ((n % 8)[None, :] == col[:, None] + 1), other=0.0)
+        ptr = rows[None, :] + (kb * 128 + (k // 64) * 128 + (k % 64))[:, None]
+        lo = tl.load(ptr, mask=live[None, :] & ((n % 8)[None, :] == col[:, None]), other=0.0)
+        hi = tl.load(ptr + 64, mask=live[None, :] & ((n % 8)[None, :] == col[:, None] + 1), other=0.0)
         return lo, hi
 
     @triton.jit
-    def _act_scales2(SArow, SArow1, has1, kb0):
-        """`moe_mma_operands._act_scales` (times 2^8) for two pairs: column 8j + 4u + g takes pair j's block kb0 + u."""
-        n = tl.arange(0, 16)
-        base = tl.where(n < 8, SArow, SArow1)
-        return tl.load(base + kb0 + (n % 8) // 4, mask=(n < 8) | has1, other=0.0) * 256.0
+    def _act_scales_g(srows, live, kb0, NC: tl.constexpr):
+        """`moe_mma_operands._act_scales` (times 2^8) for a block: column 8j + 4u + g takes pair j's block
+        kb0 + u."""
+        n = tl.arange(0, NC)
+        return tl.load(srows + kb0 + (n % 8) // 4, mask=live, other=0.0) * 256.0
 
     @triton.jit
-    def _pair_sums(acc):
-        """Row sums of the first pair's columns (0..7) and the second's (8..15) of an [N, 16] accumulator."""
-        first = (tl.arange(0, 16) < 8)[None, :]
-        return tl.sum(tl.where(first, acc, 0.0), axis=1), tl.sum(tl.where(first, 0.0, acc), axis=1)
+    def _pair_sum(acc, j: tl.constexpr, NC: tl.constexpr):
+        """Row sums of pair j's columns of an [N, NC] accumulator (the others masked to 0.0)."""
+        return tl.sum(tl.where((tl.arange(0, NC) // 8 == j)[None, :], acc, 0.0), axis=1)
+
+    @triton.jit
+    def _block_member(BLK, j: tl.constexpr, G: tl.constexpr):
+        """Pair j of this program's block (-1: none)."""
+        return tl.load(BLK + G * tl.program_id(0).to(tl.int64) + j).to(tl.int64)
 
 
-def pair_blocks(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """BLK [P, 2] int32 (module docstring) for the flat pair ids [P] (other ranks' experts outside [0, E))."""
+def pair_blocks(ids: torch.Tensor, num_experts: int, per_program: int) -> torch.Tensor:
+    """BLK [P, G] int32 (module docstring) for the flat pair ids [P] (other ranks' experts outside [0, E))."""
     pairs = ids.numel()
     if pairs > MAX_PAIRS:
         raise ValueError(f"pair_blocks: at most {MAX_PAIRS} pairs, got {pairs}")
-    blk = torch.empty((pairs, 2), dtype=torch.int32, device=ids.device)
+    if per_program not in PAIRS_PER_PROGRAM[1:]:
+        raise ValueError(f"pair_blocks: per_program must be one of {PAIRS_PER_PROGRAM[1:]}, got {per_program!r}")
+    blk = torch.empty((pairs, per_program), dtype=torch.int32, device=ids.device)
     block = max(16, triton.next_power_of_2(pairs))
-    _pair_blocks_kernel[(1,)](ids, blk, pairs, num_experts, BLOCK_P=block, QC=16 if block <= 512 else 4,
-                              num_warps=4 if block <= 512 else 8)
+    keys = torch.empty((block,), dtype=torch.int32, device=ids.device)
+    _pair_blocks_kernel[(1,)](ids, blk, keys, pairs, num_experts, G=per_program, BLOCK_P=block,
+                              num_warps=4 if block <= 1024 else 8)
     return blk
 
 
-def pair_blocks_ref(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """The pairing in plain Python (the kernel's reference)."""
-    out, seen, open_block = [], {}, {}
-    for p, e in enumerate(ids.tolist()):
-        if not 0 <= e < num_experts:
-            continue
-        r = seen.get(e, 0)
-        seen[e] = r + 1
-        if r % 2 == 0:
-            open_block[e] = len(out)
-            out.append([p, -1])
-        else:
-            out[open_block[e]][1] = p
-    out += [[-1, -1]] * (ids.numel() - len(out))
-    return torch.tensor(out, dtype=torch.int32).view(-1, 2)
+def pair_blocks_ref(ids: torch.Tensor, num_experts: int, per_program: int) -> torch.Tensor:
+    """The blocks written out in Python (the kernel's reference)."""
+    ids = ids.tolist()
+    out = []
+    for e in range(num_experts):
+        mine = [p for p, x in enumerate(ids) if x == e]
+        for r in range(0, len(mine), per_program):
+            chunk = mine[r:r + per_program]
+            out.append(chunk + [-1] * (per_program - len(chunk)))
+    out += [[-1] * per_program] * (len(ids) - len(out))
+    return torch.tensor(out, dtype=torch.int32).view(-1, per_program)

@@ -73,13 +73,14 @@ if HAS_TRITON:
         return tl.load(SArow + kb0 + n // 4, mask=n < 4 * U, other=0.0) * 256.0
 
     @triton.jit
-    def _scale_acc(acc, part, Sbytes, sa, kb0, U: tl.constexpr, PAIRED: tl.constexpr):
+    def _scale_acc(acc, part, Sbytes, sa, kb0, U: tl.constexpr, G: tl.constexpr, NC: tl.constexpr):
         """acc += part * group scale * activation scale sa (`_act_scales`), per column 4u + g (group g of K
         block kb0 + u): the group's E8M0 byte b gives 2^(b - 127 + 6) as in `moe._group_scale` (valid for
         every byte the layout admits), the remaining 2^8 of the 2^-14 weight shift rides on the activation
-        scale (all powers of two: the same products as (part * 2^(b - 127 + 14)) * sa)."""
-        n = tl.arange(0, 16)
-        if PAIRED:  # two pairs (U = 2, dsv4.kernels.moe_gemv_pairs): column 8j + 4u + g
+        scale (all powers of two: the same products as (part * 2^(b - 127 + 14)) * sa). G > 1 pairs per
+        program (U = 2, NC columns, dsv4.kernels.moe_gemv_pairs): column 8j + 4u + g."""
+        n = tl.arange(0, NC)
+        if G > 1:
             n = n % 8
         used = n < 4 * U
         b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=used[None, :], other=0).to(tl.int32)

@@ -416,34 +416,36 @@ def test_cuda_moe_split_matches_reference(split, split_down, unroll, poison, clo
         close_bf16(y, ref, rel=1e-2, what=f"cuda split {split}/{split_down}")
 
 
+@pytest.mark.parametrize("per_program", [2, 4])
 @pytest.mark.parametrize("pairs,e,drop", [(1, 8, False), (7, 4, False), (48, 16, True), (384, 256, False),
-                                          (600, 32, True)])
-def test_pair_blocks_match_reference(pairs, e, drop):
-    """The two-pairs-per-program blocks (first pair, next pair of its expert or -1; unused rows -1) against
-    the pairing written out in Python, with other ranks' pairs (-1, E) in no block."""
+                                          (600, 32, True), (2000, 256, False)])
+def test_pair_blocks_match_reference(pairs, e, drop, per_program):
+    """The blocks of pairs of one expert (sorted by expert, pair order within; unused rows -1) against the
+    blocks written out in Python, with other ranks' pairs (-1, E) in no block."""
     from dsv4.kernels.moe_gemv_pairs import pair_blocks, pair_blocks_ref
 
-    gen = torch.Generator(DEV).manual_seed(pairs + e)
+    gen = torch.Generator(DEV).manual_seed(pairs + e + per_program)
     ids = torch.randint(0, e, (pairs,), generator=gen, device=DEV, dtype=torch.int32)
     if drop:
         other = torch.rand(pairs, generator=gen, device=DEV)
         ids = torch.where(other < 0.2, -1, torch.where(other < 0.3, e, ids))
-    blk = torch.full((pairs, 2), -7, dtype=torch.int32, device=DEV)  # poisoned: every row must be written
-    blk.copy_(pair_blocks(ids, e))
-    assert torch.equal(blk.cpu(), pair_blocks_ref(ids.cpu(), e))
+    blk = torch.full((pairs, per_program), -7, dtype=torch.int32, device=DEV)  # poisoned: every row written
+    blk.copy_(pair_blocks(ids, e, per_program))
+    assert torch.equal(blk.cpu(), pair_blocks_ref(ids.cpu(), e, per_program))
 
 
+@pytest.mark.parametrize("per_program", [2, 4])
 @pytest.mark.parametrize("other_ranks", [False, True])
 @pytest.mark.parametrize("m", [5, 24])
 @pytest.mark.parametrize("shape", ["bn64", "bn128_w8"])
-def test_two_pairs_per_program_same_bits(shape, m, other_ranks, poison, close_bf16):
-    """pairs_per_program=2 (dsv4.kernels.moe_gemv_pairs) writes the same bits as one pair per program for every
-    pair of this rank, and fused_moe with it matches the reference."""
+def test_pairs_per_program_same_bits(shape, m, other_ranks, per_program, poison, close_bf16):
+    """pairs_per_program=2 / 4 (dsv4.kernels.moe_gemv_pairs) writes the same bits as one pair per program for
+    every pair of this rank, and fused_moe with it matches the reference."""
     from dsv4.kernels.moe import MoEConfig, finalize_experts, fused_moe, fused_moe_ref
     from dsv4.kernels.moe_gemv import moe_gemv
 
     e, d, i, k = 16, 512, 256, 6
-    gen = torch.Generator(DEV).manual_seed(m * 7 + len(shape) + other_ranks)
+    gen = torch.Generator(DEV).manual_seed(m * 7 + len(shape) + other_ranks + per_program)
     experts = _experts(e, d, i, gen)
     packed = finalize_experts(experts)
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
@@ -453,15 +455,15 @@ def test_two_pairs_per_program_same_bits(shape, m, other_ranks, poison, close_bf
     poison()
     one = moe_gemv(x, ids, w, packed, LIMIT, method="mma", **launch)[mine]
     poison()
-    two = moe_gemv(x, ids, w, packed, LIMIT, method="mma", pairs_per_program=2, **launch)[mine]
-    assert torch.equal(one.view(torch.int16), two.view(torch.int16)), f"{shape} m={m}: bits differ"
+    more = moe_gemv(x, ids, w, packed, LIMIT, method="mma", pairs_per_program=per_program, **launch)[mine]
+    assert torch.equal(one.view(torch.int16), more.view(torch.int16)), f"{shape} m={m}: bits differ"
     cfg = MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=launch["bn"], gemv_mma=True,
-                    warps1=launch["num_warps"], gemv_stages=launch["num_stages"], gemv_pairs=2)
+                    warps1=launch["num_warps"], gemv_stages=launch["num_stages"], gemv_pairs=per_program)
     y = fused_moe(x, ids, w, packed, out_dtype=torch.float32, config=cfg)
     close_bf16(y, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what=f"{shape} m={m}")
 
 
-def test_two_pairs_per_program_rejects_split():
+def test_pairs_per_program_rejects_bad_launches():
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_gemv import moe_gemv
 
@@ -469,6 +471,6 @@ def test_two_pairs_per_program_rejects_split():
     packed = finalize_experts(_experts(4, 512, 256, gen))
     x = torch.randn(2, 512, generator=gen, device=DEV).to(torch.bfloat16)
     ids, w = _routing(2, 4, 2, gen)
-    for bad in (dict(split=2), dict(split_down=2), dict(unroll=4)):
+    for bad in (dict(split=2), dict(split_down=2), dict(unroll=4), dict(pairs_per_program=3)):
         with pytest.raises(ValueError, match="pairs_per_program"):
-            moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", pairs_per_program=2, **bad)
+            moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", **{"pairs_per_program": 2, **bad})
