@@ -1,6 +1,6 @@
 """The MoE launch-shape rule (dsv4.kernels.moe_config.pick_moe_config) picks the kernels the H200 sweeps
 measured fastest (docs/benchmarks.md #5): per-pair kernels at decode sizes (GLU split-K only while the pairs
-leave SMs idle; two pairs of an expert per program from B = 8 to 64 on Flash), the bf16-wgmma kernel from 40
+leave SMs idle; two pairs of an expert per program from B = 8 to 96 on Flash), the bf16-wgmma kernel from 40
 pairs per expert (128-row tiles from 64), the per-group grouped GEMM in between."""
 
 from __future__ import annotations
@@ -45,6 +45,6 @@ def test_thresholds_match_the_measured_crossovers():
     assert pick_moe_config(2048 * TOP_K, FLASH_E).wide and pick_moe_config(2048 * TOP_K, FLASH_E).bm == 64
     assert not pick_moe_config(1024 * TOP_K, FLASH_E).wide
     assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel
-    # two pairs per program from B = 8 to B = 64 (the session-18 sweep), not at B = 1 nor at B = 96
-    assert [pick_moe_config(b * TOP_K, FLASH_E).gemv_pairs for b in (1, 4, 8, 16, 64, 96)] == [1, 1, 2, 2, 2, 1]
-    assert not pick_moe_config(96 * TOP_K, FLASH_E).gemv
+    # two pairs per program from B = 8 to B = 96 (the session-18 sweep), not at B = 1 nor at B = 128
+    assert [pick_moe_config(b * TOP_K, FLASH_E).gemv_pairs for b in (1, 4, 8, 16, 64, 96)] == [1, 1, 2, 2, 2, 2]
+    assert not pick_moe_config(128 * TOP_K, FLASH_E).gemv

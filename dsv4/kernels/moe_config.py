@@ -53,13 +53,14 @@ WIDE64_MIN_PAIRS_PER_EXPERT = 40
 GEMV_CUDA_MAX_PAIRS = 0
 # Two pairs of one expert per program (tensor-core per-pair kernel, dsv4.kernels.moe_gemv_pairs) from
 # GEMV_PAIRED_FROM to GEMV_PAIRED_MAX pairs per touched expert (uniform ids); the per-group kernel beyond.
-# Session 18 (bench/sweep_moe_batch.py, Flash, µs per call in a graph, one pair / two pairs per program / the
-# old default): B = 8 (1.10 per touched expert) 238 / 233 / 238, B = 16 (1.20) 445 / 408 / 448, B = 32 (1.42)
-# 851 / 715 / 848, B = 48 (1.67) 1,258 / 1,018 / 1,349 (per-group), B = 64 (1.93) 1,671 / 1,280 / 1,536,
-# B = 96 (2.51) 2,469 / 1,742 / 1,754, B = 128 (3.16) 3,281 / 2,221 / 1,900. Pro shapes not measured.
+# Session 18 (bench/sweep_moe_batch.py, Flash, µs per call in a graph, s18c): one pair per program / two / the
+# per-group kernel: B = 16 (1.20 pairs per touched expert) 447 / 398 / -, B = 32 (1.42) 848 / 680 / -, B = 64
+# (1.93) 1,659 / 1,174 / 1,536 (s18b), B = 96 (2.51) 2,469 / 1,613 / 1,761, B = 128 (3.16) 3,305 / 2,038 / 1,903;
+# B = 8 (1.10) 238 / 233 (s18b). Pro shapes not measured.
 GEMV_PAIRED_FROM = 1.08
-GEMV_PAIRED_MAX = 2.3
-# ... with four pairs per program (32 MMA columns) instead of two from this many (inf: never)
+GEMV_PAIRED_MAX = 2.7
+# ... with four pairs per program (32 MMA columns: 190 registers, 2 programs per SM) instead of two from this
+# many (inf: never). Slower at every batch in s18c: B = 16 554 µs, 32 929, 64 1,427, 96 1,745, 128 2,074.
 GEMV_PAIRS4_FROM = float("inf")
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 
