@@ -408,12 +408,14 @@ def fused_moe(
     x = x.contiguous()
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     if cfg.gemv and experts.fmt == "mxfp4" and act == "fp8":
-        from dsv4.kernels.moe_gemv import moe_gemv
+        from dsv4.kernels.moe_gemv import moe_gemv, pairs_fit
+        # blocks of pairs need two 128-blocks per loop step of both GEMMs (else one pair per program)
+        pairs = cfg.gemv_pairs if pairs_fit(cfg, d, i) else 1
         # the combine included (a launch, or with moe_gemv.FUSE_COMBINE in the down kernel after the join)
         return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                         dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,
-                        out=out, shared=shared, pairs_per_program=cfg.gemv_pairs)
+                        out=out, shared=shared, pairs_per_program=pairs)
     if wide:
         from dsv4.kernels import moe_wide as mw
         if mw.fp8_path(experts, x.device):  # FP8 operands: their own tile height

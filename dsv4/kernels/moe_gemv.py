@@ -305,6 +305,16 @@ def _unroll(k: int, most: int) -> int:
     return u
 
 
+def _pairs_fit(d: int, i: int, unroll: int, split: int, split_down: int) -> bool:
+    """Blocks of pairs (dsv4.kernels.moe_gemv_pairs) take 2 K blocks per loop step in both GEMMs, no split."""
+    return _unroll(d, unroll) == 2 and _unroll(i, unroll) == 2 and split == 1 and split_down == 1
+
+
+def pairs_fit(cfg, d: int, i: int) -> bool:
+    """Whether MoEConfig cfg's blocks of pairs apply to hidden d / inter i (method "mma" only)."""
+    return cfg.gemv_mma and _pairs_fit(d, i, cfg.gemv_unroll, cfg.gemv_split, cfg.gemv_split_down)
+
+
 def _use_asm() -> bool:
     return os.environ.get("TRITON_INTERPRET") != "1"  # the interpreter runs no inline PTX
 
@@ -366,7 +376,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         if pairs_per_program not in PAIRS_PER_PROGRAM:
             raise ValueError(f"moe_gemv: pairs_per_program must be in {PAIRS_PER_PROGRAM}, got {pairs_per_program!r}")
         if pairs_per_program > 1:
-            if _unroll(d, unroll) != 2 or _unroll(i, unroll) != 2 or split > 1 or split_down > 1:
+            if not _pairs_fit(d, i, unroll, split, split_down):
                 raise ValueError(f"moe_gemv: pairs_per_program={pairs_per_program} needs 2 K blocks per loop step "
                                  "(unroll 2) and no split")
             launch["blocks"] = pair_blocks(ids, e, pairs_per_program)

@@ -474,3 +474,20 @@ def test_pairs_per_program_rejects_bad_launches():
     for bad in (dict(split=2), dict(split_down=2), dict(unroll=4), dict(pairs_per_program=3)):
         with pytest.raises(ValueError, match="pairs_per_program"):
             moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", **{"pairs_per_program": 2, **bad})
+
+
+def test_fused_moe_takes_one_pair_where_blocks_do_not_fit(poison):
+    """A config with blocks of pairs on experts whose inter dimension is one 128-block (no 2-block loop step):
+    fused_moe runs one pair per program instead, the same bits as asking for that."""
+    from dsv4.kernels.moe import MoEConfig, finalize_experts, fused_moe
+
+    e, d, i, k, m = 8, 512, 128, 6, 16
+    gen = torch.Generator(DEV).manual_seed(11)
+    packed = finalize_experts(_experts(e, d, i, gen))
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _routing(m, e, k, gen)
+    base = dict(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True)
+    poison()
+    two = fused_moe(x, ids, w, packed, config=MoEConfig(**base, gemv_pairs=2))
+    one = fused_moe(x, ids, w, packed, config=MoEConfig(**base))
+    assert torch.equal(two.view(torch.int16), one.view(torch.int16))
