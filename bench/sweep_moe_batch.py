@@ -1,12 +1,12 @@
 """Decode-sized routed MoE at batch 8-64 (issue #5: >= 75 % of copy bandwidth on the expert bytes touched):
 the default (`pick_moe_config`) against the per-pair tensor-core kernel (`moe_gemv` method "mma") with one, two
-and four pairs of an expert per program (dsv4.kernels.moe_gemv_pairs) at every batch, Flash experts
-(256 x 4096 x 2048 MXFP4, random bytes), random top-6 routing per token.
+and four pairs of an expert per program (dsv4.kernels.moe_gemv_pairs; 2 or 1 K blocks per loop step) at every
+batch, Flash (or Pro) experts (random MXFP4 bytes), random top-6 routing per token.
 
 Timing as `sweep_linear.py`: `--calls` MoE calls with different routings in one CUDA graph, µs per call, beside
 the touched bytes at the copy bandwidth of the same run.
 
-    python bench/sweep_moe_batch.py [--tokens 8,16,24,32,48,64,96,128] [--calls 8]
+    python bench/sweep_moe_batch.py [--tokens 8,16,24,32,48,64,96,128] [--calls 8] [--model flash|pro]
 """
 
 from __future__ import annotations
@@ -34,25 +34,27 @@ def routing(m: int, e: int, k: int, gen: torch.Generator) -> torch.Tensor:
     return torch.rand(m, e, generator=gen, device=DEV).topk(k, dim=-1).indices.to(torch.int32)
 
 
-def per_pair(bn: int, split: int, stages: int = 3, pairs: int = 1) -> MoEConfig:
+def per_pair(bn: int, pairs: int = 1, unroll: int = 2, stages: int = 3) -> MoEConfig:
     return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=bn, gemv_mma=True,
-                     gemv_unroll=2, gemv_stages=stages, gemv_split=split, gemv_pairs=pairs,
-                     warps1=8 if bn == 128 else 4)
+                     gemv_unroll=unroll, gemv_stages=stages, gemv_pairs=pairs, warps1=8 if bn == 128 else 4)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="8,16,24,32,48,64,96,128")
     ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--model", default="flash", choices=sorted(MOE))
     args = ap.parse_args()
-    e, d, i, k = MOE["flash"]
+    e, d, i, k = MOE[args.model]
     bw = copy_bandwidth()
-    print(f"copy bandwidth {bw:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
+    print(f"copy bandwidth {bw:.2f} TB/s ({torch.cuda.get_device_name()}), {args.model} experts {e} x {d} x {i}",
+          flush=True)
     experts = random_experts(e, d, i, "mxfp4")
     per_expert = (2 * i * d + d * i) // 2 * (1 + 1 / 32)  # weight codes + E8M0 scales
-    variants = {"one pair bn64": per_pair(64, 1), "two pairs bn64": per_pair(64, 1, pairs=2),
-                "four pairs bn64": per_pair(64, 1, pairs=4), "four pairs bn64 2 stages": per_pair(64, 1, 2, pairs=4),
-                "four pairs bn128": per_pair(128, 1, pairs=4)}
+    variants = {"one pair": per_pair(64), "two pairs": per_pair(64, 2),
+                "two pairs, 1 K block/step": per_pair(64, 2, 1),
+                "four pairs, 1 K block/step": per_pair(64, 4, 1),
+                "four pairs bn128, 1 K block/step": per_pair(128, 4, 1)}
     for m in (int(t) for t in args.tokens.split(",")):
         gen = torch.Generator(DEV).manual_seed(m)
         x = (torch.randn(m, d, device=DEV, generator=gen) * 2).to(torch.bfloat16)

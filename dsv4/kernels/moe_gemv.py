@@ -131,15 +131,15 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         CNT one arrival counter per (pair, row tile). FUSE_Q (BN < 128): bf16 z to Z, its FP8 blocks to
         ZQ / ZS, QCNT one counter per (pair, 128-block). X_BF16: XQ is bf16 x, quantised here (SX unused).
         G > 1: program_id(0) is a block of BLK (dsv4.kernels.moe_gemv_pairs): G pairs of one expert, NC MMA
-        columns (16, else 8 G)."""
+        columns (max(16, 4 U G))."""
         pdl_wait()
         pid_n = tl.program_id(1)
         if G > 1:
             p, e = _block_first(BLK, IDS, num_experts, G)
             if p < 0:  # an unused block
                 return
-            xrows, live = _block_rows(BLK, XQ, stride_x, top_k, G, NC)
-            sxrows, live = _block_rows(BLK, SX, stride_sx, top_k, G, NC)
+            xrows, live = _block_rows(BLK, XQ, stride_x, top_k, G, NC, U)
+            sxrows, live = _block_rows(BLK, SX, stride_sx, top_k, G, NC, U)
         else:
             p = tl.program_id(0).to(tl.int64)
             e = tl.load(IDS + p).to(tl.int64)
@@ -171,7 +171,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                     blk = tl.arange(0, 16) // 4
                     sa = tl.where((blk >= d) & (blk < d + KD), s_d * 256.0, sa)
                 elif G > 1:
-                    a_lo, a_hi = _act_tiles_g(xrows, live, kb0 + d, d, KD, NC)
+                    a_lo, a_hi = _act_tiles_g(xrows, live, kb0 + d, d, KD, NC, U)
                 else:
                     a_lo, a_hi = _act_tiles(Xrow, kb0 + d, d, KD)
                 bg = _mma_order(tl.load(Wg + (kb0 + d) * 64), BN, KD)
@@ -179,7 +179,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 part_g = tl.dot(_f16_hi(bg, USE_ASM), a_hi, tl.dot(_f16_lo(bg, USE_ASM), a_lo, part_g))
                 part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
             if G > 1:
-                sa = _act_scales_g(sxrows, live, kb0, NC)
+                sa = _act_scales_g(sxrows, live, kb0, NC, U)
             elif not X_BF16:
                 sa = _act_scales(SXrow, kb0, U)
             acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, G, NC)
@@ -188,8 +188,8 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             for j in tl.static_range(G):
                 pj = _block_member(BLK, j, G)
                 if pj >= 0:
-                    _glu_out(_pair_sum(acc_g, j, NC), _pair_sum(acc_u, j, NC), pj, pid_n, offs_n, TOPK_W, Z, ZS, ZQ,
-                             QCNT, I, limit, stride_z, stride_zs, stride_zq, BN, QUANT_OUT, False)
+                    _glu_out(_pair_sum(acc_g, j, NC, U), _pair_sum(acc_u, j, NC, U), pj, pid_n, offs_n, TOPK_W, Z,
+                             ZS, ZQ, QCNT, I, limit, stride_z, stride_zs, stride_zq, BN, QUANT_OUT, False)
             return
         gate = tl.sum(acc_g, axis=1)
         up = tl.sum(acc_u, axis=1)
@@ -225,8 +225,8 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             p, e = _block_first(BLK, IDS, num_experts, G)
             if p < 0:
                 return
-            zrows, live = _block_rows(BLK, ZQ, stride_zq, 1, G, NC)
-            zsrows, live = _block_rows(BLK, ZS, stride_zs, 1, G, NC)
+            zrows, live = _block_rows(BLK, ZQ, stride_zq, 1, G, NC, U)
+            zsrows, live = _block_rows(BLK, ZS, stride_zs, 1, G, NC, U)
         else:
             p = tl.program_id(0).to(tl.int64)
             e = tl.load(IDS + p).to(tl.int64)
@@ -249,20 +249,20 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             part = tl.zeros((BN, NC), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
                 if G > 1:
-                    a_lo, a_hi = _act_tiles_g(zrows, live, kb0 + d, d, KD, NC)
+                    a_lo, a_hi = _act_tiles_g(zrows, live, kb0 + d, d, KD, NC, U)
                 else:
                     a_lo, a_hi = _act_tiles(Zrow, kb0 + d, d, KD)
                 b = _mma_order(tl.load(Wr + (kb0 + d) * 64), BN, KD)
                 part = tl.dot(_f16_hi(b, USE_ASM), a_hi, tl.dot(_f16_lo(b, USE_ASM), a_lo, part))
             if G > 1:
-                acc = _scale_acc(acc, part, Sr, _act_scales_g(zsrows, live, kb0, NC), kb0, U, G, NC)
+                acc = _scale_acc(acc, part, Sr, _act_scales_g(zsrows, live, kb0, NC, U), kb0, U, G, NC)
             else:
                 acc = _scale_acc(acc, part, Sr, _act_scales(ZSrow, kb0, U), kb0, U, 1, NC)
         if G > 1:
             for j in tl.static_range(G):
                 pj = _block_member(BLK, j, G)
                 if pj >= 0:
-                    tl.store(Y + pj * stride_y + offs_n, _pair_sum(acc, j, NC).to(tl.bfloat16))
+                    tl.store(Y + pj * stride_y + offs_n, _pair_sum(acc, j, NC, U).to(tl.bfloat16))
             return
         y = tl.sum(acc, axis=1)
         if SPLIT:
@@ -309,14 +309,15 @@ def _unroll(k: int, most: int) -> int:
     return u
 
 
-def _pairs_fit(d: int, i: int, unroll: int, split: int, split_down: int) -> bool:
-    """Blocks of pairs (dsv4.kernels.moe_gemv_pairs) take 2 K blocks per loop step in both GEMMs, no split."""
-    return _unroll(d, unroll) == 2 and _unroll(i, unroll) == 2 and split == 1 and split_down == 1
+def _pairs_fit(d: int, i: int, unroll: int, split: int, split_down: int, g: int) -> bool:
+    """Blocks of g pairs (dsv4.kernels.moe_gemv_pairs): at most 32 MMA columns (4 per K block of a loop step
+    and pair) in both GEMMs, no split."""
+    return 4 * g * max(_unroll(d, unroll), _unroll(i, unroll)) <= MAX_COLUMNS and split == 1 and split_down == 1
 
 
 def pairs_fit(cfg, d: int, i: int) -> bool:
     """Whether MoEConfig cfg's blocks of pairs apply to hidden d / inter i (method "mma" only)."""
-    return cfg.gemv_mma and _pairs_fit(d, i, cfg.gemv_unroll, cfg.gemv_split, cfg.gemv_split_down)
+    return cfg.gemv_mma and _pairs_fit(d, i, cfg.gemv_unroll, cfg.gemv_split, cfg.gemv_split_down, cfg.gemv_pairs)
 
 
 def _use_asm() -> bool:
@@ -325,6 +326,7 @@ def _use_asm() -> bool:
 
 GEMV_METHODS = ("cuda", "mma")
 MMA_BN = (64, 128)  # wgmma's M side: 64 rows per warpgroup
+MAX_COLUMNS = 32  # wgmma's N side with blocks of pairs (accumulator registers)
 # K blocks (64 bytes per row each) of its weight rows that a method-"mma" GLU / down program starts into L2 as
 # soon as it knows its expert (0: off). Session 15 (s15a, bench_moe_flags, ms M = 1 / 8 / 64): default 0.19 /
 # 0.25 / 1.61, 8 blocks 0.37 / 0.28 / 1.61, 32 blocks 0.15 / 0.32 / 1.61 -- no consistent gain, stays off.
@@ -355,7 +357,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     activation loads (whole loop steps), `split` / `split_down` programs per row tile of the GLU / down
     kernel along K (split-K reduced in the launch, module docstring; at most one per loop step),
     `pairs_per_program` 2 or 4: that many pairs of one expert per program (dsv4.kernels.moe_gemv_pairs; needs
-    unroll 2 and no split; the launch fusions are not used then)."""
+    4 x pairs x K blocks per step <= MAX_COLUMNS and no split; the launch fusions are not used then)."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
         raise ValueError("moe_gemv: MXFP4 experts only")
@@ -380,9 +382,9 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         if pairs_per_program not in PAIRS_PER_PROGRAM:
             raise ValueError(f"moe_gemv: pairs_per_program must be in {PAIRS_PER_PROGRAM}, got {pairs_per_program!r}")
         if pairs_per_program > 1:
-            if not _pairs_fit(d, i, unroll, split, split_down):
-                raise ValueError(f"moe_gemv: pairs_per_program={pairs_per_program} needs 2 K blocks per loop step "
-                                 "(unroll 2) and no split")
+            if not _pairs_fit(d, i, unroll, split, split_down, pairs_per_program):
+                raise ValueError(f"moe_gemv: pairs_per_program={pairs_per_program} needs at most {MAX_COLUMNS} MMA "
+                                 "columns (4 per pair and K block of a loop step: unroll) and no split")
             launch["blocks"] = pair_blocks(ids, e, pairs_per_program)
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
@@ -419,7 +421,6 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     e, i = experts.num_experts, experts.inter
     pairs = ids.numel()
     paired = blocks is not None
-    g, nc = _block_shape(blocks)
     x = x if x.stride(-1) == 1 else x.contiguous()
     if FUSE_X_QUANT and not paired:  # the GLU quantises bf16 x itself
         xq, sx, stride_sx = x, x, 0
@@ -435,6 +436,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     qcnt = arrival_counters("moe_gemv z-quant", x.device, pairs * (i // BLOCK)) if fuse_q else zs
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes
     u = _unroll(d, unroll)
+    g, nc = _block_shape(blocks, u)
     split, part, counters = _split_k(split, d // BLOCK // u, (pairs, 2 * i), pairs * (i // bn), zs)
     _mma_glu_kernel[(pairs, i // bn, split)](
         xq, sx, ids, blocks if paired else ids, tw, w13, s13, z, zs, zq, part, counters, qcnt, i, d, top_k, e,
@@ -462,7 +464,7 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
     split, part, counters = _split_k(split, i // BLOCK // u, (pairs, d), pairs * (d // bn), zs)
     combine = out is not None
     paired = blocks is not None
-    g, nc = _block_shape(blocks)
+    g, nc = _block_shape(blocks, u)
     if paired and (combine or split > 1):
         raise ValueError("mma_down_stage: blocks of pairs take neither split nor out")
     if combine:
@@ -478,10 +480,11 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
         COMBINE=combine, HAS_SHARED=shared is not None, G=g, NC=nc, num_warps=num_warps, num_stages=num_stages)
 
 
-def _block_shape(blocks: torch.Tensor | None) -> tuple[int, int]:
-    """(pairs per program G, MMA columns NC) of a launch: one pair and 16 columns without blocks."""
+def _block_shape(blocks: torch.Tensor | None, u: int) -> tuple[int, int]:
+    """(pairs per program G, MMA columns NC) of a launch with u K blocks per loop step: one pair and 16 columns
+    without blocks, 4u columns per pair with them."""
     g = 1 if blocks is None else blocks.shape[1]
-    return g, max(16, 8 * g)
+    return g, max(16, 4 * u * g)
 
 
 def _split_k(split: int, steps: int, shape: tuple[int, int], tiles: int, unused: torch.Tensor):

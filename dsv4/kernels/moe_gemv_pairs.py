@@ -2,11 +2,11 @@
 dsv4.kernels.moe_gemv, `moe_gemv(..., pairs_per_program=G)`, G = 2 or 4).
 
 Why: from batch ~8 on, touched experts get two or more pairs (B = 64 on Flash: 384 pairs on ~200 experts),
-and one-pair programs stream each such expert's weights once per pair. With one K loop step of two 128-wide
-blocks (U = 2) a pair's block-diagonal activations take 8 MMA columns (column 4u + g: group g of block u), and
-a one-pair program's MMA has 16 columns, 8 of them zero. Pair j of a block takes columns 8j .. 8j + 7 (N = 16
-for G = 2, 32 for G = 4), so a program serves G pairs of its expert for one weight stream; the epilogue runs
-per pair.
+and one-pair programs stream each such expert's weights once per pair. With U 128-wide K blocks per loop step
+a pair's block-diagonal activations take 4U MMA columns (column 4u + g: group g of block u), and a one-pair
+program's MMA has 16 columns, 16 - 4U of them zero. Pair j of a block takes columns 4Uj .. 4Uj + 4U - 1
+(NC = max(16, 4UG) columns, at most 32), so a program serves G pairs of its expert for one weight stream; the
+epilogue runs per pair.
 
 Bits: each accumulator column still holds one group's exact fp32 partial, and a pair's output sums the
 columns with every other pair's masked to 0.0 -- the one-pair program's sum, whose unused columns are 0.0
@@ -72,36 +72,38 @@ if HAS_TRITON:
         return tl.where((e >= 0) & (e < num_experts), p, -1), e
 
     @triton.jit
-    def _block_rows(BLK, A, stride_a, div, G: tl.constexpr, NC: tl.constexpr):
-        """Per MMA column (8 per pair): the row A + (pair // div) * stride_a of the column's pair, and whether
+    def _block_rows(BLK, A, stride_a, div, G: tl.constexpr, NC: tl.constexpr, U: tl.constexpr):
+        """Per MMA column (4U per pair): the row A + (pair // div) * stride_a of the column's pair, and whether
         that pair exists."""
         n = tl.arange(0, NC)
-        pc = tl.load(BLK + G * tl.program_id(0).to(tl.int64) + n // 8, mask=n // 8 < G, other=-1).to(tl.int64)
+        j = n // (4 * U)
+        pc = tl.load(BLK + G * tl.program_id(0).to(tl.int64) + j, mask=j < G, other=-1).to(tl.int64)
         return A + tl.maximum(pc, 0) // div * stride_a, pc >= 0
 
     @triton.jit
-    def _act_tiles_g(rows, live, kb, u0: tl.constexpr, KD: tl.constexpr, NC: tl.constexpr):
-        """`moe_mma_operands._act_tiles` for a block (U = 2): pair j's block-diagonal elements in columns
-        8j .. 8j + 7 (rows, live: `_block_rows`), one masked load per tile."""
+    def _act_tiles_g(rows, live, kb, u0: tl.constexpr, KD: tl.constexpr, NC: tl.constexpr, U: tl.constexpr):
+        """`moe_mma_operands._act_tiles` for a block: pair j's block-diagonal elements in columns 4Uj ..
+        4Uj + 4U - 1 (rows, live: `_block_rows`), one masked load per tile."""
         k = tl.arange(0, 64 * KD)
         n = tl.arange(0, NC)
         col = 4 * (u0 + k // 64) + 2 * ((k // 8) % 2)
         ptr = rows[None, :] + (kb * 128 + (k // 64) * 128 + (k % 64))[:, None]
-        lo = tl.load(ptr, mask=live[None, :] & ((n % 8)[None, :] == col[:, None]), other=0.0)
-        hi = tl.load(ptr + 64, mask=live[None, :] & ((n % 8)[None, :] == col[:, None] + 1), other=0.0)
+        c = n % (4 * U)
+        lo = tl.load(ptr, mask=live[None, :] & (c[None, :] == col[:, None]), other=0.0)
+        hi = tl.load(ptr + 64, mask=live[None, :] & (c[None, :] == col[:, None] + 1), other=0.0)
         return lo, hi
 
     @triton.jit
-    def _act_scales_g(srows, live, kb0, NC: tl.constexpr):
-        """`moe_mma_operands._act_scales` (times 2^8) for a block: column 8j + 4u + g takes pair j's block
+    def _act_scales_g(srows, live, kb0, NC: tl.constexpr, U: tl.constexpr):
+        """`moe_mma_operands._act_scales` (times 2^8) for a block: column 4Uj + 4u + g takes pair j's block
         kb0 + u."""
         n = tl.arange(0, NC)
-        return tl.load(srows + kb0 + (n % 8) // 4, mask=live, other=0.0) * 256.0
+        return tl.load(srows + kb0 + (n % (4 * U)) // 4, mask=live, other=0.0) * 256.0
 
     @triton.jit
-    def _pair_sum(acc, j: tl.constexpr, NC: tl.constexpr):
+    def _pair_sum(acc, j: tl.constexpr, NC: tl.constexpr, U: tl.constexpr):
         """Row sums of pair j's columns of an [N, NC] accumulator (the others masked to 0.0)."""
-        return tl.sum(tl.where((tl.arange(0, NC) // 8 == j)[None, :], acc, 0.0), axis=1)
+        return tl.sum(tl.where((tl.arange(0, NC) // (4 * U) == j)[None, :], acc, 0.0), axis=1)
 
     @triton.jit
     def _block_member(BLK, j: tl.constexpr, G: tl.constexpr):

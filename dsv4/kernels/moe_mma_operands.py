@@ -78,10 +78,10 @@ if HAS_TRITON:
         block kb0 + u): the group's E8M0 byte b gives 2^(b - 127 + 6) as in `moe._group_scale` (valid for
         every byte the layout admits), the remaining 2^8 of the 2^-14 weight shift rides on the activation
         scale (all powers of two: the same products as (part * 2^(b - 127 + 14)) * sa). G > 1 pairs per
-        program (U = 2, NC columns, dsv4.kernels.moe_gemv_pairs): column 8j + 4u + g."""
+        program (NC columns, dsv4.kernels.moe_gemv_pairs): column 4Uj + 4u + g."""
         n = tl.arange(0, NC)
         if G > 1:
-            n = n % 8
+            n = n % (4 * U)
         used = n < 4 * U
         b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=used[None, :], other=0).to(tl.int32)
         f = ((b + 6) << 23).to(tl.float32, bitcast=True)

@@ -437,7 +437,7 @@ def test_pair_blocks_match_reference(pairs, e, drop, per_program):
 @pytest.mark.parametrize("per_program", [2, 4])
 @pytest.mark.parametrize("other_ranks", [False, True])
 @pytest.mark.parametrize("m", [5, 24])
-@pytest.mark.parametrize("shape", ["bn64", "bn128_w8"])
+@pytest.mark.parametrize("shape", ["bn64", "bn128_w8", "bn64_u1_s4"])
 def test_pairs_per_program_same_bits(shape, m, other_ranks, per_program, poison, close_bf16):
     """pairs_per_program=2 / 4 (dsv4.kernels.moe_gemv_pairs) writes the same bits as one pair per program for
     every pair of this rank, and fused_moe with it matches the reference."""
@@ -458,7 +458,8 @@ def test_pairs_per_program_same_bits(shape, m, other_ranks, per_program, poison,
     more = moe_gemv(x, ids, w, packed, LIMIT, method="mma", pairs_per_program=per_program, **launch)[mine]
     assert torch.equal(one.view(torch.int16), more.view(torch.int16)), f"{shape} m={m}: bits differ"
     cfg = MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=launch["bn"], gemv_mma=True,
-                    warps1=launch["num_warps"], gemv_stages=launch["num_stages"], gemv_pairs=per_program)
+                    warps1=launch["num_warps"], gemv_stages=launch["num_stages"], gemv_unroll=launch["unroll"],
+                    gemv_pairs=per_program)
     y = fused_moe(x, ids, w, packed, out_dtype=torch.float32, config=cfg)
     close_bf16(y, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what=f"{shape} m={m}")
 
@@ -471,14 +472,15 @@ def test_pairs_per_program_rejects_bad_launches():
     packed = finalize_experts(_experts(4, 512, 256, gen))
     x = torch.randn(2, 512, generator=gen, device=DEV).to(torch.bfloat16)
     ids, w = _routing(2, 4, 2, gen)
-    for bad in (dict(split=2), dict(split_down=2), dict(unroll=4), dict(pairs_per_program=3)):
+    for bad in (dict(split=2), dict(split_down=2), dict(unroll=4, pairs_per_program=4), dict(pairs_per_program=3)):
         with pytest.raises(ValueError, match="pairs_per_program"):
             moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", **{"pairs_per_program": 2, **bad})
 
 
 def test_fused_moe_takes_one_pair_where_blocks_do_not_fit(poison):
-    """A config with blocks of pairs on experts whose inter dimension is one 128-block (no 2-block loop step):
-    fused_moe runs one pair per program instead, the same bits as asking for that."""
+    """A config with blocks of 4 pairs and 4 K blocks per loop step (64 MMA columns, over the limit): fused_moe runs
+    one pair per program instead; and blocks of 2 with a one-block inter dimension (the down GEMM at one K block
+    per step). The same bits as one pair per program either way."""
     from dsv4.kernels.moe import MoEConfig, finalize_experts, fused_moe
 
     e, d, i, k, m = 8, 512, 128, 6, 16
@@ -487,7 +489,9 @@ def test_fused_moe_takes_one_pair_where_blocks_do_not_fit(poison):
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     ids, w = _routing(m, e, k, gen)
     base = dict(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True)
-    poison()
-    two = fused_moe(x, ids, w, packed, config=MoEConfig(**base, gemv_pairs=2))
-    one = fused_moe(x, ids, w, packed, config=MoEConfig(**base))
-    assert torch.equal(two.view(torch.int16), one.view(torch.int16))
+    for pairs, unroll in ((4, 4), (2, 2)):
+        poison()
+        one = fused_moe(x, ids, w, packed, config=MoEConfig(**base, gemv_unroll=unroll))
+        poison()
+        more = fused_moe(x, ids, w, packed, config=MoEConfig(**base, gemv_pairs=pairs, gemv_unroll=unroll))
+        assert torch.equal(more.view(torch.int16), one.view(torch.int16)), f"{pairs} pairs, unroll {unroll}"
