@@ -1,7 +1,7 @@
 """The MoE launch-shape rule (dsv4.kernels.moe_config.pick_moe_config) picks the kernels the H200 sweeps
 measured fastest (docs/benchmarks.md #5): per-pair kernels at decode sizes (GLU split-K only while the pairs
-leave SMs idle; two pairs of an expert per program from B = 8 to 96 on Flash), the bf16-wgmma kernel from 40
-pairs per expert (128-row tiles from 64), the per-group grouped GEMM in between."""
+leave SMs idle; blocks of 2 or 4 pairs of an expert per program from B = 8 to 128 on Flash), the bf16-wgmma
+kernel from 40 pairs per expert (128-row tiles from 64), the per-group grouped GEMM in between."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ def test_regimes(experts, tokens):
     if per_touched < GEMV_PAIRED_FROM:  # decode: one program per (pair, row tile)
         assert cfg.gemv and cfg.gemv_mma and not cfg.wide and cfg.gemv_pairs == 1
         assert cfg.gemv_split == (2 if pairs <= GEMV_SPLIT_MAX_PAIRS else 1)
-    elif per_touched <= GEMV_PAIRED_MAX:  # two pairs of an expert per program, no split
-        assert cfg.gemv and cfg.gemv_mma and cfg.gemv_pairs == 2 and cfg.gemv_split == 1 and cfg.gemv_unroll == 2
+    elif per_touched <= GEMV_PAIRED_MAX:  # 2 or 4 pairs of an expert per program, no split, <= 16 MMA columns
+        assert cfg.gemv and cfg.gemv_mma and cfg.gemv_pairs in (2, 4) and cfg.gemv_split == 1
+        assert 4 * cfg.gemv_pairs * cfg.gemv_unroll == 16
     elif per_expert >= WIDE_MIN_PAIRS_PER_EXPERT:
         assert cfg.wide and cfg.bm == 128 and cfg.bn1 == 128 and not cfg.gemv
     elif per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT:
@@ -45,6 +46,9 @@ def test_thresholds_match_the_measured_crossovers():
     assert pick_moe_config(2048 * TOP_K, FLASH_E).wide and pick_moe_config(2048 * TOP_K, FLASH_E).bm == 64
     assert not pick_moe_config(1024 * TOP_K, FLASH_E).wide
     assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel
-    # two pairs per program from B = 8 to B = 96 (the session-18 sweep), not at B = 1 nor at B = 128
-    assert [pick_moe_config(b * TOP_K, FLASH_E).gemv_pairs for b in (1, 4, 8, 16, 64, 96)] == [1, 1, 2, 2, 2, 2]
-    assert not pick_moe_config(128 * TOP_K, FLASH_E).gemv
+    # blocks of pairs from B = 8 to B = 128 (the session-18 sweeps): two up to B = 64, four (one K block per
+    # loop step) at B = 96 and 128; one pair at B = 1 and 4, the per-group kernel from B = 192
+    flash = [pick_moe_config(b * TOP_K, FLASH_E) for b in (1, 4, 8, 16, 64, 96, 128)]
+    assert [c.gemv_pairs for c in flash] == [1, 1, 2, 2, 2, 4, 4]
+    assert [c.gemv_unroll for c in flash] == [2, 2, 2, 2, 2, 1, 1]
+    assert not pick_moe_config(192 * TOP_K, FLASH_E).gemv

@@ -51,17 +51,18 @@ WIDE64_MIN_PAIRS_PER_EXPERT = 40
 # one, launch shape GEMV_CUDA_SHAPE = (rows per program, K blocks per step, GLU split, down split). Off: its best
 # shape took 47.3 µs per Flash MoE call at B = 1 against 42.2 for the default (bench/sweep_moe_gemv.py, s17g).
 GEMV_CUDA_MAX_PAIRS = 0
-# Two pairs of one expert per program (tensor-core per-pair kernel, dsv4.kernels.moe_gemv_pairs) from
-# GEMV_PAIRED_FROM to GEMV_PAIRED_MAX pairs per touched expert (uniform ids); the per-group kernel beyond.
-# Session 18 (bench/sweep_moe_batch.py, Flash, µs per call in a graph, s18c): one pair per program / two / the
-# per-group kernel: B = 16 (1.20 pairs per touched expert) 447 / 398 / -, B = 32 (1.42) 848 / 680 / -, B = 64
-# (1.93) 1,659 / 1,174 / 1,536 (s18b), B = 96 (2.51) 2,469 / 1,613 / 1,761, B = 128 (3.16) 3,305 / 2,038 / 1,903;
-# B = 8 (1.10) 238 / 233 (s18b). Pro shapes not measured.
+# Blocks of pairs of one expert per program (tensor-core per-pair kernel, dsv4.kernels.moe_gemv_pairs) from
+# GEMV_PAIRED_FROM to GEMV_PAIRED_MAX pairs per touched expert (uniform ids): two pairs (2 K blocks per loop step),
+# four (1 K block per step: 16 MMA columns) from GEMV_PAIRS4_FROM; the per-group kernel beyond.
+# Session 18, bench/sweep_moe_batch.py, Flash, µs per call in a graph (s18c / s18f): one pair per program / two /
+# four at 1 K block per step / the per-group kernel: B = 16 (1.20 pairs per touched expert) 447 / 398 / - / -,
+# B = 32 (1.42) 848 / 684 / - / -, B = 64 (1.93) 1,670 / 1,168 / 1,163 / 1,536, B = 96 (2.51) 2,472 / 1,626 /
+# 1,384 / 1,761, B = 128 (3.16) 3,284 / 2,024 / 1,590 / 1,910, B = 192 (4.55) 4,907 / 2,895 / 1,974 / 1,996,
+# B = 256 (6.0) 6,520 / 3,734 / 2,452 / 2,036; B = 8 (1.10) 238 / 233 (s18b). Pro (s18f): B = 16 1,143 / 1,076,
+# B = 64 (1.58) 4,541 / 3,421 / 3,780.
 GEMV_PAIRED_FROM = 1.08
-GEMV_PAIRED_MAX = 2.7
-# ... with four pairs per program (32 MMA columns: 190 registers, 2 programs per SM) instead of two from this
-# many (inf: never). Slower at every batch in s18c: B = 16 554 µs, 32 929, 64 1,427, 96 1,745, 128 2,074.
-GEMV_PAIRS4_FROM = float("inf")
+GEMV_PAIRED_MAX = 4.0
+GEMV_PAIRS4_FROM = 2.3
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 
 
@@ -81,11 +82,12 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=bn, gemv_unroll=unroll,
                          gemv_split=split, gemv_split_down=split_down)
     paired = GEMV_PAIRED_FROM <= per_touched <= GEMV_PAIRED_MAX
+    four = paired and per_touched >= GEMV_PAIRS4_FROM
     if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
-                         num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=2, gemv_stages=3,
+                         num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2, gemv_stages=3,
                          gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
-                         gemv_pairs=(4 if per_touched >= GEMV_PAIRS4_FROM else 2) if paired else 1)
+                         gemv_pairs=(4 if four else 2) if paired else 1)
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)
