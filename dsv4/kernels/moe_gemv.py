@@ -36,8 +36,8 @@ Pairs of other ranks are skipped by all S programs of a tile before the counter 
 Why: at decode a GLU program streams 2 x 64 rows x 4096 weights with a few loads in flight; more, shorter
 programs per SM keep more of the weight stream in flight.
 
-Blocks of pairs (`pairs_per_program` 2 or 4, dsv4.kernels.moe_gemv_pairs; the default from B ~ 8 to 96 on
-Flash): a program serves several pairs of one expert, each in its own 8 of the MMA's activation columns, for
+Blocks of pairs (`pairs_per_program` 2 or 4, dsv4.kernels.moe_gemv_pairs; the default from B ~ 8 to 128 on
+Flash): a program serves several pairs of one expert, each in its own 4U of the MMA's activation columns, for
 one weight stream; same bits per pair.
 
 Launch fusions (dsv4.kernels.moe_gemv_fused, same bits; flags FUSE_Z_QUANT, FUSE_COMBINE, FUSE_X_QUANT): the z
