@@ -52,3 +52,21 @@ def test_thresholds_match_the_measured_crossovers():
     assert [c.gemv_pairs for c in flash] == [1, 1, 2, 2, 2, 4, 4]
     assert [c.gemv_unroll for c in flash] == [2, 2, 2, 2, 2, 1, 1]
     assert not pick_moe_config(192 * TOP_K, FLASH_E).gemv
+
+
+def test_blocks_of_pairs_fit_rule():
+    """fused_moe runs a config's blocks of pairs only where they fit: at most 32 MMA columns (4 per pair and K block
+    of a loop step), no split, at most MAX_PAIRS pairs for the one-program pairing; else one pair per program."""
+    import dataclasses
+
+    from dsv4.kernels.moe_gemv import pairs_fit
+    from dsv4.kernels.moe_gemv_pairs import MAX_PAIRS
+
+    cfg = pick_moe_config(64 * TOP_K, FLASH_E)
+    assert cfg.gemv_pairs == 2 and pairs_fit(cfg, 4096, 2048, 64 * TOP_K)
+    assert pairs_fit(cfg, 512, 128, 64 * TOP_K)  # one K block of inter: 8 columns in the down GEMM
+    assert not pairs_fit(cfg, 4096, 2048, MAX_PAIRS + 1)
+    assert not pairs_fit(dataclasses.replace(cfg, gemv_split=2), 4096, 2048, 64)
+    assert not pairs_fit(dataclasses.replace(cfg, gemv_pairs=4, gemv_unroll=4), 4096, 2048, 64)
+    assert pairs_fit(dataclasses.replace(cfg, gemv_pairs=4, gemv_unroll=2), 4096, 2048, 64)  # 32 columns
+    assert not pairs_fit(dataclasses.replace(cfg, gemv_mma=False), 4096, 2048, 64)

@@ -409,8 +409,8 @@ def fused_moe(
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     if cfg.gemv and experts.fmt == "mxfp4" and act == "fp8":
         from dsv4.kernels.moe_gemv import moe_gemv, pairs_fit
-        # blocks of pairs need at most 32 MMA columns and no split (else one pair per program)
-        pairs = cfg.gemv_pairs if pairs_fit(cfg, d, i) else 1
+        # blocks of pairs need at most 32 MMA columns, no split and a pairing in one program (else one pair each)
+        pairs = cfg.gemv_pairs if pairs_fit(cfg, d, i, num_pairs) else 1
         # the combine included (a launch, or with moe_gemv.FUSE_COMBINE in the down kernel after the join)
         return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,

@@ -54,7 +54,7 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
-from dsv4.kernels.moe_gemv_pairs import PAIRS_PER_PROGRAM, pair_blocks
+from dsv4.kernels.moe_gemv_pairs import MAX_PAIRS, PAIRS_PER_PROGRAM, pair_blocks
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
 
 
@@ -315,9 +315,10 @@ def _pairs_fit(d: int, i: int, unroll: int, split: int, split_down: int, g: int)
     return 4 * g * max(_unroll(d, unroll), _unroll(i, unroll)) <= MAX_COLUMNS and split == 1 and split_down == 1
 
 
-def pairs_fit(cfg, d: int, i: int) -> bool:
-    """Whether MoEConfig cfg's blocks of pairs apply to hidden d / inter i (method "mma" only)."""
-    return cfg.gemv_mma and _pairs_fit(d, i, cfg.gemv_unroll, cfg.gemv_split, cfg.gemv_split_down, cfg.gemv_pairs)
+def pairs_fit(cfg, d: int, i: int, num_pairs: int) -> bool:
+    """Whether MoEConfig cfg's blocks of pairs apply to hidden d / inter i and num_pairs pairs (method "mma")."""
+    return (cfg.gemv_mma and num_pairs <= MAX_PAIRS
+            and _pairs_fit(d, i, cfg.gemv_unroll, cfg.gemv_split, cfg.gemv_split_down, cfg.gemv_pairs))
 
 
 def _use_asm() -> bool:

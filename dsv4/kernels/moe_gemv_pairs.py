@@ -1,6 +1,9 @@
 """Several (token, slot) pairs of one expert per program of the decode MoE (method "mma" of
 dsv4.kernels.moe_gemv, `moe_gemv(..., pairs_per_program=G)`, G = 2 or 4).
 
+Where (moe_config.pick_moe_config, session 18 sweeps): two pairs at U = 2 from ~1.1 pairs per touched expert,
+four at U = 1 (16 columns) from 2.3 up to 4.0 (Flash B = 8 .. 64 and 96 .. 128).
+
 Why: from batch ~8 on, touched experts get two or more pairs (B = 64 on Flash: 384 pairs on ~200 experts),
 and one-pair programs stream each such expert's weights once per pair. With U 128-wide K blocks per loop step
 a pair's block-diagonal activations take 4U MMA columns (column 4u + g: group g of block u), and a one-pair
@@ -10,7 +13,7 @@ epilogue runs per pair.
 
 Bits: each accumulator column still holds one group's exact fp32 partial, and a pair's output sums the
 columns with every other pair's masked to 0.0 -- the one-pair program's sum, whose unused columns are 0.0
-(x + 0.0 is x): the same bits for any G (GPU test).
+(x + 0.0 is x): the same bits for any G at the same U (GPU tests).
 
 Blocks (`pair_blocks`, one program): the pairs sorted by (expert, pair index), each expert's run cut into
 blocks of G (the last one padded with -1), blocks in expert order. BLK [P, G] int32 lists the blocks, then
