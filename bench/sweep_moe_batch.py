@@ -6,7 +6,7 @@ batch, Flash (or Pro) experts (random MXFP4 bytes), random top-6 routing per tok
 Timing as `sweep_linear.py`: `--calls` MoE calls with different routings in one CUDA graph, µs per call, beside
 the touched bytes at the copy bandwidth of the same run.
 
-    python bench/sweep_moe_batch.py [--tokens 8,16,24,32,48,64,96,128] [--calls 8] [--model flash|pro]
+    python bench/sweep_moe_batch.py [--tokens 8,16,24,32,48,64,96,128] [--calls 8] [--model flash|pro] [--shared 0.5]
 """
 
 from __future__ import annotations
@@ -27,11 +27,18 @@ from dsv4.kernels.moe_gemv_pairs import pair_blocks  # noqa: E402
 
 DEV = "cuda"
 LIMIT = 10.0
+GROUP = 2  # tokens per correlated group (`routing`)
 
 
-def routing(m: int, e: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    """Top-k distinct experts per token, tokens independent (what a router does with unrelated tokens)."""
-    return torch.rand(m, e, generator=gen, device=DEV).topk(k, dim=-1).indices.to(torch.int32)
+def routing(m: int, e: int, k: int, gen: torch.Generator, shared: float = 0.0) -> torch.Tensor:
+    """Top-k distinct experts per token. shared = 0: tokens independent (unrelated sequences); shared > 0: tokens
+    come in groups of `GROUP` (one sequence's MTP verify, or neighbouring positions) whose router scores share that
+    fraction of a common random score, so a group's tokens pick overlapping experts."""
+    scores = torch.rand(m, e, generator=gen, device=DEV)
+    if shared:
+        common = torch.rand((m + GROUP - 1) // GROUP, e, generator=gen, device=DEV).repeat_interleave(GROUP, 0)[:m]
+        scores = (1 - shared) * scores + shared * common
+    return scores.topk(k, dim=-1).indices.to(torch.int32)
 
 
 def per_pair(bn: int, pairs: int = 1, unroll: int = 2, stages: int = 3) -> MoEConfig:
@@ -44,6 +51,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="8,16,24,32,48,64,96,128")
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--model", default="flash", choices=sorted(MOE))
+    ap.add_argument("--shared", type=float, default=0.0, help="router-score fraction shared by each pair of tokens")
     args = ap.parse_args()
     e, d, i, k = MOE[args.model]
     bw = copy_bandwidth()
@@ -59,7 +67,7 @@ def main() -> None:
         gen = torch.Generator(DEV).manual_seed(m)
         x = (torch.randn(m, d, device=DEV, generator=gen) * 2).to(torch.bfloat16)
         w = torch.rand(m, k, device=DEV, generator=gen).softmax(-1)
-        idss = [routing(m, e, k, gen) for _ in range(args.calls)]
+        idss = [routing(m, e, k, gen, args.shared) for _ in range(args.calls)]
         touched = sum(int(ids.unique().numel()) for ids in idss) / len(idss)
         floor = touched * per_expert / bw / 1e6
         cfg = pick_moe_config(m * k, e)
