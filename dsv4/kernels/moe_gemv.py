@@ -65,8 +65,8 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe_gemv_fused import (_act_pos, _act_tiles_q, _arrive_n, _combine_no_slots, _combine_tile,
                                              _quant_z_block)
-    from dsv4.kernels.moe_gemv_pairs import (_act_scales_g, _act_tiles_g, _block_first, _block_member, _block_rows,
-                                             _pair_sum)
+    from dsv4.kernels.moe_gemv_pairs import (_act_scales_g, _act_tiles_g, _block_first, _block_member,
+                                             _column_pairs, _pair_sum)
     from dsv4.kernels.moe_mma_operands import _act_scales, _act_tiles, _f16_hi, _f16_lo, _mma_order, _scale_acc
 
 if HAS_TRITON:  # ------------------------------------------------------------- method="mma"
@@ -138,8 +138,9 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             p, e = _block_first(BLK, IDS, num_experts, G)
             if p < 0:  # an unused block
                 return
-            xrows, live = _block_rows(BLK, XQ, stride_x, top_k, G, NC, U)
-            sxrows, live = _block_rows(BLK, SX, stride_sx, top_k, G, NC, U)
+            pc, live = _column_pairs(BLK, G, NC, U)
+            xrows = XQ + pc // top_k * stride_x
+            sxrows = SX + pc // top_k * stride_sx
         else:
             p = tl.program_id(0).to(tl.int64)
             e = tl.load(IDS + p).to(tl.int64)
@@ -225,8 +226,9 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             p, e = _block_first(BLK, IDS, num_experts, G)
             if p < 0:
                 return
-            zrows, live = _block_rows(BLK, ZQ, stride_zq, 1, G, NC, U)
-            zsrows, live = _block_rows(BLK, ZS, stride_zs, 1, G, NC, U)
+            pc, live = _column_pairs(BLK, G, NC, U)
+            zrows = ZQ + pc * stride_zq
+            zsrows = ZS + pc * stride_zs
         else:
             p = tl.program_id(0).to(tl.int64)
             e = tl.load(IDS + p).to(tl.int64)

@@ -75,18 +75,17 @@ if HAS_TRITON:
         return tl.where((e >= 0) & (e < num_experts), p, -1), e
 
     @triton.jit
-    def _block_rows(BLK, A, stride_a, div, G: tl.constexpr, NC: tl.constexpr, U: tl.constexpr):
-        """Per MMA column (4U per pair): the row A + (pair // div) * stride_a of the column's pair, and whether
-        that pair exists."""
-        n = tl.arange(0, NC)
-        j = n // (4 * U)
+    def _column_pairs(BLK, G: tl.constexpr, NC: tl.constexpr, U: tl.constexpr):
+        """Per MMA column (4U per pair): the column's pair of this program's block (0 where there is none, for
+        address arithmetic) and whether that pair exists."""
+        j = tl.arange(0, NC) // (4 * U)
         pc = tl.load(BLK + G * tl.program_id(0).to(tl.int64) + j, mask=j < G, other=-1).to(tl.int64)
-        return A + tl.maximum(pc, 0) // div * stride_a, pc >= 0
+        return tl.maximum(pc, 0), pc >= 0
 
     @triton.jit
     def _act_tiles_g(rows, live, kb, u0: tl.constexpr, KD: tl.constexpr, NC: tl.constexpr, U: tl.constexpr):
         """`moe_mma_operands._act_tiles` for a block: pair j's block-diagonal elements in columns 4Uj ..
-        4Uj + 4U - 1 (rows, live: `_block_rows`), one masked load per tile."""
+        4Uj + 4U - 1 (rows: per column its pair's row, live: `_column_pairs`), one masked load per tile."""
         k = tl.arange(0, 64 * KD)
         n = tl.arange(0, NC)
         col = 4 * (u0 + k // 64) + 2 * ((k // 8) % 2)
