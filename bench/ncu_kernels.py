@@ -7,7 +7,8 @@
 
 Each op runs twice (compile, then the profiled launch is the second; profile with `--launch-skip` per kernel
 or read the second entry). Shapes: Flash (routed experts MXFP4 256 x 4096 x 2048, top 6), decode at one
-token, prefill at `--tokens` tokens, random weights on the GPU.
+token, prefill at `--tokens` tokens, random weights on the GPU; `--only glue`: decode attention and the mHC
+site at one token.
 """
 
 from __future__ import annotations
@@ -27,6 +28,32 @@ from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16  # noqa: E402
 from dsv4.kernels.moe import fused_moe  # noqa: E402
 
 DEV = "cuda"
+
+
+def _decode_glue() -> list:
+    """Decode attention at B = 1, ctx 4K (sliding; CSA with 512 picked entries) and the mHC sites at T = 1."""
+    from bench.bench_glue import _fp8_pool
+    from dsv4.kernels.attention import decode_attention
+    g = torch.Generator(device=DEV).manual_seed(1)
+    ps, ring, n = 64, 256, 1024
+    wpool, cpool = _fp8_pool(ring // ps + 1, ps, DEV, g), _fp8_pool(n // ps + 1, ps, DEV, g)
+    wtab = torch.randperm(ring // ps, device=DEV, generator=g).view(1, -1)
+    ctab = torch.randperm(n // ps, device=DEV, generator=g).view(1, -1)
+    idx = torch.randperm(n, device=DEV, generator=g)[:512].sort().values.view(1, -1)
+    q = torch.randn(1, 64, 512, device=DEV, generator=g).to(torch.bfloat16)
+    pos, sink = torch.full((1,), 4095, device=DEV), torch.randn(64, device=DEV, generator=g)
+    fn = mhc.prepare_mix(torch.randn(24, 4 * 4096, device=DEV) * 0.02)
+    base, scale = torch.randn(24, device=DEV) * 0.1, torch.rand(3, device=DEV) + 0.5
+    hx = torch.randn(1, 4, 4096, device=DEV).to(torch.bfloat16)
+    hf = torch.randn(1, 4096, device=DEV).to(torch.bfloat16)
+    post, comb = torch.rand(1, 4, device=DEV) * 2, torch.rand(1, 4, 4, device=DEV) / 4
+    nw = (torch.rand(4096, device=DEV) + 0.5).to(torch.bfloat16)
+    kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-6, norm_weight=nw)
+    return [("decode attention sliding", lambda: decode_attention(q, pos, None, None, wpool, wtab, ring, 128, None,
+                                                                  None, None, None, sink, 512 ** -0.5)),
+            ("decode attention CSA", lambda: decode_attention(q, pos, None, None, wpool, wtab, ring, 128, cpool, ctab,
+                                                              idx, None, sink, 512 ** -0.5)),
+            ("decode hc_post_pre", lambda: mhc.hc_post_pre(hf, hx, post, comb, fn, base, scale, **kw))]
 
 
 def main() -> None:
@@ -50,6 +77,8 @@ def main() -> None:
         sa = torch.randint(118, 125, (64, 32), device=DEV, dtype=torch.uint8).view(torch.float8_e8m0fnu)
         xa = torch.randn(1, 8, 4096, device=DEV).to(torch.bfloat16)
         ops.append(("decode wo_a", lambda: grouped_linear_w8a16(xa, wa, sa)))
+    if "glue" in parts:  # the latency-bound kernels of a B = 1 decode layer
+        ops += _decode_glue()
     if "prefill" in parts:
         t = args.tokens
         x = torch.randn(t, 4096, device=DEV).to(torch.bfloat16)
