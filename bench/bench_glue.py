@@ -189,7 +189,7 @@ def attention_splits() -> None:
             print(f"{kind:8s} {bsz:3d} " + " ".join(f"{v:7.1f}" for v in row))
 
 
-SPLITS = (None, 1, 2, 4, 8, 16, 32, 48)
+SPLITS = (None, 4, 8, 16, 20, 32, 40, 64)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ NUM_SMS = 132
 # whole decode attention incl. combine, µs): B=1 sliding 15.8 -> 12.0, CSA 32.7 -> 24.7, HCA 19.4 -> 16.6;
 # B=8 19.9 -> 18.7, 93.1 -> 91.5, 34.5 -> 33.1 (docs/benchmarks.md #6, session 7).
 COMBINE = "wide"
+# Software pipelining of the candidate loop (Triton num_stages). Session 19: with the chunked `_load_kv` one stage
+# needs 102-123 registers (two programs per SM), three need 212 (one) for a loop of 1-2 blocks at B = 1.
+DECODE_STAGES = 1
 WIDE_BD, WIDE_WARPS = 32, 4  # "wide": columns per program (at most), warps per program
 
 
@@ -100,15 +103,52 @@ def decode_attention_ref(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor |
 if HAS_TRITON:
 
     @triton.jit
-    def _load_kv(PQ, PS, PR, row, valid, offs_d, NOPE: tl.constexpr, ROPE: tl.constexpr):
-        """Gather + dequantise entries at pool rows `row` [BN] -> bf16 [BN, Dh] (invalid rows = 0)."""
-        is_nope = offs_d < NOPE
-        vm = valid[:, None]
-        qv = tl.load(PQ + row[:, None] * NOPE + offs_d[None, :], mask=vm & is_nope[None, :], other=0.0)
-        sb = tl.load(PS + row[:, None] * (NOPE // 64) + offs_d[None, :] // 64, mask=vm & is_nope[None, :], other=0)
+    def _load_kv(PQ, PS, PR, row, valid, NOPE: tl.constexpr, ROPE: tl.constexpr):
+        """Gather + dequantise entries at pool rows `row` [BN] -> bf16 [BN, Dh] (invalid rows = 0). Built as
+        [BN, Dh/64, 64] (chunk c < NOPE/64: its e4m3 codes times the chunk's scale; later chunks: the bf16 rope
+        dims) so that each thread holds contiguous columns: 16-byte loads and one scale per chunk, not a
+        per-element byte gather."""
+        NCH: tl.constexpr = (NOPE + ROPE) // 64
+        ch = tl.arange(0, NCH)[None, :, None]  # [1, NCH, 1]
+        col = tl.arange(0, 64)[None, None, :]  # [1, 1, 64]
+        r3 = row[:, None, None]
+        v3 = valid[:, None, None]
+        is_nope = ch < NOPE // 64
+        qv = tl.load(PQ + r3 * NOPE + ch * 64 + col, mask=v3 & is_nope, other=0.0)
+        sb = tl.load(PS + r3 * (NOPE // 64) + ch, mask=v3 & is_nope, other=0)  # [BN, NCH, 1]
         sc = (sb.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # E8M0 byte -> 2^(b-127)
-        rv = tl.load(PR + row[:, None] * ROPE + (offs_d[None, :] - NOPE), mask=vm & (~is_nope[None, :]), other=0.0)
-        return tl.where(is_nope[None, :], qv.to(tl.float32) * sc, rv.to(tl.float32)).to(tl.bfloat16)
+        rv = tl.load(PR + r3 * ROPE + (ch * 64 - NOPE) + col, mask=v3 & (~is_nope), other=0.0)
+        kv = tl.where(is_nope, qv.to(tl.float32) * sc, rv.to(tl.float32)).to(tl.bfloat16)
+        return tl.reshape(kv, (row.shape[0], NOPE + ROPE))
+
+    @triton.jit
+    def _window_kv(WQ, WS, WR, WTAB, b, t, offs_j, ring, w_ps, w_tab_stride, WIN: tl.constexpr, NOPE: tl.constexpr,
+                   ROPE: tl.constexpr):
+        """Candidates offs_j < WIN: positions t-WIN+1+j of the window ring -> (kv [BN, Dh], exists [BN])."""
+        p = t - (WIN - 1) + offs_j
+        v_w = (offs_j < WIN) & (p >= 0)
+        slot = tl.where(v_w, p, 0) % ring
+        w_page = tl.load(WTAB + b * w_tab_stride + slot // w_ps, mask=v_w, other=0)
+        row_w = w_page.to(tl.int64) * w_ps + slot % w_ps
+        return _load_kv(WQ, WS, WR, row_w, v_w, NOPE, ROPE), v_w
+
+    @triton.jit
+    def _comp_kv(CQ, CS, CR, CTAB, CIDX, b, offs_j, cnt, n_comp, c_ps, c_tab_stride, WIN: tl.constexpr,
+                 INDEXED: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr):
+        """Candidates WIN <= offs_j < WIN + n_comp: the indexer's picks (INDEXED, -1 = none) or the first `cnt`
+        compressed entries -> (kv [BN, Dh], present [BN])."""
+        c = offs_j - WIN
+        v_c = (c >= 0) & (c < n_comp)
+        if INDEXED:
+            idx = tl.load(CIDX + b * n_comp + c, mask=v_c, other=-1)
+            v_c = v_c & (idx >= 0)
+        else:
+            idx = c
+            v_c = v_c & (c < cnt)
+        idx = tl.where(v_c, idx, 0)
+        c_page = tl.load(CTAB + b * c_tab_stride + idx // c_ps, mask=v_c, other=0)
+        row_c = c_page.to(tl.int64) * c_ps + idx % c_ps
+        return _load_kv(CQ, CS, CR, row_c, v_c, NOPE, ROPE), v_c
 
     @triton.jit
     def _inverse_rope_store(o, OUT, COS, SIN, b, offs_h, hmask, HD: tl.constexpr, NOPE: tl.constexpr,
@@ -147,7 +187,7 @@ if HAS_TRITON:
         offs_d = tl.arange(0, HD)
         q = tl.load(Q + (b * H + offs_h[:, None]) * HD + offs_d[None, :], mask=hmask[:, None], other=0.0)
         t = tl.load(POS + b)
-        n_cand = WIN + n_comp
+        cnt = 0
         if HAS_COMP and not INDEXED:
             cnt = tl.load(CCNT + b)
         m_i = tl.full((BH,), -1.0e30, tl.float32)
@@ -155,29 +195,24 @@ if HAS_TRITON:
         acc = tl.zeros((BH, HD), tl.float32)
         j_lo = sid * per_split
         for jj in range(0, per_split, BN):
-            offs_j = j_lo + jj + tl.arange(0, BN)
-            in_win = offs_j < WIN
-            p = t - (WIN - 1) + offs_j
-            v_w = in_win & (p >= 0)
-            slot = tl.where(v_w, p, 0) % ring
-            w_page = tl.load(WTAB + b * w_tab_stride + slot // w_ps, mask=v_w, other=0)
-            row_w = w_page.to(tl.int64) * w_ps + slot % w_ps
-            kv = _load_kv(WQ, WS, WR, row_w, v_w, offs_d, NOPE, ROPE)
-            valid = v_w
+            j0 = j_lo + jj
+            offs_j = j0 + tl.arange(0, BN)
             if HAS_COMP:
-                c = offs_j - WIN
-                v_c = (~in_win) & (c < n_comp) & (offs_j < n_cand)
-                if INDEXED:
-                    idx = tl.load(CIDX + b * n_comp + c, mask=v_c, other=-1)
-                    v_c = v_c & (idx >= 0)
+                if WIN % BN == 0:  # a block is all window or all compressed candidates: load one source
+                    if j0 < WIN:
+                        kv, valid = _window_kv(WQ, WS, WR, WTAB, b, t, offs_j, ring, w_ps, w_tab_stride, WIN, NOPE,
+                                               ROPE)
+                    else:
+                        kv, valid = _comp_kv(CQ, CS, CR, CTAB, CIDX, b, offs_j, cnt, n_comp, c_ps, c_tab_stride,
+                                             WIN, INDEXED, NOPE, ROPE)
                 else:
-                    idx = c
-                    v_c = v_c & (c < cnt)
-                idx = tl.where(v_c, idx, 0)
-                c_page = tl.load(CTAB + b * c_tab_stride + idx // c_ps, mask=v_c, other=0)
-                row_c = c_page.to(tl.int64) * c_ps + idx % c_ps
-                kv += _load_kv(CQ, CS, CR, row_c, v_c, offs_d, NOPE, ROPE)  # disjoint masks: one is 0
-                valid = valid | v_c
+                    kv, valid = _window_kv(WQ, WS, WR, WTAB, b, t, offs_j, ring, w_ps, w_tab_stride, WIN, NOPE, ROPE)
+                    kv_c, v_c = _comp_kv(CQ, CS, CR, CTAB, CIDX, b, offs_j, cnt, n_comp, c_ps, c_tab_stride, WIN,
+                                         INDEXED, NOPE, ROPE)
+                    kv += kv_c  # disjoint masks: one of the two is 0
+                    valid = valid | v_c
+            else:
+                kv, valid = _window_kv(WQ, WS, WR, WTAB, b, t, offs_j, ring, w_ps, w_tab_stride, WIN, NOPE, ROPE)
             if INTERP:  # the CPU interpreter multiplies bf16 dot operands as raw bits
                 s = tl.dot(q.to(tl.float32), tl.trans(kv.to(tl.float32))) * scale
             else:
@@ -302,8 +337,8 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | Non
     if q.dim() != 3 or q.dtype != torch.bfloat16:
         raise ValueError(f"decode_attention: q must be bf16 [B, H, Dh], got {q.dtype} {tuple(q.shape)}")
     bsz, h, hd = q.shape
-    if hd & (hd - 1):
-        raise ValueError(f"decode_attention: head_dim {hd} must be a power of two")
+    if hd & (hd - 1) or hd % KV_BLOCK:
+        raise ValueError(f"decode_attention: head_dim {hd} must be a power of two and a multiple of {KV_BLOCK}")
     nope = _check_pool(window_pool, "window_pool", hd)
     rot = cos is not None
     if (sin is not None) != rot:
@@ -361,7 +396,7 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | Non
         h, ring, window_pool.q.shape[1], cp.q.shape[1], wtab.stride(0), ctab.stride(0), n_comp, per_split,
         float(scale),
         WIN=window, HAS_COMP=has_comp, INDEXED=indexed, SPLIT=splits > 1, HD=hd, NOPE=nope, BH=bh, BN=bn,
-        ROT=rot, INTERP=INTERPRET, num_warps=8,
+        ROT=rot, INTERP=INTERPRET, num_warps=8, num_stages=DECODE_STAGES,
     )
     sp = max(2, triton.next_power_of_2(splits))
     if splits > 1 and combine == "loop":
