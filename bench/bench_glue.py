@@ -85,7 +85,9 @@ def main() -> None:
                                                        norm_weight=norm_w)))
         if len(outs) == 2:
             (u0, p0, c0), (u1, p1, c1) = outs
-            assert torch.equal(p0, p1) and torch.allclose(c0, c1, rtol=1e-6, atol=0), "post/comb differ"
+            # the mixes may be summed in another fp32 order (the CUDA-core mix at decode sizes, session 19)
+            assert torch.allclose(p0, p1, rtol=1e-5, atol=0) and torch.allclose(c0, c1, rtol=1e-4, atol=1e-7), \
+                "post/comb differ"
             du = (u0.float() - u1.float()).abs().max().item()
             assert du <= 2 ** -6 * u0.float().abs().max().item(), f"u differs by {du}"
         # this tree's finish with the collapse split over D (same post/comb, normed u up to rare 1-ulp flips)
@@ -147,13 +149,13 @@ def _fp8_pool(pages: int, ps: int, dev, g):
 
 
 def attention_splits() -> None:
-    """µs per decode_attention call at B = 1 and 8, ctx 4K, for split counts around the default (loop
-    combine), and at the default split count with the wide combine (last column)."""
+    """µs per decode_attention call at B = 1 and 8, ctx 4K, for split counts around the default (wide
+    combine), and at the default split count with the loop combine (last column)."""
     from dsv4.kernels.attention import decode_attention
     dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(1)
     ctx, ps, ring = 4096, 64, 256
     print(f"decode attention, 64 heads x 512, ctx {ctx}: µs per call in a CUDA graph, by split count")
-    print(f"{'kind':8s} {'B':>3} " + " ".join(f"{'auto' if v is None else v:>7}" for v in SPLITS) + f" {'wide':>7}")
+    print(f"{'kind':8s} {'B':>3} " + " ".join(f"{'auto' if v is None else v:>7}" for v in SPLITS) + f" {'loop':>7}")
     for bsz in (1, 8):
         w_pages = ring // ps
         wpool = _fp8_pool(bsz * w_pages + 1, ps, dev, g)
@@ -177,15 +179,14 @@ def attention_splits() -> None:
             want = decode_attention(*args, splits=1)
             row = []
             for sp in SPLITS:
-                got = decode_attention(*args, splits=sp, combine="loop")
+                got = decode_attention(*args, splits=sp, combine="wide")
                 err = (got.float() - want.float()).abs().max().item()
                 assert err <= 2 ** -6 * want.float().abs().max().item(), (kind, bsz, sp, err)
-                row.append(graph_us(lambda: decode_attention(*args, splits=sp, combine="loop")))
+                row.append(graph_us(lambda: decode_attention(*args, splits=sp, combine="wide")))
             loop = decode_attention(*args, combine="loop")
-            wide = decode_attention(*args, combine="wide")
-            err = (wide.float() - loop.float()).abs().max().item()
-            assert err <= 2 ** -6 * loop.float().abs().max().item(), (kind, bsz, "wide", err)
-            row.append(graph_us(lambda: decode_attention(*args, combine="wide")))
+            err = (loop.float() - want.float()).abs().max().item()
+            assert err <= 2 ** -6 * want.float().abs().max().item(), (kind, bsz, "loop", err)
+            row.append(graph_us(lambda: decode_attention(*args, combine="loop")))
             print(f"{kind:8s} {bsz:3d} " + " ".join(f"{v:7.1f}" for v in row))
 
 

@@ -67,17 +67,27 @@ if HAS_TRITON:
         return x.to(tl.bfloat16).to(tl.float32)
 
     @triton.jit
-    def _mxfp4_keys(PQ, PS, row_q, row_s, load, d):
-        """Dequantised MXFP4 keys [BN, D] fp32 (each byte is loaded for both of its nibbles)."""
-        byte = tl.load(PQ + row_q[:, None] + (d // 2)[None, :], mask=load[:, None], other=0).to(tl.int32)
-        code = (byte >> ((d & 1) * 4)[None, :]) & 0xF
-        m = code & 7  # e2m1 magnitude: 0, 0.5, then 2^(e-1) * (1 + mantissa/2) for m >= 2
+    def _mxfp4_keys(PQ, PS, row_q, row_s, load, D: tl.constexpr):
+        """Dequantised MXFP4 keys [BN, D] fp32, built per 32-group as [BN, D/32, 16] bytes (16-byte loads, one
+        scale byte per group) whose low / high nibbles are elements 2i / 2i + 1 of the group."""
+        g = tl.arange(0, D // 32)[None, :, None]
+        i = tl.arange(0, 16)[None, None, :]
+        ld = load[:, None, None]
+        byte = tl.load(PQ + row_q[:, None, None] + g * 16 + i, mask=ld, other=0).to(tl.int32)
+        sb = tl.load(PS + row_s[:, None, None] + g, mask=ld, other=127).to(tl.int32)  # [BN, D/32, 1]
+        sbits = tl.where(sb == 0, 1 << 22, tl.where(sb == 255, 0x7FC00000, sb << 23))  # as e8m0_to_float
+        scale = sbits.to(tl.float32, bitcast=True)
+        lo = _e2m1_value(byte & 0xF) * scale
+        hi = _e2m1_value((byte >> 4) & 0xF) * scale
+        return tl.reshape(tl.join(lo, hi), (row_q.shape[0], D))
+
+    @triton.jit
+    def _e2m1_value(code):
+        """fp32 value of e2m1 codes (int32 0..15): 0, 0.5, then 2^(e-1) * (1 + mantissa/2) for magnitudes >= 2."""
+        m = code & 7
         normal = (((m >> 1) + 126) << 23 | (m & 1) << 22).to(tl.float32, bitcast=True)
         mag = tl.where(m >= 2, normal, m.to(tl.float32) * 0.5)
-        sb = tl.load(PS + row_s[:, None] + (d // 32)[None, :], mask=load[:, None], other=127).to(tl.int32)
-        sbits = tl.where(sb == 0, 1 << 22, tl.where(sb == 255, 0x7FC00000, sb << 23))  # as e8m0_to_float
-        val = mag * sbits.to(tl.float32, bitcast=True)
-        return tl.where(code >= 8, -val, val)
+        return tl.where(code >= 8, -mag, mag)
 
     @pdl_kernel
     @triton.jit
@@ -99,7 +109,7 @@ if HAS_TRITON:
         page = tl.load(PAGE + b * spg_b + n * spg_n, mask=load, other=0).to(tl.int64)
         off = tl.load(OFF + b * sof_b + n * sof_n, mask=load, other=0).to(tl.int64)
         if FP4:
-            k = _mxfp4_keys(PQ, PS, page * pq_page + off * pq_off, page * ps_page + off * ps_off, load, d)
+            k = _mxfp4_keys(PQ, PS, page * pq_page + off * pq_off, page * ps_page + off * ps_off, load, D)
         else:
             k = tl.load(PQ + (page * pq_page + off * pq_off)[:, None] + d[None, :], mask=load[:, None],
                         other=0.0).to(tl.float32)
