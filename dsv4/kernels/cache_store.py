@@ -123,13 +123,17 @@ if HAS_TRITON:
                       q_page, q_off, s_page, s_off, r_page, r_off, eps,
                       D: tl.constexpr, NOPE: tl.constexpr, ROPE0: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
                       HADAMARD: tl.constexpr, FP4: tl.constexpr, INTERP: tl.constexpr):
+        d = tl.arange(0, D)
+        if NORM:  # the static operands are read before the PDL wait (beside the previous kernel's tail)
+            wn = tl.load(W + d).to(tl.float32)
+        if HADAMARD:
+            h = tl.load(H + d[:, None] * D + d[None, :])
         pdl_wait()
         b = tl.program_id(0)
-        d = tl.arange(0, D)
         y = tl.load(X + b * stride_x + d).to(tl.bfloat16).to(tl.float32)
         if NORM:
             ms = tl.sum(y * y, axis=0) / D
-            y = (tl.load(W + d).to(tl.float32) * (y * tl.math.rsqrt(ms + eps))).to(tl.bfloat16).to(tl.float32)
+            y = (wn * (y * tl.math.rsqrt(ms + eps))).to(tl.bfloat16).to(tl.float32)
         if ROT:
             a, c = tl.split(tl.reshape(y, (D // 2, 2)))
             pair = tl.arange(0, D // 2)
@@ -138,7 +142,6 @@ if HAS_TRITON:
             sn = tl.load(SIN + b * stride_cs + pair - ROPE0 // 2, mask=rope, other=0.0)
             y = tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (D,)).to(tl.bfloat16).to(tl.float32)
         if HADAMARD:
-            h = tl.load(H + d[:, None] * D + d[None, :])
             y = tl.sum(y[:, None] * h, axis=0).to(tl.bfloat16).to(tl.float32)
         page = tl.load(PAGE + b).to(tl.int64)
         off = tl.load(OFF + b).to(tl.int64)

@@ -69,15 +69,19 @@ if HAS_TRITON:
                           ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr, BR: tl.constexpr,
                           INTERP: tl.constexpr):
         """BR rows per program ([BR, D] tiles; BR > 1 for the Hadamard's tensor-core dot)."""
+        d = tl.arange(0, D)
+        if NORM == 1:  # the static operands are read before the PDL wait (beside the previous kernel's tail)
+            wn = tl.load(W + d).to(tl.float32)
+        if SIM == 2:
+            sgn = tl.load(H + d[:, None] * D + d[None, :])
         pdl_wait()
         row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
         live = row < rows
         tok = row // G
-        d = tl.arange(0, D)
         y = tl.load(X + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
         if NORM == 1:
             ms = tl.sum(y * y, axis=1) / D
-            y = _bf16(tl.load(W + d).to(tl.float32)[None, :] * (y * tl.math.rsqrt(ms + eps)[:, None]))
+            y = _bf16(wn[None, :] * (y * tl.math.rsqrt(ms + eps)[:, None]))
         elif NORM == 2:  # bf16 arithmetic, every intermediate rounded as torch does
             mean = _bf16(tl.sum(_bf16(y * y), axis=1) / D)
             r = _bf16(tl.math.rsqrt(_bf16(mean + eps)))
@@ -100,7 +104,6 @@ if HAS_TRITON:
         elif SIM == 2:  # Hadamard, then FP4 simulation in blocks of 32
             # y is bf16-exact and H = c * S with S = +-1: one tensor-core dot gives the sums of +-y exactly
             # per product (fp32 sums in the MMA's order), then the one multiply by c = hscale (the fp32 entry)
-            sgn = tl.load(H + d[:, None] * D + d[None, :])
             if INTERP:  # the interpreter multiplies raw bf16 bits in `dot`
                 hy = tl.dot(y, sgn.to(tl.float32))
             else:
