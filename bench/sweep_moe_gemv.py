@@ -33,6 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=1)
     ap.add_argument("--calls", type=int, default=16)
+    ap.add_argument("--mma", action="store_true", help="sweep the tensor-core method's launch shape instead")
     args = ap.parse_args()
     e, d, i, k = MOE["flash"]
     bw = copy_bandwidth()
@@ -51,6 +52,8 @@ def main() -> None:
     print(f"tokens {m}: default {default}: {t_def:7.2f} µs  (touched {touched / 1e6:.1f} MB: "
           f"{touched / t_def / 1e3:.0f} GB/s)", flush=True)
     ref = moe_gemv(x, idss[0], w, experts, LIMIT, **default).float()
+    if args.mma:
+        return _sweep_mma(x, idss, w, experts, ref, t_def)
     results = []
     shapes = list(itertools.product((32, 64), (2,), (2, 4, 8), (1, 2, 4))) + [(32, 4, 4, 2), (32, 4, 8, 2)]
     for bn, unroll, split, split_down in shapes:  # (64 rows, 4 K blocks per step: spills, ptxas)
@@ -68,6 +71,28 @@ def main() -> None:
     t, best, err = min(r for r in results if r[0] == r[0])
     print(f"best cuda {best}: {t:.2f} µs vs default {t_def:.2f} ({t_def / t:.2f}x), rel.diff {err:.1e}")
     print("best: " + ",".join(str(v) for v in best))
+
+
+def _sweep_mma(x, idss, w, experts, ref, t_def) -> None:
+    """The tensor-core method's shapes around the default: rows, K blocks per step, stages, GLU / down split."""
+    results = []
+    shapes = [(bn, u, st, sp, sd) for bn in (64, 128) for u in (1, 2, 4) for st in (3,) for sp in (1, 2, 4)
+              for sd in (1, 2) if not (bn == 128 and u == 4)]
+    for bn, unroll, stages, split, split_down in shapes:
+        launch = dict(bn=bn, num_warps=8 if bn == 128 else 4, unroll=unroll, num_stages=stages, method="mma",
+                      split=split, split_down=split_down)
+        try:
+            y = moe_gemv(x, idss[0], w, experts, LIMIT, **launch).float()
+            t = graph_us([lambda ids=ids: moe_gemv(x, ids, w, experts, LIMIT, **launch) for ids in idss])
+        except Exception as err:  # noqa: BLE001 -- a shape the compiler or the launcher refuses
+            print(f"  {launch}: {type(err).__name__}: {str(err)[:100]}")
+            continue
+        err = float((y - ref).norm() / ref.norm())
+        results.append((t, (bn, unroll, stages, split, split_down), err))
+        print(f"  mma bn={bn} unroll={unroll} stages={stages} split={split}/{split_down}: {t:7.2f} µs  "
+              f"rel.diff {err:.1e}", flush=True)
+    t, best, err = min(results)
+    print(f"best mma {best}: {t:.2f} µs vs default {t_def:.2f} ({t_def / t:.2f}x), rel.diff {err:.1e}")
 
 
 if __name__ == "__main__":
