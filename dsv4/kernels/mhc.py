@@ -38,10 +38,10 @@ from dsv4.model.hyper import hc_head as _hc_head_model
 from dsv4.model.hyper import hc_post as _hc_post_model
 from dsv4.model.hyper import hc_pre as _hc_pre_model
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, triton, weight_prefetch_kblocks
 
 if HAS_TRITON:
-    from dsv4.kernels.mhc_kernels import _finish_kernel, _finish_split_kernel, _mix_kernel
+    from dsv4.kernels.mhc_kernels import _finish_kernel, _finish_split_kernel, _mix_kernel, _mix_rows_kernel
 
 HC = 4
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
@@ -67,6 +67,12 @@ MIX_STAGES = 2
 # `bench/sweep_mhc_mix.py`): hc_post_pre 624 -> 403 (32 x 64 on 2 stages; ptxas at 32 x 32: 128 registers, no
 # spills, where the untransposed mix took 255 + spills), hc_pre 261 -> 252
 MIX_TRANS = True
+# Up to this many tokens the mHC sites with the post fused in, and the HC head, mix on CUDA cores
+# (`_mix_rows_kernel`, ROWS_BK columns of each stream per program) instead of a 16-row dot tile with one live row.
+# Session 19 (H200, T = 1, µs per site in a graph, dot -> rows): hc_post_pre 10.76 -> 9.26, hc_head 7.50 -> 5.45;
+# a plain hc_pre 9.19 -> 10.88 and T = 4 (13.3 vs 11.6 for hc_post_pre) were slower, so they keep the dot.
+ROWS_MAX_T = 1
+ROWS_BK = 64
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 
 
@@ -188,10 +194,13 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
     """One mHC site: the mix (the post fused in when `fuse` = (f, post, comb)), then the finish `fin` (None:
     post only) -- inside the mix's launch when fin.mode == "fused". -> (X' or x, the finish's outputs or None)."""
     t, d = x.shape[0], x.shape[2]
+    in_mix = fin is not None and fin.mode == "fused"
+    # decode sizes on CUDA cores where measured faster: the post fused into a pre, and the HC head (ROWS_MAX_T)
+    rows = t <= ROWS_MAX_T and not in_mix and fin is not None and (fuse is not None or fin.head)
     prefill = t > 16
     bt = (FUSED_BT if fuse is not None else MIX_BT) if prefill else 16
-    bk = min(MIX_BK if prefill else 64, triton.next_power_of_2(d))
-    split, per = _pick_split(t, d, bt, bk)
+    bk = min(ROWS_BK if rows else MIX_BK if prefill else 64, triton.next_power_of_2(d))
+    split, per = _pick_split(t, d, 1 if rows else bt, bk)
     part = torch.empty(split, t, MIX_PAD, dtype=torch.float32, device=x.device)
     sq = torch.empty(split, t, dtype=torch.float32, device=x.device)
     if fuse is not None:
@@ -200,21 +209,26 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
         f, post, comb = f.contiguous(), post.contiguous().float(), comb.contiguous().float()
     else:
         f = post = comb = xout = x
-    in_mix = fin is not None and fin.mode == "fused"
-    if in_mix:
-        fargs, outs = _finish_outputs(x, fin)
-        fargs += (arrival_counters("mHC fused finish", x.device, triton.cdiv(t, bt)),)
-        fkw = dict(HEAD=fin.head, HAS_NORM=fin.norm_weight is not None, ITERS=fin.iters,
-                   BD=min(1024, triton.next_power_of_2(d)), SP=max(2, triton.next_power_of_2(split)))
-        eps = (float(fin.hc_eps), float(fin.norm_eps))
+    if rows:
+        _mix_rows_kernel[(split,)](
+            x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per, HC * d,
+            FUSE_POST=fuse is not None, DO_MIX=True, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
+            BK=bk, PREFETCH=weight_prefetch_kblocks() > 0 and per % 8 == 0 and d % 8 == 0, num_warps=4)
     else:
-        fargs, fkw, eps = (x,) * 8, dict(HEAD=False, HAS_NORM=False, ITERS=1, BD=16, SP=2), (0.0, 0.0)
-    _mix_kernel[(triton.cdiv(t, bt), split)](
-        x, f, post, comb, xout, fn.hi, fn.lo, part, sq, *fargs, t, d, per, *eps,
-        FUSE_POST=fuse is not None, DO_MIX=fin is not None, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET,
-        TRANS=MIX_TRANS and prefill, FINISH=in_mix, **fkw,
-        num_warps=MIX_WARPS if prefill else 4, num_stages=MIX_STAGES if prefill else 3,
-    )
+        if in_mix:
+            fargs, outs = _finish_outputs(x, fin)
+            fargs += (arrival_counters("mHC fused finish", x.device, triton.cdiv(t, bt)),)
+            fkw = dict(HEAD=fin.head, HAS_NORM=fin.norm_weight is not None, ITERS=fin.iters,
+                       BD=min(1024, triton.next_power_of_2(d)), SP=max(2, triton.next_power_of_2(split)))
+            eps = (float(fin.hc_eps), float(fin.norm_eps))
+        else:
+            fargs, fkw, eps = (x,) * 8, dict(HEAD=False, HAS_NORM=False, ITERS=1, BD=16, SP=2), (0.0, 0.0)
+        _mix_kernel[(triton.cdiv(t, bt), split)](
+            x, f, post, comb, xout, fn.hi, fn.lo, part, sq, *fargs, t, d, per, *eps,
+            FUSE_POST=fuse is not None, DO_MIX=fin is not None, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET,
+            TRANS=MIX_TRANS and prefill, FINISH=in_mix, **fkw,
+            num_warps=MIX_WARPS if prefill else 4, num_stages=MIX_STAGES if prefill else 3,
+        )
     if fin is None:
         return xout, None
     return xout, (outs if in_mix else _finish(xout, part, sq, split, fin))

@@ -1,6 +1,7 @@
 """The mHC Triton kernels (the launchers, references and module notes live in dsv4.kernels.mhc).
 
-`_mix_kernel` (fused post, 24 or 4 mixes as split partials), the finishes `_finish_kernel` ("row") and
+`_mix_kernel` (fused post, 24 or 4 mixes as split partials; `_mix_rows_kernel` the same for a few tokens on
+CUDA cores), the finishes `_finish_kernel` ("row") and
 `_finish_split_kernel` ("split"), and the one-launch decode site: `_mix_kernel` with FINISH, whose token
 block's last-arriving program runs the "row" finish's code for the block's tokens (`_finish_row`), after
 the split-K ordering of dsv4.kernels.fp8_linear (barrier, gpu-scope acq_rel atomic, barrier, `.cg` loads).
@@ -8,7 +9,7 @@ the split-K ordering of dsv4.kernels.fp8_linear (barrier, gpu-scope acq_rel atom
 
 from __future__ import annotations
 
-from dsv4.kernels._triton import HAS_TRITON, pdl_kernel, pdl_wait, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, pdl_kernel, pdl_wait, prefetch_l2, tl, triton  # noqa: F401
 
 if HAS_TRITON:
 
@@ -133,6 +134,74 @@ if HAS_TRITON:
                         _finish_row(XOUT, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps,
                                     norm_eps, HAS_NORM, NP, BD, ".cg")
                 tl.store(CNT + pid_t, 0)  # every split has arrived: ready for the next launch / replay
+
+    @pdl_kernel
+    @triton.jit
+    def _mix_rows_kernel(
+        X, F, POST, COMB, XOUT, FH, FL, PART, SQ, T, D, d_per_split, HCD,
+        FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NM: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr,
+        PREFETCH: tl.constexpr,
+    ):
+        """`_mix_kernel` for a few tokens on CUDA cores (no 16-row dot tile for one live row): program s takes
+        columns [s d_per_split, +d_per_split) of each stream for every token in turn; the fused post's X' in
+        `_post_stream`'s expression; the first NM mixes as fp32 FMAs of the exact bf16 X' with fn's hi and lo
+        halves (NM: the mixes the finish reads, padded to a power of two)."""
+        sid = tl.program_id(0)
+        offs_n = tl.arange(0, NM)
+        d_lo = sid * d_per_split
+        if PREFETCH:  # the static fn rows of this program's columns, into L2 before the wait
+            for k in tl.static_range(4):
+                prefetch_l2(FH + k * D + d_lo, offs_n.to(tl.int64) * HCD, d_per_split * 2)
+                prefetch_l2(FL + k * D + d_lo, offs_n.to(tl.int64) * HCD, d_per_split * 2)
+        pdl_wait()
+        for t in range(T):
+            acc = tl.zeros((NM, BK), dtype=tl.float32)
+            sq = tl.zeros((BK,), dtype=tl.float32)
+            xrow = X + t * HCD
+            for i in range(0, d_per_split, BK):
+                offs_d = d_lo + i + tl.arange(0, BK)
+                dm = offs_d < D
+                x0 = tl.load(xrow + 0 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+                x1 = tl.load(xrow + 1 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+                x2 = tl.load(xrow + 2 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+                x3 = tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+                if FUSE_POST:
+                    f = tl.load(F + t * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+                    cb = COMB + t * 16
+                    y0 = _post_row(tl.load(POST + t * 4 + 0), f, cb, 0, x0, x1, x2, x3)
+                    y1 = _post_row(tl.load(POST + t * 4 + 1), f, cb, 1, x0, x1, x2, x3)
+                    y2 = _post_row(tl.load(POST + t * 4 + 2), f, cb, 2, x0, x1, x2, x3)
+                    y3 = _post_row(tl.load(POST + t * 4 + 3), f, cb, 3, x0, x1, x2, x3)
+                    b0, b1, b2, b3 = y0.to(tl.bfloat16), y1.to(tl.bfloat16), y2.to(tl.bfloat16), y3.to(tl.bfloat16)
+                    orow = XOUT + t * HCD + offs_d
+                    tl.store(orow + 0 * D, b0, mask=dm)
+                    tl.store(orow + 1 * D, b1, mask=dm)
+                    tl.store(orow + 2 * D, b2, mask=dm)
+                    tl.store(orow + 3 * D, b3, mask=dm)
+                    x0, x1, x2, x3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
+                if DO_MIX:
+                    sq += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
+                    acc = _mix_fma(acc, x0, FH, FL, 0 * D, offs_n, offs_d, dm, HCD)
+                    acc = _mix_fma(acc, x1, FH, FL, 1 * D, offs_n, offs_d, dm, HCD)
+                    acc = _mix_fma(acc, x2, FH, FL, 2 * D, offs_n, offs_d, dm, HCD)
+                    acc = _mix_fma(acc, x3, FH, FL, 3 * D, offs_n, offs_d, dm, HCD)
+            if DO_MIX:
+                tl.store(PART + (sid * T + t) * NP + offs_n, tl.sum(acc, axis=1))
+                tl.store(SQ + sid * T + t, tl.sum(sq, axis=0))
+
+    @triton.jit
+    def _post_row(pk, f, cb, k: tl.constexpr, x0, x1, x2, x3):
+        """`_post_stream` for one token's [BK] columns (comb scalars): the same expression, the same bits."""
+        return pk * f + (tl.load(cb + 0 + k) * x0 + tl.load(cb + 4 + k) * x1 + tl.load(cb + 8 + k) * x2
+                         + tl.load(cb + 12 + k) * x3)
+
+    @triton.jit
+    def _mix_fma(acc, xk, FH, FL, col0, offs_n, offs_d, dm, HCD):
+        """acc[NM, BK] += (hi + lo)[:, col0 + offs_d] * xk as two fp32 FMAs (bf16 x bf16 products are exact)."""
+        ptr = offs_n[:, None] * HCD + col0 + offs_d[None, :]
+        hi = tl.load(FH + ptr, mask=dm[None, :], other=0.0).to(tl.float32)
+        lo = tl.load(FL + ptr, mask=dm[None, :], other=0.0).to(tl.float32)
+        return tl.fma(lo, xk[None, :], tl.fma(hi, xk[None, :], acc))
 
     @triton.jit
     def _sigmoid(v):

@@ -245,7 +245,10 @@ if DEV == "cpu":
 
 @pytest.mark.parametrize("op,t,d,with_norm", FUSED_CASES)
 def test_fused_finish_matches_row(op, t, d, with_norm, poison, close_bf16, monkeypatch):
-    """The one-launch finish writes the two-launch "row" finish's bits, and matches the reference."""
+    """The one-launch finish writes the two-launch "row" finish's bits (both on the dot mix), and matches the
+    reference."""
+    from dsv4.kernels import mhc
+    monkeypatch.setattr(mhc, "ROWS_MAX_T", 0)  # the fused finish runs inside the dot mix only
     call, ref, _ = _split_setup(op, t, d, with_norm, monkeypatch)
     poison()
     fused = call("fused")
@@ -254,6 +257,35 @@ def test_fused_finish_matches_row(op, t, d, with_norm, poison, close_bf16, monke
     for i, (a, b) in enumerate(zip(fused, row)):
         assert torch.equal(a, b), f"{op} output {i}: fused differs from row"
     close_bf16(fused[0], ref()[0], rel=REL, what=f"{op} fused vs ref")
+
+
+ROWS_CASES = [(op, t, d, nw) for op in ("post_pre", "head") for t in (1, 3) for d in (256, 4096)
+              for nw in (False, True)]
+if DEV == "cpu":
+    ROWS_CASES = [c for c in ROWS_CASES if c[2] == 256 and c[3]]
+
+
+@pytest.mark.parametrize("op,t,d,with_norm", ROWS_CASES)
+def test_rows_mix_matches_dot_mix(op, t, d, with_norm, poison, close_bf16, monkeypatch):
+    """The CUDA-core mix (`_mix_rows_kernel`, here up to 3 tokens): the fused post's X' has the dot mix's bits
+    (the same expression), post / comb / u agree to fp32 summation order, and both match float64."""
+    from dsv4.kernels import mhc
+    call, ref, (x, fn, base, scale, w) = _split_setup(op, t, d, with_norm, monkeypatch)
+    monkeypatch.setattr(mhc, "ROWS_MAX_T", 3)
+    poison()
+    rows = call("split")
+    monkeypatch.setattr(mhc, "ROWS_MAX_T", 0)
+    poison()
+    dots = call("split")
+    if op == "post_pre":
+        assert torch.equal(rows[3], dots[3]), "X' differs from the dot mix's"
+        x = rows[3]
+        _, post64, comb64 = _f64_pre(x, fn, base, scale)
+        assert _rel(rows[1], post64) < 1e-5 and _rel(rows[2], comb64) < 1e-4
+        assert _rel(rows[1], dots[1]) < 1e-5 and _rel(rows[2], dots[2]) < 1e-4
+    close_bf16(rows[0], _u64(op, x, fn, base, scale, w), rel=REL, what=f"{op} rows mix vs float64")
+    close_bf16(rows[0], dots[0], rel=REL, what=f"{op} rows mix vs dot mix")
+    close_bf16(rows[0], ref()[0], rel=REL, what=f"{op} rows mix vs ref")
 
 
 def test_fused_finish_refuses_prefill_sizes():
