@@ -19,8 +19,9 @@ Kernel: grid (B, ceil(H/16), splits); a program holds 16 heads x Dh in fp32 and 
 candidate list in blocks of 16 entries (gather + FP8 dequant in registers, two tensor-core dots,
 online softmax). A block is gathered as [16, Dh/64, 64] -- 16-byte loads, one E8M0 byte per 64-column
 chunk -- and reshaped for the dots: a per-element scale index (`d // 64`) put the whole tile in a
-one-element-per-thread layout, 2-3x slower (session 19, docs/benchmarks.md). With one split it finishes in place; otherwise a combine launch merges the splits
-(flash-decoding), adds the sink and applies the inverse RoPE ("loop" or "wide" kernel, see COMBINE).
+one-element-per-thread layout, 2-3x slower (session 19, docs/benchmarks.md). With one split it finishes
+in place; otherwise a combine launch merges the splits (flash-decoding), adds the sink and applies the
+inverse RoPE ("loop" or "wide" kernel, see COMBINE).
 The candidates are split so that the grid is about one wave (`NUM_SMS`): at batch 1 the latency of a
 program's serial block loop, not bandwidth, sets the time.
 """

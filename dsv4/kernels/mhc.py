@@ -212,7 +212,7 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
     if rows:
         _mix_rows_kernel[(split,)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per, HC * d,
-            FUSE_POST=fuse is not None, DO_MIX=True, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
+            FUSE_POST=fuse is not None, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
             BK=bk, PREFETCH=weight_prefetch_kblocks() > 0 and per % 8 == 0 and d % 8 == 0, num_warps=4)
     else:
         if in_mix:

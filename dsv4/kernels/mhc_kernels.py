@@ -139,8 +139,7 @@ if HAS_TRITON:
     @triton.jit
     def _mix_rows_kernel(
         X, F, POST, COMB, XOUT, FH, FL, PART, SQ, T, D, d_per_split, HCD,
-        FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NM: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr,
-        PREFETCH: tl.constexpr,
+        FUSE_POST: tl.constexpr, NM: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         """`_mix_kernel` for a few tokens on CUDA cores (no 16-row dot tile for one live row): program s takes
         columns [s d_per_split, +d_per_split) of each stream for every token in turn; the fused post's X' in
@@ -179,15 +178,13 @@ if HAS_TRITON:
                     tl.store(orow + 2 * D, b2, mask=dm)
                     tl.store(orow + 3 * D, b3, mask=dm)
                     x0, x1, x2, x3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
-                if DO_MIX:
-                    sq += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
-                    acc = _mix_fma(acc, x0, FH, FL, 0 * D, offs_n, offs_d, dm, HCD)
-                    acc = _mix_fma(acc, x1, FH, FL, 1 * D, offs_n, offs_d, dm, HCD)
-                    acc = _mix_fma(acc, x2, FH, FL, 2 * D, offs_n, offs_d, dm, HCD)
-                    acc = _mix_fma(acc, x3, FH, FL, 3 * D, offs_n, offs_d, dm, HCD)
-            if DO_MIX:
-                tl.store(PART + (sid * T + t) * NP + offs_n, tl.sum(acc, axis=1))
-                tl.store(SQ + sid * T + t, tl.sum(sq, axis=0))
+                sq += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
+                acc = _mix_fma(acc, x0, FH, FL, 0 * D, offs_n, offs_d, dm, HCD)
+                acc = _mix_fma(acc, x1, FH, FL, 1 * D, offs_n, offs_d, dm, HCD)
+                acc = _mix_fma(acc, x2, FH, FL, 2 * D, offs_n, offs_d, dm, HCD)
+                acc = _mix_fma(acc, x3, FH, FL, 3 * D, offs_n, offs_d, dm, HCD)
+            tl.store(PART + (sid * T + t) * NP + offs_n, tl.sum(acc, axis=1))
+            tl.store(SQ + sid * T + t, tl.sum(sq, axis=0))
 
     @triton.jit
     def _post_row(pk, f, cb, k: tl.constexpr, x0, x1, x2, x3):
