@@ -1,0 +1,9 @@
+#!/bin/bash
+# Prepared in session 19 (not run yet), one H200: the GPU cases of test_mhc that session 19's last call did not
+# reach (the CUDA-core mix at one token vs the dot mix: test_rows_mix_matches_dot_mix, 16 cases; then the rest of
+# test_mhc), and where a B = 1 decode step's kernel time goes after session 19 (eager, PDL off).
+source bench/runs/lib.sh
+run 120 tests/gpu/test_mhc.py -k "rows_mix"
+run 300 tests/gpu/test_mhc.py -k "not rows_mix"
+DSV4_PDL=0 timeout 120 python3 bench/profile_step.py --layers 4 --batch 1 --ctx 4096 --order 2>&1 | grep -vE "Warning|warn" \
+  > $OUT/profile_b1.txt; tail -30 $OUT/profile_b1.txt

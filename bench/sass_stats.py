@@ -1,0 +1,125 @@
+"""Offline sm_90a compile of the decode-path Triton kernels: registers, spills, SASS instruction mix, and the
+register layouts of their global loads -- no GPU needed (triton 3.6's bundled ptxas and cuobjdump).
+
+A development aid for issue #6, not a benchmark. Session 19 found the paged decode attention's 2-3x this way:
+a per-element scale index put its [16, 512] candidate tile in a one-element-per-thread layout
+(`sizePerThread = [1, 1]` on the tile's loads below), which Nsight Compute only showed as shared-memory stalls.
+
+    python bench/sass_stats.py [name ...] [--layouts] [--stages N]
+
+Names: see CASES (all by default). `--layouts` prints each load's layout from the TTGIR. Integer arguments
+named in a case's `div16` are compiled as multiples of 16, as Triton specialises them at launch.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+ATTN_T = dict(Q="*bf16", POS="*i32", COS="*fp32", SIN="*fp32", SINK="*fp32", OUT="*bf16", PACC="*fp32", PML="*fp32",
+              WQ="*fp8e4nv", WS="*u8", WR="*bf16", WTAB="*i32", CQ="*fp8e4nv", CS="*u8", CR="*bf16", CTAB="*i32",
+              CIDX="*i32", CCNT="*i32", scale="fp32")
+ATTN_C = dict(HD=512, NOPE=448, BH=16, BN=16, ROT=False, INTERP=False, SPLIT=True, WIN=128)
+MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL", "NORM_W", "U", "NORMED")} \
+    | {n: "*fp32" for n in ("POST", "COMB", "PART", "SQ", "BASE", "SCALE", "POUT", "COUT")} \
+    | dict(CNT="*i32", hc_eps="fp32", norm_eps="fp32")
+MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False, FINISH=False, HEAD=False, HAS_NORM=False,
+             ITERS=1, SP=2, BD=16)
+
+# name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
+CASES = {
+    "attn_sliding": ("attention", "_decode_attn_kernel", ATTN_T, dict(ATTN_C, HAS_COMP=False, INDEXED=False), 8,
+                     "attention.DECODE_STAGES", ()),
+    "attn_csa": ("attention", "_decode_attn_kernel", ATTN_T, dict(ATTN_C, HAS_COMP=True, INDEXED=True), 8,
+                 "attention.DECODE_STAGES", ()),
+    "indexer_scores": ("indexer_scores", "_scores_kernel",
+                       dict(Q="*bf16", W="*bf16", PQ="*i8", PS="*u8", PAGE="*i32", OFF="*i32", PRESENT="*i1",
+                            OUT="*bf16"), dict(HP=64, D=128, BN=64, FP4=True, INTERP=False), 4, 3,
+                       ("pq_page", "pq_off", "ps_page", "sq_b", "sq_h", "sw_b")),
+    "store_indexer": ("cache_store", "_store_kernel",
+                      dict(X="*fp32", PAGE="*i64", OFF="*i64", W="*bf16", COS="*fp32", SIN="*fp32", H="*fp32",
+                           Q="*i8", S="*u8", ROPE="*bf16", eps="fp32"),
+                      dict(D=128, NOPE=128, ROPE0=64, NORM=True, ROT=True, HADAMARD=True, FP4=True, INTERP=False),
+                      4, 3, ("stride_x", "q_page", "q_off", "s_page", "r_page", "r_off")),
+    "norm_rope_indexer_q": ("norm_rope", "_norm_rope_kernel",
+                            dict(X="*bf16", OUT="*bf16", W="*bf16", COS="*fp32", SIN="*fp32", H="*bf16", eps="fp32",
+                                 hscale="fp32"),
+                            dict(D=128, ROPE0=64, NOPE=0, NORM=0, ROT=True, INV=False, SIM=2, BR=16, INTERP=False),
+                            4, 3, ()),
+    "mhc_mix": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=False), 4, 3, ("D", "d_per_split")),
+    "mhc_mix_post": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=True), 4, 3, ("D", "d_per_split")),
+    "mhc_rows_post": ("mhc_kernels", "_mix_rows_kernel", MIX_T, dict(FUSE_POST=True, NM=32, NP=32, BK=64,
+                                                                      PREFETCH=True), 4, 1,
+                      ("D", "d_per_split", "HCD")),
+}
+
+_OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+
+
+def _stages(spec, module):
+    """A case's num_stages: a number, or "module.FLAG" read from the kernel's module (the launcher's value)."""
+    return spec if isinstance(spec, int) else getattr(module, spec.split(".")[1])
+
+
+def compile_case(name: str, stages: int | None, layouts: bool) -> None:
+    import importlib
+
+    import triton
+    import triton.backends.nvidia as nv
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    mod_name, kernel, types, const, warps, stage_spec, div16 = CASES[name]
+    module = importlib.import_module(f"dsv4.kernels.{mod_name}")
+    jf = getattr(module, kernel)
+    while not isinstance(jf, triton.runtime.jit.JITFunction):  # unwrap pdl_kernel
+        jf = jf.fn
+    names = list(inspect.signature(jf.fn).parameters)
+    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
+    attrs = {(j,): [["tt.divisibility", 16]] for j, n in enumerate(names) if sig[n].startswith("*") or n in div16}
+    n_stages = stages if stages is not None else _stages(stage_spec, module)
+    k = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=const, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": n_stages})
+    bindir = os.path.join(os.path.dirname(nv.__file__), "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        info = subprocess.run([os.path.join(bindir, "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
+                              capture_output=True, text=True).stderr
+        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", cubin], capture_output=True,
+                              text=True).stdout
+    regs = re.search(r"Used (\d+) registers", info)
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    ops = collections.Counter(m.group(1).split(".")[0] for m in _OP.finditer(sass))
+    print(f"{name:20s} warps {warps} stages {n_stages}: {regs.group(1) if regs else '?'} registers, "
+          f"{spill.group(1) if spill else '?'} B spilled, {sum(ops.values())} SASS instructions; "
+          + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
+    if layouts:
+        ttgir = k.asm["ttgir"]
+        defs = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, re.M))
+        for m in re.finditer(r"= tt\.load .*?: tensor<(.+?), (#\w+)>", ttgir):
+            print(f"    load {m.group(1):28s} {defs.get(m.group(2), m.group(2))[:110]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"cases (default all): {', '.join(CASES)}")
+    ap.add_argument("--layouts", action="store_true", help="also print the layout of each global load")
+    ap.add_argument("--stages", type=int, default=None, help="num_stages for every case (default: each case's)")
+    args = ap.parse_args()
+    for name in args.names or CASES:
+        if name not in CASES:
+            raise SystemExit(f"sass_stats: unknown case {name!r}; cases: {', '.join(CASES)}")
+        compile_case(name, args.stages, args.layouts)
+
+
+if __name__ == "__main__":
+    main()
