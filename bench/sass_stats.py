@@ -58,6 +58,13 @@ CASES = {
     "mhc_rows_post": ("mhc_kernels", "_mix_rows_kernel", MIX_T, dict(FUSE_POST=True, NM=32, NP=32, BK=64,
                                                                       PREFETCH=True), 4, 1,
                       ("D", "d_per_split", "HCD")),
+    "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel",
+                   dict(XQ="*fp16", SX="*fp32", IDS="*i32", BLK="*i32", TOPK_W="*fp32", W="*u8", WS="*u8", Z="*fp16",
+                        ZS="*fp32", ZQ="*fp16", P="*fp32", CNT="*i32", QCNT="*i32", limit="fp32"),
+                   dict(BN=64, U=2, KD=1, QUANT_OUT=False, USE_ASM=True, SPLIT=True, PREFETCH=0, FUSE_Q=False,
+                        X_BF16=False, G=1, NC=16), 4, 3,
+                   ("I", "K", "stride_x", "stride_sx", "stride_we", "stride_wn", "stride_wse", "stride_z",
+                    "stride_ps", "stride_pp")),
 }
 
 _OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
