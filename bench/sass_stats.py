@@ -65,6 +65,19 @@ CASES = {
                         X_BF16=False, G=1, NC=16), 4, 3,
                    ("I", "K", "stride_x", "stride_sx", "stride_we", "stride_wn", "stride_wse", "stride_z",
                     "stride_ps", "stride_pp")),
+    "attn_combine": ("attention", "_combine_wide_kernel",
+                     dict(PACC="*fp32", PML="*fp32", SINK="*fp32", COS="*fp32", SIN="*fp32", OUT="*bf16"),
+                     dict(HD=512, NOPE=448, BH=16, BD=32, SP=32, ROT=True), 4, 3, ()),
+    "mhc_finish": ("mhc_kernels", "_finish_split_kernel",
+                   {n: "*bf16" for n in ("X", "NORM_W", "U", "NORMED")} | {n: "*fp32" for n in (
+                       "PART", "SQ", "BASE", "SCALE", "POST", "COMB", "USQ")} | dict(CNT="*i32", hc_eps="fp32",
+                                                                                    norm_eps="fp32"),
+                   dict(HAS_NORM=True, LEAD=1, ITERS=20, NP=32, SP=64, BD=512, NBP=8, NBD=2048), 4, 3, ("D",)),
+    "gate_route": ("router", "_gate_route_kernel",
+                   dict(X="*bf16", W="*bf16", PART="*fp32", LOGITS="*fp32", CNT="*i32", BIAS="*fp32", T2E="*i32",
+                        TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", route_scale="fp32"),
+                   dict(D=4096, BN=32, KS=512, S=8, RB=1, E=256, BE=256, K=6, BK=8, P=8, HAS_BIAS=True, HASH=False,
+                        NORMALIZE=True, INTERP=False), 4, 3, ("stride_x", "stride_w")),
 }
 
 _OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")

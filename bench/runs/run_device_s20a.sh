@@ -9,3 +9,6 @@ DSV4_PDL=0 timeout 120 python3 bench/profile_step.py --layers 4 --batch 1 --ctx 
   > $OUT/profile_b1.txt; tail -30 $OUT/profile_b1.txt
 # the decode MoE at B = 1 with two K blocks per wgmma (dot_blocks 2: half the wgmma waits, 194 registers offline)
 timeout 200 python3 bench/sweep_moe_gemv.py --tokens 1 --mma --dot-blocks 2 2>&1 | grep -vE "Warning|warn"
+# the mHC finish on 1 / 2 / 4 warps (dsv4.kernels.mhc.FINISH_WARPS; the Sinkhorn's cross-warp barriers at 4)
+for w in 4 2 1; do echo "FINISH_WARPS=$w"; timeout 60 python3 bench/flags.py dsv4.kernels.mhc.FINISH_WARPS=$w -- \
+  bench/bench_glue.py --tokens 1,8 2>&1 | grep -E "^hc_"; done

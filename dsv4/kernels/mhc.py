@@ -73,6 +73,10 @@ MIX_TRANS = True
 # a plain hc_pre 9.19 -> 10.88 and T = 4 (13.3 vs 11.6 for hc_post_pre) were slower, so they keep the dot.
 ROWS_MAX_T = 1
 ROWS_BK = 64
+# warps of the finish launch. Offline sm_90a (bench/sass_stats.py mhc_finish): at 4 warps the 20 Sinkhorn
+# iterations on a [4, 4] tile reduce across warps (79 barriers); at 1 warp they are shuffles only, but each
+# collapse program's 512 columns fall on 32 threads. Not measured yet (bench/runs/run_device_s20a.sh).
+FINISH_WARPS = 4
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 
 
@@ -255,7 +259,7 @@ def _finish(x, part, sq, split, fin: _Finish):
     args = (x, part, sq) + args
     tail = (t, d, split, float(fin.hc_eps), float(fin.norm_eps))
     kw = dict(HAS_NORM=fin.norm_weight is not None, ITERS=fin.iters, NP=MIX_PAD,
-              SP=max(2, triton.next_power_of_2(split)), num_warps=4)
+              SP=max(2, triton.next_power_of_2(split)), num_warps=FINISH_WARPS)
     if fin.mode == "row":
         _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=min(1024, triton.next_power_of_2(d)), **kw)
     else:
