@@ -78,6 +78,10 @@ CASES = {
                         TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", route_scale="fp32"),
                    dict(D=4096, BN=32, KS=512, S=8, RB=1, E=256, BE=256, K=6, BK=8, P=8, HAS_BIAS=True, HASH=False,
                         NORMALIZE=True, INTERP=False), 4, 3, ("stride_x", "stride_w")),
+    "topk_one_load": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
+                      dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, ONE=True), 4, 3, ()),
+    "topk_chunks": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
+                    dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, ONE=False), 4, 3, ()),
 }
 
 _OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")

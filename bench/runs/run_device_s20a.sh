@@ -12,3 +12,6 @@ timeout 200 python3 bench/sweep_moe_gemv.py --tokens 1 --mma --dot-blocks 2 2>&1
 # the mHC finish on 1 / 2 / 4 warps (dsv4.kernels.mhc.FINISH_WARPS; the Sinkhorn's cross-warp barriers at 4)
 for w in 4 2 1; do echo "FINISH_WARPS=$w"; timeout 60 python3 bench/flags.py dsv4.kernels.mhc.FINISH_WARPS=$w -- \
   bench/bench_glue.py --tokens 1,8 2>&1 | grep -E "^hc_"; done
+# the indexer top-k with its keys loaded once (dsv4.kernels.topk.SINGLE_LOAD; its GPU test first)
+run 60 tests/gpu/test_topk.py -k single_load
+timeout 60 python3 bench/bench_glue.py --topk --tokens 1 2>&1 | grep -E "top-k|B="
