@@ -75,7 +75,7 @@ ROWS_MAX_T = 1
 ROWS_BK = 64
 # warps of the finish launch. Offline sm_90a (bench/sass_stats.py mhc_finish): at 4 warps the 20 Sinkhorn
 # iterations on a [4, 4] tile reduce across warps (79 barriers); at 1 warp they are shuffles only, but each
-# collapse program's 512 columns fall on 32 threads. Not measured yet (bench/runs/run_device_s20a.sh).
+# collapse program's 512 columns fall on 32 threads. Not measured yet (bench/runs/run_device_s20b.sh).
 FINISH_WARPS = 4
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 

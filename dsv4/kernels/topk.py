@@ -37,7 +37,7 @@ from dsv4.kernels._triton import pdl_kernel, pdl_wait
 SCORE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # A row of at most one chunk (N <= 4096: CSA contexts up to 16K) loads its keys once instead of once per digit
 # pass and once for the selection (three latency-bound loads at B = 1). Same picks; off until measured
-# (bench/runs/run_device_s20a.sh).
+# (bench/runs/run_device_s20b.sh).
 SINGLE_LOAD = False
 INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}  # +inf; above: NaN
 
