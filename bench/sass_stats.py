@@ -82,6 +82,21 @@ CASES = {
                       dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, ONE=True), 4, 3, ()),
     "topk_chunks": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
                     dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, ONE=False), 4, 3, ()),
+    "fp8_gemv_wq_a": ("fp8_gemv", "_fp8_gemv_kernel",
+                      dict(X="*bf16", W="*fp8e4nv", SW="*u8", C="*bf16", P="*fp32", CNT="*i32"),
+                      dict(MR=1, BN=64, KU=4, QUANT_X=True, SW_E8M0=True, SPLIT_OUT=True, OUT_F32=False, PREFETCH=4,
+                           ROUND_W=False, INTERP=False), 4, 1, ("stride_xm", "stride_xg", "stride_wn")),
+    "pool_csa": ("cache_store", "_pool_kernel",
+                 dict(C="*fp32", Z="*fp32", PAGE="*i64", SLOTS="*i64", HAS_PREV="*i1", OUT="*fp32", NC="*fp32",
+                      NZ="*fp32", NSLOT="*i64"),
+                 dict(R=8, RR=8, RATIO=4, DIM=512, OVERLAP=True, BD=128, NEW=True), 4, 3,
+                 ("stride_p", "stride_s", "stride_o", "stride_n")),
+    "moe_down_b1": ("moe_gemv", "_mma_down_kernel",
+                    dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u8", Y="*bf16", P="*fp32",
+                         CNT="*i32", OUT="*bf16", SH="*bf16", TCNT="*i32"),
+                    dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, COMBINE=False, HAS_SHARED=False,
+                         G=1, NC=16), 4, 3,
+                    ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")),
 }
 
 _OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
