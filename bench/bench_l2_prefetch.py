@@ -1,10 +1,10 @@
-"""What an L2 prefetch on a side stream buys a decode GEMV (dsv4.kernels.l2_prefetch, dsv4.model.prefetch).
+"""What an L2 prefetch on a side stream buys a decode GEMV (session 20: nothing -- the model keeps none).
 
 For each large Flash decode linear at M = 1 (the model's launcher and config), on `copies` distinct weight
 copies (together > 4x L2, so each launch starts cold), µs per copy from one CUDA graph:
 
   cold        the linear alone
-  hot         the linear again right after itself (its weight in L2 if it fits): 2 * t(pair) - cold
+  hot         the linear again right after itself (its weight in L2 if it fits): t(pair) - cold
   chain       `--chain` small latency-bound launches (a 4 KB add each), standing in for the mHC / norm /
               attention kernels that precede a linear in a layer
   chain+lin   chain, then the linear
@@ -21,16 +21,35 @@ import os
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_gemm_moe import GROUPED, LINEARS  # noqa: E402
 from bench.sweep_linear import copies_for, copy_bandwidth, graph_us  # noqa: E402
-from dsv4.kernels import l2_prefetch  # noqa: E402
+from dsv4.kernels._triton import prefetch_l2  # noqa: E402
 from dsv4.kernels.fp8_linear import fp8_linear  # noqa: E402
 from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16  # noqa: E402
 
 DEV = "cuda"
+
+
+@triton.jit
+def _prefetch_kernel(BASE, COUNT, LAST, SIZE: tl.constexpr, BLOCK: tl.constexpr):
+    """Bulk L2 prefetches (`cp.async.bulk.prefetch.L2`) of SIZE bytes each over a tensor's bytes; the
+    program ends once they are issued, not when the bytes arrive."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.where(i < COUNT, tl.minimum(i.to(tl.int64) * SIZE, LAST), LAST)
+    prefetch_l2(BASE, offs, SIZE)
+
+
+def prefetch_l2_tensor(t: torch.Tensor, chunk: int, block: int = 128) -> None:
+    """Start a contiguous tensor's bytes (its size a multiple of 16, at least `chunk`) into L2."""
+    nbytes = t.numel() * t.element_size()
+    count = -(-nbytes // chunk)
+    _prefetch_kernel[(triton.cdiv(count, block),)](t.view(-1).view(torch.uint8), count, nbytes - chunk,
+                                                   SIZE=chunk, BLOCK=block, num_warps=4)
 
 
 def weights(n: int, k: int, c: int):
@@ -68,7 +87,7 @@ def main() -> None:
             lin = lambda w, s: fp8_linear(x, w, s)  # noqa: E731
         cold = graph_us([lambda w=w, s=s: lin(w, s) for w, s in zip(ws, ss)])
         pair = graph_us([lambda w=w, s=s: (lin(w, s), lin(w, s)) for w, s in zip(ws, ss)])
-        hot = 2 * pair - cold
+        hot = pair - cold  # graph_us gives µs per call: here two linears
         for steps in chains:
             def chain():
                 for _ in range(steps):
@@ -80,7 +99,7 @@ def main() -> None:
                 def with_prefetch(w, s, chunk=chunk):
                     side.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(side):
-                        l2_prefetch.prefetch_l2_tensors([w], chunk)
+                        prefetch_l2_tensor(w, chunk)
                     chain()
                     torch.cuda.current_stream().wait_stream(side)
                     lin(w, s)

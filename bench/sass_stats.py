@@ -97,8 +97,6 @@ CASES = {
                     dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, COMBINE=False, HAS_SHARED=False,
                          G=1, NC=16), 4, 3,
                     ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")),
-    "l2_prefetch": ("l2_prefetch", "_prefetch_kernel", dict(BASE="*u8", COUNT="i32", LAST="i64"),
-                    dict(SIZE=16384, BLOCK=128), 4, 1, ()),
 }
 
 _OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")

@@ -15,7 +15,6 @@ from dsv4.model.hyper import hc_post, hc_pre
 from dsv4.model.moe import MoE
 from dsv4.model.norm import RMSNorm
 from dsv4.model.numerics import Numerics, acc_dtype
-from dsv4.model.prefetch import attention_input_weights, attention_output_weights, ffn_weights, prefetch_beside
 
 
 class Block(nn.Module):
@@ -46,9 +45,7 @@ class Block(nn.Module):
                 segments: list[Segment] | None, step=None) -> torch.Tensor:
         """x: residual streams [T, hc, D] -> [T, hc, D] (`step`: a paged decode step, see Attention.attend)."""
         hc, pre = self.pre(x, positions)
-        join = prefetch_beside(x.device, "attn_out", x.shape[0], lambda: attention_output_weights(self.attn))
         attended = self.attn.attend(pre, positions, segments, step=step)
-        join()
         return self.post(x, attended, pre, hc, token_ids, rotated=self.attn.step_rotates(step))
 
     # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
@@ -56,7 +53,6 @@ class Block(nn.Module):
 
     def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[tuple, AttentionInputs]:
         """mHC pre of the attention site + attention `prepare` -> ((post, comb), attention inputs)."""
-        join = prefetch_beside(x.device, "attn_in", x.shape[0], lambda: attention_input_weights(self.attn))
         if self.mhc is not None:
             from dsv4.kernels import mhc
             u, post, comb = mhc.hc_pre(x, self.mhc["attn"], self.hc_attn_base, self.hc_attn_scale,
@@ -64,9 +60,7 @@ class Block(nn.Module):
         else:
             u, post, comb = hc_pre(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, **self.hc_kwargs)
             u = self.attn_norm(u)
-        inputs = self.attn.prepare(u, positions)
-        join()
-        return (post, comb), inputs
+        return (post, comb), self.attn.prepare(u, positions)
 
     def post(self, x: torch.Tensor, attended: torch.Tensor, pre: AttentionInputs, hc: tuple,
              token_ids: torch.Tensor | None, rotated: bool = False) -> torch.Tensor:
@@ -76,12 +70,9 @@ class Block(nn.Module):
         post, comb = hc
         if self.mhc is not None:
             from dsv4.kernels import mhc
-            join = prefetch_beside(x.device, "ffn", x.shape[0], lambda: ffn_weights(self.ffn))
             x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base,
                                                self.hc_ffn_scale, norm_weight=self.ffn_norm.weight, **self.hc_kwargs)
-            out = mhc.hc_post(self.ffn(u, token_ids), x, post, comb)
-            join()
-            return out
+            return mhc.hc_post(self.ffn(u, token_ids), x, post, comb)
         x = hc_post(f, x, post, comb)
         u, post, comb = hc_pre(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, **self.hc_kwargs)
         return hc_post(self.ffn(self.ffn_norm(u), token_ids), x, post, comb)

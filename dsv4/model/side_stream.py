@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 import torch
 
 # The branches that run beside (A/B runs in bench/, debugging): any other name runs inline.
-OVERLAP = ("shared_expert", "projections", "prefetch")  # prefetch: dsv4.model.prefetch
+OVERLAP = ("shared_expert", "projections")
 MAX_ROWS = 128  # the largest CUDA-graph decode bucket
 
 T = TypeVar("T")
