@@ -11,7 +11,9 @@ do in a captured step). A development aid for issue #6:
   `finish_projections` launch vs the one-launch `project_decode` (`projections.DECODE_GEMV`, the default),
   at its default tiling and a few others.
 
-    python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn] [--proj] [--topk]
+* the greedy pick over the Flash vocabulary (`--argmax`): torch's argmax vs `first_argmax`.
+
+    python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn] [--proj] [--topk] [--argmax]
 """
 from __future__ import annotations
 
@@ -54,7 +56,10 @@ def main() -> None:
     p.add_argument("--proj", action="store_true", help="also time the two projection paths")
     p.add_argument("--topk", action="store_true",
                    help="also time the indexer top-k with its keys loaded once or per pass")
+    p.add_argument("--argmax", action="store_true", help="also time the greedy pick: torch's argmax vs first_argmax")
     args = p.parse_args()
+    if args.argmax:
+        greedy_pick()
     if args.topk:
         topk_single_load()
     if args.proj:
@@ -214,6 +219,18 @@ def topk_single_load() -> None:
                 first = picks
             topk.SINGLE_LOAD = False
             print(f"B={bsz:2d} N={n:5d} {row[0]:8.2f} {row[1]:8.2f}")
+
+
+def greedy_pick() -> None:
+    """µs per greedy pick over [B, 129280] fp32 logits (the Flash vocabulary): torch's argmax and the two-pass
+    `dsv4.engine.sampler.first_argmax`, which must give the same ids (ties made likely: logits rounded)."""
+    from dsv4.engine.sampler import first_argmax
+    dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(3)
+    print("greedy pick over 129280 logits: µs per call in a CUDA graph, torch argmax / first_argmax")
+    for bsz in (1, 8, 64):
+        logits = (torch.randn(bsz, 129280, device=dev, generator=g) * 4).round()
+        assert torch.equal(first_argmax(logits), logits.argmax(-1)), "first_argmax differs from argmax"
+        print(f"B={bsz:2d} {graph_us(lambda: logits.argmax(-1)):8.2f} {graph_us(lambda: first_argmax(logits)):8.2f}")
 
 
 SPLITS = (None, 4, 8, 16, 20, 32, 40, 64)

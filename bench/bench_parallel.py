@@ -168,6 +168,7 @@ class Runner:
         return to_device(torch.tensor(flat, dtype=torch.long), self.dev)
 
     def forward(self, states, lens, ids=None):
+        from dsv4.engine.sampler import first_argmax
         from dsv4.model import ForwardContext, set_forward_context
         from dsv4.model.context import to_device
         if self.cache is not None:
@@ -180,16 +181,17 @@ class Runner:
             if any(n != 1 for n in lens):  # the last row of every sequence
                 ends = torch.tensor(lens, dtype=torch.long).cumsum(0) - 1
                 hidden = hidden[to_device(ends, self.dev)]
-            return self.model.compute_logits(hidden).argmax(-1)
+            return first_argmax(self.model.compute_logits(hidden))
 
     def mtp(self, states, lens):
+        from dsv4.engine.sampler import first_argmax
         from dsv4.model import ForwardContext, set_forward_context
         pos = self._positions([s.mtp.num_tokens for s in states], lens)
         width = self.model.config.hc_mult * self.model.config.hidden_size
         res = torch.randn(pos.numel(), width, device=self.dev).to(torch.bfloat16)
         with torch.no_grad(), set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
             _, hidden = self.model.forward_mtp(res, self.ids(pos.numel()), pos)
-            return self.model.mtp[0].compute_logits(hidden).argmax(-1)
+            return first_argmax(self.model.mtp[0].compute_logits(hidden))
 
     def prefill(self, states, ctx: int, chunk: int = 8192, with_mtp: bool = True) -> None:
         """`ctx` tokens into every state, at most `chunk` tokens per forward (long prompts in pieces)."""

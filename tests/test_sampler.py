@@ -269,3 +269,30 @@ def test_bad_inputs_raise():
         s(logits, [p, SamplingParams(presence_penalty=1.0)], [[1], [1]], [[], [8]])
     with pytest.raises(ValueError, match="logprobs_mode"):
         Sampler(logprobs_mode="softmax")
+
+
+@pytest.mark.parametrize("vocab", [129280, 8192 * 2, 1000])
+def test_first_argmax_is_the_first_maximum(vocab):
+    """The two-pass argmax against a plain scan for the first maximum: rows with ties (few distinct values, the
+    maximum repeated across pieces), a NaN (counts as the largest), all -inf, and plain random rows."""
+    from dsv4.engine.sampler import first_argmax
+    gen = torch.Generator().manual_seed(vocab)
+    rows = [torch.randn(vocab, generator=gen),
+            torch.randint(0, 5, (vocab,), generator=gen).float(),  # the maximum 4.0 in many pieces
+            torch.full((vocab,), -math.inf)]
+    nan = torch.randn(vocab, generator=gen)
+    nan[torch.randint(vocab // 2, vocab, (3,), generator=gen)] = math.nan
+    rows.append(nan)
+    x = torch.stack(rows)
+
+    def scan(row):
+        vals = row.tolist()
+        if any(math.isnan(v) for v in vals):
+            return next(i for i, v in enumerate(vals) if math.isnan(v))
+        best = max(vals)
+        return vals.index(best)
+
+    got = first_argmax(x).tolist()
+    assert got == [scan(r) for r in x]
+    assert got == x.argmax(-1).tolist()
+    assert first_argmax(x[1]).item() == scan(x[1])  # one row, no batch dimension

@@ -47,6 +47,23 @@ def _on(values: list, device: torch.device, dtype: torch.dtype = torch.int64) ->
     return to_device(torch.tensor(values, dtype=dtype), device)
 
 
+ARGMAX_PIECES = 128  # pieces per row of `first_argmax`'s first pass
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(-1)`: the first maximum of each row (NaN counts as the largest, as in torch), in two passes.
+    torch's reduce gives a whole row to one thread block when the output is a few values (36 µs for one
+    129,280-logit row on the H200); cut into ARGMAX_PIECES pieces the row spreads over the GPU. Each piece's
+    first maximum, then the first piece holding the largest of those: the row's first maximum."""
+    v = x.shape[-1]
+    if v % ARGMAX_PIECES or v < 64 * ARGMAX_PIECES:
+        return x.argmax(-1)
+    width = v // ARGMAX_PIECES
+    vals, idx = x.unflatten(-1, (ARGMAX_PIECES, width)).max(-1)
+    piece = vals.argmax(-1, keepdim=True)
+    return (piece * width + idx.gather(-1, piece)).squeeze(-1)
+
+
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """The private generator of a seeded request (lives as long as the request)."""
     g = torch.Generator(device=device)
@@ -157,7 +174,7 @@ class Sampler:
                 raise ValueError(f"sampler: row {i} generator is on {g.device}, logits on {logits.device}")
 
         penalised = apply_penalties(logits, params, prompt_token_ids, output_token_ids)
-        tokens = penalised.argmax(dim=-1)  # first maximum = lowest id; final for greedy rows
+        tokens = first_argmax(penalised)  # first maximum = lowest id; final for greedy rows
         processed = penalised
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
@@ -171,7 +188,7 @@ class Sampler:
                 if generators[i] is not None:
                     noise[i] = torch.empty(vocab, device=logits.device).exponential_(generator=generators[i])
             noise.clamp_min_(torch.finfo(noise.dtype).tiny)  # a zero draw would make 0/0 = nan
-            drawn = (probs / noise).argmax(dim=-1)
+            drawn = first_argmax(probs / noise)
             idx = _on(random_rows, logits.device)
             tokens[idx] = drawn[idx]
 

@@ -35,7 +35,7 @@ import torch
 
 from ..model.context import ForwardContext, set_forward_context, to_device
 from .outputs import TokenLogprob
-from .sampler import apply_penalties, filter_logits, make_generator
+from .sampler import apply_penalties, filter_logits, first_argmax, make_generator
 from .scheduler import ScheduledBatch, ScheduledSeq
 from .sequence import Sequence
 
@@ -231,7 +231,7 @@ class MTPSpeculator:
         seqs = [c.row.seq for c in live]
         penalised, processed = self._process(torch.stack([c.logits for c in live]), seqs,
                                              [c.row.draft_token_ids for c in live])
-        greedy = penalised.argmax(dim=-1).tolist() if any(s.params.greedy for s in seqs) else None
+        greedy = first_argmax(penalised).tolist() if any(s.params.greedy for s in seqs) else None
         drafts = []
         for i, c in enumerate(live):
             if c.row.seq.params.greedy:
@@ -283,7 +283,7 @@ class MTPSpeculator:
         seqs = [batch.rows[i].seq for i, w in zip(picked, widths) for _ in range(w)]
         drafted = [batch.rows[i].draft_token_ids[:j] for i, w in zip(picked, widths) for j in range(w)]
         penalised, processed = self._process(logits, seqs, drafted)
-        greedy = penalised.argmax(dim=-1).tolist() if any(s.params.greedy for s in seqs) else None
+        greedy = first_argmax(penalised).tolist() if any(s.params.greedy for s in seqs) else None
         start = 0
         for i, w in zip(picked, widths):
             row, rows = batch.rows[i], slice(start, start + w)
