@@ -224,57 +224,13 @@ if HAS_TRITON:
         part3 = PART + (offs_s[:, None, None] * T + t) * NP + 8 + jk[None, :, :]
         m_comb = tl.sum(tl.load(part3, mask=smask[:, None, None], other=0.0, cache_modifier=CACHE), axis=0) * rho
         a = m_comb * tl.load(SCALE + 2) + tl.load(BASE + 8 + jk)
-        # Sinkhorn on 16 scalars that every thread holds: a [4, 4] tile spread over the CTA paid two
-        # cross-warp reductions per iteration (79 barriers at 4 warps); here a row is 3 adds, 1 division, 4 products.
-        # The logits go out through COMB (the output) and come back as scalars (a CTA barrier between).
-        cp = COMB + t * 16
-        tl.store(cp + jk, a)
-        tl.debug_barrier()
-        c00, c01, c02, c03 = _softmax_row(cp, 0, hc_eps)
-        c10, c11, c12, c13 = _softmax_row(cp, 4, hc_eps)
-        c20, c21, c22, c23 = _softmax_row(cp, 8, hc_eps)
-        c30, c31, c32, c33 = _softmax_row(cp, 12, hc_eps)
-        for it in tl.static_range(ITERS):
-            if it > 0:  # the first row pass is the softmax's
-                c00, c01, c02, c03 = _normalise4(c00, c01, c02, c03, hc_eps)
-                c10, c11, c12, c13 = _normalise4(c10, c11, c12, c13, hc_eps)
-                c20, c21, c22, c23 = _normalise4(c20, c21, c22, c23, hc_eps)
-                c30, c31, c32, c33 = _normalise4(c30, c31, c32, c33, hc_eps)
-            c00, c10, c20, c30 = _normalise4(c00, c10, c20, c30, hc_eps)
-            c01, c11, c21, c31 = _normalise4(c01, c11, c21, c31, hc_eps)
-            c02, c12, c22, c32 = _normalise4(c02, c12, c22, c32, hc_eps)
-            c03, c13, c23, c33 = _normalise4(c03, c13, c23, c33, hc_eps)
-        tl.debug_barrier()  # every thread has read the logits before any overwrites them
-        _store_row(cp, 0, c00, c01, c02, c03)
-        _store_row(cp, 4, c10, c11, c12, c13)
-        _store_row(cp, 8, c20, c21, c22, c23)
-        _store_row(cp, 12, c30, c31, c32, c33)
-
-    @triton.jit
-    def _softmax_row(cp, o: tl.constexpr, eps):
-        """Row o // 4 of the logits at cp: softmax + eps, as four scalars."""
-        a0 = tl.load(cp + o, cache_modifier=".cg")
-        a1 = tl.load(cp + o + 1, cache_modifier=".cg")
-        a2 = tl.load(cp + o + 2, cache_modifier=".cg")
-        a3 = tl.load(cp + o + 3, cache_modifier=".cg")
-        m = tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3))
-        e0, e1, e2, e3 = tl.exp(a0 - m), tl.exp(a1 - m), tl.exp(a2 - m), tl.exp(a3 - m)
-        r = 1.0 / ((e0 + e1) + (e2 + e3))
-        return e0 * r + eps, e1 * r + eps, e2 * r + eps, e3 * r + eps
-
-    @triton.jit
-    def _normalise4(c0, c1, c2, c3, eps):
-        """c / (sum c + eps) as one division and four products (the issue-bound part: 16 divisions per pass
-        took twice the instructions; a product by the reciprocal is within an ulp of the quotient)."""
-        r = 1.0 / ((c0 + c1) + (c2 + c3) + eps)
-        return c0 * r, c1 * r, c2 * r, c3 * r
-
-    @triton.jit
-    def _store_row(cp, o: tl.constexpr, c0, c1, c2, c3):
-        tl.store(cp + o, c0)
-        tl.store(cp + o + 1, c1)
-        tl.store(cp + o + 2, c2)
-        tl.store(cp + o + 3, c3)
+        e = tl.exp(a - tl.max(a, axis=1)[:, None])
+        c = e / tl.sum(e, axis=1)[:, None] + hc_eps
+        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+        for _ in tl.static_range(ITERS - 1):
+            c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+        tl.store(COMB + t * 16 + jk, c)
 
     @triton.jit
     def _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP: tl.constexpr, CACHE: tl.constexpr):
