@@ -78,6 +78,9 @@ ROWS_BK = 64
 # collapse program's 512 columns fall on 32 threads. Not measured yet (bench/runs/run_device_s20b.sh).
 FINISH_WARPS = 4
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
+# the split finish's RMSNorm in every collapse program (each re-collapses the whole row for the sum of squares)
+# instead of in the token's last-arriving one: no atomic, no second pass over u. A/B: run_device_s20f.sh.
+NORM_EVERY = False
 
 
 class MixWeight(NamedTuple):
@@ -271,7 +274,7 @@ def _finish(x, part, sq, split, fin: _Finish):
             usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, t)
         _finish_split_kernel[(t, nb + (0 if fin.head else 1))](
             *args, usq, cnt, *tail, LEAD=0 if fin.head else 1, BD=bd, NBP=nbp,
-            NBD=min(NORM_BD, triton.next_power_of_2(d)), **kw)
+            NBD=min(NORM_BD, triton.next_power_of_2(d)), NORM_EVERY=NORM_EVERY, NB=nb, **kw)
     return outs
 
 
