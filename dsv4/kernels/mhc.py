@@ -73,14 +73,11 @@ MIX_TRANS = True
 # a plain hc_pre 9.19 -> 10.88 and T = 4 (13.3 vs 11.6 for hc_post_pre) were slower, so they keep the dot.
 ROWS_MAX_T = 1
 ROWS_BK = 64
-# warps of the finish launch. Offline sm_90a (bench/sass_stats.py mhc_finish): at 4 warps the 20 Sinkhorn
-# iterations on a [4, 4] tile reduce across warps (79 barriers); at 1 warp they are shuffles only, but each
-# collapse program's 512 columns fall on 32 threads. Not measured yet (bench/runs/run_device_s20b.sh).
+# warps of the finish launch. At 4 warps the 20 Sinkhorn iterations on a [4, 4] tile reduce across warps (79
+# barriers, bench/sass_stats.py mhc_finish), yet neither 1 or 2 warps (s20b) nor a Sinkhorn on per-thread scalars
+# (s20d) nor the RMSNorm in every collapse program instead of the last arriver (s20f) made a site faster.
 FINISH_WARPS = 4
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
-# the split finish's RMSNorm in every collapse program (each re-collapses the whole row for the sum of squares)
-# instead of in the token's last-arriving one: no atomic, no second pass over u. A/B: run_device_s20f.sh.
-NORM_EVERY = False
 
 
 class MixWeight(NamedTuple):
@@ -274,7 +271,7 @@ def _finish(x, part, sq, split, fin: _Finish):
             usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, t)
         _finish_split_kernel[(t, nb + (0 if fin.head else 1))](
             *args, usq, cnt, *tail, LEAD=0 if fin.head else 1, BD=bd, NBP=nbp,
-            NBD=min(NORM_BD, triton.next_power_of_2(d)), NORM_EVERY=NORM_EVERY, NB=nb, **kw)
+            NBD=min(NORM_BD, triton.next_power_of_2(d)), **kw)
     return outs
 
 

@@ -305,13 +305,10 @@ if HAS_TRITON:
         T, D, nsplit, hc_eps, norm_eps,
         HAS_NORM: tl.constexpr, LEAD: tl.constexpr, ITERS: tl.constexpr,
         NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr, NBP: tl.constexpr, NBD: tl.constexpr,
-        NORM_EVERY: tl.constexpr, NB: tl.constexpr,
     ):
         """collapse="split", grid (T, LEAD + nb): with LEAD = 1 (mHC pre) program (t, 0) runs post + Sinkhorn;
         program (t, LEAD + c) collapses columns [c BD, (c + 1) BD) of token t; with a norm, the token's last
-        chunk program to finish normalises the whole row, or with NORM_EVERY each chunk program collapses the
-        whole row for the sum of squares (the same per-chunk partials, NB = nb of them) and normalises its own
-        columns: no arrival and no second pass."""
+        chunk program to finish normalises the whole row."""
         pdl_wait()
         t = tl.program_id(0)
         c = tl.program_id(1) - LEAD
@@ -328,17 +325,7 @@ if HAS_TRITON:
             dm = offs_d < D
             u = _collapse(X + t * 4 * D, D, offs_d, dm, p0, p1, p2, p3, "")
             tl.store(U + t * D + offs_d, u, mask=dm)
-            if HAS_NORM and NORM_EVERY:
-                offs_b = tl.arange(0, NBP)
-                part = tl.zeros((NBP,), dtype=tl.float32)
-                for j in tl.static_range(NB):  # unrolled: every chunk's loads can be in flight at once
-                    offs_j = j * BD + tl.arange(0, BD)
-                    uj = _collapse(X + t * 4 * D, D, offs_j, offs_j < D, p0, p1, p2, p3, "").to(tl.float32)
-                    part = tl.where(offs_b == j, tl.sum(uj * uj, axis=0), part)
-                r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
-                w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
-                tl.store(NORMED + t * D + offs_d, (w * (u.to(tl.float32) * r)).to(tl.bfloat16), mask=dm)
-            elif HAS_NORM:
+            if HAS_NORM:
                 uf = u.to(tl.float32)
                 tl.store(USQ + t * NBP + c, tl.sum(uf * uf, axis=0))
                 # Publish u and the partial, count the arrival (the ordering of fp8_linear's split K: the CTA

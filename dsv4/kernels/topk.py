@@ -36,8 +36,8 @@ from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 SCORE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # A row of at most one chunk (N <= 4096: CSA contexts up to 16K) loads its keys once instead of once per digit
-# pass and once for the selection (three latency-bound loads at B = 1). Same picks; off until measured
-# (bench/runs/run_device_s20b.sh).
+# pass and once for the selection (three latency-bound loads at B = 1). Same picks, but not faster (s20b, µs at
+# B = 1, N = 1024 / 4096: 5.21 / 10.86 per pass, 5.29 / 11.02 once): off.
 SINGLE_LOAD = False
 INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}  # +inf; above: NaN
 

@@ -233,23 +233,6 @@ def test_split_collapse(op, t, d, with_norm, poison, close_bf16, monkeypatch):
         assert torch.equal(split[0], row[0]), f"{op}: split u differs from row u"
 
 
-@pytest.mark.parametrize("op,t,d,with_norm", [c for c in SPLIT_CASES if c[3]])
-def test_norm_in_every_collapse_program(op, t, d, with_norm, poison, monkeypatch):
-    """`mhc.NORM_EVERY`: each split-finish program re-collapses the row for the RMSNorm's sum of squares (the
-    same per-chunk partials, summed as one [NBP] vector) instead of the last arriver normalising: the same u
-    (hence X', post, comb) bits; the normed u within one bf16 ulp (the [NBP] sum may take another tree)."""
-    from dsv4.kernels import mhc
-    call, _, _ = _split_setup(op, t, d, with_norm, monkeypatch)
-    poison()
-    last = call("split")
-    monkeypatch.setattr(mhc, "NORM_EVERY", True)
-    poison()
-    every = call("split")
-    _within_one_ulp(every[0], last[0], f"{op} NORM_EVERY vs last arriver")
-    for i, (a, b) in enumerate(zip(every[1:], last[1:]), 1):
-        assert torch.equal(a, b), f"{op} output {i}: NORM_EVERY differs from the last-arriver norm"
-
-
 # --------------------------------------------------------------------------- collapse="fused" (decode)
 # One launch per site: the mix's D splits count their arrivals and the token block's last one runs the row
 # finish for the block's tokens. 256 columns = 4 splits of 64 at decode sizes (the arrival path at
