@@ -189,6 +189,7 @@ class PagedLayerState:
         self._n_entries = {}
         self._first = {}
         self._tables: dict[str, tuple[list[int], torch.Tensor]] = {}  # device copies of block tables
+        self._rows_cap = pools.rows_cap(spec)  # fixed per layer: `advance_decode` runs per layer and step
         if spec.has_compressor:
             self._n_entries["main"], self._first["main"] = 0, 0
             if spec.has_indexer:
@@ -305,13 +306,16 @@ class PagedLayerState:
         (dsv4.engine.paged_decode) has written: the bookkeeping half of `append_tokens`."""
         end = self.num_tokens + n
         self.num_tokens = end
-        self.min_length = max(self.min_length, end - self.max_rollback)
-        if self._first:
-            keep_from = oldest_needed_row(self.ratio, self.overlap, self.min_length)
-            cap = self.pools.rows_cap(self.spec)
-            for name in self._first:
-                self._n_entries[name] = end // self.ratio
-                self._first[name] = max(self._first[name], keep_from, end - cap)
+        if end - self.max_rollback > self.min_length:
+            self.min_length = end - self.max_rollback
+        if self._first:  # runs for every layer of every sequence each step (43 x B at Flash): kept lean
+            lo = max(oldest_needed_row(self.ratio, self.overlap, self.min_length), end - self._rows_cap)
+            entries = end // self.ratio
+            first = self._first
+            for name in first:
+                self._n_entries[name] = entries
+                if lo > first[name]:
+                    first[name] = lo
 
     def truncate(self, num_tokens: int) -> None:
         target = truncate_target(self, num_tokens)

@@ -142,6 +142,7 @@ def advance_paged(states: list[SequenceState], lens: list[int], mtp: bool = Fals
     """Host bookkeeping after a fixed-shape step (which wrote the states on the device): the
     backbone layers, or the MTP block's state, move on by lens[b] tokens."""
     for s, n in zip(states, lens):
+        n = int(n)
         for layer in ([s.mtp] if mtp else s.layers):
-            layer.advance_decode(int(n))
+            layer.advance_decode(n)
 
