@@ -11,6 +11,7 @@ contiguous per-sequence state (`--kv-dtype contiguous`):
 * prefill: one `--prefill`-token prompt in one forward (TTFT of that prompt, tokens/s);
 * decode: for each batch size B, B sequences prefilled with `--ctx` tokens, then the median
   milliseconds of one decode step (1 token per sequence, logits, greedy pick), one MTP draft step,
+  chained decode steps fed their own picks with the host's read-back before / after the next launch,
   and one verify step (2 tokens per sequence, the target's work with one MTP draft);
 * ceilings measured in the same run: device-to-device copy bandwidth per GPU, NCCL all-reduce
   latency (one decode-sized bf16 row block) and bandwidth (256 MiB).
@@ -183,6 +184,26 @@ class Runner:
                 hidden = hidden[to_device(ends, self.dev)]
             return first_argmax(self.model.compute_logits(hidden))
 
+    def decode_chain(self, states, steps: int, pipelined: bool) -> float:
+        """ms per decode step over `steps` steps, each fed the previous step's picks on the device. Sync: the
+        host reads a step's picks back before it launches the next (today's engine). Pipelined: after it has
+        launched the next, so the host's work for step k + 1 overlaps the GPU's step k (an engine that
+        schedules one step ahead); the GPU is then never idle while the host is faster than the step."""
+        one = [1] * len(states)
+        ids, prev = self.ids(len(states)), None
+        _sync()
+        t = time.perf_counter()
+        for _ in range(steps):
+            ids = self.forward(states, one, ids)
+            if not pipelined:
+                ids.tolist()
+            elif prev is not None:
+                prev.tolist()
+            prev = ids
+        prev.tolist()
+        _sync()
+        return (time.perf_counter() - t) * 1e3 / steps
+
     def mtp(self, states, lens):
         from dsv4.engine.sampler import first_argmax
         from dsv4.model import ForwardContext, set_forward_context
@@ -328,6 +349,7 @@ def _rank_main(rank: int, args) -> None:
         replay = _replay_ms(model, args.reps) if gpu and args.cuda_graphs else 0.0
         mtp = _median_ms(lambda: run.mtp(states, one), args.reps)
         ver = _median_ms(lambda: run.forward(states, two), max(3, args.reps // 2))
+        chain = {p: run.decode_chain(states, 2 * args.reps, p) for p in (False, True)}
         launches = _count_launches(model, lambda: run.forward(states, one)) if gpu else 0
         roof_bytes = _decode_roof_bytes(model, b, args.ctx)
         roof = torch.tensor([roof_bytes], dtype=torch.float64, device=dev)
@@ -335,12 +357,14 @@ def _rank_main(rank: int, args) -> None:
             dist.all_reduce(roof, op=dist.ReduceOp.MAX)
         roof_ms = float(roof) / (out["copy_GBps"] * 1e9) * 1e3
         row = {"batch": b, "ctx": args.ctx, "decode_ms": dec, "mtp_ms": mtp, "verify2_ms": ver, "replay_ms": replay,
-               "launches": launches,
+               "chain_sync_ms": chain[False], "chain_pipelined_ms": chain[True], "launches": launches,
                "tok_per_s": b / dec * 1e3, "roof_ms": roof_ms, "roof_x": dec / roof_ms}
         out["decode"].append(row)
         say(f"B={b:3d} ctx={args.ctx}: decode {dec:8.1f} ms/step ({b / dec * 1e3:7.1f} tok/s), "
             f"(graph replay {replay:.2f}), MTP draft {mtp:6.1f} ms, verify(2 tok) {ver:8.1f} ms, roofline {roof_ms:.2f} ms ({dec / roof_ms:.0f}x), "
             f"{launches} kernels/step eager")
+        say(f"B={b:3d} ctx={args.ctx}: chained decode (ids from the last picks) {chain[False]:.2f} ms/step with the "
+            f"read-back before the next launch, {chain[True]:.2f} pipelined (read back after it)")
         run.release(states)
         if gpu:
             torch.cuda.empty_cache()
