@@ -1,4 +1,5 @@
 #!/bin/bash
+# Historical: run once (s20c); the model's prefetch sites were removed after it (no gain), so its last row now fails.
 # Session 20, one H200: the L2 prefetch on a side stream (dsv4.kernels.l2_prefetch, dsv4.model.prefetch).
 # 1. what it buys one large decode linear after a chain of small launches (bench_l2_prefetch.py);
 # 2. its GPU tests (any size, writes nothing; every site on = the same logits, eager and graphed);

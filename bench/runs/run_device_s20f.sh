@@ -1,4 +1,5 @@
 #!/bin/bash
+# Historical: run once (s20f); NORM_EVERY was removed after it (no gain), so its flag rows now fail.
 # Session 20, one H200 (last call): the split mHC finish with its RMSNorm in every collapse program
 # (dsv4.kernels.mhc.NORM_EVERY) -- its GPU test, the glue timings and the 8-layer B = 1 row, off / on.
 source bench/runs/lib.sh
