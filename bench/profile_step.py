@@ -6,7 +6,8 @@ issue #6's fusion work, not a benchmark.
     python bench/profile_step.py [--layers 4] [--batch 1] [--ctx 1024] [--prefill N]
 
 `--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill);
-`--cprofile` Python's profile of eager decode steps; `--host` the host's side of captured decode steps
+`--cprofile` Python's profile of eager decode steps; `--timeline` one captured decode step as a host / GPU
+timeline (where the GPU idles around the graph); `--host` the host's side of captured decode steps
 (CPU time per op and labelled Python part; `--eager`: of eager ones); with `--syncs` also the lines where such a step makes the host wait for the GPU.
 """
 from __future__ import annotations
@@ -88,6 +89,9 @@ def main() -> None:
     p.add_argument("--cprofile", action="store_true",
                    help="instead: Python's profiler over eager decode steps (where the host's time goes, by function)")
     p.add_argument("--eager", action="store_true", help="with --host: eager steps instead of captured ones")
+    p.add_argument("--timeline", action="store_true",
+                   help="instead: one captured decode step (read back as the engine does) as a host / GPU timeline: "
+                        "where the GPU idles between the graph, the LM head and the pick")
     p.add_argument("--host", action="store_true",
                    help="instead: the host's side of captured decode steps (CPU time per torch op / Python part)")
     args = p.parse_args()
@@ -105,7 +109,7 @@ def main() -> None:
     cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=args.batch + 1, max_model_len=args.ctx + 64,
                                                       kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
     run = Runner(model, cfg.vocab_size, dev, cache)
-    if args.host and not args.eager:
+    if (args.host or args.timeline) and not args.eager:
         model.enable_cuda_graphs(max_batch=max(args.batch, 1))
     states = run.new_states(args.batch)
     run.prefill(states, args.ctx, with_mtp=False)
@@ -118,6 +122,9 @@ def main() -> None:
         one = [args.prefill]
     if args.cprofile:
         _cprofile(run, states, one)
+        return
+    if args.timeline:
+        _timeline(run, states, one)
         return
     if args.host:
         if args.syncs:  # the lines where a captured decode step still makes the host wait
@@ -216,6 +223,53 @@ def _profile_host(run, states, one, steps: int = 10) -> None:
     for e in rows:
         print(f"{e.key[:50]:50s} {e.count // steps:6d} {e.cpu_time_total / 1e3 / steps:9.3f} "
               f"{e.self_cpu_time_total / 1e3 / steps:8.3f}")
+
+
+def _timeline(run, states, one, steps: int = 4, gap_us: float = 4.0) -> None:
+    """The last of `steps` decode steps (each read back with .tolist(), as the engine's sampler does) as a
+    timeline in ms from the step's start: the host's labelled parts and runtime calls (≥ 10 µs), the GPU's busy
+    time, and every GPU idle gap longer than `gap_us` with the kernels around it."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    for part in HOST_PARTS:
+        _label(*part)
+    for _ in range(3):
+        run.forward(states, one).tolist()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            with record_function("step"):
+                run.forward(states, one).tolist()
+        torch.cuda.synchronize()
+    events = prof.events()
+    cpu = torch.autograd.DeviceType.CPU
+    step = max((e for e in events if e.name == "step" and e.device_type == cpu), key=lambda e: e.time_range.start)
+    t0, t1 = step.time_range.start, step.time_range.end
+    gpu = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.name != "step"
+                  and t0 <= e.time_range.start <= t1), key=lambda e: e.time_range.start)
+    if not gpu:
+        print("timeline: no GPU events in the step (profiler without CUDA?)")
+        return
+    busy, end = 0.0, t0  # the union of the GPU intervals (the side stream's overlap the main stream's)
+    for e in gpu:
+        busy += max(0.0, e.time_range.end - max(e.time_range.start, end))
+        end = max(end, e.time_range.end)
+    print(f"decode step: {(t1 - t0) / 1e3:.3f} ms on the host (start to read-back); GPU busy {busy / 1e3:.3f} ms in "
+          f"{len(gpu)} kernels / copies, first at +{(gpu[0].time_range.start - t0) / 1e3:.3f}, last ends at "
+          f"+{(gpu[-1].time_range.end - t0) / 1e3:.3f} ms")
+    labels = {f"{c}.{n}" for _, c, n in HOST_PARTS}
+    print("host (ms from the step's start):")
+    for e in sorted((e for e in events if e.device_type == cpu and t0 <= e.time_range.start <= t1
+                     and (e.name in labels or (e.name.startswith("cuda") and e.time_range.elapsed_us() >= 10))),
+                    key=lambda e: e.time_range.start):
+        print(f"  +{(e.time_range.start - t0) / 1e3:7.3f} .. +{(e.time_range.end - t0) / 1e3:7.3f}  {e.name[:70]}")
+    print(f"GPU idle gaps over {gap_us:.0f} µs:")
+    end, prev = t0, "(step start)"
+    for e in gpu:
+        if e.time_range.start - end > gap_us:
+            print(f"  +{(end - t0) / 1e3:7.3f} .. +{(e.time_range.start - t0) / 1e3:7.3f}  "
+                  f"{(e.time_range.start - end):7.1f} µs  after {prev[:40]}  before {e.name[:40]}")
+        if e.time_range.end > end:
+            end, prev = e.time_range.end, e.name
 
 
 def _print_order(events, gpu) -> None:
