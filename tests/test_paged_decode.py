@@ -219,3 +219,44 @@ def test_step_derives_only_the_slots_asked_for():
     assert 0 < closing < len(states)  # both branches of the write slot are exercised
     step.derive()
     assert step._derived == {}  # the next step starts afresh
+
+
+@pytest.mark.parametrize("mtp", [False, True])
+def test_host_slots_equal_the_device_derivation(monkeypatch, mtp):
+    """`paged_decode.HOST_SLOTS`: the slot arrays `fill` computes on the host (numpy) equal `_derive`'s device
+    formulas for every key the kernels read -- window write, each raw-row ring's slots, each entry kind's write,
+    entry positions and counts -- over steps whose positions cross window and page boundaries, with padding rows."""
+    from dsv4.engine import paged_decode
+    b = _Batch(_model(), "fp8")
+    pools = b.cache.pools
+    steps = {}
+    for host in (True, False):
+        monkeypatch.setattr(paged_decode, "HOST_SLOTS", host)
+        steps[host] = pools.decode_step(len(b.seqs) + 3, 600)  # 3 padding rows
+    assert steps[True]._slots and not steps[False]._slots
+    rows_keys = [k[:4] for k in steps[True]._slots if k[0] == "rows" and k[-1] == 0]
+    assert {k[1] for k in rows_keys} == {4, 128}
+    seen_close = set()
+    for _ in range(9):
+        states = [b.cache.reserve(seq, 1) for seq in b.seqs]
+        if mtp:
+            states = [s for s in states if s.mtp is not None]
+        for step in steps.values():
+            step.fill(states, mtp=mtp)
+            step.derive()
+        host, dev = steps[True], steps[False]
+        keys = ["window_write"] + [(k, "write") for k in host._entry_kinds()] + \
+            [(what, r) for what in ("entry_pos", "count") for r in (4, 128)]
+        for key in keys:
+            got, want = host._get(key), dev._get(key)
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), key
+        for _, r, overlap, cap in rows_keys:
+            got, want = host._rows_slots(r, overlap, cap), dev._rows_slots(r, overlap, cap)
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), (r, overlap, cap)
+        t = host.pos[:len(states)]
+        seen_close |= {r for r in (4, 128) if bool(((t + 1) % r == 0).any())}
+        for seq, s in zip(b.seqs, states):  # move on as a decode step would
+            for layer in (s.mtp,) if mtp else s.layers:
+                layer.advance_decode(1)
+    assert 4 in seen_close  # an entry write that is not the trash page was compared

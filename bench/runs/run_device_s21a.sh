@@ -4,3 +4,9 @@
 export PYTHONUNBUFFERED=1
 timeout 150 python3 bench/profile_step.py --timeline --layers 8 --batch 1 --ctx 4096 2>&1 | grep -vE "Warning|warn|USDT" | tail -60
 timeout 150 python3 bench/profile_step.py --timeline --layers 8 --batch 8 --ctx 4096 2>&1 | grep -vE "Warning|warn|USDT" | tail -40
+# The host-computed decode slots (dsv4.engine.paged_decode.HOST_SLOTS, opt-in since session 20): GPU tests of the
+# paged step with it on (DSV4_HOST_SLOTS=1), then the 8-layer decode rows off / on (single steps and graph replay).
+source bench/runs/lib.sh
+DSV4_HOST_SLOTS=1 run 220 tests/gpu/test_model_gpu.py -k "paged or graph"
+echo "HOST_SLOTS off:"; rows8 90 1,8
+echo "HOST_SLOTS on:"; rows8 90 1,8 dsv4.engine.paged_decode.HOST_SLOTS=True

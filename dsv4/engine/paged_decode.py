@@ -23,9 +23,17 @@ slots contribute exact zeros.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
+
+# Opt-in (session 20, not measured on the GPU yet: bench/runs/run_device_s21a.sh): the slots the decode kernels
+# read (window write, raw-row ring, entry writes, entry positions and counts) computed on the host in `fill`
+# (numpy, `_derive`'s integer formulas) and shipped in the step's one host->device copy, instead of ≈ 60 small
+# device ops (≈ 80 µs of GPU time at B = 1, eager) at the first layer of each kind. The host pays for it before
+# the launch: fill 0.03 -> 0.10 ms at B = 1 and 0.06 -> 0.13 at B = 8 on the 2-core dev machine.
+HOST_SLOTS = os.environ.get("DSV4_HOST_SLOTS", "0") == "1"
 
 
 class DecodeStep:
@@ -44,7 +52,8 @@ class DecodeStep:
                 self.widths[name] = 1
             else:
                 self.widths[name] = max(1, entry_pages[name])
-        total = size + sum(size * w for w in self.widths.values())
+        plan = self._slot_plan() if HOST_SLOTS else []
+        total = size + sum(size * w for w in self.widths.values()) + sum(math.prod(shape) for _, shape in plan)
         dev = pools.device
         self._dev = torch.zeros(total, dtype=torch.long, device=dev)
         self.pos = self._dev[:size]
@@ -52,6 +61,10 @@ class DecodeStep:
         for name, w in self.widths.items():
             self.tables[name] = self._dev[o:o + size * w].view(size, w)
             o += size * w
+        self._slots, slots_at = {}, o  # host-computed slot arrays: device views (see HOST_SLOTS)
+        for key, shape in plan:
+            self._slots[key] = self._dev[o:o + math.prod(shape)].view(shape)
+            o += math.prod(shape)
         self._derived: dict = {}
         # Host side. `_image` holds what `_dev` must hold after `fill` (positions, then each kind's
         # table rows); a table row is rewritten only when its pages change (`_row_pages`: the pages
@@ -64,6 +77,10 @@ class DecodeStep:
             self._image_tables[name][:] = pools.trash[name]
             o += size * w
         self._row_pages = {name: [[] for _ in range(size)] for name in self.widths}
+        self._slot_image, o = {}, slots_at
+        for key, shape in plan:
+            self._slot_image[key] = self._image[o:o + math.prod(shape)].reshape(shape)
+            o += math.prod(shape)
         self._kinds: dict[bool, list[tuple]] = {}  # mtp -> `_kind_rows`
         # Two pinned staging buffers, used in turn, each with the event of its last copy: the copy to
         # the device does not block, and a buffer is refilled only after its previous copy has run.
@@ -71,6 +88,51 @@ class DecodeStep:
         self._staging: list = [None, None]
         self._copied: list = [None, None]
         self._turn = 0
+
+    def _rows_key(self, spec) -> tuple:
+        r = spec.compress_ratio
+        return ("rows", r, r == 4, self.pools.rows_cap(spec))
+
+    def _entry_kinds(self) -> list[str]:
+        return [name for name in self.kinds if name not in ("window", "state")]
+
+    def _slot_plan(self) -> list[tuple[tuple, tuple[int, ...]]]:
+        """(key, shape) of every host-computed slot array: the window write's (page, offset); per raw-row ring
+        (ratio, overlap, capacity) the token's slot and its window's slots; per entry kind the write's
+        (page, offset); per ratio the entry position and the complete-entry count."""
+        n = self.size
+        plan = [(("window_write", 0), (n,)), (("window_write", 1), (n,))]
+        specs = list(self.config.layers) + [s for s in (self.config.mtp_layer,) if s is not None]
+        for key in sorted({self._rows_key(spec) for spec in specs if spec.has_compressor}):
+            plan += [(key + (0,), (n,)), (key + (1,), (n, (2 if key[2] else 1) * key[1]))]
+        for name in self._entry_kinds():
+            plan += [((name, "write", 0), (n,)), ((name, "write", 1), (n,))]
+        for r in sorted({self.kinds[name].ratio for name in self._entry_kinds()}):
+            plan += [(("entry_pos", r), (n,)), (("count", r), (n,))]
+        return plan
+
+    def _fill_slots(self) -> None:
+        """The host-computed slot arrays from the image's positions and tables: `_derive`'s formulas."""
+        t, img = self._image_pos, self._slot_image
+        rows = np.arange(self.size)
+        ring, wps = self.pools.ring, self.kinds["window"].page_size
+        slot = t % ring
+        img["window_write", 0][:] = self._image_tables["window"][rows, slot // wps]
+        img["window_write", 1][:] = slot % wps
+        for key in img:
+            if key[0] == "rows" and key[-1] == 0:
+                r, overlap, cap = key[1:4]
+                img[key][:] = t % cap
+                first = (t // r) * r - (r if overlap else 0)
+                img[key[:4] + (1,)][:] = np.maximum(first[:, None] + np.arange((2 if overlap else 1) * r), 0) % cap
+        for name in self._entry_kinds():
+            kind, table = self.kinds[name], self._image_tables[name]
+            i = t // kind.ratio
+            page = table[rows, np.minimum(i // kind.page_size, table.shape[1] - 1)]
+            img[name, "write", 0][:] = np.where((t + 1) % kind.ratio == 0, page, self.pools.trash[name])
+            img[name, "write", 1][:] = i % kind.page_size
+            img["entry_pos", kind.ratio][:] = t // kind.ratio * kind.ratio
+            img["count", kind.ratio][:] = (t + 1) // kind.ratio
 
     @staticmethod
     def entry_pages_for(pools, num_tokens: int) -> dict[str, int]:
@@ -128,6 +190,8 @@ class DecodeStep:
                 if held[r]:
                     image[r] = trash
                     held[r] = []
+        if self._slots:
+            self._fill_slots()
         self._upload()
 
     def _upload(self) -> None:
@@ -164,6 +228,12 @@ class DecodeStep:
 
     def _derive(self, key):
         t, dev = self.pos, self._dev.device
+        if self._slots:  # HOST_SLOTS: views of what `fill` shipped
+            if key == "window_write" or (isinstance(key, tuple) and key[-1] == "write"):
+                head = key if isinstance(key, tuple) else (key,)
+                return self._slots[head + (0,)], self._slots[head + (1,)]
+            if key in self._slots:
+                return self._slots[key]
         if key == "state_page":
             return self.tables["state"][:, 0]
         if key in ("window_write", "window_read"):
@@ -192,6 +262,8 @@ class DecodeStep:
 
     def _rows_slots(self, ratio: int, overlap: bool, cap: int):
         key = ("rows", ratio, overlap, cap)
+        if key not in self._derived and key + (0,) in self._slots:
+            self._derived[key] = (self._slots[key + (0,)], self._slots[key + (1,)], self.pos >= ratio)
         if key not in self._derived:
             t = self.pos
             first = (t // ratio) * ratio - (ratio if overlap else 0)
