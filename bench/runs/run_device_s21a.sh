@@ -10,3 +10,6 @@ source bench/runs/lib.sh
 DSV4_HOST_SLOTS=1 run 220 tests/gpu/test_model_gpu.py -k "paged or graph"
 echo "HOST_SLOTS off:"; rows8 90 1,8
 echo "HOST_SLOTS on:"; rows8 90 1,8 dsv4.engine.paged_decode.HOST_SLOTS=True
+# The prefill MoE's Gluon kernel (widening overlapped with async wgmma, moe_wide_async) at decode sizes, against
+# the decode kernels (whose wgmmas each wait for the one before): ms per routed-MoE call, L2 flushed.
+timeout 150 python3 bench/bench_moe_decode_wide.py --ms 1,8,64 2>&1 | grep -vE "Warning|warn"

@@ -1,0 +1,63 @@
+"""The routed MoE at decode sizes: the decode default (`moe_config`'s pick: the per-pair tensor-core kernels,
+whose wgmmas each wait for the one before) against the prefill path's wide kernel (`moe_wide`, with
+`moe_wide.ASYNC` its Gluon loop: the FP4 widening overlapped with asynchronous wgmma) forced at the same sizes,
+and the per-group kernel. Flash experts, ms per call with L2 flushed (as bench_moe_flags.py), the share of
+outputs bit-identical to the default's and the relative RMS difference.
+
+    python bench/bench_moe_decode_wide.py [--ms 1,8,64]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def main() -> None:
+    import triton
+
+    from bench.bench_gemm_moe import MOE, random_experts
+    from dsv4.kernels.moe import fused_moe
+    from dsv4.kernels.moe_config import MoEConfig, large_batch_config
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ms", default="1,8,64")
+    a = p.parse_args()
+    e, d, i, k = MOE["flash"]
+    ex = random_experts(e, d, i, "mxfp4")
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    t_flush = triton.testing.do_bench(flush.zero_, warmup=3, rep=30)
+    variants = [("default", None),
+                ("wide bm 64", MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8,
+                                         num_stages=3, wide=True)),
+                ("per-group", large_batch_config())]
+    print("M | " + " | ".join(f"{name} ms (same, rel)" for name, _ in variants))
+    for m in (int(x) for x in a.ms.split(",")):
+        gen = torch.Generator("cuda").manual_seed(m)
+        x = torch.randn(m, d, device="cuda", generator=gen).to(torch.bfloat16)
+        ids = torch.rand(m, e, device="cuda", generator=gen).topk(k, dim=1).indices
+        w = torch.rand(m, k, device="cuda", generator=gen) + 0.1
+        row, first = [], None
+        for name, cfg in variants:
+            try:
+                y = fused_moe(x, ids, w, ex, config=cfg)
+                first = y if first is None else first
+
+                def call(cfg=cfg):
+                    flush.zero_()
+                    fused_moe(x, ids, w, ex, config=cfg)
+
+                t = triton.testing.do_bench(call, warmup=3, rep=30) - t_flush
+                rel = float((y.float() - first.float()).norm() / first.float().norm())
+                row.append(f"{t:.3f} ({float((y == first).double().mean()):.4f}, {rel:.1e})")
+            except Exception as err:  # a variant that fails: say so, go on
+                row.append(f"ERR {type(err).__name__}: {str(err)[:120]}")
+        print(f"{m} | " + " | ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
