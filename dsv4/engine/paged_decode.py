@@ -28,7 +28,7 @@ import os
 import numpy as np
 import torch
 
-# Opt-in (session 20, not measured on the GPU yet: bench/runs/run_device_s21a.sh): the slots the decode kernels
+# Opt-in (session 20, not measured on the GPU yet: bench/runs/run_device_s21b.sh): the slots the decode kernels
 # read (window write, raw-row ring, entry writes, entry positions and counts) computed on the host in `fill`
 # (numpy, `_derive`'s integer formulas) and shipped in the step's one host->device copy, instead of ≈ 60 small
 # device ops (≈ 80 µs of GPU time at B = 1, eager) at the first layer of each kind. The host pays for it before
