@@ -21,6 +21,7 @@ def main() -> None:
     import triton
 
     from bench.bench_gemm_moe import MOE, random_experts
+    from bench.bench_moe_flags import flushed_cell, routed_inputs
     from dsv4.kernels.moe import fused_moe
     from dsv4.kernels.moe_config import MoEConfig, large_batch_config
 
@@ -37,23 +38,12 @@ def main() -> None:
                 ("per-group", large_batch_config())]
     print("M | " + " | ".join(f"{name} ms (same, rel)" for name, _ in variants))
     for m in (int(x) for x in a.ms.split(",")):
-        gen = torch.Generator("cuda").manual_seed(m)
-        x = torch.randn(m, d, device="cuda", generator=gen).to(torch.bfloat16)
-        ids = torch.rand(m, e, device="cuda", generator=gen).topk(k, dim=1).indices
-        w = torch.rand(m, k, device="cuda", generator=gen) + 0.1
+        x, ids, w = routed_inputs(m, d, e, k)
         row, first = [], None
         for name, cfg in variants:
             try:
-                y = fused_moe(x, ids, w, ex, config=cfg)
-                first = y if first is None else first
-
-                def call(cfg=cfg):
-                    flush.zero_()
-                    fused_moe(x, ids, w, ex, config=cfg)
-
-                t = triton.testing.do_bench(call, warmup=3, rep=30) - t_flush
-                rel = float((y.float() - first.float()).norm() / first.float().norm())
-                row.append(f"{t:.3f} ({float((y == first).double().mean()):.4f}, {rel:.1e})")
+                cell, first = flushed_cell(lambda cfg=cfg: fused_moe(x, ids, w, ex, config=cfg), first, flush, t_flush)
+                row.append(cell)
             except Exception as err:  # a variant that fails: say so, go on
                 row.append(f"ERR {type(err).__name__}: {str(err)[:120]}")
         print(f"{m} | " + " | ".join(row), flush=True)

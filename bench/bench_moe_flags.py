@@ -20,6 +20,30 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
+def routed_inputs(m: int, d: int, e: int, k: int):
+    """x [m, d] bf16, top-k ids [m, k] over e experts and routing weights, fresh for each m."""
+    gen = torch.Generator("cuda").manual_seed(m)
+    x = torch.randn(m, d, device="cuda", generator=gen).to(torch.bfloat16)
+    ids = torch.rand(m, e, device="cuda", generator=gen).topk(k, dim=1).indices
+    return x, ids, torch.rand(m, k, device="cuda", generator=gen) + 0.1
+
+
+def flushed_cell(run, first, flush, t_flush: float):
+    """'ms (share of outputs equal to first's, relative RMS difference)' of run() with L2 flushed; run() gives
+    the output (first None: this is the first)."""
+    import triton
+    y = run()
+    first = y if first is None else first
+
+    def call():
+        flush.zero_()
+        run()
+
+    t = triton.testing.do_bench(call, warmup=3, rep=30) - t_flush
+    rel = float((y.float() - first.float()).norm() / first.float().norm())
+    return f"{t:.3f} ({float((y == first).double().mean()):.4f}, {rel:.1e})", first
+
+
 def main() -> None:
     import triton
 
@@ -39,24 +63,13 @@ def main() -> None:
     t_flush = triton.testing.do_bench(flush.zero_, warmup=3, rep=30)
     print("M | " + " | ".join(f"{name} ms (same, rel)" for name, _ in variants))
     for m in (int(x) for x in a.ms.split(",")):
-        gen = torch.Generator("cuda").manual_seed(m)
-        x = torch.randn(m, d, device="cuda", generator=gen).to(torch.bfloat16)
-        ids = torch.rand(m, e, device="cuda", generator=gen).topk(k, dim=1).indices
-        w = torch.rand(m, k, device="cuda", generator=gen) + 0.1
+        x, ids, w = routed_inputs(m, d, e, k)
         row, first = [], None
         for name, settings in variants:
             old = apply(settings)
             try:
-                y = fused_moe(x, ids, w, ex)
-                first = y if first is None else first
-
-                def call():
-                    flush.zero_()
-                    fused_moe(x, ids, w, ex)
-
-                t = triton.testing.do_bench(call, warmup=3, rep=30) - t_flush
-                rel = float((y.float() - first.float()).norm() / first.float().norm())
-                row.append(f"{t:.2f} ({float((y == first).double().mean()):.4f}, {rel:.1e})")
+                cell, first = flushed_cell(lambda: fused_moe(x, ids, w, ex), first, flush, t_flush)
+                row.append(cell)
             except Exception as err:  # a variant that fails: say so, go on
                 row.append(f"ERR {str(err)[:120]}")
             finally:
