@@ -361,7 +361,8 @@ def _rank_main(rank: int, args) -> None:
                "tok_per_s": b / dec * 1e3, "roof_ms": roof_ms, "roof_x": dec / roof_ms}
         out["decode"].append(row)
         say(f"B={b:3d} ctx={args.ctx}: decode {dec:8.1f} ms/step ({b / dec * 1e3:7.1f} tok/s), "
-            f"(graph replay {replay:.2f}), MTP draft {mtp:6.1f} ms, verify(2 tok) {ver:8.1f} ms, roofline {roof_ms:.2f} ms ({dec / roof_ms:.0f}x), "
+            f"(graph replay {replay:.2f}), MTP draft {mtp:6.1f} ms, verify(2 tok) {ver:8.1f} ms, "
+            f"roofline {roof_ms:.2f} ms ({dec / roof_ms:.0f}x), "
             f"{launches} kernels/step eager")
         say(f"B={b:3d} ctx={args.ctx}: chained decode (ids from the last picks) {chain[False]:.2f} ms/step with the "
             f"read-back before the next launch, {chain[True]:.2f} pipelined (read back after it)")

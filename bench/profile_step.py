@@ -8,7 +8,8 @@ issue #6's fusion work, not a benchmark.
 `--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill);
 `--cprofile` Python's profile of eager decode steps; `--timeline` one captured decode step as a host / GPU
 timeline (where the GPU idles around the graph); `--host` the host's side of captured decode steps
-(CPU time per op and labelled Python part; `--eager`: of eager ones); with `--syncs` also the lines where such a step makes the host wait for the GPU.
+(CPU time per op and labelled Python part; `--eager`: of eager ones); with `--syncs` also the lines where
+such a step makes the host wait for the GPU.
 """
 from __future__ import annotations
 
