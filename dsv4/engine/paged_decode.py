@@ -62,6 +62,8 @@ class DecodeStep:
             self.tables[name] = self._dev[o:o + size * w].view(size, w)
             o += size * w
         self._slots, slots_at = {}, o  # host-computed slot arrays: device views (see HOST_SLOTS)
+        self._rows_keys = [key[:4] for key, _ in plan if key[0] == "rows" and key[-1] == 0]
+        self._ratios = [key[1] for key, _ in plan if key[0] == "count"]
         for key, shape in plan:
             self._slots[key] = self._dev[o:o + math.prod(shape)].view(shape)
             o += math.prod(shape)
@@ -119,20 +121,20 @@ class DecodeStep:
         slot = t % ring
         img["window_write", 0][:] = self._image_tables["window"][rows, slot // wps]
         img["window_write", 1][:] = slot % wps
-        for key in img:
-            if key[0] == "rows" and key[-1] == 0:
-                r, overlap, cap = key[1:4]
-                img[key][:] = t % cap
-                first = (t // r) * r - (r if overlap else 0)
-                img[key[:4] + (1,)][:] = np.maximum(first[:, None] + np.arange((2 if overlap else 1) * r), 0) % cap
+        for key in self._rows_keys:
+            _, r, overlap, cap = key
+            img[key + (0,)][:] = t % cap
+            first = (t // r) * r - (r if overlap else 0)
+            img[key + (1,)][:] = np.maximum(first[:, None] + np.arange((2 if overlap else 1) * r), 0) % cap
+        for r in self._ratios:  # once per ratio (CSA's main and indexer entries share ratio 4)
+            img["entry_pos", r][:] = t // r * r
+            img["count", r][:] = (t + 1) // r
         for name in self._entry_kinds():
             kind, table = self.kinds[name], self._image_tables[name]
             i = t // kind.ratio
             page = table[rows, np.minimum(i // kind.page_size, table.shape[1] - 1)]
             img[name, "write", 0][:] = np.where((t + 1) % kind.ratio == 0, page, self.pools.trash[name])
             img[name, "write", 1][:] = i % kind.page_size
-            img["entry_pos", kind.ratio][:] = t // kind.ratio * kind.ratio
-            img["count", kind.ratio][:] = (t + 1) // kind.ratio
 
     @staticmethod
     def entry_pages_for(pools, num_tokens: int) -> dict[str, int]:
