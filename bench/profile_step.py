@@ -108,7 +108,7 @@ def main() -> None:
         model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels="triton")
     model.load_random_weights(seed=1)
     cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=args.batch + 1, max_model_len=args.ctx + 64,
-                                                      kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
+                                                      total_tokens=(args.batch + 1) * (args.ctx + 64), kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
     run = Runner(model, cfg.vocab_size, dev, cache)
     if (args.host or args.timeline) and not args.eager:
         model.enable_cuda_graphs(max_batch=max(args.batch, 1))

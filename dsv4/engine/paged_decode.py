@@ -28,12 +28,13 @@ import os
 import numpy as np
 import torch
 
-# Opt-in (session 20, not measured on the GPU yet: bench/runs/run_device_s21b.sh): the slots the decode kernels
-# read (window write, raw-row ring, entry writes, entry positions and counts) computed on the host in `fill`
-# (numpy, `_derive`'s integer formulas) and shipped in the step's one host->device copy, instead of ≈ 60 small
-# device ops (≈ 80 µs of GPU time at B = 1, eager) at the first layer of each kind. The host pays for it before
-# the launch: fill 0.03 -> 0.10 ms at B = 1 and 0.06 -> 0.13 at B = 8 on the 2-core dev machine.
-HOST_SLOTS = os.environ.get("DSV4_HOST_SLOTS", "0") == "1"
+# The slots the decode kernels read (window write, raw-row ring, entry writes, entry positions and counts) are
+# computed on the host in `fill` (numpy, `_derive`'s integer formulas) and shipped in the step's one host->device
+# copy, instead of ≈ 60 small device ops at the first layer of each kind. Measured (session 21, 8 Flash layers,
+# one H200): graph replay 1.41 -> 1.31 ms at B = 1, 3.28 -> 3.20 at B = 8; a step read back before the next
+# 2.18 -> 2.07 / 4.21 -> 4.20. The host pays ≈ 70 µs more in `fill` at B = 1 on the 2-core dev machine.
+# DSV4_HOST_SLOTS=0 restores the device derivation (A/Bs; the CPU tests check both agree).
+HOST_SLOTS = os.environ.get("DSV4_HOST_SLOTS", "1") == "1"
 
 
 class DecodeStep:

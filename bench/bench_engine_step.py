@@ -1,0 +1,134 @@
+"""Decode through the engine (`LLMEngine.step`: schedule, tables, graph replay, LM head, greedy pick, read-back,
+stop checks, outputs) against the model's own graph replay in the same run: what the engine adds per step.
+
+N Flash-shaped layers with random weights made on the GPU (no disk), paged FP8 cache, CUDA graphs; B requests
+of a random P-token prompt, greedy, EOS ignored. Per batch size: ms per decode step through the engine (median
+and mean over the timed steps), the last step's graph replayed back to back, and then as many steps again under
+Python's profiler: their time, the part the host waits in the read-back, and where the rest goes.
+
+    python bench/bench_engine_step.py [--layers 8] [--batches 1,8] [--prompt 4096] [--steps 32] [--top 25]
+
+`--smoke`: the embedded model's shapes with random weights on the CPU (torch kernels, no graphs), to check
+the script itself.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def _model(args):
+    from dsv4.model import DeepseekV4ForCausalLM
+    if args.smoke:
+        from dsv4.checkpoint.writer import tiny_config
+        cfg = tiny_config("fp4", "sliding,csa,hca,csa", vocab_size=2048, sliding_window=128, index_topk=16)
+        dev, kernels = torch.device("cpu"), "torch"
+    else:
+        sys.path.insert(0, os.path.dirname(__file__))
+        from bench_parallel import _config
+        cfg = _config(os.path.join(os.path.dirname(__file__), "configs", "deepseek-v4-flash.config.json"),
+                      args.layers)
+        dev, kernels = torch.device("cuda"), "triton"
+    with torch.device(dev):
+        model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels=kernels)
+    model.load_random_weights(seed=1)
+    if dev.type == "cuda":
+        model.enable_cuda_graphs(max_batch=max(int(b) for b in args.batches.split(",")))
+    return model, cfg
+
+
+def _host_share(prof: cProfile.Profile, steps: int, top: int) -> tuple[float, str]:
+    """(ms per step the host spent waiting for the GPU in read-backs, the top dsv4 functions by cumulative time
+    and the top functions by own time)."""
+    stats = pstats.Stats(prof)
+    wait = sum(tt for (file, _, name), (_, _, tt, _, _) in stats.stats.items()
+               if name in ("<method 'tolist' of 'torch._C.TensorBase' objects>",
+                           "<method 'item' of 'torch._C.TensorBase' objects>",
+                           "<method 'cpu' of 'torch._C.TensorBase' objects>", "synchronize"))
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats("dsv4", top // 2)
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    body = "\n".join(line for line in buf.getvalue().splitlines() if line.strip() and "function calls" not in line)
+    return wait * 1e3 / steps, body
+
+
+def run_batch(model, cfg, batch: int, args) -> dict:
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+    from dsv4.engine.sampling_params import SamplingParams
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_parallel import _replay_ms
+    cuda = torch.cuda.is_available() and not args.smoke
+    from dsv4.engine.cache import CacheConfig
+    longest = args.prompt + 2 * args.steps + 64
+    pools = CacheConfig.for_capacity(cfg, max_num_seqs=batch, max_model_len=longest, total_tokens=batch * longest,
+                                     kv_dtype="fp8" if cuda else "auto")  # every request at full length: no preemption
+    engine = LLMEngine(model, cfg, None, EngineConfig(
+        max_num_seqs=batch, max_num_batched_tokens=max(args.prompt, 8192), max_model_len=longest, cache=pools))
+    g = torch.Generator().manual_seed(batch)
+    params = SamplingParams(temperature=0.0, max_tokens=2 * args.steps + 8, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"r{i}", torch.randint(2, cfg.vocab_size, (args.prompt,), generator=g).tolist(), params)
+    while any(len(s.output_token_ids) == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()  # prefill (in pieces of the token budget) until every request has its first token
+    for _ in range(4):  # warm-up decode steps (graph capture of this bucket)
+        engine.step()
+    times = []
+    for _ in range(args.steps):  # timed without the profiler
+        before = engine.generation_tokens_total
+        t = time.perf_counter()
+        engine.step()
+        times.append((time.perf_counter() - t) * 1e3)
+        if engine.generation_tokens_total - before != batch:
+            raise RuntimeError(f"decode step gave {engine.generation_tokens_total - before} tokens for {batch} requests")
+    prof, t = cProfile.Profile(), time.perf_counter()
+    prof.enable()
+    for _ in range(args.steps):  # the same number of steps again, profiled
+        engine.step()
+    prof.disable()
+    profiled_ms = (time.perf_counter() - t) * 1e3 / args.steps
+    wait_ms, top = _host_share(prof, args.steps, args.top)
+    replay = _replay_ms(model, 20) if cuda else 0.0
+    while engine.has_unfinished():
+        engine.step()
+    del engine
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"batch": batch, "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
+            "replay_ms": replay, "profiled_ms": profiled_ms, "wait_ms": wait_ms, "top": top}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--prompt", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--top", type=int, default=25, help="functions listed per batch size (by own time)")
+    p.add_argument("--smoke", action="store_true", help="embedded model's shapes on the CPU (checks the script)")
+    args = p.parse_args()
+    model, cfg = _model(args)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "CPU"
+    print(f"{gpu}, {len(cfg.layers)} layers, prompt {args.prompt}, {args.steps} timed decode steps per batch")
+    rows = [run_batch(model, cfg, int(b), args) for b in args.batches.split(",")]
+    print("B | engine step ms (median / mean) | graph replay ms | profiled step ms: all / waiting in read-back / "
+          "host busy")
+    for r in rows:
+        print(f"{r['batch']} | {r['median_ms']:.3f} / {r['mean_ms']:.3f} | {r['replay_ms']:.3f} | "
+              f"{r['profiled_ms']:.3f} / {r['wait_ms']:.3f} / {r['profiled_ms'] - r['wait_ms']:.3f}")
+    for r in rows:
+        print(f"--- B = {r['batch']}: where the timed steps' host time goes (profiler on)")
+        print(r["top"])
+
+
+if __name__ == "__main__":
+    main()
