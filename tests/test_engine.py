@@ -61,8 +61,10 @@ def max_tokens_of(i: int) -> int:
     return 8 + 4 * (i % 3)  # 8, 12, 16: requests finish at different steps
 
 
-def make_engine(model, *, max_num_seqs: int = 16, budget: int = 4096, cache: CacheConfig | None = None) -> LLMEngine:
-    ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=MAX_LEN, cache=cache)
+def make_engine(model, *, max_num_seqs: int = 16, budget: int = 4096, cache: CacheConfig | None = None,
+                overlap: bool = True) -> LLMEngine:
+    ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=MAX_LEN, cache=cache,
+                      overlap=overlap)
     return LLMEngine(model, model.config, None, ec)
 
 

@@ -44,6 +44,7 @@ class BroadcastSampler:
 def share_decisions(engine, ps: ParallelState) -> None:
     """Make rank 0 the only one that samples, drafts and judges drafts; the others receive its results."""
     engine.sampler = BroadcastSampler(engine.sampler, ps)
+    engine.overlap = False  # a look-ahead picks ids on each rank's own device, without rank 0's broadcast
     if getattr(engine, "speculator", None) is not None:
         engine.speculator.decide = lambda fn: broadcast_object(fn() if ps.is_first else None, ps)
 

@@ -145,6 +145,14 @@ class BlockManager:
         """Whether pages for tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) fit."""
         return all(n <= self.pools[name].num_free for name, n in self._missing(seq, num_new_tokens).items())
 
+    def can_allocate_all(self, requests: Iterable[tuple]) -> bool:
+        """Whether the pages of every (seq, num_new_tokens) in `requests` fit together."""
+        need: dict[str, int] = {}
+        for seq, n in requests:
+            for name, k in self._missing(seq, n).items():
+                need[name] = need.get(name, 0) + k
+        return all(k <= self.pools[name].num_free for name, k in need.items())
+
     def allocate(self, seq, num_new_tokens: int) -> None:
         """Grow every block table to cover num_computed_tokens + num_new_tokens tokens (all kinds or none)."""
         missing = self._missing(seq, num_new_tokens)

@@ -85,9 +85,15 @@ class HybridCache:
     def release(self, seq: Sequence) -> None:
         self.states.pop(seq.request_id, None)
 
-    def run(self, model, batch: ScheduledBatch) -> torch.Tensor:
+    def run(self, model, batch: ScheduledBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Forward the batch; return fp32 logits of the last token of every sampled row (speculative
-        rows: of their last own token and of every draft token, 1 + len(drafts) rows)."""
+        rows: of their last own token and of every draft token, 1 + len(drafts) rows). `input_ids`: a
+        continuation batch's ids (one decode row each), still on the device where they were sampled."""
+        if input_ids is not None:
+            pos = torch.tensor([row.start for row in batch.rows], dtype=torch.long)
+            states = [self.state_of(row.seq) for row in batch.rows]
+            with set_forward_context(ForwardContext([1] * len(states), states, trusted_inputs=True)):
+                return model.compute_logits(model.forward(input_ids, pos))
         ids, positions, lens, states, last = [], [], [], [], []
         offset = 0
         for row in batch.rows:

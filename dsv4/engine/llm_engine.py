@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
+from ..model.context import to_device
 from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
 from .outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob
@@ -33,6 +34,7 @@ class EngineConfig:
     speculative: str | None = None   # "mtp": draft with the checkpoint's mtp.0 block (docs/speculative.md)
     num_draft_tokens: int = 1        # draft tokens per decode step when speculative is set
     kv_dtype: str = "auto"           # cache storage (CacheConfig.kv_dtype) unless `cache` is given
+    overlap: bool = True             # launch the next decode step before reading this one's ids (`LLMEngine.step`)
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
@@ -77,6 +79,8 @@ class LLMEngine:
         self.streams: dict[str, OutputTracker] = {}  # text deltas per running request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.overlap = ec.overlap
+        self._pending: _Launched | None = None  # the look-ahead batch launched by the last step
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, device: str = "auto", dtype: torch.dtype | None = None,
@@ -146,18 +150,38 @@ class LLMEngine:
     # ---- one step ------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        batch: ScheduledBatch = self.scheduler.schedule()
-        for seq in batch.preempted:
-            self.cache.release(seq)
-        if not batch.rows:
-            return []
-        if self.speculator is not None:
-            self.speculator.propose(batch)
-        logits = self.cache.run(self.model, batch)
+        """Schedule, run and sample one batch; return the requests' new outputs.
+
+        Overlap: while every row of the batch samples plainly (no speculator, penalties or logprobs) and
+        nobody waits, the step picks the ids on the device, launches the next batch (each row's next token,
+        fed with those ids) and only then reads the ids back, so the host's bookkeeping of this step and its
+        preparation of the next run while the GPU computes; the next `step()` takes that batch as launched.
+        A look-ahead row whose sequence stops on the id read back is computed for nothing and skipped."""
+        launched, self._pending = self._pending, None
+        if launched is not None and all(r.seq.is_finished for r in launched.batch.rows):
+            self.scheduler.discard(launched.batch)  # every row stopped or was aborted since
+            launched = None
+        if launched is None:
+            batch: ScheduledBatch = self.scheduler.schedule()
+            for seq in batch.preempted:
+                self.cache.release(seq)
+            if not batch.rows:
+                return []
+            if self.speculator is not None:
+                self.speculator.propose(batch)
+            logits = self.cache.run(self.model, batch)
+            if self._may_look_ahead(batch):
+                launched = _Launched(batch, self.sampler.pick_sequences(logits, batch.seqs))
+        else:
+            batch = launched.batch
         sample_rows = [i for i, r in enumerate(batch.rows) if r.sample]
         sampled: list = [None] * len(batch.rows)
         logprobs: list = [None] * len(batch.rows)
-        if self.speculator is not None:  # per row: the emitted tokens, a TokenLogprob list
+        if launched is not None:
+            if self._may_look_ahead(batch):
+                self._pending = self._look_ahead(batch, launched.ids)
+            sampled = launched.read()
+        elif self.speculator is not None:  # per row: the emitted tokens, a TokenLogprob list
             sampled, logprobs = self.speculator.verify(batch, logits)
         elif sample_rows:
             out = self.sampler.sample_sequences(logits, [batch.rows[i].seq for i in sample_rows])
@@ -187,3 +211,41 @@ class LLMEngine:
             if seq.is_finished:
                 del self.streams[seq.request_id]
         return outputs
+
+    def _may_look_ahead(self, batch: ScheduledBatch) -> bool:
+        return (self.overlap and self.speculator is None and not self.scheduler.waiting
+                and all(r.sample and not r.num_draft_tokens and not r.seq.params.has_penalties
+                        and r.seq.params.logprobs is None for r in batch.rows))
+
+    def _look_ahead(self, batch: ScheduledBatch, ids: torch.Tensor) -> "_Launched | None":
+        """Launch the next token of every row of `batch` that goes on whatever id it gets (not finished, and
+        neither max_tokens nor max_model_len stops it at that id), fed with `ids` on the device."""
+        keep = [i for i, r in enumerate(batch.rows) if not r.seq.is_finished
+                and (r.seq.params.max_tokens is None or r.seq.num_output_tokens + 1 < r.seq.params.max_tokens)
+                and r.seq.num_tokens + 1 < self.max_model_len]
+        nxt = self.scheduler.schedule_continuation([batch.rows[i] for i in keep]) if keep else None
+        if nxt is None:
+            return None
+        if len(keep) < len(batch.rows):
+            ids = ids[to_device(torch.tensor(keep, dtype=torch.long), ids.device)]
+        logits = self.cache.run(self.model, nxt, input_ids=ids)
+        return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))
+
+
+class _Launched:
+    """A batch whose ids were picked on the device: their copy to the host is queued at once (pinned memory,
+    an event), so reading them later waits for this batch only, not for work launched after it."""
+
+    def __init__(self, batch: ScheduledBatch, ids: torch.Tensor):
+        self.batch, self.ids = batch, ids
+        self._host, self._copied = ids, None
+        if ids.device.type == "cuda":
+            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self._host.copy_(ids, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def read(self) -> list[int]:
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host.tolist()

@@ -153,11 +153,10 @@ class Sampler:
         self.logprobs_mode = logprobs_mode
         self.generator = generator  # for unseeded rows; None = torch's default generator
 
-    @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, params: Seq[SamplingParams],
-                 prompt_token_ids: Seq[Seq[int]], output_token_ids: Seq[Seq[int]],
-                 generators: Seq[torch.Generator | None] | None = None) -> SamplerOutput:
-        """Sample one token per row of `logits` [B, V] (float32)."""
+    def _pick(self, logits: torch.Tensor, params: Seq[SamplingParams], prompt_token_ids: Seq[Seq[int]],
+              output_token_ids: Seq[Seq[int]], generators: Seq[torch.Generator | None] | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the picked ids [B] on the logits' device, the processed logits); nothing is read back."""
         batch = len(params)
         if logits.dim() != 2 or logits.shape[0] != batch:
             raise ValueError(f"sampler: logits shape {tuple(logits.shape)} does not match {batch} rows")
@@ -192,7 +191,15 @@ class Sampler:
             drawn = first_argmax(probs / noise)
             idx = _on(random_rows, logits.device)
             tokens[idx] = drawn[idx]
+        return tokens, processed
 
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, params: Seq[SamplingParams],
+                 prompt_token_ids: Seq[Seq[int]], output_token_ids: Seq[Seq[int]],
+                 generators: Seq[torch.Generator | None] | None = None) -> SamplerOutput:
+        """Sample one token per row of `logits` [B, V] (float32)."""
+        tokens, processed = self._pick(logits, params, prompt_token_ids, output_token_ids, generators)
+        batch = len(params)
         token_list = tokens.tolist()
         logprobs: list[TokenLogprobs | None] = [None] * batch
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
@@ -215,8 +222,22 @@ class Sampler:
     def sample_sequences(self, logits: torch.Tensor, seqs: Seq) -> SamplerOutput:
         """Sample for `Sequence` objects (row i = seqs[i]); creates each seeded sequence's generator
         on first use, on the logits' device."""
+        return self(logits, *self._sequence_args(logits, seqs))
+
+    @torch.inference_mode()
+    def pick_sequences(self, logits: torch.Tensor, seqs: Seq) -> torch.Tensor:
+        """`sample_sequences`' ids [B], left on the logits' device (nothing read back): the engine's look-ahead,
+        for rows without penalties (which read the history) or logprobs (computed from the ids on the host)."""
+        if any(s.params.has_penalties or s.params.logprobs is not None for s in seqs):
+            raise ValueError("pick_sequences: rows with penalties or logprobs need sample_sequences")
+        return self._pick(logits, *self._sequence_args(logits, seqs))[0]
+
+    @staticmethod
+    def _sequence_args(logits: torch.Tensor, seqs: Seq) -> tuple[list, list, list, list]:
         for seq in seqs:
             if seq.params.seed is not None and seq.generator is None:
                 seq.generator = make_generator(seq.params.seed, logits.device)
-        return self(logits, [s.params for s in seqs], [s.prompt_token_ids for s in seqs],
-                    [s.output_token_ids for s in seqs], [s.generator for s in seqs])
+        # the histories only where penalties read them: slicing a long prompt for every row costs ≈ 15 µs each
+        history = [s.params.has_penalties for s in seqs]
+        return ([s.params for s in seqs], [s.prompt_token_ids if h else [] for s, h in zip(seqs, history)],
+                [s.output_token_ids if h else [] for s, h in zip(seqs, history)], [s.generator for s in seqs])

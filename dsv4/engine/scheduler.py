@@ -14,6 +14,11 @@ Policy per step (budget = max_num_batched_tokens):
 Because every running sequence arrived before every waiting one, a batch always lists sequences
 in arrival order. A single sequence of max_model_len tokens must fit the pools (checked at
 construction), so the earliest running sequence always makes progress.
+
+Look-ahead (`schedule_continuation`, the engine's overlap of host and GPU work): while a batch's sampled ids
+are still on the device, its sampled rows may be continued by one token each, before `postprocess` has
+seen the ids; the two batches are then in flight and are postprocessed in order. A continuation row whose
+sequence stops at the earlier batch is skipped by `postprocess`, as a row aborted after scheduling is.
 """
 from __future__ import annotations
 
@@ -124,7 +129,7 @@ class Scheduler:
         self.requests: dict[str, Sequence] = {}   # unfinished, by request id
         self.num_preemptions = 0
         self._arrivals = itertools.count()
-        self._in_flight: ScheduledBatch | None = None
+        self._in_flight: list[ScheduledBatch] = []  # scheduled, not postprocessed yet, oldest first
 
     # ---- requests ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -172,7 +177,7 @@ class Scheduler:
 
     # ---- steps ---------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
-        if self._in_flight is not None:
+        if self._in_flight:
             raise RuntimeError("Scheduler.schedule: the previous batch was not postprocessed")
         bm = self.block_manager
         batch = ScheduledBatch()
@@ -214,8 +219,32 @@ class Scheduler:
             budget -= n
 
         if batch.rows:
-            self._in_flight = batch
+            self._in_flight.append(batch)
         return batch
+
+    def schedule_continuation(self, rows: list[ScheduledSeq]) -> ScheduledBatch | None:
+        """One more token for each of `rows` (sampled rows of the one batch in flight, whose ids the host has
+        not seen yet): a decode row at the position after the row's chunk. None, with nothing allocated,
+        unless no sequence waits and the pages of every continuation fit (a look-ahead never preempts)."""
+        if len(self._in_flight) != 1 or self.waiting or not rows:
+            return None
+        if any(not r.sample or r.num_draft_tokens or r.seq.is_finished for r in rows):
+            raise ValueError("Scheduler.schedule_continuation: only sampled rows without drafts continue")
+        # the row's own tokens are not counted as computed yet: its chunk and the next token, from num_computed
+        if not self.block_manager.can_allocate_all((r.seq, r.num_tokens + 1) for r in rows):
+            return None
+        batch = ScheduledBatch()
+        for r in rows:
+            self.block_manager.allocate(r.seq, r.num_tokens + 1)
+            batch.rows.append(ScheduledSeq(r.seq, r.start + r.num_tokens, 1, True))
+        self._in_flight.append(batch)
+        return batch
+
+    def discard(self, batch: ScheduledBatch) -> None:
+        """Forget the in-flight `batch` whose every sequence has finished meanwhile (its pages are freed)."""
+        if batch not in self._in_flight or not all(r.seq.is_finished for r in batch.rows):
+            raise ValueError("Scheduler.discard: only an in-flight batch of finished sequences")
+        self._in_flight.remove(batch)
 
     def _num_drafts(self, seq: Sequence, remaining: int, budget: int) -> int:
         """Draft slots for a decode row: no more than the budget, max_model_len or max_tokens can use."""
@@ -235,12 +264,12 @@ class Scheduler:
         finished in this step."""
         if not batch.rows:
             return []
-        if batch is not self._in_flight:
-            raise ValueError("Scheduler.postprocess: batch is not the one last returned by schedule()")
+        if not self._in_flight or batch is not self._in_flight[0]:
+            raise ValueError("Scheduler.postprocess: batch is not the oldest one scheduled and not postprocessed")
         if len(sampled_token_ids) != len(batch.rows):
             raise ValueError(f"Scheduler.postprocess: {len(sampled_token_ids)} sampled ids for "
                              f"{len(batch.rows)} rows")
-        self._in_flight = None
+        self._in_flight.pop(0)
         finished = []
         for row, token in zip(batch.rows, sampled_token_ids):
             seq = row.seq
