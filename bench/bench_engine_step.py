@@ -2,9 +2,11 @@
 stop checks, outputs) against the model's own graph replay in the same run: what the engine adds per step.
 
 N Flash-shaped layers with random weights made on the GPU (no disk), paged FP8 cache, CUDA graphs; B requests
-of a random P-token prompt, greedy, EOS ignored. Per batch size: ms per decode step through the engine (median
-and mean over the timed steps), the last step's graph replayed back to back, and then as many steps again under
-Python's profiler: their time, the part the host waits in the read-back, and where the rest goes.
+of a random P-token prompt, greedy, EOS ignored. Per batch size, with the engine's overlap off and on
+(`EngineConfig.overlap`: the next batch launched before the ids are read back), in turn: ms per decode step
+through the engine (median and mean over the timed steps), the step's graph replayed back to back, and then
+as many steps again under Python's profiler: their time, the part the host waits for the GPU, and where the
+rest goes (listed for the last engine of each batch size).
 
     python bench/bench_engine_step.py [--layers 8] [--batches 1,8] [--prompt 4096] [--steps 32] [--top 25]
 
@@ -51,10 +53,8 @@ def _host_share(prof: cProfile.Profile, steps: int, top: int) -> tuple[float, st
     """(ms per step the host spent waiting for the GPU in read-backs, the top dsv4 functions by cumulative time
     and the top functions by own time)."""
     stats = pstats.Stats(prof)
-    wait = sum(tt for (file, _, name), (_, _, tt, _, _) in stats.stats.items()
-               if name in ("<method 'tolist' of 'torch._C.TensorBase' objects>",
-                           "<method 'item' of 'torch._C.TensorBase' objects>",
-                           "<method 'cpu' of 'torch._C.TensorBase' objects>", "synchronize"))
+    waits = ("'tolist'", "'item'", "'synchronize'", "_cuda_synchronize")  # read-backs, event / device waits
+    wait = sum(tt for (_, _, name), (_, _, tt, _, _) in stats.stats.items() if any(w in name for w in waits))
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats("dsv4", top // 2)
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
@@ -62,20 +62,23 @@ def _host_share(prof: cProfile.Profile, steps: int, top: int) -> tuple[float, st
     return wait * 1e3 / steps, body
 
 
-def run_batch(model, cfg, batch: int, args) -> dict:
+def run_batch(model, cfg, batch: int, overlap: bool, args) -> dict:
     from dsv4.engine.llm_engine import EngineConfig, LLMEngine
     from dsv4.engine.sampling_params import SamplingParams
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_parallel import _replay_ms
     cuda = torch.cuda.is_available() and not args.smoke
     from dsv4.engine.cache import CacheConfig
-    longest = args.prompt + 2 * args.steps + 64
+    # every request decodes through the timed and profiled steps (the first ones start while later ones prefill)
+    budget = max(args.prompt, 8192)
+    new_tokens = 2 * args.steps + 16 + -(-batch * args.prompt // budget)
+    longest = args.prompt + new_tokens
     pools = CacheConfig.for_capacity(cfg, max_num_seqs=batch, max_model_len=longest, total_tokens=batch * longest,
                                      kv_dtype="fp8" if cuda else "auto")  # every request at full length: no preemption
     engine = LLMEngine(model, cfg, None, EngineConfig(
-        max_num_seqs=batch, max_num_batched_tokens=max(args.prompt, 8192), max_model_len=longest, cache=pools))
+        max_num_seqs=batch, max_num_batched_tokens=budget, max_model_len=longest, cache=pools, overlap=overlap))
     g = torch.Generator().manual_seed(batch)
-    params = SamplingParams(temperature=0.0, max_tokens=2 * args.steps + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", torch.randint(2, cfg.vocab_size, (args.prompt,), generator=g).tolist(), params)
     while any(len(s.output_token_ids) == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
@@ -90,6 +93,7 @@ def run_batch(model, cfg, batch: int, args) -> dict:
         times.append((time.perf_counter() - t) * 1e3)
         if engine.generation_tokens_total - before != batch:
             raise RuntimeError(f"decode step gave {engine.generation_tokens_total - before} tokens for {batch} requests")
+    replay = _replay_ms(model, 20) if cuda else 0.0  # this batch's bucket: the last one launched
     prof, t = cProfile.Profile(), time.perf_counter()
     prof.enable()
     for _ in range(args.steps):  # the same number of steps again, profiled
@@ -97,13 +101,12 @@ def run_batch(model, cfg, batch: int, args) -> dict:
     prof.disable()
     profiled_ms = (time.perf_counter() - t) * 1e3 / args.steps
     wait_ms, top = _host_share(prof, args.steps, args.top)
-    replay = _replay_ms(model, 20) if cuda else 0.0
-    while engine.has_unfinished():
-        engine.step()
+    for rid in list(engine.scheduler.requests):
+        engine.abort_request(rid)
     del engine
     if cuda:
         torch.cuda.empty_cache()
-    return {"batch": batch, "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
+    return {"batch": batch, "overlap": overlap, "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
             "replay_ms": replay, "profiled_ms": profiled_ms, "wait_ms": wait_ms, "top": top}
 
 
@@ -114,19 +117,23 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=4096)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--top", type=int, default=25, help="functions listed per batch size (by own time)")
+    p.add_argument("--overlap", default="both", choices=["off", "on", "both"])
     p.add_argument("--smoke", action="store_true", help="embedded model's shapes on the CPU (checks the script)")
     args = p.parse_args()
     model, cfg = _model(args)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "CPU"
     print(f"{gpu}, {len(cfg.layers)} layers, prompt {args.prompt}, {args.steps} timed decode steps per batch")
-    rows = [run_batch(model, cfg, int(b), args) for b in args.batches.split(",")]
-    print("B | engine step ms (median / mean) | graph replay ms | profiled step ms: all / waiting in read-back / "
-          "host busy")
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
+    rows = [run_batch(model, cfg, int(b), o, args) for b in args.batches.split(",") for o in modes]
+    print("B | overlap | engine step ms (median / mean) | graph replay ms | profiled step ms: all / waiting for "
+          "the GPU / host busy")
     for r in rows:
-        print(f"{r['batch']} | {r['median_ms']:.3f} / {r['mean_ms']:.3f} | {r['replay_ms']:.3f} | "
-              f"{r['profiled_ms']:.3f} / {r['wait_ms']:.3f} / {r['profiled_ms'] - r['wait_ms']:.3f}")
-    for r in rows:
-        print(f"--- B = {r['batch']}: where the timed steps' host time goes (profiler on)")
+        print(f"{r['batch']} | {'on' if r['overlap'] else 'off'} | {r['median_ms']:.3f} / {r['mean_ms']:.3f} | "
+              f"{r['replay_ms']:.3f} | {r['profiled_ms']:.3f} / {r['wait_ms']:.3f} / "
+              f"{r['profiled_ms'] - r['wait_ms']:.3f}")
+    for r in rows[len(modes) - 1::len(modes)]:
+        print(f"--- B = {r['batch']}, overlap {'on' if r['overlap'] else 'off'}: where the profiled steps' host "
+              f"time goes")
         print(r["top"])
 
 

@@ -198,6 +198,38 @@ def test_llm_with_cuda_graphs_generates_the_same_text():
     assert graphed == plain
 
 
+def test_engine_overlap_on_the_gpu_matches_without():
+    """The engine's look-ahead (next batch launched before the ids are read back, CUDA graphs) gives the same
+    tokens as without it: requests that end by length only, so every batch is the same with and without."""
+    from pathlib import Path
+
+    import dsv4
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+    from dsv4.engine.sampling_params import SamplingParams
+
+    def run(overlap: bool) -> tuple[dict, int]:
+        engine = LLMEngine.from_pretrained(Path(dsv4.__file__).parent / "assets" / "tiny", device=DEVICE,
+                                           engine_config=EngineConfig(max_num_seqs=8, overlap=overlap),
+                                           cuda_graphs=True)
+        launched = []
+        inner = engine.scheduler.schedule_continuation
+        engine.scheduler.schedule_continuation = lambda rows: launched.append(inner(rows)) or launched[-1]
+        for i, n in enumerate((5, 37, 64, 130, 9, 200)):
+            params = (SamplingParams(temperature=0.0, max_tokens=20 + 3 * i, ignore_eos=True) if i % 3
+                      else SamplingParams(temperature=0.8, seed=i, max_tokens=24, ignore_eos=True))
+            engine.add_request(f"r{i}", _ids(2048, n, seed=40 + i).tolist(), params)
+        out: dict = {}
+        while engine.has_unfinished():
+            for o in engine.step():
+                out.setdefault(o.request_id, []).extend(o.token_ids)
+        return out, sum(b is not None for b in launched)
+
+    plain, none = run(False)
+    ahead, launched = run(True)
+    assert none == 0 and launched >= 15
+    assert ahead == plain
+
+
 def test_speculative_decoding_on_the_gpu_graphed_matches_eager():
     """MTP speculation (2 drafts) over the paged FP8 cache: its draft and verify steps as CUDA graphs give the
     eager run's tokens, the drafts are used, and greedy speculation stays close to plain greedy decoding
