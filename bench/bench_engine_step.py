@@ -53,7 +53,7 @@ def _host_share(prof: cProfile.Profile, steps: int, top: int) -> tuple[float, st
     """(ms per step the host spent waiting for the GPU in read-backs, the top dsv4 functions by cumulative time
     and the top functions by own time)."""
     stats = pstats.Stats(prof)
-    waits = ("'tolist'", "'item'", "'synchronize'", "_cuda_synchronize")  # read-backs, event / device waits
+    waits = ("'tolist'", "'item'", "synchronize")  # read-backs, event and device waits
     wait = sum(tt for (_, _, name), (_, _, tt, _, _) in stats.stats.items() if any(w in name for w in waits))
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats("dsv4", top // 2)
@@ -110,6 +110,19 @@ def run_batch(model, cfg, batch: int, overlap: bool, args) -> dict:
             "replay_ms": replay, "profiled_ms": profiled_ms, "wait_ms": wait_ms, "top": top}
 
 
+def _ceilings(cuda: bool) -> float:
+    """Print this GPU's copy bandwidth and bf16 matmul peak, measured now; return the bandwidth (bytes/s, 0 on
+    the CPU). The roofline column is the bytes one step reads (bench_parallel's count) at that bandwidth."""
+    if not cuda:
+        return 0.0
+    from bench_parallel import _copy_bandwidth, _median_ms
+    copy = _copy_bandwidth(torch.device("cuda"))
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = _median_ms(lambda: a @ a, 10)
+    print(f"ceilings: copy {copy / 1e12:.2f} TB/s, bf16 matmul {2 * 8192 ** 3 / ms / 1e9:.0f} TFLOP/s")
+    return copy
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=8)
@@ -121,16 +134,20 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="embedded model's shapes on the CPU (checks the script)")
     args = p.parse_args()
     model, cfg = _model(args)
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "CPU"
+    cuda = torch.cuda.is_available() and not args.smoke
+    gpu = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"{gpu}, {len(cfg.layers)} layers, prompt {args.prompt}, {args.steps} timed decode steps per batch")
+    copy = _ceilings(cuda)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     rows = [run_batch(model, cfg, int(b), o, args) for b in args.batches.split(",") for o in modes]
-    print("B | overlap | engine step ms (median / mean) | graph replay ms | profiled step ms: all / waiting for "
-          "the GPU / host busy")
+    from bench_parallel import _decode_roof_bytes
+    print("B | overlap | engine step ms (median / mean) | roofline ms (x) | graph replay ms | profiled step ms: all "
+          "/ waiting for the GPU / host busy")
     for r in rows:
+        roof = _decode_roof_bytes(model, r["batch"], args.prompt) / copy * 1e3 if copy else float("nan")
         print(f"{r['batch']} | {'on' if r['overlap'] else 'off'} | {r['median_ms']:.3f} / {r['mean_ms']:.3f} | "
-              f"{r['replay_ms']:.3f} | {r['profiled_ms']:.3f} / {r['wait_ms']:.3f} / "
-              f"{r['profiled_ms'] - r['wait_ms']:.3f}")
+              f"{roof:.3f} ({r['median_ms'] / roof:.2f}) | {r['replay_ms']:.3f} | {r['profiled_ms']:.3f} / "
+              f"{r['wait_ms']:.3f} / {r['profiled_ms'] - r['wait_ms']:.3f}")
     for r in rows[len(modes) - 1::len(modes)]:
         print(f"--- B = {r['batch']}, overlap {'on' if r['overlap'] else 'off'}: where the profiled steps' host "
               f"time goes")
