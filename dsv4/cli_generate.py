@@ -36,12 +36,15 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_decode_options(p) -> None:
-    """--cuda-graphs and --kv-dtype (generate, chat, bench, serve: a parser or an argument group)."""
+    """--cuda-graphs, --kv-dtype and --no-overlap (generate, chat, bench, serve: a parser or an argument group)."""
     p.add_argument("--cuda-graphs", action="store_true",
                    help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; also across --tp/--ep ranks)")
     p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
                    help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
                         "(lossless under reference numerics; the GPU decode kernel reads it)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="read each decode step's ids back before launching the next (default: launch the next "
+                        "first, so the host's work hides behind the GPU; always off across --tp/--ep)")
 
 
 def check_draft_tokens(args) -> None:
@@ -56,7 +59,7 @@ def _llm(args):
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
                num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", False),
-               kv_dtype=getattr(args, "kv_dtype", "auto"))
+               kv_dtype=getattr(args, "kv_dtype", "auto"), overlap=getattr(args, "overlap", True))
 
 
 def _params(args, default_temperature: float):

@@ -64,6 +64,22 @@ def test_generate_with_fp8_cache_prints_the_same_text(ckpt, llm):
     assert LLM(ckpt, device="cpu", dtype=torch.float32, kv_dtype="fp8").engine.cache.pools.fp8
 
 
+@pytest.mark.parametrize("command", ["generate", "bench", "serve"])
+def test_no_overlap_reaches_the_engine(ckpt, command):
+    """--no-overlap (every single-process entry point) turns the engine's look-ahead off; the default keeps it."""
+    from dsv4.cli import build_parser
+    from dsv4.cli_generate import _llm
+    from dsv4.serve.cli_serve import build_core
+    extra = {"generate": ["x"], "bench": [], "serve": []}[command]
+    for flag, want in (([], True), (["--no-overlap"], False)):
+        args = build_parser().parse_args([command, "--model", str(ckpt), "--device", "cpu", *flag, *extra])
+        assert args.overlap is want
+        if command == "generate":
+            assert _llm(args).engine.overlap is want
+        elif command == "serve":
+            assert build_core(args).overlap is want
+
+
 def test_chat_reads_stdin_and_prints_the_reply_content(ckpt, llm):
     want = llm.chat([{"role": "user", "content": "The lazy dog"}], SamplingParams(temperature=0.0, max_tokens=6))[0]
     res = dsv4_cli("chat", "--model", str(ckpt), "--max-tokens", "6", "--temperature", "0", stdin="The lazy dog\n")
