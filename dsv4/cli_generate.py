@@ -44,7 +44,7 @@ def add_decode_options(p) -> None:
                         "(lossless under reference numerics; the GPU decode kernel reads it)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="read each decode step's ids back before launching the next (default: launch the next "
-                        "first, so the host's work hides behind the GPU; always off across --tp/--ep)")
+                        "first, so the host's work hides behind the GPU)")
 
 
 def check_draft_tokens(args) -> None:

@@ -88,6 +88,20 @@ def speculative_runs(model, run=lambda engine, lead: lead(engine), rank: int = 0
     return out
 
 
+def sampled_run(model, run=lambda engine, lead: lead(engine), rank: int = 0) -> dict:
+    """Unseeded sampling without speculation, so through the engine's look-ahead (ids picked on the device; rank
+    0's broadcast to the others), from torch's global generator seeded per rank: only rank 0's draws count."""
+    from dsv4.engine.sampling_params import SamplingParams
+    engine = make_engine(model)
+    launched = []
+    inner = engine.scheduler.schedule_continuation
+    engine.scheduler.schedule_continuation = lambda rows: launched.append(inner(rows)) or launched[-1]
+    torch.manual_seed(2000 + rank)
+    params = SamplingParams(temperature=0.9, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return {"sampled": run(engine, lambda core: greedy(core, params)),
+            "sampled_ahead": sum(b is not None for b in launched)}
+
+
 def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -123,6 +137,7 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts
         model._graphs = None
         if (tp, ep) == (2, 2):  # rank 0 drafts and judges; the other rank follows its decisions
             res.update(speculative_runs(model, lambda engine, lead: lockstep(engine, ps, lead), rank))
+            res.update(sampled_run(model, lambda engine, lead: lockstep(engine, ps, lead), rank))
         results.append(res)
     torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -146,6 +161,7 @@ def reference(checkpoint):
     out = run_model(model)
     out["greedy"] = greedy(make_engine(model))
     out.update(speculative_runs(model))
+    out.update(sampled_run(model))
     return out
 
 
@@ -161,9 +177,11 @@ def check_rank(res: dict, ref: dict, layout: tuple, rank: int) -> None:
     assert res["graph_steps"] > 0, f"{what}: no decode step went through the graph code"
     if (tp, ep) == (2, 2):
         assert res["spec_greedy_drafted"] > 0 and res["spec_sampled_drafted"] > 0, what
+        assert res["sampled_ahead"] > 0 and ref["sampled_ahead"] > 0, f"{what}: no look-ahead"
         if rank == 0:
             assert res["spec_greedy"] == ref["spec_greedy"], f"{what}: speculative greedy"
             assert res["spec_sampled"] == ref["spec_sampled"], f"{what}: speculative sampling"
+            assert res["sampled"] == ref["sampled"], f"{what}: sampling with the look-ahead"
     # this rank's shard only
     c, shapes = CFG, res["shapes"]
     per = c.n_routed_experts // ep

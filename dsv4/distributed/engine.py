@@ -6,7 +6,8 @@ its inputs (requests, aborts, sampled ids), so the ranks stay in step when
 * rank 0 alone takes requests and aborts (HTTP server, CLI) and, at every `step()`, broadcasts the
   ones that arrived since the previous step; each worker applies them in the same order and steps;
 * rank 0 alone samples and broadcasts the sampled ids (`BroadcastSampler`), so per-request
-  generators and torch's global RNG never have to agree across processes.
+  generators and torch's global RNG never have to agree across processes. The engine's look-ahead
+  (`EngineConfig.overlap`) gets them on the device, by a broadcast over the model's process group.
 
 The model's collectives inside `step()` then line up by construction. Messages travel over the gloo
 control group (`ParallelState.control_group`, long timeout: a server may idle for hours).
@@ -37,6 +38,16 @@ class BroadcastSampler:
         out = self.inner.sample_sequences(logits, seqs) if self.ps.is_first else None
         return broadcast_object(out, self.ps)
 
+    def pick_sequences(self, logits, seqs):
+        """Rank 0's ids, left on every rank's device (the engine's look-ahead): a broadcast over the model's
+        group (NCCL on GPUs), queued on the stream like the step's other collectives, not waited for."""
+        import torch
+        import torch.distributed as dist
+        ids = (self.inner.pick_sequences(logits, seqs) if self.ps.is_first
+               else torch.empty(len(seqs), dtype=torch.long, device=logits.device))
+        dist.broadcast(ids, src=0)
+        return ids
+
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
@@ -44,7 +55,6 @@ class BroadcastSampler:
 def share_decisions(engine, ps: ParallelState) -> None:
     """Make rank 0 the only one that samples, drafts and judges drafts; the others receive its results."""
     engine.sampler = BroadcastSampler(engine.sampler, ps)
-    engine.overlap = False  # a look-ahead picks ids on each rank's own device, without rank 0's broadcast
     if getattr(engine, "speculator", None) is not None:
         engine.speculator.decide = lambda fn: broadcast_object(fn() if ps.is_first else None, ps)
 
