@@ -13,7 +13,7 @@ do in a captured step). A development aid for issue #6:
 
 * the greedy pick over the Flash vocabulary (`--argmax`): torch's argmax vs `first_argmax`.
 
-    python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn] [--proj] [--topk] [--argmax]
+    python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn] [--proj] [--argmax]
 """
 from __future__ import annotations
 
@@ -54,14 +54,10 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--attn", action="store_true", help="also sweep decode attention's split count")
     p.add_argument("--proj", action="store_true", help="also time the two projection paths")
-    p.add_argument("--topk", action="store_true",
-                   help="also time the indexer top-k with its keys loaded once or per pass")
     p.add_argument("--argmax", action="store_true", help="also time the greedy pick: torch's argmax vs first_argmax")
     args = p.parse_args()
     if args.argmax:
         greedy_pick()
-    if args.topk:
-        topk_single_load()
     if args.proj:
         projection_paths()
     if args.attn:
@@ -197,28 +193,6 @@ def attention_splits() -> None:
             assert err <= 2 ** -6 * want.float().abs().max().item(), (kind, bsz, "loop", err)
             row.append(graph_us(lambda: decode_attention(*args, combine="loop")))
             print(f"{kind:8s} {bsz:3d} " + " ".join(f"{v:7.1f}" for v in row))
-
-
-def topk_single_load() -> None:
-    """µs per indexer top-k (512 of N bf16 scores, -inf tail masked) with `topk.SINGLE_LOAD` off / on."""
-    from dsv4.kernels import topk
-    dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(2)
-    print("indexer top-k, 512 of N: µs per call in a CUDA graph, keys loaded per pass / once")
-    for bsz in (1, 8):
-        for n in (1024, 4096):
-            scores = torch.relu(torch.randn(bsz, n, device=dev, generator=g)).to(torch.bfloat16)
-            present = torch.rand(bsz, n, device=dev, generator=g) < 0.9
-            scores = scores.masked_fill(~present, float("-inf"))
-            row = []
-            for single in (False, True):
-                topk.SINGLE_LOAD = single
-                row.append(graph_us(lambda: topk.topk_lowest_index(scores, 512, present)))
-                picks = topk.topk_lowest_index(scores, 512, present)
-                if single:
-                    assert all(torch.equal(a, b) for a, b in zip(picks, first)), "single load picks differ"
-                first = picks
-            topk.SINGLE_LOAD = False
-            print(f"B={bsz:2d} N={n:5d} {row[0]:8.2f} {row[1]:8.2f}")
 
 
 def greedy_pick() -> None:

@@ -35,10 +35,6 @@ from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 SCORE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# A row of at most one chunk (N <= 4096: CSA contexts up to 16K) loads its keys once instead of once per digit
-# pass and once for the selection (three latency-bound loads at B = 1). Same picks, but not faster (s20b, µs at
-# B = 1, N = 1024 / 4096: 5.21 / 10.86 per pass, 5.29 / 11.02 once): off.
-SINGLE_LOAD = False
 INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}  # +inf; above: NaN
 
 
@@ -89,27 +85,22 @@ if HAS_TRITON:
         return key
 
     @triton.jit
-    def _chunk_keys(S, row, start, lane, N, ss_n, key0, KEY16: tl.constexpr, INF_BITS: tl.constexpr,
-                    ONE: tl.constexpr):
-        """(indices, in bounds, keys) of the chunk at `start`; ONE: the whole row is the chunk read once (key0)."""
+    def _chunk_keys(S, row, start, lane, N, ss_n, KEY16: tl.constexpr, INF_BITS: tl.constexpr):
+        """(indices, in bounds, keys) of the chunk at `start`. Read again by every pass: loading a one-chunk row's
+        keys once for all passes gave the same picks and no speed (session 20, 5.21 -> 5.29 µs), so it went."""
         idx = start + lane
         inb = idx < N
-        if ONE:
-            return idx, inb, key0
         return idx, inb, _order_keys(S, row, idx * ss_n, inb, KEY16, INF_BITS)
 
     @pdl_kernel
     @triton.jit
     def _topk_kernel(S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
-                     KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
-                     ONE: tl.constexpr):
-        """ONE (N <= BLOCK): the row's keys are loaded once and kept for the digit passes and the selection."""
+                     KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr):
         pdl_wait()
         b = tl.program_id(0).to(tl.int64)
         row = b * ss_b
         lane = tl.arange(0, BLOCK)
         bins = tl.arange(0, 256)
-        key0 = _order_keys(S, row, lane * ss_n, lane < N, KEY16, INF_BITS) if ONE else lane.to(tl.uint32)
         # Radix select, most significant digit first: `prefix` holds the digits of T fixed so far,
         # `take` how many of the keys matching them are still to be picked (1 <= take <= matches).
         prefix = tl.full([], 0, tl.uint32)
@@ -117,7 +108,7 @@ if HAS_TRITON:
         for p in tl.static_range(2 if KEY16 else 4):
             hist = tl.zeros([256], dtype=tl.int32)
             for start in range(0, N, BLOCK):
-                idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, key0, KEY16, INF_BITS, ONE)
+                idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
                 if p > 0:
                     inb = inb & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
                 hist += tl.histogram(((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256, mask=inb)
@@ -129,7 +120,7 @@ if HAS_TRITON:
         n_out = 0
         ties = 0
         for start in range(0, N, BLOCK):
-            idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, key0, KEY16, INF_BITS, ONE)
+            idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
             tie = (inb & (key == prefix)).to(tl.int32)
             sel = inb & ((key > prefix) | ((tie != 0) & (ties + tl.cumsum(tie, axis=0) <= take)))
             sel32 = sel.to(tl.int32)
@@ -176,4 +167,4 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
         scores, pres, picked, valid8, n, k,
         scores.stride(0), scores.stride(1), pres.stride(0), pres.stride(1), picked.stride(0), valid8.stride(0),
         KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
-        BLOCK=block, ONE=SINGLE_LOAD and n <= block, num_warps=4 if block <= 1024 else 8)
+        BLOCK=block, num_warps=4 if block <= 1024 else 8)

@@ -81,20 +81,6 @@ def test_matches_reference(bsz: int, n: int, kk: str, poison) -> None:
     _assert_matches(scores, k, present, topk_lowest_index(scores, k, present), f"B={bsz} N={n} k={k}")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n", [7, 1000, 4096])
-def test_single_load_matches_reference(n: int, dtype: torch.dtype, poison, monkeypatch) -> None:
-    """SINGLE_LOAD (a row of one chunk keeps its keys for all passes): the reference's picks, every flavour."""
-    from dsv4.kernels import topk
-
-    monkeypatch.setattr(topk, "SINGLE_LOAD", True)
-    for k in (1, min(512, n), n):
-        scores, present = _case(3 if INTERP else 8, n, dtype, seed=n + k + dtype.itemsize)
-        scores, present = scores.to(DEV), present.to(DEV)
-        poison()
-        _assert_matches(scores, k, present, topk.topk_lowest_index(scores, k, present), f"single load N={n} k={k}")
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n", [300, 5000])
 def test_other_dtypes(dtype: torch.dtype, n: int, poison) -> None:
