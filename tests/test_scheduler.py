@@ -76,14 +76,15 @@ class FakePagedModel:
         assert (rid, idx) == (seq.request_id, index), f"{kind} slot of {seq.request_id}@{index} holds {rid}@{idx}"
         return value
 
-    def __call__(self, batch) -> torch.Tensor:
+    def __call__(self, batch, ids: list[int] | None = None) -> torch.Tensor:
+        """`ids`: a look-ahead batch's tokens, one per row, not yet appended to the sequences."""
         rows = []
-        for row in batch:
+        for i, row in enumerate(batch):
             seq = row.seq
             assert row.start == self.seen.get(seq.request_id, 0) or row.start == 0  # 0: recompute after preemption
-            assert row.start + row.num_tokens <= seq.num_tokens
+            assert row.start + row.num_tokens <= seq.num_tokens + (ids is not None)
             for pos in range(row.start, row.start + row.num_tokens):
-                tok = seq.token_ids[pos]
+                tok = ids[i] if ids is not None else seq.token_ids[pos]
                 self.write("window", seq, pos, tok)
                 state = {r: 0 for r in RATIOS} if pos == 0 else dict(self.read("state", seq, 0))
                 for r in RATIOS:
@@ -116,11 +117,11 @@ class Request:
     params: SamplingParams
 
 
-def make_requests(seed: int, n: int) -> list[Request]:
+def make_requests(seed: int, n: int, penalties: bool = True) -> list[Request]:
     rng = random.Random(seed)
     reqs = []
     for i in range(n):
-        kind = rng.choice(["greedy", "seeded", "penalised"])
+        kind = rng.choice(["greedy", "seeded", "penalised"] if penalties else ["greedy", "seeded"])
         max_tokens = rng.choice([None, 1, 3, 12, 30])
         if kind == "greedy":
             p = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=rng.random() < 0.5)
@@ -168,9 +169,23 @@ TINY = {k: v + 1 for k, v in MIN_PAGES.items()}
 LARGE = {k: 40 * v for k, v in MIN_PAGES.items()}
 
 
-def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, in_flight=None, detokenize=None):
+def continuing(sched, batch, tokens) -> tuple | None:
+    """The engine's look-ahead (`LLMEngine._look_ahead`) on the fake model: when every row samples without
+    penalties, the rows that go on whatever their token is continue by one token, computed before the batch is
+    postprocessed. (continuation batch, its logits) or None."""
+    if sched.waiting or not all(r.sample and not r.seq.params.has_penalties for r in batch):
+        return None
+    keep = [i for i, r in enumerate(batch.rows) if not r.seq.is_finished
+            and (r.seq.params.max_tokens is None or r.seq.num_output_tokens + 1 < r.seq.params.max_tokens)
+            and r.seq.num_tokens + 1 < MAX_LEN]
+    nxt = sched.schedule_continuation([batch.rows[i] for i in keep]) if keep else None
+    return None if nxt is None else (nxt, [tokens[i] for i in keep])
+
+
+def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, in_flight=None, detokenize=None, look_ahead=False):
     """arrivals: step -> request indices added before that step's schedule (default: all at step 0).
-    in_flight(sched, batch): called after the model ran and before postprocess (to abort requests)."""
+    in_flight(sched, batch): called after the model ran and before postprocess (to abort requests).
+    look_ahead: continue sampled rows by one token before postprocessing them, as the engine's overlap does."""
     kinds = page_kinds(pages)
     bm = BlockManager(kinds)
     cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=MAX_LEN)
@@ -178,10 +193,29 @@ def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, in_flight=None, 
     model, sampler = FakePagedModel(kinds), Sampler()
     arrivals = dict(arrivals or {0: list(range(len(reqs)))})
     seqs, step, steps_with_work = {}, 0, 0
+    pending, sched.look_aheads = None, 0  # (continuation batch, its logits) computed last step
     while arrivals or not sched.is_finished():
         for i in arrivals.pop(step, []):
             seqs[reqs[i].rid] = Sequence(reqs[i].rid, reqs[i].prompt, reqs[i].params)
             sched.add(seqs[reqs[i].rid])
+        if pending is not None and all(r.seq.is_finished for r in pending[0]):
+            sched.discard(pending[0])
+            pending = None
+        if pending is not None:
+            (batch, logits), pending = pending, None
+            steps_with_work += 1
+            sample_rows = list(range(len(batch)))
+            tokens = sampler.sample_sequences(logits, batch.seqs).token_ids
+            if in_flight is not None:
+                in_flight(sched, batch)
+            nxt = continuing(sched, batch, tokens)
+            if nxt is not None:
+                pending = (nxt[0], model(nxt[0], nxt[1]))
+                sched.look_aheads += 1
+            for seq in sched.postprocess(batch, tokens):
+                assert seq.is_finished and seq.block_tables == {}
+            step += 1
+            continue
         running_before = list(sched.running)
         batch = sched.schedule()
         assert len(batch) <= max_seqs and sched.num_running <= max_seqs
@@ -207,12 +241,18 @@ def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, in_flight=None, 
                 res = sampler.sample_sequences(logits[sample_rows], [batch.rows[i].seq for i in sample_rows])
                 for i, t in zip(sample_rows, res.token_ids):
                     tokens[i] = t
+            nxt = continuing(sched, batch, tokens) if look_ahead else None
+            if nxt is not None:
+                pending = (nxt[0], model(nxt[0], nxt[1]))
+                sched.look_aheads += 1
             for seq in sched.postprocess(batch, tokens):
                 assert seq.is_finished and seq.block_tables == {}
         elif not arrivals:
             assert sched.is_finished(), "scheduler made no progress"
         step += 1
         assert step < 20000
+    if pending is not None:  # everything finished while a look-ahead was in flight
+        sched.discard(pending[0])
     for k in kinds:
         assert bm.num_free(k.name) == k.num_pages, f"{k.name} pages leaked"
     assert all(u == 0 for u in sched.stats().usage.values())
@@ -282,6 +322,93 @@ def test_abort_frees_pages_and_leaves_others_intact(reference):
         else:
             assert (tokens, reason) == reference[rid]
     assert sched.abort(aborted["waiting"]) is None and sched.abort("nope") is None
+
+
+# penalties read the output history on the host, so the engine never looks ahead over them: a workload without
+REQS_AHEAD = make_requests(12, 20, penalties=False)
+
+
+@pytest.fixture(scope="module")
+def reference_ahead():
+    ref = reference_outputs(REQS_AHEAD)
+    assert {reason for _, reason in ref.values()} == {"stop", "length"}
+    return ref
+
+
+@pytest.mark.parametrize("budget,max_seqs,pages", [(512, 16, LARGE), (13, 4, LARGE), (64, 16, TINY), (5, 2, TINY)])
+def test_look_ahead_outputs_independent_of_budget_batch_and_pool(reference, reference_ahead, budget, max_seqs,
+                                                                  pages):
+    """The engine's overlap: sampled rows continued before their batch is postprocessed (two batches in flight,
+    rows of sequences that stop on the token computed for nothing) give the reference outputs, pages all freed."""
+    outs, sched, _ = run_engine(REQS_AHEAD, budget=budget, max_seqs=max_seqs, pages=pages, look_ahead=True)
+    assert outs == reference_ahead
+    if pages is LARGE:  # in tiny pools somebody is always waiting or the pages do not fit: no look-ahead
+        assert sched.look_aheads > 0
+    outs, _, _ = run_engine(REQS, budget=budget, max_seqs=max_seqs, pages=pages, look_ahead=True)
+    assert outs == reference  # penalised requests in the mix: fewer look-aheads, the same outputs
+
+
+def test_look_ahead_with_arrivals_and_aborts(reference_ahead):
+    reference, reqs = reference_ahead, REQS_AHEAD
+    rng = random.Random(5)
+    arrivals: dict[int, list[int]] = {}
+    for i in range(len(reqs)):
+        arrivals.setdefault(rng.randrange(30), []).append(i)
+    outs, sched, _ = run_engine(reqs, budget=9, max_seqs=5, pages=TINY, arrivals=arrivals, look_ahead=True)
+    assert outs == reference and sched.look_aheads > 0
+    aborted: list[str] = []
+
+    def abort_decoding(sched, batch):  # a request in the middle of its output, whatever batch it is in
+        for row in batch:
+            if not aborted and not row.seq.is_finished and row.seq.num_output_tokens >= 4:
+                aborted.append(row.seq.request_id)
+                sched.abort(row.seq.request_id)
+    outs, sched, _ = run_engine(reqs, budget=512, max_seqs=len(reqs), pages=LARGE, in_flight=abort_decoding,
+                                look_ahead=True)
+    assert len(aborted) == 1 and sched.look_aheads > 0
+    for rid, (tokens, reason) in outs.items():
+        if rid in aborted:
+            assert reason == "abort" and tokens == reference[rid][0][: len(tokens)]
+        else:
+            assert (tokens, reason) == reference[rid]
+
+
+def test_continuation_rules():
+    """schedule_continuation: only with the one batch in flight and nobody waiting, only sampled rows, all pages
+    or none; postprocess in order; discard only a batch of finished sequences."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=MAX_LEN),
+                      BlockManager(page_kinds(LARGE)), eos_token_ids=[EOS])
+    for rid, n in (("a", 2), ("b", 20)):
+        sched.add(Sequence(rid, [3] * n, SamplingParams(temperature=0, ignore_eos=True)))
+    first = sched.schedule()  # a: whole prompt (sampled); b: a chunk of 14 (not sampled)
+    assert [r.sample for r in first] == [True, False]
+    with pytest.raises(ValueError, match="only sampled rows"):
+        sched.schedule_continuation(first.rows)
+    sched.add(Sequence("w", [4], SamplingParams(temperature=0)))
+    assert sched.schedule_continuation(first.rows[:1]) is None  # somebody waits
+    sched.abort("w")
+    nxt = sched.schedule_continuation(first.rows[:1])
+    assert [(r.seq.request_id, r.start, r.num_tokens, r.sample) for r in nxt] == [("a", 2, 1, True)]
+    assert sched.schedule_continuation(first.rows[:1]) is None  # two batches in flight already
+    with pytest.raises(ValueError, match="oldest"):
+        sched.postprocess(nxt, [5])
+    with pytest.raises(ValueError, match="finished"):
+        sched.discard(nxt)
+    sched.postprocess(first, [5, None])
+    sched.postprocess(nxt, [6])
+    assert sched.requests["a"].output_token_ids == [5, 6] and sched.requests["a"].num_computed_tokens == 3
+    # pages: a continuation that does not fit allocates nothing (3 tokens fill a window page; the 4th needs one)
+    sched = Scheduler(sched.config, BlockManager(page_kinds(LARGE)), eos_token_ids=[EOS])
+    sched.add(Sequence("c", [3] * 3, SamplingParams(temperature=0)))
+    batch = sched.schedule()
+    bm = sched.block_manager
+    hog = bm.pools["window"].allocate(bm.num_free("window"))
+    before = {k: bm.num_free(k) for k in bm.kinds}
+    assert sched.schedule_continuation(batch.rows) is None
+    assert {k: bm.num_free(k) for k in bm.kinds} == before and len(sched.requests["c"].block_tables["window"]) == 1
+    bm.pools["window"].free(hog)
+    assert sched.schedule_continuation(batch.rows) is not None
+    assert len(sched.requests["c"].block_tables["window"]) == 2
 
 
 def test_max_model_len_and_input_errors():

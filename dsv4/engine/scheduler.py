@@ -242,9 +242,10 @@ class Scheduler:
 
     def discard(self, batch: ScheduledBatch) -> None:
         """Forget the in-flight `batch` whose every sequence has finished meanwhile (its pages are freed)."""
-        if batch not in self._in_flight or not all(r.seq.is_finished for r in batch.rows):
+        at = next((i for i, b in enumerate(self._in_flight) if b is batch), None)  # identity: batches compare equal
+        if at is None or not all(r.seq.is_finished for r in batch.rows):
             raise ValueError("Scheduler.discard: only an in-flight batch of finished sequences")
-        self._in_flight.remove(batch)
+        del self._in_flight[at]
 
     def _num_drafts(self, seq: Sequence, remaining: int, budget: int) -> int:
         """Draft slots for a decode row: no more than the budget, max_model_len or max_tokens can use."""
