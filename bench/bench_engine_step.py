@@ -45,7 +45,7 @@ def _model(args):
         model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels=kernels)
     model.load_random_weights(seed=1)
     if dev.type == "cuda":
-        model.enable_cuda_graphs(max_batch=max(int(b) for b in args.batches.split(",")))
+        model.enable_cuda_graphs(max_batch=max(int(b) for b in args.batches.split(",")) * (1 + args.speculative))
     return model, cfg
 
 
@@ -76,7 +76,8 @@ def run_batch(model, cfg, batch: int, overlap: bool, args) -> dict:
     pools = CacheConfig.for_capacity(cfg, max_num_seqs=batch, max_model_len=longest, total_tokens=batch * longest,
                                      kv_dtype="fp8" if cuda else "auto")  # every request at full length: no preemption
     engine = LLMEngine(model, cfg, None, EngineConfig(
-        max_num_seqs=batch, max_num_batched_tokens=budget, max_model_len=longest, cache=pools, overlap=overlap))
+        max_num_seqs=batch, max_num_batched_tokens=budget, max_model_len=longest, cache=pools, overlap=overlap,
+        speculative="mtp" if args.speculative else None, num_draft_tokens=max(1, args.speculative)))
     g = torch.Generator().manual_seed(batch)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     for i in range(batch):
@@ -85,14 +86,16 @@ def run_batch(model, cfg, batch: int, overlap: bool, args) -> dict:
         engine.step()  # prefill (in pieces of the token budget) until every request has its first token
     for _ in range(4):  # warm-up decode steps (graph capture of this bucket)
         engine.step()
-    times = []
+    times, first = [], engine.generation_tokens_total
     for _ in range(args.steps):  # timed without the profiler
         before = engine.generation_tokens_total
         t = time.perf_counter()
         engine.step()
         times.append((time.perf_counter() - t) * 1e3)
-        if engine.generation_tokens_total - before != batch:
-            raise RuntimeError(f"decode step gave {engine.generation_tokens_total - before} tokens for {batch} requests")
+        made = engine.generation_tokens_total - before
+        if made != batch and not (args.speculative and made >= batch):
+            raise RuntimeError(f"decode step gave {made} tokens for {batch} requests")
+    tokens_per_step = (engine.generation_tokens_total - first) / args.steps / batch
     replay = _replay_ms(model, 20) if cuda else 0.0  # this batch's bucket: the last one launched
     prof, t = cProfile.Profile(), time.perf_counter()
     prof.enable()
@@ -106,7 +109,7 @@ def run_batch(model, cfg, batch: int, overlap: bool, args) -> dict:
     del engine
     if cuda:
         torch.cuda.empty_cache()
-    return {"batch": batch, "overlap": overlap, "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
+    return {"batch": batch, "overlap": overlap, "tokens": tokens_per_step, "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
             "replay_ms": replay, "profiled_ms": profiled_ms, "wait_ms": wait_ms, "top": top}
 
 
@@ -131,6 +134,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--top", type=int, default=25, help="functions listed per batch size (by own time)")
     p.add_argument("--overlap", default="both", choices=["off", "on", "both"])
+    p.add_argument("--speculative", type=int, default=0,
+                   help="MTP draft tokens per step (0: none); random weights accept few drafts, so this times the "
+                        "steps' cost, not MTP's gain")
     p.add_argument("--smoke", action="store_true", help="embedded model's shapes on the CPU (checks the script)")
     args = p.parse_args()
     model, cfg = _model(args)
@@ -141,11 +147,12 @@ def main() -> None:
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     rows = [run_batch(model, cfg, int(b), o, args) for b in args.batches.split(",") for o in modes]
     from bench_parallel import _decode_roof_bytes
-    print("B | overlap | engine step ms (median / mean) | roofline ms (x) | graph replay ms | profiled step ms: all "
-          "/ waiting for the GPU / host busy")
+    print("B | overlap | tokens per row and step | engine step ms (median / mean) | roofline ms (x) | graph replay "
+          "ms | profiled step ms: all / waiting for the GPU / host busy")
     for r in rows:
         roof = _decode_roof_bytes(model, r["batch"], args.prompt) / copy * 1e3 if copy else float("nan")
-        print(f"{r['batch']} | {'on' if r['overlap'] else 'off'} | {r['median_ms']:.3f} / {r['mean_ms']:.3f} | "
+        print(f"{r['batch']} | {'on' if r['overlap'] else 'off'} | {r['tokens']:.2f} | "
+              f"{r['median_ms']:.3f} / {r['mean_ms']:.3f} | "
               f"{roof:.3f} ({r['median_ms'] / roof:.2f}) | {r['replay_ms']:.3f} | {r['profiled_ms']:.3f} / "
               f"{r['wait_ms']:.3f} / {r['profiled_ms'] - r['wait_ms']:.3f}")
     for r in rows[len(modes) - 1::len(modes)]:
