@@ -42,9 +42,9 @@ def add_decode_options(p) -> None:
     p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
                    help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
                         "(lossless under reference numerics; the GPU decode kernel reads it)")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false",
-                   help="read each decode step's ids back before launching the next (default: launch the next "
-                        "first, so the host's work hides behind the GPU)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
+                   help="read each decode step's ids back before launching the next (default on a GPU: launch the "
+                        "next first, so the host's work hides behind the GPU)")
 
 
 def check_draft_tokens(args) -> None:
@@ -59,7 +59,7 @@ def _llm(args):
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
                num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", False),
-               kv_dtype=getattr(args, "kv_dtype", "auto"), overlap=getattr(args, "overlap", True))
+               kv_dtype=getattr(args, "kv_dtype", "auto"), overlap=getattr(args, "overlap", None))
 
 
 def _params(args, default_temperature: float):

@@ -64,20 +64,23 @@ def test_generate_with_fp8_cache_prints_the_same_text(ckpt, llm):
     assert LLM(ckpt, device="cpu", dtype=torch.float32, kv_dtype="fp8").engine.cache.pools.fp8
 
 
-@pytest.mark.parametrize("command", ["generate", "bench", "serve"])
-def test_no_overlap_reaches_the_engine(ckpt, command):
-    """--no-overlap (every single-process entry point) turns the engine's look-ahead off; the default keeps it."""
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_no_overlap_reaches_the_engine(ckpt, command, monkeypatch):
+    """--no-overlap turns the engine's look-ahead off; without it the engine decides (on where the model is on a
+    GPU, so off here on the CPU)."""
     from dsv4.cli import build_parser
     from dsv4.cli_generate import _llm
+    from dsv4.engine.llm_engine import LLMEngine
     from dsv4.serve.cli_serve import build_core
-    extra = {"generate": ["x"], "bench": [], "serve": []}[command]
-    for flag, want in (([], True), (["--no-overlap"], False)):
-        args = build_parser().parse_args([command, "--model", str(ckpt), "--device", "cpu", *flag, *extra])
-        assert args.overlap is want
-        if command == "generate":
-            assert _llm(args).engine.overlap is want
-        elif command == "serve":
-            assert build_core(args).overlap is want
+    configs = []
+    real = LLMEngine.from_pretrained.__func__
+    monkeypatch.setattr(LLMEngine, "from_pretrained", classmethod(
+        lambda cls, *a, **k: configs.append(k["engine_config"]) or real(cls, *a, **k)))
+    for flag, want in (([], None), (["--no-overlap"], False)):
+        args = build_parser().parse_args([command, "--model", str(ckpt), "--device", "cpu", *flag,
+                                          *(["x"] if command == "generate" else [])])
+        engine = _llm(args).engine if command == "generate" else build_core(args)
+        assert args.overlap is want and configs[-1].overlap is want and engine.overlap is False
 
 
 def test_chat_reads_stdin_and_prints_the_reply_content(ckpt, llm):

@@ -53,11 +53,11 @@ def run_model(model) -> dict[str, torch.Tensor]:
         return {"logits": torch.cat(parts), "mtp": model.mtp[0].compute_logits(hidden)}
 
 
-def make_engine(model, speculative: bool = False):
+def make_engine(model, speculative: bool = False, overlap: bool | None = None):
     from dsv4.engine.llm_engine import EngineConfig, LLMEngine
     return LLMEngine(model, model.config, None, EngineConfig(
         max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
-        speculative="mtp" if speculative else None, num_draft_tokens=2))
+        speculative="mtp" if speculative else None, num_draft_tokens=2, overlap=overlap))
 
 
 def greedy(core, params=None) -> dict[str, list[int]]:
@@ -92,7 +92,7 @@ def sampled_run(model, run=lambda engine, lead: lead(engine), rank: int = 0) -> 
     """Unseeded sampling without speculation, so through the engine's look-ahead (ids picked on the device; rank
     0's broadcast to the others), from torch's global generator seeded per rank: only rank 0's draws count."""
     from dsv4.engine.sampling_params import SamplingParams
-    engine = make_engine(model)
+    engine = make_engine(model, overlap=True)  # on the CPU only when asked for
     launched = []
     inner = engine.scheduler.schedule_continuation
     engine.scheduler.schedule_continuation = lambda rows: launched.append(inner(rows)) or launched[-1]

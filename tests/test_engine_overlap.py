@@ -73,6 +73,12 @@ def test_overlap_equals_sync_and_looks_ahead(model, prompts, alone):
     assert_all_pages_free(engine)
 
 
+def test_overlap_by_default_only_on_a_gpu(model):
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+    assert LLMEngine(model, model.config, None, EngineConfig(max_model_len=64)).overlap is False  # a CPU model
+    assert LLMEngine(model, model.config, None, EngineConfig(max_model_len=64, overlap=True)).overlap is True
+
+
 def test_abort_and_arrival_while_a_look_ahead_is_in_flight(model, prompts, alone):
     engine = make_engine(model, max_num_seqs=8, budget=300)
     for i in (2, 6, 10):

@@ -42,7 +42,8 @@ class LLM:
     def __init__(self, model: str | Path | None = None, device: str = "auto", dtype: torch.dtype | None = None,
                  numerics: str = "reference", max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int = 4096, progress: bool = False, speculative: str | None = None,
-                 num_draft_tokens: int = 1, cuda_graphs: bool = False, kv_dtype: str = "auto", overlap: bool = True):
+                 num_draft_tokens: int = 1, cuda_graphs: bool = False, kv_dtype: str = "auto",
+                 overlap: bool | None = None):
         ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, speculative=speculative, num_draft_tokens=num_draft_tokens,
                           kv_dtype=kv_dtype, overlap=overlap)

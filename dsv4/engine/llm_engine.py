@@ -34,7 +34,9 @@ class EngineConfig:
     speculative: str | None = None   # "mtp": draft with the checkpoint's mtp.0 block (docs/speculative.md)
     num_draft_tokens: int = 1        # draft tokens per decode step when speculative is set
     kv_dtype: str = "auto"           # cache storage (CacheConfig.kv_dtype) unless `cache` is given
-    overlap: bool = True             # launch the next decode step before reading this one's ids (`LLMEngine.step`)
+    # launch the next decode step before reading this one's ids (`LLMEngine.step`). None: where the model is on a
+    # GPU (on the CPU nothing runs beside the host, and each step's outputs would wait for the next step's forward)
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
@@ -79,7 +81,7 @@ class LLMEngine:
         self.streams: dict[str, OutputTracker] = {}  # text deltas per running request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.overlap = ec.overlap
+        self.overlap = ec.overlap if ec.overlap is not None else self.device.type == "cuda"
         self._pending: _Launched | None = None  # the look-ahead batch launched by the last step
 
     @classmethod

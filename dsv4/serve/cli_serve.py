@@ -82,7 +82,7 @@ def build_core(args: argparse.Namespace):
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len, speculative=args.speculative,
                           num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"),
-                          overlap=getattr(args, "overlap", True))
+                          overlap=getattr(args, "overlap", None))
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
                                      cuda_graphs=getattr(args, "cuda_graphs", False))
 
