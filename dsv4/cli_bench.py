@@ -80,7 +80,7 @@ def measure(core, args: argparse.Namespace, engine) -> dict:
         "prompt_len": args.prompt_len, "output_len": args.output_len, "steps": steps,
         "prefill_tok_per_s": args.batch * args.prompt_len / max(first_token_at - t0, 1e-9),
         "decode_tok_per_s": decode_tokens / max(end - first_token_at, 1e-9),
-        "total_s": end - t0,
+        "total_s": end - t0, "overlap": engine.overlap,
         "speculative": speculative, "num_draft_tokens": args.num_draft_tokens if speculative else 0,
         "spec_acceptance_rate": stats.spec_acceptance_rate,
         "spec_mean_accepted_length": stats.spec_mean_accepted_length,

@@ -125,5 +125,8 @@ def test_bench_reports_json(ckpt):
                    "--output-len", "3")
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
-    assert (result["batch"], result["steps"], result["speculative"]) == (2, 3, None)
+    assert (result["batch"], result["steps"], result["speculative"], result["overlap"]) == (2, 3, None, False)
+    res = dsv4_cli("bench", "--model", str(ckpt), "--device", "cpu", "--batch", "1", "--prompt-len", "4",
+                   "--output-len", "2", "--no-overlap")
+    assert res.returncode == 0 and json.loads(res.stdout)["overlap"] is False, res.stderr
     assert result["decode_tok_per_s"] > 0
