@@ -54,14 +54,15 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layout)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     ps = init_parallel(ParallelConfig(*layout))
     res = {}
-    runs = [("eager", False, False), ("graphs", True, False)]
+    # the engine's look-ahead is on (a CUDA model; rank 0's ids broadcast on the device) except in "graphs_sync"
+    runs = [("eager", False, False), ("graphs", True, False), ("graphs_sync", True, False)]
     if layout[:2] == (2, 2):  # MTP speculation (2 drafts; rank 0 decides), its draft and verify steps graphed
         runs += [("spec_eager", False, True), ("spec_graphs", True, True)]
     for key, graphs, spec in runs:
         phase(f"{key}: loading")
         model = load_model(ckpt, ps.device, torch.bfloat16, parallel=ps, kernels="triton", include_mtp=spec)
         config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=256, kv_dtype="fp8",
-                              speculative="mtp" if spec else None, num_draft_tokens=2)
+                              speculative="mtp" if spec else None, num_draft_tokens=2, overlap=key != "graphs_sync")
         if graphs:
             model.enable_cuda_graphs(max_batch=config.decode_step_rows)
         phase(f"{key}: decoding")
@@ -86,6 +87,7 @@ def test_graphed_decode_over_two_ranks_matches_eager(layout, tmp_path):
     res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert all(r["graphs_captured"] > 0 for r in res), "no decode step was captured"
     assert res[0]["graphs"] == res[0]["eager"], layout
+    assert res[0]["graphs_sync"] == res[0]["graphs"], f"{layout}: with vs without the look-ahead"
     if layout[:2] == (2, 2):
         assert all(r["spec_graphs_captured"] > 0 and r["spec_eager_drafted"] > 0 for r in res)
         assert res[0]["spec_graphs"] == res[0]["spec_eager"], "speculative: graphs vs eager"
