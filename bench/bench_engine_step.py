@@ -9,9 +9,12 @@ as many steps again under Python's profiler: their time, the part the host waits
 rest goes (listed for the last engine of each batch size).
 
     python bench/bench_engine_step.py [--layers 8] [--batches 1,8] [--prompt 4096] [--steps 32] [--top 25]
+                                      [--overlap off|on|both] [--speculative N]
 
-`--smoke`: the embedded model's shapes with random weights on the CPU (torch kernels, no graphs), to check
-the script itself.
+It prints the GPU's copy bandwidth and bf16 matmul peak measured first, and per row the roofline (the bytes a
+step reads at that bandwidth). `--speculative N`: MTP with N drafts (random weights accept few: the cost side).
+`--smoke`: a tiny config with random weights on the CPU (torch kernels, no graphs), to check the script itself
+(tests/test_bench_parallel_smoke.py).
 """
 from __future__ import annotations
 

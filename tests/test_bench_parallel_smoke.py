@@ -1,6 +1,7 @@
 """bench/bench_parallel.py (the full-size multi-GPU benchmark) on CPU with gloo and a tiny config:
 the script's plumbing (ranks, random fill, prefill/decode/MTP/verify timing, roofline, JSON) keeps
-working between device sessions. Its numbers here mean nothing."""
+working between device sessions; bench/bench_engine_step.py likewise (`--smoke`). Their numbers here mean
+nothing."""
 from __future__ import annotations
 
 import json
@@ -32,3 +33,16 @@ def test_bench_parallel_runs_on_two_cpu_ranks(tmp_path):
     for r in result["decode"]:
         assert r["decode_ms"] > 0 and r["mtp_ms"] > 0 and r["verify2_ms"] > 0 and r["roof_ms"] > 0
     assert result["prefill"]["tokens"] == 40
+
+
+def test_bench_engine_step_smoke():
+    """The engine benchmark's plumbing: both overlap modes per batch size, the table and the profile listing."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_engine_step.py"), "--smoke", "--batches", "1,2",
+                          "--prompt", "20", "--steps", "3", "--top", "4"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("1", "off", "1.00"), ("1", "on", "1.00"), ("2", "off", "1.00"),
+                                                  ("2", "on", "1.00")]
+    assert "where the profiled steps' host time goes" in run.stdout
