@@ -48,7 +48,7 @@ def test_overlap_equals_sync_and_looks_ahead(model, prompts, alone):
     _, _, probe = run(model, mixed_requests(prompts, None) + [("stop", prompts[12], greedy(16))], overlap=False)
     stop_token = probe["stop"]["tokens"][5]
     reqs = mixed_requests(prompts, stop_token)
-    _, sync_spy, sync = run(model, reqs, overlap=False)
+    sync_engine, sync_spy, sync = run(model, reqs, overlap=False)
     engine, spy, got = run(model, reqs, overlap=True)
     assert sync_spy == {}
     assert got.keys() == sync.keys()
@@ -66,6 +66,9 @@ def test_overlap_equals_sync_and_looks_ahead(model, prompts, alone):
     assert all(len(starts) < len(got[rid]["tokens"]) or rid == "stop" for rid, starts in spy.items())
     # ... and one row fed the stop token itself: launched before the host saw it, computed for nothing
     assert len(prompts[12]) + len(stopped) - 1 in spy["stop"]
+    stats = engine.stats()
+    assert stats.look_ahead_steps >= made / len(reqs) and stats.look_ahead_wasted_rows >= 1
+    assert (sync_stats := sync_engine.stats()).look_ahead_steps == sync_stats.look_ahead_wasted_rows == 0
     assert_all_pages_free(engine)
     # a look-ahead still in flight after the last output is dropped by the next step; the engine goes on
     engine.add_request("again", prompts[8], greedy(max_tokens_of(8)))

@@ -386,6 +386,7 @@ def test_200_concurrent_streams_then_50_disconnects_leak_no_pages(server, tok):
           f"preemptions {m['dsv4_num_preemptions']:.0f}")
     assert m["dsv4_cache_free_pages"] == m["dsv4_cache_total_pages"] > 0
     assert m["dsv4_cache_usage_ratio"] == 0
+    assert m["dsv4_look_ahead_steps"] == m["dsv4_look_ahead_wasted_rows"] == 0  # a CPU engine: no overlap
     # The 50 cut streams were aborted, not run to their CUT_TOKENS: only the 150 finished ("length").
     # (How far they got depends on how far the client lagged behind the server when it hung up.)
     length = "dsv4_requests_total{finish_reason=length}"

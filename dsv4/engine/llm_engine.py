@@ -83,6 +83,7 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self.overlap = ec.overlap if ec.overlap is not None else self.device.type == "cuda"
         self._pending: _Launched | None = None  # the look-ahead batch launched by the last step
+        self.look_ahead_steps = self.look_ahead_wasted_rows = 0
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, device: str = "auto", dtype: torch.dtype | None = None,
@@ -141,7 +142,8 @@ class LLMEngine:
         total = sum(bm.num_total(k) for k in bm.kinds)
         stats = EngineStats(self.scheduler.num_waiting, self.scheduler.num_running, max(usage.values(), default=0.0),
                             free, total, self.prompt_tokens_total, self.generation_tokens_total,
-                            self.scheduler.num_preemptions, page_usage=usage)
+                            self.scheduler.num_preemptions, page_usage=usage, look_ahead_steps=self.look_ahead_steps,
+                            look_ahead_wasted_rows=self.look_ahead_wasted_rows)
         if self.speculator is not None:
             spec = self.speculator.stats
             stats.spec_num_drafts = spec.num_drafts
@@ -160,9 +162,11 @@ class LLMEngine:
         preparation of the next run while the GPU computes; the next `step()` takes that batch as launched.
         A look-ahead row whose sequence stops on the id read back is computed for nothing and skipped."""
         launched, self._pending = self._pending, None
-        if launched is not None and all(r.seq.is_finished for r in launched.batch.rows):
-            self.scheduler.discard(launched.batch)  # every row stopped or was aborted since
-            launched = None
+        if launched is not None:
+            self.look_ahead_wasted_rows += sum(r.seq.is_finished for r in launched.batch.rows)
+            if all(r.seq.is_finished for r in launched.batch.rows):
+                self.scheduler.discard(launched.batch)  # every row stopped or was aborted since
+                launched = None
         if launched is None:
             batch: ScheduledBatch = self.scheduler.schedule()
             for seq in batch.preempted:
@@ -231,6 +235,7 @@ class LLMEngine:
         if len(keep) < len(batch.rows):
             ids = ids[to_device(torch.tensor(keep, dtype=torch.long), ids.device)]
         logits = self.cache.run(self.model, nxt, input_ids=ids)
+        self.look_ahead_steps += 1
         return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))
 
 

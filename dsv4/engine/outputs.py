@@ -60,6 +60,10 @@ class EngineStats:
     spec_num_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    # the engine's overlap (zero when off): steps that launched the next batch before reading their ids, and rows
+    # of such batches computed for nothing (their sequence stopped on the id read back, or was aborted)
+    look_ahead_steps: int = 0
+    look_ahead_wasted_rows: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:

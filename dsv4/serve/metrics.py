@@ -36,6 +36,10 @@ class ServerMetrics:
         self.spec_accepted = Gauge("dsv4_spec_accepted_tokens", "Speculative draft tokens accepted since start",
                                    registry=r)
         self.spec_rate = Gauge("dsv4_spec_acceptance_rate", "Accepted / proposed draft tokens", registry=r)
+        self.look_aheads = Gauge("dsv4_look_ahead_steps", "Engine steps that launched the next batch before reading "
+                                 "their ids (overlap) since start", registry=r)
+        self.look_ahead_wasted = Gauge("dsv4_look_ahead_wasted_rows", "Look-ahead rows computed for a sequence that "
+                                       "had stopped since start", registry=r)
         self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("dsv4_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("dsv4_requests", "Finished sequences", ["finish_reason"], registry=r)
@@ -56,6 +60,8 @@ class ServerMetrics:
         self.spec_drafts.set(drafts)
         self.spec_accepted.set(accepted)
         self.spec_rate.set(accepted / drafts if drafts else 0.0)
+        self.look_aheads.set(getattr(stats, "look_ahead_steps", 0))
+        self.look_ahead_wasted.set(getattr(stats, "look_ahead_wasted_rows", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
