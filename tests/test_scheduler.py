@@ -172,14 +172,12 @@ LARGE = {k: 40 * v for k, v in MIN_PAGES.items()}
 def continuing(sched, batch, tokens) -> tuple | None:
     """The engine's look-ahead (`LLMEngine._look_ahead`) on the fake model: when every row samples without
     penalties, the rows that go on whatever their token is continue by one token, computed before the batch is
-    postprocessed. (continuation batch, its logits) or None."""
-    if sched.waiting or not all(r.sample and not r.seq.params.has_penalties for r in batch):
+    postprocessed. (continuation batch, the tokens its rows are fed) or None."""
+    if not all(r.sample and not r.seq.params.has_penalties for r in batch):
         return None
-    keep = [i for i, r in enumerate(batch.rows) if not r.seq.is_finished
-            and (r.seq.params.max_tokens is None or r.seq.num_output_tokens + 1 < r.seq.params.max_tokens)
-            and r.seq.num_tokens + 1 < MAX_LEN]
-    nxt = sched.schedule_continuation([batch.rows[i] for i in keep]) if keep else None
-    return None if nxt is None else (nxt, [tokens[i] for i in keep])
+    nxt = sched.schedule_continuation(batch.rows)
+    at = {id(r.seq): i for i, r in enumerate(batch.rows)}
+    return None if nxt is None else (nxt, [tokens[at[id(r.seq)]] for r in nxt.rows])
 
 
 def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, in_flight=None, detokenize=None, look_ahead=False):

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import logging
 
+import torch
+import torch.distributed as dist
+
 from dsv4.distributed.parallel_state import ParallelState, broadcast_object
 
 log = logging.getLogger(__name__)
@@ -41,8 +44,6 @@ class BroadcastSampler:
     def pick_sequences(self, logits, seqs):
         """Rank 0's ids, left on every rank's device (the engine's look-ahead): a broadcast over the model's
         group (NCCL on GPUs), queued on the stream like the step's other collectives, not waited for."""
-        import torch
-        import torch.distributed as dist
         ids = (self.inner.pick_sequences(logits, seqs) if self.ps.is_first
                else torch.empty(len(seqs), dtype=torch.long, device=logits.device))
         dist.broadcast(ids, src=0)

@@ -143,7 +143,7 @@ class BlockManager:
 
     def can_allocate(self, seq, num_new_tokens: int) -> bool:
         """Whether pages for tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) fit."""
-        return all(n <= self.pools[name].num_free for name, n in self._missing(seq, num_new_tokens).items())
+        return self.can_allocate_all([(seq, num_new_tokens)])
 
     def can_allocate_all(self, requests: Iterable[tuple]) -> bool:
         """Whether the pages of every (seq, num_new_tokens) in `requests` fit together."""

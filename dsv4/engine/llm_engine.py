@@ -163,8 +163,9 @@ class LLMEngine:
         A look-ahead row whose sequence stops on the id read back is computed for nothing and skipped."""
         launched, self._pending = self._pending, None
         if launched is not None:
-            self.look_ahead_wasted_rows += sum(r.seq.is_finished for r in launched.batch.rows)
-            if all(r.seq.is_finished for r in launched.batch.rows):
+            stopped = sum(r.seq.is_finished for r in launched.batch.rows)
+            self.look_ahead_wasted_rows += stopped
+            if stopped == len(launched.batch.rows):
                 self.scheduler.discard(launched.batch)  # every row stopped or was aborted since
                 launched = None
         if launched is None:
@@ -176,15 +177,16 @@ class LLMEngine:
             if self.speculator is not None:
                 self.speculator.propose(batch)
             logits = self.cache.run(self.model, batch)
-            if self._may_look_ahead(batch):
-                launched = _Launched(batch, self.sampler.pick_sequences(logits, batch.seqs))
         else:
             batch = launched.batch
+        ahead = self._may_look_ahead(batch)
+        if launched is None and ahead:
+            launched = _Launched(batch, self.sampler.pick_sequences(logits, batch.seqs))
         sample_rows = [i for i, r in enumerate(batch.rows) if r.sample]
         sampled: list = [None] * len(batch.rows)
         logprobs: list = [None] * len(batch.rows)
         if launched is not None:
-            if self._may_look_ahead(batch):
+            if ahead:
                 self._pending = self._look_ahead(batch, launched.ids)
             sampled = launched.read()
         elif self.speculator is not None:  # per row: the emitted tokens, a TokenLogprob list
@@ -224,16 +226,14 @@ class LLMEngine:
                         and r.seq.params.logprobs is None for r in batch.rows))
 
     def _look_ahead(self, batch: ScheduledBatch, ids: torch.Tensor) -> "_Launched | None":
-        """Launch the next token of every row of `batch` that goes on whatever id it gets (not finished, and
-        neither max_tokens nor max_model_len stops it at that id), fed with `ids` on the device."""
-        keep = [i for i, r in enumerate(batch.rows) if not r.seq.is_finished
-                and (r.seq.params.max_tokens is None or r.seq.num_output_tokens + 1 < r.seq.params.max_tokens)
-                and r.seq.num_tokens + 1 < self.max_model_len]
-        nxt = self.scheduler.schedule_continuation([batch.rows[i] for i in keep]) if keep else None
+        """Launch the next token of every row of `batch` that goes on whatever id it gets
+        (`Scheduler.schedule_continuation` picks them), fed with its id from `ids` on the device."""
+        nxt = self.scheduler.schedule_continuation(batch.rows)
         if nxt is None:
             return None
-        if len(keep) < len(batch.rows):
-            ids = ids[to_device(torch.tensor(keep, dtype=torch.long), ids.device)]
+        if len(nxt.rows) < len(batch.rows):
+            at = {id(r.seq): i for i, r in enumerate(batch.rows)}
+            ids = ids[to_device(torch.tensor([at[id(r.seq)] for r in nxt.rows], dtype=torch.long), ids.device)]
         logits = self.cache.run(self.model, nxt, input_ids=ids)
         self.look_ahead_steps += 1
         return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))

@@ -37,6 +37,16 @@ import torch
 HOST_SLOTS = os.environ.get("DSV4_HOST_SLOTS", "1") == "1"
 
 
+def _views(flat, layout: list[tuple]) -> dict:
+    """{key: view of `flat` with that shape} for `layout` [(key, shape)], laid out one after the other."""
+    out, at = {}, 0
+    for key, shape in layout:
+        n = math.prod(shape)
+        out[key] = flat[at:at + n].reshape(shape)
+        at += n
+    return out
+
+
 class DecodeStep:
     """Static index buffers of a `size`-row decode batch; `entry_pages[kind]` = table width of each
     entry kind (the context the step can hold: width * page_size * ratio tokens)."""
@@ -54,36 +64,27 @@ class DecodeStep:
             else:
                 self.widths[name] = max(1, entry_pages[name])
         plan = self._slot_plan() if HOST_SLOTS else []
-        total = size + sum(size * w for w in self.widths.values()) + sum(math.prod(shape) for _, shape in plan)
+        # one flat layout, on the device (`_dev`) and on the host (`_image`, what `_dev` must hold after `fill`):
+        # positions, each kind's table [size, width], then the host-computed slot arrays (see HOST_SLOTS)
+        layout = [("pos", (size,))] + [(name, (size, w)) for name, w in self.widths.items()] + plan
+        total = sum(math.prod(shape) for _, shape in layout)
         dev = pools.device
         self._dev = torch.zeros(total, dtype=torch.long, device=dev)
-        self.pos = self._dev[:size]
-        self.tables, o = {}, size
-        for name, w in self.widths.items():
-            self.tables[name] = self._dev[o:o + size * w].view(size, w)
-            o += size * w
-        self._slots, slots_at = {}, o  # host-computed slot arrays: device views (see HOST_SLOTS)
+        self._image = np.empty(total, dtype=np.int64)
+        views, images = _views(self._dev, layout), _views(self._image, layout)
+        self.pos, self._image_pos = views["pos"], images["pos"]
+        self.tables = {name: views[name] for name in self.widths}
+        self._image_tables = {name: images[name] for name in self.widths}
+        for name, table in self._image_tables.items():
+            table[:] = pools.trash[name]
+        self._slots = {key: views[key] for key, _ in plan}
+        self._slot_image = {key: images[key] for key, _ in plan}
         self._rows_keys = [key[:4] for key, _ in plan if key[0] == "rows" and key[-1] == 0]
         self._ratios = [key[1] for key, _ in plan if key[0] == "count"]
-        for key, shape in plan:
-            self._slots[key] = self._dev[o:o + math.prod(shape)].view(shape)
-            o += math.prod(shape)
         self._derived: dict = {}
-        # Host side. `_image` holds what `_dev` must hold after `fill` (positions, then each kind's
-        # table rows); a table row is rewritten only when its pages change (`_row_pages`: the pages
-        # row r holds, [] = all trash: padding rows, and kinds the step's layers never touch).
-        self._image = np.empty(total, dtype=np.int64)
-        self._image_pos = self._image[:size]
-        self._image_tables, o = {}, size
-        for name, w in self.widths.items():
-            self._image_tables[name] = self._image[o:o + size * w].reshape(size, w)
-            self._image_tables[name][:] = pools.trash[name]
-            o += size * w
+        # a table row is rewritten only when its pages change (`_row_pages`: the pages row r holds, [] = all
+        # trash: padding rows, and kinds the step's layers never touch)
         self._row_pages = {name: [[] for _ in range(size)] for name in self.widths}
-        self._slot_image, o = {}, slots_at
-        for key, shape in plan:
-            self._slot_image[key] = self._image[o:o + math.prod(shape)].reshape(shape)
-            o += math.prod(shape)
         self._kinds: dict[bool, list[tuple]] = {}  # mtp -> `_kind_rows`
         # Two pinned staging buffers, used in turn, each with the event of its last copy: the copy to
         # the device does not block, and a buffer is refilled only after its previous copy has run.

@@ -224,12 +224,17 @@ class Scheduler:
 
     def schedule_continuation(self, rows: list[ScheduledSeq]) -> ScheduledBatch | None:
         """One more token for each of `rows` (sampled rows of the one batch in flight, whose ids the host has
-        not seen yet): a decode row at the position after the row's chunk. None, with nothing allocated,
-        unless no sequence waits and the pages of every continuation fit (a look-ahead never preempts)."""
-        if len(self._in_flight) != 1 or self.waiting or not rows:
+        not seen yet) that goes on whatever its id is: a decode row at the position after the row's chunk.
+        Rows of finished sequences, and rows that max_tokens or max_model_len ends at that id, are left out.
+        None, with nothing allocated, unless such rows remain, no sequence waits and the pages of every
+        continuation fit (a look-ahead never preempts)."""
+        if len(self._in_flight) != 1 or self.waiting:
             return None
-        if any(not r.sample or r.num_draft_tokens or r.seq.is_finished for r in rows):
+        if any(not r.sample or r.num_draft_tokens for r in rows):
             raise ValueError("Scheduler.schedule_continuation: only sampled rows without drafts continue")
+        rows = [r for r in rows if not r.seq.is_finished and self._goes_on(r.seq)]
+        if not rows:
+            return None
         # the row's own tokens are not counted as computed yet: its chunk and the next token, from num_computed
         if not self.block_manager.can_allocate_all((r.seq, r.num_tokens + 1) for r in rows):
             return None
@@ -239,6 +244,11 @@ class Scheduler:
             batch.rows.append(ScheduledSeq(r.seq, r.start + r.num_tokens, 1, True))
         self._in_flight.append(batch)
         return batch
+
+    def _goes_on(self, seq: Sequence) -> bool:
+        """Whether one more token (not yet appended) leaves `seq` below max_tokens and max_model_len."""
+        limit = seq.params.max_tokens
+        return (limit is None or seq.num_output_tokens + 1 < limit) and seq.num_tokens + 1 < self.config.max_model_len
 
     def discard(self, batch: ScheduledBatch) -> None:
         """Forget the in-flight `batch` whose every sequence has finished meanwhile (its pages are freed)."""

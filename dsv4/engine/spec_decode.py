@@ -35,7 +35,7 @@ import torch
 
 from ..model.context import ForwardContext, set_forward_context, to_device
 from .outputs import TokenLogprob
-from .sampler import apply_penalties, filter_logits, first_argmax, make_generator
+from .sampler import apply_penalties, filter_logits, first_argmax, make_generator, penalty_histories
 from .scheduler import ScheduledBatch, ScheduledSeq
 from .sequence import Sequence
 
@@ -192,9 +192,7 @@ class MTPSpeculator:
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """(penalised, processed) logits of rows whose output history is extended by `drafted`."""
         params = [s.params for s in seqs]
-        prompts = [s.prompt_token_ids if s.params.has_penalties else [] for s in seqs]
-        outputs = [s.output_token_ids + d if s.params.has_penalties else [] for s, d in zip(seqs, drafted)]
-        penalised = apply_penalties(logits, params, prompts, outputs)
+        penalised = apply_penalties(logits, params, *penalty_histories(seqs, drafted))
         return penalised, filter_logits(penalised, params)
 
     def _state(self, seq: Sequence):
