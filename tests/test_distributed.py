@@ -136,7 +136,12 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts
         res["graph_steps"] = len(model._graphs._steps)
         model._graphs = None
         if (tp, ep) == (2, 2):  # rank 0 drafts and judges; the other rank follows its decisions
+            import dsv4.engine.spec_decode as spec
+            real = spec.first_argmax
+            if rank:  # the other rank's own greedy picks are wrong: only rank 0's (broadcast) may count
+                spec.first_argmax = lambda x: (real(x) + 1) % x.shape[-1]
             res.update(speculative_runs(model, lambda engine, lead: lockstep(engine, ps, lead), rank))
+            spec.first_argmax = real
             res.update(sampled_run(model, lambda engine, lead: lockstep(engine, ps, lead), rank))
         results.append(res)
     torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))

@@ -254,6 +254,50 @@ def test_verify_steps_take_a_graph_bucket(drafter_model, prompts, baseline):
     assert (16, (3, 3, 3, 3)) in steps  # a verify step of 4 sequences x (1 + 2 drafts) in the 16-row bucket
 
 
+PLAIN = [i for i in range(len(LENGTHS)) if i not in (3, 4, 6, 9, 10, 12)]  # request_params: plain greedy
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_drafts_on_the_device_as_on_the_host(drafter_model, prompts, baseline, k, monkeypatch):
+    """Batches of plain greedy rows keep their drafts on the device (`ScheduledBatch.draft_ids`) and read the
+    verdict back once per step. Same tokens as without speculation, and the same drafts, row by row and step by
+    step, as the host path (max_tokens 9-11 gives rows of one batch different draft counts near the end)."""
+    runs, reads = [], [0]
+    real_tolist = torch.Tensor.tolist
+
+    def counting(t):
+        reads[0] += 1
+        return real_tolist(t)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    for on_device in (True, False):
+        engine = make_engine(drafter_model, k)
+        engine.speculator.on_device = on_device
+        drafted, verify = [], engine.speculator.verify
+
+        def recording(batch, logits):
+            on_gpu = batch.draft_ids is not None
+            reads[0] = 0
+            out = verify(batch, logits)
+            if any(r.draft_token_ids for r in batch.rows):
+                assert on_gpu == on_device
+                drafted.append([(r.seq.request_id, r.start, r.draft_token_ids) for r in batch.rows])
+                assert reads[0] == 1 or not on_device  # the verdict: targets and drafts in one read
+            return out
+
+        engine.speculator.verify = recording
+        for i in PLAIN:
+            engine.add_request(f"r{i}", prompts[i], request_params(i))
+        assert_same(drain(engine), baseline, [f"r{i}" for i in PLAIN])
+        assert_all_free(engine)
+        runs.append((drafted, engine.speculator.stats.accepted_histogram))
+    assert runs[0] == runs[1]
+    drafted, histogram = runs[0]
+    assert len(histogram) == k + 1 and min(histogram) > 0  # every accepted length ran
+    if k > 1:
+        assert any(len({len(d) for _, _, d in step}) > 1 for step in drafted)  # rows with different draft counts
+
+
 def test_draft_slots_respect_budget_and_max_model_len(drafter_model, prompts):
     """k=3 but a budget of 3 tokens per step leaves room for 2 drafts; max_model_len cuts the last
     steps shorter still. Output as without speculation, ending exactly at max_model_len."""

@@ -17,7 +17,8 @@ control group (`ParallelState.control_group`, long timeout: a server may idle fo
     or, on every rank:  lockstep(engine, ps, lambda core: ...)
 
 * with speculative decoding, rank 0 alone draws the drafts and judges them (`MTPSpeculator.decide`)
-  and broadcasts the outcome, so every rank runs the same chained MTP rows and state rollbacks.
+  and broadcasts the outcome, so every rank runs the same chained MTP rows and state rollbacks; greedy
+  drafts and verdicts picked on the device are rank 0's by a broadcast of the ids (`MTPSpeculator.share`).
 """
 from __future__ import annotations
 
@@ -58,6 +59,13 @@ def share_decisions(engine, ps: ParallelState) -> None:
     engine.sampler = BroadcastSampler(engine.sampler, ps)
     if getattr(engine, "speculator", None) is not None:
         engine.speculator.decide = lambda fn: broadcast_object(fn() if ps.is_first else None, ps)
+        engine.speculator.share = _rank0_ids
+
+
+def _rank0_ids(ids: torch.Tensor) -> torch.Tensor:
+    """Rank 0's ids in place of this rank's, on the device (queued on the stream, not waited for)."""
+    dist.broadcast(ids, src=0)
+    return ids
 
 
 def _apply(engine, commands: list[tuple]) -> None:

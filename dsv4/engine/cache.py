@@ -94,11 +94,12 @@ class HybridCache:
             states = [self.state_of(row.seq) for row in batch.rows]
             with set_forward_context(ForwardContext([1] * len(states), states, trusted_inputs=True)):
                 return model.compute_logits(model.forward(input_ids, pos))
-        ids, positions, lens, states, last = [], [], [], [], []
+        ids, positions, lens, states, last, drafts = [], [], [], [], [], []
         offset = 0
         for row in batch.rows:
             tokens = row.token_ids  # the chunk, then the row's draft tokens
             ids.extend(tokens)
+            drafts.extend(range(offset + row.num_tokens, offset + len(tokens)))
             positions.extend(range(row.start, row.start + len(tokens)))
             lens.append(len(tokens))
             states.append(self.state_of(row.seq))
@@ -109,7 +110,11 @@ class HybridCache:
         # host tensors: the model checks them on the host and copies them without waiting for the GPU
         input_ids = torch.tensor(ids, dtype=torch.long)
         pos = torch.tensor(positions, dtype=torch.long)
-        with set_forward_context(ForwardContext(lens, states)):
+        trusted = batch.draft_ids is not None
+        if trusted:  # the drafts are argmaxes on the device; the sequences' own tokens were checked on arrival
+            input_ids = to_device(input_ids, dev)
+            input_ids[to_device(torch.tensor(drafts, dtype=torch.long), dev)] = batch.draft_ids
+        with set_forward_context(ForwardContext(lens, states, trusted_inputs=trusted)):
             hidden = model.forward(input_ids, pos)
         if not last:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=dev)

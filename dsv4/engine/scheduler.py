@@ -27,6 +27,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence as Seq
 
+import torch
+
 from dsv4.engine.block_manager import BlockManager
 from dsv4.engine.sequence import Detokenize, Sequence, SequenceStatus
 
@@ -85,6 +87,9 @@ class ScheduledSeq:
 class ScheduledBatch:
     rows: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)  # preempted while building this batch
+    # drafts still on the device (MTPSpeculator.propose's greedy path): every draft of the rows, in row order,
+    # while the rows' draft_token_ids hold placeholders of the same length until the verify reads them back
+    draft_ids: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.rows)

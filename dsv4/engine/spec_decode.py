@@ -87,6 +87,12 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int((probs / noise).argmax())
 
 
+def plain_greedy(seq: Sequence) -> bool:
+    """Greedy without penalties or logprobs: its token is the argmax of the raw logits, nothing read on the host."""
+    p = seq.params
+    return p.greedy and not p.has_penalties and p.logprobs is None
+
+
 def greedy_verify(target_ids: list[int], drafts: list[int]) -> list[int]:
     """target_ids[i]: target argmax at draft position i (k + 1 of them). Returns the emitted tokens:
     the accepted drafts, then the target's token at the first mismatch or the bonus token."""
@@ -178,6 +184,11 @@ class MTPSpeculator:
         # decide(fn) -> fn(): the drafts and the verdicts; across TP/EP ranks rank 0 decides and the others
         # receive its result (dsv4.distributed.engine), so every rank runs the same chained rows and rollbacks
         self.decide: Callable[[Callable[[], T]], T] = lambda fn: fn()
+        # share(ids) -> ids: the same for ids picked on the device (rank 0's, broadcast in place)
+        self.share: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids
+        # batches whose sampled rows are all plain greedy keep their drafts on the device: one read-back per step
+        # (the verdict) instead of one per draft and one for the verdict
+        self.on_device = True
 
     # ---- helpers -----------------------------------------------------------------------------
     def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator | None:
@@ -213,16 +224,46 @@ class MTPSpeculator:
                           row.seq.request_id, row.start)
                 continue
             chains.append(_Chain(row, state, seed.residual, seed.logits))
-        everyone, live = list(chains), chains
-        while live:
-            for c, d in zip(live, self.decide(lambda: self._draw(live))):
-                c.row.draft_token_ids.append(d)
-            live = [c for c in live if len(c.row.draft_token_ids) < c.row.num_draft_tokens]
-            if live:
-                self._chain(live)
-        for c in everyone:
+        if chains and self.on_device and all(plain_greedy(r.seq) for r in batch.rows if r.sample):
+            batch.draft_ids = self._draw_on_device(chains)
+        else:
+            live = chains
+            while live:
+                for c, d in zip(live, self.decide(lambda: self._draw(live))):
+                    c.row.draft_token_ids.append(d)
+                live = [c for c in live if len(c.row.draft_token_ids) < c.row.num_draft_tokens]
+                if live:
+                    dev = live[0].residual.device
+                    self._chain(live, to_device(torch.tensor([c.row.draft_token_ids[-1] for c in live]), dev))
+        for c in chains:
             if c.chained:
                 c.state.mtp.truncate(c.chained)
+
+    def _draw_on_device(self, chains: list[_Chain]) -> torch.Tensor:
+        """Every chain's drafts as argmaxes left on the device, flat in row order (`ScheduledBatch.draft_ids`);
+        the rows' draft_token_ids get placeholders (0) of the right length."""
+        rounds, members, live = [], [], list(range(len(chains)))  # round j: drafts of the chains live in it
+        while live:
+            picked = self.share(first_argmax(torch.stack([chains[i].logits for i in live])))
+            rounds.append(picked)
+            members.append(live)
+            for i in live:
+                chains[i].row.draft_token_ids.append(0)
+            going = [j for j, i in enumerate(live)
+                     if len(chains[i].row.draft_token_ids) < chains[i].row.num_draft_tokens]
+            live = [live[j] for j in going]
+            if live:
+                ids = picked if len(going) == len(picked) else picked[to_device(torch.tensor(going), picked.device)]
+                self._chain([chains[i] for i in live], ids)
+        flat = torch.cat(rounds) if len(rounds) > 1 else rounds[0]
+        if len(rounds) == 1:
+            return flat
+        where, base = {}, 0  # (chain, round) -> index in flat
+        for j, ids in enumerate(members):
+            where.update({(i, j): base + n for n, i in enumerate(ids)})
+            base += len(ids)
+        order = [where[i, j] for i, c in enumerate(chains) for j in range(len(c.row.draft_token_ids))]
+        return flat[to_device(torch.tensor(order), flat.device)]
 
     def _draw(self, live: list[_Chain]) -> list[int]:
         """The next draft of each chain (sampled rows keep their draft distribution q for `verify`)."""
@@ -240,10 +281,10 @@ class MTPSpeculator:
                 self._q.setdefault(id(c.row), []).append(q)
         return drafts
 
-    def _chain(self, chains: list[_Chain]) -> None:
-        """One chained MTP row per chain: its residual, its last draft, at the draft's position - 1."""
+    def _chain(self, chains: list[_Chain], ids: torch.Tensor) -> None:
+        """One chained MTP row per chain: its residual, its last draft (`ids`, on the device), at the draft's
+        position - 1."""
         dev = chains[0].residual.device
-        ids = to_device(torch.tensor([c.row.draft_token_ids[-1] for c in chains], dtype=torch.long), dev)
         pos = to_device(torch.tensor([c.row.start + len(c.row.draft_token_ids) - 1 for c in chains],
                                      dtype=torch.long), dev)
         # drafts are vocabulary ids and the positions our own bookkeeping: nothing to read back
@@ -263,7 +304,10 @@ class MTPSpeculator:
         widths = [1 + len(batch.rows[i].draft_token_ids) for i in picked]
         if logits.shape[0] != sum(widths):
             raise RuntimeError(f"speculative verify: {logits.shape[0]} logit rows for {sum(widths)} positions")
-        tokens, logprobs = self.decide(lambda: self._judge(batch, logits, picked, widths))
+        if batch.draft_ids is not None:
+            tokens, logprobs = self._judge_on_device(batch, logits, picked, widths), [None] * len(batch.rows)
+        else:
+            tokens, logprobs = self.decide(lambda: self._judge(batch, logits, picked, widths))
         for i in picked:
             drafts, state = batch.rows[i].draft_token_ids, self._state(batch.rows[i].seq)
             accepted = len(tokens[i]) - 1
@@ -272,6 +316,24 @@ class MTPSpeculator:
             if drafts:
                 self.stats.record(len(drafts), accepted)
         return tokens, logprobs
+
+    def _judge_on_device(self, batch: ScheduledBatch, logits: torch.Tensor, picked: list[int], widths: list[int]
+                         ) -> list[list[int] | None]:
+        """Greedy verdicts of a batch whose drafts are on the device: the target argmaxes and the drafts come
+        back in one read, the drafts replace the rows' placeholders, then `greedy_verify` as on the host."""
+        targets = self.share(first_argmax(logits))
+        host = torch.cat([targets, batch.draft_ids]).tolist()
+        drafts = host[len(targets):]
+        for row in batch.rows:
+            n = len(row.draft_token_ids)
+            row.draft_token_ids, drafts = drafts[:n], drafts[n:]
+        batch.draft_ids = None
+        tokens: list[list[int] | None] = [None] * len(batch.rows)
+        start = 0
+        for i, w in zip(picked, widths):
+            tokens[i] = greedy_verify(host[start: start + w], batch.rows[i].draft_token_ids)
+            start += w
+        return tokens
 
     def _judge(self, batch: ScheduledBatch, logits: torch.Tensor, picked: list[int], widths: list[int]
                ) -> tuple[list[list[int] | None], list[list[TokenLogprob] | None]]:
