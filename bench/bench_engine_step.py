@@ -9,10 +9,12 @@ as many steps again under Python's profiler: their time, the part the host waits
 rest goes (listed for the last engine of each batch size).
 
     python bench/bench_engine_step.py [--layers 8] [--batches 1,8] [--prompt 4096] [--steps 32] [--top 25]
-                                      [--overlap off|on|both] [--speculative N]
+                                      [--overlap off|on|both] [--speculative N] [--drafts device|host|both]
 
 It prints the GPU's copy bandwidth and bf16 matmul peak measured first, and per row the roofline (the bytes a
-step reads at that bandwidth). `--speculative N`: MTP with N drafts (random weights accept few: the cost side).
+step reads at that bandwidth). `--speculative N`: MTP with N drafts (random weights accept few: the cost side);
+`--drafts`: greedy drafts and verdicts picked on the device, one read-back per step (`MTPSpeculator.on_device`),
+or on the host as sampled rows are.
 `--smoke`: a tiny config with random weights on the CPU (torch kernels, no graphs), to check the script itself
 (tests/test_bench_parallel_smoke.py).
 """
@@ -65,7 +67,7 @@ def _host_share(prof: cProfile.Profile, steps: int, top: int) -> tuple[float, st
     return wait * 1e3 / steps, body
 
 
-def run_batch(model, cfg, batch: int, overlap: bool, args) -> dict:
+def run_batch(model, cfg, batch: int, overlap: bool, args, drafts: str = "device") -> dict:
     from dsv4.engine.llm_engine import EngineConfig, LLMEngine
     from dsv4.engine.sampling_params import SamplingParams
     sys.path.insert(0, os.path.dirname(__file__))
@@ -81,6 +83,8 @@ def run_batch(model, cfg, batch: int, overlap: bool, args) -> dict:
     engine = LLMEngine(model, cfg, None, EngineConfig(
         max_num_seqs=batch, max_num_batched_tokens=budget, max_model_len=longest, cache=pools, overlap=overlap,
         speculative="mtp" if args.speculative else None, num_draft_tokens=max(1, args.speculative)))
+    if engine.speculator is not None:
+        engine.speculator.on_device = drafts == "device"
     g = torch.Generator().manual_seed(batch)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     for i in range(batch):
@@ -112,7 +116,8 @@ def run_batch(model, cfg, batch: int, overlap: bool, args) -> dict:
     del engine
     if cuda:
         torch.cuda.empty_cache()
-    return {"batch": batch, "overlap": overlap, "tokens": tokens_per_step, "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
+    return {"batch": batch, "overlap": overlap, "drafts": drafts if args.speculative else "", "tokens": tokens_per_step,
+            "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
             "replay_ms": replay, "profiled_ms": profiled_ms, "wait_ms": wait_ms, "top": top}
 
 
@@ -140,6 +145,8 @@ def main() -> None:
     p.add_argument("--speculative", type=int, default=0,
                    help="MTP draft tokens per step (0: none); random weights accept few drafts, so this times the "
                         "steps' cost, not MTP's gain")
+    p.add_argument("--drafts", default="device", choices=["device", "host", "both"],
+                   help="with --speculative: greedy drafts and verdicts picked on the device or on the host")
     p.add_argument("--smoke", action="store_true", help="embedded model's shapes on the CPU (checks the script)")
     args = p.parse_args()
     model, cfg = _model(args)
@@ -148,19 +155,22 @@ def main() -> None:
     print(f"{gpu}, {len(cfg.layers)} layers, prompt {args.prompt}, {args.steps} timed decode steps per batch")
     copy = _ceilings(cuda)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-    rows = [run_batch(model, cfg, int(b), o, args) for b in args.batches.split(",") for o in modes]
+    paths = ["device", "host"] if args.drafts == "both" else [args.drafts]
+    modes = [(o, d) for o in modes for d in paths]
+    rows = [run_batch(model, cfg, int(b), o, args, d) for b in args.batches.split(",") for o, d in modes]
     from bench_parallel import _decode_roof_bytes
     print("B | overlap | tokens per row and step | engine step ms (median / mean) | roofline ms (x) | graph replay "
           "ms | profiled step ms: all / waiting for the GPU / host busy")
     for r in rows:
         roof = _decode_roof_bytes(model, r["batch"], args.prompt) / copy * 1e3 if copy else float("nan")
-        print(f"{r['batch']} | {'on' if r['overlap'] else 'off'} | {r['tokens']:.2f} | "
+        print(f"{r['batch']} | {'on' if r['overlap'] else 'off'}{' ' + r['drafts'] if r['drafts'] else ''} | "
+              f"{r['tokens']:.2f} | "
               f"{r['median_ms']:.3f} / {r['mean_ms']:.3f} | "
               f"{roof:.3f} ({r['median_ms'] / roof:.2f}) | {r['replay_ms']:.3f} | {r['profiled_ms']:.3f} / "
               f"{r['wait_ms']:.3f} / {r['profiled_ms'] - r['wait_ms']:.3f}")
     for r in rows[len(modes) - 1::len(modes)]:
-        print(f"--- B = {r['batch']}, overlap {'on' if r['overlap'] else 'off'}: where the profiled steps' host "
-              f"time goes")
+        print(f"--- B = {r['batch']}, overlap {'on' if r['overlap'] else 'off'} {r['drafts']}: where the profiled "
+              f"steps' host time goes")
         print(r["top"])
 
 

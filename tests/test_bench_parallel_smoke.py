@@ -46,3 +46,15 @@ def test_bench_engine_step_smoke():
     assert [(r[0], r[1], r[2]) for r in rows] == [("1", "off", "1.00"), ("1", "on", "1.00"), ("2", "off", "1.00"),
                                                   ("2", "on", "1.00")]
     assert "where the profiled steps' host time goes" in run.stdout
+
+
+def test_bench_engine_step_speculative_smoke():
+    """With MTP drafts: both draft paths (device / host) at one batch size."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_engine_step.py"), "--smoke", "--batches", "2",
+                          "--prompt", "20", "--steps", "3", "--top", "4", "--overlap", "on", "--speculative", "1",
+                          "--drafts", "both"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
+    assert [(r[0], r[1]) for r in rows] == [("2", "on device"), ("2", "on host")]
+    assert all(float(r[2]) >= 1.0 for r in rows)
