@@ -15,8 +15,8 @@ It prints the GPU's copy bandwidth and bf16 matmul peak measured first, and per 
 step reads at that bandwidth). `--speculative N`: MTP with N drafts (random weights accept few: the cost side);
 `--drafts`: greedy drafts and verdicts picked on the device, one read-back per step (`MTPSpeculator.on_device`),
 or on the host as sampled rows are.
-`--smoke`: a tiny config with random weights on the CPU (torch kernels, no graphs), to check the script itself
-(tests/test_bench_parallel_smoke.py).
+`--timeline`: per mode, where the GPU idles (bench/engine_timeline.py). `--smoke`: a tiny config with random
+weights on the CPU (torch kernels, no graphs), to check the script itself (tests/test_bench_parallel_smoke.py).
 """
 from __future__ import annotations
 
@@ -111,6 +111,9 @@ def run_batch(model, cfg, batch: int, overlap: bool, args, drafts: str = "device
     prof.disable()
     profiled_ms = (time.perf_counter() - t) * 1e3 / args.steps
     wait_ms, top = _host_share(prof, args.steps, args.top)
+    if args.timeline:
+        from engine_timeline import timeline
+        top = timeline(engine, args.steps) + "\n" + top
     for rid in list(engine.scheduler.requests):
         engine.abort_request(rid)
     del engine
@@ -147,6 +150,8 @@ def main() -> None:
                         "steps' cost, not MTP's gain")
     p.add_argument("--drafts", default="device", choices=["device", "host", "both"],
                    help="with --speculative: greedy drafts and verdicts picked on the device or on the host")
+    p.add_argument("--timeline", action="store_true",
+                   help="also profile the steps (torch profiler): per engine part, host ms and GPU idle ms")
     p.add_argument("--smoke", action="store_true", help="embedded model's shapes on the CPU (checks the script)")
     args = p.parse_args()
     model, cfg = _model(args)
@@ -168,7 +173,7 @@ def main() -> None:
               f"{r['median_ms']:.3f} / {r['mean_ms']:.3f} | "
               f"{roof:.3f} ({r['median_ms'] / roof:.2f}) | {r['replay_ms']:.3f} | {r['profiled_ms']:.3f} / "
               f"{r['wait_ms']:.3f} / {r['profiled_ms'] - r['wait_ms']:.3f}")
-    for r in rows[len(modes) - 1::len(modes)]:
+    for r in rows if args.timeline else rows[len(modes) - 1::len(modes)]:
         print(f"--- B = {r['batch']}, overlap {'on' if r['overlap'] else 'off'} {r['drafts']}: where the profiled "
               f"steps' host time goes")
         print(r["top"])

@@ -49,12 +49,13 @@ def test_bench_engine_step_smoke():
 
 
 def test_bench_engine_step_speculative_smoke():
-    """With MTP drafts: both draft paths (device / host) at one batch size."""
+    """With MTP drafts: both draft paths (device / host) at one batch size, and the engine-part timeline."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_engine_step.py"), "--smoke", "--batches", "2",
                           "--prompt", "20", "--steps", "3", "--top", "4", "--overlap", "on", "--speculative", "1",
-                          "--drafts", "both"], env=env, capture_output=True, text=True, timeout=300)
+                          "--drafts", "both", "--timeline"], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
     assert [(r[0], r[1]) for r in rows] == [("2", "on device"), ("2", "on host")]
     assert all(float(r[2]) >= 1.0 for r in rows)
+    assert run.stdout.count("GPU idle") >= 2 and "speculator.verify" in run.stdout  # the timeline of each mode
