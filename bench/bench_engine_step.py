@@ -76,7 +76,7 @@ def run_batch(model, cfg, batch: int, overlap: bool, args, drafts: str = "device
     from dsv4.engine.cache import CacheConfig
     # every request decodes through the timed and profiled steps (the first ones start while later ones prefill)
     budget = max(args.prompt, 8192)
-    new_tokens = 2 * args.steps + 16 + -(-batch * args.prompt // budget)
+    new_tokens = (3 if args.timeline else 2) * args.steps + 16 + -(-batch * args.prompt // budget)
     longest = args.prompt + new_tokens
     pools = CacheConfig.for_capacity(cfg, max_num_seqs=batch, max_model_len=longest, total_tokens=batch * longest,
                                      kv_dtype="fp8" if cuda else "auto")  # every request at full length: no preemption
