@@ -143,23 +143,10 @@ def sweep_rows(model: str, ms: list[int], cap: int) -> list[dict]:
             else:
                 mma = pick_linear_config(m, n, k)
                 t_mma = graph_us([lambda w=w, s=s: fp8_linear(x, w, s, config=mma) for w, s in zip(ws, ss)])
-            def gemv_us(cfg, deferred):
-                try:
-                    return graph_us([lambda w=w, s=s: fp8_gemv(x, w, s, groups=groups, quant_x=groups == 1, config=cfg,
-                                                               deferred=deferred) for w, s in zip(ws, ss)])
-                except ValueError:  # a config that does not tile this shape
-                    return float("inf")
-            t_gemv = gemv_us(picked, False)
-            # the deferred K sum (fp8_gemv.DEFERRED) at the pick and a few wider / longer tiles
-            tried = {f"{c.bn}x{c.ku}w{c.num_warps}": gemv_us(c, True) for c in
-                     [picked, *(GemvConfig(bn, ku, 0, nw) for bn, ku, nw in ((32, 4, 4), (16, 8, 4), (64, 2, 4),
-                                                                             (32, 2, 4), (16, 4, 8)))]}
-            best = min(tried, key=tried.get)
-            rows.append(dict(model=model, name=name, m=m, gemm_us=t_mma, gemv_us=t_gemv, gemv=str(picked),
-                             deferred_us=tried))
-            at_pick = tried[f"{picked.bn}x{picked.ku}w{picked.num_warps}"]
-            print(f"{model} {name:12s} M={m}  gemm {t_mma:6.2f}  gemv {t_gemv:6.2f} µs ({picked.bn} x {picked.ku})  "
-                  f"deferred {at_pick:6.2f}  best deferred {tried[best]:6.2f} ({best})", flush=True)
+            t_gemv = graph_us([lambda w=w, s=s: fp8_gemv(x, w, s, groups=groups, quant_x=groups == 1, config=picked)
+                               for w, s in zip(ws, ss)])
+            rows.append(dict(model=model, name=name, m=m, gemm_us=t_mma, gemv_us=t_gemv, gemv=str(picked)))
+            print(f"{model} {name:12s} M={m}  gemm {t_mma:6.2f}  gemv {t_gemv:6.2f} µs ({picked.bn} x {picked.ku})", flush=True)
         del ws, ss
         torch.cuda.empty_cache()
     return rows

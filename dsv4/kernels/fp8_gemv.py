@@ -28,7 +28,6 @@ from dsv4.kernels.fp8_linear import _scale_operand
 from dsv4.kernels.linear_config import GEMV_MAX_ROWS, GemvConfig, gemv_split  # noqa: F401 (re-exported)
 
 BLOCK = 128
-DEFERRED = False  # opt-in (session 22 A/B): `fp8_gemv(deferred=...)`
 
 
 if HAS_TRITON:
@@ -41,7 +40,7 @@ if HAS_TRITON:
         M, N, ROWS_PER_GROUP, stride_xm, stride_xg, stride_wn, stride_swn, KB_PER_SPLIT,
         MR: tl.constexpr, BN: tl.constexpr, KU: tl.constexpr, QUANT_X: tl.constexpr, SW_E8M0: tl.constexpr,
         SPLIT_OUT: tl.constexpr, OUT_F32: tl.constexpr, PREFETCH: tl.constexpr, ROUND_W: tl.constexpr,
-        INTERP: tl.constexpr, DEFER: tl.constexpr,
+        INTERP: tl.constexpr,
     ):
         BK: tl.constexpr = 128
         pid_n = tl.program_id(0)
@@ -59,12 +58,6 @@ if HAS_TRITON:
             prefetch_l2(W + kb0 * BK, rows.to(tl.int64) * stride_wn, tl.minimum(KB_PER_SPLIT, PREFETCH) * BK)
         pdl_wait()
         acc = tl.zeros((MR, BN), dtype=tl.float32)
-        # DEFER: per row a [BN, 128] accumulator of products whose scales were folded into x, reduced along K
-        # once at the end (no cross-lane sum per K step)
-        acc0 = tl.zeros((BN, BK), dtype=tl.float32)
-        acc1 = tl.zeros((BN, BK), dtype=tl.float32)
-        acc2 = tl.zeros((BN, BK), dtype=tl.float32)
-        acc3 = tl.zeros((BN, BK), dtype=tl.float32)
         for kb in range(kb0, kb0 + KB_PER_SPLIT, KU):
             w = tl.load(w_ptrs + kb * BK)
             sw = tl.load(SW + kb + ku)
@@ -83,35 +76,11 @@ if HAS_TRITON:
                     s, inv = _pow2_scale(amax)
                     x = tl.clamp(x * inv[:, None], -448.0, 448.0).to(tl.float8e4nv).to(tl.float32)
                     swr = sw * s
-                if DEFER:
-                    if not ROUND_W:  # powers of two (E8M0 weight scale, activation scale): exact in fp32
-                        x = x * swr[:, None]
-                    contrib = tl.sum(wf * x[None, :, :], axis=1)  # [BN, 128]: along the KU blocks, in-thread
-                    if r == 0:
-                        acc0 += contrib
-                    elif r == 1:
-                        acc1 += contrib
-                    elif r == 2:
-                        acc2 += contrib
-                    else:
-                        acc3 += contrib
+                part = tl.sum(wf * x[None, :, :], axis=2)  # [BN, KU]: exact products, fp32 sums
+                if ROUND_W:
+                    val = tl.sum(part, axis=1)
                 else:
-                    part = tl.sum(wf * x[None, :, :], axis=2)  # [BN, KU]: exact products, fp32 sums
-                    if ROUND_W:
-                        val = tl.sum(part, axis=1)
-                    else:
-                        val = tl.sum(part * swr[None, :], axis=1)
-                    acc += tl.where(mrow[:, None] == r, val[None, :], 0.0)
-        if DEFER:
-            for r in tl.static_range(MR):
-                if r == 0:
-                    val = tl.sum(acc0, axis=1)
-                elif r == 1:
-                    val = tl.sum(acc1, axis=1)
-                elif r == 2:
-                    val = tl.sum(acc2, axis=1)
-                else:
-                    val = tl.sum(acc3, axis=1)
+                    val = tl.sum(part * swr[None, :], axis=1)
                 acc += tl.where(mrow[:, None] == r, val[None, :], 0.0)
         mask = (mrow < M)[:, None]
         c_ptrs = C + mrow[:, None] * N + rows[None, :]
@@ -128,11 +97,9 @@ if HAS_TRITON:
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, groups: int = 1,
              quant_x: bool = True, out_dtype: torch.dtype = torch.bfloat16,
-             config: GemvConfig | None = None, deferred: bool | None = None) -> torch.Tensor:
+             config: GemvConfig | None = None) -> torch.Tensor:
     """A few rows (<= GEMV_MAX_ROWS): x bf16 [..., K] (groups == 1) or [..., G, K] -> [..., N] / [..., G, N // G].
-    quant_x: FP8 x FP8 block linear (`fp8_linear_ref`); False: W8A16 (`grouped_linear_w8a16_ref`).
-    deferred (None: DEFERRED): the scales go into the activation and each row's K sum is taken once at the end
-    (another fp32 summation order; float32 weight scales then round x * scale, within fp32 rounding)."""
+    quant_x: FP8 x FP8 block linear (`fp8_linear_ref`); False: W8A16 (`grouped_linear_w8a16_ref`)."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.fp8_gemv needs triton")
     cfg = config or GemvConfig()
@@ -156,8 +123,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, grou
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     common = dict(MR=triton.next_power_of_2(m), BN=cfg.bn, KU=cfg.ku, QUANT_X=quant_x, SW_E8M0=e8,
                   OUT_F32=out_dtype == torch.float32, PREFETCH=weight_prefetch_kblocks(),
-                  ROUND_W=not (quant_x or e8), INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=1,
-                  DEFER=DEFERRED if deferred is None else deferred)
+                  ROUND_W=not (quant_x or e8), INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=1)
     args = (m, n, n // groups, x3.stride(0), x3.stride(1), weight.stride(0), sw.stride(0), kblocks // split)
     if split == 1:
         _fp8_gemv_kernel[(tiles, 1)](x3, weight, sw, out, out, out, *args, SPLIT_OUT=False, **common)

@@ -30,7 +30,7 @@ def _weight(n: int, k: int, gen: torch.Generator, scale_dtype: str):
 CONFIGS = [(32, 4, 0, 4), (16, 2, 1, 4), (64, 4, 2, 8), (16, 8, 0, 4)]  # bn, ku, split (0 = auto), warps
 
 
-def _linear_case(m, n, k, cfg, scale_dtype, poison, close_bf16, deferred=None):
+def _linear_case(m, n, k, cfg, scale_dtype, poison, close_bf16):
     from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv
     from dsv4.kernels.fp8_linear import fp8_linear_ref
 
@@ -43,8 +43,8 @@ def _linear_case(m, n, k, cfg, scale_dtype, poison, close_bf16, deferred=None):
     ref = fp8_linear_ref(x, w, s)
     for _ in range(2):  # the second launch reuses the split-K counters the first one reset
         poison()
-        close_bf16(fp8_gemv(x, w, s, config=config, deferred=deferred), ref, what=f"gemv {n}x{k} {config}")
-    y32 = fp8_gemv(x, w, s, config=config, out_dtype=torch.float32, deferred=deferred)
+        close_bf16(fp8_gemv(x, w, s, config=config), ref, what=f"gemv {n}x{k} {config}")
+    y32 = fp8_gemv(x, w, s, config=config, out_dtype=torch.float32)
     assert y32.dtype == torch.float32
     close_bf16(y32.to(torch.bfloat16), ref, what="fp32 out")
 
@@ -65,19 +65,9 @@ def test_gemv_rows(m, n, k, cfg, poison, close_bf16):
     _linear_case(m, n, k, cfg, "e8m0", poison, close_bf16)
 
 
-@pytest.mark.parametrize("n,k", [(1536, 4096), (4096, 1024)])
-@pytest.mark.parametrize("cfg", [(16, 4, 0, 4), (32, 2, 2, 4)])
-@pytest.mark.parametrize("scale_dtype", ["e8m0", "float32"])
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
-def test_gemv_deferred_sum(m, n, k, cfg, scale_dtype, poison, close_bf16):
-    """The deferred K sum (scales folded into the activation, one reduction per row at the end)."""
-    _linear_case(m, n, k, cfg, scale_dtype, poison, close_bf16, deferred=True)
-
-
-@pytest.mark.parametrize("deferred", [False, True])
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("m,scale_dtype", [(1, "e8m0"), (2, "float32"), (3, "e8m0")])
-def test_gemv_is_the_grouped_w8a16(cfg, m, scale_dtype, deferred, poison, close_bf16):
+def test_gemv_is_the_grouped_w8a16(cfg, m, scale_dtype, poison, close_bf16):
     from dsv4.kernels.fp8_gemv import GemvConfig, fp8_gemv
     from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16_ref
 
@@ -88,7 +78,7 @@ def test_gemv_is_the_grouped_w8a16(cfg, m, scale_dtype, deferred, poison, close_
     if scale_dtype == "float32":  # not powers of two: each weight rounds to bf16 as w * S (the reference's)
         s = s * (1 + torch.rand(s.shape, generator=gen, device=DEV))
     poison()
-    y = fp8_gemv(x, w, s, groups=g, quant_x=False, config=GemvConfig(*cfg), deferred=deferred)
+    y = fp8_gemv(x, w, s, groups=g, quant_x=False, config=GemvConfig(*cfg))
     close_bf16(y, grouped_linear_w8a16_ref(x, w, s), what=f"grouped gemv {cfg}")
 
 
