@@ -10,11 +10,14 @@ rest goes (listed for the last engine of each batch size).
 
     python bench/bench_engine_step.py [--layers 8] [--batches 1,8] [--prompt 4096] [--steps 32] [--top 25]
                                       [--overlap off|on|both] [--speculative N] [--drafts device|host|both]
+                                      [--repeat R] [--timeline]
 
 It prints the GPU's copy bandwidth and bf16 matmul peak measured first, and per row the roofline (the bytes a
 step reads at that bandwidth). `--speculative N`: MTP with N drafts (random weights accept few: the cost side);
 `--drafts`: greedy drafts and verdicts picked on the device, one read-back per step (`MTPSpeculator.on_device`),
 or on the host as sampled rows are.
+`--repeat R`: R rounds of the modes, alternating, and each mode's median over them (A/Bs on a noisy host; no
+profile then).
 `--timeline`: per mode, where the GPU idles (bench/engine_timeline.py). `--smoke`: a tiny config with random
 weights on the CPU (torch kernels, no graphs), to check the script itself (tests/test_bench_parallel_smoke.py).
 """
@@ -104,13 +107,16 @@ def run_batch(model, cfg, batch: int, overlap: bool, args, drafts: str = "device
             raise RuntimeError(f"decode step gave {made} tokens for {batch} requests")
     tokens_per_step = (engine.generation_tokens_total - first) / args.steps / batch
     replay = _replay_ms(model, 20) if cuda else 0.0  # this batch's bucket: the last one launched
-    prof, t = cProfile.Profile(), time.perf_counter()
-    prof.enable()
-    for _ in range(args.steps):  # the same number of steps again, profiled
-        engine.step()
-    prof.disable()
-    profiled_ms = (time.perf_counter() - t) * 1e3 / args.steps
-    wait_ms, top = _host_share(prof, args.steps, args.top)
+    profiled_ms = wait_ms = float("nan")
+    top = ""
+    if args.repeat == 1:  # rounds of an A/B skip the profile
+        prof, t = cProfile.Profile(), time.perf_counter()
+        prof.enable()
+        for _ in range(args.steps):  # the same number of steps again, profiled
+            engine.step()
+        prof.disable()
+        profiled_ms = (time.perf_counter() - t) * 1e3 / args.steps
+        wait_ms, top = _host_share(prof, args.steps, args.top)
     if args.timeline:
         from engine_timeline import timeline
         top = timeline(engine, args.steps) + "\n" + top
@@ -150,6 +156,7 @@ def main() -> None:
                         "steps' cost, not MTP's gain")
     p.add_argument("--drafts", default="device", choices=["device", "host", "both"],
                    help="with --speculative: greedy drafts and verdicts picked on the device or on the host")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of the modes per batch size (alternating)")
     p.add_argument("--timeline", action="store_true",
                    help="also profile the steps (torch profiler): per engine part, host ms and GPU idle ms")
     p.add_argument("--smoke", action="store_true", help="embedded model's shapes on the CPU (checks the script)")
@@ -162,7 +169,8 @@ def main() -> None:
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     paths = ["device", "host"] if args.drafts == "both" else [args.drafts]
     modes = [(o, d) for o in modes for d in paths]
-    rows = [run_batch(model, cfg, int(b), o, args, d) for b in args.batches.split(",") for o, d in modes]
+    rows = [run_batch(model, cfg, int(b), o, args, d) for b in args.batches.split(",")
+            for _ in range(args.repeat) for o, d in modes]
     from bench_parallel import _decode_roof_bytes
     print("B | overlap | tokens per row and step | engine step ms (median / mean) | roofline ms (x) | graph replay "
           "ms | profiled step ms: all / waiting for the GPU / host busy")
@@ -173,7 +181,15 @@ def main() -> None:
               f"{r['median_ms']:.3f} / {r['mean_ms']:.3f} | "
               f"{roof:.3f} ({r['median_ms'] / roof:.2f}) | {r['replay_ms']:.3f} | {r['profiled_ms']:.3f} / "
               f"{r['wait_ms']:.3f} / {r['profiled_ms'] - r['wait_ms']:.3f}")
-    for r in rows if args.timeline else rows[len(modes) - 1::len(modes)]:
+    if args.repeat > 1:  # modes alternate within a batch size: each one's median of its rounds' medians
+        print(f"B | mode | engine step ms, median of {args.repeat} rounds (each round's median)")
+        for b in args.batches.split(","):
+            for o, d in modes:
+                ms = [r["median_ms"] for r in rows if r["batch"] == int(b) and (r["overlap"], r["drafts"] or "device")
+                      == (o, d)]
+                print(f"{b} | {'on' if o else 'off'}{' ' + d if args.speculative else ''} | "
+                      f"{statistics.median(ms):.3f} ({' '.join(f'{v:.3f}' for v in ms)})")
+    for r in rows if args.timeline else rows[len(modes) - 1::len(modes)] if args.repeat == 1 else []:
         print(f"--- B = {r['batch']}, overlap {'on' if r['overlap'] else 'off'} {r['drafts']}: where the profiled "
               f"steps' host time goes")
         print(r["top"])

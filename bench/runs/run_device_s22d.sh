@@ -1,4 +1,5 @@
 #!/bin/bash
+# Measured in session 22 (docs/benchmarks.md "Session 22"): the deferred sum lost at every M > 1; the variant was removed.
 # Session 22, one H200: the GEMV's deferred K sum (fp8_gemv.DEFERRED, scales folded into the activation) for the
 # 2-4 row linears of a speculative verify step: GPU tests, then the Flash linears at M = 1..4 (GEMM, GEMV, deferred).
 source bench/runs/lib.sh
