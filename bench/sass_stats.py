@@ -27,11 +27,8 @@ ATTN_T = dict(Q="*bf16", POS="*i32", COS="*fp32", SIN="*fp32", SINK="*fp32", OUT
               WQ="*fp8e4nv", WS="*u8", WR="*bf16", WTAB="*i32", CQ="*fp8e4nv", CS="*u8", CR="*bf16", CTAB="*i32",
               CIDX="*i32", CCNT="*i32", scale="fp32")
 ATTN_C = dict(HD=512, NOPE=448, BH=16, BN=16, ROT=False, INTERP=False, SPLIT=True, WIN=128)
-MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL", "NORM_W", "U", "NORMED")} \
-    | {n: "*fp32" for n in ("POST", "COMB", "PART", "SQ", "BASE", "SCALE", "POUT", "COUT")} \
-    | dict(CNT="*i32", hc_eps="fp32", norm_eps="fp32")
-MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False, FINISH=False, HEAD=False, HAS_NORM=False,
-             ITERS=1, SP=2, BD=16)
+MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL")} | {n: "*fp32" for n in ("POST", "COMB", "PART", "SQ")}
+MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False)
 
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
 CASES = {
@@ -60,9 +57,8 @@ CASES = {
                       ("D", "d_per_split", "HCD")),
     "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel",
                    dict(XQ="*fp16", SX="*fp32", IDS="*i32", BLK="*i32", TOPK_W="*fp32", W="*u8", WS="*u8", Z="*fp16",
-                        ZS="*fp32", ZQ="*fp16", P="*fp32", CNT="*i32", QCNT="*i32", limit="fp32"),
-                   dict(BN=64, U=2, KD=1, QUANT_OUT=False, USE_ASM=True, SPLIT=True, PREFETCH=0, FUSE_Q=False,
-                        X_BF16=False, G=1, NC=16), 4, 3,
+                        ZS="*fp32", P="*fp32", CNT="*i32", limit="fp32"),
+                   dict(BN=64, U=2, KD=1, QUANT_OUT=False, USE_ASM=True, SPLIT=True, PREFETCH=0, G=1, NC=16), 4, 3,
                    ("I", "K", "stride_x", "stride_sx", "stride_we", "stride_wn", "stride_wse", "stride_z",
                     "stride_ps", "stride_pp")),
     "attn_combine": ("attention", "_combine_wide_kernel",
@@ -93,9 +89,8 @@ CASES = {
                  ("stride_p", "stride_s", "stride_o", "stride_n")),
     "moe_down_b1": ("moe_gemv", "_mma_down_kernel",
                     dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u8", Y="*bf16", P="*fp32",
-                         CNT="*i32", OUT="*bf16", SH="*bf16", TCNT="*i32"),
-                    dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, COMBINE=False, HAS_SHARED=False,
-                         G=1, NC=16), 4, 3,
+                         CNT="*i32"),
+                    dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, G=1, NC=16), 4, 3,
                     ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")),
 }
 

@@ -1,7 +1,7 @@
 """mHC kernels (spec §2.2, §2.10): pre (RMS-scaled mix + Sinkhorn + collapse), post (expand + mix),
 post(prev) fused with pre(next), and the HC head — each beside a torch reference of the same signature.
 
-Two launches per mHC site (one at decode sizes, "fused" below):
+Two launches per mHC site:
 
 * `_mix_kernel` (grid: token blocks x D splits) reads the streams X [T, 4, D] once — for the fused
   variant it first forms `X'_k = post_k f + sum_j comb[j, k] X_j`, rounds it to bf16 and stores it —
@@ -11,16 +11,14 @@ Two launches per mHC site (one at decode sizes, "fused" below):
 * the finish sums the partials, applies rho and the sigmoids; one program per token runs the
   20-iteration Sinkhorn in the spec's order (row softmax + eps, column step, 19 x (row, column)) and
   writes post/comb, beside the collapse `u = sum_j pre_j X_j` (fp32 -> bf16), optionally followed by
-  the sub-layer's weighted RMSNorm (the only consumer of u). Three variants (`collapse=`; by default
-  "fused" up to FUSED_MAX_T tokens, else COLLAPSE):
+  the sub-layer's weighted RMSNorm (the only consumer of u). Two variants (`collapse=`, default COLLAPSE):
   "row" (`_finish_kernel`): one program walks the token's whole row, twice with a norm -- at T = 1
   that took hc_pre 12.2 -> 10.1 µs on the H200. "split" (`_finish_split_kernel`): one program per
   SPLIT_BD columns; with a norm each stores its chunk's sum of squares and counts its arrival, and the
   token's last program sums the partials (by chunk index: deterministic), re-reads u and writes the
   normed row. Same pre and u bits as "row"; the normed row differs only by the fp32 order of the sum of
-  squares (rare 1-ulp flips). "fused" (decode, at most 16 tokens = one token block of the mix): no second
-  launch; each mix program counts its arrival after storing its partials, and the block's last one runs
-  the "row" finish's code for the block's tokens (one program, tokens in turn: the same bits as "row").
+  squares (rare 1-ulp flips). A one-launch "fused" finish (the mix's last-arriving program ran it) measured
+  slower and was removed (docs/benchmarks.md).
   The HC head uses the same kernels with 4 mixes, `w = sigmoid(m scale + base) + eps`, no Sinkhorn.
 
 The Triton code is in dsv4.kernels.mhc_kernels.
@@ -49,10 +47,6 @@ MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
 # in session 7 (T = 1, µs in a graph): hc_pre 10.4 -> 9.8, hc_post_pre 12.1 -> 11.3, hc_head 9.9 -> 8.0.
 COLLAPSE = "split"
 SPLIT_BD = 512  # columns per collapse program of the split finish
-# calls of at most this many tokens default to the "fused" finish (one launch per site). Off: measured slower
-# (s15c, 8 Flash layers, graph replay: B = 1 1.56 -> 1.71 ms with 1, B = 8 3.58 -> 5.02 with 8): the one
-# finishing program's serial Sinkhorn + row walks cost more than the PDL-overlapped second launch
-FUSED_MAX_T = 0
 # token rows per mix program above 16 tokens with the post fused in: it holds X, f and X' tiles at once
 # (at 64 rows the fused mix took 735 µs at 8K tokens vs 104 µs without the post, s12d)
 FUSED_BT = 32
@@ -180,7 +174,7 @@ class _Finish(NamedTuple):
     iters: int
     hc_eps: float
     norm_eps: float
-    mode: str  # "row", "split" or "fused"
+    mode: str  # "row" or "split"
 
 
 def _finish_outputs(x: torch.Tensor, fin: _Finish):
@@ -196,11 +190,10 @@ def _finish_outputs(x: torch.Tensor, fin: _Finish):
 
 def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | None):
     """One mHC site: the mix (the post fused in when `fuse` = (f, post, comb)), then the finish `fin` (None:
-    post only) -- inside the mix's launch when fin.mode == "fused". -> (X' or x, the finish's outputs or None)."""
+    post only). -> (X' or x, the finish's outputs or None)."""
     t, d = x.shape[0], x.shape[2]
-    in_mix = fin is not None and fin.mode == "fused"
     # decode sizes on CUDA cores where measured faster: the post fused into a pre, and the HC head (ROWS_MAX_T)
-    rows = t <= ROWS_MAX_T and not in_mix and fin is not None and (fuse is not None or fin.head)
+    rows = t <= ROWS_MAX_T and fin is not None and (fuse is not None or fin.head)
     prefill = t > 16
     bt = (FUSED_BT if fuse is not None else MIX_BT) if prefill else 16
     bk = min(ROWS_BK if rows else MIX_BK if prefill else 64, triton.next_power_of_2(d))
@@ -219,23 +212,15 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
             FUSE_POST=fuse is not None, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
             BK=bk, PREFETCH=weight_prefetch_kblocks() > 0 and per % 8 == 0 and d % 8 == 0, num_warps=4)
     else:
-        if in_mix:
-            fargs, outs = _finish_outputs(x, fin)
-            fargs += (arrival_counters("mHC fused finish", x.device, triton.cdiv(t, bt)),)
-            fkw = dict(HEAD=fin.head, HAS_NORM=fin.norm_weight is not None, ITERS=fin.iters,
-                       BD=min(1024, triton.next_power_of_2(d)), SP=max(2, triton.next_power_of_2(split)))
-            eps = (float(fin.hc_eps), float(fin.norm_eps))
-        else:
-            fargs, fkw, eps = (x,) * 8, dict(HEAD=False, HAS_NORM=False, ITERS=1, BD=16, SP=2), (0.0, 0.0)
         _mix_kernel[(triton.cdiv(t, bt), split)](
-            x, f, post, comb, xout, fn.hi, fn.lo, part, sq, *fargs, t, d, per, *eps,
+            x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
             FUSE_POST=fuse is not None, DO_MIX=fin is not None, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET,
-            TRANS=MIX_TRANS and prefill, FINISH=in_mix, **fkw,
+            TRANS=MIX_TRANS and prefill,
             num_warps=MIX_WARPS if prefill else 4, num_stages=MIX_STAGES if prefill else 3,
         )
     if fin is None:
         return xout, None
-    return xout, (outs if in_mix else _finish(xout, part, sq, split, fin))
+    return xout, _finish(xout, part, sq, split, fin)
 
 
 def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
@@ -243,12 +228,10 @@ def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
     return arrival_counters("mHC split finish", device, needed)
 
 
-def _collapse_mode(collapse: str | None, who: str, t: int) -> str:
-    mode = collapse if collapse is not None else ("fused" if t <= FUSED_MAX_T else COLLAPSE)
-    if mode not in ("row", "split", "fused"):
-        raise ValueError(f"{who}: collapse={mode!r} must be 'row', 'split' or 'fused'")
-    if mode == "fused" and t > 16:
-        raise ValueError(f"{who}: collapse='fused' finishes decode sizes only (at most 16 tokens, got {t})")
+def _collapse_mode(collapse: str | None, who: str) -> str:
+    mode = collapse if collapse is not None else COLLAPSE
+    if mode not in ("row", "split"):
+        raise ValueError(f"{who}: collapse={mode!r} must be 'row' or 'split'")
     return mode
 
 
@@ -279,11 +262,10 @@ def hc_pre(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, sink
            hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None, collapse: str | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton mHC pre (contract of `hc_pre_ref`); `fn` is the fp32 weight or a `prepare_mix` result;
-    `collapse` picks the finish variant ("row" / "split" / "fused"; default: "fused" up to FUSED_MAX_T
-    tokens, else the module's COLLAPSE)."""
+    `collapse` picks the finish variant ("row" / "split"; default: the module's COLLAPSE)."""
     _require_triton()
-    t, _ = _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_pre", t)
+    _check_streams(x)
+    mode = _collapse_mode(collapse, "hc_pre")
     if sinkhorn_iters < 1:
         raise ValueError(f"hc_pre: sinkhorn_iters={sinkhorn_iters} must be >= 1")
     fn = _as_mix(fn)
@@ -306,11 +288,10 @@ def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
 def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn, base: torch.Tensor,
                 scale: torch.Tensor, *, sinkhorn_iters: int, hc_eps: float, norm_eps: float,
                 norm_weight: torch.Tensor | None = None, collapse: str | None = None):
-    """Triton post(prev sub-layer) + pre(next) in two launches, one when "fused" (contract of
-    `hc_post_pre_ref`)."""
+    """Triton post(prev sub-layer) + pre(next) in two launches (contract of `hc_post_pre_ref`)."""
     _require_triton()
     t, d = _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_post_pre", t)
+    mode = _collapse_mode(collapse, "hc_post_pre")
     if f.shape != (t, d):
         raise ValueError(f"hc_post_pre: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     fin = _Finish(base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps, mode)
@@ -320,11 +301,10 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
 
 def hc_head(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float, norm_eps: float,
             norm_weight: torch.Tensor | None = None, collapse: str | None = None) -> torch.Tensor:
-    """Triton HC head (contract of `hc_head_ref`), two launches (one when "fused"), final RMSNorm fused
-    when given."""
+    """Triton HC head (contract of `hc_head_ref`), two launches, final RMSNorm fused when given."""
     _require_triton()
-    t, _ = _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_head", t)
+    _check_streams(x)
+    mode = _collapse_mode(collapse, "hc_head")
     fn = _as_mix(fn)
     if fn.n_mix != HC:
         raise ValueError(f"hc_head: fn has {fn.n_mix} mixes, expected {HC}")

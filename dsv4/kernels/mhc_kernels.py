@@ -1,10 +1,7 @@
 """The mHC Triton kernels (the launchers, references and module notes live in dsv4.kernels.mhc).
 
 `_mix_kernel` (fused post, 24 or 4 mixes as split partials; `_mix_rows_kernel` the same for a few tokens on
-CUDA cores), the finishes `_finish_kernel` ("row") and
-`_finish_split_kernel` ("split"), and the one-launch decode site: `_mix_kernel` with FINISH, whose token
-block's last-arriving program runs the "row" finish's code for the block's tokens (`_finish_row`), after
-the split-K ordering of dsv4.kernels.fp8_linear (barrier, gpu-scope acq_rel atomic, barrier, `.cg` loads).
+CUDA cores) and the finishes `_finish_kernel` ("row") and `_finish_split_kernel` ("split").
 """
 
 from __future__ import annotations
@@ -49,16 +46,11 @@ if HAS_TRITON:
     @pdl_kernel
     @triton.jit
     def _mix_kernel(
-        X, F, POST, COMB, XOUT, FH, FL, PART, SQ,
-        BASE, SCALE, NORM_W, U, NORMED, POUT, COUT, CNT,
-        T, D, d_per_split, hc_eps, norm_eps,
+        X, F, POST, COMB, XOUT, FH, FL, PART, SQ, T, D, d_per_split,
         FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
         INTERP: tl.constexpr, TRANS: tl.constexpr,
-        FINISH: tl.constexpr, HEAD: tl.constexpr, HAS_NORM: tl.constexpr, ITERS: tl.constexpr,
-        SP: tl.constexpr, BD: tl.constexpr,
     ):
-        """The mix (docstring of dsv4.kernels.mhc); FINISH: the token block's last program to store its
-        partials then finishes the block's tokens as `_finish_kernel` would (one launch per mHC site)."""
+        """The mix (docstring of dsv4.kernels.mhc)."""
         pdl_wait()
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
@@ -115,25 +107,6 @@ if HAS_TRITON:
             tl.store(PART + (pid_s * T + offs_t[:, None]) * NP + offs_n[None, :], acc, mask=tmask[:, None])
         if DO_MIX:
             tl.store(SQ + pid_s * T + offs_t, sq, mask=tmask)
-        if FINISH:
-            # publish the partials (and the fused post's X'; XOUT is X without it), count the arrival; the
-            # last arriver reads every split's stores through L2 (.cg) after its acquire
-            tl.debug_barrier()
-            arrived = tl.atomic_add(CNT + pid_t, 1, sem="acq_rel", scope="gpu")
-            if arrived == tl.num_programs(1) - 1:  # uniform over the CTA: the atomic's result is broadcast
-                tl.debug_barrier()
-                offs_s = tl.arange(0, SP)
-                smask = offs_s < tl.num_programs(1)
-                for i in range(0, BT):
-                    t = pid_t * BT + i
-                    if t < T:
-                        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps, ".cg")
-                        if not HEAD:
-                            _post_comb(PART, BASE, SCALE, POUT, COUT, t, T, offs_s, smask, rho, hc_eps, ITERS, NP,
-                                       ".cg")
-                        _finish_row(XOUT, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps,
-                                    norm_eps, HAS_NORM, NP, BD, ".cg")
-                tl.store(CNT + pid_t, 0)  # every split has arrived: ready for the next launch / replay
 
     @pdl_kernel
     @triton.jit
@@ -205,24 +178,23 @@ if HAS_TRITON:
         return 1.0 / (1.0 + tl.exp(-v))
 
     @triton.jit
-    def _rho(SQ, t, T, D, offs_s, smask, norm_eps, CACHE: tl.constexpr):
+    def _rho(SQ, t, T, D, offs_s, smask, norm_eps):
         """1 / RMS of token t's four streams, from the split partial sums of squares."""
-        sq = tl.sum(tl.load(SQ + offs_s * T + t, mask=smask, other=0.0, cache_modifier=CACHE), axis=0)
+        sq = tl.sum(tl.load(SQ + offs_s * T + t, mask=smask, other=0.0), axis=0)
         return 1.0 / tl.sqrt(sq / (4 * D) + norm_eps)
 
     @triton.jit
     def _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps,
-                   ITERS: tl.constexpr, NP: tl.constexpr, CACHE: tl.constexpr):
+                   ITERS: tl.constexpr, NP: tl.constexpr):
         """post [4] and the Sinkhorn comb [4, 4] of token t, from the split partials of its mixes 4..23."""
         j4 = tl.arange(0, 4)
         part = PART + (offs_s[:, None] * T + t) * NP
-        m_post = tl.sum(tl.load(part + 4 + j4[None, :], mask=smask[:, None], other=0.0, cache_modifier=CACHE),
-                        axis=0) * rho
+        m_post = tl.sum(tl.load(part + 4 + j4[None, :], mask=smask[:, None], other=0.0), axis=0) * rho
         post = 2.0 * _sigmoid(m_post * tl.load(SCALE + 1) + tl.load(BASE + 4 + j4))
         tl.store(POST + t * 4 + j4, post)
         jk = j4[:, None] * 4 + j4[None, :]  # [source j, destination k]
         part3 = PART + (offs_s[:, None, None] * T + t) * NP + 8 + jk[None, :, :]
-        m_comb = tl.sum(tl.load(part3, mask=smask[:, None, None], other=0.0, cache_modifier=CACHE), axis=0) * rho
+        m_comb = tl.sum(tl.load(part3, mask=smask[:, None, None], other=0.0), axis=0) * rho
         a = m_comb * tl.load(SCALE + 2) + tl.load(BASE + 8 + jk)
         e = tl.exp(a - tl.max(a, axis=1)[:, None])
         c = e / tl.sum(e, axis=1)[:, None] + hc_eps
@@ -233,39 +205,39 @@ if HAS_TRITON:
         tl.store(COMB + t * 16 + jk, c)
 
     @triton.jit
-    def _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP: tl.constexpr, CACHE: tl.constexpr):
+    def _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP: tl.constexpr):
         """pre_j = sigmoid(rho m_j scale_0 + base_j) + eps (also the HC head's w_j), as four scalars."""
         j4 = tl.arange(0, 4)
-        m = tl.sum(tl.load(PART + (offs_s[:, None] * T + t) * NP + j4[None, :], mask=smask[:, None], other=0.0,
-                           cache_modifier=CACHE), axis=0) * rho
+        m = tl.sum(tl.load(PART + (offs_s[:, None] * T + t) * NP + j4[None, :], mask=smask[:, None], other=0.0),
+                   axis=0) * rho
         pre = _sigmoid(m * tl.load(SCALE) + tl.load(BASE + j4)) + hc_eps
         # a masked sum adds exact zeros: each scalar is pre's own value
         return (tl.sum(tl.where(j4 == 0, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 1, pre, 0.0), axis=0),
                 tl.sum(tl.where(j4 == 2, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 3, pre, 0.0), axis=0))
 
     @triton.jit
-    def _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3, CACHE: tl.constexpr):
+    def _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3):
         """u = sum_j pre_j X_j over columns offs_d, fp32 -> bf16. An explicit fma chain (not a tl.sum over a
         [4, BD] tile, nor a + b left to LLVM's contraction, both of which follow the layout) so that
         both finish variants round u alike."""
-        x0 = tl.load(xrow + 0 * D + offs_d, mask=dm, other=0.0, cache_modifier=CACHE).to(tl.float32)
-        x1 = tl.load(xrow + 1 * D + offs_d, mask=dm, other=0.0, cache_modifier=CACHE).to(tl.float32)
-        x2 = tl.load(xrow + 2 * D + offs_d, mask=dm, other=0.0, cache_modifier=CACHE).to(tl.float32)
-        x3 = tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        x0 = tl.load(xrow + 0 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+        x1 = tl.load(xrow + 1 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+        x2 = tl.load(xrow + 2 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+        x3 = tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
         return tl.fma(p3, x3, tl.fma(p2, x2, tl.fma(p1, x1, p0 * x0))).to(tl.bfloat16)
 
     @triton.jit
     def _finish_row(X, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps, norm_eps,
-                    HAS_NORM: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr, CACHE: tl.constexpr):
+                    HAS_NORM: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr):
         """Token t's collapse u (fp32 -> bf16) over its whole row, then optionally the sub-layer RMSNorm over
         the bf16 u (a second pass)."""
-        p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP, CACHE)
+        p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP)
         xrow = X + t * 4 * D
         usq = tl.zeros((BD,), dtype=tl.float32)
         for d0 in range(0, D, BD):
             offs_d = d0 + tl.arange(0, BD)
             dm = offs_d < D
-            u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3, CACHE)
+            u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3)
             tl.store(U + t * D + offs_d, u, mask=dm)
             uf = u.to(tl.float32)
             usq += uf * uf
@@ -274,7 +246,7 @@ if HAS_TRITON:
             for d0 in range(0, D, BD):
                 offs_d = d0 + tl.arange(0, BD)
                 dm = offs_d < D
-                u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3, CACHE).to(tl.float32)
+                u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3).to(tl.float32)
                 w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
                 tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
 
@@ -291,12 +263,12 @@ if HAS_TRITON:
         t = tl.program_id(0)
         offs_s = tl.arange(0, SP)
         smask = offs_s < nsplit
-        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps, "")
+        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps)
         if tl.program_id(1) == 1:
-            _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP, "")
+            _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP)
         else:
             _finish_row(X, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps, norm_eps,
-                        HAS_NORM, NP, BD, "")
+                        HAS_NORM, NP, BD)
 
     @pdl_kernel
     @triton.jit
@@ -315,15 +287,15 @@ if HAS_TRITON:
         nb = tl.num_programs(1) - LEAD
         offs_s = tl.arange(0, SP)
         smask = offs_s < nsplit
-        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps, "")
+        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps)
         if LEAD == 1:
             if c < 0:
-                _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP, "")
+                _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP)
         if c >= 0:
-            p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP, "")
+            p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP)
             offs_d = c * BD + tl.arange(0, BD)
             dm = offs_d < D
-            u = _collapse(X + t * 4 * D, D, offs_d, dm, p0, p1, p2, p3, "")
+            u = _collapse(X + t * 4 * D, D, offs_d, dm, p0, p1, p2, p3)
             tl.store(U + t * D + offs_d, u, mask=dm)
             if HAS_NORM:
                 uf = u.to(tl.float32)

@@ -17,8 +17,7 @@ MXFP4 batches take the per-pair kernels of dsv4.kernels.moe_gemv (`MoEConfig.gem
 variant with `gemv_mma`, the default since session 7, or the CUDA-core one).
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
-FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots; opt-in
-inside GEMM2 for the decode kernels, moe_gemv.FUSE_COMBINE / dsv4.kernels.moe_gemv_fused).
+FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
 
 Expert parallel: ids outside [0, num_experts) (-1) are pairs held by another rank; they are skipped,
 and `out_dtype=torch.float32` returns the unrounded fp32 sum so that the ranks' partial sums can be
@@ -370,7 +369,7 @@ def fused_moe(
     experts: PackedExperts,
     swiglu_limit: float = 10.0,
     act: str = "fp8",
-    shared=None,  # tensor, or a zero-argument join giving it (called right before the combine / fused down)
+    shared=None,  # tensor, or a zero-argument join giving it (called right before the combine)
     config: MoEConfig | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
@@ -411,7 +410,7 @@ def fused_moe(
         from dsv4.kernels.moe_gemv import moe_gemv, pairs_fit
         # blocks of pairs need at most 32 MMA columns, no split and a pairing in one program (else one pair each)
         pairs = cfg.gemv_pairs if pairs_fit(cfg, d, i, num_pairs) else 1
-        # the combine included (a launch, or with moe_gemv.FUSE_COMBINE in the down kernel after the join)
+        # the combine included (`_combine`: its own launch, after the join)
         return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                         dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,
@@ -481,8 +480,7 @@ def _check_shared(shared: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 def _combine(y: torch.Tensor, shared, ids: torch.Tensor, out: torch.Tensor, num_experts: int) -> torch.Tensor:
     """out = fp32 sum over the top_k slots' rows of y (+ shared expert), rounded to out's dtype. shared: a
-    tensor, None, or the join of a branch computing it (`dsv4.model.side_stream`), called only here (or in
-    moe_gemv, whose down kernel does this sum itself: dsv4.kernels.moe_gemv_fused)."""
+    tensor, None, or the join of a branch computing it (`dsv4.model.side_stream`), called only here."""
     if callable(shared):
         shared = _check_shared(shared(), out.shape)
     m, d = out.shape

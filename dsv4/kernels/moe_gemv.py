@@ -40,10 +40,8 @@ Blocks of pairs (`pairs_per_program` 2 or 4, dsv4.kernels.moe_gemv_pairs; the de
 Flash): a program serves several pairs of one expert, each in its own 4U of the MMA's activation columns, for
 one weight stream; same bits per pair.
 
-Launch fusions (dsv4.kernels.moe_gemv_fused, same bits; flags FUSE_Z_QUANT, FUSE_COMBINE, FUSE_X_QUANT): the z
-re-quantisation of 64-row GLU tiles by the last tile of each 128-block, the combine by the down kernel's last
-pair of each token, and the x quantisation inside the GLU; all three opt-in (not faster in the 8-layer
-graph, flags below): with all on the decode chain is GLU -> down + combine (2 launches instead of 5).
+Launch fusions of the z / x quantisation and the combine into the GLU / down kernels were measured slower or
+neutral and removed (docs/benchmarks.md, session 15).
 """
 
 from __future__ import annotations
@@ -63,8 +61,6 @@ if HAS_TRITON:
     import triton.language as tl
 
     from dsv4.kernels.fp8_linear import _quant_rows
-    from dsv4.kernels.moe_gemv_fused import (_act_pos, _act_tiles_q, _arrive_n, _combine_no_slots, _combine_tile,
-                                             _quant_z_block)
     from dsv4.kernels.moe_gemv_pairs import (_act_scales_g, _act_tiles_g, _block_first, _block_member,
                                              _column_pairs, _pair_sum)
     from dsv4.kernels.moe_mma_operands import _act_scales, _act_tiles, _f16_hi, _f16_lo, _mma_order, _scale_acc
@@ -89,7 +85,12 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         the last arriver only. The CTA barrier puts every thread's partial stores before the one thread's
         gpu-scope acq_rel atomic (a cumulative release); in the last arriver, the atomic's acquire and a
         second barrier put the partial loads (.cg, `_split_sum`) after every other split's release."""
-        return _arrive_n(CNT, tile, tl.num_programs(2))
+        tl.debug_barrier()
+        arrived = tl.atomic_add(CNT + tile, 1, sem="acq_rel", scope="gpu")
+        last = arrived == tl.num_programs(2) - 1  # uniform over the CTA: the atomic's result is broadcast
+        if last:
+            tl.debug_barrier()
+        return last
 
     @triton.jit
     def _split_sum(P, stride_ps, BN: tl.constexpr):
@@ -101,10 +102,9 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         return total
 
     @triton.jit
-    def _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, ZQ, QCNT, I, limit, stride_z, stride_zs, stride_zq,
-                 BN: tl.constexpr, QUANT_OUT: tl.constexpr, FUSE_Q: tl.constexpr):
-        """The GLU epilogue: bf16 gate / up, SwiGLU clamp, routing weight, z (or its FP8 block) stored;
-        FUSE_Q: bf16 z, then its block quantised by the block's last tile (moe_gemv_fused)."""
+    def _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs,
+                 BN: tl.constexpr, QUANT_OUT: tl.constexpr):
+        """The GLU epilogue: bf16 gate / up, SwiGLU clamp, routing weight, z (or its FP8 block) stored."""
         g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
         u = tl.clamp(up.to(tl.bfloat16).to(tl.float32), -limit, limit)
         z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
@@ -114,22 +114,19 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             tl.store(ZS + p * stride_zs + pid_n + tl.arange(0, 1), s)
         else:
             tl.store(Z + p * stride_z + offs_n, z)
-            if FUSE_Q:
-                _quant_z_block(Z, ZQ, ZS, QCNT, p, pid_n, I, stride_z, stride_zq, stride_zs, BN)
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["top_k", "num_experts"])
-    def _mma_glu_kernel(XQ, SX, IDS, BLK, TOPK_W, W, WS, Z, ZS, ZQ, P, CNT, QCNT, I, K, top_k, num_experts, limit,
+    def _mma_glu_kernel(XQ, SX, IDS, BLK, TOPK_W, W, WS, Z, ZS, P, CNT, I, K, top_k, num_experts, limit,
                         stride_x, stride_sx, stride_we, stride_wn, stride_wse, stride_wsn, stride_z, stride_zs,
-                        stride_zq, stride_ps, stride_pp,
+                        stride_ps, stride_pp,
                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
                         USE_ASM: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                        FUSE_Q: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr, NC: tl.constexpr):
+                        G: tl.constexpr, NC: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
         (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
         SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
-        CNT one arrival counter per (pair, row tile). FUSE_Q (BN < 128): bf16 z to Z, its FP8 blocks to
-        ZQ / ZS, QCNT one counter per (pair, 128-block). X_BF16: XQ is bf16 x, quantised here (SX unused).
+        CNT one arrival counter per (pair, row tile).
         G > 1: program_id(0) is a block of BLK (dsv4.kernels.moe_gemv_pairs): G pairs of one expert, NC MMA
         columns (max(16, 4 U G))."""
         pdl_wait()
@@ -165,13 +162,8 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         for kb0 in range(kb_lo, kb_hi, U):
             part_g = tl.zeros((BN, NC), dtype=tl.float32)
             part_u = tl.zeros((BN, NC), dtype=tl.float32)
-            sa = tl.zeros((NC,), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
-                if X_BF16:  # column 4u + g takes block u's scale from the call that quantised it
-                    a_lo, a_hi, s_d = _act_tiles_q(Xrow, kb0 + d, d, KD)
-                    blk = tl.arange(0, 16) // 4
-                    sa = tl.where((blk >= d) & (blk < d + KD), s_d * 256.0, sa)
-                elif G > 1:
+                if G > 1:
                     a_lo, a_hi = _act_tiles_g(xrows, live, kb0 + d, d, KD, NC, U)
                 else:
                     a_lo, a_hi = _act_tiles(Xrow, kb0 + d, d, KD)
@@ -181,16 +173,16 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
             if G > 1:
                 sa = _act_scales_g(sxrows, live, kb0, NC, U)
-            elif not X_BF16:
+            else:
                 sa = _act_scales(SXrow, kb0, U)
             acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, G, NC)
             acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, G, NC)
-        if G > 1:  # no split: the host allows neither SPLIT nor the fusions with G > 1
+        if G > 1:  # no split: the host allows no SPLIT with G > 1
             for j in tl.static_range(G):
                 pj = _block_member(BLK, j, G)
                 if pj >= 0:
                     _glu_out(_pair_sum(acc_g, j, NC, U), _pair_sum(acc_u, j, NC, U), pj, pid_n, offs_n, TOPK_W, Z,
-                             ZS, ZQ, QCNT, I, limit, stride_z, stride_zs, stride_zq, BN, QUANT_OUT, False)
+                             ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
             return
         gate = tl.sum(acc_g, axis=1)
         up = tl.sum(acc_u, axis=1)
@@ -203,24 +195,20 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 gate = _split_sum(Pg, stride_ps, BN)
                 up = _split_sum(Pg + I, stride_ps, BN)
                 tl.store(CNT + tile, 0)  # every split has arrived: ready for the next launch / replay
-                _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, ZQ, QCNT, I, limit, stride_z, stride_zs, stride_zq,
-                         BN, QUANT_OUT, FUSE_Q)
+                _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
         else:
-            _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, ZQ, QCNT, I, limit, stride_z, stride_zs, stride_zq,
-                     BN, QUANT_OUT, FUSE_Q)
+            _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
 
     @pdl_kernel
-    @triton.jit(do_not_specialize=["num_experts", "top_k"])
-    def _mma_down_kernel(ZQ, ZS, IDS, BLK, W, WS, Y, P, CNT, OUT, SH, TCNT, K, num_experts, top_k,
+    @triton.jit(do_not_specialize=["num_experts"])
+    def _mma_down_kernel(ZQ, ZS, IDS, BLK, W, WS, Y, P, CNT, K, num_experts,
                          stride_zq, stride_zs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
-                         stride_ps, stride_pp, stride_out, stride_sh,
+                         stride_ps, stride_pp,
                          BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr,
-                         SPLIT: tl.constexpr, PREFETCH: tl.constexpr, COMBINE: tl.constexpr,
-                         HAS_SHARED: tl.constexpr, G: tl.constexpr, NC: tl.constexpr):
+                         SPLIT: tl.constexpr, PREFETCH: tl.constexpr, G: tl.constexpr, NC: tl.constexpr):
         """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes).
-        SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials. COMBINE: also OUT [tokens, D] = the
-        combine of the token's y rows [+ SH] (moe_gemv_fused), TCNT one counter per (token, row tile).
-        G > 1: as in `_mma_glu_kernel` (neither SPLIT nor COMBINE)."""
+        SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials.
+        G > 1: as in `_mma_glu_kernel` (no SPLIT)."""
         pdl_wait()
         if G > 1:
             p, e = _block_first(BLK, IDS, num_experts, G)
@@ -233,9 +221,6 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             p = tl.program_id(0).to(tl.int64)
             e = tl.load(IDS + p).to(tl.int64)
         if (e < 0) | (e >= num_experts):
-            if COMBINE:
-                _combine_no_slots(Y, SH, OUT, IDS, p, top_k, num_experts, stride_y, stride_sh, stride_out, BN,
-                                  HAS_SHARED)
             return
         offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
         Wr = W + e * stride_we + offs_n[:, None] * stride_wn + tl.arange(0, 64 * KD)[None, :]
@@ -275,14 +260,19 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 y = _split_sum(Py, stride_ps, BN)
                 tl.store(CNT + tile, 0)
                 tl.store(Y + p * stride_y + offs_n, y.to(tl.bfloat16))
-                if COMBINE:
-                    _combine_tile(Y, SH, OUT, IDS, TCNT, p, offs_n, top_k, num_experts, stride_y, stride_sh,
-                                  stride_out, BN, HAS_SHARED)
         else:
             tl.store(Y + p * stride_y + offs_n, y.to(tl.bfloat16))
-            if COMBINE:
-                _combine_tile(Y, SH, OUT, IDS, TCNT, p, offs_n, top_k, num_experts, stride_y, stride_sh, stride_out,
-                              BN, HAS_SHARED)
+
+    @triton.jit
+    def _act_pos(e):
+        """Stored position of element e (0..127) of a 128-block of MMA activations: the low-nibble tile's
+        elements (groups 0, 2) at 0..63, the high one's (groups 1, 3) at 64..127, each in the K order of
+        `_mma_order` (byte 32h + 8t + 2c + i at 16c + 8h + 2t + i)."""
+        tile = (e // 32) % 2
+        h = e // 64
+        t = (e // 8) % 4
+        c = (e // 2) % 4
+        return 64 * tile + 16 * c + 8 * h + 2 * t + e % 2
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
@@ -334,13 +324,6 @@ MAX_COLUMNS = 32  # wgmma's N side with blocks of pairs (accumulator registers)
 # soon as it knows its expert (0: off). Session 15 (s15a, bench_moe_flags, ms M = 1 / 8 / 64): default 0.19 /
 # 0.25 / 1.61, 8 blocks 0.37 / 0.28 / 1.61, 32 blocks 0.15 / 0.32 / 1.61 -- no consistent gain, stays off.
 GLU_PREFETCH_KBLOCKS = 0
-# Launch fusions of method "mma" (dsv4.kernels.moe_gemv_fused; same bits, fewer launches; False: separate kernels).
-# Opt-in: 8 Flash layers in a CUDA graph (s15d, two runs each, ms B = 1 / 8) all three off 1.56 / 3.58, z + combine
-# on 1.57 / 3.62, z only 1.60 / 3.59; x quant as well +0.13 / +0.86 (s15c). With PDL a small kernel's launch is
-# already hidden, and the last arriver's serial tail (and the shared expert joined before the down) costs as much
-FUSE_Z_QUANT = False  # bn 64: z re-quantised by the GLU's last tile of each 128-block
-FUSE_COMBINE = False  # moe_gemv(out=...): the combine by the down kernel's last pair of each token
-FUSE_X_QUANT = False  # x quantised inside the GLU
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
@@ -350,7 +333,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
     pairs are left unwritten); `fused_moe` sums them in its combine kernel. With `out` [M, D] (bf16, or
     fp32 for an expert-parallel partial): the combine into out [+ shared: a tensor or a join, called before
-    the down launch] is done too and out returned (in the down kernel with method "mma" and FUSE_COMBINE).
+    the combine] is done too and out returned.
 
     method "cuda": CUDA-core sums, `unroll` K blocks loaded per loop step (num_stages unused), `split` /
     `split_down` as below (each split a whole number of loop steps).
@@ -360,7 +343,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     activation loads (whole loop steps), `split` / `split_down` programs per row tile of the GLU / down
     kernel along K (split-K reduced in the launch, module docstring; at most one per loop step),
     `pairs_per_program` 2 or 4: that many pairs of one expert per program (dsv4.kernels.moe_gemv_pairs; needs
-    4 x pairs x K blocks per step <= MAX_COLUMNS and no split; the launch fusions are not used then)."""
+    4 x pairs x K blocks per step <= MAX_COLUMNS and no split)."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
         raise ValueError("moe_gemv: MXFP4 experts only")
@@ -393,15 +376,6 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
         mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, **launch)
         y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
-        if out is not None and FUSE_COMBINE and pairs_per_program == 1:
-            from dsv4.kernels.moe import _check_shared
-            if callable(shared):
-                shared = shared()  # the join: the down kernel reads the shared expert's output
-            if shared is not None:
-                _check_shared(shared, out.shape)
-            mma_down_stage(zq, zs, ids, experts, y, split=split_down, out=out, shared=shared, top_k=top_k,
-                           **launch)
-            return out
         mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
     else:
         from dsv4.kernels.moe_gemv_cuda import gemv_cuda
@@ -418,69 +392,53 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     """GEMM1 of method "mma": writes the rows of the routed pairs (ids in [0, E)) of zq [pairs, I] (f16 values
     of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales);
     split > 1: that many programs per row tile along K (`_split_k`); blocks: `pair_blocks`' [P, G] blocks of G
-    pairs per program. Launches: x quantisation (unless FUSE_X_QUANT), the GLU, z re-quantisation (bn 64 without
-    FUSE_Z_QUANT)."""
+    pairs per program. Launches: x quantisation, the GLU, z re-quantisation (bn 64)."""
     m, d = x.shape
     e, i = experts.num_experts, experts.inter
     pairs = ids.numel()
     paired = blocks is not None
     x = x if x.stride(-1) == 1 else x.contiguous()
-    if FUSE_X_QUANT and not paired:  # the GLU quantises bf16 x itself
-        xq, sx, stride_sx = x, x, 0
-    else:
-        xq = torch.empty((m, d), dtype=torch.float16, device=x.device)
-        sx = torch.empty((m, d // BLOCK), dtype=torch.float32, device=x.device)
-        stride_sx = sx.stride(0)
-        _quant16_kernel[(m, d // BLOCK)](x, xq, sx, ids, e, x.stride(0), xq.stride(0), sx.stride(0),
-                                         CHECK_IDS=False, num_warps=1)
+    xq = torch.empty((m, d), dtype=torch.float16, device=x.device)
+    sx = torch.empty((m, d // BLOCK), dtype=torch.float32, device=x.device)
+    _quant16_kernel[(m, d // BLOCK)](x, xq, sx, ids, e, x.stride(0), xq.stride(0), sx.stride(0),
+                                     CHECK_IDS=False, num_warps=1)
     quant_out = bn == BLOCK  # a program's z tile is one quantisation block: quantised in the epilogue
-    fuse_q = not quant_out and FUSE_Z_QUANT and not paired
     z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
-    qcnt = arrival_counters("moe_gemv z-quant", x.device, pairs * (i // BLOCK)) if fuse_q else zs
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes
     u = _unroll(d, unroll)
     g, nc = _block_shape(blocks, u)
     split, part, counters = _split_k(split, d // BLOCK // u, (pairs, 2 * i), pairs * (i // bn), zs)
     _mma_glu_kernel[(pairs, i // bn, split)](
-        xq, sx, ids, blocks if paired else ids, tw, w13, s13, z, zs, zq, part, counters, qcnt, i, d, top_k, e,
-        float(swiglu_limit), xq.stride(0), stride_sx, w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
-        z.stride(0), zs.stride(0), zq.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
-        QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, FUSE_Q=fuse_q,
-        X_BF16=FUSE_X_QUANT and not paired, G=g, NC=nc, num_warps=num_warps, num_stages=num_stages)
-    if not quant_out and not fuse_q:
+        xq, sx, ids, blocks if paired else ids, tw, w13, s13, z, zs, part, counters, i, d, top_k, e,
+        float(swiglu_limit), xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
+        z.stride(0), zs.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
+        QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, G=g, NC=nc,
+        num_warps=num_warps, num_stages=num_stages)
+    if not quant_out:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
 
 
 def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, y: torch.Tensor,
                    bn: int = 64, num_warps: int = 4, unroll: int = 2, dot_blocks: int = 1, num_stages: int = 3,
-                   split: int = 1, out: torch.Tensor | None = None, shared: torch.Tensor | None = None,
-                   top_k: int = 1, blocks: torch.Tensor | None = None) -> None:
+                   split: int = 1, blocks: torch.Tensor | None = None) -> None:
     """GEMM2 of method "mma": writes the rows of the routed pairs of y [pairs, D] bf16 from zq / zs
-    (`mma_glu_stage`'s layout); split > 1: that many programs per row tile along K (`_split_k`). out [pairs /
-    top_k, D] (ids: top_k per token): also the combine of each token's rows [+ shared], `_moe_combine_kernel`'s
-    sums, done by the token's last pair per row tile (moe_gemv_fused). blocks: as in `mma_glu_stage` (no out)."""
+    (`mma_glu_stage`'s layout); split > 1: that many programs per row tile along K (`_split_k`). blocks: as in
+    `mma_glu_stage`."""
     e, i = experts.num_experts, experts.inter
     pairs, d = ids.numel(), experts.hidden
     w2, s2 = experts.w2, experts.w2_scale.view(torch.uint8)
     u = _unroll(i, unroll)
     split, part, counters = _split_k(split, i // BLOCK // u, (pairs, d), pairs * (d // bn), zs)
-    combine = out is not None
     paired = blocks is not None
     g, nc = _block_shape(blocks, u)
-    if paired and (combine or split > 1):
-        raise ValueError("mma_down_stage: blocks of pairs take neither split nor out")
-    if combine:
-        if pairs % top_k or out.shape != (pairs // top_k, d) or out.stride(-1) != 1:
-            raise ValueError(f"mma_down_stage: out must be [{pairs // top_k}, {d}] with unit column stride")
-        tcnt = arrival_counters("moe_gemv combine", zq.device, out.shape[0] * (d // bn))
-    sh = shared if shared is not None else y
+    if paired and split > 1:
+        raise ValueError("mma_down_stage: blocks of pairs take no split")
     _mma_down_kernel[(pairs, d // bn, split)](
-        zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, out if combine else y, sh,
-        tcnt if combine else zs, i, e, top_k, zq.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0),
-        s2.stride(1), y.stride(0), part.stride(0), part.stride(1), out.stride(0) if combine else 0, sh.stride(0),
+        zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, i, e, zq.stride(0), zs.stride(0),
+        w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), part.stride(0), part.stride(1),
         BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS,
-        COMBINE=combine, HAS_SHARED=shared is not None, G=g, NC=nc, num_warps=num_warps, num_stages=num_stages)
+        G=g, NC=nc, num_warps=num_warps, num_stages=num_stages)
 
 
 def _block_shape(blocks: torch.Tensor | None, u: int) -> tuple[int, int]:

@@ -233,32 +233,6 @@ def test_split_collapse(op, t, d, with_norm, poison, close_bf16, monkeypatch):
         assert torch.equal(split[0], row[0]), f"{op}: split u differs from row u"
 
 
-# --------------------------------------------------------------------------- collapse="fused" (decode)
-# One launch per site: the mix's D splits count their arrivals and the token block's last one runs the row
-# finish for the block's tokens. 256 columns = 4 splits of 64 at decode sizes (the arrival path at
-# interpreter sizes); 4096 = 64 splits.
-FUSED_CASES = [(op, t, d, nw) for op in ("pre", "post_pre", "head") for t in (1, 3, 16)
-               for d in (256, 4096, 7168) for nw in (False, True)]
-if DEV == "cpu":
-    FUSED_CASES = [c for c in FUSED_CASES if c[2] == 256 and c[1] < 16] + [("post_pre", 1, 4096, True)]
-
-
-@pytest.mark.parametrize("op,t,d,with_norm", FUSED_CASES)
-def test_fused_finish_matches_row(op, t, d, with_norm, poison, close_bf16, monkeypatch):
-    """The one-launch finish writes the two-launch "row" finish's bits (both on the dot mix), and matches the
-    reference."""
-    from dsv4.kernels import mhc
-    monkeypatch.setattr(mhc, "ROWS_MAX_T", 0)  # the fused finish runs inside the dot mix only
-    call, ref, _ = _split_setup(op, t, d, with_norm, monkeypatch)
-    poison()
-    fused = call("fused")
-    poison()
-    row = call("row")
-    for i, (a, b) in enumerate(zip(fused, row)):
-        assert torch.equal(a, b), f"{op} output {i}: fused differs from row"
-    close_bf16(fused[0], ref()[0], rel=REL, what=f"{op} fused vs ref")
-
-
 ROWS_CASES = [(op, t, d, nw) for op in ("post_pre", "head") for t in (1, 3) for d in (256, 4096)
               for nw in (False, True)]
 if DEV == "cpu":
@@ -288,26 +262,17 @@ def test_rows_mix_matches_dot_mix(op, t, d, with_norm, poison, close_bf16, monke
     close_bf16(rows[0], ref()[0], rel=REL, what=f"{op} rows mix vs ref")
 
 
-def test_fused_finish_refuses_prefill_sizes():
-    from dsv4.kernels.mhc import hc_head
-
-    x = torch.randn(17, 4, 64, device=DEV).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="fused"):
-        hc_head(x, torch.randn(4, 256, device=DEV), torch.randn(4, device=DEV), torch.rand(1, device=DEV),
-                hc_eps=1e-6, norm_eps=1e-6, collapse="fused")
-
-
 def _counters_zero() -> bool:
     from dsv4.kernels import _triton
 
     return all(int(b.count_nonzero()) == 0 for bufs in _triton._counter_cache.values() for b in bufs)
 
 
-@pytest.mark.parametrize("collapse", ["split", "fused"])
 @pytest.mark.parametrize("op", ["pre", "head"])
-def test_split_repeated_calls_identical(op, collapse, poison, monkeypatch):
+def test_split_repeated_calls_identical(op, poison, monkeypatch):
     """Back-to-back launches (and, on CUDA, graph replays) reuse the counters: each leaves them at zero."""
-    call, _, _ = _split_setup(op, 3, 256 if collapse == "fused" else SMALL_D, True, monkeypatch)
+    collapse = "split"
+    call, _, _ = _split_setup(op, 3, SMALL_D, True, monkeypatch)
     poison()
     first = call(collapse)
     assert _counters_zero()
