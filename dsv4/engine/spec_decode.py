@@ -17,6 +17,10 @@ token stream, level with the target's state. One engine step of a decode row:
            position the target kept this step (prefill chunks too), ending at row n'-1 again, and
            keeps that row's residual and logits for the next step's d_1.
 
+A batch whose sampled rows are all plain greedy keeps its drafts on the device (argmaxes fed to the
+chained rows and the verify forward as they are) and reads the target argmaxes and the drafts back once,
+in `verify`; other batches read each draft round back (their draws need the host's generators).
+
 Sampling (Leviathan et al. 2023, Chen et al. 2023): p, q are the *processed* target and draft
 distributions (penalties, temperature, min-p, top-k, top-p applied the same way, the output history
 extended by the drafts before each position); accept d with probability min(1, p(d)/q(d)), else
@@ -255,10 +259,9 @@ class MTPSpeculator:
             if live:
                 ids = picked if len(going) == len(picked) else picked[to_device(torch.tensor(going), picked.device)]
                 self._chain([chains[i] for i in live], ids)
-        flat = torch.cat(rounds) if len(rounds) > 1 else rounds[0]
         if len(rounds) == 1:
-            return flat
-        where, base = {}, 0  # (chain, round) -> index in flat
+            return rounds[0]
+        flat, where, base = torch.cat(rounds), {}, 0  # where: (chain, round) -> index in flat
         for j, ids in enumerate(members):
             where.update({(i, j): base + n for n, i in enumerate(ids)})
             base += len(ids)
