@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 KV_BLOCK = 64
@@ -58,7 +58,7 @@ def store_rows_ref(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool,
 # --------------------------------------------------------------------------- Triton kernels
 
 if HAS_TRITON:
-    from dsv4.kernels.fp8_linear import _pow2_scale
+    from dsv4.kernels.fp8_linear import _e4m3, _pow2_scale
 
     @pdl_kernel
     @triton.jit
@@ -99,16 +99,6 @@ if HAS_TRITON:
         tl.store(OUT + b * stride_o + cols, tl.sum(w * c, axis=0))
 
     @triton.jit
-    def _e4m3(v, INTERP: tl.constexpr):
-        """fp32 v (|v| <= 448) -> e4m3, round to nearest even. Triton's interpreter (CPU checks) casts
-        without carrying the rounding into the exponent, so there the value is rounded first."""
-        if INTERP:
-            e = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
-            quantum = ((tl.maximum(e, 121) - 3) << 23).to(tl.float32, bitcast=True)  # 2^(max(E, -6) - 3)
-            v = ((v / quantum + 12582912.0) - 12582912.0) * quantum
-        return v.to(tl.float8e4nv)
-
-    @triton.jit
     def _e2m1_code(v):
         """RNE e2m1 code (0..15) of fp32 v already divided by its scale (|v| <= 6)."""
         a = tl.abs(v)
@@ -122,7 +112,7 @@ if HAS_TRITON:
     def _store_kernel(X, PAGE, OFF, W, COS, SIN, H, Q, S, ROPE, stride_x, stride_cs,
                       q_page, q_off, s_page, s_off, r_page, r_off, eps,
                       D: tl.constexpr, NOPE: tl.constexpr, ROPE0: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
-                      HADAMARD: tl.constexpr, FP4: tl.constexpr, INTERP: tl.constexpr):
+                      HADAMARD: tl.constexpr, FP4: tl.constexpr):
         d = tl.arange(0, D)
         if NORM:  # the static operands are read before the PDL wait (beside the previous kernel's tail)
             wn = tl.load(W + d).to(tl.float32)
@@ -158,7 +148,7 @@ if HAS_TRITON:
         else:  # FP8: e4m3 + E8M0 per 64 nope dims; the rope dims stay bf16
             g = tl.reshape(y, (D // _KV_BLOCK, _KV_BLOCK))
             s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=1), 1e-4))
-            q = _e4m3(tl.reshape(tl.clamp(g * inv[:, None], -448.0, 448.0), (D,)), INTERP)
+            q = _e4m3(tl.reshape(tl.clamp(g * inv[:, None], -448.0, 448.0), (D,)))
             nope = d < NOPE
             tl.store(Q + page * q_page + off * q_off + d, q, mask=nope)
             blk = tl.arange(0, D // _KV_BLOCK)
@@ -214,4 +204,4 @@ def store_rows(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, 
         x.stride(0), cos_t.stride(0) if rot else 0,
         q.stride(0), q.stride(1), s.stride(0), s.stride(1), rope.stride(0), rope.stride(1), float(eps),
         D=d, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NORM=norm_weight is not None, ROT=rot, HADAMARD=hadamard is not None, FP4=pool.fp4,
-        INTERP=INTERPRET, num_warps=4)
+        num_warps=4)

@@ -27,7 +27,7 @@ from collections import OrderedDict
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton  # noqa: F401
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
 from dsv4.kernels.linear_config import GemvConfig, LinearConfig, launch_split, pick_gemv_config  # noqa: F401
 from dsv4.kernels.linear_config import pick_linear_config  # noqa: F401 (re-exported)
@@ -114,6 +114,18 @@ def grouped_fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.T
 # --------------------------------------------------------------------------- Triton kernels
 
 if HAS_TRITON:
+    _INTERP = tl.constexpr(INTERPRET)
+
+    @triton.jit
+    def _e4m3(v):
+        """fp32 v (|v| <= 448) -> e4m3, round to nearest even. Triton's interpreter (CPU checks) casts
+        without carrying the rounding into the exponent and rounds ties away from zero, so there the value
+        is rounded first."""
+        if _INTERP:
+            e = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+            quantum = ((tl.maximum(e, 121) - 3) << 23).to(tl.float32, bitcast=True)  # 2^(max(E, -6) - 3)
+            v = ((v / quantum + 12582912.0) - 12582912.0) * quantum
+        return v.to(tl.float8e4nv)
 
     @triton.jit
     def _pow2_scale(amax):
@@ -130,7 +142,7 @@ if HAS_TRITON:
         """Quantise each row of an fp32 [R, 128] tile: (e4m3 tile, fp32 scale [R])."""
         amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
         s, inv = _pow2_scale(amax)
-        q = tl.clamp(x * inv[:, None], -448.0, 448.0).to(tl.float8e4nv)
+        q = _e4m3(tl.clamp(x * inv[:, None], -448.0, 448.0))
         return q, s
 
     @triton.jit

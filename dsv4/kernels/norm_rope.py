@@ -55,8 +55,7 @@ def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | N
 
 
 if HAS_TRITON:
-    from dsv4.kernels.cache_store import _e4m3
-    from dsv4.kernels.fp8_linear import _pow2_scale
+    from dsv4.kernels.fp8_linear import _e4m3, _pow2_scale
 
     @triton.jit
     def _bf16(v):
@@ -99,7 +98,7 @@ if HAS_TRITON:
         if SIM == 1:  # FP8 simulation of the first NOPE dims, blocks of 64
             g = tl.reshape(y, (BR, D // 64, 64))
             s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=2), 1e-4))
-            q = _e4m3(tl.clamp(g * inv[:, :, None], -448.0, 448.0), INTERP).to(tl.float32)
+            q = _e4m3(tl.clamp(g * inv[:, :, None], -448.0, 448.0)).to(tl.float32)
             y = tl.where(d[None, :] < NOPE, _bf16(tl.reshape(q * s[:, :, None], (BR, D))), y)
         elif SIM == 2:  # Hadamard, then FP4 simulation in blocks of 32
             # y is bf16-exact and H = c * S with S = +-1: one tensor-core dot gives the sums of +-y exactly
