@@ -45,10 +45,11 @@ def _overlap(a: tuple[float, float], spans: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(a[1], e) - max(a[0], s)) for s, e in spans)
 
 
-def _kernels(e) -> list:
+def subtree_kernels(e) -> list:
+    """The kernels a profiled host event launched, itself or through its children."""
     out = list(e.kernels)
     for c in e.cpu_children:
-        out += _kernels(c)
+        out += subtree_kernels(c)
     return out
 
 
@@ -90,7 +91,7 @@ def timeline(engine, steps: int) -> str:
     launched = {e.name: [] for e in host if e.name in labels}
     for e in host:
         if e.name in launched:
-            launched[e.name] += _kernels(e)
+            launched[e.name] += subtree_kernels(e)
     rows = []
     waits = [e for e in host if "Synchronize" in e.name]
     for label in ["engine.step", *labels, "(host waits: cuda*Synchronize)"]:

@@ -151,11 +151,7 @@ def main() -> None:
     print(f"{len(gpu)} kernels, {sum(e.device_time for e in gpu):.0f} us GPU in one {what} "
           f"({args.layers} layers, batch {args.batch}, ctx {args.ctx})")
 
-    def subtree_kernels(e):
-        out = list(e.kernels)
-        for c in e.cpu_children:
-            out += subtree_kernels(c)
-        return out
+    from engine_timeline import subtree_kernels
     table = collections.defaultdict(lambda: [0, 0, 0.0])
     for e in events:
         if e.device_type == torch.autograd.DeviceType.CPU and any(e.name == f"{c}.{n}" for _, c, n in PARTS):

@@ -45,10 +45,8 @@ class BroadcastSampler:
     def pick_sequences(self, logits, seqs):
         """Rank 0's ids, left on every rank's device (the engine's look-ahead): a broadcast over the model's
         group (NCCL on GPUs), queued on the stream like the step's other collectives, not waited for."""
-        ids = (self.inner.pick_sequences(logits, seqs) if self.ps.is_first
-               else torch.empty(len(seqs), dtype=torch.long, device=logits.device))
-        dist.broadcast(ids, src=0)
-        return ids
+        return _rank0_ids(self.inner.pick_sequences(logits, seqs) if self.ps.is_first
+                          else torch.empty(len(seqs), dtype=torch.long, device=logits.device))
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
