@@ -1,0 +1,67 @@
+"""A grid-wide barrier for persistent Triton kernels (experimental; bench/bench_grid_barrier.py measures it).
+
+Why: a B = 1 decode step is ≈ 25 kernels per layer, and each pays ≈ 3 µs of launch, ramp-up and tail beyond its
+bytes (docs/benchmarks.md, session 17). A kernel whose programs stay resident across several dependent stages
+and meet at a barrier between them pays that once, if a barrier costs less than a launch.
+
+Safety: a spin barrier deadlocks unless every program of the grid is resident at once. `launch_cooperative_grid`
+makes the driver guarantee it (the launch fails, instead of hanging, if the grid does not fit). Triton's CPU
+interpreter runs programs one after another, so kernels using it are GPU-only.
+
+Counter: one int64 per barrier user, zeroed once and never reset. Every program adds 1 per barrier, so the
+count only grows; a program that arrives as the `old`-th waits until the count reaches the end of its round,
+(old // nprog + 1) * nprog. All launches sharing a counter must use the same grid size (the rounds stay
+aligned), hence one counter per (user, device, grid size).
+"""
+
+from __future__ import annotations
+
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+
+_counters: dict = {}
+
+
+def barrier_counter(user: str, device, nprog: int):
+    """The zeroed int64 counter of `user`'s cooperative launches of `nprog` programs on `device`."""
+    import torch
+    key = (user, device, nprog)
+    if key not in _counters:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(f"{user}: the grid barrier's counter must be allocated before CUDA-graph capture")
+        _counters[key] = torch.zeros(1, dtype=torch.int64, device=device)
+    return _counters[key]
+
+
+def resident_programs(kernel, num_sms: int) -> int:
+    """Programs of a compiled Triton kernel that fit on the GPU at once (registers, shared memory, warps)."""
+    kernel._init_handles()  # loads the binary: its register count
+    warps = kernel.metadata.num_warps
+    regs = max(1, kernel.n_regs) * 32 * warps
+    by_regs = 65536 // (((regs + 255) // 256) * 256)
+    by_smem = (228 * 1024) // max(1, kernel.metadata.shared + 1024)
+    return num_sms * max(0, min(by_regs, by_smem, 64 // warps, 32))
+
+
+if HAS_TRITON and not INTERPRET:
+
+    @triton.jit
+    def _load_acquire(ptr):
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [ptr], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+
+    @triton.jit
+    def grid_barrier(CNT):
+        """Every program of the (cooperative) grid waits here until all have arrived. Ordering: the CTA barrier
+        puts all threads' earlier stores before the one release atomic; the acquire loads of the spin put the
+        later loads after every program's arrival (read data written by other programs with .cg: L1 is not
+        coherent)."""
+        nprog = tl.num_programs(0) * tl.num_programs(1)
+        tl.debug_barrier()
+        old = tl.atomic_add(CNT, 1, sem="release", scope="gpu")
+        target = (old // nprog + 1) * nprog
+        cur = _load_acquire(CNT)
+        while cur < target:
+            cur = _load_acquire(CNT)
+        tl.debug_barrier()
+else:  # pragma: no cover - CPU-only machines, and the interpreter (which runs programs one at a time)
+    grid_barrier = None
