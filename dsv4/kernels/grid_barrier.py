@@ -44,24 +44,37 @@ def resident_programs(kernel, num_sms: int) -> int:
 
 if HAS_TRITON and not INTERPRET:
 
-    @triton.jit
-    def _load_acquire(ptr):
-        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b64 $0, [$1];", "=l,l", [ptr], dtype=tl.int64,
-                                         is_pure=False, pack=1)
+    # One thread per program arrives (a release add) and polls (acquire loads) until the count reaches the end
+    # of its round; the CTA barriers around it hold the program's other threads. Labels inside { } are local to
+    # the block, so the asm may be inlined many times (as CUTLASS's barrier waits are).
+    _ARRIVE_AND_WAIT = tl.constexpr("""{
+    .reg .pred P1;
+    .reg .b32 T;
+    .reg .b64 OLD, TGT, C;
+    mov.u32 T, %tid.x;
+    setp.ne.u32 P1, T, 0;
+    @P1 bra DONE;
+    atom.release.gpu.global.add.u64 OLD, [$1], 1;
+    div.u64 TGT, OLD, $2;
+    add.u64 TGT, TGT, 1;
+    mul.lo.u64 TGT, TGT, $2;
+    LAB_WAIT:
+    ld.acquire.gpu.global.u64 C, [$1];
+    setp.lt.u64 P1, C, TGT;
+    @P1 bra LAB_WAIT;
+    DONE:
+    mov.u32 $0, 0;
+    }""")
 
     @triton.jit
     def grid_barrier(CNT):
-        """Every program of the (cooperative) grid waits here until all have arrived. Ordering: the CTA barrier
-        puts all threads' earlier stores before the one release atomic; the acquire loads of the spin put the
-        later loads after every program's arrival (read data written by other programs with .cg: L1 is not
-        coherent)."""
-        nprog = tl.num_programs(0) * tl.num_programs(1)
+        """Every program of the (cooperative) grid waits here until all have arrived. Ordering: the first CTA
+        barrier puts all threads' earlier stores before the one thread's release add; its acquire loads and
+        the second CTA barrier put every thread's later loads after all programs' arrivals (read data written
+        by other programs with .cg: L1 is not coherent)."""
+        nprog = (tl.num_programs(0) * tl.num_programs(1)).to(tl.int64)
         tl.debug_barrier()
-        old = tl.atomic_add(CNT, 1, sem="release", scope="gpu")
-        target = (old // nprog + 1) * nprog
-        cur = _load_acquire(CNT)
-        while cur < target:
-            cur = _load_acquire(CNT)
+        tl.inline_asm_elementwise(_ARRIVE_AND_WAIT, "=r,l,l", [CNT, nprog], dtype=tl.int32, is_pure=False, pack=1)
         tl.debug_barrier()
 else:  # pragma: no cover - CPU-only machines, and the interpreter (which runs programs one at a time)
     grid_barrier = None
