@@ -53,11 +53,15 @@ def arrival_counters(user: str, device, needed: int):
 # instructions, and the launchers ask for no prefetch).
 PDL = HAS_TRITON and not INTERPRET and os.environ.get("DSV4_PDL", "1") != "0"
 PREFETCH_KBLOCKS = 4  # 128-wide K blocks of a program's weight rows started into L2 before the wait (8: no better)
+# Only for weights up to this size: in a chain of dependent one-row linears the prefetch saves ≈ 0.3 µs per
+# launch at 1 MB but costs ≈ 3.3 µs at 16.8 MB (bench_grid_barrier.py, docs/benchmarks.md session 23).
+PREFETCH_MAX_BYTES = 1 << 62
 
 
-def weight_prefetch_kblocks() -> int:
-    """K blocks a PDL kernel's launcher asks it to prefetch before its wait (0 with PDL off)."""
-    return PREFETCH_KBLOCKS if PDL else 0
+def weight_prefetch_kblocks(weight_bytes: int) -> int:
+    """K blocks a PDL kernel's launcher asks it to prefetch before its wait (0 with PDL off, or for a weight
+    of more than PREFETCH_MAX_BYTES)."""
+    return PREFETCH_KBLOCKS if PDL and weight_bytes <= PREFETCH_MAX_BYTES else 0
 
 
 class _PDLKernel:

@@ -122,7 +122,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, grou
         raise ValueError(f"fp8_gemv: {cfg} does not tile K={k}: split {split} x steps of {cfg.ku} K blocks")
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     common = dict(MR=triton.next_power_of_2(m), BN=cfg.bn, KU=cfg.ku, QUANT_X=quant_x, SW_E8M0=e8,
-                  OUT_F32=out_dtype == torch.float32, PREFETCH=weight_prefetch_kblocks(),
+                  OUT_F32=out_dtype == torch.float32, PREFETCH=weight_prefetch_kblocks(weight.numel()),
                   ROUND_W=not (quant_x or e8), INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=1)
     args = (m, n, n // groups, x3.stride(0), x3.stride(1), weight.stride(0), sw.stride(0), kblocks // split)
     if split == 1:

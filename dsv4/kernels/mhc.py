@@ -210,7 +210,8 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
         _mix_rows_kernel[(split,)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per, HC * d,
             FUSE_POST=fuse is not None, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
-            BK=bk, PREFETCH=weight_prefetch_kblocks() > 0 and per % 8 == 0 and d % 8 == 0, num_warps=4)
+            BK=bk, PREFETCH=weight_prefetch_kblocks(2 * fn.hi.numel() * fn.hi.element_size()) > 0 and per % 8 == 0
+            and d % 8 == 0, num_warps=4)
     else:
         _mix_kernel[(triton.cdiv(t, bt), split)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,

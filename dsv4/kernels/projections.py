@@ -260,7 +260,7 @@ def project_decode(a: torch.Tensor, weight: torch.Tensor, positions: torch.Tenso
         A=a, W=weight, PART=partials, Y=y, CNT=counters, POS=positions.contiguous(), T=t, N=n,
         stride_a=a.stride(0), stride_w=weight.stride(0), K=k, BN=bn, KS=ks, BK=bk, S=splits, TM=DECODE_MAX_T,
         INTERP=INTERPRET, **args,
-        PREFETCH=(weight_prefetch_kblocks() > 0 and k % 8 == 0 and weight.stride(0) % 8 == 0
-                  and weight.data_ptr() % 16 == 0),
+        PREFETCH=(weight_prefetch_kblocks(weight.numel() * weight.element_size()) > 0 and k % 8 == 0
+                  and weight.stride(0) % 8 == 0 and weight.data_ptr() % 16 == 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y, w_out
