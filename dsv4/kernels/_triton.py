@@ -53,9 +53,10 @@ def arrival_counters(user: str, device, needed: int):
 # instructions, and the launchers ask for no prefetch).
 PDL = HAS_TRITON and not INTERPRET and os.environ.get("DSV4_PDL", "1") != "0"
 PREFETCH_KBLOCKS = 4  # 128-wide K blocks of a program's weight rows started into L2 before the wait (8: no better)
-# Only for weights up to this size: in a chain of dependent one-row linears the prefetch saves ≈ 0.3 µs per
-# launch at 1 MB but costs ≈ 3.3 µs at 16.8 MB (bench_grid_barrier.py, docs/benchmarks.md session 23).
-PREFETCH_MAX_BYTES = 1 << 62
+# Only for weights up to this size: in a chain of dependent one-row linears (bench_grid_barrier.py) the prefetch
+# saves ≈ 0.3 µs per launch at 1 MB but costs 0.4 µs at 4.2 MB and 3.3 µs at 16.8 MB; 8 Flash layers' graph
+# replay 1.31 -> 1.27 ms at B = 1 (docs/benchmarks.md, session 23).
+PREFETCH_MAX_BYTES = 2 << 20
 
 
 def weight_prefetch_kblocks(weight_bytes: int) -> int:
