@@ -1,8 +1,10 @@
-"""A grid-wide barrier for persistent Triton kernels (experimental; bench/bench_grid_barrier.py measures it).
+"""A grid-wide barrier for persistent Triton kernels (not used by the model; bench/bench_grid_barrier.py).
 
-Why: a B = 1 decode step is ≈ 25 kernels per layer, and each pays ≈ 3 µs of launch, ramp-up and tail beyond its
-bytes (docs/benchmarks.md, session 17). A kernel whose programs stay resident across several dependent stages
-and meet at a barrier between them pays that once, if a barrier costs less than a launch.
+Why it exists: a B = 1 decode step is ≈ 25 kernels per layer, each ≈ 3 µs beyond its bytes (docs/benchmarks.md,
+session 17), and a kernel whose programs stay resident across dependent stages could replace launches by
+barriers. Measured (session 23): a barrier costs ≈ 1.1 µs at up to 528 programs, as much as a PDL launch in a
+CUDA graph, so it pays only together with work that overlaps the boundary (the next stages' weights streaming
+in); docs/kernels_e2e_notes.md "Session 23".
 
 Safety: a spin barrier deadlocks unless every program of the grid is resident at once. `launch_cooperative_grid`
 makes the driver guarantee it (the launch fails, instead of hanging, if the grid does not fit). Triton's CPU
