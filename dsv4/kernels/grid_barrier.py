@@ -38,8 +38,8 @@ def resident_programs(kernel, num_sms: int) -> int:
     """Programs of a compiled Triton kernel that fit on the GPU at once (registers, shared memory, warps)."""
     kernel._init_handles()  # loads the binary: its register count
     warps = kernel.metadata.num_warps
-    regs = max(1, kernel.n_regs) * 32 * warps
-    by_regs = 65536 // (((regs + 255) // 256) * 256)
+    per_warp = -(-max(1, kernel.n_regs) * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
+    by_regs = 65536 // (per_warp * warps)
     by_smem = (228 * 1024) // max(1, kernel.metadata.shared + 1024)
     return num_sms * max(0, min(by_regs, by_smem, 64 // warps, 32))
 
