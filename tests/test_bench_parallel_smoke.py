@@ -59,3 +59,19 @@ def test_bench_engine_step_speculative_smoke():
     assert [(r[0], r[1]) for r in rows] == [("2", "on device"), ("2", "on host")]
     assert all(float(r[2]) >= 1.0 for r in rows)
     assert run.stdout.count("GPU idle") >= 2 and "speculator.verify" in run.stdout  # the timeline of each mode
+
+
+def test_bench_peer_transformers_smoke():
+    """The transformers peer's plumbing (its config cut, cache-driven decode, prefill) at the tests' tiny width."""
+    import pytest
+    pytest.importorskip("transformers")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_peer_transformers.py"), "--tiny", "--layers", "3",
+                          "--ctx", "40", "--batches", "1,2", "--prefill", "48", "--reps", "2"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "['sliding_attention', 'compressed_sparse_attention', 'heavily_compressed_attention']" in run.stdout
+    decode = [line for line in run.stdout.splitlines() if line.startswith("peer decode")]
+    assert [line.split()[2] for line in decode] == ["B=1", "B=2"]
+    assert all(float(line.split(": ")[1].split()[0]) > 0 for line in decode)
+    assert "peer prefill 48:" in run.stdout
