@@ -1,17 +1,20 @@
 """What a stage boundary costs in a B = 1 decode step (issue #6): a launch, or a grid barrier?
 
 A chain of S one-row FP8 linears y_{s+1} = W_s · y_s (D x D, FP8 weights with 128 x 128 scales, the activation
-quantised per 128 as `fp8_linear_ref` does, bf16 between stages), timed three ways in one CUDA graph each:
+quantised per 128 as `fp8_linear_ref` does, bf16 between stages), timed four ways in one CUDA graph each:
 
-  launches   S launches of the model's one-row GEMV (`fp8_gemv`, split-K, PDL on)
-  persistent one cooperative launch: every program loops over the S stages and meets the others at
-             `grid_barrier` between them; split-K partials go through global memory and the next stage sums them
-  + l2       the same, each program starting its next-stage weights into L2 before it waits at the barrier
+  launches      S launches of the model's one-row GEMV (`fp8_gemv`, split-K, PDL as the model runs it)
+  persistent    one cooperative launch: every program loops over the S stages and meets the others at
+                `grid_barrier` between them; split-K partials go through global memory and the next stage sums them
+  + l2          the same, each program starting its next-stage weights into L2 before it waits at the barrier
+  + registers   the same, each program loading its first next-stage weight tile into registers before it waits
 
 and, as floors, S launches of a plain read of each weight. The per-stage difference between the rows is the
-price of a boundary. Outputs are checked against the chain of `fp8_gemv` calls.
+price of a boundary. Outputs are checked against the chain of `fp8_gemv` calls (and the persistent variants
+against each other, bit for bit). First, the barrier alone and an empty PDL launch, per grid size.
+Session 23's figures: docs/benchmarks.md.
 
-    python bench/bench_grid_barrier.py [--dims 1024,2048,4096] [--stages 8]
+    python bench/bench_grid_barrier.py [--dims 1024,2048,4096] [--stages 8] [--per-sm 2,4]
 """
 
 from __future__ import annotations
