@@ -47,12 +47,16 @@ def resident_programs(kernel, num_sms: int) -> int:
 if HAS_TRITON and not INTERPRET:
 
     # One thread per program arrives (a release add) and polls (acquire loads) until the count reaches the end
-    # of its round; the CTA barriers around it hold the program's other threads. Labels inside { } are local to
-    # the block, so the asm may be inlined many times (as CUTLASS's barrier waits are).
+    # of its round; the CTA barriers (bar.sync 0) before and after hold the program's other threads. All of it
+    # is one asm statement: with Triton's own CTA barrier (`tl.debug_barrier`) inside a loop, the software
+    # pipeliner leaves the loop's loads unpipelined, and the point of a persistent kernel is to stream the next
+    # stage's weights while it waits here. Labels inside { } are local to the block, so the asm may be inlined
+    # many times (as CUTLASS's barrier waits are).
     _ARRIVE_AND_WAIT = tl.constexpr("""{
     .reg .pred P1;
     .reg .b32 T;
     .reg .b64 OLD, TGT, C;
+    bar.sync 0;
     mov.u32 T, %tid.x;
     setp.ne.u32 P1, T, 0;
     @P1 bra DONE;
@@ -65,18 +69,18 @@ if HAS_TRITON and not INTERPRET:
     setp.lt.u64 P1, C, TGT;
     @P1 bra LAB_WAIT;
     DONE:
+    bar.sync 0;
     mov.u32 $0, 0;
     }""")
 
     @triton.jit
     def grid_barrier(CNT):
-        """Every program of the (cooperative) grid waits here until all have arrived. Ordering: the first CTA
-        barrier puts all threads' earlier stores before the one thread's release add; its acquire loads and
-        the second CTA barrier put every thread's later loads after all programs' arrivals (read data written
-        by other programs with .cg: L1 is not coherent)."""
+        """Every program of the (cooperative) grid waits here until all have arrived; call it where the whole
+        program runs it (uniform control flow). Ordering: the first CTA barrier puts all threads' earlier stores
+        before the one thread's release add; its acquire loads and the second CTA barrier put every thread's
+        later loads after all programs' arrivals (read data written by other programs with .cg: L1 is not
+        coherent)."""
         nprog = (tl.num_programs(0) * tl.num_programs(1)).to(tl.int64)
-        tl.debug_barrier()
         tl.inline_asm_elementwise(_ARRIVE_AND_WAIT, "=r,l,l", [CNT, nprog], dtype=tl.int32, is_pure=False, pack=1)
-        tl.debug_barrier()
 else:  # pragma: no cover - CPU-only machines, and the interpreter (which runs programs one at a time)
     grid_barrier = None
