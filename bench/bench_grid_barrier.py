@@ -42,6 +42,17 @@ DEV = "cuda"
 
 
 @triton.jit
+def _chain_output(P, Y, D, pid, nprog, S: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """After the last barrier: the last stage's split-K partials summed in split order, as bf16."""
+    for t in range(pid, D // BN, nprog):
+        rows = t * BN + tl.arange(0, BN)
+        y = tl.zeros((BN,), dtype=tl.float32)
+        for q in range(SPLIT):
+            y += tl.load(P + ((S - 1) % 2) * SPLIT * D + q * D + rows, cache_modifier=".cg")
+        tl.store(Y + rows, y.to(tl.bfloat16))
+
+
+@triton.jit
 def _chain_item(X, W, SW, P, D, w, s: tl.constexpr, it, BN: tl.constexpr, KU: tl.constexpr, SPLIT: tl.constexpr):
     """One work item of stage s: BN output rows x the K step of split `it % SPLIT` (KU blocks), weight tile w."""
     BK: tl.constexpr = 128
@@ -99,12 +110,7 @@ def _chain_kernel(X, W, SW, P, Y, CNT, D, S: tl.constexpr, BN: tl.constexpr, KU:
         if PRE_W and s + 1 < S:  # this program's first weight tile of the next stage, into registers
             w_next = tl.load(_w_tile(W, D, s + 1, pid, BN, KU, SPLIT), mask=pid < items, other=0.0)
         grid_barrier(CNT)
-    for t in range(pid, D // BN, nprog):
-        rows = t * BN + tl.arange(0, BN)
-        y = tl.zeros((BN,), dtype=tl.float32)
-        for q in range(SPLIT):
-            y += tl.load(P + ((S - 1) % 2) * SPLIT * D + q * D + rows, cache_modifier=".cg")
-        tl.store(Y + rows, y.to(tl.bfloat16))
+    _chain_output(P, Y, D, pid, nprog, S, BN, SPLIT)
 
 
 @triton.jit
@@ -157,12 +163,7 @@ def _dot_chain_kernel(X, W, SW, P, Y, CNT, D, S: tl.constexpr, BN: tl.constexpr,
         if step == kb_per - 1:
             tl.store(P + (s % 2) * SPLIT * D + sp * D + rows, tl.sum(tl.where(col[None, :] == 0, acc, 0.0), axis=1))
     grid_barrier(CNT)
-    for t in range(pid, D // BN, nprog):
-        rows = t * BN + tl.arange(0, BN)
-        y = tl.zeros((BN,), dtype=tl.float32)
-        for q in range(SPLIT):
-            y += tl.load(P + ((S - 1) % 2) * SPLIT * D + q * D + rows, cache_modifier=".cg")
-        tl.store(Y + rows, y.to(tl.bfloat16))
+    _chain_output(P, Y, D, pid, nprog, S, BN, SPLIT)
 
 
 def shape_for(d: int) -> tuple[int, int, int]:
