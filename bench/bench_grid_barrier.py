@@ -201,8 +201,7 @@ class Chain:
     def persistent(self, i: int, l2: bool = False, pre_w: bool = False):
         _chain_kernel[(self.nprog,)](self.x, self.ws[i], self.ss[i], self.p, self.y, self.cnt, self.d, S=self.s,
                                      BN=self.bn, KU=self.ku, SPLIT=self.split, L2=l2, PRE_W=pre_w,
-                                     num_warps=self.warps,
-                                     num_stages=1, launch_cooperative_grid=True)
+                                     num_warps=self.warps, num_stages=1, launch_cooperative_grid=True)
         return self.y
 
     def dot_shape(self) -> tuple[int, int]:

@@ -351,7 +351,7 @@ def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg:
     if cfg.bn > BLOCK:
         raise ValueError(f"LinearConfig: bn={cfg.bn} > 128 is not supported (one weight-scale block per tile)")
     common = dict(BM=cfg.bm, BN=cfg.bn, GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, FUSE_QUANT=cfg.fuse_quant,
-                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), PREFETCH=weight_prefetch_kblocks(n * k * groups),
+                  SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), PREFETCH=weight_prefetch_kblocks(weight.numel()),
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split == 1:  # P and CNT unused
         _fp8_gemm_kernel[grid](a, sa, weight, sw, out, out, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg,

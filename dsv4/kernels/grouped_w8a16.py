@@ -299,7 +299,7 @@ def grouped_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     per_sm = 2 if cfg.bm >= 64 else 4  # programs that fit an SM's shared memory (measured, see _auto_split)
     split = min(cfg.split_k or _auto_split(tiles_n * tiles_t, kblocks, per_sm), kblocks)  # no empty K ranges
     common = dict(DIN=din, BN=cfg.bn, BM=cfg.bm, S_E8M0=s_e8m0, BITS=cfg.bit_convert, SPLIT_OUT=split > 1,
-                  INTERP=INTERPRET, PREFETCH=weight_prefetch_kblocks(g * r * din), num_warps=cfg.num_warps,
+                  INTERP=INTERPRET, PREFETCH=weight_prefetch_kblocks(weight.numel()), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
     strides = (x.stride(0), x.stride(1), sw.stride(0), out.stride(0), out.stride(1))
     if split == 1:  # P and CNT unused
