@@ -100,6 +100,7 @@ GEMV_MAX_ROWS = 4  # what the kernel takes (its rows loop against one weight til
 # GEMV's K split spreads them (wo_b, 64 blocks: 13.76 on the GEMM, 13.04 on the GEMV). The W8A16 wo_a has no limit.
 GEMV_MAX_FP8_BYTES = 1 << 25
 GEMV_LONG_K_BLOCKS = 64
+GEMV_MIN_INFLIGHT = 4 << 20
 # Which sweep's launch shapes `pick_gemv_config` uses (24 or 17; kept for the session-24 A/B in the model's rows).
 GEMV_PICKS = 24
 
@@ -120,7 +121,7 @@ def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = Tr
     if not GEMV or not 1 <= m <= min(GEMV_MAX_M, GEMV_MAX_ROWS) or k % BLOCK:
         return None
     kblocks = k // BLOCK
-    if quant_x and n * k >= GEMV_MAX_FP8_BYTES and (GEMV_PICKS == 17 or kblocks < GEMV_LONG_K_BLOCKS):
+    if quant_x and n * k >= GEMV_MAX_FP8_BYTES and kblocks < GEMV_LONG_K_BLOCKS:
         return None
     if m > 1:  # more rows: the fp32 weight tile stays live across them (64 values a thread)
         bn, ku = 16, 4
@@ -136,4 +137,10 @@ def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = Tr
     ku = next(u for u in (ku, 2, 1) if kblocks % u == 0)
     if (n // groups) % bn or n % groups:
         return None
-    return GemvConfig(bn=bn, ku=ku, split_k=gemv_split(n // bn, kblocks, ku))
+    split = gemv_split(n // bn, kblocks, ku)
+    # Bytes in flight: every program is resident and loads one step at a time (no pipelining), so a grid that holds
+    # less than GEMV_MIN_INFLIGHT (or the whole weight) waits on latency where the GEMM streams (Pro wq_a, K = 56
+    # blocks: 96 programs of 7 steps, 1.5 MiB in flight: 11.3 µs, the GEMM 8.6; wkv 10.9 vs 7.9; session 24)
+    if n // bn * split * bn * ku * BLOCK * (1 if quant_x else 2) < min(n * k, GEMV_MIN_INFLIGHT):
+        return None
+    return GemvConfig(bn=bn, ku=ku, split_k=split)
