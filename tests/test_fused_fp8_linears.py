@@ -217,22 +217,24 @@ def test_stacked_launch_config_matches_each_part(no_gemv):
 
 
 def test_stacked_one_row_launch_is_the_gemv_of_each_part():
-    """One row: the CUDA-core GEMV (`pick_gemv_config`): 32 rows x 4 K blocks per step (x 8 where K is 8 blocks,
-    fewer where K has fewer), none (tensor-core GEMM) from 2^25 FP8 bytes unless K has 64 blocks or more; split: the
-    largest power of two with tiles * split <= 1024 and whole steps per split. Worked out by hand."""
-    from dsv4.kernels import linear_config
-    from dsv4.kernels.linear_config import GemvConfig
+    """One row: the CUDA-core GEMV (`pick_gemv_config`): below 2^24 weight bytes 64 rows x 4 K blocks per step
+    (32 x 8 where K is 8 blocks), from there 16 x 4, none (tensor-core GEMM) from 2^25 FP8 bytes; split: the
+    largest power of two with tiles * split <= 1024 and whole steps per split; none either where the grid holds
+    less than min(weight, 4 MiB) in flight (programs x rows x K blocks per step x 128 bytes). Worked out by hand."""
+    from dsv4.kernels.linear_config import GemvConfig, LinearConfig, pick_gemv_config
     _stacked_launch.cache_clear()
-    assert linear_config.GEMV_PICKS == 24
-    assert _stacked_launch(1, (1024, 512), 4096) == GemvConfig(32, 4, 8)  # 32 and 16 tiles, 32 K blocks
+    assert _stacked_launch(1, (1024, 512), 4096) == GemvConfig(64, 4, 8)  # 16 and 8 tiles, 32 K blocks
     assert _stacked_launch(1, (8192, 8192), 1024) == GemvConfig(32, 8, 1)  # 256 tiles, one step of 8
-    assert _stacked_launch(1, (512, 2048), 128) == GemvConfig(32, 1, 1)  # one K block
-    assert _stacked_launch(1, (32768, 8192), 1024) is None  # wq_b (2^25 bytes, 8 K blocks) on the GEMM
-    assert _stacked_launch(1, (4096, 1024), 4096) == GemvConfig(32, 4, 8)  # 128 and 32 tiles: 8 (1024 programs)
-    assert _stacked_launch(1, (4096, 4096), 8192) == GemvConfig(32, 4, 8)  # wo_b-sized, 64 K blocks: the GEMV
-    assert _stacked_launch(1, (4096, 4096), 4096) == GemvConfig(32, 4, 8)
-    assert _stacked_launch(1, (2048, 2048), 2048) == GemvConfig(32, 4, 4)  # 64 tiles x 4 K steps of 4
+    assert _stacked_launch(1, (512, 2048), 128) == GemvConfig(64, 1, 1)  # one K block
+    assert _stacked_launch(1, (32768, 8192), 1024) is None  # wq_b (2^25 bytes) on the GEMM, idx_wq_b the GEMV
+    assert _stacked_launch(1, (4096, 1024), 4096) is None  # 2^24 bytes: 16-row programs vs 64
     assert _stacked_launch(2, (1024, 512), 4096).split_k == 8  # two rows: the tensor-core GEMM
+    # Pro's K = 7168 (56 blocks) splits in two: wq_a 24 tiles x 2 x 32 KB = 1.5 MiB < 4, wkv 0.5 MiB < 3.5: the GEMM
+    assert pick_gemv_config(1, 1536, 7168) is None and pick_gemv_config(1, 512, 7168) is None
+    assert isinstance(_stacked_launch(1, (1536, 512), 7168), LinearConfig)
+    # ... while 64-row programs of a 12-block K (Pro idx_wq_b, 8192 x 1536) hold 128 x 32 KB = 4 MiB: the GEMV
+    assert pick_gemv_config(1, 8192, 1536) == GemvConfig(64, 4, 1)
+    assert pick_gemv_config(1, 512, 1024) == GemvConfig(32, 8, 1)  # 16 x 32 KB = the whole 0.5 MiB weight
 
 
 # --------------------------------------------------------------------------- whole models

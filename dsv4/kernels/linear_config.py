@@ -95,14 +95,15 @@ GEMV = True  # one-token linears on the CUDA-core GEMV where it is faster (bench
 # 12.65 vs 9.61, wo_a 20.9 vs 18.7 (session 17, sweep_gemv.py --rows). So one row only.
 GEMV_MAX_M = 1
 GEMV_MAX_ROWS = 4  # what the kernel takes (its rows loop against one weight tile)
-# FP8 x FP8 weights of this many bytes and more stay on the tensor-core GEMM at M = 1 where K is short (Flash wq_b,
-# 33.5 MB over 8 K blocks: 11.98 µs there, 11.87-12.27 on the GEMV, session 24); from GEMV_LONG_K_BLOCKS K blocks the
-# GEMV's K split spreads them (wo_b, 64 blocks: 13.76 on the GEMM, 13.04 on the GEMV). The W8A16 wo_a has no limit.
+# FP8 x FP8 weights of this many bytes and more stay on the tensor-core GEMM at M = 1: Flash wq_b and wo_b
+# (33.5 MB) took 11.8 / 13.4 µs there and 13.3 / 13.9 on the GEMV; below it the GEMV won by 0.3-1.8 µs
+# (sweep_gemv.py, session 17). The W8A16 wo_a (33.5 MB) has no such limit: 18.6 -> 13.1 µs. Session 24 (s24b-d):
+# re-swept without the big weights' L2 prefetch, wo_b gained 0.7 µs on the GEMV and 32-row shapes 0-0.4 µs per
+# linear in isolation, but in the model's 8-layer B = 1 replay wo_b on the GEMV measured the same (1.27 ms) and the
+# 32-row shapes 0.02 ms slower (1.29): neither adopted.
 GEMV_MAX_FP8_BYTES = 1 << 25
-GEMV_LONG_K_BLOCKS = 64
+# A GEMV grid holding less than this (or the whole weight) in flight declines (next to pick_gemv_config's end).
 GEMV_MIN_INFLIGHT = 4 << 20
-# Which sweep's launch shapes `pick_gemv_config` uses (24 or 17; kept for the session-24 A/B in the model's rows).
-GEMV_PICKS = 24
 
 
 def gemv_split(tiles: int, kblocks: int, ku: int, programs: int = 1024) -> int:
@@ -121,26 +122,22 @@ def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = Tr
     if not GEMV or not 1 <= m <= min(GEMV_MAX_M, GEMV_MAX_ROWS) or k % BLOCK:
         return None
     kblocks = k // BLOCK
-    if quant_x and n * k >= GEMV_MAX_FP8_BYTES and kblocks < GEMV_LONG_K_BLOCKS:
+    if quant_x and n * k >= GEMV_MAX_FP8_BYTES:
         return None
-    if m > 1:  # more rows: the fp32 weight tile stays live across them (64 values a thread)
+    # Flash, session 17 (sweep_gemv.py): 32 KB per step (64 rows x 4 K blocks; 32 x 8 where K is 8 blocks:
+    # one step) below 16 MB of weight, 16 rows x 4 blocks from there (sh_w13, wo_a: more, shorter programs)
+    if n * k >= 1 << 24 or m > 1:  # more rows: the fp32 weight tile stays live across them (64 values a thread)
         bn, ku = 16, 4
-    elif GEMV_PICKS == 17:
-        # Flash, session 17 (sweep_gemv.py): 32 KB per step (64 rows x 4 K blocks; 32 x 8 where K is 8 blocks:
-        # one step) below 16 MB of weight, 16 rows x 4 blocks from there (sh_w13, wo_a: more, shorter programs)
-        bn, ku = (16, 4) if n * k >= 1 << 24 else (32, 8) if kblocks == 8 else (64, 4)
     else:
-        # Flash, session 24 (sweep_gemv.py, weight prefetch only <= 2 MiB): 32 rows x 4 K blocks per step (x 8 where K
-        # is 8 blocks: one step; x 2 for the W8A16 weights, whose bf16 activations take twice the registers) came
-        # within 0.3 µs of the best of 22 shapes for every linear, 0-0.4 µs faster than session 17's picks
-        bn, ku = 32, (8 if kblocks == 8 else 4 if quant_x else 2)
+        bn, ku = (32, 8) if kblocks == 8 else (64, 4)
     ku = next(u for u in (ku, 2, 1) if kblocks % u == 0)
     if (n // groups) % bn or n % groups:
         return None
     split = gemv_split(n // bn, kblocks, ku)
     # Bytes in flight: every program is resident and loads one step at a time (no pipelining), so a grid that holds
-    # less than GEMV_MIN_INFLIGHT (or the whole weight) waits on latency where the GEMM streams (Pro wq_a, K = 56
-    # blocks: 96 programs of 7 steps, 1.5 MiB in flight: 11.3 µs, the GEMM 8.6; wkv 10.9 vs 7.9; session 24)
-    if n // bn * split * bn * ku * BLOCK * (1 if quant_x else 2) < min(n * k, GEMV_MIN_INFLIGHT):
+    # less than GEMV_MIN_INFLIGHT (or the whole weight) waits on latency where the GEMM streams. Pro's K = 56 blocks
+    # split in two only: wq_a 48 programs of 7 steps, 1.5 MiB in flight, 11.3 µs against the GEMM's 8.6 (the best of
+    # 22 GEMV shapes 10.0), wkv 10.9 vs 7.9, wq_a | wkv 12.0 vs 9.0 (sweep_gemv.py, s24c). Flash's grids all hold their whole weight.
+    if n // bn * split * bn * ku * BLOCK < min(n * k, GEMV_MIN_INFLIGHT):
         return None
     return GemvConfig(bn=bn, ku=ku, split_k=split)
