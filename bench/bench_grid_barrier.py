@@ -1,20 +1,20 @@
 """What a stage boundary costs in a B = 1 decode step (issue #6): a launch, or a grid barrier?
 
 A chain of S one-row FP8 linears y_{s+1} = W_s · y_s (D x D, FP8 weights with 128 x 128 scales, the activation
-quantised per 128 as `fp8_linear_ref` does, bf16 between stages), timed five ways in one CUDA graph each:
+quantised per 128 as `fp8_linear_ref` does, bf16 between stages), timed four ways in one CUDA graph each:
 
   launches      S launches of the model's one-row GEMV (`fp8_gemv`, split-K, PDL as the model runs it)
   persistent    one cooperative launch: every program loops over the S stages and meets the others at
                 `grid_barrier` between them; split-K partials go through global memory and the next stage sums them
   + l2          the same, each program starting its next-stage weights into L2 before it waits at the barrier
   + registers   the same, each program loading its first next-stage weight tile into registers before it waits
-  dot           one flat loop over (stage, item, K block) on tensor cores (swap AB), which Triton's pipeliner
-                streams through shared memory `num_stages` - 1 iterations ahead, across the barriers
 
 and, as floors, S launches of a plain read of each weight. The per-stage difference between the rows is the
 price of a boundary. Outputs are checked against the chain of `fp8_gemv` calls (and the persistent variants
 against each other, bit for bit). First, the barrier alone and an empty PDL launch, per grid size.
-Session 23's figures: docs/benchmarks.md.
+Session 23's figures: docs/benchmarks.md. (Session 24 measured and removed a fifth, a tensor-core chain in one
+flat loop that Triton's pipeliner streamed through shared memory across the barriers: wrong from the second stage
+on and 1.5-2.5x slower than the launches; docs/benchmarks.md "Session 24".)
 
     python bench/bench_grid_barrier.py [--dims 1024,2048,4096] [--stages 8] [--per-sm 2,4]
 """
@@ -113,59 +113,6 @@ def _chain_kernel(X, W, SW, P, Y, CNT, D, S: tl.constexpr, BN: tl.constexpr, KU:
     _chain_output(P, Y, D, pid, nprog, S, BN, SPLIT)
 
 
-@triton.jit
-def _load_cg(ptrs):
-    """fp32 loads from L2 (.cg) as inline asm with side effects: Triton's pipeliner leaves them after the barrier."""
-    return tl.inline_asm_elementwise("ld.global.cg.f32 $0, [$1];", "=f,l", [ptrs], dtype=tl.float32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _dot_chain_kernel(X, W, SW, P, Y, CNT, D, S: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
-                      PER: tl.constexpr):
-    """The chain as ONE loop over (stage, item, K block), the weights fed to a tensor-core dot (swap AB: weight rows
-    as M, the activation block as column 0 of a 16-wide N), so that Triton's software pipeliner (`num_stages`)
-    streams weight tiles into shared memory ahead of the loop -- across the stage boundaries and their barrier,
-    since nothing makes a weight load wait on it. The previous stage's partials are read with inline asm, which
-    the pipeliner does not hoist. PER items per program and stage (items == PER * grid, checked by the launcher)."""
-    BK: tl.constexpr = 128
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    kb_total = D // BK
-    kb_per = kb_total // SPLIT
-    col = tl.arange(0, 16)
-    cols = tl.arange(0, BK)
-    acc = tl.zeros((BN, 16), dtype=tl.float32)
-    for i in range(0, S * PER * kb_per):
-        step = i % kb_per
-        j = i // kb_per
-        s = j // PER
-        it = pid + (j % PER) * nprog
-        t = it // SPLIT
-        sp = it % SPLIT
-        kb = sp * kb_per + step
-        rows = t * BN + tl.arange(0, BN)
-        w = tl.load(W + s.to(tl.int64) * D * D + rows[:, None].to(tl.int64) * D + kb * BK + cols[None, :])
-        sw = tl.load(SW + s * (D // BK) * kb_total + (t * BN // BK) * kb_total + kb)
-        if (step == 0) & (j % PER == 0) & (s > 0):
-            grid_barrier(CNT)
-        if s == 0:
-            x = tl.load(X + kb * BK + cols).to(tl.float32)
-        else:
-            x = tl.zeros((BK,), dtype=tl.float32)
-            for q in tl.static_range(SPLIT):
-                x += _load_cg(P + ((s - 1) % 2) * SPLIT * D + q * D + kb * BK + cols)
-            x = x.to(tl.bfloat16).to(tl.float32)
-        sx, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-4))
-        xq = _e4m3(tl.clamp(x * inv, -448.0, 448.0))
-        xt = tl.where(col[None, :] == 0, xq[:, None], tl.zeros((BK, 16), dtype=tl.float8e4nv))
-        acc = tl.where(step == 0, 0.0, acc) + tl.dot(w, xt) * (sw * sx)
-        if step == kb_per - 1:
-            tl.store(P + (s % 2) * SPLIT * D + sp * D + rows, tl.sum(tl.where(col[None, :] == 0, acc, 0.0), axis=1))
-    grid_barrier(CNT)
-    _chain_output(P, Y, D, pid, nprog, S, BN, SPLIT)
-
-
 def shape_for(d: int) -> tuple[int, int, int]:
     """(BN, KU, SPLIT): about 1024 work items of one 4-block (or smaller) K step each."""
     bn = 32 if d >= 2048 else 16
@@ -194,27 +141,11 @@ class Chain:
         self.nprog = min(self.fit, sms * per_sm)
         self.regs = probe.n_regs
         self.cnt = barrier_counter("bench chain", torch.device(DEV), self.nprog)
-        split, nprog = self.dot_shape()
-        self.pd = torch.empty(2, split, d, device=DEV)
-        self.cnt_dot = barrier_counter("bench dot chain", torch.device(DEV), nprog)
 
     def persistent(self, i: int, l2: bool = False, pre_w: bool = False):
         _chain_kernel[(self.nprog,)](self.x, self.ws[i], self.ss[i], self.p, self.y, self.cnt, self.d, S=self.s,
                                      BN=self.bn, KU=self.ku, SPLIT=self.split, L2=l2, PRE_W=pre_w,
                                      num_warps=self.warps, num_stages=1, launch_cooperative_grid=True)
-        return self.y
-
-    def dot_shape(self) -> tuple[int, int]:
-        """(SPLIT, programs) of the dot chain: 64-row tiles, about 512 items of whole K ranges, one per program."""
-        tiles, kb = self.d // 64, self.d // 128
-        split = min(kb, max(1, 512 // tiles))
-        return split, tiles * split
-
-    def dot(self, i: int, stages: int = 3):
-        split, nprog = self.dot_shape()
-        _dot_chain_kernel[(nprog,)](self.x, self.ws[i], self.ss[i], self.pd, self.y, self.cnt_dot, self.d, S=self.s,
-                                    BN=64, SPLIT=split, PER=1, num_warps=4, num_stages=stages,
-                                    launch_cooperative_grid=True)
         return self.y
 
     def launches(self, i: int):
@@ -293,17 +224,9 @@ def main() -> None:
             for flags in (dict(), dict(l2=True), dict(pre_w=True)):
                 t.append(graph_us([lambda i=i: ch.persistent(i, **flags) for i in range(copies)]) / per)
             t_read = graph_us([lambda i=i: ch.reads(i, out) for i in range(copies)]) / per
-            try:  # the tensor-core chain, its weights streamed through shared memory across the barriers
-                err_dot = ((ch.dot(0).float() - ref).abs().max() / ref.abs().max()).item()
-                t_dot = [graph_us([lambda i=i: ch.dot(i, st) for i in range(copies)]) / per for st in (3, 4)]
-            except RuntimeError as e:
-                print(f"  dot chain failed: {str(e)[:100]}", flush=True)
-                err_dot, t_dot = float("nan"), [float("nan")] * 2
             print(f"{d} | {d * d / 1e6:.1f} | {ch.nprog} ({ch.fit} fit) | {ch.regs} | "
                   + " | ".join(f"{v:.2f}" for v in t) + f" | {t_read:.2f} | {d * d / (bw * 1e6):.2f} | {err:.1e}"
-                  + ("" if same else " VARIANTS DIFFER")
-                  + f" | dot, {ch.dot_shape()[1]} programs, 3 / 4 stages: {t_dot[0]:.2f} / {t_dot[1]:.2f}"
-                  f" (rel.err {err_dot:.1e})",
+                  + ("" if same else " VARIANTS DIFFER"),
                   flush=True)
             del ch
             torch.cuda.empty_cache()
