@@ -136,8 +136,9 @@ def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = Tr
     split = gemv_split(n // bn, kblocks, ku)
     # Bytes in flight: every program is resident and loads one step at a time (no pipelining), so a grid that holds
     # less than GEMV_MIN_INFLIGHT (or the whole weight) waits on latency where the GEMM streams. Pro's K = 56 blocks
-    # split in two only: wq_a 48 programs of 7 steps, 1.5 MiB in flight, 11.3 µs against the GEMM's 8.6 (the best of
-    # 22 GEMV shapes 10.0), wkv 10.9 vs 7.9, wq_a | wkv 12.0 vs 9.0 (sweep_gemv.py, s24c). Flash's grids all hold their whole weight.
+    # split in two only: wq_a 48 programs of 7 steps, 1.5 MiB in flight, 13.3 µs against the GEMM's 8.6 (the best of
+    # 22 GEMV shapes 10.0), wkv 12.8 vs 7.9, wq_a | wkv 14.0 vs 9.0 (sweep_gemv.py, s24c). Flash's grids all hold
+    # their whole weight.
     if n // bn * split * bn * ku * BLOCK < min(n * k, GEMV_MIN_INFLIGHT):
         return None
     return GemvConfig(bn=bn, ku=ku, split_k=split)
