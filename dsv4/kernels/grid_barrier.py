@@ -44,19 +44,18 @@ def resident_programs(kernel, num_sms: int) -> int:
     return num_sms * max(0, min(by_regs, by_smem, 64 // warps, 32))
 
 
-if HAS_TRITON and not INTERPRET:
-
-    # One thread per program arrives (a release add) and polls (acquire loads) until the count reaches the end
-    # of its round; the CTA barriers (bar.sync 0) before and after hold the program's other threads. All of it
-    # is one asm statement: with Triton's own CTA barrier (`tl.debug_barrier`) inside a loop, the software
-    # pipeliner leaves the loop's loads unpipelined, and the point of a persistent kernel is to stream the next
-    # stage's weights while it waits here. Labels inside { } are local to the block, so the asm may be inlined
-    # many times (as CUTLASS's barrier waits are).
-    _ARRIVE_AND_WAIT = tl.constexpr("""{
+def arrive_and_wait_asm(cta_barrier: str = "bar.sync 0") -> str:
+    """PTX of the barrier: one thread per program arrives (a release add) and polls (acquire loads) until the count
+    reaches the end of its round; `cta_barrier` before and after holds the program's other threads (a named
+    barrier such as "bar.sync 15, 128" where only some warps take part: a warp-specialised kernel's consumers).
+    All of it is one asm statement: with Triton's own CTA barrier (`tl.debug_barrier`) inside a loop, the software
+    pipeliner leaves the loop's loads unpipelined. Labels inside { } are local to the block, so the asm may be
+    inlined many times (as CUTLASS's barrier waits are)."""
+    return f"""{{
     .reg .pred P1;
     .reg .b32 T;
     .reg .b64 OLD, TGT, C;
-    bar.sync 0;
+    {cta_barrier};
     mov.u32 T, %tid.x;
     setp.ne.u32 P1, T, 0;
     @P1 bra DONE;
@@ -69,9 +68,14 @@ if HAS_TRITON and not INTERPRET:
     setp.lt.u64 P1, C, TGT;
     @P1 bra LAB_WAIT;
     DONE:
-    bar.sync 0;
+    {cta_barrier};
     mov.u32 $0, 0;
-    }""")
+    }}"""
+
+
+if HAS_TRITON and not INTERPRET:
+
+    _ARRIVE_AND_WAIT = tl.constexpr(arrive_and_wait_asm())
 
     @triton.jit
     def grid_barrier(CNT):
