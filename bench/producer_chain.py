@@ -111,8 +111,8 @@ if HAS_TRITON and not INTERPRET:
                 sx, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(x), axis=1), 1e-4))
                 sw = gl.load(SW + s * kb_total * kb_total + (t * BN // _BK) * kb_total + sp * KB_PER
                              + gl.arange(0, KB_PER, layout=rows_l))
-                xs = _e4m3(gl.minimum(gl.maximum(x * gl.expand_dims(inv, 1), -448.0), 448.0)) \
-                    * gl.expand_dims(sx * sw, 1)
+                xq = _e4m3(gl.minimum(gl.maximum(x * gl.expand_dims(inv, 1), -448.0), 448.0)).to(gl.float32)
+                xs = xq * gl.expand_dims(sx * sw, 1)
                 gl.thread_barrier()  # the previous item's reads of x_smem are done
                 x_smem.store(xs)
                 gl.thread_barrier()
