@@ -46,8 +46,12 @@ if HAS_TRITON and not INTERPRET:
 
     @gluon.jit
     def _consumer_grid_barrier(CNT):
+        """The consumers' grid barrier; returns 0, which the reads after it add to their addresses: a data
+        dependency, so that no scheduling pass can hoist them above it (Triton's pipeliner did exactly that to
+        the removed "dot" chain's asm loads, docs/kernels_e2e_notes.md "Session 24")."""
         nprog = gl.num_programs(0).to(gl.int64)
-        gl.inline_asm_elementwise(_CONSUMER_BARRIER, "=r,l,l", [CNT, nprog], dtype=gl.int32, is_pure=False, pack=1)
+        return gl.inline_asm_elementwise(_CONSUMER_BARRIER, "=r,l,l", [CNT, nprog], dtype=gl.int32, is_pure=False,
+                                         pack=1)
 
     @gluon.jit
     def _item(pid, j, nprog, SPLIT: gl.constexpr):
@@ -74,10 +78,10 @@ if HAS_TRITON and not INTERPRET:
                     c += 1
 
     @gluon.jit
-    def _stage_input(X, P, s, D, kb0, KB_PER: gl.constexpr, SPLIT: gl.constexpr, layout: gl.constexpr):
+    def _stage_input(X, P, s, D, kb0, after, KB_PER: gl.constexpr, SPLIT: gl.constexpr, layout: gl.constexpr):
         """This item's activations [KB_PER, 128] from K block kb0 on: X (stage 0) or the bf16 rounding of the
-        previous stage's partials (read from L2), all in one round trip."""
-        offs = (kb0 * _BK + gl.expand_dims(gl.arange(0, KB_PER, layout=gl.SliceLayout(1, layout)), 1) * _BK
+        previous stage's partials (read from L2, `after` = the barrier's 0), all in one round trip."""
+        offs = (after + kb0 * _BK + gl.expand_dims(gl.arange(0, KB_PER, layout=gl.SliceLayout(1, layout)), 1) * _BK
                 + gl.expand_dims(gl.arange(0, _BK, layout=gl.SliceLayout(0, layout)), 0))
         if s == 0:
             x = gl.load(X + offs).to(gl.float32)
@@ -101,13 +105,14 @@ if HAS_TRITON and not INTERPRET:
         r = gl.arange(0, BN, layout=rows_l)
         c = 0
         for s in range(S):
+            after = 0
             if s > 0:
-                _consumer_grid_barrier(CNT)
+                after = _consumer_grid_barrier(CNT)
             for j in range(PER):
                 t, sp = _item(pid, j, nprog, SPLIT)
                 # the item's activations, quantised per 128 with the weight block scale folded in, into shared
                 # memory: one L2 round trip per item instead of one per K block
-                x = _stage_input(X, P, s, D, sp * KB_PER, KB_PER, SPLIT, layout)
+                x = _stage_input(X, P, s, D, sp * KB_PER, after, KB_PER, SPLIT, layout)
                 sx, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(x), axis=1), 1e-4))
                 sw = gl.load(SW + s * kb_total * kb_total + (t * BN // _BK) * kb_total + sp * KB_PER
                              + gl.arange(0, KB_PER, layout=rows_l))
@@ -130,9 +135,9 @@ if HAS_TRITON and not INTERPRET:
                     acc += w.to(gl.float32) * gl.expand_dims(xrow, 0)
                     c += 1
                 gl.store(P + (s % 2) * SPLIT * D + sp * D + t * BN + r, gl.sum(acc, axis=1))
-        _consumer_grid_barrier(CNT)
+        after = _consumer_grid_barrier(CNT)
         if pid < D // _BK:  # the chain's output: bf16 of the last stage's summed partials
-            kk = pid * _BK + k
+            kk = after + pid * _BK + k
             y = gl.load(P + ((S - 1) % 2) * SPLIT * D + kk, cache_modifier=".cg")
             for q in gl.static_range(1, SPLIT):
                 y += gl.load(P + ((S - 1) % 2) * SPLIT * D + q * D + kk, cache_modifier=".cg")
