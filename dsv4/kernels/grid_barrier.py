@@ -83,8 +83,10 @@ if HAS_TRITON and not INTERPRET:
         program runs it (uniform control flow). Ordering: the first CTA barrier puts all threads' earlier stores
         before the one thread's release add; its acquire loads and the second CTA barrier put every thread's
         later loads after all programs' arrivals (read data written by other programs with .cg: L1 is not
-        coherent)."""
+        coherent). Returns 0: inside a software-pipelined loop, add it to the addresses read after the barrier,
+        since Triton's pipeliner may move other side-effecting asm (loads) above it otherwise (session 24)."""
         nprog = (tl.num_programs(0) * tl.num_programs(1)).to(tl.int64)
-        tl.inline_asm_elementwise(_ARRIVE_AND_WAIT, "=r,l,l", [CNT, nprog], dtype=tl.int32, is_pure=False, pack=1)
+        return tl.inline_asm_elementwise(_ARRIVE_AND_WAIT, "=r,l,l", [CNT, nprog], dtype=tl.int32, is_pure=False,
+                                         pack=1)
 else:  # pragma: no cover - CPU-only machines, and the interpreter (which runs programs one at a time)
     grid_barrier = None
