@@ -84,8 +84,8 @@ def test_quantized_tensors_load_like_their_dequantized_values(expert_dtype):
     assert quantized.mtp[0].ready
 
 
-def build_from(cfg, tensors):
-    model = DeepseekV4ForCausalLM(cfg, torch.float32, "reference")
+def build_from(cfg, tensors, numerics="reference"):
+    model = DeepseekV4ForCausalLM(cfg, torch.float32, numerics)
     model.load_weights(tensors.items())
     model.load_mtp_weights(tensors.items())
     model.finalize_weights()
@@ -135,11 +135,7 @@ def test_load_model_from_written_checkpoint(tmp_path):
 
 
 def build_from_quantized(cfg, stored, numerics):
-    model = DeepseekV4ForCausalLM(cfg, torch.float32, numerics)
-    model.load_weights(stored.items())
-    model.load_mtp_weights(stored.items())
-    model.finalize_weights()
-    return model
+    return build_from(cfg, stored, numerics)
 
 
 def test_numerics_switch_changes_only_what_it_names():
