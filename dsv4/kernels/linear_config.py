@@ -119,11 +119,9 @@ def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = Tr
     """The GEMV's launch shape for an [m, k] x [n, k]^T product of a few rows (n rows in `groups` equal groups), or
     None where the tensor-core GEMM should run (more rows, the large FP8 x FP8 linears, shapes it cannot tile).
     Split included, so that stacked linears can compare their launches (`dsv4.model.linear`)."""
-    if not GEMV or not 1 <= m <= min(GEMV_MAX_M, GEMV_MAX_ROWS) or k % BLOCK:
+    if not GEMV or not 1 <= m <= min(GEMV_MAX_M, GEMV_MAX_ROWS) or k % BLOCK or (quant_x and n * k >= GEMV_MAX_FP8_BYTES):
         return None
     kblocks = k // BLOCK
-    if quant_x and n * k >= GEMV_MAX_FP8_BYTES:
-        return None
     # Flash, session 17 (sweep_gemv.py): 32 KB per step (64 rows x 4 K blocks; 32 x 8 where K is 8 blocks:
     # one step) below 16 MB of weight, 16 rows x 4 blocks from there (sh_w13, wo_a: more, shorter programs)
     if n * k >= 1 << 24 or m > 1:  # more rows: the fp32 weight tile stays live across them (64 values a thread)
@@ -139,6 +137,6 @@ def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = Tr
     # split in two only: wq_a 48 programs of 7 steps, 1.5 MiB in flight, 13.3 µs against the GEMM's 8.6 (the best of
     # 22 GEMV shapes 10.0), wkv 12.8 vs 7.9, wq_a | wkv 14.0 vs 9.0 (sweep_gemv.py, s24c). Flash's grids all hold
     # their whole weight.
-    if n // bn * split * bn * ku * BLOCK < min(n * k, GEMV_MIN_INFLIGHT):
+    if n * split * ku * BLOCK < min(n * k, GEMV_MIN_INFLIGHT):  # (n / bn) * split programs x bn * ku * 128 bytes
         return None
     return GemvConfig(bn=bn, ku=ku, split_k=split)
