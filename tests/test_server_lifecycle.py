@@ -174,3 +174,22 @@ def test_sigterm_timeout_aborts_leftovers_and_exits(tok, tmp_path_factory):
             assert text and counting(tok, 200).startswith(text) and text != counting(tok, 200)
     finally:
         srv.kill()
+
+
+def test_bound_socket_accepts_connections_before_the_server_runs():
+    """The URL is printed before uvicorn's accept loop starts: the socket must already listen, so that a client
+    connecting in between is queued, not refused (a refused connection made test_server_fuzz's setup flaky)."""
+    import socket
+
+    from dsv4.serve.server import bind_socket
+    sock = bind_socket("127.0.0.1", 0)
+    try:
+        clients = [socket.create_connection(sock.getsockname()[:2], timeout=5) for _ in range(3)]
+        accepted = [sock.accept()[0] for _ in clients]  # what the accept loop will find queued, in order
+        for i, (c, a) in enumerate(zip(clients, accepted)):
+            c.sendall(bytes([i]))
+            assert a.recv(1) == bytes([i])
+            c.close()
+            a.close()
+    finally:
+        sock.close()

@@ -77,6 +77,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
+    # listen now, not when uvicorn starts: the URL is printed before that, and a client that connects in between
+    # to a bound but not yet listening port is refused (seen as a flaky test_server_fuzz setup, session 24); queued
+    # connections wait for uvicorn's accept loop instead (asyncio's listen later only resets the backlog)
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
