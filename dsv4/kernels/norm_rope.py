@@ -64,20 +64,22 @@ if HAS_TRITON:
     @pdl_kernel
     @triton.jit
     def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, hscale, G, rows, stride_cs,
-                          D: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr, NORM: tl.constexpr,
-                          ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr, BR: tl.constexpr,
-                          INTERP: tl.constexpr):
-        """BR rows per program ([BR, D] tiles; BR > 1 for the Hadamard's tensor-core dot)."""
-        d = tl.arange(0, D)
+                          D: tl.constexpr, DP: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr,
+                          NORM: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr,
+                          BR: tl.constexpr, INTERP: tl.constexpr):
+        """BR rows per program ([BR, DP] tiles, DP = D rounded up to a power of two, the padding zeros;
+        BR > 1 for the Hadamard's tensor-core dot)."""
+        d = tl.arange(0, DP)
+        dm = d < D
         if NORM == 1:  # the static operands are read before the PDL wait (beside the previous kernel's tail)
-            wn = tl.load(W + d).to(tl.float32)
+            wn = tl.load(W + d, mask=dm, other=0.0).to(tl.float32)
         if SIM == 2:
             sgn = tl.load(H + d[:, None] * D + d[None, :])
         pdl_wait()
         row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
         live = row < rows
         tok = row // G
-        y = tl.load(X + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+        y = tl.load(X + row[:, None] * D + d[None, :], mask=live[:, None] & dm[None, :], other=0.0).to(tl.float32)
         if NORM == 1:
             ms = tl.sum(y * y, axis=1) / D
             y = _bf16(wn[None, :] * (y * tl.math.rsqrt(ms + eps)[:, None]))
@@ -86,20 +88,20 @@ if HAS_TRITON:
             r = _bf16(tl.math.rsqrt(_bf16(mean + eps)))
             y = _bf16(y * r[:, None])
         if ROT:
-            a, c = tl.split(tl.reshape(y, (BR, D // 2, 2)))
-            pair = tl.arange(0, D // 2)
-            rope = (pair >= ROPE0 // 2)[None, :] & live[:, None]
+            a, c = tl.split(tl.reshape(y, (BR, DP // 2, 2)))
+            pair = tl.arange(0, DP // 2)
+            rope = ((pair >= ROPE0 // 2) & (pair < D // 2))[None, :] & live[:, None]
             cs_off = tok[:, None] * stride_cs + (pair - ROPE0 // 2)[None, :]
             cs = tl.load(COS + cs_off, mask=rope, other=1.0)
             sn = tl.load(SIN + cs_off, mask=rope, other=0.0)
             if INV:
                 sn = -sn
-            y = _bf16(tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (BR, D)))
+            y = _bf16(tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (BR, DP)))
         if SIM == 1:  # FP8 simulation of the first NOPE dims, blocks of 64
-            g = tl.reshape(y, (BR, D // 64, 64))
+            g = tl.reshape(y, (BR, DP // 64, 64))
             s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=2), 1e-4))
             q = _e4m3(tl.clamp(g * inv[:, :, None], -448.0, 448.0)).to(tl.float32)
-            y = tl.where(d[None, :] < NOPE, _bf16(tl.reshape(q * s[:, :, None], (BR, D))), y)
+            y = tl.where(d[None, :] < NOPE, _bf16(tl.reshape(q * s[:, :, None], (BR, DP))), y)
         elif SIM == 2:  # Hadamard, then FP4 simulation in blocks of 32
             # y is bf16-exact and H = c * S with S = +-1: one tensor-core dot gives the sums of +-y exactly
             # per product (fp32 sums in the MMA's order), then the one multiply by c = hscale (the fp32 entry)
@@ -120,16 +122,19 @@ if HAS_TRITON:
                          + (a >= 1.75).to(tl.float32)) + (a > 2.5).to(tl.float32) + (a >= 3.5).to(tl.float32) \
                 + 2.0 * (a > 5.0).to(tl.float32)
             y = _bf16(tl.reshape(tl.where(t < 0, -mag, mag) * s[:, :, None], (BR, D)))
-        tl.store(OUT + row[:, None] * D + d[None, :], y.to(tl.bfloat16), mask=live[:, None])
+        tl.store(OUT + row[:, None] * D + d[None, :], y.to(tl.bfloat16), mask=live[:, None] & dm[None, :])
 
 
 def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
               cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE,
               nope: int = 0, inverse: bool = False) -> torch.Tensor:
-    """Triton `norm_rope_ref` (bf16, D a power of two)."""
-    if x.dtype != torch.bfloat16 or x.shape[-1] & (x.shape[-1] - 1):
-        raise ValueError(f"norm_rope: x must be bf16 with a power-of-two last dim, got {x.dtype} {tuple(x.shape)}")
+    """Triton `norm_rope_ref` (bf16; D even, a multiple of 64 with the FP8 simulation, a power of two >= 32
+    with the Hadamard one; Pro's q latent is 1536 wide)."""
     d = x.shape[-1]
+    need = {SIM_NONE: d % 2 == 0, SIM_FP8: d % 64 == 0, SIM_FP4: d >= 32 and not d & (d - 1)}[sim]
+    if x.dtype != torch.bfloat16 or not need:
+        raise ValueError(f"norm_rope: x must be bf16 with a last dim that is even (a multiple of 64 with sim=SIM_FP8, "
+                         f"a power of two >= 32 with sim=SIM_FP4), got {x.dtype} {tuple(x.shape)}, sim={sim}")
     g = x.shape[1] if x.dim() == 3 else 1
     x = x.contiguous()
     out = torch.empty_like(x)
@@ -141,13 +146,13 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     sin_t = sin.float().contiguous() if rot else x
     had, br = x, 1
     if rows >= ROWS_FROM:
-        br = max(1, min(ROWS_PER_PROGRAM, 4096 // d))
+        br = max(1, min(ROWS_PER_PROGRAM, 4096 // triton.next_power_of_2(d)))
     if sim == SIM_FP4:
         had, br = _hadamard_signs(d, x.device), HADAMARD_ROWS
     hscale = float(torch.tensor(d ** -0.5, dtype=torch.float64).float())  # the matrix's fp32 entry magnitude
     _norm_rope_kernel[(triton.cdiv(rows, br),)](
         x, out, weight if weight is not None else x, cos_t, sin_t, had, float(eps), hscale, g, rows,
-        cos_t.stride(0) if rot else 0, D=d, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm,
+        cos_t.stride(0) if rot else 0, D=d, DP=triton.next_power_of_2(d), ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm,
         ROT=rot, INV=inverse, SIM=sim, BR=br, INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
     return out
 

@@ -32,9 +32,14 @@ PREFILL, DECODE = 200, 64
 MAX_REL_RMS, MIN_TOP1 = 2e-2, 0.95
 DEVICE = "cuda"
 
-CONFIGS = {
-    "tiny": dict(),
-    "mid": dict(hidden_size=1024, num_attention_heads=8, n_routed_experts=16, moe_intermediate_size=512),
+CONFIGS = {  # name: (layers, config overrides)
+    "tiny": ("sliding,csa,hca,csa", dict()),
+    "mid": ("sliding,csa,hca,csa", dict(hidden_size=1024, num_attention_heads=8, n_routed_experts=16,
+                                        moe_intermediate_size=512)),
+    # Pro's shape: HCA first, widths that are not powers of two (Pro: hidden 7168, q latent 1536, expert
+    # width 3072, 384 experts), 8 heads per output group
+    "pro": ("hca,hca,csa,hca", dict(hidden_size=384, q_lora_rank=384, moe_intermediate_size=384, n_routed_experts=12,
+                                    num_attention_heads=16, o_groups=2)),
 }
 
 
@@ -81,7 +86,8 @@ def _compare(gpu: torch.Tensor, cpu: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("size", list(CONFIGS))
 @pytest.mark.parametrize("expert_dtype", ["fp4", "fp8"])
 def test_logits_match_cpu_reference(tmp_path, size, expert_dtype):
-    cfg = tiny_config(expert_dtype, "sliding,csa,hca,csa", **CONFIGS[size])
+    layers, overrides = CONFIGS[size]
+    cfg = tiny_config(expert_dtype, layers, **overrides)
     path = write_checkpoint(tmp_path / size, cfg, random_master_weights(cfg, seed=5))
     cpu = load_model(path, "cpu", torch.float32, kernels="torch")
     gpu = load_model(path, DEVICE, torch.bfloat16, kernels="triton")

@@ -24,6 +24,10 @@ CASES = {  # name: (shape, kwargs builder)
     "output_prefill": ((37, 64, 512), "inverse"),
     "kv_prefill": ((2051, 512), "kv"),
     "q_latent_prefill": ((2049, 1024), "weighted"),
+    # widths that are not powers of two (the tile is padded): Pro's q latent (1536), RoPE on a 192-wide head
+    "q_latent_pro": ((5, 1536), "weighted"),
+    "q_latent_pro_prefill": ((2049, 1536), "weighted"),
+    "q_heads_192": ((3, 4, 192), "unweighted"),
 }
 
 
@@ -56,3 +60,12 @@ def test_norm_rope_matches_model_path(case, monkeypatch):
     print(f"{case}: {differ:.2e} of elements differ, rel {rel:.2e}")
     # fp32 sums in another order: bf16 results differ only at rounding ties (FP4/FP8 steps amplify those)
     assert rel < (0.1 if INTERP else 2e-2) and differ < (0.7 if INTERP else 0.02), (differ, rel)
+
+
+def test_norm_rope_refuses_widths_its_simulations_cannot_tile():
+    from dsv4.kernels import norm_rope as nr
+    x = torch.randn(3, 96, device=DEV).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"norm_rope: .*\(3, 96\), sim=2"):
+        nr.norm_rope(x, sim=nr.SIM_FP4)
+    with pytest.raises(ValueError, match=r"norm_rope: .*\(3, 96\), sim=1"):
+        nr.norm_rope(x, sim=nr.SIM_FP8, nope=64)
