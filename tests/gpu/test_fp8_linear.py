@@ -67,6 +67,7 @@ def test_fp8_linear_cublas_and_triton_backends(n, k, m, poison, close_bf16):
     import importlib
 
     fl = importlib.import_module("dsv4.kernels.fp8_linear")  # the package exports the function under that name
+    from dsv4.kernels import fp8_cublas
     gen = torch.Generator(DEV).manual_seed(n + k + m + 11)
     x = _x(m, k, gen)
     for scale_dtype in ("e8m0", "float32"):
@@ -75,12 +76,12 @@ def test_fp8_linear_cublas_and_triton_backends(n, k, m, poison, close_bf16):
         for backend in ("auto", "cublas", "triton"):
             poison()
             close_bf16(fl.fp8_linear(x, w, s, backend=backend), ref, what=f"{backend} {m}x{n}x{k} {scale_dtype}")
-    rejected = [key for key in fl._CUBLAS_REJECTED if key[1:] == (n, k)]
+    rejected = [key for key in fp8_cublas._CUBLAS_REJECTED if key[1:] == (n, k)]
     assert not rejected, f"cuBLAS refused {rejected}"
     s8 = _weight(n, k, gen, "e8m0")[1]
-    assert fl._cublas_weight_scale(s8) is fl._cublas_weight_scale(s8)  # decoded once
+    assert fp8_cublas._cublas_weight_scale(s8) is fp8_cublas._cublas_weight_scale(s8)  # decoded once
     s8.view(torch.uint8).add_(1)  # an in-place write: decoded again
-    assert torch.equal(fl._cublas_weight_scale(s8), fl._weight_scale_f32(s8))
+    assert torch.equal(fp8_cublas._cublas_weight_scale(s8), fl._weight_scale_f32(s8))
 
 
 @pytest.mark.parametrize("n,k", [(4096, 128), (4096, 4096), (4096, 1024)])

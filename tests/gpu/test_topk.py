@@ -63,10 +63,10 @@ def _assert_matches(scores: torch.Tensor, k: int, present: torch.Tensor | None, 
 
 
 def _ks(n: int) -> dict[str, int]:
-    return {"1": 1, "512": min(512, n), "N": n}
+    return {"1": 1, "512": min(512, n), "1024": min(1024, n), "N": n}  # 512: Flash's index_topk, 1024: Pro's
 
 
-@pytest.mark.parametrize("kk", ["1", "512", "N"])
+@pytest.mark.parametrize("kk", ["1", "512", "1024", "N"])
 @pytest.mark.parametrize("n", [7, 256, 1000, 5000, 20000])
 @pytest.mark.parametrize("bsz", [1, 3, 64])
 def test_matches_reference(bsz: int, n: int, kk: str, poison) -> None:
