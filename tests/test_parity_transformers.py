@@ -6,8 +6,9 @@ everywhere transformers has no designed numerical difference left (§4 of the mo
 bf16 roundings, which `.float()` removes, and the routing-weight placement / 1e-20 epsilon, which are
 below fp32 noise), so the tolerance is pure summation-order noise: max |Δlogit| <= 1e-4 * std.
 
-The checkpoint has every attention kind (sliding, CSA, HCA) and a hash-routed layer; its indexer has
-16 heads and index_topk 8, so from 36 tokens on (9 compressed entries) the indexer really selects.
+The checkpoint has every attention kind (sliding, CSA, HCA) and a hash-routed layer; its indexer has 16 heads
+and index_topk 8, so from 36 tokens on (9 compressed entries) the indexer really selects. A Pro-shaped variant has
+compressed attention from layer 0 and widths that are not powers of two.
 """
 from __future__ import annotations
 
@@ -29,7 +30,14 @@ from helpers_ref import read_checkpoint  # noqa: E402
 LAYERS = "sliding,csa,hca,csa"
 PROMPT_LENGTHS = (1, 5, 40, 150, 300)
 TOL = 1e-4  # max |Δlogit| / std(logits)
-SEEDS = {"fp4": 1, "fp8": 2}  # fresh weights and prompts per expert format
+# variant: (expert format, layers, config overrides). "pro" has V4-Pro's shape: compressed attention from layer 0
+# (no sliding-only layer), three hash-routed layers, widths that are not powers of two (hidden, q latent and expert
+# width 3 x 128, 12 experts), 8 heads per output group.
+VARIANTS = {"fp4": ("fp4", LAYERS, {}), "fp8": ("fp8", LAYERS, {}),
+            "pro": ("fp4", "hca,hca,csa,hca", dict(hidden_size=384, q_lora_rank=384, moe_intermediate_size=384,
+                                                   n_routed_experts=12, num_attention_heads=16, o_groups=2,
+                                                   num_hash_layers=3))}
+SEEDS = {"fp4": 1, "fp8": 2, "pro": 3}  # fresh weights and prompts per variant
 
 # checkpoint_format.md §11: official block-local name -> transformers name (without "model.layers.N.")
 _BLOCK_NAMES = {
@@ -91,15 +99,16 @@ def load_transformers(path, expert_dtype: str) -> DeepseekV4ForCausalLM:
     return model.float().eval()  # bf16 leftovers (embed, head, norms, compressor, gate) -> fp32, exact
 
 
-@pytest.fixture(scope="module", params=["fp4", "fp8"])
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def pair(request, tmp_path_factory):
-    expert_dtype = request.param
-    cfg = tiny_config(expert_dtype, LAYERS)
-    path = write_checkpoint(tmp_path_factory.mktemp(f"ckpt_{expert_dtype}"), cfg,
-                            random_master_weights(cfg, seed=10 + SEEDS[expert_dtype]))
+    variant = request.param
+    expert_dtype, layers, overrides = VARIANTS[variant]
+    cfg = tiny_config(expert_dtype, layers, **overrides)
+    path = write_checkpoint(tmp_path_factory.mktemp(f"ckpt_{variant}"), cfg,
+                            random_master_weights(cfg, seed=10 + SEEDS[variant]))
     ours = dsv4.load_model(path, device="cpu", dtype=torch.float32, numerics="transformers")
     theirs = load_transformers(path, expert_dtype)
-    return expert_dtype, path, ours, theirs
+    return variant, path, ours, theirs
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -120,10 +129,10 @@ def hf_logits(model, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor
 def test_checkpoint_setup_exercises_every_path(pair):
     """The test model has what the parity claims cover: all attention kinds, a hash layer, and an
     indexer that selects (index_topk < compressed entries for the longer prompts)."""
-    _, _, _, theirs = pair
+    variant, _, _, theirs = pair
     cfg = theirs.config
-    assert set(cfg.layer_types) == {"sliding_attention", "compressed_sparse_attention",
-                                    "heavily_compressed_attention"}
+    kinds = {"compressed_sparse_attention", "heavily_compressed_attention"}
+    assert set(cfg.layer_types) == (kinds if variant == "pro" else kinds | {"sliding_attention"})
     assert "hash_moe" in cfg.mlp_layer_types and "moe" in cfg.mlp_layer_types
     assert cfg.index_n_heads >= 16
     assert cfg.index_topk < max(PROMPT_LENGTHS) // 4
@@ -150,15 +159,15 @@ def test_transformers_reads_the_same_weights(pair):
 
 @pytest.mark.parametrize("length", PROMPT_LENGTHS)
 def test_prefill_logits_match(pair, length):
-    expert_dtype, _, ours, theirs = pair
+    variant, _, ours, theirs = pair
     ids = torch.randint(0, theirs.config.vocab_size, (length,),
-                        generator=torch.Generator().manual_seed(1000 * length + SEEDS[expert_dtype]))
+                        generator=torch.Generator().manual_seed(1000 * length + SEEDS[variant]))
     ref = hf_logits(theirs, ids)
     got = dsv4_logits(ours, ids)
     assert got.dtype == torch.float32 and got.shape == ref.shape
     err = rel_err(got, ref)
-    print(f"\n[parity] experts={expert_dtype} T={length}: max|dlogit|/std = {err:.2e}")
-    assert err <= TOL, f"experts={expert_dtype} T={length}: max|dlogit|/std = {err:.3e} > {TOL}"
+    print(f"\n[parity] variant={variant} T={length}: max|dlogit|/std = {err:.2e}")
+    assert err <= TOL, f"variant={variant} T={length}: max|dlogit|/std = {err:.3e} > {TOL}"
 
 
 def _greedy(step, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
@@ -192,9 +201,9 @@ def test_greedy_continuation_matches(pair):
     boundary and keeps the indexer selecting. transformers re-runs the whole prefix every step (no
     cache); dsv4 does the same, and also decodes incrementally through its sequence state. Tokens
     must be identical and every step's logits within the prefill tolerance."""
-    expert_dtype, _, ours, theirs = pair
+    variant, _, ours, theirs = pair
     prompt = torch.randint(0, theirs.config.vocab_size, (110,),
-                           generator=torch.Generator().manual_seed(77 + SEEDS[expert_dtype])).tolist()
+                           generator=torch.Generator().manual_seed(77 + SEEDS[variant])).tolist()
     ref, ref_rows = _greedy(lambda ids: hf_logits(theirs, ids, last_only=True)[-1], prompt, 32)
     full, full_rows = _greedy(lambda ids: dsv4_logits(ours, ids)[-1], prompt, 32)
     inc, inc_rows = _dsv4_incremental_greedy(ours, prompt, 32)
@@ -202,8 +211,8 @@ def test_greedy_continuation_matches(pair):
     n_inc = next((i for i, (a, b) in enumerate(zip(inc, ref)) if a != b), len(ref))
     err_full = rel_err(full_rows[:n_full + 1], ref_rows[:n_full + 1])
     err_inc = rel_err(inc_rows[:n_inc + 1], ref_rows[:n_inc + 1])
-    print(f"\n[parity] experts={expert_dtype} greedy 110+32: full re-run {n_full}/32 tokens equal, "
+    print(f"\n[parity] variant={variant} greedy 110+32: full re-run {n_full}/32 tokens equal, "
           f"max|dlogit|/std {err_full:.3e}; incremental {n_inc}/32 equal, {err_inc:.3e}")
-    assert full == ref, f"experts={expert_dtype}: dsv4 (full re-run) diverges from transformers at step {n_full}"
-    assert inc == ref, f"experts={expert_dtype}: dsv4 incremental decode diverges from transformers at step {n_inc}"
+    assert full == ref, f"variant={variant}: dsv4 (full re-run) diverges from transformers at step {n_full}"
+    assert inc == ref, f"variant={variant}: dsv4 incremental decode diverges from transformers at step {n_inc}"
     assert err_full <= TOL and err_inc <= TOL, (err_full, err_inc)
