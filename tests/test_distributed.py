@@ -5,7 +5,8 @@ HCA) and both routings (layers 0-1 hash-routed, 2-3 top-k) is loaded by one proc
 ranks in five layouts: TP2, EP2, TP2+EP2, each EP layout with both MoE combines. Every rank must
 give the single-process logits (a prefill, then decode steps with the carried state, and the MTP
 block) to 1e-5 relative (float32 computes in float64, so expect exact), the same greedy tokens from
-the lock-stepped engines, hold only its shard, and read only its own experts from the checkpoint.
+the lock-stepped engines, hold only its shard, and read only its own experts from the checkpoint. A Pro-shaped
+checkpoint runs the TP2 + EP2 all-to-all layout the same way.
 """
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from dsv4.distributed.sharding import Cut, Layout, take, take_fp8_pair
 
 TOL = 1e-5
 CFG = tiny_config("fp4", "sliding,csa,hca,csa", num_hash_layers=2, moe_intermediate_size=256)
+# V4-Pro's shape: compressed attention from layer 0, three hash layers, widths that are not powers of two (hidden,
+# q latent 3 x 128; expert width 6 x 128, so a TP2 half is 3 FP8 blocks), 8 heads per output group, 12 experts
+CFG_PRO = tiny_config("fp4", "hca,hca,csa,hca", num_hash_layers=3, hidden_size=384, q_lora_rank=384,
+                      moe_intermediate_size=768, n_routed_experts=12, num_attention_heads=16, o_groups=2)
 LENGTH = 140        # > 128: the HCA layer completes an entry; > 4 * index_topk: CSA really selects
 CHUNKS = [132, 3, 1, 1, 1, 2]   # prefill, then decode steps of the same sequence (sums to LENGTH)
 PROMPTS = [[5, 17, 300, 41, 8, 99, 250], [7, 7, 1, 400, 23]]
@@ -161,6 +166,10 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(checkpoint):
+    return _reference(checkpoint)
+
+
+def _reference(checkpoint) -> dict:
     from dsv4.model.load import load_model
     model = load_model(checkpoint)
     out = run_model(model)
@@ -170,7 +179,7 @@ def reference(checkpoint):
     return out
 
 
-def check_rank(res: dict, ref: dict, layout: tuple, rank: int) -> None:
+def check_rank(res: dict, ref: dict, layout: tuple, rank: int, cfg=CFG) -> None:
     tp, ep, comm = layout
     what = f"rank {rank} tp={tp} ep={ep} {comm}"
     for key in ("logits", "mtp"):
@@ -188,7 +197,7 @@ def check_rank(res: dict, ref: dict, layout: tuple, rank: int) -> None:
             assert res["spec_sampled"] == ref["spec_sampled"], f"{what}: speculative sampling"
             assert res["sampled"] == ref["sampled"], f"{what}: sampling with the look-ahead"
     # this rank's shard only
-    c, shapes = CFG, res["shapes"]
+    c, shapes = cfg, res["shapes"]
     per = c.n_routed_experts // ep
     mine = range((rank % ep) * per, (rank % ep + 1) * per)
     held = {int(n.split(".")[4]) for n in shapes if n.startswith("layers.2.ffn.experts.")}
@@ -208,6 +217,15 @@ def test_two_ranks_match_one_process(checkpoint, reference, tmp_path):
     for rank, per_rank in enumerate(results):
         for layout, res in zip(LAYOUTS_2, per_rank):
             check_rank(res, reference, layout, rank)
+
+
+def test_two_ranks_pro_shaped_model(tmp_path_factory, tmp_path):
+    """TP2 + EP2 (all-to-all combine) on a Pro-shaped checkpoint against one process."""
+    ckpt = write_checkpoint(tmp_path_factory.mktemp("pro"), CFG_PRO, random_master_weights(CFG_PRO, seed=12))
+    ref = _reference(ckpt)
+    layout = (2, 2, "alltoall")
+    for rank, per_rank in enumerate(spawn(2, ckpt, tmp_path, [layout])):
+        check_rank(per_rank[0], ref, layout, rank, CFG_PRO)
 
 
 @pytest.mark.slow
