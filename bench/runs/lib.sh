@@ -13,3 +13,11 @@ rows8() {
     python3 bench/flags.py "${@:3}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches $2 --ctx 4096 \
     --kv-dtype fp8 --prefill 0 --cuda-graphs 2>&1 | grep -E "ceilings|B=|rror" | head -6
 }
+# `pro LIMIT BATCHES CTX PREFILL module.FLAG=value...`: the first 4 Pro layers (HCA, HCA, CSA, HCA; ≈ 70 GB) on
+# one GPU, decode rows at ctx CTX (paged FP8, graphs) and a prefill of PREFILL tokens (0: none), with the flags set.
+pro() {
+  RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29528 timeout $1 \
+    python3 bench/flags.py "${@:5}" -- bench/bench_parallel.py --config bench/configs/deepseek-v4-pro.config.json \
+    --world 1 --layers 4 --reps 4 --batches $2 --ctx $3 --kv-dtype fp8 --prefill $4 --cuda-graphs 2>&1 \
+    | grep -E "ceilings|B=.*decode |prefill|rror|memory" | head -8
+}
