@@ -4,7 +4,7 @@ whose wgmmas each wait for the one before) against the prefill path's wide kerne
 and the per-group kernel. Flash experts, ms per call with L2 flushed (as bench_moe_flags.py), the share of
 outputs bit-identical to the default's and the relative RMS difference.
 
-    python bench/bench_moe_decode_wide.py [--ms 1,8,64]
+    python bench/bench_moe_decode_wide.py [--ms 1,8,64] [--bm 16,64]
 """
 from __future__ import annotations
 
@@ -27,15 +27,15 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ms", default="1,8,64")
+    p.add_argument("--bm", default="16,64", help="token tiles of the wide kernel (16: the least padding at decode)")
     a = p.parse_args()
     e, d, i, k = MOE["flash"]
     ex = random_experts(e, d, i, "mxfp4")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     t_flush = triton.testing.do_bench(flush.zero_, warmup=3, rep=30)
-    variants = [("default", None),
-                ("wide bm 64", MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8,
-                                         num_stages=3, wide=True)),
-                ("per-group", large_batch_config())]
+    wide = [(f"wide bm {bm}", MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8,
+                                        num_stages=3, wide=True)) for bm in map(int, a.bm.split(","))]
+    variants = [("default", None), *wide, ("per-group", large_batch_config())]
     print("M | " + " | ".join(f"{name} ms (same, rel)" for name, _ in variants))
     for m in (int(x) for x in a.ms.split(",")):
         x, ids, w = routed_inputs(m, d, e, k)
