@@ -78,7 +78,7 @@ def decode_attention_ref(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor |
                          sink: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Reference: per sequence, gather + dequantise, then the model's `sink_attention` and inverse RoPE
     (none with cos = sin = None); written into `out` when given."""
-    from dsv4.model.attention import sink_attention
+    from dsv4.model.sink_attention import sink_attention
     from dsv4.model.rope import apply_rope
 
     out = torch.empty_like(q) if out is None else out

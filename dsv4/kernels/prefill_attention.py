@@ -36,7 +36,7 @@ def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_
                           entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
                           scale: float) -> torch.Tensor:
     """Reference: the entry lists as a mask, then the model's `sink_attention` (its own arithmetic)."""
-    from dsv4.model.attention import sink_attention
+    from dsv4.model.sink_attention import sink_attention
     from dsv4.model.indexer import indices_to_mask
 
     n, dev = q.shape[0], q.device

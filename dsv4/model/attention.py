@@ -30,14 +30,13 @@ from dsv4.config import LayerSpec, ModelConfig
 from dsv4.model.compressor import Compressor
 from dsv4.model.context import Segment
 from dsv4.model.indexer import Indexer, indices_to_mask
-from dsv4.model.linear import (FP8, FP8Stack, Linear, bf16_gemm_applies, bf16_gemm_fp32, stack_fp8_linears,
-                               stacked_fp8_forward)
+from dsv4.model.linear import FP8, FP8Stack, Linear, bf16_gemm_fp32, stack_fp8_linears, stacked_fp8_forward
 from dsv4.model.norm import RMSNorm, unweighted_rms_norm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
 from dsv4.model.rope import RotaryEmbedding, apply_rope
 from dsv4.model.side_stream import start_beside
+from dsv4.model.sink_attention import lengths_mask, sink_attention, sink_attention_decode
 
-QUERY_BLOCK = 256  # queries scored together; bounds the score tensor to ~QUERY_BLOCK x (window + block)
 W8A16_MAX_TOKENS = 64  # kernel mode: wo_a from the FP8 weight up to here (decode), cuBLAS on bf16 above
 # kernel mode, paged decode step: the decode attention kernel applies the inverse RoPE to its output (one
 # launch fewer per layer than `norm_rope` in `finish`; same bits, tests/gpu/test_attention.py)
@@ -55,73 +54,6 @@ class AttentionInputs(NamedTuple):
     index_q: torch.Tensor | None         # [T, Hi, di]
     index_w: torch.Tensor | None         # [T, Hi]
     dtype: torch.dtype
-
-
-def sink_attention(q: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor,
-                   window: int, entries: torch.Tensor | None, entry_mask: torch.Tensor | None,
-                   sink: torch.Tensor, scale: float, first: tuple[int, int] | None = None,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
-    """One softmax over (window keys visible to each query) U (masked compressed entries), plus sink.
-
-    q [n, H, Dh], q_pos [n]; keys [K, Dh] with ascending positions key_pos [K] (K = V);
-    entries [N, Dh] with entry_mask [n, N]; sink [H] (fp32). Returns [n, H, Dh] in q.dtype (written
-    into `out` when given). `first = (q_pos[0], key_pos[0])` says that both position lists are
-    consecutive (the model's case), so the key range of a query block is found without reading
-    positions back from the device.
-    """
-    acc = acc_dtype(q.dtype)
-    out = torch.empty_like(q) if out is None else out
-    for b0 in range(0, q.shape[0], QUERY_BLOCK):
-        qb, pb = q[b0:b0 + QUERY_BLOCK], q_pos[b0:b0 + QUERY_BLOCK]
-        if first is not None:
-            p0 = first[0] + b0
-            lo = max(0, p0 - window + 1 - first[1])
-            hi = min(keys.shape[0], p0 + qb.shape[0] - first[1])
-        else:
-            lo = int(torch.searchsorted(key_pos, pb[0] - window + 1))
-            hi = int(torch.searchsorted(key_pos, pb[-1], right=True))
-        kb, kpos = keys[lo:hi], key_pos[lo:hi]
-        visible = (kpos[None, :] <= pb[:, None]) & (kpos[None, :] > pb[:, None] - window)
-        values = kb
-        if entries is not None and entries.shape[0]:
-            values = torch.cat((kb, entries))
-            visible = torch.cat((visible, entry_mask[b0:b0 + QUERY_BLOCK]), dim=1)
-        tensor_cores = bf16_gemm_applies(qb, values)  # CUDA bf16: exact products into fp32
-        if not tensor_cores:
-            values = values.to(acc)
-        scores = bf16_gemm_fp32(qb, values) if tensor_cores else torch.einsum("thd,kd->thk", qb.to(acc), values)
-        scores = scores * scale
-        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
-        peak = scores.amax(dim=-1, keepdim=True)  # finite: a query always sees its own kv
-        probs = torch.exp(scores - peak)
-        denom = probs.sum(dim=-1) + torch.exp(sink.to(acc)[None, :] - peak.squeeze(-1))
-        probs = probs.to(q.dtype)  # the reference feeds bf16 probabilities to P.V
-        ob = bf16_gemm_fp32(probs, values.t()) if tensor_cores else torch.einsum("thk,kd->thd", probs.to(acc), values)
-        ob = ob / denom.unsqueeze(-1)
-        out[b0:b0 + QUERY_BLOCK] = ob.to(q.dtype)
-    return out
-
-
-def _lengths_mask(lengths: list[int], width: int, device, left: bool = False) -> torch.Tensor:
-    """[B, width] bool: the first (or, left-padded, the last) lengths[b] slots of row b."""
-    n = torch.tensor(lengths, device=device)[:, None]
-    slot = torch.arange(width, device=device)[None, :]
-    return slot >= width - n if left else slot < n
-
-
-def _sink_attention_decode(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sink: torch.Tensor,
-                           scale: float, out: torch.Tensor) -> None:
-    """`sink_attention` for one query per sequence over padded keys: q [B, H, Dh], keys [B, K, Dh],
-    visible [B, K] -> out [B, H, Dh] (same arithmetic, masked slots get zero weight)."""
-    acc = acc_dtype(q.dtype)
-    values = keys.to(acc)
-    scores = torch.einsum("bhd,bkd->bhk", q.to(acc), values) * scale
-    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
-    peak = scores.amax(dim=-1, keepdim=True)  # finite: the token's own kv is always visible
-    probs = torch.exp(scores - peak)
-    denom = probs.sum(dim=-1) + torch.exp(sink.to(acc)[None, :] - peak.squeeze(-1))
-    probs = probs.to(q.dtype).to(acc)
-    out.copy_((torch.einsum("bhk,bkd->bhd", probs, values) / denom.unsqueeze(-1)).to(q.dtype))
 
 
 class Attention(nn.Module):
@@ -370,17 +302,17 @@ class Attention(nn.Module):
             state.append_tokens(pre.kv[i:i + 1], new_rows)
         # every past window key is visible to the new token; left padding keeps them next to it
         keys = [pad_sequence(windows, batch_first=True, padding_side="left"), pre.kv[:b, None]]
-        visible = [_lengths_mask([w.shape[0] for w in windows], keys[0].shape[1], dev, left=True),
+        visible = [lengths_mask([w.shape[0] for w in windows], keys[0].shape[1], dev, left=True),
                    torch.ones(b, 1, dtype=torch.bool, device=dev)]
         if self.compressor:
             counts = [e.shape[0] for e in entries]
             keys.append(pad_sequence(entries, batch_first=True))
-            present = _lengths_mask(counts, keys[-1].shape[1], dev)
+            present = lengths_mask(counts, keys[-1].shape[1], dev)
             if self.indexer and keys[-1].shape[1]:
                 present = self.indexer.select_padded(pre.index_q[:b], pre.index_w[:b],
                                                      pad_sequence(index_keys, batch_first=True), present)
             visible.append(present)  # HCA: every complete entry
-        _sink_attention_decode(pre.q[:b], torch.cat(keys, 1), torch.cat(visible, 1), self.attn_sink, self.scale,
+        sink_attention_decode(pre.q[:b], torch.cat(keys, 1), torch.cat(visible, 1), self.attn_sink, self.scale,
                                out[:b])
         return out
 
@@ -419,7 +351,7 @@ class Attention(nn.Module):
         elif self.compressor:  # HCA: every complete entry
             entries, present = step.entries(layer, "main")
             keys, visible = torch.cat((keys, entries), dim=1), torch.cat((visible, present), dim=1)
-        _sink_attention_decode(pre.q, keys, visible, self.attn_sink, self.scale, out)
+        sink_attention_decode(pre.q, keys, visible, self.attn_sink, self.scale, out)
         return out
 
     def _compress_step_kernels(self, comp, step, rows: tuple) -> None:
