@@ -38,7 +38,8 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 def add_decode_options(p) -> None:
     """--cuda-graphs, --kv-dtype and --no-overlap (generate, chat, bench, serve: a parser or an argument group)."""
     p.add_argument("--cuda-graphs", action="store_true",
-                   help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; also across --tp/--ep ranks)")
+                   help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; "
+                        "also across --tp/--ep ranks)")
     p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
                    help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
                         "(lossless under reference numerics; the GPU decode kernel reads it)")

@@ -16,7 +16,8 @@ So the compressor is branch-free: every row pools the window containing its t (f
 so far) and the result lands in the trash page unless t closes that window, the moment the
 per-sequence path would pool it. Every write of a layer (all rows) precedes its reads, so a row sees
 the kv, rows and entries of the earlier tokens of its own sequence in the same step; the ring slack
-(`max_rollback`) keeps a later row from overwriting what an earlier one still reads. Graph padding rows (position 0, tables all trash) only write to trash pages.
+(`max_rollback`) keeps a later row from overwriting what an earlier one still reads. Graph padding rows
+(position 0, tables all trash) only write to trash pages.
 Every pool is zero-filled and only finite values are written, so masked reads of padding or trash
 slots contribute exact zeros.
 """

@@ -203,5 +203,6 @@ def store_rows(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, 
         hadamard.float().contiguous() if hadamard is not None else dummy, q, s, rope,
         x.stride(0), cos_t.stride(0) if rot else 0,
         q.stride(0), q.stride(1), s.stride(0), s.stride(1), rope.stride(0), rope.stride(1), float(eps),
-        D=d, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NORM=norm_weight is not None, ROT=rot, HADAMARD=hadamard is not None, FP4=pool.fp4,
+        D=d, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NORM=norm_weight is not None, ROT=rot,
+        HADAMARD=hadamard is not None, FP4=pool.fp4,
         num_warps=4)

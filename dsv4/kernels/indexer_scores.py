@@ -195,7 +195,8 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
     bn = max(16, min(block_n, triton.next_power_of_2(n)))
     _scores_kernel[(bsz, triton.cdiv(n, bn))](
         q, weights, pq, ps, page, off, pres, out, n, h,
-        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), pq.stride(0), pq.stride(1), ps.stride(0), ps.stride(1),
+        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), pq.stride(0), pq.stride(1),
+        ps.stride(0), ps.stride(1),
         page.stride(0), page.stride(1), off.stride(0), off.stride(1), pres.stride(0), pres.stride(1),
         out.stride(0),
         HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, num_warps=4)

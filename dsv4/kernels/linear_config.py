@@ -90,9 +90,9 @@ class GemvConfig:
 
 
 GEMV = True  # one-token linears on the CUDA-core GEMV where it is faster (bench/flags.py turns it off for A/Bs)
-# Rows up to which the GEMV runs (the kernel takes up to GEMV_MAX_ROWS). Its CUDA-core work grows with the rows while the
-# tensor-core GEMM's does not: at M = 2 only wq_a / wkv were faster (5.48 / 4.28 vs 5.73 / 5.47 µs), sh_w13
-# 12.65 vs 9.61, wo_a 20.9 vs 18.7 (session 17, sweep_gemv.py --rows). So one row only.
+# Rows up to which the GEMV runs (the kernel takes up to GEMV_MAX_ROWS). Its CUDA-core work grows with the rows
+# while the tensor-core GEMM's does not: at M = 2 only wq_a / wkv were faster (5.48 / 4.28 vs 5.73 / 5.47 µs),
+# sh_w13 12.65 vs 9.61, wo_a 20.9 vs 18.7 (session 17, sweep_gemv.py --rows). So one row only.
 GEMV_MAX_M = 1
 GEMV_MAX_ROWS = 4  # what the kernel takes (its rows loop against one weight tile)
 # FP8 x FP8 weights of this many bytes and more stay on the tensor-core GEMM at M = 1: Flash wq_b and wo_b
@@ -119,7 +119,8 @@ def pick_gemv_config(m: int, n: int, k: int, groups: int = 1, quant_x: bool = Tr
     """The GEMV's launch shape for an [m, k] x [n, k]^T product of a few rows (n rows in `groups` equal groups), or
     None where the tensor-core GEMM should run (more rows, the large FP8 x FP8 linears, shapes it cannot tile).
     Split included, so that stacked linears can compare their launches (`dsv4.model.linear`)."""
-    if not GEMV or not 1 <= m <= min(GEMV_MAX_M, GEMV_MAX_ROWS) or k % BLOCK or (quant_x and n * k >= GEMV_MAX_FP8_BYTES):
+    if (not GEMV or not 1 <= m <= min(GEMV_MAX_M, GEMV_MAX_ROWS) or k % BLOCK
+            or (quant_x and n * k >= GEMV_MAX_FP8_BYTES)):
         return None
     kblocks = k // BLOCK
     # Flash, session 17 (sweep_gemv.py): 32 KB per step (64 rows x 4 K blocks; 32 x 8 where K is 8 blocks:

@@ -105,7 +105,8 @@ def _rms_norm_ref(u: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 def hc_pre_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
                sinkhorn_iters: int, hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, 4, D] bf16 -> (u [T, D] bf16 — RMSNorm_w(u) when norm_weight is given —, post [T, 4], comb [T, 4, 4])."""
+    """x [T, 4, D] bf16 -> (u [T, D] bf16 — RMSNorm_w(u) when norm_weight is given —, post [T, 4],
+    comb [T, 4, 4])."""
     u, post, comb = _hc_pre_model(x, fn, base, scale, sinkhorn_iters=sinkhorn_iters, hc_eps=hc_eps,
                                   norm_eps=norm_eps)
     if norm_weight is not None:

@@ -144,7 +144,8 @@ def check_packed(p: PackedExperts) -> None:
         want = {"w13": ((e, 2 * i, d // 2), torch.uint8), "w13_scale": ((e, 2 * i, d // BLOCK), torch.int32),
                 "w2": ((e, d, i // 2), torch.uint8), "w2_scale": ((e, d, i // BLOCK), torch.int32)}
     else:
-        want = {"w13": ((e, 2 * i, d), torch.float8_e4m3fn), "w13_scale": ((e, 2 * i // BLOCK, d // BLOCK), torch.float32),
+        want = {"w13": ((e, 2 * i, d), torch.float8_e4m3fn),
+                "w13_scale": ((e, 2 * i // BLOCK, d // BLOCK), torch.float32),
                 "w2": ((e, d, i), torch.float8_e4m3fn), "w2_scale": ((e, d // BLOCK, i // BLOCK), torch.float32)}
     for name, (shape, dtype) in want.items():
         t = getattr(p, name)

@@ -101,8 +101,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _scale(sc, g, F16: tl.constexpr):
-        """fp32 2^(b - 1) (F16: 2^(b - 113)) of byte g (constant or not) of the packed E8M0 word: times `_e2m1_f32`'s 2^-126
-        (moe_gemv `_f16_lo/_hi`'s 2^-14), the group scale 2^(b - 127). Needs b <= 128 (`PackedExperts.wide_ok`)."""
+        """fp32 2^(b - 1) (F16: 2^(b - 113)) of byte g (constant or not) of the packed E8M0 word: times
+        `_e2m1_f32`'s 2^-126 (moe_gemv `_f16_lo/_hi`'s 2^-14), the group scale 2^(b - 127). Needs b <= 128
+        (`PackedExperts.wide_ok`)."""
         b = (sc >> (8 * g)) & 0xFF
         if F16:
             return ((b + 14) << 23).to(tl.float32, bitcast=True)

@@ -238,8 +238,8 @@ if HAS_TRITON:
                          GLU)
         # block 0 into weight slot 0 and its MMAs in flight; then pairs: block 2t + 1 (slot 1) while 2t runs,
         # block 2t + 2 (slot 0) while 2t + 1 runs; a block's sum is promoted while the next one's MMAs run
-        _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs, suc_ptrs, 0, nblocks, 0,
-               c_l, GLU, STAGES)
+        _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs, suc_ptrs,
+               0, nblocks, 0, c_l, GLU, STAGES)
         pa = gl.zeros([BN, BM], gl.float32, layout=acc_l)
         pa_u = pa
         if GLU:
@@ -247,15 +247,15 @@ if HAS_TRITON:
         pa, pa_u = _mma(x_s, wa_s, wu_s, 0, 0, pa, pa_u, GLU, STAGES)
         for t in range((nblocks + 1) // 2):
             b1 = gl.minimum(2 * t + 1, nblocks - 1)  # (odd counts: the last pair repeats the last block)
-            _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs, suc_ptrs, b1, nblocks, 1,
-                   c_l, GLU, STAGES)
+            _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs,
+                   suc_ptrs, b1, nblocks, 1, c_l, GLU, STAGES)
             pa, pa_u = _wait(pa, pa_u, GLU)
             pb, pb_u = _mma(x_s, wa_s, wu_s, b1, 1, pb, pb_u, GLU, STAGES)
             acc, acc_u = _promote(acc, acc_u, pa, pa_u, sa_w_ptrs, sa_wu_ptrs, sa_s, sd_ptrs, svalid, 2 * t,
                                   GLU, STAGES)
             b2 = gl.minimum(2 * t + 2, nblocks - 1)
-            _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs, suc_ptrs, b2, nblocks, 0,
-                   c_l, GLU, STAGES)
+            _stage(x_s, w_s, u_s, sa_s, wa_s, wu_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sa_ptrs, vvalid, sc_ptrs,
+                   suc_ptrs, b2, nblocks, 0, c_l, GLU, STAGES)
             pb, pb_u = _wait(pb, pb_u, GLU)
             pa, pa_u = _mma(x_s, wa_s, wu_s, b2, 0, pa, pa_u, GLU, STAGES)
             if 2 * t + 1 < nblocks:

@@ -153,7 +153,8 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     _norm_rope_kernel[(triton.cdiv(rows, br),)](
         x, out, weight if weight is not None else x, cos_t, sin_t, had, float(eps), hscale, g, rows,
         cos_t.stride(0) if rot else 0, D=d, DP=triton.next_power_of_2(d),
-        ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm, ROT=rot, INV=inverse, SIM=sim, BR=br, INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
+        ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm, ROT=rot, INV=inverse, SIM=sim, BR=br,
+        INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
     return out
 
 

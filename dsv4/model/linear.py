@@ -168,7 +168,8 @@ class Linear(nn.Module):
         """y = W x accumulated in acc_dtype(x.dtype); result in out_dtype or x.dtype."""
         if self.kernel_format is not None:
             if self.kernel_format != "fp8":
-                raise RuntimeError(f"{self.kernel_format} weights run only inside their kernels (fused MoE, grouped wo_a)")
+                raise RuntimeError(f"{self.kernel_format} weights run only inside their kernels "
+                                   "(fused MoE, grouped wo_a)")
             return fp8_matmul(x, self.weight, self.scale, out_dtype)
         if not input_ready:
             x = self.prepare_input(x)
