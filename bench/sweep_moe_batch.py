@@ -7,6 +7,7 @@ Timing as `sweep_linear.py`: `--calls` MoE calls with different routings in one 
 the touched bytes at the copy bandwidth of the same run.
 
     python bench/sweep_moe_batch.py [--tokens 8,16,24,32,48,64,96,128] [--calls 8] [--model flash|pro] [--shared 0.5]
+                                    [--wide 16,64]
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--model", default="flash", choices=sorted(MOE))
     ap.add_argument("--shared", type=float, default=0.0, help="router-score fraction shared by each pair of tokens")
+    ap.add_argument("--wide", default="", help="also the prefill path's wide kernel (one wgmma chain over K, the FP4 "
+                    "widening overlapped) with these token tiles, e.g. 16,64")
     args = ap.parse_args()
     e, d, i, k = MOE[args.model]
     bw = copy_bandwidth()
@@ -63,6 +66,9 @@ def main() -> None:
                 "two pairs, 1 K block/step": per_pair(64, 2, 1),
                 "four pairs, 1 K block/step": per_pair(64, 4, 1),
                 "four pairs bn128, 1 K block/step": per_pair(128, 4, 1)}
+    for bm in (int(b) for b in args.wide.split(",") if b):
+        variants[f"wide, {bm}-token tiles"] = MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True,
+                                                        warps1=8, num_stages=3, wide=True)
     for m in (int(t) for t in args.tokens.split(",")):
         gen = torch.Generator(DEV).manual_seed(m)
         x = (torch.randn(m, d, device=DEV, generator=gen) * 2).to(torch.bfloat16)
