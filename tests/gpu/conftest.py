@@ -10,7 +10,7 @@ import torch
 
 def _gpu_ready() -> bool:
     if os.environ.get("DSV4_TEST_DEVICE") == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        return True  # developer check of the tests through Triton's interpreter
+        return True  # the tests through Triton's interpreter (`make test` runs its KERNEL_TESTS files this way)
     if not torch.cuda.is_available():
         return False
     try:
