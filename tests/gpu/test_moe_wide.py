@@ -67,11 +67,14 @@ def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
 @pytest.mark.parametrize("bm,warps,f16,maxnreg,asyn", [
     (64, 8, False, 0, False), (128, 8, False, 0, False), (64, 4, False, 0, False), (128, 8, True, 0, False),
     (64, 8, True, 128, False), (128, 8, True, 0, "reg2"), (64, 8, True, 0, "reg3"), (128, 8, True, 0, "smem3"),
-    (64, 8, True, 0, "smem4")])
+    (64, 8, True, 0, "smem4"),
+    # the token tiles of decode sizes (bench/sweep_moe_batch.py --wide), with the module's defaults ("default")
+    (16, 8, True, 0, False), (16, 8, True, 0, "default"), (32, 8, True, 0, "default")])
 @pytest.mark.parametrize("m", [1, 5, 300])
 def test_fused_moe_wide(bm, warps, f16, maxnreg, asyn, m, poison, close_bf16, monkeypatch):
     """asyn: the Gluon kernel with the widening overlapped (moe_wide.ASYNC; f16 widening), the widened weights
-    in registers or shared memory (ASYNC_A_SMEM) and this many ring slots (ASYNC_STAGES)."""
+    in registers or shared memory (ASYNC_A_SMEM) and this many ring slots (ASYNC_STAGES), or "default": the
+    module's own choice of both."""
     from test_moe import _mxfp4_experts, _topk
 
     from dsv4.kernels import moe_wide
@@ -81,7 +84,7 @@ def test_fused_moe_wide(bm, warps, f16, maxnreg, asyn, m, poison, close_bf16, mo
         pytest.skip("Gluon kernels do not run in the interpreter")
     monkeypatch.setattr(moe_wide, "WIDEN_F16", f16)
     monkeypatch.setattr(moe_wide, "ASYNC", bool(asyn))
-    if asyn:
+    if asyn and asyn != "default":
         monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", asyn.startswith("smem"))
         monkeypatch.setattr(moe_wide, "ASYNC_STAGES", int(asyn[-1]))
     e, d, i, k = 16, 512, 256, 6
