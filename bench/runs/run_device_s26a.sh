@@ -6,4 +6,5 @@
 source bench/runs/lib.sh
 run 150 tests/gpu/test_moe_wide.py -k "16-8-True or 32-8-True"
 timeout 220 python3 bench/sweep_moe_batch.py --tokens 1,8,16,64 --wide 16,32,64 2>&1 | grep -vE "^  (one|two|four)"
-timeout 200 python3 bench/sweep_moe_batch.py --model pro --tokens 1,8,64 --wide 16,64 2>&1 | grep -vE "^  (one|two|four)"
+timeout 200 python3 bench/sweep_moe_batch.py --model pro --tokens 1,8,64 --wide 16,64 2>&1 \
+  | grep -vE "^  (one|two|four)"
