@@ -221,6 +221,7 @@ def test_two_ranks_match_one_process(checkpoint, reference, tmp_path):
 
 def test_two_ranks_pro_shaped_model(tmp_path_factory, tmp_path):
     """TP2 + EP2 (all-to-all combine) on a Pro-shaped checkpoint against one process."""
+    assert CFG_PRO.vocab_size == CFG.vocab_size  # run_model's prompt ids are drawn for CFG's vocabulary
     ckpt = write_checkpoint(tmp_path_factory.mktemp("pro"), CFG_PRO, random_master_weights(CFG_PRO, seed=12))
     ref = _reference(ckpt)
     layout = (2, 2, "alltoall")
