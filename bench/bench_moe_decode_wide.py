@@ -23,7 +23,7 @@ def main() -> None:
     from bench.bench_gemm_moe import MOE, random_experts
     from bench.bench_moe_flags import flushed_cell, routed_inputs
     from dsv4.kernels.moe import fused_moe
-    from dsv4.kernels.moe_config import MoEConfig, large_batch_config
+    from dsv4.kernels.moe_config import large_batch_config, wide_config
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ms", default="1,8,64")
@@ -33,8 +33,7 @@ def main() -> None:
     ex = random_experts(e, d, i, "mxfp4")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     t_flush = triton.testing.do_bench(flush.zero_, warmup=3, rep=30)
-    wide = [(f"wide bm {bm}", MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8,
-                                        num_stages=3, wide=True)) for bm in map(int, a.bm.split(","))]
+    wide = [(f"wide bm {bm}", wide_config(bm)) for bm in map(int, a.bm.split(","))]
     variants = [("default", None), *wide, ("per-group", large_batch_config())]
     print("M | " + " | ".join(f"{name} ms (same, rel)" for name, _ in variants))
     for m in (int(x) for x in a.ms.split(",")):

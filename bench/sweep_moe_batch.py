@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_gemm_moe import MOE, random_experts  # noqa: E402
 from bench.sweep_linear import copy_bandwidth, graph_us  # noqa: E402
 from dsv4.kernels.moe import fused_moe  # noqa: E402
-from dsv4.kernels.moe_config import MoEConfig, pick_moe_config  # noqa: E402
+from dsv4.kernels.moe_config import MoEConfig, pick_moe_config, wide_config  # noqa: E402
 from dsv4.kernels.moe_gemv_pairs import pair_blocks  # noqa: E402
 
 DEV = "cuda"
@@ -67,8 +67,7 @@ def main() -> None:
                 "four pairs, 1 K block/step": per_pair(64, 4, 1),
                 "four pairs bn128, 1 K block/step": per_pair(128, 4, 1)}
     for bm in (int(b) for b in args.wide.split(",") if b):
-        variants[f"wide, {bm}-token tiles"] = MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True,
-                                                        warps1=8, num_stages=3, wide=True)
+        variants[f"wide, {bm}-token tiles"] = wide_config(bm)
     for m in (int(t) for t in args.tokens.split(",")):
         gen = torch.Generator(DEV).manual_seed(m)
         x = (torch.randn(m, d, device=DEV, generator=gen) * 2).to(torch.bfloat16)

@@ -16,15 +16,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dsv4.checkpoint.writer import random_master_weights, tiny_config, write_checkpoint
+from dsv4.checkpoint.writer import pro_shaped_config, random_master_weights, tiny_config, write_checkpoint
 from dsv4.distributed.sharding import Cut, Layout, take, take_fp8_pair
 
 TOL = 1e-5
 CFG = tiny_config("fp4", "sliding,csa,hca,csa", num_hash_layers=2, moe_intermediate_size=256)
-# V4-Pro's shape: compressed attention from layer 0, three hash layers, widths that are not powers of two (hidden,
-# q latent 3 x 128; expert width 6 x 128, so a TP2 half is 3 FP8 blocks), 8 heads per output group, 12 experts
-CFG_PRO = tiny_config("fp4", "hca,hca,csa,hca", num_hash_layers=3, hidden_size=384, q_lora_rank=384,
-                      moe_intermediate_size=768, n_routed_experts=12, num_attention_heads=16, o_groups=2)
+# V4-Pro's shape with three hash layers and experts 6 x 128 wide (a TP2 half of the shared expert: 3 FP8 blocks)
+CFG_PRO = pro_shaped_config(num_hash_layers=3, moe_intermediate_size=768)
 LENGTH = 140        # > 128: the HCA layer completes an entry; > 4 * index_topk: CSA really selects
 CHUNKS = [132, 3, 1, 1, 1, 2]   # prefill, then decode steps of the same sequence (sums to LENGTH)
 PROMPTS = [[5, 17, 300, 41, 8, 99, 250], [7, 7, 1, 400, 23]]

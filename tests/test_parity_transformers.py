@@ -22,7 +22,8 @@ pytest.importorskip("transformers")
 from transformers import DeepseekV4ForCausalLM, FineGrainedFP8Config  # noqa: E402
 
 import dsv4  # noqa: E402
-from dsv4.checkpoint.writer import random_master_weights, tiny_config, write_checkpoint  # noqa: E402
+from dsv4.checkpoint.writer import (PRO_LAYERS, PRO_SHAPE, random_master_weights, tiny_config,  # noqa: E402
+                                    write_checkpoint)
 from dsv4.model.context import ForwardContext, set_forward_context  # noqa: E402
 
 from helpers_ref import read_checkpoint  # noqa: E402
@@ -30,13 +31,10 @@ from helpers_ref import read_checkpoint  # noqa: E402
 LAYERS = "sliding,csa,hca,csa"
 PROMPT_LENGTHS = (1, 5, 40, 150, 300)
 TOL = 1e-4  # max |Δlogit| / std(logits)
-# variant: (expert format, layers, config overrides). "pro" has V4-Pro's shape: compressed attention from layer 0
-# (no sliding-only layer), three hash-routed layers, widths that are not powers of two (hidden, q latent and expert
-# width 3 x 128, 12 experts), 8 heads per output group.
+# variant: (expert format, layers, config overrides); "pro": V4-Pro's shape (dsv4.checkpoint.writer.PRO_SHAPE)
+# with three hash-routed layers
 VARIANTS = {"fp4": ("fp4", LAYERS, {}), "fp8": ("fp8", LAYERS, {}),
-            "pro": ("fp4", "hca,hca,csa,hca", dict(hidden_size=384, q_lora_rank=384, moe_intermediate_size=384,
-                                                   n_routed_experts=12, num_attention_heads=16, o_groups=2,
-                                                   num_hash_layers=3))}
+            "pro": ("fp4", PRO_LAYERS, {**PRO_SHAPE, "num_hash_layers": 3})}
 SEEDS = {"fp4": 1, "fp8": 2, "pro": 3}  # fresh weights and prompts per variant
 
 # checkpoint_format.md §11: official block-local name -> transformers name (without "model.layers.N.")

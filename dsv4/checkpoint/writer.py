@@ -78,6 +78,19 @@ def tiny_config(expert_dtype: str = "fp4", layers: str = "sliding,csa,hca,csa", 
     return ModelConfig.from_dict(d)
 
 
+# V4-Pro's shape in tiny: compressed attention from layer 0 (no sliding-only layer) and widths that are not powers
+# of two (Pro: hidden 7168, q latent 1536, expert width 3072, 384 experts; here 3 x 128 and 12), 8 heads per output
+# group. Kernels that assumed Flash's power-of-two widths failed only on Pro (session 25).
+PRO_LAYERS = "hca,hca,csa,hca"
+PRO_SHAPE = dict(hidden_size=384, q_lora_rank=384, moe_intermediate_size=384, n_routed_experts=12,
+                 num_attention_heads=16, o_groups=2)
+
+
+def pro_shaped_config(expert_dtype: str = "fp4", **overrides) -> ModelConfig:
+    """`tiny_config` with V4-Pro's shape (PRO_LAYERS, PRO_SHAPE); overrides as there."""
+    return tiny_config(expert_dtype, PRO_LAYERS, **{**PRO_SHAPE, **overrides})
+
+
 # ---- random masters -------------------------------------------------------------------------
 
 def init_value(name: str, shape: tuple[int, ...], cfg: ModelConfig, g: torch.Generator) -> torch.Tensor:

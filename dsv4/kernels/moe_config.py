@@ -92,12 +92,16 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)
     if per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT and act == "fp8":
-        return MoEConfig(bm=128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else 64, bn1=128, bn2=128,
-                         quant_first=True, quant_out=True, warps1=8, num_stages=3, wide=True)
+        return wide_config(128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else 64)
     if per_expert <= 32:
         return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
                          num_stages=4)
     return large_batch_config(act)
+
+
+def wide_config(bm: int) -> MoEConfig:
+    """The MXFP4 wide kernel (dsv4.kernels.moe_wide) with bm-token tiles, as `pick_moe_config` runs it."""
+    return MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, num_stages=3, wide=True)
 
 
 def large_batch_config(act: str = "fp8") -> MoEConfig:

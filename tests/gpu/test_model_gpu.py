@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from dsv4 import load_model
-from dsv4.checkpoint.writer import random_master_weights, tiny_config, write_checkpoint
+from dsv4.checkpoint.writer import PRO_LAYERS, PRO_SHAPE, random_master_weights, tiny_config, write_checkpoint
 from dsv4.model import ForwardContext, set_forward_context
 
 PREFILL, DECODE = 200, 64
@@ -36,10 +36,7 @@ CONFIGS = {  # name: (layers, config overrides)
     "tiny": ("sliding,csa,hca,csa", dict()),
     "mid": ("sliding,csa,hca,csa", dict(hidden_size=1024, num_attention_heads=8, n_routed_experts=16,
                                         moe_intermediate_size=512)),
-    # Pro's shape: HCA first, widths that are not powers of two (Pro: hidden 7168, q latent 1536, expert
-    # width 3072, 384 experts), 8 heads per output group
-    "pro": ("hca,hca,csa,hca", dict(hidden_size=384, q_lora_rank=384, moe_intermediate_size=384, n_routed_experts=12,
-                                    num_attention_heads=16, o_groups=2)),
+    "pro": (PRO_LAYERS, PRO_SHAPE),  # V4-Pro's shape (dsv4.checkpoint.writer)
 }
 
 
