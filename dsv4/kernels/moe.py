@@ -419,6 +419,8 @@ def fused_moe(
         from dsv4.kernels import moe_wide as mw
         if mw.fp8_path(experts, x.device):  # FP8 operands: their own tile height
             cfg = dataclasses.replace(cfg, bm=mw.FP8_BM)
+        elif cfg.bm == 256 and not mw.gluon_path(x.device):  # 256-token tiles are the Gluon kernels' only
+            cfg = dataclasses.replace(cfg, bm=128)
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     if wide:
         from dsv4.kernels.moe_wide import moe_wide

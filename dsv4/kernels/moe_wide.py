@@ -54,6 +54,10 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
 DOWN_ONE_WARPGROUP = False
+# 256-token tiles (Gluon only): two warpgroups side by side along the tokens read each widened weight tile from
+# shared memory, so a weight tile is widened once per 256 tokens instead of once per 128 (the GLU: 64 weight rows,
+# z quantised afterwards by `requant_rows`; GEMM2: bn2 rows); ring slots of 64-wide K halves
+TOKEN_SPLIT_STAGES = 4
 # FP8 operands instead (dsv4.kernels.moe_wide_fp8, Gluon): the MXFP4 weights re-encoded to e4m3 per 128-wide
 # block, FP8 wgmma, the reference's per-128 promotion. Measured slower (s11i, ms L2-flushed, default vs FP8):
 # M = 2048 3.30 vs 4.89, 4096 4.59 vs 9.19, 8192 8.98 vs 15.83 -- ALU-bound (SASS: ~1,100 instructions per
@@ -236,6 +240,12 @@ def _is_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
+def gluon_path(device: torch.device) -> bool:
+    """Whether `moe_wide` runs the Gluon kernels (f16 widening only; wgmma is Hopper's; no interpreter for Gluon),
+    the only ones that take 256-token tiles."""
+    return ASYNC and WIDEN_F16 and not INTERPRET and _is_hopper(device)
+
+
 def fp8_path(experts: PackedExperts, device: torch.device) -> bool:
     """Whether `moe_wide` runs these experts on FP8 operands (WIDE_FP8, exact re-encode, a Hopper GPU)."""
     return WIDE_FP8 and experts.fmt == "mxfp4" and experts.fp8_ok and not INTERPRET and _is_hopper(device)
@@ -294,20 +304,25 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
         raise ValueError("moe_wide: needs MXFP4 experts with scale bytes <= 128 (PackedExperts.wide_ok)")
     if bm not in (16, 32, 64, 128, 256) or bn2 not in (64, 128):
         raise ValueError(f"moe_wide: bm must be a power of two in 16..256 and bn2 64 or 128, got {bm}, {bn2}")
+    if bm == 256 and not gluon_path(x.device):
+        raise ValueError("moe_wide: 256-token tiles need the Gluon kernels (a Hopper GPU, moe_wide.ASYNC)")
     if fp8_path(experts, x.device):
         if bm != FP8_BM:
             raise ValueError(f"moe_wide: the FP8 path takes {FP8_BM}-row tiles (moe_align's bm), got {bm}")
         return _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2)
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm)
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
-    if ASYNC and WIDEN_F16 and not INTERPRET and _is_hopper(x.device):  # the Gluon kernel (f16 widening only;
-        # wgmma is Hopper's; no interpreter for Gluon)
+    if gluon_path(x.device):
         from dsv4.kernels import moe_wide_async
         args = ((args1, i, True, GLU_ONE_WARPGROUP, BLOCK), (args2, d, False, DOWN_ONE_WARPGROUP, bn2))
         for a, n, glu, one, bn in args:
-            bn, warps = (64, 4) if one else (bn, num_warps)
-            a_smem = (bm >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
-            moe_wide_async.launch(a, (nb, n // bn), bm, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M)
+            if bm == 256:  # two warpgroups side by side along the tokens, one widening per weight tile
+                bn, warps, a_smem, stages, wn = (64 if glu else bn), 8, True, TOKEN_SPLIT_STAGES, 2
+            else:
+                bn, warps = (64, 4) if one else (bn, num_warps)
+                a_smem = (bm >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
+                stages, wn = ASYNC_STAGES, 1
+            moe_wide_async.launch(a, (nb, n // bn), bm, bn, glu, warps, stages, a_smem, ASYNC_GROUP_M, wn)
             if glu and bn != BLOCK:  # z was stored unquantised
                 requant_rows(args1[3])
         return y

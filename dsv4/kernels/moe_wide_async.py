@@ -216,9 +216,12 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
-        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr,
+        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, WN: gl.constexpr, CR: gl.constexpr,
     ):
-        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+        # WN warpgroups side by side along the BM tokens (WN = 2: both read the one widened weight tile in shared
+        # memory, so each weight tile is widened once per BM tokens), NW // WN warps along the BN weight rows
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW // WN, WN],
+                                                        instr_shape=[16, BM // WN, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[8, 4], warps_per_cta=[NW, 1],
                                              order=[1, 0])
@@ -244,9 +247,9 @@ if HAS_TRITON:
         x_mask = xvalid[:, None] & (xk[None, :] < 32)
         x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BM, 32], x_sl)
 
-        # weight bytes: cp.async'd 16 per thread (coalesced) into the ring, read back in the wgmma A-operand
-        # layout; the scale words are read in that layout's rows
-        c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[16, 2],
+        # weight bytes: cp.async'd CR per thread (coalesced; CR rows per warp: 16, or 8 for 64 rows over 8 warps)
+        # into the ring, read back in the wgmma A-operand layout; the scale words are read in that layout's rows
+        c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, CR], threads_per_warp=[CR, 32 // CR],
                                              warps_per_cta=[NW, 1], order=[1, 0])
         w_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, c_l))
@@ -294,15 +297,20 @@ if HAS_TRITON:
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False, group_m: int = 0):
+           a_smem: bool = False, group_m: int = 0, token_warpgroups: int = 1):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
-    order (`moe_wide.ASYNC_GROUP_M`). Returns the compiled kernel
+    order (`moe_wide.ASYNC_GROUP_M`); token_warpgroups 2: two warpgroups side by side along the bm tokens, sharing
+    each widened weight tile (needs a_smem and num_warps 8). Returns the compiled kernel
     (registers and shared memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
-    if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
-        raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
+    if token_warpgroups not in (1, 2) or (token_warpgroups == 2 and (not a_smem or num_warps != 8)):
+        raise ValueError(f"moe_wide_async: token_warpgroups must be 1, or 2 with a_smem and 8 warps, got "
+                         f"{token_warpgroups} (a_smem={a_smem}, num_warps={num_warps})")
+    if bn != 8 * num_warps and bn % (16 * num_warps):  # the weight-byte copy layout covers 8 or 16 rows per warp
+        raise ValueError(f"moe_wide_async: bn {bn} must be 8 x {num_warps} warps or a multiple of 16 x {num_warps}")
     return _wide_async_kernel[grid](*kernel_args, BM=bm, BN=bn, GLU=glu, NW=num_warps, STAGES=stages, A_SMEM=a_smem,
-                                    GROUP_M=group_m, num_warps=num_warps)
+                                    GROUP_M=group_m, WN=token_warpgroups, CR=min(16, bn // num_warps),
+                                    num_warps=num_warps)
