@@ -2,9 +2,8 @@
 
     python bench/bench_moe_wide_shapes.py [--ms 4096,8192] [--shapes 128,8,smem,4 64,4,reg,4 ...]
 
-A shape is `bn,warps,mode,stages[,wn]`: weight rows per program, warps, where the widened weights go (reg: the
-MMA's register operand; smem: shared memory), ring slots and warpgroups side by side along the tokens (2: both
-read one widened weight tile; smem, 8 warps). The question it was written for (session 10):
+A shape is `bn,warps,mode,stages`: weight rows per program, warps, where the widened weights go (reg: the
+MMA's register operand; smem: shared memory) and ring slots. The question it was written for (session 10):
 does one warpgroup per program (bn 64, 4 warps, so two programs share an SM and one's widening overlaps the
 other's MMAs without any synchronisation between them) beat two warpgroups in lockstep (bn 128, 8 warps)?
 The GLU kernel quantises z over its bn channels, so at bn 64 its output is not the reference's (a GLU at
@@ -42,8 +41,7 @@ def main() -> None:
     ex = random_experts(e, d, i, "mxfp4")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     t_flush = triton.testing.do_bench(flush.zero_, warmup=3, rep=30)
-    shapes = [(int(f[0]), int(f[1]), f[2] == "smem", int(f[3]), int(f[4]) if len(f) > 4 else 1)
-              for f in (x.split(",") for x in a.shapes)]
+    shapes = [(int(b), int(w), m == "smem", int(s)) for b, w, m, s in (x.split(",") for x in a.shapes)]
     print("M | shape (bn,warps,mode,stages) | GLU ms | GEMM2 ms | sum | GEMM2 same as first | regs GLU/GEMM2 | shared KB GLU/GEMM2")
     for m in (int(x) for x in a.ms.split(",")):
         gen = torch.Generator("cuda").manual_seed(m)
@@ -56,14 +54,14 @@ def main() -> None:
         first = None
 
         def ref_glu():
-            b, w_, sm, st, wn_ = shapes[0]
-            moe_wide_async.launch(args1, (nb, i // b), a.bm, b, True, w_, st, sm, 4, wn_)
-        for bn, warps, smem, stages, wn in shapes:
+            b, w_, sm, st = shapes[0]
+            moe_wide_async.launch(args1, (nb, i // b), a.bm, b, True, w_, st, sm)
+        for bn, warps, smem, stages in shapes:
             def glu():
-                return moe_wide_async.launch(args1, (nb, i // bn), a.bm, bn, True, warps, stages, smem, 4, wn)
+                return moe_wide_async.launch(args1, (nb, i // bn), a.bm, bn, True, warps, stages, smem)
 
             def down():
-                return moe_wide_async.launch(args2, (nb, d // bn), a.bm, bn, False, warps, stages, smem, 4, wn)
+                return moe_wide_async.launch(args2, (nb, d // bn), a.bm, bn, False, warps, stages, smem)
 
             try:
                 kernels = [glu(), None]
@@ -81,7 +79,7 @@ def main() -> None:
                     times.append(triton.testing.do_bench(flushed, warmup=3, rep=30) - t_flush)
                 regs = "/".join(str(getattr(c, "n_regs", "?")) for c in kernels)
                 shm = "/".join(str(c.metadata.shared // 1024) for c in kernels)
-                print(f"{m} | {bn},{warps},{'smem' if smem else 'reg'},{stages},{wn} | {times[0]:.2f} | {times[1]:.2f} | "
+                print(f"{m} | {bn},{warps},{'smem' if smem else 'reg'},{stages} | {times[0]:.2f} | {times[1]:.2f} | "
                       f"{sum(times):.2f} | {same} | {regs} | {shm}", flush=True)
             except Exception as err:  # a shape that does not compile or fit: say so, go on
                 print(f"{m} | {bn},{warps},{'smem' if smem else 'reg'},{stages} | ERR {str(err)[:160]}", flush=True)

@@ -415,17 +415,18 @@ def fused_moe(
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                         dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,
                         out=out, shared=shared, pairs_per_program=pairs)
+    mixed = False
     if wide:
         from dsv4.kernels import moe_wide as mw
         if mw.fp8_path(experts, x.device):  # FP8 operands: their own tile height
             cfg = dataclasses.replace(cfg, bm=mw.FP8_BM)
-        elif cfg.bm == 256 and not mw.gluon_path(x.device):  # 256-token tiles are the Gluon kernels' only
-            cfg = dataclasses.replace(cfg, bm=128)
+        elif cfg.bm == 128 and mw.MIXED_TILES and mw.gluon_path(x.device):  # 128 + 64-row tiles on 64-row blocks
+            cfg, mixed = dataclasses.replace(cfg, bm=64), True
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     if wide:
         from dsv4.kernels.moe_wide import moe_wide
         y = moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
-                     bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg)
+                     bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg, mixed=mixed)
         return _combine(y, shared, ids, out, e)
     nb = expert_ids.numel()
     rows = nb * cfg.bm

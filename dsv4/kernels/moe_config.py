@@ -47,9 +47,6 @@ WIDE_MIN_PAIRS_PER_EXPERT = 64
 # ... and with 64-row tiles from this many (Gluon kernel, session 10, bench/runs/run_device_s10d.sh): M = 2048
 # (48 per expert) 3.79 vs 4.67 ms for the per-group kernel; M = 1024 (24 per expert) 3.66 vs 3.25
 WIDE64_MIN_PAIRS_PER_EXPERT = 40
-# ... and with 256-token tiles (two warpgroups sharing each widened weight tile, Gluon only; fused_moe takes 128
-# elsewhere) from this many. Session 26: not yet measured, so off
-WIDE256_MIN_PAIRS_PER_EXPERT = 1 << 30
 # Up to this many pairs, the CUDA-core per-pair method with split-K (moe_gemv_cuda) instead of the tensor-core
 # one, launch shape GEMV_CUDA_SHAPE = (rows per program, K blocks per step, GLU split, down split). Off: its best
 # shape took 47.3 µs per Flash MoE call at B = 1 against 42.2 for the default (bench/sweep_moe_gemv.py, s17g).
@@ -95,8 +92,6 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)
     if per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT and act == "fp8":
-        if per_expert >= WIDE256_MIN_PAIRS_PER_EXPERT:
-            return wide_config(256)
         return wide_config(128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else 64)
     if per_expert <= 32:
         return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,

@@ -54,10 +54,10 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
 DOWN_ONE_WARPGROUP = False
-# 256-token tiles (Gluon only): two warpgroups side by side along the tokens read each widened weight tile from
-# shared memory, so a weight tile is widened once per 256 tokens instead of once per 128 (the GLU: 64 weight rows,
-# z quantised afterwards by `requant_rows`; GEMM2: bn2 rows); ring slots of 64-wide K halves
-TOKEN_SPLIT_STAGES = 4
+# 128-row tiles over pairs of 64-row blocks of one expert, and a 64-row tile for an expert's odd last block
+# (`moe_wide(mixed=True)`, Gluon only; `fused_moe` aligns to 64 rows then): less padding than 128-row tiles (an
+# expert's last tile is under half empty). Session 26: not yet measured, so off
+MIXED_TILES = False
 # FP8 operands instead (dsv4.kernels.moe_wide_fp8, Gluon): the MXFP4 weights re-encoded to e4m3 per 128-wide
 # block, FP8 wgmma, the reference's per-128 promotion. Measured slower (s11i, ms L2-flushed, default vs FP8):
 # M = 2048 3.30 vs 4.89, 4096 4.59 vs 9.19, 8192 8.98 vs 15.83 -- ALU-bound (SASS: ~1,100 instructions per
@@ -276,6 +276,29 @@ def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, expe
     return y
 
 
+def mixed_tiles(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`moe_wide(mixed=True)`'s tile lists from `moe_align(.., 64)`'s expert_ids (int32 [nb], one expert's blocks
+    consecutive, -1 past the last used): (first blocks of the 128-row tiles, int32 [nb // 2]: blocks 2j and 2j + 1
+    of each expert's segment; first blocks of the 64-row tiles, int32 [min(E, nb)]: each expert's odd last
+    block), ascending, padded with -1. Device ops of fixed sizes (no host sync: CUDA graphs can hold them)."""
+    nb, dev = expert_ids.numel(), expert_ids.device
+    valid = expert_ids >= 0
+    e = expert_ids.long().clamp(min=0)
+    count = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, e, valid.long())
+    idx = torch.arange(nb, device=dev) - (torch.cumsum(count, 0) - count)[e]  # the block's place in its segment
+    first = valid & (idx % 2 == 0)
+    left = count[e] - idx  # blocks of the segment from this one on
+    return _compact(first & (left >= 2), nb // 2), _compact(first & (left == 1), min(num_experts, nb))
+
+
+def _compact(mask: torch.Tensor, size: int) -> torch.Tensor:
+    """int32 [size]: the indices where mask holds (at most size of them), ascending, then -1s."""
+    pos = torch.where(mask, torch.cumsum(mask, 0) - 1, size)  # the others go to a dropped spare slot
+    out = torch.full((size + 1,), -1, dtype=torch.int32, device=mask.device)
+    out.scatter_(0, pos, torch.arange(mask.numel(), dtype=torch.int32, device=mask.device))
+    return out[:size]
+
+
 def launch_args(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
                 topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
                 bm: int) -> tuple[tuple, tuple, torch.Tensor]:
@@ -297,15 +320,19 @@ def launch_args(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Ten
 
 def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
              topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
-             bm: int = 64, bn2: int = 128, num_warps: int = 8, num_stages: int = 3, maxnreg: int = 0) -> torch.Tensor:
+             bm: int = 64, bn2: int = 128, num_warps: int = 8, num_stages: int = 3, maxnreg: int = 0,
+             mixed: bool = False) -> torch.Tensor:
     """The two grouped GEMMs on `moe_align(topk_ids, E, bm)`'s blocks: bf16 x [M, D], MXFP4 experts ->
-    y [pairs, D] bf16, one row per (token, slot) (rows of other ranks' pairs are left unwritten)."""
+    y [pairs, D] bf16, one row per (token, slot) (rows of other ranks' pairs are left unwritten).
+    mixed (bm 64, Gluon kernels only): 128-row tiles over each expert's pairs of 64-row blocks and a 64-row tile
+    for an odd last block (`mixed_tiles`), so an expert's padding is under 64 rows, not under 128."""
     if experts.fmt != "mxfp4" or not experts.wide_ok:
         raise ValueError("moe_wide: needs MXFP4 experts with scale bytes <= 128 (PackedExperts.wide_ok)")
     if bm not in (16, 32, 64, 128, 256) or bn2 not in (64, 128):
         raise ValueError(f"moe_wide: bm must be a power of two in 16..256 and bn2 64 or 128, got {bm}, {bn2}")
-    if bm == 256 and not gluon_path(x.device):
-        raise ValueError("moe_wide: 256-token tiles need the Gluon kernels (a Hopper GPU, moe_wide.ASYNC)")
+    if mixed and (bm != 64 or not gluon_path(x.device)):
+        raise ValueError(f"moe_wide: mixed tiles need 64-row blocks (got bm {bm}) and the Gluon kernels (a Hopper "
+                         "GPU, moe_wide.ASYNC)")
     if fp8_path(experts, x.device):
         if bm != FP8_BM:
             raise ValueError(f"moe_wide: the FP8 path takes {FP8_BM}-row tiles (moe_align's bm), got {bm}")
@@ -314,15 +341,17 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
     if gluon_path(x.device):
         from dsv4.kernels import moe_wide_async
-        args = ((args1, i, True, GLU_ONE_WARPGROUP, BLOCK), (args2, d, False, DOWN_ONE_WARPGROUP, bn2))
-        for a, n, glu, one, bn in args:
-            if bm == 256:  # two warpgroups side by side along the tokens, one widening per weight tile
-                bn, warps, a_smem, stages, wn = (64 if glu else bn), 8, True, TOKEN_SPLIT_STAGES, 2
-            else:
-                bn, warps = (64, 4) if one else (bn, num_warps)
-                a_smem = (bm >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
-                stages, wn = ASYNC_STAGES, 1
-            moe_wide_async.launch(a, (nb, n // bn), bm, bn, glu, warps, stages, a_smem, ASYNC_GROUP_M, wn)
+        tiles = [(bm, None, nb)]
+        if mixed:
+            big, small = mixed_tiles(expert_ids, experts.num_experts)
+            tiles = [(128, big, big.numel()), (64, small, small.numel())]
+        for a, n, glu, one, bn in ((args1, i, True, GLU_ONE_WARPGROUP, BLOCK),
+                                   (args2, d, False, DOWN_ONE_WARPGROUP, bn2)):
+            bn, warps = (64, 4) if one else (bn, num_warps)
+            for tile_m, tile_list, rows in tiles:
+                a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
+                moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
+                                      tiles=tile_list)
             if glu and bn != BLOCK:  # z was stored unquantised
                 requant_rows(args1[3])
         return y

@@ -40,10 +40,11 @@ if HAS_TRITON:
     from dsv4.kernels.moe_wide import _scale
 
     @gluon.jit
-    def block_rows(SORTED, pid_m, num_pairs, top_k, BM: gl.constexpr, layout: gl.constexpr, GLU: gl.constexpr):
-        """Row block pid_m of `moe_align`'s layout in a 1-D layout: (sorted slots, valid mask, int64 activation
-        rows -- GLU: the pairs' tokens, else the slots themselves, as z is stored in sorted order)."""
-        slots = pid_m * BM + gl.arange(0, BM, layout=layout)
+    def block_rows(SORTED, row0, num_pairs, top_k, BM: gl.constexpr, layout: gl.constexpr, GLU: gl.constexpr):
+        """The BM rows from sorted slot row0 of `moe_align`'s layout in a 1-D layout: (sorted slots, valid mask,
+        int64 activation rows -- GLU: the pairs' tokens, else the slots themselves, as z is stored in sorted
+        order)."""
+        slots = row0 + gl.arange(0, BM, layout=layout)
         pair = gl.load(SORTED + slots)
         valid = pair < num_pairs
         if GLU:
@@ -214,14 +215,11 @@ if HAS_TRITON:
     def _wide_async_kernel(
         A, W, WS, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
         K, num_pairs, top_k, up_off, limit,
-        stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
+        stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
-        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, WN: gl.constexpr, CR: gl.constexpr,
+        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
     ):
-        # WN warpgroups side by side along the BM tokens (WN = 2: both read the one widened weight tile in shared
-        # memory, so each weight tile is widened once per BM tokens), NW // WN warps along the BN weight rows
-        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW // WN, WN],
-                                                        instr_shape=[16, BM // WN, 16])
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[8, 4], warps_per_cta=[NW, 1],
                                              order=[1, 0])
@@ -236,20 +234,28 @@ if HAS_TRITON:
             size_m = gl.minimum(num_m - first_m, GROUP_M)
             pid_m = first_m + (pid % width) % size_m
             pid_n = (pid % width) // size_m
-        if pid_m * BM >= gl.load(NUM_POST):
-            return
-        e = gl.load(EXPERT_IDS + pid_m).to(gl.int64)
+        if LISTED:  # program pid_m's tile starts at 64-row block TILES[pid_m] of a 64-row alignment (-1: none)
+            blk = gl.load(TILES + pid_m)
+            if blk < 0:
+                return
+            row0 = blk * 64
+            e = gl.load(EXPERT_IDS + blk).to(gl.int64)
+        else:
+            row0 = pid_m * BM
+            if row0 >= gl.load(NUM_POST):
+                return
+            e = gl.load(EXPERT_IDS + pid_m).to(gl.int64)
 
         # activation rows of the block (GLU: the pairs' tokens; GEMM2: z in sorted order), 32 columns per group
-        _, xvalid, rows = block_rows(SORTED, pid_m, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
+        _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
         xk = gl.arange(0, 32, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 32)
         x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BM, 32], x_sl)
 
-        # weight bytes: cp.async'd CR per thread (coalesced; CR rows per warp: 16, or 8 for 64 rows over 8 warps)
-        # into the ring, read back in the wgmma A-operand layout; the scale words are read in that layout's rows
-        c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, CR], threads_per_warp=[CR, 32 // CR],
+        # weight bytes: cp.async'd 16 per thread (coalesced) into the ring, read back in the wgmma A-operand
+        # layout; the scale words are read in that layout's rows
+        c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[16, 2],
                                              warps_per_cta=[NW, 1], order=[1, 0])
         w_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, c_l))
@@ -275,7 +281,7 @@ if HAS_TRITON:
                                     K // 128, a_l, GLU, STAGES)
 
         # epilogue in the accumulator layout: [BN channels, BM pairs]
-        cp = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+        cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
         cpair = gl.load(SORTED + cp)
         cvalid = cpair < num_pairs
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
@@ -297,20 +303,18 @@ if HAS_TRITON:
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False, group_m: int = 0, token_warpgroups: int = 1):
+           a_smem: bool = False, group_m: int = 0, tiles=None):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
-    order (`moe_wide.ASYNC_GROUP_M`); token_warpgroups 2: two warpgroups side by side along the bm tokens, sharing
-    each widened weight tile (needs a_smem and num_warps 8). Returns the compiled kernel
-    (registers and shared memory for the benchmarks)."""
+    order (`moe_wide.ASYNC_GROUP_M`); tiles: int32 [grid[0]], program i's tile starts at 64-row block tiles[i] of
+    a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`). Returns the compiled kernel (registers and shared
+    memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
-    if token_warpgroups not in (1, 2) or (token_warpgroups == 2 and (not a_smem or num_warps != 8)):
-        raise ValueError(f"moe_wide_async: token_warpgroups must be 1, or 2 with a_smem and 8 warps, got "
-                         f"{token_warpgroups} (a_smem={a_smem}, num_warps={num_warps})")
-    if bn != 8 * num_warps and bn % (16 * num_warps):  # the weight-byte copy layout covers 8 or 16 rows per warp
-        raise ValueError(f"moe_wide_async: bn {bn} must be 8 x {num_warps} warps or a multiple of 16 x {num_warps}")
-    return _wide_async_kernel[grid](*kernel_args, BM=bm, BN=bn, GLU=glu, NW=num_warps, STAGES=stages, A_SMEM=a_smem,
-                                    GROUP_M=group_m, WN=token_warpgroups, CR=min(16, bn // num_warps),
+    if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
+        raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
+    listed = tiles is not None
+    return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
+                                    NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
                                     num_warps=num_warps)

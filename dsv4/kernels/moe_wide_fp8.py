@@ -186,19 +186,19 @@ if HAS_TRITON:
         e = gl.load(EXPERT_IDS + pid_m).to(gl.int64)
 
         # activation codes of the block's rows (GLU: the pairs' tokens; GEMM2: z in sorted order)
-        _, xvalid, rows = block_rows(SORTED, pid_m, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
+        _, xvalid, rows = block_rows(SORTED, pid_m * BM, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
         xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 128)
         # their scales (one per thread; through the ring to the accumulator's token layout)
         v_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[NW], order=[0])
-        _, vvalid, vrows = block_rows(SORTED, pid_m, num_pairs, top_k, BM, v_l, GLU)
+        _, vvalid, vrows = block_rows(SORTED, pid_m * BM, num_pairs, top_k, BM, v_l, GLU)
         sa_ptrs = AS + vrows * stride_asm
         if GLU:  # the ring brings them (`_promote`)
             sd_ptrs = sa_ptrs
             svalid = vvalid
         else:  # GEMM2: rows in sorted order, pointers in the accumulator's token layout
-            _, svalid, srows = block_rows(SORTED, pid_m, num_pairs, top_k, BM, gl.SliceLayout(0, acc_l), GLU)
+            _, svalid, srows = block_rows(SORTED, pid_m * BM, num_pairs, top_k, BM, gl.SliceLayout(0, acc_l), GLU)
             sd_ptrs = AS + srows * stride_asm
 
         # packed weight bytes (16 per thread, coalesced) and scale words: per row of the encode layout and of

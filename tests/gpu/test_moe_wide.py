@@ -69,9 +69,7 @@ def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
     (64, 8, True, 128, False), (128, 8, True, 0, "reg2"), (64, 8, True, 0, "reg3"), (128, 8, True, 0, "smem3"),
     (64, 8, True, 0, "smem4"),
     # the token tiles of decode sizes (bench/sweep_moe_batch.py --wide), with the module's defaults ("default")
-    (16, 8, True, 0, False), (16, 8, True, 0, "default"), (32, 8, True, 0, "default"),
-    # 256-token tiles: two warpgroups side by side sharing each widened weight tile (Gluon only)
-    (256, 8, True, 0, "default")])
+    (16, 8, True, 0, False), (16, 8, True, 0, "default"), (32, 8, True, 0, "default")])
 @pytest.mark.parametrize("m", [1, 5, 300])
 def test_fused_moe_wide(bm, warps, f16, maxnreg, asyn, m, poison, close_bf16, monkeypatch):
     """asyn: the Gluon kernel with the widening overlapped (moe_wide.ASYNC; f16 widening), the widened weights
@@ -184,12 +182,12 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison
     assert same > 0.999, same
 
 
-@pytest.mark.parametrize("stages", [3, 4])
-@pytest.mark.parametrize("m", [3, 700])
-def test_token_split_tiles_match_128_row_tiles(stages, m, poison, monkeypatch):
-    """256-token tiles (two warpgroups side by side along the tokens, one widened weight tile in shared memory
-    for both) compute each output with the same wgmma chain over the same operands as the default 128-row
-    tiles: the same bits, here with a third of the pairs held by another rank (id -1)."""
+@pytest.mark.parametrize("m", [3, 150, 700])
+def test_mixed_tiles_match_128_row_tiles(m, poison, monkeypatch):
+    """Mixed tiles (128-row tiles over pairs of an expert's 64-row blocks, 64-row tiles for odd last blocks: two
+    launches per GEMM over `mixed_tiles`' lists) compute each output with the same wgmma chain over the same
+    operands as 128-row tiles: the same bits, here with skewed routing and a third of the pairs held by another
+    rank (id -1)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _mxfp4_experts, _topk
@@ -198,23 +196,23 @@ def test_token_split_tiles_match_128_row_tiles(stages, m, poison, monkeypatch):
     from dsv4.kernels.moe import finalize_experts, fused_moe
 
     e, d, i = 8, 1024, 512
-    gen = torch.Generator(DEV).manual_seed(m + stages)
+    gen = torch.Generator(DEV).manual_seed(m)
     packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
     x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
     ids, w = _topk(m, e, 6, gen, skew=True)
     ids = torch.where(ids % 3 == 0, -1, ids)
     want = fused_moe(x, ids, w, packed, config=_wide(128), out_dtype=torch.float32)
-    monkeypatch.setattr(moe_wide, "TOKEN_SPLIT_STAGES", stages)
+    monkeypatch.setattr(moe_wide, "MIXED_TILES", True)
     poison()
-    got = fused_moe(x, ids, w, packed, config=_wide(256), out_dtype=torch.float32)
+    got = fused_moe(x, ids, w, packed, config=_wide(128), out_dtype=torch.float32)
     same = float((got == want).double().mean())
-    print(f"m={m} stages={stages}: {same:.6f} of outputs bit-identical")
+    print(f"m={m}: {same:.6f} of outputs bit-identical")
     assert same > 0.999, same
 
 
-def test_token_split_tiles_need_the_gluon_kernels():
-    """`moe_wide` refuses 256-token tiles where the Gluon kernels do not run (CPU, interpreter); `fused_moe`
-    takes 128-row tiles there instead."""
+def test_mixed_tiles_need_the_gluon_kernels():
+    """`moe_wide` refuses mixed tiles where the Gluon kernels do not run (CPU, interpreter); `fused_moe` keeps
+    128-row tiles there."""
     if DEV == "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the refusal is for devices without the Gluon kernels")
     from test_moe import _mxfp4_experts, _topk
@@ -227,8 +225,8 @@ def test_token_split_tiles_need_the_gluon_kernels():
     packed = finalize_experts(_mxfp4_experts(4, 256, 128, gen))
     x = torch.randn(3, 256, generator=gen, device=DEV).to(torch.bfloat16)
     ids, w = _topk(3, 4, 2, gen)
-    with pytest.raises(ValueError, match="256-token tiles need the Gluon"):
-        moe_wide(x, *moe_align(ids, 4, 256), w, 2, packed, 10.0, bm=256)
+    with pytest.raises(ValueError, match="mixed tiles need 64-row blocks"):
+        moe_wide(x, *moe_align(ids, 4, 64), w, 2, packed, 10.0, bm=64, mixed=True)
 
 
 @pytest.mark.parametrize("rows", [1, 37, 300])
