@@ -1,7 +1,8 @@
 """The MoE launch-shape rule (dsv4.kernels.moe_config.pick_moe_config) picks the kernels the H200 sweeps
 measured fastest (docs/benchmarks.md #5): per-pair kernels at decode sizes (GLU split-K only while the pairs
 leave SMs idle; blocks of 2 or 4 pairs of an expert per program from B = 8 to 128 on Flash), the bf16-wgmma
-kernel from 40 pairs per expert (128-row tiles from 64), the per-group grouped GEMM in between."""
+kernel from 40 pairs per expert (128-row tiles from 64, mixed with 64-row ones from 128), the per-group grouped
+GEMM in between."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 import pytest
 
 from dsv4.kernels.moe_config import (GEMV_PAIRED_FROM, GEMV_PAIRED_MAX, GEMV_SPLIT_MAX_PAIRS,
-                                     WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT, pick_moe_config)
+                                     MIXED_MIN_PAIRS_PER_EXPERT, WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT, pick_moe_config)
 
 FLASH_E, PRO_E, TOP_K = 256, 384, 6
 
@@ -30,10 +31,12 @@ def test_regimes(experts, tokens):
         assert 4 * cfg.gemv_pairs * cfg.gemv_unroll == 16
     elif per_expert >= WIDE_MIN_PAIRS_PER_EXPERT:
         assert cfg.wide and cfg.bm == 128 and cfg.bn1 == 128 and not cfg.gemv
+        assert cfg.mixed == (per_expert >= MIXED_MIN_PAIRS_PER_EXPERT)
     elif per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT:
         assert cfg.wide and cfg.bm == 64 and cfg.bn1 == 128 and not cfg.gemv
     else:
         assert not cfg.wide and not cfg.gemv
+    assert not cfg.mixed or cfg.wide
     assert cfg.bn1 == 128 or not cfg.quant_out  # a fused z quantisation needs one 128-wide block per tile
 
 
@@ -42,7 +45,8 @@ def test_thresholds_match_the_measured_crossovers():
     wide kernel, M = 2048 (48 per expert) with 64-row tiles, M = 1024 (24 per expert) not."""
     assert pick_moe_config(6, FLASH_E).gemv_split == 2
     assert pick_moe_config(48, FLASH_E).gemv_split == 1
-    assert pick_moe_config(4096 * TOP_K, FLASH_E).wide
+    assert pick_moe_config(4096 * TOP_K, FLASH_E).wide and not pick_moe_config(4096 * TOP_K, FLASH_E).mixed
+    assert pick_moe_config(8192 * TOP_K, FLASH_E).mixed  # M = 8192 (192 per expert): 128- and 64-row tiles
     assert pick_moe_config(2048 * TOP_K, FLASH_E).wide and pick_moe_config(2048 * TOP_K, FLASH_E).bm == 64
     assert not pick_moe_config(1024 * TOP_K, FLASH_E).wide
     assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel

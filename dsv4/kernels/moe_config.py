@@ -3,6 +3,7 @@ the heuristic `pick_moe_config`, from H200 sweeps (`bench/bench_gemm_moe.py`, do
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ class MoEConfig:
     gemv_pairs: int = 1  # ... "mma": pairs of one expert per program (1, 2 or 4: dsv4.kernels.moe_gemv_pairs)
     wide: bool = False  # MXFP4: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide; bm, bn2, warps1, stages)
     maxnreg: int = 0  # ... its register cap per thread (0: the compiler's choice; 128 with 8 warps: 2 CTAs per SM)
+    mixed: bool = False  # ... bm 128: 128-row tiles over pairs of 64-row blocks, 64-row tiles for odd last blocks
 
 
 # H200 sweep (session 5): the per-pair path wins up to ~1.4 pairs per touched expert (Flash B <= 24,
@@ -47,6 +49,11 @@ WIDE_MIN_PAIRS_PER_EXPERT = 64
 # ... and with 64-row tiles from this many (Gluon kernel, session 10, bench/runs/run_device_s10d.sh): M = 2048
 # (48 per expert) 3.79 vs 4.67 ms for the per-group kernel; M = 1024 (24 per expert) 3.66 vs 3.25
 WIDE64_MIN_PAIRS_PER_EXPERT = 40
+# ... and its 128-row tiles mixed with 64-row ones from this many (`moe_wide(mixed=True)`: an expert's last tile is
+# a 64-row one when its pairs fill one more 64-row block; Gluon kernels only). Session 26 (s26c, bench_moe_flags,
+# Flash MoE call, ms L2-flushed, 128-row tiles -> mixed): M = 4096 (96 pairs per expert) 4.29 -> 4.43, 8192 (192)
+# 8.28 -> 7.99, 16384 (384) 14.44 -> 14.19; bit-identical outputs
+MIXED_MIN_PAIRS_PER_EXPERT = 128
 # Up to this many pairs, the CUDA-core per-pair method with split-K (moe_gemv_cuda) instead of the tensor-core
 # one, launch shape GEMV_CUDA_SHAPE = (rows per program, K blocks per step, GLU split, down split). Off: its best
 # shape took 47.3 µs per Flash MoE call at B = 1 against 42.2 for the default (bench/sweep_moe_gemv.py, s17g).
@@ -92,7 +99,8 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)
     if per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT and act == "fp8":
-        return wide_config(128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else 64)
+        cfg = wide_config(128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else 64)
+        return dataclasses.replace(cfg, mixed=cfg.bm == 128 and per_expert >= MIXED_MIN_PAIRS_PER_EXPERT)
     if per_expert <= 32:
         return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
                          num_stages=4)

@@ -54,10 +54,6 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
 DOWN_ONE_WARPGROUP = False
-# 128-row tiles over pairs of 64-row blocks of one expert, and a 64-row tile for an expert's odd last block
-# (`moe_wide(mixed=True)`, Gluon only; `fused_moe` aligns to 64 rows then): less padding than 128-row tiles (an
-# expert's last tile is under half empty). Session 26: not yet measured, so off
-MIXED_TILES = False
 # FP8 operands instead (dsv4.kernels.moe_wide_fp8, Gluon): the MXFP4 weights re-encoded to e4m3 per 128-wide
 # block, FP8 wgmma, the reference's per-128 promotion. Measured slower (s11i, ms L2-flushed, default vs FP8):
 # M = 2048 3.30 vs 4.89, 4096 4.59 vs 9.19, 8192 8.98 vs 15.83 -- ALU-bound (SASS: ~1,100 instructions per

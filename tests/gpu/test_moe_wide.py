@@ -3,6 +3,7 @@ table of (code, scale byte), and `fused_moe` with `MoEConfig(wide=True)` against
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -183,7 +184,7 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison
 
 
 @pytest.mark.parametrize("m", [3, 150, 700])
-def test_mixed_tiles_match_128_row_tiles(m, poison, monkeypatch):
+def test_mixed_tiles_match_128_row_tiles(m, poison):
     """Mixed tiles (128-row tiles over pairs of an expert's 64-row blocks, 64-row tiles for odd last blocks: two
     launches per GEMM over `mixed_tiles`' lists) compute each output with the same wgmma chain over the same
     operands as 128-row tiles: the same bits, here with skewed routing and a third of the pairs held by another
@@ -192,7 +193,6 @@ def test_mixed_tiles_match_128_row_tiles(m, poison, monkeypatch):
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _mxfp4_experts, _topk
 
-    from dsv4.kernels import moe_wide
     from dsv4.kernels.moe import finalize_experts, fused_moe
 
     e, d, i = 8, 1024, 512
@@ -202,9 +202,8 @@ def test_mixed_tiles_match_128_row_tiles(m, poison, monkeypatch):
     ids, w = _topk(m, e, 6, gen, skew=True)
     ids = torch.where(ids % 3 == 0, -1, ids)
     want = fused_moe(x, ids, w, packed, config=_wide(128), out_dtype=torch.float32)
-    monkeypatch.setattr(moe_wide, "MIXED_TILES", True)
     poison()
-    got = fused_moe(x, ids, w, packed, config=_wide(128), out_dtype=torch.float32)
+    got = fused_moe(x, ids, w, packed, config=dataclasses.replace(_wide(128), mixed=True), out_dtype=torch.float32)
     same = float((got == want).double().mean())
     print(f"m={m}: {same:.6f} of outputs bit-identical")
     assert same > 0.999, same
