@@ -5,11 +5,12 @@
 # activations for each of the GLU's 32 column tiles (≈ 16 GB per 8K-token layer against ≈ 4 GB of weights).
 # Nsight Compute on the two GEMMs (and requant) at 8K tokens: tensor pipe, L2 and L1 throughput and bytes, stalls.
 source bench/runs/lib.sh
-M="gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
-M="$M,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_active"
-M="$M,lts__t_bytes.sum,dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size"
-M="$M,smsp__inst_executed_pipe_lsu.sum,smsp__inst_executed.sum"
+METRICS=(gpu__time_duration.sum sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+  lts__throughput.avg.pct_of_peak_sustained_elapsed l1tex__throughput.avg.pct_of_peak_sustained_active lts__t_bytes.sum
+  dram__bytes_read.sum l1tex__m_xbar2l1tex_read_bytes.sum smsp__issue_active.avg.pct_of_peak_sustained_active
+  sm__warps_active.avg.pct_of_peak_sustained_active launch__registers_per_thread launch__grid_size
+  smsp__inst_executed_pipe_lsu.sum smsp__inst_executed.sum)
+M=$(IFS=,; echo "${METRICS[*]}")
 timeout 300 ncu --csv -k regex:"_wide_async|_requant" \
   --metrics "$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
   python3 bench/ncu_kernels.py --only prefill > $OUT/ncu_moe.csv 2> $OUT/ncu_moe.err
