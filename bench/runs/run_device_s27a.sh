@@ -29,3 +29,7 @@ for (i, name), m in per.items():
     keep = {s: x for s, x in m.items() if "stalled_" not in s}
     print(i, name, keep, "stalls:", stalls)
 PY
+# The same question by launch shape: two warpgroups per CTA (128 weight rows of gate and of up, one activation tile
+# for both: half the activation bytes per MMA) in register and shared-memory mode, against the one-warpgroup default
+timeout 90 python3 bench/bench_moe_wide_shapes.py --ms 8192 --shapes 64,4,reg,4 128,8,reg,4 128,8,reg,3 128,8,smem,4 \
+  2>&1 | tail -5
