@@ -238,7 +238,7 @@ def _is_hopper(device: torch.device) -> bool:
 
 def gluon_path(device: torch.device) -> bool:
     """Whether `moe_wide` runs the Gluon kernels (f16 widening only; wgmma is Hopper's; no interpreter for Gluon),
-    the only ones that take 256-token tiles."""
+    the only ones that take mixed tiles."""
     return ASYNC and WIDEN_F16 and not INTERPRET and _is_hopper(device)
 
 
