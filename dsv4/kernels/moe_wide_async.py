@@ -314,7 +314,7 @@ def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_war
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
     if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
         raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
-    listed = tiles is not None
+    listed = tiles is not None  # without a list, TILES is never read: EXPERT_IDS (kernel_args[5]) stands in
     return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
                                     NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
                                     num_warps=num_warps)
