@@ -29,6 +29,19 @@ from __future__ import annotations
 
 from dsv4.kernels._triton import HAS_TRITON
 
+WIDEN_BF16 = True  # `_widen`: bf16x2 bit moves + one bf16x2 multiply per k pair (else the f16 path)
+# One k pair of one row: bytes b0 | b1 << 8 (a 16-bit load) and the bf16x2 word of 2^(b - 1) -> bf16 e2m1(b0) *
+# 2^(b - 127), e2m1(b1) * 2^(b - 127). prmt spreads the bytes to b0 << 8 | b1 << 24, which puts the high
+# nibbles at the top of each 16-bit half; sign -> bit 15 and magnitude (exponent, mantissa) -> bits 8..6 make the
+# bf16 of e2m1 * 2^-126 (codes 0 and 1 land on bf16 subnormals, which mul.bf16x2 keeps), and the multiply by
+# 2^(b - 1) is exact. The low nibbles take a 4-bit shift first.
+_BF16_TAIL = ("and.b32 s, s, 0x01C001C0; and.b32 t, t, 0x80008000; or.b32 t, t, s; mul.rn.bf16x2 t, t, $3; "
+              "mov.b32 {$0, $1}, t; }")
+BF16_HI_PTX = "{ .reg .b32 t, s; cvt.u32.u16 t, $2; prmt.b32 t, t, 0, 0x1404; shr.b32 s, t, 6; " + _BF16_TAIL
+BF16_LO_PTX = ("{ .reg .b32 t, s; cvt.u32.u16 t, $2; prmt.b32 t, t, 0, 0x1404; shr.b32 s, t, 2; shl.b32 t, t, 4; "
+               + _BF16_TAIL)
+
+
 if HAS_TRITON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -53,15 +66,78 @@ if HAS_TRITON:
             rows = slots.to(gl.int64)
         return slots, valid, rows
 
+    _BF16_LO_ASM = gl.constexpr(BF16_LO_PTX)
+    _BF16_HI_ASM = gl.constexpr(BF16_HI_PTX)
+
+    @gluon.constexpr_function
+    def pair_layout(bn, nw):
+        """The layout of uint16 [bn, 16] k-pair words (bytes 2p, 2p + 1 of a row's 32 weight bytes) whose two
+        widened halves, joined and reshaped to [bn, 32], are the wgmma A operand layout of `_wide_async_kernel`
+        (16-bit, k_width 2): pair p = lane % 4 + 4 r1 + 8 r2, rows lane // 4 + 8 r0 + 16 warp + 16 nw rep."""
+        reps = [[16 * nw * (1 << i), 0] for i in range((bn // (16 * nw)).bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8]] + reps,
+                                          lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                          warp_bases=[[16 * (1 << i), 0] for i in range(nw.bit_length() - 1)],
+                                          block_bases=[], shape=[bn, 16])
+
     @gluon.jit
-    def _widen(wb, sc, g, HI: gl.constexpr):
-        """bf16 [BN, 32] weights of group g (0..3, constant or not) of a 128-wide K block from the bytes of its
-        half (low nibbles: even groups, HI: odd) and the row's packed scale word (`moe_wide._widen`, F16)."""
-        if HI:
-            w = _f16_hi(wb, True)
+    def _load_bytes(buf, a_l: gl.constexpr, p_l: gl.constexpr, BF16: gl.constexpr):
+        """A [BN, 32] ring slot of weight bytes in registers: BF16, as uint16 k-pair words (`pair_layout`,
+        one 16-bit load per pair); else as bytes in the A operand layout."""
+        if BF16:
+            BN: gl.constexpr = buf.shape[0]
+            wb = buf._reinterpret(gl.uint16, [BN, 16], buf.layout).load(p_l)
         else:
-            w = _f16_lo(wb, True)
-        return (w.to(gl.float32) * _scale(sc, g, True)[:, None]).to(gl.bfloat16)
+            wb = buf.load(a_l)
+        return wb
+
+    @gluon.jit
+    def _widen(wb, sc, g, HI: gl.constexpr, BF16: gl.constexpr, a_l: gl.constexpr):
+        """bf16 [BN, 32] weights of group g (0..3, constant or not) of a 128-wide K block, in a_l, from the
+        bytes of its half (`_load_bytes`; low nibbles: even groups, HI: odd) and the row's packed scale word.
+        BF16: bf16x2 bit moves and one bf16x2 multiply per k pair (`BF16_LO_PTX`); else `moe_wide._widen`'s
+        F16 path (f16 bit moves, an fp32 multiply per element)."""
+        if BF16:
+            b = ((sc >> (8 * g)) & 0xFF) + 126  # the bf16 exponent field of 2^(b - 1)
+            s2 = gl.convert_layout((b << 7) | (b << 23), gl.SliceLayout(1, wb.type.layout))[:, None]
+            if HI:
+                lo, hi = gl.inline_asm_elementwise(_BF16_HI_ASM, "=h,=h,h,r", [wb, s2],
+                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+            else:
+                lo, hi = gl.inline_asm_elementwise(_BF16_LO_ASM, "=h,=h,h,r", [wb, s2],
+                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+            BN: gl.constexpr = wb.shape[0]
+            w = gl.convert_layout(gl.join(lo, hi).reshape([BN, 32]), a_l)
+        else:
+            if HI:
+                w = _f16_hi(wb, True)
+            else:
+                w = _f16_lo(wb, True)
+            w = (w.to(gl.float32) * _scale(sc, g, True)[:, None]).to(gl.bfloat16)
+        return w
+
+    @gluon.jit
+    def widen_probe(PACKED, SC, OUT, G: gl.constexpr, HI: gl.constexpr, BF16: gl.constexpr):
+        """Test hook: `_widen` of 64 rows of 32 packed bytes each (one scale word per row) per program, read
+        from global memory in the kernel's layouts, stored as bf16 [rows, 32]."""
+        NW: gl.constexpr = gl.num_warps()
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, 128, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+        row0 = gl.program_id(0) * 64
+        if BF16:
+            p_l: gl.constexpr = pair_layout(64, NW)
+            r = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, p_l))
+            c = gl.arange(0, 16, layout=gl.SliceLayout(0, p_l))
+            wb = gl.load(PACKED.to(gl.pointer_type(gl.uint16)) + r[:, None] * 16 + c[None, :])
+        else:
+            r = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l))
+            c = gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))
+            wb = gl.load(PACKED + r[:, None] * 32 + c[None, :])
+        sc = gl.load(SC + row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l)))
+        w = _widen(wb, sc, G, HI, BF16, a_l)
+        r = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l))
+        c = gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))
+        gl.store(OUT + r[:, None] * 32 + c[None, :], w)
 
     @gluon.jit
     def _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j, nhalves, STAGES: gl.constexpr,
@@ -79,7 +155,8 @@ if HAS_TRITON:
 
     @gluon.jit
     def _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs, nblocks,
-                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr):
+                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr,
+                   BF16: gl.constexpr, p_l: gl.constexpr):
         """K loop, 64-wide halves through a STAGES-slot cp.async ring (activations and weight bytes): each
         32-wide group issues its MMAs asynchronously, then the next group is widened from registers (or from
         the next half's slot) while they run, then they are waited for -- one step in flight, as ptxas
@@ -92,13 +169,13 @@ if HAS_TRITON:
         if GLU:
             sc_u = gl.load(su_ptrs)
         async_copy.wait_group(STAGES - 2)
-        wb = w_s.index(0).load(a_l)
-        w = _widen(wb, sc, 0, False)
+        wb = _load_bytes(w_s.index(0), a_l, p_l, BF16)
+        w = _widen(wb, sc, 0, False, BF16, a_l)
         wb_u = wb
         w_u = w
         if GLU:
-            wb_u = u_s.index(0).load(a_l)
-            w_u = _widen(wb_u, sc_u, 0, False)
+            wb_u = _load_bytes(u_s.index(0), a_l, p_l, BF16)
+            w_u = _widen(wb_u, sc_u, 0, False, BF16, a_l)
         for kb in range(nblocks):
             nxt = gl.minimum(kb + 1, nblocks - 1)
             sc_next = gl.load(s_ptrs + nxt)
@@ -117,23 +194,23 @@ if HAS_TRITON:
                     if GLU:
                         tok_u = warpgroup_mma(w_u, xt, acc_u, is_async=True)
                     if sub == 0:  # the high nibbles of the bytes in registers
-                        w_next = _widen(wb, sc, 2 * h + 1, True)
+                        w_next = _widen(wb, sc, 2 * h + 1, True, BF16, a_l)
                         if GLU:
-                            w_u_next = _widen(wb_u, sc_u, 2 * h + 1, True)
+                            w_u_next = _widen(wb_u, sc_u, 2 * h + 1, True, BF16, a_l)
                     else:  # the low nibbles of the next half (clamped at the end: a harmless re-read)
                         async_copy.wait_group(STAGES - 2)
                         nslot = gl.minimum(j + 1, nhalves - 1) % STAGES
-                        wb = w_s.index(nslot).load(a_l)
+                        wb = _load_bytes(w_s.index(nslot), a_l, p_l, BF16)
                         if GLU:
-                            wb_u = u_s.index(nslot).load(a_l)
+                            wb_u = _load_bytes(u_s.index(nslot), a_l, p_l, BF16)
                         if h == 0:
-                            w_next = _widen(wb, sc, 2, False)
+                            w_next = _widen(wb, sc, 2, False, BF16, a_l)
                             if GLU:
-                                w_u_next = _widen(wb_u, sc_u, 2, False)
+                                w_u_next = _widen(wb_u, sc_u, 2, False, BF16, a_l)
                         else:
-                            w_next = _widen(wb, sc_next, 0, False)
+                            w_next = _widen(wb, sc_next, 0, False, BF16, a_l)
                             if GLU:
-                                w_u_next = _widen(wb_u, sc_u_next, 0, False)
+                                w_u_next = _widen(wb_u, sc_u_next, 0, False, BF16, a_l)
                     if GLU:
                         acc, acc_u, w, w_u = warpgroup_mma_wait(num_outstanding=0, deps=[tok, tok_u, w, w_u])
                         w_u = w_u_next
@@ -146,19 +223,19 @@ if HAS_TRITON:
 
     @gluon.jit
     def _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l: gl.constexpr, GLU: gl.constexpr,
-                   STAGES: gl.constexpr):
+                   STAGES: gl.constexpr, BF16: gl.constexpr, p_l: gl.constexpr):
         """Half j (landed in its ring slot): widen its two groups into weight slot j % 2 of shared memory and
         issue their MMAs asynchronously (one commit group per MMA)."""
         slot = j % STAGES
         wslot = (j % 2) * 2
         g = (j % 2) * 2  # its first group within the 128-wide block
-        wb = w_s.index(slot).load(c_l)
-        wa_s.index(wslot).store(_widen(wb, sc, g, False))
-        wa_s.index(wslot + 1).store(_widen(wb, sc, g + 1, True))
+        wb = _load_bytes(w_s.index(slot), c_l, p_l, BF16)
+        wa_s.index(wslot).store(_widen(wb, sc, g, False, BF16, c_l))
+        wa_s.index(wslot + 1).store(_widen(wb, sc, g + 1, True, BF16, c_l))
         if GLU:
-            wb_u = u_s.index(slot).load(c_l)
-            wu_s.index(wslot).store(_widen(wb_u, sc_u, g, False))
-            wu_s.index(wslot + 1).store(_widen(wb_u, sc_u, g + 1, True))
+            wb_u = _load_bytes(u_s.index(slot), c_l, p_l, BF16)
+            wu_s.index(wslot).store(_widen(wb_u, sc_u, g, False, BF16, c_l))
+            wu_s.index(wslot + 1).store(_widen(wb_u, sc_u, g + 1, True, BF16, c_l))
         fence_async_shared()
         for sub in gl.static_range(2):
             xt = x_s.index(2 * slot + sub).permute((1, 0))
@@ -169,7 +246,8 @@ if HAS_TRITON:
 
     @gluon.jit
     def _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs, suc_ptrs, nblocks,
-                        BN: gl.constexpr, c_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr):
+                        BN: gl.constexpr, c_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr,
+                        BF16: gl.constexpr, p_l: gl.constexpr):
         """K loop with the widened weights through shared memory (2 slots of a 64-wide half): half j is
         widened and stored while half j - 1's MMAs still run (one half left in flight, so the tensor cores
         always have queued work), then its MMAs are issued. The ring refills the slot of half j - 2, whose
@@ -189,7 +267,7 @@ if HAS_TRITON:
         if GLU:
             sc_u = gl.load(suc_ptrs)
         async_copy.wait_group(AHEAD)
-        acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, 0, sc, sc_u, c_l, GLU, STAGES)
+        acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, 0, sc, sc_u, c_l, GLU, STAGES, BF16, p_l)
         if GLU:  # (waits for nothing: the loop carries the accumulators as tensors)
             acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
         else:
@@ -200,7 +278,7 @@ if HAS_TRITON:
                 sc_u = gl.load(suc_ptrs + j // 2)
             _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + AHEAD, nhalves, STAGES, GLU)
             async_copy.wait_group(AHEAD)
-            acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l, GLU, STAGES)
+            acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l, GLU, STAGES, BF16, p_l)
             if GLU:  # half j - 1's MMAs are done: its ring slot and weight slot are free
                 acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
             else:
@@ -217,7 +295,7 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
-        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
+        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, BF16: gl.constexpr,
     ):
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -275,10 +353,12 @@ if HAS_TRITON:
         if A_SMEM:
             sc_ptrs = WS + e * stride_wse + cn.to(gl.int64) * stride_wsn
             acc, acc_u = _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs,
-                                         sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES)
+                                         sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES, BF16,
+                                         gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]))
         else:
             acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
-                                    K // 128, a_l, GLU, STAGES)
+                                    K // 128, a_l, GLU, STAGES, BF16,
+                                    pair_layout(BN, NW))
 
         # epilogue in the accumulator layout: [BN channels, BM pairs]
         cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
@@ -317,4 +397,5 @@ def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_war
     listed = tiles is not None  # without a list, TILES is never read: EXPERT_IDS (kernel_args[5]) stands in
     return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
                                     NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
+                                    BF16=WIDEN_BF16,
                                     num_warps=num_warps)

@@ -25,6 +25,49 @@ if HAS_TRITON:
         tl.store(OUT + r, _widen(tl.load(CODES + r), tl.load(SC + tl.arange(0, BN)), G, HI, USE_ASM, F16))
 
 
+def _widen_table(group: int):
+    """Rows of packed bytes whose nibble of group `group` walks every e2m1 code (the other nibble random) and
+    packed scale words whose byte `group` walks every scale byte the wide kernels accept, with the float64
+    values they stand for."""
+    from dsv4.kernels.moe_layout import WIDE_MAX_SCALE_BYTE
+
+    rows, top = 256, WIDE_MAX_SCALE_BYTE + 1
+    gen = torch.Generator().manual_seed(group)
+    sbytes = torch.stack([torch.randperm(top, generator=gen)[torch.arange(rows) % top] for _ in range(4)], 1)
+    words = (sbytes[:, 0] | sbytes[:, 1] << 8 | sbytes[:, 2] << 16 | sbytes[:, 3] << 24).to(torch.int32)
+    codes = ((torch.arange(rows)[:, None] * 7 + torch.arange(32)[None, :]) % 16)  # every code in every row range
+    other = torch.randint(0, 16, (rows, 32), generator=gen)  # the byte's other nibble must not leak in
+    packed = (codes << 4 | other) if group % 2 else (other << 4 | codes)
+    mag = torch.tensor(E2M1, dtype=torch.float64)[codes & 7]
+    want = torch.where((codes & 8) != 0, -mag, mag) * torch.pow(2.0, sbytes[:, group:group + 1].double() - 127)
+    return packed.to(torch.uint8), words, want, codes, sbytes[:, group:group + 1].expand(rows, 32)
+
+
+def _assert_widened(got: torch.Tensor, want: torch.Tensor, codes: torch.Tensor, byte: torch.Tensor, flush=False):
+    bad = (got != want) & ~((got == 0) & (want == 0))
+    if flush:  # the interpreter's fp32 -> bf16 cast flushes bf16 subnormals
+        bad &= want.abs() >= 2.0 ** -126
+    assert not bool(bad.any()), f"{int(bad.sum())} wrong, e.g. code {codes[bad][0]} byte {byte[bad][0]}: " \
+                                f"{got[bad][0]} != {want[bad][0]}"
+
+
+@pytest.mark.parametrize("group", [0, 1, 2, 3])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_gluon_widen_exhaustive(group, bf16):
+    """The Gluon kernels' widening (`moe_wide_async._widen`: bf16x2 bit moves + a bf16x2 multiply, or the
+    f16 path) on the same table, read from k-pair words in `pair_layout` (bf16) or as bytes in the wgmma A
+    operand layout, lands on the exact values in that layout (bf16 subnormal results included)."""
+    if DEV != "cuda" or not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs a CUDA GPU (inline PTX in a Gluon kernel)")
+    from dsv4.kernels import moe_wide_async
+
+    packed, words, want, codes, byte = _widen_table(group)
+    out = torch.full(packed.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
+    moe_wide_async.widen_probe[(packed.shape[0] // 64,)](packed.to(DEV), words.to(DEV), out, G=group, HI=group % 2 == 1,
+                                                         BF16=bf16, num_warps=4)
+    _assert_widened(out.cpu().double(), want, codes, byte)
+
+
 @pytest.mark.parametrize("group", [0, 1, 2, 3])
 @pytest.mark.parametrize("use_asm", [True, False])
 @pytest.mark.parametrize("f16", [False, True])
@@ -34,28 +77,12 @@ def test_widen_exhaustive(group, use_asm, f16):
     byte `group`, equals the float64 value exactly -- through fp32 bit moves or the f16 ones."""
     if use_asm and os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter runs no inline PTX")
-    from dsv4.kernels.moe_layout import WIDE_MAX_SCALE_BYTE
-
-    rows, top = 256, WIDE_MAX_SCALE_BYTE + 1
-    gen = torch.Generator().manual_seed(group)
-    sbytes = torch.stack([torch.randperm(top, generator=gen)[torch.arange(rows) % top] for _ in range(4)], 1)
-    words = (sbytes[:, 0] | sbytes[:, 1] << 8 | sbytes[:, 2] << 16 | sbytes[:, 3] << 24).to(torch.int32)
-    codes = ((torch.arange(rows)[:, None] * 7 + torch.arange(32)[None, :]) % 16)  # every code in every row range
-    other = torch.randint(0, 16, (rows, 32), generator=gen)  # the byte's other nibble must not leak in
-    hi = group % 2 == 1
-    packed = (codes << 4 | other) if hi else (other << 4 | codes)
+    packed, words, want, codes, byte = _widen_table(group)
+    rows = packed.shape[0]
     out = torch.full((rows, 32), float("nan"), dtype=torch.bfloat16, device=DEV)
-    _probe[(1,)](packed.to(torch.uint8).to(DEV), words.to(DEV), out, G=group, HI=hi, USE_ASM=use_asm, F16=f16,
-                 BN=rows)
-    mag = torch.tensor(E2M1, dtype=torch.float64)[codes & 7]
-    want = torch.where((codes & 8) != 0, -mag, mag) * torch.pow(2.0, sbytes[:, group:group + 1].double() - 127)
-    got = out.cpu().double()
-    bad = (got != want) & ~((got == 0) & (want == 0))
-    if os.environ.get("TRITON_INTERPRET") == "1":  # its fp32 -> bf16 cast flushes bf16 subnormals
-        bad &= want.abs() >= 2.0 ** -126
-    byte = sbytes[:, group:group + 1].expand(rows, 32)
-    assert not bool(bad.any()), f"{int(bad.sum())} wrong, e.g. code {codes[bad][0]} byte {byte[bad][0]}: " \
-                                f"{got[bad][0]} != {want[bad][0]}"
+    _probe[(1,)](packed.to(DEV), words.to(DEV), out, G=group, HI=group % 2 == 1, USE_ASM=use_asm, F16=f16, BN=rows)
+    _assert_widened(out.cpu().double(), want, codes, byte, flush=os.environ.get("TRITON_INTERPRET") == "1")
+
 
 
 def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
