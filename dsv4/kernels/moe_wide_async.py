@@ -30,16 +30,16 @@ from __future__ import annotations
 from dsv4.kernels._triton import HAS_TRITON
 
 WIDEN_BF16 = True  # `_widen`: bf16x2 bit moves + one bf16x2 multiply per k pair (else the f16 path)
-# One k pair of one row: bytes b0 | b1 << 8 (a 16-bit load) and the bf16x2 word of 2^(b - 1) -> bf16 e2m1(b0) *
-# 2^(b - 127), e2m1(b1) * 2^(b - 127). prmt spreads the bytes to b0 << 8 | b1 << 24, which puts the high
-# nibbles at the top of each 16-bit half; sign -> bit 15 and magnitude (exponent, mantissa) -> bits 8..6 make the
-# bf16 of e2m1 * 2^-126 (codes 0 and 1 land on bf16 subnormals, which mul.bf16x2 keeps), and the multiply by
-# 2^(b - 1) is exact. The low nibbles take a 4-bit shift first.
-_BF16_TAIL = ("and.b32 s, s, 0x01C001C0; and.b32 t, t, 0x80008000; or.b32 t, t, s; mul.rn.bf16x2 t, t, $3; "
-              "mov.b32 {$0, $1}, t; }")
-BF16_HI_PTX = "{ .reg .b32 t, s; cvt.u32.u16 t, $2; prmt.b32 t, t, 0, 0x1404; shr.b32 s, t, 6; " + _BF16_TAIL
-BF16_LO_PTX = ("{ .reg .b32 t, s; cvt.u32.u16 t, $2; prmt.b32 t, t, 0, 0x1404; shr.b32 s, t, 2; shl.b32 t, t, 4; "
-               + _BF16_TAIL)
+# bf16 widening, per k pair of one row: its two bytes b0, b1 (one 16-bit load) are spread once to b0 | b1 << 16
+# (SPREAD); then for either nibble (LO, HI) a mask, an integer multiply by two disjoint powers of two (a pair of
+# shifts without carries) and a mask put its sign at bit 15 and its magnitude bits (exponent, mantissa) at bits
+# 8..6 of each 16-bit half: the bf16 of e2m1 * 2^-126 (codes 0 and 1 land on bf16 subnormals, which mul.bf16x2
+# keeps), and one multiply by the row's bf16x2 2^(b - 1) gives e2m1 * 2^(b - 127) exactly.
+SPREAD_PTX = "{ .reg .b32 t; cvt.u32.u16 t, $1; prmt.b32 $0, t, 0, 0x7170; }"
+_BF16_NIBBLE = ("{ .reg .b32 t; and.b32 t, $1, %s; mul.lo.u32 t, t, %s; and.b32 t, t, 0x81C081C0; "
+                "mul.rn.bf16x2 $0, t, $2; }")
+BF16_LO_PTX = _BF16_NIBBLE % ("0x000F000F", "0x1040")  # bits 0..3 -> sign << 12, magnitude << 6
+BF16_HI_PTX = _BF16_NIBBLE % ("0x00F000F0", "0x104")  # bits 4..7 -> sign << 8, magnitude << 2
 
 
 if HAS_TRITON:
@@ -66,6 +66,7 @@ if HAS_TRITON:
             rows = slots.to(gl.int64)
         return slots, valid, rows
 
+    _SPREAD_ASM = gl.constexpr(SPREAD_PTX)
     _BF16_LO_ASM = gl.constexpr(BF16_LO_PTX)
     _BF16_HI_ASM = gl.constexpr(BF16_HI_PTX)
 
@@ -82,11 +83,12 @@ if HAS_TRITON:
 
     @gluon.jit
     def _load_bytes(buf, a_l: gl.constexpr, p_l: gl.constexpr, BF16: gl.constexpr):
-        """A [BN, 32] ring slot of weight bytes in registers: BF16, as uint16 k-pair words (`pair_layout`,
-        one 16-bit load per pair); else as bytes in the A operand layout."""
+        """A [BN, 32] ring slot of weight bytes in registers: BF16, as uint32 [BN, 16] spread k-pair words
+        (`pair_layout`, one 16-bit load per pair, SPREAD_PTX); else as bytes in the A operand layout."""
         if BF16:
             BN: gl.constexpr = buf.shape[0]
             wb = buf._reinterpret(gl.uint16, [BN, 16], buf.layout).load(p_l)
+            wb = gl.inline_asm_elementwise(_SPREAD_ASM, "=r,h", [wb], dtype=gl.uint32, is_pure=True, pack=1)
         else:
             wb = buf.load(a_l)
         return wb
@@ -97,15 +99,17 @@ if HAS_TRITON:
         bytes of its half (`_load_bytes`; low nibbles: even groups, HI: odd) and the row's packed scale word.
         BF16: bf16x2 bit moves and one bf16x2 multiply per k pair (`BF16_LO_PTX`); else `moe_wide._widen`'s
         F16 path (f16 bit moves, an fp32 multiply per element)."""
-        if BF16:
-            b = ((sc >> (8 * g)) & 0xFF) + 126  # the bf16 exponent field of 2^(b - 1)
-            s2 = gl.convert_layout((b << 7) | (b << 23), gl.SliceLayout(1, wb.type.layout))[:, None]
+        if BF16:  # bf16x2 2^(b - 1): the exponent field b + 126 in both halves
+            s2 = ((sc >> (8 * g)) & 0xFF) * 0x800080 + 0x3F003F00
+            s2 = gl.convert_layout(s2, gl.SliceLayout(1, wb.type.layout))[:, None]
             if HI:
-                lo, hi = gl.inline_asm_elementwise(_BF16_HI_ASM, "=h,=h,h,r", [wb, s2],
-                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+                w = gl.inline_asm_elementwise(_BF16_HI_ASM, "=r,r,r", [wb, s2], dtype=gl.uint32, is_pure=True,
+                                              pack=1)
             else:
-                lo, hi = gl.inline_asm_elementwise(_BF16_LO_ASM, "=h,=h,h,r", [wb, s2],
-                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+                w = gl.inline_asm_elementwise(_BF16_LO_ASM, "=r,r,r", [wb, s2], dtype=gl.uint32, is_pure=True,
+                                              pack=1)
+            lo = (w & 0xFFFF).to(gl.uint16).to(gl.bfloat16, bitcast=True)
+            hi = (w >> 16).to(gl.uint16).to(gl.bfloat16, bitcast=True)
             BN: gl.constexpr = wb.shape[0]
             w = gl.convert_layout(gl.join(lo, hi).reshape([BN, 32]), a_l)
         else:
