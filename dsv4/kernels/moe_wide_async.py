@@ -17,23 +17,27 @@ the Triton kernel):
 - `_smem_ring_loop` (`a_smem`): the widened half goes to a 2-slot shared-memory buffer and the MMAs read it
   there, one half in flight while the next is widened, so the tensor cores always have queued work.
 
-The values are `moe_wide`'s exactly (the same f16 widening, 2^(b - 113) scale, bf16 operands, one fp32
-chain over K; the GLU epilogue quantises z per token and 128 channels and stores it dequantised): the
-outputs are bit-identical to the Triton kernel's on the H200 (tests/gpu/test_moe_wide.py).
+The widening here is bf16x2 bit moves and one bf16x2 multiply per k pair of a row (`BF16_LO_PTX`), read as
+16-bit k-pair words: ≈ 4.5 instructions per pair against ≈ 10.5 for `moe_wide`'s f16 path (f16 bit moves,
+f16 -> f32, an fp32 multiply and a bf16 pack per element, bytes unpacked and repacked around the asm). The
+values are `moe_wide`'s exactly (e2m1 * 2^(b - 127) in bf16, one fp32 chain over K; the GLU epilogue quantises
+z per token and 128 channels and stores it dequantised): the outputs are bit-identical to the Triton kernel's
+on the H200 (tests/gpu/test_moe_wide.py).
 
 Measured (H200, Flash MoE, ms L2-flushed, bench/runs/run_device_s10d.sh), Triton kernel -> this one:
 128-row tiles through shared memory, 4 slots: M = 4096 5.53 -> 4.86, M = 8192 10.53 -> 9.30 (registers:
 5.09, 9.88); 64-row tiles in registers: M = 2048 4.18 (s10c) -> 3.79. The default (`moe_wide.ASYNC`).
+Session 27 (s27c), f16 -> bf16 widening, the whole MoE call: M = 2048 3.29 -> 2.45, 4096 4.27 -> 3.84, 8192
+7.90 -> 6.85, 16384 14.29 -> 12.60 (the GLU's loop: 998 -> 610 instructions per thread per 128-wide K block).
 """
 from __future__ import annotations
 
 from dsv4.kernels._triton import HAS_TRITON
 
-WIDEN_BF16 = True  # `_widen`: bf16x2 bit moves + one bf16x2 multiply per k pair (else the f16 path)
 # bf16 widening, per k pair of one row: its two bytes b0, b1 (one 16-bit load) are spread once to b0 | b1 << 16
 # (SPREAD); then for either nibble (LO, HI) a mask, an integer multiply by two disjoint powers of two (a pair of
 # shifts without carries) and a mask put its sign at bit 15 and its magnitude bits (exponent, mantissa) at bits
-# 8..6 of each 16-bit half: the bf16 of e2m1 * 2^-126 (codes 0 and 1 land on bf16 subnormals, which mul.bf16x2
+# 8..6 of each 16-bit half: the bf16 of e2m1 * 2^-126 (code 1, 0.5, lands on a bf16 subnormal, which mul.bf16x2
 # keeps), and one multiply by the row's bf16x2 2^(b - 1) gives e2m1 * 2^(b - 127) exactly.
 SPREAD_PTX = "{ .reg .b32 t; cvt.u32.u16 t, $1; prmt.b32 $0, t, 0, 0x7170; }"
 _BF16_NIBBLE = ("{ .reg .b32 t; and.b32 t, $1, %s; mul.lo.u32 t, t, %s; and.b32 t, t, 0x81C081C0; "
@@ -49,8 +53,6 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     from dsv4.kernels.fp8_linear import _pow2_scale
-    from dsv4.kernels.moe_mma_operands import _f16_hi, _f16_lo
-    from dsv4.kernels.moe_wide import _scale
 
     @gluon.jit
     def block_rows(SORTED, row0, num_pairs, top_k, BM: gl.constexpr, layout: gl.constexpr, GLU: gl.constexpr):
@@ -82,63 +84,47 @@ if HAS_TRITON:
                                           block_bases=[], shape=[bn, 16])
 
     @gluon.jit
-    def _load_bytes(buf, a_l: gl.constexpr, p_l: gl.constexpr, BF16: gl.constexpr):
-        """A [BN, 32] ring slot of weight bytes in registers: BF16, as uint32 [BN, 16] spread k-pair words
-        (`pair_layout`, one 16-bit load per pair, SPREAD_PTX); else as bytes in the A operand layout."""
-        if BF16:
-            BN: gl.constexpr = buf.shape[0]
-            wb = buf._reinterpret(gl.uint16, [BN, 16], buf.layout).load(p_l)
-            wb = gl.inline_asm_elementwise(_SPREAD_ASM, "=r,h", [wb], dtype=gl.uint32, is_pure=True, pack=1)
-        else:
-            wb = buf.load(a_l)
-        return wb
+    def _load_bytes(buf, p_l: gl.constexpr):
+        """A [BN, 32] ring slot of weight bytes as uint32 [BN, 16] spread k-pair words in p_l (`pair_layout`
+        or its shared-memory-path counterpart): one 16-bit load and one prmt per pair (SPREAD_PTX)."""
+        BN: gl.constexpr = buf.shape[0]
+        wb = buf._reinterpret(gl.uint16, [BN, 16], buf.layout).load(p_l)
+        return gl.inline_asm_elementwise(_SPREAD_ASM, "=r,h", [wb], dtype=gl.uint32, is_pure=True, pack=1)
 
     @gluon.jit
-    def _widen(wb, sc, g, HI: gl.constexpr, BF16: gl.constexpr, a_l: gl.constexpr):
+    def _widen(wb, sc, g, HI: gl.constexpr, a_l: gl.constexpr):
         """bf16 [BN, 32] weights of group g (0..3, constant or not) of a 128-wide K block, in a_l, from the
-        bytes of its half (`_load_bytes`; low nibbles: even groups, HI: odd) and the row's packed scale word.
-        BF16: bf16x2 bit moves and one bf16x2 multiply per k pair (`BF16_LO_PTX`); else `moe_wide._widen`'s
-        F16 path (f16 bit moves, an fp32 multiply per element)."""
-        if BF16:  # bf16x2 2^(b - 1): the exponent field b + 126 in both halves
-            s2 = ((sc >> (8 * g)) & 0xFF) * 0x800080 + 0x3F003F00
-            s2 = gl.convert_layout(s2, gl.SliceLayout(1, wb.type.layout))[:, None]
-            if HI:
-                w = gl.inline_asm_elementwise(_BF16_HI_ASM, "=r,r,r", [wb, s2], dtype=gl.uint32, is_pure=True,
-                                              pack=1)
-            else:
-                w = gl.inline_asm_elementwise(_BF16_LO_ASM, "=r,r,r", [wb, s2], dtype=gl.uint32, is_pure=True,
-                                              pack=1)
-            lo = (w & 0xFFFF).to(gl.uint16).to(gl.bfloat16, bitcast=True)
-            hi = (w >> 16).to(gl.uint16).to(gl.bfloat16, bitcast=True)
-            BN: gl.constexpr = wb.shape[0]
-            w = gl.convert_layout(gl.join(lo, hi).reshape([BN, 32]), a_l)
+        spread k-pair words of its half (`_load_bytes`; low nibbles: even groups, HI: odd) and the rows'
+        packed scale words: bf16x2 bit moves and one bf16x2 multiply per k pair (`BF16_LO_PTX`)."""
+        s2 = ((sc >> (8 * g)) & 0xFF) * 0x800080 + 0x3F003F00  # bf16x2 2^(b - 1): exponent field b + 126
+        s2 = gl.convert_layout(s2, gl.SliceLayout(1, wb.type.layout))[:, None]
+        if HI:
+            w = gl.inline_asm_elementwise(_BF16_HI_ASM, "=r,r,r", [wb, s2], dtype=gl.uint32, is_pure=True, pack=1)
         else:
-            if HI:
-                w = _f16_hi(wb, True)
-            else:
-                w = _f16_lo(wb, True)
-            w = (w.to(gl.float32) * _scale(sc, g, True)[:, None]).to(gl.bfloat16)
-        return w
+            w = gl.inline_asm_elementwise(_BF16_LO_ASM, "=r,r,r", [wb, s2], dtype=gl.uint32, is_pure=True, pack=1)
+        lo = (w & 0xFFFF).to(gl.uint16).to(gl.bfloat16, bitcast=True)
+        hi = (w >> 16).to(gl.uint16).to(gl.bfloat16, bitcast=True)
+        BN: gl.constexpr = wb.shape[0]
+        return gl.convert_layout(gl.join(lo, hi).reshape([BN, 32]), a_l)
 
     @gluon.jit
-    def widen_probe(PACKED, SC, OUT, G: gl.constexpr, HI: gl.constexpr, BF16: gl.constexpr):
-        """Test hook: `_widen` of 64 rows of 32 packed bytes each (one scale word per row) per program, read
-        from global memory in the kernel's layouts, stored as bf16 [rows, 32]."""
+    def widen_probe(PACKED, SC, OUT, G: gl.constexpr, HI: gl.constexpr):
+        """Test hook: `_widen` of 64 rows of 32 packed bytes each (one scale word per row) per program, through
+        a ring-slot-shaped shared-memory buffer and `_load_bytes` as in the kernel, stored as bf16 [rows, 32]."""
         NW: gl.constexpr = gl.num_warps()
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, 128, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+        c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[16, 2],
+                                             warps_per_cta=[NW, 1], order=[1, 0])
         row0 = gl.program_id(0) * 64
-        if BF16:
-            p_l: gl.constexpr = pair_layout(64, NW)
-            r = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, p_l))
-            c = gl.arange(0, 16, layout=gl.SliceLayout(0, p_l))
-            wb = gl.load(PACKED.to(gl.pointer_type(gl.uint16)) + r[:, None] * 16 + c[None, :])
-        else:
-            r = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l))
-            c = gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))
-            wb = gl.load(PACKED + r[:, None] * 32 + c[None, :])
+        r = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, c_l))
+        c = gl.arange(0, 32, layout=gl.SliceLayout(0, c_l))
+        buf = gl.allocate_shared_memory(gl.uint8, [64, 32], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        buf.store(gl.load(PACKED + r[:, None] * 32 + c[None, :]))
+        gl.thread_barrier()
+        wb = _load_bytes(buf, pair_layout(64, NW))
         sc = gl.load(SC + row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l)))
-        w = _widen(wb, sc, G, HI, BF16, a_l)
+        w = _widen(wb, sc, G, HI, a_l)
         r = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l))
         c = gl.arange(0, 32, layout=gl.SliceLayout(0, a_l))
         gl.store(OUT + r[:, None] * 32 + c[None, :], w)
@@ -160,7 +146,7 @@ if HAS_TRITON:
     @gluon.jit
     def _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs, nblocks,
                    a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr,
-                   BF16: gl.constexpr, p_l: gl.constexpr):
+                   p_l: gl.constexpr):
         """K loop, 64-wide halves through a STAGES-slot cp.async ring (activations and weight bytes): each
         32-wide group issues its MMAs asynchronously, then the next group is widened from registers (or from
         the next half's slot) while they run, then they are waited for -- one step in flight, as ptxas
@@ -173,13 +159,13 @@ if HAS_TRITON:
         if GLU:
             sc_u = gl.load(su_ptrs)
         async_copy.wait_group(STAGES - 2)
-        wb = _load_bytes(w_s.index(0), a_l, p_l, BF16)
-        w = _widen(wb, sc, 0, False, BF16, a_l)
+        wb = _load_bytes(w_s.index(0), p_l)
+        w = _widen(wb, sc, 0, False, a_l)
         wb_u = wb
         w_u = w
         if GLU:
-            wb_u = _load_bytes(u_s.index(0), a_l, p_l, BF16)
-            w_u = _widen(wb_u, sc_u, 0, False, BF16, a_l)
+            wb_u = _load_bytes(u_s.index(0), p_l)
+            w_u = _widen(wb_u, sc_u, 0, False, a_l)
         for kb in range(nblocks):
             nxt = gl.minimum(kb + 1, nblocks - 1)
             sc_next = gl.load(s_ptrs + nxt)
@@ -198,23 +184,23 @@ if HAS_TRITON:
                     if GLU:
                         tok_u = warpgroup_mma(w_u, xt, acc_u, is_async=True)
                     if sub == 0:  # the high nibbles of the bytes in registers
-                        w_next = _widen(wb, sc, 2 * h + 1, True, BF16, a_l)
+                        w_next = _widen(wb, sc, 2 * h + 1, True, a_l)
                         if GLU:
-                            w_u_next = _widen(wb_u, sc_u, 2 * h + 1, True, BF16, a_l)
+                            w_u_next = _widen(wb_u, sc_u, 2 * h + 1, True, a_l)
                     else:  # the low nibbles of the next half (clamped at the end: a harmless re-read)
                         async_copy.wait_group(STAGES - 2)
                         nslot = gl.minimum(j + 1, nhalves - 1) % STAGES
-                        wb = _load_bytes(w_s.index(nslot), a_l, p_l, BF16)
+                        wb = _load_bytes(w_s.index(nslot), p_l)
                         if GLU:
-                            wb_u = _load_bytes(u_s.index(nslot), a_l, p_l, BF16)
+                            wb_u = _load_bytes(u_s.index(nslot), p_l)
                         if h == 0:
-                            w_next = _widen(wb, sc, 2, False, BF16, a_l)
+                            w_next = _widen(wb, sc, 2, False, a_l)
                             if GLU:
-                                w_u_next = _widen(wb_u, sc_u, 2, False, BF16, a_l)
+                                w_u_next = _widen(wb_u, sc_u, 2, False, a_l)
                         else:
-                            w_next = _widen(wb, sc_next, 0, False, BF16, a_l)
+                            w_next = _widen(wb, sc_next, 0, False, a_l)
                             if GLU:
-                                w_u_next = _widen(wb_u, sc_u_next, 0, False, BF16, a_l)
+                                w_u_next = _widen(wb_u, sc_u_next, 0, False, a_l)
                     if GLU:
                         acc, acc_u, w, w_u = warpgroup_mma_wait(num_outstanding=0, deps=[tok, tok_u, w, w_u])
                         w_u = w_u_next
@@ -227,19 +213,19 @@ if HAS_TRITON:
 
     @gluon.jit
     def _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l: gl.constexpr, GLU: gl.constexpr,
-                   STAGES: gl.constexpr, BF16: gl.constexpr, p_l: gl.constexpr):
+                   STAGES: gl.constexpr, p_l: gl.constexpr):
         """Half j (landed in its ring slot): widen its two groups into weight slot j % 2 of shared memory and
         issue their MMAs asynchronously (one commit group per MMA)."""
         slot = j % STAGES
         wslot = (j % 2) * 2
         g = (j % 2) * 2  # its first group within the 128-wide block
-        wb = _load_bytes(w_s.index(slot), c_l, p_l, BF16)
-        wa_s.index(wslot).store(_widen(wb, sc, g, False, BF16, c_l))
-        wa_s.index(wslot + 1).store(_widen(wb, sc, g + 1, True, BF16, c_l))
+        wb = _load_bytes(w_s.index(slot), p_l)
+        wa_s.index(wslot).store(_widen(wb, sc, g, False, c_l))
+        wa_s.index(wslot + 1).store(_widen(wb, sc, g + 1, True, c_l))
         if GLU:
-            wb_u = _load_bytes(u_s.index(slot), c_l, p_l, BF16)
-            wu_s.index(wslot).store(_widen(wb_u, sc_u, g, False, BF16, c_l))
-            wu_s.index(wslot + 1).store(_widen(wb_u, sc_u, g + 1, True, BF16, c_l))
+            wb_u = _load_bytes(u_s.index(slot), p_l)
+            wu_s.index(wslot).store(_widen(wb_u, sc_u, g, False, c_l))
+            wu_s.index(wslot + 1).store(_widen(wb_u, sc_u, g + 1, True, c_l))
         fence_async_shared()
         for sub in gl.static_range(2):
             xt = x_s.index(2 * slot + sub).permute((1, 0))
@@ -251,7 +237,7 @@ if HAS_TRITON:
     @gluon.jit
     def _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs, suc_ptrs, nblocks,
                         BN: gl.constexpr, c_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr,
-                        BF16: gl.constexpr, p_l: gl.constexpr):
+                        p_l: gl.constexpr):
         """K loop with the widened weights through shared memory (2 slots of a 64-wide half): half j is
         widened and stored while half j - 1's MMAs still run (one half left in flight, so the tensor cores
         always have queued work), then its MMAs are issued. The ring refills the slot of half j - 2, whose
@@ -271,7 +257,7 @@ if HAS_TRITON:
         if GLU:
             sc_u = gl.load(suc_ptrs)
         async_copy.wait_group(AHEAD)
-        acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, 0, sc, sc_u, c_l, GLU, STAGES, BF16, p_l)
+        acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, 0, sc, sc_u, c_l, GLU, STAGES, p_l)
         if GLU:  # (waits for nothing: the loop carries the accumulators as tensors)
             acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
         else:
@@ -282,7 +268,7 @@ if HAS_TRITON:
                 sc_u = gl.load(suc_ptrs + j // 2)
             _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + AHEAD, nhalves, STAGES, GLU)
             async_copy.wait_group(AHEAD)
-            acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l, GLU, STAGES, BF16, p_l)
+            acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l, GLU, STAGES, p_l)
             if GLU:  # half j - 1's MMAs are done: its ring slot and weight slot are free
                 acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
             else:
@@ -299,7 +285,7 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
-        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, BF16: gl.constexpr,
+        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
     ):
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -357,11 +343,11 @@ if HAS_TRITON:
         if A_SMEM:
             sc_ptrs = WS + e * stride_wse + cn.to(gl.int64) * stride_wsn
             acc, acc_u = _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs,
-                                         sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES, BF16,
+                                         sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES,
                                          gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]))
         else:
             acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
-                                    K // 128, a_l, GLU, STAGES, BF16,
+                                    K // 128, a_l, GLU, STAGES,
                                     pair_layout(BN, NW))
 
         # epilogue in the accumulator layout: [BN channels, BM pairs]
@@ -401,5 +387,4 @@ def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_war
     listed = tiles is not None  # without a list, TILES is never read: EXPERT_IDS (kernel_args[5]) stands in
     return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
                                     NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
-                                    BF16=WIDEN_BF16,
                                     num_warps=num_warps)
