@@ -1,7 +1,7 @@
 """The MoE launch-shape rule (dsv4.kernels.moe_config.pick_moe_config) picks the kernels the H200 sweeps
 measured fastest (docs/benchmarks.md #5): per-pair kernels at decode sizes (GLU split-K only while the pairs
 leave SMs idle; blocks of 2 or 4 pairs of an expert per program from B = 8 to 128 on Flash), the bf16-wgmma
-kernel from 40 pairs per expert (128-row tiles from 64, mixed with 64-row ones from 128), the per-group grouped
+kernel from 24 pairs per expert (128-row tiles from 64, mixed with 64-row ones from 128), the per-group grouped
 GEMM in between."""
 
 from __future__ import annotations
