@@ -54,11 +54,6 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
 DOWN_ONE_WARPGROUP = False
-# The Gluon kernels' weight tiles (and the down GEMM's z tiles, contiguous rows) by TMA on one mbarrier per ring
-# slot instead of cp.async (register loop only): fewer address instructions and no per-thread copies. Opt-in
-# until measured (prepared in session 27, bench/runs/run_device_s28a.sh)
-GLU_TMA = False
-DOWN_TMA = False
 # FP8 operands instead (dsv4.kernels.moe_wide_fp8, Gluon): the MXFP4 weights re-encoded to e4m3 per 128-wide
 # block, FP8 wgmma, the reference's per-128 promotion. Measured slower (s11i, ms L2-flushed, default vs FP8):
 # M = 2048 3.30 vs 4.89, 4096 4.59 vs 9.19, 8192 8.98 vs 15.83 -- ALU-bound (SASS: ~1,100 instructions per
@@ -351,9 +346,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             bn, warps = (64, 4) if one else (bn, num_warps)
             for tile_m, tile_list, rows in tiles:
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
-                tma = (GLU_TMA if glu else DOWN_TMA) and not a_smem
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
-                                      tiles=tile_list, tma=tma)
+                                      tiles=tile_list)
             if glu and bn != BLOCK:  # z was stored unquantised
                 requant_rows(args1[3])
         return y

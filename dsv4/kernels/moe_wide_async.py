@@ -50,9 +50,7 @@ if HAS_TRITON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     from dsv4.kernels.fp8_linear import _pow2_scale
 
@@ -133,60 +131,34 @@ if HAS_TRITON:
 
     @gluon.jit
     def _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j, nhalves, STAGES: gl.constexpr,
-                    GLU: gl.constexpr, tma_bufs=None, TMA: gl.constexpr = False):
-        """Half j's 64-wide K slice into ring slot j % STAGES: its two 32-column activation tiles and the 32
-        weight bytes per row that hold both groups, by cp.async (one commit group per half, empty past the
-        end) or, TMA, the weight tiles (and GEMM2's activation tiles, which are contiguous z rows) by TMA on
-        the slot's mbarrier (`_tma_state`)."""
-        X_TMA: gl.constexpr = TMA and not GLU
+                    GLU: gl.constexpr):
+        """cp.async of 64-wide K half j (its two 32-column activation tiles and the 32 weight bytes per row
+        that hold both groups) into ring slot j % STAGES; one commit group per half (empty past the end)."""
         if j < nhalves:
             slot = j % STAGES
-            if TMA:
-                bars, w_desc, x_desc, wrow, urow, row0 = tma_bufs
-                if GLU:
-                    mbarrier.expect(bars.index(slot), 2 * w_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(w_desc, [wrow, j * 32], bars.index(slot), w_s.index(slot))
-                    tma.async_copy_global_to_shared(w_desc, [urow, j * 32], bars.index(slot), u_s.index(slot))
-                else:
-                    mbarrier.expect(bars.index(slot), w_desc.block_type.nbytes + 2 * x_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(w_desc, [wrow, j * 32], bars.index(slot), w_s.index(slot))
-                    tma.async_copy_global_to_shared(x_desc, [row0, j * 64], bars.index(slot), x_s.index(2 * slot))
-                    tma.async_copy_global_to_shared(x_desc, [row0, j * 64 + 32], bars.index(slot),
-                                                    x_s.index(2 * slot + 1))
-            if not X_TMA:
-                async_copy.async_copy_global_to_shared(x_s.index(2 * slot), x_ptrs + j * 64, mask=x_mask)
-                async_copy.async_copy_global_to_shared(x_s.index(2 * slot + 1), x_ptrs + j * 64 + 32, mask=x_mask)
-            if not TMA:
-                async_copy.async_copy_global_to_shared(w_s.index(slot), wc_ptrs + j * 32)
-                if GLU:
-                    async_copy.async_copy_global_to_shared(u_s.index(slot), uc_ptrs + j * 32)
+            async_copy.async_copy_global_to_shared(x_s.index(2 * slot), x_ptrs + j * 64, mask=x_mask)
+            async_copy.async_copy_global_to_shared(x_s.index(2 * slot + 1), x_ptrs + j * 64 + 32, mask=x_mask)
+            async_copy.async_copy_global_to_shared(w_s.index(slot), wc_ptrs + j * 32)
+            if GLU:
+                async_copy.async_copy_global_to_shared(u_s.index(slot), uc_ptrs + j * 32)
         async_copy.commit_group()
 
     @gluon.jit
-    def _wait_half(j, nhalves, STAGES: gl.constexpr, tma_bufs=None, TMA: gl.constexpr = False):
-        """Half j (clamped to the last) has landed: its cp.async group (at most STAGES - 2 younger ones in
-        flight) and, TMA, its slot's mbarrier phase."""
-        async_copy.wait_group(STAGES - 2)
-        if TMA:
-            jj = gl.minimum(j, nhalves - 1)
-            mbarrier.wait(tma_bufs[0].index(jj % STAGES), (jj // STAGES) & 1)
-
-    @gluon.jit
     def _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs, nblocks,
-                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr, p_l: gl.constexpr, tma_bufs=None,
-                   TMA: gl.constexpr = False, NW: gl.constexpr = 4):
+                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr,
+                   p_l: gl.constexpr):
         """K loop, 64-wide halves through a STAGES-slot cp.async ring (activations and weight bytes): each
         32-wide group issues its MMAs asynchronously, then the next group is widened from registers (or from
         the next half's slot) while they run, then they are waited for -- one step in flight, as ptxas
         requires for a register operand. The scale words are prefetched one 128-wide block ahead."""
         nhalves = 2 * nblocks
         for s in gl.static_range(STAGES - 1):
-            _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s, nhalves, STAGES, GLU, tma_bufs, TMA)
+            _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s, nhalves, STAGES, GLU)
         sc = gl.load(s_ptrs)
         sc_u = sc
         if GLU:
             sc_u = gl.load(su_ptrs)
-        _wait_half(0, nhalves, STAGES, tma_bufs, TMA)
+        async_copy.wait_group(STAGES - 2)
         wb = _load_bytes(w_s.index(0), p_l)
         w = _widen(wb, sc, 0, False, a_l)
         wb_u = wb
@@ -202,12 +174,8 @@ if HAS_TRITON:
                 sc_u_next = gl.load(su_ptrs + nxt)
             for h in gl.static_range(2):
                 j = 2 * kb + h
-                # the slot of half j - 1: its MMAs have completed and its bytes are in registers (TMA writes it
-                # from one thread: with two warpgroups, the other one's MMAs must be done too)
-                if TMA and NW > 4:
-                    gl.thread_barrier()
-                _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + STAGES - 1, nhalves, STAGES, GLU,
-                            tma_bufs, TMA)
+                # the slot of half j - 1: its MMAs have completed and its bytes are in registers
+                _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + STAGES - 1, nhalves, STAGES, GLU)
                 fence_async_shared()
                 slot = j % STAGES
                 for sub in gl.static_range(2):
@@ -220,7 +188,7 @@ if HAS_TRITON:
                         if GLU:
                             w_u_next = _widen(wb_u, sc_u, 2 * h + 1, True, a_l)
                     else:  # the low nibbles of the next half (clamped at the end: a harmless re-read)
-                        _wait_half(j + 1, nhalves, STAGES, tma_bufs, TMA)
+                        async_copy.wait_group(STAGES - 2)
                         nslot = gl.minimum(j + 1, nhalves - 1) % STAGES
                         wb = _load_bytes(w_s.index(nslot), p_l)
                         if GLU:
@@ -315,9 +283,9 @@ if HAS_TRITON:
     def _wide_async_kernel(
         A, W, WS, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
         K, num_pairs, top_k, up_off, limit,
-        stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES, w_desc, x_desc,
+        stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
-        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, TMA: gl.constexpr,
+        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
     ):
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -357,10 +325,7 @@ if HAS_TRITON:
         # layout; the scale words are read in that layout's rows
         c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[16, 2],
                                              warps_per_cta=[NW, 1], order=[1, 0])
-        if TMA:  # (the same row-major bytes; TMA writes only NVMMA layouts)
-            w_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-        else:
-            w_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        w_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, c_l))
         ck = gl.arange(0, 32, layout=gl.SliceLayout(0, c_l))
         wc_ptrs = W + e * stride_we + cn[:, None].to(gl.int64) * stride_wn + ck[None, :]
@@ -380,20 +345,10 @@ if HAS_TRITON:
             acc, acc_u = _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs,
                                          sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES,
                                          gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]))
-        elif TMA:  # weights as rows of [E * N, K / 2] bytes (and z as [slots, K]) by TMA, one mbarrier per slot
-            bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(STAGES):
-                mbarrier.init(bars.index(i), count=1)
-            fence_async_shared()
-            wrow = (e * (stride_we // stride_wn) + pid_n * BN).to(gl.int32)
-            acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
-                                    K // 128, a_l, GLU, STAGES, pair_layout(BN, NW),
-                                    (bars, w_desc, x_desc, wrow, wrow + up_off, row0), True, NW)
-            for i in gl.static_range(STAGES):
-                mbarrier.invalidate(bars.index(i))
         else:
             acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
-                                    K // 128, a_l, GLU, STAGES, pair_layout(BN, NW))
+                                    K // 128, a_l, GLU, STAGES,
+                                    pair_layout(BN, NW))
 
         # epilogue in the accumulator layout: [BN channels, BM pairs]
         cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
@@ -418,29 +373,18 @@ if HAS_TRITON:
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False, group_m: int = 0, tiles=None, tma: bool = False):
+           a_smem: bool = False, group_m: int = 0, tiles=None):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
     order (`moe_wide.ASYNC_GROUP_M`); tiles: int32 [grid[0]], program i's tile starts at 64-row block tiles[i] of
-    a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`); tma: the weight tiles (and GEMM2's activation
-    tiles) by TMA instead of cp.async (register loop only). Returns the compiled kernel (registers and shared
+    a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`). Returns the compiled kernel (registers and shared
     memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
     if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
         raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
-    if tma and a_smem:
-        raise ValueError("moe_wide_async: TMA loads are written for the register loop only (a_smem=False)")
-    w_desc = x_desc = None
-    if tma:
-        a, w = kernel_args[0], kernel_args[1]
-        w_desc = TensorDescriptor.from_tensor(w.reshape(-1, w.shape[-1]), [bn, 32],
-                                              gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
-        if not glu:  # z in sorted order: each tile's rows are contiguous
-            x_desc = TensorDescriptor.from_tensor(a, [bm, 32], gl.NVMMASharedLayout(swizzle_byte_width=64,
-                                                                                     element_bitwidth=16, rank=2))
     listed = tiles is not None  # without a list, TILES is never read: EXPERT_IDS (kernel_args[5]) stands in
-    return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], w_desc, x_desc, BM=bm, BN=bn,
-                                    GLU=glu, NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m,
-                                    LISTED=listed, TMA=tma, num_warps=num_warps)
+    return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
+                                    NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
+                                    num_warps=num_warps)

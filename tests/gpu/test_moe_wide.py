@@ -209,37 +209,6 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison
     assert same > 0.999, same
 
 
-@pytest.mark.parametrize("bm,one_wg", [(64, (1, 0)), (128, (1, 0)), (128, (0, 1)), (64, (1, 1))])
-@pytest.mark.parametrize("mixed", [False, True])
-def test_tma_loads_match_cp_async(bm, one_wg, mixed, poison, monkeypatch):
-    """moe_wide.GLU_TMA / DOWN_TMA (weight tiles, and the down GEMM's z tiles, by TMA on per-slot mbarriers)
-    give bit-identical outputs to the cp.async ring, with one or two warpgroups per program and with mixed
-    tiles (128-row tiles starting at any 64-row block of z)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("Gluon kernels do not run in the interpreter")
-    from test_moe import _mxfp4_experts, _topk
-
-    from dsv4.kernels import moe_wide
-    from dsv4.kernels.moe import finalize_experts, fused_moe
-
-    if mixed and bm != 128:
-        pytest.skip("mixed tiles are a 128-row config's (run on 64-row blocks)")
-    e, d, i, m = 8, 1024, 512, 700
-    gen = torch.Generator(DEV).manual_seed(bm + 7 * mixed)
-    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
-    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
-    ids, w = _topk(m, e, 6, gen)
-    monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", bool(one_wg[0]))
-    monkeypatch.setattr(moe_wide, "DOWN_ONE_WARPGROUP", bool(one_wg[1]))
-    cfg = dataclasses.replace(_wide(bm), mixed=mixed)
-    want = fused_moe(x, ids, w, packed, config=cfg)
-    monkeypatch.setattr(moe_wide, "GLU_TMA", True)
-    monkeypatch.setattr(moe_wide, "DOWN_TMA", True)
-    poison()
-    got = fused_moe(x, ids, w, packed, config=cfg)
-    assert torch.equal(got, want)
-
-
 @pytest.mark.parametrize("m", [3, 150, 700])
 def test_mixed_tiles_match_128_row_tiles(m, poison):
     """Mixed tiles (128-row tiles over pairs of an expert's 64-row blocks, 64-row tiles for odd last blocks: two
