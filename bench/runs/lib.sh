@@ -21,3 +21,25 @@ pro() {
     --world 1 --layers 4 --reps 4 --batches $2 --ctx $3 --kv-dtype fp8 --prefill $4 --cuda-graphs 2>&1 \
     | grep -E "ceilings|B=.*decode |prefill|rror|memory" | head -8
 }
+# `prefill8 LIMIT module.FLAG=value...`: 8 Flash layers on one GPU, one 8K-token prefill (paged FP8, graphs) with the
+# module flags set; the prefill line only.
+prefill8() {
+  RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29526 timeout $1 \
+    python3 bench/flags.py "${@:2}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches 1 --ctx 4096 \
+    --kv-dtype fp8 --prefill 8192 --cuda-graphs 2>&1 | grep -E "prefill|rror" | head -3
+}
+# `ncu_moe LIMIT COUNT METRICS`: Nsight Compute on the first COUNT prefill-MoE Gluon GEMMs of bench/ncu_kernels.py
+# (8K tokens), one line per kernel: its metrics and its top stall reasons (when METRICS asks for them).
+ncu_moe() {
+  timeout $1 ncu --csv -k regex:"_wide_async" -c $2 --metrics "$3" python3 bench/ncu_kernels.py --only prefill \
+    2>/dev/null | grep '^"' | python3 -c "
+import csv, sys, collections
+rows = list(csv.reader(sys.stdin)); h = rows[0]
+per = collections.defaultdict(dict)
+for r in rows[1:]:
+    per[r[h.index('ID')]][r[h.index('Metric Name')]] = r[h.index('Metric Value')]
+for i, m in per.items():
+    st = sorted(((float(v.replace(',', '')), k.split('stalled_')[1].split('_per')[0]) for k, v in m.items()
+                 if 'stalled_' in k), reverse=True)[:7]
+    print(i, {k[:40]: v for k, v in m.items() if 'stalled_' not in k}, 'stalls', st)"
+}

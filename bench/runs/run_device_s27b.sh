@@ -1,4 +1,5 @@
 #!/bin/bash
+# (A record: the f16 variant, moe_wide_async.WIDEN_BF16=False, was removed after s27c; the bf16 path is the only one.)
 # Session 27, one H200: the Gluon MoE GEMMs' widening as bf16x2 bit moves + one bf16x2 multiply per k pair, read
 # as 16-bit k-pair words (moe_wide_async.WIDEN_BF16), against the f16 path (f16 bit moves, f16 -> f32, an fp32
 # multiply and a bf16 pack per element). s27a: the GLU runs at 43 % of the tensor pipe and 45 % issue with 8
@@ -11,19 +12,9 @@ print('ceilings', {k: round(v, 2) for k, v in ceilings().items()})"
 F16=dsv4.kernels.moe_wide_async.WIDEN_BF16=False
 timeout 150 python3 bench/bench_moe_flags.py --ms 2048,4096,8192,16384 "bf16 widening:" "f16 widening:$F16" 2>&1 | tail -9
 timeout 90 python3 bench/bench_moe_wide_shapes.py --ms 8192 --shapes 64,4,reg,4 128,8,reg,4 128,8,smem,4 2>&1 | tail -4
-prefill8() {
-  RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29526 timeout $1 \
-    python3 bench/flags.py "${@:2}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches 1 --ctx 4096 \
-    --kv-dtype fp8 --prefill 8192 --cuda-graphs 2>&1 | grep -E "prefill|rror" | head -3
-}
 echo "== prefill, bf16 widening"; prefill8 100
 echo "== prefill, f16 widening"; prefill8 100 $F16
 M="gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed"
 M="$M,launch__registers_per_thread,smsp__inst_executed.sum"
-timeout 120 ncu --csv -k regex:"_wide_async" -c 4 --metrics "$M" python3 bench/ncu_kernels.py --only prefill \
-  2>/dev/null | grep '^"' | python3 -c "
-import csv, sys
-rows = list(csv.reader(sys.stdin)); h = rows[0]
-for r in rows[1:]:
-    print(r[h.index('ID')], r[h.index('Metric Name')][:48], r[h.index('Metric Value')])"
+ncu_moe 120 4 "$M"

@@ -1,4 +1,5 @@
 #!/bin/bash
+# (A record: the f16 variant, moe_wide_async.WIDEN_BF16=False, was removed after s27c; the bf16 path is the only one.)
 # Session 27, one H200: the bf16 widening with one byte spread per k pair shared by both nibbles and a 3-op scale
 # word (610 instructions per 128-wide K block in the GLU's loop, offline sm_90a, against 639 in s27b's version and
 # 998 for the f16 path); with it, whether 64-row tiles, 3 ring slots or another launch order now win.
@@ -12,11 +13,6 @@ timeout 200 python3 bench/bench_moe_flags.py --ms 2048,4096,8192,16384 "bf16 wid
   "64-row tiles:$NO128" "3 slots:dsv4.kernels.moe_wide.ASYNC_STAGES=3" "group 8:dsv4.kernels.moe_wide.ASYNC_GROUP_M=8" \
   2>&1 | tail -6
 timeout 90 python3 bench/bench_moe_wide_shapes.py --ms 8192 --shapes 64,4,reg,4 128,8,reg,4 64,4,reg,3 2>&1 | tail -4
-prefill8() {
-  RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29526 timeout $1 \
-    python3 bench/flags.py "${@:2}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches 1 --ctx 4096 \
-    --kv-dtype fp8 --prefill 8192 --cuda-graphs 2>&1 | grep -E "prefill|rror" | head -3
-}
 for round in 1 2; do
   echo "== prefill, bf16 widening"; prefill8 100
   echo "== prefill, f16 widening"; prefill8 100 $F16

@@ -14,14 +14,4 @@ M="gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_
 M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
 M="$M,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum"
 M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-timeout 120 ncu --csv -k regex:"_wide_async" -c 2 --metrics "$M" python3 bench/ncu_kernels.py --only prefill \
-  2>/dev/null | grep '^"' | python3 -c "
-import csv, sys, collections
-rows = list(csv.reader(sys.stdin)); h = rows[0]
-per = collections.defaultdict(dict)
-for r in rows[1:]:
-    per[r[h.index('ID')]][r[h.index('Metric Name')]] = r[h.index('Metric Value')]
-for i, m in per.items():
-    st = sorted(((float(v.replace(',', '')), k.split('stalled_')[1].split('_per')[0]) for k, v in m.items()
-                 if 'stalled_' in k), reverse=True)[:7]
-    print(i, {k[:40]: v for k, v in m.items() if 'stalled_' not in k}, 'stalls', st)"
+ncu_moe 120 2 "$M"
