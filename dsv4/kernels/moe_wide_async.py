@@ -112,7 +112,8 @@ if HAS_TRITON:
         """Test hook: `_widen` of 64 rows of 32 packed bytes each (one scale word per row) per program, through
         a ring-slot-shaped shared-memory buffer and `_load_bytes` as in the kernel, stored as bf16 [rows, 32]."""
         NW: gl.constexpr = gl.num_warps()
-        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, 128, 16])
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                        instr_shape=[16, 128, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[16, 2],
                                              warps_per_cta=[NW, 1], order=[1, 0])
@@ -145,8 +146,7 @@ if HAS_TRITON:
 
     @gluon.jit
     def _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs, nblocks,
-                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr,
-                   p_l: gl.constexpr):
+                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr, p_l: gl.constexpr):
         """K loop, 64-wide halves through a STAGES-slot cp.async ring (activations and weight bytes): each
         32-wide group issues its MMAs asynchronously, then the next group is widened from registers (or from
         the next half's slot) while they run, then they are waited for -- one step in flight, as ptxas
@@ -347,8 +347,7 @@ if HAS_TRITON:
                                          gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]))
         else:
             acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
-                                    K // 128, a_l, GLU, STAGES,
-                                    pair_layout(BN, NW))
+                                    K // 128, a_l, GLU, STAGES, pair_layout(BN, NW))
 
         # epilogue in the accumulator layout: [BN channels, BM pairs]
         cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))

@@ -62,8 +62,8 @@ def test_gluon_widen_exhaustive(group):
 
     packed, words, want, codes, byte = _widen_table(group)
     out = torch.full(packed.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
-    moe_wide_async.widen_probe[(packed.shape[0] // 64,)](packed.to(DEV), words.to(DEV), out, G=group, HI=group % 2 == 1,
-                                                         num_warps=4)
+    moe_wide_async.widen_probe[(packed.shape[0] // 64,)](packed.to(DEV), words.to(DEV), out, G=group,
+                                                         HI=group % 2 == 1, num_warps=4)
     _assert_widened(out.cpu().double(), want, codes, byte)
 
 
@@ -81,7 +81,6 @@ def test_widen_exhaustive(group, use_asm, f16):
     out = torch.full((rows, 32), float("nan"), dtype=torch.bfloat16, device=DEV)
     _probe[(1,)](packed.to(DEV), words.to(DEV), out, G=group, HI=group % 2 == 1, USE_ASM=use_asm, F16=f16, BN=rows)
     _assert_widened(out.cpu().double(), want, codes, byte, flush=os.environ.get("TRITON_INTERPRET") == "1")
-
 
 
 def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
