@@ -2,6 +2,7 @@
 # Prepared in session 27, one H200 (≈ 4-5 min): (1) the wide MoE kernel below 16 pairs per expert (session 27 moved
 # its lower bound from 40 to 16 on measured wins at 18-36; 12 and below not measured); (2) where an 8K prefill
 # layer's time goes after session 27's MoE change (kernels by part), to pick the next target for #6's 20k tok/s;
+# (3) the down GEMM with 256 weight rows per program (below).
 source bench/runs/lib.sh
 C=dsv4.kernels.moe_config
 timeout 100 python3 bench/bench_moe_flags.py --ms 256,384,512,640 "default:" \
