@@ -387,10 +387,11 @@ def test_200_concurrent_streams_then_50_disconnects_leak_no_pages(server, tok):
     assert m["dsv4_cache_free_pages"] == m["dsv4_cache_total_pages"] > 0
     assert m["dsv4_cache_usage_ratio"] == 0
     assert m["dsv4_look_ahead_steps"] == m["dsv4_look_ahead_wasted_rows"] == 0  # a CPU engine: no overlap
-    # The 50 cut streams were aborted, not run to their CUT_TOKENS: only the 150 finished ("length").
-    # (How far they got depends on how far the client lagged behind the server when it hung up.)
+    # The 50 cut streams were aborted, not run to their CUT_TOKENS: the 150 finished ("length"), and a cut stream
+    # only if the server got through all its tokens before the client's hang-up arrived (a client starved of CPU
+    # can lag that far: 15 of 50 once, on two busy cores); the pages are free either way (above).
     length = "dsv4_requests_total{finish_reason=length}"
-    assert m[length] - after_full[length] == 150
+    assert 150 <= m[length] - after_full[length] < 200
     generated = m["dsv4_generation_tokens_total"] - after_full["dsv4_generation_tokens_total"]
     assert generated < 150 * 10 + 50 * CUT_TOKENS
     for name in ("dsv4_time_to_first_token_seconds_count", "dsv4_inter_token_latency_seconds_count",
