@@ -30,14 +30,15 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 
-# Widen through f16 (4 nibbles per word op, cvt f16 -> f32) instead of one fp32 per byte: fewer integer
-# ops per weight. Flash MoE on the H200 (bench/runs/run_device_s9a.sh), fp32 vs f16 widening: M = 4096
-# 6.33 -> 5.51 ms, M = 8192 12.18 -> 10.50 ms
+# The Triton kernel's widening: through f16 (4 nibbles per word op, cvt f16 -> f32) instead of one fp32 per
+# byte: fewer integer ops per weight. Flash MoE on the H200 (bench/runs/run_device_s9a.sh), fp32 vs f16
+# widening: M = 4096 6.33 -> 5.51 ms, M = 8192 12.18 -> 10.50 ms
 WIDEN_F16 = True
 # The same GEMMs with the widening overlapped with asynchronous wgmma (dsv4.kernels.moe_wide_async, Gluon),
 # bit-identical. Flash MoE, ms L2-flushed (bench/runs/run_device_s10d.sh), Triton kernel -> Gluon:
 # 128-row tiles, weights through shared memory, 4 ring slots: M = 4096 5.53 -> 4.86, M = 8192 10.53 -> 9.30;
-# 64-row tiles, weights in registers: M = 2048 4.18 (s10c) -> 3.79 (the shared-memory mode: 4.04)
+# 64-row tiles, weights in registers: M = 2048 4.18 (s10c) -> 3.79 (the shared-memory mode: 4.04). The Gluon
+# kernels widen by their own bf16x2 bit moves (session 27), whatever WIDEN_F16 says
 ASYNC = True
 # Launch order of the Gluon kernel's programs: ASYNC_GROUP_M blocks of rows x every column tile, then the next
 # blocks (0: row block fastest, i.e. one column tile over all experts' blocks before the next). Nsight Compute
@@ -237,9 +238,9 @@ def _is_hopper(device: torch.device) -> bool:
 
 
 def gluon_path(device: torch.device) -> bool:
-    """Whether `moe_wide` runs the Gluon kernels (f16 widening only; wgmma is Hopper's; no interpreter for Gluon),
+    """Whether `moe_wide` runs the Gluon kernels (moe_wide.ASYNC; wgmma is Hopper's; no interpreter for Gluon),
     the only ones that take mixed tiles."""
-    return ASYNC and WIDEN_F16 and not INTERPRET and _is_hopper(device)
+    return ASYNC and not INTERPRET and _is_hopper(device)
 
 
 def fp8_path(experts: PackedExperts, device: torch.device) -> bool:

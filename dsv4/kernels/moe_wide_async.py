@@ -344,7 +344,7 @@ if HAS_TRITON:
             sc_ptrs = WS + e * stride_wse + cn.to(gl.int64) * stride_wsn
             acc, acc_u = _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs,
                                          sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES,
-                                         gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]))
+                                         gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]))  # c_l in k pairs
         else:
             acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
                                     K // 128, a_l, GLU, STAGES, pair_layout(BN, NW))

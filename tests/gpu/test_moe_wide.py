@@ -98,7 +98,7 @@ def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
     (16, 8, True, 0, False), (16, 8, True, 0, "default"), (32, 8, True, 0, "default")])
 @pytest.mark.parametrize("m", [1, 5, 300])
 def test_fused_moe_wide(bm, warps, f16, maxnreg, asyn, m, poison, close_bf16, monkeypatch):
-    """asyn: the Gluon kernel with the widening overlapped (moe_wide.ASYNC; f16 widening), the widened weights
+    """asyn: the Gluon kernel with the widening overlapped (moe_wide.ASYNC; its own bf16 widening), the widened weights
     in registers or shared memory (ASYNC_A_SMEM) and this many ring slots (ASYNC_STAGES), or "default": the
     module's own choice of both."""
     from test_moe import _mxfp4_experts, _topk
