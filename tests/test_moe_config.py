@@ -42,15 +42,16 @@ def test_regimes(experts, tokens):
 
 def test_thresholds_match_the_measured_crossovers():
     """Flash: B = 1 (6 pairs) splits, B = 8 (48 pairs) does not; M = 4096 (96 pairs per expert) takes the
-    wide kernel, M = 2048 (48 per expert) and M = 768 (18 per expert, session 27) with 64-row tiles, M = 512 (12
-    per expert) not."""
+    wide kernel, M = 2048 (48 per expert), M = 768 (18 per expert, session 27) and M = 384 (9 per expert, session
+    28) with 64-row tiles, M = 256 (6 per expert) not."""
     assert pick_moe_config(6, FLASH_E).gemv_split == 2
     assert pick_moe_config(48, FLASH_E).gemv_split == 1
     assert pick_moe_config(4096 * TOP_K, FLASH_E).wide and not pick_moe_config(4096 * TOP_K, FLASH_E).mixed
     assert pick_moe_config(8192 * TOP_K, FLASH_E).mixed  # M = 8192 (192 per expert): 128- and 64-row tiles
     assert pick_moe_config(2048 * TOP_K, FLASH_E).wide and pick_moe_config(2048 * TOP_K, FLASH_E).bm == 64
     assert pick_moe_config(768 * TOP_K, FLASH_E).wide and pick_moe_config(768 * TOP_K, FLASH_E).bm == 64
-    assert not pick_moe_config(512 * TOP_K, FLASH_E).wide
+    assert pick_moe_config(384 * TOP_K, FLASH_E).wide and pick_moe_config(384 * TOP_K, FLASH_E).bm == 64
+    assert not pick_moe_config(256 * TOP_K, FLASH_E).wide
     assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel
     # blocks of pairs from B = 8 to B = 128 (the session-18 sweeps): two up to B = 64, four (one K block per
     # loop step) at B = 96 and 128; one pair at B = 1 and 4, the per-group kernel from B = 192
