@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs on commit f564861 (its kernels and bench options were measured and reverted in the commit after it).
 # Session 28, one H200 (≈ 3 min): the GLU with gate and up rows split between the tile's two warpgroups (one
 # accumulator each, so a 256-token tile fits: half the widening and activation copies per MMA), against the
 # default 64-row GLU; and the down GEMM with 256-token tiles. bm 256 pads each expert's pairs to 256 rows.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs on commit f564861 (its kernels and bench options were measured and reverted in the commit after it).
 # Session 28, one H200 (≈ 3 min): why the split GLU with 256-token tiles (a third fewer instructions per MMA) was
 # only 3 % faster per padded FLOP than the default GLU (s28d): Nsight Compute on both (the first launch of each
 # bench), then both timed with the widening replaced by a bit cast (DSV4_NO_WIDEN=1, a temporary patch of

@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs on commit f564861 (its kernels and bench options were measured and reverted in the commit after it).
 # Session 28, one H200 (≈ 2 min): deeper cp.async rings (Nsight Compute, s28e: the GLU at 52 % tensor pipe even
 # with the widening replaced by a bit cast, 4.00 vs 4.7 ms; the two-warpgroup kernels stall on their barrier after
 # each half's wait): 5 and 6 slots of 64-wide K halves for the default GLU, the split GLU (256-token tiles) and

@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs on commit f564861 (its kernels and bench options were measured and reverted in the commit after it).
 # Session 28, one H200 (≈ 5 min): the register path's ring as separate allocations with static slots (one CTA
 # barrier per 64-wide half instead of three; GLU loop 610 -> 522 instructions per K block, down 358 -> 276) and
 # each slot refilled after the next half's barrier. The MoE GPU tests, then an A/B of the GEMMs against the

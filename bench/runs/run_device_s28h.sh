@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs on commit f564861 (its kernels and bench options were measured and reverted in the commit after it).
 # Session 28, one H200 (≈ 2 min): the down GEMM's 128-row tiles through registers (the new static ring: 2.40 vs
 # 2.67 ms through shared memory at M = 8192 alone, s28g) but slower inside the MoE call (7.10 vs 6.85): is it the
 # launch order (ASYNC_GROUP_M = 4 in the MoE, 0 in bench_moe_wide_shapes)?

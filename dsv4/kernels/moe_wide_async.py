@@ -132,87 +132,17 @@ if HAS_TRITON:
 
     @gluon.jit
     def _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j, nhalves, STAGES: gl.constexpr,
-                    GLU: gl.constexpr, SLOT: gl.constexpr = -1):
+                    GLU: gl.constexpr):
         """cp.async of 64-wide K half j (its two 32-column activation tiles and the 32 weight bytes per row
-        that hold both groups) into ring slot j % STAGES, or into slot SLOT of `_ring_bufs` tuples; one commit
-        group per half (empty past the end)."""
+        that hold both groups) into ring slot j % STAGES; one commit group per half (empty past the end)."""
         if j < nhalves:
-            if SLOT >= 0:  # `_ring_bufs` tuples
-                xa = x_s[2 * SLOT]
-                xb = x_s[2 * SLOT + 1]
-                wd = w_s[SLOT]
-                ud = u_s[SLOT]
-            else:
-                slot = j % STAGES
-                xa = x_s.index(2 * slot)
-                xb = x_s.index(2 * slot + 1)
-                wd = w_s.index(slot)
-                ud = u_s.index(slot)
-            async_copy.async_copy_global_to_shared(xa, x_ptrs + j * 64, mask=x_mask)
-            async_copy.async_copy_global_to_shared(xb, x_ptrs + j * 64 + 32, mask=x_mask)
-            async_copy.async_copy_global_to_shared(wd, wc_ptrs + j * 32)
+            slot = j % STAGES
+            async_copy.async_copy_global_to_shared(x_s.index(2 * slot), x_ptrs + j * 64, mask=x_mask)
+            async_copy.async_copy_global_to_shared(x_s.index(2 * slot + 1), x_ptrs + j * 64 + 32, mask=x_mask)
+            async_copy.async_copy_global_to_shared(w_s.index(slot), wc_ptrs + j * 32)
             if GLU:
-                async_copy.async_copy_global_to_shared(ud, uc_ptrs + j * 32)
+                async_copy.async_copy_global_to_shared(u_s.index(slot), uc_ptrs + j * 32)
         async_copy.commit_group()
-
-    @gluon.jit
-    def _ring_bufs(dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr, STAGES: gl.constexpr):
-        """A ring of STAGES shared-memory buffers as a tuple of separate allocations: with static slot indices
-        the compiler's barrier analysis sees that a copy into one slot does not touch another, so it adds no
-        CTA barrier between them (one allocation of STAGES slots cost two extra barriers per 64-wide half)."""
-        bufs = ()
-        for _ in gl.static_range(STAGES):
-            bufs = bufs + (gl.allocate_shared_memory(dtype, shape, layout),)
-        return bufs
-
-    @gluon.jit
-    def _ring_block(acc, acc_u, w, w_u, wb, wb_u, sc, sc_u, kb, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs,
-                    s_ptrs, su_ptrs, nblocks, KK: gl.constexpr, a_l: gl.constexpr, GLU: gl.constexpr,
-                    STAGES: gl.constexpr, p_l: gl.constexpr):
-        """K block kb of `_ring_loop` (KK = kb modulo its round, which fixes the ring slots statically); the
-        state (accumulators, widened weights of its first group, bytes, scale words) in and out."""
-        nhalves = 2 * nblocks
-        nxt = gl.minimum(kb + 1, nblocks - 1)
-        sc_next = gl.load(s_ptrs + nxt)
-        sc_u_next = sc_next
-        if GLU:
-            sc_u_next = gl.load(su_ptrs + nxt)
-        for h in gl.static_range(2):
-            j = 2 * kb + h
-            fence_async_shared()  # (half j landed and was made visible by the last half's barrier)
-            for sub in gl.static_range(2):
-                xt = x_s[2 * ((2 * KK + h) % STAGES) + sub].permute((1, 0))
-                tok = warpgroup_mma(w, xt, acc, is_async=True)
-                if GLU:
-                    tok_u = warpgroup_mma(w_u, xt, acc_u, is_async=True)
-                if sub == 0:  # the high nibbles of the bytes in registers
-                    w_next = _widen(wb, sc, 2 * h + 1, True, a_l)
-                    if GLU:
-                        w_u_next = _widen(wb_u, sc_u, 2 * h + 1, True, a_l)
-                else:  # the low nibbles of the next half (past the end: a harmless read of a spent slot)
-                    async_copy.wait_group(STAGES - 3)
-                    wb = _load_bytes(w_s[(2 * KK + h + 1) % STAGES], p_l)
-                    if GLU:
-                        wb_u = _load_bytes(u_s[(2 * KK + h + 1) % STAGES], p_l)
-                    # behind the CTA barrier before those loads every warp has waited for its MMAs of half j - 1:
-                    # refill that half's slot
-                    _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + STAGES - 1, nhalves, STAGES,
-                                GLU, (2 * KK + h + STAGES - 1) % STAGES)
-                    if h == 0:
-                        w_next = _widen(wb, sc, 2, False, a_l)
-                        if GLU:
-                            w_u_next = _widen(wb_u, sc_u, 2, False, a_l)
-                    else:
-                        w_next = _widen(wb, sc_next, 0, False, a_l)
-                        if GLU:
-                            w_u_next = _widen(wb_u, sc_u_next, 0, False, a_l)
-                if GLU:
-                    acc, acc_u, w, w_u = warpgroup_mma_wait(num_outstanding=0, deps=[tok, tok_u, w, w_u])
-                    w_u = w_u_next
-                else:
-                    acc, w = warpgroup_mma_wait(num_outstanding=0, deps=[tok, w])
-                w = w_next
-        return acc, acc_u, w, w_u, wb, wb_u, sc_next, sc_u_next
 
     @gluon.jit
     def _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs, nblocks,
@@ -220,38 +150,65 @@ if HAS_TRITON:
         """K loop, 64-wide halves through a STAGES-slot cp.async ring (activations and weight bytes): each
         32-wide group issues its MMAs asynchronously, then the next group is widened from registers (or from
         the next half's slot) while they run, then they are waited for -- one step in flight, as ptxas
-        requires for a register operand. The scale words are prefetched one 128-wide block ahead.
-
-        The ring is `_ring_bufs` tuples, so every slot index must be static: the loop steps over rounds of
-        R = STAGES / 2 blocks (STAGES even, >= 4) and a tail of up to R - 1 blocks. A slot is refilled after
-        the CTA barrier of the next half's loads (which follows every warp's wait for the slot's MMAs), so
-        STAGES - 2 halves are in flight while one is read, and no other barrier is needed."""
-        R: gl.constexpr = STAGES // 2
+        requires for a register operand. The scale words are prefetched one 128-wide block ahead."""
         nhalves = 2 * nblocks
         for s in gl.static_range(STAGES - 1):
-            _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s, nhalves, STAGES, GLU, s)
+            _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s, nhalves, STAGES, GLU)
         sc = gl.load(s_ptrs)
         sc_u = sc
         if GLU:
             sc_u = gl.load(su_ptrs)
         async_copy.wait_group(STAGES - 2)
-        wb = _load_bytes(w_s[0], p_l)
+        wb = _load_bytes(w_s.index(0), p_l)
         w = _widen(wb, sc, 0, False, a_l)
         wb_u = wb
         w_u = w
         if GLU:
-            wb_u = _load_bytes(u_s[0], p_l)
+            wb_u = _load_bytes(u_s.index(0), p_l)
             w_u = _widen(wb_u, sc_u, 0, False, a_l)
-        for r in range(nblocks // R):
-            for kk in gl.static_range(R):
-                acc, acc_u, w, w_u, wb, wb_u, sc, sc_u = _ring_block(
-                    acc, acc_u, w, w_u, wb, wb_u, sc, sc_u, r * R + kk, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs,
-                    uc_ptrs, s_ptrs, su_ptrs, nblocks, kk, a_l, GLU, STAGES, p_l)
-        for t in gl.static_range(R - 1):
-            if nblocks % R > t:
-                acc, acc_u, w, w_u, wb, wb_u, sc, sc_u = _ring_block(
-                    acc, acc_u, w, w_u, wb, wb_u, sc, sc_u, nblocks - nblocks % R + t, x_s, w_s, u_s, x_ptrs,
-                    x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs, nblocks, t, a_l, GLU, STAGES, p_l)
+        for kb in range(nblocks):
+            nxt = gl.minimum(kb + 1, nblocks - 1)
+            sc_next = gl.load(s_ptrs + nxt)
+            sc_u_next = sc_next
+            if GLU:
+                sc_u_next = gl.load(su_ptrs + nxt)
+            for h in gl.static_range(2):
+                j = 2 * kb + h
+                # the slot of half j - 1: its MMAs have completed and its bytes are in registers
+                _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + STAGES - 1, nhalves, STAGES, GLU)
+                fence_async_shared()
+                slot = j % STAGES
+                for sub in gl.static_range(2):
+                    xt = x_s.index(2 * slot + sub).permute((1, 0))
+                    tok = warpgroup_mma(w, xt, acc, is_async=True)
+                    if GLU:
+                        tok_u = warpgroup_mma(w_u, xt, acc_u, is_async=True)
+                    if sub == 0:  # the high nibbles of the bytes in registers
+                        w_next = _widen(wb, sc, 2 * h + 1, True, a_l)
+                        if GLU:
+                            w_u_next = _widen(wb_u, sc_u, 2 * h + 1, True, a_l)
+                    else:  # the low nibbles of the next half (clamped at the end: a harmless re-read)
+                        async_copy.wait_group(STAGES - 2)
+                        nslot = gl.minimum(j + 1, nhalves - 1) % STAGES
+                        wb = _load_bytes(w_s.index(nslot), p_l)
+                        if GLU:
+                            wb_u = _load_bytes(u_s.index(nslot), p_l)
+                        if h == 0:
+                            w_next = _widen(wb, sc, 2, False, a_l)
+                            if GLU:
+                                w_u_next = _widen(wb_u, sc_u, 2, False, a_l)
+                        else:
+                            w_next = _widen(wb, sc_next, 0, False, a_l)
+                            if GLU:
+                                w_u_next = _widen(wb_u, sc_u_next, 0, False, a_l)
+                    if GLU:
+                        acc, acc_u, w, w_u = warpgroup_mma_wait(num_outstanding=0, deps=[tok, tok_u, w, w_u])
+                        w_u = w_u_next
+                    else:
+                        acc, w = warpgroup_mma_wait(num_outstanding=0, deps=[tok, w])
+                    w = w_next
+            sc = sc_next
+            sc_u = sc_u_next
         return acc, acc_u
 
     @gluon.jit
@@ -323,40 +280,12 @@ if HAS_TRITON:
         return acc, acc_u
 
     @gluon.jit
-    def _tile_rows(pid_n, BN: gl.constexpr, up_off, SPLIT: gl.constexpr, layout: gl.constexpr):
-        """Weight rows of column tile pid_n (SPLIT: gate rows of BN / 2 channels, then their up rows)."""
-        r = gl.arange(0, BN, layout=layout)
-        if SPLIT:
-            return pid_n * (BN // 2) + r % (BN // 2) + (r // (BN // 2)) * up_off
-        return pid_n * BN + r
-
-    @gluon.jit
-    def _split_epilogue(acc, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, BM: gl.constexpr,
-                        BN: gl.constexpr, NW: gl.constexpr):
-        """SPLIT's SwiGLU: gate (rows < BN / 2) and up meet in shared memory as bf16 (the reference rounds
-        both); z of the tile's BN / 2 channels is stored unquantised (`moe_wide.requant_rows` follows)."""
-        HALF: gl.constexpr = BN // 2
-        g_s = gl.allocate_shared_memory(gl.bfloat16, [BN, BM], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        g_s.store(acc.to(gl.bfloat16))
-        gl.thread_barrier()
-        e_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[8, 4],
-                                             warps_per_cta=[1, NW], order=[0, 1])
-        gate = gl.minimum(g_s.slice(0, HALF).load(e_l).to(gl.float32), limit)
-        up = gl.minimum(gl.maximum(g_s.slice(HALF, HALF).load(e_l).to(gl.float32), -limit), limit)
-        cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, e_l))
-        cpair = gl.load(SORTED + cp)
-        rw = gl.load(TOPK_W + cpair, mask=cpair < num_pairs, other=0.0)
-        z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[None, :]).to(gl.bfloat16)
-        cn = pid_n * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, e_l))
-        gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z)
-
-    @gluon.jit
     def _wide_async_kernel(
         A, W, WS, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
-        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, SPLIT: gl.constexpr,
+        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
     ):
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -390,48 +319,35 @@ if HAS_TRITON:
         xk = gl.arange(0, 32, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 32)
+        x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BM, 32], x_sl)
 
         # weight bytes: cp.async'd 16 per thread (coalesced) into the ring, read back in the wgmma A-operand
         # layout; the scale words are read in that layout's rows
         c_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[16, 2],
                                              warps_per_cta=[NW, 1], order=[1, 0])
         w_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        # SPLIT (GLU): the tile's first BN / 2 rows are the gate rows of its BN / 2 channels, the others their up
-        # rows, so one warpgroup runs each matrix as a single accumulator and the loop sees one weight matrix
-        cn = _tile_rows(pid_n, BN, up_off, SPLIT, gl.SliceLayout(1, c_l))
+        cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, c_l))
         ck = gl.arange(0, 32, layout=gl.SliceLayout(0, c_l))
         wc_ptrs = W + e * stride_we + cn[:, None].to(gl.int64) * stride_wn + ck[None, :]
         uc_ptrs = wc_ptrs + up_off * stride_wn
-        wn = _tile_rows(pid_n, BN, up_off, SPLIT, gl.SliceLayout(1, a_l))
-        ONE: gl.constexpr = GLU and not SPLIT  # the loop's two weight matrices
+        wn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, a_l))
         s_ptrs = WS + e * stride_wse + wn.to(gl.int64) * stride_wsn
         su_ptrs = s_ptrs + up_off * stride_wsn
-        if A_SMEM:
-            x_s = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BM, 32], x_sl)
-            w_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 32], w_sl)
-            u_s = w_s
-            if ONE:
-                u_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 32], w_sl)
-        else:
-            x_s = _ring_bufs(gl.bfloat16, [BM, 32], x_sl, 2 * STAGES)  # (its two 32-column tiles apart)
-            w_s = _ring_bufs(gl.uint8, [BN, 32], w_sl, STAGES)
-            u_s = w_s
-            if ONE:
-                u_s = _ring_bufs(gl.uint8, [BN, 32], w_sl, STAGES)
+        w_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 32], w_sl)
+        u_s = w_s
+        if GLU:
+            u_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, 32], w_sl)
 
         acc = gl.zeros([BN, BM], gl.float32, layout=acc_l)
         acc_u = gl.zeros([BN, BM], gl.float32, layout=acc_l)
         if A_SMEM:
             sc_ptrs = WS + e * stride_wse + cn.to(gl.int64) * stride_wsn
             acc, acc_u = _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs,
-                                         sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, ONE, STAGES,
+                                         sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES,
                                          gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]))  # c_l in k pairs
         else:
             acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
-                                    K // 128, a_l, ONE, STAGES, pair_layout(BN, NW))
-        if SPLIT:
-            _split_epilogue(acc, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, BM, BN, NW)
-            return
+                                    K // 128, a_l, GLU, STAGES, pair_layout(BN, NW))
 
         # epilogue in the accumulator layout: [BN channels, BM pairs]
         cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
@@ -456,22 +372,18 @@ if HAS_TRITON:
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False, group_m: int = 0, tiles=None, split: bool = False):
+           a_smem: bool = False, group_m: int = 0, tiles=None):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
     order (`moe_wide.ASYNC_GROUP_M`); tiles: int32 [grid[0]], program i's tile starts at 64-row block tiles[i] of
-    a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`); split (GLU): each tile holds the gate and the up
-    rows of bn / 2 channels, one warpgroup each (grid[1] = inter / (bn / 2); z stored unquantised). Returns the
-    compiled kernel (registers and shared memory for the benchmarks)."""
-    if stages < 3 if a_smem else stages < 4 or stages % 2:
-        raise ValueError(f"moe_wide_async: stages {stages}: the register path takes an even number >= 4, the "
-                         f"shared-memory one >= 3 (a_smem={a_smem})")
+    a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`). Returns the compiled kernel (registers and shared
+    memory for the benchmarks)."""
+    if stages < (3 if a_smem else 2):
+        raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
     if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
         raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
-    if split and (not glu or bn != 16 * num_warps):
-        raise ValueError(f"moe_wide_async: split needs the GLU, 64 rows per warpgroup (bn {bn}, {num_warps} warps)")
     listed = tiles is not None  # without a list, TILES is never read: EXPERT_IDS (kernel_args[5]) stands in
     return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
                                     NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
-                                    SPLIT=split, num_warps=num_warps)
+                                    num_warps=num_warps)

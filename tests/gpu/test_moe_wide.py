@@ -92,7 +92,7 @@ def _wide(bm: int, warps: int = 8, maxnreg: int = 0):
 
 @pytest.mark.parametrize("bm,warps,f16,maxnreg,asyn", [
     (64, 8, False, 0, False), (128, 8, False, 0, False), (64, 4, False, 0, False), (128, 8, True, 0, False),
-    (64, 8, True, 128, False), (128, 8, True, 0, "reg4"), (64, 8, True, 0, "reg6"), (128, 8, True, 0, "smem3"),
+    (64, 8, True, 128, False), (128, 8, True, 0, "reg2"), (64, 8, True, 0, "reg3"), (128, 8, True, 0, "smem3"),
     (64, 8, True, 0, "smem4"),
     # the token tiles of decode sizes (bench/sweep_moe_batch.py --wide), with the module's defaults ("default")
     (16, 8, True, 0, False), (16, 8, True, 0, "default"), (32, 8, True, 0, "default")])
@@ -174,7 +174,7 @@ def test_wide_falls_back_past_its_scale_range(poison, close_bf16):
 
 
 @pytest.mark.parametrize("bm", [64, 128])
-@pytest.mark.parametrize("a_smem,stages,one_wg", [(False, 6, (0, 0)), (False, 4, (0, 0)), (True, 3, (0, 0)),
+@pytest.mark.parametrize("a_smem,stages,one_wg", [(False, 2, (0, 0)), (False, 3, (0, 0)), (True, 3, (0, 0)),
                                                   (True, 4, (0, 0)), (None, 4, (1, 0)), (False, 4, (1, 1)),
                                                   (True, 3, (1, 1)), (None, 4, (0, 1))])
 def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison, monkeypatch):
@@ -205,37 +205,6 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison
     got = fused_moe(x, ids, w, packed, config=_wide(bm))
     same = float((got == want).double().mean())
     print(f"bm={bm}: {same:.6f} of outputs bit-identical")
-    assert same > 0.999, same
-
-
-@pytest.mark.parametrize("stages,one_wg", [(4, (1, 0)), (6, (0, 1)), (6, (1, 1))])
-def test_async_kernel_odd_block_counts(stages, one_wg, poison, monkeypatch):
-    """The register path's ring slots are static over rounds of stages / 2 K blocks, with a tail for the rest:
-    5 blocks in the GLU (D = 640) and 3 in GEMM2 (I = 384) leave tails of 1 (4 slots) and of 2 and 0 (6 slots);
-    the outputs agree with the Triton wide kernel's as in `test_async_kernel_matches_the_wide_kernel`."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("Gluon kernels do not run in the interpreter")
-    from test_moe import _mxfp4_experts, _topk
-
-    from dsv4.kernels import moe_wide
-    from dsv4.kernels.moe import finalize_experts, fused_moe
-
-    e, d, i, m = 8, 640, 384, 300
-    gen = torch.Generator(DEV).manual_seed(stages + 10 * one_wg[0])
-    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
-    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
-    ids, w = _topk(m, e, 6, gen)
-    monkeypatch.setattr(moe_wide, "ASYNC", False)  # the Triton kernel
-    want = fused_moe(x, ids, w, packed, config=_wide(128))
-    monkeypatch.setattr(moe_wide, "ASYNC", True)
-    monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", bool(one_wg[0]))
-    monkeypatch.setattr(moe_wide, "DOWN_ONE_WARPGROUP", bool(one_wg[1]))
-    monkeypatch.setattr(moe_wide, "ASYNC_STAGES", stages)
-    monkeypatch.setattr(moe_wide, "ASYNC_A_SMEM", False)
-    poison()
-    got = fused_moe(x, ids, w, packed, config=_wide(128))
-    same = float((got == want).double().mean())
-    print(f"stages={stages} one_wg={one_wg}: {same:.6f} of outputs bit-identical")
     assert same > 0.999, same
 
 
