@@ -318,18 +318,26 @@ def _rank_main(rank: int, args) -> None:
     run.release(warm)
 
     if args.prefill:
-        times = []
+        chunks = [int(c) for c in args.prefill_chunks.split(",")] if args.prefill_chunks else [args.prefill]
+        times = {c: [] for c in chunks}
         for rep in range(args.prefill_reps + 1):  # rep 0 compiles the kernels of the prompt's shapes: not timed
-            st = run.new_states(1)
-            _sync()
-            t = time.perf_counter()
-            run.forward(st, [args.prefill])
-            _sync()
-            if rep:
-                times.append(time.perf_counter() - t)
-            if rep < args.prefill_reps:  # the last prompt's state serves the decode timing below
-                run.release(st)
-        ms = 1e3 * statistics.median(times)
+            for i, chunk in enumerate(chunks):  # chunk sizes alternate within a rep
+                st = run.new_states(1)
+                _sync()
+                t = time.perf_counter()
+                for done in range(0, args.prefill, chunk):  # as the engine's token budget per step splits it
+                    run.forward(st, [min(chunk, args.prefill - done)])
+                _sync()
+                if rep:
+                    times[chunk].append(time.perf_counter() - t)
+                if rep < args.prefill_reps or i < len(chunks) - 1:  # the last state serves the decode below
+                    run.release(st)
+        for chunk in chunks[1:]:
+            cms = 1e3 * statistics.median(times[chunk])
+            out.setdefault("prefill_chunked", []).append({"chunk": chunk, "ms": cms})
+            say(f"prefill {args.prefill} tokens in {chunk}-token forwards: {cms:.0f} ms = "
+                f"{args.prefill / cms * 1e3:.0f} tok/s")
+        ms = 1e3 * statistics.median(times[chunks[0]])
         # decode right after that prompt; 8 warm-up steps: at ctx 8192 the 4th closes CSA entry 2049, and the
         # radix top-k's block (next power of two) compiles for 4096 (it made this figure 0.9-1.3 s, session 10)
         dec = _median_ms(lambda: run.forward(st, [1]), args.reps, warmup=8)
@@ -391,6 +399,8 @@ def main(argv=None) -> None:
     p.add_argument("--ctx", type=int, default=1024, help="context of each decoding sequence")
     p.add_argument("--prefill", type=int, default=8192)
     p.add_argument("--prefill-reps", type=int, default=2)
+    p.add_argument("--prefill-chunks", default=None, help="comma-separated tokens per forward for the prompt, "
+                   "timed alternately (the first is the one reported as TTFT; default: the whole prompt at once)")
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--ceiling-rows", type=int, default=1, help="rows of the all-reduce latency probe")
     p.add_argument("--json", default=None)

@@ -24,7 +24,8 @@ def test_bench_parallel_runs_on_two_cpu_ranks(tmp_path):
         env.pop(var, None)
     run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_parallel.py"), "--device", "cpu",
                           "--config", str(cfg_path), "--world", "2", "--batches", "1,3", "--ctx", "20",
-                          "--prefill", "40", "--reps", "1", "--prefill-reps", "1", "--json", str(out)],
+                          "--prefill", "40", "--prefill-chunks", "40,16", "--reps", "1", "--prefill-reps", "1",
+                          "--json", str(out)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -33,6 +34,7 @@ def test_bench_parallel_runs_on_two_cpu_ranks(tmp_path):
     for r in result["decode"]:
         assert r["decode_ms"] > 0 and r["mtp_ms"] > 0 and r["verify2_ms"] > 0 and r["roof_ms"] > 0
     assert result["prefill"]["tokens"] == 40
+    assert [c["chunk"] for c in result["prefill_chunked"]] == [16] and result["prefill_chunked"][0]["ms"] > 0
 
 
 def test_bench_engine_step_smoke():
