@@ -18,6 +18,7 @@ import collections
 import functools
 import os
 import sys
+import time
 
 import torch
 
@@ -85,6 +86,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill instead of a decode step")
+    p.add_argument("--prefix", type=int, default=0, help="with --prefill: that chunk after this many tokens of the "
+                   "same prompt (as the engine's token budget per step splits a long prompt)")
     p.add_argument("--syncs", action="store_true", help="also list where the profiled call waits for the GPU")
     p.add_argument("--order", action="store_true", help="also list each layer's kernels in launch order")
     p.add_argument("--cprofile", action="store_true",
@@ -97,7 +100,7 @@ def main() -> None:
                    help="instead: the host's side of captured decode steps (CPU time per torch op / Python part)")
     args = p.parse_args()
     if args.prefill:
-        args.batch, args.ctx = 1, args.prefill
+        args.batch, args.ctx = 1, args.prefill + args.prefix
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_parallel import Runner, _config  # noqa: E402
     from dsv4.engine.cache import CacheConfig, HybridCache
@@ -117,9 +120,20 @@ def main() -> None:
     one = [1] * args.batch
     for _ in range(3):
         run.forward(states, one)
-    if args.prefill:  # the profiled call: a fresh sequence's whole prompt in one forward
+    if args.prefill:  # the profiled call: a fresh sequence's whole prompt in one forward (or a chunk of it)
         run.release(states)
+        for _ in range(2 if args.prefix else 0):  # the chunk once for its kernels' compiles, once timed
+            states = run.new_states(1)
+            run.forward(states, [args.prefix])
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            run.forward(states, [args.prefill])
+            torch.cuda.synchronize()
+            print(f"{args.prefill}-token chunk after {args.prefix}: {1e3 * (time.perf_counter() - t):.1f} ms wall")
+            run.release(states)
         states = run.new_states(1)
+        if args.prefix:
+            run.forward(states, [args.prefix])
         one = [args.prefill]
     if args.cprofile:
         _cprofile(run, states, one)
@@ -140,6 +154,8 @@ def main() -> None:
         if args.prefill:
             run.release(states)
             states = run.new_states(1)
+            if args.prefix:
+                run.forward(states, [args.prefix])
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run.forward(states, one)

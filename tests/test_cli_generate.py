@@ -130,3 +130,17 @@ def test_bench_reports_json(ckpt):
                    "--output-len", "2", "--no-overlap")
     assert res.returncode == 0 and json.loads(res.stdout)["overlap"] is False, res.stderr
     assert result["decode_tok_per_s"] > 0
+
+
+def test_token_budget_defaults_agree():
+    """`dsv4 serve --max-num-batched-tokens`, `LLM` and `EngineConfig` share one default token budget per step
+    (the parser keeps it as a literal so that building it imports no torch)."""
+    import inspect
+
+    from dsv4.cli import build_parser
+    from dsv4.engine.llm import LLM
+    from dsv4.engine.llm_engine import EngineConfig
+
+    args = build_parser().parse_args(["serve", "--model", "somewhere"])
+    llm_default = inspect.signature(LLM).parameters["max_num_batched_tokens"].default
+    assert args.max_num_batched_tokens == EngineConfig.max_num_batched_tokens == llm_default

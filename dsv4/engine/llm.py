@@ -40,7 +40,7 @@ class LLM:
     """Offline generation. `model=None` runs the tiny model shipped inside the package."""
 
     def __init__(self, model: str | Path | None = None, device: str = "auto", dtype: torch.dtype | None = None,
-                 numerics: str = "reference", max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 numerics: str = "reference", max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
                  max_model_len: int = 4096, progress: bool = False, speculative: str | None = None,
                  num_draft_tokens: int = 1, cuda_graphs: bool = False, kv_dtype: str = "auto",
                  overlap: bool | None = None):

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--numerics", default="reference", choices=["reference", "transformers"])
     g.add_argument("--max-model-len", type=int, default=4096, help="prompt + completion tokens per request")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together at most")
-    g.add_argument("--max-num-batched-tokens", type=int, default=4096, help="tokens per engine step at most")
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192,  # EngineConfig.max_num_batched_tokens
+                   help="tokens per engine step at most (chunked prefill budget)")
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
