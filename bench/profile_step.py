@@ -99,8 +99,8 @@ def main() -> None:
     p.add_argument("--host", action="store_true",
                    help="instead: the host's side of captured decode steps (CPU time per torch op / Python part)")
     args = p.parse_args()
-    if args.prefill:
-        args.batch, args.ctx = 1, args.prefill + args.prefix
+    if args.prefill:  # (--host: room for the fresh prompts it profiles)
+        args.batch, args.ctx = 6 if args.host else 1, args.prefill + args.prefix
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_parallel import Runner, _config  # noqa: E402
     from dsv4.engine.cache import CacheConfig, HybridCache
@@ -140,6 +140,9 @@ def main() -> None:
         return
     if args.timeline:
         _timeline(run, states, one)
+        return
+    if args.host and args.prefill:
+        _profile_host_prefill(run, args.prefill, args.prefix)
         return
     if args.host:
         if args.syncs:  # the lines where a captured decode step still makes the host wait
@@ -232,6 +235,40 @@ def _profile_host(run, states, one, steps: int = 10) -> None:
         torch.cuda.synchronize()
     print(f"decode step wall {wall:.2f} ms (back to back, {steps} steps); host CPU time by op, per step:")
     rows = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:30]
+    print(f"{'op':50s} {'calls':>6} {'total ms':>9} {'self ms':>8}")
+    for e in rows:
+        print(f"{e.key[:50]:50s} {e.count // steps:6d} {e.cpu_time_total / 1e3 / steps:9.3f} "
+              f"{e.self_cpu_time_total / 1e3 / steps:8.3f}")
+
+
+def _profile_host_prefill(run, n: int, prefix: int, steps: int = 5) -> None:
+    """Eager prefill forwards of n tokens (after `prefix` tokens of the same prompt): their wall time, then where
+    the host's time goes in fresh n-token prompts (no prefix inside the profile, so its forward does not count)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    walls = []
+    for i in range(steps + 1):
+        st = run.new_states(1)
+        if prefix:
+            run.forward(st, [prefix])
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        run.forward(st, [n])
+        torch.cuda.synchronize()
+        if i:
+            walls.append((time.perf_counter() - t) * 1e3)
+        run.release(st)
+    for part in PARTS:
+        _label(*part)
+    states = [run.new_states(1) for _ in range(steps)]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for st in states:
+            with record_function("Runner.forward"):
+                run.forward(st, [n])
+        torch.cuda.synchronize()
+    print(f"{n}-token prefill forward after {prefix}: wall {sorted(walls)[len(walls) // 2]:.1f} ms (median of "
+          f"{steps}); host CPU time by op and part in fresh {n}-token prompts, per forward:")
+    rows = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:int(os.environ.get("TOP", "40"))]
     print(f"{'op':50s} {'calls':>6} {'total ms':>9} {'self ms':>8}")
     for e in rows:
         print(f"{e.key[:50]:50s} {e.count // steps:6d} {e.cpu_time_total / 1e3 / steps:9.3f} "
