@@ -6,6 +6,7 @@ issue #6's fusion work, not a benchmark.
     python bench/profile_step.py [--layers 4] [--batch 1] [--ctx 1024] [--prefill N]
 
 `--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill);
+`--prefix P` makes that prefill a chunk after P tokens of the same prompt (the engine's token budget per step);
 `--cprofile` Python's profile of eager decode steps; `--timeline` one captured decode step as a host / GPU
 timeline (where the GPU idles around the graph); `--host` the host's side of captured decode steps
 (CPU time per op and labelled Python part; `--eager`: of eager ones); with `--syncs` also the lines where
@@ -97,7 +98,8 @@ def main() -> None:
                    help="instead: one captured decode step (read back as the engine does) as a host / GPU timeline: "
                         "where the GPU idles between the graph, the LM head and the pick")
     p.add_argument("--host", action="store_true",
-                   help="instead: the host's side of captured decode steps (CPU time per torch op / Python part)")
+                   help="instead: the host's side of captured decode steps (CPU time per torch op / Python part); "
+                   "with --prefill: of eager prefill forwards")
     args = p.parse_args()
     if args.prefill:  # (--host: room for the fresh prompts it profiles)
         args.batch, args.ctx = 6 if args.host else 1, args.prefill + args.prefix

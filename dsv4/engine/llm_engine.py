@@ -30,7 +30,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     # tokens per step: an eager prefill forward costs ~11 ms of host time per Flash layer, so smaller chunks are
     # host-bound (H200, 8 layers, one 8K prompt: 409 ms in 2048-token forwards, 208 in 4096, 117 in one 8192;
-    # bench/runs/run_device_s28i.sh); vLLM's server default on H200-class GPUs is 8192 too
+    # bench/runs/run_device_s28i.sh). Longer prompts still go in 8192-token steps, which the GPU's time covers
     max_num_batched_tokens: int = 8192
     max_model_len: int = 4096
     cache: CacheConfig | None = None

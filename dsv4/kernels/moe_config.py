@@ -49,9 +49,9 @@ WIDE_MIN_PAIRS_PER_EXPERT = 64
 # ... and with 64-row tiles from this many (Gluon kernel, session 10, bench/runs/run_device_s10d.sh): M = 2048
 # (48 per expert) 3.79 vs 4.67 ms for the per-group kernel; M = 1024 (24 per expert) 3.66 vs 3.25. Session 27
 # (bf16 widening, bench_moe_flags): M = 768 (18 per expert) 2.36 vs 3.11 (s27e), M = 1024 2.40 vs 3.27, M = 1536
-# (36 per expert) 2.40 vs 4.57 (s27d). Session 28 (s28a): M = 384 (9 per expert) 2.34 vs 3.05, M = 512 2.39 vs
-# 3.11, M = 640 2.43 vs 3.15; below 9 per expert not measured (M = 256, 6 per expert, takes the per-group kernel's
-# bm 16 branch, 2.06 ms)
+# (36 per expert) 2.40 vs 4.57 (s27d). Session 28 (s28i, Flash): M = 384 (9 per expert) 2.32 vs 3.03, M = 512 2.38
+# vs 3.09, M = 640 2.43 vs 3.15; below 9 per expert not measured (M = 256, 6 per expert, takes the per-group kernel's
+# bm 16 branch, 2.06 ms); Pro not measured at these sizes
 WIDE64_MIN_PAIRS_PER_EXPERT = 9
 # ... and its 128-row tiles mixed with 64-row ones from this many (`moe_wide(mixed=True)`: an expert's last tile is
 # a 64-row one when its pairs fill one more 64-row block; Gluon kernels only). Session 26 (s26c, bench_moe_flags,
