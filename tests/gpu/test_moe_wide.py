@@ -234,6 +234,35 @@ def test_mixed_tiles_match_128_row_tiles(m, poison):
     assert same > 0.999, same
 
 
+@pytest.mark.parametrize("bm,mixed,m", [(64, False, 300), (128, False, 400), (64, True, 700), (128, False, 3)])
+def test_ws_glu_matches_the_register_glu(bm, mixed, m, poison, monkeypatch):
+    """The warp-specialised GLU (moe_wide.WS_GLU, dsv4.kernels.moe_wide_ws) issues the same bf16 wgmma chain over
+    the same widened weights and activations as the default one-warpgroup Gluon GLU, from shared memory on other
+    warps: the same outputs, also over mixed tiles' lists, with skewed routing and pairs of another rank (-1)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels import moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe
+
+    e, d, i = 8, 1024, 512
+    gen = torch.Generator(DEV).manual_seed(m + bm)
+    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
+    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
+    ids, w = _topk(m, e, 6, gen, skew=True)
+    ids = torch.where(ids % 3 == 0, -1, ids)
+    cfg = dataclasses.replace(_wide(bm), mixed=mixed)
+    monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", True)  # the register GLU of 64 channels per program
+    want = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    monkeypatch.setattr(moe_wide, "WS_GLU", True)
+    poison()
+    got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    same = float((got == want).double().mean())
+    print(f"bm={bm} mixed={mixed} m={m}: {same:.6f} of outputs bit-identical")
+    assert same > 0.999, same
+
+
 def test_mixed_tiles_need_the_gluon_kernels():
     """`moe_wide` refuses mixed tiles where the Gluon kernels do not run (CPU, interpreter); `fused_moe` keeps
     128-row tiles there."""
