@@ -61,10 +61,11 @@ DOWN_ONE_WARPGROUP = False
 # thread per pair of K blocks vs ~256 per block for the MMAs to bound it), so opt-in. Its tiles hold FP8_BM
 # tokens (a GLU program keeps six [128, FP8_BM] fp32 tiles in registers), so `fused_moe` aligns the pairs to FP8_BM rows
 WIDE_FP8 = False
-# The GLU as a warp-specialised kernel (dsv4.kernels.moe_wide_ws: loader, widener and MMA warpgroups, the widened
-# weights through shared memory so that a whole K half of MMAs stays queued). Prepared in session 28 without a GPU:
-# opt-in until measured
+# The GLU / GEMM2 as warp-specialised kernels (dsv4.kernels.moe_wide_ws: loader, widener and MMA warpgroups, the
+# widened weights through shared memory so that a whole K half of MMAs stays queued). Prepared in session 28
+# without a GPU: opt-in until measured
 WS_GLU = False
+WS_DOWN = False
 FP8_BM = 64
 FP8_STAGES = 4
 
@@ -348,11 +349,12 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             tiles = [(128, big, big.numel()), (64, small, small.numel())]
         for a, n, glu, one, bn in ((args1, i, True, GLU_ONE_WARPGROUP, BLOCK),
                                    (args2, d, False, DOWN_ONE_WARPGROUP, bn2)):
-            bn, warps = (64, 4) if one or (glu and WS_GLU) else (bn, num_warps)
+            ws = WS_GLU if glu else WS_DOWN
+            bn, warps = (64, 4) if one or (glu and ws) else (bn, num_warps)
             for tile_m, tile_list, rows in tiles:
-                if glu and WS_GLU:
+                if ws:
                     from dsv4.kernels import moe_wide_ws
-                    moe_wide_ws.launch_glu(a, rows, n, tile_m, ASYNC_GROUP_M, tiles=tile_list)
+                    moe_wide_ws.launch(a, rows, n, tile_m, glu, ASYNC_GROUP_M, tiles=tile_list)
                     continue
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,

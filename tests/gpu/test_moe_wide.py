@@ -234,11 +234,13 @@ def test_mixed_tiles_match_128_row_tiles(m, poison):
     assert same > 0.999, same
 
 
+@pytest.mark.parametrize("which", ["glu", "down", "both"])
 @pytest.mark.parametrize("bm,mixed,m", [(64, False, 300), (128, False, 400), (64, True, 700), (128, False, 3)])
-def test_ws_glu_matches_the_register_glu(bm, mixed, m, poison, monkeypatch):
-    """The warp-specialised GLU (moe_wide.WS_GLU, dsv4.kernels.moe_wide_ws) issues the same bf16 wgmma chain over
-    the same widened weights and activations as the default one-warpgroup Gluon GLU, from shared memory on other
-    warps: the same outputs, also over mixed tiles' lists, with skewed routing and pairs of another rank (-1)."""
+def test_ws_kernels_match_the_default_ones(which, bm, mixed, m, poison, monkeypatch):
+    """The warp-specialised GEMMs (moe_wide.WS_GLU / WS_DOWN, dsv4.kernels.moe_wide_ws) issue the same bf16 wgmma
+    chains over the same widened weights and activations as the default Gluon kernels (the GLU's of 64 channels
+    per program), from shared memory on other warps: the same outputs, also over mixed tiles' lists, with skewed
+    routing and pairs of another rank (-1)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _mxfp4_experts, _topk
@@ -255,11 +257,12 @@ def test_ws_glu_matches_the_register_glu(bm, mixed, m, poison, monkeypatch):
     cfg = dataclasses.replace(_wide(bm), mixed=mixed)
     monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", True)  # the register GLU of 64 channels per program
     want = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
-    monkeypatch.setattr(moe_wide, "WS_GLU", True)
+    monkeypatch.setattr(moe_wide, "WS_GLU", which != "down")
+    monkeypatch.setattr(moe_wide, "WS_DOWN", which != "glu")
     poison()
     got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     same = float((got == want).double().mean())
-    print(f"bm={bm} mixed={mixed} m={m}: {same:.6f} of outputs bit-identical")
+    print(f"{which} bm={bm} mixed={mixed} m={m}: {same:.6f} of outputs bit-identical")
     assert same > 0.999, same
 
 
