@@ -68,6 +68,31 @@ if HAS_TRITON:
             rows = slots.to(gl.int64)
         return slots, valid, rows
 
+    @gluon.jit
+    def launch_order(GROUP_M: gl.constexpr):
+        """(row block, column tile) of this program: GROUP_M row blocks x every column tile, then the next GROUP_M
+        blocks (0: the grid's own order, row block fastest)."""
+        pid_m = gl.program_id(0)
+        pid_n = gl.program_id(1)
+        if GROUP_M > 0:
+            num_m = gl.num_programs(0)
+            pid = pid_m + pid_n * num_m
+            width = GROUP_M * gl.num_programs(1)
+            first_m = (pid // width) * GROUP_M
+            size_m = gl.minimum(num_m - first_m, GROUP_M)
+            pid_m = first_m + (pid % width) % size_m
+            pid_n = (pid % width) // size_m
+        return pid_m, pid_n
+
+    @gluon.jit
+    def swiglu(acc, acc_u, TOPK_W, cpair, cvalid, limit):
+        """The GLU epilogue in the accumulators' layout [channels, pairs]: gate and up rounded to bf16, clamped,
+        silu(gate) * up times the pair's routing weight, as bf16 z (the reference's order)."""
+        gate = gl.minimum(acc.to(gl.bfloat16).to(gl.float32), limit)
+        up = gl.minimum(gl.maximum(acc_u.to(gl.bfloat16).to(gl.float32), -limit), limit)
+        rw = gl.load(TOPK_W + cpair, mask=cvalid, other=0.0)
+        return ((gate / (1.0 + gl.exp(-gate)) * up) * rw[None, :]).to(gl.bfloat16)
+
     _SPREAD_ASM = gl.constexpr(SPREAD_PTX)
     _BF16_LO_ASM = gl.constexpr(BF16_LO_PTX)
     _BF16_HI_ASM = gl.constexpr(BF16_HI_PTX)
@@ -292,16 +317,7 @@ if HAS_TRITON:
         x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[8, 4], warps_per_cta=[NW, 1],
                                              order=[1, 0])
         x_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
-        pid_m = gl.program_id(0)
-        pid_n = gl.program_id(1)
-        if GROUP_M > 0:  # launch order: GROUP_M row blocks x every column tile, then the next GROUP_M blocks
-            num_m = gl.num_programs(0)
-            pid = pid_m + pid_n * num_m
-            width = GROUP_M * gl.num_programs(1)
-            first_m = (pid // width) * GROUP_M
-            size_m = gl.minimum(num_m - first_m, GROUP_M)
-            pid_m = first_m + (pid % width) % size_m
-            pid_n = (pid % width) // size_m
+        pid_m, pid_n = launch_order(GROUP_M)
         if LISTED:  # program pid_m's tile starts at 64-row block TILES[pid_m] of a 64-row alignment (-1: none)
             blk = gl.load(TILES + pid_m)
             if blk < 0:
@@ -355,10 +371,7 @@ if HAS_TRITON:
         cvalid = cpair < num_pairs
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
         if GLU:
-            gate = gl.minimum(acc.to(gl.bfloat16).to(gl.float32), limit)
-            up = gl.minimum(gl.maximum(acc_u.to(gl.bfloat16).to(gl.float32), -limit), limit)
-            rw = gl.load(TOPK_W + cpair, mask=cvalid, other=0.0)
-            z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[None, :]).to(gl.bfloat16)
+            z = swiglu(acc, acc_u, TOPK_W, cpair, cvalid, limit)
             if BN == 128:  # W2's input quantisation (act_quant): per pair, over these 128 channels
                 zf = z.to(gl.float32)
                 s, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(zf), axis=0), 1e-4))

@@ -38,7 +38,7 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                   warpgroup_mma_wait)
 
-    from dsv4.kernels.moe_wide_async import _load_bytes, _widen, block_rows
+    from dsv4.kernels.moe_wide_async import _load_bytes, _widen, block_rows, launch_order, swiglu
 
     @gluon.jit
     def _loader(A, W, SORTED, x_s, w_s, u_s, full1, empty1, row0, e, pid_n, nhalves, num_pairs, top_k, up_off,
@@ -150,10 +150,7 @@ if HAS_TRITON:
         cvalid = cpair < num_pairs
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
         if GLU:
-            gate = gl.minimum(acc.to(gl.bfloat16).to(gl.float32), limit)
-            up = gl.minimum(gl.maximum(acc_u.to(gl.bfloat16).to(gl.float32), -limit), limit)
-            rw = gl.load(TOPK_W + cpair, mask=cvalid, other=0.0)
-            z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[None, :]).to(gl.bfloat16)
+            z = swiglu(acc, acc_u, TOPK_W, cpair, cvalid, limit)
             gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z, mask=valid & (cn[:, None] >= 0))
         else:
             gl.store(C + cpair.to(gl.int64)[None, :] * stride_cm + cn[:, None], acc.to(gl.bfloat16),
@@ -169,16 +166,7 @@ if HAS_TRITON:
     ):
         # weight rows per matrix: GLU 64 channels' gate rows (and their up rows), one MMA warpgroup; GEMM2 128
         BN: gl.constexpr = 64 if GLU else 128
-        pid_m = gl.program_id(0)
-        pid_n = gl.program_id(1)
-        if GROUP_M > 0:  # launch order as `moe_wide_async`'s (moe_wide.ASYNC_GROUP_M)
-            num_m = gl.num_programs(0)
-            pid = pid_m + pid_n * num_m
-            width = GROUP_M * gl.num_programs(1)
-            first_m = (pid // width) * GROUP_M
-            size_m = gl.minimum(num_m - first_m, GROUP_M)
-            pid_m = first_m + (pid % width) % size_m
-            pid_n = (pid % width) // size_m
+        pid_m, pid_n = launch_order(GROUP_M)
         # a program without a tile runs an empty K loop and stores nothing (no early return: the worker
         # partitions would wait for a region that never starts)
         if LISTED:
