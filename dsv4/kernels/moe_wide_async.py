@@ -305,6 +305,34 @@ if HAS_TRITON:
         return acc, acc_u
 
     @gluon.jit
+    def store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, valid, acc_l: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, CHECK: gl.constexpr):
+        """The epilogue in the accumulator layout [BN channels, BM pairs]: GLU z in sorted order (with 128 channels
+        quantised as W2's input), GEMM2 bf16 rows per pair; CHECK: nothing stored unless `valid`."""
+        cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+        cpair = gl.load(SORTED + cp)
+        cvalid = cpair < num_pairs
+        cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
+        if GLU:
+            z = swiglu(acc, acc_u, TOPK_W, cpair, cvalid, limit)
+            if BN == 128:  # W2's input quantisation (act_quant): per pair, over these 128 channels
+                zf = z.to(gl.float32)
+                s, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(zf), axis=0), 1e-4))
+                q = gl.minimum(gl.maximum(zf * inv[None, :], -448.0), 448.0).to(gl.float8e4nv)
+                z = (q.to(gl.float32) * s[None, :]).to(gl.bfloat16)  # exact
+            # (narrower tiles store z as is: `moe_wide.requant_rows` quantises it per 128 afterwards)
+            if CHECK:
+                gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z, mask=valid & (cn[:, None] >= 0))
+            else:
+                gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z)
+        else:
+            c_ptrs = C + cpair.to(gl.int64)[None, :] * stride_cm + cn[:, None]
+            mask = cvalid[None, :] & (cn[:, None] >= 0)
+            if CHECK:
+                mask = mask & valid
+            gl.store(c_ptrs, acc.to(gl.bfloat16), mask=mask)
+
+    @gluon.jit
     def _wide_async_kernel(
         A, W, WS, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
         K, num_pairs, top_k, up_off, limit,
@@ -365,23 +393,8 @@ if HAS_TRITON:
             acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
                                     K // 128, a_l, GLU, STAGES, pair_layout(BN, NW))
 
-        # epilogue in the accumulator layout: [BN channels, BM pairs]
-        cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-        cpair = gl.load(SORTED + cp)
-        cvalid = cpair < num_pairs
-        cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
-        if GLU:
-            z = swiglu(acc, acc_u, TOPK_W, cpair, cvalid, limit)
-            if BN == 128:  # W2's input quantisation (act_quant): per pair, over these 128 channels
-                zf = z.to(gl.float32)
-                s, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(zf), axis=0), 1e-4))
-                q = gl.minimum(gl.maximum(zf * inv[None, :], -448.0), 448.0).to(gl.float8e4nv)
-                z = (q.to(gl.float32) * s[None, :]).to(gl.bfloat16)  # exact
-            # (narrower tiles store z as is: `moe_wide.requant_rows` quantises it per 128 afterwards)
-            gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z)
-        else:
-            c_ptrs = C + cpair.to(gl.int64)[None, :] * stride_cm + cn[:, None]
-            gl.store(c_ptrs, acc.to(gl.bfloat16), mask=cvalid[None, :] & (cn[:, None] >= 0))
+        store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, True, acc_l, BM, BN, GLU,
+                   False)
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,

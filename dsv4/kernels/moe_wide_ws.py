@@ -38,7 +38,7 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                   warpgroup_mma_wait)
 
-    from dsv4.kernels.moe_wide_async import _load_bytes, _widen, block_rows, launch_order, swiglu
+    from dsv4.kernels.moe_wide_async import _load_bytes, _widen, block_rows, launch_order, store_tile
 
     @gluon.jit
     def _loader(A, W, SORTED, x_s, w_s, u_s, full1, empty1, row0, e, pid_n, nhalves, num_pairs, top_k, up_off,
@@ -144,17 +144,8 @@ if HAS_TRITON:
                 mbarrier.arrive(empty1.index((j - 1) % S1))
                 mbarrier.arrive(empty2.index((j - 1) % S2))
             acc, acc_u = _wait(acc, acc_u, 0, GLU)
-
-        cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-        cpair = gl.load(SORTED + cp)
-        cvalid = cpair < num_pairs
-        cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
-        if GLU:
-            z = swiglu(acc, acc_u, TOPK_W, cpair, cvalid, limit)
-            gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z, mask=valid & (cn[:, None] >= 0))
-        else:
-            gl.store(C + cpair.to(gl.int64)[None, :] * stride_cm + cn[:, None], acc.to(gl.bfloat16),
-                     mask=valid & cvalid[None, :] & (cn[:, None] >= 0))
+        store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, valid, acc_l, BM, BN, GLU,
+                   True)
 
     @gluon.jit
     def _ws_kernel(
