@@ -7,7 +7,11 @@
 source bench/runs/lib.sh
 run 150 tests/gpu/test_moe_wide.py -k ws_kernels
 C=dsv4.kernels.moe_wide
-timeout 150 python3 bench/bench_moe_flags.py --ms 2048,4096,8192,16384 "default:" "ws glu:$C.WS_GLU=True" \
-  "ws down:$C.WS_DOWN=True" "ws both:$C.WS_GLU=True,$C.WS_DOWN=True" 2>&1 | tail -5
+if grep -q " passed" $OUT/pytest_150.txt && ! grep -qE "failed|Timeout|timed out" $OUT/pytest_150.txt; then
+  timeout 150 python3 bench/bench_moe_flags.py --ms 2048,4096,8192,16384 "default:" "ws glu:$C.WS_GLU=True" \
+    "ws down:$C.WS_DOWN=True" "ws both:$C.WS_GLU=True,$C.WS_DOWN=True" 2>&1 | tail -5
+else
+  echo "WS kernels' tests did not all pass: no A/B"; tail -20 $OUT/pytest_150.txt
+fi
 TOP=45 timeout 150 python3 bench/profile_step.py --layers 4 --prefill 2048 --prefix 6144 --host --eager 2>&1 | tail -50
 run 220 tests/gpu/test_moe_wide.py
