@@ -10,6 +10,7 @@ issued, and the widening runs on other warps:
                         z's rows) and the weight bytes of its rows into ring slot j % S1; the copies arrive on full1
     widener  (4 warps)  reads the bytes (then frees them on empty1), widens both 32-wide groups to bf16
                         (`moe_wide_async._widen`, exact) into slot j % S2 of a second ring; arrives on full2
+                        (WIDENERS = 2: 8 warps, each thread widening half as much)
     MMA      (4 or 8)   waits for full1 and full2, issues half j's wgmmas, waits until half j - 1's have completed
                         and frees its slots (empty1, empty2); the epilogue as moe_wide_async's
 
@@ -28,8 +29,9 @@ from dsv4.kernels._triton import HAS_TRITON
 S1 = 4  # ring slots of activation tiles and weight bytes (64-wide K halves)
 S2 = 2  # ring slots of widened weights
 WARPS = 4  # per partition (Triton rounds worker partitions up to whole warpgroups anyway)
-# the widener's and the loader's registers (setmaxnreg) in the GLU's and GEMM2's kernels; the MMA warps get the rest
-REGS = {True: (192, 96), False: (128, 64)}
+WIDENERS = 1  # widening warpgroups (2: each thread widens half as much, if one warpgroup cannot keep up)
+# the widener's and the loader's registers (setmaxnreg) by (GLU, WIDENERS); the MMA warps get the rest
+REGS = {(True, 1): (192, 96), (False, 1): (128, 64), (True, 2): (112, 64), (False, 2): (80, 48)}
 
 if HAS_TRITON:
     from triton.experimental import gluon
@@ -69,8 +71,10 @@ if HAS_TRITON:
     def _widener(WS, w_s, u_s, a_s, au_s, full1, empty1, full2, empty2, e, pid_n, nhalves, up_off, stride_wse,
                  stride_wsn, BN: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, GLU: gl.constexpr):
         NW: gl.constexpr = gl.num_warps()
-        c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])  # widened [BN, 32] tiles
-        p_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0])  # ... in k pairs
+        WR: gl.constexpr = NW if NW * 16 <= BN else BN // 16  # warps along the rows, the others split the columns
+        WC: gl.constexpr = NW // WR
+        c_l: gl.constexpr = gl.BlockedLayout([1, 16 // WC], [16, 2], [WR, WC], [1, 0])  # widened [BN, 32] tiles
+        p_l: gl.constexpr = gl.BlockedLayout([1, 8 // WC], [16, 2], [WR, WC], [1, 0])  # ... in k pairs
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, c_l))
         sc_ptrs = WS + e * stride_wse + cn.to(gl.int64) * stride_wsn
         scu_ptrs = sc_ptrs + up_off * stride_wsn
@@ -153,7 +157,7 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, GLU: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, S1: gl.constexpr,
-        S2: gl.constexpr, WARPS: gl.constexpr, REG_W: gl.constexpr, REG_L: gl.constexpr,
+        S2: gl.constexpr, WARPS: gl.constexpr, REG_W: gl.constexpr, REG_L: gl.constexpr, WIDENERS: gl.constexpr,
     ):
         # weight rows per matrix: GLU 64 channels' gate rows (and their up rows), one MMA warpgroup; GEMM2 128
         BN: gl.constexpr = 64 if GLU else 128
@@ -200,7 +204,7 @@ if HAS_TRITON:
                         stride_wse, stride_wsn, BN, S1, S2, GLU)),
             (_loader, (A, W, SORTED, x_s, w_s, u_s, full1, empty1, row0, e, pid_n, nhalves, num_pairs, top_k,
                        up_off, stride_am, stride_we, stride_wn, BM, BN, S1, GLU)),
-        ], [WARPS, WARPS], [REG_W, REG_L])
+        ], [WARPS * WIDENERS, WARPS], [REG_W, REG_L])
 
 
 def launch(kernel_args: tuple, grid_m: int, n: int, bm: int, glu: bool, group_m: int = 0, tiles=None):
@@ -208,8 +212,10 @@ def launch(kernel_args: tuple, grid_m: int, n: int, bm: int, glu: bool, group_m:
     GEMM2 (n = hidden, grid (grid_m, n / 128)); tiles as in `moe_wide_async.launch`. Returns the compiled kernel."""
     if bm not in (64, 128):
         raise ValueError(f"moe_wide_ws: bm must be 64 or 128, got {bm}")
+    if WIDENERS not in (1, 2):
+        raise ValueError(f"moe_wide_ws: WIDENERS must be 1 or 2, got {WIDENERS}")
     listed = tiles is not None
-    reg_w, reg_l = REGS[glu]
+    reg_w, reg_l = REGS[glu, WIDENERS]
     return _ws_kernel[(grid_m, n // (64 if glu else 128))](
         *kernel_args, tiles if listed else kernel_args[5], BM=bm, GLU=glu, GROUP_M=group_m, LISTED=listed, S1=S1,
-        S2=S2, WARPS=WARPS, REG_W=reg_w, REG_L=reg_l, num_warps=WARPS if glu else 2 * WARPS)
+        S2=S2, WARPS=WARPS, REG_W=reg_w, REG_L=reg_l, WIDENERS=WIDENERS, num_warps=WARPS if glu else 2 * WARPS)

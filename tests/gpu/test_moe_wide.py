@@ -234,20 +234,23 @@ def test_mixed_tiles_match_128_row_tiles(m, poison):
     assert same > 0.999, same
 
 
-@pytest.mark.parametrize("which", ["glu", "down", "both"])
-@pytest.mark.parametrize("bm,mixed,m", [(64, False, 300), (128, False, 400), (64, True, 700), (128, False, 3)])
-def test_ws_kernels_match_the_default_ones(which, bm, mixed, m, poison, monkeypatch):
+@pytest.mark.parametrize("which,bm,mixed,m,wideners", [
+    *((w, bm, mixed, m, 1) for w in ("glu", "down", "both")
+      for bm, mixed, m in ((64, False, 300), (128, False, 400), (64, True, 700), (128, False, 3))),
+    ("both", 128, False, 400, 2), ("both", 64, True, 700, 2)])
+def test_ws_kernels_match_the_default_ones(which, bm, mixed, m, wideners, poison, monkeypatch):
     """The warp-specialised GEMMs (moe_wide.WS_GLU / WS_DOWN, dsv4.kernels.moe_wide_ws) issue the same bf16 wgmma
     chains over the same widened weights and activations as the default Gluon kernels (the GLU's of 64 channels
     per program), from shared memory on other warps: the same outputs, also over mixed tiles' lists, with skewed
-    routing and pairs of another rank (-1)."""
+    routing and pairs of another rank (-1); wideners: one widening warpgroup or two (moe_wide_ws.WIDENERS)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _mxfp4_experts, _topk
 
-    from dsv4.kernels import moe_wide
+    from dsv4.kernels import moe_wide, moe_wide_ws
     from dsv4.kernels.moe import finalize_experts, fused_moe
 
+    monkeypatch.setattr(moe_wide_ws, "WIDENERS", wideners)
     e, d, i = 8, 1024, 512
     gen = torch.Generator(DEV).manual_seed(m + bm)
     packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
