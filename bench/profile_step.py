@@ -125,17 +125,9 @@ def main() -> None:
     if args.prefill:  # the profiled call: a fresh sequence's whole prompt in one forward (or a chunk of it)
         run.release(states)
         for _ in range(2 if args.prefix else 0):  # the chunk once for its kernels' compiles, once timed
-            states = run.new_states(1)
-            run.forward(states, [args.prefix])
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            run.forward(states, [args.prefill])
-            torch.cuda.synchronize()
-            print(f"{args.prefill}-token chunk after {args.prefix}: {1e3 * (time.perf_counter() - t):.1f} ms wall")
-            run.release(states)
-        states = run.new_states(1)
-        if args.prefix:
-            run.forward(states, [args.prefix])
+            print(f"{args.prefill}-token chunk after {args.prefix}: {_chunk_ms(run, args.prefill, args.prefix):.1f} "
+                  "ms wall")
+        states = _fresh(run, args.prefix)
         one = [args.prefill]
     if args.cprofile:
         _cprofile(run, states, one)
@@ -158,9 +150,7 @@ def main() -> None:
         _list_syncs(lambda: run.forward(states, one))
         if args.prefill:
             run.release(states)
-            states = run.new_states(1)
-            if args.prefix:
-                run.forward(states, [args.prefix])
+            states = _fresh(run, args.prefix)
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run.forward(states, one)
@@ -243,22 +233,32 @@ def _profile_host(run, states, one, steps: int = 10) -> None:
               f"{e.self_cpu_time_total / 1e3 / steps:8.3f}")
 
 
+def _fresh(run, prefix: int):
+    """A new sequence's state with `prefix` tokens of its prompt already run."""
+    st = run.new_states(1)
+    if prefix:
+        run.forward(st, [prefix])
+    return st
+
+
+def _chunk_ms(run, n: int, prefix: int) -> float:
+    """Wall milliseconds of one n-token forward after `prefix` tokens of the same prompt (a fresh sequence,
+    released afterwards)."""
+    st = _fresh(run, prefix)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    run.forward(st, [n])
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t) * 1e3
+    run.release(st)
+    return ms
+
+
 def _profile_host_prefill(run, n: int, prefix: int, steps: int = 5) -> None:
     """Eager prefill forwards of n tokens (after `prefix` tokens of the same prompt): their wall time, then where
     the host's time goes in fresh n-token prompts (no prefix inside the profile, so its forward does not count)."""
     from torch.profiler import ProfilerActivity, profile, record_function
-    walls = []
-    for i in range(steps + 1):
-        st = run.new_states(1)
-        if prefix:
-            run.forward(st, [prefix])
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        run.forward(st, [n])
-        torch.cuda.synchronize()
-        if i:
-            walls.append((time.perf_counter() - t) * 1e3)
-        run.release(st)
+    walls = [_chunk_ms(run, n, prefix) for _ in range(steps + 1)][1:]  # (the first compiles)
     for part in PARTS:
         _label(*part)
     states = [run.new_states(1) for _ in range(steps)]

@@ -342,7 +342,7 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm)
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
     if gluon_path(x.device):
-        from dsv4.kernels import moe_wide_async
+        from dsv4.kernels import moe_wide_async, moe_wide_ws
         tiles = [(bm, None, nb)]
         if mixed:
             big, small = mixed_tiles(expert_ids, experts.num_experts)
@@ -353,7 +353,6 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             bn, warps = (64, 4) if one or (glu and ws) else (bn, num_warps)
             for tile_m, tile_list, rows in tiles:
                 if ws:
-                    from dsv4.kernels import moe_wide_ws
                     moe_wide_ws.launch(a, rows, n, tile_m, glu, ASYNC_GROUP_M, tiles=tile_list)
                     continue
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
