@@ -92,7 +92,8 @@ def main() -> None:
     p.add_argument("--syncs", action="store_true", help="also list where the profiled call waits for the GPU")
     p.add_argument("--order", action="store_true", help="also list each layer's kernels in launch order")
     p.add_argument("--cprofile", action="store_true",
-                   help="instead: Python's profiler over eager decode steps (where the host's time goes, by function)")
+                   help="instead: Python's profiler over eager decode steps or, with --prefill, fresh prompts (where the "
+                   "host's time goes, by function)")
     p.add_argument("--eager", action="store_true", help="with --host: eager steps instead of captured ones")
     p.add_argument("--timeline", action="store_true",
                    help="instead: one captured decode step (read back as the engine does) as a host / GPU timeline: "
@@ -102,7 +103,7 @@ def main() -> None:
                    "with --prefill: of eager prefill forwards")
     args = p.parse_args()
     if args.prefill:  # (--host: room for the fresh prompts it profiles)
-        args.batch, args.ctx = 6 if args.host else 1, args.prefill + args.prefix
+        args.batch, args.ctx = 6 if args.host or args.cprofile else 1, args.prefill + args.prefix
     sys.path.insert(0, os.path.dirname(__file__))
     from bench_parallel import Runner, _config  # noqa: E402
     from dsv4.engine.cache import CacheConfig, HybridCache
@@ -124,13 +125,13 @@ def main() -> None:
         run.forward(states, one)
     if args.prefill:  # the profiled call: a fresh sequence's whole prompt in one forward (or a chunk of it)
         run.release(states)
-        for _ in range(2 if args.prefix else 0):  # the chunk once for its kernels' compiles, once timed
+        for _ in range(2):  # the chunk once for its kernels' compiles, once timed
             print(f"{args.prefill}-token chunk after {args.prefix}: {_chunk_ms(run, args.prefill, args.prefix):.1f} "
                   "ms wall")
         states = _fresh(run, args.prefix)
         one = [args.prefill]
     if args.cprofile:
-        _cprofile(run, states, one)
+        (_cprofile_prefill if args.prefill else _cprofile)(run, states, one)
         return
     if args.timeline:
         _timeline(run, states, one)
@@ -206,6 +207,25 @@ def _cprofile(run, states, one, steps: int = 10) -> None:
         pstats.Stats(prof).sort_stats(key).print_stats(22)
 
 
+def _cprofile_prefill(run, states, one, steps: int = 5) -> None:
+    """cProfile's functions by own and by cumulative time over fresh prompts of one[0] tokens (compiled first)."""
+    import cProfile
+    import pstats
+    n = one[0]
+    _chunk_ms(run, n, 0)  # (the fresh prompts' shapes compile here)
+    fresh = [run.new_states(1) for _ in range(steps)]
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for st in fresh:
+        run.forward(st, [n])
+    torch.cuda.synchronize()
+    prof.disable()
+    print(f"cProfile over {steps} fresh {n}-token prompts (per-call times are totals over the {steps})")
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(prof).sort_stats(key).print_stats(int(os.environ.get("TOP", "30")))
+
+
 def _profile_host(run, states, one, steps: int = 10) -> None:
     """Wall time of whole decode steps vs their graph's GPU time, and where the host's time goes."""
     import time
@@ -259,6 +279,7 @@ def _profile_host_prefill(run, n: int, prefix: int, steps: int = 5) -> None:
     the host's time goes in fresh n-token prompts (no prefix inside the profile, so its forward does not count)."""
     from torch.profiler import ProfilerActivity, profile, record_function
     walls = [_chunk_ms(run, n, prefix) for _ in range(steps + 1)][1:]  # (the first compiles)
+    _chunk_ms(run, n, 0)  # the profiled prompts' own shapes compile here (the top-k's block follows the key count)
     for part in PARTS:
         _label(*part)
     states = [run.new_states(1) for _ in range(steps)]

@@ -31,6 +31,9 @@ S2 = 2  # ring slots of widened weights
 WARPS = 4  # per partition (Triton rounds worker partitions up to whole warpgroups anyway)
 WIDENERS = 1  # widening warpgroups (2: each thread widens half as much, if one warpgroup cannot keep up)
 # the widener's and the loader's registers (setmaxnreg) by (GLU, WIDENERS); the MMA warps get the rest
+# measurement probe (bench only; outputs are then wrong): 0 off, 1 the MMA warps issue no wgmma, 2 the widener
+# neither reads nor widens nor stores (the MMAs read stale tiles)
+PROBE = 0
 REGS = {(True, 1): (192, 96), (False, 1): (128, 64), (True, 2): (112, 64), (False, 2): (80, 48)}
 
 if HAS_TRITON:
@@ -69,7 +72,8 @@ if HAS_TRITON:
 
     @gluon.jit
     def _widener(WS, w_s, u_s, a_s, au_s, full1, empty1, full2, empty2, e, pid_n, nhalves, up_off, stride_wse,
-                 stride_wsn, BN: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, GLU: gl.constexpr):
+                 stride_wsn, BN: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, GLU: gl.constexpr,
+                 PROBE: gl.constexpr):
         NW: gl.constexpr = gl.num_warps()
         WR: gl.constexpr = NW if NW * 16 <= BN else BN // 16  # warps along the rows, the others split the columns
         WC: gl.constexpr = NW // WR
@@ -83,25 +87,29 @@ if HAS_TRITON:
             s2 = j % S2
             sc = gl.load(sc_ptrs + j // 2)  # (an L1 hit every other half)
             mbarrier.wait(full1.index(s1), (j // S1) & 1)
-            wb = _load_bytes(w_s.index(s1), p_l)
-            wbu = wb
-            if GLU:
-                wbu = _load_bytes(u_s.index(s1), p_l)
-            mbarrier.arrive(empty1.index(s1))  # the bytes are in registers
-            g = (j % 2) * 2  # the half's first group within its 128-wide block
-            mbarrier.wait(empty2.index(s2), ((j // S2) & 1) ^ 1)
-            a_s.index(2 * s2).store(_widen(wb, sc, g, False, c_l))
-            a_s.index(2 * s2 + 1).store(_widen(wb, sc, g + 1, True, c_l))
-            if GLU:
-                scu = gl.load(scu_ptrs + j // 2)
-                au_s.index(2 * s2).store(_widen(wbu, scu, g, False, c_l))
-                au_s.index(2 * s2 + 1).store(_widen(wbu, scu, g + 1, True, c_l))
+            if PROBE == 2:
+                mbarrier.arrive(empty1.index(s1))
+                mbarrier.wait(empty2.index(s2), ((j // S2) & 1) ^ 1)
+            else:
+                wb = _load_bytes(w_s.index(s1), p_l)
+                wbu = wb
+                if GLU:
+                    wbu = _load_bytes(u_s.index(s1), p_l)
+                mbarrier.arrive(empty1.index(s1))  # the bytes are in registers
+                g = (j % 2) * 2  # the half's first group within its 128-wide block
+                mbarrier.wait(empty2.index(s2), ((j // S2) & 1) ^ 1)
+                a_s.index(2 * s2).store(_widen(wb, sc, g, False, c_l))
+                a_s.index(2 * s2 + 1).store(_widen(wb, sc, g + 1, True, c_l))
+                if GLU:
+                    scu = gl.load(scu_ptrs + j // 2)
+                    au_s.index(2 * s2).store(_widen(wbu, scu, g, False, c_l))
+                    au_s.index(2 * s2 + 1).store(_widen(wbu, scu, g + 1, True, c_l))
             fence_async_shared()  # the stores, then the MMAs' reads through the async proxy
             mbarrier.arrive(full2.index(s2))
 
     @gluon.jit
     def _mma_half(acc, acc_u, x_s, a_s, au_s, full1, full2, j, S1: gl.constexpr, S2: gl.constexpr,
-                  GLU: gl.constexpr):
+                  GLU: gl.constexpr, PROBE: gl.constexpr):
         """Wait for half j's activation tiles and widened weights, issue its wgmmas asynchronously (one commit
         group each)."""
         s1 = j % S1
@@ -109,7 +117,7 @@ if HAS_TRITON:
         mbarrier.wait(full1.index(s1), (j // S1) & 1)
         mbarrier.wait(full2.index(s2), (j // S2) & 1)
         fence_async_shared()  # the copies landed through the generic proxy; the MMAs read through the async one
-        for sub in gl.static_range(2):
+        for sub in gl.static_range(2 if PROBE != 1 else 0):
             xt = x_s.index(2 * s1 + sub).permute((1, 0))
             acc = warpgroup_mma(a_s.index(2 * s2 + sub), xt, acc, is_async=True)
             if GLU:
@@ -128,7 +136,7 @@ if HAS_TRITON:
     @gluon.jit
     def _mma(C, SORTED, TOPK_W, x_s, a_s, au_s, full1, empty1, full2, empty2, row0, pid_n, nhalves, num_pairs,
              limit, stride_cm, valid, BM: gl.constexpr, BN: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr,
-             GLU: gl.constexpr):
+             GLU: gl.constexpr, PROBE: gl.constexpr):
         """The default partition: the K loop (half 0 peeled off, so that every accumulator reaching the final
         wait comes from a wgmma: ptxas serialises them otherwise, C7515) and the epilogue (GLU: SwiGLU, z in
         sorted order; GEMM2: bf16 rows per pair)."""
@@ -139,10 +147,10 @@ if HAS_TRITON:
         acc = gl.zeros([BN, BM], gl.float32, layout=acc_l)
         acc_u = gl.zeros([BN, BM], gl.float32, layout=acc_l)
         if nhalves > 0:  # (a program without a tile waits for nothing)
-            acc, acc_u = _mma_half(acc, acc_u, x_s, a_s, au_s, full1, full2, 0, S1, S2, GLU)
+            acc, acc_u = _mma_half(acc, acc_u, x_s, a_s, au_s, full1, full2, 0, S1, S2, GLU, PROBE)
             acc, acc_u = _wait(acc, acc_u, Q, GLU)  # (waits for none: the loop carries tensors)
             for j in range(1, nhalves):
-                acc, acc_u = _mma_half(acc, acc_u, x_s, a_s, au_s, full1, full2, j, S1, S2, GLU)
+                acc, acc_u = _mma_half(acc, acc_u, x_s, a_s, au_s, full1, full2, j, S1, S2, GLU, PROBE)
                 # half j's MMAs stay queued; half j - 1's have completed: free its slots
                 acc, acc_u = _wait(acc, acc_u, Q, GLU)
                 mbarrier.arrive(empty1.index((j - 1) % S1))
@@ -158,6 +166,7 @@ if HAS_TRITON:
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, GLU: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, S1: gl.constexpr,
         S2: gl.constexpr, WARPS: gl.constexpr, REG_W: gl.constexpr, REG_L: gl.constexpr, WIDENERS: gl.constexpr,
+        PROBE: gl.constexpr = 0,
     ):
         # weight rows per matrix: GLU 64 channels' gate rows (and their up rows), one MMA warpgroup; GEMM2 128
         BN: gl.constexpr = 64 if GLU else 128
@@ -199,9 +208,9 @@ if HAS_TRITON:
 
         gl.warp_specialize([
             (_mma, (C, SORTED, TOPK_W, x_s, a_s, au_s, full1, empty1, full2, empty2, row0, pid_n, nhalves,
-                    num_pairs, limit, stride_cm, valid, BM, BN, S1, S2, GLU)),
+                    num_pairs, limit, stride_cm, valid, BM, BN, S1, S2, GLU, PROBE)),
             (_widener, (WS, w_s, u_s, a_s, au_s, full1, empty1, full2, empty2, e, pid_n, nhalves, up_off,
-                        stride_wse, stride_wsn, BN, S1, S2, GLU)),
+                        stride_wse, stride_wsn, BN, S1, S2, GLU, PROBE)),
             (_loader, (A, W, SORTED, x_s, w_s, u_s, full1, empty1, row0, e, pid_n, nhalves, num_pairs, top_k,
                        up_off, stride_am, stride_we, stride_wn, BM, BN, S1, GLU)),
         ], [WARPS * WIDENERS, WARPS], [REG_W, REG_L])
@@ -218,4 +227,5 @@ def launch(kernel_args: tuple, grid_m: int, n: int, bm: int, glu: bool, group_m:
     reg_w, reg_l = REGS[glu, WIDENERS]
     return _ws_kernel[(grid_m, n // (64 if glu else 128))](
         *kernel_args, tiles if listed else kernel_args[5], BM=bm, GLU=glu, GROUP_M=group_m, LISTED=listed, S1=S1,
-        S2=S2, WARPS=WARPS, REG_W=reg_w, REG_L=reg_l, WIDENERS=WIDENERS, num_warps=WARPS if glu else 2 * WARPS)
+        S2=S2, WARPS=WARPS, REG_W=reg_w, REG_L=reg_l, WIDENERS=WIDENERS, PROBE=PROBE,
+        num_warps=WARPS if glu else 2 * WARPS)

@@ -10,7 +10,9 @@ sink logit, to
 
 K = V (one shared kv head, MQA). Scores `q.k * scale` in fp32; probabilities rounded to bf16 for P.V
 with fp32 accumulation; the denominator sums the unrounded probabilities plus exp(sink). The output is
-bf16, before the inverse RoPE (the caller's `finish`).
+bf16; with cos / sin given, its rope pairs are then rotated back by -t (the inverse RoPE, on the bf16-rounded
+output in fp32 as `dsv4.kernels.norm_rope(inverse=True)` does, so the same bits as that second launch);
+without them the caller's `finish` applies it.
 
 Kernel: grid (queries, Dh / DV); a program holds all heads of one query (the heads share every key
 tile) and walks its window tiles, then its gathered entries, in tiles of BN keys with an online
@@ -34,17 +36,21 @@ KV_ONE_LOAD = True
 
 def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
                           entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
-                          scale: float) -> torch.Tensor:
-    """Reference: the entry lists as a mask, then the model's `sink_attention` (its own arithmetic)."""
-    from dsv4.model.sink_attention import sink_attention
+                          scale: float, cos: torch.Tensor | None = None,
+                          sin: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference: the entry lists as a mask, then the model's `sink_attention` (its own arithmetic), then the
+    model's inverse RoPE when cos / sin [n, rope/2] are given."""
     from dsv4.model.indexer import indices_to_mask
+    from dsv4.model.rope import apply_rope
+    from dsv4.model.sink_attention import sink_attention
 
     n, dev = q.shape[0], q.device
     q_pos = torch.arange(q_pos0, q_pos0 + n, device=dev)
     key_pos = torch.arange(key_pos0, key_pos0 + keys.shape[0], device=dev)
     mask = None if entries is None else indices_to_mask(entry_idx, entries.shape[0])
-    return sink_attention(q, q_pos, keys, key_pos, window, entries, mask, sink.float(), scale,
-                          first=(q_pos0, key_pos0))
+    out = sink_attention(q, q_pos, keys, key_pos, window, entries, mask, sink.float(), scale,
+                         first=(q_pos0, key_pos0))
+    return out if cos is None else apply_rope(out, cos.float()[:, None], -sin.float()[:, None])
 
 
 if HAS_TRITON:
@@ -67,11 +73,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _prefill_attn_kernel(
-        Q, K, E, IDX, SINK, OUT,
+        Q, K, E, IDX, SINK, OUT, COS, SIN,
         H, n_idx, q_pos0, key_pos0, window, scale,
-        stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh,
+        stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct,
         BH: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, HAS_E: tl.constexpr,
-        INTERP: tl.constexpr, KV_ONE_LOAD: tl.constexpr,
+        INTERP: tl.constexpr, KV_ONE_LOAD: tl.constexpr, ROT: tl.constexpr, NOPE: tl.constexpr,
     ):
         t = tl.program_id(0)
         offs_h = tl.arange(0, BH)
@@ -111,18 +117,33 @@ if HAS_TRITON:
 
         sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
         o = acc / (l + tl.exp(sink - m))[:, None]
+        if ROT:  # the inverse RoPE on the bf16 output; pairs (2i, 2i+1) lie in one slice (DV even)
+            o = o.to(tl.bfloat16).to(tl.float32)
+            ev, od = tl.split(tl.reshape(o, (BH, DV // 2, 2)))
+            pair = tl.program_id(1) * (DV // 2) + tl.arange(0, DV // 2)
+            rp = pair >= NOPE // 2
+            c = tl.load(COS + t.to(tl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
+            sn = -tl.load(SIN + t.to(tl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+            # written as dsv4.kernels.norm_rope's inverse rotation (same contraction into fma: same bits)
+            o = tl.reshape(tl.join(ev * c - od * sn, ev * sn + od * c), (BH, DV))
         tl.store(OUT + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :],
                  o.to(OUT.dtype.element_ty), mask=hmask[:, None])
 
 
 def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
                       entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
-                      scale: float, out: torch.Tensor | None = None, dv: int | None = None, bn: int | None = None,
+                      scale: float, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+                      out: torch.Tensor | None = None, dv: int | None = None, bn: int | None = None,
                       num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
-    """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k]); fills `out`.
-    dv / bn / num_warps / num_stages: the output slice per program, keys per tile and the launch shape
-    (defaults: the measured ones)."""
+    """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k], cos / sin
+    [n, rope/2] for the inverse RoPE or neither); fills `out`. dv / bn / num_warps / num_stages: the output
+    slice per program, keys per tile and the launch shape (defaults: the measured ones)."""
     n, h, d = q.shape
+    rot = cos is not None
+    if (sin is not None) != rot or (rot and (cos.dim() != 2 or cos.shape[0] != n or sin.shape != cos.shape
+                                            or not 0 < 2 * cos.shape[1] <= d)):
+        raise ValueError(f"prefill_attention: cos / sin must both be [n={n}, rope/2 <= {d // 2}] or both None, got "
+                         f"{None if cos is None else tuple(cos.shape)} / {None if sin is None else tuple(sin.shape)}")
     if q.dtype != torch.bfloat16 or keys.dtype != torch.bfloat16 or keys.shape[1] != d:
         raise ValueError(f"prefill_attention: expected bf16 q [n, H, {d}] and keys [K, {d}], got "
                          f"{q.dtype} {tuple(q.shape)} / {keys.dtype} {tuple(keys.shape)}")
@@ -147,12 +168,14 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
     idx = entry_idx.to(torch.int32).contiguous() if has_e else keys
     q, keys, e = q.contiguous(), keys.contiguous(), e.contiguous()
     sink = sink.float().contiguous()
+    cos, sin = (cos.float().contiguous(), sin.float().contiguous()) if rot else (sink, sink)  # unread if not rot
     _prefill_attn_kernel[(n, d // dv)](
-        q, keys, e, idx, sink, out,
+        q, keys, e, idx, sink, out, cos, sin,
         h, idx.shape[1] if has_e else 0, q_pos0, key_pos0, window, float(scale),
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e else 0,
-        out.stride(0), out.stride(1),
-        BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=one_load,
+        out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
+        BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=one_load, ROT=rot,
+        NOPE=d - 2 * cos.shape[1] if rot else d,
         num_warps=num_warps or (8 if bh * dv >= 16384 else 4),
         # 128 heads x 512 dims: two stages would not fit in shared memory
         num_stages=num_stages or (2 if bh <= 64 else 1),

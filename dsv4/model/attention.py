@@ -38,9 +38,16 @@ from dsv4.model.side_stream import start_beside
 from dsv4.model.sink_attention import lengths_mask, sink_attention, sink_attention_decode
 
 W8A16_MAX_TOKENS = 64  # kernel mode: wo_a from the FP8 weight up to here (decode), cuBLAS on bf16 above
-# kernel mode, paged decode step: the decode attention kernel applies the inverse RoPE to its output (one
-# launch fewer per layer than `norm_rope` in `finish`; same bits, tests/gpu/test_attention.py)
+# kernel mode, paged decode step and prefill chunks: the attention kernel applies the inverse RoPE to its output
+# (one launch fewer per layer than `norm_rope` in `finish`; same bits, tests/gpu/test_attention.py and
+# test_prefill_attention.py)
 KERNEL_INVERSE_ROPE = True
+
+
+def _decode_shaped(segments: list[Segment] | None) -> bool:
+    """One token per sequence in rows 0..B-1 (B > 1): `attend` batches them (`_attend_decode`)."""
+    return segments is not None and len(segments) > 1 and all(
+        seg.length == 1 and seg.start == i for i, seg in enumerate(segments))
 
 
 class AttentionInputs(NamedTuple):
@@ -239,17 +246,20 @@ class Attention(nn.Module):
         return rows, index_rows, index_w
 
     def attend(self, pre: AttentionInputs, positions: torch.Tensor, segments: list[Segment] | None,
-               out: torch.Tensor | None = None, step=None) -> torch.Tensor:
-        """Per sequence: update its state and attend; returns (or fills) [T, H, Dh] before inverse RoPE.
+               out: torch.Tensor | None = None, step=None, rotate: bool = False) -> torch.Tensor:
+        """Per sequence: update its state and attend; returns (or fills) [T, H, Dh] before inverse RoPE
+        (after it where `rotates` says so: `step`'s kernel, or the prefill kernel when asked with `rotate`).
         `step` (a dsv4.engine.paged_decode.DecodeStep) replaces `segments` for a paged decode batch."""
         out = torch.empty_like(pre.q) if out is None else out
         if step is not None:
             return self._attend_step(pre, step, out)
-        if len(segments) > 1 and all(seg.length == 1 and seg.start == i for i, seg in enumerate(segments)):
+        if _decode_shaped(segments):
             return self._attend_decode(pre, segments, out)
         q, kv, rows, index_rows = pre.q, pre.kv, pre.rows, pre.index_rows
         # kernel mode on CUDA: one Triton launch per sequence over index lists (no [T, N] masks)
-        kernel = self.use_kernels and q.is_cuda and q.dtype == torch.bfloat16
+        kernel = self._prefill_kernel(pre)
+        if rotate and not kernel:
+            raise ValueError("Attention.attend: rotate=True needs the prefill kernel (see Attention.rotates)")
         for seg in segments:
             sl = slice(seg.start, seg.start + seg.length)
             state, pos = seg.state, positions[sl]
@@ -272,8 +282,9 @@ class Attention(nn.Module):
             keys = torch.cat((past_kv, kv[sl]))
             if kernel:
                 from dsv4.kernels.prefill_attention import prefill_attention
+                rot = (pre.cos[sl], pre.sin[sl]) if rotate else (None, None)
                 prefill_attention(q[sl], done, keys, done - past_kv.shape[0], self.window, entries, entry_idx,
-                                  self.attn_sink, self.scale, out=out[sl])
+                                  self.attn_sink, self.scale, *rot, out=out[sl])
             else:
                 entry_mask = None if entries is None else indices_to_mask(entry_idx, entries.shape[0])
                 sink_attention(q[sl], pos, keys, torch.cat((past_pos, pos)), self.window, entries, entry_mask,
@@ -378,6 +389,18 @@ class Attention(nn.Module):
     def step_rotates(self, step) -> bool:
         """Whether that kernel also applies the inverse RoPE (`finish` must then skip it)."""
         return KERNEL_INVERSE_ROPE and self.step_kernel(step)
+
+    def _prefill_kernel(self, pre: AttentionInputs) -> bool:
+        """Whether `attend` runs sequences' chunks through the Triton prefill kernel."""
+        return self.use_kernels and pre.q.is_cuda and pre.q.dtype == torch.bfloat16
+
+    def rotates(self, pre: AttentionInputs, segments: list[Segment] | None, step=None) -> bool:
+        """Whether `attend(..., rotate=True)` applies the inverse RoPE itself (`finish(rotated=True)` then skips
+        it): the paged decode kernel, or the prefill kernel in its epilogue (8K Flash prefill: one
+        [T, H, Dh] read and write fewer, ≈ 0.26 ms per layer, s29d)."""
+        if step is not None:
+            return self.step_rotates(step)
+        return KERNEL_INVERSE_ROPE and self._prefill_kernel(pre) and not _decode_shaped(segments)
 
     def _attend_step_kernel(self, pre, step, picked, valid, out):
         """The Triton kernel reads the FP8 pools itself and writes `out`, with KERNEL_INVERSE_ROPE the

@@ -45,8 +45,9 @@ class Block(nn.Module):
                 segments: list[Segment] | None, step=None) -> torch.Tensor:
         """x: residual streams [T, hc, D] -> [T, hc, D] (`step`: a paged decode step, see Attention.attend)."""
         hc, pre = self.pre(x, positions)
-        attended = self.attn.attend(pre, positions, segments, step=step)
-        return self.post(x, attended, pre, hc, token_ids, rotated=self.attn.step_rotates(step))
+        rotated = self.attn.rotates(pre, segments, step)
+        attended = self.attn.attend(pre, positions, segments, step=step, rotate=rotated)
+        return self.post(x, attended, pre, hc, token_ids, rotated=rotated)
 
     # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
     # them and runs `attn.attend` eagerly in between.

@@ -319,3 +319,22 @@ def test_side_stream_branches_are_bit_identical(monkeypatch, branches):
         diff = (runs[graphs].double() - base.double()).abs()
         assert torch.equal(runs[graphs], base), f"graphs={graphs}: max |diff| {float(diff.max()):.3e}, " \
             f"first differing step {int((diff.flatten(1).amax(1) > 0).nonzero()[0])}"
+
+
+def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
+    """attention.KERNEL_INVERSE_ROPE (the prefill and paged decode kernels rotate their outputs back themselves,
+    `finish` skips its `norm_rope` launch): prefill and decode logits equal the separate launch's bit for bit."""
+    from pathlib import Path
+
+    import dsv4
+    from dsv4.model import attention
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    prompts = [_ids(2048, n, seed=n + 3) for n in (300, 9, 64)]
+    runs = []
+    for fused in (False, True):
+        monkeypatch.setattr(attention, "KERNEL_INVERSE_ROPE", fused)
+        model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+        prefill = [_step(model, model.new_sequence_state(), p, 0) for p in prompts]  # every position's logits
+        runs.append(torch.cat(prefill + [_batch_decode(model, prompts, 6).flatten(0, 1)]))
+    assert torch.isfinite(runs[0]).all()
+    assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"

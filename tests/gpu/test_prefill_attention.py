@@ -92,6 +92,32 @@ def test_prefill_attention_pro_heads_and_short_window(poison, close_bf16):
     close_bf16(y, ref, rel=REL, what="pro heads")
 
 
+@pytest.mark.parametrize("kind", ["csa", "none"])
+def test_prefill_attention_fuses_the_inverse_rope(kind, poison, close_bf16):
+    """cos / sin given: the output's rope pairs rotated back in the kernel, bit for bit what the separate
+    `norm_rope(inverse=True)` launch gives on the unrotated output (whole head dim and split per program), and
+    close to the reference's own inverse RoPE."""
+    from dsv4.kernels.norm_rope import norm_rope
+    from dsv4.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+
+    gen = torch.Generator(DEV).manual_seed(17 + len(kind))
+    n, heads, rope = 29, 64 if DEV != "cpu" else 16, 64 if DEV != "cpu" else 16
+    q, keys, key_pos0, entries, idx, sink = _case(n, heads, 150, 60, 128, 50, kind, gen)
+    theta = torch.rand(n, rope // 2, generator=gen, device=DEV) * 6.3
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    scale = HD ** -0.5
+    ref = prefill_attention_ref(q, 150, keys, key_pos0, 128, entries, idx, sink, scale, cos, sin)
+    for dv in (None, HD // 2):
+        plain = prefill_attention(q, 150, keys, key_pos0, 128, entries, idx, sink, scale, dv=dv)
+        poison()
+        y = prefill_attention(q, 150, keys, key_pos0, 128, entries, idx, sink, scale, cos, sin, dv=dv)
+        two_launches = norm_rope(plain, cos=cos, sin=sin, inverse=True)
+        assert torch.equal(y, two_launches), f"dv={dv}: {(y != two_launches).sum().item()} elements differ"
+        assert not torch.equal(y[..., -rope:], plain[..., -rope:])  # (the rotation did happen)
+        torch.testing.assert_close(y[..., :-rope], plain[..., :-rope], rtol=0, atol=0)
+        close_bf16(y, ref, rel=REL, what=f"fused inverse RoPE {kind} dv={dv}")
+
+
 def test_prefill_attention_rejects_bad_inputs():
     from dsv4.kernels.prefill_attention import prefill_attention
 
@@ -102,3 +128,8 @@ def test_prefill_attention_rejects_bad_inputs():
         prefill_attention(q, 10, keys, 0, 128, None, None, sink, 1.0)
     with pytest.raises(ValueError, match="bf16"):
         prefill_attention(q.float(), 0, keys, 0, 128, None, None, sink, 1.0)
+    cos = torch.ones(4, 8, device=DEV)
+    with pytest.raises(ValueError, match="cos / sin"):
+        prefill_attention(q, 0, keys, 0, 128, None, None, sink, 1.0, cos, None)
+    with pytest.raises(ValueError, match="cos / sin"):
+        prefill_attention(q, 0, keys, 0, 128, None, None, sink, 1.0, cos[:3], cos[:3])
