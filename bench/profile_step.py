@@ -97,7 +97,8 @@ def main() -> None:
     p.add_argument("--eager", action="store_true", help="with --host: eager steps instead of captured ones")
     p.add_argument("--timeline", action="store_true",
                    help="instead: one captured decode step (read back as the engine does) as a host / GPU timeline: "
-                        "where the GPU idles between the graph, the LM head and the pick")
+                        "where the GPU idles between the graph, the LM head and the pick; with --prefill: the "
+                        "host's lead on the GPU per kernel of a fresh prompt's forward and the idle it costs")
     p.add_argument("--host", action="store_true",
                    help="instead: the host's side of captured decode steps (CPU time per torch op / Python part); "
                    "with --prefill: of eager prefill forwards")
@@ -134,7 +135,7 @@ def main() -> None:
         (_cprofile_prefill if args.prefill else _cprofile)(run, states, one)
         return
     if args.timeline:
-        _timeline(run, states, one)
+        (_lead_prefill if args.prefill else _timeline)(run, states, one)
         return
     if args.host and args.prefill:
         _profile_host_prefill(run, args.prefill, args.prefix)
@@ -343,6 +344,51 @@ def _timeline(run, states, one, steps: int = 4, gap_us: float = 4.0) -> None:
                   f"{(e.time_range.start - end):7.1f} µs  after {prev[:40]}  before {e.name[:40]}")
         if e.time_range.end > end:
             end, prev = e.time_range.end, e.name
+
+
+def _lead_prefill(run, states, one) -> None:
+    """One fresh prompt's eager forward: is the host or the GPU the bound? Per kernel, the host's lead = its GPU
+    start minus the end of its launch call (one stream: launches and kernels pair in order). A kernel that starts
+    within a few µs of its launch waited for the host; the GPU's idle time before such kernels is the host's cost,
+    summed here by the labelled part that launched them."""
+    from torch.profiler import ProfilerActivity, profile
+    n = one[0]
+    _chunk_ms(run, n, 0)  # (compiles the fresh prompt's shapes)
+    for part in PARTS:
+        _label(*part)
+    st = run.new_states(1)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run.forward(st, [n])
+        torch.cuda.synchronize()
+    events = prof.events()
+    cpu = torch.autograd.DeviceType.CPU
+    labels = {f"{c}.{m}" for _, c, m in PARTS}  # (record_function ranges show up as GPU events too)
+    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in labels),
+                     key=lambda e: e.time_range.start)
+    launches = sorted((e for e in events if e.device_type == cpu and ("LaunchKernel" in e.name
+                       or e.name.startswith(("cudaMemcpy", "cudaMemset")))), key=lambda e: e.time_range.start)
+    if len(launches) != len(kernels) or not kernels:
+        print(f"lead: {len(launches)} launch calls vs {len(kernels)} GPU events; not paired")
+        return
+    idle_by, waited, end = collections.Counter(), 0, kernels[0].time_range.start
+    busy = 0.0
+    for call, k in zip(launches, kernels):
+        gap = max(0.0, k.time_range.start - end)
+        busy += max(0.0, k.time_range.end - max(k.time_range.start, end))
+        if k.time_range.start - call.time_range.end < 5.0:  # the GPU waited for this launch
+            waited += 1
+            e = call.cpu_parent
+            while e is not None and e.name not in labels:
+                e = e.cpu_parent
+            idle_by[e.name if e is not None else "-"] += gap
+        end = max(end, k.time_range.end)
+    span = (end - kernels[0].time_range.start) / 1e3
+    print(f"{n}-token forward: GPU span {span:.2f} ms, busy {busy / 1e3:.2f} ms, idle {span - busy / 1e3:.2f} ms; "
+          f"{waited} of {len(kernels)} kernels started < 5 µs after their launch (waited for the host)")
+    print("GPU idle before kernels that waited for the host, by the part that launched them (ms):")
+    for name, us in idle_by.most_common(12):
+        print(f"  {us / 1e3:7.3f}  {name}")
 
 
 def _print_order(events, gpu) -> None:
