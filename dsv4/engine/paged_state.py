@@ -53,7 +53,14 @@ class _EntryPool:
         return entry_bytes(self.width, self.nope, self.fp8, self.fp4,
                            (self.rope if self.fp8 else self.data).element_size() if not self.fp4 else 0)
 
-    def write(self, pages: torch.Tensor, offs: torch.Tensor, rows: torch.Tensor) -> None:
+    def write(self, pages: torch.Tensor, offs: torch.Tensor, rows: torch.Tensor, fused: bool = False) -> None:
+        """rows -> slots (pages, offs), quantised for FP8 / FP4 storage. fused (kernel mode, CUDA, quantised
+        pools): one Triton launch (`dsv4.kernels.cache_store.store_rows`) instead of ~12 torch ops; the rows
+        stored dequantise to the same values (FP8: lossless re-quantisation of simulated rows)."""
+        if fused and (self.fp8 or self.fp4) and (rows.is_cuda or _interpreted()):
+            from dsv4.kernels.cache_store import store_rows
+            store_rows(rows, pages, offs, self)
+            return
         if self.fp4:
             q, s = quantize_mxfp4(rows.float(), name="indexer key", validate=False)
             self.q[pages, offs] = q
@@ -77,6 +84,12 @@ class _EntryPool:
         scale = e8m0_to_float(self.s[pages, offs]).repeat_interleave(KV_BLOCK, dim=-1)
         nope = self.q[pages, offs].float() * scale
         return torch.cat((nope.to(dtype), self.rope[pages, offs].to(dtype)), dim=-1)
+
+
+def _interpreted() -> bool:
+    """Triton's CPU interpreter is on (kernel tests): the fused stores run on CPU tensors too."""
+    from dsv4.kernels._triton import HAS_TRITON, INTERPRET
+    return HAS_TRITON and INTERPRET
 
 
 def entry_bytes(width: int, nope: int, fp8: bool, fp4: bool, elem: int) -> int:
@@ -263,17 +276,27 @@ class PagedLayerState:
 
     # ---- writes --------------------------------------------------------------------------
     def append_entries(self, name: str, entries: torch.Tensor) -> None:
-        k = entries.shape[0]
+        self.append_stored(name, entries.shape[0], lambda pages, offs, pool: pool.write(pages, offs, entries))
+
+    def stores_fused(self, name: str) -> bool:
+        """Whether `append_stored` can take `cache_store.store_rows` (its pool is FP8 / FP4 on CUDA)."""
+        pool = self.pools.entries[self.spec.index, name]
+        return (pool.fp8 or pool.fp4) and (torch.device(self.pools.device).type == "cuda" or _interpreted())
+
+    def append_stored(self, name: str, k: int, store) -> None:
+        """Append k entries that `store(pages, offs, pool)` writes into their slots (kernel mode: the
+        compressor's finish and the store in one launch)."""
         if k == 0:
             return
         n = self._n_entries[name]
         pool = self.pools.entries[self.spec.index, name]
         pages, offs = self._locate(self._entry_kind(name), torch.arange(n, n + k, device=self.pools.device),
                                    pool.page_size, n + k - 1)
-        pool.write(pages, offs, entries)
+        store(pages, offs, pool)
         self._n_entries[name] = n + k
 
-    def append_tokens(self, kv: torch.Tensor, rows: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def append_tokens(self, kv: torch.Tensor, rows: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                      fused: bool = False) -> None:
         n = kv.shape[0]
         start, end = self.num_tokens, self.num_tokens + n
         if set(rows) != set(self._first):
@@ -284,7 +307,7 @@ class PagedLayerState:
         pool = self.pools.window[self.spec.index]
         slots, top = self._ring_slots(end - keep, end)
         pages, offs = self._locate("window", slots, pool.page_size, top)
-        pool.write(pages, offs, kv[n - keep:])
+        pool.write(pages, offs, kv[n - keep:], fused)
         self.min_length = max(self.min_length, end - self.max_rollback)
         keep_from = oldest_needed_row(self.ratio, self.overlap, self.min_length)
         for name, (c, z) in rows.items():

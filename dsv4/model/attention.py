@@ -42,6 +42,10 @@ W8A16_MAX_TOKENS = 64  # kernel mode: wo_a from the FP8 weight up to here (decod
 # (one launch fewer per layer than `norm_rope` in `finish`; same bits, tests/gpu/test_attention.py and
 # test_prefill_attention.py)
 KERNEL_INVERSE_ROPE = True
+# kernel mode, prefill chunks over paged FP8 pools: the window kv and the compressor's entries (its finish included)
+# stored by one `cache_store.store_rows` launch each, as the paged decode step stores them, instead of ~12-40 torch
+# ops (Compressor.update(fused=), PagedLayerState.append_tokens(fused=))
+FUSED_PREFILL_STORES = True
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -260,6 +264,7 @@ class Attention(nn.Module):
         kernel = self._prefill_kernel(pre)
         if rotate and not kernel:
             raise ValueError("Attention.attend: rotate=True needs the prefill kernel (see Attention.rotates)")
+        fused = kernel and FUSED_PREFILL_STORES
         for seg in segments:
             sl = slice(seg.start, seg.start + seg.length)
             state, pos = seg.state, positions[sl]
@@ -267,11 +272,12 @@ class Attention(nn.Module):
             entries = entry_idx = None
             new_rows = {}
             if self.compressor:
-                self.compressor.update(state, rows[0][sl], rows[1][sl], pre.dtype)
+                self.compressor.update(state, rows[0][sl], rows[1][sl], pre.dtype, fused=fused)
                 new_rows["main"] = (rows[0][sl], rows[1][sl])
                 entries = state.entries("main")
                 if self.indexer:
-                    self.indexer.compressor.update(state, index_rows[0][sl], index_rows[1][sl], pre.dtype)
+                    self.indexer.compressor.update(state, index_rows[0][sl], index_rows[1][sl], pre.dtype,
+                                                   fused=fused)
                     new_rows["index"] = (index_rows[0][sl], index_rows[1][sl])
                     entry_idx = self.indexer.select_indices(pre.index_q[sl], pre.index_w[sl],
                                                             state.entries("index"), pos)
@@ -289,7 +295,7 @@ class Attention(nn.Module):
                 entry_mask = None if entries is None else indices_to_mask(entry_idx, entries.shape[0])
                 sink_attention(q[sl], pos, keys, torch.cat((past_pos, pos)), self.window, entries, entry_mask,
                                self.attn_sink, self.scale, first=(done, done - past_kv.shape[0]), out=out[sl])
-            state.append_tokens(kv[sl], new_rows)
+            state.append_tokens(kv[sl], new_rows, fused=fused and self.numerics.simulate_kv_fp8)
         return out
 
     def _attend_decode(self, pre: AttentionInputs, segments: list[Segment], out: torch.Tensor) -> torch.Tensor:

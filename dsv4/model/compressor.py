@@ -99,12 +99,32 @@ class Compressor(nn.Module):
             entries = simulate_indexer_fp4(entries)
         return entries
 
-    def update(self, state: LayerState, c_new: torch.Tensor, z_new: torch.Tensor, dtype: torch.dtype) -> None:
-        """Append the entries that the chunk (c_new, z_new) of one sequence completes to `state`."""
+    def update(self, state: LayerState, c_new: torch.Tensor, z_new: torch.Tensor, dtype: torch.dtype,
+               fused: bool = False) -> None:
+        """Append the entries that the chunk (c_new, z_new) of one sequence completes to `state`. fused
+        (kernel mode): where the paged state's pool is quantised on CUDA, `finish` and the store run as one
+        Triton launch (`cache_store.store_rows`, as the paged decode step stores its entries)."""
         if (state.num_tokens + c_new.shape[0]) // self.ratio == state.num_tokens // self.ratio:
             return  # no window closes in this chunk (most decode steps): nothing to read or pool
         c_old, z_old, first = state.compressor_rows(self.kind)
         c, z = torch.cat((c_old, c_new)), torch.cat((z_old, z_new))
         pooled, first_entry = self.pool(c, z, first, state.num_tokens)
-        if pooled.shape[0]:
-            state.append_entries(self.kind, self.finish(pooled, first_entry, dtype))
+        if not pooled.shape[0]:
+            return
+        if fused and dtype == torch.bfloat16 and self._finish_fuses() and getattr(state, "stores_fused", None) \
+                and state.stores_fused(self.kind):
+            from dsv4.kernels.cache_store import store_rows
+            from dsv4.model.numerics import hadamard_matrix
+            positions = (torch.arange(pooled.shape[0], device=pooled.device) + first_entry) * self.ratio
+            cos, sin = self.rope.cos_sin(positions)
+            had = hadamard_matrix(self.dim, torch.float32, pooled.device) if self.kind == "index" else None
+            state.append_stored(self.kind, pooled.shape[0], lambda pages, offs, pool: store_rows(
+                pooled, pages, offs, pool, norm_weight=self.norm.weight, eps=self.norm.eps, cos=cos, sin=sin,
+                hadamard=had))
+            return
+        state.append_entries(self.kind, self.finish(pooled, first_entry, dtype))
+
+    def _finish_fuses(self) -> bool:
+        """Whether `finish` is what `store_rows` computes before quantising: the FP8 kv simulation (main) or the
+        Hadamard + FP4 one (indexer keys) of the reference numerics."""
+        return self.numerics.simulate_kv_fp8 if self.kind == "main" else self.numerics.simulate_indexer_fp4

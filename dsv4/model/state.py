@@ -135,8 +135,10 @@ class LayerState:
         """Entries completed by the chunk being processed (visible to that chunk's queries)."""
         self._entries[name].append(entries)
 
-    def append_tokens(self, kv: torch.Tensor, rows: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Commit a chunk of n tokens: their window kv and raw compressor rows."""
+    def append_tokens(self, kv: torch.Tensor, rows: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                      fused: bool = False) -> None:
+        """Commit a chunk of n tokens: their window kv and raw compressor rows (`fused`: the paged state's
+        kernel-mode store; nothing here is quantised)."""
         n = kv.shape[0]
         start, end = self.num_tokens, self.num_tokens + n
         if set(rows) != set(self._rows):

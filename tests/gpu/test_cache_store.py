@@ -145,3 +145,44 @@ def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
     with pytest.raises(ValueError, match="new rows"):
         pool_windows(mine[0], mine[1], page, slots, has_prev, ratio, dim, new_rows=(new[0].double(), new[1], cur))
+
+
+@pytest.mark.parametrize("kind", ["main", "index"])
+def test_prefill_chunk_fused_store_matches_torch_finish(kind):
+    """`Compressor.update(fused=True)` (kernel-mode prefill: the entries a chunk completes go through
+    `store_rows` with the compressor's norm, RoPE at i*r and, for indexer keys, the Hadamard) reads back from the
+    paged FP8 / FP4 pool as the torch `finish` + quantise path's entries do: the same entries (count, order,
+    positions), equal up to rare one-step flips (the RMS sum runs in another order; the interpreter truncates to
+    bf16 where the GPU rounds)."""
+    from dsv4.checkpoint.writer import tiny_config
+    from dsv4.engine.cache import CacheConfig, HybridCache
+    from dsv4.engine.sequence import Sequence
+    from dsv4.model.compressor import Compressor
+    from dsv4.model.numerics import NUMERICS
+    from dsv4.model.rope import RotaryEmbedding
+
+    cfg = tiny_config()
+    spec = next(s for s in cfg.layers if s.has_indexer)  # a CSA layer: ratio 4, overlapping windows
+    dim = cfg.head_dim if kind == "main" else cfg.index_head_dim
+    rope = RotaryEmbedding(cfg.rope_dim, spec.rope, torch.float32)
+    comp = Compressor(cfg, spec.compress_ratio, dim, rope, torch.bfloat16, NUMERICS["reference"], kind).to(DEV)
+    g = _gen(len(kind))
+    comp.norm.weight.data = (1 + 0.3 * torch.randn(dim, generator=g, device=DEV)).to(torch.bfloat16)
+    n = 4 * 37 + 2  # 37 windows close, the last one stays open
+    c = torch.randn(n, 2 * dim, generator=g, device=DEV) * 2
+    z = torch.randn(n, 2 * dim, generator=g, device=DEV)
+    got = []
+    for fused in (False, True):
+        cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=1, max_model_len=512, kv_dtype="fp8"),
+                            dtype=torch.bfloat16, device=DEV)
+        state = cache.reserve(Sequence("r0", [1]), n).layers[spec.index]
+        assert state.stores_fused(kind)
+        comp.update(state, c, z, torch.bfloat16, fused=fused)
+        assert state.num_entries(kind) == n // 4
+        got.append(state.entries(kind).float())
+    want, have = got
+    assert torch.isfinite(want).all() and want.abs().amax() > 0
+    quantised = dim - cfg.rope_dim if kind == "main" else dim  # (main: the rope dims are stored in bf16)
+    diff = float((have[:, :quantised] != want[:, :quantised]).double().mean())
+    rel = float((have - want).norm() / want.norm())
+    assert diff < (0.1 if INTERP else 0.01) and rel < (0.1 if INTERP else 1e-2), (diff, rel)

@@ -338,3 +338,41 @@ def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
         runs.append(torch.cat(prefill + [_batch_decode(model, prompts, 6).flatten(0, 1)]))
     assert torch.isfinite(runs[0]).all()
     assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"
+
+
+def test_fused_prefill_stores_match_the_torch_stores(monkeypatch):
+    """attention.FUSED_PREFILL_STORES (kernel mode: prefill chunks store their window kv and the compressor's
+    entries, finish included, through `cache_store.store_rows` as the paged decode step does): after prompts
+    around the ratio-4 / ratio-128 boundaries, every compressed layer's stored entries and window rows read back as
+    the torch finish + quantise path's (RMS sums in another order: rare one-step flips of an element), and the
+    decode logits that follow agree as the decode kernels' do with the torch attention."""
+    import sys
+    from pathlib import Path
+
+    import dsv4
+    from dsv4.model import attention
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from paged_driver import PagedBatch
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    stored, logits = [], []
+    for fused in (False, True):
+        monkeypatch.setattr(attention, "FUSED_PREFILL_STORES", fused)
+        model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+        batch = PagedBatch(model, "fp8")
+        rows = []
+        for seq in batch.seqs:
+            for layer in batch.cache.state_of(seq).layers:
+                rows.append(layer.window()[0].float())
+                names = (["main"] if layer.spec.has_compressor else []) + (["index"] if layer.spec.has_indexer else [])
+                rows += [layer.entries(name).float() for name in names if layer.num_entries(name)]
+        stored.append(torch.cat([r.flatten() for r in rows]))
+        logits.append(torch.cat(batch.decode(12)))
+    assert stored[0].numel() > 10_000 and torch.isfinite(stored[0]).all()
+    same = float((stored[0] == stored[1]).double().mean())
+    rel = float((stored[1] - stored[0]).norm() / stored[0].norm())
+    print(f"stored rows identical {same:.6f}, rel {rel:.2e}")
+    assert same > 0.999 and rel < 2e-3, (same, rel)
+    k, t = logits[1].double(), logits[0].double()
+    rel = float((k - t).norm() / t.norm())
+    agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
+    assert rel < 2e-2 and agree > 0.97, (rel, agree)
