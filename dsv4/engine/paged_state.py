@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..config import LayerSpec, ModelConfig
+from ..kernels._triton import interpreted
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
@@ -57,7 +58,7 @@ class _EntryPool:
         """rows -> slots (pages, offs), quantised for FP8 / FP4 storage. fused (kernel mode, CUDA, quantised
         pools): one Triton launch (`dsv4.kernels.cache_store.store_rows`) instead of ~12 torch ops; the rows
         stored dequantise to the same values (FP8: lossless re-quantisation of simulated rows)."""
-        if fused and (self.fp8 or self.fp4) and (rows.is_cuda or _interpreted()):
+        if fused and (self.fp8 or self.fp4) and (rows.is_cuda or interpreted()):
             from dsv4.kernels.cache_store import store_rows
             store_rows(rows, pages, offs, self)
             return
@@ -85,11 +86,6 @@ class _EntryPool:
         nope = self.q[pages, offs].float() * scale
         return torch.cat((nope.to(dtype), self.rope[pages, offs].to(dtype)), dim=-1)
 
-
-def _interpreted() -> bool:
-    """Triton's CPU interpreter is on (kernel tests): the fused stores run on CPU tensors too."""
-    from dsv4.kernels._triton import HAS_TRITON, INTERPRET
-    return HAS_TRITON and INTERPRET
 
 
 def entry_bytes(width: int, nope: int, fp8: bool, fp4: bool, elem: int) -> int:
@@ -281,7 +277,7 @@ class PagedLayerState:
     def stores_fused(self, name: str) -> bool:
         """Whether `append_stored` can take `cache_store.store_rows` (its pool is FP8 / FP4 on CUDA)."""
         pool = self.pools.entries[self.spec.index, name]
-        return (pool.fp8 or pool.fp4) and (torch.device(self.pools.device).type == "cuda" or _interpreted())
+        return (pool.fp8 or pool.fp4) and (torch.device(self.pools.device).type == "cuda" or interpreted())
 
     def append_stored(self, name: str, k: int, store) -> None:
         """Append k entries that `store(pages, offs, pool)` writes into their slots (kernel mode: the

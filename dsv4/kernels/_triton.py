@@ -18,6 +18,11 @@ except ImportError:  # pragma: no cover - depends on the machine
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def interpreted() -> bool:
+    """Triton's CPU interpreter is on (the kernel tests): kernel-mode paths may take CPU tensors too."""
+    return HAS_TRITON and INTERPRET
+
+
 # Arrival counters for kernels whose last-arriving program finishes a reduction (the FP8 GEMM's split-K,
 # the mHC split finish): int32, allocated zeroed once per (user, device) and left zeroed by every launch
 # (the last arriver resets its counter), so no memset node per call. Never grown inside a CUDA-graph

@@ -4,6 +4,8 @@ references of the same signatures:
 * `pool_windows` — the compressor pooling of the window containing t, every row of the batch: the
   raw (C, Z) rows read straight from the state pool (CSA: the previous window's A halves, zero weight
   for entry 0), softmax over the window per column, weighted sum -> fp32 [B, d].
+* `pool_chunk` — the same pooling for the windows a prefill chunk closes, over the chunk's rows (with the
+  state's rows before it) held contiguously: the window rows are addressed from the entry index, so one launch.
 * `store_rows` — rows -> the pool slot (page, off) in one launch, for the FP8/FP4 pools of the
   reference numerics: optionally round fp32 -> bf16, RMSNorm, RoPE on the trailing pairs (compressed
   entries: at position i*r), then e4m3 + one E8M0 byte per 64 nope dims with the rope dims in bf16
@@ -42,6 +44,27 @@ def pool_windows_ref(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Ten
     return pool_window(rows_c[page[:, None], slots], rows_z[page[:, None], slots], has_prev, ratio, dim)
 
 
+def _chunk_windows(c: torch.Tensor, first: int, entry0: int, n: int, ratio: int, overlap: bool):
+    """Row indices into c (rows of positions first..) of entries entry0 .. entry0 + n - 1's windows [n, R]
+    (clamped to 0 for entry 0's missing previous window) and has_prev [n]."""
+    if overlap and entry0 > 0 and (entry0 - 1) * ratio < first:
+        raise RuntimeError(f"compressor rows start at {first}, need {(entry0 - 1) * ratio}")
+    span = 2 * ratio if overlap else ratio
+    entry = torch.arange(entry0, entry0 + n, device=c.device)
+    rows = entry[:, None] * ratio - first - (ratio if overlap else 0) + torch.arange(span, device=c.device)[None, :]
+    return rows.clamp_min(0), entry > 0
+
+
+def pool_chunk_ref(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int, ratio: int,
+                   dim: int) -> torch.Tensor:
+    """c/z [L, w] fp32: the compressor rows of positions first .. first + L - 1 (w = 2*dim for CSA, whose
+    windows also take the previous window's A halves) -> the pooled rows of entries entry0 .. entry0 + n - 1,
+    fp32 [n, dim], as `Compressor.pool` computes them."""
+    from dsv4.model.compressor import pool_window
+    rows, has_prev = _chunk_windows(c, first, entry0, n, ratio, c.shape[-1] == 2 * dim)
+    return pool_window(c[rows], z[rows], has_prev, ratio, dim)
+
+
 def store_rows_ref(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, norm_weight=None,
                    eps: float = 0.0, cos=None, sin=None, hadamard=None) -> None:
     """x [B, D] (fp32 pooled rows are rounded to bf16 first); optional RMSNorm(norm_weight), RoPE
@@ -63,19 +86,29 @@ if HAS_TRITON:
     @pdl_kernel
     @triton.jit
     def _pool_kernel(C, Z, PAGE, SLOTS, HAS_PREV, OUT, NC, NZ, NSLOT, stride_p, stride_s, stride_sl, stride_o,
-                     stride_n, R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr, DIM: tl.constexpr,
-                     OVERLAP: tl.constexpr, BD: tl.constexpr, NEW: tl.constexpr):
+                     stride_n, first, entry0, R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr,
+                     DIM: tl.constexpr, OVERLAP: tl.constexpr, BD: tl.constexpr, NEW: tl.constexpr,
+                     CHUNK: tl.constexpr):
+        """Window b's pooled row. CHUNK (`pool_chunk`): entry entry0 + b over contiguous rows of positions
+        first.. (C, Z [L, w]); otherwise the window's (page, slots) in the state pool."""
         pdl_wait()
         b = tl.program_id(0)
         cols = tl.program_id(1) * BD + tl.arange(0, BD)
         j = tl.arange(0, RR)
         valid = j < R
-        slot = tl.load(SLOTS + b * stride_sl + j, mask=valid, other=0)
-        page = tl.load(PAGE + b).to(tl.int64)
+        if CHUNK:
+            entry = entry0 + b
+            slot = tl.maximum(entry * RATIO - first - (RATIO if OVERLAP else 0) + j, 0)
+            prev = entry > 0
+            page = b.to(tl.int64) * 0
+        else:
+            slot = tl.load(SLOTS + b * stride_sl + j, mask=valid, other=0)
+            prev = tl.load(HAS_PREV + b) != 0
+            page = tl.load(PAGE + b).to(tl.int64)
         base = page * stride_p + slot.to(tl.int64) * stride_s
         if OVERLAP:
             col0 = tl.where(j < RATIO, 0, DIM)
-            valid = valid & ((j >= RATIO) | (tl.load(HAS_PREV + b) != 0))
+            valid = valid & ((j >= RATIO) | prev)
         else:
             col0 = j * 0
         offs = base[:, None] + col0[:, None] + cols[None, :]
@@ -176,9 +209,32 @@ def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor,
         nc, nz, nslot, stride_n = rows_c, rows_z, page, 0
     bd = 64 if r > 16 else 128
     _pool_kernel[(b, dim // bd)](rows_c, rows_z, page, slots, has_prev, out, nc, nz, nslot, rows_c.stride(0),
-                                 rows_c.stride(1), slots.stride(0), out.stride(0), stride_n, R=r,
+                                 rows_c.stride(1), slots.stride(0), out.stride(0), stride_n, 0, 0, R=r,
                                  RR=triton.next_power_of_2(r), RATIO=ratio, DIM=dim, OVERLAP=overlap, BD=bd,
-                                 NEW=new_rows is not None, num_warps=4)
+                                 NEW=new_rows is not None, CHUNK=False, num_warps=4)
+    return out
+
+
+def pool_chunk(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int, ratio: int,
+               dim: int) -> torch.Tensor:
+    """Triton `pool_chunk_ref`: one launch, the window rows addressed from the entry index."""
+    overlap = c.shape[-1] == 2 * dim
+    if c.dim() != 2 or c.shape[-1] != (2 if overlap else 1) * dim or z.shape != c.shape or c.stride() != z.stride() \
+            or c.stride(-1) != 1 or c.dtype != torch.float32 or z.dtype != torch.float32:
+        raise ValueError(f"pool_chunk: c / z must be fp32 [L, {dim} or {2 * dim}] with equal strides and unit column "
+                         f"stride, got {c.dtype} {tuple(c.shape)} {c.stride()} / {z.dtype} {tuple(z.shape)} "
+                         f"{z.stride()}")
+    span = 2 * ratio if overlap else ratio
+    if n <= 0:
+        return c.new_empty(0, dim)
+    if overlap and entry0 > 0 and (entry0 - 1) * ratio < first or (entry0 + n) * ratio - first > c.shape[0]:
+        raise RuntimeError(f"pool_chunk: rows of positions [{first}, {first + c.shape[0]}) do not hold the windows "
+                           f"of entries [{entry0}, {entry0 + n}) (ratio {ratio})")
+    out = torch.empty(n, dim, dtype=torch.float32, device=c.device)
+    bd = 64 if span > 16 else 128
+    _pool_kernel[(n, dim // bd)](c, z, c, c, c, out, c, z, c, 0, c.stride(0), 0, out.stride(0), 0, first, entry0,
+                                 R=span, RR=triton.next_power_of_2(span), RATIO=ratio, DIM=dim, OVERLAP=overlap,
+                                 BD=bd, NEW=False, CHUNK=True, num_warps=4)
     return out
 
 

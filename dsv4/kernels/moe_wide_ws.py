@@ -19,8 +19,11 @@ accumulators; z stored unquantised, `moe_wide.requant_rows` follows as for the 6
 output channels (two MMA warpgroups sharing the z tile). Same operands and the same wgmma chain over K as
 `moe_wide_async`, so the outputs should be bit-identical to that kernel's.
 
-Status: prepared in session 28 without a GPU (compiled offline for sm_90a: registers, no spills); not yet run.
-Opt-in through `moe_wide.WS_GLU` / `WS_DOWN`; tests/gpu/test_moe_wide.py compares them with the default kernels.
+Status (H200, s29a/s29c, docs/benchmarks.md session 29): correct (bit-identical to the default kernels) but slower:
+the Flash MoE call at M = 8192 takes 9.19 ms with the WS GLU against 6.87. With `PROBE` taking one partition's work
+out, the loader + widener alone and the loader + MMA warps alone each run about as long as the default GLU, and
+together they add up instead of overlapping (deeper rings, 8 widening warps: no better). Kept opt-in through
+`moe_wide.WS_GLU` / `WS_DOWN`; tests/gpu/test_moe_wide.py compares them with the default kernels.
 """
 from __future__ import annotations
 

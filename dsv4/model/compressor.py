@@ -13,11 +13,16 @@ import torch
 from torch import nn
 
 from dsv4.config import ModelConfig
+from dsv4.kernels._triton import interpreted
 from dsv4.model.linear import Linear
 from dsv4.model.norm import RMSNorm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_indexer_fp4, simulate_kv_fp8
 from dsv4.model.rope import RotaryEmbedding, apply_rope
 from dsv4.model.state import LayerState
+
+# kernel mode (`update(fused=True)`): the windows a prefill chunk closes pooled by `cache_store.pool_chunk`, one
+# launch instead of the cats, softmax, product and sum of `pool` (≈ 250 µs of GPU time per 8K CSA chunk, s29d)
+FUSED_POOL = False  # prepared in session 29: interpreter-tested, not yet run on a GPU (run_device_s30a.sh)
 
 
 def pool_window(c: torch.Tensor, z: torch.Tensor, has_prev: torch.Tensor, ratio: int, dim: int) -> torch.Tensor:
@@ -55,15 +60,20 @@ class Compressor(nn.Module):
         z = self.wgate(a, out_dtype=acc) + self.ape[positions % self.ratio]
         return c, z
 
-    def pool(self, c: torch.Tensor, z: torch.Tensor, first: int, start: int) -> tuple[torch.Tensor, int]:
+    def pool(self, c: torch.Tensor, z: torch.Tensor, first: int, start: int,
+             fused: bool = False) -> tuple[torch.Tensor, int]:
         """Pool the windows that complete among rows [first, first + len(c)), given that entries for
-        positions < start exist already. Returns (pooled [n, d] fp32, index of the first new entry)."""
+        positions < start exist already. Returns (pooled [n, d] fp32, index of the first new entry).
+        fused (kernel mode, CUDA): one launch (`cache_store.pool_chunk`, the decode step's pooling arithmetic)."""
         r, d = self.ratio, self.dim
         end = first + c.shape[0]
         i0, i1 = start // r, end // r
         n = i1 - i0
         if n <= 0:
             return c.new_zeros(0, d), i0
+        if fused and c.dtype == torch.float32 and (c.is_cuda or interpreted()):
+            from dsv4.kernels.cache_store import pool_chunk
+            return pool_chunk(c.contiguous(), z.contiguous(), first, i0, n, r, d), i0
         own = slice(i0 * r - first, i1 * r - first)
         own_c, own_z = c[own].unflatten(0, (n, r)), z[own].unflatten(0, (n, r))
         if self.overlap:
@@ -108,7 +118,7 @@ class Compressor(nn.Module):
             return  # no window closes in this chunk (most decode steps): nothing to read or pool
         c_old, z_old, first = state.compressor_rows(self.kind)
         c, z = torch.cat((c_old, c_new)), torch.cat((z_old, z_new))
-        pooled, first_entry = self.pool(c, z, first, state.num_tokens)
+        pooled, first_entry = self.pool(c, z, first, state.num_tokens, fused=fused and FUSED_POOL)
         if not pooled.shape[0]:
             return
         if fused and dtype == torch.bfloat16 and self._finish_fuses() and getattr(state, "stores_fused", None) \

@@ -147,8 +147,54 @@ def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
         pool_windows(mine[0], mine[1], page, slots, has_prev, ratio, dim, new_rows=(new[0].double(), new[1], cur))
 
 
+@pytest.mark.parametrize("ratio,dim,first,entry0,n", [(4, 128, 0, 0, 37), (4, 512, 8, 3, 20), (4, 128, 13, 5, 1),
+                                                       (128, 512, 0, 0, 3), (128, 128, 256, 2, 2)])
+def test_pool_chunk_matches_reference(ratio, dim, first, entry0, n):
+    """`pool_chunk` (a prefill chunk's windows in one launch) vs `pool_chunk_ref`, which is `Compressor.pool`'s
+    arithmetic (checked bit for bit), and a float64 softmax-weighted sum; entry 0 without a previous window."""
+    from dsv4.kernels.cache_store import pool_chunk, pool_chunk_ref
+    from dsv4.model.compressor import Compressor
+    from dsv4.model.numerics import NUMERICS
+
+    overlap = ratio == 4
+    g = _gen(ratio + dim + first)
+    rows = (entry0 + n) * ratio - first + 3  # a few rows of the next, open window
+    c = torch.randn(rows, (2 if overlap else 1) * dim, generator=g, device=DEV) * 3
+    z = torch.randn(rows, c.shape[1], generator=g, device=DEV)
+    want = pool_chunk_ref(c, z, first, entry0, n, ratio, dim)
+    comp = Compressor.__new__(Compressor)  # only `pool`'s fields
+    comp.ratio, comp.dim, comp.overlap = ratio, dim, overlap
+    torch_pool, i0 = Compressor.pool(comp, c, z, first, entry0 * ratio)
+    assert i0 == entry0 and torch.equal(torch_pool[:n], want)
+    got = pool_chunk(c, z, first, entry0, n, ratio, dim)
+    assert got.shape == (n, dim) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    e = n - 1  # float64 re-derivation of the last window
+    lo = (entry0 + e) * ratio - first
+    cw, zw = c[lo:lo + ratio].double(), z[lo:lo + ratio].double()
+    if overlap:
+        cw, zw = cw[:, dim:], zw[:, dim:]
+        if entry0 + e > 0:
+            cw = torch.cat((c[lo - ratio:lo, :dim].double(), cw))
+            zw = torch.cat((z[lo - ratio:lo, :dim].double(), zw))
+    torch.testing.assert_close(got[e].double(), (torch.softmax(zw, 0) * cw).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_pool_chunk_rejects_rows_that_miss_windows():
+    from dsv4.kernels.cache_store import pool_chunk
+
+    c = torch.randn(40, 256, device=DEV)
+    with pytest.raises(RuntimeError, match="do not hold"):
+        pool_chunk(c, c.clone(), 8, 1, 4, 4, 128)  # entry 1's previous window starts at 0 < 8
+    with pytest.raises(RuntimeError, match="do not hold"):
+        pool_chunk(c, c.clone(), 0, 0, 11, 4, 128)  # 44 rows needed
+    with pytest.raises(ValueError, match="fp32"):
+        pool_chunk(c.double(), c.double(), 0, 0, 2, 4, 128)
+
+
+@pytest.mark.parametrize("fused_pool", [False, True])
 @pytest.mark.parametrize("kind", ["main", "index"])
-def test_prefill_chunk_fused_store_matches_torch_finish(kind):
+def test_prefill_chunk_fused_store_matches_torch_finish(kind, fused_pool, monkeypatch):
     """`Compressor.update(fused=True)` (kernel-mode prefill: the entries a chunk completes go through
     `store_rows` with the compressor's norm, RoPE at i*r and, for indexer keys, the Hadamard) reads back from the
     paged FP8 / FP4 pool as the torch `finish` + quantise path's entries do: the same entries (count, order,
@@ -157,10 +203,12 @@ def test_prefill_chunk_fused_store_matches_torch_finish(kind):
     from dsv4.checkpoint.writer import tiny_config
     from dsv4.engine.cache import CacheConfig, HybridCache
     from dsv4.engine.sequence import Sequence
+    from dsv4.model import compressor
     from dsv4.model.compressor import Compressor
     from dsv4.model.numerics import NUMERICS
     from dsv4.model.rope import RotaryEmbedding
 
+    monkeypatch.setattr(compressor, "FUSED_POOL", fused_pool)  # the pooling too: `cache_store.pool_chunk`
     cfg = tiny_config()
     spec = next(s for s in cfg.layers if s.has_indexer)  # a CSA layer: ratio 4, overlapping windows
     dim = cfg.head_dim if kind == "main" else cfg.index_head_dim
