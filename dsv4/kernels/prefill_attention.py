@@ -32,6 +32,17 @@ from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 # loaded, so skip its second load (same values; frees shared memory for 64-key tiles: 197 -> 131 KB).
 # H200, Flash 8K, s10b: with 64-key tiles CSA 4.81 -> 3.49 ms, HCA 1.55 -> 1.20, SWA 1.02 -> 0.81
 KV_ONE_LOAD = True
+# Prepared in session 29 (interpreter-tested, compiled offline; not yet run on a GPU). The kernel is issue-bound:
+# 1,020 (window) / 1,393 (gathered entries) SASS instructions per 64-key tile and thread, 87 of them spill traffic
+# in the entries loop (255 registers), against ≈ 36 wgmmas per warpgroup.
+# LAZY_RESCALE: rescale the [BH, DV] fp32 accumulator (128 multiplies per thread and tile) only when a row's
+# running maximum grew by more than RESCALE_MARGIN; the stale maximum bounds p by e^margin and the final
+# normalisation uses the same maximum, so only the bf16 rounding of p moves (as with any running maximum).
+# UNMASKED_LOADS: key rows past the window's end or of -1 entry slots are read from a valid row (the last window
+# row / entry 0) instead of masked, their scores still -inf: no per-load predicates, the same output bits.
+LAZY_RESCALE = False
+RESCALE_MARGIN = 8.0
+UNMASKED_LOADS = False
 
 
 def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
@@ -62,9 +73,19 @@ if HAS_TRITON:
         return tl.dot(a, b)
 
     @triton.jit
-    def _softmax_step(m, l, acc, s, v, INTERP: tl.constexpr):
+    def _softmax_step(m, l, acc, s, v, INTERP: tl.constexpr, LAZY: tl.constexpr, MARGIN: tl.constexpr):
         """One online-softmax step over a key tile: s [BH, BN] fp32 scores (-inf masked), v [BN, DV]."""
         m_new = tl.maximum(m, tl.max(s, axis=1))
+        if LAZY:  # keep a stale maximum while every row's grew by at most MARGIN (p <= e^MARGIN)
+            if tl.max(m_new - m, axis=0) > MARGIN:
+                alpha = tl.exp(m - m_new)
+                l = l * alpha
+                acc = acc * alpha[:, None]
+                m = m_new
+            p = tl.exp(s - m[:, None])
+            l = l + tl.sum(p, axis=1)
+            acc = acc + _dot(p.to(tl.bfloat16), v, INTERP)
+            return m, l, acc
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
@@ -78,6 +99,7 @@ if HAS_TRITON:
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct,
         BH: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, HAS_E: tl.constexpr,
         INTERP: tl.constexpr, KV_ONE_LOAD: tl.constexpr, ROT: tl.constexpr, NOPE: tl.constexpr,
+        LAZY: tl.constexpr = False, MARGIN: tl.constexpr = 8.0, UNMASKED: tl.constexpr = False,
     ):
         t = tl.program_id(0)
         offs_h = tl.arange(0, BH)
@@ -97,23 +119,30 @@ if HAS_TRITON:
         for j0 in range(j_lo, j_hi, BN):
             rows = j0 + offs_n
             valid = rows < j_hi
-            base = K + rows.to(tl.int64)[:, None] * stride_kt
-            k = tl.load(base + offs_d[None, :], mask=valid[:, None], other=0.0)
+            if UNMASKED:
+                base = K + tl.minimum(rows, j_hi - 1).to(tl.int64)[:, None] * stride_kt
+                k = tl.load(base + offs_d[None, :])
+            else:
+                base = K + rows.to(tl.int64)[:, None] * stride_kt
+                k = tl.load(base + offs_d[None, :], mask=valid[:, None], other=0.0)
             s = _dot(q, tl.trans(k), INTERP) * scale
             s = tl.where(valid[None, :], s, float("-inf"))
             v = k if KV_ONE_LOAD else tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
-            m, l, acc = _softmax_step(m, l, acc, s, v, INTERP)
+            m, l, acc = _softmax_step(m, l, acc, s, v, INTERP, LAZY, MARGIN)
         if HAS_E:
             for i0 in range(0, n_idx, BN):
                 slot = i0 + offs_n
                 idx = tl.load(IDX + t.to(tl.int64) * stride_it + slot, mask=slot < n_idx, other=-1)
                 valid = idx >= 0
                 base = E + tl.where(valid, idx, 0).to(tl.int64)[:, None] * stride_et
-                k = tl.load(base + offs_d[None, :], mask=valid[:, None], other=0.0)
+                if UNMASKED:  # (entry 0 exists whenever the list is not empty)
+                    k = tl.load(base + offs_d[None, :])
+                else:
+                    k = tl.load(base + offs_d[None, :], mask=valid[:, None], other=0.0)
                 s = _dot(q, tl.trans(k), INTERP) * scale
                 s = tl.where(valid[None, :], s, float("-inf"))
                 v = k if KV_ONE_LOAD else tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
-                m, l, acc = _softmax_step(m, l, acc, s, v, INTERP)
+                m, l, acc = _softmax_step(m, l, acc, s, v, INTERP, LAZY, MARGIN)
 
         sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
         o = acc / (l + tl.exp(sink - m))[:, None]
@@ -175,7 +204,7 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e else 0,
         out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
         BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=one_load, ROT=rot,
-        NOPE=d - 2 * cos.shape[1] if rot else d,
+        NOPE=d - 2 * cos.shape[1] if rot else d, LAZY=LAZY_RESCALE, MARGIN=RESCALE_MARGIN, UNMASKED=UNMASKED_LOADS,
         num_warps=num_warps or (8 if bh * dv >= 16384 else 4),
         # 128 heads x 512 dims: two stages would not fit in shared memory
         num_stages=num_stages or (2 if bh <= 64 else 1),

@@ -118,6 +118,32 @@ def test_prefill_attention_fuses_the_inverse_rope(kind, poison, close_bf16):
         close_bf16(y, ref, rel=REL, what=f"fused inverse RoPE {kind} dv={dv}")
 
 
+@pytest.mark.parametrize("kind", ["csa", "hca"])
+def test_prefill_attention_lazy_rescale_and_unmasked_loads(kind, monkeypatch, poison, close_bf16):
+    """The prepared variants: UNMASKED_LOADS gives the default's bits exactly (padding rows read from a valid
+    row, their scores -inf either way); LAZY_RESCALE (a stale running maximum within RESCALE_MARGIN) stays as close
+    to the reference as the default is, also with a margin of 0 (a rescale at every growth)."""
+    from dsv4.kernels import prefill_attention as pa
+
+    gen = torch.Generator(DEV).manual_seed(23 + len(kind))
+    heads = 64 if DEV != "cpu" else 16
+    q, keys, key_pos0, entries, idx, sink = _case(45, heads, 260, 100, 128, 90, kind, gen, topk=70)
+    q = q * 3  # scores spread over several units: the running maximum moves
+    scale = HD ** -0.5
+    ref = pa.prefill_attention_ref(q, 260, keys, key_pos0, 128, entries, idx, sink, scale)
+    base = pa.prefill_attention(q, 260, keys, key_pos0, 128, entries, idx, sink, scale)
+    monkeypatch.setattr(pa, "UNMASKED_LOADS", True)
+    poison()
+    assert torch.equal(pa.prefill_attention(q, 260, keys, key_pos0, 128, entries, idx, sink, scale), base)
+    monkeypatch.setattr(pa, "UNMASKED_LOADS", False)
+    monkeypatch.setattr(pa, "LAZY_RESCALE", True)
+    for margin in (8.0, 0.0):
+        monkeypatch.setattr(pa, "RESCALE_MARGIN", margin)
+        poison()
+        y = pa.prefill_attention(q, 260, keys, key_pos0, 128, entries, idx, sink, scale)
+        close_bf16(y, ref, rel=REL, what=f"lazy rescale {kind} margin {margin}")
+
+
 def test_prefill_attention_rejects_bad_inputs():
     from dsv4.kernels.prefill_attention import prefill_attention
 
