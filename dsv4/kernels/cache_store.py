@@ -100,7 +100,7 @@ if HAS_TRITON:
             entry = entry0 + b
             slot = tl.maximum(entry * RATIO - first - (RATIO if OVERLAP else 0) + j, 0)
             prev = entry > 0
-            page = b.to(tl.int64) * 0
+            page = 0
         else:
             slot = tl.load(SLOTS + b * stride_sl + j, mask=valid, other=0)
             prev = tl.load(HAS_PREV + b) != 0
