@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 29 for session 30, one H200 (≈ 5 min).
+# Prepared in session 29 for session 30, one H200 (≈ 4 min); then run_device_s30b.sh.
 # (1) compressor.FUSED_POOL (prepared, interpreter-tested only): `cache_store.pool_chunk`'s GPU tests, then one 8K
 #     forward of 4 Flash layers with it off / on (wall, kernels, GPU time). If the tests pass and it is not slower,
 #     make it the default (compressor.py) and note the figures.
@@ -16,15 +16,4 @@ for F in False True; do
 done
 for N in 8192 2048; do
   timeout 90 python3 bench/profile_step.py --layers 4 --prefill $N --timeline 2>&1 | grep -vE "Warn|warn" | tail -16
-done
-# (3) the prefill attention's prepared variants (prefill_attention.LAZY_RESCALE, UNMASKED_LOADS; interpreter-tested,
-#     compiled offline: the entries loop 1,393 -> 1,265 instructions per 64-key tile unmasked, the rescale's 128
-#     multiplies per tile skipped while the maximum holds), ms per layer kind at 8K, 64- and 32-key tiles; then
-#     their GPU tests. Keep what wins (module defaults), note the figures.
-run 120 tests/gpu/test_prefill_attention.py
-P=dsv4.kernels.prefill_attention
-for V in "$P.KV_ONE_LOAD=True" "$P.LAZY_RESCALE=True" "$P.UNMASKED_LOADS=True" "$P.LAZY_RESCALE=True $P.UNMASKED_LOADS=True"; do
-  echo "$V"
-  timeout 60 python3 bench/flags.py $V -- bench/bench_prefill_glue.py --skip select queries --kv-one-load \
-    --shapes 512,64,8,2 512,32,8,2 2>&1 | tail -4
 done

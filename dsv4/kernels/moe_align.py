@@ -58,28 +58,12 @@ def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 
 if HAS_TRITON:
 
-    @triton.jit(do_not_specialize=["numel", "nb_max"])
-    def _moe_align_kernel(
-        TOPK, SORTED, EXPERT_IDS, NUM_POST,
-        numel, num_experts, nb_max,
-        BM: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr, SCATTER: tl.constexpr,
-        BLOCK_B: tl.constexpr,
-    ):
-        # One program, no atomics: counts, padded offsets, the block -> expert table, then a
-        # deterministic scatter in ascending pair order (the rank of a pair inside its expert is the
-        # running count of that expert plus the number of equal ids before it in the same slice).
-        # SORTED arrives filled with the sentinel, so only real pairs are written here.
-        e_offs = tl.arange(0, E_POW2)
-        counts = tl.zeros((E_POW2,), dtype=tl.int32)
-        for start in range(0, numel, CHUNK):
-            offs = start + tl.arange(0, CHUNK)
-            m = offs < numel
-            ids = tl.load(TOPK + offs, mask=m, other=0).to(tl.int32)
-            m = m & (ids >= 0) & (ids < num_experts)  # other ids: pairs computed elsewhere
-            counts += tl.histogram(tl.where(m, ids, 0), E_POW2, mask=m)
+    @triton.jit
+    def _expert_table(counts, EXPERT_IDS, NUM_POST, nb_max, BM: tl.constexpr, BLOCK_B: tl.constexpr):
+        """Per-expert pair counts -> each expert's padded segment start (returned), the used-slot count and
+        the block -> expert table (-1 past the last used block)."""
         padded = (counts + BM - 1) // BM * BM
         ends = tl.cumsum(padded, 0)
-        starts = ends - padded
         total = tl.sum(padded, 0)
         tl.store(NUM_POST, total)
         for b0 in range(0, nb_max, BLOCK_B):
@@ -89,12 +73,18 @@ if HAS_TRITON:
             eid = tl.sum((ends[None, :] <= pos[:, None]).to(tl.int32), axis=1)
             eid = tl.where(pos < total, eid, -1)
             tl.store(EXPERT_IDS + b, eid, mask=b < nb_max)
-        cursor = starts
-        for start in range(0, numel, SCATTER):
+        return ends - padded
+
+    @triton.jit
+    def _scatter_pairs(TOPK, SORTED, lo, hi, cursor, num_experts, E_POW2: tl.constexpr, SCATTER: tl.constexpr):
+        """Pairs [lo, hi) to their slots, in ascending pair order: the rank of a pair inside its expert is the
+        expert's cursor plus the number of equal ids before it in the same slice. No atomics."""
+        e_offs = tl.arange(0, E_POW2)
+        for start in range(lo, hi, SCATTER):
             offs = start + tl.arange(0, SCATTER)
-            m = offs < numel
+            m = offs < hi
             ids = tl.load(TOPK + offs, mask=m, other=-1).to(tl.int32)
-            m = m & (ids >= 0) & (ids < num_experts)
+            m = m & (ids >= 0) & (ids < num_experts)  # other ids: pairs computed elsewhere
             ids = tl.where(m, ids, -1)
             onehot = ids[:, None] == e_offs[None, :]
             base = tl.sum(tl.where(onehot, cursor[None, :], 0), axis=1)
@@ -103,8 +93,69 @@ if HAS_TRITON:
             tl.store(SORTED + base + rank, offs, mask=m)
             cursor += tl.sum(onehot.to(tl.int32), axis=0)
 
+    @triton.jit
+    def _chunk_counts(TOPK, lo, hi, num_experts, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+        """Per-expert counts of the pairs [lo, hi) (in CHUNK steps)."""
+        counts = tl.zeros((E_POW2,), dtype=tl.int32)
+        for start in range(lo, hi, CHUNK):
+            offs = start + tl.arange(0, CHUNK)
+            m = offs < hi
+            ids = tl.load(TOPK + offs, mask=m, other=0).to(tl.int32)
+            m = m & (ids >= 0) & (ids < num_experts)
+            counts += tl.histogram(tl.where(m, ids, 0), E_POW2, mask=m)
+        return counts
+
+    @triton.jit(do_not_specialize=["numel", "nb_max"])
+    def _moe_align_kernel(
+        TOPK, SORTED, EXPERT_IDS, NUM_POST,
+        numel, num_experts, nb_max,
+        BM: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr, SCATTER: tl.constexpr,
+        BLOCK_B: tl.constexpr,
+    ):
+        # One program: counts, padded offsets, the block -> expert table, then the scatter. SORTED arrives
+        # filled with the sentinel, so only real pairs are written here.
+        counts = _chunk_counts(TOPK, 0, numel, num_experts, E_POW2, CHUNK)
+        starts = _expert_table(counts, EXPERT_IDS, NUM_POST, nb_max, BM, BLOCK_B)
+        _scatter_pairs(TOPK, SORTED, 0, numel, starts, num_experts, E_POW2, SCATTER)
+
+    # "blocks": the same in three launches over blocks of CHUNK pairs (counts per block; one program turns
+    # them into each block's per-expert cursor; every block scatters its own pairs), for many pairs.
+
+    @triton.jit(do_not_specialize=["numel"])
+    def _block_counts_kernel(TOPK, COUNTS, numel, num_experts, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+        blk = tl.program_id(0)
+        lo = blk * CHUNK
+        counts = _chunk_counts(TOPK, lo, tl.minimum(lo + CHUNK, numel), num_experts, E_POW2, CHUNK)
+        tl.store(COUNTS + blk * E_POW2 + tl.arange(0, E_POW2), counts)
+
+    @triton.jit(do_not_specialize=["nblk", "nb_max"])
+    def _block_cursors_kernel(COUNTS, EXPERT_IDS, NUM_POST, nblk, nb_max, BM: tl.constexpr, E_POW2: tl.constexpr,
+                              BLOCK_B: tl.constexpr):
+        """COUNTS [nblk, E_POW2] -> in place, each block's first slot per expert."""
+        e_offs = tl.arange(0, E_POW2)
+        before = tl.zeros((E_POW2,), dtype=tl.int32)
+        for blk in range(nblk):  # pairs of each expert in the blocks before this one
+            c = tl.load(COUNTS + blk * E_POW2 + e_offs)
+            tl.store(COUNTS + blk * E_POW2 + e_offs, before)
+            before += c
+        starts = _expert_table(before, EXPERT_IDS, NUM_POST, nb_max, BM, BLOCK_B)
+        for blk in range(nblk):
+            tl.store(COUNTS + blk * E_POW2 + e_offs, tl.load(COUNTS + blk * E_POW2 + e_offs) + starts)
+
+    @triton.jit(do_not_specialize=["numel"])
+    def _block_scatter_kernel(TOPK, SORTED, COUNTS, numel, num_experts, E_POW2: tl.constexpr,
+                              CHUNK: tl.constexpr, SCATTER: tl.constexpr):
+        blk = tl.program_id(0)
+        lo = blk * CHUNK
+        cursor = tl.load(COUNTS + blk * E_POW2 + tl.arange(0, E_POW2))
+        _scatter_pairs(TOPK, SORTED, lo, tl.minimum(lo + CHUNK, numel), cursor, num_experts, E_POW2, SCATTER)
+
 
 SORT_ABOVE = 4096  # pairs: beyond this the single-program scan (serial over pairs) loses to a sort
+# the method above SORT_ABOVE: "sort" (torch's device sort, ≈ 25 torch ops: ≈ 1 ms of host time per call at 8K
+# tokens, s29f) or "blocks" (three Triton launches; prepared in session 29, not yet timed on a GPU)
+LARGE = "sort"
+BLOCK_PAIRS = 512  # pairs per program of "blocks"
 
 
 def _moe_align_sort(flat: torch.Tensor, num_experts: int, block_m: int):
@@ -133,15 +184,18 @@ def _moe_align_sort(flat: torch.Tensor, num_experts: int, block_m: int):
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: str | None = None):
     """Triton version of `moe_align_ref` (same outputs, bit for bit). `method`: "scan" (one Triton
-    program), "sort" (device sort, for many pairs) or None (by size)."""
+    program), "sort" (device sort) or "blocks" (three launches over blocks of pairs), for many pairs; None: by
+    size (LARGE above SORT_ABOVE pairs)."""
     _check(topk_ids, num_experts, block_m)
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     numel = flat.numel()
-    if method not in (None, "scan", "sort"):
-        raise ValueError(f"moe_align: method must be 'scan', 'sort' or None, got {method!r}")
-    if method == "sort" or (method is None and numel > SORT_ABOVE):
+    if method not in (None, "scan", "sort", "blocks"):
+        raise ValueError(f"moe_align: method must be 'scan', 'sort', 'blocks' or None, got {method!r}")
+    if method is None and numel > SORT_ABOVE:
+        method = LARGE
+    if method == "sort":
         return _moe_align_sort(flat, num_experts, block_m)
     nb = max_blocks(numel, num_experts, block_m)
     dev = topk_ids.device
@@ -150,6 +204,15 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: st
     num_post = torch.empty((1,), dtype=torch.int32, device=dev)
     e_pow2 = triton.next_power_of_2(num_experts)
     scatter = max(16, min(128, 8192 // e_pow2))  # keeps the [SCATTER, E] one-hot tile in registers
+    if method == "blocks" and numel:
+        nblk = triton.cdiv(numel, BLOCK_PAIRS)
+        counts = torch.empty((nblk, e_pow2), dtype=torch.int32, device=dev)
+        _block_counts_kernel[(nblk,)](flat, counts, numel, num_experts, E_POW2=e_pow2, CHUNK=BLOCK_PAIRS)
+        _block_cursors_kernel[(1,)](counts, expert_ids, num_post, nblk, nb, BM=block_m, E_POW2=e_pow2,
+                                    BLOCK_B=max(16, 8192 // e_pow2), num_warps=8)
+        _block_scatter_kernel[(nblk,)](flat, sorted_ids, counts, numel, num_experts, E_POW2=e_pow2, CHUNK=BLOCK_PAIRS,
+                                       SCATTER=scatter, num_warps=8)
+        return sorted_ids, expert_ids, num_post
     _moe_align_kernel[(1,)](
         flat, sorted_ids, expert_ids, num_post, numel, num_experts, nb,
         BM=block_m, E_POW2=e_pow2, CHUNK=1024, SCATTER=scatter, BLOCK_B=max(16, 8192 // e_pow2), num_warps=8,

@@ -23,7 +23,7 @@ def _topk(m: int, e: int, k: int, gen: torch.Generator, skew: bool = False):
 @pytest.mark.parametrize("m,e,k,bm", [(1, 8, 6, 16), (7, 8, 3, 16), (64, 256, 6, 16), (1000, 256, 6, 64),
                                       (300, 384, 6, 64), (4096, 256, 6, 64)])
 @pytest.mark.parametrize("skew", [False, True])
-@pytest.mark.parametrize("method", ["scan", "sort"])
+@pytest.mark.parametrize("method", ["scan", "sort", "blocks"])
 def test_moe_align_matches_reference(m, e, k, bm, skew, method, poison):
     from dsv4.kernels.moe_align import moe_align, moe_align_ref
 
@@ -41,7 +41,7 @@ def test_moe_align_matches_reference(m, e, k, bm, skew, method, poison):
 
 
 @pytest.mark.parametrize("m,e,k,bm", [(1, 8, 6, 16), (64, 128, 6, 16), (1000, 128, 6, 64)])
-@pytest.mark.parametrize("method", ["scan", "sort"])
+@pytest.mark.parametrize("method", ["scan", "sort", "blocks"])
 def test_moe_align_skips_other_ranks_pairs(m, e, k, bm, method, poison):
     """Expert parallel: ids outside [0, E) (-1, or an expert of another rank) are left out."""
     from dsv4.kernels.moe_align import moe_align, moe_align_ref

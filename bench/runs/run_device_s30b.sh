@@ -1,0 +1,24 @@
+#!/bin/bash
+# Prepared in session 29 for session 30, one H200 (≈ 5 min), after run_device_s30a.sh.
+source bench/runs/lib.sh
+# (1) the prefill attention's prepared variants (prefill_attention.LAZY_RESCALE, UNMASKED_LOADS; interpreter-tested,
+#     compiled offline: the entries loop 1,393 -> 1,265 instructions per 64-key tile unmasked, the rescale's 128
+#     multiplies per tile skipped while the maximum holds), ms per layer kind at 8K, 64- and 32-key tiles; then
+#     their GPU tests. Keep what wins (module defaults), note the figures.
+run 120 tests/gpu/test_prefill_attention.py
+P=dsv4.kernels.prefill_attention
+for V in "$P.KV_ONE_LOAD=True" "$P.LAZY_RESCALE=True" "$P.UNMASKED_LOADS=True" "$P.LAZY_RESCALE=True $P.UNMASKED_LOADS=True"; do
+  echo "$V"
+  timeout 60 python3 bench/flags.py $V -- bench/bench_prefill_glue.py --skip select queries --kv-one-load \
+    --shapes 512,64,8,2 512,32,8,2 2>&1 | tail -4
+done
+# (2) moe_align.LARGE = "blocks" (prepared: three Triton launches instead of the device sort's ≈ 25 torch ops, ≈ 1 ms
+#     of host time per call at 8K tokens; interpreter-tested bit for bit against moe_align_ref): its GPU tests, the
+#     whole MoE call (GPU time), then fresh 2048-token forwards of 4 layers (wall: the host's side).
+run 100 tests/gpu/test_moe.py -k align
+A=dsv4.kernels.moe_align.LARGE
+timeout 100 python3 bench/bench_moe_flags.py --ms 2048,8192 "sort:" "blocks:$A='blocks'" 2>&1 | tail -3
+for V in "'sort'" "'blocks'"; do
+  echo "moe_align.LARGE=$V"
+  timeout 70 python3 bench/flags.py $A=$V -- bench/profile_step.py --layers 4 --prefill 2048 2>&1 | grep -E "wall|kernels,"
+done
