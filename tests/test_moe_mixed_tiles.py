@@ -1,4 +1,4 @@
-"""`moe_wide.mixed_tiles`: the prefill MoE's tile lists (128-row tiles over pairs of an expert's 64-row blocks, a
+"""`moe_wide.mixed_tiles_ref`: the prefill MoE's tile lists (128-row tiles over pairs of an expert's 64-row blocks, a
 64-row tile for an odd last block) against a per-expert walk of `moe_align_ref`'s blocks."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dsv4.kernels.moe_align import moe_align_ref
-from dsv4.kernels.moe_wide import mixed_tiles
+from dsv4.kernels.moe_wide import mixed_tiles_ref
 
 
 def _walk(expert_ids: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -34,7 +34,7 @@ def test_mixed_tiles_cover_each_used_block_once(m, e, k, foreign):
     if foreign:  # pairs of another rank: in no segment
         ids = torch.where(torch.rand(m, k, generator=gen) < 0.3, -1, ids)
     _, expert_ids, num_post = moe_align_ref(ids, e, 64)
-    big, small = mixed_tiles(expert_ids, e)
+    big, small = mixed_tiles_ref(expert_ids, e)
     nb = expert_ids.numel()
     assert big.dtype == small.dtype == torch.int32 and big.numel() == nb // 2 and small.numel() == min(e, nb)
     want_big, want_small = _walk(expert_ids)

@@ -12,13 +12,17 @@ for V in "$P.KV_ONE_LOAD=True" "$P.LAZY_RESCALE=True" "$P.UNMASKED_LOADS=True" "
   timeout 60 python3 bench/flags.py $V -- bench/bench_prefill_glue.py --skip select queries --kv-one-load \
     --shapes 512,64,8,2 512,32,8,2 2>&1 | tail -4
 done
-# (2) moe_align.LARGE = "blocks" (prepared: three Triton launches instead of the device sort's ≈ 25 torch ops, ≈ 1 ms
-#     of host time per call at 8K tokens; interpreter-tested bit for bit against moe_align_ref): its GPU tests, the
-#     whole MoE call (GPU time), then fresh 2048-token forwards of 4 layers (wall: the host's side).
-run 100 tests/gpu/test_moe.py -k align
+# (2) moe_align.LARGE = "blocks" (three Triton launches instead of the device sort's ≈ 25 torch ops, ≈ 1 ms of host
+#     time per call at 8K tokens) and moe_wide.MIXED_TILES_KERNEL (one launch instead of ≈ 25 torch ops), both
+#     prepared in session 29 and interpreter-tested bit for bit against their references: their GPU tests, the
+#     whole MoE call (GPU time), then fresh 2048-token forwards of 4 layers (wall: the host's side). Make them the
+#     defaults if the tests pass and neither is slower.
+run 100 tests/gpu/test_moe_align.py
 A=dsv4.kernels.moe_align.LARGE
-timeout 100 python3 bench/bench_moe_flags.py --ms 2048,8192 "sort:" "blocks:$A='blocks'" 2>&1 | tail -3
-for V in "'sort'" "'blocks'"; do
-  echo "moe_align.LARGE=$V"
-  timeout 70 python3 bench/flags.py $A=$V -- bench/profile_step.py --layers 4 --prefill 2048 2>&1 | grep -E "wall|kernels,"
+T=dsv4.kernels.moe_wide.MIXED_TILES_KERNEL
+timeout 100 python3 bench/bench_moe_flags.py --ms 2048,8192 "sort:" "blocks:$A='blocks'" \
+  "blocks + tiles kernel:$A='blocks',$T=True" 2>&1 | tail -3
+for V in "$A='sort'" "$A='blocks' $T=True"; do
+  echo "$V"
+  timeout 70 python3 bench/flags.py $V -- bench/profile_step.py --layers 4 --prefill 2048 2>&1 | grep -E "wall|kernels,"
 done
