@@ -109,7 +109,7 @@ CASES = {
                     ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")),
 }
 
-_OP = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
 
 
 def _stages(spec, module):
@@ -117,7 +117,23 @@ def _stages(spec, module):
     return spec if isinstance(spec, int) else getattr(module, spec.split(".")[1])
 
 
-def compile_case(name: str, stages: int | None, layouts: bool) -> None:
+def _loops(sass: str) -> None:
+    """Per loop (a backward branch and the code it jumps over): instructions, MMAs and spill traffic, i.e. the cost
+    of one iteration per thread."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)(.*)", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).split(".")[0], m.group(3)))
+    for addr, op, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            body = collections.Counter(o for a, o, _ in ins if int(target.group(1), 16) <= a <= addr)
+            print(f"    loop {int(target.group(1), 16):#x}..{addr:#x}: {sum(body.values())} instructions; "
+                  + ", ".join(f"{o} {body[o]}" for o in ("HGMMA", "HMMA", "LDL", "STL", "LDGSTS", "FMUL", "BAR")))
+
+
+def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False) -> None:
     import importlib
 
     import triton
@@ -151,6 +167,8 @@ def compile_case(name: str, stages: int | None, layouts: bool) -> None:
     print(f"{name:20s} warps {warps} stages {n_stages}: {regs.group(1) if regs else '?'} registers, "
           f"{spill.group(1) if spill else '?'} B spilled, {sum(ops.values())} SASS instructions; "
           + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
+    if loops:
+        _loops(sass)
     if layouts:
         ttgir = k.asm["ttgir"]
         defs = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, re.M))
@@ -162,12 +180,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help=f"cases (default all): {', '.join(CASES)}")
     ap.add_argument("--layouts", action="store_true", help="also print the layout of each global load")
+    ap.add_argument("--loops", action="store_true", help="also print each loop's instructions per iteration")
     ap.add_argument("--stages", type=int, default=None, help="num_stages for every case (default: each case's)")
     args = ap.parse_args()
     for name in args.names or CASES:
         if name not in CASES:
             raise SystemExit(f"sass_stats: unknown case {name!r}; cases: {', '.join(CASES)}")
-        compile_case(name, args.stages, args.layouts)
+        compile_case(name, args.stages, args.layouts, args.loops)
 
 
 if __name__ == "__main__":
