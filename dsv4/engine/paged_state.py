@@ -87,7 +87,6 @@ class _EntryPool:
         return torch.cat((nope.to(dtype), self.rope[pages, offs].to(dtype)), dim=-1)
 
 
-
 def entry_bytes(width: int, nope: int, fp8: bool, fp4: bool, elem: int) -> int:
     """Bytes of one stored entry: plain, FP8 (e4m3 nope + E8M0 per 64 + pad + rope), or MXFP4."""
     if fp4:

@@ -121,8 +121,7 @@ class Compressor(nn.Module):
         pooled, first_entry = self.pool(c, z, first, state.num_tokens, fused=fused and FUSED_POOL)
         if not pooled.shape[0]:
             return
-        if fused and dtype == torch.bfloat16 and self._finish_fuses() and getattr(state, "stores_fused", None) \
-                and state.stores_fused(self.kind):
+        if fused and dtype == torch.bfloat16 and self._finish_fuses() and state.stores_fused(self.kind):
             from dsv4.kernels.cache_store import store_rows
             from dsv4.model.numerics import hadamard_matrix
             positions = (torch.arange(pooled.shape[0], device=pooled.device) + first_entry) * self.ratio

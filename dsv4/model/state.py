@@ -131,6 +131,11 @@ class LayerState:
         return self._entries[name].size
 
     # ---- writes --------------------------------------------------------------------------
+    def stores_fused(self, name: str) -> bool:
+        """Whether the entries could be stored by a fused kernel (`PagedLayerState.append_stored`): not here,
+        where they are kept as computed."""
+        return False
+
     def append_entries(self, name: str, entries: torch.Tensor) -> None:
         """Entries completed by the chunk being processed (visible to that chunk's queries)."""
         self._entries[name].append(entries)
