@@ -6,6 +6,8 @@ references of the same signatures:
   for entry 0), softmax over the window per column, weighted sum -> fp32 [B, d].
 * `pool_chunk` — the same pooling for the windows a prefill chunk closes, over the chunk's rows (with the
   state's rows before it) held contiguously: the window rows are addressed from the entry index, so one launch.
+* `load_rows` — the reverse for a prefill chunk's reads: slots (page, off) of an FP8 / FP4 pool -> bf16 rows,
+  dequantised exactly as `_EntryPool.read` does (one launch instead of ≈ 16 torch ops).
 * `store_rows` — rows -> the pool slot (page, off) in one launch, for the FP8/FP4 pools of the
   reference numerics: optionally round fp32 -> bf16, RMSNorm, RoPE on the trailing pairs (compressed
   entries: at position i*r), then e4m3 + one E8M0 byte per 64 nope dims with the rope dims in bf16
@@ -188,6 +190,71 @@ if HAS_TRITON:
             sbyte = ((s.to(tl.int32, bitcast=True) >> 23) & 0xFF).to(tl.uint8)
             tl.store(S + page * s_page + off * s_off + blk, sbyte, mask=blk < NOPE // _KV_BLOCK)
             tl.store(ROPE + page * r_page + off * r_off + d - NOPE, y.to(tl.bfloat16), mask=d >= NOPE)
+
+
+    @triton.jit
+    def _e8m0_float(b):
+        """E8M0 bytes (int32) -> fp32 2^(b - 127), as `quant.e8m0.e8m0_to_float` (0 -> 2^-127, 255 -> NaN)."""
+        bits = tl.where(b == 0, 0x400000, tl.where(b == 255, 0x7FC00000, b << 23))
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _e2m1_value(code):
+        """e2m1 codes (int32 0..15) -> fp32 values, as `quant.mxfp4.E2M1_VALUES` (code 8: -0.0)."""
+        m = code & 7
+        half = 0.5 * (m & 1).to(tl.float32)  # the mantissa bit
+        base = tl.where(m < 4, 1.0, tl.where(m < 6, 2.0, 4.0))  # 2^(exponent - 1) for exponents 1..3
+        mag = tl.where(m < 2, half, base * (1.0 + half))
+        return tl.where(code >= 8, -mag, mag)
+
+    @triton.jit
+    def _load_kernel(Q, S, ROPE, PAGE, OFF, OUT, q_page, q_off, s_page, s_off, r_page, r_off, stride_o,
+                     D: tl.constexpr, NOPE: tl.constexpr, FP4: tl.constexpr, GP: tl.constexpr, RP: tl.constexpr):
+        b = tl.program_id(0)
+        page = tl.load(PAGE + b).to(tl.int64)
+        off = tl.load(OFF + b).to(tl.int64)
+        out = OUT + b.to(tl.int64) * stride_o
+        if FP4:  # packed e2m1 (low nibble: the even element), one E8M0 byte per 32
+            j = tl.arange(0, D // 2)
+            byte = tl.load(Q + page * q_page + off * q_off + j).to(tl.int32) & 0xFF
+            scale = _e8m0_float(tl.load(S + page * s_page + off * s_off + j // 16).to(tl.int32))
+            v_lo = _e2m1_value(byte & 0xF) * scale
+            v_hi = _e2m1_value(byte >> 4) * scale
+            tl.store(out + tl.arange(0, D), tl.reshape(tl.join(v_lo, v_hi), (D,)).to(tl.bfloat16))
+        else:  # e4m3 nope dims in blocks of 64 with one E8M0 byte each, then the bf16 rope dims
+            g = tl.arange(0, GP)
+            e = g[:, None] * _KV_BLOCK + tl.arange(0, _KV_BLOCK)[None, :]
+            inb = g < NOPE // _KV_BLOCK
+            q = tl.load(Q + page * q_page + off * q_off + e, mask=inb[:, None], other=0.0).to(tl.float32)
+            scale = _e8m0_float(tl.load(S + page * s_page + off * s_off + g, mask=inb, other=127).to(tl.int32))
+            tl.store(out + e, (q * scale[:, None]).to(tl.bfloat16), mask=inb[:, None])
+            r = tl.arange(0, RP)
+            rope = tl.load(ROPE + page * r_page + off * r_off + r, mask=r < D - NOPE)
+            tl.store(out + NOPE + r, rope.to(tl.bfloat16), mask=r < D - NOPE)
+
+
+def load_rows_ref(page: torch.Tensor, off: torch.Tensor, pool) -> torch.Tensor:
+    """bf16 [B, width]: the rows at (page, off) of an FP8 / FP4 `_EntryPool`, dequantised (its torch `read`)."""
+    return pool.read(page, off, torch.bfloat16)
+
+
+def load_rows(page: torch.Tensor, off: torch.Tensor, pool) -> torch.Tensor:
+    """Triton `load_rows_ref` (FP8 or FP4 pools; page / off 1-D), bit-identical: e4m3 or e2m1 times a power of
+    two is exact in bf16."""
+    if not (pool.fp8 or pool.fp4) or page.dim() != 1 or off.shape != page.shape:
+        raise ValueError(f"load_rows: an FP8 / FP4 pool and 1-D page / off of one length, got fp8={pool.fp8} "
+                         f"fp4={pool.fp4}, {tuple(page.shape)} / {tuple(off.shape)}")
+    d, b = pool.width, page.shape[0]
+    out = torch.empty(b, d, dtype=torch.bfloat16, device=pool.q.device)
+    if b == 0:
+        return out
+    rope = pool.q if pool.fp4 else pool.rope  # (not read for FP4)
+    nope = d if pool.fp4 else pool.nope
+    _load_kernel[(b,)](pool.q, pool.s, rope, page, off, out, pool.q.stride(0), pool.q.stride(1), pool.s.stride(0),
+                       pool.s.stride(1), rope.stride(0), rope.stride(1), out.stride(0), D=d, NOPE=nope, FP4=pool.fp4,
+                       GP=triton.next_power_of_2(max(1, nope // KV_BLOCK)),
+                       RP=triton.next_power_of_2(max(1, d - nope)), num_warps=1 if d <= 128 else 2)
+    return out
 
 
 def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor, slots: torch.Tensor,

@@ -46,6 +46,9 @@ KERNEL_INVERSE_ROPE = True
 # stored by one `cache_store.store_rows` launch each, as the paged decode step stores them, instead of ~12-40 torch
 # ops (Compressor.update(fused=), PagedLayerState.append_tokens(fused=))
 FUSED_PREFILL_STORES = True
+# the same chunks' reads of the window and of the entries from paged FP8 / FP4 pools by one `cache_store.load_rows`
+# launch each instead of ≈ 16 torch ops (the same bits); prepared in session 29, not yet run on a GPU
+FUSED_PREFILL_READS = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -265,6 +268,7 @@ class Attention(nn.Module):
         if rotate and not kernel:
             raise ValueError("Attention.attend: rotate=True needs the prefill kernel (see Attention.rotates)")
         fused = kernel and FUSED_PREFILL_STORES
+        reads = kernel and FUSED_PREFILL_READS
         for seg in segments:
             sl = slice(seg.start, seg.start + seg.length)
             state, pos = seg.state, positions[sl]
@@ -274,17 +278,17 @@ class Attention(nn.Module):
             if self.compressor:
                 self.compressor.update(state, rows[0][sl], rows[1][sl], pre.dtype, fused=fused)
                 new_rows["main"] = (rows[0][sl], rows[1][sl])
-                entries = state.entries("main")
+                entries = state.entries("main", reads)
                 if self.indexer:
                     self.indexer.compressor.update(state, index_rows[0][sl], index_rows[1][sl], pre.dtype,
                                                    fused=fused)
                     new_rows["index"] = (index_rows[0][sl], index_rows[1][sl])
                     entry_idx = self.indexer.select_indices(pre.index_q[sl], pre.index_w[sl],
-                                                            state.entries("index"), pos)
+                                                            state.entries("index", reads), pos)
                 else:  # HCA: every complete entry is visible
                     every = torch.arange(entries.shape[0], device=q.device)[None, :]
                     entry_idx = torch.where(every < ((pos + 1) // self.compressor.ratio)[:, None], every, -1)
-            past_kv, past_pos = state.window()
+            past_kv, past_pos = state.window(reads)
             keys = torch.cat((past_kv, kv[sl]))
             if kernel:
                 from dsv4.kernels.prefill_attention import prefill_attention

@@ -111,9 +111,9 @@ class LayerState:
         self._rows = {k: CompressorRows(c * d, acc, device) for k, d in widths.items()}
 
     # ---- reads ---------------------------------------------------------------------------
-    def window(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def window(self, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """KV vectors and positions of the last `window - 1` positions (what the next token's window
-        needs besides itself), oldest first."""
+        needs besides itself), oldest first (`fused`: the paged state's kernel-mode read; none here)."""
         end = self.num_tokens
         positions = torch.arange(max(0, end - self.window_size + 1), end, device=self._ring.device)
         return self._ring[positions % self._ring.shape[0]], positions
@@ -123,7 +123,7 @@ class LayerState:
         rows = self._rows[name]
         return rows.c, rows.z, rows.first
 
-    def entries(self, name: str) -> torch.Tensor:
+    def entries(self, name: str, fused: bool = False) -> torch.Tensor:
         """All compressed entries ("main") or indexer keys ("index") produced so far."""
         return self._entries[name].view()
 

@@ -342,7 +342,8 @@ def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
 
 def test_fused_prefill_stores_match_the_torch_stores(monkeypatch):
     """attention.FUSED_PREFILL_STORES (kernel mode: prefill chunks store their window kv and the compressor's
-    entries, finish included, through `cache_store.store_rows` as the paged decode step does): after prompts
+    entries, finish included, through `cache_store.store_rows` as the paged decode step does) with
+    compressor.FUSED_POOL (their pooling through `cache_store.pool_chunk`): after prompts
     around the ratio-4 / ratio-128 boundaries, every compressed layer's stored entries and window rows read back as
     the torch finish + quantise path's (RMS sums in another order: rare one-step flips of an element), and the
     decode logits that follow agree as the decode kernels' do with the torch attention."""
@@ -350,13 +351,14 @@ def test_fused_prefill_stores_match_the_torch_stores(monkeypatch):
     from pathlib import Path
 
     import dsv4
-    from dsv4.model import attention
+    from dsv4.model import attention, compressor
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from paged_driver import PagedBatch
     path = Path(dsv4.__file__).parent / "assets" / "tiny"
     stored, logits = [], []
     for fused in (False, True):
         monkeypatch.setattr(attention, "FUSED_PREFILL_STORES", fused)
+        monkeypatch.setattr(compressor, "FUSED_POOL", fused)  # (the chunk's pooling in one launch too)
         model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
         batch = PagedBatch(model, "fp8")
         rows = []
@@ -376,3 +378,24 @@ def test_fused_prefill_stores_match_the_torch_stores(monkeypatch):
     rel = float((k - t).norm() / t.norm())
     agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
     assert rel < 2e-2 and agree > 0.97, (rel, agree)
+
+
+def test_fused_prefill_reads_are_bit_identical(monkeypatch):
+    """attention.FUSED_PREFILL_READS (prefill chunks read the window and the entries from the paged FP8 / FP4 pools
+    through `cache_store.load_rows`, one launch each): the logits of the prompts and of the decode steps after
+    them equal the torch reads' bit for bit (e4m3 / e2m1 times a power of two is exact in bf16)."""
+    import sys
+    from pathlib import Path
+
+    import dsv4
+    from dsv4.model import attention
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from paged_driver import PagedBatch
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    runs = []
+    for fused in (False, True):
+        monkeypatch.setattr(attention, "FUSED_PREFILL_READS", fused)
+        model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+        runs.append(torch.cat(PagedBatch(model, "fp8").decode(12)))
+    assert torch.isfinite(runs[0]).all()
+    assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"
