@@ -100,6 +100,7 @@ if HAS_TRITON:
         BH: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, HAS_E: tl.constexpr,
         INTERP: tl.constexpr, KV_ONE_LOAD: tl.constexpr, ROT: tl.constexpr, NOPE: tl.constexpr,
         LAZY: tl.constexpr = False, MARGIN: tl.constexpr = 8.0, UNMASKED: tl.constexpr = False,
+        CAUSAL_R: tl.constexpr = 0,
     ):
         t = tl.program_id(0)
         offs_h = tl.arange(0, BH)
@@ -130,9 +131,14 @@ if HAS_TRITON:
             v = k if KV_ONE_LOAD else tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
             m, l, acc = _softmax_step(m, l, acc, s, v, INTERP, LAZY, MARGIN)
         if HAS_E:
-            for i0 in range(0, n_idx, BN):
+            # CAUSAL_R (HCA): every complete entry, (pos + 1) // CAUSAL_R of the n_idx, in order: the list's tiles
+            n_list = tl.minimum((pos + 1) // CAUSAL_R, n_idx) if CAUSAL_R > 0 else n_idx
+            for i0 in range(0, n_list, BN):
                 slot = i0 + offs_n
-                idx = tl.load(IDX + t.to(tl.int64) * stride_it + slot, mask=slot < n_idx, other=-1)
+                if CAUSAL_R > 0:
+                    idx = tl.where(slot < n_list, slot, -1)
+                else:
+                    idx = tl.load(IDX + t.to(tl.int64) * stride_it + slot, mask=slot < n_idx, other=-1)
                 valid = idx >= 0
                 base = E + tl.where(valid, idx, 0).to(tl.int64)[:, None] * stride_et
                 if UNMASKED:  # (entry 0 exists whenever the list is not empty)
@@ -163,10 +169,13 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
                       entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
                       scale: float, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
                       out: torch.Tensor | None = None, dv: int | None = None, bn: int | None = None,
-                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                      num_warps: int | None = None, num_stages: int | None = None,
+                      causal_ratio: int = 0) -> torch.Tensor:
     """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k], cos / sin
-    [n, rope/2] for the inverse RoPE or neither); fills `out`. dv / bn / num_warps / num_stages: the output
-    slice per program, keys per tile and the launch shape (defaults: the measured ones)."""
+    [n, rope/2] for the inverse RoPE or neither); fills `out`. causal_ratio r > 0 with entry_idx None: every
+    complete entry, (t + 1) // r of them for the query at t (HCA), the list not built; the same bits as that
+    list. dv / bn / num_warps / num_stages: the output slice per program, keys per tile and the launch shape
+    (defaults: the measured ones)."""
     n, h, d = q.shape
     rot = cos is not None
     if (sin is not None) != rot or (rot and (cos.dim() != 2 or cos.shape[0] != n or sin.shape != cos.shape
@@ -179,8 +188,15 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
     if q_pos0 < key_pos0 or q_pos0 + n > key_pos0 + keys.shape[0]:
         raise ValueError(f"prefill_attention: keys [{key_pos0}, {key_pos0 + keys.shape[0]}) must hold the "
                          f"queries' own positions [{q_pos0}, {q_pos0 + n})")
-    has_e = entries is not None and entries.shape[0] > 0 and entry_idx is not None and entry_idx.shape[1] > 0
-    if has_e and (entries.dtype != torch.bfloat16 or entries.shape[1] != d or entry_idx.shape[0] != n):
+    causal = causal_ratio > 0 and entry_idx is None and entries is not None
+    if causal_ratio < 0 or (causal_ratio and entry_idx is not None):
+        raise ValueError(f"prefill_attention: causal_ratio {causal_ratio} must be > 0 and comes instead of entry_idx")
+    if causal and (entries.dtype != torch.bfloat16 or entries.shape[1] != d):
+        raise ValueError(f"prefill_attention: entries {entries.dtype} {tuple(entries.shape)} do not match q "
+                         f"{tuple(q.shape)}")
+    has_e = entries is not None and entries.shape[0] > 0 and (causal or (entry_idx is not None and
+                                                                        entry_idx.shape[1] > 0))
+    if has_e and not causal and (entries.dtype != torch.bfloat16 or entries.shape[1] != d or entry_idx.shape[0] != n):
         raise ValueError(f"prefill_attention: entries {entries.dtype} {tuple(entries.shape)} / entry_idx "
                          f"{tuple(entry_idx.shape)} do not match q {tuple(q.shape)}")
     out = torch.empty_like(q) if out is None else out
@@ -194,17 +210,18 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
     one_load = KV_ONE_LOAD and dv == d
     bn = bn or (64 if one_load else 32)  # 64-key tiles fit in shared memory only with the one load
     e = entries if has_e else keys
-    idx = entry_idx.to(torch.int32).contiguous() if has_e else keys
+    idx = entry_idx.to(torch.int32).contiguous() if has_e and not causal else keys
     q, keys, e = q.contiguous(), keys.contiguous(), e.contiguous()
     sink = sink.float().contiguous()
     cos, sin = (cos.float().contiguous(), sin.float().contiguous()) if rot else (sink, sink)  # unread if not rot
     _prefill_attn_kernel[(n, d // dv)](
         q, keys, e, idx, sink, out, cos, sin,
-        h, idx.shape[1] if has_e else 0, q_pos0, key_pos0, window, float(scale),
-        q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e else 0,
+        h, (e.shape[0] if causal else idx.shape[1]) if has_e else 0, q_pos0, key_pos0, window, float(scale),
+        q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e and not causal else 0,
         out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
         BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=one_load, ROT=rot,
         NOPE=d - 2 * cos.shape[1] if rot else d, LAZY=LAZY_RESCALE, MARGIN=RESCALE_MARGIN, UNMASKED=UNMASKED_LOADS,
+        CAUSAL_R=causal_ratio if causal else 0,
         num_warps=num_warps or (8 if bh * dv >= 16384 else 4),
         # 128 heads x 512 dims: two stages would not fit in shared memory
         num_stages=num_stages or (2 if bh <= 64 else 1),

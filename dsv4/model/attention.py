@@ -49,6 +49,9 @@ FUSED_PREFILL_STORES = True
 # the same chunks' reads of the window and of the entries from paged FP8 / FP4 pools by one `cache_store.load_rows`
 # launch each instead of ≈ 16 torch ops (the same bits); prepared in session 29, not yet run on a GPU
 FUSED_PREFILL_READS = False
+# HCA chunks: the prefill kernel walks every complete entry itself (`causal_ratio`) instead of reading a [T, N] list
+# built by ≈ 6 torch ops; the same bits. Prepared in session 29, not yet run on a GPU
+PREFILL_HCA_CAUSAL = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -274,6 +277,7 @@ class Attention(nn.Module):
             state, pos = seg.state, positions[sl]
             done = state.num_tokens
             entries = entry_idx = None
+            causal = 0  # HCA in kernel mode: the prefill kernel's own entry walk (PREFILL_HCA_CAUSAL)
             new_rows = {}
             if self.compressor:
                 self.compressor.update(state, rows[0][sl], rows[1][sl], pre.dtype, fused=fused)
@@ -285,6 +289,8 @@ class Attention(nn.Module):
                     new_rows["index"] = (index_rows[0][sl], index_rows[1][sl])
                     entry_idx = self.indexer.select_indices(pre.index_q[sl], pre.index_w[sl],
                                                             state.entries("index", reads), pos)
+                elif kernel and PREFILL_HCA_CAUSAL:  # HCA: the kernel takes every complete entry itself
+                    causal = self.compressor.ratio
                 else:  # HCA: every complete entry is visible
                     every = torch.arange(entries.shape[0], device=q.device)[None, :]
                     entry_idx = torch.where(every < ((pos + 1) // self.compressor.ratio)[:, None], every, -1)
@@ -294,7 +300,7 @@ class Attention(nn.Module):
                 from dsv4.kernels.prefill_attention import prefill_attention
                 rot = (pre.cos[sl], pre.sin[sl]) if rotate else (None, None)
                 prefill_attention(q[sl], done, keys, done - past_kv.shape[0], self.window, entries, entry_idx,
-                                  self.attn_sink, self.scale, *rot, out=out[sl])
+                                  self.attn_sink, self.scale, *rot, out=out[sl], causal_ratio=causal)
             else:
                 entry_mask = None if entries is None else indices_to_mask(entry_idx, entries.shape[0])
                 sink_attention(q[sl], pos, keys, torch.cat((past_pos, pos)), self.window, entries, entry_mask,

@@ -382,8 +382,9 @@ def test_fused_prefill_stores_match_the_torch_stores(monkeypatch):
 
 def test_fused_prefill_reads_are_bit_identical(monkeypatch):
     """attention.FUSED_PREFILL_READS (prefill chunks read the window and the entries from the paged FP8 / FP4 pools
-    through `cache_store.load_rows`, one launch each): the logits of the prompts and of the decode steps after
-    them equal the torch reads' bit for bit (e4m3 / e2m1 times a power of two is exact in bf16)."""
+    through `cache_store.load_rows`, one launch each) and PREFILL_HCA_CAUSAL (HCA chunks: the kernel walks every
+    complete entry without a list): the logits of the decode steps after the prompts equal the torch path's bit
+    for bit (e4m3 / e2m1 times a power of two is exact in bf16; the walk visits the list's tiles)."""
     import sys
     from pathlib import Path
 
@@ -395,6 +396,7 @@ def test_fused_prefill_reads_are_bit_identical(monkeypatch):
     runs = []
     for fused in (False, True):
         monkeypatch.setattr(attention, "FUSED_PREFILL_READS", fused)
+        monkeypatch.setattr(attention, "PREFILL_HCA_CAUSAL", fused)
         model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
         runs.append(torch.cat(PagedBatch(model, "fp8").decode(12)))
     assert torch.isfinite(runs[0]).all()

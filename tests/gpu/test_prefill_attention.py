@@ -144,6 +144,28 @@ def test_prefill_attention_lazy_rescale_and_unmasked_loads(kind, monkeypatch, po
         close_bf16(y, ref, rel=REL, what=f"lazy rescale {kind} margin {margin}")
 
 
+@pytest.mark.parametrize("n,q_pos0,past", [(37, 200, 127), (70, 0, 0), (20, 1000, 90)])
+def test_prefill_attention_causal_entries_equal_the_list(n, q_pos0, past, poison):
+    """`causal_ratio` (HCA: the kernel walks every complete entry itself) gives the bits of the explicit list of
+    every complete entry, with fewer entries than the ratio implies too (a chunk's entries so far)."""
+    from dsv4.kernels.prefill_attention import prefill_attention
+
+    gen = torch.Generator(DEV).manual_seed(n + q_pos0)
+    heads, ratio = (64 if DEV != "cpu" else 16), 8
+    q, keys, key_pos0, entries, _, sink = _case(n, heads, q_pos0, past, 128, 90, "hca", gen)
+    n_entries = min(entries.shape[0], (q_pos0 + n) // ratio)
+    entries = entries[:n_entries]
+    pos = torch.arange(q_pos0, q_pos0 + n, device=DEV)
+    every = torch.arange(n_entries, device=DEV)[None, :]
+    idx = torch.where(every < ((pos + 1) // ratio)[:, None], every, -1)
+    want = prefill_attention(q, q_pos0, keys, key_pos0, 128, entries, idx, sink, 0.05)
+    poison()
+    got = prefill_attention(q, q_pos0, keys, key_pos0, 128, entries, None, sink, 0.05, causal_ratio=ratio)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="causal_ratio"):
+        prefill_attention(q, q_pos0, keys, key_pos0, 128, entries, idx, sink, 0.05, causal_ratio=ratio)
+
+
 def test_prefill_attention_rejects_bad_inputs():
     from dsv4.kernels.prefill_attention import prefill_attention
 
