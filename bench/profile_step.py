@@ -225,6 +225,8 @@ def _cprofile_prefill(run, states, one, steps: int = 5) -> None:
     print(f"cProfile over {steps} fresh {n}-token prompts (per-call times are totals over the {steps})")
     for key in ("tottime", "cumulative"):
         pstats.Stats(prof).sort_stats(key).print_stats(int(os.environ.get("TOP", "30")))
+    for pattern in filter(None, os.environ.get("CALLERS", "").split(",")):  # e.g. CALLERS="method 'to'"
+        pstats.Stats(prof).sort_stats("tottime").print_callers(pattern)
 
 
 def _profile_host(run, states, one, steps: int = 10) -> None:

@@ -26,3 +26,7 @@ for V in "$A='sort'" "$A='blocks' $T=True"; do
   echo "$V"
   timeout 70 python3 bench/flags.py $V -- bench/profile_step.py --layers 4 --prefill 2048 2>&1 | grep -E "wall|kernels,"
 done
+# (3) who calls the prefill's many small torch ops (fresh 2048-token prompts of 4 layers; $OUT/callers_2048.txt)
+CALLERS="method 'to',method 'float',built-in method torch.empty,built-in method torch.where" TOP=10 timeout 90 \
+  python3 bench/profile_step.py --layers 4 --prefill 2048 --cprofile > $OUT/callers_2048.txt 2>&1
+grep -c "" $OUT/callers_2048.txt
