@@ -8,6 +8,7 @@
 #     stayed at 55.4 ms; no host syncs in it, s29f). Per kernel the host's lead (GPU start minus launch end) and the
 #     GPU idle before kernels that waited, by the part that launched them.
 source bench/runs/lib.sh
+python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1  # this call's
 run 150 tests/gpu/test_cache_store.py tests/gpu/test_model_gpu.py tests/gpu/test_prefill_attention.py \
   -k "load_rows or pool_chunk or prefill_chunk or fused_prefill or causal"
 C=dsv4.model.compressor.FUSED_POOL

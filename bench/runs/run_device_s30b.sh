@@ -1,6 +1,7 @@
 #!/bin/bash
 # Prepared in session 29 for session 30, one H200 (≈ 5 min), after run_device_s30a.sh.
 source bench/runs/lib.sh
+python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1  # this call's
 # (1) the prefill attention's prepared variants (prefill_attention.LAZY_RESCALE, UNMASKED_LOADS; interpreter-tested,
 #     compiled offline: the entries loop 1,393 -> 1,265 instructions per 64-key tile unmasked, the rescale's 128
 #     multiplies per tile skipped while the maximum holds), ms per layer kind at 8K, 64- and 32-key tiles; then
