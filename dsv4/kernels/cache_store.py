@@ -83,7 +83,7 @@ def store_rows_ref(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool,
 # --------------------------------------------------------------------------- Triton kernels
 
 if HAS_TRITON:
-    from dsv4.kernels.fp8_linear import _e4m3, _pow2_scale
+    from dsv4.kernels.fp8_linear import _e4m3, _e8m0_to_f32, _pow2_scale
 
     @pdl_kernel
     @triton.jit
@@ -191,13 +191,6 @@ if HAS_TRITON:
             tl.store(S + page * s_page + off * s_off + blk, sbyte, mask=blk < NOPE // _KV_BLOCK)
             tl.store(ROPE + page * r_page + off * r_off + d - NOPE, y.to(tl.bfloat16), mask=d >= NOPE)
 
-
-    @triton.jit
-    def _e8m0_float(b):
-        """E8M0 bytes (int32) -> fp32 2^(b - 127), as `quant.e8m0.e8m0_to_float` (0 -> 2^-127, 255 -> NaN)."""
-        bits = tl.where(b == 0, 0x400000, tl.where(b == 255, 0x7FC00000, b << 23))
-        return bits.to(tl.float32, bitcast=True)
-
     @triton.jit
     def _e2m1_value(code):
         """e2m1 codes (int32 0..15) -> fp32 values, as `quant.mxfp4.E2M1_VALUES` (code 8: -0.0)."""
@@ -217,7 +210,7 @@ if HAS_TRITON:
         if FP4:  # packed e2m1 (low nibble: the even element), one E8M0 byte per 32
             j = tl.arange(0, D // 2)
             byte = tl.load(Q + page * q_page + off * q_off + j).to(tl.int32) & 0xFF
-            scale = _e8m0_float(tl.load(S + page * s_page + off * s_off + j // 16).to(tl.int32))
+            scale = _e8m0_to_f32(tl.load(S + page * s_page + off * s_off + j // 16).to(tl.int32))
             v_lo = _e2m1_value(byte & 0xF) * scale
             v_hi = _e2m1_value(byte >> 4) * scale
             tl.store(out + tl.arange(0, D), tl.reshape(tl.join(v_lo, v_hi), (D,)).to(tl.bfloat16))
@@ -226,7 +219,7 @@ if HAS_TRITON:
             e = g[:, None] * _KV_BLOCK + tl.arange(0, _KV_BLOCK)[None, :]
             inb = g < NOPE // _KV_BLOCK
             q = tl.load(Q + page * q_page + off * q_off + e, mask=inb[:, None], other=0.0).to(tl.float32)
-            scale = _e8m0_float(tl.load(S + page * s_page + off * s_off + g, mask=inb, other=127).to(tl.int32))
+            scale = _e8m0_to_f32(tl.load(S + page * s_page + off * s_off + g, mask=inb, other=127).to(tl.int32))
             tl.store(out + e, (q * scale[:, None]).to(tl.bfloat16), mask=inb[:, None])
             r = tl.arange(0, RP)
             rope = tl.load(ROPE + page * r_page + off * r_off + r, mask=r < D - NOPE)
