@@ -315,10 +315,11 @@ class PagedLayerState:
             buf = self.pools.rows[self.spec.index, name]
             cap = buf.shape[2]
             lo = max(start, end - cap)  # rows older than the ring are never read again
-            slots = torch.arange(lo, end, device=self.pools.device) % cap
-            page = self._state_page()
-            buf[0, page, slots] = c[lo - start:].to(buf.dtype)
-            buf[1, page, slots] = z[lo - start:].to(buf.dtype)
+            page, s0, k = self._state_page(), lo % cap, end - lo
+            head = min(k, cap - s0)  # ring slots s0.. up to its end, then from 0: plain copies, no index lists
+            for part, src in enumerate((c[lo - start:], z[lo - start:])):
+                buf[part, page, s0:s0 + head].copy_(src[:head])
+                buf[part, page, :k - head].copy_(src[head:])
             self._first[name] = max(self._first[name], keep_from, end - cap)
             if self._n_entries[name] != end // self.ratio:
                 raise RuntimeError(f"layer {self.spec.index}: {self._n_entries[name]} {name} entries after "
