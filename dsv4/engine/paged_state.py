@@ -257,11 +257,16 @@ class PagedLayerState:
         return pool.read(pages, offs, self.pools.dtype, fused), positions
 
     def compressor_rows(self, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(C, Z) rows of positions first .. num_tokens - 1 from the state ring, and first: views of the ring
+        (valid until the next `append_tokens`), or one copy where they wrap around its end."""
         first, end = self._first[name], self.num_tokens
         buf = self.pools.rows[self.spec.index, name]
-        slots = torch.arange(first, end, device=self.pools.device) % buf.shape[2]
-        page = self._state_page()
-        return buf[0, page, slots], buf[1, page, slots], first
+        page, cap = self._state_page(), buf.shape[2]
+        s0, k = first % cap, end - first
+        if s0 + k <= cap:
+            return buf[0, page, s0:s0 + k], buf[1, page, s0:s0 + k], first
+        return (torch.cat((buf[0, page, s0:], buf[0, page, :s0 + k - cap])),
+                torch.cat((buf[1, page, s0:], buf[1, page, :s0 + k - cap])), first)
 
     def entries(self, name: str, fused: bool = False) -> torch.Tensor:
         n = self._n_entries[name]
