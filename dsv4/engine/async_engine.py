@@ -290,8 +290,10 @@ class AsyncEngine:
                 self.stalled = False
                 if self.on_step is not None:
                     self.on_step(elapsed)
-            self._deliver([(out.request_id, out) for out in outputs])
+            # stats first: a client that sees its request finish (and /metrics no request in flight) must also
+            # see the pages the step freed (the other order left a window of stale page counts)
             self._stats = self.core.stats()
+            self._deliver([(out.request_id, out) for out in outputs])
 
     def _watchdog(self) -> None:
         period = min(1.0, self.step_watchdog_s / 4)
