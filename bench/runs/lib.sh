@@ -34,9 +34,9 @@ ncu_moe() {
   ncu_cmd $1 $2 "$3" bench/ncu_kernels.py --only prefill
 }
 # `ncu_cmd LIMIT COUNT METRICS SCRIPT ARGS...`: the same on the first COUNT Gluon MoE GEMMs that a Python script
-# launches (e.g. bench/bench_moe_wide_shapes.py with one shape).
+# launches (e.g. bench/bench_moe_wide_shapes.py with one shape); KERNEL=regex for other kernels.
 ncu_cmd() {
-  timeout $1 ncu --csv -k regex:"_wide_async" -c $2 --metrics "$3" python3 "${@:4}" \
+  timeout $1 ncu --csv -k regex:"${KERNEL:-_wide_async}" -c $2 --metrics "$3" python3 "${@:4}" \
     2>/dev/null | grep '^"' | python3 -c "
 import csv, sys, collections
 rows = list(csv.reader(sys.stdin)); h = rows[0]

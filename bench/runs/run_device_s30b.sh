@@ -31,3 +31,10 @@ done
 CALLERS="method 'to',method 'float',built-in method torch.empty,built-in method torch.where" TOP=10 timeout 90 \
   python3 bench/profile_step.py --layers 4 --prefill 2048 --cprofile > $OUT/callers_2048.txt 2>&1
 grep -c "" $OUT/callers_2048.txt
+# (4) the warp-specialised GLU (s29: its partitions add up; shared memory explains a floor of ≈ 4.6 ms of its
+#     7.0): Nsight Compute on its first launch at M = 8192: tensor pipe, shared-memory wavefronts, stalls per issue.
+M="gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
+M="$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed.sum"
+M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+KERNEL=_ws_kernel ncu_cmd 150 1 "$M" bench/bench_moe_flags.py --ms 8192 "ws glu:dsv4.kernels.moe_wide.WS_GLU=True"
