@@ -46,11 +46,18 @@ def pool_windows_ref(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Ten
     return pool_window(rows_c[page[:, None], slots], rows_z[page[:, None], slots], has_prev, ratio, dim)
 
 
+def _check_chunk_rows(rows: int, first: int, entry0: int, n: int, ratio: int, overlap: bool) -> None:
+    """Rows of positions [first, first + rows) must hold the windows of entries [entry0, entry0 + n) (CSA: the
+    previous window's too, from entry 1 on)."""
+    if overlap and entry0 > 0 and (entry0 - 1) * ratio < first or (entry0 + n) * ratio - first > rows:
+        raise RuntimeError(f"pool_chunk: rows of positions [{first}, {first + rows}) do not hold the windows "
+                           f"of entries [{entry0}, {entry0 + n}) (ratio {ratio})")
+
+
 def _chunk_windows(c: torch.Tensor, first: int, entry0: int, n: int, ratio: int, overlap: bool):
     """Row indices into c (rows of positions first..) of entries entry0 .. entry0 + n - 1's windows [n, R]
     (clamped to 0 for entry 0's missing previous window) and has_prev [n]."""
-    if overlap and entry0 > 0 and (entry0 - 1) * ratio < first:
-        raise RuntimeError(f"compressor rows start at {first}, need {(entry0 - 1) * ratio}")
+    _check_chunk_rows(c.shape[0], first, entry0, n, ratio, overlap)
     span = 2 * ratio if overlap else ratio
     entry = torch.arange(entry0, entry0 + n, device=c.device)
     rows = entry[:, None] * ratio - first - (ratio if overlap else 0) + torch.arange(span, device=c.device)[None, :]
@@ -287,9 +294,7 @@ def pool_chunk(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int
     span = 2 * ratio if overlap else ratio
     if n <= 0:
         return c.new_empty(0, dim)
-    if overlap and entry0 > 0 and (entry0 - 1) * ratio < first or (entry0 + n) * ratio - first > c.shape[0]:
-        raise RuntimeError(f"pool_chunk: rows of positions [{first}, {first + c.shape[0]}) do not hold the windows "
-                           f"of entries [{entry0}, {entry0 + n}) (ratio {ratio})")
+    _check_chunk_rows(c.shape[0], first, entry0, n, ratio, overlap)
     out = torch.empty(n, dim, dtype=torch.float32, device=c.device)
     bd = 64 if span > 16 else 128
     _pool_kernel[(n, dim // bd)](c, z, c, c, c, out, c, z, c, 0, c.stride(0), 0, out.stride(0), 0, first, entry0,

@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, interpreted, tl, triton
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 
 # The Triton kernel's widening: through f16 (4 nibbles per word op, cvt f16 -> f32) instead of one fp32 per
@@ -303,7 +303,7 @@ def mixed_tiles(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
     """`mixed_tiles_ref` in one Triton launch (≈ 25 torch ops otherwise: ≈ 250 µs of host time per call at 8K
     tokens, s29f) where MIXED_TILES_KERNEL and the block table fits one program; else the reference."""
     nb = expert_ids.numel()
-    if not (MIXED_TILES_KERNEL and HAS_TRITON and (expert_ids.is_cuda or INTERPRET) and 0 < nb <= 16384):
+    if not (MIXED_TILES_KERNEL and HAS_TRITON and (expert_ids.is_cuda or interpreted()) and 0 < nb <= 16384):
         return mixed_tiles_ref(expert_ids, num_experts)
     n128, n64 = nb // 2, min(num_experts, nb)
     big = torch.empty(n128, dtype=torch.int32, device=expert_ids.device)
