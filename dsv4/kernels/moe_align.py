@@ -129,18 +129,18 @@ if HAS_TRITON:
         tl.store(COUNTS + blk * E_POW2 + tl.arange(0, E_POW2), counts)
 
     @triton.jit(do_not_specialize=["nblk", "nb_max"])
-    def _block_cursors_kernel(COUNTS, EXPERT_IDS, NUM_POST, nblk, nb_max, BM: tl.constexpr, E_POW2: tl.constexpr,
-                              BLOCK_B: tl.constexpr):
-        """COUNTS [nblk, E_POW2] -> in place, each block's first slot per expert."""
+    def _block_cursors_kernel(COUNTS, CURSORS, EXPERT_IDS, NUM_POST, nblk, nb_max, BM: tl.constexpr,
+                              E_POW2: tl.constexpr, BLOCK_B: tl.constexpr):
+        """COUNTS [nblk, E_POW2] -> CURSORS [nblk, E_POW2]: each block's first slot per expert. Never written
+        in place: a value is held by several warps, and one warp's store could land before another's load."""
         e_offs = tl.arange(0, E_POW2)
-        before = tl.zeros((E_POW2,), dtype=tl.int32)
-        for blk in range(nblk):  # pairs of each expert in the blocks before this one
-            c = tl.load(COUNTS + blk * E_POW2 + e_offs)
-            tl.store(COUNTS + blk * E_POW2 + e_offs, before)
-            before += c
-        starts = _expert_table(before, EXPERT_IDS, NUM_POST, nb_max, BM, BLOCK_B)
+        totals = tl.zeros((E_POW2,), dtype=tl.int32)
         for blk in range(nblk):
-            tl.store(COUNTS + blk * E_POW2 + e_offs, tl.load(COUNTS + blk * E_POW2 + e_offs) + starts)
+            totals += tl.load(COUNTS + blk * E_POW2 + e_offs)
+        cursor = _expert_table(totals, EXPERT_IDS, NUM_POST, nb_max, BM, BLOCK_B)
+        for blk in range(nblk):  # + the pairs of each expert in the blocks before this one
+            tl.store(CURSORS + blk * E_POW2 + e_offs, cursor)
+            cursor += tl.load(COUNTS + blk * E_POW2 + e_offs)
 
     @triton.jit(do_not_specialize=["numel"])
     def _block_scatter_kernel(TOPK, SORTED, COUNTS, numel, num_experts, E_POW2: tl.constexpr,
@@ -153,8 +153,9 @@ if HAS_TRITON:
 
 SORT_ABOVE = 4096  # pairs: beyond this the single-program scan (serial over pairs) loses to a sort
 # the method above SORT_ABOVE: "sort" (torch's device sort, ≈ 25 torch ops: ≈ 1 ms of host time per call at 8K
-# tokens, s29f) or "blocks" (three Triton launches; prepared in session 29, not yet timed on a GPU)
-LARGE = "sort"
+# tokens, s29f) or "blocks" (three Triton launches). H200 s30c, whole MoE call with moe_wide.MIXED_TILES_KERNEL:
+# M=2048 2.43 -> 2.31 ms, 8192 6.86 -> 6.72; fresh 2048-token forward of 4 layers: wall 21.1 -> 19.0 ms
+LARGE = "blocks"
 BLOCK_PAIRS = 512  # pairs per program of "blocks"
 
 
@@ -208,9 +209,10 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: st
         nblk = triton.cdiv(numel, BLOCK_PAIRS)
         counts = torch.empty((nblk, e_pow2), dtype=torch.int32, device=dev)
         _block_counts_kernel[(nblk,)](flat, counts, numel, num_experts, E_POW2=e_pow2, CHUNK=BLOCK_PAIRS)
-        _block_cursors_kernel[(1,)](counts, expert_ids, num_post, nblk, nb, BM=block_m, E_POW2=e_pow2,
+        cursors = torch.empty_like(counts)
+        _block_cursors_kernel[(1,)](counts, cursors, expert_ids, num_post, nblk, nb, BM=block_m, E_POW2=e_pow2,
                                     BLOCK_B=max(16, 8192 // e_pow2), num_warps=8)
-        _block_scatter_kernel[(nblk,)](flat, sorted_ids, counts, numel, num_experts, E_POW2=e_pow2, CHUNK=BLOCK_PAIRS,
+        _block_scatter_kernel[(nblk,)](flat, sorted_ids, cursors, numel, num_experts, E_POW2=e_pow2, CHUNK=BLOCK_PAIRS,
                                        SCATTER=scatter, num_warps=8)
         return sorted_ids, expert_ids, num_post
     _moe_align_kernel[(1,)](

@@ -313,8 +313,9 @@ def mixed_tiles(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
     return big, small
 
 
-# prepared in session 29 (interpreter-tested against mixed_tiles_ref; not yet run on a GPU: run_device_s30b.sh)
-MIXED_TILES_KERNEL = False
+# the mixed tile lists by `_mixed_tiles_kernel` (one launch) instead of ≈ 25 torch ops (GPU-tested s30c; figures at
+# moe_align.LARGE)
+MIXED_TILES_KERNEL = True
 
 
 def mixed_tiles_ref(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:

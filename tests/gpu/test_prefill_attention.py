@@ -120,7 +120,7 @@ def test_prefill_attention_fuses_the_inverse_rope(kind, poison, close_bf16):
 
 @pytest.mark.parametrize("kind", ["csa", "hca"])
 def test_prefill_attention_lazy_rescale_and_unmasked_loads(kind, monkeypatch, poison, close_bf16):
-    """The prepared variants: UNMASKED_LOADS gives the default's bits exactly (padding rows read from a valid
+    """The variants: UNMASKED_LOADS (default) gives the masked loads' bits exactly (padding rows read from a valid
     row, their scores -inf either way); LAZY_RESCALE (a stale running maximum within RESCALE_MARGIN) stays as close
     to the reference as the default is, also with a margin of 0 (a rescale at every growth)."""
     from dsv4.kernels import prefill_attention as pa
@@ -131,7 +131,9 @@ def test_prefill_attention_lazy_rescale_and_unmasked_loads(kind, monkeypatch, po
     q = q * 3  # scores spread over several units: the running maximum moves
     scale = HD ** -0.5
     ref = pa.prefill_attention_ref(q, 260, keys, key_pos0, 128, entries, idx, sink, scale)
+    monkeypatch.setattr(pa, "UNMASKED_LOADS", False)
     base = pa.prefill_attention(q, 260, keys, key_pos0, 128, entries, idx, sink, scale)
+    close_bf16(base, ref, rel=REL, what=f"masked loads {kind}")
     monkeypatch.setattr(pa, "UNMASKED_LOADS", True)
     poison()
     assert torch.equal(pa.prefill_attention(q, 260, keys, key_pos0, 128, entries, idx, sink, scale), base)
