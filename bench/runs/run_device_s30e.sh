@@ -6,7 +6,7 @@
 source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1  # this call's
 run 100 tests/gpu/test_mhc.py
-for V in "'split'" "'row'" "'split'" "'row'"; do
+for V in "'split'" "'row'"; do
   echo "COLLAPSE_PREFILL=$V"
   timeout 60 python3 bench/flags.py dsv4.kernels.mhc.COLLAPSE_PREFILL="$V" -- bench/profile_step.py --layers 4 \
     --prefill 8192 2>&1 | grep -E "wall|kernels,|_finish|_mix_kernel"
