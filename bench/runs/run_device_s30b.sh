@@ -1,5 +1,6 @@
 #!/bin/bash
 # Prepared in session 29 for session 30, one H200 (≈ 6 min), after run_device_s30a.sh; then s30c.sh.
+# (Ran in session 30: LAZY_RESCALE measured slower and removed; UNMASKED_LOADS made the default. Not rerunnable as is.)
 source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1  # this call's
 # (1) the prefill attention's prepared variants (prefill_attention.LAZY_RESCALE, UNMASKED_LOADS; interpreter-tested,

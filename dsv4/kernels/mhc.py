@@ -45,9 +45,7 @@ HC = 4
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
 # finish variant when a call does not pick one: "row" or "split" (module docstring). "split" measured faster
 # in session 7 (T = 1, µs in a graph): hc_pre 10.4 -> 9.8, hc_post_pre 12.1 -> 11.3, hc_head 9.9 -> 8.0.
-COLLAPSE = "split"
-# the same above 16 tokens (prefill: thousands of tokens, 9 programs each, against 2 for "row"); A/B'd in s30e
-COLLAPSE_PREFILL = "split"
+COLLAPSE = "split"  # also at prefill: 8K tokens, 4 layers (s30e), finish kernels 2,043 µs split vs 2,291 row
 SPLIT_BD = 512  # columns per collapse program of the split finish
 # token rows per mix program above 16 tokens with the post fused in: it holds X, f and X' tiles at once
 # (at 64 rows the fused mix took 735 µs at 8K tokens vs 104 µs without the post, s12d)
@@ -232,8 +230,8 @@ def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
     return arrival_counters("mHC split finish", device, needed)
 
 
-def _collapse_mode(collapse: str | None, who: str, tokens: int) -> str:
-    mode = collapse if collapse is not None else COLLAPSE_PREFILL if tokens > 16 else COLLAPSE
+def _collapse_mode(collapse: str | None, who: str) -> str:
+    mode = collapse if collapse is not None else COLLAPSE
     if mode not in ("row", "split"):
         raise ValueError(f"{who}: collapse={mode!r} must be 'row' or 'split'")
     return mode
@@ -269,7 +267,7 @@ def hc_pre(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, sink
     `collapse` picks the finish variant ("row" / "split"; default: the module's COLLAPSE)."""
     _require_triton()
     _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_pre", x.shape[0])
+    mode = _collapse_mode(collapse, "hc_pre")
     if sinkhorn_iters < 1:
         raise ValueError(f"hc_pre: sinkhorn_iters={sinkhorn_iters} must be >= 1")
     fn = _as_mix(fn)
@@ -295,7 +293,7 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
     """Triton post(prev sub-layer) + pre(next) in two launches (contract of `hc_post_pre_ref`)."""
     _require_triton()
     t, d = _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_post_pre", x.shape[0])
+    mode = _collapse_mode(collapse, "hc_post_pre")
     if f.shape != (t, d):
         raise ValueError(f"hc_post_pre: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     fin = _Finish(base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps, mode)
@@ -308,7 +306,7 @@ def hc_head(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, hc_
     """Triton HC head (contract of `hc_head_ref`), two launches, final RMSNorm fused when given."""
     _require_triton()
     _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_head", x.shape[0])
+    mode = _collapse_mode(collapse, "hc_head")
     fn = _as_mix(fn)
     if fn.n_mix != HC:
         raise ValueError(f"hc_head: fn has {fn.n_mix} mixes, expected {HC}")

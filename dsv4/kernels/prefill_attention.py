@@ -32,19 +32,14 @@ from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 # loaded, so skip its second load (same values; frees shared memory for 64-key tiles: 197 -> 131 KB).
 # H200, Flash 8K, s10b: with 64-key tiles CSA 4.81 -> 3.49 ms, HCA 1.55 -> 1.20, SWA 1.02 -> 0.81
 KV_ONE_LOAD = True
-# Prepared in session 29 (interpreter-tested, compiled offline; not yet run on a GPU). The kernel is issue-bound:
-# 1,020 (window) / 1,393 (gathered entries) SASS instructions per 64-key tile and thread, 87 of them spill traffic
-# in the entries loop (255 registers), against ≈ 36 wgmmas per warpgroup.
-# LAZY_RESCALE: rescale the [BH, DV] fp32 accumulator (128 multiplies per thread and tile) only when a row's
-# running maximum grew by more than RESCALE_MARGIN; the stale maximum bounds p by e^margin and the final
-# normalisation uses the same maximum, so only the bf16 rounding of p moves (as with any running maximum).
+# The kernel is issue-bound: 1,020 (window) / 1,393 (gathered entries) SASS instructions per 64-key tile and
+# thread, 87 of them spill traffic in the entries loop (255 registers), against ≈ 36 wgmmas per warpgroup.
 # UNMASKED_LOADS: key rows past the window's end or of -1 entry slots are read from a valid row (the last window
-# row / entry 0) instead of masked, their scores still -inf: no per-load predicates, the same output bits.
-# H200 s30b, Flash 8K, ms per layer (64-key tiles): default CSA 3.45, HCA 1.18, SWA 0.80; UNMASKED_LOADS 3.34, 1.18,
-# 0.79 (kept); LAZY_RESCALE 3.56, 1.31, 0.98 (both: 3.75, 1.32, 0.93; not adopted: the branch costs more than the
-# multiplies it saves)
-LAZY_RESCALE = False
-RESCALE_MARGIN = 8.0
+# row / entry 0) instead of masked, their scores still -inf: no per-load predicates, the same output bits (entries
+# loop 1,265 instructions). H200 s30b, Flash 8K, ms per layer: masked CSA 3.45, HCA 1.18, SWA 0.80; unmasked 3.34,
+# 1.18, 0.79. Measured and removed: a lazy rescale of the accumulator (only when a row's maximum grew by more than
+# a margin) 3.56, 1.31, 0.98 (the branch costs more than the 128 multiplies per tile it saves); 128-key tiles on
+# one stage (s30e; 1,163 instructions per 64 keys but 1.8 KB spilled) CSA 4.64, HCA 2.09, SWA 0.82.
 UNMASKED_LOADS = True
 
 
@@ -76,19 +71,9 @@ if HAS_TRITON:
         return tl.dot(a, b)
 
     @triton.jit
-    def _softmax_step(m, l, acc, s, v, INTERP: tl.constexpr, LAZY: tl.constexpr, MARGIN: tl.constexpr):
+    def _softmax_step(m, l, acc, s, v, INTERP: tl.constexpr):
         """One online-softmax step over a key tile: s [BH, BN] fp32 scores (-inf masked), v [BN, DV]."""
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        if LAZY:  # keep a stale maximum while every row's grew by at most MARGIN (p <= e^MARGIN)
-            if tl.max(m_new - m, axis=0) > MARGIN:
-                alpha = tl.exp(m - m_new)
-                l = l * alpha
-                acc = acc * alpha[:, None]
-                m = m_new
-            p = tl.exp(s - m[:, None])
-            l = l + tl.sum(p, axis=1)
-            acc = acc + _dot(p.to(tl.bfloat16), v, INTERP)
-            return m, l, acc
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
@@ -102,7 +87,7 @@ if HAS_TRITON:
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct,
         BH: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, HAS_E: tl.constexpr,
         INTERP: tl.constexpr, KV_ONE_LOAD: tl.constexpr, ROT: tl.constexpr, NOPE: tl.constexpr,
-        LAZY: tl.constexpr = False, MARGIN: tl.constexpr = 8.0, UNMASKED: tl.constexpr = False,
+        UNMASKED: tl.constexpr = False,
         CAUSAL_R: tl.constexpr = 0,
     ):
         t = tl.program_id(0)
@@ -132,7 +117,7 @@ if HAS_TRITON:
             s = _dot(q, tl.trans(k), INTERP) * scale
             s = tl.where(valid[None, :], s, float("-inf"))
             v = k if KV_ONE_LOAD else tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
-            m, l, acc = _softmax_step(m, l, acc, s, v, INTERP, LAZY, MARGIN)
+            m, l, acc = _softmax_step(m, l, acc, s, v, INTERP)
         if HAS_E:
             # CAUSAL_R (HCA): every complete entry, (pos + 1) // CAUSAL_R of the n_idx, in order: the list's tiles
             n_list = tl.minimum((pos + 1) // CAUSAL_R, n_idx) if CAUSAL_R > 0 else n_idx
@@ -151,7 +136,7 @@ if HAS_TRITON:
                 s = _dot(q, tl.trans(k), INTERP) * scale
                 s = tl.where(valid[None, :], s, float("-inf"))
                 v = k if KV_ONE_LOAD else tl.load(base + offs_v[None, :], mask=valid[:, None], other=0.0)
-                m, l, acc = _softmax_step(m, l, acc, s, v, INTERP, LAZY, MARGIN)
+                m, l, acc = _softmax_step(m, l, acc, s, v, INTERP)
 
         sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
         o = acc / (l + tl.exp(sink - m))[:, None]
@@ -223,7 +208,7 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e and not causal else 0,
         out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
         BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=one_load, ROT=rot,
-        NOPE=d - 2 * cos.shape[1] if rot else d, LAZY=LAZY_RESCALE, MARGIN=RESCALE_MARGIN, UNMASKED=UNMASKED_LOADS,
+        NOPE=d - 2 * cos.shape[1] if rot else d, UNMASKED=UNMASKED_LOADS,
         CAUSAL_R=causal_ratio if causal else 0,
         num_warps=num_warps or (8 if bh * dv >= 16384 else 4),
         # 128 heads x 512 dims: two stages would not fit in shared memory
