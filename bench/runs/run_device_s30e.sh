@@ -1,9 +1,9 @@
 #!/bin/bash
 # Session 30, one H200 (≈ 5 min), after s30d. (1) mhc.COLLAPSE_PREFILL "split" (default) vs "row" at 8K tokens:
-# (Ran in session 30: "row" measured slower; the COLLAPSE_PREFILL flag was removed. Not rerunnable as is.)
 # the mHC finish kernels' GPU time in one 8K forward of 4 layers (split: 9 programs per token incl. the Sinkhorn one,
 # a last-arriver norm; row: 2). (2) the prefill attention at 128-key tiles, one stage (sass_stats: 1,163 instructions
 # per 64 keys in the entries loop against 1,393, but 1.8 KB spilled). (3) the 8-layer 8K prefill on this tree.
+# (Ran in session 30: "row" measured slower; the COLLAPSE_PREFILL flag was removed. Not rerunnable as is.)
 source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1  # this call's
 run 100 tests/gpu/test_mhc.py
