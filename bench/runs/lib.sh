@@ -48,3 +48,11 @@ for i, m in per.items():
                  if 'stalled_' in k), reverse=True)[:7]
     print(i, {k[:40]: v for k, v in m.items() if 'stalled_' not in k}, 'stalls', st)"
 }
+# `ncu_src LIMIT NAME SCRIPT ARGS...`: Nsight Compute's source counters (PC sampling) on the first launch of the
+# kernels matching KERNEL (regex, default `_wide_async`) that SCRIPT runs: the report goes to $OUT/NAME.ncu-rep, and
+# the 30 SASS instructions with the most stall samples are printed with their three largest stall columns.
+ncu_src() {
+  timeout $1 ncu -k regex:"${KERNEL:-_wide_async}" -c 1 --section SourceCounters --section WarpStateStats \
+    -f -o $OUT/$2 python3 "${@:3}" > /dev/null 2>&1
+  ncu --import $OUT/$2.ncu-rep --page source --csv --print-source sass 2>/dev/null | python3 bench/ncu_source_top.py
+}

@@ -1,0 +1,43 @@
+"""Reads `ncu --page source --csv --print-source sass` from stdin; prints the SASS instructions with the most warp
+stall samples (all samples), each with its share of the kernel's samples and its three largest stall columns, and
+the kernel's totals per stall column. A reading aid for run scripts (bench/runs/lib.sh `ncu_src`)."""
+from __future__ import annotations
+
+import csv
+import sys
+
+
+def _num(v: str) -> float | None:
+    try:
+        return float(v.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def main(top: int = 30) -> None:
+    rows = [r for r in csv.reader(sys.stdin) if r]
+    head = next((i for i, r in enumerate(rows) if any("Source" == c.strip() for c in r)), None)
+    if head is None:
+        print("ncu_source_top: no source table in the input (was SourceCounters collected?)")
+        return
+    cols, body = rows[head], rows[head + 1:]
+    total_col = next((i for i, c in enumerate(cols) if "Stall Sampling (All" in c), None)
+    if total_col is None:
+        print("ncu_source_top: no 'Warp Stall Sampling (All Samples)' column; columns:", cols)
+        return
+    src = cols.index(next(c for c in cols if c.strip() == "Source"))
+    addr = next((i for i, c in enumerate(cols) if "Address" in c), None)
+    stall_cols = [i for i, c in enumerate(cols) if c.lower().startswith("stall") or "stall_" in c.lower()]
+    samples = [(_num(r[total_col]) or 0.0, r) for r in body if len(r) == len(cols)]
+    whole = sum(s for s, _ in samples) or 1.0
+    print(f"{len(samples)} SASS instructions, {whole:.0f} stall samples")
+    totals = {cols[i]: sum(_num(r[i]) or 0.0 for _, r in samples) for i in stall_cols}
+    print("by column:", ", ".join(f"{k} {v / whole:.1%}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:8]))
+    for s, r in sorted(samples, key=lambda x: -x[0])[:top]:
+        big = sorted(((_num(r[i]) or 0.0, cols[i]) for i in stall_cols), reverse=True)[:3]
+        where = r[addr] if addr is not None else ""
+        print(f"{s / whole:6.1%} {where:>8} {r[src].strip()[:70]:70} " + " ".join(f"{c}={v:.0f}" for v, c in big if v))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/bin/bash
+# Prepared in session 30 for session 31, one H200 (≈ 5 min): where the prefill's two largest kernels stall, per SASS
+# instruction (Nsight Compute source counters, `ncu_src` in lib.sh; reports kept in $OUT). s30c's per-warp stall
+# ratios of the warp-specialised GLU put long scoreboard (global / local memory) first at 4.94 per issue, not shared
+# memory; which instructions? (1) the default GLU (`_wide_async_kernel`, first launch at M = 8192), (2) the WS GLU
+# (`_ws_kernel`), (3) the CSA prefill attention at 8K (`_prefill_attn_kernel`, 255 registers + 200 B spilled).
+source bench/runs/lib.sh
+python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1  # this call's
+echo "default GLU"; ncu_src 150 glu bench/bench_moe_flags.py --ms 8192 "default:" | head -40
+echo "WS GLU"; KERNEL=_ws_kernel ncu_src 150 ws_glu bench/bench_moe_flags.py --ms 8192 \
+  "ws glu:dsv4.kernels.moe_wide.WS_GLU=True" | head -40
+echo "CSA prefill attention"; KERNEL=_prefill_attn_kernel ncu_src 150 attn bench/bench_prefill_glue.py \
+  --skip select queries --kv-one-load --shapes 512,64,8,2 | head -40
