@@ -16,7 +16,8 @@ import logging
 import re
 from typing import Literal
 
-from dsv4.config import ModelConfig, resolve_expert_dtype
+from dsv4.config import ModelConfig
+from dsv4.config_parse import resolve_expert_dtype
 
 log = logging.getLogger(__name__)
 
