@@ -63,7 +63,6 @@ def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_
 
 
 if HAS_TRITON:
-    from dsv4.kernels.norm_rope import _bf16
 
     @triton.jit
     def _dot(a, b, INTERP: tl.constexpr):
@@ -82,22 +81,6 @@ if HAS_TRITON:
         return m_new, l, acc
 
     @triton.jit
-    def _prepare_q(q, cos_row, sin_row, eps, BH: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr):
-        """q [BH, D] bf16 -> the unweighted per-head RMS norm in bf16 arithmetic, then RoPE on the pairs from NOPE
-        on, written as `dsv4.kernels.norm_rope`'s NORM == 2 and ROT steps (its sum runs over another layout:
-        the mean can differ in a rare last bit)."""
-        y = q.to(tl.float32)
-        mean = _bf16(tl.sum(_bf16(y * y), axis=1) / D)
-        r = _bf16(tl.math.rsqrt(_bf16(mean + eps)))
-        y = _bf16(y * r[:, None])
-        a, c = tl.split(tl.reshape(y, (BH, D // 2, 2)))
-        pair = tl.arange(0, D // 2)
-        rope = pair >= NOPE // 2
-        cs = tl.load(cos_row + (pair - NOPE // 2), mask=rope, other=1.0)[None, :]
-        sn = tl.load(sin_row + (pair - NOPE // 2), mask=rope, other=0.0)[None, :]
-        return tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (BH, D)).to(tl.bfloat16)
-
-    @triton.jit
     def _prefill_attn_kernel(
         Q, K, E, IDX, SINK, OUT, COS, SIN,
         H, n_idx, q_pos0, key_pos0, window, scale,
@@ -106,7 +89,6 @@ if HAS_TRITON:
         INTERP: tl.constexpr, KV_ONE_LOAD: tl.constexpr, ROT: tl.constexpr, NOPE: tl.constexpr,
         UNMASKED: tl.constexpr = False,
         CAUSAL_R: tl.constexpr = 0,
-        Q_PREP: tl.constexpr = False, q_eps=0.0,
     ):
         t = tl.program_id(0)
         offs_h = tl.arange(0, BH)
@@ -116,9 +98,6 @@ if HAS_TRITON:
         offs_n = tl.arange(0, BN)
         q = tl.load(Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
                     mask=hmask[:, None], other=0.0)
-        if Q_PREP:  # raw wq_b output: the per-head norm and RoPE of `norm_rope(norm=UNWEIGHTED, cos, sin)` here
-            q = _prepare_q(q, COS + t.to(tl.int64) * stride_ct, SIN + t.to(tl.int64) * stride_ct, q_eps, BH, D,
-                           NOPE)
         m = tl.full((BH,), -1.0e30, dtype=tl.float32)
         l = tl.zeros((BH,), dtype=tl.float32)
         acc = tl.zeros((BH, DV), dtype=tl.float32)
@@ -179,18 +158,14 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
                       scale: float, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
                       out: torch.Tensor | None = None, dv: int | None = None, bn: int | None = None,
                       num_warps: int | None = None, num_stages: int | None = None,
-                      causal_ratio: int = 0, q_norm_eps: float | None = None) -> torch.Tensor:
+                      causal_ratio: int = 0) -> torch.Tensor:
     """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k], cos / sin
     [n, rope/2] for the inverse RoPE or neither); fills `out`. causal_ratio r > 0 with entry_idx None: every
     complete entry, (t + 1) // r of them for the query at t (HCA), the list not built; the same bits as that
-    list. q_norm_eps: q is wq_b's raw output, normed per head and RoPE'd here (as `norm_rope(q,
-    norm=UNWEIGHTED, eps=q_norm_eps, cos=cos, sin=sin)` would; needs cos / sin). dv / bn / num_warps /
-    num_stages: the output slice per program, keys per tile and the launch shape (defaults: the measured ones)."""
+    list. dv / bn / num_warps / num_stages: the output slice per program, keys per tile and the launch shape
+    (defaults: the measured ones)."""
     n, h, d = q.shape
     rot = cos is not None
-    if q_norm_eps is not None and not rot:
-        raise ValueError("prefill_attention: q_norm_eps (raw q) needs cos / sin: the same table rotates q and the "
-                         "output")
     if (sin is not None) != rot or (rot and (cos.dim() != 2 or cos.shape[0] != n or sin.shape != cos.shape
                                             or not 0 < 2 * cos.shape[1] <= d)):
         raise ValueError(f"prefill_attention: cos / sin must both be [n={n}, rope/2 <= {d // 2}] or both None, got "
@@ -234,8 +209,7 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
         out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
         BH=bh, D=d, DV=dv, BN=bn, HAS_E=has_e, INTERP=INTERPRET, KV_ONE_LOAD=one_load, ROT=rot,
         NOPE=d - 2 * cos.shape[1] if rot else d, UNMASKED=UNMASKED_LOADS,
-        CAUSAL_R=causal_ratio if causal else 0, Q_PREP=q_norm_eps is not None,
-        q_eps=float(q_norm_eps or 0.0),
+        CAUSAL_R=causal_ratio if causal else 0,
         num_warps=num_warps or (8 if bh * dv >= 16384 else 4),
         # 128 heads x 512 dims: two stages would not fit in shared memory
         num_stages=num_stages or (2 if bh <= 64 else 1),

@@ -53,10 +53,6 @@ FUSED_PREFILL_READS = True
 # HCA chunks: the prefill kernel walks every complete entry itself (`causal_ratio`) instead of reading a [T, N] list
 # built by ≈ 6 torch ops; the same bits (GPU-tested s30a)
 PREFILL_HCA_CAUSAL = True
-# ... and the query's per-head norm + RoPE applied by the prefill kernel to wq_b's raw output as it loads it
-# (`prefill_attention(q_norm_eps=)`), instead of a `norm_rope` launch that reads and writes [T, H, Dh] (≈ 250 µs per
-# layer at 8K, s30d). Prepared in session 30 (interpreter-tested); opt-in until measured (run_device_s31b.sh)
-FUSED_Q_PREP = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -67,7 +63,7 @@ def _decode_shaped(segments: list[Segment] | None) -> bool:
 
 class AttentionInputs(NamedTuple):
     """What `Attention.prepare` computes per token for `attend` and `finish`."""
-    q: torch.Tensor                      # [T, H, Dh] normed, RoPE'd (unless q_raw)
+    q: torch.Tensor                      # [T, H, Dh] normed, RoPE'd
     kv: torch.Tensor                     # [T, Dh] the shared K=V head (FP8-simulated nope dims)
     cos: torch.Tensor                    # [T, rope_dim/2]
     sin: torch.Tensor
@@ -76,7 +72,6 @@ class AttentionInputs(NamedTuple):
     index_q: torch.Tensor | None         # [T, Hi, di]
     index_w: torch.Tensor | None         # [T, Hi]
     dtype: torch.dtype
-    q_raw: bool = False                  # q is wq_b's raw output (FUSED_Q_PREP): the prefill kernel norms it
 
 
 class Attention(nn.Module):
@@ -121,15 +116,8 @@ class Attention(nn.Module):
     # finish (per token). Decode under CUDA graphs (dsv4.model.graphs) captures prepare and finish
     # and runs attend eagerly between them.
 
-    def defers_q(self, segments: list[Segment] | None, step=None) -> bool:
-        """Whether `prepare(defer_q=True)` may leave q raw: its `attend` then runs the prefill kernel, which norms
-        and rotates q itself (FUSED_Q_PREP; with the inverse RoPE in the same kernel, as `rotates` decides)."""
-        return FUSED_Q_PREP and KERNEL_INVERSE_ROPE and self.use_kernels and step is None \
-            and not _decode_shaped(segments)
-
-    def prepare(self, a: torch.Tensor, positions: torch.Tensor, defer_q: bool = False) -> AttentionInputs:
-        """Projections, norms, RoPE and the compressor/indexer rows of the flat batch (`defer_q`, from `defers_q`:
-        q stays wq_b's raw output on CUDA in bf16, for the prefill kernel to prepare)."""
+    def prepare(self, a: torch.Tensor, positions: torch.Tensor) -> AttentionInputs:
+        """Projections, norms, RoPE and the compressor/indexer rows of the flat batch."""
         cos, sin = self.rope.cos_sin(positions)
         projected = None  # kernel mode: the compressor / indexer projections beside the query path
         if self.compressor and self.use_kernels:
@@ -145,10 +133,8 @@ class Attention(nn.Module):
                 q, index_proj = self._fp8_pair("q_latent", q_latent_in)
             else:
                 q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
-            q = q.unflatten(-1, (self.n_heads, self.head_dim))
-            q_raw = defer_q and q.is_cuda and q.dtype == torch.bfloat16
-            if not q_raw:
-                q = nr.norm_rope(q, norm=nr.UNWEIGHTED, eps=self.eps, cos=cos, sin=sin)
+            q = nr.norm_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), norm=nr.UNWEIGHTED, eps=self.eps,
+                             cos=cos, sin=sin)
             kv = nr.norm_rope(kv, norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos, sin=sin,
                               sim=nr.SIM_FP8 if self.numerics.simulate_kv_fp8 else nr.SIM_NONE, nope=self.nope_dim)
         else:
@@ -159,7 +145,7 @@ class Attention(nn.Module):
             kv = apply_rope(self.kv_norm(self.wkv(a_in, input_ready=True)), cos, sin)
             if self.numerics.simulate_kv_fp8:
                 kv = simulate_kv_fp8(kv, self.nope_dim)
-            index_proj, q_raw = None, False
+            index_proj = None
         rows = index_rows = index_q = index_w = None
         if projected is not None:  # one GEMM + one launch instead of ~5 per linear
             rows, index_rows, index_w = projected()
@@ -169,7 +155,7 @@ class Attention(nn.Module):
                 index_rows = self.indexer.compressor.project(a, positions)
         if self.indexer:
             index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w, q=index_proj)
-        return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype, q_raw)
+        return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype)
 
     # Kernel mode: the FP8 linears that share an input as one GEMM per pair (batch-1 decode).
 
@@ -276,9 +262,6 @@ class Attention(nn.Module):
         (after it where `rotates` says so: `step`'s kernel, or the prefill kernel when asked with `rotate`).
         `step` (a dsv4.engine.paged_decode.DecodeStep) replaces `segments` for a paged decode batch."""
         out = torch.empty_like(pre.q) if out is None else out
-        if pre.q_raw and not (rotate and step is None and not _decode_shaped(segments) and self._prefill_kernel(pre)):
-            raise ValueError("Attention.attend: q is raw (prepare(defer_q=True)) but this call does not run the "
-                             "prefill kernel with rotate=True (see Attention.defers_q)")
         if step is not None:
             return self._attend_step(pre, step, out)
         if _decode_shaped(segments):
@@ -318,8 +301,7 @@ class Attention(nn.Module):
                 from dsv4.kernels.prefill_attention import prefill_attention
                 rot = (pre.cos[sl], pre.sin[sl]) if rotate else (None, None)
                 prefill_attention(q[sl], done, keys, done - past_kv.shape[0], self.window, entries, entry_idx,
-                                  self.attn_sink, self.scale, *rot, out=out[sl], causal_ratio=causal,
-                                  q_norm_eps=self.eps if pre.q_raw else None)
+                                  self.attn_sink, self.scale, *rot, out=out[sl], causal_ratio=causal)
             else:
                 entry_mask = None if entries is None else indices_to_mask(entry_idx, entries.shape[0])
                 sink_attention(q[sl], pos, keys, torch.cat((past_pos, pos)), self.window, entries, entry_mask,

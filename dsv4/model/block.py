@@ -44,7 +44,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
                 segments: list[Segment] | None, step=None) -> torch.Tensor:
         """x: residual streams [T, hc, D] -> [T, hc, D] (`step`: a paged decode step, see Attention.attend)."""
-        hc, pre = self.pre(x, positions, defer_q=self.attn.defers_q(segments, step))
+        hc, pre = self.pre(x, positions)
         rotated = self.attn.rotates(pre, segments, step)
         attended = self.attn.attend(pre, positions, segments, step=step, rotate=rotated)
         return self.post(x, attended, pre, hc, token_ids, rotated=rotated)
@@ -52,9 +52,8 @@ class Block(nn.Module):
     # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
     # them and runs `attn.attend` eagerly in between.
 
-    def pre(self, x: torch.Tensor, positions: torch.Tensor, defer_q: bool = False) -> tuple[tuple, AttentionInputs]:
-        """mHC pre of the attention site + attention `prepare` (`defer_q`: see Attention.defers_q) -> ((post, comb),
-        attention inputs)."""
+    def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[tuple, AttentionInputs]:
+        """mHC pre of the attention site + attention `prepare` -> ((post, comb), attention inputs)."""
         if self.mhc is not None:
             from dsv4.kernels import mhc
             u, post, comb = mhc.hc_pre(x, self.mhc["attn"], self.hc_attn_base, self.hc_attn_scale,
@@ -62,7 +61,7 @@ class Block(nn.Module):
         else:
             u, post, comb = hc_pre(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, **self.hc_kwargs)
             u = self.attn_norm(u)
-        return (post, comb), self.attn.prepare(u, positions, defer_q)
+        return (post, comb), self.attn.prepare(u, positions)
 
     def post(self, x: torch.Tensor, attended: torch.Tensor, pre: AttentionInputs, hc: tuple,
              token_ids: torch.Tensor | None, rotated: bool = False) -> torch.Tensor:
