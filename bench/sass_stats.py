@@ -117,9 +117,9 @@ def _stages(spec, module):
     return spec if isinstance(spec, int) else getattr(module, spec.split(".")[1])
 
 
-def _loops(sass: str) -> None:
+def _loops(sass: str, hist: int = 0) -> None:
     """Per loop (a backward branch and the code it jumps over): instructions, MMAs and spill traffic, i.e. the cost
-    of one iteration per thread."""
+    of one iteration per thread; `hist`: also its most frequent opcodes."""
     ins = []
     for line in sass.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)(.*)", line)
@@ -131,9 +131,11 @@ def _loops(sass: str) -> None:
             body = collections.Counter(o for a, o, _ in ins if int(target.group(1), 16) <= a <= addr)
             print(f"    loop {int(target.group(1), 16):#x}..{addr:#x}: {sum(body.values())} instructions; "
                   + ", ".join(f"{o} {body[o]}" for o in ("HGMMA", "HMMA", "LDL", "STL", "LDGSTS", "FMUL", "BAR")))
+            if hist:
+                print("      " + ", ".join(f"{o} {n}" for o, n in body.most_common(hist)))
 
 
-def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False) -> None:
+def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False, hist: int = 0) -> None:
     import importlib
 
     import triton
@@ -168,7 +170,7 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
           f"{spill.group(1) if spill else '?'} B spilled, {sum(ops.values())} SASS instructions; "
           + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
     if loops:
-        _loops(sass)
+        _loops(sass, hist)
     if layouts:
         ttgir = k.asm["ttgir"]
         defs = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, re.M))
@@ -182,11 +184,12 @@ def main() -> None:
     ap.add_argument("--layouts", action="store_true", help="also print the layout of each global load")
     ap.add_argument("--loops", action="store_true", help="also print each loop's instructions per iteration")
     ap.add_argument("--stages", type=int, default=None, help="num_stages for every case (default: each case's)")
+    ap.add_argument("--hist", type=int, default=0, help="with --loops: each loop's N most frequent opcodes")
     args = ap.parse_args()
     for name in args.names or CASES:
         if name not in CASES:
             raise SystemExit(f"sass_stats: unknown case {name!r}; cases: {', '.join(CASES)}")
-        compile_case(name, args.stages, args.layouts, args.loops)
+        compile_case(name, args.stages, args.layouts, args.loops, args.hist)
 
 
 if __name__ == "__main__":

@@ -9,5 +9,9 @@ python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2
 echo "default GLU"; ncu_src 150 glu bench/bench_moe_flags.py --ms 8192 "default:" | head -40
 echo "WS GLU"; KERNEL=_ws_kernel ncu_src 150 ws_glu bench/bench_moe_flags.py --ms 8192 \
   "ws glu:dsv4.kernels.moe_wide.WS_GLU=True" | head -40
+# (4) the prefill attention with 32-key tiles and deeper prefetch (offline TTGIR: 3 stages give the window loop 3
+#     K slots and a wait that leaves one tile in flight; 2 stages wait for every copy before each tile's QK, s30e)
+timeout 90 python3 bench/bench_prefill_glue.py --skip select queries --kv-one-load \
+  --shapes 512,64,8,2 512,32,8,3 512,32,8,4 512,32,8,5 2>&1 | tail -4
 echo "CSA prefill attention"; KERNEL=_prefill_attn_kernel ncu_src 150 attn bench/bench_prefill_glue.py \
   --skip select queries --kv-one-load --shapes 512,64,8,2 | head -40
