@@ -69,6 +69,12 @@ CASES = {
                        "PART", "SQ", "BASE", "SCALE", "POST", "COMB", "USQ")} | dict(CNT="*i32", hc_eps="fp32",
                                                                                     norm_eps="fp32"),
                    dict(HAS_NORM=True, LEAD=1, ITERS=20, NP=32, SP=64, BD=512, NBP=8, NBD=2048), 4, 3, ("D",)),
+    "mhc_finish_block": ("mhc_kernels", "_finish_block_kernel",
+                         {n: "*bf16" for n in ("X", "NORM_W", "U", "NORMED")} | {n: "*fp32" for n in (
+                             "PART", "SQ", "BASE", "SCALE", "POST", "COMB", "USQ")}
+                         | dict(CNT="*i32", hc_eps="fp32", norm_eps="fp32"),
+                         dict(HAS_NORM=True, LEAD=1, ITERS=20, NP=32, SP=2, BT=8, BD=512, NBP=8, NBD=1024), 4, 3,
+                         ("D",)),
     "gate_route": ("router", "_gate_route_kernel",
                    dict(X="*bf16", W="*bf16", PART="*fp32", LOGITS="*fp32", CNT="*i32", BIAS="*fp32", T2E="*i32",
                         TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", route_scale="fp32"),
