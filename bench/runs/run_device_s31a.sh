@@ -6,6 +6,9 @@
 # (`_ws_kernel`), (3) the CSA prefill attention at 8K (`_prefill_attn_kernel`, 255 registers + 200 B spilled).
 source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1  # this call's
+# (0) moe_align "blocks" with session 30's per-expert-slice prefix kernel (replacing the one-program cursor walk):
+#     its GPU test before anything else; if it fails, set moe_align.LARGE = "sort" (GPU-tested) and say so
+run 60 tests/gpu/test_moe_align.py
 echo "default GLU"; ncu_src 150 glu bench/bench_moe_flags.py --ms 8192 "default:" | head -40
 echo "WS GLU"; KERNEL=_ws_kernel ncu_src 150 ws_glu bench/bench_moe_flags.py --ms 8192 \
   "ws glu:dsv4.kernels.moe_wide.WS_GLU=True" | head -40

@@ -59,6 +59,17 @@ def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 if HAS_TRITON:
 
     @triton.jit
+    def _table_rows(ends, total, EXPERT_IDS, b_lo, b_hi, BM: tl.constexpr, BLOCK_B: tl.constexpr):
+        """Rows [b_lo, b_hi) of the block -> expert table from the segments' padded ends (-1 past `total`)."""
+        for b0 in range(b_lo, b_hi, BLOCK_B):
+            b = b0 + tl.arange(0, BLOCK_B)
+            pos = b * BM
+            # the expert owning slot `pos` is the number of segments that end at or before it
+            eid = tl.sum((ends[None, :] <= pos[:, None]).to(tl.int32), axis=1)
+            eid = tl.where(pos < total, eid, -1)
+            tl.store(EXPERT_IDS + b, eid, mask=b < b_hi)
+
+    @triton.jit
     def _expert_table(counts, EXPERT_IDS, NUM_POST, nb_max, BM: tl.constexpr, BLOCK_B: tl.constexpr):
         """Per-expert pair counts -> each expert's padded segment start (returned), the used-slot count and
         the block -> expert table (-1 past the last used block)."""
@@ -66,13 +77,7 @@ if HAS_TRITON:
         ends = tl.cumsum(padded, 0)
         total = tl.sum(padded, 0)
         tl.store(NUM_POST, total)
-        for b0 in range(0, nb_max, BLOCK_B):
-            b = b0 + tl.arange(0, BLOCK_B)
-            pos = b * BM
-            # the expert owning slot `pos` is the number of segments that end at or before it
-            eid = tl.sum((ends[None, :] <= pos[:, None]).to(tl.int32), axis=1)
-            eid = tl.where(pos < total, eid, -1)
-            tl.store(EXPERT_IDS + b, eid, mask=b < nb_max)
+        _table_rows(ends, total, EXPERT_IDS, 0, nb_max, BM, BLOCK_B)
         return ends - padded
 
     @triton.jit
@@ -118,8 +123,9 @@ if HAS_TRITON:
         starts = _expert_table(counts, EXPERT_IDS, NUM_POST, nb_max, BM, BLOCK_B)
         _scatter_pairs(TOPK, SORTED, 0, numel, starts, num_experts, E_POW2, SCATTER)
 
-    # "blocks": the same in three launches over blocks of CHUNK pairs (counts per block; one program turns
-    # them into each block's per-expert cursor; every block scatters its own pairs), for many pairs.
+    # "blocks": the same in three launches over blocks of CHUNK pairs (counts per block; per expert, the pairs in
+    # the blocks before each block and the total; every block scatters its own pairs from its expert's start plus
+    # that prefix, and writes its share of the block -> expert table), for many pairs.
 
     @triton.jit(do_not_specialize=["numel"])
     def _block_counts_kernel(TOPK, COUNTS, numel, num_experts, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
@@ -128,33 +134,49 @@ if HAS_TRITON:
         counts = _chunk_counts(TOPK, lo, tl.minimum(lo + CHUNK, numel), num_experts, E_POW2, CHUNK)
         tl.store(COUNTS + blk * E_POW2 + tl.arange(0, E_POW2), counts)
 
-    @triton.jit(do_not_specialize=["nblk", "nb_max"])
-    def _block_cursors_kernel(COUNTS, CURSORS, EXPERT_IDS, NUM_POST, nblk, nb_max, BM: tl.constexpr,
-                              E_POW2: tl.constexpr, BLOCK_B: tl.constexpr):
-        """COUNTS [nblk, E_POW2] -> CURSORS [nblk, E_POW2]: each block's first slot per expert. Never written
-        in place: a value is held by several warps, and one warp's store could land before another's load."""
-        e_offs = tl.arange(0, E_POW2)
-        totals = tl.zeros((E_POW2,), dtype=tl.int32)
-        for blk in range(nblk):
-            totals += tl.load(COUNTS + blk * E_POW2 + e_offs)
-        cursor = _expert_table(totals, EXPERT_IDS, NUM_POST, nb_max, BM, BLOCK_B)
-        for blk in range(nblk):  # + the pairs of each expert in the blocks before this one
-            tl.store(CURSORS + blk * E_POW2 + e_offs, cursor)
-            cursor += tl.load(COUNTS + blk * E_POW2 + e_offs)
+    @triton.jit(do_not_specialize=["nblk"])
+    def _block_prefix_kernel(COUNTS, PREFIX, TOTALS, nblk, E_POW2: tl.constexpr, ES: tl.constexpr,
+                             BB: tl.constexpr):
+        """Experts [pid ES, (pid + 1) ES): COUNTS [nblk, E_POW2] -> PREFIX (each block's pairs of the expert in
+        the blocks before it) and TOTALS [E_POW2], BB blocks per step (one program per slice of experts: a single
+        program walking every block serially took ≈ 40 µs at 8K tokens, s30d). PREFIX is not COUNTS: a value is
+        held by several warps, and one warp's store could land before another's load (s30c)."""
+        es = tl.program_id(0) * ES + tl.arange(0, ES)
+        carry = tl.zeros((ES,), dtype=tl.int32)
+        for b0 in range(0, nblk, BB):
+            b = b0 + tl.arange(0, BB)
+            m = (b < nblk)[:, None]
+            c = tl.load(COUNTS + b[:, None] * E_POW2 + es[None, :], mask=m, other=0)
+            tl.store(PREFIX + b[:, None] * E_POW2 + es[None, :], carry[None, :] + tl.cumsum(c, 0) - c, mask=m)
+            carry += tl.sum(c, 0)
+        tl.store(TOTALS + es, carry)
 
-    @triton.jit(do_not_specialize=["numel"])
-    def _block_scatter_kernel(TOPK, SORTED, COUNTS, numel, num_experts, E_POW2: tl.constexpr,
-                              CHUNK: tl.constexpr, SCATTER: tl.constexpr):
+    @triton.jit(do_not_specialize=["numel", "nb_max"])
+    def _block_scatter_kernel(TOPK, SORTED, PREFIX, TOTALS, EXPERT_IDS, NUM_POST, numel, num_experts, nb_max,
+                              BM: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr, SCATTER: tl.constexpr,
+                              BLOCK_B: tl.constexpr):
+        """Block `pid`'s pairs to their slots (cursor = the expert's padded start + PREFIX), and rows
+        [pid TB, (pid + 1) TB) of the block -> expert table (TB = nb_max / programs, rounded up)."""
         blk = tl.program_id(0)
+        e_offs = tl.arange(0, E_POW2)
+        padded = (tl.load(TOTALS + e_offs) + BM - 1) // BM * BM
+        ends = tl.cumsum(padded, 0)
+        total = tl.sum(padded, 0)
+        if blk == 0:
+            tl.store(NUM_POST, total)
+        per = tl.cdiv(nb_max, tl.num_programs(0))
+        _table_rows(ends, total, EXPERT_IDS, blk * per, tl.minimum(blk * per + per, nb_max), BM, BLOCK_B)
         lo = blk * CHUNK
-        cursor = tl.load(COUNTS + blk * E_POW2 + tl.arange(0, E_POW2))
+        cursor = ends - padded + tl.load(PREFIX + blk * E_POW2 + e_offs)
         _scatter_pairs(TOPK, SORTED, lo, tl.minimum(lo + CHUNK, numel), cursor, num_experts, E_POW2, SCATTER)
 
 
 SORT_ABOVE = 4096  # pairs: beyond this the single-program scan (serial over pairs) loses to a sort
 # the method above SORT_ABOVE: "sort" (torch's device sort, ≈ 25 torch ops: ≈ 1 ms of host time per call at 8K
 # tokens, s29f) or "blocks" (three Triton launches). H200 s30c, whole MoE call with moe_wide.MIXED_TILES_KERNEL:
-# M=2048 2.43 -> 2.31 ms, 8192 6.86 -> 6.72; fresh 2048-token forward of 4 layers: wall 21.1 -> 19.0 ms
+# M=2048 2.43 -> 2.31 ms, 8192 6.86 -> 6.72; fresh 2048-token forward of 4 layers: wall 21.1 -> 19.0 ms. Session 30
+# then replaced its one-program cursor kernel (≈ 40 µs per call at 8K tokens) by per-expert-slice prefix programs
+# (interpreter-tested; GPU test first in run_device_s31a.sh; should it fail there, "sort" is the GPU-tested fallback)
 LARGE = "blocks"
 BLOCK_PAIRS = 512  # pairs per program of "blocks"
 
@@ -209,11 +231,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: st
         nblk = triton.cdiv(numel, BLOCK_PAIRS)
         counts = torch.empty((nblk, e_pow2), dtype=torch.int32, device=dev)
         _block_counts_kernel[(nblk,)](flat, counts, numel, num_experts, E_POW2=e_pow2, CHUNK=BLOCK_PAIRS)
-        cursors = torch.empty_like(counts)
-        _block_cursors_kernel[(1,)](counts, cursors, expert_ids, num_post, nblk, nb, BM=block_m, E_POW2=e_pow2,
-                                    BLOCK_B=max(16, 8192 // e_pow2), num_warps=8)
-        _block_scatter_kernel[(nblk,)](flat, sorted_ids, cursors, numel, num_experts, E_POW2=e_pow2, CHUNK=BLOCK_PAIRS,
-                                       SCATTER=scatter, num_warps=8)
+        prefix = torch.empty_like(counts)
+        totals = torch.empty((e_pow2,), dtype=torch.int32, device=dev)
+        es = min(32, e_pow2)
+        _block_prefix_kernel[(e_pow2 // es,)](counts, prefix, totals, nblk, E_POW2=e_pow2, ES=es, BB=64)
+        _block_scatter_kernel[(nblk,)](flat, sorted_ids, prefix, totals, expert_ids, num_post, numel, num_experts, nb,
+                                       BM=block_m, E_POW2=e_pow2, CHUNK=BLOCK_PAIRS, SCATTER=scatter,
+                                       BLOCK_B=max(16, 8192 // e_pow2), num_warps=8)
         return sorted_ids, expert_ids, num_post
     _moe_align_kernel[(1,)](
         flat, sorted_ids, expert_ids, num_post, numel, num_experts, nb,

@@ -41,6 +41,22 @@ def test_moe_align_matches_reference(m, e, k, bm, skew, method, poison):
     assert bool((s[int(nr):] == m * k).all())
 
 
+@pytest.mark.parametrize("pairs_per_block", [16, 64])
+def test_moe_align_blocks_carry_over_many_blocks(pairs_per_block, monkeypatch, poison):
+    """"blocks" with more blocks than its prefix kernel takes per step (64): the running per-expert prefix carries
+    from one step of blocks to the next; every block writes its share of the block -> expert table."""
+    import importlib
+    ma = importlib.import_module("dsv4.kernels.moe_align")  # (the package exports the function by that name)
+    monkeypatch.setattr(ma, "BLOCK_PAIRS", pairs_per_block)
+    gen = torch.Generator(DEV).manual_seed(pairs_per_block)
+    ids, _ = _topk(1100, 64, 6, gen, skew=True)  # 6600 pairs: 413 / 104 blocks
+    ids = ids.to(torch.int32)
+    poison()
+    s, eids, n = ma.moe_align(ids, 64, 32, method="blocks")
+    sr, eidr, nr = ma.moe_align_ref(ids, 64, 32)
+    assert torch.equal(n, nr) and torch.equal(eids, eidr) and torch.equal(s, sr)
+
+
 @pytest.mark.parametrize("m,e,k,bm", [(1, 8, 6, 16), (64, 128, 6, 16), (1000, 128, 6, 64)])
 @pytest.mark.parametrize("method", ["scan", "sort", "blocks"])
 def test_moe_align_skips_other_ranks_pairs(m, e, k, bm, method, poison):
