@@ -257,26 +257,21 @@ def _finish(x, part, sq, split, fin: _Finish):
               SP=max(2, triton.next_power_of_2(split)), num_warps=FINISH_WARPS)
     if fin.mode == "row":
         _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=min(1024, triton.next_power_of_2(d)), **kw)
-    elif fin.mode == "block":
+    else:  # "split" / "block": one counter per token / per block of BLOCK_T tokens
         bd = min(SPLIT_BD, triton.next_power_of_2(d))
-        nb, blocks = triton.cdiv(d, bd), triton.cdiv(t, BLOCK_T)
-        nbp = max(2, triton.next_power_of_2(nb))
-        usq = cnt = u
-        if fin.norm_weight is not None:
-            usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, blocks)
-        _finish_block_kernel[(blocks, nb + (0 if fin.head else 1))](
-            *args, usq, cnt, *tail, LEAD=0 if fin.head else 1, BT=BLOCK_T, BD=bd, NBP=nbp,
-            NBD=max(16, min(NORM_BD, 8192 // BLOCK_T, triton.next_power_of_2(d))), **kw)
-    else:
-        bd = min(SPLIT_BD, triton.next_power_of_2(d))
-        nb = triton.cdiv(d, bd)
-        nbp = max(2, triton.next_power_of_2(nb))
+        nb, nbp = triton.cdiv(d, bd), max(2, triton.next_power_of_2(triton.cdiv(d, bd)))
+        block = fin.mode == "block"
+        rows = triton.cdiv(t, BLOCK_T) if block else t
         usq = cnt = u  # the norm's per-token partial sums of squares (each written before read) and counters
         if fin.norm_weight is not None:
-            usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, t)
-        _finish_split_kernel[(t, nb + (0 if fin.head else 1))](
-            *args, usq, cnt, *tail, LEAD=0 if fin.head else 1, BD=bd, NBP=nbp,
-            NBD=min(NORM_BD, triton.next_power_of_2(d)), **kw)
+            usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, rows)
+        lead, nbd = 0 if fin.head else 1, min(NORM_BD, triton.next_power_of_2(d))
+        grid = (rows, nb + lead)
+        if block:  # (the last arriver's [BLOCK_T, NBD] tile: at most 8K elements)
+            _finish_block_kernel[grid](*args, usq, cnt, *tail, LEAD=lead, BT=BLOCK_T, BD=bd, NBP=nbp,
+                                       NBD=max(16, min(nbd, 8192 // BLOCK_T)), **kw)
+        else:
+            _finish_split_kernel[grid](*args, usq, cnt, *tail, LEAD=lead, BD=bd, NBP=nbp, NBD=nbd, **kw)
     return outs
 
 
@@ -284,7 +279,8 @@ def hc_pre(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, sink
            hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None, collapse: str | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton mHC pre (contract of `hc_pre_ref`); `fn` is the fp32 weight or a `prepare_mix` result;
-    `collapse` picks the finish variant ("row" / "split"; default: the module's COLLAPSE)."""
+    `collapse` picks the finish variant ("row" / "split" / "block"; default: the module's COLLAPSE, above 16 tokens
+    COLLAPSE_PREFILL)."""
     _require_triton()
     _check_streams(x)
     mode = _collapse_mode(collapse, "hc_pre", x.shape[0])
