@@ -69,14 +69,55 @@ if HAS_TRITON:
                           BR: tl.constexpr, INTERP: tl.constexpr):
         """BR rows per program ([BR, DP] tiles, DP = D rounded up to a power of two, the padding zeros;
         BR > 1 for the Hadamard's tensor-core dot)."""
+        wn, sgn = _norm_rope_static(W, H, D, DP, NORM, SIM)  # read before the PDL wait (beside the previous
+        pdl_wait()                                            # kernel's tail)
+        _norm_rope_rows(X, OUT, wn, sgn, COS, SIN, eps, hscale, G, rows, stride_cs, tl.program_id(0),
+                        D, DP, ROPE0, NOPE, NORM, ROT, INV, SIM, BR, INTERP)
+
+    @pdl_kernel
+    @triton.jit
+    def _norm_rope_pair_kernel(X, OUT, W, COS, SIN, eps, rows, stride_cs,
+                               X2, OUT2, W2, eps2, rows2, programs,
+                               D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
+                               D2: tl.constexpr, DP2: tl.constexpr, ROPE0_2: tl.constexpr, NOPE2: tl.constexpr,
+                               NORM2: tl.constexpr, ROT2: tl.constexpr, SIM2: tl.constexpr, BR: tl.constexpr,
+                               INTERP: tl.constexpr):
+        """Two `norm_rope` calls on two tensors of one layer in one launch (`norm_rope_pair`): programs below
+        `programs` run the first (a norm, no RoPE), the others the second; each row as `_norm_rope_kernel`
+        computes it. The first program of each part waits for the previous kernel (PDL) like every other."""
+        pid = tl.program_id(0)
+        if pid < programs:  # (names differ per branch: Triton merges a name's types across the branches)
+            wa, sa = _norm_rope_static(W, X, D, DP, NORM, 0)
+            pdl_wait()
+            _norm_rope_rows(X, OUT, wa, sa, COS, SIN, eps, 1.0, 1, rows, stride_cs, pid,
+                            D, DP, D, 0, NORM, False, False, 0, BR, INTERP)
+        else:
+            wb, sb = _norm_rope_static(W2, X2, D2, DP2, NORM2, SIM2)
+            pdl_wait()
+            _norm_rope_rows(X2, OUT2, wb, sb, COS, SIN, eps2, 1.0, 1, rows2, stride_cs, pid - programs,
+                            D2, DP2, ROPE0_2, NOPE2, NORM2, ROT2, False, SIM2, BR, INTERP)
+
+    @triton.jit
+    def _norm_rope_static(W, H, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr, SIM: tl.constexpr):
+        """The static operands of a call: the norm weight (NORM == 1) and the Hadamard signs (SIM == 2)."""
         d = tl.arange(0, DP)
-        dm = d < D
-        if NORM == 1:  # the static operands are read before the PDL wait (beside the previous kernel's tail)
-            wn = tl.load(W + d, mask=dm, other=0.0).to(tl.float32)
+        wn = 0.0
+        sgn = 0.0
+        if NORM == 1:
+            wn = tl.load(W + d, mask=d < D, other=0.0).to(tl.float32)
         if SIM == 2:
             sgn = tl.load(H + d[:, None] * D + d[None, :])
-        pdl_wait()
-        row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+        return wn, sgn
+
+    @triton.jit
+    def _norm_rope_rows(X, OUT, wn, sgn, COS, SIN, eps, hscale, G, rows, stride_cs, pid,
+                        D: tl.constexpr, DP: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr,
+                        NORM: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr,
+                        BR: tl.constexpr, INTERP: tl.constexpr):
+        """Rows [pid BR, (pid + 1) BR) of one `norm_rope` call (wn, sgn: `_norm_rope_static`)."""
+        d = tl.arange(0, DP)
+        dm = d < D
+        row = pid.to(tl.int64) * BR + tl.arange(0, BR)
         live = row < rows
         tok = row // G
         y = tl.load(X + row[:, None] * D + d[None, :], mask=live[:, None] & dm[None, :], other=0.0).to(tl.float32)
@@ -156,6 +197,34 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
         ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm, ROT=rot, INV=inverse, SIM=sim, BR=br,
         INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
     return out
+
+
+def norm_rope_pair(a: torch.Tensor, a_weight: torch.Tensor, a_eps: float, b: torch.Tensor, b_weight: torch.Tensor,
+                   b_eps: float, cos: torch.Tensor, sin: torch.Tensor, sim: int = SIM_NONE,
+                   nope: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm_rope(a, norm=WEIGHTED, ...)` and `norm_rope(b, norm=WEIGHTED, cos, sin, sim, nope)` in one launch
+    (the q latent and the window kv after wq_a | wkv: one launch fewer per layer at decode). a [T, Da], b [T, Db]
+    bf16; each program runs `_norm_rope_kernel`'s rows of one of them, so the results are the two calls' up to
+    the fp32 order of a row's sum of squares (one launch shape for both: rare last-bit flips)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[0] or a.dtype != torch.bfloat16 \
+            or b.dtype != torch.bfloat16 or a.shape[1] % 2 or b.shape[1] % 64 or sim == SIM_FP4:
+        raise ValueError(f"norm_rope_pair: expected bf16 a [T, Da] (Da even) and b [T, Db] (Db a multiple of 64) "
+                         f"with sim none / FP8, got {a.dtype} {tuple(a.shape)}, {b.dtype} {tuple(b.shape)}, sim={sim}")
+    a, b = a.contiguous(), b.contiguous()
+    out_a, out_b = torch.empty_like(a), torch.empty_like(b)
+    rows = a.shape[0]
+    if rows == 0:
+        return out_a, out_b
+    da, db = a.shape[1], b.shape[1]
+    br = max(1, min(ROWS_PER_PROGRAM, 4096 // triton.next_power_of_2(max(da, db)))) if rows >= ROWS_FROM else 1
+    cos_t, sin_t = cos.float().contiguous(), sin.float().contiguous()
+    programs = triton.cdiv(rows, br)
+    _norm_rope_pair_kernel[(2 * programs,)](
+        a, out_a, a_weight, cos_t, sin_t, float(a_eps), rows, cos_t.stride(0), b, out_b, b_weight, float(b_eps),
+        rows, programs, D=da, DP=triton.next_power_of_2(da), NORM=WEIGHTED, D2=db, DP2=triton.next_power_of_2(db),
+        ROPE0_2=db - 2 * cos_t.shape[-1], NOPE2=nope, NORM2=WEIGHTED, ROT2=True, SIM2=sim, BR=br, INTERP=INTERPRET,
+        num_warps=4 if max(da, db) <= 512 else 8)
+    return out_a, out_b
 
 
 @functools.lru_cache(maxsize=None)

@@ -53,6 +53,10 @@ FUSED_PREFILL_READS = True
 # HCA chunks: the prefill kernel walks every complete entry itself (`causal_ratio`) instead of reading a [T, N] list
 # built by ≈ 6 torch ops; the same bits (GPU-tested s30a)
 PREFILL_HCA_CAUSAL = True
+# kernel mode: the q latent's norm and the window kv's norm + RoPE + FP8 simulation in one launch
+# (`norm_rope.norm_rope_pair`) instead of two: one launch fewer per layer in a decode step. Prepared in session 30
+# (interpreter-tested, compiled offline); opt-in until timed (run_device_s31c.sh)
+PAIRED_NORMS = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -127,7 +131,12 @@ class Attention(nn.Module):
         if self.use_kernels:  # the same steps, one launch per tensor
             from dsv4.kernels import norm_rope as nr
             q_latent, kv = self._fp8_pair("a", a_in)
-            q_latent = nr.norm_rope(q_latent, norm=nr.WEIGHTED, weight=self.q_norm.weight, eps=self.q_norm.eps)
+            sim = nr.SIM_FP8 if self.numerics.simulate_kv_fp8 else nr.SIM_NONE
+            if PAIRED_NORMS:
+                q_latent, kv = nr.norm_rope_pair(q_latent, self.q_norm.weight, self.q_norm.eps, kv, self.kv_norm.weight,
+                                                 self.kv_norm.eps, cos, sin, sim=sim, nope=self.nope_dim)
+            else:
+                q_latent = nr.norm_rope(q_latent, norm=nr.WEIGHTED, weight=self.q_norm.weight, eps=self.q_norm.eps)
             q_latent_in = self.wq_b.prepare_input(q_latent)
             if self.indexer:  # wq_b and the indexer's wq_b read the same q latent
                 q, index_proj = self._fp8_pair("q_latent", q_latent_in)
@@ -135,8 +144,9 @@ class Attention(nn.Module):
                 q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
             q = nr.norm_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), norm=nr.UNWEIGHTED, eps=self.eps,
                              cos=cos, sin=sin)
-            kv = nr.norm_rope(kv, norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos, sin=sin,
-                              sim=nr.SIM_FP8 if self.numerics.simulate_kv_fp8 else nr.SIM_NONE, nope=self.nope_dim)
+            if not PAIRED_NORMS:
+                kv = nr.norm_rope(kv, norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos,
+                                  sin=sin, sim=sim, nope=self.nope_dim)
         else:
             q_latent = self.q_norm(self.wq_a(a_in, input_ready=True))
             q_latent_in = self.wq_b.prepare_input(q_latent)  # shared by wq_b and indexer.wq_b

@@ -340,6 +340,30 @@ def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
     assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"
 
 
+def test_paired_norms_match_the_two_launches(monkeypatch):
+    """attention.PAIRED_NORMS (the q latent's norm and the window kv's norm + RoPE + FP8 simulation in one launch):
+    prefill logits at every prompt position and the decode steps after them agree with the two launches' up to
+    the norms' sum order (rare last-bit flips)."""
+    from pathlib import Path
+
+    import dsv4
+    from dsv4.model import attention
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    prompts = [_ids(2048, n, seed=n + 7) for n in (300, 9, 64)]
+    runs = []
+    for paired in (False, True):
+        monkeypatch.setattr(attention, "PAIRED_NORMS", paired)
+        model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+        prefill = [_step(model, model.new_sequence_state(), p, 0) for p in prompts]
+        runs.append(torch.cat(prefill + [_batch_decode(model, prompts, 6).flatten(0, 1)]))
+    k, t = runs[1].double(), runs[0].double()
+    assert torch.isfinite(t).all()
+    rel = float((k - t).norm() / t.norm())
+    agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
+    print(f"paired norms vs two launches: rel {rel:.2e}, argmax agree {agree:.4f}")
+    assert rel < 2e-2 and agree > 0.97, (rel, agree)
+
+
 def test_fused_prefill_stores_match_the_torch_stores(monkeypatch):
     """attention.FUSED_PREFILL_STORES (kernel mode: prefill chunks store their window kv and the compressor's
     entries, finish included, through `cache_store.store_rows` as the paged decode step does) with
