@@ -16,3 +16,7 @@ for V in "$M.COLLAPSE_PREFILL='split'" "$M.COLLAPSE_PREFILL='block'" "$M.COLLAPS
     | grep -E "wall|kernels,|_finish|_mix_kernel"
 done
 prefill8 100 "$M.COLLAPSE_PREFILL='block'"
+# moe_align "blocks" pairs per program: 512 makes 96 scatter programs at 8K tokens (fewer than the 132 SMs; s30d:
+# ≈ 39 µs per scatter launch); 256 / 128 make 192 / 384
+B=dsv4.kernels.moe_align.BLOCK_PAIRS
+timeout 90 python3 bench/bench_moe_flags.py --ms 2048,8192 "512:" "256:$B=256" "128:$B=128" 2>&1 | tail -3
