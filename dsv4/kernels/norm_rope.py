@@ -77,14 +77,14 @@ if HAS_TRITON:
     @pdl_kernel
     @triton.jit
     def _norm_rope_pair_kernel(X, OUT, W, COS, SIN, eps, rows, stride_cs,
-                               X2, OUT2, W2, eps2, rows2, programs,
+                               X2, OUT2, W2, eps2, programs,
                                D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
                                D2: tl.constexpr, DP2: tl.constexpr, ROPE0_2: tl.constexpr, NOPE2: tl.constexpr,
                                NORM2: tl.constexpr, ROT2: tl.constexpr, SIM2: tl.constexpr, BR: tl.constexpr,
                                INTERP: tl.constexpr):
-        """Two `norm_rope` calls on two tensors of one layer in one launch (`norm_rope_pair`): programs below
-        `programs` run the first (a norm, no RoPE), the others the second; each row as `_norm_rope_kernel`
-        computes it. The first program of each part waits for the previous kernel (PDL) like every other."""
+        """Two `norm_rope` calls on two tensors of `rows` rows in one launch (`norm_rope_pair`): programs below
+        `programs` run the first (a norm, no RoPE), the others the second, each row as `_norm_rope_kernel`
+        computes it; every program reads its static operands, then waits for the previous kernel (PDL)."""
         pid = tl.program_id(0)
         if pid < programs:  # (names differ per branch: Triton merges a name's types across the branches)
             wa, sa = _norm_rope_static(W, X, D, DP, NORM, 0)
@@ -94,7 +94,7 @@ if HAS_TRITON:
         else:
             wb, sb = _norm_rope_static(W2, X2, D2, DP2, NORM2, SIM2)
             pdl_wait()
-            _norm_rope_rows(X2, OUT2, wb, sb, COS, SIN, eps2, 1.0, 1, rows2, stride_cs, pid - programs,
+            _norm_rope_rows(X2, OUT2, wb, sb, COS, SIN, eps2, 1.0, 1, rows, stride_cs, pid - programs,
                             D2, DP2, ROPE0_2, NOPE2, NORM2, ROT2, False, SIM2, BR, INTERP)
 
     @triton.jit
@@ -221,7 +221,7 @@ def norm_rope_pair(a: torch.Tensor, a_weight: torch.Tensor, a_eps: float, b: tor
     programs = triton.cdiv(rows, br)
     _norm_rope_pair_kernel[(2 * programs,)](
         a, out_a, a_weight, cos_t, sin_t, float(a_eps), rows, cos_t.stride(0), b, out_b, b_weight, float(b_eps),
-        rows, programs, D=da, DP=triton.next_power_of_2(da), NORM=WEIGHTED, D2=db, DP2=triton.next_power_of_2(db),
+        programs, D=da, DP=triton.next_power_of_2(da), NORM=WEIGHTED, D2=db, DP2=triton.next_power_of_2(db),
         ROPE0_2=db - 2 * cos_t.shape[-1], NOPE2=nope, NORM2=WEIGHTED, ROT2=True, SIM2=sim, BR=br, INTERP=INTERPRET,
         num_warps=4 if max(da, db) <= 512 else 8)
     return out_a, out_b
