@@ -321,21 +321,28 @@ def test_side_stream_branches_are_bit_identical(monkeypatch, branches):
             f"first differing step {int((diff.flatten(1).amax(1) > 0).nonzero()[0])}"
 
 
-def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
-    """attention.KERNEL_INVERSE_ROPE (the prefill and paged decode kernels rotate their outputs back themselves,
-    `finish` skips its `norm_rope` launch): prefill and decode logits equal the separate launch's bit for bit."""
+def _logits_flag_off_on(monkeypatch, flag: str, seed: int) -> list[torch.Tensor]:
+    """The embedded model's logits with dsv4.model.attention.<flag> False, then True: every position of three
+    prompts (prefilled alone), then 6 batched greedy decode steps."""
     from pathlib import Path
 
     import dsv4
     from dsv4.model import attention
     path = Path(dsv4.__file__).parent / "assets" / "tiny"
-    prompts = [_ids(2048, n, seed=n + 3) for n in (300, 9, 64)]
+    prompts = [_ids(2048, n, seed=n + seed) for n in (300, 9, 64)]
     runs = []
-    for fused in (False, True):
-        monkeypatch.setattr(attention, "KERNEL_INVERSE_ROPE", fused)
+    for on in (False, True):
+        monkeypatch.setattr(attention, flag, on)
         model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
         prefill = [_step(model, model.new_sequence_state(), p, 0) for p in prompts]  # every position's logits
         runs.append(torch.cat(prefill + [_batch_decode(model, prompts, 6).flatten(0, 1)]))
+    return runs
+
+
+def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
+    """attention.KERNEL_INVERSE_ROPE (the prefill and paged decode kernels rotate their outputs back themselves,
+    `finish` skips its `norm_rope` launch): prefill and decode logits equal the separate launch's bit for bit."""
+    runs = _logits_flag_off_on(monkeypatch, "KERNEL_INVERSE_ROPE", seed=3)
     assert torch.isfinite(runs[0]).all()
     assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"
 
@@ -344,18 +351,7 @@ def test_paired_norms_match_the_two_launches(monkeypatch):
     """attention.PAIRED_NORMS (the q latent's norm and the window kv's norm + RoPE + FP8 simulation in one launch):
     prefill logits at every prompt position and the decode steps after them agree with the two launches' up to
     the norms' sum order (rare last-bit flips)."""
-    from pathlib import Path
-
-    import dsv4
-    from dsv4.model import attention
-    path = Path(dsv4.__file__).parent / "assets" / "tiny"
-    prompts = [_ids(2048, n, seed=n + 7) for n in (300, 9, 64)]
-    runs = []
-    for paired in (False, True):
-        monkeypatch.setattr(attention, "PAIRED_NORMS", paired)
-        model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
-        prefill = [_step(model, model.new_sequence_state(), p, 0) for p in prompts]
-        runs.append(torch.cat(prefill + [_batch_decode(model, prompts, 6).flatten(0, 1)]))
+    runs = _logits_flag_off_on(monkeypatch, "PAIRED_NORMS", seed=7)
     k, t = runs[1].double(), runs[0].double()
     assert torch.isfinite(t).all()
     rel = float((k - t).norm() / t.norm())
