@@ -81,11 +81,13 @@ CASES = {
                       dict(TOPK="*i32", SORTED="*i32", PREFIX="*i32", TOTALS="*i32", EXPERT_IDS="*i32",
                            NUM_POST="*i32"),
                       dict(BM=64, E_POW2=256, CHUNK=512, SCATTER=32, BLOCK_B=32), 8, 3, ()),
-    "norm_rope_pair": ("norm_rope", "_norm_rope_pair_kernel",
-                       dict(X="*bf16", OUT="*bf16", W="*bf16", COS="*fp32", SIN="*fp32", eps="fp32", X2="*bf16",
-                            OUT2="*bf16", W2="*bf16", eps2="fp32"),
-                       dict(D=1024, DP=1024, NORM=1, D2=512, DP2=512, ROPE0_2=448, NOPE2=448, NORM2=1, ROT2=True,
-                            SIM2=1, BR=1, INTERP=False), 8, 3, ()),
+    "norm_rope_two": ("norm_rope", "_norm_rope_two_kernel",
+                      {n: "*bf16" for n in ("X", "OUT", "W", "H", "X2", "OUT2", "W2", "H2")}
+                      | {n: "*fp32" for n in ("COS", "SIN", "COS2", "SIN2")}
+                      | {n: "fp32" for n in ("eps", "hscale", "eps2", "hscale2")},
+                      dict(D=512, DP=512, ROPE0=448, NOPE=0, NORM=2, ROT=True, INV=False, SIM=0, BR=1,
+                           D2=128, DP2=128, ROPE0_2=64, NOPE2=0, NORM2=0, ROT2=True, INV2=False, SIM2=2, BR2=64,
+                           INTERP=False), 4, 3, ()),
     "gate_route": ("router", "_gate_route_kernel",
                    dict(X="*bf16", W="*bf16", PART="*fp32", LOGITS="*fp32", CNT="*i32", BIAS="*fp32", T2E="*i32",
                         TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", route_scale="fp32"),

@@ -76,26 +76,29 @@ if HAS_TRITON:
 
     @pdl_kernel
     @triton.jit
-    def _norm_rope_pair_kernel(X, OUT, W, COS, SIN, eps, rows, stride_cs,
-                               X2, OUT2, W2, eps2, programs,
-                               D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
-                               D2: tl.constexpr, DP2: tl.constexpr, ROPE0_2: tl.constexpr, NOPE2: tl.constexpr,
-                               NORM2: tl.constexpr, ROT2: tl.constexpr, SIM2: tl.constexpr, BR: tl.constexpr,
-                               INTERP: tl.constexpr):
-        """Two `norm_rope` calls on two tensors of `rows` rows in one launch (`norm_rope_pair`): programs below
-        `programs` run the first (a norm, no RoPE), the others the second, each row as `_norm_rope_kernel`
-        computes it; every program reads its static operands, then waits for the previous kernel (PDL)."""
+    def _norm_rope_two_kernel(X, OUT, W, COS, SIN, H, eps, hscale, G, rows, stride_cs,
+                              X2, OUT2, W2, COS2, SIN2, H2, eps2, hscale2, G2, rows2, stride_cs2, programs,
+                              D: tl.constexpr, DP: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr,
+                              NORM: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr,
+                              BR: tl.constexpr,
+                              D2: tl.constexpr, DP2: tl.constexpr, ROPE0_2: tl.constexpr, NOPE2: tl.constexpr,
+                              NORM2: tl.constexpr, ROT2: tl.constexpr, INV2: tl.constexpr, SIM2: tl.constexpr,
+                              BR2: tl.constexpr, INTERP: tl.constexpr):
+        """Two `norm_rope` calls in one launch (`norm_rope_two`): programs below `programs` run the first, the
+        others the second, each row as `_norm_rope_kernel` computes it; every program reads its static operands,
+        then waits for the previous kernel (PDL). (Names differ per branch: Triton merges a name's types across
+        the branches of a runtime `if`.)"""
         pid = tl.program_id(0)
-        if pid < programs:  # (names differ per branch: Triton merges a name's types across the branches)
-            wa, sa = _norm_rope_static(W, X, D, DP, NORM, 0)
+        if pid < programs:
+            wa, sa = _norm_rope_static(W, H, D, DP, NORM, SIM)
             pdl_wait()
-            _norm_rope_rows(X, OUT, wa, sa, COS, SIN, eps, 1.0, 1, rows, stride_cs, pid,
-                            D, DP, D, 0, NORM, False, False, 0, BR, INTERP)
+            _norm_rope_rows(X, OUT, wa, sa, COS, SIN, eps, hscale, G, rows, stride_cs, pid,
+                            D, DP, ROPE0, NOPE, NORM, ROT, INV, SIM, BR, INTERP)
         else:
-            wb, sb = _norm_rope_static(W2, X2, D2, DP2, NORM2, SIM2)
+            wb, sb = _norm_rope_static(W2, H2, D2, DP2, NORM2, SIM2)
             pdl_wait()
-            _norm_rope_rows(X2, OUT2, wb, sb, COS, SIN, eps2, 1.0, 1, rows, stride_cs, pid - programs,
-                            D2, DP2, ROPE0_2, NOPE2, NORM2, ROT2, False, SIM2, BR, INTERP)
+            _norm_rope_rows(X2, OUT2, wb, sb, COS2, SIN2, eps2, hscale2, G2, rows2, stride_cs2, pid - programs,
+                            D2, DP2, ROPE0_2, NOPE2, NORM2, ROT2, INV2, SIM2, BR2, INTERP)
 
     @triton.jit
     def _norm_rope_static(W, H, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr, SIM: tl.constexpr):
@@ -166,11 +169,10 @@ if HAS_TRITON:
         tl.store(OUT + row[:, None] * D + d[None, :], y.to(tl.bfloat16), mask=live[:, None] & dm[None, :])
 
 
-def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
-              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE,
-              nope: int = 0, inverse: bool = False) -> torch.Tensor:
-    """Triton `norm_rope_ref` (bf16; D even, a multiple of 64 with the FP8 simulation, a power of two >= 32
-    with the Hadamard one; Pro's q latent is 1536 wide)."""
+def _plan(x: torch.Tensor, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
+          cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE, nope: int = 0,
+          inverse: bool = False):
+    """One `norm_rope` call's output, kernel arguments, constexprs, programs and warps."""
     d = x.shape[-1]
     need = {SIM_NONE: d % 2 == 0, SIM_FP8: d % 64 == 0, SIM_FP4: d >= 32 and not d & (d - 1)}[sim]
     if x.dtype != torch.bfloat16 or not need:
@@ -180,8 +182,6 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     x = x.contiguous()
     out = torch.empty_like(x)
     rows = x.numel() // d
-    if rows == 0:
-        return out
     rot = cos is not None
     cos_t = cos.float().contiguous() if rot else x
     sin_t = sin.float().contiguous() if rot else x
@@ -191,39 +191,41 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     if sim == SIM_FP4:
         had, br = _hadamard_signs(d, x.device), HADAMARD_ROWS
     hscale = float(torch.tensor(d ** -0.5, dtype=torch.float64).float())  # the matrix's fp32 entry magnitude
-    _norm_rope_kernel[(triton.cdiv(rows, br),)](
-        x, out, weight if weight is not None else x, cos_t, sin_t, had, float(eps), hscale, g, rows,
-        cos_t.stride(0) if rot else 0, D=d, DP=triton.next_power_of_2(d),
-        ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope, NORM=norm, ROT=rot, INV=inverse, SIM=sim, BR=br,
-        INTERP=INTERPRET, num_warps=4 if d <= 512 else 8)
+    args = (x, out, weight if weight is not None else x, cos_t, sin_t, had, float(eps), hscale, g, rows,
+            cos_t.stride(0) if rot else 0)
+    consts = dict(D=d, DP=triton.next_power_of_2(d), ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope,
+                  NORM=norm, ROT=rot, INV=inverse, SIM=sim, BR=br)
+    return out, args, consts, triton.cdiv(rows, br), 4 if d <= 512 else 8
+
+
+def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
+              cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE,
+              nope: int = 0, inverse: bool = False) -> torch.Tensor:
+    """Triton `norm_rope_ref` (bf16; D even, a multiple of 64 with the FP8 simulation, a power of two >= 32
+    with the Hadamard one; Pro's q latent is 1536 wide)."""
+    out, args, consts, programs, warps = _plan(x, norm, weight, eps, cos, sin, sim, nope, inverse)
+    if programs:
+        _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, num_warps=warps)
     return out
 
 
-def norm_rope_pair(a: torch.Tensor, a_weight: torch.Tensor, a_eps: float, b: torch.Tensor, b_weight: torch.Tensor,
-                   b_eps: float, cos: torch.Tensor, sin: torch.Tensor, sim: int = SIM_NONE,
-                   nope: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`norm_rope(a, norm=WEIGHTED, ...)` and `norm_rope(b, norm=WEIGHTED, cos, sin, sim, nope)` in one launch
-    (the q latent and the window kv after wq_a | wkv: one launch fewer per layer at decode). a [T, Da], b [T, Db]
-    bf16; each program runs `_norm_rope_kernel`'s rows of one of them, so the results are the two calls' up to
-    the fp32 order of a row's sum of squares (one launch shape for both: rare last-bit flips)."""
-    if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[0] or a.dtype != torch.bfloat16 \
-            or b.dtype != torch.bfloat16 or a.shape[1] % 2 or b.shape[1] % 64 or sim == SIM_FP4:
-        raise ValueError(f"norm_rope_pair: expected bf16 a [T, Da] (Da even) and b [T, Db] (Db a multiple of 64) "
-                         f"with sim none / FP8, got {a.dtype} {tuple(a.shape)}, {b.dtype} {tuple(b.shape)}, sim={sim}")
-    a, b = a.contiguous(), b.contiguous()
-    out_a, out_b = torch.empty_like(a), torch.empty_like(b)
-    rows = a.shape[0]
-    if rows == 0:
-        return out_a, out_b
-    da, db = a.shape[1], b.shape[1]
-    br = max(1, min(ROWS_PER_PROGRAM, 4096 // triton.next_power_of_2(max(da, db)))) if rows >= ROWS_FROM else 1
-    cos_t, sin_t = cos.float().contiguous(), sin.float().contiguous()
-    programs = triton.cdiv(rows, br)
-    _norm_rope_pair_kernel[(2 * programs,)](
-        a, out_a, a_weight, cos_t, sin_t, float(a_eps), rows, cos_t.stride(0), b, out_b, b_weight, float(b_eps),
-        programs, D=da, DP=triton.next_power_of_2(da), NORM=WEIGHTED, D2=db, DP2=triton.next_power_of_2(db),
-        ROPE0_2=db - 2 * cos_t.shape[-1], NOPE2=nope, NORM2=WEIGHTED, ROT2=True, SIM2=sim, BR=br, INTERP=INTERPRET,
-        num_warps=4 if max(da, db) <= 512 else 8)
+_SECOND = {"D": "D2", "DP": "DP2", "ROPE0": "ROPE0_2", "NOPE": "NOPE2", "NORM": "NORM2", "ROT": "ROT2",
+           "INV": "INV2", "SIM": "SIM2", "BR": "BR2"}
+
+
+def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm_rope(a, **a_kw)` and `norm_rope(b, **b_kw)` in one launch (two tensors of a layer that come from one
+    GEMM: one launch fewer per layer at decode). Each program runs `_norm_rope_kernel`'s rows of one of them, so
+    the results are the two calls' bits where both use the same warps (4 up to 512 columns, else 8); otherwise up
+    to the fp32 order of a row's sum of squares (rare last-bit flips)."""
+    out_a, args_a, consts_a, pa, wa = _plan(a, **a_kw)
+    out_b, args_b, consts_b, pb, wb = _plan(b, **b_kw)
+    if pa and pb:
+        _norm_rope_two_kernel[(pa + pb,)](*args_a, *args_b, pa, **consts_a,
+                                          **{_SECOND[k]: v for k, v in consts_b.items()}, INTERP=INTERPRET,
+                                          num_warps=max(wa, wb))
+    elif pa or pb:
+        return norm_rope(a, **a_kw), norm_rope(b, **b_kw)
     return out_a, out_b
 
 

@@ -53,10 +53,14 @@ FUSED_PREFILL_READS = True
 # HCA chunks: the prefill kernel walks every complete entry itself (`causal_ratio`) instead of reading a [T, N] list
 # built by ≈ 6 torch ops; the same bits (GPU-tested s30a)
 PREFILL_HCA_CAUSAL = True
-# kernel mode: the q latent's norm and the window kv's norm + RoPE + FP8 simulation in one launch
-# (`norm_rope.norm_rope_pair`) instead of two: one launch fewer per layer in a decode step. Prepared in session 30
-# (interpreter-tested, compiled offline); opt-in until timed (run_device_s31c.sh)
+# kernel mode: the q latent's norm and the window kv's norm + RoPE + FP8 simulation in one launch, and on CSA layers
+# the q heads' norm + RoPE with the indexer q's RoPE + Hadamard + FP4 simulation (`norm_rope.norm_rope_two`): one
+# or two launches fewer per layer in a decode step. Prepared in session 30 (interpreter-tested, compiled offline);
+# opt-in until timed (run_device_s31c.sh). The second pairing only up to PAIRED_QUERIES_MAX_T tokens: its kernel
+# takes the indexer part's 225 registers for every program (sm_90a), too few programs per SM for the q heads'
+# [T * H, 512] pass of a long prefill
 PAIRED_NORMS = False
+PAIRED_QUERIES_MAX_T = 64
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -132,21 +136,26 @@ class Attention(nn.Module):
             from dsv4.kernels import norm_rope as nr
             q_latent, kv = self._fp8_pair("a", a_in)
             sim = nr.SIM_FP8 if self.numerics.simulate_kv_fp8 else nr.SIM_NONE
+            q_latent_kw = dict(norm=nr.WEIGHTED, weight=self.q_norm.weight, eps=self.q_norm.eps)
+            kv_kw = dict(norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos, sin=sin, sim=sim,
+                         nope=self.nope_dim)
             if PAIRED_NORMS:
-                q_latent, kv = nr.norm_rope_pair(q_latent, self.q_norm.weight, self.q_norm.eps, kv, self.kv_norm.weight,
-                                                 self.kv_norm.eps, cos, sin, sim=sim, nope=self.nope_dim)
+                q_latent, kv = nr.norm_rope_two(q_latent, q_latent_kw, kv, kv_kw)
             else:
-                q_latent = nr.norm_rope(q_latent, norm=nr.WEIGHTED, weight=self.q_norm.weight, eps=self.q_norm.eps)
+                q_latent = nr.norm_rope(q_latent, **q_latent_kw)
             q_latent_in = self.wq_b.prepare_input(q_latent)
             if self.indexer:  # wq_b and the indexer's wq_b read the same q latent
                 q, index_proj = self._fp8_pair("q_latent", q_latent_in)
             else:
                 q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
-            q = nr.norm_rope(q.unflatten(-1, (self.n_heads, self.head_dim)), norm=nr.UNWEIGHTED, eps=self.eps,
-                             cos=cos, sin=sin)
+            q_kw = dict(norm=nr.UNWEIGHTED, eps=self.eps, cos=cos, sin=sin)
+            q = q.unflatten(-1, (self.n_heads, self.head_dim))
+            if PAIRED_NORMS and index_proj is not None and q.shape[0] <= PAIRED_QUERIES_MAX_T:  # (the same GEMM)
+                q, index_ready = nr.norm_rope_two(q, q_kw, *self.indexer.query_glue(index_proj, cos, sin))
+            else:
+                q, index_ready = nr.norm_rope(q, **q_kw), None
             if not PAIRED_NORMS:
-                kv = nr.norm_rope(kv, norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos,
-                                  sin=sin, sim=sim, nope=self.nope_dim)
+                kv = nr.norm_rope(kv, **kv_kw)
         else:
             q_latent = self.q_norm(self.wq_a(a_in, input_ready=True))
             q_latent_in = self.wq_b.prepare_input(q_latent)  # shared by wq_b and indexer.wq_b
@@ -155,7 +164,7 @@ class Attention(nn.Module):
             kv = apply_rope(self.kv_norm(self.wkv(a_in, input_ready=True)), cos, sin)
             if self.numerics.simulate_kv_fp8:
                 kv = simulate_kv_fp8(kv, self.nope_dim)
-            index_proj = None
+            index_proj = index_ready = None
         rows = index_rows = index_q = index_w = None
         if projected is not None:  # one GEMM + one launch instead of ~5 per linear
             rows, index_rows, index_w = projected()
@@ -164,7 +173,8 @@ class Attention(nn.Module):
             if self.indexer:
                 index_rows = self.indexer.compressor.project(a, positions)
         if self.indexer:
-            index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w, q=index_proj)
+            index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w, q=index_proj,
+                                                    ready=index_ready)
         return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype)
 
     # Kernel mode: the FP8 linears that share an input as one GEMM per pair (batch-1 decode).

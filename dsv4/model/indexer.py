@@ -49,21 +49,32 @@ class Indexer(nn.Module):
         self.weights_proj = Linear(config.hidden_size, self.n_heads, dtype, numerics)
         self.compressor = Compressor(config, self.ratio, self.head_dim, rope, dtype, numerics, kind="index")
 
+    def query_glue(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Kernel mode: wq_b's output [T, Hi*di] as heads and the `norm_rope` arguments that make it the queries
+        (RoPE + Hadamard + FP4 simulation), for `queries` or for a launch shared with the attention's q."""
+        from dsv4.kernels import norm_rope as nr
+        sim = nr.SIM_FP4 if self.numerics.simulate_indexer_fp4 else nr.SIM_NONE
+        return q.unflatten(-1, (self.n_heads, self.head_dim)), dict(cos=cos, sin=sin, sim=sim)
+
     def queries(self, q_latent_in: torch.Tensor, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                weights: torch.Tensor | None = None, q: torch.Tensor | None = None
+                weights: torch.Tensor | None = None, q: torch.Tensor | None = None, ready: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(indexer queries [T, Hi, di], head weights [T, Hi]) of a flat batch; q_latent_in is the
         (already activation-quantised) input of wq_b. `weights`: the head weights when already computed
         (kernel mode: by the layer's fused projection of `a`, see `Attention.fused_input_weight`); `q`:
         wq_b's output [T, Hi*di] when already computed (kernel mode: the layer's stacked
-        wq_b | indexer.wq_b GEMM, see `Attention.fuse_fp8_pairs`)."""
-        if q is None:
-            q = self.wq_b(q_latent_in, input_ready=True)
-        q = q.unflatten(-1, (self.n_heads, self.head_dim))
-        if self.use_kernels:  # RoPE + Hadamard + FP4 simulation in one launch
+        wq_b | indexer.wq_b GEMM, see `Attention.fuse_fp8_pairs`); `ready`: the queries themselves when already
+        computed (kernel mode: in the attention q's launch, attention.PAIRED_NORMS)."""
+        if ready is not None:
+            q = ready
+        elif self.use_kernels:  # RoPE + Hadamard + FP4 simulation in one launch
             from dsv4.kernels import norm_rope as nr
-            q = nr.norm_rope(q, cos=cos, sin=sin, sim=nr.SIM_FP4 if self.numerics.simulate_indexer_fp4 else nr.SIM_NONE)
+            heads, kw = self.query_glue(self.wq_b(q_latent_in, input_ready=True) if q is None else q, cos, sin)
+            q = nr.norm_rope(heads, **kw)
         else:
+            if q is None:
+                q = self.wq_b(q_latent_in, input_ready=True)
+            q = q.unflatten(-1, (self.n_heads, self.head_dim))
             q = apply_rope(q, cos[:, None], sin[:, None])
             if self.numerics.simulate_indexer_fp4:
                 q = simulate_indexer_fp4(q)

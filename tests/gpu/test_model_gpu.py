@@ -347,16 +347,16 @@ def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
     assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"
 
 
-def test_paired_norms_match_the_two_launches(monkeypatch):
-    """attention.PAIRED_NORMS (the q latent's norm and the window kv's norm + RoPE + FP8 simulation in one launch):
-    prefill logits at every prompt position and the decode steps after them agree with the two launches' up to
-    the norms' sum order (rare last-bit flips)."""
+def test_paired_norms_match_the_separate_launches(monkeypatch):
+    """attention.PAIRED_NORMS (the q latent's and the window kv's norms in one launch; on CSA layers the q heads'
+    and the indexer q's glue in another): prefill logits at every prompt position and the decode steps after them
+    agree with the separate launches' up to the q latent's sum order (rare last-bit flips)."""
     runs = _logits_flag_off_on(monkeypatch, "PAIRED_NORMS", seed=7)
     k, t = runs[1].double(), runs[0].double()
     assert torch.isfinite(t).all()
     rel = float((k - t).norm() / t.norm())
     agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
-    print(f"paired norms vs two launches: rel {rel:.2e}, argmax agree {agree:.4f}")
+    print(f"paired norms vs separate launches: rel {rel:.2e}, argmax agree {agree:.4f}")
     assert rel < 2e-2 and agree > 0.97, (rel, agree)
 
 

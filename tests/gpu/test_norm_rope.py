@@ -72,28 +72,24 @@ def test_norm_rope_refuses_widths_its_simulations_cannot_tile():
 
 
 @pytest.mark.parametrize("rows,da", [(3, 1024), (2051, 1024), (5, 1536)])
-def test_norm_rope_pair_gives_the_two_calls(rows, da, monkeypatch):
-    """`norm_rope_pair` (the q latent's weighted norm and the window kv's norm + RoPE + FP8 simulation in one
-    launch): each output as its own `norm_rope` call gives it, up to rare last-bit flips of a row's sum of squares
-    (one launch shape for both), both against the model path too; decode and prefill row counts, Pro's width."""
-    from dsv4.config import Rope, Yarn
+def test_norm_rope_two_q_latent_and_kv(rows, da, monkeypatch):
+    """`norm_rope_two` with the q latent's weighted norm and the window kv's norm + RoPE + FP8 simulation (one
+    launch, 8 warps for both): each output as its own `norm_rope` call gives it, up to rare last-bit flips of a
+    row's sum of squares, and both against the model path; decode and prefill row counts, Pro's width."""
     from dsv4.kernels import norm_rope as nr
-    from dsv4.model.rope import RotaryEmbedding
 
     g = torch.Generator(device=DEV).manual_seed(rows + da)
     scale = torch.exp2(torch.randint(-4, 5, (rows, 1), generator=g, device=DEV).float())
     a = (torch.randn(rows, da, generator=g, device=DEV) * scale).to(torch.bfloat16)
     b = (torch.randn(rows, 512, generator=g, device=DEV) * scale.flip(0)).to(torch.bfloat16)
-    wa = (1 + 0.3 * torch.randn(da, generator=g, device=DEV)).to(torch.bfloat16)
-    wb = (1 + 0.3 * torch.randn(512, generator=g, device=DEV)).to(torch.bfloat16)
-    rope = RotaryEmbedding(64, Rope(theta=10000.0, yarn=None))
-    cos, sin = rope.cos_sin(torch.randint(0, 100000, (rows,), generator=g, device=DEV))
-    kw_a = dict(norm=nr.WEIGHTED, weight=wa, eps=1e-6)
-    kw_b = dict(norm=nr.WEIGHTED, weight=wb, eps=1e-5, cos=cos, sin=sin, sim=nr.SIM_FP8, nope=448)
+    cos, sin = _cos_sin(rows, g)
+    kw_a = dict(norm=nr.WEIGHTED, weight=(1 + 0.3 * torch.randn(da, generator=g, device=DEV)).to(torch.bfloat16),
+                eps=1e-6)
+    kw_b = dict(norm=nr.WEIGHTED, weight=(1 + 0.3 * torch.randn(512, generator=g, device=DEV)).to(torch.bfloat16),
+                eps=1e-5, cos=cos, sin=sin, sim=nr.SIM_FP8, nope=448)
     one_a, one_b = nr.norm_rope(a, **kw_a), nr.norm_rope(b, **kw_b)
-    real_empty = torch.empty_like
-    monkeypatch.setattr(torch, "empty_like", lambda t, **k: real_empty(t, **k).fill_(float("nan")))  # poison
-    got_a, got_b = nr.norm_rope_pair(a, wa, 1e-6, b, wb, 1e-5, cos, sin, sim=nr.SIM_FP8, nope=448)
+    _poison_empty_like(monkeypatch)
+    got_a, got_b = nr.norm_rope_two(a, kw_a, b, kw_b)
     for got, one, want, what in ((got_a, one_a, nr.norm_rope_ref(a, **kw_a), "q latent"),
                                  (got_b, one_b, nr.norm_rope_ref(b, **kw_b), "kv")):
         assert got.shape == one.shape and torch.isfinite(got).all(), what
@@ -101,5 +97,36 @@ def test_norm_rope_pair_gives_the_two_calls(rows, da, monkeypatch):
         rel = float((got.double() - want.double()).norm() / want.double().norm())
         assert same > (0.95 if what == "kv" else 0.99), f"{what}: only {same:.4f} equal to its own call"
         assert rel < (0.1 if INTERP else 2e-2), f"{what}: rel {rel:.2e} against the model path"
-    with pytest.raises(ValueError, match="norm_rope_pair"):
-        nr.norm_rope_pair(a, wa, 1e-6, b[:, :96], wb, 1e-5, cos, sin)
+    with pytest.raises(ValueError, match="norm_rope"):
+        nr.norm_rope_two(a, kw_a, b[:, :96], kw_b)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 40])
+def test_norm_rope_two_q_heads_and_indexer_q(tokens, monkeypatch):
+    """`norm_rope_two` with the q heads' per-head norm + RoPE and the indexer q's RoPE + Hadamard + FP4 simulation
+    (both 4 warps, each part with its own rows per program): the two calls' bits exactly."""
+    from dsv4.kernels import norm_rope as nr
+
+    g = torch.Generator(device=DEV).manual_seed(tokens)
+    heads, idx_heads, hd = (64, 64, 512) if not INTERP else (8, 8, 256)
+    q = (torch.randn(tokens, heads, hd, generator=g, device=DEV) * 3).to(torch.bfloat16)
+    iq = torch.randn(tokens, idx_heads, 128, generator=g, device=DEV).to(torch.bfloat16)
+    cos, sin = _cos_sin(tokens, g)
+    kw_q = dict(norm=nr.UNWEIGHTED, eps=1e-6, cos=cos, sin=sin)
+    kw_i = dict(cos=cos, sin=sin, sim=nr.SIM_FP4)
+    one_q, one_i = nr.norm_rope(q, **kw_q), nr.norm_rope(iq, **kw_i)
+    _poison_empty_like(monkeypatch)
+    got_q, got_i = nr.norm_rope_two(q, kw_q, iq, kw_i)
+    assert torch.equal(got_q, one_q) and torch.equal(got_i, one_i)
+
+
+def _cos_sin(tokens: int, g: torch.Generator):
+    from dsv4.config import Rope
+    from dsv4.model.rope import RotaryEmbedding
+    return RotaryEmbedding(64, Rope(theta=10000.0, yarn=None)).cos_sin(
+        torch.randint(0, 100000, (tokens,), generator=g, device=DEV))
+
+
+def _poison_empty_like(monkeypatch) -> None:
+    real_empty = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **k: real_empty(t, **k).fill_(float("nan")))
