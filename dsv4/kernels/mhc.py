@@ -259,7 +259,8 @@ def _finish(x, part, sq, split, fin: _Finish):
         _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=min(1024, triton.next_power_of_2(d)), **kw)
     else:  # "split" / "block": one counter per token / per block of BLOCK_T tokens
         bd = min(SPLIT_BD, triton.next_power_of_2(d))
-        nb, nbp = triton.cdiv(d, bd), max(2, triton.next_power_of_2(triton.cdiv(d, bd)))
+        nb = triton.cdiv(d, bd)
+        nbp = max(2, triton.next_power_of_2(nb))
         block = fin.mode == "block"
         rows = triton.cdiv(t, BLOCK_T) if block else t
         usq = cnt = u  # the norm's per-token partial sums of squares (each written before read) and counters

@@ -220,12 +220,10 @@ def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> t
     to the fp32 order of a row's sum of squares (rare last-bit flips)."""
     out_a, args_a, consts_a, pa, wa = _plan(a, **a_kw)
     out_b, args_b, consts_b, pb, wb = _plan(b, **b_kw)
-    if pa and pb:
+    if pa + pb:  # (an empty part has no programs)
         _norm_rope_two_kernel[(pa + pb,)](*args_a, *args_b, pa, **consts_a,
                                           **{_SECOND[k]: v for k, v in consts_b.items()}, INTERP=INTERPRET,
                                           num_warps=max(wa, wb))
-    elif pa or pb:
-        return norm_rope(a, **a_kw), norm_rope(b, **b_kw)
     return out_a, out_b
 
 

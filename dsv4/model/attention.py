@@ -142,7 +142,7 @@ class Attention(nn.Module):
             if PAIRED_NORMS:
                 q_latent, kv = nr.norm_rope_two(q_latent, q_latent_kw, kv, kv_kw)
             else:
-                q_latent = nr.norm_rope(q_latent, **q_latent_kw)
+                q_latent, kv = nr.norm_rope(q_latent, **q_latent_kw), nr.norm_rope(kv, **kv_kw)
             q_latent_in = self.wq_b.prepare_input(q_latent)
             if self.indexer:  # wq_b and the indexer's wq_b read the same q latent
                 q, index_proj = self._fp8_pair("q_latent", q_latent_in)
@@ -154,8 +154,6 @@ class Attention(nn.Module):
                 q, index_ready = nr.norm_rope_two(q, q_kw, *self.indexer.query_glue(index_proj, cos, sin))
             else:
                 q, index_ready = nr.norm_rope(q, **q_kw), None
-            if not PAIRED_NORMS:
-                kv = nr.norm_rope(kv, **kv_kw)
         else:
             q_latent = self.q_norm(self.wq_a(a_in, input_ready=True))
             q_latent_in = self.wq_b.prepare_input(q_latent)  # shared by wq_b and indexer.wq_b
