@@ -1,6 +1,6 @@
 """Reads `ncu --page source --csv --print-source sass` from stdin; prints the SASS instructions with the most warp
 stall samples (all samples), each with its share of the kernel's samples and its three largest stall columns, and
-the kernel's totals per stall column. A reading aid for run scripts (bench/runs/lib.sh `ncu_src`)."""
+the kernel's totals per stall column and per opcode (samples, instruction count). A reading aid for run scripts (bench/runs/lib.sh `ncu_src`)."""
 from __future__ import annotations
 
 import csv
@@ -33,6 +33,14 @@ def main(top: int = 30) -> None:
     print(f"{len(samples)} SASS instructions, {whole:.0f} stall samples")
     totals = {cols[i]: sum(_num(r[i]) or 0.0 for _, r in samples) for i in stall_cols}
     print("by column:", ", ".join(f"{k} {v / whole:.1%}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:8]))
+    by_op: dict[str, list[float]] = {}  # opcode (predicate and operands dropped): [samples, instructions]
+    for s, r in samples:
+        words = [w for w in r[src].split() if not w.startswith("@")]
+        op = by_op.setdefault(words[0] if words else "?", [0.0, 0])
+        op[0] += s
+        op[1] += 1
+    print("by opcode:", ", ".join(f"{k} {v[0] / whole:.1%} ({v[1]})"
+                                  for k, v in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:12]))
     for s, r in sorted(samples, key=lambda x: -x[0])[:top]:
         big = sorted(((_num(r[i]) or 0.0, cols[i]) for i in stall_cols), reverse=True)[:3]
         where = r[addr] if addr is not None else ""

@@ -11,16 +11,15 @@ Two launches per mHC site:
 * the finish sums the partials, applies rho and the sigmoids; one program per token runs the
   20-iteration Sinkhorn in the spec's order (row softmax + eps, column step, 19 x (row, column)) and
   writes post/comb, beside the collapse `u = sum_j pre_j X_j` (fp32 -> bf16), optionally followed by
-  the sub-layer's weighted RMSNorm (the only consumer of u). Three variants (`collapse=`; default COLLAPSE,
-  above 16 tokens COLLAPSE_PREFILL):
+  the sub-layer's weighted RMSNorm (the only consumer of u). Two variants (`collapse=`; default COLLAPSE):
   "row" (`_finish_kernel`): one program walks the token's whole row, twice with a norm -- at T = 1
   that took hc_pre 12.2 -> 10.1 µs on the H200. "split" (`_finish_split_kernel`): one program per
   SPLIT_BD columns; with a norm each stores its chunk's sum of squares and counts its arrival, and the
   token's last program sums the partials (by chunk index: deterministic), re-reads u and writes the
   normed row. Same pre and u bits as "row"; the normed row differs only by the fp32 order of the sum of
-  squares (rare 1-ulp flips). "block" (`_finish_block_kernel`): "split" over BLOCK_T tokens per program, with
-  the Sinkhorn of BLOCK_T tokens in one program (its sums of four in another order: comb, pre and so u may
-  move by an ulp against "split"). A one-launch "fused" finish (the mix's last-arriving program ran it) measured
+  squares (rare 1-ulp flips). A "block" finish ("split" over 8 tokens per program, a thread-local Sinkhorn per
+  token) saved only 4 % of the finish kernels at 8K tokens and moved u by more than an ulp; removed in session 31
+  (docs/benchmarks.md). A one-launch "fused" finish (the mix's last-arriving program ran it) measured
   slower and was removed (docs/benchmarks.md).
   The HC head uses the same kernels with 4 mixes, `w = sigmoid(m scale + base) + eps`, no Sinkhorn.
 
@@ -42,8 +41,7 @@ from dsv4.model.hyper import hc_pre as _hc_pre_model
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, triton, weight_prefetch_kblocks
 
 if HAS_TRITON:
-    from dsv4.kernels.mhc_kernels import (_finish_block_kernel, _finish_kernel, _finish_split_kernel, _mix_kernel,
-                                          _mix_rows_kernel)
+    from dsv4.kernels.mhc_kernels import _finish_kernel, _finish_split_kernel, _mix_kernel, _mix_rows_kernel
 
 HC = 4
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
@@ -51,12 +49,6 @@ MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
 # in session 7 (T = 1, µs in a graph): hc_pre 10.4 -> 9.8, hc_post_pre 12.1 -> 11.3, hc_head 9.9 -> 8.0.
 COLLAPSE = "split"  # also at prefill: 8K tokens, 4 layers (s30e), finish kernels 2,043 µs split vs 2,291 row
 SPLIT_BD = 512  # columns per collapse program of the split finish
-# above 16 tokens when a call does not pick a variant: "split" or "block" ("split" over BLOCK_T tokens per program:
-# an 8K-token site in ≈ 9K programs of [BLOCK_T, SPLIT_BD] tiles instead of ≈ 74K of [SPLIT_BD], and one
-# thread-local Sinkhorn per token instead of one program each). Prepared in session 30, interpreter-tested; opt-in
-# until timed (run_device_s31b.sh)
-COLLAPSE_PREFILL = "split"
-BLOCK_T = 8
 # token rows per mix program above 16 tokens with the post fused in: it holds X, f and X' tiles at once
 # (at 64 rows the fused mix took 735 µs at 8K tokens vs 104 µs without the post, s12d)
 FUSED_BT = 32
@@ -185,7 +177,7 @@ class _Finish(NamedTuple):
     iters: int
     hc_eps: float
     norm_eps: float
-    mode: str  # "row", "split" or "block"
+    mode: str  # "row" or "split"
 
 
 def _finish_outputs(x: torch.Tensor, fin: _Finish):
@@ -240,10 +232,10 @@ def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
     return arrival_counters("mHC split finish", device, needed)
 
 
-def _collapse_mode(collapse: str | None, who: str, tokens: int) -> str:
-    mode = collapse if collapse is not None else COLLAPSE_PREFILL if tokens > 16 else COLLAPSE
-    if mode not in ("row", "split", "block"):
-        raise ValueError(f"{who}: collapse={mode!r} must be 'row', 'split' or 'block'")
+def _collapse_mode(collapse: str | None, who: str) -> str:
+    mode = collapse if collapse is not None else COLLAPSE
+    if mode not in ("row", "split"):
+        raise ValueError(f"{who}: collapse={mode!r} must be 'row' or 'split'")
     return mode
 
 
@@ -257,22 +249,15 @@ def _finish(x, part, sq, split, fin: _Finish):
               SP=max(2, triton.next_power_of_2(split)), num_warps=FINISH_WARPS)
     if fin.mode == "row":
         _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=min(1024, triton.next_power_of_2(d)), **kw)
-    else:  # "split" / "block": one counter per token / per block of BLOCK_T tokens
+    else:  # "split": one arrival counter per token
         bd = min(SPLIT_BD, triton.next_power_of_2(d))
         nb = triton.cdiv(d, bd)
         nbp = max(2, triton.next_power_of_2(nb))
-        block = fin.mode == "block"
-        rows = triton.cdiv(t, BLOCK_T) if block else t
         usq = cnt = u  # the norm's per-token partial sums of squares (each written before read) and counters
         if fin.norm_weight is not None:
-            usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, rows)
+            usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, t)
         lead, nbd = 0 if fin.head else 1, min(NORM_BD, triton.next_power_of_2(d))
-        grid = (rows, nb + lead)
-        if block:  # (the last arriver's [BLOCK_T, NBD] tile: at most 8K elements)
-            _finish_block_kernel[grid](*args, usq, cnt, *tail, LEAD=lead, BT=BLOCK_T, BD=bd, NBP=nbp,
-                                       NBD=max(16, min(nbd, 8192 // BLOCK_T)), **kw)
-        else:
-            _finish_split_kernel[grid](*args, usq, cnt, *tail, LEAD=lead, BD=bd, NBP=nbp, NBD=nbd, **kw)
+        _finish_split_kernel[(t, nb + lead)](*args, usq, cnt, *tail, LEAD=lead, BD=bd, NBP=nbp, NBD=nbd, **kw)
     return outs
 
 
@@ -280,11 +265,10 @@ def hc_pre(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, sink
            hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None, collapse: str | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton mHC pre (contract of `hc_pre_ref`); `fn` is the fp32 weight or a `prepare_mix` result;
-    `collapse` picks the finish variant ("row" / "split" / "block"; default: the module's COLLAPSE, above 16 tokens
-    COLLAPSE_PREFILL)."""
+    `collapse` picks the finish variant ("row" / "split"; default: the module's COLLAPSE)."""
     _require_triton()
     _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_pre", x.shape[0])
+    mode = _collapse_mode(collapse, "hc_pre")
     if sinkhorn_iters < 1:
         raise ValueError(f"hc_pre: sinkhorn_iters={sinkhorn_iters} must be >= 1")
     fn = _as_mix(fn)
@@ -310,7 +294,7 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
     """Triton post(prev sub-layer) + pre(next) in two launches (contract of `hc_post_pre_ref`)."""
     _require_triton()
     t, d = _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_post_pre", x.shape[0])
+    mode = _collapse_mode(collapse, "hc_post_pre")
     if f.shape != (t, d):
         raise ValueError(f"hc_post_pre: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     fin = _Finish(base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps, mode)
@@ -323,7 +307,7 @@ def hc_head(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, hc_
     """Triton HC head (contract of `hc_head_ref`), two launches, final RMSNorm fused when given."""
     _require_triton()
     _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_head", x.shape[0])
+    mode = _collapse_mode(collapse, "hc_head")
     fn = _as_mix(fn)
     if fn.n_mix != HC:
         raise ValueError(f"hc_head: fn has {fn.n_mix} mixes, expected {HC}")

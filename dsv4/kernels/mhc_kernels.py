@@ -1,8 +1,7 @@
 """The mHC Triton kernels (the launchers, references and module notes live in dsv4.kernels.mhc).
 
 `_mix_kernel` (fused post, 24 or 4 mixes as split partials; `_mix_rows_kernel` the same for a few tokens on
-CUDA cores) and the finishes `_finish_kernel` ("row"), `_finish_split_kernel` ("split") and `_finish_block_kernel`
-("block": "split" over blocks of tokens, for prefill sizes).
+CUDA cores) and the finishes `_finish_kernel` ("row") and `_finish_split_kernel` ("split").
 """
 
 from __future__ import annotations
@@ -320,104 +319,3 @@ if HAS_TRITON:
                         tl.store(NORMED + t * D + offs_n, (w * (un * r)).to(tl.bfloat16), mask=nm)
                     # every chunk of the token has arrived, nothing else touches its counter in this launch
                     tl.store(CNT + t, 0)
-
-    @triton.jit
-    def _rho_block(SQ, offs_t, tmask, T, D, offs_s, smask, norm_eps):
-        """`_rho` for a block of tokens: [BT]."""
-        sq = tl.sum(tl.load(SQ + offs_s[:, None] * T + offs_t[None, :], mask=smask[:, None] & tmask[None, :],
-                            other=0.0), axis=0)
-        return 1.0 / tl.sqrt(sq / (4 * D) + norm_eps)
-
-    @triton.jit
-    def _post_comb_block(PART, BASE, SCALE, POST, COMB, offs_t, tmask, T, offs_s, smask, rho, hc_eps,
-                         ITERS: tl.constexpr, NP: tl.constexpr):
-        """`_post_comb` for a block of tokens ([BT, 4] post, [BT, 4, 4] comb): one thread-local Sinkhorn per
-        token instead of one program per token."""
-        j4 = tl.arange(0, 4)
-        m4 = smask[:, None, None] & tmask[None, :, None]
-        part = PART + (offs_s[:, None, None] * T + offs_t[None, :, None]) * NP
-        m_post = tl.sum(tl.load(part + 4 + j4[None, None, :], mask=m4, other=0.0), axis=0) * rho[:, None]
-        post = 2.0 * _sigmoid(m_post * tl.load(SCALE + 1) + tl.load(BASE + 4 + j4)[None, :])
-        tl.store(POST + offs_t[:, None] * 4 + j4[None, :], post, mask=tmask[:, None])
-        jk = j4[:, None] * 4 + j4[None, :]  # [source j, destination k]
-        part4 = PART + (offs_s[:, None, None, None] * T + offs_t[None, :, None, None]) * NP + 8 + jk[None, None]
-        m_comb = tl.sum(tl.load(part4, mask=m4[:, :, :, None], other=0.0), axis=0) * rho[:, None, None]
-        a = m_comb * tl.load(SCALE + 2) + tl.load(BASE + 8 + jk)[None]
-        e = tl.exp(a - tl.max(a, axis=2)[:, :, None])
-        c = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
-        c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-        for _ in tl.static_range(ITERS - 1):
-            c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
-            c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-        tl.store(COMB + offs_t[:, None, None] * 16 + jk[None], c, mask=tmask[:, None, None])
-
-    @triton.jit
-    def _pre_weights_block(PART, BASE, SCALE, offs_t, tmask, T, offs_s, smask, rho, hc_eps, NP: tl.constexpr):
-        """`_pre_weights` for a block of tokens: four [BT] vectors."""
-        j4 = tl.arange(0, 4)
-        ptr = PART + (offs_s[:, None, None] * T + offs_t[None, :, None]) * NP + j4[None, None, :]
-        m = tl.sum(tl.load(ptr, mask=smask[:, None, None] & tmask[None, :, None], other=0.0), axis=0) * rho[:, None]
-        pre = _sigmoid(m * tl.load(SCALE) + tl.load(BASE + j4)[None, :]) + hc_eps
-        j = j4[None, :]
-        return (tl.sum(tl.where(j == 0, pre, 0.0), axis=1), tl.sum(tl.where(j == 1, pre, 0.0), axis=1),
-                tl.sum(tl.where(j == 2, pre, 0.0), axis=1), tl.sum(tl.where(j == 3, pre, 0.0), axis=1))
-
-    @pdl_kernel
-    @triton.jit
-    def _finish_block_kernel(
-        X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB, USQ, CNT,
-        T, D, nsplit, hc_eps, norm_eps,
-        HAS_NORM: tl.constexpr, LEAD: tl.constexpr, ITERS: tl.constexpr, NP: tl.constexpr, SP: tl.constexpr,
-        BT: tl.constexpr, BD: tl.constexpr, NBP: tl.constexpr, NBD: tl.constexpr,
-    ):
-        """collapse="block" (prefill sizes), grid (T / BT, LEAD + nb): "split" with BT tokens per program, so that
-        an 8K-token site runs ≈ 9K programs of [BT, BD] tiles instead of ≈ 74K of [BD]. Program (b, 0) runs post +
-        Sinkhorn of block b's tokens (LEAD = 1); (b, LEAD + c) collapses their columns [c BD, (c + 1) BD); with a
-        norm, the block's last chunk program to arrive normalises its rows."""
-        pdl_wait()
-        blk = tl.program_id(0)
-        c = tl.program_id(1) - LEAD
-        nb = tl.num_programs(1) - LEAD
-        offs_t = blk * BT + tl.arange(0, BT)
-        tmask = offs_t < T
-        offs_s = tl.arange(0, SP)
-        smask = offs_s < nsplit
-        rho = _rho_block(SQ, offs_t, tmask, T, D, offs_s, smask, norm_eps)
-        if LEAD == 1:
-            if c < 0:
-                _post_comb_block(PART, BASE, SCALE, POST, COMB, offs_t, tmask, T, offs_s, smask, rho, hc_eps,
-                                 ITERS, NP)
-        if c >= 0:
-            p0, p1, p2, p3 = _pre_weights_block(PART, BASE, SCALE, offs_t, tmask, T, offs_s, smask, rho, hc_eps, NP)
-            offs_d = c * BD + tl.arange(0, BD)
-            m2 = tmask[:, None] & (offs_d < D)[None, :]
-            xrow = X + offs_t.to(tl.int64)[:, None] * (4 * D) + offs_d[None, :]
-            x0 = tl.load(xrow, mask=m2, other=0.0).to(tl.float32)
-            x1 = tl.load(xrow + D, mask=m2, other=0.0).to(tl.float32)
-            x2 = tl.load(xrow + 2 * D, mask=m2, other=0.0).to(tl.float32)
-            x3 = tl.load(xrow + 3 * D, mask=m2, other=0.0).to(tl.float32)
-            # `_collapse`'s fma chain, per token's four weights
-            u = tl.fma(p3[:, None], x3, tl.fma(p2[:, None], x2, tl.fma(p1[:, None], x1, p0[:, None] * x0)))
-            u = u.to(tl.bfloat16)
-            urow = offs_t.to(tl.int64)[:, None] * D
-            tl.store(U + urow + offs_d[None, :], u, mask=m2)
-            if HAS_NORM:
-                uf = u.to(tl.float32)
-                tl.store(USQ + offs_t * NBP + c, tl.sum(uf * uf, axis=1), mask=tmask)
-                # publish and count as `_finish_split_kernel` does, one counter per block of tokens
-                tl.debug_barrier()
-                arrived = tl.atomic_add(CNT + blk, 1, sem="acq_rel", scope="gpu")
-                if arrived == nb - 1:
-                    tl.debug_barrier()
-                    offs_b = tl.arange(0, NBP)
-                    part = tl.load(USQ + offs_t[:, None] * NBP + offs_b[None, :],
-                                   mask=tmask[:, None] & (offs_b < nb)[None, :], other=0.0, cache_modifier=".cg")
-                    r = 1.0 / tl.sqrt(tl.sum(part, axis=1) / D + norm_eps)
-                    for d0 in range(0, D, NBD):
-                        offs_n = d0 + tl.arange(0, NBD)
-                        nm = tmask[:, None] & (offs_n < D)[None, :]
-                        un = tl.load(U + urow + offs_n[None, :], mask=nm, other=0.0, cache_modifier=".cg")
-                        w = tl.load(NORM_W + offs_n, mask=offs_n < D, other=0.0).to(tl.float32)
-                        tl.store(NORMED + urow + offs_n[None, :], (w[None, :] * (un.to(tl.float32) * r[:, None])
-                                                                   ).to(tl.bfloat16), mask=nm)
-                    tl.store(CNT + blk, 0)
