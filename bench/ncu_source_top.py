@@ -4,6 +4,7 @@ the kernel's totals per stall column and per opcode (samples, instruction count)
 from __future__ import annotations
 
 import csv
+import signal
 import sys
 
 
@@ -48,4 +49,5 @@ def main(top: int = 30) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # (read through `head`)
     main()

@@ -66,6 +66,11 @@ WIDE_FP8 = False
 # without a GPU: opt-in until measured
 WS_GLU = False
 WS_DOWN = False
+# The Gluon GLU's weight pairs read in `moe_wide_async.pair_view` order PERM_K (0: as stored, 16-bit loads; 1:
+# 32-bit loads; 2: 64-bit loads), the activation's columns permuted to match by `dequantized_act` (its launch
+# exists anyway). 1 keeps each wgmma's set of k; 2 moves k between the two wgmmas of a 32-wide group, so the fp32
+# sums change order. Prepared in session 31 without a GPU: 0 until measured
+PERM_K = 0
 FP8_BM = 64
 FP8_STAGES = 4
 
@@ -215,37 +220,54 @@ if HAS_TRITON:
         tl.store(T64 + b, -1, mask=(b >= tl.max(k64, 0)) & (b < n64))
 
     @triton.jit
-    def _requant_kernel(Z, OUT, n_rows, stride, stride_out, BR: tl.constexpr):
-        """Rows [BR] x one 128-wide block of z -> out (may be z): act_quant's e4m3 with a pow2 scale,
-        dequantised."""
+    def _requant_kernel(Z, OUT, n_rows, stride, stride_out, BR: tl.constexpr, PERM: tl.constexpr):
+        """Rows [BR] x one 128-wide block of z -> out (may be z only with PERM 0): act_quant's e4m3 with a pow2
+        scale, dequantised, its columns in `permute_pairs` order PERM (within the 128-wide block)."""
         r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
         c = tl.program_id(1) * 128 + tl.arange(0, 128)
         mask = (r < n_rows)[:, None]
         z = tl.load(Z + r[:, None] * stride + c[None, :], mask=mask, other=0.0).to(tl.float32)
         q, s = _quant_rows(z)
-        tl.store(OUT + r[:, None] * stride_out + c[None, :], (q.to(tl.float32) * s[:, None]).to(tl.bfloat16), mask=mask)
+        # column c = run + 2 (2^PERM p + i) + e goes to run + 2 (p + 4 i) + e (PERM 0: c itself)
+        run: tl.constexpr = 8 << PERM
+        p = (c % run) // (2 << PERM)
+        i = (c % (2 << PERM)) // 2
+        dest = c - c % run + 2 * (p + 4 * i) + c % 2
+        tl.store(OUT + r[:, None] * stride_out + dest[None, :], (q.to(tl.float32) * s[:, None]).to(tl.bfloat16),
+                 mask=mask)
 
 
-def requant_rows(z: torch.Tensor, br: int = 32, out: torch.Tensor | None = None) -> torch.Tensor:
+def requant_rows(z: torch.Tensor, br: int = 32, out: torch.Tensor | None = None, perm: int = 0) -> torch.Tensor:
     """z [R, C] bf16 (C a multiple of 128) -> the reference's FP8 activation quantisation of it, dequantised
-    (`dequantized_act`'s values), in place (no second buffer) or into out (z unchanged)."""
+    (`dequantized_act`'s values), in place (no second buffer) or into out (z unchanged), its columns in
+    `permute_pairs` order perm (0, 1 or 2; not in place)."""
     if z.dtype != torch.bfloat16 or z.dim() != 2 or z.shape[1] % BLOCK or z.stride(1) != 1:
         raise ValueError(f"requant_rows: expected bf16 [R, 128 k] with unit column stride, got {z.dtype} "
                          f"{tuple(z.shape)}")
+    if perm not in (0, 1, 2) or (perm and (out is None or out.data_ptr() == z.data_ptr())):
+        raise ValueError(f"requant_rows: perm {perm} must be 0, 1 or 2, and a permuting one needs its own out")
     out = z if out is None else out
     if out.dtype != torch.bfloat16 or out.shape != z.shape or out.stride(1) != 1:
         raise ValueError(f"requant_rows: out must be bf16 {tuple(z.shape)} with unit column stride")
     if z.shape[0]:
         _requant_kernel[(triton.cdiv(z.shape[0], br), z.shape[1] // BLOCK)](z, out, z.shape[0], z.stride(0),
-                                                                            out.stride(0), BR=br)
+                                                                            out.stride(0), BR=br, PERM=perm)
     return out
 
 
-def dequantized_act(x: torch.Tensor) -> torch.Tensor:
+def dequantized_act(x: torch.Tensor, perm: int = 0) -> torch.Tensor:
     """The reference's FP8 activation (act_quant: e4m3 per row and 128 channels, pow2 scales) as exact
-    bf16 values [M, K], in one launch (was act_quant + three torch ops: 277 µs at 8K tokens, s12d)."""
+    bf16 values [M, K], in one launch (was act_quant + three torch ops: 277 µs at 8K tokens, s12d), its
+    columns in `permute_pairs` order perm."""
     x = x if x.stride(-1) == 1 else x.contiguous()
-    return requant_rows(x, out=torch.empty_like(x, memory_format=torch.contiguous_format))
+    return requant_rows(x, out=torch.empty_like(x, memory_format=torch.contiguous_format), perm=perm)
+
+
+def permute_pairs(x: torch.Tensor, perm: int) -> torch.Tensor:
+    """x [..., K] with its columns in `moe_wide_async.pair_view` order perm (the reference for
+    `requant_rows(perm=)`): within each run of 4 * 2^perm column pairs, pair 2^perm p + i moves to p + 4 i."""
+    n = 1 << perm
+    return x.unflatten(-1, (-1, 4, n, 2)).transpose(-3, -2).flatten(-4).contiguous()
 
 
 def dequantized_act_ref(x: torch.Tensor) -> torch.Tensor:
@@ -343,12 +365,13 @@ def _compact(mask: torch.Tensor, size: int) -> torch.Tensor:
 
 def launch_args(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
                 topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
-                bm: int) -> tuple[tuple, tuple, torch.Tensor]:
+                bm: int, perm: int = 0) -> tuple[tuple, tuple, torch.Tensor]:
     """The two GEMMs' kernel arguments (up to the constexprs; `_wide_kernel`'s order, which the Gluon kernel
-    shares) and the output y [pairs, D] they fill; GEMM1 reads the dequantised FP8 activation, writes z."""
+    shares) and the output y [pairs, D] they fill; GEMM1 reads the dequantised FP8 activation (its columns in
+    `permute_pairs` order perm), writes z."""
     d, i = experts.hidden, experts.inter
     num_pairs, nb = topk_weights.numel(), expert_ids.numel()
-    xq = dequantized_act(x)
+    xq = dequantized_act(x, perm)
     z = torch.empty((nb * bm, i), dtype=torch.bfloat16, device=x.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
@@ -379,9 +402,12 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
         if bm != FP8_BM:
             raise ValueError(f"moe_wide: the FP8 path takes {FP8_BM}-row tiles (moe_align's bm), got {bm}")
         return _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2)
-    args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm)
+    gluon = gluon_path(x.device)
+    perm = PERM_K if gluon and not WS_GLU else 0  # (the WS kernel reads the pairs as stored)
+    args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm,
+                                  perm)
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
-    if gluon_path(x.device):
+    if gluon:
         from dsv4.kernels import moe_wide_async, moe_wide_ws
         tiles = [(bm, None, nb)]
         if mixed:
@@ -397,7 +423,7 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
                     continue
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
-                                      tiles=tile_list)
+                                      tiles=tile_list, perm=perm if glu else 0)
             if glu and bn != BLOCK:  # z was stored unquantised
                 requant_rows(args1[3])
         return y

@@ -40,6 +40,7 @@ from dsv4.kernels._triton import HAS_TRITON
 # 8..6 of each 16-bit half: the bf16 of e2m1 * 2^-126 (code 1, 0.5, lands on a bf16 subnormal, which mul.bf16x2
 # keeps), and one multiply by the row's bf16x2 2^(b - 1) gives e2m1 * 2^(b - 127) exactly.
 SPREAD_PTX = "{ .reg .b32 t; cvt.u32.u16 t, $1; prmt.b32 $0, t, 0, 0x7170; }"
+SPREAD2_PTX = "prmt.b32 $0, $2, 0, 0x7170; prmt.b32 $1, $2, 0, 0x7372;"  # two pairs' words in one register
 _BF16_NIBBLE = ("{ .reg .b32 t; and.b32 t, $1, %s; mul.lo.u32 t, t, %s; and.b32 t, t, 0x81C081C0; "
                 "mul.rn.bf16x2 $0, t, $2; }")
 BF16_LO_PTX = _BF16_NIBBLE % ("0x000F000F", "0x1040")  # bits 0..3 -> sign << 12, magnitude << 6
@@ -94,26 +95,45 @@ if HAS_TRITON:
         return ((gate / (1.0 + gl.exp(-gate)) * up) * rw[None, :]).to(gl.bfloat16)
 
     _SPREAD_ASM = gl.constexpr(SPREAD_PTX)
+    _SPREAD2_ASM = gl.constexpr(SPREAD2_PTX)
     _BF16_LO_ASM = gl.constexpr(BF16_LO_PTX)
     _BF16_HI_ASM = gl.constexpr(BF16_HI_PTX)
 
     @gluon.constexpr_function
-    def pair_layout(bn, nw):
+    def pair_layout(bn, nw, pair_first=False):
         """The layout of uint16 [bn, 16] k-pair words (bytes 2p, 2p + 1 of a row's 32 weight bytes) whose two
         widened halves, joined and reshaped to [bn, 32], are the wgmma A operand layout of `_wide_async_kernel`
-        (16-bit, k_width 2): pair p = lane % 4 + 4 r1 + 8 r2, rows lane // 4 + 8 r0 + 16 warp + 16 nw rep."""
+        (16-bit, k_width 2): pair p = lane % 4 + 4 r1 + 8 r2, rows lane // 4 + 8 r0 + 16 warp + 16 nw rep;
+        pair_first: registers r0, r1 swapped (pairs p and p + 4 of a row adjacent, as `_load_bytes` packs them
+        with a `pair_view` order)."""
         reps = [[16 * nw * (1 << i), 0] for i in range((bn // (16 * nw)).bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8]] + reps,
+        first = [[0, 4], [8, 0]] if pair_first else [[8, 0], [0, 4]]
+        return gl.DistributedLinearLayout(reg_bases=first + [[0, 8]] + reps,
                                           lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
                                           warp_bases=[[16 * (1 << i), 0] for i in range(nw.bit_length() - 1)],
                                           block_bases=[], shape=[bn, 16])
 
+    @gluon.constexpr_function
+    def pair_view(bn, perm):
+        """The shared-memory view of a [bn, 32]-byte ring slot as uint16 [bn, 16] k-pair words in which, within
+        each run of 4 * 2^perm pairs of a row, stored pair 2^perm p + i is logical pair p + 4 i (p < 4, i <
+        2^perm; perm 0: the identity; `moe_wide.permute_pairs`). In `pair_layout` a thread's pairs p,
+        p + 4, p + 8, p + 12 of a row then lie in 2^perm adjacent words: one 32-bit (perm 1) or 64-bit (perm 2)
+        load for 2 or 4 pairs instead of 16-bit loads (s31d: 48 LDS.U16 took 11 % of the GLU's stall samples).
+        The activations' columns are permuted to match (`moe_wide.dequantized_act`'s perm)."""
+        within = [[0, 4 << b] for b in range(perm)] + [[0, 1], [0, 2]] + [[0, 4 << b] for b in range(perm, 2)]
+        return gl.SharedLinearLayout(offset_bases=within + [[1 << b, 0] for b in range(bn.bit_length() - 1)])
+
     @gluon.jit
-    def _load_bytes(buf, p_l: gl.constexpr):
+    def _load_bytes(buf, p_l: gl.constexpr, PERM: gl.constexpr = 0, PACKED: gl.constexpr = False):
         """A [BN, 32] ring slot of weight bytes as uint32 [BN, 16] spread k-pair words in p_l (`pair_layout`
-        or its shared-memory-path counterpart): one 16-bit load and one prmt per pair (SPREAD_PTX)."""
+        or its shared-memory-path counterpart), the pairs in `pair_view`'s order PERM: one prmt per pair
+        (SPREAD_PTX)."""
         BN: gl.constexpr = buf.shape[0]
-        wb = buf._reinterpret(gl.uint16, [BN, 16], buf.layout).load(p_l)
+        view: gl.constexpr = pair_view(BN, PERM) if PERM > 0 else buf.layout
+        wb = buf._reinterpret(gl.uint16, [BN, 16], view).load(p_l)
+        if PACKED:  # two adjacent words per 32-bit register (p_l's first register basis: the stored order's next)
+            return gl.inline_asm_elementwise(_SPREAD2_ASM, "=r,=r,r", [wb], dtype=gl.uint32, is_pure=True, pack=2)
         return gl.inline_asm_elementwise(_SPREAD_ASM, "=r,h", [wb], dtype=gl.uint32, is_pure=True, pack=1)
 
     @gluon.jit
@@ -133,9 +153,10 @@ if HAS_TRITON:
         return gl.convert_layout(gl.join(lo, hi).reshape([BN, 32]), a_l)
 
     @gluon.jit
-    def widen_probe(PACKED, SC, OUT, G: gl.constexpr, HI: gl.constexpr):
+    def widen_probe(PACKED, SC, OUT, G: gl.constexpr, HI: gl.constexpr, PERM: gl.constexpr = 0):
         """Test hook: `_widen` of 64 rows of 32 packed bytes each (one scale word per row) per program, through
-        a ring-slot-shaped shared-memory buffer and `_load_bytes` as in the kernel, stored as bf16 [rows, 32]."""
+        a ring-slot-shaped shared-memory buffer and `_load_bytes` (pair order PERM) as in the kernel, stored as
+        bf16 [rows, 32] in the kernel's k order."""
         NW: gl.constexpr = gl.num_warps()
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                         instr_shape=[16, 128, 16])
@@ -148,7 +169,7 @@ if HAS_TRITON:
         buf = gl.allocate_shared_memory(gl.uint8, [64, 32], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         buf.store(gl.load(PACKED + r[:, None] * 32 + c[None, :]))
         gl.thread_barrier()
-        wb = _load_bytes(buf, pair_layout(64, NW))
+        wb = _load_bytes(buf, pair_layout(64, NW, PERM > 0), PERM, PERM > 0)
         sc = gl.load(SC + row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l)))
         w = _widen(wb, sc, G, HI, a_l)
         r = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, a_l))
@@ -171,7 +192,8 @@ if HAS_TRITON:
 
     @gluon.jit
     def _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs, nblocks,
-                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr, p_l: gl.constexpr):
+                   a_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr, p_l: gl.constexpr,
+                   PERM: gl.constexpr):
         """K loop, 64-wide halves through a STAGES-slot cp.async ring (activations and weight bytes): each
         32-wide group issues its MMAs asynchronously, then the next group is widened from registers (or from
         the next half's slot) while they run, then they are waited for -- one step in flight, as ptxas
@@ -184,12 +206,12 @@ if HAS_TRITON:
         if GLU:
             sc_u = gl.load(su_ptrs)
         async_copy.wait_group(STAGES - 2)
-        wb = _load_bytes(w_s.index(0), p_l)
+        wb = _load_bytes(w_s.index(0), p_l, PERM, PERM > 0)
         w = _widen(wb, sc, 0, False, a_l)
         wb_u = wb
         w_u = w
         if GLU:
-            wb_u = _load_bytes(u_s.index(0), p_l)
+            wb_u = _load_bytes(u_s.index(0), p_l, PERM, PERM > 0)
             w_u = _widen(wb_u, sc_u, 0, False, a_l)
         for kb in range(nblocks):
             nxt = gl.minimum(kb + 1, nblocks - 1)
@@ -215,9 +237,9 @@ if HAS_TRITON:
                     else:  # the low nibbles of the next half (clamped at the end: a harmless re-read)
                         async_copy.wait_group(STAGES - 2)
                         nslot = gl.minimum(j + 1, nhalves - 1) % STAGES
-                        wb = _load_bytes(w_s.index(nslot), p_l)
+                        wb = _load_bytes(w_s.index(nslot), p_l, PERM, PERM > 0)
                         if GLU:
-                            wb_u = _load_bytes(u_s.index(nslot), p_l)
+                            wb_u = _load_bytes(u_s.index(nslot), p_l, PERM, PERM > 0)
                         if h == 0:
                             w_next = _widen(wb, sc, 2, False, a_l)
                             if GLU:
@@ -238,17 +260,17 @@ if HAS_TRITON:
 
     @gluon.jit
     def _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l: gl.constexpr, GLU: gl.constexpr,
-                   STAGES: gl.constexpr, p_l: gl.constexpr):
+                   STAGES: gl.constexpr, p_l: gl.constexpr, PERM: gl.constexpr):
         """Half j (landed in its ring slot): widen its two groups into weight slot j % 2 of shared memory and
         issue their MMAs asynchronously (one commit group per MMA)."""
         slot = j % STAGES
         wslot = (j % 2) * 2
         g = (j % 2) * 2  # its first group within the 128-wide block
-        wb = _load_bytes(w_s.index(slot), p_l)
+        wb = _load_bytes(w_s.index(slot), p_l, PERM)
         wa_s.index(wslot).store(_widen(wb, sc, g, False, c_l))
         wa_s.index(wslot + 1).store(_widen(wb, sc, g + 1, True, c_l))
         if GLU:
-            wb_u = _load_bytes(u_s.index(slot), p_l)
+            wb_u = _load_bytes(u_s.index(slot), p_l, PERM)
             wu_s.index(wslot).store(_widen(wb_u, sc_u, g, False, c_l))
             wu_s.index(wslot + 1).store(_widen(wb_u, sc_u, g + 1, True, c_l))
         fence_async_shared()
@@ -262,7 +284,7 @@ if HAS_TRITON:
     @gluon.jit
     def _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs, suc_ptrs, nblocks,
                         BN: gl.constexpr, c_l: gl.constexpr, GLU: gl.constexpr, STAGES: gl.constexpr,
-                        p_l: gl.constexpr):
+                        p_l: gl.constexpr, PERM: gl.constexpr):
         """K loop with the widened weights through shared memory (2 slots of a 64-wide half): half j is
         widened and stored while half j - 1's MMAs still run (one half left in flight, so the tensor cores
         always have queued work), then its MMAs are issued. The ring refills the slot of half j - 2, whose
@@ -282,7 +304,7 @@ if HAS_TRITON:
         if GLU:
             sc_u = gl.load(suc_ptrs)
         async_copy.wait_group(AHEAD)
-        acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, 0, sc, sc_u, c_l, GLU, STAGES, p_l)
+        acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, 0, sc, sc_u, c_l, GLU, STAGES, p_l, PERM)
         if GLU:  # (waits for nothing: the loop carries the accumulators as tensors)
             acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
         else:
@@ -293,7 +315,7 @@ if HAS_TRITON:
                 sc_u = gl.load(suc_ptrs + j // 2)
             _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, j + AHEAD, nhalves, STAGES, GLU)
             async_copy.wait_group(AHEAD)
-            acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l, GLU, STAGES, p_l)
+            acc, acc_u = _smem_half(acc, acc_u, x_s, w_s, u_s, wa_s, wu_s, j, sc, sc_u, c_l, GLU, STAGES, p_l, PERM)
             if GLU:  # half j - 1's MMAs are done: its ring slot and weight slot are free
                 acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
             else:
@@ -338,7 +360,7 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
-        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
+        A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, PERM: gl.constexpr,
     ):
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -388,22 +410,23 @@ if HAS_TRITON:
             sc_ptrs = WS + e * stride_wse + cn.to(gl.int64) * stride_wsn
             acc, acc_u = _smem_ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, sc_ptrs,
                                          sc_ptrs + up_off * stride_wsn, K // 128, BN, c_l, GLU, STAGES,
-                                         gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]))  # c_l in k pairs
+                                         gl.BlockedLayout([1, 8], [16, 2], [NW, 1], [1, 0]), PERM)  # c_l in k pairs
         else:
             acc, acc_u = _ring_loop(acc, acc_u, x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s_ptrs, su_ptrs,
-                                    K // 128, a_l, GLU, STAGES, pair_layout(BN, NW))
+                                    K // 128, a_l, GLU, STAGES, pair_layout(BN, NW, PERM > 0), PERM)
 
         store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, True, acc_l, BM, BN, GLU,
                    False)
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False, group_m: int = 0, tiles=None):
+           a_smem: bool = False, group_m: int = 0, tiles=None, perm: int = 0):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
     order (`moe_wide.ASYNC_GROUP_M`); tiles: int32 [grid[0]], program i's tile starts at 64-row block tiles[i] of
-    a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`). Returns the compiled kernel (registers and shared
+    a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`); perm: the weight pairs' order (`pair_view`; the
+    activation's columns must be in the same order). Returns the compiled kernel (registers and shared
     memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
@@ -412,4 +435,4 @@ def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_war
     listed = tiles is not None  # without a list, TILES is never read: EXPERT_IDS (kernel_args[5]) stands in
     return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
                                     NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
-                                    num_warps=num_warps)
+                                    PERM=perm, num_warps=num_warps)

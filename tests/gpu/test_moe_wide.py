@@ -51,19 +51,23 @@ def _assert_widened(got: torch.Tensor, want: torch.Tensor, codes: torch.Tensor, 
                                 f"{got[bad][0]} != {want[bad][0]}"
 
 
+@pytest.mark.parametrize("perm", [0, 1, 2])
 @pytest.mark.parametrize("group", [0, 1, 2, 3])
-def test_gluon_widen_exhaustive(group):
+def test_gluon_widen_exhaustive(group, perm):
     """The Gluon kernels' widening (`moe_wide_async._widen`: bf16x2 bit moves + a bf16x2 multiply per k pair,
-    from spread 16-bit k-pair words read out of shared memory in `pair_layout`) on the same table lands on the
-    exact values in the wgmma A operand layout (bf16 subnormal weights and results included)."""
+    from spread k-pair words read out of shared memory in `pair_layout`) on the same table lands on the
+    exact values in the wgmma A operand layout (bf16 subnormal weights and results included); with the pairs
+    read in `pair_view` order perm, column k of the result holds `permute_pairs`'s column k."""
     if DEV != "cuda" or not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("needs a CUDA GPU (inline PTX in a Gluon kernel)")
     from dsv4.kernels import moe_wide_async
+    from dsv4.kernels.moe_wide import permute_pairs
 
     packed, words, want, codes, byte = _widen_table(group)
     out = torch.full(packed.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
     moe_wide_async.widen_probe[(packed.shape[0] // 64,)](packed.to(DEV), words.to(DEV), out, G=group,
-                                                         HI=group % 2 == 1, num_warps=4)
+                                                         HI=group % 2 == 1, PERM=perm, num_warps=4)
+    want, codes, byte = (permute_pairs(t, perm) for t in (want, codes, byte))
     _assert_widened(out.cpu().double(), want, codes, byte)
 
 
@@ -195,6 +199,7 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison
     x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
     ids, w = _topk(m, e, 6, gen)
     monkeypatch.setattr(moe_wide, "ASYNC", False)  # the Triton kernel
+    monkeypatch.setattr(moe_wide, "PERM_K", 0)  # (the weight pairs in the Triton kernel's order of k)
     want = fused_moe(x, ids, w, packed, config=_wide(bm))
     monkeypatch.setattr(moe_wide, "ASYNC", True)
     monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", bool(one_wg[0]))
@@ -293,7 +298,7 @@ def test_requant_rows_matches_dequantized_act(rows, poison):
     """`requant_rows` (in place, per row and 128 channels) and `dequantized_act` (out of place, one launch) give
     the act_quant codes times their scales bit for bit, over magnitudes from tiny (the 1e-4 amax floor) to
     large, and leave the other rows' memory (and the input) alone."""
-    from dsv4.kernels.moe_wide import dequantized_act, dequantized_act_ref, requant_rows
+    from dsv4.kernels.moe_wide import dequantized_act, dequantized_act_ref, permute_pairs, requant_rows
 
     gen = torch.Generator(DEV).manual_seed(rows)
     z = torch.randn(rows, 512, generator=gen, device=DEV)
@@ -308,6 +313,60 @@ def test_requant_rows_matches_dequantized_act(rows, poison):
     z_before = z.clone()
     poison()
     assert torch.equal(dequantized_act(z), ref) and torch.equal(z, z_before)
+    for perm in (1, 2):  # the columns in `pair_view` order, as the Gluon GLU reads them with moe_wide.PERM_K
+        poison()
+        assert torch.equal(dequantized_act(z, perm), permute_pairs(ref, perm)), perm
+    with pytest.raises(ValueError, match="needs its own out"):
+        requant_rows(buf[:rows], perm=1)
+
+
+def test_permute_pairs_is_the_thread_order():
+    """`permute_pairs`, built independently from index arithmetic: slot p + 4 i of each run of 4 * 2^perm column
+    pairs holds pair 2^perm p + i (p < 4, i < 2^perm), both elements of the pair."""
+    from dsv4.kernels.moe_wide import permute_pairs
+
+    x = torch.randperm(256).view(2, 128)
+    for perm in (0, 1, 2):
+        n = 1 << perm
+        run = 4 * n
+        got = permute_pairs(x, perm)
+        for slot in range(64):
+            base, s = slot - slot % run, slot % run
+            src = base + n * (s % 4) + s // 4
+            assert torch.equal(got[:, 2 * slot:2 * slot + 2], x[:, 2 * src:2 * src + 2]), (perm, slot)
+        assert not torch.equal(got, x) or perm == 0
+
+
+@pytest.mark.parametrize("perm,m,one_wg", [(1, 300, True), (2, 300, True), (1, 700, True), (2, 700, True),
+                                            (2, 300, False)])
+def test_perm_k_glu_matches_the_reference(perm, m, one_wg, poison, close_bf16, monkeypatch):
+    """moe_wide.PERM_K: the Gluon GLU reads its weight pairs in `pair_view` order (ldmatrix / 64-bit shared-memory
+    loads) against activation columns permuted to match; the outputs match `fused_moe_ref` at the wide kernel's
+    tolerance, with mixed tiles (the defaults) at Flash's D and I, also with the GLU on two warpgroups (one_wg
+    False: the widened weights through shared memory). Prints the share bit-identical to PERM_K 0 (perm 1 keeps
+    each wgmma's set of k, perm 2 does not)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels import moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    e, d, i = 8, 4096, 2048
+    gen = torch.Generator(DEV).manual_seed(m + perm)
+    experts = _mxfp4_experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
+    ids, w = _topk(m, e, 6, gen, skew=True)
+    cfg = dataclasses.replace(_wide(64), mixed=True)
+    monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", one_wg)
+    monkeypatch.setattr(moe_wide, "PERM_K", 0)
+    base = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    monkeypatch.setattr(moe_wide, "PERM_K", perm)
+    poison()
+    got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    print(f"perm {perm} m {m}: {float((got == base).double().mean()):.6f} of outputs bit-identical to PERM_K 0")
+    close_bf16(got, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what=f"perm {perm}")
 
 
 @pytest.mark.parametrize("m,spread", [(5, 5), (300, 11), (700, 11)])
