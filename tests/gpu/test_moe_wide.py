@@ -264,6 +264,7 @@ def test_ws_kernels_match_the_default_ones(which, bm, mixed, m, wideners, poison
     ids = torch.where(ids % 3 == 0, -1, ids)
     cfg = dataclasses.replace(_wide(bm), mixed=mixed)
     monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", True)  # the register GLU of 64 channels per program
+    monkeypatch.setattr(moe_wide, "PERM_K", 0)  # (the WS kernels read the weight pairs as stored)
     want = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     monkeypatch.setattr(moe_wide, "WS_GLU", which != "down")
     monkeypatch.setattr(moe_wide, "WS_DOWN", which != "glu")
