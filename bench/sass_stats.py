@@ -1,5 +1,5 @@
-"""Offline sm_90a compile of the decode-path Triton kernels: registers, spills, SASS instruction mix, and the
-register layouts of their global loads -- no GPU needed (triton 3.6's bundled ptxas and cuobjdump).
+"""Offline sm_90a compile of the decode-path Triton kernels (and Gluon ones): registers, spills, SASS instruction
+mix, and the register layouts of their global loads -- no GPU needed (triton 3.6's bundled ptxas and cuobjdump).
 
 A development aid for issue #6, not a benchmark. Session 19 found the paged decode attention's 2-3x this way:
 a per-element scale index put its [16, 512] candidate tile in a one-element-per-thread layout
@@ -29,6 +29,10 @@ ATTN_T = dict(Q="*bf16", POS="*i32", COS="*fp32", SIN="*fp32", SINK="*fp32", OUT
 ATTN_C = dict(HD=512, NOPE=448, BH=16, BN=16, ROT=False, INTERP=False, SPLIT=True, WIN=128)
 MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL")} | {n: "*fp32" for n in ("POST", "COMB", "PART", "SQ")}
 MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False)
+WIDE_T = dict(A="*bf16", W="*u8", WS="*i32", C="*bf16", SORTED="*i32", EXPERT_IDS="*i32", NUM_POST="*i32",
+              TOPK_W="*fp32", limit="fp32", TILES="*i32")
+WIDE_C = dict(BM=128, BN=64, GLU=True, NW=4, STAGES=4, A_SMEM=False, GROUP_M=4, LISTED=True)
+WIDE_DIV16 = ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm")
 
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
 CASES = {
@@ -115,6 +119,9 @@ CASES = {
                                 NOPE=448, UNMASKED=True, CAUSAL_R=0),
                            8, 2, ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot",
                                   "stride_oh")),
+    # the prefill MoE GLU (Gluon): one warpgroup, 64 weight rows x 128 pairs, weight pairs as stored / permuted
+    "moe_glu_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0), 4, 1, WIDE_DIV16),
+    "moe_glu_wide_perm": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2), 4, 1, WIDE_DIV16),
     "moe_down_b1": ("moe_gemv", "_mma_down_kernel",
                     dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u8", Y="*bf16", P="*fp32",
                          CNT="*i32"),
@@ -155,6 +162,7 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
     import triton.backends.nvidia as nv
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
     mod_name, kernel, types, const, warps, stage_spec, div16 = CASES[name]
     module = importlib.import_module(f"dsv4.kernels.{mod_name}")
@@ -165,7 +173,8 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
     attrs = {(j,): [["tt.divisibility", 16]] for j, n in enumerate(names) if sig[n].startswith("*") or n in div16}
     n_stages = stages if stages is not None else _stages(stage_spec, module)
-    k = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=const, attrs=attrs),
+    source = GluonASTSource if isinstance(jf, GluonJITFunction) else ASTSource  # (Gluon: layouts are explicit)
+    k = triton.compile(source(fn=jf, signature=sig, constexprs=const, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": n_stages})
     bindir = os.path.join(os.path.dirname(nv.__file__), "bin")
     with tempfile.TemporaryDirectory() as tmp:
