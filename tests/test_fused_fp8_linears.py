@@ -21,7 +21,7 @@ import dsv4.model.deepseek_v4 as dv
 from dsv4.checkpoint.writer import random_master_weights, tiny_config
 from dsv4.kernels.fp8_linear import LinearConfig, fp8_linear_ref
 from dsv4.kernels.grouped_w8a16 import grouped_linear_w8a16_ref
-from dsv4.kernels.norm_rope import norm_rope_ref
+from dsv4.kernels.norm_rope import norm_rope_ref, norm_rope_two_ref
 from dsv4.kernels.swiglu import swiglu_ref
 from dsv4.model import ForwardContext, set_forward_context
 from dsv4.model.attention import Attention
@@ -47,6 +47,7 @@ def torch_kernels(monkeypatch):
 
     monkeypatch.setattr(fp8_mod, "fp8_linear", fp8_linear)
     monkeypatch.setattr(importlib.import_module("dsv4.kernels.norm_rope"), "norm_rope", norm_rope_ref)
+    monkeypatch.setattr(importlib.import_module("dsv4.kernels.norm_rope"), "norm_rope_two", norm_rope_two_ref)
     monkeypatch.setattr(importlib.import_module("dsv4.kernels.swiglu"), "swiglu", swiglu_ref)
     monkeypatch.setattr(importlib.import_module("dsv4.kernels.grouped_w8a16"), "grouped_linear_w8a16",
                         lambda x, w, s, config=None: grouped_linear_w8a16_ref(x, w, s))

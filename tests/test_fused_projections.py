@@ -117,6 +117,7 @@ def test_kernel_mode_prepare_uses_one_fused_gemm(monkeypatch):
     a = torch.randn(3, cfg.hidden_size, generator=gen).to(torch.bfloat16)
     positions = torch.tensor([9, 10, 11])
     monkeypatch.setattr(nr, "norm_rope", nr.norm_rope_ref)
+    monkeypatch.setattr(nr, "norm_rope_two", nr.norm_rope_two_ref)
     attn.use_kernels = attn.indexer.use_kernels = True
     pre = attn.prepare(a, positions)
     rows, index_rows, index_w = attn._project_fused(a, positions)

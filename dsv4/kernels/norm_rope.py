@@ -213,6 +213,11 @@ _SECOND = {"D": "D2", "DP": "DP2", "ROPE0": "ROPE0_2", "NOPE": "NOPE2", "NORM": 
            "INV": "INV2", "SIM": "SIM2", "BR": "BR2"}
 
 
+def norm_rope_two_ref(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract of `norm_rope_two`: the two `norm_rope_ref` calls."""
+    return norm_rope_ref(a, **a_kw), norm_rope_ref(b, **b_kw)
+
+
 def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """`norm_rope(a, **a_kw)` and `norm_rope(b, **b_kw)` in one launch (two tensors of a layer that come from one
     GEMM: one launch fewer per layer at decode). Each program runs `_norm_rope_kernel`'s rows of one of them, so
