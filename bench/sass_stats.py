@@ -5,7 +5,7 @@ A development aid for issue #6, not a benchmark. Session 19 found the paged deco
 a per-element scale index put its [16, 512] candidate tile in a one-element-per-thread layout
 (`sizePerThread = [1, 1]` on the tile's loads below), which Nsight Compute only showed as shared-memory stalls.
 
-    python bench/sass_stats.py [name ...] [--layouts] [--stages N]
+    python bench/sass_stats.py [name ...] [--layouts] [--stages N] [--loops [--hist N]] [--grep REGEX]
 
 Names: see CASES (all by default). `--layouts` prints each load's layout from the TTGIR. Integer arguments
 named in a case's `div16` are compiled as multiples of 16, as Triton specialises them at launch.
@@ -155,7 +155,8 @@ def _loops(sass: str, hist: int = 0) -> None:
                 print("      " + ", ".join(f"{o} {n}" for o, n in body.most_common(hist)))
 
 
-def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False, hist: int = 0) -> None:
+def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False, hist: int = 0,
+                 grep: str | None = None) -> None:
     import importlib
 
     import triton
@@ -193,6 +194,10 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
           + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
     if loops:
         _loops(sass, hist)
+    if grep:  # the SASS lines themselves (address, instruction) that match
+        for line in sass.splitlines():
+            if re.search(grep, line):
+                print("    " + line.strip()[:140])
     if layouts:
         ttgir = k.asm["ttgir"]
         defs = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, re.M))
@@ -207,11 +212,12 @@ def main() -> None:
     ap.add_argument("--loops", action="store_true", help="also print each loop's instructions per iteration")
     ap.add_argument("--stages", type=int, default=None, help="num_stages for every case (default: each case's)")
     ap.add_argument("--hist", type=int, default=0, help="with --loops: each loop's N most frequent opcodes")
+    ap.add_argument("--grep", default=None, help="also print the SASS lines matching this regex")
     args = ap.parse_args()
     for name in args.names or CASES:
         if name not in CASES:
             raise SystemExit(f"sass_stats: unknown case {name!r}; cases: {', '.join(CASES)}")
-        compile_case(name, args.stages, args.layouts, args.loops, args.hist)
+        compile_case(name, args.stages, args.layouts, args.loops, args.hist, args.grep)
 
 
 if __name__ == "__main__":
