@@ -118,8 +118,8 @@ if HAS_TRITON:
         """The shared-memory view of a [bn, 32]-byte ring slot as uint16 [bn, 16] k-pair words in which, within
         each run of 4 * 2^perm pairs of a row, stored pair 2^perm p + i is logical pair p + 4 i (p < 4, i <
         2^perm; perm 0: the identity; `moe_wide.permute_pairs`). In `pair_layout` a thread's pairs p,
-        p + 4, p + 8, p + 12 of a row then lie in 2^perm adjacent words: one 32-bit (perm 1) or 64-bit (perm 2)
-        load for 2 or 4 pairs instead of 16-bit loads (s31d: 48 LDS.U16 took 11 % of the GLU's stall samples).
+        p + 4, p + 8, p + 12 of a row then lie in 2^perm adjacent words: one 32-bit (perm 1; ptxas picks ldmatrix)
+        or 64-bit (perm 2) load for 2 or 4 pairs instead of 16-bit loads (s31d: 48 LDS.U16 took 11 % of the GLU's stall samples).
         The activations' columns are permuted to match (`moe_wide.dequantized_act`'s perm)."""
         within = [[0, 4 << b] for b in range(perm)] + [[0, 1], [0, 2]] + [[0, 4 << b] for b in range(perm, 2)]
         return gl.SharedLinearLayout(offset_bases=within + [[1 << b, 0] for b in range(bn.bit_length() - 1)])
