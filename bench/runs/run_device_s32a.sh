@@ -6,7 +6,7 @@
 # the Flash MoE call and the 8-layer 8K prefill, to restate session 31's figures on a normal-speed machine.
 source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1  # this call's
-run 240 tests/gpu/test_moe_wide.py tests/gpu/test_moe.py
+run 240 tests/gpu/test_moe_wide.py tests/gpu/test_moe.py tests/gpu/test_requant.py
 P=dsv4.kernels.moe_wide.PERM_K
 timeout 90 python3 bench/bench_moe_flags.py --ms 2048,8192 "perm0:$P=0" "perm2:$P=2" "perm0b:$P=0" "perm2b:$P=2" 2>&1 \
   | tail -3
