@@ -1,6 +1,7 @@
 """Reads `ncu --page source --csv --print-source sass` from stdin; prints the SASS instructions with the most warp
 stall samples (all samples), each with its share of the kernel's samples and its three largest stall columns, and
-the kernel's totals per stall column and per opcode (samples, instruction count). A reading aid for run scripts (bench/runs/lib.sh `ncu_src`)."""
+the kernel's totals per stall column and per opcode (samples, instruction count). A reading aid for run scripts
+(bench/runs/lib.sh `ncu_src`)."""
 from __future__ import annotations
 
 import csv

@@ -119,8 +119,8 @@ if HAS_TRITON:
         each run of 4 * 2^perm pairs of a row, stored pair 2^perm p + i is logical pair p + 4 i (p < 4, i <
         2^perm; perm 0: the identity; `moe_wide.permute_pairs`). In `pair_layout` a thread's pairs p,
         p + 4, p + 8, p + 12 of a row then lie in 2^perm adjacent words: one 32-bit (perm 1; ptxas picks ldmatrix)
-        or 64-bit (perm 2) load for 2 or 4 pairs instead of 16-bit loads (s31d: 48 LDS.U16 took 11 % of the GLU's stall samples).
-        The activations' columns are permuted to match (`moe_wide.dequantized_act`'s perm)."""
+        or 64-bit (perm 2) load for 2 or 4 pairs instead of 16-bit loads (s31d: 48 LDS.U16 took 11 % of the GLU's
+        stall samples). The activations' columns are permuted to match (`moe_wide.dequantized_act`'s perm)."""
         within = [[0, 4 << b] for b in range(perm)] + [[0, 1], [0, 2]] + [[0, 4 << b] for b in range(perm, 2)]
         return gl.SharedLinearLayout(offset_bases=within + [[1 << b, 0] for b in range(bn.bit_length() - 1)])
 
@@ -198,6 +198,7 @@ if HAS_TRITON:
         32-wide group issues its MMAs asynchronously, then the next group is widened from registers (or from
         the next half's slot) while they run, then they are waited for -- one step in flight, as ptxas
         requires for a register operand. The scale words are prefetched one 128-wide block ahead."""
+        PACK: gl.constexpr = PERM > 0  # (p_l is then `pair_layout(..., pair_first=True)`)
         nhalves = 2 * nblocks
         for s in gl.static_range(STAGES - 1):
             _issue_half(x_s, w_s, u_s, x_ptrs, x_mask, wc_ptrs, uc_ptrs, s, nhalves, STAGES, GLU)
@@ -206,12 +207,12 @@ if HAS_TRITON:
         if GLU:
             sc_u = gl.load(su_ptrs)
         async_copy.wait_group(STAGES - 2)
-        wb = _load_bytes(w_s.index(0), p_l, PERM, PERM > 0)
+        wb = _load_bytes(w_s.index(0), p_l, PERM, PACK)
         w = _widen(wb, sc, 0, False, a_l)
         wb_u = wb
         w_u = w
         if GLU:
-            wb_u = _load_bytes(u_s.index(0), p_l, PERM, PERM > 0)
+            wb_u = _load_bytes(u_s.index(0), p_l, PERM, PACK)
             w_u = _widen(wb_u, sc_u, 0, False, a_l)
         for kb in range(nblocks):
             nxt = gl.minimum(kb + 1, nblocks - 1)
@@ -237,9 +238,9 @@ if HAS_TRITON:
                     else:  # the low nibbles of the next half (clamped at the end: a harmless re-read)
                         async_copy.wait_group(STAGES - 2)
                         nslot = gl.minimum(j + 1, nhalves - 1) % STAGES
-                        wb = _load_bytes(w_s.index(nslot), p_l, PERM, PERM > 0)
+                        wb = _load_bytes(w_s.index(nslot), p_l, PERM, PACK)
                         if GLU:
-                            wb_u = _load_bytes(u_s.index(nslot), p_l, PERM, PERM > 0)
+                            wb_u = _load_bytes(u_s.index(nslot), p_l, PERM, PACK)
                         if h == 0:
                             w_next = _widen(wb, sc, 2, False, a_l)
                             if GLU:

@@ -56,9 +56,9 @@ PREFILL_HCA_CAUSAL = True
 # kernel mode: the q latent's norm and the window kv's norm + RoPE + FP8 simulation in one launch, and on CSA layers
 # the q heads' norm + RoPE with the indexer q's RoPE + Hadamard + FP4 simulation (`norm_rope.norm_rope_two`): one
 # or two launches fewer per layer in a decode step (session 31, H200: 272 -> 261 kernels per 8-layer eager step,
-# graph replay 1.26 -> 1.25 ms at B=1, 3.13-3.16 -> 3.14 at B=8; run_device_s31c.sh). The second pairing only up to PAIRED_QUERIES_MAX_T tokens: its kernel
-# takes the indexer part's 225 registers for every program (sm_90a), too few programs per SM for the q heads'
-# [T * H, 512] pass of a long prefill
+# graph replay 1.26 -> 1.25 ms at B=1, 3.13-3.16 -> 3.14 at B=8; run_device_s31c.sh). The second pairing only up
+# to PAIRED_QUERIES_MAX_T tokens: its kernel takes the indexer part's 225 registers for every program (sm_90a), too
+# few programs per SM for the q heads' [T * H, 512] pass of a long prefill
 PAIRED_NORMS = True
 PAIRED_QUERIES_MAX_T = 64
 

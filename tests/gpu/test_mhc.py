@@ -271,18 +271,17 @@ def _counters_zero() -> bool:
 @pytest.mark.parametrize("op", ["pre", "head"])
 def test_split_repeated_calls_identical(op, poison, monkeypatch):
     """Back-to-back launches (and, on CUDA, graph replays) reuse the counters: each leaves them at zero."""
-    collapse = "split"
     call, _, _ = _split_setup(op, 3, SMALL_D, True, monkeypatch)
     poison()
-    first = call(collapse)
+    first = call("split")
     assert _counters_zero()
     for _ in range(19):
-        assert all(torch.equal(a, b) for a, b in zip(call(collapse), first))
+        assert all(torch.equal(a, b) for a, b in zip(call("split"), first))
     assert _counters_zero()
     if DEV == "cuda":
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            outs = [call(collapse) for _ in range(20)]
+            outs = [call("split") for _ in range(20)]
         for _ in range(2):
             g.replay()
             torch.cuda.synchronize()
