@@ -31,7 +31,7 @@ MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL")} | {n: "*fp32" for n
 MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False)
 WIDE_T = dict(A="*bf16", W="*u8", WS="*i32", C="*bf16", SORTED="*i32", EXPERT_IDS="*i32", NUM_POST="*i32",
               TOPK_W="*fp32", limit="fp32", TILES="*i32")
-WIDE_C = dict(BM=128, BN=64, GLU=True, NW=4, STAGES=4, A_SMEM=False, GROUP_M=4, LISTED=True)
+WIDE_C = dict(BM=128, BN=64, GLU=True, NW=4, STAGES=4, A_SMEM=False, GROUP_M=4, LISTED=True, STORE_T=False)
 WIDE_DIV16 = ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm")
 
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
@@ -122,6 +122,13 @@ CASES = {
     # the prefill MoE GLU (Gluon): one warpgroup, 64 weight rows x 128 pairs, weight pairs as stored / permuted
     "moe_glu_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0), 4, 1, WIDE_DIV16),
     "moe_glu_wide_perm": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2), 4, 1, WIDE_DIV16),
+    # ... and its epilogue through shared memory (16-byte stores); the down GEMM (128-row tiles), both epilogues
+    "moe_glu_wide_t": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2, STORE_T=True), 4, 1,
+                       WIDE_DIV16),
+    "moe_down_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0, GLU=False, BN=128), 4, 1,
+                      WIDE_DIV16),
+    "moe_down_wide_t": ("moe_wide_async", "_wide_async_kernel", WIDE_T,
+                        dict(WIDE_C, PERM=0, GLU=False, BN=128, STORE_T=True), 4, 1, WIDE_DIV16),
     "moe_down_b1": ("moe_gemv", "_mma_down_kernel",
                     dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u8", Y="*bf16", P="*fp32",
                          CNT="*i32"),

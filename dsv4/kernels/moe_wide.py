@@ -46,6 +46,9 @@ ASYNC = True
 # 0.4 GB of activations -- each 1 MB activation block came back from HBM for each of its 32 column tiles
 ASYNC_GROUP_M = 4
 ASYNC_STAGES = 4  # ring slots of 64-wide K halves (activations and weight bytes) in shared memory
+# the Gluon kernel's epilogue through shared memory so each thread stores 16 contiguous bytes (the accumulator
+# layout's neighbours are rows apart: 16-bit stores). s32d: bit-identical; Flash MoE call -2 % at 2K, -4 % at 8K
+ASYNC_STORE_T = True
 ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None: two warpgroups, >= 128-row tiles)
 # ... with one warpgroup per program (64 weight rows, 4 warps, the widened weights as the MMA's register
 # operand; two programs per SM, whose widening and MMAs interleave without synchronising) instead of two in
@@ -424,7 +427,7 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
                     continue
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
-                                      tiles=tile_list, perm=perm if glu else 0)
+                                      tiles=tile_list, perm=perm if glu else 0, store_t=ASYNC_STORE_T)
             if glu and bn != BLOCK:  # z was stored unquantised
                 requant_rows(args1[3])
         return y

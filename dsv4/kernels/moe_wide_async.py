@@ -329,13 +329,15 @@ if HAS_TRITON:
 
     @gluon.jit
     def store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, valid, acc_l: gl.constexpr,
-                   BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, CHECK: gl.constexpr):
+                   BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, CHECK: gl.constexpr,
+                   STORE_T: gl.constexpr = False):
         """The epilogue in the accumulator layout [BN channels, BM pairs]: GLU z in sorted order (with 128 channels
-        quantised as W2's input), GEMM2 bf16 rows per pair; CHECK: nothing stored unless `valid`."""
+        quantised as W2's input), GEMM2 bf16 rows per pair; CHECK: nothing stored unless `valid`. STORE_T: the
+        tile is moved (through shared memory) to a layout with 8 channels per thread before the store, so each
+        thread stores 16 contiguous bytes (the accumulator's neighbours are pairs, one row apart: 16-bit stores)."""
         cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
         cpair = gl.load(SORTED + cp)
         cvalid = cpair < num_pairs
-        cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
         if GLU:
             z = swiglu(acc, acc_u, TOPK_W, cpair, cvalid, limit)
             if BN == 128:  # W2's input quantisation (act_quant): per pair, over these 128 channels
@@ -344,16 +346,27 @@ if HAS_TRITON:
                 q = gl.minimum(gl.maximum(zf * inv[None, :], -448.0), 448.0).to(gl.float8e4nv)
                 z = (q.to(gl.float32) * s[None, :]).to(gl.bfloat16)  # exact
             # (narrower tiles store z as is: `moe_wide.requant_rows` quantises it per 128 afterwards)
-            if CHECK:
-                gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z, mask=valid & (cn[:, None] >= 0))
-            else:
-                gl.store(C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None], z)
         else:
-            c_ptrs = C + cpair.to(gl.int64)[None, :] * stride_cm + cn[:, None]
-            mask = cvalid[None, :] & (cn[:, None] >= 0)
+            z = acc.to(gl.bfloat16)
+        out_l: gl.constexpr = gl.BlockedLayout([8, 1], [BN // 8, 256 // BN], [1, gl.num_warps()], [0, 1]) \
+            if STORE_T else acc_l
+        if STORE_T:
+            z = gl.convert_layout(z, out_l)
+            cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_l))
+            cpair = gl.load(SORTED + cp)
+            cvalid = cpair < num_pairs
+        cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, out_l))
+        if GLU:  # z in sorted order
+            ptrs = C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None]
+            if CHECK:
+                gl.store(ptrs, z, mask=valid & (cn[:, None] >= 0))
+            else:
+                gl.store(ptrs, z)
+        else:  # y per pair (the mask broadcast along channels, so it keeps their 8-wide runs)
+            mask = cvalid[None, :]
             if CHECK:
                 mask = mask & valid
-            gl.store(c_ptrs, acc.to(gl.bfloat16), mask=mask)
+            gl.store(C + cpair.to(gl.int64)[None, :] * stride_cm + cn[:, None], z, mask=mask)
 
     @gluon.jit
     def _wide_async_kernel(
@@ -362,6 +375,7 @@ if HAS_TRITON:
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
         A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, PERM: gl.constexpr,
+        STORE_T: gl.constexpr,
     ):
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -417,23 +431,24 @@ if HAS_TRITON:
                                     K // 128, a_l, GLU, STAGES, pair_layout(BN, NW, PERM > 0), PERM)
 
         store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, True, acc_l, BM, BN, GLU,
-                   False)
+                   False, STORE_T)
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False, group_m: int = 0, tiles=None, perm: int = 0):
+           a_smem: bool = False, group_m: int = 0, tiles=None, perm: int = 0, store_t: bool = False):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
     order (`moe_wide.ASYNC_GROUP_M`); tiles: int32 [grid[0]], program i's tile starts at 64-row block tiles[i] of
     a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`); perm: the weight pairs' order (`pair_view`; the
-    activation's columns must be in the same order). Returns the compiled kernel (registers and shared
+    activation's columns must be in the same order); store_t: `store_tile`'s STORE_T. Returns the compiled kernel (registers and shared
     memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
     if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
         raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
+    store_t = store_t and bm >= (256 // bn) * num_warps  # (its layout spans 256 / bn pairs per warp)
     listed = tiles is not None  # without a list, TILES is never read: EXPERT_IDS (kernel_args[5]) stands in
     return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
                                     NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
-                                    PERM=perm, num_warps=num_warps)
+                                    PERM=perm, STORE_T=store_t, num_warps=num_warps)

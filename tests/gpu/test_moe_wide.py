@@ -326,6 +326,34 @@ def test_perm_k_glu_matches_the_reference(perm, m, one_wg, poison, close_bf16, m
     close_bf16(got, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what=f"perm {perm}")
 
 
+@pytest.mark.parametrize("bm,mixed,m", [(16, False, 5), (32, False, 40), (64, True, 700), (128, False, 400)])
+def test_store_t_epilogue_is_bit_identical(bm, mixed, m, poison, monkeypatch):
+    """moe_wide.ASYNC_STORE_T moves the Gluon kernels' finished tiles through shared memory before storing them:
+    the same values in the same places (both GEMMs, Flash's D and I, skewed routing, a third of the pairs on
+    another rank), so the outputs are bit-identical to the accumulator-layout stores."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels import moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe
+
+    e, d, i = 8, 4096, 2048
+    gen = torch.Generator(DEV).manual_seed(m + bm)
+    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
+    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
+    ids, w = _topk(m, e, 6, gen, skew=True)
+    ids = torch.where(ids % 3 == 0, -1, ids)
+    cfg = dataclasses.replace(_wide(bm), mixed=mixed)
+    monkeypatch.setattr(moe_wide, "ASYNC", True)
+    monkeypatch.setattr(moe_wide, "ASYNC_STORE_T", False)
+    want = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    monkeypatch.setattr(moe_wide, "ASYNC_STORE_T", True)
+    poison()
+    got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    assert torch.equal(got, want), float((got == want).double().mean())
+
+
 @pytest.mark.parametrize("m,spread", [(5, 5), (300, 11), (700, 11)])
 def test_fp8_operands_match_the_reference(m, spread, poison, close_bf16, monkeypatch):
     """moe_wide.WIDE_FP8: the MXFP4 weights re-encoded to e4m3 per 128-wide block relative to its largest scale
