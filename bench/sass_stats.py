@@ -129,6 +129,11 @@ CASES = {
                       WIDE_DIV16),
     "moe_down_wide_t": ("moe_wide_async", "_wide_async_kernel", WIDE_T,
                         dict(WIDE_C, PERM=0, GLU=False, BN=128, STORE_T=True), 4, 1, WIDE_DIV16),
+    # the requantisation of the MoE's activations / z (16-byte stores also when it permutes the columns)
+    "requant": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=0), 4, 1,
+                ("stride", "stride_out")),
+    "requant_perm": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=2), 4, 1,
+                     ("stride", "stride_out")),
     "moe_down_b1": ("moe_gemv", "_mma_down_kernel",
                     dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u8", Y="*bf16", P="*fp32",
                          CNT="*i32"),
@@ -162,12 +167,11 @@ def _loops(sass: str, hist: int = 0) -> None:
                 print("      " + ", ".join(f"{o} {n}" for o, n in body.most_common(hist)))
 
 
-def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False, hist: int = 0,
-                 grep: str | None = None) -> None:
+def compile_kernel(name: str, stages: int | None = None):
+    """Case `name` compiled for sm_90a (no GPU needed): (the compiled kernel, its num_warps, its num_stages)."""
     import importlib
 
     import triton
-    import triton.backends.nvidia as nv
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
@@ -184,6 +188,19 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
     source = GluonASTSource if isinstance(jf, GluonJITFunction) else ASTSource  # (Gluon: layouts are explicit)
     k = triton.compile(source(fn=jf, signature=sig, constexprs=const, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": n_stages})
+    return k, warps, n_stages
+
+
+def global_accesses(ptx: str):
+    """Counter of the PTX's global loads and stores by width (`st.global.v4.b32`, `st.global.b16`, ...)."""
+    return collections.Counter(re.findall(r"\b((?:ld|st)\.global[.\w]*)", ptx))
+
+
+def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False, hist: int = 0,
+                 grep: str | None = None, widths: bool = False) -> None:
+    import triton.backends.nvidia as nv
+
+    k, warps, n_stages = compile_kernel(name, stages)
     bindir = os.path.join(os.path.dirname(nv.__file__), "bin")
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
@@ -199,6 +216,8 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
     print(f"{name:20s} warps {warps} stages {n_stages}: {regs.group(1) if regs else '?'} registers, "
           f"{spill.group(1) if spill else '?'} B spilled, {sum(ops.values())} SASS instructions; "
           + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
+    if widths:  # global loads / stores by width (a 16-bit store where 16-byte ones were meant: session 32)
+        print("    " + ", ".join(f"{op} {n}" for op, n in global_accesses(k.asm["ptx"]).most_common()))
     if loops:
         _loops(sass, hist)
     if grep:  # the SASS lines themselves (address, instruction) that match
@@ -219,12 +238,13 @@ def main() -> None:
     ap.add_argument("--loops", action="store_true", help="also print each loop's instructions per iteration")
     ap.add_argument("--stages", type=int, default=None, help="num_stages for every case (default: each case's)")
     ap.add_argument("--hist", type=int, default=0, help="with --loops: each loop's N most frequent opcodes")
+    ap.add_argument("--widths", action="store_true", help="also count the PTX's global loads / stores by width")
     ap.add_argument("--grep", default=None, help="also print the SASS lines matching this regex")
     args = ap.parse_args()
     for name in args.names or CASES:
         if name not in CASES:
             raise SystemExit(f"sass_stats: unknown case {name!r}; cases: {', '.join(CASES)}")
-        compile_case(name, args.stages, args.layouts, args.loops, args.hist, args.grep)
+        compile_case(name, args.stages, args.layouts, args.loops, args.hist, args.grep, args.widths)
 
 
 if __name__ == "__main__":

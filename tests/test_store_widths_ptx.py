@@ -1,0 +1,39 @@
+"""Global store widths of kernels whose stores must stay 16-byte vectors, from their PTX compiled offline for
+sm_90a (no GPU: `bench/sass_stats.py`'s cases). Session 31 computed the requantisation's store addresses per
+element and the compiler split the stores into 16-bit ones: the MoE call went 6.9 -> 8.9 ms at 8K tokens and no
+CPU test saw it. Session 32 made the Gluon MoE epilogue store 16 bytes per thread (`ASYNC_STORE_T`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def _stores(case: str):
+    from bench.sass_stats import compile_kernel, global_accesses
+
+    try:
+        k, _, _ = compile_kernel(case)
+    except (ImportError, RuntimeError, FileNotFoundError) as err:  # a triton without its NVIDIA backend / ptxas
+        pytest.skip(f"cannot compile {case} for sm_90a here: {err}")
+    return {op: n for op, n in global_accesses(k.asm["ptx"]).items() if op.startswith("st.")}
+
+
+@pytest.mark.parametrize("case", ["requant", "requant_perm"])
+def test_requant_stores_are_16_byte_vectors(case):
+    """Rows x one 128-wide block in bf16, 4 warps: every store a v4.b32, with and without the column permutation."""
+    assert _stores(case) == {"st.global.v4.b32": 4}, case
+
+
+@pytest.mark.parametrize("case,vectors", [("moe_glu_wide_t", 8), ("moe_down_wide_t", 16)])
+def test_gluon_moe_epilogue_stores_16_bytes_per_thread(case, vectors):
+    """The finished [channels, pairs] tile moved to 8 channels per thread (`store_tile`'s STORE_T): GLU 64 x 128
+    bf16 and down 128 x 128 bf16 per 128 threads, only v4.b32 stores; the accumulator-layout store (STORE_T off,
+    the WS kernels' path) is kept as the contrast."""
+    assert _stores(case) == {"st.global.v4.b32": vectors}, case
+    assert "st.global.b16" in _stores(case.removesuffix("_t")), "the contrast case changed: re-check this test"
