@@ -4,7 +4,11 @@ a 16-bit store pattern cost the MoE call 29 %). Run a workload with TRITON_CACHE
 
     python bench/ptx_cache_survey.py DIR [--all]
 
-One line per compiled kernel variant: name, warps, then its loads and stores by width; narrow ones first.
+One line per compiled kernel variant: name, warps, then its loads and stores by width; narrow ones first. PTX
+repeats a load once per replicated element (a [rows, chunks, 1] scale tile in a 16-wide layout: 16 byte loads of
+one address) and ptxas merges those; check a suspect in SASS (`bench/sass_stats.py CASE --grep LDG`) before acting.
+Session 32 (s32g): attention's 64 PTX byte loads were 4 LDG.U8 in SASS; `_prefill_scores_kernel`'s 16-bit stores
+come from its variant for a row stride not divisible by 16 (prompts whose entry count is not).
 """
 from __future__ import annotations
 
