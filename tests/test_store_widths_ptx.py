@@ -30,6 +30,13 @@ def test_requant_stores_are_16_byte_vectors(case):
     assert _stores(case) == {"st.global.v4.b32": 4}, case
 
 
+def test_prefill_index_scores_store_16_byte_vectors():
+    """The indexer's prefill scores store up to NP (the padded row stride, a multiple of 16) so that an entry count
+    N not divisible by 16 (most prompts) keeps the 16-byte stores: both the -inf fill of unseen tiles and the
+    scores."""
+    assert set(_stores("prefill_scores")) == {"st.global.v4.b32"}
+
+
 @pytest.mark.parametrize("case,vectors", [("moe_glu_wide_t", 8), ("moe_down_wide_t", 16)])
 def test_gluon_moe_epilogue_stores_16_bytes_per_thread(case, vectors):
     """The finished [channels, pairs] tile moved to 8 channels per thread (`store_tile`'s STORE_T): GLU 64 x 128

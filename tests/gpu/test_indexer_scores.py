@@ -144,6 +144,9 @@ def test_prefill_index_scores_and_select(t, heads, n, start, poison):
     present = torch.arange(n, device=DEV)[None, :] < visible[:, None]
     assert torch.equal(torch.isneginf(got), ~present) and torch.isfinite(got[present]).all()
     _check_scores(got, ref, q, w, keys, present, f"prefill T={t} Hi={heads} N={n}")
+    pad = got.stride(0)  # rows padded to 16 entries, the padding written -inf (so the stores stay vectors)
+    assert pad % 16 == 0 and pad - n < 16
+    assert torch.isneginf(got.as_strided((t, pad), (pad, 1))[:, n:]).all()
 
     if not got.is_cuda:
         return  # kernel mode selects on CUDA only
