@@ -26,6 +26,10 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
+# prefill scores' rows padded to 16 entries (16-byte stores for any entry count; off: the unpadded rows, for A/Bs).
+# Prepared in session 32 from PTX (s32g); interpreter- and PTX-tested, GPU figure pending
+PAD_ROWS = True
+
 
 # --------------------------------------------------------------------------- torch reference
 
@@ -227,7 +231,7 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
         raise ValueError(f"prefill_index_scores: visible must be int32 [T={t}], got {visible.dtype} "
                          f"{tuple(visible.shape)}")
     n = keys.shape[0]
-    n_pad = -(-n // 16) * 16  # the row stride (and stored width): a multiple of 16 keeps the stores vectors
+    n_pad = -(-n // 16) * 16 if PAD_ROWS else n  # the row stride (and stored width): a multiple of 16 keeps the stores vectors
     out = torch.empty(t, n_pad, dtype=torch.bfloat16, device=q.device)[:, :n]
     if t == 0 or n == 0:
         return out

@@ -1,0 +1,18 @@
+#!/bin/bash
+# Prepared in session 32 for session 33, one H200 (≈ 5 min). (1) GPU tests of session 32's last change: the
+# indexer's prefill scores rows padded to 16 entries (indexer_scores.PAD_ROWS; poisoned padding must read -inf),
+# the top-k that reads them, the model's prefill paths. (2) Its figure: the 8-layer prefill at 8,000 tokens (2,000
+# CSA entries: the 16-bit-store variant without padding) and at 8,192, PAD_ROWS off / on / off / on.
+source bench/runs/lib.sh
+python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1
+run 200 tests/gpu/test_indexer_scores.py tests/gpu/test_topk.py
+run 150 tests/gpu/test_model_gpu.py -k "logits_match or greedy or fused_prefill"
+F=dsv4.kernels.indexer_scores.PAD_ROWS
+for N in 8000 8192; do
+  for V in False True False True; do
+    echo "prefill $N PAD_ROWS=$V"
+    RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29526 timeout 120 \
+      python3 bench/flags.py "$F=$V" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches 1 --ctx 4096 \
+      --kv-dtype fp8 --prefill $N --cuda-graphs 2>&1 | grep -E "prefill|rror" | head -2
+  done
+done
