@@ -8,6 +8,8 @@ python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2
 run 200 tests/gpu/test_indexer_scores.py tests/gpu/test_topk.py
 run 150 tests/gpu/test_model_gpu.py -k "logits_match or greedy or fused_prefill"
 F=dsv4.kernels.indexer_scores.PAD_ROWS
+export TRITON_CACHE_DIR=/tmp/tc_s33a  # (3) then: which kernels of these prompts still store 8 / 16 bits at a time
+rm -rf $TRITON_CACHE_DIR
 for N in 8000 8192; do
   for V in False True False True; do
     echo "prefill $N PAD_ROWS=$V"
@@ -16,3 +18,6 @@ for N in 8000 8192; do
       --kv-dtype fp8 --prefill $N --cuda-graphs 2>&1 | grep -E "prefill|rror" | head -2
   done
 done
+python3 bench/ptx_cache_survey.py $TRITON_CACHE_DIR > $OUT/ptx_survey.txt
+grep -E "st\.(b8|b16)" $OUT/ptx_survey.txt | head -12
+
