@@ -231,7 +231,7 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
         raise ValueError(f"prefill_index_scores: visible must be int32 [T={t}], got {visible.dtype} "
                          f"{tuple(visible.shape)}")
     n = keys.shape[0]
-    n_pad = -(-n // 16) * 16 if PAD_ROWS else n  # the row stride (and stored width): a multiple of 16 keeps the stores vectors
+    n_pad = -(-n // 16) * 16 if PAD_ROWS else n  # row stride and stored width: 16 | n_pad keeps vector stores
     out = torch.empty(t, n_pad, dtype=torch.bfloat16, device=q.device)[:, :n]
     if t == 0 or n == 0:
         return out

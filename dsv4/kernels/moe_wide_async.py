@@ -441,8 +441,8 @@ def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_war
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
     order (`moe_wide.ASYNC_GROUP_M`); tiles: int32 [grid[0]], program i's tile starts at 64-row block tiles[i] of
     a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`); perm: the weight pairs' order (`pair_view`; the
-    activation's columns must be in the same order); store_t: `store_tile`'s STORE_T. Returns the compiled kernel (registers and shared
-    memory for the benchmarks)."""
+    activation's columns must be in the same order); store_t: `store_tile`'s STORE_T (ignored for tiles
+    narrower than its layout). Returns the compiled kernel (registers and shared memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
     if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
