@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 32 for session 33, one H200 (≈ 5 min). (1) GPU tests of session 32's last change: the
+# Prepared in session 32 for session 33, one H200 (≈ 6 min). (1) GPU tests of session 32's last change: the
 # indexer's prefill scores rows padded to 16 entries (indexer_scores.PAD_ROWS; poisoned padding must read -inf),
 # the top-k that reads them, the model's prefill paths. (2) Its figure: the 8-layer prefill at 8,000 tokens (2,000
 # CSA entries: the 16-bit-store variant without padding) and at 8,192, PAD_ROWS off / on / off / on.
@@ -7,6 +7,8 @@ source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1
 run 200 tests/gpu/test_indexer_scores.py tests/gpu/test_topk.py
 run 150 tests/gpu/test_model_gpu.py -k "logits_match or greedy or fused_prefill"
+# (session 32's review moved three bit-for-bit MoE tests' setup into _skewed_moe: same seeds, same draws)
+run 150 tests/gpu/test_moe_wide.py -k "mixed_tiles or ws_kernels or store_t"
 F=dsv4.kernels.indexer_scores.PAD_ROWS
 export TRITON_CACHE_DIR=/tmp/tc_s33a  # (3) then: which kernels of these prompts still store 8 / 16 bits at a time
 rm -rf $TRITON_CACHE_DIR

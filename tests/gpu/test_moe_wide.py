@@ -213,6 +213,20 @@ def test_async_kernel_matches_the_wide_kernel(bm, a_smem, stages, one_wg, poison
     assert same > 0.999, same
 
 
+def _skewed_moe(e: int, d: int, i: int, m: int, seed: int):
+    """(packed MXFP4 experts, x [m, d], top-6 ids with a third of the pairs on another rank (-1), weights): the
+    skewed-routing problem of the tests that compare two kernel paths bit for bit."""
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels.moe import finalize_experts
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
+    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
+    ids, w = _topk(m, e, 6, gen, skew=True)
+    return packed, x, torch.where(ids % 3 == 0, -1, ids), w
+
+
 @pytest.mark.parametrize("m", [3, 150, 700])
 def test_mixed_tiles_match_128_row_tiles(m, poison):
     """Mixed tiles (128-row tiles over pairs of an expert's 64-row blocks, 64-row tiles for odd last blocks: two
@@ -221,16 +235,9 @@ def test_mixed_tiles_match_128_row_tiles(m, poison):
     rank (id -1)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
-    from test_moe import _mxfp4_experts, _topk
+    from dsv4.kernels.moe import fused_moe
 
-    from dsv4.kernels.moe import finalize_experts, fused_moe
-
-    e, d, i = 8, 1024, 512
-    gen = torch.Generator(DEV).manual_seed(m)
-    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
-    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
-    ids, w = _topk(m, e, 6, gen, skew=True)
-    ids = torch.where(ids % 3 == 0, -1, ids)
+    packed, x, ids, w = _skewed_moe(8, 1024, 512, m, m)
     want = fused_moe(x, ids, w, packed, config=_wide(128), out_dtype=torch.float32)
     poison()
     got = fused_moe(x, ids, w, packed, config=dataclasses.replace(_wide(128), mixed=True), out_dtype=torch.float32)
@@ -250,18 +257,11 @@ def test_ws_kernels_match_the_default_ones(which, bm, mixed, m, wideners, poison
     routing and pairs of another rank (-1); wideners: one widening warpgroup or two (moe_wide_ws.WIDENERS)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
-    from test_moe import _mxfp4_experts, _topk
-
     from dsv4.kernels import moe_wide, moe_wide_ws
-    from dsv4.kernels.moe import finalize_experts, fused_moe
+    from dsv4.kernels.moe import fused_moe
 
     monkeypatch.setattr(moe_wide_ws, "WIDENERS", wideners)
-    e, d, i = 8, 1024, 512
-    gen = torch.Generator(DEV).manual_seed(m + bm)
-    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
-    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
-    ids, w = _topk(m, e, 6, gen, skew=True)
-    ids = torch.where(ids % 3 == 0, -1, ids)
+    packed, x, ids, w = _skewed_moe(8, 1024, 512, m, m + bm)
     cfg = dataclasses.replace(_wide(bm), mixed=mixed)
     monkeypatch.setattr(moe_wide, "GLU_ONE_WARPGROUP", True)  # the register GLU of 64 channels per program
     monkeypatch.setattr(moe_wide, "PERM_K", 0)  # (the WS kernels read the weight pairs as stored)
@@ -333,17 +333,10 @@ def test_store_t_epilogue_is_bit_identical(bm, mixed, m, poison, monkeypatch):
     another rank), so the outputs are bit-identical to the accumulator-layout stores."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
-    from test_moe import _mxfp4_experts, _topk
-
     from dsv4.kernels import moe_wide
-    from dsv4.kernels.moe import finalize_experts, fused_moe
+    from dsv4.kernels.moe import fused_moe
 
-    e, d, i = 8, 4096, 2048
-    gen = torch.Generator(DEV).manual_seed(m + bm)
-    packed = finalize_experts(_mxfp4_experts(e, d, i, gen))
-    x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
-    ids, w = _topk(m, e, 6, gen, skew=True)
-    ids = torch.where(ids % 3 == 0, -1, ids)
+    packed, x, ids, w = _skewed_moe(8, 4096, 2048, m, m + bm)
     cfg = dataclasses.replace(_wide(bm), mixed=mixed)
     monkeypatch.setattr(moe_wide, "ASYNC", True)
     monkeypatch.setattr(moe_wide, "ASYNC_STORE_T", False)
