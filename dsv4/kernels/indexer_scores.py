@@ -26,9 +26,10 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
-# prefill scores' rows padded to 16 entries (16-byte stores for any entry count; off: the unpadded rows, for A/Bs).
-# Prepared in session 32 from PTX (s32g); interpreter- and PTX-tested, GPU figure pending
-PAD_ROWS = True
+# prefill scores' rows padded to 16 entries (16-byte stores for any entry count; s32g: an entry count not divisible
+# by 16 compiled to 16-bit stores). Prepared in session 32 without a GPU (interpreter- and PTX-tested): off until
+# run_device_s33a.sh has GPU-tested and timed it
+PAD_ROWS = False
 
 
 # --------------------------------------------------------------------------- torch reference
