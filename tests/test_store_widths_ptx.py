@@ -44,3 +44,36 @@ def test_gluon_moe_epilogue_stores_16_bytes_per_thread(case, vectors):
     the WS kernels' path) is kept as the contrast."""
     assert _stores(case) == {"st.global.v4.b32": vectors}, case
     assert "st.global.b16" in _stores(case.removesuffix("_t")), "the contrast case changed: re-check this test"
+
+
+# Cases whose narrow (8 / 16-bit) global stores are the data's own shape, with the most the PTX may hold. Any other
+# case, or more narrow stores than listed, fails `test_no_new_narrow_stores`: look at the store before raising a bound.
+NARROW_ALLOWED = {
+    "indexer_scores": (1, "decode: one bf16 score per thread"),
+    "store_indexer": (2, "the MXFP4 key's packed bytes and its scale bytes, one token row"),
+    "mhc_rows_post": (4, "decode: one bf16 element per thread of a token row"),
+    "moe_glu_b1": (1, "decode GEMV: one bf16 output per thread"),
+    "moe_down_b1": (1, "decode GEMV: one bf16 output per thread"),
+    "topk_chunks": (8, "one valid byte per picked slot"),
+    "fp8_gemv_wq_a": (1, "decode GEMV: one bf16 output per thread"),
+    "moe_glu_wide": (64, "STORE_T off: the accumulator layout (the WS kernels' epilogue)"),
+    "moe_glu_wide_perm": (64, "STORE_T off, as moe_glu_wide"),
+    "moe_down_wide": (128, "STORE_T off, as moe_glu_wide"),
+}
+
+
+def _cases():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from bench.sass_stats import CASES
+
+    return list(CASES)
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_no_new_narrow_stores(case):
+    """Every `bench/sass_stats.py` case (the kernels whose SASS the sessions track), compiled for sm_90a: no 8 / 16-bit
+    global stores beyond NARROW_ALLOWED's bound for it (none for the rest)."""
+    narrow = sum(n for op, n in _stores(case).items() if op.rsplit(".", 1)[-1] in ("b8", "b16", "u8", "u16"))
+    bound = NARROW_ALLOWED.get(case, (0, ""))[0]
+    assert narrow <= bound, f"{case}: {narrow} narrow global stores (allowed {bound}): {_stores(case)}"
+

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Prepared in session 32 for session 33, one H200 (≈ 6 min). (1) GPU tests of session 32's last change: the
 # indexer's prefill scores rows padded to 16 entries (indexer_scores.PAD_ROWS; poisoned padding must read -inf),
-# the top-k that reads them, the model's prefill paths. PAD_ROWS is off until this passes and the figure says on. (2) Its figure: the 8-layer prefill at 8,000 tokens (2,000
-# CSA entries: the 16-bit-store variant without padding) and at 8,192, PAD_ROWS off / on / off / on.
+# the top-k that reads them, the model's prefill paths (PAD_ROWS stays off until this passes and the figure says
+# on). (2) Its figure: the 8-layer prefill at 8,000 tokens (2,000 CSA entries: the 16-bit-store variant without
+# padding) and at 8,192, PAD_ROWS off / on / off / on.
 source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1
 run 200 tests/gpu/test_indexer_scores.py tests/gpu/test_topk.py
