@@ -54,6 +54,8 @@ NARROW_ALLOWED = {
     "mhc_rows_post": (4, "decode: one bf16 element per thread of a token row"),
     "moe_glu_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_down_b1": (1, "decode GEMV: one bf16 output per thread"),
+    "moe_glu_b1_words": (1, "as moe_glu_b1"),
+    "moe_down_b1_words": (1, "as moe_down_b1"),
     "topk_chunks": (8, "one valid byte per picked slot"),
     "fp8_gemv_wq_a": (1, "decode GEMV: one bf16 output per thread"),
     "moe_glu_wide": (64, "STORE_T off: the accumulator layout (the WS kernels' epilogue)"),

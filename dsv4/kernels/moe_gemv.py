@@ -122,7 +122,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                         stride_ps, stride_pp,
                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
                         USE_ASM: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                        G: tl.constexpr, NC: tl.constexpr):
+                        G: tl.constexpr, NC: tl.constexpr, SCALE_WORDS: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
         (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
         SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
@@ -175,8 +175,8 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 sa = _act_scales_g(sxrows, live, kb0, NC, U)
             else:
                 sa = _act_scales(SXrow, kb0, U)
-            acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, G, NC)
-            acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, G, NC)
+            acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, G, NC, SCALE_WORDS)
+            acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, G, NC, SCALE_WORDS)
         if G > 1:  # no split: the host allows no SPLIT with G > 1
             for j in tl.static_range(G):
                 pj = _block_member(BLK, j, G)
@@ -205,7 +205,8 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                          stride_zq, stride_zs, stride_we, stride_wn, stride_wse, stride_wsn, stride_y,
                          stride_ps, stride_pp,
                          BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr,
-                         SPLIT: tl.constexpr, PREFETCH: tl.constexpr, G: tl.constexpr, NC: tl.constexpr):
+                         SPLIT: tl.constexpr, PREFETCH: tl.constexpr, G: tl.constexpr, NC: tl.constexpr,
+                         SCALE_WORDS: tl.constexpr):
         """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes).
         SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials.
         G > 1: as in `_mma_glu_kernel` (no SPLIT)."""
@@ -242,9 +243,9 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 b = _mma_order(tl.load(Wr + (kb0 + d) * 64), BN, KD)
                 part = tl.dot(_f16_hi(b, USE_ASM), a_hi, tl.dot(_f16_lo(b, USE_ASM), a_lo, part))
             if G > 1:
-                acc = _scale_acc(acc, part, Sr, _act_scales_g(zsrows, live, kb0, NC, U), kb0, U, G, NC)
+                acc = _scale_acc(acc, part, Sr, _act_scales_g(zsrows, live, kb0, NC, U), kb0, U, G, NC, SCALE_WORDS)
             else:
-                acc = _scale_acc(acc, part, Sr, _act_scales(ZSrow, kb0, U), kb0, U, 1, NC)
+                acc = _scale_acc(acc, part, Sr, _act_scales(ZSrow, kb0, U), kb0, U, 1, NC, SCALE_WORDS)
         if G > 1:
             for j in tl.static_range(G):
                 pj = _block_member(BLK, j, G)
@@ -324,6 +325,10 @@ MAX_COLUMNS = 32  # wgmma's N side with blocks of pairs (accumulator registers)
 # soon as it knows its expert (0: off). Session 15 (s15a, bench_moe_flags, ms M = 1 / 8 / 64): default 0.19 /
 # 0.25 / 1.61, 8 blocks 0.37 / 0.28 / 1.61, 32 blocks 0.15 / 0.32 / 1.61 -- no consistent gain, stays off.
 GLU_PREFETCH_KBLOCKS = 0
+# the "mma" GEMVs read each row's E8M0 scale bytes of a loop step as 32-bit words (`_scale_acc`'s WORDS) instead
+# of one byte load per accumulator element (offline SASS, decode GLU: 16 LDG.E.U8 per K step). Prepared in
+# session 32 without a GPU: off until measured
+SCALE_WORDS = False
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
@@ -413,7 +418,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
         float(swiglu_limit), xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
         QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, G=g, NC=nc,
-        num_warps=num_warps, num_stages=num_stages)
+        SCALE_WORDS=SCALE_WORDS, num_warps=num_warps, num_stages=num_stages)
     if not quant_out:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
@@ -438,7 +443,7 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
         zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, i, e, zq.stride(0), zs.stride(0),
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), part.stride(0), part.stride(1),
         BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS,
-        G=g, NC=nc, num_warps=num_warps, num_stages=num_stages)
+        G=g, NC=nc, SCALE_WORDS=SCALE_WORDS, num_warps=num_warps, num_stages=num_stages)
 
 
 def _block_shape(blocks: torch.Tensor | None, u: int) -> tuple[int, int]:

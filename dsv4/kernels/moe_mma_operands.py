@@ -73,16 +73,26 @@ if HAS_TRITON:
         return tl.load(SArow + kb0 + n // 4, mask=n < 4 * U, other=0.0) * 256.0
 
     @triton.jit
-    def _scale_acc(acc, part, Sbytes, sa, kb0, U: tl.constexpr, G: tl.constexpr, NC: tl.constexpr):
+    def _scale_acc(acc, part, Sbytes, sa, kb0, U: tl.constexpr, G: tl.constexpr, NC: tl.constexpr,
+                   WORDS: tl.constexpr = False):
         """acc += part * group scale * activation scale sa (`_act_scales`), per column 4u + g (group g of K
         block kb0 + u): the group's E8M0 byte b gives 2^(b - 127 + 6) as in `moe._group_scale` (valid for
         every byte the layout admits), the remaining 2^8 of the 2^-14 weight shift rides on the activation
         scale (all powers of two: the same products as (part * 2^(b - 127 + 14)) * sa). G > 1 pairs per
-        program (NC columns, dsv4.kernels.moe_gemv_pairs): column 4Uj + 4u + g."""
+        program (NC columns, dsv4.kernels.moe_gemv_pairs): column 4Uj + 4u + g. WORDS: the row's 4U bytes
+        read as U 32-bit words ([BN, 1] each: one load per row a thread holds) and split by shifts, instead of
+        one byte load per accumulator element (`moe_gemv.SCALE_WORDS`)."""
         n = tl.arange(0, NC)
         if G > 1:
             n = n % (4 * U)
         used = n < 4 * U
-        b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=used[None, :], other=0).to(tl.int32)
+        if WORDS:  # (the bytes kb0 * 4 .. are 4-byte aligned: rows of D / 32 bytes, a multiple of 4)
+            words = (Sbytes + kb0 * 4).to(tl.pointer_type(tl.int32))
+            b = tl.zeros(part.shape, dtype=tl.int32)
+            for u in tl.static_range(U):  # little-endian: byte j of word u is column 4u + j
+                w = tl.load(words + u)
+                b = tl.where((n // 4 == u)[None, :], (w >> (8 * (n % 4))[None, :]) & 0xFF, b)
+        else:
+            b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=used[None, :], other=0).to(tl.int32)
         f = ((b + 6) << 23).to(tl.float32, bitcast=True)
         return acc + (part * f) * sa[None, :]

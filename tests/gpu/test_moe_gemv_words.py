@@ -1,0 +1,42 @@
+"""moe_gemv.SCALE_WORDS (the "mma" GEMVs' E8M0 scale bytes read as 32-bit row words) against the byte loads, bit for
+bit. Small enough for Triton's interpreter (in the Makefile's KERNEL_TESTS); the H200 runs it with tests/gpu."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from test_moe_gemv_mma import LIMIT, _experts, _launch, _routing
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+
+
+@pytest.mark.parametrize("shape,per_program,split", [("bn64", 1, 1), ("bn64_u4_kd2", 1, 1), ("bn64_u1_s4", 1, 2),
+                                                     ("bn128_w8", 1, 1), ("bn128_u4_kd4", 1, 1), ("bn64", 2, 1),
+                                                     ("bn128_w8", 4, 1)])
+def test_scale_words_same_bits(shape, per_program, split, poison, monkeypatch):
+    """moe_gemv.SCALE_WORDS reads each row's E8M0 bytes of a loop step as 32-bit words and splits them by shifts:
+    the same scales, so the same bits as the byte loads for every pair of this rank (both GEMVs, unroll 1 / 2 / 4,
+    split K, pairs per program), with scale bytes over the whole range the layout admits."""
+    from dsv4.kernels import moe_gemv as mg
+    from dsv4.kernels.moe import finalize_experts
+    from dsv4.kernels.moe_layout import WIDE_MAX_SCALE_BYTE
+
+    e, d, i, k, m = 8, 512, 256, 6, 5
+    gen = torch.Generator(DEV).manual_seed(len(shape) * 3 + per_program + split)
+    experts = _experts(e, d, i, gen)
+    for s in (experts.w1_scale, experts.w3_scale, experts.w2_scale):  # every byte position a different value
+        s.copy_(torch.randint(100, min(WIDE_MAX_SCALE_BYTE, 140), s.shape, generator=gen, device=DEV,
+                              dtype=torch.uint8).view(s.dtype))
+    packed = finalize_experts(experts)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _routing(m, e, k, gen, other_ranks=True)
+    mine = (ids.reshape(-1) >= 0).nonzero()[:, 0]
+    run = dict(_launch(shape), method="mma", pairs_per_program=per_program, split=split, split_down=split)
+    monkeypatch.setattr(mg, "SCALE_WORDS", False)
+    poison()
+    want = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
+    monkeypatch.setattr(mg, "SCALE_WORDS", True)
+    poison()
+    got = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{shape}: bits differ"
