@@ -418,7 +418,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
         float(swiglu_limit), xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
         QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, G=g, NC=nc,
-        SCALE_WORDS=SCALE_WORDS, num_warps=num_warps, num_stages=num_stages)
+        SCALE_WORDS=_scale_words(s13), num_warps=num_warps, num_stages=num_stages)
     if not quant_out:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
@@ -443,7 +443,13 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
         zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, i, e, zq.stride(0), zs.stride(0),
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), part.stride(0), part.stride(1),
         BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS,
-        G=g, NC=nc, SCALE_WORDS=SCALE_WORDS, num_warps=num_warps, num_stages=num_stages)
+        G=g, NC=nc, SCALE_WORDS=_scale_words(s2), num_warps=num_warps, num_stages=num_stages)
+
+
+def _scale_words(scales: torch.Tensor) -> bool:
+    """SCALE_WORDS for this [E, N, K/32] byte tensor: only where every row start is 4-byte aligned (else bytes)."""
+    return SCALE_WORDS and scales.data_ptr() % 4 == 0 and scales.stride(0) % 4 == 0 and scales.stride(1) % 4 == 0 \
+        and scales.stride(2) == 1
 
 
 def _block_shape(blocks: torch.Tensor | None, u: int) -> tuple[int, int]:

@@ -37,6 +37,7 @@ def test_scale_words_same_bits(shape, per_program, split, poison, monkeypatch):
     poison()
     want = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
     monkeypatch.setattr(mg, "SCALE_WORDS", True)
+    assert mg._scale_words(packed.w13_scale.view(torch.uint8)) and mg._scale_words(packed.w2_scale.view(torch.uint8))
     poison()
     got = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{shape}: bits differ"
