@@ -56,6 +56,11 @@ CASES = {
                             4, 3, ()),
     "mhc_mix": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=False), 4, 3, ("D", "d_per_split")),
     "mhc_mix_post": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=True), 4, 3, ("D", "d_per_split")),
+    # ... at prefill sizes (> 16 tokens: mhc.FUSED_BT / MIX_BT rows, the transposed dot, MIX_STAGES = 2)
+    "mhc_mix_prefill": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=False, BT=64, TRANS=True), 4,
+                        2, ("D", "d_per_split")),
+    "mhc_mix_post_prefill": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=True, BT=32, TRANS=True), 4,
+                             2, ("D", "d_per_split")),
     "mhc_rows_post": ("mhc_kernels", "_mix_rows_kernel", MIX_T, dict(FUSE_POST=True, NM=32, NP=32, BK=64,
                                                                       PREFETCH=True), 4, 1,
                       ("D", "d_per_split", "HCD")),
