@@ -8,8 +8,9 @@ source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1
 run 200 tests/gpu/test_indexer_scores.py tests/gpu/test_topk.py
 run 150 tests/gpu/test_model_gpu.py -k "logits_match or greedy or fused_prefill"
-# (session 32's review moved three bit-for-bit MoE tests' setup into _skewed_moe: same seeds, same draws)
-run 150 tests/gpu/test_moe_wide.py -k "mixed_tiles or ws_kernels or store_t"
+# (session 32's review: three bit-for-bit MoE tests' setup moved into _skewed_moe, same seeds and draws; and
+# `store_tile` loads the sorted ids once, in the layout each path uses -- not yet run on a GPU)
+run 200 tests/gpu/test_moe_wide.py tests/gpu/test_requant.py
 F=dsv4.kernels.indexer_scores.PAD_ROWS
 export TRITON_CACHE_DIR=/tmp/tc_s33a  # (3) then: which kernels of these prompts still store 8 / 16 bits at a time
 rm -rf $TRITON_CACHE_DIR

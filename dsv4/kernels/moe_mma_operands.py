@@ -85,7 +85,6 @@ if HAS_TRITON:
         n = tl.arange(0, NC)
         if G > 1:
             n = n % (4 * U)
-        used = n < 4 * U
         if WORDS:  # (the bytes kb0 * 4 .. are 4-byte aligned: rows of D / 32 bytes, a multiple of 4)
             words = (Sbytes + kb0 * 4).to(tl.pointer_type(tl.int32))
             b = tl.zeros(part.shape, dtype=tl.int32)
@@ -93,6 +92,6 @@ if HAS_TRITON:
                 w = tl.load(words + u)
                 b = tl.where((n // 4 == u)[None, :], (w >> (8 * (n % 4))[None, :]) & 0xFF, b)
         else:
-            b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=used[None, :], other=0).to(tl.int32)
+            b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=(n < 4 * U)[None, :], other=0).to(tl.int32)
         f = ((b + 6) << 23).to(tl.float32, bitcast=True)
         return acc + (part * f) * sa[None, :]

@@ -72,9 +72,9 @@ WS_DOWN = False
 # The Gluon GLU's weight pairs read in `moe_wide_async.pair_view` order PERM_K (0: as stored, 16-bit loads; 1:
 # 32-bit loads; 2: 64-bit loads), the activation's columns permuted to match by `dequantized_act` (its launch
 # exists anyway). 1 keeps each wgmma's set of k (bit-identical to 0); 2 moves k between the two wgmmas of a 32-wide
-# group, so the fp32 sums change order (99.99 % of outputs bit-identical to 0). Flash MoE call, ms (H200, s31e2,
-# one call, a machine ≈ 25 % slower than s30's): M = 2048 0: 3.232 / 3.212, 1: 3.123, 2: 3.106 / 3.107; M = 8192
-# 0: 8.830 / 8.803, 1: 8.783, 2: 8.564 / 8.580; 8 layers, one 8K prompt: 122 ms either way (s31e3)
+# group, so the fp32 sums change order (99.99 % of outputs bit-identical to 0). Flash MoE call, ms (H200, s32d,
+# one call, after the requant store fix): M = 2048 0: 2.318 / 2.418, 2: 2.197 / 2.263; M = 8192 0: 6.898 / 6.973,
+# 2: 6.808 / 6.779 (s31e's figures had 16-bit requant stores on both sides)
 PERM_K = 2
 FP8_BM = 64
 FP8_STAGES = 4

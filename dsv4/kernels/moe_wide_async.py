@@ -335,11 +335,9 @@ if HAS_TRITON:
         quantised as W2's input), GEMM2 bf16 rows per pair; CHECK: nothing stored unless `valid`. STORE_T: the
         tile is moved (through shared memory) to a layout with 8 channels per thread before the store, so each
         thread stores 16 contiguous bytes (the accumulator's neighbours are pairs, one row apart: 16-bit stores)."""
-        cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-        cpair = gl.load(SORTED + cp)
-        cvalid = cpair < num_pairs
-        if GLU:
-            z = swiglu(acc, acc_u, TOPK_W, cpair, cvalid, limit)
+        if GLU:  # (the routing weight per pair: the sorted ids in the accumulator's layout)
+            cpair = gl.load(SORTED + row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l)))
+            z = swiglu(acc, acc_u, TOPK_W, cpair, cpair < num_pairs, limit)
             if BN == 128:  # W2's input quantisation (act_quant): per pair, over these 128 channels
                 zf = z.to(gl.float32)
                 s, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(zf), axis=0), 1e-4))
@@ -352,9 +350,7 @@ if HAS_TRITON:
             if STORE_T else acc_l
         if STORE_T:
             z = gl.convert_layout(z, out_l)
-            cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_l))
-            cpair = gl.load(SORTED + cp)
-            cvalid = cpair < num_pairs
+        cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_l))
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, out_l))
         if GLU:  # z in sorted order
             ptrs = C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None]
@@ -363,7 +359,8 @@ if HAS_TRITON:
             else:
                 gl.store(ptrs, z)
         else:  # y per pair (the mask broadcast along channels, so it keeps their 8-wide runs)
-            mask = cvalid[None, :]
+            cpair = gl.load(SORTED + cp)
+            mask = (cpair < num_pairs)[None, :]
             if CHECK:
                 mask = mask & valid
             gl.store(C + cpair.to(gl.int64)[None, :] * stride_cm + cn[:, None], z, mask=mask)
