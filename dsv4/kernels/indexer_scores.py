@@ -26,11 +26,6 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
-# prefill scores' rows padded to 16 entries (16-byte stores for any entry count; s32g: an entry count not divisible
-# by 16 compiled to 16-bit stores). Prepared in session 32 without a GPU (interpreter- and PTX-tested): off until
-# run_device_s33a.sh has GPU-tested and timed it
-PAD_ROWS = False
-
 
 # --------------------------------------------------------------------------- torch reference
 
@@ -129,22 +124,20 @@ if HAS_TRITON:
 
 
     @triton.jit
-    def _prefill_scores_kernel(Q, W, K, VIS, OUT, T, N, NP, H, sq_t, sq_h, sw_t, sw_h, sk_n, so_t,
+    def _prefill_scores_kernel(Q, W, K, VIS, OUT, T, N, H, sq_t, sq_h, sw_t, sw_h, sk_n, so_t,
                                D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr):
         """Scores [BT queries, BN keys]: per head one tensor-core dot, its bf16 rounding, relu and the
         head weight, summed over heads in fp32; -inf from query t's visible count on. Tiles no query of
-        the block sees are only filled with -inf (about half of a prompt's tiles). Columns are stored up
-        to NP (N rounded up to 16, as the row stride so_t): with both divisible by 16 the stores are 16-byte
-        vectors for any N (s32g: an N not divisible by 16 compiled to 16-bit stores)."""
+        the block sees are only filled with -inf (about half of a prompt's tiles)."""
         t = tl.program_id(0) * BT + tl.arange(0, BT)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         d = tl.arange(0, D)
         tm, nm = t < T, n < N
-        store_mask = tm[:, None] & (n < NP)[None, :]  # (columns N..NP: -inf, as n >= every visible count)
         vis = tl.load(VIS + t, mask=tm, other=0)
         out_ptrs = OUT + t.to(tl.int64)[:, None] * so_t + n[None, :]
         if tl.program_id(1) * BN >= tl.max(vis, axis=0):
-            tl.store(out_ptrs, tl.full((BT, BN), float("-inf"), tl.float32).to(tl.bfloat16), mask=store_mask)
+            tl.store(out_ptrs, tl.full((BT, BN), float("-inf"), tl.float32).to(tl.bfloat16),
+                     mask=tm[:, None] & nm[None, :])
             return
         k = tl.load(K + n.to(tl.int64)[:, None] * sk_n + d[None, :], mask=nm[:, None], other=0.0)
         total = tl.zeros((BT, BN), dtype=tl.float32)
@@ -158,7 +151,7 @@ if HAS_TRITON:
                 s = tl.dot(q, tl.trans(k))
             total += tl.maximum(_round_bf16(s, INTERP), 0.0) * w[:, None]
         total = tl.where(n[None, :] < vis[:, None], _round_bf16(total, INTERP), float("-inf"))
-        tl.store(out_ptrs, total.to(tl.bfloat16), mask=store_mask)
+        tl.store(out_ptrs, total.to(tl.bfloat16), mask=tm[:, None] & nm[None, :])
 
 
 # --------------------------------------------------------------------------- launcher
@@ -212,8 +205,7 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
 
 def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
                          block_t: int = 64, block_n: int = 128) -> torch.Tensor:
-    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N] (a view whose row stride is N rounded up
-    to 16)."""
+    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
@@ -232,12 +224,11 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
         raise ValueError(f"prefill_index_scores: visible must be int32 [T={t}], got {visible.dtype} "
                          f"{tuple(visible.shape)}")
     n = keys.shape[0]
-    n_pad = -(-n // 16) * 16 if PAD_ROWS else n  # row stride and stored width: 16 | n_pad keeps vector stores
-    out = torch.empty(t, n_pad, dtype=torch.bfloat16, device=q.device)[:, :n]
+    out = torch.empty(t, n, dtype=torch.bfloat16, device=q.device)
     if t == 0 or n == 0:
         return out
     bn = max(16, min(block_n, triton.next_power_of_2(n)))
     _prefill_scores_kernel[(triton.cdiv(t, block_t), triton.cdiv(n, bn))](
-        q, weights, keys, visible, out, t, n, n_pad, h, q.stride(0), q.stride(1), weights.stride(0),
-        weights.stride(1), keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, num_warps=4)
+        q, weights, keys, visible, out, t, n, h, q.stride(0), q.stride(1), weights.stride(0), weights.stride(1),
+        keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, num_warps=4)
     return out
