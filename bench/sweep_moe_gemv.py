@@ -6,7 +6,7 @@ Timing as `sweep_linear.py`: `--calls` MoE calls with different random experts (
 CUDA graph, µs per call. Prints the default, each CUDA-core shape and the best; the best shape as
 `best: bn,unroll,split,split_down` on the last line.
 
-    python bench/sweep_moe_gemv.py [--tokens 1] [--calls 16]
+    python bench/sweep_moe_gemv.py [--tokens 1] [--calls 16] [--mma | --default-only]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--mma", action="store_true", help="sweep the tensor-core method's launch shape instead")
     ap.add_argument("--dot-blocks", default="1,2", help="with --mma: the dot_blocks values to sweep")
+    ap.add_argument("--default-only", action="store_true", help="time the default launch only (flag A/Bs)")
     args = ap.parse_args()
     e, d, i, k = MOE["flash"]
     bw = copy_bandwidth()
@@ -52,6 +53,8 @@ def main() -> None:
     t_def = graph_us([lambda ids=ids: moe_gemv(x, ids, w, experts, LIMIT, **default) for ids in idss])
     print(f"tokens {m}: default {default}: {t_def:7.2f} µs  (touched {touched / 1e6:.1f} MB: "
           f"{touched / t_def / 1e3:.0f} GB/s)", flush=True)
+    if args.default_only:
+        return
     ref = moe_gemv(x, idss[0], w, experts, LIMIT, **default).float()
     if args.mma:
         return _sweep_mma(x, idss, w, experts, ref, t_def, [int(v) for v in args.dot_blocks.split(",")])

@@ -326,9 +326,15 @@ MAX_COLUMNS = 32  # wgmma's N side with blocks of pairs (accumulator registers)
 # 0.25 / 1.61, 8 blocks 0.37 / 0.28 / 1.61, 32 blocks 0.15 / 0.32 / 1.61 -- no consistent gain, stays off.
 GLU_PREFETCH_KBLOCKS = 0
 # the "mma" GEMVs read each row's E8M0 scale bytes of a loop step as 32-bit words (`_scale_acc`'s WORDS) instead
-# of one byte load per accumulator element (offline SASS, decode GLU: 16 LDG.E.U8 per K step). Prepared in
-# session 32 without a GPU: off until measured
-SCALE_WORDS = False
+# of one byte load per accumulator element (offline SASS, decode GLU: 16 LDG.E.U8 -> 8 LDG.E per K step, 154 -> 96
+# registers), in launches of at least SCALE_WORDS_MIN_PAIRS pairs per program. Flash MoE (H200, bytes -> words):
+# in CUDA graphs (s33e, sweep_moe_gemv.py --default-only, two repeats) M = 1 (one pair per program, split K)
+# 42.6 -> 47.7 µs, M = 8 (two pairs per program) 238.1 -> 235.2 µs; L2-flushed calls (s33c/s33d, three repeats)
+# M = 16 0.419 -> 0.402 ms, M = 64 1.17 -> 1.10; 8-layer decode replay B = 8 3.13 -> 3.07 ms. The same scales;
+# the down GEMV's row sums may differ in the last bit (0.005 % of a Flash call's outputs, s33e's
+# bench/probe_scale_words.py: the GLU's bits equal, each variant as close to fused_moe_ref)
+SCALE_WORDS = True
+SCALE_WORDS_MIN_PAIRS = 2
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
@@ -418,7 +424,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
         float(swiglu_limit), xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
         QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, G=g, NC=nc,
-        SCALE_WORDS=_scale_words(s13), num_warps=num_warps, num_stages=num_stages)
+        SCALE_WORDS=_scale_words(s13, g), num_warps=num_warps, num_stages=num_stages)
     if not quant_out:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
@@ -443,12 +449,13 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
         zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, i, e, zq.stride(0), zs.stride(0),
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), part.stride(0), part.stride(1),
         BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS,
-        G=g, NC=nc, SCALE_WORDS=_scale_words(s2), num_warps=num_warps, num_stages=num_stages)
+        G=g, NC=nc, SCALE_WORDS=_scale_words(s2, g), num_warps=num_warps, num_stages=num_stages)
 
 
-def _scale_words(scales: torch.Tensor) -> bool:
-    """SCALE_WORDS for this [E, N, K/32] byte tensor: only where every row start is 4-byte aligned (else bytes)."""
-    return SCALE_WORDS and scales.data_ptr() % 4 == 0 and scales.stride(0) % 4 == 0 and scales.stride(1) % 4 == 0 \
+def _scale_words(scales: torch.Tensor, pairs_per_program: int) -> bool:
+    """SCALE_WORDS for this [E, N, K/32] byte tensor and launch: only where every row start is 4-byte aligned (else
+    bytes) and a program takes at least SCALE_WORDS_MIN_PAIRS pairs."""
+    return SCALE_WORDS and pairs_per_program >= SCALE_WORDS_MIN_PAIRS and scales.data_ptr() % 4 == 0 and scales.stride(0) % 4 == 0 and scales.stride(1) % 4 == 0 \
         and scales.stride(2) == 1
 
 

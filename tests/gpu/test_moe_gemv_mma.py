@@ -438,9 +438,11 @@ def test_pair_blocks_match_reference(pairs, e, drop, per_program):
 @pytest.mark.parametrize("other_ranks", [False, True])
 @pytest.mark.parametrize("m", [5, 24])
 @pytest.mark.parametrize("shape", ["bn64", "bn128_w8", "bn64_u1_s4"])
-def test_pairs_per_program_same_bits(shape, m, other_ranks, per_program, poison, close_bf16):
+def test_pairs_per_program_same_bits(shape, m, other_ranks, per_program, poison, close_bf16, monkeypatch):
     """pairs_per_program=2 / 4 (dsv4.kernels.moe_gemv_pairs) writes the same bits as one pair per program for
-    every pair of this rank, and fused_moe with it matches the reference."""
+    every pair of this rank (both reading the scale bytes: by default the words serve only blocks of pairs, and
+    they may flip a last bit, test_moe_gemv_words), and fused_moe with it matches the reference."""
+    from dsv4.kernels import moe_gemv as mg
     from dsv4.kernels.moe import MoEConfig, finalize_experts, fused_moe, fused_moe_ref
     from dsv4.kernels.moe_gemv import moe_gemv
 
@@ -452,11 +454,14 @@ def test_pairs_per_program_same_bits(shape, m, other_ranks, per_program, poison,
     ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
     launch = _launch(shape)
     mine = (ids.reshape(-1) >= 0).nonzero()[:, 0]
+    words = mg.SCALE_WORDS
+    monkeypatch.setattr(mg, "SCALE_WORDS", False)
     poison()
     one = moe_gemv(x, ids, w, packed, LIMIT, method="mma", **launch)[mine]
     poison()
     more = moe_gemv(x, ids, w, packed, LIMIT, method="mma", pairs_per_program=per_program, **launch)[mine]
     assert torch.equal(one.view(torch.int16), more.view(torch.int16)), f"{shape} m={m}: bits differ"
+    monkeypatch.setattr(mg, "SCALE_WORDS", words)  # fused_moe below on the defaults
     cfg = MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=launch["bn"], gemv_mma=True,
                     warps1=launch["num_warps"], gemv_stages=launch["num_stages"], gemv_unroll=launch["unroll"],
                     gemv_pairs=per_program)

@@ -1,5 +1,4 @@
-"""moe_gemv.SCALE_WORDS (the "mma" GEMVs' E8M0 scale bytes read as 32-bit row words) against the byte loads, bit for
-bit. Small enough for Triton's interpreter (in the Makefile's KERNEL_TESTS); the H200 runs it with tests/gpu."""
+"""moe_gemv.SCALE_WORDS (the "mma" GEMVs' E8M0 scale bytes read as 32-bit row words) against the byte loads. Small enough for Triton's interpreter (in the Makefile's KERNEL_TESTS); the H200 runs it with tests/gpu."""
 from __future__ import annotations
 
 import os
@@ -16,8 +15,10 @@ DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
                                                      ("bn128_w8", 4, 1)])
 def test_scale_words_same_bits(shape, per_program, split, poison, monkeypatch):
     """moe_gemv.SCALE_WORDS reads each row's E8M0 bytes of a loop step as 32-bit words and splits them by shifts:
-    the same scales, so the same bits as the byte loads for every pair of this rank (both GEMVs, unroll 1 / 2 / 4,
-    split K, pairs per program), with scale bytes over the whole range the layout admits."""
+    the same scales, so the same outputs as the byte loads for every pair of this rank (both GEMVs, unroll 1 / 2 / 4,
+    split K, pairs per program), with scale bytes over the whole range the layout admits. The same bits in the
+    interpreter; on the H200 the compiled row sums may flip a last bit (bench/probe_scale_words.py, s33e: 0.005 % of
+    a Flash call's outputs, in the down GEMV), so at most 0.1 % of outputs may differ, by one bf16 ulp."""
     from dsv4.kernels import moe_gemv as mg
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_layout import WIDE_MAX_SCALE_BYTE
@@ -34,10 +35,30 @@ def test_scale_words_same_bits(shape, per_program, split, poison, monkeypatch):
     mine = (ids.reshape(-1) >= 0).nonzero()[:, 0]
     run = dict(_launch(shape), method="mma", pairs_per_program=per_program, split=split, split_down=split)
     monkeypatch.setattr(mg, "SCALE_WORDS", False)
+    assert not mg._scale_words(packed.w13_scale.view(torch.uint8), per_program)
     poison()
     want = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
     monkeypatch.setattr(mg, "SCALE_WORDS", True)
-    assert mg._scale_words(packed.w13_scale.view(torch.uint8)) and mg._scale_words(packed.w2_scale.view(torch.uint8))
+    monkeypatch.setattr(mg, "SCALE_WORDS_MIN_PAIRS", 1)  # every launch shape takes the words here
+    assert mg._scale_words(packed.w13_scale.view(torch.uint8), 1) and mg._scale_words(packed.w2_scale.view(torch.uint8),
+                                                                                    1)
     poison()
     got = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
-    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{shape}: bits differ"
+    differ = got != want  # (the interpreter: none; the H200 flips a rare last bit of a row sum, s33f)
+    assert float(differ.double().mean()) <= 1e-3, f"{shape}: {int(differ.sum())} of {differ.numel()} outputs differ"
+    a, b = got[differ].float(), want[differ].float()  # a wrong scale byte moves an output by many ulps
+    ulp = torch.exp2(torch.floor(torch.log2(torch.maximum(a.abs(), b.abs()))) - 7)
+    assert bool(((a - b).abs() <= ulp).all()), f"{shape}: outputs differ by more than one bf16 ulp"
+
+
+def test_scale_words_rule(monkeypatch):
+    """The words where measured faster (s33e: launches of two or more pairs per program), the bytes for one pair
+    per program (M = 1 was 12 % slower with words), and the bytes wherever a row start is not 4-byte aligned."""
+    from dsv4.kernels import moe_gemv as mg
+
+    s = torch.randint(100, 130, (3, 8, 16), dtype=torch.uint8, device=DEV)
+    assert mg.SCALE_WORDS and not mg._scale_words(s, 1) and mg._scale_words(s, 2) and mg._scale_words(s, 4)
+    assert not mg._scale_words(s[:, :, 1:], 2), "rows starting at an odd byte"
+    assert not mg._scale_words(torch.randint(100, 130, (3, 8, 18), dtype=torch.uint8, device=DEV)[..., :16], 2)
+    monkeypatch.setattr(mg, "SCALE_WORDS", False)
+    assert not mg._scale_words(s, 4)
