@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_gemm_moe import MOE, random_experts  # noqa: E402
 from bench.sweep_linear import copy_bandwidth, graph_us  # noqa: E402
 from dsv4.kernels.moe_config import pick_moe_config  # noqa: E402
-from dsv4.kernels.moe_gemv import moe_gemv  # noqa: E402
+from dsv4.kernels.moe_gemv import moe_gemv, pairs_fit  # noqa: E402
 
 DEV = "cuda"
 LIMIT = 10.0
@@ -50,6 +50,8 @@ def main() -> None:
     cfg = pick_moe_config(m * k, e)
     default = dict(bn=cfg.gemv, num_warps=cfg.warps1, unroll=cfg.gemv_unroll, num_stages=cfg.gemv_stages,
                    method="mma" if cfg.gemv_mma else "cuda", split=cfg.gemv_split, split_down=cfg.gemv_split_down)
+    if args.default_only:  # fused_moe's launch, blocks of pairs included (the sweeps below: one pair per program)
+        default["pairs_per_program"] = cfg.gemv_pairs if pairs_fit(cfg, d, i, m * k) else 1
     t_def = graph_us([lambda ids=ids: moe_gemv(x, ids, w, experts, LIMIT, **default) for ids in idss])
     print(f"tokens {m}: default {default}: {t_def:7.2f} µs  (touched {touched / 1e6:.1f} MB: "
           f"{touched / t_def / 1e3:.0f} GB/s)", flush=True)

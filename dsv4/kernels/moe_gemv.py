@@ -328,10 +328,11 @@ GLU_PREFETCH_KBLOCKS = 0
 # the "mma" GEMVs read each row's E8M0 scale bytes of a loop step as 32-bit words (`_scale_acc`'s WORDS) instead
 # of one byte load per accumulator element (offline SASS, decode GLU: 16 LDG.E.U8 -> 8 LDG.E per K step, 154 -> 96
 # registers), in launches of at least SCALE_WORDS_MIN_PAIRS pairs per program. Flash MoE (H200, bytes -> words):
-# in CUDA graphs (s33e, sweep_moe_gemv.py --default-only, two repeats) M = 1 (one pair per program, split K)
-# 42.6 -> 47.7 µs, M = 8 (two pairs per program) 238.1 -> 235.2 µs; L2-flushed calls (s33c/s33d, three repeats)
-# M = 16 0.419 -> 0.402 ms, M = 64 1.17 -> 1.10; 8-layer decode replay B = 8 3.13 -> 3.07 ms. The same scales;
-# the down GEMV's row sums may differ in the last bit (0.005 % of a Flash call's outputs, s33e's
+# in CUDA graphs (s33e, sweep_moe_gemv.py --default-only, two repeats, one pair per program) M = 1 (split K)
+# 42.6 -> 47.7 µs, M = 8 238.1 -> 235.2 µs; fused_moe's launches (two pairs per program from M = 8), L2-flushed
+# (s33c/s33d, three repeats) M = 16 0.419 -> 0.402 ms, M = 64 1.17 -> 1.10; 8-layer decode replay B = 8 3.13 ->
+# 3.07 ms. So the slow case is the split K of one pair; M = 4 (one pair, no split) stays on bytes, untimed. The
+# same scales; the down GEMV's row sums may differ in the last bit (0.005 % of a Flash call's outputs, s33e's
 # bench/probe_scale_words.py: the GLU's bits equal, each variant as close to fused_moe_ref)
 SCALE_WORDS = True
 SCALE_WORDS_MIN_PAIRS = 2
@@ -455,8 +456,9 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
 def _scale_words(scales: torch.Tensor, pairs_per_program: int) -> bool:
     """SCALE_WORDS for this [E, N, K/32] byte tensor and launch: only where every row start is 4-byte aligned (else
     bytes) and a program takes at least SCALE_WORDS_MIN_PAIRS pairs."""
-    return SCALE_WORDS and pairs_per_program >= SCALE_WORDS_MIN_PAIRS and scales.data_ptr() % 4 == 0 and scales.stride(0) % 4 == 0 and scales.stride(1) % 4 == 0 \
+    aligned = scales.data_ptr() % 4 == 0 and scales.stride(0) % 4 == 0 and scales.stride(1) % 4 == 0 \
         and scales.stride(2) == 1
+    return SCALE_WORDS and pairs_per_program >= SCALE_WORDS_MIN_PAIRS and aligned
 
 
 def _block_shape(blocks: torch.Tensor | None, u: int) -> tuple[int, int]:

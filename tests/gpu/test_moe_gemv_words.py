@@ -1,4 +1,5 @@
-"""moe_gemv.SCALE_WORDS (the "mma" GEMVs' E8M0 scale bytes read as 32-bit row words) against the byte loads. Small enough for Triton's interpreter (in the Makefile's KERNEL_TESTS); the H200 runs it with tests/gpu."""
+"""moe_gemv.SCALE_WORDS (the "mma" GEMVs' E8M0 scale bytes read as 32-bit row words) against the byte loads. Small
+enough for Triton's interpreter (in the Makefile's KERNEL_TESTS); the H200 runs it with tests/gpu."""
 from __future__ import annotations
 
 import os
@@ -34,17 +35,17 @@ def test_scale_words_same_bits(shape, per_program, split, poison, monkeypatch):
     ids, w = _routing(m, e, k, gen, other_ranks=True)
     mine = (ids.reshape(-1) >= 0).nonzero()[:, 0]
     run = dict(_launch(shape), method="mma", pairs_per_program=per_program, split=split, split_down=split)
+    s13, s2 = packed.w13_scale.view(torch.uint8), packed.w2_scale.view(torch.uint8)
     monkeypatch.setattr(mg, "SCALE_WORDS", False)
-    assert not mg._scale_words(packed.w13_scale.view(torch.uint8), per_program)
+    assert not mg._scale_words(s13, per_program)
     poison()
     want = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
     monkeypatch.setattr(mg, "SCALE_WORDS", True)
     monkeypatch.setattr(mg, "SCALE_WORDS_MIN_PAIRS", 1)  # every launch shape takes the words here
-    assert mg._scale_words(packed.w13_scale.view(torch.uint8), 1) and mg._scale_words(packed.w2_scale.view(torch.uint8),
-                                                                                    1)
+    assert mg._scale_words(s13, 1) and mg._scale_words(s2, 1)
     poison()
     got = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
-    differ = got != want  # (the interpreter: none; the H200 flips a rare last bit of a row sum, s33f)
+    differ = got != want  # (the interpreter: none; on the H200 a rare last bit of a row sum, s33e)
     assert float(differ.double().mean()) <= 1e-3, f"{shape}: {int(differ.sum())} of {differ.numel()} outputs differ"
     a, b = got[differ].float(), want[differ].float()  # a wrong scale byte moves an output by many ulps
     ulp = torch.exp2(torch.floor(torch.log2(torch.maximum(a.abs(), b.abs()))) - 7)
@@ -52,8 +53,9 @@ def test_scale_words_same_bits(shape, per_program, split, poison, monkeypatch):
 
 
 def test_scale_words_rule(monkeypatch):
-    """The words where measured faster (s33e: launches of two or more pairs per program), the bytes for one pair
-    per program (M = 1 was 12 % slower with words), and the bytes wherever a row start is not 4-byte aligned."""
+    """The words where measured faster (fused_moe's blocks of two or more pairs per program, s33c-f), the bytes for
+    one pair per program (M = 1, split K, was 12 % slower with words, s33e), and the bytes wherever a row start is
+    not 4-byte aligned."""
     from dsv4.kernels import moe_gemv as mg
 
     s = torch.randint(100, 130, (3, 8, 16), dtype=torch.uint8, device=DEV)
