@@ -6,7 +6,9 @@ relative RMS difference to it:
         "one warpgroup:dsv4.kernels.moe_wide.DOWN_ONE_WARPGROUP=True"
 
 A variant is `name:` followed by comma-separated `module.NAME=value` settings (bench/flags.py), applied for
-that variant only. Times: triton's do_bench (median) minus the flush's own time. A development aid;
+that variant only. Times: triton's do_bench (median) minus the flush's own time; with `--graphs N` (decode sizes,
+where a flushed call is mostly launch noise) instead µs per call of N calls with different routings replayed
+from one CUDA graph (`sweep_linear.graph_us`; the weights of N calls exceed L2). A development aid;
 docs/benchmarks.md cites the calls.
 """
 from __future__ import annotations
@@ -20,9 +22,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-def routed_inputs(m: int, d: int, e: int, k: int):
-    """x [m, d] bf16, top-k ids [m, k] over e experts and routing weights, fresh for each m."""
-    gen = torch.Generator("cuda").manual_seed(m)
+def routed_inputs(m: int, d: int, e: int, k: int, seed: int | None = None):
+    """x [m, d] bf16, top-k ids [m, k] over e experts and routing weights, fresh for each m (or seed)."""
+    gen = torch.Generator("cuda").manual_seed(m if seed is None else seed)
     x = torch.randn(m, d, device="cuda", generator=gen).to(torch.bfloat16)
     ids = torch.rand(m, e, device="cuda", generator=gen).topk(k, dim=1).indices
     return x, ids, torch.rand(m, k, device="cuda", generator=gen) + 0.1
@@ -44,6 +46,19 @@ def flushed_cell(run, first, flush, t_flush: float):
     return f"{t:.3f} ({float((y == first).double().mean()):.4f}, {rel:.1e})", first
 
 
+def graph_cell(m: int, d: int, e: int, k: int, run, first, calls: int):
+    """'µs (share of outputs equal to first's, relative RMS difference)' of `calls` routings of m tokens in one
+    CUDA graph; run(x, ids, w) gives the output of one call (first None: this is the first)."""
+    from bench.sweep_linear import graph_us
+
+    inputs = [routed_inputs(m, d, e, k, seed=m + 1000 * c) for c in range(calls)]  # (call 0: the flushed inputs)
+    y = run(*inputs[0])
+    first = y if first is None else first
+    t = graph_us([lambda a=a: run(*a) for a in inputs])
+    rel = float((y.float() - first.float()).norm() / first.float().norm())
+    return f"{t:.1f} ({float((y == first).double().mean()):.4f}, {rel:.1e})", first
+
+
 def main() -> None:
     import triton
 
@@ -54,6 +69,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ms", default="2048,4096,8192")
     p.add_argument("--experts", default="flash", choices=sorted(MOE))
+    p.add_argument("--graphs", type=int, default=0, help="time N calls in one CUDA graph (µs per call)")
     p.add_argument("variants", nargs="+")
     a = p.parse_args()
     variants = [(v.partition(":")[0], [s for s in v.partition(":")[2].split(",") if s]) for v in a.variants]
@@ -61,14 +77,18 @@ def main() -> None:
     ex = random_experts(e, d, i, "mxfp4")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     t_flush = triton.testing.do_bench(flush.zero_, warmup=3, rep=30)
-    print("M | " + " | ".join(f"{name} ms (same, rel)" for name, _ in variants))
+    unit = "µs" if a.graphs else "ms"
+    print("M | " + " | ".join(f"{name} {unit} (same, rel)" for name, _ in variants))
     for m in (int(x) for x in a.ms.split(",")):
         x, ids, w = routed_inputs(m, d, e, k)
         row, first = [], None
         for name, settings in variants:
             old = apply(settings)
             try:
-                cell, first = flushed_cell(lambda: fused_moe(x, ids, w, ex), first, flush, t_flush)
+                if a.graphs:
+                    cell, first = graph_cell(m, d, e, k, lambda *xs: fused_moe(*xs, ex), first, a.graphs)
+                else:
+                    cell, first = flushed_cell(lambda: fused_moe(x, ids, w, ex), first, flush, t_flush)
                 row.append(cell)
             except Exception as err:  # a variant that fails: say so, go on
                 row.append(f"ERR {str(err)[:120]}")
