@@ -33,6 +33,15 @@ WIDE_T = dict(A="*bf16", W="*u8", WS="*i32", C="*bf16", SORTED="*i32", EXPERT_ID
               TOPK_W="*fp32", limit="fp32", TILES="*i32")
 WIDE_C = dict(BM=128, BN=64, GLU=True, NW=4, STAGES=4, A_SMEM=False, GROUP_M=4, LISTED=True, STORE_T=False)
 WIDE_DIV16 = ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm")
+# the decode MoE GEMVs (moe_gemv "mma", one pair per program)
+GLU_B1_T = dict(XQ="*fp16", SX="*fp32", IDS="*i32", BLK="*i32", TOPK_W="*fp32", W="*u8", WS="*u8", Z="*fp16",
+                ZS="*fp32", P="*fp32", CNT="*i32", limit="fp32")
+GLU_B1_C = dict(BN=64, U=2, KD=1, QUANT_OUT=False, USE_ASM=True, SPLIT=True, PREFETCH=0, G=1, NC=16)
+GLU_B1_DIV16 = ("I", "K", "stride_x", "stride_sx", "stride_we", "stride_wn", "stride_wse", "stride_z", "stride_ps",
+                "stride_pp")
+DOWN_B1_T = dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u8", Y="*bf16", P="*fp32", CNT="*i32")
+DOWN_B1_C = dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, G=1, NC=16)
+DOWN_B1_DIV16 = ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")
 
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
 CASES = {
@@ -64,21 +73,10 @@ CASES = {
     "mhc_rows_post": ("mhc_kernels", "_mix_rows_kernel", MIX_T, dict(FUSE_POST=True, NM=32, NP=32, BK=64,
                                                                       PREFETCH=True), 4, 1,
                       ("D", "d_per_split", "HCD")),
-    "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel",
-                   dict(XQ="*fp16", SX="*fp32", IDS="*i32", BLK="*i32", TOPK_W="*fp32", W="*u8", WS="*u8", Z="*fp16",
-                        ZS="*fp32", P="*fp32", CNT="*i32", limit="fp32"),
-                   dict(BN=64, U=2, KD=1, QUANT_OUT=False, USE_ASM=True, SPLIT=True, PREFETCH=0, G=1, NC=16,
-                        SCALE_WORDS=False), 4, 3,
-                   ("I", "K", "stride_x", "stride_sx", "stride_we", "stride_wn", "stride_wse", "stride_z",
-                    "stride_ps", "stride_pp")),
+    "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False), 4, 3, GLU_B1_DIV16),
     # ... with the scale bytes read as 32-bit words (moe_gemv.SCALE_WORDS)
-    "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel",
-                   dict(XQ="*fp16", SX="*fp32", IDS="*i32", BLK="*i32", TOPK_W="*fp32", W="*u8", WS="*u8", Z="*fp16",
-                        ZS="*fp32", P="*fp32", CNT="*i32", limit="fp32"),
-                   dict(BN=64, U=2, KD=1, QUANT_OUT=False, USE_ASM=True, SPLIT=True, PREFETCH=0, G=1, NC=16,
-                        SCALE_WORDS=True), 4, 3,
-                   ("I", "K", "stride_x", "stride_sx", "stride_we", "stride_wn", "stride_wse", "stride_z",
-                    "stride_ps", "stride_pp")),
+    "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=True), 4, 3,
+                         GLU_B1_DIV16),
     "attn_combine": ("attention", "_combine_wide_kernel",
                      dict(PACC="*fp32", PML="*fp32", SINK="*fp32", COS="*fp32", SIN="*fp32", OUT="*bf16"),
                      dict(HD=512, NOPE=448, BH=16, BD=32, SP=32, ROT=True), 4, 3, ()),
@@ -152,16 +150,10 @@ CASES = {
                 ("stride", "stride_out")),
     "requant_perm": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=2), 4, 1,
                      ("stride", "stride_out")),
-    "moe_down_b1": ("moe_gemv", "_mma_down_kernel",
-                    dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u8", Y="*bf16", P="*fp32",
-                         CNT="*i32"),
-                    dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, G=1, NC=16, SCALE_WORDS=False), 4, 3,
-                    ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")),
-    "moe_down_b1_words": ("moe_gemv", "_mma_down_kernel",
-                    dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u8", Y="*bf16", P="*fp32",
-                         CNT="*i32"),
-                    dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, G=1, NC=16, SCALE_WORDS=True), 4, 3,
-                    ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")),
+    "moe_down_b1": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=False), 4, 3,
+                    DOWN_B1_DIV16),
+    "moe_down_b1_words": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=True), 4, 3,
+                          DOWN_B1_DIV16),
 }
 
 _OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
