@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv4.kernels import prefill_attention_gluon
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 
 # K = V (one shared kv head): with the whole head dim in one program the value tile is the key tile already
@@ -41,6 +42,9 @@ KV_ONE_LOAD = True
 # a margin) 3.56, 1.31, 0.98 (the branch costs more than the 128 multiplies per tile it saves); 128-key tiles on
 # one stage (s30e; 1,163 instructions per 64 keys but 1.8 KB spilled) CSA 4.64, HCA 2.09, SWA 0.82.
 UNMASKED_LOADS = True
+# Up to 64 heads with the default knobs: the Gluon kernel (`prefill_attention_gluon`: asynchronous wgmmas, the next
+# tile's copy and MMAs overlapping the softmax, the head dim split between two warpgroups).
+GLUON = False
 
 
 def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
@@ -190,6 +194,7 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
     out = torch.empty_like(q) if out is None else out
     if n == 0:
         return out
+    gluon = GLUON and not INTERPRET and prefill_attention_gluon.supports(q, dv, bn, num_warps, num_stages)
     bh = max(16, triton.next_power_of_2(h))
     # the whole head dim per program up to 64 heads x 512 (H200, Flash 8K, s9f: CSA 7.16 -> 4.81 ms, HCA 2.52 ->
     # 1.54, SWA 1.74 -> 1.02 against two half-width programs that each recompute the scores); Pro's 128 heads
@@ -201,6 +206,12 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
     idx = entry_idx.to(torch.int32).contiguous() if has_e and not causal else keys
     q, keys, e = q.contiguous(), keys.contiguous(), e.contiguous()
     sink = sink.float().contiguous()
+    if gluon:
+        rope = (cos.float().contiguous(), sin.float().contiguous()) if rot else (None, None)
+        prefill_attention_gluon.prefill_attention_gluon(q, q_pos0, keys, key_pos0, window, e if has_e else None,
+                                                        idx if has_e and not causal else None, sink, scale, *rope,
+                                                        out, causal_ratio if causal else 0, has_e)
+        return out
     cos, sin = (cos.float().contiguous(), sin.float().contiguous()) if rot else (sink, sink)  # unread if not rot
     _prefill_attn_kernel[(n, d // dv)](
         q, keys, e, idx, sink, out, cos, sin,

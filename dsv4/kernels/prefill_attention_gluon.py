@@ -1,0 +1,213 @@
+"""`prefill_attention` written out in Gluon: explicit asynchronous wgmmas, so the next key tile's copy and the
+tensor cores' work overlap the softmax (Flash: 64 heads, head dim 512, one query per program).
+
+Why (docs/kernels_e2e_notes.md, sessions 30-31): the Triton kernel keeps the whole head dim of every head in one
+program (a [64, 512] fp32 accumulator over 8 warps), waits for each wgmma right after issuing it (`tl.dot`), and
+its 64-key tiles run ≈ 5 µs each against ≈ 1.1 µs of MMA work. Here, for one query t:
+
+    Q [64 heads, D] in shared memory once; key tiles [64 keys, D] through a 2-slot cp.async ring
+    per tile i:  PV(i - 1) issued (P from shared memory, V = the key tile: K = V), then QK(i) issued;
+                 wait for PV(i - 1) -> its slot is free -> tile i + 1's copy issued;
+                 wait for QK(i) -> online softmax (fp32 scores, bf16 P stored for the next PV)
+
+Both MMAs split their N dimension between the two warpgroups (warps [4, 2]): QK's keys (32 each), PV's head dim
+(D / 2 each), so the accumulator is 128 registers per thread and the scores' row maximum and sum cross the two
+warpgroups (the compiler's reduction through shared memory). The arithmetic is the Triton kernel's: scores
+`q.k * scale` in fp32 (-inf for padding keys and -1 slots, read from a valid row), the running maximum starting at
+-1e30, P rounded to bf16 for P.V, the denominator summing the unrounded probabilities plus exp(sink), the output
+rounded to bf16 and, with cos / sin, rotated back by -t (`norm_rope(inverse=True)`'s expressions). Only the
+wgmmas' fp32 summation order may differ from the Triton kernel's (a different instruction shape).
+"""
+from __future__ import annotations
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON
+
+BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P fit in 200 KB of shared memory)
+STAGES = 2
+
+
+def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | None,
+             num_stages: int | None) -> bool:
+    """Whether `prefill_attention_gluon` takes this call: CUDA, at most 64 heads, a power-of-two head dim whose
+    half fits one wgmma (32..512), the default launch knobs."""
+    d = q.shape[-1]
+    return (HAS_TRITON and q.is_cuda and q.shape[1] <= 64 and 64 <= d <= 512 and d & (d - 1) == 0
+            and dv in (None, d) and bn in (None, BN) and num_warps is None and num_stages is None)
+
+
+if HAS_TRITON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+    @gluon.jit
+    def _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
+                   BN: gl.constexpr, layout: gl.constexpr, CAUSAL_R: gl.constexpr):
+        """Tile i's key rows in a 1-D layout: (row pointers, valid mask). Tiles below n_win walk the window
+        (rows past its end read its last row), the rest the entry list (-1 slots read entry 0)."""
+        offs = gl.arange(0, BN, layout=layout)
+        if i < n_win:
+            rows = j_lo + i * BN + offs
+            valid = rows < j_hi
+            ptrs = K + gl.minimum(rows, j_hi - 1).to(gl.int64) * stride_kt
+        else:
+            slot = (i - n_win) * BN + offs
+            if CAUSAL_R > 0:  # every complete entry, in order
+                idx = gl.where(slot < n_list, slot, -1)
+            else:
+                idx = gl.load(IDX + t.to(gl.int64) * stride_it + slot, mask=slot < n_idx, other=-1)
+            valid = idx >= 0
+            ptrs = E + gl.where(valid, idx, 0).to(gl.int64) * stride_et
+        return ptrs, valid
+
+    @gluon.jit
+    def _issue_tile(K, E, IDX, k_s, t, i, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                    stride_it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, ld_l: gl.constexpr,
+                    CAUSAL_R: gl.constexpr):
+        """cp.async of tile i's [BN, D] key rows into ring slot i % STAGES; one commit group (empty past the end)."""
+        if i < n_tiles:
+            ptrs, _ = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
+                                 BN, gl.SliceLayout(1, ld_l), CAUSAL_R)
+            cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
+            async_copy.async_copy_global_to_shared(k_s.index(i % STAGES), ptrs[:, None] + cols[None, :])
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _softmax(s, m, l, K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it, scale,
+                 BN: gl.constexpr, s_l: gl.constexpr, CAUSAL_R: gl.constexpr):
+        """One online-softmax step over tile i's scores s [64, BN] (fp32, wgmma layout): (running maximum, running
+        sum, the accumulator's rescale factor, bf16 P)."""
+        _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
+                              BN, gl.SliceLayout(0, s_l), CAUSAL_R)
+        s = gl.where(valid[None, :], s * scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=1))
+        alpha = gl.exp(m - m_new)
+        p = gl.exp(s - m_new[:, None])
+        return m_new, l * alpha + gl.sum(p, axis=1), alpha, p.to(gl.bfloat16)
+
+    @gluon.jit
+    def _attn_kernel(
+        Q, K, E, IDX, SINK, OUT, COS, SIN,
+        H, n_idx, q_pos0, key_pos0, window, scale,
+        stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct,
+        D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr,
+        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr,
+    ):
+        BH: gl.constexpr = 64
+        NW: gl.constexpr = gl.num_warps()
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+        ld_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1],
+                                              order=[1, 0])
+        sw: gl.constexpr = 128 if D >= 64 else 2 * D
+        kv_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=sw, element_bitwidth=16, rank=2)
+        p_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * BN if BN < 64 else 128, element_bitwidth=16,
+                                                  rank=2)
+        q_s = gl.allocate_shared_memory(gl.bfloat16, [BH, D], kv_sl)
+        k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], kv_sl)
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], p_sl)
+
+        t = gl.program_id(0)
+        pos = q_pos0 + t
+        j_lo = gl.maximum(pos - window + 1 - key_pos0, 0)
+        j_hi = pos - key_pos0 + 1  # exclusive: the query's own key is the last one
+        n_win = gl.cdiv(j_hi - j_lo, BN)
+        n_list = 0
+        if HAS_E:
+            if CAUSAL_R > 0:
+                n_list = gl.minimum((pos + 1) // CAUSAL_R, n_idx)
+            else:
+                n_list = n_idx
+        n_tiles = n_win + gl.cdiv(n_list, BN)
+
+        # Q (padding heads zero-filled), then the first STAGES - 1 tiles
+        qh = gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
+        qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
+        async_copy.async_copy_global_to_shared(
+            q_s, Q + t.to(gl.int64) * stride_qt + qh[:, None] * stride_qh + qd[None, :],
+            mask=(qh < H)[:, None] & (qd >= 0)[None, :])
+        async_copy.commit_group()
+        for s in gl.static_range(STAGES - 1):
+            _issue_tile(K, E, IDX, k_s, t, s, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                        stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+
+        m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
+        l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_l))
+        s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
+        # tile 0 (peeled: from then on every accumulator value reaching a wait comes from a wgmma)
+        async_copy.wait_group(STAGES - 2)  # Q and tile 0 landed (this thread's copies)
+        fence_async_shared()  # for the wgmmas' async proxy
+        gl.thread_barrier()  # ... every thread's
+        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _issue_tile(K, E, IDX, k_s, t, STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                    stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+        m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                                  stride_it, scale, BN, s_l, CAUSAL_R)
+        p_s.store(p)
+        acc = gl.zeros([BH, D], gl.float32, layout=o_l)
+        for i in range(1, n_tiles):
+            async_copy.wait_group(STAGES - 2)  # tile i landed
+            fence_async_shared()  # those copies and the last P store
+            gl.thread_barrier()
+            # P.V of the previous tile (its slot, the P just stored), then QK of this one
+            acc = warpgroup_mma(p_s, k_s.index((i - 1) % STAGES), acc, is_async=True)
+            s = warpgroup_mma(q_s, k_s.index(i % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])  # P.V(i - 1) done (groups retire in order)
+            gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
+            _issue_tile(K, E, IDX, k_s, t, i + STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                        stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+            m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                                      stride_et, stride_it, scale, BN, s_l, CAUSAL_R)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            p_s.store(p)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(p_s, k_s.index((n_tiles - 1) % STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        async_copy.wait_group(0)
+
+        offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
+        sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
+        denom = gl.convert_layout(l, gl.SliceLayout(1, o_l)) + gl.exp(sink - gl.convert_layout(m, gl.SliceLayout(1, o_l)))
+        o = acc / denom[:, None]
+        out_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[NW, 1],
+                                               order=[1, 0])
+        o = gl.convert_layout(o, out_l)
+        if ROT:  # the inverse RoPE on the bf16 output (pairs 2i, 2i + 1 adjacent in a thread)
+            o = o.to(gl.bfloat16).to(gl.float32)
+            ev, od = gl.split(gl.reshape(o, [BH, D // 2, 2]))
+            pair = gl.arange(0, D // 2, layout=gl.SliceLayout(0, ev.type.layout))
+            rp = pair >= NOPE // 2
+            c = gl.load(COS + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
+            sn = -gl.load(SIN + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+            o = gl.convert_layout(gl.reshape(gl.join(ev * c - od * sn, ev * sn + od * c), [BH, D]), out_l)
+        oh = gl.arange(0, BH, layout=gl.SliceLayout(1, out_l))
+        od_ = gl.arange(0, D, layout=gl.SliceLayout(0, out_l))
+        gl.store(OUT + t.to(gl.int64) * stride_ot + oh[:, None] * stride_oh + od_[None, :], o.to(gl.bfloat16),
+                 mask=(oh < H)[:, None] & (od_ >= 0)[None, :])
+
+
+def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
+                            entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
+                            scale: float, cos: torch.Tensor | None, sin: torch.Tensor | None, out: torch.Tensor,
+                            causal_ratio: int, has_e: bool):
+    """The launch for `prefill_attention` (its inputs already checked, contiguous, sink / cos / sin fp32; `supports`
+    holds). Returns the compiled kernel."""
+    n, h, d = q.shape
+    rot = cos is not None
+    causal = causal_ratio > 0 and has_e and entry_idx is None
+    e = entries if has_e else keys
+    idx = entry_idx if has_e and not causal else keys
+    cs = (cos, sin) if rot else (sink, sink)  # unread if not rot
+    return _attn_kernel[(n,)](
+        q, keys, e, idx, sink, out, cs[0], cs[1],
+        h, (e.shape[0] if causal else idx.shape[1]) if has_e else 0, q_pos0, key_pos0, window, float(scale),
+        q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e and not causal else 0,
+        out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
+        D=d, BN=BN, STAGES=STAGES, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
+        CAUSAL_R=causal_ratio if causal else 0, num_warps=8)
