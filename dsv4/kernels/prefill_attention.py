@@ -43,8 +43,9 @@ KV_ONE_LOAD = True
 # one stage (s30e; 1,163 instructions per 64 keys but 1.8 KB spilled) CSA 4.64, HCA 2.09, SWA 0.82.
 UNMASKED_LOADS = True
 # Up to 64 heads with the default knobs: the Gluon kernel (`prefill_attention_gluon`: asynchronous wgmmas, the next
-# tile's copy and MMAs overlapping the softmax, the head dim split between two warpgroups).
-GLUON = False
+# tile's copy and MMAs overlapping the softmax, N split between two warpgroups). H200 s34c, Flash 8K, ms per layer,
+# this kernel -> Gluon: CSA 3.34 -> 2.37, HCA 1.19 -> 0.84, SWA 0.79 -> 0.61; 8-layer 8K prefill 102 -> 98 ms.
+GLUON = True
 
 
 def prefill_attention_ref(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,

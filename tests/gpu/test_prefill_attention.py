@@ -16,6 +16,14 @@ REL = 4e-3 if DEV != "cpu" else 1.5e-2
 HD = 512 if DEV != "cpu" else 64  # the interpreter is slow: a narrow head there
 
 
+@pytest.fixture(autouse=True)
+def _triton_kernel(monkeypatch):
+    """This module tests the Triton kernel; test_prefill_attention_gluon.py the Gluon one (`GLUON`)."""
+    from dsv4.kernels import prefill_attention as pa
+
+    monkeypatch.setattr(pa, "GLUON", False)
+
+
 def _case(n, heads, q_pos0, past, window, n_entries, kind, gen, topk=16):
     """q, keys (the previous `past` window keys + the chunk's own), entries and entry lists."""
     q = (torch.randn(n, heads, HD, generator=gen, device=DEV) * 0.6).to(torch.bfloat16)
