@@ -26,6 +26,8 @@ from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P fit in 200 KB of shared memory)
 STAGES = 2
+# refill each slot as soon as its P.V completes, before waiting for the next tile (two tiles' copies in flight)
+EARLY_LOADS = False
 
 
 def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | None,
@@ -89,17 +91,60 @@ if HAS_TRITON:
         return m_new, l * alpha + gl.sum(p, axis=1), alpha, p.to(gl.bfloat16)
 
     @gluon.jit
+    def _early_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                    stride_et, stride_it, scale, BH: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                    STAGES: gl.constexpr, ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr,
+                    CAUSAL_R: gl.constexpr):
+        """EARLY_LOADS: the tiles' loop with every slot refilled as soon as its P.V completes, before waiting for
+        the next tile (so two tiles' copies are in flight while P.V(i - 1) runs); the prologue issued STAGES tiles.
+        Returns (acc, m, l)."""
+        async_copy.wait_group(STAGES - 1)  # Q and tile 0 landed (this thread's copies)
+        fence_async_shared()
+        gl.thread_barrier()
+        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+        m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                                  stride_it, scale, BN, s_l, CAUSAL_R)
+        p_s.store(p)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = gl.zeros([BH, D], gl.float32, layout=o_l)
+        acc = warpgroup_mma(p_s, k_s.index(0), acc, use_acc=False, is_async=True)
+        for i in range(1, n_tiles):
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])  # P.V(i - 1) done
+            gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
+            _issue_tile(K, E, IDX, k_s, t, i - 1 + STAGES, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                        stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+            async_copy.wait_group(STAGES - 1)  # tile i landed (the later ones may still be in flight)
+            fence_async_shared()
+            gl.thread_barrier()
+            s = warpgroup_mma(q_s, k_s.index(i % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+            m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                                      stride_et, stride_it, scale, BN, s_l, CAUSAL_R)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            p_s.store(p)
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(p_s, k_s.index(i % STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        async_copy.wait_group(0)
+        return acc, m, l
+
+    @gluon.jit
     def _attn_kernel(
         Q, K, E, IDX, SINK, OUT, COS, SIN,
         H, n_idx, q_pos0, key_pos0, window, scale,
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct,
         D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr,
-        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr,
+        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, EARLY: gl.constexpr,
     ):
         BH: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16])
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                      instr_shape=[16, BN // 2, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                      instr_shape=[16, D // 2, 16])
         ld_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1],
                                               order=[1, 0])
         sw: gl.constexpr = 128 if D >= 64 else 2 * D
@@ -130,50 +175,57 @@ if HAS_TRITON:
             q_s, Q + t.to(gl.int64) * stride_qt + qh[:, None] * stride_qh + qd[None, :],
             mask=(qh < H)[:, None] & (qd >= 0)[None, :])
         async_copy.commit_group()
-        for s in gl.static_range(STAGES - 1):
+        for s in gl.static_range(STAGES if EARLY else STAGES - 1):
             _issue_tile(K, E, IDX, k_s, t, s, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
                         stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
 
         m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
         l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_l))
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
-        # tile 0 (peeled: from then on every accumulator value reaching a wait comes from a wgmma)
-        async_copy.wait_group(STAGES - 2)  # Q and tile 0 landed (this thread's copies)
-        fence_async_shared()  # for the wgmmas' async proxy
-        gl.thread_barrier()  # ... every thread's
-        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        _issue_tile(K, E, IDX, k_s, t, STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                    stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-        m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                                  stride_it, scale, BN, s_l, CAUSAL_R)
-        p_s.store(p)
-        acc = gl.zeros([BH, D], gl.float32, layout=o_l)
-        for i in range(1, n_tiles):
-            async_copy.wait_group(STAGES - 2)  # tile i landed
-            fence_async_shared()  # those copies and the last P store
-            gl.thread_barrier()
-            # P.V of the previous tile (its slot, the P just stored), then QK of this one
-            acc = warpgroup_mma(p_s, k_s.index((i - 1) % STAGES), acc, is_async=True)
-            s = warpgroup_mma(q_s, k_s.index(i % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])  # P.V(i - 1) done (groups retire in order)
-            gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
-            _issue_tile(K, E, IDX, k_s, t, i + STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+        if EARLY:
+            acc, m, l = _early_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list,
+                                    n_idx, stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l,
+                                    CAUSAL_R)
+        else:
+            # tile 0 (peeled: from then on every accumulator value reaching a wait comes from a wgmma)
+            async_copy.wait_group(STAGES - 2)  # Q and tile 0 landed (this thread's copies)
+            fence_async_shared()  # for the wgmmas' async proxy
+            gl.thread_barrier()  # ... every thread's
+            s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            _issue_tile(K, E, IDX, k_s, t, STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
                         stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
             s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-            m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+            m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
                                       stride_et, stride_it, scale, BN, s_l, CAUSAL_R)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
             p_s.store(p)
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = warpgroup_mma(p_s, k_s.index((n_tiles - 1) % STAGES), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        async_copy.wait_group(0)
+            acc = gl.zeros([BH, D], gl.float32, layout=o_l)
+            for i in range(1, n_tiles):
+                async_copy.wait_group(STAGES - 2)  # tile i landed
+                fence_async_shared()  # those copies and the last P store
+                gl.thread_barrier()
+                # P.V of the previous tile (its slot, the P just stored), then QK of this one
+                acc = warpgroup_mma(p_s, k_s.index((i - 1) % STAGES), acc, is_async=True)
+                s = warpgroup_mma(q_s, k_s.index(i % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])  # P.V(i - 1) done (retiring in order)
+                gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
+                _issue_tile(K, E, IDX, k_s, t, i + STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
+                            stride_kt, stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+                m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                                          stride_et, stride_it, scale, BN, s_l, CAUSAL_R)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+                p_s.store(p)
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(p_s, k_s.index((n_tiles - 1) % STAGES), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            async_copy.wait_group(0)
 
         offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
-        denom = gl.convert_layout(l, gl.SliceLayout(1, o_l)) + gl.exp(sink - gl.convert_layout(m, gl.SliceLayout(1, o_l)))
+        row_l: gl.constexpr = gl.SliceLayout(1, o_l)
+        denom = gl.convert_layout(l, row_l) + gl.exp(sink - gl.convert_layout(m, row_l))
         o = acc / denom[:, None]
         out_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[NW, 1],
                                                order=[1, 0])
@@ -210,4 +262,4 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e and not causal else 0,
         out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
         D=d, BN=BN, STAGES=STAGES, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
-        CAUSAL_R=causal_ratio if causal else 0, num_warps=8)
+        CAUSAL_R=causal_ratio if causal else 0, EARLY=EARLY_LOADS, num_warps=8)
