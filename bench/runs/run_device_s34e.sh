@@ -14,3 +14,7 @@ for V in False True False True; do
     | tail -3
 done
 for V in False True False True; do echo "EARLY_LOADS=$V"; prefill8 120 "$G=$V"; done
+# the model's prefill tests with EARLY_LOADS on (pytest run under bench/flags.py), in case the figures adopt it
+P=$(python3 -c "import os, pytest; print(os.path.join(os.path.dirname(pytest.__file__), '__main__.py'))")
+timeout 240 python3 bench/flags.py "$G=True" -- $P -q -p no:cacheprovider tests/gpu/test_model_gpu.py \
+  -k "logits_match or greedy or prefill" 2>&1 | tail -2
