@@ -78,17 +78,18 @@ if HAS_TRITON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _softmax(s, m, l, K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it, scale,
-                 BN: gl.constexpr, s_l: gl.constexpr, CAUSAL_R: gl.constexpr):
-        """One online-softmax step over tile i's scores s [64, BN] (fp32, wgmma layout): (running maximum, running
-        sum, the accumulator's rescale factor, bf16 P)."""
-        _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
-                              BN, gl.SliceLayout(0, s_l), CAUSAL_R)
+    def _softmax(s, m, l, valid, scale):
+        """One online-softmax step over a tile's scores s [64, BN] (fp32, wgmma layout; valid: its keys):
+        (running maximum, running sum, the accumulator's rescale factor, bf16 P)."""
         s = gl.where(valid[None, :], s * scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(s, axis=1))
         alpha = gl.exp(m - m_new)
         p = gl.exp(s - m_new[:, None])
-        return m_new, l * alpha + gl.sum(p, axis=1), alpha, p.to(gl.bfloat16)
+        BH: gl.constexpr = s.shape[0]
+        BN: gl.constexpr = s.shape[1]
+        part = gl.sum(gl.reshape(p, [BH, 2, BN // 2]), axis=2)  # per warpgroup's keys: no exchange
+        return m_new, l * gl.convert_layout(alpha, gl.SliceLayout(1, part.type.layout))[:, None] + part, alpha, \
+            p.to(gl.bfloat16)
 
     @gluon.jit
     def _early_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
@@ -102,9 +103,10 @@ if HAS_TRITON:
         fence_async_shared()
         gl.thread_barrier()
         s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _, valid = _tile_rows(K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                              stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
         s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-        m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                                  stride_it, scale, BN, s_l, CAUSAL_R)
+        m, l, alpha, p = _softmax(s, m, l, valid, scale)
         p_s.store(p)
         fence_async_shared()
         gl.thread_barrier()
@@ -119,9 +121,10 @@ if HAS_TRITON:
             fence_async_shared()
             gl.thread_barrier()
             s = warpgroup_mma(q_s, k_s.index(i % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                                  stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
             s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-            m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                                      stride_et, stride_it, scale, BN, s_l, CAUSAL_R)
+            m, l, alpha, p = _softmax(s, m, l, valid, scale)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
             p_s.store(p)
             fence_async_shared()
@@ -180,8 +183,8 @@ if HAS_TRITON:
                         stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
 
         m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
-        l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_l))
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
+        l = gl.sum(gl.reshape(s_zero, [BH, 2, BN // 2]), axis=2)  # running sums per warpgroup's keys
         if EARLY:
             acc, m, l = _early_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list,
                                     n_idx, stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l,
@@ -194,9 +197,10 @@ if HAS_TRITON:
             s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             _issue_tile(K, E, IDX, k_s, t, STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
                         stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+            _, valid = _tile_rows(K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                                  stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
             s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-            m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                                      stride_et, stride_it, scale, BN, s_l, CAUSAL_R)
+            m, l, alpha, p = _softmax(s, m, l, valid, scale)
             p_s.store(p)
             acc = gl.zeros([BH, D], gl.float32, layout=o_l)
             for i in range(1, n_tiles):
@@ -211,9 +215,10 @@ if HAS_TRITON:
                 gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
                 _issue_tile(K, E, IDX, k_s, t, i + STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
                             stride_kt, stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+                _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                                      stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-                m, l, alpha, p = _softmax(s, m, l, K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                                          stride_et, stride_it, scale, BN, s_l, CAUSAL_R)
+                m, l, alpha, p = _softmax(s, m, l, valid, scale)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
                 p_s.store(p)
             fence_async_shared()
@@ -225,7 +230,7 @@ if HAS_TRITON:
         offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
         row_l: gl.constexpr = gl.SliceLayout(1, o_l)
-        denom = gl.convert_layout(l, row_l) + gl.exp(sink - gl.convert_layout(m, row_l))
+        denom = gl.convert_layout(gl.sum(l, axis=1), row_l) + gl.exp(sink - gl.convert_layout(m, row_l))
         o = acc / denom[:, None]
         out_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[NW, 1],
                                                order=[1, 0])
