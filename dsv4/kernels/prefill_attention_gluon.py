@@ -11,12 +11,14 @@ its 64-key tiles run ≈ 5 µs each against ≈ 1.1 µs of MMA work. Here, for o
                  wait for QK(i) -> online softmax (fp32 scores, bf16 P stored for the next PV)
 
 Both MMAs split their N dimension between the two warpgroups (warps [4, 2]): QK's keys (32 each), PV's head dim
-(D / 2 each), so the accumulator is 128 registers per thread and the scores' row maximum and sum cross the two
-warpgroups (the compiler's reduction through shared memory). The arithmetic is the Triton kernel's: scores
+(D / 2 each), so the accumulator is 128 registers per thread. The scores' row maximum crosses the two warpgroups
+(the compiler's reduction through shared memory, CTA barriers); the running sums stay per warpgroup's keys and
+are added once at the end. `EARLY_LOADS` (opt-in): each slot refilled as soon as its P.V completes, before the
+wait for the next tile, so two tiles' copies are in flight. The arithmetic is the Triton kernel's: scores
 `q.k * scale` in fp32 (-inf for padding keys and -1 slots, read from a valid row), the running maximum starting at
 -1e30, P rounded to bf16 for P.V, the denominator summing the unrounded probabilities plus exp(sink), the output
 rounded to bf16 and, with cos / sin, rotated back by -t (`norm_rope(inverse=True)`'s expressions). Only the
-wgmmas' fp32 summation order may differ from the Triton kernel's (a different instruction shape).
+fp32 summation orders differ from the Triton kernel's (the wgmmas' instruction shape, the two partial sums).
 """
 from __future__ import annotations
 
