@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 34, one H200 (≈ 5 min), after s34d: the Gluon prefill attention's EARLY_LOADS loop (each slot refilled
+# Session 34, one H200 (≈ 6 min), after s34d: the Gluon prefill attention's EARLY_LOADS loop (each slot refilled
 # as soon as its P.V completes, before waiting for the next tile: two tiles' copies in flight; s34d's Nsight put
 # barrier and long-scoreboard stalls first). GPU tests of both loops, per layer kind at 8K interleaved, the 8-layer
 # 8K prefill. Since s34d both loops keep the running sums per warpgroup (one cross-warpgroup reduction per tile
@@ -14,8 +14,8 @@ for V in False True False True; do
   timeout 100 python3 bench/flags.py "$G=$V" -- bench/bench_prefill_glue.py --skip select queries --shapes gluon 2>&1 \
     | tail -3
 done
-for V in False True False True; do echo "EARLY_LOADS=$V"; prefill8 120 "$G=$V"; done
+for V in False True; do echo "EARLY_LOADS=$V"; prefill8 100 "$G=$V"; done
 # the model's prefill tests with EARLY_LOADS on (pytest run under bench/flags.py), in case the figures adopt it
 P=$(python3 -c "import os, pytest; print(os.path.join(os.path.dirname(pytest.__file__), '__main__.py'))")
-timeout 240 python3 bench/flags.py "$G=True" -- $P -q -p no:cacheprovider tests/gpu/test_model_gpu.py \
+timeout 180 python3 bench/flags.py "$G=True" -- $P -q -p no:cacheprovider tests/gpu/test_model_gpu.py \
   -k "logits_match or greedy or prefill" 2>&1 | tail -2
