@@ -47,6 +47,16 @@ def _case(n, heads, q_pos0, past, window, n_entries, kind, gen, topk=16):
     return q, keys, q_pos0 - past, entries, idx, sink
 
 
+def causal_case(n, heads, q_pos0, past, ratio, max_entries, gen):
+    """An HCA-style case whose entry list is every complete entry at `ratio` (fewer entries than the ratio implies
+    when the chunk's entries so far are fewer): (q, keys, key_pos0, entries, the explicit list, sink)."""
+    q, keys, key_pos0, entries, _, sink = _case(n, heads, q_pos0, past, 128, max_entries, "hca", gen)
+    entries = entries[:min(entries.shape[0], (q_pos0 + n) // ratio)]
+    pos = torch.arange(q_pos0, q_pos0 + n, device=DEV)
+    every = torch.arange(entries.shape[0], device=DEV)[None, :]
+    return q, keys, key_pos0, entries, torch.where(every < ((pos + 1) // ratio)[:, None], every, -1), sink
+
+
 def _float64(q, q_pos0, keys, key_pos0, window, entries, idx, sink, scale):
     """Spec §2.5 directly, per query, in float64 (bf16 probabilities not simulated)."""
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
@@ -152,14 +162,9 @@ def test_prefill_attention_causal_entries_equal_the_list(n, q_pos0, past, poison
     every complete entry, with fewer entries than the ratio implies too (a chunk's entries so far)."""
     from dsv4.kernels.prefill_attention import prefill_attention
 
-    gen = torch.Generator(DEV).manual_seed(n + q_pos0)
-    heads, ratio = (64 if DEV != "cpu" else 16), 8
-    q, keys, key_pos0, entries, _, sink = _case(n, heads, q_pos0, past, 128, 90, "hca", gen)
-    n_entries = min(entries.shape[0], (q_pos0 + n) // ratio)
-    entries = entries[:n_entries]
-    pos = torch.arange(q_pos0, q_pos0 + n, device=DEV)
-    every = torch.arange(n_entries, device=DEV)[None, :]
-    idx = torch.where(every < ((pos + 1) // ratio)[:, None], every, -1)
+    ratio = 8
+    q, keys, key_pos0, entries, idx, sink = causal_case(n, 64 if DEV != "cpu" else 16, q_pos0, past, ratio, 90,
+                                                        torch.Generator(DEV).manual_seed(n + q_pos0))
     want = prefill_attention(q, q_pos0, keys, key_pos0, 128, entries, idx, sink, 0.05)
     poison()
     got = prefill_attention(q, q_pos0, keys, key_pos0, 128, entries, None, sink, 0.05, causal_ratio=ratio)

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from test_prefill_attention import REL, _case, _float64
+from test_prefill_attention import REL, _case, _float64, causal_case
 
 DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEV == "cpu" or not torch.cuda.is_available(), reason="Gluon kernels need a GPU")
@@ -94,14 +94,9 @@ def test_gluon_fuses_the_inverse_rope(kind, gluon, poison, close_bf16):
 @pytest.mark.parametrize("n,q_pos0,past", [(37, 200, 127), (70, 0, 0), (20, 1000, 90)])
 def test_gluon_causal_entries_equal_the_list(n, q_pos0, past, gluon, poison):
     """HCA's causal walk gives the bits of the explicit list of every complete entry."""
-    gen = torch.Generator(DEV).manual_seed(n + q_pos0 + 3)
     ratio = 4
-    q, keys, key_pos0, entries, _, sink = _case(n, 64, q_pos0, past, 128, 300, "hca", gen)
-    n_entries = min(entries.shape[0], (q_pos0 + n) // ratio)
-    entries = entries[:n_entries]
-    pos = torch.arange(q_pos0, q_pos0 + n, device=DEV)
-    every = torch.arange(n_entries, device=DEV)[None, :]
-    idx = torch.where(every < ((pos + 1) // ratio)[:, None], every, -1)
+    q, keys, key_pos0, entries, idx, sink = causal_case(n, 64, q_pos0, past, ratio, 300,
+                                                        torch.Generator(DEV).manual_seed(n + q_pos0 + 3))
     want = gluon(q, q_pos0, keys, key_pos0, 128, entries, idx, sink, 0.05)
     poison()
     got = gluon(q, q_pos0, keys, key_pos0, 128, entries, None, sink, 0.05, causal_ratio=ratio)
