@@ -6,15 +6,14 @@ program (a [64, 512] fp32 accumulator over 8 warps), waits for each wgmma right 
 its 64-key tiles run ≈ 5 µs each against ≈ 1.1 µs of MMA work. Here, for one query t:
 
     Q [64 heads, D] in shared memory once; key tiles [64 keys, D] through a 2-slot cp.async ring
-    per tile i:  PV(i - 1) issued (P from shared memory, V = the key tile: K = V), then QK(i) issued;
-                 wait for PV(i - 1) -> its slot is free -> tile i + 1's copy issued;
-                 wait for QK(i) -> online softmax (fp32 scores, bf16 P stored for the next PV)
+    per tile i:  wait for PV(i - 1) -> its slot is free -> tile i + 1's copy issued (tile i's may still land);
+                 wait for tile i, QK(i) issued and waited for -> online softmax (fp32 scores, bf16 P stored);
+                 PV(i) issued (P from shared memory, V = the key tile: K = V), running while the next tile lands
 
 Both MMAs split their N dimension between the two warpgroups (warps [4, 2]): QK's keys (32 each), PV's head dim
 (D / 2 each), so the accumulator is 128 registers per thread. The scores' row maximum crosses the two warpgroups
 (the compiler's reduction through shared memory, CTA barriers); the running sums stay per warpgroup's keys and
-are added once at the end. `EARLY_LOADS` (opt-in): each slot refilled as soon as its P.V completes, before the
-wait for the next tile, so two tiles' copies are in flight. The arithmetic is the Triton kernel's: scores
+are added once at the end (s34d -> s34e: CSA 2.37 -> 2.34 ms at 8K). The arithmetic is the Triton kernel's: scores
 `q.k * scale` in fp32 (-inf for padding keys and -1 slots, read from a valid row), the running maximum starting at
 -1e30, P rounded to bf16 for P.V, the denominator summing the unrounded probabilities plus exp(sink), the output
 rounded to bf16 and, with cos / sin, rotated back by -t (`norm_rope(inverse=True)`'s expressions). Only the
@@ -28,8 +27,6 @@ from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P fit in 200 KB of shared memory)
 STAGES = 2
-# refill each slot as soon as its P.V completes, before waiting for the next tile (two tiles' copies in flight)
-EARLY_LOADS = False
 
 
 def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | None,
@@ -94,13 +91,14 @@ if HAS_TRITON:
             p.to(gl.bfloat16)
 
     @gluon.jit
-    def _early_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+    def _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
                     stride_et, stride_it, scale, BH: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                     STAGES: gl.constexpr, ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr,
                     CAUSAL_R: gl.constexpr):
-        """EARLY_LOADS: the tiles' loop with every slot refilled as soon as its P.V completes, before waiting for
-        the next tile (so two tiles' copies are in flight while P.V(i - 1) runs); the prologue issued STAGES tiles.
-        Returns (acc, m, l)."""
+        """The tiles' loop, every slot refilled as soon as its P.V completes and before the wait for the next tile
+        (so two tiles' copies are in flight while P.V(i - 1) runs; the prologue issued STAGES tiles). H200 s34e,
+        Flash 8K, ms per layer, refilled after the next tile's QK was issued instead: CSA 2.34 -> 2.20, HCA 0.82 ->
+        0.78, SWA 0.62 -> 0.56. Returns (acc, m, l)."""
         async_copy.wait_group(STAGES - 1)  # Q and tile 0 landed (this thread's copies)
         fence_async_shared()
         gl.thread_barrier()
@@ -142,7 +140,7 @@ if HAS_TRITON:
         H, n_idx, q_pos0, key_pos0, window, scale,
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct,
         D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr,
-        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, EARLY: gl.constexpr,
+        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr,
     ):
         BH: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
@@ -180,54 +178,15 @@ if HAS_TRITON:
             q_s, Q + t.to(gl.int64) * stride_qt + qh[:, None] * stride_qh + qd[None, :],
             mask=(qh < H)[:, None] & (qd >= 0)[None, :])
         async_copy.commit_group()
-        for s in gl.static_range(STAGES if EARLY else STAGES - 1):
+        for s in gl.static_range(STAGES):
             _issue_tile(K, E, IDX, k_s, t, s, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
                         stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
 
         m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
         l = gl.sum(gl.reshape(s_zero, [BH, 2, BN // 2]), axis=2)  # running sums per warpgroup's keys
-        if EARLY:
-            acc, m, l = _early_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list,
-                                    n_idx, stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l,
-                                    CAUSAL_R)
-        else:
-            # tile 0 (peeled: from then on every accumulator value reaching a wait comes from a wgmma)
-            async_copy.wait_group(STAGES - 2)  # Q and tile 0 landed (this thread's copies)
-            fence_async_shared()  # for the wgmmas' async proxy
-            gl.thread_barrier()  # ... every thread's
-            s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            _issue_tile(K, E, IDX, k_s, t, STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                        stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
-            _, valid = _tile_rows(K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                                  stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-            m, l, alpha, p = _softmax(s, m, l, valid, scale)
-            p_s.store(p)
-            acc = gl.zeros([BH, D], gl.float32, layout=o_l)
-            for i in range(1, n_tiles):
-                async_copy.wait_group(STAGES - 2)  # tile i landed
-                fence_async_shared()  # those copies and the last P store
-                gl.thread_barrier()
-                # P.V of the previous tile (its slot, the P just stored), then QK of this one
-                acc = warpgroup_mma(p_s, k_s.index((i - 1) % STAGES), acc, is_async=True)
-                s = warpgroup_mma(q_s, k_s.index(i % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])  # P.V(i - 1) done (retiring in order)
-                gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
-                _issue_tile(K, E, IDX, k_s, t, i + STAGES - 1, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
-                            stride_kt, stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
-                _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                                      stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-                m, l, alpha, p = _softmax(s, m, l, valid, scale)
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-                p_s.store(p)
-            fence_async_shared()
-            gl.thread_barrier()
-            acc = warpgroup_mma(p_s, k_s.index((n_tiles - 1) % STAGES), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            async_copy.wait_group(0)
+        acc, m, l = _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
+                                stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l, CAUSAL_R)
 
         offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
@@ -269,4 +228,4 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
         q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e and not causal else 0,
         out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
         D=d, BN=BN, STAGES=STAGES, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
-        CAUSAL_R=causal_ratio if causal else 0, EARLY=EARLY_LOADS, num_warps=8)
+        CAUSAL_R=causal_ratio if causal else 0, num_warps=8)
