@@ -3,7 +3,7 @@
 # as soon as its P.V completes, before waiting for the next tile: two tiles' copies in flight; s34d's Nsight put
 # barrier and long-scoreboard stalls first). GPU tests of both loops, per layer kind at 8K interleaved, the 8-layer
 # 8K prefill. Since s34d both loops keep the running sums per warpgroup (one cross-warpgroup reduction per tile
-# fewer; summed at the end). (After this run EARLY_LOADS became the kernel's only loop and the flag went away.)
+# fewer; summed at the end). After this run EARLY_LOADS became the kernel's only loop; the flag went away.
 source bench/runs/lib.sh
 python3 -c "import bench.bench_gemm_moe as b; print('ceilings', b.ceilings())" 2>&1 | tail -1
 run 200 tests/gpu/test_prefill_attention_gluon.py
