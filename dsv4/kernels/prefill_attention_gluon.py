@@ -25,14 +25,14 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON
 
-BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P fit in 200 KB of shared memory)
+BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P: 200 KB of shared memory)
 STAGES = 2
 
 
 def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | None,
              num_stages: int | None) -> bool:
-    """Whether `prefill_attention_gluon` takes this call: CUDA, at most 64 heads, a power-of-two head dim whose
-    half fits one wgmma (32..512), the default launch knobs."""
+    """Whether `prefill_attention_gluon` takes this call: CUDA, at most 64 heads, a power-of-two head dim of 64..512
+    (its half one wgmma's N), the default launch knobs."""
     d = q.shape[-1]
     return (HAS_TRITON and q.is_cuda and q.shape[1] <= 64 and 64 <= d <= 512 and d & (d - 1) == 0
             and dv in (None, d) and bn in (None, BN) and num_warps is None and num_stages is None)
@@ -171,7 +171,7 @@ if HAS_TRITON:
                 n_list = n_idx
         n_tiles = n_win + gl.cdiv(n_list, BN)
 
-        # Q (padding heads zero-filled), then the first STAGES - 1 tiles
+        # Q (padding heads zero-filled), then the first STAGES tiles (every slot)
         qh = gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
         qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
         async_copy.async_copy_global_to_shared(
