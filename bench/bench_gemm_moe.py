@@ -230,8 +230,13 @@ def random_experts(e: int, d: int, i: int, fmt: str) -> PackedExperts:
         def scales(n, kk):  # int32 words of 4 E8M0 bytes, [E, N, K/128]
             return u8(e, n, kk // 128, 4, lo=118, hi=125).view(torch.int32).view(e, n, kk // 128)
 
-        return PackedExperts("mxfp4", e, d, i, u8(e, 2 * i, d // 2), scales(2 * i, d), u8(e, d, i // 2), scales(d, i),
-                             wide_ok=True, fp8_ok=True)  # scale bytes <= 128, within 6 of each other
+        from dsv4.kernels.moe_layout import fp8_tiles
+
+        s13 = scales(2 * i, d)
+        tile_bmax, tiles_ok = fp8_tiles(s13.view(torch.uint8).view(e, 2 * i, d // 32))
+        return PackedExperts("mxfp4", e, d, i, u8(e, 2 * i, d // 2), s13, u8(e, d, i // 2), scales(d, i),
+                             wide_ok=True, fp8_ok=True, w13_tile_bmax=tile_bmax, fp8_tiles_ok=tiles_ok)
+        # (scale bytes <= 128, within 6 of each other)
     w13 = torch.empty(e, 2 * i, d, device=DEV, dtype=torch.float8_e4m3fn)
     w2 = torch.empty(e, d, i, device=DEV, dtype=torch.float8_e4m3fn)
     for x in range(e):

@@ -147,6 +147,12 @@ CASES = {
                       WIDE_DIV16),
     "moe_down_wide_t": ("moe_wide_async", "_wide_async_kernel", WIDE_T,
                         dict(WIDE_C, PERM=0, GLU=False, BN=128, STORE_T=True), 4, 1, WIDE_DIV16),
+    # the prefill MoE GLU on FP8 tensor cores (moe_glu_fp8: 128 tokens x 64 channels, two warpgroups)
+    "moe_glu_fp8": ("moe_glu_fp8", "_glu_fp8_kernel",
+                    dict(A="*fp8e4nv", AS="*fp32", W="*u8", WS="*i32", TB="*u8", C="*bf16", SORTED="*i32",
+                         EXPERT_IDS="*i32", NUM_POST="*i32", TOPK_W="*fp32", TILES="*i32", limit="fp32"),
+                    dict(BM=128, STAGES=4, GROUP_M=4, LISTED=True), 8, 1,
+                    ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm", "stride_tbe", "stride_tbn")),
     # the indexer's prefill scores [T, N] (an entry count divisible by 16, as Triton specialises it)
     "prefill_scores": ("indexer_scores", "_prefill_scores_kernel",
                        dict(Q="*bf16", W="*fp32", K="*bf16", VIS="*i32", OUT="*bf16"),

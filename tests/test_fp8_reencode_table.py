@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4.kernels.moe_layout import FP8_MAX_SCALE_SPREAD, FP8_MIN_BLOCK_SCALE, fp8_reencode_ok
+from dsv4.kernels.moe_layout import FP8_MAX_SCALE_SPREAD, FP8_MIN_BLOCK_SCALE, fp8_reencode_ok, fp8_tiles
 from dsv4.kernels.moe_wide_fp8 import T8_HI, T8_LO, e4m3_pair_asm
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -57,6 +57,45 @@ def test_reencode_ok_looks_at_every_block_separately():
     assert fp8_reencode_ok(b)
     b[0, 3] = 100
     assert not fp8_reencode_ok(b)
+
+
+def _tiles_brute(b: torch.Tensor, rows: int):
+    """`fp8_tiles` by loops over every tile: (largest byte per tile, whether each admits the rule)."""
+    e, n, g = b.shape
+    hi = torch.empty(e, n // rows, g // 4, dtype=torch.uint8)
+    ok = True
+    for x in range(e):
+        for r in range(n // rows):
+            for k in range(g // 4):
+                t = [int(v) for v in b[x, r * rows:(r + 1) * rows, 4 * k:4 * k + 4].flatten()]
+                hi[x, r, k] = max(t)
+                ok &= max(t) - min(t) <= FP8_MAX_SCALE_SPREAD and max(t) >= FP8_MIN_BLOCK_SCALE
+    return hi, ok
+
+
+@pytest.mark.parametrize("rows", [2, 4])
+def test_fp8_tiles_against_loops(rows):
+    """moe_glu_fp8's tiles (rows x 128-wide): each tile's largest byte and the rule over every tile, against
+    loops; one byte moved past the spread in one tile (and only there) turns the answer to False."""
+    gen = torch.Generator().manual_seed(rows)
+    b = torch.randint(118, 127, (3, 4 * rows, 12), generator=gen).to(torch.uint8)
+    hi, ok = fp8_tiles(b, rows)
+    want_hi, want_ok = _tiles_brute(b, rows)
+    assert torch.equal(hi, want_hi) and ok is want_ok is True
+    b[1, rows, 4] = 126  # tile (1, 1, k = 1): its largest byte, and one 12 below it
+    b[1, rows + 1, 6] = 126 - FP8_MAX_SCALE_SPREAD - 1
+    hi, ok = fp8_tiles(b, rows)
+    want_hi, want_ok = _tiles_brute(b, rows)
+    assert torch.equal(hi, want_hi) and ok is want_ok is False
+    assert fp8_reencode_ok(torch.tensor([[120, 120, 120, 120]], dtype=torch.uint8))  # (per row it would pass)
+
+
+def test_fp8_tiles_spread_across_rows():
+    """Rows that pass one by one (each uniform) fail as a tile when they are 12 apart."""
+    b = torch.tensor([[[120] * 4], [[108] * 4]], dtype=torch.uint8).reshape(1, 2, 4)
+    assert fp8_reencode_ok(b)
+    assert not fp8_tiles(b, 2)[1]
+    assert fp8_tiles(b, 1)[1]
 
 
 def _run_ptx(asm: str, operands: dict) -> dict:

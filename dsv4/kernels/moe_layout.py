@@ -64,6 +64,9 @@ class PackedExperts:
     w2_scale: torch.Tensor  # mxfp4: int32 [E, D, I/128]; fp8: fp32 [E, D/128, I/128]
     wide_ok: bool = False  # mxfp4 with every scale byte <= WIDE_MAX_SCALE_BYTE: dsv4.kernels.moe_wide applies
     fp8_ok: bool = False  # mxfp4 whose 128-wide K blocks re-encode exactly to e4m3 (`fp8_reencode_ok`)
+    # mxfp4: uint8 [E, 2I/64, D/128], the largest scale byte of each 64-row x 128-wide w13 tile (moe_glu_fp8)
+    w13_tile_bmax: torch.Tensor | None = None
+    fp8_tiles_ok: bool = False  # ... and every group scale of a tile within FP8_MAX_SCALE_SPREAD of it (`fp8_tiles`)
 
 
 def repack_fp4(packed: torch.Tensor) -> torch.Tensor:
@@ -100,6 +103,16 @@ def fp8_reencode_ok(b: torch.Tensor) -> bool:
     return bool(((hi - lo <= FP8_MAX_SCALE_SPREAD) & (hi >= FP8_MIN_BLOCK_SCALE)).all())
 
 
+def fp8_tiles(b: torch.Tensor, rows: int = 64) -> tuple[torch.Tensor, bool]:
+    """E8M0 group scales b uint8 [E, N, K/32] -> (the largest byte of each rows x 128-wide tile, uint8 [E, N/rows,
+    K/128]; whether every tile re-encodes exactly to e4m3 relative to it, dsv4.kernels.moe_glu_fp8: its bytes
+    within FP8_MAX_SCALE_SPREAD of the largest, which is >= FP8_MIN_BLOCK_SCALE)."""
+    e, n, g = b.shape
+    t = b.reshape(e, n // rows, rows, g // 4, 4)
+    hi, lo = t.amax((2, 4)), t.amin((2, 4))
+    return hi.contiguous(), bool(((hi - lo <= FP8_MAX_SCALE_SPREAD) & (hi >= FP8_MIN_BLOCK_SCALE)).all())
+
+
 def finalize_experts(w: ExpertWeights) -> PackedExperts:
     """Build the kernel layout once after load; the caller may drop `w` afterwards."""
     e, i, h = w.num_experts, w.inter, w.hidden
@@ -121,8 +134,9 @@ def finalize_experts(w: ExpertWeights) -> PackedExperts:
             raise ValueError(f"experts: MXFP4 scale shapes {tuple(s13.shape)} / {tuple(s2.shape)} do not match")
         wide_ok = int(s13.max()) <= WIDE_MAX_SCALE_BYTE and int(s2.max()) <= WIDE_MAX_SCALE_BYTE
         fp8_ok = fp8_reencode_ok(s13) and fp8_reencode_ok(s2)
+        tile_bmax, tiles_ok = fp8_tiles(s13)
         return PackedExperts("mxfp4", e, h, i, w13, _pack_group_scales(s13), w2, _pack_group_scales(s2), wide_ok,
-                             fp8_ok)
+                             fp8_ok, tile_bmax, tiles_ok)
     if w.fmt == "fp8":
         from dsv4.kernels.fp8_linear import _weight_scale_f32
 

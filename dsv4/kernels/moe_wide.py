@@ -69,6 +69,10 @@ WIDE_FP8 = False
 # without a GPU: opt-in until measured
 WS_GLU = False
 WS_DOWN = False
+# The GLU on FP8 tensor cores (dsv4.kernels.moe_glu_fp8, Gluon: 128 tokens x 64 channels per program, the weights
+# re-encoded per 64-row tile, one FMA of promotion per element), the down GEMM unchanged. Prepared in session 35:
+# opt-in until measured
+FP8_GLU = False
 # The Gluon GLU's weight pairs read in `moe_wide_async.pair_view` order PERM_K (0: as stored, 16-bit loads; 1:
 # 32-bit loads; 2: 64-bit loads), the activation's columns permuted to match by `dequantized_act` (its launch
 # exists anyway). 1 keeps each wgmma's set of k (bit-identical to 0); 2 moves k between the two wgmmas of a 32-wide
@@ -300,6 +304,11 @@ def fp8_path(experts: PackedExperts, device: torch.device) -> bool:
     return WIDE_FP8 and experts.fmt == "mxfp4" and experts.fp8_ok and not INTERPRET and _is_hopper(device)
 
 
+def fp8_glu_path(experts: PackedExperts, device: torch.device) -> bool:
+    """Whether `moe_wide`'s GLU runs on FP8 operands (FP8_GLU, the Gluon path, tiles that re-encode exactly)."""
+    return FP8_GLU and experts.fmt == "mxfp4" and experts.fp8_tiles_ok and gluon_path(device)
+
+
 def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2):
     """The two GEMMs of `moe_wide` on FP8 operands (dsv4.kernels.moe_wide_fp8): x's act_quant codes and
     scales in, z as e4m3 codes + per-128 scales between them."""
@@ -323,6 +332,20 @@ def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, expe
          z.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), 0),
         (nb, d // bn2), bm, bn2, False, 8, FP8_STAGES)
     return y
+
+
+def _fp8_glu(x: torch.Tensor, args1: tuple, experts: PackedExperts, tiles: list, top_k: int, limit: float):
+    """`moe_wide`'s GLU on FP8 operands (dsv4.kernels.moe_glu_fp8) into args1's z, then its per-128
+    quantisation for the down GEMM."""
+    from dsv4.kernels import moe_glu_fp8
+    from dsv4.kernels.fp8_linear import act_quant
+
+    xq, xs = act_quant(x)
+    z, sorted_ids, expert_ids, num_post, tw = args1[3:8]
+    for tile_m, tile_list, rows in tiles:
+        moe_glu_fp8.launch(xq, xs, experts.w13, experts.w13_scale, experts.w13_tile_bmax, z, sorted_ids, expert_ids,
+                           num_post, tw, top_k, limit, rows, tile_m, ASYNC_GROUP_M, tile_list)
+    requant_rows(z)
 
 
 def mixed_tiles(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -369,13 +392,13 @@ def _compact(mask: torch.Tensor, size: int) -> torch.Tensor:
 
 def launch_args(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
                 topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
-                bm: int, perm: int = 0) -> tuple[tuple, tuple, torch.Tensor]:
+                bm: int, perm: int = 0, act: bool = True) -> tuple[tuple, tuple, torch.Tensor]:
     """The two GEMMs' kernel arguments (up to the constexprs; `_wide_kernel`'s order, which the Gluon kernel
     shares) and the output y [pairs, D] they fill; GEMM1 reads the dequantised FP8 activation (its columns in
-    `permute_pairs` order perm), writes z."""
+    `permute_pairs` order perm; act False: x itself, for a GLU that quantises on its own), writes z."""
     d, i = experts.hidden, experts.inter
     num_pairs, nb = topk_weights.numel(), expert_ids.numel()
-    xq = dequantized_act(x, perm)
+    xq = dequantized_act(x, perm) if act else x
     z = torch.empty((nb * bm, i), dtype=torch.bfloat16, device=x.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
@@ -407,9 +430,10 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             raise ValueError(f"moe_wide: the FP8 path takes {FP8_BM}-row tiles (moe_align's bm), got {bm}")
         return _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2)
     gluon = gluon_path(x.device)
+    fp8_glu = fp8_glu_path(experts, x.device)
     perm = PERM_K if gluon and not WS_GLU else 0  # (the WS kernel reads the pairs as stored)
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm,
-                                  perm)
+                                  perm, act=not fp8_glu)
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
     if gluon:
         from dsv4.kernels import moe_wide_async, moe_wide_ws
@@ -419,6 +443,9 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             tiles = [(128, big, big.numel()), (64, small, small.numel())]
         for a, n, glu, one, bn in ((args1, i, True, GLU_ONE_WARPGROUP, BLOCK),
                                    (args2, d, False, DOWN_ONE_WARPGROUP, bn2)):
+            if glu and fp8_glu:
+                _fp8_glu(x, a, experts, tiles, top_k, swiglu_limit)
+                continue
             ws = WS_GLU if glu else WS_DOWN
             bn, warps = (64, 4) if one or (glu and ws) else (bn, num_warps)
             for tile_m, tile_list, rows in tiles:

@@ -375,3 +375,62 @@ def test_fp8_operands_match_the_reference(m, spread, poison, close_bf16, monkeyp
     y = fused_moe(x, ids, w, packed, config=_wide(128))
     assert moe_wide.fp8_path(packed, x.device)
     close_bf16(y, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"FP8 wide m={m} spread={spread}")
+
+
+@pytest.mark.parametrize("m,spread,mixed,bm", [(5, 5, True, 64), (300, 11, True, 64), (700, 11, True, 64),
+                                               (400, 11, False, 128), (200, 3, False, 64)])
+def test_fp8_glu_matches_the_reference(m, spread, mixed, bm, poison, close_bf16, monkeypatch):
+    """moe_wide.FP8_GLU (dsv4.kernels.moe_glu_fp8): the GLU on FP8 MMAs, the weights re-encoded per 64-row x
+    128-wide tile relative to its largest scale (group scales up to `spread` below it), one promotion per block;
+    the down GEMM as before. Matches `fused_moe_ref` at the bf16 wide kernel's tolerance (block sums are the tensor
+    core's), over mixed tiles' lists (128- and 64-row programs) and plain 64- / 128-row alignments, skewed routing,
+    pairs held by another rank; and it is a different computation from the bf16 GLU (not bit-identical to it)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from test_moe import _mxfp4_experts, _topk
+
+    from dsv4.kernels import moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    e, d, i = 8, 1024, 512
+    gen = torch.Generator(DEV).manual_seed(m + spread)
+    experts = _mxfp4_experts(e, d, i, gen)
+    for name in ("w1_scale", "w3_scale", "w2_scale"):
+        s = getattr(experts, name)
+        setattr(experts, name, torch.randint(124 - spread, 125, s.shape, generator=gen, device=DEV, dtype=torch.uint8))
+    packed = finalize_experts(experts)
+    assert packed.fp8_tiles_ok and packed.wide_ok
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _topk(m, e, 6, gen, skew=m >= 300)
+    ids = torch.where(ids % 3 == 0, -1, ids) if m == 700 else ids
+    cfg = dataclasses.replace(_wide(bm), mixed=mixed)
+    base = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    monkeypatch.setattr(moe_wide, "FP8_GLU", True)
+    assert moe_wide.fp8_glu_path(packed, x.device)
+    poison()
+    got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    same = float((got == base).double().mean())
+    print(f"m={m} spread={spread} mixed={mixed} bm={bm}: {same:.4f} of outputs bit-identical to the bf16 GLU")
+    assert same < 0.9
+    close_bf16(got, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2,
+               what=f"FP8 GLU m={m} spread={spread}")
+
+
+def test_fp8_glu_declines_tiles_past_the_spread(monkeypatch):
+    """A w13 tile whose group scales spread 12 below its largest cannot re-encode exactly: `fp8_tiles_ok` is False
+    and moe_wide keeps the bf16 GLU even with FP8_GLU on."""
+    from test_moe import _mxfp4_experts
+
+    from dsv4.kernels import moe_wide
+    from dsv4.kernels.moe import finalize_experts
+
+    gen = torch.Generator(DEV).manual_seed(12)
+    experts = _mxfp4_experts(4, 256, 128, gen)
+    experts.w1_scale = torch.full_like(experts.w1_scale, 120)
+    experts.w3_scale = torch.full_like(experts.w1_scale, 120)
+    experts.w2_scale = torch.full_like(experts.w2_scale, 120)
+    experts.w1_scale[2, 5] = 120 - 12  # (a whole row: each row's blocks stay uniform, so `fp8_ok` holds)
+    packed = finalize_experts(experts)
+    assert packed.fp8_ok and not packed.fp8_tiles_ok
+    monkeypatch.setattr(moe_wide, "FP8_GLU", True)
+    assert not moe_wide.fp8_glu_path(packed, torch.device(DEV))
