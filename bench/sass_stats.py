@@ -43,6 +43,11 @@ DOWN_B1_T = dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u
 DOWN_B1_C = dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, G=1, NC=16)
 DOWN_B1_DIV16 = ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")
 
+GLU_FP8_T = dict(A="*fp8e4nv", AS="*fp32", W="*u8", WS="*i32", TB="*u8", C="*bf16", SORTED="*i32",
+                 EXPERT_IDS="*i32", NUM_POST="*i32", TOPK_W="*fp32", TILES="*i32", limit="fp32")
+GLU_FP8_C = dict(BM=128, STAGES=4, GROUP_M=4, LISTED=True)
+GLU_FP8_DIV16 = ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm", "stride_tbe", "stride_tbn")
+
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
 CASES = {
     "attn_sliding": ("attention", "_decode_attn_kernel", ATTN_T, dict(ATTN_C, HAS_COMP=False, INDEXED=False), 8,
@@ -148,11 +153,8 @@ CASES = {
     "moe_down_wide_t": ("moe_wide_async", "_wide_async_kernel", WIDE_T,
                         dict(WIDE_C, PERM=0, GLU=False, BN=128, STORE_T=True), 4, 1, WIDE_DIV16),
     # the prefill MoE GLU on FP8 tensor cores (moe_glu_fp8: 128 tokens x 64 channels, two warpgroups)
-    "moe_glu_fp8": ("moe_glu_fp8", "_glu_fp8_kernel",
-                    dict(A="*fp8e4nv", AS="*fp32", W="*u8", WS="*i32", TB="*u8", C="*bf16", SORTED="*i32",
-                         EXPERT_IDS="*i32", NUM_POST="*i32", TOPK_W="*fp32", TILES="*i32", limit="fp32"),
-                    dict(BM=128, STAGES=4, GROUP_M=4, LISTED=True), 8, 1,
-                    ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm", "stride_tbe", "stride_tbn")),
+    "moe_glu_fp8": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, GLU=True), 8, 1, GLU_FP8_DIV16),
+    "moe_down_fp8": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, GLU=False), 8, 1, GLU_FP8_DIV16),
     # the indexer's prefill scores [T, N] (an entry count divisible by 16, as Triton specialises it)
     "prefill_scores": ("indexer_scores", "_prefill_scores_kernel",
                        dict(Q="*bf16", W="*fp32", K="*bf16", VIS="*i32", OUT="*bf16"),

@@ -101,8 +101,12 @@ if HAS_TRITON:
         A, AS, W, WS, TB, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W, TILES,
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_tbe, stride_tbn, stride_cm,
-        BM: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
+        BM: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, GLU: gl.constexpr,
     ):
+        # GLU: the program's 128 weight rows are its 64 gate channels and the same 64 up channels (up_off rows
+        # further); else (the down GEMM) 128 consecutive output channels (up_off = 64). Either way two 64-row
+        # scale tiles, up_off rows apart
+        CH: gl.constexpr = _R if GLU else 2 * _R
         NW: gl.constexpr = gl.num_warps()
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                         instr_shape=[16, 2 * _R, 32])
@@ -121,11 +125,11 @@ if HAS_TRITON:
 
         # the tokens' codes (16 bytes per thread) and, in the accumulator's rows, their scales
         x_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
-        _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), True)
+        _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
         xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 128)
-        _, _, srows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, acc_l), True)
+        _, _, srows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, acc_l), GLU)
         sa_ptrs = AS + srows * stride_asm
 
         # weight rows: the program's 64 gate channels, then the same 64 up channels (packed bytes 16 per thread,
@@ -133,14 +137,14 @@ if HAS_TRITON:
         w_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
         c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])
         wr = gl.arange(0, 2 * _R, layout=gl.SliceLayout(1, w_l))
-        wch = pid_n * _R + wr % _R + (wr // _R) * up_off
+        wch = pid_n * CH + wr % _R + (wr // _R) * up_off
         w_ptrs = W + e * stride_we + wch[:, None].to(gl.int64) * stride_wn + gl.arange(0, 64, layout=gl.SliceLayout(0, w_l))[
             None, :]
         cr = gl.arange(0, 2 * _R, layout=gl.SliceLayout(1, c_l))
-        cch = pid_n * _R + cr % _R + (cr // _R) * up_off
+        cch = pid_n * CH + cr % _R + (cr // _R) * up_off
         s_ptrs = WS + e * stride_wse + cch.to(gl.int64) * stride_wsn
         gate_row = cr < _R
-        tb_g = TB + e * stride_tbe + pid_n * stride_tbn
+        tb_g = TB + e * stride_tbe + (pid_n * CH // _R) * stride_tbn
         tb_u = tb_g + (up_off // _R) * stride_tbn
 
         x_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
@@ -194,36 +198,44 @@ if HAS_TRITON:
         pa = warpgroup_mma_wait(num_outstanding=0, deps=[pa])  # the repeat of the last block: not promoted
         async_copy.wait_group(0)
 
-        # epilogue: gate and up rounded to bf16, clamped, silu(gate) * up times the pair's routing weight, z stored
-        # in sorted order (16 bytes per thread)
-        gate, up = gl.split(gl.permute(acc, [0, 2, 1]))
-        gate = gl.minimum(gate.to(gl.bfloat16).to(gl.float32), limit)
-        up = gl.minimum(gl.maximum(up.to(gl.bfloat16).to(gl.float32), -limit), limit)
-        cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gate.type.layout))
-        pair = gl.load(SORTED + cp)
-        rw = gl.load(TOPK_W + pair, mask=pair < num_pairs, other=0.0)
-        z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[:, None]).to(gl.bfloat16)
-        out_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-        z = gl.convert_layout(z, out_l)
-        om = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
-        oc = pid_n * _R + gl.arange(0, _R, layout=gl.SliceLayout(0, out_l))
-        gl.store(C + om.to(gl.int64)[:, None] * stride_cm + oc[None, :], z)
+        if GLU:  # gate and up rounded to bf16, clamped, silu(gate) * up times the pair's routing weight, z stored
+            # in sorted order (16 bytes per thread)
+            gate, up = gl.split(gl.permute(acc, [0, 2, 1]))
+            gate = gl.minimum(gate.to(gl.bfloat16).to(gl.float32), limit)
+            up = gl.minimum(gl.maximum(up.to(gl.bfloat16).to(gl.float32), -limit), limit)
+            cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gate.type.layout))
+            pair = gl.load(SORTED + cp)
+            rw = gl.load(TOPK_W + pair, mask=pair < num_pairs, other=0.0)
+            z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[:, None]).to(gl.bfloat16)
+            out_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+            z = gl.convert_layout(z, out_l)
+            om = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
+            oc = pid_n * CH + gl.arange(0, CH, layout=gl.SliceLayout(0, out_l))
+            gl.store(C + om.to(gl.int64)[:, None] * stride_cm + oc[None, :], z)
+        else:  # bf16 rows of y per (token, slot); other ranks' pairs and padding left unwritten
+            out_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+            y = gl.convert_layout(gl.reshape(acc, [BM, CH]).to(gl.bfloat16), out_l)
+            pair = gl.load(SORTED + row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l)))
+            oc = pid_n * CH + gl.arange(0, CH, layout=gl.SliceLayout(0, out_l))
+            gl.store(C + pair.to(gl.int64)[:, None] * stride_cm + oc[None, :], y,
+                     mask=(pair < num_pairs)[:, None] & (oc >= 0)[None, :])
 
 
-def launch(xq: torch.Tensor, xs: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, tile_bmax: torch.Tensor,
-           z: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
-           topk_w: torch.Tensor, top_k: int, limit: float, rows: int, bm: int, group_m: int = 0, tiles=None):
-    """The GLU into z [nb * 64, I] bf16 (sorted order, unquantised): xq / xs act_quant's codes [M, D] and scales
-    [M, D / 128]; w13 / s13 / tile_bmax `PackedExperts`' (`fp8_tiles_ok`); rows programs along M (tiles: int32
-    [rows], program i's tile starts at 64-row block tiles[i] of a 64-row alignment, -1 none; else block i of a
-    bm-row alignment); bm 64 (one warpgroup) or 128 (two). Returns the compiled kernel."""
+def launch(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, tile_bmax: torch.Tensor,
+           out: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
+           topk_w: torch.Tensor, top_k: int, limit: float, rows: int, bm: int, glu: bool, group_m: int = 0, tiles=None):
+    """glu: the GLU from act_quant's codes xq [M, D] and scales xs [M, D / 128] of the tokens into z [nb * 64, I] bf16
+    (sorted order, unquantised); else the down GEMM from z's codes and scales (sorted order) into y [pairs, D] bf16.
+    w / sw / tile_bmax: `PackedExperts`' w13 or w2 (`fp8_tiles_ok`); rows programs along M (tiles: int32 [rows],
+    program i's tile starts at 64-row block tiles[i] of a 64-row alignment, -1 none; else block i of a bm-row
+    alignment); bm 64 (one warpgroup) or 128 (two). Returns the compiled kernel."""
     if bm not in (64, 128):
         raise ValueError(f"moe_glu_fp8: bm must be 64 or 128, got {bm}")
-    d, inter = xq.shape[1], w13.shape[1] // 2
+    n = w.shape[1] // 2 if glu else w.shape[1]
     listed = tiles is not None
-    return _glu_fp8_kernel[(rows, inter // ROWS)](
-        xq, xs, w13, s13, tile_bmax, z, sorted_ids, expert_ids, num_post, topk_w, tiles if listed else expert_ids,
-        d, topk_w.numel(), top_k, inter, float(limit),
-        xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), tile_bmax.stride(0),
-        tile_bmax.stride(1), z.stride(0),
-        BM=bm, STAGES=STAGES, GROUP_M=group_m, LISTED=listed, num_warps=bm // 16)
+    return _glu_fp8_kernel[(rows, n // (ROWS if glu else 2 * ROWS))](
+        xq, xs, w, sw, tile_bmax, out, sorted_ids, expert_ids, num_post, topk_w, tiles if listed else expert_ids,
+        xq.shape[1], topk_w.numel(), top_k, n if glu else ROWS, float(limit),
+        xq.stride(0), xs.stride(0), w.stride(0), w.stride(1), sw.stride(0), sw.stride(1), tile_bmax.stride(0),
+        tile_bmax.stride(1), out.stride(0),
+        BM=bm, STAGES=STAGES, GROUP_M=group_m, LISTED=listed, GLU=glu, num_warps=bm // 16)

@@ -67,6 +67,8 @@ class PackedExperts:
     # mxfp4: uint8 [E, 2I/64, D/128], the largest scale byte of each 64-row x 128-wide w13 tile (moe_glu_fp8)
     w13_tile_bmax: torch.Tensor | None = None
     fp8_tiles_ok: bool = False  # ... and every group scale of a tile within FP8_MAX_SCALE_SPREAD of it (`fp8_tiles`)
+    w2_tile_bmax: torch.Tensor | None = None  # the same for w2: uint8 [E, D/64, I/128]
+    fp8_w2_tiles_ok: bool = False
 
 
 def repack_fp4(packed: torch.Tensor) -> torch.Tensor:
@@ -135,8 +137,9 @@ def finalize_experts(w: ExpertWeights) -> PackedExperts:
         wide_ok = int(s13.max()) <= WIDE_MAX_SCALE_BYTE and int(s2.max()) <= WIDE_MAX_SCALE_BYTE
         fp8_ok = fp8_reencode_ok(s13) and fp8_reencode_ok(s2)
         tile_bmax, tiles_ok = fp8_tiles(s13)
+        tile_bmax2, tiles_ok2 = fp8_tiles(s2)
         return PackedExperts("mxfp4", e, h, i, w13, _pack_group_scales(s13), w2, _pack_group_scales(s2), wide_ok,
-                             fp8_ok, tile_bmax, tiles_ok)
+                             fp8_ok, tile_bmax, tiles_ok, tile_bmax2, tiles_ok2)
     if w.fmt == "fp8":
         from dsv4.kernels.fp8_linear import _weight_scale_f32
 

@@ -73,6 +73,7 @@ WS_DOWN = False
 # re-encoded per 64-row tile, one FMA of promotion per element), the down GEMM unchanged. Prepared in session 35:
 # opt-in until measured
 FP8_GLU = False
+FP8_DOWN = False  # ... and the down GEMM the same way (z quantised by act_quant: codes and per-128 scales)
 # The Gluon GLU's weight pairs read in `moe_wide_async.pair_view` order PERM_K (0: as stored, 16-bit loads; 1:
 # 32-bit loads; 2: 64-bit loads), the activation's columns permuted to match by `dequantized_act` (its launch
 # exists anyway). 1 keeps each wgmma's set of k (bit-identical to 0); 2 moves k between the two wgmmas of a 32-wide
@@ -309,6 +310,11 @@ def fp8_glu_path(experts: PackedExperts, device: torch.device) -> bool:
     return FP8_GLU and experts.fmt == "mxfp4" and experts.fp8_tiles_ok and gluon_path(device)
 
 
+def fp8_down_path(experts: PackedExperts, device: torch.device) -> bool:
+    """Whether `moe_wide`'s down GEMM runs on FP8 operands (FP8_DOWN; as `fp8_glu_path`, for w2)."""
+    return FP8_DOWN and experts.fmt == "mxfp4" and experts.fp8_w2_tiles_ok and gluon_path(device)
+
+
 def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2):
     """The two GEMMs of `moe_wide` on FP8 operands (dsv4.kernels.moe_wide_fp8): x's act_quant codes and
     scales in, z as e4m3 codes + per-128 scales between them."""
@@ -334,18 +340,23 @@ def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, expe
     return y
 
 
-def _fp8_glu(x: torch.Tensor, args1: tuple, experts: PackedExperts, tiles: list, top_k: int, limit: float):
-    """`moe_wide`'s GLU on FP8 operands (dsv4.kernels.moe_glu_fp8) into args1's z, then its per-128
-    quantisation for the down GEMM."""
+def _fp8_gemm(x: torch.Tensor, args: tuple, experts: PackedExperts, tiles: list, top_k: int, limit: float,
+              glu: bool, requant: bool):
+    """One of `moe_wide`'s GEMMs on FP8 operands (dsv4.kernels.moe_glu_fp8) with args's output and routing
+    (`launch_args`): glu, x the tokens, z stored unquantised, then quantised per 128 for a bf16 down GEMM if
+    requant; else x is z, quantised here (act_quant) for the FP8 down GEMM into y."""
     from dsv4.kernels import moe_glu_fp8
     from dsv4.kernels.fp8_linear import act_quant
 
     xq, xs = act_quant(x)
-    z, sorted_ids, expert_ids, num_post, tw = args1[3:8]
+    out, sorted_ids, expert_ids, num_post, tw = args[3:8]
+    w, sw, tb = (experts.w13, experts.w13_scale, experts.w13_tile_bmax) if glu else \
+        (experts.w2, experts.w2_scale, experts.w2_tile_bmax)
     for tile_m, tile_list, rows in tiles:
-        moe_glu_fp8.launch(xq, xs, experts.w13, experts.w13_scale, experts.w13_tile_bmax, z, sorted_ids, expert_ids,
-                           num_post, tw, top_k, limit, rows, tile_m, ASYNC_GROUP_M, tile_list)
-    requant_rows(z)
+        moe_glu_fp8.launch(xq, xs, w, sw, tb, out, sorted_ids, expert_ids, num_post, tw, top_k, limit, rows, tile_m,
+                           glu, ASYNC_GROUP_M, tile_list)
+    if glu and requant:
+        requant_rows(out)
 
 
 def mixed_tiles(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -430,7 +441,7 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             raise ValueError(f"moe_wide: the FP8 path takes {FP8_BM}-row tiles (moe_align's bm), got {bm}")
         return _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2)
     gluon = gluon_path(x.device)
-    fp8_glu = fp8_glu_path(experts, x.device)
+    fp8_glu, fp8_down = fp8_glu_path(experts, x.device), fp8_down_path(experts, x.device)
     perm = PERM_K if gluon and not WS_GLU else 0  # (the WS kernel reads the pairs as stored)
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm,
                                   perm, act=not fp8_glu)
@@ -443,8 +454,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             tiles = [(128, big, big.numel()), (64, small, small.numel())]
         for a, n, glu, one, bn in ((args1, i, True, GLU_ONE_WARPGROUP, BLOCK),
                                    (args2, d, False, DOWN_ONE_WARPGROUP, bn2)):
-            if glu and fp8_glu:
-                _fp8_glu(x, a, experts, tiles, top_k, swiglu_limit)
+            if fp8_glu if glu else fp8_down:
+                _fp8_gemm(x if glu else a[0], a, experts, tiles, top_k, swiglu_limit, glu, requant=not fp8_down)
                 continue
             ws = WS_GLU if glu else WS_DOWN
             bn, warps = (64, 4) if one or (glu and ws) else (bn, num_warps)
@@ -455,7 +466,7 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
                                       tiles=tile_list, perm=perm if glu else 0, store_t=ASYNC_STORE_T)
-            if glu and bn != BLOCK:  # z was stored unquantised
+            if glu and bn != BLOCK and not fp8_down:  # z was stored unquantised
                 requant_rows(args1[3])
         return y
     meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,

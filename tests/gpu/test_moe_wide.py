@@ -377,14 +377,16 @@ def test_fp8_operands_match_the_reference(m, spread, poison, close_bf16, monkeyp
     close_bf16(y, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"FP8 wide m={m} spread={spread}")
 
 
-@pytest.mark.parametrize("m,spread,mixed,bm", [(5, 5, True, 64), (300, 11, True, 64), (700, 11, True, 64),
-                                               (400, 11, False, 128), (200, 3, False, 64)])
-def test_fp8_glu_matches_the_reference(m, spread, mixed, bm, poison, close_bf16, monkeypatch):
-    """moe_wide.FP8_GLU (dsv4.kernels.moe_glu_fp8): the GLU on FP8 MMAs, the weights re-encoded per 64-row x
-    128-wide tile relative to its largest scale (group scales up to `spread` below it), one promotion per block;
-    the down GEMM as before. Matches `fused_moe_ref` at the bf16 wide kernel's tolerance (block sums are the tensor
-    core's), over mixed tiles' lists (128- and 64-row programs) and plain 64- / 128-row alignments, skewed routing,
-    pairs held by another rank; and it is a different computation from the bf16 GLU (not bit-identical to it)."""
+@pytest.mark.parametrize("m,spread,mixed,bm,which", [
+    (5, 5, True, 64, "glu"), (300, 11, True, 64, "glu"), (700, 11, True, 64, "glu"), (400, 11, False, 128, "glu"),
+    (200, 3, False, 64, "glu"), (300, 11, True, 64, "down"), (400, 11, False, 128, "down"), (700, 11, True, 64, "both"),
+    (5, 11, True, 64, "both")])
+def test_fp8_glu_matches_the_reference(m, spread, mixed, bm, which, poison, close_bf16, monkeypatch):
+    """moe_wide.FP8_GLU / FP8_DOWN (dsv4.kernels.moe_glu_fp8): the GLU, the down GEMM or both on FP8 MMAs, the
+    weights re-encoded per 64-row x 128-wide tile relative to its largest scale (group scales up to `spread` below
+    it), one promotion per block. Matches `fused_moe_ref` at the bf16 wide kernel's tolerance (block sums are the
+    tensor core's), over mixed tiles' lists (128- and 64-row programs) and plain 64- / 128-row alignments, skewed
+    routing, pairs held by another rank; and it is a different computation from the bf16 one (not bit-identical)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _mxfp4_experts, _topk
@@ -399,21 +401,23 @@ def test_fp8_glu_matches_the_reference(m, spread, mixed, bm, poison, close_bf16,
         s = getattr(experts, name)
         setattr(experts, name, torch.randint(124 - spread, 125, s.shape, generator=gen, device=DEV, dtype=torch.uint8))
     packed = finalize_experts(experts)
-    assert packed.fp8_tiles_ok and packed.wide_ok
+    assert packed.fp8_tiles_ok and packed.fp8_w2_tiles_ok and packed.wide_ok
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     ids, w = _topk(m, e, 6, gen, skew=m >= 300)
     ids = torch.where(ids % 3 == 0, -1, ids) if m == 700 else ids
     cfg = dataclasses.replace(_wide(bm), mixed=mixed)
     base = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
-    monkeypatch.setattr(moe_wide, "FP8_GLU", True)
-    assert moe_wide.fp8_glu_path(packed, x.device)
+    monkeypatch.setattr(moe_wide, "FP8_GLU", which != "down")
+    monkeypatch.setattr(moe_wide, "FP8_DOWN", which != "glu")
+    assert moe_wide.fp8_glu_path(packed, x.device) == (which != "down")
+    assert moe_wide.fp8_down_path(packed, x.device) == (which != "glu")
     poison()
     got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     same = float((got == base).double().mean())
-    print(f"m={m} spread={spread} mixed={mixed} bm={bm}: {same:.4f} of outputs bit-identical to the bf16 GLU")
+    print(f"{which} m={m} spread={spread} mixed={mixed} bm={bm}: {same:.4f} of outputs bit-identical to bf16")
     assert same < 0.9
     close_bf16(got, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2,
-               what=f"FP8 GLU m={m} spread={spread}")
+               what=f"FP8 {which} m={m} spread={spread}")
 
 
 def test_fp8_glu_declines_tiles_past_the_spread(monkeypatch):
