@@ -155,6 +155,8 @@ CASES = {
     # the prefill MoE GLU on FP8 tensor cores (moe_glu_fp8: 128 tokens x 64 channels, two warpgroups)
     "moe_glu_fp8": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, GLU=True), 8, 1, GLU_FP8_DIV16),
     "moe_down_fp8": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, GLU=False), 8, 1, GLU_FP8_DIV16),
+    "moe_glu_fp8_bm64": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, BM=64, GLU=True), 4, 1,
+                         GLU_FP8_DIV16),
     # the indexer's prefill scores [T, N] (an entry count divisible by 16, as Triton specialises it)
     "prefill_scores": ("indexer_scores", "_prefill_scores_kernel",
                        dict(Q="*bf16", W="*fp32", K="*bf16", VIS="*i32", OUT="*bf16"),

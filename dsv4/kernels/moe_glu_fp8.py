@@ -149,7 +149,9 @@ if HAS_TRITON:
 
         x_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
         x_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, 128], x_sl)
-        w_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 2 * _R, 64], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        # the packed bytes: 64-byte rows, whose 32-byte halves swap every other pair of rows, so that the re-encode's
+        # 16-byte reads (a quarter warp: four rows' same half) meet no bank twice
+        w_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 2 * _R, 64], gl.SwizzledSharedLayout(32, 2, 2, order=[1, 0]))
         g_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
         wq0 = (gl.allocate_shared_memory(gl.float8e4nv, [2 * _R, 32], g_sl),
                gl.allocate_shared_memory(gl.float8e4nv, [2 * _R, 32], g_sl),
@@ -166,31 +168,46 @@ if HAS_TRITON:
         # block 0 into weight slot 0 and its MMAs in flight; then pairs of blocks: 2t + 1 (slot 1) re-encoded while
         # 2t runs, 2t + 2 (slot 0) while 2t + 1 runs; a block is promoted while the next one's MMAs run. The scales
         # of a block are loaded when it is re-encoded and carried to its promotion
+        # the weight scales a re-encode needs are loaded one block ahead (the global loads' latency would stall
+        # it, s35b: the top stall reason)
         bg_a = gl.load(tb_g).to(gl.int32)
         bu_a = gl.load(tb_u).to(gl.int32)
         sa_a = gl.load(sa_ptrs)
-        _stage(x_s, w_s, wq0, x_ptrs, x_mask, w_ptrs, gl.load(s_ptrs), gl.where(gate_row, bg_a, bu_a), 0, nblocks,
-               c_l, STAGES)
+        sc_a = gl.load(s_ptrs)
+        bn = gl.minimum(1, nblocks - 1)
+        bg_n = gl.load(tb_g + bn).to(gl.int32)
+        bu_n = gl.load(tb_u + bn).to(gl.int32)
+        sc_n = gl.load(s_ptrs + bn)
+        _stage(x_s, w_s, wq0, x_ptrs, x_mask, w_ptrs, sc_a, gl.where(gate_row, bg_a, bu_a), 0, nblocks, c_l, STAGES)
         zero = gl.zeros([BM, 2 * _R], gl.float32, layout=acc_l)
         pa = _mma(x_s, wq0, 0, zero, STAGES)
         pb = zero
         acc = gl.reshape(zero, [BM, 2, _R])
         for t in range((nblocks + 1) // 2):
             b1 = gl.minimum(2 * t + 1, nblocks - 1)  # (odd counts: the last pair repeats the last block)
-            bg_b = gl.load(tb_g + b1).to(gl.int32)
-            bu_b = gl.load(tb_u + b1).to(gl.int32)
+            bg_b = bg_n
+            bu_b = bu_n
+            sc_b = sc_n
             sa_b = gl.load(sa_ptrs + b1)
-            _stage(x_s, w_s, wq1, x_ptrs, x_mask, w_ptrs, gl.load(s_ptrs + b1), gl.where(gate_row, bg_b, bu_b), b1,
-                   nblocks, c_l, STAGES)
+            b2 = gl.minimum(2 * t + 2, nblocks - 1)
+            bg_n = gl.load(tb_g + b2).to(gl.int32)
+            bu_n = gl.load(tb_u + b2).to(gl.int32)
+            sc_n = gl.load(s_ptrs + b2)
+            _stage(x_s, w_s, wq1, x_ptrs, x_mask, w_ptrs, sc_b, gl.where(gate_row, bg_b, bu_b), b1, nblocks, c_l,
+                   STAGES)
             pa = warpgroup_mma_wait(num_outstanding=0, deps=[pa])
             pb = _mma(x_s, wq1, b1, pb, STAGES)
             acc = _promote(acc, pa, sa_a, bg_a, bu_a)
-            b2 = gl.minimum(2 * t + 2, nblocks - 1)
-            bg_a = gl.load(tb_g + b2).to(gl.int32)
-            bu_a = gl.load(tb_u + b2).to(gl.int32)
+            bg_a = bg_n
+            bu_a = bu_n
+            sc_a = sc_n
             sa_a = gl.load(sa_ptrs + b2)
-            _stage(x_s, w_s, wq0, x_ptrs, x_mask, w_ptrs, gl.load(s_ptrs + b2), gl.where(gate_row, bg_a, bu_a), b2,
-                   nblocks, c_l, STAGES)
+            b3 = gl.minimum(2 * t + 3, nblocks - 1)
+            bg_n = gl.load(tb_g + b3).to(gl.int32)
+            bu_n = gl.load(tb_u + b3).to(gl.int32)
+            sc_n = gl.load(s_ptrs + b3)
+            _stage(x_s, w_s, wq0, x_ptrs, x_mask, w_ptrs, sc_a, gl.where(gate_row, bg_a, bu_a), b2, nblocks, c_l,
+                   STAGES)
             pb = warpgroup_mma_wait(num_outstanding=0, deps=[pb])
             pa = _mma(x_s, wq0, b2, pa, STAGES)
             if 2 * t + 1 < nblocks:
