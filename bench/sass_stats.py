@@ -43,7 +43,7 @@ DOWN_B1_T = dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u
 DOWN_B1_C = dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, G=1, NC=16)
 DOWN_B1_DIV16 = ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")
 
-GLU_FP8_T = dict(A="*fp8e4nv", AS="*fp32", W="*u8", WS="*i32", TB="*u8", C="*bf16", SORTED="*i32",
+GLU_FP8_T = dict(A="*fp8e4nv", AS="*fp32", W="*u8", WS="*i32", TB="*i32", C="*bf16", SORTED="*i32",
                  EXPERT_IDS="*i32", NUM_POST="*i32", TOPK_W="*fp32", TILES="*i32", limit="fp32")
 GLU_FP8_C = dict(BM=128, STAGES=4, GROUP_M=4, LISTED=True)
 GLU_FP8_DIV16 = ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm", "stride_tbe", "stride_tbn")

@@ -62,7 +62,7 @@ def test_reencode_ok_looks_at_every_block_separately():
 def _tiles_brute(b: torch.Tensor, rows: int):
     """`fp8_tiles` by loops over every tile: (largest byte per tile, whether each admits the rule)."""
     e, n, g = b.shape
-    hi = torch.empty(e, n // rows, g // 4, dtype=torch.uint8)
+    hi = torch.empty(e, n // rows, g // 4, dtype=torch.int32)
     ok = True
     for x in range(e):
         for r in range(n // rows):

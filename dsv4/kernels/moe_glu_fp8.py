@@ -44,17 +44,21 @@ if HAS_TRITON:
     _R: gl.constexpr = gl.constexpr(ROWS)
 
     @gluon.jit
-    def _issue(x_s, w_s, x_ptrs, x_mask, w_ptrs, kb, nblocks, STAGES: gl.constexpr):
-        """cp.async of K block kb (the tokens' codes [BM, 128], the 128 weight rows' packed bytes [128, 64]) into
-        ring slot kb % STAGES; one commit group (empty past the end)."""
+    def _issue(x_s, w_s, v_s, x_ptrs, x_mask, w_ptrs, v_ptrs, kb, nblocks, STAGES: gl.constexpr):
+        """cp.async of K block kb (the tokens' codes [BM, 128], the 128 weight rows' packed bytes [128, 64], their
+        scale words and their tiles' largest bytes [2, 128]) into ring slot kb % STAGES; one commit group (empty
+        past the end)."""
         if kb < nblocks:
             slot = kb % STAGES
             async_copy.async_copy_global_to_shared(x_s.index(slot), x_ptrs + kb * 128, mask=x_mask)
             async_copy.async_copy_global_to_shared(w_s.index(slot), w_ptrs + kb * 64)
+            async_copy.async_copy_global_to_shared(v_s[0].index(slot), v_ptrs[0] + kb)
+            async_copy.async_copy_global_to_shared(v_s[1].index(slot), v_ptrs[1] + kb)
         async_copy.commit_group()
 
     @gluon.jit
-    def _stage(x_s, w_s, wq, x_ptrs, x_mask, w_ptrs, sc, bt, kb, nblocks, c_l: gl.constexpr, STAGES: gl.constexpr):
+    def _stage(x_s, w_s, v_s, wq, x_ptrs, x_mask, w_ptrs, v_ptrs, kb, nblocks, c_l: gl.constexpr,
+               STAGES: gl.constexpr):
         """Block kb: wait for its copies (every warp's), re-encode its weights into the weight slot wq (four
         [128, 32] buffers, one per 32-wide group; sc: the rows' scale words, bt: their tiles' largest byte), fence
         them for the tensor cores, then refill the ring STAGES - 2 blocks ahead (the slot of block kb - 2, whose
@@ -64,6 +68,8 @@ if HAS_TRITON:
         async_copy.wait_group(STAGES - 3)
         gl.thread_barrier()
         slot = kb % STAGES
+        sc = v_s[0].index(slot).load(gl.SliceLayout(1, c_l))
+        bt = v_s[1].index(slot).load(gl.SliceLayout(1, c_l))
         for h in gl.static_range(2):  # half h: low nibbles k 64h..64h+31 (group 2h), high ones the next 32
             wb = w_s.index(slot).slice(32 * h, 32, dim=1).load(c_l)
             lo, hi = _e2m1_e4m3(wb, bt - ((sc >> (16 * h)) & 0xFF), bt - ((sc >> (16 * h + 8)) & 0xFF))
@@ -71,7 +77,7 @@ if HAS_TRITON:
             wq[2 * h + 1].store(hi)
         fence_async_shared()
         gl.thread_barrier()
-        _issue(x_s, w_s, x_ptrs, x_mask, w_ptrs, kb + STAGES - 2, nblocks, STAGES)
+        _issue(x_s, w_s, v_s, x_ptrs, x_mask, w_ptrs, v_ptrs, kb + STAGES - 2, nblocks, STAGES)
 
     @gluon.jit
     def _mma(x_s, wq, kb, p, STAGES: gl.constexpr):
@@ -138,12 +144,14 @@ if HAS_TRITON:
         c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])
         wr = gl.arange(0, 2 * _R, layout=gl.SliceLayout(1, w_l))
         wch = pid_n * CH + wr % _R + (wr // _R) * up_off
-        w_ptrs = W + e * stride_we + wch[:, None].to(gl.int64) * stride_wn + gl.arange(0, 64, layout=gl.SliceLayout(0, w_l))[
-            None, :]
-        cr = gl.arange(0, 2 * _R, layout=gl.SliceLayout(1, c_l))
-        cch = pid_n * CH + cr % _R + (cr // _R) * up_off
-        s_ptrs = WS + e * stride_wse + cch.to(gl.int64) * stride_wsn
-        gate_row = cr < _R
+        wk = gl.arange(0, 64, layout=gl.SliceLayout(0, w_l))
+        w_ptrs = W + e * stride_we + wch[:, None].to(gl.int64) * stride_wn + wk[None, :]
+        # ... their scale words and their tiles' largest bytes (a word each), the re-encode's inputs, come through
+        # the ring as well: loaded a block ahead they still stalled it (s35c: long scoreboard)
+        v_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        vr = gl.arange(0, 2 * _R, layout=v_l)
+        vch = pid_n * CH + vr % _R + (vr // _R) * up_off  # (32-bit offsets from scalar bases: fewer registers)
+        v_ptrs = ((WS + e * stride_wse) + vch * stride_wsn, (TB + e * stride_tbe) + (vch // _R) * stride_tbn)
         tb_g = TB + e * stride_tbe + (pid_n * CH // _R) * stride_tbn
         tb_u = tb_g + (up_off // _R) * stride_tbn
 
@@ -152,6 +160,8 @@ if HAS_TRITON:
         # the packed bytes: 64-byte rows, whose 32-byte halves swap every other pair of rows, so that the re-encode's
         # 16-byte reads (a quarter warp: four rows' same half) meet no bank twice
         w_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 2 * _R, 64], gl.SwizzledSharedLayout(32, 2, 2, order=[1, 0]))
+        v_s = (gl.allocate_shared_memory(gl.int32, [STAGES, 2 * _R], gl.SwizzledSharedLayout(1, 1, 1, order=[0])),
+               gl.allocate_shared_memory(gl.int32, [STAGES, 2 * _R], gl.SwizzledSharedLayout(1, 1, 1, order=[0])))
         g_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
         wq0 = (gl.allocate_shared_memory(gl.float8e4nv, [2 * _R, 32], g_sl),
                gl.allocate_shared_memory(gl.float8e4nv, [2 * _R, 32], g_sl),
@@ -164,50 +174,32 @@ if HAS_TRITON:
 
         nblocks = K // 128
         for s in gl.static_range(STAGES - 2):
-            _issue(x_s, w_s, x_ptrs, x_mask, w_ptrs, s, nblocks, STAGES)
+            _issue(x_s, w_s, v_s, x_ptrs, x_mask, w_ptrs, v_ptrs, s, nblocks, STAGES)
         # block 0 into weight slot 0 and its MMAs in flight; then pairs of blocks: 2t + 1 (slot 1) re-encoded while
         # 2t runs, 2t + 2 (slot 0) while 2t + 1 runs; a block is promoted while the next one's MMAs run. The scales
         # of a block are loaded when it is re-encoded and carried to its promotion
-        # the weight scales a re-encode needs are loaded one block ahead (the global loads' latency would stall
-        # it, s35b: the top stall reason)
-        bg_a = gl.load(tb_g).to(gl.int32)
-        bu_a = gl.load(tb_u).to(gl.int32)
+        bg_a = gl.load(tb_g)
+        bu_a = gl.load(tb_u)
         sa_a = gl.load(sa_ptrs)
-        sc_a = gl.load(s_ptrs)
-        bn = gl.minimum(1, nblocks - 1)
-        bg_n = gl.load(tb_g + bn).to(gl.int32)
-        bu_n = gl.load(tb_u + bn).to(gl.int32)
-        sc_n = gl.load(s_ptrs + bn)
-        _stage(x_s, w_s, wq0, x_ptrs, x_mask, w_ptrs, sc_a, gl.where(gate_row, bg_a, bu_a), 0, nblocks, c_l, STAGES)
+        _stage(x_s, w_s, v_s, wq0, x_ptrs, x_mask, w_ptrs, v_ptrs, 0, nblocks, c_l, STAGES)
         zero = gl.zeros([BM, 2 * _R], gl.float32, layout=acc_l)
         pa = _mma(x_s, wq0, 0, zero, STAGES)
         pb = zero
         acc = gl.reshape(zero, [BM, 2, _R])
         for t in range((nblocks + 1) // 2):
             b1 = gl.minimum(2 * t + 1, nblocks - 1)  # (odd counts: the last pair repeats the last block)
-            bg_b = bg_n
-            bu_b = bu_n
-            sc_b = sc_n
+            bg_b = gl.load(tb_g + b1)
+            bu_b = gl.load(tb_u + b1)
             sa_b = gl.load(sa_ptrs + b1)
-            b2 = gl.minimum(2 * t + 2, nblocks - 1)
-            bg_n = gl.load(tb_g + b2).to(gl.int32)
-            bu_n = gl.load(tb_u + b2).to(gl.int32)
-            sc_n = gl.load(s_ptrs + b2)
-            _stage(x_s, w_s, wq1, x_ptrs, x_mask, w_ptrs, sc_b, gl.where(gate_row, bg_b, bu_b), b1, nblocks, c_l,
-                   STAGES)
+            _stage(x_s, w_s, v_s, wq1, x_ptrs, x_mask, w_ptrs, v_ptrs, b1, nblocks, c_l, STAGES)
             pa = warpgroup_mma_wait(num_outstanding=0, deps=[pa])
             pb = _mma(x_s, wq1, b1, pb, STAGES)
             acc = _promote(acc, pa, sa_a, bg_a, bu_a)
-            bg_a = bg_n
-            bu_a = bu_n
-            sc_a = sc_n
+            b2 = gl.minimum(2 * t + 2, nblocks - 1)
+            bg_a = gl.load(tb_g + b2)
+            bu_a = gl.load(tb_u + b2)
             sa_a = gl.load(sa_ptrs + b2)
-            b3 = gl.minimum(2 * t + 3, nblocks - 1)
-            bg_n = gl.load(tb_g + b3).to(gl.int32)
-            bu_n = gl.load(tb_u + b3).to(gl.int32)
-            sc_n = gl.load(s_ptrs + b3)
-            _stage(x_s, w_s, wq0, x_ptrs, x_mask, w_ptrs, sc_a, gl.where(gate_row, bg_a, bu_a), b2, nblocks, c_l,
-                   STAGES)
+            _stage(x_s, w_s, v_s, wq0, x_ptrs, x_mask, w_ptrs, v_ptrs, b2, nblocks, c_l, STAGES)
             pb = warpgroup_mma_wait(num_outstanding=0, deps=[pb])
             pa = _mma(x_s, wq0, b2, pa, STAGES)
             if 2 * t + 1 < nblocks:

@@ -64,10 +64,11 @@ class PackedExperts:
     w2_scale: torch.Tensor  # mxfp4: int32 [E, D, I/128]; fp8: fp32 [E, D/128, I/128]
     wide_ok: bool = False  # mxfp4 with every scale byte <= WIDE_MAX_SCALE_BYTE: dsv4.kernels.moe_wide applies
     fp8_ok: bool = False  # mxfp4 whose 128-wide K blocks re-encode exactly to e4m3 (`fp8_reencode_ok`)
-    # mxfp4: uint8 [E, 2I/64, D/128], the largest scale byte of each 64-row x 128-wide w13 tile (moe_glu_fp8)
+    # mxfp4: int32 [E, 2I/64, D/128], the largest scale byte of each 64-row x 128-wide w13 tile (moe_glu_fp8; a
+    # word each, so that the kernel's cp.async ring can bring it with the block)
     w13_tile_bmax: torch.Tensor | None = None
     fp8_tiles_ok: bool = False  # ... and every group scale of a tile within FP8_MAX_SCALE_SPREAD of it (`fp8_tiles`)
-    w2_tile_bmax: torch.Tensor | None = None  # the same for w2: uint8 [E, D/64, I/128]
+    w2_tile_bmax: torch.Tensor | None = None  # the same for w2: int32 [E, D/64, I/128]
     fp8_w2_tiles_ok: bool = False
 
 
@@ -106,13 +107,14 @@ def fp8_reencode_ok(b: torch.Tensor) -> bool:
 
 
 def fp8_tiles(b: torch.Tensor, rows: int = 64) -> tuple[torch.Tensor, bool]:
-    """E8M0 group scales b uint8 [E, N, K/32] -> (the largest byte of each rows x 128-wide tile, uint8 [E, N/rows,
+    """E8M0 group scales b uint8 [E, N, K/32] -> (the largest byte of each rows x 128-wide tile, int32 [E, N/rows,
     K/128]; whether every tile re-encodes exactly to e4m3 relative to it, dsv4.kernels.moe_glu_fp8: its bytes
     within FP8_MAX_SCALE_SPREAD of the largest, which is >= FP8_MIN_BLOCK_SCALE)."""
     e, n, g = b.shape
     t = b.reshape(e, n // rows, rows, g // 4, 4)
     hi, lo = t.amax((2, 4)), t.amin((2, 4))
-    return hi.contiguous(), bool(((hi - lo <= FP8_MAX_SCALE_SPREAD) & (hi >= FP8_MIN_BLOCK_SCALE)).all())
+    ok = bool(((hi - lo <= FP8_MAX_SCALE_SPREAD) & (hi >= FP8_MIN_BLOCK_SCALE)).all())
+    return hi.to(torch.int32).contiguous(), ok
 
 
 def finalize_experts(w: ExpertWeights) -> PackedExperts:
