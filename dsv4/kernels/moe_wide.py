@@ -70,10 +70,18 @@ WIDE_FP8 = False
 WS_GLU = False
 WS_DOWN = False
 # The GLU on FP8 tensor cores (dsv4.kernels.moe_glu_fp8, Gluon: 128 tokens x 64 channels per program, the weights
-# re-encoded per 64-row tile, one FMA of promotion per element), the down GEMM unchanged. Prepared in session 35:
-# opt-in until measured
+# re-encoded per 64-row tile, one FMA of promotion per element). Slower than the bf16 GLU (s35d, Flash MoE call, ms
+# L2-flushed, default vs FP8 GLU only: M = 2048 2.14 vs 2.43, 4096 3.42 vs 3.65, 8192 6.17 vs 6.76; Nsight: 35 %
+# issue-active, latency-bound at two warps per scheduler), so opt-in
 FP8_GLU = False
-FP8_DOWN = False  # ... and the down GEMM the same way (z quantised by act_quant: codes and per-128 scales)
+# ... and the down GEMM the same way (z quantised by act_quant: codes and per-128 scales), from
+# FP8_DOWN_MIN_PAIRS_PER_EXPERT pairs per expert. Flash MoE call, ms L2-flushed, default (bf16 down) vs FP8 down:
+# s35d M = 2048 (48 pairs per expert) 2.14 vs 2.12, 4096 (96) 3.42 vs 3.30, 8192 6.17 vs 6.04; s35e M = 1024 2.09
+# vs 2.07, 2048 2.14 vs 2.19, 8192 6.22 vs 5.94, 16384 11.78 vs 10.91; Pro (384 experts) M = 2048 (32) 7.61 vs 7.82,
+# 8192 (128) 17.69 vs 16.76; 8 Flash layers' 8K prefill 98-99 -> 94-97 ms. The block sums are the FP8 MMA's with
+# the per-128 promotion, as in DeepSeek's FP8 GEMMs: 91 % of outputs bit-identical to the bf16 down, rel 1.1e-3
+FP8_DOWN = True
+FP8_DOWN_MIN_PAIRS_PER_EXPERT = 96
 # The Gluon GLU's weight pairs read in `moe_wide_async.pair_view` order PERM_K (0: as stored, 16-bit loads; 1:
 # 32-bit loads; 2: 64-bit loads), the activation's columns permuted to match by `dequantized_act` (its launch
 # exists anyway). 1 keeps each wgmma's set of k (bit-identical to 0); 2 moves k between the two wgmmas of a 32-wide
@@ -310,9 +318,11 @@ def fp8_glu_path(experts: PackedExperts, device: torch.device) -> bool:
     return FP8_GLU and experts.fmt == "mxfp4" and experts.fp8_tiles_ok and gluon_path(device)
 
 
-def fp8_down_path(experts: PackedExperts, device: torch.device) -> bool:
-    """Whether `moe_wide`'s down GEMM runs on FP8 operands (FP8_DOWN; as `fp8_glu_path`, for w2)."""
-    return FP8_DOWN and experts.fmt == "mxfp4" and experts.fp8_w2_tiles_ok and gluon_path(device)
+def fp8_down_path(experts: PackedExperts, device: torch.device, num_pairs: int) -> bool:
+    """Whether `moe_wide`'s down GEMM runs on FP8 operands (FP8_DOWN from FP8_DOWN_MIN_PAIRS_PER_EXPERT (token, slot)
+    pairs per expert, as `pick_moe_config` counts them; as `fp8_glu_path`, for w2)."""
+    many = num_pairs >= FP8_DOWN_MIN_PAIRS_PER_EXPERT * experts.num_experts
+    return FP8_DOWN and many and experts.fmt == "mxfp4" and experts.fp8_w2_tiles_ok and gluon_path(device)
 
 
 def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2):
@@ -441,7 +451,7 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             raise ValueError(f"moe_wide: the FP8 path takes {FP8_BM}-row tiles (moe_align's bm), got {bm}")
         return _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2)
     gluon = gluon_path(x.device)
-    fp8_glu, fp8_down = fp8_glu_path(experts, x.device), fp8_down_path(experts, x.device)
+    fp8_glu, fp8_down = fp8_glu_path(experts, x.device), fp8_down_path(experts, x.device, topk_weights.numel())
     perm = PERM_K if gluon and not WS_GLU else 0  # (the WS kernel reads the pairs as stored)
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm,
                                   perm, act=not fp8_glu)

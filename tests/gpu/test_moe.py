@@ -155,6 +155,40 @@ def test_fused_moe_real_dims(model, poison, close_bf16):
             close_bf16(fused_moe(x, ids, w, packed, config=cfg), ref, rel=1e-2, what=f"{model} m={m} {cfg}")
 
 
+@pytest.mark.parametrize("model", ["flash", "pro"])
+def test_fp8_down_is_the_default_from_its_threshold(model, poison, close_bf16, monkeypatch):
+    """`fused_moe`'s prefill path runs the down GEMM on FP8 MMAs (moe_wide.FP8_DOWN) from
+    FP8_DOWN_MIN_PAIRS_PER_EXPERT pairs per expert: at the threshold (real D and I) the default is a different
+    computation from the bf16 down GEMM (not bit-identical) and matches the reference; one token below it the
+    default is the bf16 down GEMM's bits."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from dsv4.kernels import moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
+
+    e, k = 8, 6
+    d, i = (4096, 2048) if model == "flash" else (7168, 3072)
+    gen = torch.Generator(DEV).manual_seed(7 + len(model))
+    experts = _mxfp4_experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    at = -(-moe_wide.FP8_DOWN_MIN_PAIRS_PER_EXPERT * e // k)  # tokens whose pairs reach the threshold
+    for m, fp8 in ((at, True), (at - 1, False)):
+        x = torch.randn(m, d, generator=gen, device=DEV).to(torch.bfloat16)
+        ids, w = _topk(m, e, k, gen)
+        assert moe_wide.fp8_down_path(packed, x.device, ids.numel()) is fp8
+        poison()
+        got = fused_moe(x, ids, w, packed, out_dtype=torch.float32)
+        with monkeypatch.context() as mp:
+            mp.setattr(moe_wide, "FP8_DOWN", False)
+            bf16 = fused_moe(x, ids, w, packed, out_dtype=torch.float32)
+        if fp8:
+            assert float((got == bf16).double().mean()) < 0.99
+            close_bf16(got, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2,
+                       what=f"{model} FP8 down m={m}")
+        else:
+            assert torch.equal(got, bf16)
+
+
 def test_finalize_rejects_bad_scales():
     from dsv4.kernels.moe import finalize_experts
 

@@ -13,6 +13,15 @@ DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
+@pytest.fixture(autouse=True)
+def _bf16_down(monkeypatch):
+    """These tests are about the bf16 kernels (and compare them bit for bit): the FP8 down GEMM, default from
+    `moe_wide.FP8_DOWN_MIN_PAIRS_PER_EXPERT` on, stays off unless a test turns it on
+    (tests/gpu/test_moe.py checks the default)."""
+    from dsv4.kernels import moe_wide
+    monkeypatch.setattr(moe_wide, "FP8_DOWN", False)
+
+
 from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: E402
 
 if HAS_TRITON:
@@ -409,8 +418,9 @@ def test_fp8_glu_matches_the_reference(m, spread, mixed, bm, which, poison, clos
     base = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     monkeypatch.setattr(moe_wide, "FP8_GLU", which != "down")
     monkeypatch.setattr(moe_wide, "FP8_DOWN", which != "glu")
+    monkeypatch.setattr(moe_wide, "FP8_DOWN_MIN_PAIRS_PER_EXPERT", 0)
     assert moe_wide.fp8_glu_path(packed, x.device) == (which != "down")
-    assert moe_wide.fp8_down_path(packed, x.device) == (which != "glu")
+    assert moe_wide.fp8_down_path(packed, x.device, ids.numel()) == (which != "glu")
     poison()
     got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     same = float((got == base).double().mean())
