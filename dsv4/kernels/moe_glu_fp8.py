@@ -21,7 +21,8 @@ Here both costs are halved:
 The products are the reference's exactly (e4m3 codes times e2m1 values, both scales powers of two); each block's
 sum is the FP8 MMA's (as in DeepSeek's own FP8 block GEMMs), so the outputs match `fused_moe_ref` statistically.
 z (swiglu clamp, routing weight) is stored unquantised in sorted order; `moe_wide.requant_rows` quantises it per
-128 channels for the down GEMM, as after the 64-channel bf16 GLU. Opt-in: `moe_wide.FP8_GLU`.
+128 channels for the down GEMM, as after the 64-channel bf16 GLU. The GLU is opt-in (`moe_wide.FP8_GLU`: slower than
+the bf16 GLU, s35d); the down GEMM (`moe_wide.FP8_DOWN`) is the default from 96 pairs per expert.
 """
 from __future__ import annotations
 
@@ -138,8 +139,8 @@ if HAS_TRITON:
         _, _, srows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, acc_l), GLU)
         sa_ptrs = AS + srows * stride_asm
 
-        # weight rows: the program's 64 gate channels, then the same 64 up channels (packed bytes 16 per thread,
-        # scale words one row per two threads of the re-encode layout)
+        # weight rows: the program's 64 gate channels, then the same 64 up channels (packed bytes 16 per thread; the
+        # re-encode layout c_l: one row per two threads)
         w_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
         c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])
         wr = gl.arange(0, 2 * _R, layout=gl.SliceLayout(1, w_l))
