@@ -356,6 +356,18 @@ def test_store_t_epilogue_is_bit_identical(bm, mixed, m, poison, monkeypatch):
     assert torch.equal(got, want), float((got == want).double().mean())
 
 
+def _spread_experts(e: int, d: int, i: int, spread: int, gen: torch.Generator):
+    """Random MXFP4 experts whose group scale bytes lie in [124 - spread, 124] (re-encodable to e4m3 relative to a
+    block's or tile's largest byte while spread <= 11)."""
+    from test_moe import _mxfp4_experts
+
+    experts = _mxfp4_experts(e, d, i, gen)
+    for name in ("w1_scale", "w3_scale", "w2_scale"):
+        s = getattr(experts, name)
+        setattr(experts, name, torch.randint(124 - spread, 125, s.shape, generator=gen, device=DEV, dtype=torch.uint8))
+    return experts
+
+
 @pytest.mark.parametrize("m,spread", [(5, 5), (300, 11), (700, 11)])
 def test_fp8_operands_match_the_reference(m, spread, poison, close_bf16, monkeypatch):
     """moe_wide.WIDE_FP8: the MXFP4 weights re-encoded to e4m3 per 128-wide block relative to its largest scale
@@ -364,7 +376,7 @@ def test_fp8_operands_match_the_reference(m, spread, poison, close_bf16, monkeyp
     (at the bf16 wide kernel's tolerance)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
-    from test_moe import _mxfp4_experts, _topk
+    from test_moe import _topk
 
     from dsv4.kernels import moe_wide
     from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
@@ -372,10 +384,7 @@ def test_fp8_operands_match_the_reference(m, spread, poison, close_bf16, monkeyp
     monkeypatch.setattr(moe_wide, "WIDE_FP8", True)
     e, d, i, k = 16, 512, 384, 6  # 3 blocks of K in GEMM2: an odd count (the repeated last block)
     gen = torch.Generator(DEV).manual_seed(m + spread)
-    experts = _mxfp4_experts(e, d, i, gen)
-    for name in ("w1_scale", "w3_scale", "w2_scale"):
-        s = getattr(experts, name)
-        setattr(experts, name, torch.randint(124 - spread, 125, s.shape, generator=gen, device=DEV, dtype=torch.uint8))
+    experts = _spread_experts(e, d, i, spread, gen)
     packed = finalize_experts(experts)
     assert packed.fp8_ok and packed.wide_ok
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
@@ -398,17 +407,14 @@ def test_fp8_glu_matches_the_reference(m, spread, mixed, bm, which, poison, clos
     routing, pairs held by another rank; and it is a different computation from the bf16 one (not bit-identical)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
-    from test_moe import _mxfp4_experts, _topk
+    from test_moe import _topk
 
     from dsv4.kernels import moe_wide
     from dsv4.kernels.moe import finalize_experts, fused_moe, fused_moe_ref
 
     e, d, i = 8, 1024, 512
     gen = torch.Generator(DEV).manual_seed(m + spread)
-    experts = _mxfp4_experts(e, d, i, gen)
-    for name in ("w1_scale", "w3_scale", "w2_scale"):
-        s = getattr(experts, name)
-        setattr(experts, name, torch.randint(124 - spread, 125, s.shape, generator=gen, device=DEV, dtype=torch.uint8))
+    experts = _spread_experts(e, d, i, spread, gen)
     packed = finalize_experts(experts)
     assert packed.fp8_tiles_ok and packed.fp8_w2_tiles_ok and packed.wide_ok
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
