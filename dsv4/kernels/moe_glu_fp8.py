@@ -39,7 +39,7 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-    from dsv4.kernels.moe_wide_async import block_rows, launch_order
+    from dsv4.kernels.moe_wide_async import block_rows, launch_order, tile_block
     from dsv4.kernels.moe_wide_fp8 import _e2m1_e4m3
 
     _R: gl.constexpr = gl.constexpr(ROWS)
@@ -118,17 +118,10 @@ if HAS_TRITON:
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                         instr_shape=[16, 2 * _R, 32])
         pid_m, pid_n = launch_order(GROUP_M)
-        if LISTED:  # program pid_m's tile starts at 64-row block TILES[pid_m] of a 64-row alignment (-1: none)
-            blk = gl.load(TILES + pid_m)
-            if blk < 0:
-                return
-            row0 = blk * 64
-            e = gl.load(EXPERT_IDS + blk).to(gl.int64)
-        else:
-            row0 = pid_m * BM
-            if row0 >= gl.load(NUM_POST):
-                return
-            e = gl.load(EXPERT_IDS + pid_m).to(gl.int64)
+        blk, row0, live = tile_block(TILES, NUM_POST, pid_m, BM, LISTED)
+        if not live:
+            return
+        e = gl.load(EXPERT_IDS + blk).to(gl.int64)
 
         # the tokens' codes (16 bytes per thread) and, in the accumulator's rows, their scales
         x_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])

@@ -70,6 +70,20 @@ if HAS_TRITON:
         return slots, valid, rows
 
     @gluon.jit
+    def tile_block(TILES, NUM_POST, pid_m, BM: gl.constexpr, LISTED: gl.constexpr):
+        """Program pid_m's tile: (its first 64-row block, TILES[pid_m] of a 64-row alignment when LISTED, else block
+        pid_m of a BM-row alignment; its first sorted row; whether it has one: TILES -1, or past NUM_POST)."""
+        if LISTED:
+            blk = gl.load(TILES + pid_m)
+            live = blk >= 0
+            row0 = blk * 64
+        else:
+            blk = pid_m
+            row0 = pid_m * BM
+            live = row0 < gl.load(NUM_POST)
+        return blk, row0, live
+
+    @gluon.jit
     def launch_order(GROUP_M: gl.constexpr):
         """(row block, column tile) of this program: GROUP_M row blocks x every column tile, then the next GROUP_M
         blocks (0: the grid's own order, row block fastest)."""
@@ -380,17 +394,10 @@ if HAS_TRITON:
                                              order=[1, 0])
         x_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
         pid_m, pid_n = launch_order(GROUP_M)
-        if LISTED:  # program pid_m's tile starts at 64-row block TILES[pid_m] of a 64-row alignment (-1: none)
-            blk = gl.load(TILES + pid_m)
-            if blk < 0:
-                return
-            row0 = blk * 64
-            e = gl.load(EXPERT_IDS + blk).to(gl.int64)
-        else:
-            row0 = pid_m * BM
-            if row0 >= gl.load(NUM_POST):
-                return
-            e = gl.load(EXPERT_IDS + pid_m).to(gl.int64)
+        blk, row0, live = tile_block(TILES, NUM_POST, pid_m, BM, LISTED)
+        if not live:
+            return
+        e = gl.load(EXPERT_IDS + blk).to(gl.int64)
 
         # activation rows of the block (GLU: the pairs' tokens; GEMM2: z in sorted order), 32 columns per group
         _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
