@@ -47,8 +47,8 @@ if HAS_TRITON:
     @gluon.jit
     def _issue(x_s, w_s, v_s, x_ptrs, x_mask, w_ptrs, v_ptrs, kb, nblocks, STAGES: gl.constexpr):
         """cp.async of K block kb (the tokens' codes [BM, 128], the 128 weight rows' packed bytes [128, 64], their
-        scale words and their tiles' largest bytes [2, 128]) into ring slot kb % STAGES; one commit group (empty
-        past the end)."""
+        scale words [128] and their tiles' largest bytes [128], v_s's two rings) into ring slot kb % STAGES; one
+        commit group (empty past the end)."""
         if kb < nblocks:
             slot = kb % STAGES
             async_copy.async_copy_global_to_shared(x_s.index(slot), x_ptrs + kb * 128, mask=x_mask)
