@@ -236,7 +236,7 @@ def random_experts(e: int, d: int, i: int, fmt: str) -> PackedExperts:
         tile_bmax, tiles_ok = fp8_tiles(s13.view(torch.uint8).view(e, 2 * i, d // 32))
         tile_bmax2, tiles_ok2 = fp8_tiles(s2.view(torch.uint8).view(e, d, i // 32))
         return PackedExperts("mxfp4", e, d, i, u8(e, 2 * i, d // 2), s13, u8(e, d, i // 2), s2, wide_ok=True,
-                             fp8_ok=True, w13_tile_bmax=tile_bmax, fp8_tiles_ok=tiles_ok, w2_tile_bmax=tile_bmax2,
+                             w13_tile_bmax=tile_bmax, fp8_tiles_ok=tiles_ok, w2_tile_bmax=tile_bmax2,
                              fp8_w2_tiles_ok=tiles_ok2)
         # (scale bytes <= 128, within 6 of each other)
     w13 = torch.empty(e, 2 * i, d, device=DEV, dtype=torch.float8_e4m3fn)

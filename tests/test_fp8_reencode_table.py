@@ -1,15 +1,15 @@
-"""The MXFP4 -> e4m3 re-encode of dsv4.kernels.moe_wide_fp8, checked on the CPU where it is plain data:
+"""The MXFP4 -> e4m3 re-encode of dsv4.kernels.e4m3_reencode, checked on the CPU where it is plain data:
 its prmt table (T8_LO / T8_HI) less d per exponent field must be e4m3 bytes of e2m1(code) * 2^(6 - d) for every
 code and every d the exactness rule admits; its PTX (`e4m3_pair_asm`, run here by a small interpreter of the
 few integer instructions it uses) must give those bytes for every packed byte value in every lane and every
-pair of group spreads; and `fp8_reencode_ok` must admit exactly those blocks."""
+pair of group spreads; and `fp8_tiles` must admit exactly those tiles (one row: the rule per 128-wide block)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dsv4.kernels.moe_layout import FP8_MAX_SCALE_SPREAD, FP8_MIN_BLOCK_SCALE, fp8_reencode_ok, fp8_tiles
-from dsv4.kernels.moe_wide_fp8 import T8_HI, T8_LO, e4m3_pair_asm
+from dsv4.kernels.e4m3_reencode import T8_HI, T8_LO, e4m3_pair_asm
+from dsv4.kernels.moe_layout import FP8_MAX_SCALE_SPREAD, FP8_MIN_BLOCK_SCALE, fp8_tiles
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -37,6 +37,11 @@ def test_one_more_step_would_leave_the_normal_range():
     assert byte >> 3 == 0
 
 
+def _block_ok(b: torch.Tensor) -> bool:
+    """The rule per row and 128-wide block: `fp8_tiles` with one-row tiles on scale bytes [N, K/32]."""
+    return fp8_tiles(b[None], rows=1)[1]
+
+
 def _blocks(spread: int, bmax: int, rows: int = 3) -> torch.Tensor:
     """[rows, 8] scale bytes: two 128-wide blocks, the first with exactly this spread and largest byte."""
     b = torch.full((rows, 8), bmax, dtype=torch.uint8)
@@ -48,15 +53,15 @@ def _blocks(spread: int, bmax: int, rows: int = 3) -> torch.Tensor:
                                             (FP8_MAX_SCALE_SPREAD + 1, 127, False),
                                             (0, FP8_MIN_BLOCK_SCALE, True), (0, FP8_MIN_BLOCK_SCALE - 1, False)])
 def test_reencode_ok_admits_exactly_the_rule(spread, bmax, ok):
-    assert fp8_reencode_ok(_blocks(spread, bmax)) is ok
+    assert _block_ok(_blocks(spread, bmax)) is ok
 
 
 def test_reencode_ok_looks_at_every_block_separately():
     """Bytes 20 apart in different blocks are fine; within one block they are not."""
     b = torch.tensor([[120, 120, 120, 120, 100, 100, 100, 100]], dtype=torch.uint8)
-    assert fp8_reencode_ok(b)
+    assert _block_ok(b)
     b[0, 3] = 100
-    assert not fp8_reencode_ok(b)
+    assert not _block_ok(b)
 
 
 def _tiles_brute(b: torch.Tensor, rows: int):
@@ -87,13 +92,12 @@ def test_fp8_tiles_against_loops(rows):
     hi, ok = fp8_tiles(b, rows)
     want_hi, want_ok = _tiles_brute(b, rows)
     assert torch.equal(hi, want_hi) and ok is want_ok is False
-    assert fp8_reencode_ok(torch.tensor([[120, 120, 120, 120]], dtype=torch.uint8))  # (per row it would pass)
 
 
 def test_fp8_tiles_spread_across_rows():
     """Rows that pass one by one (each uniform) fail as a tile when they are 12 apart."""
     b = torch.tensor([[[120] * 4], [[108] * 4]], dtype=torch.uint8).reshape(1, 2, 4)
-    assert fp8_reencode_ok(b)
+    assert _block_ok(b[0])
     assert not fp8_tiles(b, 2)[1]
     assert fp8_tiles(b, 1)[1]
 

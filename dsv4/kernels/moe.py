@@ -418,9 +418,7 @@ def fused_moe(
     mixed = False
     if wide:
         from dsv4.kernels import moe_wide as mw
-        if mw.fp8_path(experts, x.device):  # FP8 operands: their own tile height
-            cfg = dataclasses.replace(cfg, bm=mw.FP8_BM)
-        elif cfg.mixed and cfg.bm == 128 and mw.gluon_path(x.device):  # 128 + 64-row tiles on 64-row blocks
+        if cfg.mixed and cfg.bm == 128 and mw.gluon_path(x.device):  # 128 + 64-row tiles on 64-row blocks
             cfg, mixed = dataclasses.replace(cfg, bm=64), True
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, e, cfg.bm)
     if wide:

@@ -3,15 +3,16 @@ weights re-encoded to e4m3 per 64-row x 128-wide tile on the fly.
 
 Why (docs/kernels_e2e_notes.md, sessions 11, 28, 33): the bf16 GLU (`moe_wide_async`) is bound by its chain of
 register-operand MMAs at ≈ 58 % of the bf16 tensor pipe, so #5's 50 % of the FP8 peak is out of its reach;
-`moe_wide_fp8` (session 11) ran FP8 MMAs but spent ≈ 2x the MMA time in instructions: 64-token tiles (the
-re-encode of each weight served 64 tokens) and a promotion of two multiplies per element (a scale per weight row).
+session 11's `moe_wide_fp8` (removed in session 36) ran FP8 MMAs but spent ≈ 2x the MMA time in instructions:
+64-token tiles (the re-encode of each weight served 64 tokens) and a promotion of two multiplies per element (a
+scale per weight row).
 Here both costs are halved:
 
     tile          BM = 128 sorted pairs (two warpgroups, one per 64 tokens: the MMA's M) x 128 weight rows (the
                   program's 64 gate rows and its 64 up rows: N), K in 128-wide blocks
     weight scale  one per 64-row x 128-wide tile (`PackedExperts.w13_tile_bmax`): code * 2^(b_g - 127) ==
                   e4m3(e2m1(code) * 2^(6 - d_g)) * 2^(bmax - 133) with d_g = bmax - b_g <= 11 (`fp8_tiles_ok`;
-                  the prmt table of `moe_wide_fp8._e2m1_e4m3`), so the promotion is one FMA per element:
+                  the prmt table of `e4m3_reencode._e2m1_e4m3`), so the promotion is one FMA per element:
                   acc += p * (sa[token] * 2^(bmax - 133)) with sa the activation's scale (act_quant, per 128)
     loop          the block's e4m3 weights are written to a 2-slot shared-memory buffer by all eight warps while
                   the previous block's MMAs run; the MMAs read both operands from shared memory (A = the tokens'
@@ -40,7 +41,7 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     from dsv4.kernels.moe_wide_async import block_rows, launch_order, tile_block
-    from dsv4.kernels.moe_wide_fp8 import _e2m1_e4m3
+    from dsv4.kernels.e4m3_reencode import _e2m1_e4m3
 
     _R: gl.constexpr = gl.constexpr(ROWS)
 

@@ -17,8 +17,8 @@ BLOCK = 128
 GROUP = 32
 MAX_FP4_SCALE_BYTE = 248  # the kernel builds 2^(b - 121) from fp32 exponent bits
 WIDE_MAX_SCALE_BYTE = 128  # dsv4.kernels.moe_wide builds 2^(b - 1) from fp32 exponent bits
-FP8_MAX_SCALE_SPREAD = 11  # moe_wide_fp8's e4m3 re-encode: a group's scale byte at most 11 below its block's largest
-FP8_MIN_BLOCK_SCALE = 7  # ... and the block scale 2^(bmax - 133) an fp32 normal
+FP8_MAX_SCALE_SPREAD = 11  # the e4m3 re-encode (e4m3_reencode): a group's scale byte <= 11 below its tile's largest
+FP8_MIN_BLOCK_SCALE = 7  # ... and the tile scale 2^(bmax - 133) an fp32 normal
 
 
 @dataclass
@@ -63,7 +63,6 @@ class PackedExperts:
     w2: torch.Tensor  # mxfp4: uint8 [E, D, I/2] repacked; fp8: e4m3 [E, D, I]
     w2_scale: torch.Tensor  # mxfp4: int32 [E, D, I/128]; fp8: fp32 [E, D/128, I/128]
     wide_ok: bool = False  # mxfp4 with every scale byte <= WIDE_MAX_SCALE_BYTE: dsv4.kernels.moe_wide applies
-    fp8_ok: bool = False  # mxfp4 whose 128-wide K blocks re-encode exactly to e4m3 (`fp8_reencode_ok`)
     # mxfp4: int32 [E, 2I/64, D/128], the largest scale byte of each 64-row x 128-wide w13 tile (moe_glu_fp8; a
     # word each, so that the kernel's cp.async ring can bring it with the block)
     w13_tile_bmax: torch.Tensor | None = None
@@ -97,15 +96,6 @@ def _pack_group_scales(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.int32).view(e, n, g // 4)
 
 
-def fp8_reencode_ok(b: torch.Tensor) -> bool:
-    """Whether every row's 128-wide K block of E8M0 group scales b [..., K/32] re-encodes exactly to e4m3
-    relative to the block's largest byte (dsv4.kernels.moe_wide_fp8): the 4 bytes within FP8_MAX_SCALE_SPREAD
-    of it, which is >= FP8_MIN_BLOCK_SCALE."""
-    g = b.reshape(*b.shape[:-1], b.shape[-1] // 4, 4)  # uint8: hi - lo >= 0, no widened copy
-    hi, lo = g.amax(-1), g.amin(-1)
-    return bool(((hi - lo <= FP8_MAX_SCALE_SPREAD) & (hi >= FP8_MIN_BLOCK_SCALE)).all())
-
-
 def fp8_tiles(b: torch.Tensor, rows: int = 64) -> tuple[torch.Tensor, bool]:
     """E8M0 group scales b uint8 [E, N, K/32] -> (the largest byte of each rows x 128-wide tile, int32 [E, N/rows,
     K/128]; whether every tile re-encodes exactly to e4m3 relative to it, dsv4.kernels.moe_glu_fp8: its bytes
@@ -137,11 +127,10 @@ def finalize_experts(w: ExpertWeights) -> PackedExperts:
         if s13.shape != (e, 2 * i, h // GROUP) or s2.shape != (e, h, i // GROUP):
             raise ValueError(f"experts: MXFP4 scale shapes {tuple(s13.shape)} / {tuple(s2.shape)} do not match")
         wide_ok = int(s13.max()) <= WIDE_MAX_SCALE_BYTE and int(s2.max()) <= WIDE_MAX_SCALE_BYTE
-        fp8_ok = fp8_reencode_ok(s13) and fp8_reencode_ok(s2)
         tile_bmax, tiles_ok = fp8_tiles(s13)
         tile_bmax2, tiles_ok2 = fp8_tiles(s2)
         return PackedExperts("mxfp4", e, h, i, w13, _pack_group_scales(s13), w2, _pack_group_scales(s2), wide_ok,
-                             fp8_ok, tile_bmax, tiles_ok, tile_bmax2, tiles_ok2)
+                             tile_bmax, tiles_ok, tile_bmax2, tiles_ok2)
     if w.fmt == "fp8":
         from dsv4.kernels.fp8_linear import _weight_scale_f32
 

@@ -58,17 +58,9 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
 DOWN_ONE_WARPGROUP = False
-# FP8 operands instead (dsv4.kernels.moe_wide_fp8, Gluon): the MXFP4 weights re-encoded to e4m3 per 128-wide
-# block, FP8 wgmma, the reference's per-128 promotion. Measured slower (s11i, ms L2-flushed, default vs FP8):
-# M = 2048 3.30 vs 4.89, 4096 4.59 vs 9.19, 8192 8.98 vs 15.83 -- ALU-bound (SASS: ~1,100 instructions per
-# thread per pair of K blocks vs ~256 per block for the MMAs to bound it), so opt-in. Its tiles hold FP8_BM
-# tokens (a GLU program keeps six [128, FP8_BM] fp32 tiles in registers), so `fused_moe` aligns the pairs to FP8_BM rows
-WIDE_FP8 = False
-# The GLU / GEMM2 as warp-specialised kernels (dsv4.kernels.moe_wide_ws: loader, widener and MMA warpgroups, the
-# widened weights through shared memory so that a whole K half of MMAs stays queued). Prepared in session 28
-# without a GPU: opt-in until measured
-WS_GLU = False
-WS_DOWN = False
+# Removed in session 36 after measuring slower (docs/benchmarks.md): session 11's FP8 kernel with per-row 128-wide
+# block scales (`moe_wide_fp8`, 1.5-2x slower: twice the re-encode per token, two multiplies of promotion) and
+# session 28's warp-specialised GEMMs (`moe_wide_ws`, s29: the partitions serialised, the GLU 6.3 vs 5.5 ms at 8K)
 # The GLU on FP8 tensor cores (dsv4.kernels.moe_glu_fp8, Gluon: 128 tokens x 64 channels per program, the weights
 # re-encoded per 64-row tile, one FMA of promotion per element). Slower than the bf16 GLU (s35d, Flash MoE call, ms
 # L2-flushed, default vs FP8 GLU only: M = 2048 2.14 vs 2.43, 4096 3.42 vs 3.65, 8192 6.17 vs 6.76; Nsight: 35 %
@@ -89,8 +81,6 @@ FP8_DOWN_MIN_PAIRS_PER_EXPERT = 96
 # one call, after the requant store fix): M = 2048 0: 2.318 / 2.418, 2: 2.197 / 2.263; M = 8192 0: 6.898 / 6.973,
 # 2: 6.808 / 6.779 (s31e's figures had 16-bit requant stores on both sides)
 PERM_K = 2
-FP8_BM = 64
-FP8_STAGES = 4
 
 if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
@@ -308,11 +298,6 @@ def gluon_path(device: torch.device) -> bool:
     return ASYNC and not INTERPRET and _is_hopper(device)
 
 
-def fp8_path(experts: PackedExperts, device: torch.device) -> bool:
-    """Whether `moe_wide` runs these experts on FP8 operands (WIDE_FP8, exact re-encode, a Hopper GPU)."""
-    return WIDE_FP8 and experts.fmt == "mxfp4" and experts.fp8_ok and not INTERPRET and _is_hopper(device)
-
-
 def fp8_glu_path(experts: PackedExperts, device: torch.device) -> bool:
     """Whether `moe_wide`'s GLU runs on FP8 operands (FP8_GLU, the Gluon path, tiles that re-encode exactly)."""
     return FP8_GLU and experts.fmt == "mxfp4" and experts.fp8_tiles_ok and gluon_path(device)
@@ -323,31 +308,6 @@ def fp8_down_path(experts: PackedExperts, device: torch.device, num_pairs: int) 
     pairs per expert, as `pick_moe_config` counts them; as `fp8_glu_path`, for w2)."""
     many = num_pairs >= FP8_DOWN_MIN_PAIRS_PER_EXPERT * experts.num_experts
     return FP8_DOWN and many and experts.fmt == "mxfp4" and experts.fp8_w2_tiles_ok and gluon_path(device)
-
-
-def _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2):
-    """The two GEMMs of `moe_wide` on FP8 operands (dsv4.kernels.moe_wide_fp8): x's act_quant codes and
-    scales in, z as e4m3 codes + per-128 scales between them."""
-    from dsv4.kernels import moe_wide_fp8
-    from dsv4.kernels.fp8_linear import act_quant
-
-    d, i = experts.hidden, experts.inter
-    num_pairs, nb = topk_weights.numel(), expert_ids.numel()
-    xq, xs = act_quant(x)
-    z = torch.empty((nb * bm, i), dtype=torch.float8_e4m3fn, device=x.device)
-    zs = torch.empty((nb * bm, i // BLOCK), dtype=torch.float32, device=x.device)
-    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    y = torch.empty((num_pairs, d), dtype=torch.bfloat16, device=x.device)
-    w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
-    moe_wide_fp8.launch(
-        (xq, xs, w13, s13, z, zs, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
-         xq.stride(0), xs.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), z.stride(0),
-         zs.stride(0)), (nb, i // BLOCK), bm, BLOCK, True, 8, FP8_STAGES)
-    moe_wide_fp8.launch(
-        (z, zs, w2, s2, y, y, sorted_ids, expert_ids, num_post, tw, i, num_pairs, top_k, 0, float(swiglu_limit),
-         z.stride(0), zs.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), 0),
-        (nb, d // bn2), bm, bn2, False, 8, FP8_STAGES)
-    return y
 
 
 def _fp8_gemm(x: torch.Tensor, args: tuple, experts: PackedExperts, tiles: list, top_k: int, limit: float,
@@ -446,18 +406,14 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     if mixed and (bm != 64 or not gluon_path(x.device)):
         raise ValueError(f"moe_wide: mixed tiles need 64-row blocks (got bm {bm}) and the Gluon kernels (a Hopper "
                          "GPU, moe_wide.ASYNC)")
-    if fp8_path(experts, x.device):
-        if bm != FP8_BM:
-            raise ValueError(f"moe_wide: the FP8 path takes {FP8_BM}-row tiles (moe_align's bm), got {bm}")
-        return _moe_wide_fp8(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm, bn2)
     gluon = gluon_path(x.device)
     fp8_glu, fp8_down = fp8_glu_path(experts, x.device), fp8_down_path(experts, x.device, topk_weights.numel())
-    perm = PERM_K if gluon and not WS_GLU else 0  # (the WS kernel reads the pairs as stored)
+    perm = PERM_K if gluon else 0
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm,
                                   perm, act=not fp8_glu)
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
     if gluon:
-        from dsv4.kernels import moe_wide_async, moe_wide_ws
+        from dsv4.kernels import moe_wide_async
         tiles = [(bm, None, nb)]
         if mixed:
             big, small = mixed_tiles(expert_ids, experts.num_experts)
@@ -467,12 +423,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
             if fp8_glu if glu else fp8_down:
                 _fp8_gemm(x if glu else a[0], a, experts, tiles, top_k, swiglu_limit, glu, requant=not fp8_down)
                 continue
-            ws = WS_GLU if glu else WS_DOWN
-            bn, warps = (64, 4) if one or (glu and ws) else (bn, num_warps)
+            bn, warps = (64, 4) if one else (bn, num_warps)
             for tile_m, tile_list, rows in tiles:
-                if ws:
-                    moe_wide_ws.launch(a, rows, n, tile_m, glu, ASYNC_GROUP_M, tiles=tile_list)
-                    continue
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
                                       tiles=tile_list, perm=perm if glu else 0, store_t=ASYNC_STORE_T)
