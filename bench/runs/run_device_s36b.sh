@@ -3,3 +3,12 @@
 # in one forward with the defaults (Gluon attention, FP8 down GEMM), the profiler's kernel table by GPU time.
 source bench/runs/lib.sh
 timeout 150 python3 bench/profile_step.py --layers 4 --prefill 8192 2>&1 | grep -vE "^\s*$|Warning|warn" | head -60
+# The mHC site at prefill (hc_post_pre, 8K tokens, Flash width): its time per call and GB/s (default shape), then
+# Nsight on its two launches (the mix, the split finish): DRAM bytes and throughput, issue activity, top stalls.
+timeout 100 python3 bench/sweep_mhc_mix.py --ops hc_post_pre --rows 32 --cols 64 --warps 4 2>&1 | tail -4
+M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+M="$M,lts__t_bytes.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread"
+M="$M,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size"
+M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+KERNEL="_mix_kernel|_finish_split" ncu_cmd 150 2 "$M" bench/sweep_mhc_mix.py --ops hc_post_pre --rows 32 --cols 64 \
+  --warps 4 --calls 1
