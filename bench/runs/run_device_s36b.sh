@@ -12,3 +12,13 @@ M="$M,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size"
 M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 KERNEL="_mix_kernel|_finish_split" ncu_cmd 150 2 "$M" bench/sweep_mhc_mix.py --ops hc_post_pre --rows 32 --cols 64 \
   --warps 4 --calls 1
+# The "row" finish in one pass (a 4096-column row per program, the norm from registers) against the default split
+# finish at prefill sizes: the GPU tests, the site's µs per call, and the 8-layer 8K prefill.
+run 200 tests/gpu/test_mhc.py
+for c in split row; do
+  echo "COLLAPSE_PREFILL=$c"
+  timeout 100 python3 bench/flags.py dsv4.kernels.mhc.COLLAPSE_PREFILL="'$c'" -- bench/sweep_mhc_mix.py \
+    --ops hc_pre,hc_post_pre --rows 32 --cols 64 --warps 4 --calls 3 2>&1 | grep default
+done
+prefill8 100
+prefill8 100 "dsv4.kernels.mhc.COLLAPSE_PREFILL='row'"

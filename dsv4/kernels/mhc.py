@@ -12,8 +12,9 @@ Two launches per mHC site:
   20-iteration Sinkhorn in the spec's order (row softmax + eps, column step, 19 x (row, column)) and
   writes post/comb, beside the collapse `u = sum_j pre_j X_j` (fp32 -> bf16), optionally followed by
   the sub-layer's weighted RMSNorm (the only consumer of u). Two variants (`collapse=`; default COLLAPSE):
-  "row" (`_finish_kernel`): one program walks the token's whole row, twice with a norm -- at T = 1
-  that took hc_pre 12.2 -> 10.1 µs on the H200. "split" (`_finish_split_kernel`): one program per
+  "row" (`_finish_kernel`): one program per token collapses its whole row (in one chunk up to
+  ROW_ONE_PASS_MAX columns, else in 1024-column chunks, twice with a norm) -- at T = 1 that took hc_pre
+  12.2 -> 10.1 µs on the H200. "split" (`_finish_split_kernel`): one program per
   SPLIT_BD columns; with a norm each stores its chunk's sum of squares and counts its arrival, and the
   token's last program sums the partials (by chunk index: deterministic), re-reads u and writes the
   normed row. Same pre and u bits as "row"; the normed row differs only by the fp32 order of the sum of
@@ -47,7 +48,12 @@ HC = 4
 MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
 # finish variant when a call does not pick one: "row" or "split" (module docstring). "split" measured faster
 # in session 7 (T = 1, µs in a graph): hc_pre 10.4 -> 9.8, hc_post_pre 12.1 -> 11.3, hc_head 9.9 -> 8.0.
-COLLAPSE = "split"  # also at prefill: 8K tokens, 4 layers (s30e), finish kernels 2,043 µs split vs 2,291 row
+COLLAPSE = "split"
+# ... above 16 tokens (prefill). s30e (8K tokens, 4 layers, finish kernels): split 2,043 µs vs 2,291 for a "row"
+# finish that walked the row in 1024-column chunks, twice with a norm; "row" now takes a row of up to
+# ROW_ONE_PASS_MAX columns in one chunk (one pass, every load of the row issued at once)
+COLLAPSE_PREFILL = "split"
+ROW_ONE_PASS_MAX = 8192
 SPLIT_BD = 512  # columns per collapse program of the split finish
 # token rows per mix program above 16 tokens with the post fused in: it holds X, f and X' tiles at once
 # (at 64 rows the fused mix took 735 µs at 8K tokens vs 104 µs without the post, s12d)
@@ -232,8 +238,8 @@ def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
     return arrival_counters("mHC split finish", device, needed)
 
 
-def _collapse_mode(collapse: str | None, who: str) -> str:
-    mode = collapse if collapse is not None else COLLAPSE
+def _collapse_mode(collapse: str | None, who: str, t: int) -> str:
+    mode = collapse if collapse is not None else COLLAPSE_PREFILL if t > 16 else COLLAPSE
     if mode not in ("row", "split"):
         raise ValueError(f"{who}: collapse={mode!r} must be 'row' or 'split'")
     return mode
@@ -248,7 +254,12 @@ def _finish(x, part, sq, split, fin: _Finish):
     kw = dict(HAS_NORM=fin.norm_weight is not None, ITERS=fin.iters, NP=MIX_PAD,
               SP=max(2, triton.next_power_of_2(split)), num_warps=FINISH_WARPS)
     if fin.mode == "row":
-        _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=min(1024, triton.next_power_of_2(d)), **kw)
+        bd = triton.next_power_of_2(d)
+        one = bd <= ROW_ONE_PASS_MAX
+        bd = bd if one else 1024
+        if one:  # (4 streams x bd fp32 over the threads: 16 per stream and thread from 4096 columns on)
+            kw["num_warps"] = max(FINISH_WARPS, bd // 512)
+        _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=bd, ONE_PASS=one, **kw)
     else:  # "split": one arrival counter per token
         bd = min(SPLIT_BD, triton.next_power_of_2(d))
         nb = triton.cdiv(d, bd)
@@ -265,10 +276,11 @@ def hc_pre(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, sink
            hc_eps: float, norm_eps: float, norm_weight: torch.Tensor | None = None, collapse: str | None = None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton mHC pre (contract of `hc_pre_ref`); `fn` is the fp32 weight or a `prepare_mix` result;
-    `collapse` picks the finish variant ("row" / "split"; default: the module's COLLAPSE)."""
+    `collapse` picks the finish variant ("row" / "split"; default: COLLAPSE, above 16 tokens
+    COLLAPSE_PREFILL)."""
     _require_triton()
     _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_pre")
+    mode = _collapse_mode(collapse, "hc_pre", x.shape[0])
     if sinkhorn_iters < 1:
         raise ValueError(f"hc_pre: sinkhorn_iters={sinkhorn_iters} must be >= 1")
     fn = _as_mix(fn)
@@ -294,7 +306,7 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
     """Triton post(prev sub-layer) + pre(next) in two launches (contract of `hc_post_pre_ref`)."""
     _require_triton()
     t, d = _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_post_pre")
+    mode = _collapse_mode(collapse, "hc_post_pre", t)
     if f.shape != (t, d):
         raise ValueError(f"hc_post_pre: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     fin = _Finish(base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps, mode)
@@ -307,7 +319,7 @@ def hc_head(x: torch.Tensor, fn, base: torch.Tensor, scale: torch.Tensor, *, hc_
     """Triton HC head (contract of `hc_head_ref`), two launches, final RMSNorm fused when given."""
     _require_triton()
     _check_streams(x)
-    mode = _collapse_mode(collapse, "hc_head")
+    mode = _collapse_mode(collapse, "hc_head", x.shape[0])
     fn = _as_mix(fn)
     if fn.n_mix != HC:
         raise ValueError(f"hc_head: fn has {fn.n_mix} mixes, expected {HC}")

@@ -228,27 +228,39 @@ if HAS_TRITON:
 
     @triton.jit
     def _finish_row(X, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps, norm_eps,
-                    HAS_NORM: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr):
+                    HAS_NORM: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr, ONE_PASS: tl.constexpr):
         """Token t's collapse u (fp32 -> bf16) over its whole row, then optionally the sub-layer RMSNorm over
-        the bf16 u (a second pass)."""
+        the bf16 u. ONE_PASS (BD >= D): one chunk holds the row, so its loads are all issued at once and the norm
+        takes u from registers; else BD-column chunks, and a second pass collapses X again for the norm."""
         p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP)
         xrow = X + t * 4 * D
-        usq = tl.zeros((BD,), dtype=tl.float32)
-        for d0 in range(0, D, BD):
-            offs_d = d0 + tl.arange(0, BD)
+        if ONE_PASS:
+            offs_d = tl.arange(0, BD)
             dm = offs_d < D
             u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3)
             tl.store(U + t * D + offs_d, u, mask=dm)
-            uf = u.to(tl.float32)
-            usq += uf * uf
-        if HAS_NORM:
-            r = 1.0 / tl.sqrt(tl.sum(usq, axis=0) / D + norm_eps)
+            if HAS_NORM:
+                uf = u.to(tl.float32)
+                r = 1.0 / tl.sqrt(tl.sum(uf * uf, axis=0) / D + norm_eps)
+                w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
+                tl.store(NORMED + t * D + offs_d, (w * (uf * r)).to(tl.bfloat16), mask=dm)
+        else:
+            usq = tl.zeros((BD,), dtype=tl.float32)
             for d0 in range(0, D, BD):
                 offs_d = d0 + tl.arange(0, BD)
                 dm = offs_d < D
-                u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3).to(tl.float32)
-                w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
-                tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
+                u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3)
+                tl.store(U + t * D + offs_d, u, mask=dm)
+                uf = u.to(tl.float32)
+                usq += uf * uf
+            if HAS_NORM:
+                r = 1.0 / tl.sqrt(tl.sum(usq, axis=0) / D + norm_eps)
+                for d0 in range(0, D, BD):
+                    offs_d = d0 + tl.arange(0, BD)
+                    dm = offs_d < D
+                    u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3).to(tl.float32)
+                    w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
+                    tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
 
     @pdl_kernel
     @triton.jit
@@ -256,7 +268,7 @@ if HAS_TRITON:
         X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, POST, COMB,
         T, D, nsplit, hc_eps, norm_eps,
         HAS_NORM: tl.constexpr, ITERS: tl.constexpr,
-        NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr,
+        NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr, ONE_PASS: tl.constexpr,
     ):
         """collapse="row": program (t, 0) collapses token t's whole row, program (t, 1) runs post + Sinkhorn."""
         pdl_wait()
@@ -268,7 +280,7 @@ if HAS_TRITON:
             _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP)
         else:
             _finish_row(X, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps, norm_eps,
-                        HAS_NORM, NP, BD)
+                        HAS_NORM, NP, BD, ONE_PASS)
 
     @pdl_kernel
     @triton.jit

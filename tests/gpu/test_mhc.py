@@ -233,6 +233,38 @@ def test_split_collapse(op, t, d, with_norm, poison, close_bf16, monkeypatch):
         assert torch.equal(split[0], row[0]), f"{op}: split u differs from row u"
 
 
+@pytest.mark.parametrize("op,d", [("pre", SMALL_D), ("head", SMALL_D)]
+                         + ([("post_pre", 4096), ("pre", 7168)] if DEV == "cuda" else []))
+def test_row_finish_in_chunks_matches_one_pass(op, d, poison, monkeypatch):
+    """The "row" finish takes a row of up to ROW_ONE_PASS_MAX columns in one chunk (its norm from the u in
+    registers); wider rows go in chunks, collapsing X twice with a norm. Both give the same u, post and comb
+    bits and a normed row within one ulp (the sum of squares in another order); several chunks on the GPU."""
+    from dsv4.kernels import mhc
+
+    call, _, _ = _split_setup(op, 5, d, True, monkeypatch)
+    poison()
+    one = call("row")
+    monkeypatch.setattr(mhc, "ROW_ONE_PASS_MAX", 64)  # 1024-column chunks (SMALL_D: one partial chunk)
+    poison()
+    chunks = call("row")
+    _within_one_ulp(one[0], chunks[0], f"{op} row: normed, one pass vs chunks")
+    for a, b in zip(one[1:], chunks[1:]):
+        assert torch.equal(a, b), f"{op} row: post / comb / X' differ between one pass and chunks"
+
+
+def test_prefill_sizes_pick_collapse_prefill(monkeypatch):
+    """Calls above 16 tokens that name no finish take COLLAPSE_PREFILL, up to 16 tokens COLLAPSE."""
+    from dsv4.kernels import mhc
+
+    monkeypatch.setattr(mhc, "COLLAPSE_PREFILL", "bogus")
+    gen = torch.Generator(DEV).manual_seed(16)
+    fn, base, scale = _params(24, 3, 64, gen)
+    with pytest.raises(ValueError, match="'bogus'"):
+        mhc.hc_pre(_streams(17, 64, gen), fn, base, scale, **KW)
+    u = mhc.hc_pre(_streams(16, 64, gen), fn, base, scale, **KW)[0]
+    assert u.shape == (16, 64)
+
+
 ROWS_CASES = [(op, t, d, nw) for op in ("post_pre", "head") for t in (1, 3) for d in (256, 4096)
               for nw in (False, True)]
 if DEV == "cpu":
