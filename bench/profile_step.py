@@ -176,6 +176,8 @@ def main() -> None:
     print(f"{'part (nested parts counted in both)':40s} {'calls':>5} {'kernels':>8} {'GPU us':>8}")
     for name, (calls, n, us) in sorted(table.items(), key=lambda kv: -kv[1][1]):
         print(f"{name:40s} {calls:5d} {n:8d} {us:8.0f}")
+    if args.prefill:
+        _per_layer(events, sum(e.device_time for e in gpu), args.prefill)
     if args.order:
         _print_order(events, gpu)
     names = collections.Counter(e.name[:60] for e in gpu)
@@ -185,6 +187,32 @@ def main() -> None:
     print("kernels by GPU time (us, launches):")
     for name, us in times.most_common(int(os.environ.get("TOP", "25"))):
         print(f"  {us:8.0f} {names[name]:5d}  {name}")
+
+
+def _per_layer(events, total_us: float, tokens: int) -> None:
+    """Each layer's kernels' GPU µs (its Block.forward, launch order) by kind, and the full Flash model's GPU time
+    per kind: mean µs of each kind x its count among the released config's layers, plus what ran outside the
+    layers -- the 8-layer wall time scaled by 43 / 8 weighs the kinds as the first 8 layers do (2 SWA, 3 CSA, 3 HCA;
+    the model has 2, 21, 20)."""
+    import json
+
+    from engine_timeline import subtree_kernels
+    with open(os.path.join(os.path.dirname(__file__), "configs", "deepseek-v4-flash.config.json")) as f:
+        full = json.load(f)
+    ratios = full["compress_ratios"][:full["num_hidden_layers"]]
+    kind = {0: "SWA", 4: "CSA", 128: "HCA"}
+    blocks = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+                     and e.name == "Block.forward"), key=lambda e: e.time_range.start)
+    per_kind = collections.defaultdict(list)
+    for i, e in enumerate(blocks):
+        us = sum(k.duration for k in subtree_kernels(e))
+        per_kind[kind[ratios[i]]].append(us)
+        print(f"layer {i} ({kind[ratios[i]]}): {us:8.0f} us GPU")
+    rest = total_us - sum(sum(v) for v in per_kind.values())
+    est = rest + sum(sum(v) / len(v) * sum(kind[r] == k for r in ratios) for k, v in per_kind.items())
+    counts = {k: sum(kind[r] == k for r in ratios) for k in per_kind}
+    print(f"full model ({len(ratios)} layers, {counts}, kinds absent here not counted): {est / 1e3:.1f} ms GPU "
+          f"= {tokens / est * 1e6:,.0f} tok/s (outside the layers {rest:.0f} us)")
 
 
 def _cprofile(run, states, one, steps: int = 10) -> None:
