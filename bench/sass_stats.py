@@ -90,11 +90,11 @@ CASES = {
                        "PART", "SQ", "BASE", "SCALE", "POST", "COMB", "USQ")} | dict(CNT="*i32", hc_eps="fp32",
                                                                                     norm_eps="fp32"),
                    dict(HAS_NORM=True, LEAD=1, ITERS=20, NP=32, SP=64, BD=512, NBP=8, NBD=2048), 4, 3, ("D",)),
-    # the "row" finish at prefill width (Flash: one 4096-column chunk on 8 warps, the norm from registers)
+    # the "row" finish at prefill width (Flash: one 4096-column chunk on 4 warps, the norm from registers)
     "mhc_finish_row": ("mhc_kernels", "_finish_kernel",
                        {n: "*bf16" for n in ("X", "NORM_W", "U", "NORMED")} | {n: "*fp32" for n in (
                            "PART", "SQ", "BASE", "SCALE", "POST", "COMB")} | dict(hc_eps="fp32", norm_eps="fp32"),
-                       dict(HAS_NORM=True, ITERS=20, NP=32, SP=2, BD=4096, ONE_PASS=True), 8, 3, ("D",)),
+                       dict(HAS_NORM=True, ITERS=20, NP=32, SP=2, BD=4096, ONE_PASS=True), 4, 3, ("D",)),
     "align_prefix": ("moe_align", "_block_prefix_kernel", dict(COUNTS="*i32", PREFIX="*i32", TOTALS="*i32"),
                      dict(E_POW2=256, ES=32, BB=64), 4, 3, ()),
     "align_scatter": ("moe_align", "_block_scatter_kernel",
