@@ -177,7 +177,8 @@ def main() -> None:
     for name, (calls, n, us) in sorted(table.items(), key=lambda kv: -kv[1][1]):
         print(f"{name:40s} {calls:5d} {n:8d} {us:8.0f}")
     if args.prefill:
-        _per_layer(events, sum(e.device_time for e in gpu), args.prefill)
+        run.release(states)
+        _per_layer(run, _fresh(run, args.prefix), [args.prefill], args.prefill)
     if args.order:
         _print_order(events, gpu)
     names = collections.Counter(e.name[:60] for e in gpu)
@@ -189,30 +190,49 @@ def main() -> None:
         print(f"  {us:8.0f} {names[name]:5d}  {name}")
 
 
-def _per_layer(events, total_us: float, tokens: int) -> None:
-    """Each layer's kernels' GPU µs (its Block.forward, launch order) by kind, and the full Flash model's GPU time
-    per kind: mean µs of each kind x its count among the released config's layers, plus what ran outside the
-    layers -- the 8-layer wall time scaled by 43 / 8 weighs the kinds as the first 8 layers do (2 SWA, 3 CSA, 3 HCA;
-    the model has 2, 21, 20)."""
+def _per_layer(run, states, one, tokens: int) -> None:
+    """Each layer's GPU span in one more prefill (CUDA events around each Block.forward on the current stream; the
+    8K forward is GPU-bound, so the spans are its layers' GPU time), by kind, and the full Flash model's time
+    per kind: the mean span of each kind x its count among the released config's layers, plus the forward's
+    time outside the layers. (The 8-layer wall time scaled by 43 / 8 weighs the kinds as the first 8 layers
+    do: 2 SWA, 3 CSA, 3 HCA; the model has 2, 21, 20.)"""
     import json
 
-    from engine_timeline import subtree_kernels
+    from dsv4.model.block import Block
     with open(os.path.join(os.path.dirname(__file__), "configs", "deepseek-v4-flash.config.json")) as f:
         full = json.load(f)
     ratios = full["compress_ratios"][:full["num_hidden_layers"]]
     kind = {0: "SWA", 4: "CSA", 128: "HCA"}
-    blocks = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU
-                     and e.name == "Block.forward"), key=lambda e: e.time_range.start)
+    marks = []
+    real = Block.forward
+
+    def timed(*a, **k):
+        ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ev[0].record()
+        out = real(*a, **k)
+        ev[1].record()
+        marks.append(ev)
+        return out
+    Block.forward = timed
+    try:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run.forward(states, one)
+        end.record()
+        torch.cuda.synchronize()
+    finally:
+        Block.forward = real
     per_kind = collections.defaultdict(list)
-    for i, e in enumerate(blocks):
-        us = sum(k.duration for k in subtree_kernels(e))
-        per_kind[kind[ratios[i]]].append(us)
-        print(f"layer {i} ({kind[ratios[i]]}): {us:8.0f} us GPU")
-    rest = total_us - sum(sum(v) for v in per_kind.values())
-    est = rest + sum(sum(v) / len(v) * sum(kind[r] == k for r in ratios) for k, v in per_kind.items())
+    for i, (a, b) in enumerate(marks):
+        ms = a.elapsed_time(b)
+        per_kind[kind[ratios[i]]].append(ms)
+        print(f"layer {i} ({kind[ratios[i]]}): {ms:7.2f} ms")
+    total = start.elapsed_time(end)
+    rest = total - sum(sum(v) for v in per_kind.values())
     counts = {k: sum(kind[r] == k for r in ratios) for k in per_kind}
-    print(f"full model ({len(ratios)} layers, {counts}, kinds absent here not counted): {est / 1e3:.1f} ms GPU "
-          f"= {tokens / est * 1e6:,.0f} tok/s (outside the layers {rest:.0f} us)")
+    est = rest + sum(sum(v) / len(v) * counts[k] for k, v in per_kind.items())
+    print(f"forward {total:.1f} ms; full model ({len(ratios)} layers, {counts}; kinds absent here not counted): "
+          f"{est:.1f} ms = {tokens / est * 1e3:,.0f} tok/s (outside the layers {rest:.2f} ms)")
 
 
 def _cprofile(run, states, one, steps: int = 10) -> None:

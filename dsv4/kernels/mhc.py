@@ -257,8 +257,8 @@ def _finish(x, part, sq, split, fin: _Finish):
         bd = triton.next_power_of_2(d)
         one = bd <= ROW_ONE_PASS_MAX
         bd = bd if one else 1024
-        if one:  # 4096 columns on 4 warps: 80 registers, no spills (bench/sass_stats.py mhc_finish_row)
-            kw["num_warps"] = max(FINISH_WARPS, bd // 1024)
+        # (FINISH_WARPS also for one pass: 4096 columns take 80 registers, 8192 168, no spills, sass_stats.py
+        # mhc_finish_row; the Sinkhorn programs of the launch must keep split's warps, else comb's bits differ)
         _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=bd, ONE_PASS=one, **kw)
     else:  # "split": one arrival counter per token
         bd = min(SPLIT_BD, triton.next_power_of_2(d))
