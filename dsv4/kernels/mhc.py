@@ -51,8 +51,9 @@ MIX_PAD = 32  # 24 mixes (pre) or 4 (head), padded to one dot tile
 COLLAPSE = "split"
 # ... above 16 tokens (prefill). s30e (8K tokens, 4 layers, finish kernels): split 2,043 µs vs 2,291 for a "row"
 # finish that walked the row in 1024-column chunks, twice with a norm; "row" now takes a row of up to
-# ROW_ONE_PASS_MAX columns in one chunk (one pass, every load of the row issued at once)
-COLLAPSE_PREFILL = "split"
+# ROW_ONE_PASS_MAX columns in one chunk (one pass, every load of the row issued at once): s36b, 8K tokens, Flash
+# width, µs per site (mix + finish) split -> row: hc_pre 255.5 -> 236.8, hc_post_pre 404.1 -> 389.7
+COLLAPSE_PREFILL = "row"
 ROW_ONE_PASS_MAX = 8192
 SPLIT_BD = 512  # columns per collapse program of the split finish
 # token rows per mix program above 16 tokens with the post fused in: it holds X, f and X' tiles at once
