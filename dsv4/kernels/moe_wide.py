@@ -60,7 +60,8 @@ GLU_ONE_WARPGROUP = True
 DOWN_ONE_WARPGROUP = False
 # Removed in session 36 after measuring slower (docs/benchmarks.md): session 11's FP8 kernel with per-row 128-wide
 # block scales (`moe_wide_fp8`, 1.5-2x slower: twice the re-encode per token, two multiplies of promotion) and
-# session 28's warp-specialised GEMMs (`moe_wide_ws`, s29: the partitions serialised, the GLU 6.3 vs 5.5 ms at 8K)
+# session 28's warp-specialised GEMMs (`moe_wide_ws`, s29a: Flash MoE call at 8K 9.19 ms with its GLU vs 6.87; the
+# partitions added up instead of overlapping)
 # The GLU on FP8 tensor cores (dsv4.kernels.moe_glu_fp8, Gluon: 128 tokens x 64 channels per program, the weights
 # re-encoded per 64-row tile, one FMA of promotion per element). Slower than the bf16 GLU (s35d, Flash MoE call, ms
 # L2-flushed, default vs FP8 GLU only: M = 2048 2.14 vs 2.43, 4096 3.42 vs 3.65, 8192 6.17 vs 6.76; Nsight: 35 %
