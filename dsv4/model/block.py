@@ -2,7 +2,8 @@
 
 Kernel mode (`use_mhc_kernels`, bf16 on CUDA): the mHC sites run through dsv4.kernels.mhc — pre with
 the sub-layer's RMSNorm fused, the attention's post fused with the MoE's pre — five launches per
-block instead of ~250 small torch ops (Sinkhorn's 20 iterations dominate those)."""
+block instead of ~250 small torch ops (Sinkhorn's 20 iterations dominate those); four with
+FUSE_BLOCK_SITES (`run_blocks`: the MoE's post fused with the next block's attention pre)."""
 from __future__ import annotations
 
 import torch
@@ -15,6 +16,12 @@ from dsv4.model.hyper import hc_post, hc_pre
 from dsv4.model.moe import MoE
 from dsv4.model.norm import RMSNorm
 from dsv4.model.numerics import Numerics, acc_dtype
+
+# Kernel mode: each block's MoE post is left to the next block's attention pre, one `hc_post_pre` site instead
+# of `hc_post` + `hc_pre` (one pass over the residual streams and one launch fewer per block; the last block's
+# post runs after the loop). X' keeps its bits; the attention site's mixes are summed in another fp32 order.
+# Prepared in session 36 without a GPU: opt-in until measured (bench/runs/run_device_s37a.sh)
+FUSE_BLOCK_SITES = False
 
 
 class Block(nn.Module):
@@ -42,12 +49,17 @@ class Block(nn.Module):
         self.mhc = {site: prepare_mix(getattr(self, f"hc_{site}_fn")) for site in ("attn", "ffn")}
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
-                segments: list[Segment] | None, step=None) -> torch.Tensor:
-        """x: residual streams [T, hc, D] -> [T, hc, D] (`step`: a paged decode step, see Attention.attend)."""
-        hc, pre = self.pre(x, positions)
+                segments: list[Segment] | None, step=None, carry: tuple | None = None, defer: bool = False):
+        """x: residual streams [T, hc, D] -> [T, hc, D] (`step`: a paged decode step, see Attention.attend).
+        Kernel mode only: `carry` = the previous block's deferred MoE post (f, post, comb), applied to x by this
+        block's attention pre; `defer`: -> (x, carry) with this block's MoE post deferred (`run_blocks`)."""
+        if carry is not None:
+            x, hc, pre = self._pre_after(x, carry, positions)
+        else:
+            hc, pre = self.pre(x, positions)
         rotated = self.attn.rotates(pre, segments, step)
         attended = self.attn.attend(pre, positions, segments, step=step, rotate=rotated)
-        return self.post(x, attended, pre, hc, token_ids, rotated=rotated)
+        return self.post(x, attended, pre, hc, token_ids, rotated=rotated, defer=defer)
 
     # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
     # them and runs `attn.attend` eagerly in between.
@@ -63,17 +75,45 @@ class Block(nn.Module):
             u = self.attn_norm(u)
         return (post, comb), self.attn.prepare(u, positions)
 
+    def _pre_after(self, x: torch.Tensor, carry: tuple, positions: torch.Tensor):
+        """The previous block's deferred MoE post fused into this block's attention pre -> (X', (post, comb),
+        attention inputs)."""
+        from dsv4.kernels import mhc
+        f, post, comb = carry
+        x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["attn"], self.hc_attn_base,
+                                           self.hc_attn_scale, norm_weight=self.attn_norm.weight, **self.hc_kwargs)
+        return x, (post, comb), self.attn.prepare(u, positions)
+
     def post(self, x: torch.Tensor, attended: torch.Tensor, pre: AttentionInputs, hc: tuple,
-             token_ids: torch.Tensor | None, rotated: bool = False) -> torch.Tensor:
+             token_ids: torch.Tensor | None, rotated: bool = False, defer: bool = False):
         """Attention `finish` (`rotated`: the attention applied the inverse RoPE), mHC post, the MoE site
-        -> the block's output streams."""
+        -> the block's output streams (defer, kernel mode: -> (the streams before the MoE post, (MoE output,
+        post, comb)))."""
         f = self.attn.finish(attended, pre, rotated)
         post, comb = hc
         if self.mhc is not None:
             from dsv4.kernels import mhc
             x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base,
                                                self.hc_ffn_scale, norm_weight=self.ffn_norm.weight, **self.hc_kwargs)
+            if defer:
+                return x, (self.ffn(u, token_ids), post, comb)
             return mhc.hc_post(self.ffn(u, token_ids), x, post, comb)
         x = hc_post(f, x, post, comb)
         u, post, comb = hc_pre(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, **self.hc_kwargs)
         return hc_post(self.ffn(self.ffn_norm(u), token_ids), x, post, comb)
+
+
+def run_blocks(blocks, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
+               segments_of, step=None) -> torch.Tensor:
+    """The blocks in order on residual streams x [T, hc, D] (`segments_of(i)`: block i's segments). With
+    FUSE_BLOCK_SITES in kernel mode, each block's MoE post runs inside the next block's attention pre."""
+    fuse = FUSE_BLOCK_SITES and all(b.mhc is not None for b in blocks)
+    carry = None
+    for i, block in enumerate(blocks):
+        out = block(x, token_ids, positions, segments_of(i), step=step, carry=carry, defer=fuse)
+        x, carry = out if fuse else (out, None)
+    if carry is not None:
+        from dsv4.kernels import mhc
+        f, post, comb = carry
+        x = mhc.hc_post(f, x, post, comb)
+    return x

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dsv4.config import ModelConfig
-from dsv4.model.block import Block
+from dsv4.model.block import Block, run_blocks
 from dsv4.model.context import (ForwardContext, Segment, advance_paged, check_token_ids, get_forward_context,
                                 paged_step_pools, sequence_spans, to_device)
 from dsv4.model.rope import shared_cos_sin
@@ -235,8 +235,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             h = self.embed(input_ids, validate=False)  # range checked above (or trusted)
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         with shared_cos_sin():
-            for i, layer in enumerate(self.layers):
-                x = layer(x, input_ids, positions, None if step else segments(i), step=step)
+            x = run_blocks(self.layers, x, input_ids, positions, (lambda i: None) if step else segments, step)
         if step is not None:
             advance_paged(ctx.states, lens)
         self._mtp_target = x.flatten(1)

@@ -143,14 +143,14 @@ class _StepBucket:
         self.graphs = []
 
     def _run(self) -> None:
+        from dsv4.model.block import run_blocks
         from dsv4.model.rope import shared_cos_sin
         m, step = self.model, self.step
         step.derive()
         h = m.embed(self.ids, validate=False)
         x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
         with shared_cos_sin():  # the captured graph computes each RoPE table once
-            for layer in m.layers:
-                x = layer(x, self.ids, step.pos, None, step=step)
+            x = run_blocks(m.layers, x, self.ids, step.pos, lambda i: None, step)
         self.streams, self.hidden = x, m.final_hidden(x)
 
     def run(self, input_ids: torch.Tensor, states: list, lens: list[int]) -> torch.Tensor:

@@ -321,9 +321,9 @@ def test_side_stream_branches_are_bit_identical(monkeypatch, branches):
             f"first differing step {int((diff.flatten(1).amax(1) > 0).nonzero()[0])}"
 
 
-def _logits_flag_off_on(monkeypatch, flag: str, seed: int) -> list[torch.Tensor]:
-    """The embedded model's logits with dsv4.model.attention.<flag> False, then True: every position of three
-    prompts (prefilled alone), then 6 batched greedy decode steps."""
+def _logits_flag_off_on(monkeypatch, flag: str, seed: int, module=None) -> list[torch.Tensor]:
+    """The embedded model's logits with <module>.<flag> (default dsv4.model.attention) False, then True: every
+    position of three prompts (prefilled alone), then 6 batched greedy decode steps."""
     from pathlib import Path
 
     import dsv4
@@ -332,7 +332,7 @@ def _logits_flag_off_on(monkeypatch, flag: str, seed: int) -> list[torch.Tensor]
     prompts = [_ids(2048, n, seed=n + seed) for n in (300, 9, 64)]
     runs = []
     for on in (False, True):
-        monkeypatch.setattr(attention, flag, on)
+        monkeypatch.setattr(module or attention, flag, on)
         model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
         prefill = [_step(model, model.new_sequence_state(), p, 0) for p in prompts]  # every position's logits
         runs.append(torch.cat(prefill + [_batch_decode(model, prompts, 6).flatten(0, 1)]))
@@ -345,6 +345,27 @@ def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
     runs = _logits_flag_off_on(monkeypatch, "KERNEL_INVERSE_ROPE", seed=3)
     assert torch.isfinite(runs[0]).all()
     assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"
+
+
+def test_block_sites_fused_across_blocks_match(monkeypatch):
+    """block.FUSE_BLOCK_SITES (each block's MoE post inside the next block's attention pre, `run_blocks`): the
+    logits at every prefill position and over the decode steps agree with one site per sub-layer up to the fp32
+    order of the attention site's mixes; the paged FP8 engine's whole-step graphs then give the eager greedy text."""
+    from dsv4 import LLM, SamplingParams
+    from dsv4.model import block
+
+    runs = _logits_flag_off_on(monkeypatch, "FUSE_BLOCK_SITES", seed=11, module=block)
+    k, t = runs[1].double(), runs[0].double()
+    assert torch.isfinite(t).all()
+    rel = float((k - t).norm() / t.norm())
+    agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
+    print(f"block sites fused vs not: rel {rel:.2e}, argmax agree {agree:.4f}")
+    assert rel < 2e-2 and agree > 0.97, (rel, agree)
+    prompts, params = ["def main():", "The", "import os\n"], SamplingParams(temperature=0.0, max_tokens=24)
+    eager = [r.token_ids for r in LLM(device=DEVICE, kv_dtype="fp8").generate(prompts, params)]
+    graphed = LLM(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
+    assert [r.token_ids for r in graphed.generate(prompts, params)] == eager
+    assert graphed.engine.model._graphs._steps
 
 
 def test_paired_norms_match_the_separate_launches(monkeypatch):
