@@ -354,13 +354,8 @@ def test_block_sites_fused_across_blocks_match(monkeypatch):
     from dsv4 import LLM, SamplingParams
     from dsv4.model import block
 
-    runs = _logits_flag_off_on(monkeypatch, "FUSE_BLOCK_SITES", seed=11, module=block)
-    k, t = runs[1].double(), runs[0].double()
-    assert torch.isfinite(t).all()
-    rel = float((k - t).norm() / t.norm())
-    agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
-    print(f"block sites fused vs not: rel {rel:.2e}, argmax agree {agree:.4f}")
-    assert rel < 2e-2 and agree > 0.97, (rel, agree)
+    _assert_bf16_level(_logits_flag_off_on(monkeypatch, "FUSE_BLOCK_SITES", seed=11, module=block),
+                       "block sites fused vs not")
     prompts, params = ["def main():", "The", "import os\n"], SamplingParams(temperature=0.0, max_tokens=24)
     eager = [r.token_ids for r in LLM(device=DEVICE, kv_dtype="fp8").generate(prompts, params)]
     graphed = LLM(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
@@ -372,12 +367,16 @@ def test_paired_norms_match_the_separate_launches(monkeypatch):
     """attention.PAIRED_NORMS (the q latent's and the window kv's norms in one launch; on CSA layers the q heads'
     and the indexer q's glue in another): prefill logits at every prompt position and the decode steps after them
     agree with the separate launches' up to the q latent's sum order (rare last-bit flips)."""
-    runs = _logits_flag_off_on(monkeypatch, "PAIRED_NORMS", seed=7)
+    _assert_bf16_level(_logits_flag_off_on(monkeypatch, "PAIRED_NORMS", seed=7), "paired norms vs separate launches")
+
+
+def _assert_bf16_level(runs: list[torch.Tensor], what: str) -> None:
+    """The flag-on logits (runs[1]) within bf16 level of the flag-off ones: relative error and argmax agreement."""
     k, t = runs[1].double(), runs[0].double()
     assert torch.isfinite(t).all()
     rel = float((k - t).norm() / t.norm())
     agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
-    print(f"paired norms vs separate launches: rel {rel:.2e}, argmax agree {agree:.4f}")
+    print(f"{what}: rel {rel:.2e}, argmax agree {agree:.4f}")
     assert rel < 2e-2 and agree > 0.97, (rel, agree)
 
 
