@@ -40,8 +40,8 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-    from dsv4.kernels.moe_wide_async import block_rows, launch_order, tile_block
     from dsv4.kernels.e4m3_reencode import _e2m1_e4m3
+    from dsv4.kernels.moe_wide_async import block_rows, launch_order, tile_block
 
     _R: gl.constexpr = gl.constexpr(ROWS)
 

@@ -95,9 +95,8 @@ class Block(nn.Module):
             from dsv4.kernels import mhc
             x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base,
                                                self.hc_ffn_scale, norm_weight=self.ffn_norm.weight, **self.hc_kwargs)
-            if defer:
-                return x, (self.ffn(u, token_ids), post, comb)
-            return mhc.hc_post(self.ffn(u, token_ids), x, post, comb)
+            y = self.ffn(u, token_ids)
+            return (x, (y, post, comb)) if defer else mhc.hc_post(y, x, post, comb)
         x = hc_post(f, x, post, comb)
         u, post, comb = hc_pre(x, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, **self.hc_kwargs)
         return hc_post(self.ffn(self.ffn_norm(u), token_ids), x, post, comb)
