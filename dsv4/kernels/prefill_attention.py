@@ -164,13 +164,18 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
                       scale: float, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
                       out: torch.Tensor | None = None, dv: int | None = None, bn: int | None = None,
                       num_warps: int | None = None, num_stages: int | None = None,
-                      causal_ratio: int = 0) -> torch.Tensor:
+                      causal_ratio: int = 0, q_norm: tuple | None = None) -> torch.Tensor:
     """Triton version of `prefill_attention_ref` (bf16 q/keys/entries, int entry_idx [n, k], cos / sin
     [n, rope/2] for the inverse RoPE or neither); fills `out`. causal_ratio r > 0 with entry_idx None: every
     complete entry, (t + 1) // r of them for the query at t (HCA), the list not built; the same bits as that
     list. dv / bn / num_warps / num_stages: the output slice per program, keys per tile and the launch shape
-    (defaults: the measured ones)."""
+    (defaults: the measured ones). q_norm = (eps, cos, sin): q is before its per-head norm + RoPE (`norm_rope`
+    UNWEIGHTED with these; cos / sin [n, rope/2]), which the Gluon kernel applies as it loads Q; other paths call
+    `norm_rope` first."""
     n, h, d = q.shape
+    if q_norm is not None and (len(q_norm) != 3 or q_norm[1].shape != (n, q_norm[1].shape[-1])
+                               or q_norm[2].shape != q_norm[1].shape or not 0 < 2 * q_norm[1].shape[-1] <= d):
+        raise ValueError(f"prefill_attention: q_norm must be (eps, cos, sin) with cos / sin [n={n}, rope/2 <= {d // 2}]")
     rot = cos is not None
     if (sin is not None) != rot or (rot and (cos.dim() != 2 or cos.shape[0] != n or sin.shape != cos.shape
                                             or not 0 < 2 * cos.shape[1] <= d)):
@@ -197,6 +202,9 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
     if n == 0:
         return out
     gluon = GLUON and not INTERPRET and prefill_attention_gluon.supports(q, dv, bn, num_warps, num_stages)
+    if q_norm is not None and not (gluon and prefill_attention_gluon.supports_q_norm(d, 2 * q_norm[1].shape[-1])):
+        from dsv4.kernels.norm_rope import UNWEIGHTED, norm_rope
+        q, q_norm = norm_rope(q, norm=UNWEIGHTED, eps=q_norm[0], cos=q_norm[1], sin=q_norm[2]), None
     bh = max(16, triton.next_power_of_2(h))
     # the whole head dim per program up to 64 heads x 512 (H200, Flash 8K, s9f: CSA 7.16 -> 4.81 ms, HCA 2.52 ->
     # 1.54, SWA 1.74 -> 1.02 against two half-width programs that each recompute the scores); Pro's 128 heads
@@ -212,7 +220,10 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
         rope = (cos.float().contiguous(), sin.float().contiguous()) if rot else (None, None)
         prefill_attention_gluon.prefill_attention_gluon(q, q_pos0, keys, key_pos0, window, e if has_e else None,
                                                         idx if has_e and not causal else None, sink, scale, *rope,
-                                                        out, causal_ratio if causal else 0, has_e)
+                                                        out, causal_ratio if causal else 0, has_e,
+                                                        q_norm=None if q_norm is None else (
+                                                            q_norm[0], q_norm[1].float().contiguous(),
+                                                            q_norm[2].float().contiguous()))
         return out
     cos, sin = (cos.float().contiguous(), sin.float().contiguous()) if rot else (sink, sink)  # unread if not rot
     _prefill_attn_kernel[(n, d // dv)](

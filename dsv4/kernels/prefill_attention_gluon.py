@@ -18,6 +18,10 @@ are added once at the end (s34d -> s34e: CSA 2.37 -> 2.34 ms at 8K). The arithme
 -1e30, P rounded to bf16 for P.V, the denominator summing the unrounded probabilities plus exp(sink), the output
 rounded to bf16 and, with cos / sin, rotated back by -t (`norm_rope(inverse=True)`'s expressions). Only the
 fp32 summation orders differ from the Triton kernel's (the wgmmas' instruction shape, the two partial sums).
+
+QNORM: q arrives before its per-head norm + RoPE (`prefill_attention(q_norm=)`); once its copy has landed (the first
+tiles' copies still in flight) the program applies `norm_rope`'s UNWEIGHTED expressions to Q in shared memory, half
+the heads at a time, saving the [T, H, D] write and read of a separate `norm_rope` launch.
 """
 from __future__ import annotations
 
@@ -36,6 +40,12 @@ def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | N
     d = q.shape[-1]
     return (HAS_TRITON and q.is_cuda and q.shape[1] <= 64 and 64 <= d <= 512 and d & (d - 1) == 0
             and dv in (None, d) and bn in (None, BN) and num_warps is None and num_stages is None)
+
+
+def supports_q_norm(d: int, rope: int) -> bool:
+    """Whether the kernel can norm and rotate Q itself (QNORM): the rope dims a power-of-two slice of whole 64-column
+    (128-byte swizzle) rows of Q's shared-memory tile."""
+    return rope % 64 == 0 and (d - rope) % 64 == 0 and rope & (rope - 1) == 0 and rope <= d
 
 
 if HAS_TRITON:
@@ -135,12 +145,40 @@ if HAS_TRITON:
         return acc, m, l
 
     @gluon.jit
+    def _bf16(v):
+        return v.to(gl.bfloat16).to(gl.float32)
+
+    @gluon.jit
+    def _norm_q_in_place(q_s, QCOS, QSIN, t, q_eps, stride_qc, BH: gl.constexpr, D: gl.constexpr,
+                         QNOPE: gl.constexpr, NW: gl.constexpr):
+        """Q in q_s with each head's unweighted norm (bf16 arithmetic), then the RoPE of dims QNOPE.. (a column
+        slice of whole 128-byte swizzle rows): `norm_rope._norm_rope_rows`'s NORM == 2 and ROT expressions, the
+        norm half the heads at a time (each thread writes back the elements it read; padding heads stay zeros)."""
+        HALF: gl.constexpr = BH // 2
+        ROPE: gl.constexpr = D - QNOPE
+        ld_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[NW, 1],
+                                              order=[1, 0])
+        for hh in gl.static_range(2):
+            y = q_s.slice(hh * HALF, HALF).load(ld_l).to(gl.float32)
+            mean = _bf16(gl.sum(_bf16(y * y), axis=1) / D)
+            r = _bf16(gl.rsqrt(_bf16(mean + q_eps)))
+            q_s.slice(hh * HALF, HALF).store((y * r[:, None]).to(gl.bfloat16))
+        gl.thread_barrier()  # the rope columns of a head were normed by other threads
+        rope_s = q_s.slice(QNOPE, ROPE, dim=1)
+        a, c = gl.split(gl.reshape(rope_s.load(ld_l).to(gl.float32), [BH, ROPE // 2, 2]))
+        pair = gl.arange(0, ROPE // 2, layout=gl.SliceLayout(0, a.type.layout))
+        cs = gl.load(QCOS + t.to(gl.int64) * stride_qc + pair)[None, :]
+        sn = gl.load(QSIN + t.to(gl.int64) * stride_qc + pair)[None, :]
+        y = gl.convert_layout(gl.reshape(gl.join(a * cs - c * sn, a * sn + c * cs), [BH, ROPE]), ld_l)
+        rope_s.store(y.to(gl.bfloat16))
+
+    @gluon.jit
     def _attn_kernel(
-        Q, K, E, IDX, SINK, OUT, COS, SIN,
-        H, n_idx, q_pos0, key_pos0, window, scale,
-        stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct,
+        Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN,
+        H, n_idx, q_pos0, key_pos0, window, scale, q_eps,
+        stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc,
         D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr,
-        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr,
+        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
     ):
         BH: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
@@ -171,7 +209,8 @@ if HAS_TRITON:
                 n_list = n_idx
         n_tiles = n_win + gl.cdiv(n_list, BN)
 
-        # Q (padding heads zero-filled), then the first STAGES tiles (every slot)
+        # Q (padding heads zero-filled), then the first STAGES tiles (every slot); QNORM: Q normed in place once it
+        # landed, while the tiles land (the loop's first wait, fence and barrier cover its stores)
         qh = gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
         qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
         async_copy.async_copy_global_to_shared(
@@ -181,6 +220,10 @@ if HAS_TRITON:
         for s in gl.static_range(STAGES):
             _issue_tile(K, E, IDX, k_s, t, s, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
                         stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+        if QNORM:
+            async_copy.wait_group(STAGES)  # Q landed (this thread's copies) ...
+            gl.thread_barrier()  # ... and every thread's
+            _norm_q_in_place(q_s, QCOS, QSIN, t, q_eps, stride_qc, BH, D, QNOPE, NW)
 
         m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
@@ -213,19 +256,22 @@ if HAS_TRITON:
 def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,
                             entries: torch.Tensor | None, entry_idx: torch.Tensor | None, sink: torch.Tensor,
                             scale: float, cos: torch.Tensor | None, sin: torch.Tensor | None, out: torch.Tensor,
-                            causal_ratio: int, has_e: bool):
+                            causal_ratio: int, has_e: bool, q_norm: tuple | None = None):
     """The launch for `prefill_attention` (its inputs already checked, contiguous, sink / cos / sin fp32; `supports`
-    holds). Returns the compiled kernel."""
+    holds; q_norm: None or (eps, cos, sin) of q's pending norm + RoPE, fp32 tables). Returns the compiled kernel."""
     n, h, d = q.shape
     rot = cos is not None
+    q_eps, qcos, qsin = q_norm if q_norm is not None else (0.0, sink, sink)  # unread without q_norm
     causal = causal_ratio > 0 and has_e and entry_idx is None
     e = entries if has_e else keys
     idx = entry_idx if has_e and not causal else keys
     cs = (cos, sin) if rot else (sink, sink)  # unread if not rot
     return _attn_kernel[(n,)](
-        q, keys, e, idx, sink, out, cs[0], cs[1],
+        q, keys, e, idx, sink, out, cs[0], cs[1], qcos, qsin,
         h, (e.shape[0] if causal else idx.shape[1]) if has_e else 0, q_pos0, key_pos0, window, float(scale),
-        q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e and not causal else 0,
-        out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
+        float(q_eps), q.stride(0), q.stride(1), keys.stride(0), e.stride(0),
+        idx.stride(0) if has_e and not causal else 0, out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
+        qcos.stride(0) if q_norm is not None else 0,
         D=d, BN=BN, STAGES=STAGES, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
-        CAUSAL_R=causal_ratio if causal else 0, num_warps=8)
+        CAUSAL_R=causal_ratio if causal else 0, QNORM=q_norm is not None,
+        QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d, num_warps=8)

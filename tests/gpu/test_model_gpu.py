@@ -363,6 +363,24 @@ def test_block_sites_fused_across_blocks_match(monkeypatch):
     assert graphed.engine.model._graphs._steps
 
 
+def test_q_norm_in_the_prefill_kernel_matches(monkeypatch):
+    """attention.PREFILL_Q_NORM_IN_KERNEL (above PAIRED_QUERIES_MAX_T tokens the Gluon prefill kernel norms and
+    rotates q as it loads it, no `norm_rope` launch): logits at bf16 level of the separate launch's, the 300-token
+    prompt's layers through the kernel's q norm (counted); with the threshold at 0 tokens the batched decode steps
+    defer too and take `attend`'s `norm_rope` instead."""
+    from dsv4.kernels import prefill_attention_gluon as pg
+    from dsv4.model import attention
+
+    normed, launch = [], pg.prefill_attention_gluon
+    monkeypatch.setattr(pg, "prefill_attention_gluon",
+                        lambda *a, **k: normed.append(k.get("q_norm")) or launch(*a, **k))
+    for max_t in (attention.PAIRED_QUERIES_MAX_T, 0):
+        monkeypatch.setattr(attention, "PAIRED_QUERIES_MAX_T", max_t)
+        _assert_bf16_level(_logits_flag_off_on(monkeypatch, "PREFILL_Q_NORM_IN_KERNEL", seed=5),
+                           f"q norm in the kernel above {max_t} tokens")
+    assert any(x is not None for x in normed), "no prefill chunk took the kernel's q norm"
+
+
 def test_paired_norms_match_the_separate_launches(monkeypatch):
     """attention.PAIRED_NORMS (the q latent's and the window kv's norms in one launch; on CSA layers the q heads'
     and the indexer q's glue in another): prefill logits at every prompt position and the decode steps after them

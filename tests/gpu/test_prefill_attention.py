@@ -136,6 +136,27 @@ def test_prefill_attention_fuses_the_inverse_rope(kind, poison, close_bf16):
         close_bf16(y, ref, rel=REL, what=f"fused inverse RoPE {kind} dv={dv}")
 
 
+def test_prefill_attention_q_norm_is_norm_rope_first(poison):
+    """q_norm = (eps, cos, sin) on the Triton kernel: `norm_rope`'s per-head norm + RoPE of q first, the same bits;
+    mismatched tables are refused."""
+    from dsv4.kernels.norm_rope import UNWEIGHTED, norm_rope
+    from dsv4.kernels.prefill_attention import prefill_attention
+
+    gen = torch.Generator(DEV).manual_seed(23)
+    n, heads, rope = 21, 8, 16 if DEV == "cpu" else 64
+    q, keys, key_pos0, entries, idx, sink = _case(n, heads, 90, 40, 128, 30, "csa", gen)
+    theta = torch.rand(n, rope // 2, generator=gen, device=DEV) * 6.3
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    want = prefill_attention(norm_rope(q, norm=UNWEIGHTED, eps=1e-6, cos=cos, sin=sin), 90, keys, key_pos0, 128,
+                             entries, idx, sink, 0.1)
+    poison()
+    got = prefill_attention(q, 90, keys, key_pos0, 128, entries, idx, sink, 0.1, q_norm=(1e-6, cos, sin))
+    assert torch.equal(got, want)
+    assert not torch.equal(got, prefill_attention(q, 90, keys, key_pos0, 128, entries, idx, sink, 0.1))
+    with pytest.raises(ValueError, match="q_norm"):
+        prefill_attention(q, 90, keys, key_pos0, 128, entries, idx, sink, 0.1, q_norm=(1e-6, cos[1:], sin[1:]))
+
+
 @pytest.mark.parametrize("kind", ["csa", "hca"])
 def test_prefill_attention_unmasked_loads_give_the_masked_bits(kind, monkeypatch, poison, close_bf16):
     """UNMASKED_LOADS (default) gives the masked loads' bits exactly: padding rows are read from a valid row, their

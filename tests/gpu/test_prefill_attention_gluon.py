@@ -89,6 +89,32 @@ def test_gluon_fuses_the_inverse_rope(kind, gluon, poison, close_bf16):
                what=f"gluon fused inverse RoPE {kind}")
 
 
+@pytest.mark.parametrize("heads,hd,kind", [(64, 512, "csa"), (64, 512, "none"), (12, 128, "hca")])
+def test_gluon_norms_q_as_it_loads_it(heads, hd, kind, gluon, poison, close_bf16, monkeypatch):
+    """q_norm = (eps, cos, sin): the kernel applies q's per-head norm + RoPE itself -- the bits of `norm_rope` then
+    the kernel, up to the fp32 order of the norm's sum of squares (a head whose mean rounds the other way)."""
+    import test_prefill_attention as tpa
+
+    from dsv4.kernels.norm_rope import UNWEIGHTED, norm_rope
+
+    monkeypatch.setattr(tpa, "HD", hd)
+    gen = torch.Generator(DEV).manual_seed(heads + hd + len(kind))
+    n, rope, eps = 53, 64, 1e-6
+    q, keys, key_pos0, entries, idx, sink = _case(n, heads, 150, 60, 128, 90, kind, gen, topk=70)
+    q = q * torch.exp(torch.randn(n, heads, 1, generator=gen, device=DEV) * 2).to(torch.bfloat16)  # head scales
+    theta = torch.rand(n, rope // 2, generator=gen, device=DEV) * 6.3
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    ocos, osin = torch.cos(theta * 0.5), torch.sin(theta * 0.5)  # the inverse RoPE's tables: other values
+    want = gluon(norm_rope(q, norm=UNWEIGHTED, eps=eps, cos=cos, sin=sin), 150, keys, key_pos0, 128, entries, idx,
+                 sink, hd ** -0.5, ocos, osin)
+    poison()
+    got = gluon(q, 150, keys, key_pos0, 128, entries, idx, sink, hd ** -0.5, ocos, osin, q_norm=(eps, cos, sin))
+    differ = float((got != want).double().mean())
+    print(f"q norm in the kernel vs norm_rope first: {differ:.2e} of the elements differ")
+    assert differ < 0.02
+    close_bf16(got, want, rel=REL, what=f"q norm in the kernel {kind} heads={heads} hd={hd}")
+
+
 @pytest.mark.parametrize("n,q_pos0,past", [(37, 200, 127), (70, 0, 0), (20, 1000, 90)])
 def test_gluon_causal_entries_equal_the_list(n, q_pos0, past, gluon, poison):
     """HCA's causal walk gives the bits of the explicit list of every complete entry."""
@@ -111,3 +137,6 @@ def test_gluon_supports_only_its_shapes():
     assert not supports(q, 256, None, None, None)
     assert not supports(q, None, 32, None, None)
     assert not supports(q.cpu(), None, None, None, None)
+    from dsv4.kernels.prefill_attention_gluon import supports_q_norm
+    assert supports_q_norm(512, 64) and supports_q_norm(128, 64)
+    assert not supports_q_norm(512, 32) and not supports_q_norm(512, 96) and not supports_q_norm(64, 128)
