@@ -170,12 +170,13 @@ def prefill_attention(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0
     complete entry, (t + 1) // r of them for the query at t (HCA), the list not built; the same bits as that
     list. dv / bn / num_warps / num_stages: the output slice per program, keys per tile and the launch shape
     (defaults: the measured ones). q_norm = (eps, cos, sin): q is before its per-head norm + RoPE (`norm_rope`
-    UNWEIGHTED with these; cos / sin [n, rope/2]), which the Gluon kernel applies as it loads Q; other paths call
-    `norm_rope` first."""
+    UNWEIGHTED with these; cos / sin [n, rope/2]), which the Gluon kernel applies to Q in shared memory; other
+    paths call `norm_rope` first."""
     n, h, d = q.shape
     if q_norm is not None and (len(q_norm) != 3 or q_norm[1].shape != (n, q_norm[1].shape[-1])
                                or q_norm[2].shape != q_norm[1].shape or not 0 < 2 * q_norm[1].shape[-1] <= d):
-        raise ValueError(f"prefill_attention: q_norm must be (eps, cos, sin) with cos / sin [n={n}, rope/2 <= {d // 2}]")
+        raise ValueError(f"prefill_attention: q_norm must be (eps, cos, sin) with cos / sin [n={n}, rope/2 <= "
+                         f"{d // 2}]")
     rot = cos is not None
     if (sin is not None) != rot or (rot and (cos.dim() != 2 or cos.shape[0] != n or sin.shape != cos.shape
                                             or not 0 < 2 * cos.shape[1] <= d)):

@@ -62,7 +62,7 @@ PREFILL_HCA_CAUSAL = True
 PAIRED_NORMS = True
 PAIRED_QUERIES_MAX_T = 64
 # kernel mode, above PAIRED_QUERIES_MAX_T tokens: the q heads' norm + RoPE left to the prefill attention kernel,
-# which applies them to Q as it loads it (`prefill_attention(q_norm_eps=)`), instead of a `norm_rope` launch that
+# which applies them to Q in shared memory (`prefill_attention(q_norm=)`), instead of a `norm_rope` launch that
 # reads and writes [T, H, Dh] once more (8K Flash tokens: 2 x 537 MB per layer). Paths that take normed q
 # (decode kernels, the torch attention) get it from `norm_rope` in `attend` (`_normed_q`). H200 s37d, 4 Flash layers,
 # one 8K prefill, µs of GPU: attention 4258 -> 4753, norm_rope 1205 -> 177, the forward 44682 -> 44162 (-1.2 %)
