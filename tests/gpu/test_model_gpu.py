@@ -365,7 +365,7 @@ def test_block_sites_fused_across_blocks_match(monkeypatch):
 
 def test_q_norm_in_the_prefill_kernel_matches(monkeypatch):
     """attention.PREFILL_Q_NORM_IN_KERNEL (above PAIRED_QUERIES_MAX_T tokens the Gluon prefill kernel norms and
-    rotates q as it loads it, no `norm_rope` launch): logits at bf16 level of the separate launch's, the 300-token
+    rotates Q in shared memory, no `norm_rope` launch): logits at bf16 level of the separate launch's, the 300-token
     prompt's layers through the kernel's q norm (counted); with the threshold at 0 tokens the batched decode steps
     defer too and take `attend`'s `norm_rope` instead."""
     from dsv4.kernels import prefill_attention_gluon as pg

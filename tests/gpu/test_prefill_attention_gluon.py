@@ -90,9 +90,10 @@ def test_gluon_fuses_the_inverse_rope(kind, gluon, poison, close_bf16):
 
 
 @pytest.mark.parametrize("heads,hd,kind", [(64, 512, "csa"), (64, 512, "none"), (12, 128, "hca")])
-def test_gluon_norms_q_as_it_loads_it(heads, hd, kind, gluon, poison, close_bf16, monkeypatch):
-    """q_norm = (eps, cos, sin): the kernel applies q's per-head norm + RoPE itself -- the bits of `norm_rope` then
-    the kernel, up to the fp32 order of the norm's sum of squares (a head whose mean rounds the other way)."""
+def test_gluon_norms_q_in_shared_memory(heads, hd, kind, gluon, poison, close_bf16, monkeypatch):
+    """q_norm = (eps, cos, sin): the kernel applies q's per-head norm + RoPE to Q in shared memory -- the bits of
+    `norm_rope` then the kernel, up to the fp32 order of the norm's sum of squares (a head whose mean rounds the other
+    way); padding heads (12 of 64) included."""
     import test_prefill_attention as tpa
 
     from dsv4.kernels.norm_rope import UNWEIGHTED, norm_rope
