@@ -219,17 +219,17 @@ if HAS_TRITON:
             base = pid * 0  # ring position of the query's tile 0
             for t in range(pid, n_q, nprog):
                 gl.thread_barrier()  # the previous query's last P.V done in both warpgroups: its slot is free
-                acc, m, l, n_tiles = _run_query(K, E, IDX, QCOS, QSIN, q_s, k_s, p_s, t, base, q_pos0, key_pos0,
-                                                window, n_idx, scale, q_eps, stride_kt, stride_et, stride_it,
-                                                stride_qc, BH, BN, D, STAGES, HAS_E, CAUSAL_R, QNORM, QNOPE, ld_l,
-                                                s_l, o_l)
-                base = (base + n_tiles) & (STAGES - 1)
+                acc, m, l, tiles = _run_query(K, E, IDX, QCOS, QSIN, q_s, k_s, p_s, t, base, q_pos0, key_pos0,
+                                              window, n_idx, scale, q_eps, stride_kt, stride_et, stride_it,
+                                              stride_qc, BH, BN, D, STAGES, HAS_E, CAUSAL_R, QNORM, QNOPE, ld_l,
+                                              s_l, o_l)
+                base = (base + tiles) & (STAGES - 1)
                 if t + nprog < n_q:  # Q is free (every QK done), so is slot `base` (tile n_tiles - 2's P.V done)
                     t2 = t + nprog
-                    j_lo, j_hi, n_win, n_list, n_tiles = _span(t2, q_pos0, key_pos0, window, n_idx, BN, HAS_E,
-                                                               CAUSAL_R)
+                    j_lo2, j_hi2, n_win2, n_list2, n_tiles2 = _span(t2, q_pos0, key_pos0, window, n_idx, BN, HAS_E,
+                                                                    CAUSAL_R)
                     _issue_q(Q, q_s, t2, H, stride_qt, stride_qh, qh, qd)
-                    _issue_tile(K, E, IDX, k_s, t2, 0, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                    _issue_tile(K, E, IDX, k_s, t2, 0, n_tiles2, n_win2, j_lo2, j_hi2, n_list2, n_idx, stride_kt,
                                 stride_et, stride_it, base, BN, D, STAGES, ld_l, CAUSAL_R)
                 _epilogue(acc, m, l, SINK, OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct, BH, D, ROT, NOPE,
                           o_l, NW)
