@@ -6,7 +6,4 @@ source bench/runs/lib.sh
 run 240 tests/gpu/test_prefill_attention_gluon.py tests/gpu/test_prefill_attention.py \
   tests/gpu/test_model_gpu.py -k "gluon or q_norm or logits_match"
 F=dsv4.model.attention.PREFILL_Q_NORM_IN_KERNEL
-prefill8 100
-prefill8 100 $F=True
-prefill8 100
-prefill8 100 $F=True
+prefill_ab 100 $F

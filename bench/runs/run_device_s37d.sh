@@ -5,11 +5,5 @@
 source bench/runs/lib.sh
 run 200 tests/gpu/test_prefill_attention_gluon.py tests/gpu/test_model_gpu.py -k "q_norm or norms_q or supports"
 F=dsv4.model.attention.PREFILL_Q_NORM_IN_KERNEL
-for on in False True; do
-  timeout 120 python3 bench/flags.py $F=$on -- bench/profile_step.py --prefill 8192 2>&1 \
-    | grep -E "kernels, |_attn_kernel|norm_rope" | head -5
-done
-prefill8 100
-prefill8 100 $F=True
-prefill8 100
-prefill8 100 $F=True
+ktable 120 $F
+prefill_ab 100 $F

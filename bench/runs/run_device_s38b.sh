@@ -8,11 +8,5 @@
 source bench/runs/lib.sh
 run 300 tests/gpu/test_prefill_attention_gluon.py tests/gpu/test_model_gpu.py -k "persistent or gluon_matches"
 F=dsv4.kernels.prefill_attention_gluon.PERSISTENT
-for on in False True; do
-  timeout 120 python3 bench/flags.py $F=$on -- bench/profile_step.py --prefill 8192 2>&1 \
-    | grep -E "kernels, |_attn_kernel|norm_rope" | head -4
-done
-prefill8 100
-prefill8 100 $F=True
-prefill8 100
-prefill8 100 $F=True
+ktable 120 $F
+prefill_ab 100 $F
