@@ -199,12 +199,13 @@ class Attention(StackedProjections, nn.Module):
         `step` (a dsv4.engine.paged_decode.DecodeStep) replaces `segments` for a paged decode batch."""
         out = torch.empty_like(pre.q) if out is None else out
         # kernel mode on CUDA: one Triton launch per sequence over index lists (no [T, N] masks)
-        kernel = step is None and not _decode_shaped(segments) and self._prefill_kernel(pre)
+        decode = step is None and _decode_shaped(segments)
+        kernel = step is None and not decode and self._prefill_kernel(pre)
         if not kernel:
             pre = self._normed_q(pre)
         if step is not None:
             return self._attend_step(pre, step, out)
-        if _decode_shaped(segments):
+        if decode:
             return self._attend_decode(pre, segments, out)
         q, kv, rows, index_rows = pre.q, pre.kv, pre.rows, pre.index_rows
         if rotate and not kernel:
