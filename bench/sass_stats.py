@@ -28,7 +28,7 @@ ATTN_T = dict(Q="*bf16", POS="*i32", COS="*fp32", SIN="*fp32", SINK="*fp32", OUT
               CIDX="*i32", CCNT="*i32", scale="fp32")
 ATTN_C = dict(HD=512, NOPE=448, BH=16, BN=16, ROT=False, INTERP=False, SPLIT=True, WIN=128)
 MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL")} | {n: "*fp32" for n in ("POST", "COMB", "PART", "SQ")}
-MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False)
+MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False, COMB_ONCE=False)
 WIDE_T = dict(A="*bf16", W="*u8", WS="*i32", C="*bf16", SORTED="*i32", EXPERT_IDS="*i32", NUM_POST="*i32",
               TOPK_W="*fp32", limit="fp32", TILES="*i32")
 WIDE_C = dict(BM=128, BN=64, GLU=True, NW=4, STAGES=4, A_SMEM=False, GROUP_M=4, LISTED=True, STORE_T=False)
@@ -73,8 +73,8 @@ CASES = {
     # ... at prefill sizes (> 16 tokens: mhc.FUSED_BT / MIX_BT rows, the transposed dot, MIX_STAGES = 2)
     "mhc_mix_prefill": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=False, BT=64, TRANS=True), 4,
                         2, ("D", "d_per_split")),
-    "mhc_mix_post_prefill": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=True, BT=32, TRANS=True), 4,
-                             2, ("D", "d_per_split")),
+    "mhc_mix_post_prefill": ("mhc_kernels", "_mix_kernel", MIX_T,
+                             dict(MIX_C, FUSE_POST=True, BT=32, TRANS=True, COMB_ONCE=True), 4, 2, ("D", "d_per_split")),
     "mhc_rows_post": ("mhc_kernels", "_mix_rows_kernel", MIX_T, dict(FUSE_POST=True, NM=32, NP=32, BK=64,
                                                                       PREFETCH=True), 4, 1,
                       ("D", "d_per_split", "HCD")),

@@ -36,21 +36,26 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _post_stream(pk, f, cb, k: tl.constexpr, tmask, x0, x1, x2, x3):
-        """X'_k = post_k f + sum_j comb[j, k] X_j for a [BT, BK] tile (comb rows of 16 per token at cb)."""
-        return pk * f + (tl.load(cb + 0 + k, mask=tmask, other=0.0)[:, None] * x0
-                         + tl.load(cb + 4 + k, mask=tmask, other=0.0)[:, None] * x1
-                         + tl.load(cb + 8 + k, mask=tmask, other=0.0)[:, None] * x2
-                         + tl.load(cb + 12 + k, mask=tmask, other=0.0)[:, None] * x3)
+    def _post_stream(pk, f, c0k, c1k, c2k, c3k, x0, x1, x2, x3):
+        """X'_k = post_k f + sum_j comb[j, k] X_j (a [BT, BK] tile with [BT, 1] columns, or one token's row)."""
+        return pk * f + (c0k * x0 + c1k * x1 + c2k * x2 + c3k * x3)
+
+    @triton.jit
+    def _comb_columns(COMB, offs_t, k: tl.constexpr, tmask):
+        """comb[:, j, k] for j = 0..3 as [BT, 1] columns (comb rows of 16 per token)."""
+        cb = COMB + offs_t * 16 + k
+        return (tl.load(cb + 0, mask=tmask, other=0.0)[:, None], tl.load(cb + 4, mask=tmask, other=0.0)[:, None],
+                tl.load(cb + 8, mask=tmask, other=0.0)[:, None], tl.load(cb + 12, mask=tmask, other=0.0)[:, None])
 
     @pdl_kernel
     @triton.jit
     def _mix_kernel(
         X, F, POST, COMB, XOUT, FH, FL, PART, SQ, T, D, d_per_split,
         FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-        INTERP: tl.constexpr, TRANS: tl.constexpr,
+        INTERP: tl.constexpr, TRANS: tl.constexpr, COMB_ONCE: tl.constexpr,
     ):
-        """The mix (docstring of dsv4.kernels.mhc)."""
+        """The mix (docstring of dsv4.kernels.mhc). COMB_ONCE: the fused post's comb columns loaded before the
+        column loop (registers) rather than in every step."""
         pdl_wait()
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
@@ -63,6 +68,11 @@ if HAS_TRITON:
             p1 = tl.load(POST + offs_t * 4 + 1, mask=tmask, other=0.0)[:, None]
             p2 = tl.load(POST + offs_t * 4 + 2, mask=tmask, other=0.0)[:, None]
             p3 = tl.load(POST + offs_t * 4 + 3, mask=tmask, other=0.0)[:, None]
+        if FUSE_POST and COMB_ONCE:
+            c00, c10, c20, c30 = _comb_columns(COMB, offs_t, 0, tmask)
+            c01, c11, c21, c31 = _comb_columns(COMB, offs_t, 1, tmask)
+            c02, c12, c22, c32 = _comb_columns(COMB, offs_t, 2, tmask)
+            c03, c13, c23, c33 = _comb_columns(COMB, offs_t, 3, tmask)
         if TRANS:
             acc = tl.zeros((2 * NP, BT), dtype=tl.float32)
         else:
@@ -78,11 +88,15 @@ if HAS_TRITON:
             x3 = tl.load(X + row + 3 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
             if FUSE_POST:
                 f = tl.load(F + offs_t[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
-                cb = COMB + offs_t * 16
-                y0 = _post_stream(p0, f, cb, 0, tmask, x0, x1, x2, x3)
-                y1 = _post_stream(p1, f, cb, 1, tmask, x0, x1, x2, x3)
-                y2 = _post_stream(p2, f, cb, 2, tmask, x0, x1, x2, x3)
-                y3 = _post_stream(p3, f, cb, 3, tmask, x0, x1, x2, x3)
+                if not COMB_ONCE:
+                    c00, c10, c20, c30 = _comb_columns(COMB, offs_t, 0, tmask)
+                    c01, c11, c21, c31 = _comb_columns(COMB, offs_t, 1, tmask)
+                    c02, c12, c22, c32 = _comb_columns(COMB, offs_t, 2, tmask)
+                    c03, c13, c23, c33 = _comb_columns(COMB, offs_t, 3, tmask)
+                y0 = _post_stream(p0, f, c00, c10, c20, c30, x0, x1, x2, x3)
+                y1 = _post_stream(p1, f, c01, c11, c21, c31, x0, x1, x2, x3)
+                y2 = _post_stream(p2, f, c02, c12, c22, c32, x0, x1, x2, x3)
+                y3 = _post_stream(p3, f, c03, c13, c23, c33, x0, x1, x2, x3)
                 b0, b1, b2, b3 = y0.to(tl.bfloat16), y1.to(tl.bfloat16), y2.to(tl.bfloat16), y3.to(tl.bfloat16)
                 orow = XOUT + row + offs_d[None, :]
                 tl.store(orow + 0 * D, b0, mask=m2)
@@ -162,8 +176,8 @@ if HAS_TRITON:
     @triton.jit
     def _post_row(pk, f, cb, k: tl.constexpr, x0, x1, x2, x3):
         """`_post_stream` for one token's [BK] columns (comb scalars): the same expression, the same bits."""
-        return pk * f + (tl.load(cb + 0 + k) * x0 + tl.load(cb + 4 + k) * x1 + tl.load(cb + 8 + k) * x2
-                         + tl.load(cb + 12 + k) * x3)
+        return _post_stream(pk, f, tl.load(cb + 0 + k), tl.load(cb + 4 + k), tl.load(cb + 8 + k), tl.load(cb + 12 + k),
+                            x0, x1, x2, x3)
 
     @triton.jit
     def _mix_fma(acc, xk, FH, FL, col0, offs_n, offs_d, dm, HCD):
