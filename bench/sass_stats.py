@@ -146,7 +146,7 @@ CASES = {
                            dict(Q="*bf16", K="*bf16", E="*bf16", IDX="*i32", SINK="*fp32", OUT="*bf16", COS="*fp32",
                                 SIN="*fp32", QCOS="*fp32", QSIN="*fp32", scale="fp32", q_eps="fp32"),
                            dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0, QNORM=False,
-                                QNOPE=448, PERSIST=False), 8, 1,
+                                QNOPE=448), 8, 1,
                            ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot", "stride_oh")),
     # ... with q's per-head norm + RoPE applied as it loads Q (prefill_attention(q_norm=))
     "prefill_attn_gluon_qnorm": ("prefill_attention_gluon", "_attn_kernel",
@@ -154,18 +154,9 @@ CASES = {
                                       COS="*fp32", SIN="*fp32", QCOS="*fp32", QSIN="*fp32", scale="fp32",
                                       q_eps="fp32"),
                                  dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0, QNORM=True,
-                                      QNOPE=448, PERSIST=False), 8, 1,
+                                      QNOPE=448), 8, 1,
                                  ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot",
                                   "stride_oh", "stride_qc")),
-    # ... persistent (a program per SM walking the queries; prefill_attention_gluon.PERSISTENT)
-    "prefill_attn_gluon_persist": ("prefill_attention_gluon", "_attn_kernel",
-                                   dict(Q="*bf16", K="*bf16", E="*bf16", IDX="*i32", SINK="*fp32", OUT="*bf16",
-                                        COS="*fp32", SIN="*fp32", QCOS="*fp32", QSIN="*fp32", scale="fp32",
-                                        q_eps="fp32"),
-                                   dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0,
-                                        QNORM=True, QNOPE=448, PERSIST=True), 8, 1,
-                                   ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot",
-                                    "stride_oh", "stride_qc")),
     # the prefill MoE GLU (Gluon): one warpgroup, 64 weight rows x 128 pairs, weight pairs as stored / permuted
     "moe_glu_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0), 4, 1, WIDE_DIV16),
     "moe_glu_wide_perm": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2), 4, 1, WIDE_DIV16),

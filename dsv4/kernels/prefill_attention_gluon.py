@@ -19,8 +19,6 @@ are added once at the end (s34d -> s34e: CSA 2.37 -> 2.34 ms at 8K). The arithme
 rounded to bf16 and, with cos / sin, rotated back by -t (`norm_rope(inverse=True)`'s expressions). Only the
 fp32 summation orders differ from the Triton kernel's (the wgmmas' instruction shape, the two partial sums).
 
-PERSISTENT launches loop over queries in each program (module constant below).
-
 QNORM: q arrives before its per-head norm + RoPE (`prefill_attention(q_norm=)`); once its copy has landed (the first
 tiles' copies still in flight) the program applies `norm_rope`'s UNWEIGHTED expressions to Q in shared memory, half
 the heads at a time, saving the [T, H, D] write and read of a separate `norm_rope` launch.
@@ -32,12 +30,7 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P: 200 KB of shared memory)
-STAGES = 2  # (a power of two: a tile's ring slot is (base + i) & (STAGES - 1))
-# a program per SM walking queries pid, pid + grid, ...: the next query's Q and tile 0 copies are issued before this
-# query's epilogue (and, with QNORM, land before its norm), where a program per query starts them cold. The same
-# bits per query. Prepared in session 37 without a GPU: opt-in until measured (bench/runs/run_device_s38b.sh)
-PERSISTENT = False
-PERSISTENT_PROGRAMS = None  # programs of a persistent launch (None: the SM count; tests lower it)
+STAGES = 2
 
 
 def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | None,
@@ -83,15 +76,14 @@ if HAS_TRITON:
 
     @gluon.jit
     def _issue_tile(K, E, IDX, k_s, t, i, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                    stride_it, base, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, ld_l: gl.constexpr,
+                    stride_it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, ld_l: gl.constexpr,
                     CAUSAL_R: gl.constexpr):
-        """cp.async of tile i's [BN, D] key rows into ring slot (base + i) % STAGES (base: the ring position of the
-        query's tile 0; STAGES a power of two); one commit group (empty past the end)."""
+        """cp.async of tile i's [BN, D] key rows into ring slot i % STAGES; one commit group (empty past the end)."""
         if i < n_tiles:
             ptrs, _ = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
                                  BN, gl.SliceLayout(1, ld_l), CAUSAL_R)
             cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
-            async_copy.async_copy_global_to_shared(k_s.index((base + i) & (STAGES - 1)), ptrs[:, None] + cols[None, :])
+            async_copy.async_copy_global_to_shared(k_s.index(i % STAGES), ptrs[:, None] + cols[None, :])
         async_copy.commit_group()
 
     @gluon.jit
@@ -110,7 +102,7 @@ if HAS_TRITON:
 
     @gluon.jit
     def _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                    stride_et, stride_it, scale, base, BH: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                    stride_et, stride_it, scale, BH: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                     STAGES: gl.constexpr, ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr,
                     CAUSAL_R: gl.constexpr):
         """The tiles' loop, every slot refilled as soon as its P.V completes and before the wait for the next tile
@@ -120,7 +112,7 @@ if HAS_TRITON:
         async_copy.wait_group(STAGES - 1)  # Q and tile 0 landed (this thread's copies)
         fence_async_shared()
         gl.thread_barrier()
-        s = warpgroup_mma(q_s, k_s.index(base & (STAGES - 1)).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _, valid = _tile_rows(K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
                               stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
         s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
@@ -129,17 +121,16 @@ if HAS_TRITON:
         fence_async_shared()
         gl.thread_barrier()
         acc = gl.zeros([BH, D], gl.float32, layout=o_l)
-        acc = warpgroup_mma(p_s, k_s.index(base & (STAGES - 1)), acc, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_s, k_s.index(0), acc, use_acc=False, is_async=True)
         for i in range(1, n_tiles):
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])  # P.V(i - 1) done
             gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
             _issue_tile(K, E, IDX, k_s, t, i - 1 + STAGES, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                        stride_et, stride_it, base, BN, D, STAGES, ld_l, CAUSAL_R)
+                        stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
             async_copy.wait_group(STAGES - 1)  # tile i landed (the later ones may still be in flight)
             fence_async_shared()
             gl.thread_barrier()
-            s = warpgroup_mma(q_s, k_s.index((base + i) & (STAGES - 1)).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
+            s = warpgroup_mma(q_s, k_s.index(i % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
                                   stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
             s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
@@ -148,7 +139,7 @@ if HAS_TRITON:
             p_s.store(p)
             fence_async_shared()
             gl.thread_barrier()
-            acc = warpgroup_mma(p_s, k_s.index((base + i) & (STAGES - 1)), acc, is_async=True)
+            acc = warpgroup_mma(p_s, k_s.index(i % STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         async_copy.wait_group(0)
         return acc, m, l
@@ -184,10 +175,10 @@ if HAS_TRITON:
     @gluon.jit
     def _attn_kernel(
         Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN,
-        n_q, H, n_idx, q_pos0, key_pos0, window, scale, q_eps,
+        H, n_idx, q_pos0, key_pos0, window, scale, q_eps,
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc,
         D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr,
-        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, PERSIST: gl.constexpr,
+        NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
     ):
         BH: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
@@ -205,67 +196,7 @@ if HAS_TRITON:
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], kv_sl)
         p_s = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], p_sl)
 
-        pid = gl.program_id(0)
-        qh = gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
-        qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
-        # Q (padding heads zero-filled) and tile 0 of the program's (first) query, then in `_run_query` its other
-        # tiles; PERSIST: the next query's Q and tile 0 before this query's epilogue
-        j_lo, j_hi, n_win, n_list, n_tiles = _span(pid, q_pos0, key_pos0, window, n_idx, BN, HAS_E, CAUSAL_R)
-        _issue_q(Q, q_s, pid, H, stride_qt, stride_qh, qh, qd)
-        _issue_tile(K, E, IDX, k_s, pid, 0, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                    stride_it, 0, BN, D, STAGES, ld_l, CAUSAL_R)
-        if PERSIST:
-            nprog = gl.num_programs(0)
-            base = pid * 0  # ring position of the query's tile 0
-            for t in range(pid, n_q, nprog):
-                gl.thread_barrier()  # the previous query's last P.V done in both warpgroups: its slot is free
-                acc, m, l, tiles = _run_query(K, E, IDX, QCOS, QSIN, q_s, k_s, p_s, t, base, q_pos0, key_pos0,
-                                              window, n_idx, scale, q_eps, stride_kt, stride_et, stride_it,
-                                              stride_qc, BH, BN, D, STAGES, HAS_E, CAUSAL_R, QNORM, QNOPE, ld_l,
-                                              s_l, o_l)
-                base = (base + tiles) & (STAGES - 1)
-                if t + nprog < n_q:  # Q is free (every QK done), so is slot `base` (tile n_tiles - 2's P.V done)
-                    t2 = t + nprog
-                    j_lo2, j_hi2, n_win2, n_list2, n_tiles2 = _span(t2, q_pos0, key_pos0, window, n_idx, BN, HAS_E,
-                                                                    CAUSAL_R)
-                    _issue_q(Q, q_s, t2, H, stride_qt, stride_qh, qh, qd)
-                    _issue_tile(K, E, IDX, k_s, t2, 0, n_tiles2, n_win2, j_lo2, j_hi2, n_list2, n_idx, stride_kt,
-                                stride_et, stride_it, base, BN, D, STAGES, ld_l, CAUSAL_R)
-                _epilogue(acc, m, l, SINK, OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct, BH, D, ROT, NOPE,
-                          o_l, NW)
-        else:
-            acc, m, l, n_tiles = _run_query(K, E, IDX, QCOS, QSIN, q_s, k_s, p_s, pid, 0, q_pos0, key_pos0, window,
-                                            n_idx, scale, q_eps, stride_kt, stride_et, stride_it, stride_qc, BH, BN,
-                                            D, STAGES, HAS_E, CAUSAL_R, QNORM, QNOPE, ld_l, s_l, o_l)
-            _epilogue(acc, m, l, SINK, OUT, COS, SIN, pid, H, stride_ot, stride_oh, stride_ct, BH, D, ROT, NOPE, o_l,
-                      NW)
-
-    @gluon.jit
-    def _run_query(K, E, IDX, QCOS, QSIN, q_s, k_s, p_s, t, base, q_pos0, key_pos0, window, n_idx, scale, q_eps,
-                   stride_kt, stride_et, stride_it, stride_qc, BH: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
-                   STAGES: gl.constexpr, HAS_E: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr,
-                   QNOPE: gl.constexpr, ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr):
-        """Query t once its Q and tile 0 copies are issued (ring position `base`): the other first tiles' copies, Q's
-        norm (QNORM), the tiles' loop. -> (acc, running max, running sums, its tile count)."""
-        j_lo, j_hi, n_win, n_list, n_tiles = _span(t, q_pos0, key_pos0, window, n_idx, BN, HAS_E, CAUSAL_R)
-        for s in gl.static_range(1, STAGES):
-            _issue_tile(K, E, IDX, k_s, t, s, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                        stride_it, base, BN, D, STAGES, ld_l, CAUSAL_R)
-        if QNORM:  # (the loop's first wait, fence and barrier cover the rewritten Q)
-            async_copy.wait_group(STAGES)  # Q landed (this thread's copies) ...
-            gl.thread_barrier()  # ... and every thread's
-            _norm_q_in_place(q_s, QCOS, QSIN, t, q_eps, stride_qc, BH, D, QNOPE, gl.num_warps())
-        m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
-        s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
-        l = gl.sum(gl.reshape(s_zero, [BH, 2, BN // 2]), axis=2)  # running sums per warpgroup's keys
-        acc, m, l = _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
-                                stride_kt, stride_et, stride_it, scale, base, BH, BN, D, STAGES, ld_l, s_l, o_l,
-                                CAUSAL_R)
-        return acc, m, l, n_tiles
-
-    @gluon.jit
-    def _span(t, q_pos0, key_pos0, window, n_idx, BN: gl.constexpr, HAS_E: gl.constexpr, CAUSAL_R: gl.constexpr):
-        """Query t's keys: its window rows [j_lo, j_hi) of K, how many tiles they take, its entry count, all tiles."""
+        t = gl.program_id(0)
         pos = q_pos0 + t
         j_lo = gl.maximum(pos - window + 1 - key_pos0, 0)
         j_hi = pos - key_pos0 + 1  # exclusive: the query's own key is the last one
@@ -276,20 +207,30 @@ if HAS_TRITON:
                 n_list = gl.minimum((pos + 1) // CAUSAL_R, n_idx)
             else:
                 n_list = n_idx
-        return j_lo, j_hi, n_win, n_list, n_win + gl.cdiv(n_list, BN)
+        n_tiles = n_win + gl.cdiv(n_list, BN)
 
-    @gluon.jit
-    def _issue_q(Q, q_s, t, H, stride_qt, stride_qh, qh, qd):
-        """cp.async of query t's [64 heads, D] rows into q_s (padding heads zero-filled); one commit group."""
+        # Q (padding heads zero-filled), then the first STAGES tiles (every slot); QNORM: Q normed in place once it
+        # landed, while the tiles land (the loop's first wait, fence and barrier cover its stores)
+        qh = gl.arange(0, BH, layout=gl.SliceLayout(1, ld_l))
+        qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
         async_copy.async_copy_global_to_shared(
             q_s, Q + t.to(gl.int64) * stride_qt + qh[:, None] * stride_qh + qd[None, :],
             mask=(qh < H)[:, None] & (qd >= 0)[None, :])
         async_copy.commit_group()
+        for s in gl.static_range(STAGES):
+            _issue_tile(K, E, IDX, k_s, t, s, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
+                        stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+        if QNORM:
+            async_copy.wait_group(STAGES)  # Q landed (this thread's copies) ...
+            gl.thread_barrier()  # ... and every thread's
+            _norm_q_in_place(q_s, QCOS, QSIN, t, q_eps, stride_qc, BH, D, QNOPE, NW)
 
-    @gluon.jit
-    def _epilogue(acc, m, l, SINK, OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct, BH: gl.constexpr,
-                  D: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr, o_l: gl.constexpr, NW: gl.constexpr):
-        """Query t's output: the sink in the denominator, bf16, with ROT the inverse RoPE, stored."""
+        m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
+        s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
+        l = gl.sum(gl.reshape(s_zero, [BH, 2, BN // 2]), axis=2)  # running sums per warpgroup's keys
+        acc, m, l = _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
+                                stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l, CAUSAL_R)
+
         offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
         row_l: gl.constexpr = gl.SliceLayout(1, o_l)
@@ -325,15 +266,12 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
     e = entries if has_e else keys
     idx = entry_idx if has_e and not causal else keys
     cs = (cos, sin) if rot else (sink, sink)  # unread if not rot
-    grid = n
-    if PERSISTENT:  # one program per SM at most (205 KB of shared memory each), walking the queries
-        grid = min(n, PERSISTENT_PROGRAMS or torch.cuda.get_device_properties(q.device).multi_processor_count)
-    return _attn_kernel[(grid,)](
+    return _attn_kernel[(n,)](
         q, keys, e, idx, sink, out, cs[0], cs[1], qcos, qsin,
-        n, h, (e.shape[0] if causal else idx.shape[1]) if has_e else 0, q_pos0, key_pos0, window, float(scale),
+        h, (e.shape[0] if causal else idx.shape[1]) if has_e else 0, q_pos0, key_pos0, window, float(scale),
         float(q_eps), q.stride(0), q.stride(1), keys.stride(0), e.stride(0),
         idx.stride(0) if has_e and not causal else 0, out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
         qcos.stride(0) if q_norm is not None else 0,
         D=d, BN=BN, STAGES=STAGES, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
         CAUSAL_R=causal_ratio if causal else 0, QNORM=q_norm is not None,
-        QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d, PERSIST=PERSISTENT, num_warps=8)
+        QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d, num_warps=8)

@@ -381,16 +381,6 @@ def test_q_norm_in_the_prefill_kernel_matches(monkeypatch):
     assert any(x is not None for x in normed), "no prefill chunk took the kernel's q norm"
 
 
-def test_persistent_prefill_attention_is_bit_identical(monkeypatch):
-    """prefill_attention_gluon.PERSISTENT (a program per SM walking the queries): prefill and decode logits equal
-    those of a program per query, bit for bit."""
-    from dsv4.kernels import prefill_attention_gluon as pg
-
-    runs = _logits_flag_off_on(monkeypatch, "PERSISTENT", seed=7, module=pg)
-    assert torch.isfinite(runs[0]).all()
-    assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"
-
-
 def test_paired_norms_match_the_separate_launches(monkeypatch):
     """attention.PAIRED_NORMS (the q latent's and the window kv's norms in one launch; on CSA layers the q heads'
     and the indexer q's glue in another): prefill logits at every prompt position and the decode steps after them

@@ -116,33 +116,6 @@ def test_gluon_norms_q_in_shared_memory(heads, hd, kind, gluon, poison, close_bf
     close_bf16(got, want, rel=REL, what=f"q norm in the kernel {kind} heads={heads} hd={hd}")
 
 
-@pytest.mark.parametrize("kind", ["csa", "hca", "none", "causal"])
-@pytest.mark.parametrize("qnorm", [False, True])
-def test_gluon_persistent_gives_the_per_query_bits(kind, qnorm, gluon, poison, monkeypatch):
-    """PERSISTENT (3 programs walking 70 queries whose tile counts differ, so the ring position of a query's tile 0
-    changes; the next query's Q and tile 0 copies in flight during each epilogue): the bits of a program per query,
-    with the inverse RoPE and with / without the Q norm."""
-    from dsv4.kernels import prefill_attention_gluon as pg
-
-    gen = torch.Generator(DEV).manual_seed(61 + len(kind) + qnorm)
-    n, rope, kw = 70, 64, {}
-    if kind == "causal":
-        q, keys, key_pos0, entries, _, sink = causal_case(n, 64, 300, 100, 4, 300, gen)
-        idx, kw = None, dict(causal_ratio=4)
-    else:
-        q, keys, key_pos0, entries, idx, sink = _case(n, 64, 300, 100, 128, 150, kind, gen, topk=100)
-    theta = torch.rand(n, rope // 2, generator=gen, device=DEV) * 6.3
-    cos, sin = torch.cos(theta), torch.sin(theta)
-    if qnorm:
-        kw["q_norm"] = (1e-6, torch.cos(theta * 0.7), torch.sin(theta * 0.7))
-    want = gluon(q, 300, keys, key_pos0, 128, entries, idx, sink, 0.05, cos, sin, **kw)
-    monkeypatch.setattr(pg, "PERSISTENT", True)
-    monkeypatch.setattr(pg, "PERSISTENT_PROGRAMS", 3)
-    poison()
-    got = gluon(q, 300, keys, key_pos0, 128, entries, idx, sink, 0.05, cos, sin, **kw)
-    assert torch.equal(got, want), f"{(got != want).sum().item()} elements differ"
-
-
 @pytest.mark.parametrize("n,q_pos0,past", [(37, 200, 127), (70, 0, 0), (20, 1000, 90)])
 def test_gluon_causal_entries_equal_the_list(n, q_pos0, past, gluon, poison):
     """HCA's causal walk gives the bits of the explicit list of every complete entry."""
