@@ -27,6 +27,12 @@ ATTN_T = dict(Q="*bf16", POS="*i32", COS="*fp32", SIN="*fp32", SINK="*fp32", OUT
               WQ="*fp8e4nv", WS="*u8", WR="*bf16", WTAB="*i32", CQ="*fp8e4nv", CS="*u8", CR="*bf16", CTAB="*i32",
               CIDX="*i32", CCNT="*i32", scale="fp32")
 ATTN_C = dict(HD=512, NOPE=448, BH=16, BN=16, ROT=False, INTERP=False, SPLIT=True, WIN=128)
+GLUON_ATTN_T = dict(Q="*bf16", K="*bf16", E="*bf16", IDX="*i32", SINK="*fp32", OUT="*bf16", COS="*fp32",
+                    SIN="*fp32", QCOS="*fp32", QSIN="*fp32", scale="fp32", q_eps="fp32")
+GLUON_ATTN_C = dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0, QNORM=True, QNOPE=448,
+                    PIPELINED=False)
+GLUON_ATTN_DIV16 = ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot", "stride_oh",
+                    "stride_qc")
 MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL")} | {n: "*fp32" for n in ("POST", "COMB", "PART", "SQ")}
 MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False, COMB_ONCE=False)
 WIDE_T = dict(A="*bf16", W="*u8", WS="*i32", C="*bf16", SORTED="*i32", EXPERT_IDS="*i32", NUM_POST="*i32",
@@ -141,22 +147,14 @@ CASES = {
                                 NOPE=448, UNMASKED=True, CAUSAL_R=0),
                            8, 2, ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot",
                                   "stride_oh")),
-    # the same attention in Gluon (explicit asynchronous wgmmas; dsv4.kernels.prefill_attention_gluon)
-    "prefill_attn_gluon": ("prefill_attention_gluon", "_attn_kernel",
-                           dict(Q="*bf16", K="*bf16", E="*bf16", IDX="*i32", SINK="*fp32", OUT="*bf16", COS="*fp32",
-                                SIN="*fp32", QCOS="*fp32", QSIN="*fp32", scale="fp32", q_eps="fp32"),
-                           dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0, QNORM=False,
-                                QNOPE=448), 8, 1,
-                           ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot", "stride_oh")),
-    # ... with q's per-head norm + RoPE applied as it loads Q (prefill_attention(q_norm=))
-    "prefill_attn_gluon_qnorm": ("prefill_attention_gluon", "_attn_kernel",
-                                 dict(Q="*bf16", K="*bf16", E="*bf16", IDX="*i32", SINK="*fp32", OUT="*bf16",
-                                      COS="*fp32", SIN="*fp32", QCOS="*fp32", QSIN="*fp32", scale="fp32",
-                                      q_eps="fp32"),
-                                 dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0, QNORM=True,
-                                      QNOPE=448), 8, 1,
-                                 ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot",
-                                  "stride_oh", "stride_qc")),
+    # the same attention in Gluon (explicit asynchronous wgmmas; dsv4.kernels.prefill_attention_gluon); _qnorm: with
+    # q's per-head norm + RoPE applied to Q in shared memory (prefill_attention(q_norm=)); _bn32: 32-key tiles on a
+    # 4-slot ring; _pipe: the same with QK(i + 1) issued before P.V(i) (PIPELINED)
+    **{name: ("prefill_attention_gluon", "_attn_kernel", GLUON_ATTN_T, dict(GLUON_ATTN_C, **c), 8, 1, GLUON_ATTN_DIV16)
+       for name, c in (("prefill_attn_gluon", dict(QNORM=False)), ("prefill_attn_gluon_qnorm", {}),
+                       ("prefill_attn_gluon_bn32", dict(BN=32, STAGES=4)),
+                       ("prefill_attn_gluon_pipe", dict(BN=32, STAGES=4, PIPELINED=True)),
+                       ("prefill_attn_gluon_pipe3", dict(BN=32, STAGES=3, PIPELINED=True)))},
     # the prefill MoE GLU (Gluon): one warpgroup, 64 weight rows x 128 pairs, weight pairs as stored / permuted
     "moe_glu_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0), 4, 1, WIDE_DIV16),
     "moe_glu_wide_perm": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2), 4, 1, WIDE_DIV16),
@@ -262,6 +260,8 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
     print(f"{name:20s} warps {warps} stages {n_stages}: {regs.group(1) if regs else '?'} registers, "
           f"{spill.group(1) if spill else '?'} B spilled, {sum(ops.values())} SASS instructions; "
           + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
+    for warning in re.findall(r".*(?:warning|Performance Loss).*", info):  # e.g. every wgmma serialised (C7514)
+        print("    ptxas: " + warning.strip()[:240])
     if widths:  # global loads / stores by width (a 16-bit store where 16-byte ones were meant: session 32)
         print("    " + ", ".join(f"{op} {n}" for op, n in global_accesses(k.asm["ptx"]).most_common()))
     if loops:

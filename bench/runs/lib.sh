@@ -56,13 +56,15 @@ ncu_src() {
     -f -o $OUT/$2 python3 "${@:3}" > /dev/null 2>&1
   ncu --import $OUT/$2.ncu-rep --page source --csv --print-source sass 2>/dev/null | python3 bench/ncu_source_top.py
 }
-# `ktable LIMIT FLAG [REGEX]`: 4 Flash layers, one 8K prefill (bench/profile_step.py) with the module flag off, then
-# on: the kernel count and GPU µs, and the lines of the kernels matching REGEX (default: attention and norm_rope).
+# `ktab LIMIT REGEX module.FLAG=value...`: 4 Flash layers, one 8K prefill (bench/profile_step.py) with the module
+# flags set: the kernel count and GPU µs, and the lines of the kernels matching REGEX.
+ktab() {
+  timeout $1 python3 bench/flags.py "${@:3}" -- bench/profile_step.py --prefill 8192 2>&1 \
+    | grep -E "kernels, |$2" | head -6
+}
+# `ktable LIMIT FLAG [REGEX]`: `ktab` with the module flag off, then on (REGEX default: attention and norm_rope).
 ktable() {
-  for on in False True; do
-    timeout $1 python3 bench/flags.py $2=$on -- bench/profile_step.py --prefill 8192 2>&1 \
-      | grep -E "kernels, |${3:-_attn_kernel|norm_rope}" | head -6
-  done
+  for on in False True; do ktab $1 "${3:-_attn_kernel|norm_rope}" $2=$on; done
 }
 # `prefill_ab LIMIT FLAG`: `prefill8` with the module flag off, on, off, on.
 prefill_ab() {
