@@ -3,8 +3,7 @@
 # per-token columns once, before its column loop; s38a's Nsight source counters put the loop-top barrier's
 # long-scoreboard wait first, and the per-step comb loads were 32 of its 58 cp.async per step). The GPU tests (mHC
 # and block sites: bits against the torch reference; the Gluon attention's new PIPELINED loop: the plain loop's
-# bits), then the fused site at 8K off / on (CUDA graphs), the 4-layer 8K kernel table off / on, and the 8-layer
-# 8K prefill off / on twice.
+# bits), then the fused site at 8K off / on (CUDA graphs) and the 4-layer 8K kernel table off / on.
 source bench/runs/lib.sh
 run 300 tests/gpu/test_mhc.py tests/gpu/test_block_sites.py tests/gpu/test_prefill_attention_gluon.py
 F=dsv4.kernels.mhc.MIX_COMB_ONCE
@@ -13,4 +12,3 @@ for on in False True; do
     --warps 4 --calls 3 2>&1 | grep default
 done
 ktable 120 $F "_mix_kernel|_finish"
-prefill_ab 100 $F
