@@ -70,10 +70,6 @@ MIX_STAGES = 2
 # `bench/sweep_mhc_mix.py`): hc_post_pre 624 -> 403 (32 x 64 on 2 stages; ptxas at 32 x 32: 128 registers, no
 # spills, where the untransposed mix took 255 + spills), hc_pre 261 -> 252
 MIX_TRANS = True
-# prefill mixes with the post fused in load comb's 16 per-token columns once, before the column loop, instead of
-# in every step (offline: 234 -> 228 registers, loop 1,055 -> 927 instructions, 58 -> 26 cp.async per step; the
-# 16-row decode tiles spill with it, so they keep the per-step loads).
-MIX_COMB_ONCE = True
 # Up to this many tokens the mHC sites with the post fused in, and the HC head, mix on CUDA cores
 # (`_mix_rows_kernel`, ROWS_BK columns of each stream per program) instead of a 16-row dot tile with one live row.
 # Session 19 (H200, T = 1, µs per site in a graph, dot -> rows): hc_post_pre 10.76 -> 9.26, hc_head 7.50 -> 5.45;
@@ -230,7 +226,10 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
         _mix_kernel[(triton.cdiv(t, bt), split)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
             FUSE_POST=fuse is not None, DO_MIX=fin is not None, NP=MIX_PAD, BT=bt, BK=bk, INTERP=INTERPRET,
-            TRANS=MIX_TRANS and prefill, COMB_ONCE=MIX_COMB_ONCE and prefill,
+            TRANS=MIX_TRANS and prefill,
+            # prefill: comb's 16 per-token columns loaded once, before the column loop, not in every step (s38e, 8K
+            # fused site 382 -> 368 µs; 234 -> 228 registers, 58 -> 26 cp.async per step); 16-row tiles spill with it
+            COMB_ONCE=prefill,
             num_warps=MIX_WARPS if prefill else 4, num_stages=MIX_STAGES if prefill else 3,
         )
     if fin is None:

@@ -31,9 +31,6 @@ from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P: 200 KB of shared memory)
 STAGES = 2
-# QK(i) issued before P.V(i - 1), the softmax of a tile under the previous tile's P.V (`_pipelined_loop`; needs
-# STAGES >= 3, so BN = 32 to fit shared memory). Written in session 38: opt-in until measured (run_device_s38c.sh)
-PIPELINED = False
 
 
 def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | None,
@@ -148,51 +145,6 @@ if HAS_TRITON:
         return acc, m, l
 
     @gluon.jit
-    def _pipelined_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
-                        stride_kt, stride_et, stride_it, scale, BH: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
-                        STAGES: gl.constexpr, ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr,
-                        CAUSAL_R: gl.constexpr):
-        """`_tiles_loop` with tile i's QK issued before tile i - 1's P.V, so that tile i's softmax runs while that
-        P.V does (wgmma groups complete in order: a wait with one group outstanding waits for the QK only). Both
-        are issued and waited for within one step (ptxas serialises every wgmma, C7514, when one is still in
-        flight across the loop's back edge and its wait leaves another outstanding). P has two buffers (p_s [2, BH,
-        BN]) so that P(i) is stored before the wait for P.V(i - 1): stored after it, the compiler sank the exps to
-        the store, past the wait. Tile i + 1 must have landed by the end of step i, and its slot was refilled after
-        P.V(i + 1 - STAGES): STAGES >= 3. Returns (acc, m, l)."""
-        async_copy.wait_group(STAGES - 1)  # Q and tile 0 landed (this thread's copies)
-        fence_async_shared()
-        gl.thread_barrier()
-        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        _, valid = _tile_rows(K, E, IDX, t, 0, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                              stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-        m, l, alpha, p = _softmax(s, m, l, valid, scale)
-        p_s.index(0).store(p)
-        acc = gl.zeros([BH, D], gl.float32, layout=o_l)
-        for i in range(1, n_tiles):
-            async_copy.wait_group(STAGES - 2)  # tile i landed
-            fence_async_shared()
-            gl.thread_barrier()  # (and P(i - 1) stored by every thread)
-            s = warpgroup_mma(q_s, k_s.index(i % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_s.index((i - 1) % 2), k_s.index((i - 1) % STAGES), acc, is_async=True)
-            _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                                  stride_it, BN, gl.SliceLayout(0, s_l), CAUSAL_R)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # QK(i) done; P.V(i - 1) may still run
-            m, l, alpha, p = _softmax(s, m, l, valid, scale)
-            p_s.index(i % 2).store(p)  # (P.V(i - 2) read this buffer and is done)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])  # P.V(i - 1) done
-            gl.thread_barrier()  # ... in both warpgroups: its slot is free
-            _issue_tile(K, E, IDX, k_s, t, i - 1 + STAGES, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                        stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = warpgroup_mma(p_s.index((n_tiles - 1) % 2), k_s.index((n_tiles - 1) % STAGES), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        async_copy.wait_group(0)
-        return acc, m, l
-
-    @gluon.jit
     def _bf16(v):
         return v.to(gl.bfloat16).to(gl.float32)
 
@@ -227,7 +179,6 @@ if HAS_TRITON:
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc,
         D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr,
         NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
-        PIPELINED: gl.constexpr,
     ):
         BH: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
@@ -243,10 +194,7 @@ if HAS_TRITON:
                                                   rank=2)
         q_s = gl.allocate_shared_memory(gl.bfloat16, [BH, D], kv_sl)
         k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], kv_sl)
-        if PIPELINED:
-            p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BH, BN], p_sl)
-        else:
-            p_s = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], p_sl)
+        p_s = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], p_sl)
 
         t = gl.program_id(0)
         pos = q_pos0 + t
@@ -280,14 +228,8 @@ if HAS_TRITON:
         m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
         l = gl.sum(gl.reshape(s_zero, [BH, 2, BN // 2]), axis=2)  # running sums per warpgroup's keys
-        if PIPELINED:
-            acc, m, l = _pipelined_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list,
-                                        n_idx, stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l,
-                                        o_l, CAUSAL_R)
-        else:
-            acc, m, l = _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list,
-                                    n_idx, stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l,
-                                    CAUSAL_R)
+        acc, m, l = _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
+                                stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l, CAUSAL_R)
 
         offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
@@ -332,4 +274,4 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
         qcos.stride(0) if q_norm is not None else 0,
         D=d, BN=BN, STAGES=STAGES, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
         CAUSAL_R=causal_ratio if causal else 0, QNORM=q_norm is not None,
-        QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d, PIPELINED=PIPELINED, num_warps=8)
+        QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d, num_warps=8)

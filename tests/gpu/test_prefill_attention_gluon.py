@@ -116,35 +116,6 @@ def test_gluon_norms_q_in_shared_memory(heads, hd, kind, gluon, poison, close_bf
     close_bf16(got, want, rel=REL, what=f"q norm in the kernel {kind} heads={heads} hd={hd}")
 
 
-@pytest.mark.parametrize("stages", [3, 4])
-@pytest.mark.parametrize("kind,n,q_pos0,past,qnorm", [("csa", 37, 200, 127, False), ("csa", 53, 150, 60, True),
-                                                      ("hca", 70, 0, 0, False), ("none", 20, 1000, 90, True)])
-def test_pipelined_loop_gives_the_plain_loops_bits(stages, kind, n, q_pos0, past, qnorm, gluon, poison, close_bf16,
-                                                   monkeypatch):
-    """PIPELINED (tile i's QK issued before tile i - 1's P.V, two P buffers) on 32-key tiles: the bits of the plain
-    loop at the same tile size and ring (the same operations in the same order, only overlapped), and close to the
-    reference; single-tile queries (q_pos0 = 0) included."""
-    from dsv4.kernels import prefill_attention_gluon as pg
-    from dsv4.kernels.prefill_attention import prefill_attention_ref
-
-    gen = torch.Generator(DEV).manual_seed(n + stages + len(kind))
-    q, keys, key_pos0, entries, idx, sink = _case(n, 64, q_pos0, past, 128, 150, kind, gen, topk=100)
-    q = q * 2
-    rope = 64
-    theta = torch.rand(n, rope // 2, generator=gen, device=DEV) * 6.3
-    kw = dict(q_norm=(1e-6, torch.cos(theta), torch.sin(theta))) if qnorm else {}
-    monkeypatch.setattr(pg, "BN", 32)
-    monkeypatch.setattr(pg, "STAGES", stages)
-    plain = gluon(q, q_pos0, keys, key_pos0, 128, entries, idx, sink, 512 ** -0.5, **kw)
-    monkeypatch.setattr(pg, "PIPELINED", True)
-    poison()
-    got = gluon(q, q_pos0, keys, key_pos0, 128, entries, idx, sink, 512 ** -0.5, **kw)
-    assert torch.equal(got, plain), f"{(got != plain).sum().item()} elements differ"
-    if not qnorm:
-        close_bf16(got, prefill_attention_ref(q, q_pos0, keys, key_pos0, 128, entries, idx, sink, 512 ** -0.5),
-                   rel=REL, what=f"pipelined {kind}")
-
-
 @pytest.mark.parametrize("n,q_pos0,past", [(37, 200, 127), (70, 0, 0), (20, 1000, 90)])
 def test_gluon_causal_entries_equal_the_list(n, q_pos0, past, gluon, poison):
     """HCA's causal walk gives the bits of the explicit list of every complete entry."""
