@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 38, one H200 (≈ 8 min): s38c and s38d in one call (the device kept refusing starts): the GPU tests
+# Session 38, one H200 (≈ 8 min; PIPELINED and MIX_COMB_ONCE were removed after it ran, as measured): the GPU tests
 # (mHC and block sites: bits against the torch reference; the Gluon attention's PIPELINED loop: the plain loop's
 # bits), the fused mHC site at 8K with `mhc.MIX_COMB_ONCE` off / on (CUDA graphs), then the 4-layer 8K kernel
 # table: the defaults (comb once on, 64-key attention tiles on 2 slots), comb once off, 32-key tiles on 4 slots,
