@@ -25,6 +25,11 @@ SIM_NONE, SIM_FP8, SIM_FP4 = 0, 1, 2
 # indexer q (SIM_FP4): rows per program, for one tensor-core dot with the Hadamard signs (one row per program
 # loaded the whole matrix each: 2.58 ms for an 8K prompt's [8192, 64, 128] queries on the H200, s9e)
 HADAMARD_ROWS = 64
+# ... and its warps: at 64 rows on 4 warps the program holds 225 registers (two CTAs, 8 warps per SM); 128 rows on 8
+# warps hold 223 and read the [128, 128] sign matrix once per 128 rows (offline, session 38; not yet measured:
+# bench/runs/run_device_s39a.sh sweeps both knobs). 177 µs for an 8K prompt's [8192, 64, 128] (s37d), ≈ 2.8x the
+# time of its 268 MB in and out at copy bandwidth.
+HADAMARD_WARPS = 4
 # other modes: rows per program from ROWS_FROM rows on (at most 4096 elements per tile); one row per program
 # made 524,288 programs of 1 KB for an 8K prompt's queries [8192, 64, 512]: 408 µs, 2.6 TB/s (s12d)
 ROWS_PER_PROGRAM, ROWS_FROM = 8, 2048
@@ -195,7 +200,8 @@ def _plan(x: torch.Tensor, norm: int = NONE, weight: torch.Tensor | None = None,
             cos_t.stride(0) if rot else 0)
     consts = dict(D=d, DP=triton.next_power_of_2(d), ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope,
                   NORM=norm, ROT=rot, INV=inverse, SIM=sim, BR=br)
-    return out, args, consts, triton.cdiv(rows, br), 4 if d <= 512 else 8
+    warps = HADAMARD_WARPS if sim == SIM_FP4 else 4 if d <= 512 else 8
+    return out, args, consts, triton.cdiv(rows, br), warps
 
 
 def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,

@@ -62,6 +62,25 @@ def test_norm_rope_matches_model_path(case, monkeypatch):
     assert rel < (0.1 if INTERP else 2e-2) and differ < (0.7 if INTERP else 0.02), (differ, rel)
 
 
+@pytest.mark.parametrize("rows,warps", [(32, 4), (64, 8), (128, 8)])
+def test_index_q_launch_shapes_give_the_same_bits(rows, warps, monkeypatch):
+    """The indexer q glue (SIM_FP4) on other rows per program / warps (nr.HADAMARD_ROWS / HADAMARD_WARPS): the
+    default launch's bits (each row's math is its own: the Hadamard dot sums one row's products, the FP4 blocks
+    are within a row), partial last blocks included."""
+    from dsv4.kernels import norm_rope as nr
+
+    g = torch.Generator(device=DEV).manual_seed(rows + warps)
+    x = (torch.randn(41, 64, 128, generator=g, device=DEV) * 3).to(torch.bfloat16)
+    theta = torch.rand(41, 32, generator=g, device=DEV) * 6.3
+    kw = dict(cos=torch.cos(theta), sin=torch.sin(theta), sim=nr.SIM_FP4)
+    want = nr.norm_rope(x, **kw)
+    monkeypatch.setattr(nr, "HADAMARD_ROWS", rows)
+    monkeypatch.setattr(nr, "HADAMARD_WARPS", warps)
+    got = nr.norm_rope(x, **kw)
+    assert torch.equal(got, want), f"{(got != want).sum().item()} elements differ"
+    assert not torch.equal(got, x)
+
+
 def test_norm_rope_refuses_widths_its_simulations_cannot_tile():
     from dsv4.kernels import norm_rope as nr
     x = torch.randn(3, 96, device=DEV).to(torch.bfloat16)
