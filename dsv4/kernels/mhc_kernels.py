@@ -36,16 +36,23 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _post_stream(pk, f, c0k, c1k, c2k, c3k, x0, x1, x2, x3):
-        """X'_k = post_k f + sum_j comb[j, k] X_j (a [BT, BK] tile with [BT, 1] columns, or one token's row)."""
-        return pk * f + (c0k * x0 + c1k * x1 + c2k * x2 + c3k * x3)
+    def _post_stream(pk, f, ck, x0, x1, x2, x3):
+        """X'_k = post_k f + sum_j comb[j, k] X_j, ck = (comb[j, k] for j = 0..3): a [BT, BK] tile with [BT, 1]
+        columns, or one token's row with scalars."""
+        return pk * f + (ck[0] * x0 + ck[1] * x1 + ck[2] * x2 + ck[3] * x3)
 
     @triton.jit
-    def _comb_columns(COMB, offs_t, k: tl.constexpr, tmask):
-        """comb[:, j, k] for j = 0..3 as [BT, 1] columns (comb rows of 16 per token)."""
+    def _comb_column(COMB, offs_t, k: tl.constexpr, tmask):
+        """(comb[:, j, k] for j = 0..3) as [BT, 1] columns (comb rows of 16 per token)."""
         cb = COMB + offs_t * 16 + k
         return (tl.load(cb + 0, mask=tmask, other=0.0)[:, None], tl.load(cb + 4, mask=tmask, other=0.0)[:, None],
                 tl.load(cb + 8, mask=tmask, other=0.0)[:, None], tl.load(cb + 12, mask=tmask, other=0.0)[:, None])
+
+    @triton.jit
+    def _comb_columns(COMB, offs_t, tmask):
+        """`_comb_column` for k = 0..3."""
+        return (_comb_column(COMB, offs_t, 0, tmask), _comb_column(COMB, offs_t, 1, tmask),
+                _comb_column(COMB, offs_t, 2, tmask), _comb_column(COMB, offs_t, 3, tmask))
 
     @pdl_kernel
     @triton.jit
@@ -69,10 +76,7 @@ if HAS_TRITON:
             p2 = tl.load(POST + offs_t * 4 + 2, mask=tmask, other=0.0)[:, None]
             p3 = tl.load(POST + offs_t * 4 + 3, mask=tmask, other=0.0)[:, None]
         if FUSE_POST and COMB_ONCE:
-            c00, c10, c20, c30 = _comb_columns(COMB, offs_t, 0, tmask)
-            c01, c11, c21, c31 = _comb_columns(COMB, offs_t, 1, tmask)
-            c02, c12, c22, c32 = _comb_columns(COMB, offs_t, 2, tmask)
-            c03, c13, c23, c33 = _comb_columns(COMB, offs_t, 3, tmask)
+            comb = _comb_columns(COMB, offs_t, tmask)
         if TRANS:
             acc = tl.zeros((2 * NP, BT), dtype=tl.float32)
         else:
@@ -89,14 +93,11 @@ if HAS_TRITON:
             if FUSE_POST:
                 f = tl.load(F + offs_t[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
                 if not COMB_ONCE:
-                    c00, c10, c20, c30 = _comb_columns(COMB, offs_t, 0, tmask)
-                    c01, c11, c21, c31 = _comb_columns(COMB, offs_t, 1, tmask)
-                    c02, c12, c22, c32 = _comb_columns(COMB, offs_t, 2, tmask)
-                    c03, c13, c23, c33 = _comb_columns(COMB, offs_t, 3, tmask)
-                y0 = _post_stream(p0, f, c00, c10, c20, c30, x0, x1, x2, x3)
-                y1 = _post_stream(p1, f, c01, c11, c21, c31, x0, x1, x2, x3)
-                y2 = _post_stream(p2, f, c02, c12, c22, c32, x0, x1, x2, x3)
-                y3 = _post_stream(p3, f, c03, c13, c23, c33, x0, x1, x2, x3)
+                    comb = _comb_columns(COMB, offs_t, tmask)
+                y0 = _post_stream(p0, f, comb[0], x0, x1, x2, x3)
+                y1 = _post_stream(p1, f, comb[1], x0, x1, x2, x3)
+                y2 = _post_stream(p2, f, comb[2], x0, x1, x2, x3)
+                y3 = _post_stream(p3, f, comb[3], x0, x1, x2, x3)
                 b0, b1, b2, b3 = y0.to(tl.bfloat16), y1.to(tl.bfloat16), y2.to(tl.bfloat16), y3.to(tl.bfloat16)
                 orow = XOUT + row + offs_d[None, :]
                 tl.store(orow + 0 * D, b0, mask=m2)
@@ -176,8 +177,8 @@ if HAS_TRITON:
     @triton.jit
     def _post_row(pk, f, cb, k: tl.constexpr, x0, x1, x2, x3):
         """`_post_stream` for one token's [BK] columns (comb scalars): the same expression, the same bits."""
-        return _post_stream(pk, f, tl.load(cb + 0 + k), tl.load(cb + 4 + k), tl.load(cb + 8 + k), tl.load(cb + 12 + k),
-                            x0, x1, x2, x3)
+        return _post_stream(pk, f, (tl.load(cb + 0 + k), tl.load(cb + 4 + k), tl.load(cb + 8 + k),
+                                    tl.load(cb + 12 + k)), x0, x1, x2, x3)
 
     @triton.jit
     def _mix_fma(acc, xk, FH, FL, col0, offs_n, offs_d, dm, HCD):
