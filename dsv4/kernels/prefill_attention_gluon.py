@@ -31,6 +31,7 @@ from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P: 200 KB of shared memory)
 STAGES = 2
+SEESAW = False  # head dims >= 128: the two warpgroups on alternate tiles (prefill_attention_seesaw)
 
 
 def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | None,
@@ -259,6 +260,8 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
                             causal_ratio: int, has_e: bool, q_norm: tuple | None = None):
     """The launch for `prefill_attention` (its inputs already checked, contiguous, sink / cos / sin fp32; `supports`
     holds; q_norm: None or (eps, cos, sin) of q's pending norm + RoPE, fp32 tables). Returns the compiled kernel."""
+    from dsv4.kernels import prefill_attention_seesaw
+
     n, h, d = q.shape
     rot = cos is not None
     q_eps, qcos, qsin = q_norm if q_norm is not None else (0.0, sink, sink)  # unread without q_norm
@@ -266,12 +269,15 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
     e = entries if has_e else keys
     idx = entry_idx if has_e and not causal else keys
     cs = (cos, sin) if rot else (sink, sink)  # unread if not rot
-    return _attn_kernel[(n,)](
-        q, keys, e, idx, sink, out, cs[0], cs[1], qcos, qsin,
-        h, (e.shape[0] if causal else idx.shape[1]) if has_e else 0, q_pos0, key_pos0, window, float(scale),
-        float(q_eps), q.stride(0), q.stride(1), keys.stride(0), e.stride(0),
-        idx.stride(0) if has_e and not causal else 0, out.stride(0), out.stride(1), cos.stride(0) if rot else 0,
-        qcos.stride(0) if q_norm is not None else 0,
-        D=d, BN=BN, STAGES=STAGES, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
-        CAUSAL_R=causal_ratio if causal else 0, QNORM=q_norm is not None,
-        QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d, num_warps=8)
+    ints = (h, (e.shape[0] if causal else idx.shape[1]) if has_e else 0, q_pos0, key_pos0, window, float(scale),
+            float(q_eps))
+    strides = (q.stride(0), q.stride(1), keys.stride(0), e.stride(0), idx.stride(0) if has_e and not causal else 0,
+               out.stride(0), out.stride(1), cos.stride(0) if rot else 0, qcos.stride(0) if q_norm is not None else 0)
+    consts = dict(D=d, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
+                  CAUSAL_R=causal_ratio if causal else 0, QNORM=q_norm is not None,
+                  QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d)
+    if SEESAW and prefill_attention_seesaw.supports(d):
+        return prefill_attention_seesaw.prefill_attention_seesaw(q, keys, e, idx, sink, out, cs, (qcos, qsin), ints,
+                                                                 strides, consts)
+    return _attn_kernel[(n,)](q, keys, e, idx, sink, out, *cs, qcos, qsin, *ints, *strides, BN=BN, STAGES=STAGES,
+                              **consts, num_warps=8)
