@@ -119,7 +119,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--shapes", nargs="*", default=["512,32,8,2", "256,32,8,2"],
-                   help="prefill attention launch shapes dv,bn,warps,stages, gluon or seesaw (the first: the reference)")
+                   help="prefill attention launch shapes dv,bn,warps,stages, gluon or seesaw (the first: reference)")
     p.add_argument("--skip", nargs="*", default=[], choices=["select", "queries", "attention"])
     p.add_argument("--kv-one-load", action="store_true", help="prefill_attention.KV_ONE_LOAD (value tile = key tile)")
     args = p.parse_args()

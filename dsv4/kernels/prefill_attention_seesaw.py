@@ -23,7 +23,6 @@ warpgroup of keys: fp32 rounding order only.
 """
 from __future__ import annotations
 
-import torch
 
 from dsv4.kernels._triton import HAS_TRITON
 
