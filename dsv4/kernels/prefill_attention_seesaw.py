@@ -23,7 +23,6 @@ warpgroup of keys: fp32 rounding order only.
 """
 from __future__ import annotations
 
-
 from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile: two ring slots (64 KB each at D = 512) + Q + two P buffers: 209 KB of shared memory
