@@ -62,6 +62,43 @@ if HAS_TRITON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _own_tile(acc, m_o, m_l, l, s_zero, q_s, k_s, p_s, m_s, bars, src, j, k, n_tiles, scale, s_l: gl.constexpr,
+                  o_l: gl.constexpr, ld_l: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, CAUSAL_R: gl.constexpr,
+                  WG: gl.constexpr):
+        """This warpgroup's tile j (its k-th, in ring slot WG): QK, the softmax from the chained maximum m_o, P_j and
+        m_j handed to the other warpgroup, O_w += P_j V_j[:, half w], then tile j + 2's copy once the other half's
+        P.V has freed the slot. Returns (acc, m_o, m_l, l)."""
+        K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it = src
+        BH: gl.constexpr = 64
+        HD: gl.constexpr = D // 2
+        async_copy.wait_group(0)  # tile j landed (this thread's copies) ...
+        fence_async_shared()
+        gl.thread_barrier()  # ... every thread's
+        s = warpgroup_mma(q_s, k_s.index(WG).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _, valid = _tile_rows(K, E, IDX, t, j, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
+                              BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+        s = gl.where(valid[None, :], s * scale, float("-inf"))
+        m_new = gl.maximum(m_o, gl.max(s, axis=1))
+        p = gl.exp(s - m_new[:, None])
+        l = l * gl.exp(m_l - m_new) + gl.sum(p, axis=1)
+        if k > 0:
+            mbarrier.wait(bars.index(P_FREE + WG), (k - 1) & 1)  # the other's P.V with P_{j-2} done
+        p_s.index(WG).store(p.to(gl.bfloat16))
+        m_s.slice(WG * BH, BH).store(m_new)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(bars.index(P_READY + WG), count=1)
+        acc = acc * gl.convert_layout(gl.exp(m_o - m_new), gl.SliceLayout(1, o_l))[:, None]
+        acc = warpgroup_mma(p_s.index(WG), k_s.index(WG).slice(WG * HD, HD, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        if j + 2 < n_tiles:  # slot WG takes tile j + 2 once the other half's P.V on it is done
+            mbarrier.wait(bars.index(K_FREE + WG), k & 1)
+            _issue_own_tile(K, E, IDX, k_s, t, j + 2, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                            stride_et, stride_it, BN, D, ld_l, CAUSAL_R)
+        return acc, m_new, m_new, l
+
+    @gluon.jit
     def _pv_other(acc, m_o, p_s, k_s, m_s, bars, j, row_s: gl.constexpr, o_l: gl.constexpr, HD: gl.constexpr,
                   WG: gl.constexpr):
         """Issue O_w += P_{j-1} V_{j-1}[:, half w] for the other warpgroup's tile j - 1 (O_w rescaled from m_o to
@@ -111,41 +148,21 @@ if HAS_TRITON:
         l = gl.zeros([BH], gl.float32, layout=row_s)
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
         acc = gl.zeros([BH, HD], gl.float32, layout=o_l)
-        for k in range((n_tiles + 1 - WG) // 2):
+        src = (K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it)
+        if WG == 0:  # tile 0 has no previous tile's P.V
+            acc, m_o, m_l, l = _own_tile(acc, m_o, m_l, l, s_zero, q_s, k_s, p_s, m_s, bars, src, 0, 0, n_tiles, scale,
+                                         s_l, o_l, ld_l, BN, D, CAUSAL_R, WG)
+        for k in range(1 - WG, (n_tiles + 1 - WG) // 2):
             j = 2 * k + WG
-            async_copy.wait_group(0)  # tile j landed (this thread's copies) ...
-            fence_async_shared()
-            gl.thread_barrier()  # ... every thread's
-            s = warpgroup_mma(q_s, k_s.index(WG).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            if j > 0:  # then the other warpgroup's tile j - 1 on this half (its P is ready or nearly)
-                acc, m_o = _pv_other(acc, m_o, p_s, k_s, m_s, bars, j, row_s, o_l, HD, WG)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])  # (and QK_j)
-                gl.thread_barrier()
-                mbarrier.arrive(bars.index(K_FREE + 1 - WG), count=1)
-                mbarrier.arrive(bars.index(P_FREE + 1 - WG), count=1)
-            _, valid = _tile_rows(K, E, IDX, t, j, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
-                                  BN, gl.SliceLayout(0, s_l), CAUSAL_R)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-            s = gl.where(valid[None, :], s * scale, float("-inf"))
-            m_new = gl.maximum(m_o, gl.max(s, axis=1))
-            p = gl.exp(s - m_new[:, None])
-            l = l * gl.exp(m_l - m_new) + gl.sum(p, axis=1)
-            m_l = m_new
-            if k > 0:
-                mbarrier.wait(bars.index(P_FREE + WG), (k - 1) & 1)  # the other's P.V with P_{j-2} done
-            p_s.index(WG).store(p.to(gl.bfloat16))
-            m_s.slice(WG * BH, BH).store(m_new)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(bars.index(P_READY + WG), count=1)
-            acc = acc * gl.convert_layout(gl.exp(m_o - m_new), gl.SliceLayout(1, o_l))[:, None]
-            m_o = m_new
-            acc = warpgroup_mma(p_s.index(WG), k_s.index(WG).slice(WG * HD, HD, dim=1), acc, is_async=True)
+            # the other warpgroup's tile j - 1 on this half first: its slot is free once this P.V is done, and
+            # that warpgroup's next copy waits for it
+            acc, m_o = _pv_other(acc, m_o, p_s, k_s, m_s, bars, j, row_s, o_l, HD, WG)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            if j + 2 < n_tiles:  # slot WG takes tile j + 2 once the other half's P.V on it is done
-                mbarrier.wait(bars.index(K_FREE + WG), k & 1)
-                _issue_own_tile(K, E, IDX, k_s, t, j + 2, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                                stride_et, stride_it, BN, D, ld_l, CAUSAL_R)
+            gl.thread_barrier()
+            mbarrier.arrive(bars.index(K_FREE + 1 - WG), count=1)
+            mbarrier.arrive(bars.index(P_FREE + 1 - WG), count=1)
+            acc, m_o, m_l, l = _own_tile(acc, m_o, m_l, l, s_zero, q_s, k_s, p_s, m_s, bars, src, j, k, n_tiles, scale,
+                                         s_l, o_l, ld_l, BN, D, CAUSAL_R, WG)
         if (n_tiles - 1) % 2 != WG:  # the last tile is the other warpgroup's
             acc, m_o = _pv_other(acc, m_o, p_s, k_s, m_s, bars, n_tiles, row_s, o_l, HD, WG)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
