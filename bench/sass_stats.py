@@ -29,7 +29,8 @@ ATTN_T = dict(Q="*bf16", POS="*i32", COS="*fp32", SIN="*fp32", SINK="*fp32", OUT
 ATTN_C = dict(HD=512, NOPE=448, BH=16, BN=16, ROT=False, INTERP=False, SPLIT=True, WIN=128)
 GLUON_ATTN_T = dict(Q="*bf16", K="*bf16", E="*bf16", IDX="*i32", SINK="*fp32", OUT="*bf16", COS="*fp32",
                     SIN="*fp32", QCOS="*fp32", QSIN="*fp32", scale="fp32", q_eps="fp32")
-GLUON_ATTN_C = dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0, QNORM=True, QNOPE=448)
+GLUON_ATTN_C = dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0, QNORM=True, QNOPE=448,
+                    NO_COPY=False)
 GLUON_ATTN_DIV16 = ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot", "stride_oh",
                     "stride_qc")
 MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL")} | {n: "*fp32" for n in ("POST", "COMB", "PART", "SQ")}

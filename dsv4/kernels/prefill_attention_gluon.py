@@ -32,6 +32,7 @@ from dsv4.kernels._triton import HAS_TRITON
 BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P: 200 KB of shared memory)
 STAGES = 2
 SEESAW = False  # head dims >= 128: the two warpgroups on alternate tiles (prefill_attention_seesaw)
+PROBE_NO_COPY = False  # bench probe only: skip the key tiles' copies (wrong results) to time the compute chain alone
 
 
 def supports(q: torch.Tensor, dv: int | None, bn: int | None, num_warps: int | None,
@@ -78,9 +79,9 @@ if HAS_TRITON:
     @gluon.jit
     def _issue_tile(K, E, IDX, k_s, t, i, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
                     stride_it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, ld_l: gl.constexpr,
-                    CAUSAL_R: gl.constexpr):
+                    CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr = False):
         """cp.async of tile i's [BN, D] key rows into ring slot i % STAGES; one commit group (empty past the end)."""
-        if i < n_tiles:
+        if i < n_tiles and not NO_COPY:
             ptrs, _ = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
                                  BN, gl.SliceLayout(1, ld_l), CAUSAL_R)
             cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
@@ -105,7 +106,7 @@ if HAS_TRITON:
     def _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
                     stride_et, stride_it, scale, BH: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                     STAGES: gl.constexpr, ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr,
-                    CAUSAL_R: gl.constexpr):
+                    CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr):
         """The tiles' loop, every slot refilled as soon as its P.V completes and before the wait for the next tile
         (so two tiles' copies are in flight while P.V(i - 1) runs; the prologue issued STAGES tiles). H200 s34e,
         Flash 8K, ms per layer, refilled after the next tile's QK was issued instead: CSA 2.34 -> 2.20, HCA 0.82 ->
@@ -127,7 +128,7 @@ if HAS_TRITON:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])  # P.V(i - 1) done
             gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
             _issue_tile(K, E, IDX, k_s, t, i - 1 + STAGES, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                        stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+                        stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R, NO_COPY)
             async_copy.wait_group(STAGES - 1)  # tile i landed (the later ones may still be in flight)
             fence_async_shared()
             gl.thread_barrier()
@@ -180,6 +181,7 @@ if HAS_TRITON:
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc,
         D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr,
         NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
+        NO_COPY: gl.constexpr = False,
     ):
         BH: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
@@ -220,7 +222,7 @@ if HAS_TRITON:
         async_copy.commit_group()
         for s in gl.static_range(STAGES):
             _issue_tile(K, E, IDX, k_s, t, s, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                        stride_it, BN, D, STAGES, ld_l, CAUSAL_R)
+                        stride_it, BN, D, STAGES, ld_l, CAUSAL_R, NO_COPY)
         if QNORM:
             async_copy.wait_group(STAGES)  # Q landed (this thread's copies) ...
             gl.thread_barrier()  # ... and every thread's
@@ -230,7 +232,8 @@ if HAS_TRITON:
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
         l = gl.sum(gl.reshape(s_zero, [BH, 2, BN // 2]), axis=2)  # running sums per warpgroup's keys
         acc, m, l = _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
-                                stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l, CAUSAL_R)
+                                stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l, CAUSAL_R,
+                                NO_COPY)
 
         offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
@@ -280,4 +283,4 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
         return prefill_attention_seesaw.prefill_attention_seesaw(q, keys, e, idx, sink, out, cs, (qcos, qsin), ints,
                                                                  strides, consts)
     return _attn_kernel[(n,)](q, keys, e, idx, sink, out, *cs, qcos, qsin, *ints, *strides, BN=BN, STAGES=STAGES,
-                              **consts, num_warps=8)
+                              **consts, NO_COPY=PROBE_NO_COPY, num_warps=8)

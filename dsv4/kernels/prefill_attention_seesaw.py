@@ -49,10 +49,11 @@ if HAS_TRITON:
 
     @gluon.jit
     def _issue_own_tile(K, E, IDX, k_s, t, i, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                        stride_it, BN: gl.constexpr, D: gl.constexpr, ld_l: gl.constexpr, CAUSAL_R: gl.constexpr):
+                        stride_it, BN: gl.constexpr, D: gl.constexpr, ld_l: gl.constexpr, CAUSAL_R: gl.constexpr,
+                        NO_COPY: gl.constexpr = False):
         """`_issue_tile` into slot i % 2, 128 columns at a time: each copy's address one row pointer plus a
         constant (a whole-row copy's 32 column offsets per thread spilled on 4 warps)."""
-        if i < n_tiles:
+        if i < n_tiles and not NO_COPY:
             ptrs, _ = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
                                  BN, gl.SliceLayout(1, ld_l), CAUSAL_R)
             cols = gl.arange(0, 128, layout=gl.SliceLayout(0, ld_l))
@@ -64,7 +65,7 @@ if HAS_TRITON:
     @gluon.jit
     def _own_tile(acc, m_o, m_l, l, s_zero, q_s, k_s, p_s, m_s, bars, src, j, k, n_tiles, scale, s_l: gl.constexpr,
                   o_l: gl.constexpr, ld_l: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, CAUSAL_R: gl.constexpr,
-                  WG: gl.constexpr):
+                  WG: gl.constexpr, NO_COPY: gl.constexpr):
         """This warpgroup's tile j (its k-th, in ring slot WG): QK, the softmax from the chained maximum m_o, P_j and
         m_j handed to the other warpgroup, O_w += P_j V_j[:, half w], then tile j + 2's copy once the other half's
         P.V has freed the slot. Returns (acc, m_o, m_l, l)."""
@@ -95,7 +96,7 @@ if HAS_TRITON:
         if j + 2 < n_tiles:  # slot WG takes tile j + 2 once the other half's P.V on it is done
             mbarrier.wait(bars.index(K_FREE + WG), k & 1)
             _issue_own_tile(K, E, IDX, k_s, t, j + 2, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                            stride_et, stride_it, BN, D, ld_l, CAUSAL_R)
+                            stride_et, stride_it, BN, D, ld_l, CAUSAL_R, NO_COPY)
         return acc, m_new, m_new, l
 
     @gluon.jit
@@ -111,7 +112,8 @@ if HAS_TRITON:
 
     @gluon.jit
     def _warpgroup(args, D: gl.constexpr, BN: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr,
-                   CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, WG: gl.constexpr):
+                   CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, NO_COPY: gl.constexpr,
+                   WG: gl.constexpr):
         """One warpgroup's part of query t (module docstring): its 32 heads of Q, its tiles, its output columns."""
         (Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN, q_s, k_s, p_s, m_s, l_s, bars,
          H, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, scale, q_eps,
@@ -132,7 +134,7 @@ if HAS_TRITON:
             mask=(qh < H)[:, None] & (qd >= 0)[None, :])
         async_copy.commit_group()
         _issue_own_tile(K, E, IDX, k_s, t, WG, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
-                        stride_it, BN, D, ld_l, CAUSAL_R)
+                        stride_it, BN, D, ld_l, CAUSAL_R, NO_COPY)
         async_copy.wait_group(1)  # Q's rows (this thread's copies)
         if QNORM:
             gl.thread_barrier()
@@ -151,7 +153,7 @@ if HAS_TRITON:
         src = (K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it)
         if WG == 0:  # tile 0 has no previous tile's P.V
             acc, m_o, m_l, l = _own_tile(acc, m_o, m_l, l, s_zero, q_s, k_s, p_s, m_s, bars, src, 0, 0, n_tiles, scale,
-                                         s_l, o_l, ld_l, BN, D, CAUSAL_R, WG)
+                                         s_l, o_l, ld_l, BN, D, CAUSAL_R, WG, NO_COPY)
         for k in range(1 - WG, (n_tiles + 1 - WG) // 2):
             j = 2 * k + WG
             # the other warpgroup's tile j - 1 on this half first: its slot is free once this P.V is done, and
@@ -162,7 +164,7 @@ if HAS_TRITON:
             mbarrier.arrive(bars.index(K_FREE + 1 - WG), count=1)
             mbarrier.arrive(bars.index(P_FREE + 1 - WG), count=1)
             acc, m_o, m_l, l = _own_tile(acc, m_o, m_l, l, s_zero, q_s, k_s, p_s, m_s, bars, src, j, k, n_tiles, scale,
-                                         s_l, o_l, ld_l, BN, D, CAUSAL_R, WG)
+                                         s_l, o_l, ld_l, BN, D, CAUSAL_R, WG, NO_COPY)
         if (n_tiles - 1) % 2 != WG:  # the last tile is the other warpgroup's
             acc, m_o = _pv_other(acc, m_o, p_s, k_s, m_s, bars, n_tiles, row_s, o_l, HD, WG)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -203,6 +205,7 @@ if HAS_TRITON:
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc,
         D: gl.constexpr, BN: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr,
         CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, WORKER_REGS: gl.constexpr,
+        NO_COPY: gl.constexpr = False,
     ):
         BH: gl.constexpr = 64
         kv_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -234,13 +237,16 @@ if HAS_TRITON:
         args = (Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN, q_s, k_s, p_s, m_s, l_s, bars,
                 H, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, scale, q_eps,
                 stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc)
-        gl.warp_specialize([(_warpgroup, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, 0)),
-                            (_warpgroup, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, 1))], [4], [WORKER_REGS])
+        gl.warp_specialize([(_warpgroup, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, NO_COPY, 0)),
+                            (_warpgroup, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, NO_COPY, 1))],
+                           [4], [WORKER_REGS])
 
 
 def prefill_attention_seesaw(q, keys, e, idx, sink, out, cs, qn, ints, strides, consts):
     """The launch, from `prefill_attention_gluon.prefill_attention_gluon`'s prepared arguments (`supports(d)` holds):
     cs = (cos, sin), qn = (q_cos, q_sin), ints = (H, n_idx, q_pos0, key_pos0, window, scale, q_eps), strides its 9
     strides, consts its constexprs less STAGES. Returns the compiled kernel."""
+    from dsv4.kernels.prefill_attention_gluon import PROBE_NO_COPY
+
     return _seesaw_kernel[(q.shape[0],)](q, keys, e, idx, sink, out, *cs, *qn, *ints, *strides, BN=BN,
-                                         WORKER_REGS=WORKER_REGS, **consts, num_warps=4)
+                                         WORKER_REGS=WORKER_REGS, **consts, NO_COPY=PROBE_NO_COPY, num_warps=4)
