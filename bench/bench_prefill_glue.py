@@ -83,26 +83,22 @@ def attention_cases(t: int, gen: torch.Generator) -> dict:
 
 
 def bench_attention(t: int, shapes: list, gen: torch.Generator) -> None:
-    """shapes: (dv, bn, warps, stages) of the Triton kernel, None for the Gluon kernel (`GLUON`), "seesaw" for its
-    alternate-tile variant (`prefill_attention_gluon.SEESAW`)."""
+    """shapes: (dv, bn, warps, stages) of the Triton kernel, or None for the Gluon kernel (`GLUON`)."""
     import triton
 
     from dsv4.kernels import prefill_attention as pa
-    from dsv4.kernels import prefill_attention_gluon as pg
 
     q = torch.randn(t, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16)
     keys = torch.randn(t, HEAD_DIM, device="cuda", generator=gen).to(torch.bfloat16)
     sink = torch.randn(HEADS, device="cuda", generator=gen)
-    print("layer | " + " | ".join("gluon" if s is None else s if isinstance(s, str) else "dv{} bn{} w{} s{}".format(*s)
-                                  for s in shapes)
+    print("layer | " + " | ".join("gluon" if s is None else "dv{} bn{} w{} s{}".format(*s) for s in shapes)
           + "   (ms, max abs diff)")
     for name, (e, idx) in attention_cases(t, gen).items():
         row, base = [], None
         for shape in shapes:
             def call(shape=shape):
-                pa.GLUON = shape is None or shape == "seesaw"
-                pg.SEESAW = shape == "seesaw"
-                dv, bn, w, st = (None,) * 4 if pa.GLUON else shape
+                pa.GLUON = shape is None
+                dv, bn, w, st = shape or (None,) * 4
                 return pa.prefill_attention(q, 0, keys, 0, WINDOW, e, idx, sink, 0.044, dv=dv, bn=bn, num_warps=w,
                                             num_stages=st)
             try:
@@ -119,7 +115,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--shapes", nargs="*", default=["512,32,8,2", "256,32,8,2"],
-                   help="prefill attention launch shapes dv,bn,warps,stages, gluon or seesaw (the first: reference)")
+                   help="prefill attention launch shapes dv,bn,warps,stages or gluon (the first is the reference)")
     p.add_argument("--skip", nargs="*", default=[], choices=["select", "queries", "attention"])
     p.add_argument("--kv-one-load", action="store_true", help="prefill_attention.KV_ONE_LOAD (value tile = key tile)")
     args = p.parse_args()
@@ -132,8 +128,8 @@ def main() -> None:
     if "queries" not in args.skip:
         bench_index_queries(args.tokens, gen)
     if "attention" not in args.skip:
-        bench_attention(args.tokens, [None if s == "gluon" else s if s == "seesaw" else
-                                      tuple(int(v) for v in s.split(",")) for s in args.shapes], gen)
+        bench_attention(args.tokens, [None if s == "gluon" else tuple(int(v) for v in s.split(","))
+                                      for s in args.shapes], gen)
 
 
 if __name__ == "__main__":

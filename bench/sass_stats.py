@@ -30,7 +30,7 @@ ATTN_C = dict(HD=512, NOPE=448, BH=16, BN=16, ROT=False, INTERP=False, SPLIT=Tru
 GLUON_ATTN_T = dict(Q="*bf16", K="*bf16", E="*bf16", IDX="*i32", SINK="*fp32", OUT="*bf16", COS="*fp32",
                     SIN="*fp32", QCOS="*fp32", QSIN="*fp32", scale="fp32", q_eps="fp32")
 GLUON_ATTN_C = dict(D=512, BN=64, STAGES=2, HAS_E=True, ROT=True, NOPE=448, CAUSAL_R=0, QNORM=True, QNOPE=448,
-                    NO_COPY=False)
+                    NO_COPY=False, PRE_IDX=True)
 GLUON_ATTN_DIV16 = ("stride_qt", "stride_qh", "stride_kt", "stride_et", "stride_it", "stride_ot", "stride_oh",
                     "stride_qc")
 MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL")} | {n: "*fp32" for n in ("POST", "COMB", "PART", "SQ")}
@@ -150,12 +150,8 @@ CASES = {
     # the same attention in Gluon (explicit asynchronous wgmmas; dsv4.kernels.prefill_attention_gluon); _qnorm: with
     # q's per-head norm + RoPE applied to Q in shared memory (prefill_attention(q_norm=))
     **{name: ("prefill_attention_gluon", "_attn_kernel", GLUON_ATTN_T, dict(GLUON_ATTN_C, **c), 8, 1, GLUON_ATTN_DIV16)
-       for name, c in (("prefill_attn_gluon", dict(QNORM=False)), ("prefill_attn_gluon_qnorm", {}))},
-    # ... its two warpgroups on alternate key tiles (prefill_attention_seesaw; 4 warps + a 4-warp partition)
-    **{name: ("prefill_attention_seesaw", "_seesaw_kernel", GLUON_ATTN_T,
-              dict({k: v for k, v in GLUON_ATTN_C.items() if k != "STAGES"}, WORKER_REGS=256, **c), 4, 1,
-              GLUON_ATTN_DIV16)
-       for name, c in (("prefill_attn_seesaw", dict(QNORM=False)), ("prefill_attn_seesaw_qnorm", {}))},
+       for name, c in (("prefill_attn_gluon", dict(QNORM=False)), ("prefill_attn_gluon_qnorm", {}),
+                       ("prefill_attn_gluon_no_pre", dict(QNORM=False, PRE_IDX=False)))},
     # the prefill MoE GLU (Gluon): one warpgroup, 64 weight rows x 128 pairs, weight pairs as stored / permuted
     "moe_glu_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0), 4, 1, WIDE_DIV16),
     "moe_glu_wide_perm": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2), 4, 1, WIDE_DIV16),

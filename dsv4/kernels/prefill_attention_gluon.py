@@ -31,7 +31,7 @@ from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P: 200 KB of shared memory)
 STAGES = 2
-SEESAW = False  # head dims >= 128: the two warpgroups on alternate tiles (prefill_attention_seesaw)
+PREFETCH_IDX = True  # CSA: a list tile's entry indices loaded one tile before its copy is issued
 PROBE_NO_COPY = False  # bench probe only: skip the key tiles' copies (wrong results) to time the compute chain alone
 
 
@@ -58,9 +58,10 @@ if HAS_TRITON:
 
     @gluon.jit
     def _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
-                   BN: gl.constexpr, layout: gl.constexpr, CAUSAL_R: gl.constexpr):
+                   BN: gl.constexpr, layout: gl.constexpr, CAUSAL_R: gl.constexpr, idx_pre=None):
         """Tile i's key rows in a 1-D layout: (row pointers, valid mask). Tiles below n_win walk the window
-        (rows past its end read its last row), the rest the entry list (-1 slots read entry 0)."""
+        (rows past its end read its last row), the rest the entry list (-1 slots read entry 0; idx_pre: the
+        list's slots already loaded by `_list_idx`)."""
         offs = gl.arange(0, BN, layout=layout)
         if i < n_win:
             rows = j_lo + i * BN + offs
@@ -70,20 +71,28 @@ if HAS_TRITON:
             slot = (i - n_win) * BN + offs
             if CAUSAL_R > 0:  # every complete entry, in order
                 idx = gl.where(slot < n_list, slot, -1)
-            else:
+            elif idx_pre is None:
                 idx = gl.load(IDX + t.to(gl.int64) * stride_it + slot, mask=slot < n_idx, other=-1)
+            else:
+                idx = idx_pre
             valid = idx >= 0
             ptrs = E + gl.where(valid, idx, 0).to(gl.int64) * stride_et
         return ptrs, valid
 
     @gluon.jit
+    def _list_idx(IDX, t, i, n_win, n_idx, stride_it, BN: gl.constexpr, layout: gl.constexpr):
+        """The entry list's slots of tile i (-1 for a window tile or past the list), for `_tile_rows(idx_pre=)`."""
+        slot = (i - n_win) * BN + gl.arange(0, BN, layout=layout)
+        return gl.load(IDX + t.to(gl.int64) * stride_it + slot, mask=(slot >= 0) & (slot < n_idx), other=-1)
+
+    @gluon.jit
     def _issue_tile(K, E, IDX, k_s, t, i, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
                     stride_it, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, ld_l: gl.constexpr,
-                    CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr = False):
+                    CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr = False, idx_pre=None):
         """cp.async of tile i's [BN, D] key rows into ring slot i % STAGES; one commit group (empty past the end)."""
         if i < n_tiles and not NO_COPY:
             ptrs, _ = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
-                                 BN, gl.SliceLayout(1, ld_l), CAUSAL_R)
+                                 BN, gl.SliceLayout(1, ld_l), CAUSAL_R, idx_pre)
             cols = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
             async_copy.async_copy_global_to_shared(k_s.index(i % STAGES), ptrs[:, None] + cols[None, :])
         async_copy.commit_group()
@@ -106,7 +115,7 @@ if HAS_TRITON:
     def _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
                     stride_et, stride_it, scale, BH: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                     STAGES: gl.constexpr, ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr,
-                    CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr):
+                    CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr, PRE_IDX: gl.constexpr):
         """The tiles' loop, every slot refilled as soon as its P.V completes and before the wait for the next tile
         (so two tiles' copies are in flight while P.V(i - 1) runs; the prologue issued STAGES tiles). H200 s34e,
         Flash 8K, ms per layer, refilled after the next tile's QK was issued instead: CSA 2.34 -> 2.20, HCA 0.82 ->
@@ -124,11 +133,19 @@ if HAS_TRITON:
         gl.thread_barrier()
         acc = gl.zeros([BH, D], gl.float32, layout=o_l)
         acc = warpgroup_mma(p_s, k_s.index(0), acc, use_acc=False, is_async=True)
+        PRE: gl.constexpr = PRE_IDX and CAUSAL_R == 0
+        if PRE:  # the entry slots of the next tile to copy, a tile ahead (their load's latency off the chain)
+            nxt = _list_idx(IDX, t, STAGES, n_win, n_idx, stride_it, BN, gl.SliceLayout(1, ld_l))
         for i in range(1, n_tiles):
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])  # P.V(i - 1) done
             gl.thread_barrier()  # ... in both warpgroups: its slot and P are free
-            _issue_tile(K, E, IDX, k_s, t, i - 1 + STAGES, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
-                        stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R, NO_COPY)
+            if PRE:
+                _issue_tile(K, E, IDX, k_s, t, i - 1 + STAGES, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                            stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R, NO_COPY, nxt)
+                nxt = _list_idx(IDX, t, i + STAGES, n_win, n_idx, stride_it, BN, gl.SliceLayout(1, ld_l))
+            else:
+                _issue_tile(K, E, IDX, k_s, t, i - 1 + STAGES, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, stride_kt,
+                            stride_et, stride_it, BN, D, STAGES, ld_l, CAUSAL_R, NO_COPY)
             async_copy.wait_group(STAGES - 1)  # tile i landed (the later ones may still be in flight)
             fence_async_shared()
             gl.thread_barrier()
@@ -181,7 +198,7 @@ if HAS_TRITON:
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc,
         D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr,
         NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
-        NO_COPY: gl.constexpr = False,
+        NO_COPY: gl.constexpr = False, PRE_IDX: gl.constexpr = False,
     ):
         BH: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
@@ -233,7 +250,7 @@ if HAS_TRITON:
         l = gl.sum(gl.reshape(s_zero, [BH, 2, BN // 2]), axis=2)  # running sums per warpgroup's keys
         acc, m, l = _tiles_loop(K, E, IDX, q_s, k_s, p_s, m, l, s_zero, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx,
                                 stride_kt, stride_et, stride_it, scale, BH, BN, D, STAGES, ld_l, s_l, o_l, CAUSAL_R,
-                                NO_COPY)
+                                NO_COPY, PRE_IDX)
 
         offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
@@ -263,8 +280,6 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
                             causal_ratio: int, has_e: bool, q_norm: tuple | None = None):
     """The launch for `prefill_attention` (its inputs already checked, contiguous, sink / cos / sin fp32; `supports`
     holds; q_norm: None or (eps, cos, sin) of q's pending norm + RoPE, fp32 tables). Returns the compiled kernel."""
-    from dsv4.kernels import prefill_attention_seesaw
-
     n, h, d = q.shape
     rot = cos is not None
     q_eps, qcos, qsin = q_norm if q_norm is not None else (0.0, sink, sink)  # unread without q_norm
@@ -279,8 +294,5 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
     consts = dict(D=d, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
                   CAUSAL_R=causal_ratio if causal else 0, QNORM=q_norm is not None,
                   QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d)
-    if SEESAW and prefill_attention_seesaw.supports(d):
-        return prefill_attention_seesaw.prefill_attention_seesaw(q, keys, e, idx, sink, out, cs, (qcos, qsin), ints,
-                                                                 strides, consts)
     return _attn_kernel[(n,)](q, keys, e, idx, sink, out, *cs, qcos, qsin, *ints, *strides, BN=BN, STAGES=STAGES,
-                              **consts, NO_COPY=PROBE_NO_COPY, num_warps=8)
+                              **consts, NO_COPY=PROBE_NO_COPY, PRE_IDX=PREFETCH_IDX, num_warps=8)
