@@ -32,6 +32,7 @@ from dsv4.kernels._triton import HAS_TRITON
 BN = 64  # keys per tile (64 KB of bf16 at D = 512; two ring slots + Q + P: 200 KB of shared memory)
 STAGES = 2
 PREFETCH_IDX = True  # CSA: a list tile's entry indices loaded one tile before its copy is issued
+ONE_SCORER = False  # head dims >= 128: one warpgroup scores, both multiply (prefill_attention_scorer)
 PROBE_NO_COPY = False  # bench probe only: skip the key tiles' copies (wrong results) to time the compute chain alone
 
 
@@ -280,6 +281,8 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
                             causal_ratio: int, has_e: bool, q_norm: tuple | None = None):
     """The launch for `prefill_attention` (its inputs already checked, contiguous, sink / cos / sin fp32; `supports`
     holds; q_norm: None or (eps, cos, sin) of q's pending norm + RoPE, fp32 tables). Returns the compiled kernel."""
+    from dsv4.kernels import prefill_attention_scorer
+
     n, h, d = q.shape
     rot = cos is not None
     q_eps, qcos, qsin = q_norm if q_norm is not None else (0.0, sink, sink)  # unread without q_norm
@@ -294,5 +297,8 @@ def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, ke
     consts = dict(D=d, HAS_E=has_e, ROT=rot, NOPE=d - 2 * cos.shape[1] if rot else d,
                   CAUSAL_R=causal_ratio if causal else 0, QNORM=q_norm is not None,
                   QNOPE=d - 2 * qcos.shape[1] if q_norm is not None else d)
+    if ONE_SCORER and prefill_attention_scorer.supports(d):
+        return prefill_attention_scorer.prefill_attention_scorer(q, keys, e, idx, sink, out, cs, (qcos, qsin), ints,
+                                                                 strides, consts, no_copy=PROBE_NO_COPY)
     return _attn_kernel[(n,)](q, keys, e, idx, sink, out, *cs, qcos, qsin, *ints, *strides, BN=BN, STAGES=STAGES,
                               **consts, NO_COPY=PROBE_NO_COPY, PRE_IDX=PREFETCH_IDX, num_warps=8)

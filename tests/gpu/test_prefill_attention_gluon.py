@@ -16,11 +16,14 @@ DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEV == "cpu" or not torch.cuda.is_available(), reason="Gluon kernels need a GPU")
 
 
-@pytest.fixture
-def gluon(monkeypatch):
-    """prefill_attention with GLUON on, counting the Gluon launches (so a test fails if it fell back)."""
+@pytest.fixture(params=[False, True], ids=["pair", "scorer"])
+def gluon(monkeypatch, request):
+    """prefill_attention with GLUON on, counting the Gluon launches (so a test fails if it fell back); each test
+    runs with both kernels: the warpgroups splitting every tile, and one scoring for both (`ONE_SCORER`)."""
     from dsv4.kernels import prefill_attention as pa
     from dsv4.kernels import prefill_attention_gluon as pg
+
+    monkeypatch.setattr(pg, "ONE_SCORER", request.param)
 
     calls = []
     launch = pg.prefill_attention_gluon
