@@ -84,6 +84,46 @@ if HAS_TRITON:
         return ptrs, valid
 
     @gluon.jit
+    def _query_tiles(t, q_pos0, key_pos0, window, n_idx, BN: gl.constexpr, HAS_E: gl.constexpr,
+                     CAUSAL_R: gl.constexpr):
+        """Query t's key tiles: (j_lo, j_hi, n_win, n_list, n_tiles) -- its window rows [j_lo, j_hi) in n_win tiles,
+        then its n_list entries (HCA's causal walk: every complete one)."""
+        pos = q_pos0 + t
+        j_lo = gl.maximum(pos - window + 1 - key_pos0, 0)
+        j_hi = pos - key_pos0 + 1  # exclusive: the query's own key is the last one
+        n_win = gl.cdiv(j_hi - j_lo, BN)
+        n_list = 0
+        if HAS_E:
+            if CAUSAL_R > 0:
+                n_list = gl.minimum((pos + 1) // CAUSAL_R, n_idx)
+            else:
+                n_list = n_idx
+        return j_lo, j_hi, n_win, n_list, n_win + gl.cdiv(n_list, BN)
+
+    @gluon.jit
+    def _store_out(o, OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct, COL0: gl.constexpr, NOPE: gl.constexpr,
+                   ROT: gl.constexpr, NW: gl.constexpr):
+        """Columns [COL0, COL0 + width) of query t's output: o (fp32 [64 heads, width], normalised) rounded to bf16
+        and, with ROT, rotated back by -t (`norm_rope(inverse=True)`'s expressions; rope pairs from NOPE)."""
+        BH: gl.constexpr = o.shape[0]
+        NC: gl.constexpr = o.shape[1]
+        out_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[NW, 1],
+                                               order=[1, 0])
+        o = gl.convert_layout(o, out_l)
+        if ROT:  # on the bf16 output (pairs 2i, 2i + 1 adjacent in a thread)
+            o = o.to(gl.bfloat16).to(gl.float32)
+            ev, od = gl.split(gl.reshape(o, [BH, NC // 2, 2]))
+            pair = COL0 // 2 + gl.arange(0, NC // 2, layout=gl.SliceLayout(0, ev.type.layout))
+            rp = pair >= NOPE // 2
+            c = gl.load(COS + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
+            sn = -gl.load(SIN + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+            o = gl.convert_layout(gl.reshape(gl.join(ev * c - od * sn, ev * sn + od * c), [BH, NC]), out_l)
+        oh = gl.arange(0, BH, layout=gl.SliceLayout(1, out_l))
+        oc = COL0 + gl.arange(0, NC, layout=gl.SliceLayout(0, out_l))
+        gl.store(OUT + t.to(gl.int64) * stride_ot + oh[:, None] * stride_oh + oc[None, :], o.to(gl.bfloat16),
+                 mask=(oh < H)[:, None] & (oc >= 0)[None, :])
+
+    @gluon.jit
     def _list_idx(IDX, t, i, n_win, n_idx, stride_it, BN: gl.constexpr, layout: gl.constexpr):
         """The entry list's slots of tile i (-1 for a window tile or past the list), for `_tile_rows(idx_pre=)`."""
         slot = (i - n_win) * BN + gl.arange(0, BN, layout=layout)
@@ -221,17 +261,7 @@ if HAS_TRITON:
         p_s = gl.allocate_shared_memory(gl.bfloat16, [BH, BN], p_sl)
 
         t = gl.program_id(0)
-        pos = q_pos0 + t
-        j_lo = gl.maximum(pos - window + 1 - key_pos0, 0)
-        j_hi = pos - key_pos0 + 1  # exclusive: the query's own key is the last one
-        n_win = gl.cdiv(j_hi - j_lo, BN)
-        n_list = 0
-        if HAS_E:
-            if CAUSAL_R > 0:
-                n_list = gl.minimum((pos + 1) // CAUSAL_R, n_idx)
-            else:
-                n_list = n_idx
-        n_tiles = n_win + gl.cdiv(n_list, BN)
+        j_lo, j_hi, n_win, n_list, n_tiles = _query_tiles(t, q_pos0, key_pos0, window, n_idx, BN, HAS_E, CAUSAL_R)
 
         # Q (padding heads zero-filled), then the first STAGES tiles (every slot); QNORM: Q normed in place once it
         # landed, while the tiles land (the loop's first wait, fence and barrier cover its stores)
@@ -260,22 +290,7 @@ if HAS_TRITON:
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
         row_l: gl.constexpr = gl.SliceLayout(1, o_l)
         denom = gl.convert_layout(gl.sum(l, axis=1), row_l) + gl.exp(sink - gl.convert_layout(m, row_l))
-        o = acc / denom[:, None]
-        out_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[NW, 1],
-                                               order=[1, 0])
-        o = gl.convert_layout(o, out_l)
-        if ROT:  # the inverse RoPE on the bf16 output (pairs 2i, 2i + 1 adjacent in a thread)
-            o = o.to(gl.bfloat16).to(gl.float32)
-            ev, od = gl.split(gl.reshape(o, [BH, D // 2, 2]))
-            pair = gl.arange(0, D // 2, layout=gl.SliceLayout(0, ev.type.layout))
-            rp = pair >= NOPE // 2
-            c = gl.load(COS + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
-            sn = -gl.load(SIN + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            o = gl.convert_layout(gl.reshape(gl.join(ev * c - od * sn, ev * sn + od * c), [BH, D]), out_l)
-        oh = gl.arange(0, BH, layout=gl.SliceLayout(1, out_l))
-        od_ = gl.arange(0, D, layout=gl.SliceLayout(0, out_l))
-        gl.store(OUT + t.to(gl.int64) * stride_ot + oh[:, None] * stride_oh + od_[None, :], o.to(gl.bfloat16),
-                 mask=(oh < H)[:, None] & (od_ >= 0)[None, :])
+        _store_out(acc / denom[:, None], OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct, 0, NOPE, ROT, NW)
 
 
 def prefill_attention_gluon(q: torch.Tensor, q_pos0: int, keys: torch.Tensor, key_pos0: int, window: int,

@@ -40,7 +40,8 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from dsv4.kernels.prefill_attention_gluon import _list_idx, _norm_q_in_place, _tile_rows
+    from dsv4.kernels.prefill_attention_gluon import (_list_idx, _norm_q_in_place, _query_tiles, _store_out,
+                                                       _tile_rows)
 
     K_FULL, K_FREE, P_READY, P_FREE = gl.constexpr(0), gl.constexpr(2), gl.constexpr(4), gl.constexpr(6)
     Q_READY, L_READY = gl.constexpr(8), gl.constexpr(9)
@@ -98,28 +99,11 @@ if HAS_TRITON:
     @gluon.jit
     def _store_half(acc, l, m, SINK, OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct, o_l: gl.constexpr,
                     D: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr, HALF: gl.constexpr):
-        """Output columns [HALF * D/2, (HALF + 1) * D/2): acc / (l + exp(sink - m)), rounded to bf16 and, with ROT,
-        rotated back by -t (the pair kernel's epilogue on half the columns)."""
-        BH: gl.constexpr = 64
-        HD: gl.constexpr = D // 2
-        offs_h = gl.arange(0, BH, layout=gl.SliceLayout(1, o_l))
+        """Output columns [HALF * D/2, (HALF + 1) * D/2): acc / (l + exp(sink - m)), as the pair kernel stores."""
+        offs_h = gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
-        o = acc / (l + gl.exp(sink - m))[:, None]
-        out_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                               order=[1, 0])
-        o = gl.convert_layout(o, out_l)
-        if ROT:  # the inverse RoPE on the bf16 output (pairs 2i, 2i + 1 adjacent in a thread; rope pairs from NOPE)
-            o = o.to(gl.bfloat16).to(gl.float32)
-            ev, od = gl.split(gl.reshape(o, [BH, HD // 2, 2]))
-            pair = HALF * (HD // 2) + gl.arange(0, HD // 2, layout=gl.SliceLayout(0, ev.type.layout))
-            rp = pair >= NOPE // 2
-            c = gl.load(COS + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
-            sn = -gl.load(SIN + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            o = gl.convert_layout(gl.reshape(gl.join(ev * c - od * sn, ev * sn + od * c), [BH, HD]), out_l)
-        oh = gl.arange(0, BH, layout=gl.SliceLayout(1, out_l))
-        od_ = HALF * HD + gl.arange(0, HD, layout=gl.SliceLayout(0, out_l))
-        gl.store(OUT + t.to(gl.int64) * stride_ot + oh[:, None] * stride_oh + od_[None, :], o.to(gl.bfloat16),
-                 mask=(oh < H)[:, None] & (od_ >= 0)[None, :])
+        _store_out(acc / (l + gl.exp(sink - m))[:, None], OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct,
+                   HALF * (D // 2), NOPE, ROT, 4)
 
     @gluon.jit
     def _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i, scale, s_l: gl.constexpr, o_l: gl.constexpr,
@@ -274,17 +258,7 @@ if HAS_TRITON:
         mbarrier.init(bars.index(L_READY), count=1)
 
         t = gl.program_id(0)
-        pos = q_pos0 + t
-        j_lo = gl.maximum(pos - window + 1 - key_pos0, 0)
-        j_hi = pos - key_pos0 + 1  # exclusive: the query's own key is the last one
-        n_win = gl.cdiv(j_hi - j_lo, BN)
-        n_list = 0
-        if HAS_E:
-            if CAUSAL_R > 0:
-                n_list = gl.minimum((pos + 1) // CAUSAL_R, n_idx)
-            else:
-                n_list = n_idx
-        n_tiles = n_win + gl.cdiv(n_list, BN)
+        j_lo, j_hi, n_win, n_list, n_tiles = _query_tiles(t, q_pos0, key_pos0, window, n_idx, BN, HAS_E, CAUSAL_R)
         args = (Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN, q_s, k_s, p_s, a_s, bars,
                 H, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, scale, q_eps,
                 stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc)
