@@ -25,6 +25,7 @@ from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile: two ring slots (64 KB each at D = 512) + Q + two P buffers: 209 KB of shared memory
 WORKER_REGS = 232  # the multiplier's registers (setmaxnreg; the scorer keeps the rest)
+EARLY_QK = False  # the next tile's QK issued behind this tile's P.V (`_score_tile_early`; prepared, unmeasured)
 
 
 def supports(d: int) -> bool:
@@ -106,19 +107,24 @@ if HAS_TRITON:
                    HALF * (D // 2), NOPE, ROT, 4)
 
     @gluon.jit
-    def _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i, scale, s_l: gl.constexpr, o_l: gl.constexpr,
-                    BN: gl.constexpr, D: gl.constexpr, CAUSAL_R: gl.constexpr, B: gl.constexpr):
-        """The scorer's tile i (ring slot and P buffer B = i % 2): QK, softmax, P and alpha out, P.V on half 0.
-        Returns (acc, m, l)."""
+    def _qk(q_s, k_s, bars, src, i, s_zero, s_l: gl.constexpr, BN: gl.constexpr, CAUSAL_R: gl.constexpr,
+            B: gl.constexpr):
+        """Tile i's QK issued once its copy landed (slot B = i % 2), and its keys' valid mask (computed while the
+        QK runs). Returns (s in flight, valid)."""
         K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it = src
-        BH: gl.constexpr = 64
-        HD: gl.constexpr = D // 2
         mbarrier.wait(bars.index(K_FULL + B), (i // 2) & 1)
         fence_async_shared()
         s = warpgroup_mma(q_s, k_s.index(B).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
-                              BN, gl.SliceLayout(0, s_l), CAUSAL_R)  # (while QK runs)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+                              BN, gl.SliceLayout(0, s_l), CAUSAL_R)
+        return s, valid
+
+    @gluon.jit
+    def _softmax_pv(acc, m, l, s, valid, k_s, p_s, a_s, bars, i, scale, o_l: gl.constexpr, D: gl.constexpr,
+                    B: gl.constexpr):
+        """Tile i's softmax from its scores s, P and alpha handed to the multiplier, then P.V on half 0 issued.
+        Returns (acc in flight, m, l)."""
+        BH: gl.constexpr = 64
         s = gl.where(valid[None, :], s * scale, float("-inf"))
         m_new = gl.maximum(m, gl.max(s, axis=1))
         alpha = gl.exp(m - m_new)
@@ -132,11 +138,42 @@ if HAS_TRITON:
         gl.thread_barrier()
         mbarrier.arrive(bars.index(P_READY + B), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(p_s.index(B), k_s.index(B).slice(0, HD, dim=1), acc, is_async=True)
+        acc = warpgroup_mma(p_s.index(B), k_s.index(B).slice(0, D // 2, dim=1), acc, is_async=True)
+        return acc, m_new, l
+
+    @gluon.jit
+    def _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i, scale, s_l: gl.constexpr, o_l: gl.constexpr,
+                    BN: gl.constexpr, D: gl.constexpr, CAUSAL_R: gl.constexpr, B: gl.constexpr):
+        """The scorer's tile i (ring slot and P buffer B = i % 2): QK, softmax, P and alpha out, P.V on half 0.
+        Returns (acc, m, l)."""
+        s, valid = _qk(q_s, k_s, bars, src, i, s_zero, s_l, BN, CAUSAL_R, B)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+        acc, m, l = _softmax_pv(acc, m, l, s, valid, k_s, p_s, a_s, bars, i, scale, o_l, D, B)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         gl.thread_barrier()
         mbarrier.arrive(bars.index(K_FREE + B), count=1)
-        return acc, m_new, l
+        return acc, m, l
+
+    @gluon.jit
+    def _score_tile_early(acc, m, l, s, valid, s_zero, q_s, k_s, p_s, a_s, bars, src, i, n_tiles, scale,
+                          s_l: gl.constexpr, o_l: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                          CAUSAL_R: gl.constexpr, B: gl.constexpr):
+        """`_score_tile` with tile i's scores s already computed (EARLY_QK): tile i + 1's QK is issued right behind
+        this tile's P.V, so the tensor cores go from one to the other without the warps' round trip in between.
+        Returns (acc, m, l, tile i + 1's scores, its valid mask)."""
+        pv, m, l = _softmax_pv(acc, m, l, s, valid, k_s, p_s, a_s, bars, i, scale, o_l, D, B)
+        if i + 1 < n_tiles:
+            s_next, valid = _qk(q_s, k_s, bars, src, i + 1, s_zero, s_l, BN, CAUSAL_R, 1 - B)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=[pv])  # P.V(i) done, QK(i + 1) may still run
+            gl.thread_barrier()
+            mbarrier.arrive(bars.index(K_FREE + B), count=1)
+            s_next = warpgroup_mma_wait(num_outstanding=0, deps=[s_next])
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[pv])
+            gl.thread_barrier()
+            mbarrier.arrive(bars.index(K_FREE + B), count=1)
+            s_next = s_zero
+        return acc, m, l, s_next, valid
 
     @gluon.jit
     def _multiply_tile(acc, nxt, k_s, p_s, a_s, bars, src, i, n_tiles, o_l: gl.constexpr, ld_l: gl.constexpr,
@@ -163,7 +200,7 @@ if HAS_TRITON:
 
     @gluon.jit
     def _scorer(args, D: gl.constexpr, BN: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr,
-                CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr):
+                CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, EARLY_QK: gl.constexpr):
         """The default partition: Q's first half of heads, then per tile QK, softmax, P out, P.V on half 0."""
         (Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN, q_s, k_s, p_s, a_s, bars,
          H, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, scale, q_eps,
@@ -182,12 +219,22 @@ if HAS_TRITON:
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
         acc = gl.zeros([BH, HD], gl.float32, layout=o_l)
         src = (K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it)
-        for i0 in range(0, n_tiles, 2):  # two tiles per step: ring slot and P buffer constexpr
-            acc, m, l = _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i0, scale, s_l, o_l, BN, D,
-                                    CAUSAL_R, 0)
-            if i0 + 1 < n_tiles:
-                acc, m, l = _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i0 + 1, scale, s_l, o_l,
-                                        BN, D, CAUSAL_R, 1)
+        if EARLY_QK:
+            s, valid = _qk(q_s, k_s, bars, src, 0, s_zero, s_l, BN, CAUSAL_R, 0)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+            for i0 in range(0, n_tiles, 2):  # two tiles per step: ring slot and P buffer constexpr
+                acc, m, l, s, valid = _score_tile_early(acc, m, l, s, valid, s_zero, q_s, k_s, p_s, a_s, bars, src,
+                                                        i0, n_tiles, scale, s_l, o_l, BN, D, CAUSAL_R, 0)
+                if i0 + 1 < n_tiles:
+                    acc, m, l, s, valid = _score_tile_early(acc, m, l, s, valid, s_zero, q_s, k_s, p_s, a_s, bars,
+                                                            src, i0 + 1, n_tiles, scale, s_l, o_l, BN, D, CAUSAL_R, 1)
+        else:
+            for i0 in range(0, n_tiles, 2):  # two tiles per step: ring slot and P buffer constexpr
+                acc, m, l = _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i0, scale, s_l, o_l, BN,
+                                        D, CAUSAL_R, 0)
+                if i0 + 1 < n_tiles:
+                    acc, m, l = _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i0 + 1, scale, s_l,
+                                            o_l, BN, D, CAUSAL_R, 1)
 
         a_s.slice(2 * BH, BH).store(l)  # the final sums and maximum, for the multiplier's epilogue
         a_s.slice(3 * BH, BH).store(m)
@@ -239,7 +286,7 @@ if HAS_TRITON:
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc,
         D: gl.constexpr, BN: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr,
         CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, WORKER_REGS: gl.constexpr,
-        NO_COPY: gl.constexpr = False,
+        NO_COPY: gl.constexpr = False, EARLY_QK: gl.constexpr = False,
     ):
         BH: gl.constexpr = 64
         kv_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -262,7 +309,7 @@ if HAS_TRITON:
         args = (Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN, q_s, k_s, p_s, a_s, bars,
                 H, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, scale, q_eps,
                 stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc)
-        gl.warp_specialize([(_scorer, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE)),
+        gl.warp_specialize([(_scorer, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, EARLY_QK)),
                             (_multiplier, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, NO_COPY))],
                            [4], [WORKER_REGS])
 
@@ -272,4 +319,5 @@ def prefill_attention_scorer(q, keys, e, idx, sink, out, cs, qn, ints, strides, 
     cs = (cos, sin), qn = (q_cos, q_sin), ints = (H, n_idx, q_pos0, key_pos0, window, scale, q_eps), strides its 9
     strides, consts its constexprs less STAGES. Returns the compiled kernel."""
     return _scorer_kernel[(q.shape[0],)](q, keys, e, idx, sink, out, *cs, *qn, *ints, *strides, BN=BN,
-                                         WORKER_REGS=WORKER_REGS, **consts, NO_COPY=no_copy, num_warps=4)
+                                         WORKER_REGS=WORKER_REGS, **consts, NO_COPY=no_copy, EARLY_QK=EARLY_QK,
+                                         num_warps=4)
