@@ -228,7 +228,11 @@ def compile_kernel(name: str, stages: int | None = None):
     jf = getattr(module, kernel)
     while not isinstance(jf, triton.runtime.jit.JITFunction):  # unwrap pdl_kernel
         jf = jf.fn
-    names = list(inspect.signature(jf.fn).parameters)
+    params = inspect.signature(jf.fn).parameters
+    names = list(params)
+    # constexpr parameters the case leaves out take their defaults, as at a launch (not an i32 argument)
+    const = {**{n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty
+                and "constexpr" in str(p.annotation)}, **const}
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
     attrs = {(j,): [["tt.divisibility", 16]] for j, n in enumerate(names) if sig[n].startswith("*") or n in div16}
     n_stages = stages if stages is not None else _stages(stage_spec, module)
