@@ -109,3 +109,23 @@ def test_gate_torch_path_is_route_ref(dtype):
             assert all(r.index(1) < r.index(3) for r in picked_tie)
     with pytest.raises(ValueError, match="input_ids"):
         Gate(cfg, cfg.layers[0], dtype)(x, None)
+
+
+@pytest.mark.parametrize("n", [1, 12, 63, 64, 65, 252, 1000])
+def test_route_ref_scores_equal_logits_equally_at_any_position(n):
+    """Equal logits give bit-equal scores wherever they sit, in one tensor or across tensors of other sizes (torch's
+    AVX512 softplus rounds a tensor's last partial vector through the scalar function, 1 ulp apart for ≈ 12 % of
+    values: 28 of 252 equal logits scored higher before `_position_invariant`)."""
+    from dsv4.kernels.router import _position_invariant
+
+    def score(y):
+        return _position_invariant(lambda z: torch.nn.functional.softplus(z).sqrt(), y)
+
+    values = torch.randn(40, generator=torch.Generator().manual_seed(n)) * 3
+    alone = score(values)  # each value once, one small tensor
+    for v, want in zip(values.tolist(), alone.tolist()):
+        s = score(torch.full((n,), v))
+        assert s.shape == (n,) and torch.unique(s).tolist() == [want], f"{n} copies of {v}: {torch.unique(s)}"
+        assert abs(want - math.sqrt(math.log1p(math.exp(v)))) <= 2e-7 * want
+    w, ids = route_ref(torch.full((3, n), 0.25), min(n, 4))
+    assert torch.equal(ids, torch.arange(min(n, 4)).expand(3, -1))  # all tied: lowest ids first
