@@ -72,29 +72,31 @@ if HAS_TRITON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _slots(IDX, t, i, n_win, n_idx, stride_it, BN: gl.constexpr, layout: gl.constexpr, CAUSAL_R: gl.constexpr):
+    def _slots(src, i, BN: gl.constexpr, layout: gl.constexpr, CAUSAL_R: gl.constexpr):
         """`_list_idx` where the tiles' rows come from an entry list (HCA's causal walk computes its own)."""
         if CAUSAL_R > 0:
             return gl.full([BN], -1, gl.int32, layout=layout)
         else:
-            return _list_idx(IDX, t, i, n_win, n_idx, stride_it, BN, layout)
+            return _list_idx(src[2], src[3], i, src[4], src[8], src[11], BN, layout)
 
     @gluon.jit
-    def _q_half(q_s, QCOS, QSIN, bars, t, q_eps, stride_qc, D: gl.constexpr, QNORM: gl.constexpr,
-                QNOPE: gl.constexpr, HALF: gl.constexpr, PENDING: gl.constexpr):
+    def _q_half(io, q_s, bars, D: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, HALF: gl.constexpr,
+                PENDING: gl.constexpr):
         """Once this partition's copy of Q's heads [32 * HALF, 32 * HALF + 32) has landed: normed in place (QNORM),
         then arrive on q_ready. PENDING: the commit groups issued after Q's (left in flight)."""
         async_copy.wait_group(PENDING)  # this thread's copies of Q's rows ...
         if QNORM:
             gl.thread_barrier()  # ... every thread's
+            Q, QCOS, QSIN, SINK, OUT, COS, SIN, H, t, q_eps, stride_qt, stride_qh, stride_qc, s_ot, s_oh, s_ct = io
             _norm_q_in_place(q_s.slice(HALF * 32, 32), QCOS, QSIN, t, q_eps, stride_qc, 32, D, QNOPE, 4)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(bars.index(Q_READY), count=1)
 
     @gluon.jit
-    def _issue_q_half(Q, q_s, t, H, stride_qt, stride_qh, D: gl.constexpr, HALF: gl.constexpr):
+    def _issue_q_half(io, q_s, D: gl.constexpr, HALF: gl.constexpr):
         """cp.async of Q's heads [32 * HALF, 32 * HALF + 32) (padding heads zero-filled); one commit group."""
+        Q, QCOS, QSIN, SINK, OUT, COS, SIN, H, t, q_eps, stride_qt, stride_qh, stride_qc, s_ot, s_oh, s_ct = io
         ld_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
                                               order=[1, 0])
         qh = HALF * 32 + gl.arange(0, 32, layout=gl.SliceLayout(1, ld_l))
@@ -105,9 +107,11 @@ if HAS_TRITON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _store_half(acc, l, m, SINK, OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct, o_l: gl.constexpr,
-                    D: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr, HALF: gl.constexpr):
+    def _store_half(acc, l, m, io, o_l: gl.constexpr, D: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr,
+                    HALF: gl.constexpr):
         """Output columns [HALF * D/2, (HALF + 1) * D/2): acc / (l + exp(sink - m)), as the pair kernel stores."""
+        Q, QCOS, QSIN, SINK, OUT, COS, SIN, H, t, q_eps, stride_qt, stride_qh, stride_qc, stride_ot, stride_oh, \
+            stride_ct = io
         offs_h = gl.arange(0, 64, layout=gl.SliceLayout(1, o_l))
         sink = gl.load(SINK + offs_h, mask=offs_h < H, other=0.0)
         _store_out(acc / (l + gl.exp(sink - m))[:, None], OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct,
@@ -197,7 +201,6 @@ if HAS_TRITON:
                        B: gl.constexpr, SPLIT: gl.constexpr):
         """The multiplier's tile i (slot and buffer B = i % 2): P.V on half 1, then tile i + 2's copy into the slot
         once the scorer's P.V on it is done too (nxt: its list slots, loaded a tile ahead). Returns (acc, nxt)."""
-        IDX, t, n_win, n_idx, stride_it = src[2], src[3], src[4], src[8], src[11]
         BH: gl.constexpr = 64
         HD: gl.constexpr = D // 2
         mbarrier.wait(bars.index(P_READY + B), (i // 2) & 1)
@@ -211,31 +214,28 @@ if HAS_TRITON:
         if i + 2 < n_tiles:
             mbarrier.wait(bars.index(K_FREE + B), (i // 2) & 1)
             _copy_tile(src, k_s, bars, i + 2, n_tiles, nxt, BN, D, ld_l, CAUSAL_R, NO_COPY, SPLIT)
-            nxt = _slots(IDX, t, i + 3, n_win, n_idx, stride_it, BN, gl.SliceLayout(1, ld_l), CAUSAL_R)
+            nxt = _slots(src, i + 3, BN, gl.SliceLayout(1, ld_l), CAUSAL_R)
         return acc, nxt
 
     @gluon.jit
-    def _scorer(args, D: gl.constexpr, BN: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr,
-                CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, EARLY_QK: gl.constexpr,
-                SPLIT: gl.constexpr):
+    def _scorer(src, smem, io, n_tiles, scale, D: gl.constexpr, BN: gl.constexpr, ROT: gl.constexpr,
+                NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
+                EARLY_QK: gl.constexpr, SPLIT: gl.constexpr):
         """The default partition: Q's first half of heads, then per tile QK, softmax, P out, P.V on half 0."""
-        (Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN, q_s, k_s, p_s, a_s, bars,
-         H, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, scale, q_eps,
-         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc) = args
+        q_s, k_s, p_s, a_s, bars = smem
         BH: gl.constexpr = 64
         HD: gl.constexpr = D // 2
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
         row_o: gl.constexpr = gl.SliceLayout(1, o_l)
-        _issue_q_half(Q, q_s, t, H, stride_qt, stride_qh, D, 0)
-        _q_half(q_s, QCOS, QSIN, bars, t, q_eps, stride_qc, D, QNORM, QNOPE, 0, 0)
+        _issue_q_half(io, q_s, D, 0)
+        _q_half(io, q_s, bars, D, QNORM, QNOPE, 0, 0)
         mbarrier.wait(bars.index(Q_READY), 0)  # both halves of Q
 
         m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, s_l))
         l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_l))
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
         acc = gl.zeros([BH, HD], gl.float32, layout=o_l)
-        src = (K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it)
         if EARLY_QK:
             s, valid = _qk(q_s, k_s, bars, src, 0, s_zero, s_l, BN, CAUSAL_R, 0, SPLIT)
             s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
@@ -258,17 +258,14 @@ if HAS_TRITON:
         a_s.slice(3 * BH, BH).store(m)
         gl.thread_barrier()
         mbarrier.arrive(bars.index(L_READY), count=1)
-        _store_half(acc, gl.convert_layout(l, row_o), gl.convert_layout(m, row_o), SINK, OUT, COS, SIN, t, H,
-                    stride_ot, stride_oh, stride_ct, o_l, D, ROT, NOPE, 0)
+        _store_half(acc, gl.convert_layout(l, row_o), gl.convert_layout(m, row_o), io, o_l, D, ROT, NOPE, 0)
 
     @gluon.jit
-    def _multiplier(args, D: gl.constexpr, BN: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr,
-                    CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, NO_COPY: gl.constexpr,
-                    SPLIT: gl.constexpr):
+    def _multiplier(src, smem, io, n_tiles, D: gl.constexpr, BN: gl.constexpr, ROT: gl.constexpr,
+                    NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
+                    NO_COPY: gl.constexpr, SPLIT: gl.constexpr):
         """The worker partition: Q's second half of heads and every key tile's copy, P.V on half 1."""
-        (Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN, q_s, k_s, p_s, a_s, bars,
-         H, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, scale, q_eps,
-         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc) = args
+        q_s, k_s, p_s, a_s, bars = smem
         BH: gl.constexpr = 64
         HD: gl.constexpr = D // 2
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
@@ -276,13 +273,12 @@ if HAS_TRITON:
                                               order=[1, 0])
         row_o: gl.constexpr = gl.SliceLayout(1, o_l)
         idx_l: gl.constexpr = gl.SliceLayout(1, ld_l)
-        src = (K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it)
-        _issue_q_half(Q, q_s, t, H, stride_qt, stride_qh, D, 1)
+        _issue_q_half(io, q_s, D, 1)
         for i in gl.static_range(2):
-            _copy_tile(src, k_s, bars, i, n_tiles, _slots(IDX, t, i, n_win, n_idx, stride_it, BN, idx_l, CAUSAL_R),
+            _copy_tile(src, k_s, bars, i, n_tiles, _slots(src, i, BN, idx_l, CAUSAL_R),
                        BN, D, ld_l, CAUSAL_R, NO_COPY, SPLIT)
-        nxt = _slots(IDX, t, 2, n_win, n_idx, stride_it, BN, idx_l, CAUSAL_R)  # the next copy's list, a tile ahead
-        _q_half(q_s, QCOS, QSIN, bars, t, q_eps, stride_qc, D, QNORM, QNOPE, 1, 2)
+        nxt = _slots(src, 2, BN, idx_l, CAUSAL_R)  # the next copy's list slots, a tile ahead
+        _q_half(io, q_s, bars, D, QNORM, QNOPE, 1, 2)
 
         acc = gl.zeros([BH, HD], gl.float32, layout=o_l)
         for i0 in range(0, n_tiles, 2):
@@ -296,7 +292,7 @@ if HAS_TRITON:
         mbarrier.wait(bars.index(L_READY), 0)
         l = a_s.slice(2 * BH, BH).load(row_o)
         m = a_s.slice(3 * BH, BH).load(row_o)
-        _store_half(acc, l, m, SINK, OUT, COS, SIN, t, H, stride_ot, stride_oh, stride_ct, o_l, D, ROT, NOPE, 1)
+        _store_half(acc, l, m, io, o_l, D, ROT, NOPE, 1)
 
     @gluon.jit
     def _scorer_kernel(
@@ -328,11 +324,14 @@ if HAS_TRITON:
 
         t = gl.program_id(0)
         j_lo, j_hi, n_win, n_list, n_tiles = _query_tiles(t, q_pos0, key_pos0, window, n_idx, BN, HAS_E, CAUSAL_R)
-        args = (Q, K, E, IDX, SINK, OUT, COS, SIN, QCOS, QSIN, q_s, k_s, p_s, a_s, bars,
-                H, t, n_tiles, n_win, j_lo, j_hi, n_list, n_idx, scale, q_eps,
-                stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc)
-        gl.warp_specialize([(_scorer, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, EARLY_QK, SPLIT_LAND)),
-                            (_multiplier, (args, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, NO_COPY, SPLIT_LAND))],
+        src = (K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it)  # the key tiles
+        smem = (q_s, k_s, p_s, a_s, bars)
+        io = (Q, QCOS, QSIN, SINK, OUT, COS, SIN, H, t, q_eps, stride_qt, stride_qh, stride_qc, stride_ot, stride_oh,
+              stride_ct)  # Q in, the output out
+        gl.warp_specialize([(_scorer, (src, smem, io, n_tiles, scale, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE,
+                                       EARLY_QK, SPLIT_LAND)),
+                            (_multiplier, (src, smem, io, n_tiles, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, NO_COPY,
+                                           SPLIT_LAND))],
                            [4], [WORKER_REGS])
 
 
