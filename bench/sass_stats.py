@@ -154,11 +154,8 @@ CASES = {
                        ("prefill_attn_gluon_no_pre", dict(QNORM=False, PRE_IDX=False)))},
     # ... one warpgroup scoring every tile, both multiplying (prefill_attention_scorer: 4 warps + a 4-warp partition)
     **{name: ("prefill_attention_scorer", "_scorer_kernel", GLUON_ATTN_T,
-              {**{k: v for k, v in GLUON_ATTN_C.items() if k not in ("STAGES", "PRE_IDX")}, "WORKER_REGS": 232,
-               "EARLY_QK": False, "SPLIT_LAND": False, **c}, 4, 1, GLUON_ATTN_DIV16)
-       for name, c in (("prefill_attn_scorer", dict(QNORM=False)), ("prefill_attn_scorer_qnorm", {}),
-                       ("prefill_attn_scorer_early", dict(EARLY_QK=True)),
-                       ("prefill_attn_scorer_split", dict(SPLIT_LAND=True)))},
+              {**{k: v for k, v in GLUON_ATTN_C.items() if k not in ("STAGES", "PRE_IDX")}, "WORKER_REGS": 232, **c}, 4, 1, GLUON_ATTN_DIV16)
+       for name, c in (("prefill_attn_scorer", dict(QNORM=False)), ("prefill_attn_scorer_qnorm", {}))},
     # the prefill MoE GLU (Gluon): one warpgroup, 64 weight rows x 128 pairs, weight pairs as stored / permuted
     "moe_glu_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0), 4, 1, WIDE_DIV16),
     "moe_glu_wide_perm": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2), 4, 1, WIDE_DIV16),

@@ -25,8 +25,6 @@ from dsv4.kernels._triton import HAS_TRITON
 
 BN = 64  # keys per tile: two ring slots (64 KB each at D = 512) + Q + two P buffers: 209 KB of shared memory
 WORKER_REGS = 232  # the multiplier's registers (setmaxnreg; the scorer keeps the rest)
-EARLY_QK = False  # the next tile's QK issued behind this tile's P.V (`_score_tile_early`; prepared, unmeasured)
-SPLIT_LAND = False  # each tile's two column halves land on their own mbarriers, QK starts on the first (unmeasured)
 
 
 def supports(d: int) -> bool:
@@ -46,29 +44,23 @@ if HAS_TRITON:
                                                        _tile_rows)
 
     K_FULL, K_FREE, P_READY, P_FREE = gl.constexpr(0), gl.constexpr(2), gl.constexpr(4), gl.constexpr(6)
-    Q_READY, L_READY, K_HI = gl.constexpr(8), gl.constexpr(9), gl.constexpr(10)  # K_HI: SPLIT_LAND's second halves
+    Q_READY, L_READY = gl.constexpr(8), gl.constexpr(9)
 
     @gluon.jit
     def _copy_tile(src, k_s, bars, i, n_tiles, idx, BN: gl.constexpr, D: gl.constexpr, ld_l: gl.constexpr,
-                   CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr, SPLIT: gl.constexpr):
+                   CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr):
         """cp.async of tile i's [BN, D] key rows into slot i % 2, 128 columns at a time (each address one row pointer
-        plus a constant); k_full[i % 2] completes when every thread's copies have landed (SPLIT: those of the first
-        half of D; k_hi[i % 2] all of them). idx: the list slots."""
+        plus a constant); k_full[i % 2] completes when every thread's copies have landed. idx: the list slots."""
         K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it = src
         if i < n_tiles:
             if not NO_COPY:
                 ptrs, _ = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et,
                                      stride_it, BN, gl.SliceLayout(1, ld_l), CAUSAL_R, idx)
                 cols = gl.arange(0, 128, layout=gl.SliceLayout(0, ld_l))
-                LO_LAST: gl.constexpr = D // 256 - 1 if D >= 256 else 0  # the last 128-column piece of half 0
                 for c in gl.static_range(D // 128):
                     async_copy.async_copy_global_to_shared(k_s.index(i % 2).slice(c * 128, 128, dim=1),
                                                            ptrs[:, None] + (c * 128 + cols)[None, :])
-                    if SPLIT and c == LO_LAST:  # the first half's copies: k_full; all of them: k_hi
-                        async_copy.mbarrier_arrive(bars.index(K_FULL + i % 2), increment_count=False)
-            elif SPLIT:
-                async_copy.mbarrier_arrive(bars.index(K_FULL + i % 2), increment_count=False)
-            async_copy.mbarrier_arrive(bars.index((K_HI if SPLIT else K_FULL) + i % 2), increment_count=False)
+            async_copy.mbarrier_arrive(bars.index(K_FULL + i % 2), increment_count=False)
         async_copy.commit_group()
 
     @gluon.jit
@@ -119,22 +111,13 @@ if HAS_TRITON:
 
     @gluon.jit
     def _qk(q_s, k_s, bars, src, i, s_zero, s_l: gl.constexpr, BN: gl.constexpr, CAUSAL_R: gl.constexpr,
-            B: gl.constexpr, SPLIT: gl.constexpr):
+            B: gl.constexpr):
         """Tile i's QK issued once its copy landed (slot B = i % 2), and its keys' valid mask (computed while the
         QK runs). Returns (s in flight, valid)."""
         K, E, IDX, t, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it = src
         mbarrier.wait(bars.index(K_FULL + B), (i // 2) & 1)
         fence_async_shared()
-        if SPLIT:  # the first half of D as soon as it landed, then the second
-            HD: gl.constexpr = q_s.shape[1] // 2
-            s = warpgroup_mma(q_s.slice(0, HD, dim=1), k_s.index(B).slice(0, HD, dim=1).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
-            mbarrier.wait(bars.index(K_HI + B), (i // 2) & 1)
-            fence_async_shared()
-            s = warpgroup_mma(q_s.slice(HD, HD, dim=1), k_s.index(B).slice(HD, HD, dim=1).permute((1, 0)), s,
-                              is_async=True)
-        else:
-            s = warpgroup_mma(q_s, k_s.index(B).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_s, k_s.index(B).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _, valid = _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
                               BN, gl.SliceLayout(0, s_l), CAUSAL_R)
         return s, valid
@@ -163,10 +146,10 @@ if HAS_TRITON:
 
     @gluon.jit
     def _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i, scale, s_l: gl.constexpr, o_l: gl.constexpr,
-                    BN: gl.constexpr, D: gl.constexpr, CAUSAL_R: gl.constexpr, B: gl.constexpr, SPLIT: gl.constexpr):
+                    BN: gl.constexpr, D: gl.constexpr, CAUSAL_R: gl.constexpr, B: gl.constexpr):
         """The scorer's tile i (ring slot and P buffer B = i % 2): QK, softmax, P and alpha out, P.V on half 0.
         Returns (acc, m, l)."""
-        s, valid = _qk(q_s, k_s, bars, src, i, s_zero, s_l, BN, CAUSAL_R, B, SPLIT)
+        s, valid = _qk(q_s, k_s, bars, src, i, s_zero, s_l, BN, CAUSAL_R, B)
         s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
         acc, m, l = _softmax_pv(acc, m, l, s, valid, k_s, p_s, a_s, bars, i, scale, o_l, D, B)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -175,30 +158,9 @@ if HAS_TRITON:
         return acc, m, l
 
     @gluon.jit
-    def _score_tile_early(acc, m, l, s, valid, s_zero, q_s, k_s, p_s, a_s, bars, src, i, n_tiles, scale,
-                          s_l: gl.constexpr, o_l: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
-                          CAUSAL_R: gl.constexpr, B: gl.constexpr, SPLIT: gl.constexpr):
-        """`_score_tile` with tile i's scores s already computed (EARLY_QK): tile i + 1's QK is issued right behind
-        this tile's P.V, so the tensor cores go from one to the other without the warps' round trip in between.
-        Returns (acc, m, l, tile i + 1's scores, its valid mask)."""
-        pv, m, l = _softmax_pv(acc, m, l, s, valid, k_s, p_s, a_s, bars, i, scale, o_l, D, B)
-        if i + 1 < n_tiles:
-            s_next, valid = _qk(q_s, k_s, bars, src, i + 1, s_zero, s_l, BN, CAUSAL_R, 1 - B, SPLIT)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=[pv])  # P.V(i) done, QK(i + 1) may still run
-            gl.thread_barrier()
-            mbarrier.arrive(bars.index(K_FREE + B), count=1)
-            s_next = warpgroup_mma_wait(num_outstanding=0, deps=[s_next])
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[pv])
-            gl.thread_barrier()
-            mbarrier.arrive(bars.index(K_FREE + B), count=1)
-            s_next = s_zero
-        return acc, m, l, s_next, valid
-
-    @gluon.jit
     def _multiply_tile(acc, nxt, k_s, p_s, a_s, bars, src, i, n_tiles, o_l: gl.constexpr, ld_l: gl.constexpr,
                        BN: gl.constexpr, D: gl.constexpr, CAUSAL_R: gl.constexpr, NO_COPY: gl.constexpr,
-                       B: gl.constexpr, SPLIT: gl.constexpr):
+                       B: gl.constexpr):
         """The multiplier's tile i (slot and buffer B = i % 2): P.V on half 1, then tile i + 2's copy into the slot
         once the scorer's P.V on it is done too (nxt: its list slots, loaded a tile ahead). Returns (acc, nxt)."""
         BH: gl.constexpr = 64
@@ -213,14 +175,13 @@ if HAS_TRITON:
         mbarrier.arrive(bars.index(K_FREE + B), count=1)
         if i + 2 < n_tiles:
             mbarrier.wait(bars.index(K_FREE + B), (i // 2) & 1)
-            _copy_tile(src, k_s, bars, i + 2, n_tiles, nxt, BN, D, ld_l, CAUSAL_R, NO_COPY, SPLIT)
+            _copy_tile(src, k_s, bars, i + 2, n_tiles, nxt, BN, D, ld_l, CAUSAL_R, NO_COPY)
             nxt = _slots(src, i + 3, BN, gl.SliceLayout(1, ld_l), CAUSAL_R)
         return acc, nxt
 
     @gluon.jit
     def _scorer(src, smem, io, n_tiles, scale, D: gl.constexpr, BN: gl.constexpr, ROT: gl.constexpr,
-                NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
-                EARLY_QK: gl.constexpr, SPLIT: gl.constexpr):
+                NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr):
         """The default partition: Q's first half of heads, then per tile QK, softmax, P out, P.V on half 0."""
         q_s, k_s, p_s, a_s, bars = smem
         BH: gl.constexpr = 64
@@ -236,23 +197,12 @@ if HAS_TRITON:
         l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_l))
         s_zero = gl.zeros([BH, BN], gl.float32, layout=s_l)
         acc = gl.zeros([BH, HD], gl.float32, layout=o_l)
-        if EARLY_QK:
-            s, valid = _qk(q_s, k_s, bars, src, 0, s_zero, s_l, BN, CAUSAL_R, 0, SPLIT)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-            for i0 in range(0, n_tiles, 2):  # two tiles per step: ring slot and P buffer constexpr
-                acc, m, l, s, valid = _score_tile_early(acc, m, l, s, valid, s_zero, q_s, k_s, p_s, a_s, bars, src,
-                                                        i0, n_tiles, scale, s_l, o_l, BN, D, CAUSAL_R, 0, SPLIT)
-                if i0 + 1 < n_tiles:
-                    acc, m, l, s, valid = _score_tile_early(acc, m, l, s, valid, s_zero, q_s, k_s, p_s, a_s, bars,
-                                                            src, i0 + 1, n_tiles, scale, s_l, o_l, BN, D, CAUSAL_R, 1,
-                                                            SPLIT)
-        else:
-            for i0 in range(0, n_tiles, 2):  # two tiles per step: ring slot and P buffer constexpr
-                acc, m, l = _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i0, scale, s_l, o_l, BN,
-                                        D, CAUSAL_R, 0, SPLIT)
-                if i0 + 1 < n_tiles:
-                    acc, m, l = _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i0 + 1, scale, s_l,
-                                            o_l, BN, D, CAUSAL_R, 1, SPLIT)
+        for i0 in range(0, n_tiles, 2):  # two tiles per step: ring slot and P buffer constexpr
+            acc, m, l = _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i0, scale, s_l, o_l, BN, D,
+                                    CAUSAL_R, 0)
+            if i0 + 1 < n_tiles:
+                acc, m, l = _score_tile(acc, m, l, s_zero, q_s, k_s, p_s, a_s, bars, src, i0 + 1, scale, s_l, o_l,
+                                        BN, D, CAUSAL_R, 1)
 
         a_s.slice(2 * BH, BH).store(l)  # the final sums and maximum, for the multiplier's epilogue
         a_s.slice(3 * BH, BH).store(m)
@@ -263,7 +213,7 @@ if HAS_TRITON:
     @gluon.jit
     def _multiplier(src, smem, io, n_tiles, D: gl.constexpr, BN: gl.constexpr, ROT: gl.constexpr,
                     NOPE: gl.constexpr, CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr,
-                    NO_COPY: gl.constexpr, SPLIT: gl.constexpr):
+                    NO_COPY: gl.constexpr):
         """The worker partition: Q's second half of heads and every key tile's copy, P.V on half 1."""
         q_s, k_s, p_s, a_s, bars = smem
         BH: gl.constexpr = 64
@@ -276,17 +226,17 @@ if HAS_TRITON:
         _issue_q_half(io, q_s, D, 1)
         for i in gl.static_range(2):
             _copy_tile(src, k_s, bars, i, n_tiles, _slots(src, i, BN, idx_l, CAUSAL_R),
-                       BN, D, ld_l, CAUSAL_R, NO_COPY, SPLIT)
+                       BN, D, ld_l, CAUSAL_R, NO_COPY)
         nxt = _slots(src, 2, BN, idx_l, CAUSAL_R)  # the next copy's list slots, a tile ahead
         _q_half(io, q_s, bars, D, QNORM, QNOPE, 1, 2)
 
         acc = gl.zeros([BH, HD], gl.float32, layout=o_l)
         for i0 in range(0, n_tiles, 2):
             acc, nxt = _multiply_tile(acc, nxt, k_s, p_s, a_s, bars, src, i0, n_tiles, o_l, ld_l, BN, D, CAUSAL_R,
-                                      NO_COPY, 0, SPLIT)
+                                      NO_COPY, 0)
             if i0 + 1 < n_tiles:
                 acc, nxt = _multiply_tile(acc, nxt, k_s, p_s, a_s, bars, src, i0 + 1, n_tiles, o_l, ld_l, BN, D,
-                                          CAUSAL_R, NO_COPY, 1, SPLIT)
+                                          CAUSAL_R, NO_COPY, 1)
         async_copy.wait_group(0)
 
         mbarrier.wait(bars.index(L_READY), 0)
@@ -301,7 +251,7 @@ if HAS_TRITON:
         stride_qt, stride_qh, stride_kt, stride_et, stride_it, stride_ot, stride_oh, stride_ct, stride_qc,
         D: gl.constexpr, BN: gl.constexpr, HAS_E: gl.constexpr, ROT: gl.constexpr, NOPE: gl.constexpr,
         CAUSAL_R: gl.constexpr, QNORM: gl.constexpr, QNOPE: gl.constexpr, WORKER_REGS: gl.constexpr,
-        NO_COPY: gl.constexpr = False, EARLY_QK: gl.constexpr = False, SPLIT_LAND: gl.constexpr = False,
+        NO_COPY: gl.constexpr = False,
     ):
         BH: gl.constexpr = 64
         kv_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -310,12 +260,9 @@ if HAS_TRITON:
         p_s = gl.allocate_shared_memory(gl.bfloat16, [2, BH, BN], kv_sl)
         # alpha per P buffer, then the final sums and maximum
         a_s = gl.allocate_shared_memory(gl.float32, [4 * BH], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        NB: gl.constexpr = 12 if SPLIT_LAND else 10
-        bars = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [10, 1], mbarrier.MBarrierLayout())
         for b in gl.static_range(2):
             mbarrier.init(bars.index(K_FULL + b), count=128)  # the multiplier's threads' cp.async arrivals
-            if SPLIT_LAND:
-                mbarrier.init(bars.index(K_HI + b), count=128)
             mbarrier.init(bars.index(K_FREE + b), count=2)
             mbarrier.init(bars.index(P_READY + b), count=1)
             mbarrier.init(bars.index(P_FREE + b), count=1)
@@ -328,10 +275,8 @@ if HAS_TRITON:
         smem = (q_s, k_s, p_s, a_s, bars)
         io = (Q, QCOS, QSIN, SINK, OUT, COS, SIN, H, t, q_eps, stride_qt, stride_qh, stride_qc, stride_ot, stride_oh,
               stride_ct)  # Q in, the output out
-        gl.warp_specialize([(_scorer, (src, smem, io, n_tiles, scale, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE,
-                                       EARLY_QK, SPLIT_LAND)),
-                            (_multiplier, (src, smem, io, n_tiles, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, NO_COPY,
-                                           SPLIT_LAND))],
+        gl.warp_specialize([(_scorer, (src, smem, io, n_tiles, scale, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE)),
+                            (_multiplier, (src, smem, io, n_tiles, D, BN, ROT, NOPE, CAUSAL_R, QNORM, QNOPE, NO_COPY))],
                            [4], [WORKER_REGS])
 
 
@@ -340,5 +285,5 @@ def prefill_attention_scorer(q, keys, e, idx, sink, out, cs, qn, ints, strides, 
     cs = (cos, sin), qn = (q_cos, q_sin), ints = (H, n_idx, q_pos0, key_pos0, window, scale, q_eps), strides its 9
     strides, consts its constexprs less STAGES. Returns the compiled kernel."""
     return _scorer_kernel[(q.shape[0],)](q, keys, e, idx, sink, out, *cs, *qn, *ints, *strides, BN=BN,
-                                         WORKER_REGS=WORKER_REGS, **consts, NO_COPY=no_copy, EARLY_QK=EARLY_QK,
-                                         SPLIT_LAND=SPLIT_LAND, num_warps=4)
+                                         WORKER_REGS=WORKER_REGS, **consts, NO_COPY=no_copy,
+                                         num_warps=4)

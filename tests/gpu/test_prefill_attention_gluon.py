@@ -16,19 +16,14 @@ DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEV == "cpu" or not torch.cuda.is_available(), reason="Gluon kernels need a GPU")
 
 
-@pytest.fixture(params=["pair", "scorer", "scorer_early", "scorer_split"])
+@pytest.fixture(params=["pair", "scorer"])
 def gluon(monkeypatch, request):
     """prefill_attention with GLUON on, counting the Gluon launches (so a test fails if it fell back); each test
-    runs with every kernel: the warpgroups splitting every tile, one scoring for both (`ONE_SCORER`), the same with
-    the next tile's QK behind this tile's P.V (`prefill_attention_scorer.EARLY_QK`) or with QK started on a tile's
-    first half of D (`SPLIT_LAND`)."""
+    runs with both kernels: the warpgroups splitting every tile, or one scoring for both (`ONE_SCORER`)."""
     from dsv4.kernels import prefill_attention as pa
     from dsv4.kernels import prefill_attention_gluon as pg
-    from dsv4.kernels import prefill_attention_scorer as ps
 
     monkeypatch.setattr(pg, "ONE_SCORER", request.param != "pair")
-    monkeypatch.setattr(ps, "EARLY_QK", request.param == "scorer_early")
-    monkeypatch.setattr(ps, "SPLIT_LAND", request.param == "scorer_split")
 
     calls = []
     launch = pg.prefill_attention_gluon
