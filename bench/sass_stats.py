@@ -169,6 +169,12 @@ CASES = {
     # the prefill MoE GLU on FP8 tensor cores (moe_glu_fp8: 128 tokens x 64 channels, two warpgroups)
     "moe_glu_fp8": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, GLU=True), 8, 1, GLU_FP8_DIV16),
     "moe_down_fp8": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, GLU=False), 8, 1, GLU_FP8_DIV16),
+    # ... warp-specialized: a 4-warp producer (copies, re-encode) and a 4-warp consumer per 64 rows
+    **{name: ("moe_fp8_ws", "_glu_fp8_ws_kernel", GLU_FP8_T,
+              dict(BM=bm, SLOTS=4, RAW=4, GROUP_M=4, LISTED=True, GLU=glu, PRODUCER_REGS=152, CONSUMER_REGS=176), 4,
+              1, GLU_FP8_DIV16)
+       for name, bm, glu in (("moe_glu_fp8_ws", 128, True), ("moe_down_fp8_ws", 128, False),
+                             ("moe_glu_fp8_ws_bm64", 64, True))},
     "moe_glu_fp8_bm64": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, BM=64, GLU=True), 4, 1,
                          GLU_FP8_DIV16),
     # the indexer's prefill scores [T, N] (an entry count divisible by 16, as Triton specialises it)

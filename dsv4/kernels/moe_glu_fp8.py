@@ -33,6 +33,7 @@ from dsv4.kernels._triton import HAS_TRITON
 
 STAGES = 4  # cp.async ring slots (K blocks); the copies run STAGES - 2 blocks ahead of the re-encode
 ROWS = 64  # channels per program (and rows per weight-scale tile)
+WS = False  # the warp-specialized kernel (dsv4.kernels.moe_fp8_ws: producer and consumer warps; same bits)
 
 if HAS_TRITON:
     from triton.experimental import gluon
@@ -46,17 +47,34 @@ if HAS_TRITON:
     _R: gl.constexpr = gl.constexpr(ROWS)
 
     @gluon.jit
+    def _copy_weights(w_s, v_s, w_ptrs, v_ptrs, kb, slot):
+        """cp.async of K block kb's weights into ring slot `slot`: the 128 weight rows' packed bytes [128, 64], their
+        scale words [128] and their tiles' largest bytes [128] (v_s's two rings)."""
+        async_copy.async_copy_global_to_shared(w_s.index(slot), w_ptrs + kb * 64)
+        async_copy.async_copy_global_to_shared(v_s[0].index(slot), v_ptrs[0] + kb)
+        async_copy.async_copy_global_to_shared(v_s[1].index(slot), v_ptrs[1] + kb)
+
+    @gluon.jit
     def _issue(x_s, w_s, v_s, x_ptrs, x_mask, w_ptrs, v_ptrs, kb, nblocks, STAGES: gl.constexpr):
-        """cp.async of K block kb (the tokens' codes [BM, 128], the 128 weight rows' packed bytes [128, 64], their
-        scale words [128] and their tiles' largest bytes [128], v_s's two rings) into ring slot kb % STAGES; one
+        """cp.async of K block kb (the tokens' codes [BM, 128] and `_copy_weights`) into ring slot kb % STAGES; one
         commit group (empty past the end)."""
         if kb < nblocks:
             slot = kb % STAGES
             async_copy.async_copy_global_to_shared(x_s.index(slot), x_ptrs + kb * 128, mask=x_mask)
-            async_copy.async_copy_global_to_shared(w_s.index(slot), w_ptrs + kb * 64)
-            async_copy.async_copy_global_to_shared(v_s[0].index(slot), v_ptrs[0] + kb)
-            async_copy.async_copy_global_to_shared(v_s[1].index(slot), v_ptrs[1] + kb)
+            _copy_weights(w_s, v_s, w_ptrs, v_ptrs, kb, slot)
         async_copy.commit_group()
+
+    @gluon.jit
+    def _reencode(w_s, v_s, slot, c_l: gl.constexpr):
+        """The e4m3 weights of ring slot `slot`'s packed bytes, per 32-wide group: four [128, 32] tensors in layout
+        c_l (sc: the rows' scale words, bt: their tiles' largest byte)."""
+        sc = v_s[0].index(slot).load(gl.SliceLayout(1, c_l))
+        bt = v_s[1].index(slot).load(gl.SliceLayout(1, c_l))
+        # half h: low nibbles k 64h..64h+31 (group 2h), high ones the next 32
+        lo0, hi0 = _e2m1_e4m3(w_s.index(slot).slice(0, 32, dim=1).load(c_l), bt - (sc & 0xFF), bt - ((sc >> 8) & 0xFF))
+        lo1, hi1 = _e2m1_e4m3(w_s.index(slot).slice(32, 32, dim=1).load(c_l), bt - ((sc >> 16) & 0xFF),
+                              bt - ((sc >> 24) & 0xFF))
+        return lo0, hi0, lo1, hi1
 
     @gluon.jit
     def _stage(x_s, w_s, v_s, wq, x_ptrs, x_mask, w_ptrs, v_ptrs, kb, nblocks, c_l: gl.constexpr,
@@ -69,14 +87,11 @@ if HAS_TRITON:
         analysis takes accesses to one allocation for overlapping ones."""
         async_copy.wait_group(STAGES - 3)
         gl.thread_barrier()
-        slot = kb % STAGES
-        sc = v_s[0].index(slot).load(gl.SliceLayout(1, c_l))
-        bt = v_s[1].index(slot).load(gl.SliceLayout(1, c_l))
-        for h in gl.static_range(2):  # half h: low nibbles k 64h..64h+31 (group 2h), high ones the next 32
-            wb = w_s.index(slot).slice(32 * h, 32, dim=1).load(c_l)
-            lo, hi = _e2m1_e4m3(wb, bt - ((sc >> (16 * h)) & 0xFF), bt - ((sc >> (16 * h + 8)) & 0xFF))
-            wq[2 * h].store(lo)
-            wq[2 * h + 1].store(hi)
+        lo0, hi0, lo1, hi1 = _reencode(w_s, v_s, kb % STAGES, c_l)
+        wq[0].store(lo0)
+        wq[1].store(hi0)
+        wq[2].store(lo1)
+        wq[3].store(hi1)
         fence_async_shared()
         gl.thread_barrier()
         _issue(x_s, w_s, v_s, x_ptrs, x_mask, w_ptrs, v_ptrs, kb + STAGES - 2, nblocks, STAGES)
@@ -103,6 +118,34 @@ if HAS_TRITON:
                       ((bu - 6) << 23).to(gl.float32, bitcast=True))
         c = gl.convert_layout(sa, gl.SliceLayout(1, c_l))[:, None] * sw[None, :]
         return acc + p3 * c[:, :, None]
+
+    @gluon.jit
+    def _epilogue(acc, C, SORTED, TOPK_W, num_pairs, row0, pid_n, limit, stride_cm, CH: gl.constexpr,
+                  GLU: gl.constexpr):
+        """The output of acc [BM, 2, 64] (BM sorted rows from row0; gate and up, or 128 output channels)."""
+        BM: gl.constexpr = acc.shape[0]
+        NW: gl.constexpr = gl.num_warps()
+        if GLU:  # gate and up rounded to bf16, clamped, silu(gate) * up times the pair's routing weight, z stored
+            # in sorted order (16 bytes per thread)
+            gate, up = gl.split(gl.permute(acc, [0, 2, 1]))
+            gate = gl.minimum(gate.to(gl.bfloat16).to(gl.float32), limit)
+            up = gl.minimum(gl.maximum(up.to(gl.bfloat16).to(gl.float32), -limit), limit)
+            cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gate.type.layout))
+            pair = gl.load(SORTED + cp)
+            rw = gl.load(TOPK_W + pair, mask=pair < num_pairs, other=0.0)
+            z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[:, None]).to(gl.bfloat16)
+            out_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+            z = gl.convert_layout(z, out_l)
+            om = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
+            oc = pid_n * CH + gl.arange(0, CH, layout=gl.SliceLayout(0, out_l))
+            gl.store(C + om.to(gl.int64)[:, None] * stride_cm + oc[None, :], z)
+        else:  # bf16 rows of y per (token, slot); other ranks' pairs and padding left unwritten
+            out_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+            y = gl.convert_layout(gl.reshape(acc, [BM, CH]).to(gl.bfloat16), out_l)
+            pair = gl.load(SORTED + row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l)))
+            oc = pid_n * CH + gl.arange(0, CH, layout=gl.SliceLayout(0, out_l))
+            gl.store(C + pair.to(gl.int64)[:, None] * stride_cm + oc[None, :], y,
+                     mask=(pair < num_pairs)[:, None] & (oc >= 0)[None, :])
 
     @gluon.jit
     def _glu_fp8_kernel(
@@ -202,27 +245,7 @@ if HAS_TRITON:
         pa = warpgroup_mma_wait(num_outstanding=0, deps=[pa])  # the repeat of the last block: not promoted
         async_copy.wait_group(0)
 
-        if GLU:  # gate and up rounded to bf16, clamped, silu(gate) * up times the pair's routing weight, z stored
-            # in sorted order (16 bytes per thread)
-            gate, up = gl.split(gl.permute(acc, [0, 2, 1]))
-            gate = gl.minimum(gate.to(gl.bfloat16).to(gl.float32), limit)
-            up = gl.minimum(gl.maximum(up.to(gl.bfloat16).to(gl.float32), -limit), limit)
-            cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, gate.type.layout))
-            pair = gl.load(SORTED + cp)
-            rw = gl.load(TOPK_W + pair, mask=pair < num_pairs, other=0.0)
-            z = ((gate / (1.0 + gl.exp(-gate)) * up) * rw[:, None]).to(gl.bfloat16)
-            out_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-            z = gl.convert_layout(z, out_l)
-            om = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l))
-            oc = pid_n * CH + gl.arange(0, CH, layout=gl.SliceLayout(0, out_l))
-            gl.store(C + om.to(gl.int64)[:, None] * stride_cm + oc[None, :], z)
-        else:  # bf16 rows of y per (token, slot); other ranks' pairs and padding left unwritten
-            out_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
-            y = gl.convert_layout(gl.reshape(acc, [BM, CH]).to(gl.bfloat16), out_l)
-            pair = gl.load(SORTED + row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, out_l)))
-            oc = pid_n * CH + gl.arange(0, CH, layout=gl.SliceLayout(0, out_l))
-            gl.store(C + pair.to(gl.int64)[:, None] * stride_cm + oc[None, :], y,
-                     mask=(pair < num_pairs)[:, None] & (oc >= 0)[None, :])
+        _epilogue(acc, C, SORTED, TOPK_W, num_pairs, row0, pid_n, limit, stride_cm, CH, GLU)
 
 
 def launch(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, tile_bmax: torch.Tensor,
@@ -237,9 +260,14 @@ def launch(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, sw: torch.Tensor
         raise ValueError(f"moe_glu_fp8: bm must be 64 or 128, got {bm}")
     n = w.shape[1] // 2 if glu else w.shape[1]
     listed = tiles is not None
-    return _glu_fp8_kernel[(rows, n // (ROWS if glu else 2 * ROWS))](
-        xq, xs, w, sw, tile_bmax, out, sorted_ids, expert_ids, num_post, topk_w, tiles if listed else expert_ids,
-        xq.shape[1], topk_w.numel(), top_k, n if glu else ROWS, float(limit),
-        xq.stride(0), xs.stride(0), w.stride(0), w.stride(1), sw.stride(0), sw.stride(1), tile_bmax.stride(0),
-        tile_bmax.stride(1), out.stride(0),
-        BM=bm, STAGES=STAGES, GROUP_M=group_m, LISTED=listed, GLU=glu, num_warps=bm // 16)
+    grid = (rows, n // (ROWS if glu else 2 * ROWS))
+    args = (xq, xs, w, sw, tile_bmax, out, sorted_ids, expert_ids, num_post, topk_w, tiles if listed else expert_ids,
+            xq.shape[1], topk_w.numel(), top_k, n if glu else ROWS, float(limit),
+            xq.stride(0), xs.stride(0), w.stride(0), w.stride(1), sw.stride(0), sw.stride(1), tile_bmax.stride(0),
+            tile_bmax.stride(1), out.stride(0))
+    if WS:
+        from dsv4.kernels.moe_fp8_ws import launch_ws
+
+        return launch_ws(args, grid, bm, group_m, listed, glu)
+    return _glu_fp8_kernel[grid](*args, BM=bm, STAGES=STAGES, GROUP_M=group_m, LISTED=listed, GLU=glu,
+                                 num_warps=bm // 16)

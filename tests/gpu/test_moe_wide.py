@@ -398,3 +398,48 @@ def test_fp8_glu_declines_tiles_past_the_spread(monkeypatch):
     assert packed.fp8_w2_tiles_ok and not packed.fp8_tiles_ok
     monkeypatch.setattr(moe_wide, "FP8_GLU", True)
     assert not moe_wide.fp8_glu_path(packed, torch.device(DEV))
+
+
+@pytest.mark.parametrize("m,d,i,mixed,bm", [
+    (300, 1024, 512, True, 64), (400, 1024, 512, False, 128), (700, 2048, 256, True, 64), (5, 256, 256, True, 64),
+    (200, 256, 256, False, 128)])
+def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, poison, monkeypatch):
+    """moe_glu_fp8.WS (dsv4.kernels.moe_fp8_ws: producer warps copy and re-encode, a consumer warpgroup per 64 rows
+    multiplies and promotes, mbarrier hand-offs): the GLU and the down GEMM on FP8 give the shared-warp kernel's
+    outputs bit for bit -- the same e4m3 bytes, MMAs and promotion -- over K from 2 blocks (fewer than the rings'
+    slots) to 16 (the slots' phases wrap four times), mixed lists and plain alignments, skewed routing, pairs held
+    by another rank, poisoned outputs. (test_fp8_glu_matches_the_reference checks the shared-warp kernel against
+    `fused_moe_ref`.)"""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from test_moe import _topk
+
+    from dsv4.kernels import moe_fp8_ws, moe_glu_fp8, moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe
+
+    gen = torch.Generator(DEV).manual_seed(m + d)
+    experts = _spread_experts(8, d, i, 11, gen)
+    packed = finalize_experts(experts)
+    assert packed.fp8_tiles_ok and packed.fp8_w2_tiles_ok
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _topk(m, 8, 6, gen, skew=m >= 300)
+    ids = torch.where(ids % 3 == 0, -1, ids) if m == 700 else ids
+    cfg = dataclasses.replace(_wide(bm), mixed=mixed)
+    monkeypatch.setattr(moe_wide, "FP8_GLU", True)
+    monkeypatch.setattr(moe_wide, "FP8_DOWN", True)
+    monkeypatch.setattr(moe_wide, "FP8_DOWN_MIN_PAIRS_PER_EXPERT", 0)
+    shared = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    launches, launch_ws = [], moe_fp8_ws.launch_ws
+
+    def counted(args, grid, tile_m, *rest):
+        launches.append(tile_m)
+        return launch_ws(args, grid, tile_m, *rest)
+
+    monkeypatch.setattr(moe_fp8_ws, "launch_ws", counted)
+    monkeypatch.setattr(moe_glu_fp8, "WS", True)
+    poison()
+    got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    assert len(launches) >= 2 and (bm == 64 or 128 in launches), f"warp-specialized launches: {launches}"
+    assert torch.isfinite(got).all()
+    diff = (got != shared).sum().item()
+    assert diff == 0, f"m={m} d={d} i={i} bm={bm}: {diff} of {got.numel()} outputs differ from the shared-warp kernel"
