@@ -154,7 +154,8 @@ CASES = {
                        ("prefill_attn_gluon_no_pre", dict(QNORM=False, PRE_IDX=False)))},
     # ... one warpgroup scoring every tile, both multiplying (prefill_attention_scorer: 4 warps + a 4-warp partition)
     **{name: ("prefill_attention_scorer", "_scorer_kernel", GLUON_ATTN_T,
-              {**{k: v for k, v in GLUON_ATTN_C.items() if k not in ("STAGES", "PRE_IDX")}, "WORKER_REGS": 232, **c}, 4, 1, GLUON_ATTN_DIV16)
+              {**{k: v for k, v in GLUON_ATTN_C.items() if k not in ("STAGES", "PRE_IDX")}, "WORKER_REGS": 232, **c},
+              4, 1, GLUON_ATTN_DIV16)
        for name, c in (("prefill_attn_scorer", dict(QNORM=False)), ("prefill_attn_scorer_qnorm", {}))},
     # the prefill MoE GLU (Gluon): one warpgroup, 64 weight rows x 128 pairs, weight pairs as stored / permuted
     "moe_glu_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0), 4, 1, WIDE_DIV16),
@@ -171,10 +172,13 @@ CASES = {
     "moe_down_fp8": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, GLU=False), 8, 1, GLU_FP8_DIV16),
     # ... warp-specialized: a 4-warp producer (copies, re-encode) and a 4-warp consumer per 64 rows
     **{name: ("moe_fp8_ws", "_glu_fp8_ws_kernel", GLU_FP8_T,
-              dict(BM=bm, SLOTS=4, RAW=4, GROUP_M=4, LISTED=True, GLU=glu, PRODUCER_REGS=152, CONSUMER_REGS=176), 4,
-              1, GLU_FP8_DIV16)
-       for name, bm, glu in (("moe_glu_fp8_ws", 128, True), ("moe_down_fp8_ws", 128, False),
-                             ("moe_glu_fp8_ws_bm64", 64, True))},
+              dict(BM=bm, SLOTS=4, RAW=4, GROUP_M=4, LISTED=True, GLU=glu, PRODUCER_WARPS=pw, PRODUCER_REGS=pr,
+                   CONSUMER_REGS=cr), 4, 1, GLU_FP8_DIV16)
+       for name, bm, glu, pw, pr, cr in (("moe_glu_fp8_ws", 128, True, 4, 152, 176),
+                                         ("moe_down_fp8_ws", 128, False, 4, 152, 176),
+                                         ("moe_glu_fp8_ws_bm64", 64, True, 4, 152, 176),
+                                         ("moe_glu_fp8_ws_p8", 128, True, 8, 88, 168),
+                                         ("moe_glu_fp8_ws_p8_bm64", 64, True, 8, 88, 168))},
     "moe_glu_fp8_bm64": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, BM=64, GLU=True), 4, 1,
                          GLU_FP8_DIV16),
     # the indexer's prefill scores [T, N] (an entry count divisible by 16, as Triton specialises it)

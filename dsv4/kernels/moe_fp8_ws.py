@@ -21,8 +21,10 @@ from dsv4.kernels._triton import HAS_TRITON
 
 SLOTS = 4  # blocks of codes + re-encoded weights in shared memory (32 KB each at BM = 128)
 RAW = 4  # the producer's ring of packed weight bytes (9 KB per block)
-PRODUCER_REGS = 152  # setmaxnreg of the producer partition
-CONSUMER_REGS = 176  # ... of the second consumer (the first, the default partition, keeps what is left)
+PRODUCER_WARPS = 4  # the producer's warps (4 or 8)
+# setmaxnreg of the producer and of the second consumer per PRODUCER_WARPS (the first consumer, the default
+# partition, keeps what is left: the same)
+REGS = {4: (152, 176), 8: (88, 168)}
 
 if HAS_TRITON:
     from triton.experimental import gluon
@@ -51,23 +53,24 @@ if HAS_TRITON:
         A, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_we, stride_wn, stride_wse, stride_wsn, \
             stride_tbe, stride_tbn = src
         x_s, wq, w_s, v_s, bars = smem
+        NW: gl.constexpr = gl.num_warps()
         # the tokens' codes, 16 bytes per thread
-        x_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+        x_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
         _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
         xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 128)
         # the 128 weight rows (GLU: 64 gate channels, then the same 64 up channels), their scale words and tiles'
         # largest bytes, as `moe_glu_fp8` lays them out
-        w_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        w_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
         wr = gl.arange(0, 128, layout=gl.SliceLayout(1, w_l))
         wch = pid_n * CH + wr % 64 + (wr // 64) * up_off
         wk = gl.arange(0, 64, layout=gl.SliceLayout(0, w_l))
         w_ptrs = W + e * stride_we + wch[:, None].to(gl.int64) * stride_wn + wk[None, :]
-        vr = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        vr = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [NW], [0]))
         vch = pid_n * CH + vr % 64 + (vr // 64) * up_off
         v_ptrs = ((WS + e * stride_wse) + vch * stride_wsn, (TB + e * stride_tbe) + (vch // 64) * stride_tbn)
-        c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])  # the re-encode: a row per 2 threads
+        c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])  # the re-encode: a row per 2 threads
 
         for r in gl.static_range(RAW - 1):
             _issue_raw(w_s, v_s, w_ptrs, v_ptrs, r, nblocks, RAW)
@@ -136,7 +139,7 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_tbe, stride_tbn, stride_cm,
         BM: gl.constexpr, SLOTS: gl.constexpr, RAW: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
-        GLU: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        GLU: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     ):
         # `moe_glu_fp8._glu_fp8_kernel`'s arguments and tiles (GLU: 64 gate + 64 up channels; else 128 outputs)
         CH: gl.constexpr = 64 if GLU else 128
@@ -155,7 +158,7 @@ if HAS_TRITON:
                    gl.allocate_shared_memory(gl.int32, [RAW, 128], v_sl))
             bars = gl.allocate_shared_memory(gl.int64, [2 * SLOTS, 1], mbarrier.MBarrierLayout())
             for s in gl.static_range(SLOTS):
-                mbarrier.init(bars.index(READY + s), count=129)  # the producer's 128 copy arrivals + its re-encode
+                mbarrier.init(bars.index(READY + s), count=32 * PRODUCER_WARPS + 1)  # its copy arrivals + re-encode
                 mbarrier.init(bars.index(FREE + s), count=BM // 64)  # one per consumer
             smem = (x_s, wq, w_s, v_s, bars)
             src = (A, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_we, stride_wn, stride_wse,
@@ -165,14 +168,15 @@ if HAS_TRITON:
                 gl.warp_specialize([(_consumer, (dst, smem, e, row0, pid_n, nblocks, limit, CH, GLU, SLOTS, 0)),
                                     (_consumer, (dst, smem, e, row0, pid_n, nblocks, limit, CH, GLU, SLOTS, 1)),
                                     (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, SLOTS, RAW))],
-                                   [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+                                   [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
             else:
                 gl.warp_specialize([(_consumer, (dst, smem, e, row0, pid_n, nblocks, limit, CH, GLU, SLOTS, 0)),
                                     (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, SLOTS, RAW))],
-                                   [4], [PRODUCER_REGS])
+                                   [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def launch_ws(args: tuple, grid: tuple, bm: int, group_m: int, listed: bool, glu: bool):
     """`moe_glu_fp8.launch`'s kernel arguments through the warp-specialized kernel. Returns the compiled kernel."""
     return _glu_fp8_ws_kernel[grid](*args, BM=bm, SLOTS=SLOTS, RAW=RAW, GROUP_M=group_m, LISTED=listed, GLU=glu,
-                                    PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+                                    PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=REGS[PRODUCER_WARPS][0],
+                                    CONSUMER_REGS=REGS[PRODUCER_WARPS][1], num_warps=4)
