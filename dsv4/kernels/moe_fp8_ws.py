@@ -5,13 +5,17 @@ Why (docs/kernels_e2e_notes.md, session 35): in `moe_glu_fp8` all eight warps co
 their MMAs, at 255 registers with one CTA per SM and three CTA barriers per block: 35 % issue active, 26 % tensor
 pipe. Here each role has its own warps and the hand-offs are mbarriers:
 
-    producer (4 warps)   per K block: cp.async of the tokens' codes into a slot (arriving on its `ready` mbarrier
-                         when they land), cp.async of the packed weight bytes RAW - 1 blocks ahead into a ring of its
-                         own, the re-encode into the slot's four e4m3 [128, 32] buffers, then `ready`
-    consumers (4 warps   per K block: wait `ready`, four k32 wgmmas on their 64 rows, wait for them, release the
-      per 64 pairs)      slot (`free`), promote; with two consumers (BM = 128) one's promotion runs under the other's
-                         MMAs
+    producer (4 warps)   per K block kb: cp.async of block kb + XSLOTS - WSLOTS's token codes, their scales and
+                         the two weight tiles' largest bytes into an x slot (arriving on its `ready` mbarrier when
+                         they land), cp.async of the packed weight bytes RAW - 1 blocks ahead into a ring of its own,
+                         the re-encode of block kb into a weight slot's four e4m3 [128, 32] buffers, then `ready`
+    consumers (4 warps   per K block: wait `ready`, four k32 wgmmas on their 64 rows, the scales from shared
+      per 64 pairs)      memory, wait for the MMAs, release the weight slot (`free`; the x slot that the producer
+                         fills next is the same block's), promote; with two consumers (BM = 128) one's promotion
+                         runs under the other's MMAs
 
+The codes are copied XSLOTS - WSLOTS blocks before their re-encode, itself up to WSLOTS blocks before their MMAs
+(s40b: one ring of 4 slots for both left the consumers waiting on `ready` and on their own scale loads).
 The same e4m3 bytes, the same MMAs per 64 rows and block, the same promotion FMA as `moe_glu_fp8`: the outputs are
 bit-identical to it (tests/gpu/test_moe_wide.py).
 """
@@ -19,7 +23,8 @@ from __future__ import annotations
 
 from dsv4.kernels._triton import HAS_TRITON
 
-SLOTS = 4  # blocks of codes + re-encoded weights in shared memory (32 KB each at BM = 128)
+XSLOTS = 6  # blocks of token codes (+ scales) in shared memory (16 KB each at BM = 128)
+WSLOTS = 3  # blocks of re-encoded weights (16 KB each)
 RAW = 4  # the producer's ring of packed weight bytes (9 KB per block)
 PRODUCER_WARPS = 4  # the producer's warps (4 or 8)
 # setmaxnreg of the producer and of the second consumer per PRODUCER_WARPS (the first consumer, the default
@@ -33,11 +38,11 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from dsv4.kernels.moe_glu_fp8 import _copy_weights, _epilogue, _promote, _reencode
+    from dsv4.kernels.moe_glu_fp8 import _copy_weights, _epilogue, _promote_tiles, _reencode
     from dsv4.kernels.moe_wide_async import block_rows, launch_order, tile_block
 
-    READY: gl.constexpr = gl.constexpr(0)  # bars[READY + s]: slot s's codes landed and weights re-encoded
-    FREE: gl.constexpr = gl.constexpr(SLOTS)  # bars[FREE + s]: every consumer's MMAs on slot s done
+    READY: gl.constexpr = gl.constexpr(0)  # bars[READY + kb % XSLOTS]: block kb's codes landed, weights re-encoded
+    FREE: gl.constexpr = gl.constexpr(XSLOTS)  # bars[FREE + kb % WSLOTS]: every consumer's MMAs on block kb done
 
     @gluon.jit
     def _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb, nblocks, RAW: gl.constexpr):
@@ -47,19 +52,35 @@ if HAS_TRITON:
         async_copy.commit_group()
 
     @gluon.jit
+    def _issue_x(x_s, sa_s, tb_s, bars, x_ptrs, x_mask, sa_ptrs, tb_ptrs, kb, nblocks, XSLOTS: gl.constexpr):
+        """cp.async of block kb's token codes [BM, 128], their scales [BM] and the two weight tiles' largest bytes
+        [2] into x slot kb % XSLOTS, arriving on its `ready` when this thread's copies have landed."""
+        if kb < nblocks:
+            s = kb % XSLOTS
+            async_copy.async_copy_global_to_shared(x_s.index(s), x_ptrs + kb * 128, mask=x_mask)
+            async_copy.async_copy_global_to_shared(sa_s.index(s), sa_ptrs + kb)
+            async_copy.async_copy_global_to_shared(tb_s.index(s), tb_ptrs + kb)
+            async_copy.mbarrier_arrive(bars.index(READY + s), increment_count=False)
+
+    @gluon.jit
     def _producer(src, smem, e, row0, pid_n, nblocks, BM: gl.constexpr, CH: gl.constexpr, GLU: gl.constexpr,
-                  SLOTS: gl.constexpr, RAW: gl.constexpr):
+                  XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr):
         """The worker partition that feeds the consumers: codes and weights of every block, re-encoded."""
-        A, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_we, stride_wn, stride_wse, stride_wsn, \
-            stride_tbe, stride_tbn = src
-        x_s, wq, w_s, v_s, bars = smem
+        A, AS, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_asm, stride_we, stride_wn, stride_wse, \
+            stride_wsn, stride_tbe, stride_tbn = src
+        x_s, sa_s, tb_s, wq, w_s, v_s, bars = smem
         NW: gl.constexpr = gl.num_warps()
-        # the tokens' codes, 16 bytes per thread
+        LX: gl.constexpr = XSLOTS - WSLOTS  # how far the codes' copies run ahead of the re-encode
+        # the tokens' codes (16 bytes per thread), their scales, the block's two tiles' largest bytes
         x_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
         _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
         xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
         x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
         x_mask = xvalid[:, None] & (xk[None, :] < 128)
+        r_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        _, _, srows = block_rows(SORTED, row0, num_pairs, top_k, BM, r_l, GLU)
+        sa_ptrs = AS + srows * stride_asm
+        tb_ptrs = TB + e * stride_tbe + (pid_n * CH // 64 + gl.arange(0, 2, layout=r_l) * (up_off // 64)) * stride_tbn
         # the 128 weight rows (GLU: 64 gate channels, then the same 64 up channels), their scale words and tiles'
         # largest bytes, as `moe_glu_fp8` lays them out
         w_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
@@ -67,19 +88,21 @@ if HAS_TRITON:
         wch = pid_n * CH + wr % 64 + (wr // 64) * up_off
         wk = gl.arange(0, 64, layout=gl.SliceLayout(0, w_l))
         w_ptrs = W + e * stride_we + wch[:, None].to(gl.int64) * stride_wn + wk[None, :]
-        vr = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [NW], [0]))
+        vr = gl.arange(0, 128, layout=r_l)
         vch = pid_n * CH + vr % 64 + (vr // 64) * up_off
         v_ptrs = ((WS + e * stride_wse) + vch * stride_wsn, (TB + e * stride_tbe) + (vch // 64) * stride_tbn)
         c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])  # the re-encode: a row per 2 threads
 
         for r in gl.static_range(RAW - 1):
             _issue_raw(w_s, v_s, w_ptrs, v_ptrs, r, nblocks, RAW)
+        for j in gl.static_range(LX):  # (in the first iteration's commit group)
+            _issue_x(x_s, sa_s, tb_s, bars, x_ptrs, x_mask, sa_ptrs, tb_ptrs, j, nblocks, XSLOTS)
         for kb in range(nblocks):
-            s = kb % SLOTS
-            if kb >= SLOTS:  # the consumers are done with the slot's previous block
-                mbarrier.wait(bars.index(FREE + s), (kb // SLOTS - 1) & 1)
-            async_copy.async_copy_global_to_shared(x_s.index(s), x_ptrs + kb * 128, mask=x_mask)
-            async_copy.mbarrier_arrive(bars.index(READY + s), increment_count=False)
+            s = kb % WSLOTS
+            if kb >= WSLOTS:  # the consumers are done with block kb - WSLOTS: its weight slot and the x slot of
+                # block kb + LX
+                mbarrier.wait(bars.index(FREE + s), (kb // WSLOTS - 1) & 1)
+            _issue_x(x_s, sa_s, tb_s, bars, x_ptrs, x_mask, sa_ptrs, tb_ptrs, kb + LX, nblocks, XSLOTS)
             _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb + RAW - 1, nblocks, RAW)
             async_copy.wait_group(RAW - 1)  # this thread's copies of block kb's weights ...
             gl.thread_barrier()  # ... and every thread's
@@ -90,55 +113,44 @@ if HAS_TRITON:
             wq.index(4 * s + 3).store(hi1)
             fence_async_shared()
             gl.thread_barrier()  # (also: nobody reads the raw slot the next iteration refills)
-            mbarrier.arrive(bars.index(READY + s), count=1)
+            mbarrier.arrive(bars.index(READY + kb % XSLOTS), count=1)
         async_copy.wait_group(0)
 
     @gluon.jit
-    def _consumer(dst, smem, e, row0, pid_n, nblocks, limit, CH: gl.constexpr, GLU: gl.constexpr,
-                  SLOTS: gl.constexpr, HALF: gl.constexpr):
+    def _consumer(dst, smem, row0, pid_n, nblocks, limit, CH: gl.constexpr, GLU: gl.constexpr,
+                  XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, HALF: gl.constexpr):
         """A partition that multiplies rows [64 * HALF, 64 * HALF + 64) of the tile and stores their outputs."""
-        AS, TB, C, SORTED, TOPK_W, num_pairs, top_k, up_off, stride_asm, stride_tbe, stride_tbn, stride_cm = dst
-        x_s, wq, w_s, v_s, bars = smem
+        C, SORTED, TOPK_W, num_pairs, stride_cm = dst
+        x_s, sa_s, tb_s, wq, w_s, v_s, bars = smem
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
-        r0 = row0 + 64 * HALF
-        _, _, srows = block_rows(SORTED, r0, num_pairs, top_k, 64, gl.SliceLayout(1, acc_l), GLU)
-        sa_ptrs = AS + srows * stride_asm
-        tb_g = TB + e * stride_tbe + (pid_n * CH // 64) * stride_tbn
-        tb_u = tb_g + (up_off // 64) * stride_tbn
-
         zero = gl.zeros([64, 128], gl.float32, layout=acc_l)
         acc = gl.reshape(zero, [64, 2, 64])
-        sa = gl.load(sa_ptrs)
-        bg = gl.load(tb_g)
-        bu = gl.load(tb_u)
+        c_l: gl.constexpr = gl.SliceLayout(2, acc.type.layout)
         for kb in range(nblocks):
-            s = kb % SLOTS
-            mbarrier.wait(bars.index(READY + s), (kb // SLOTS) & 1)
+            sx = kb % XSLOTS
+            sw = kb % WSLOTS
+            mbarrier.wait(bars.index(READY + sx), (kb // XSLOTS) & 1)
             fence_async_shared()  # (the codes came by cp.async)
-            x = x_s.index(s).slice(64 * HALF, 64, dim=0)
+            x = x_s.index(sx).slice(64 * HALF, 64, dim=0)
             p = zero
             for j in gl.static_range(4):
-                p = warpgroup_mma(x.slice(32 * j, 32, dim=1), wq.index(4 * s + j).permute((1, 0)), p, use_acc=j > 0,
-                                  is_async=True)
-            nb = gl.minimum(kb + 1, nblocks - 1)  # the next block's scales, under the MMAs
-            sa_n = gl.load(sa_ptrs + nb)
-            bg_n = gl.load(tb_g + nb)
-            bu_n = gl.load(tb_u + nb)
+                p = warpgroup_mma(x.slice(32 * j, 32, dim=1), wq.index(4 * sw + j).permute((1, 0)), p,
+                                  use_acc=j > 0, is_async=True)
+            sa = sa_s.index(sx).slice(64 * HALF, 64).load(gl.SliceLayout(1, c_l))  # (before the slot is released)
+            tb = tb_s.index(sx).load(gl.SliceLayout(0, c_l))
             p = warpgroup_mma_wait(num_outstanding=0, deps=[p])
             gl.thread_barrier()
-            mbarrier.arrive(bars.index(FREE + s), count=1)
-            acc = _promote(acc, p, sa, bg, bu)
-            sa = sa_n
-            bg = bg_n
-            bu = bu_n
-        _epilogue(acc, C, SORTED, TOPK_W, num_pairs, r0, pid_n, limit, stride_cm, CH, GLU)
+            mbarrier.arrive(bars.index(FREE + sw), count=1)
+            acc = _promote_tiles(acc, p, sa, tb)
+        _epilogue(acc, C, SORTED, TOPK_W, num_pairs, row0 + 64 * HALF, pid_n, limit, stride_cm, CH, GLU)
 
     @gluon.jit
     def _glu_fp8_ws_kernel(
         A, AS, W, WS, TB, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W, TILES,
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_tbe, stride_tbn, stride_cm,
-        BM: gl.constexpr, SLOTS: gl.constexpr, RAW: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr,
+        BM: gl.constexpr, XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr, GROUP_M: gl.constexpr,
+        LISTED: gl.constexpr,
         GLU: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     ):
         # `moe_glu_fp8._glu_fp8_kernel`'s arguments and tiles (GLU: 64 gate + 64 up channels; else 128 outputs)
@@ -151,32 +163,36 @@ if HAS_TRITON:
             x_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
             g_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
             v_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-            x_s = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BM, 128], x_sl)
-            wq = gl.allocate_shared_memory(gl.float8e4nv, [4 * SLOTS, 128, 32], g_sl)
+            x_s = gl.allocate_shared_memory(gl.float8e4nv, [XSLOTS, BM, 128], x_sl)
+            sa_s = gl.allocate_shared_memory(gl.float32, [XSLOTS, BM], v_sl)
+            tb_s = gl.allocate_shared_memory(gl.int32, [XSLOTS, 2], v_sl)
+            wq = gl.allocate_shared_memory(gl.float8e4nv, [4 * WSLOTS, 128, 32], g_sl)
             w_s = gl.allocate_shared_memory(gl.uint8, [RAW, 128, 64], gl.SwizzledSharedLayout(32, 2, 2, order=[1, 0]))
             v_s = (gl.allocate_shared_memory(gl.int32, [RAW, 128], v_sl),
                    gl.allocate_shared_memory(gl.int32, [RAW, 128], v_sl))
-            bars = gl.allocate_shared_memory(gl.int64, [2 * SLOTS, 1], mbarrier.MBarrierLayout())
-            for s in gl.static_range(SLOTS):
+            bars = gl.allocate_shared_memory(gl.int64, [XSLOTS + WSLOTS, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(XSLOTS):
                 mbarrier.init(bars.index(READY + s), count=32 * PRODUCER_WARPS + 1)  # its copy arrivals + re-encode
+            for s in gl.static_range(WSLOTS):
                 mbarrier.init(bars.index(FREE + s), count=BM // 64)  # one per consumer
-            smem = (x_s, wq, w_s, v_s, bars)
-            src = (A, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_we, stride_wn, stride_wse,
-                   stride_wsn, stride_tbe, stride_tbn)
-            dst = (AS, TB, C, SORTED, TOPK_W, num_pairs, top_k, up_off, stride_asm, stride_tbe, stride_tbn, stride_cm)
+            smem = (x_s, sa_s, tb_s, wq, w_s, v_s, bars)
+            src = (A, AS, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_asm, stride_we, stride_wn,
+                   stride_wse, stride_wsn, stride_tbe, stride_tbn)
+            dst = (C, SORTED, TOPK_W, num_pairs, stride_cm)
+            # (constexprs inline: a tuple assigned to a name first turns them into tensors)
             if BM == 128:
-                gl.warp_specialize([(_consumer, (dst, smem, e, row0, pid_n, nblocks, limit, CH, GLU, SLOTS, 0)),
-                                    (_consumer, (dst, smem, e, row0, pid_n, nblocks, limit, CH, GLU, SLOTS, 1)),
-                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, SLOTS, RAW))],
-                                   [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+                gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
+                                    (_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 1)),
+                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS,
+                                                 RAW))], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
             else:
-                gl.warp_specialize([(_consumer, (dst, smem, e, row0, pid_n, nblocks, limit, CH, GLU, SLOTS, 0)),
-                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, SLOTS, RAW))],
-                                   [PRODUCER_WARPS], [PRODUCER_REGS])
+                gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
+                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS,
+                                                 RAW))], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def launch_ws(args: tuple, grid: tuple, bm: int, group_m: int, listed: bool, glu: bool):
     """`moe_glu_fp8.launch`'s kernel arguments through the warp-specialized kernel. Returns the compiled kernel."""
-    return _glu_fp8_ws_kernel[grid](*args, BM=bm, SLOTS=SLOTS, RAW=RAW, GROUP_M=group_m, LISTED=listed, GLU=glu,
+    return _glu_fp8_ws_kernel[grid](*args, BM=bm, XSLOTS=XSLOTS, WSLOTS=WSLOTS, RAW=RAW, GROUP_M=group_m, LISTED=listed, GLU=glu,
                                     PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=REGS[PRODUCER_WARPS][0],
                                     CONSUMER_REGS=REGS[PRODUCER_WARPS][1], num_warps=4)

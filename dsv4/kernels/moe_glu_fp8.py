@@ -110,12 +110,16 @@ if HAS_TRITON:
     def _promote(acc, p, sa, bg, bu):
         """acc [BM, 2, 64] (gate, up) += p [BM, 128] * sa[token] * 2^(b - 133) with b the gate or up tile's
         largest scale byte: one FMA per element."""
+        half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, acc.type.layout)))
+        return _promote_tiles(acc, p, sa, gl.where(half == 0, bg, bu))
+
+    @gluon.jit
+    def _promote_tiles(acc, p, sa, tb):
+        """`_promote` with the two tiles' largest bytes as one [2] tensor in the slice layout of acc's middle axis."""
         BM: gl.constexpr = p.shape[0]
         p3 = gl.reshape(p, [BM, 2, _R])
         c_l: gl.constexpr = gl.SliceLayout(2, p3.type.layout)
-        half = gl.arange(0, 2, layout=gl.SliceLayout(0, c_l))
-        sw = gl.where(half == 0, ((bg - 6) << 23).to(gl.float32, bitcast=True),
-                      ((bu - 6) << 23).to(gl.float32, bitcast=True))
+        sw = ((tb - 6) << 23).to(gl.float32, bitcast=True)
         c = gl.convert_layout(sa, gl.SliceLayout(1, c_l))[:, None] * sw[None, :]
         return acc + p3 * c[:, :, None]
 
