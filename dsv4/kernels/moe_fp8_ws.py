@@ -26,10 +26,11 @@ from dsv4.kernels._triton import HAS_TRITON
 XSLOTS = 6  # blocks of token codes (+ scales) in shared memory (16 KB each at BM = 128)
 WSLOTS = 3  # blocks of re-encoded weights (16 KB each)
 RAW = 4  # the producer's ring of packed weight bytes (9 KB per block)
-PRODUCER_WARPS = 4  # the producer's warps (4 or 8)
-# setmaxnreg of the producer and of the second consumer per PRODUCER_WARPS (the first consumer, the default
+PRODUCER_WARPS = 4  # warps per producer (4 or 8)
+PRODUCERS = 1  # producer partitions (1, or 2 taking alternate blocks, each with its own raw ring)
+# setmaxnreg of a producer and of the second consumer per producer warps in all (the first consumer, the default
 # partition, keeps what is left: the same)
-REGS = {4: (152, 176), 8: (88, 168)}
+REGS = {4: (152, 176), 8: (96, 160)}
 
 if HAS_TRITON:
     from triton.experimental import gluon
@@ -45,10 +46,10 @@ if HAS_TRITON:
     FREE: gl.constexpr = gl.constexpr(XSLOTS)  # bars[FREE + kb % WSLOTS]: every consumer's MMAs on block kb done
 
     @gluon.jit
-    def _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb, nblocks, RAW: gl.constexpr):
-        """cp.async of block kb's packed weights into raw slot kb % RAW (nothing past the end); one commit group."""
+    def _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb, slot, nblocks):
+        """cp.async of block kb's packed weights into raw slot `slot` (nothing past the end); one commit group."""
         if kb < nblocks:
-            _copy_weights(w_s, v_s, w_ptrs, v_ptrs, kb, kb % RAW)
+            _copy_weights(w_s, v_s, w_ptrs, v_ptrs, kb, slot)
         async_copy.commit_group()
 
     @gluon.jit
@@ -64,8 +65,10 @@ if HAS_TRITON:
 
     @gluon.jit
     def _producer(src, smem, e, row0, pid_n, nblocks, BM: gl.constexpr, CH: gl.constexpr, GLU: gl.constexpr,
-                  XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr):
-        """The worker partition that feeds the consumers: codes and weights of every block, re-encoded."""
+                  XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr, PART: gl.constexpr,
+                  NPROD: gl.constexpr):
+        """A worker partition that feeds the consumers: blocks PART, PART + NPROD, ... re-encoded (its raw ring:
+        slots [PART * RAW, PART * RAW + RAW)), the codes of blocks LX further."""
         A, AS, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_asm, stride_we, stride_wn, stride_wse, \
             stride_wsn, stride_tbe, stride_tbn = src
         x_s, sa_s, tb_s, wq, w_s, v_s, bars = smem
@@ -94,19 +97,20 @@ if HAS_TRITON:
         c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])  # the re-encode: a row per 2 threads
 
         for r in gl.static_range(RAW - 1):
-            _issue_raw(w_s, v_s, w_ptrs, v_ptrs, r, nblocks, RAW)
-        for j in gl.static_range(LX):  # (in the first iteration's commit group)
+            _issue_raw(w_s, v_s, w_ptrs, v_ptrs, PART + r * NPROD, PART * RAW + r, nblocks)
+        for j in gl.static_range(PART, LX, NPROD):  # (in the first iteration's commit group)
             _issue_x(x_s, sa_s, tb_s, bars, x_ptrs, x_mask, sa_ptrs, tb_ptrs, j, nblocks, XSLOTS)
-        for kb in range(nblocks):
+        for i in range((nblocks - PART + NPROD - 1) // NPROD):
+            kb = PART + i * NPROD
             s = kb % WSLOTS
             if kb >= WSLOTS:  # the consumers are done with block kb - WSLOTS: its weight slot and the x slot of
                 # block kb + LX
                 mbarrier.wait(bars.index(FREE + s), (kb // WSLOTS - 1) & 1)
             _issue_x(x_s, sa_s, tb_s, bars, x_ptrs, x_mask, sa_ptrs, tb_ptrs, kb + LX, nblocks, XSLOTS)
-            _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb + RAW - 1, nblocks, RAW)
+            _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb + (RAW - 1) * NPROD, PART * RAW + (i + RAW - 1) % RAW, nblocks)
             async_copy.wait_group(RAW - 1)  # this thread's copies of block kb's weights ...
             gl.thread_barrier()  # ... and every thread's
-            lo0, hi0, lo1, hi1 = _reencode(w_s, v_s, kb % RAW, c_l)
+            lo0, hi0, lo1, hi1 = _reencode(w_s, v_s, PART * RAW + i % RAW, c_l)
             wq.index(4 * s).store(lo0)
             wq.index(4 * s + 1).store(hi0)
             wq.index(4 * s + 2).store(lo1)
@@ -151,7 +155,8 @@ if HAS_TRITON:
         stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_tbe, stride_tbn, stride_cm,
         BM: gl.constexpr, XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr, GROUP_M: gl.constexpr,
         LISTED: gl.constexpr,
-        GLU: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        GLU: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCERS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
     ):
         # `moe_glu_fp8._glu_fp8_kernel`'s arguments and tiles (GLU: 64 gate + 64 up channels; else 128 outputs)
         CH: gl.constexpr = 64 if GLU else 128
@@ -167,9 +172,10 @@ if HAS_TRITON:
             sa_s = gl.allocate_shared_memory(gl.float32, [XSLOTS, BM], v_sl)
             tb_s = gl.allocate_shared_memory(gl.int32, [XSLOTS, 2], v_sl)
             wq = gl.allocate_shared_memory(gl.float8e4nv, [4 * WSLOTS, 128, 32], g_sl)
-            w_s = gl.allocate_shared_memory(gl.uint8, [RAW, 128, 64], gl.SwizzledSharedLayout(32, 2, 2, order=[1, 0]))
-            v_s = (gl.allocate_shared_memory(gl.int32, [RAW, 128], v_sl),
-                   gl.allocate_shared_memory(gl.int32, [RAW, 128], v_sl))
+            NR: gl.constexpr = RAW * PRODUCERS  # (each producer's raw ring)
+            w_s = gl.allocate_shared_memory(gl.uint8, [NR, 128, 64], gl.SwizzledSharedLayout(32, 2, 2, order=[1, 0]))
+            v_s = (gl.allocate_shared_memory(gl.int32, [NR, 128], v_sl),
+                   gl.allocate_shared_memory(gl.int32, [NR, 128], v_sl))
             bars = gl.allocate_shared_memory(gl.int64, [XSLOTS + WSLOTS, 1], mbarrier.MBarrierLayout())
             for s in gl.static_range(XSLOTS):
                 mbarrier.init(bars.index(READY + s), count=32 * PRODUCER_WARPS + 1)  # its copy arrivals + re-encode
@@ -180,19 +186,35 @@ if HAS_TRITON:
                    stride_wse, stride_wsn, stride_tbe, stride_tbn)
             dst = (C, SORTED, TOPK_W, num_pairs, stride_cm)
             # (constexprs inline: a tuple assigned to a name first turns them into tensors)
-            if BM == 128:
+            if BM == 128 and PRODUCERS == 2:
                 gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
                                     (_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 1)),
-                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS,
-                                                 RAW))], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
+                                                 0, 2)),
+                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
+                                                 1, 2))],
+                                   [4, PRODUCER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+            elif BM == 128:
+                gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
+                                    (_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 1)),
+                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
+                                                 0, 1))], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+            elif PRODUCERS == 2:
+                gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
+                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
+                                                 0, 2)),
+                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
+                                                 1, 2))],
+                                   [PRODUCER_WARPS, PRODUCER_WARPS], [PRODUCER_REGS, PRODUCER_REGS])
             else:
                 gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
-                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS,
-                                                 RAW))], [PRODUCER_WARPS], [PRODUCER_REGS])
+                                    (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
+                                                 0, 1))], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def launch_ws(args: tuple, grid: tuple, bm: int, group_m: int, listed: bool, glu: bool):
     """`moe_glu_fp8.launch`'s kernel arguments through the warp-specialized kernel. Returns the compiled kernel."""
-    return _glu_fp8_ws_kernel[grid](*args, BM=bm, XSLOTS=XSLOTS, WSLOTS=WSLOTS, RAW=RAW, GROUP_M=group_m, LISTED=listed, GLU=glu,
-                                    PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=REGS[PRODUCER_WARPS][0],
-                                    CONSUMER_REGS=REGS[PRODUCER_WARPS][1], num_warps=4)
+    producer_regs, consumer_regs = REGS[PRODUCER_WARPS * PRODUCERS]
+    return _glu_fp8_ws_kernel[grid](*args, BM=bm, XSLOTS=XSLOTS, WSLOTS=WSLOTS, RAW=RAW, GROUP_M=group_m,
+                                    LISTED=listed, GLU=glu, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCERS=PRODUCERS,
+                                    PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, num_warps=4)
