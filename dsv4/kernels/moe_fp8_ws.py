@@ -25,7 +25,7 @@ from dsv4.kernels._triton import HAS_TRITON
 
 XSLOTS = 6  # blocks of token codes (+ scales) in shared memory (16 KB each at BM = 128)
 WSLOTS = 3  # blocks of re-encoded weights (16 KB each)
-RAW = 4  # the producer's ring of packed weight bytes (9 KB per block)
+RAW = {1: 4, 2: 3}  # a producer's ring of packed weight bytes (9 KB per block), per PRODUCERS (shared memory)
 PRODUCER_WARPS = 4  # warps per producer (4 or 8)
 PRODUCERS = 1  # producer partitions (1, or 2 taking alternate blocks, each with its own raw ring)
 # setmaxnreg of a producer and of the second consumer per producer warps in all (the first consumer, the default
@@ -215,6 +215,6 @@ if HAS_TRITON:
 def launch_ws(args: tuple, grid: tuple, bm: int, group_m: int, listed: bool, glu: bool):
     """`moe_glu_fp8.launch`'s kernel arguments through the warp-specialized kernel. Returns the compiled kernel."""
     producer_regs, consumer_regs = REGS[PRODUCER_WARPS * PRODUCERS]
-    return _glu_fp8_ws_kernel[grid](*args, BM=bm, XSLOTS=XSLOTS, WSLOTS=WSLOTS, RAW=RAW, GROUP_M=group_m,
-                                    LISTED=listed, GLU=glu, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCERS=PRODUCERS,
+    return _glu_fp8_ws_kernel[grid](*args, BM=bm, XSLOTS=XSLOTS, WSLOTS=WSLOTS, RAW=RAW[PRODUCERS],
+                                    GROUP_M=group_m, LISTED=listed, GLU=glu, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCERS=PRODUCERS,
                                     PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, num_warps=4)

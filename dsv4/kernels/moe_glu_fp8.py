@@ -33,7 +33,10 @@ from dsv4.kernels._triton import HAS_TRITON
 
 STAGES = 4  # cp.async ring slots (K blocks); the copies run STAGES - 2 blocks ahead of the re-encode
 ROWS = 64  # channels per program (and rows per weight-scale tile)
-WS = False  # the warp-specialized kernel (dsv4.kernels.moe_fp8_ws: producer and consumer warps; same bits)
+# the warp-specialized kernel for the GLU / the down GEMM (dsv4.kernels.moe_fp8_ws: producer and consumer warps;
+# the same bits)
+WS_GLU = False
+WS_DOWN = False
 
 if HAS_TRITON:
     from triton.experimental import gluon
@@ -269,7 +272,7 @@ def launch(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, sw: torch.Tensor
             xq.shape[1], topk_w.numel(), top_k, n if glu else ROWS, float(limit),
             xq.stride(0), xs.stride(0), w.stride(0), w.stride(1), sw.stride(0), sw.stride(1), tile_bmax.stride(0),
             tile_bmax.stride(1), out.stride(0))
-    if WS:
+    if WS_GLU if glu else WS_DOWN:
         from dsv4.kernels.moe_fp8_ws import launch_ws
 
         return launch_ws(args, grid, bm, group_m, listed, glu)
