@@ -5,7 +5,8 @@ Why (docs/kernels_e2e_notes.md, session 35): in `moe_glu_fp8` all eight warps co
 their MMAs, at 255 registers with one CTA per SM and three CTA barriers per block: 35 % issue active, 26 % tensor
 pipe. Here each role has its own warps and the hand-offs are mbarriers:
 
-    producer (4 warps)   per K block kb: cp.async of block kb + XSLOTS - WSLOTS's token codes, their scales and
+    producers (4 warps   per K block kb (two producers: alternate blocks, each with its own raw ring):
+      each, PRODUCERS)   cp.async of block kb + XSLOTS - WSLOTS's token codes, their scales and
                          the two weight tiles' largest bytes into an x slot (arriving on its `ready` mbarrier when
                          they land), cp.async of the packed weight bytes RAW - 1 blocks ahead into a ring of its own,
                          the re-encode of block kb into a weight slot's four e4m3 [128, 32] buffers, then `ready`
@@ -15,7 +16,11 @@ pipe. Here each role has its own warps and the hand-offs are mbarriers:
                          runs under the other's MMAs
 
 The codes are copied XSLOTS - WSLOTS blocks before their re-encode, itself up to WSLOTS blocks before their MMAs
-(s40b: one ring of 4 slots for both left the consumers waiting on `ready` and on their own scale loads).
+(s40b: one ring of 4 slots for both left the consumers waiting on `ready` and on their own scale loads). The
+re-encode's chain per block is the limit: an 8-warp producer was slower than a 4-warp one, two 4-warp producers
+faster (docs/kernels_e2e_notes.md, session 40). Flash MoE call with the GLU and the down GEMM here (s40g, ms):
+8K tokens 6.13 vs 5.92 for the default (bf16 GLU), 16K 10.93 vs 11.38 -- opt-in (`moe_glu_fp8.WS_GLU` /
+`WS_DOWN`) while it loses at the engine's 8K step.
 The same e4m3 bytes, the same MMAs per 64 rows and block, the same promotion FMA as `moe_glu_fp8`: the outputs are
 bit-identical to it (tests/gpu/test_moe_wide.py).
 """
@@ -27,7 +32,7 @@ XSLOTS = 6  # blocks of token codes (+ scales) in shared memory (16 KB each at B
 WSLOTS = 3  # blocks of re-encoded weights (16 KB each)
 RAW = {1: 4, 2: 3}  # a producer's ring of packed weight bytes (9 KB per block), per PRODUCERS (shared memory)
 PRODUCER_WARPS = 4  # warps per producer (4 or 8)
-PRODUCERS = 1  # producer partitions (1, or 2 taking alternate blocks, each with its own raw ring)
+PRODUCERS = 2  # producer partitions (2 taking alternate blocks, each with its own raw ring; or 1)
 # setmaxnreg of a producer and of the second consumer per producer warps in all (the first consumer, the default
 # partition, keeps what is left: the same)
 REGS = {4: (152, 176), 8: (96, 160)}

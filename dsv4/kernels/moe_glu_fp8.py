@@ -23,7 +23,8 @@ The products are the reference's exactly (e4m3 codes times e2m1 values, both sca
 sum is the FP8 MMA's (as in DeepSeek's own FP8 block GEMMs), so the outputs match `fused_moe_ref` statistically.
 z (swiglu clamp, routing weight) is stored unquantised in sorted order; `moe_wide.requant_rows` quantises it per
 128 channels for the down GEMM, as after the 64-channel bf16 GLU. The GLU is opt-in (`moe_wide.FP8_GLU`: slower than
-the bf16 GLU, s35d); the down GEMM (`moe_wide.FP8_DOWN`) is the default from 96 pairs per expert.
+the bf16 GLU, s35d); the down GEMM (`moe_wide.FP8_DOWN`) is the default from 96 pairs per expert. The same GEMMs
+with the copies and the re-encode on producer warps: `dsv4.kernels.moe_fp8_ws` (`WS_GLU` / `WS_DOWN`, opt-in).
 """
 from __future__ import annotations
 
