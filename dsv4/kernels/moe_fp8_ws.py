@@ -159,9 +159,8 @@ if HAS_TRITON:
         K, num_pairs, top_k, up_off, limit,
         stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_tbe, stride_tbn, stride_cm,
         BM: gl.constexpr, XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr, GROUP_M: gl.constexpr,
-        LISTED: gl.constexpr,
-        GLU: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCERS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr,
+        LISTED: gl.constexpr, GLU: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCERS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     ):
         # `moe_glu_fp8._glu_fp8_kernel`'s arguments and tiles (GLU: 64 gate + 64 up channels; else 128 outputs)
         CH: gl.constexpr = 64 if GLU else 128
