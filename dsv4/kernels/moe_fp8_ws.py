@@ -47,8 +47,10 @@ if HAS_TRITON:
     from dsv4.kernels.moe_glu_fp8 import _copy_weights, _epilogue, _promote_tiles, _reencode
     from dsv4.kernels.moe_wide_async import block_rows, launch_order, tile_block
 
-    READY: gl.constexpr = gl.constexpr(0)  # bars[READY + kb % XSLOTS]: block kb's codes landed, weights re-encoded
-    FREE: gl.constexpr = gl.constexpr(XSLOTS)  # bars[FREE + kb % WSLOTS]: every consumer's MMAs on block kb done
+    # the mbarriers, bars = (ready, free): ready[kb % XSLOTS] block kb's codes landed and weights re-encoded;
+    # free[kb % WSLOTS] every consumer's MMAs on block kb done. Two allocations: Triton's barrier analysis takes an
+    # mbarrier operation for an access to its allocation, and put a partition barrier between an arrive on one and
+    # a wait on another (s40: two per block in the producer)
 
     @gluon.jit
     def _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb, slot, nblocks):
@@ -66,7 +68,7 @@ if HAS_TRITON:
             async_copy.async_copy_global_to_shared(x_s.index(s), x_ptrs + kb * 128, mask=x_mask)
             async_copy.async_copy_global_to_shared(sa_s.index(s), sa_ptrs + kb)
             async_copy.async_copy_global_to_shared(tb_s.index(s), tb_ptrs + kb)
-            async_copy.mbarrier_arrive(bars.index(READY + s), increment_count=False)
+            async_copy.mbarrier_arrive(bars[0].index(s), increment_count=False)
 
     @gluon.jit
     def _producer(src, smem, e, row0, pid_n, nblocks, BM: gl.constexpr, CH: gl.constexpr, GLU: gl.constexpr,
@@ -108,21 +110,21 @@ if HAS_TRITON:
         for i in range((nblocks - PART + NPROD - 1) // NPROD):
             kb = PART + i * NPROD
             s = kb % WSLOTS
-            if kb >= WSLOTS:  # the consumers are done with block kb - WSLOTS: its weight slot and the x slot of
-                # block kb + LX
-                mbarrier.wait(bars.index(FREE + s), (kb // WSLOTS - 1) & 1)
+            # the consumers are done with block kb - WSLOTS: its weight slot and the x slot of block kb + LX (the first
+            # WSLOTS blocks wait for the phase before a fresh barrier's first: no wait)
+            mbarrier.wait(bars[1].index(s), (kb // WSLOTS + 1) & 1)
             _issue_x(x_s, sa_s, tb_s, bars, x_ptrs, x_mask, sa_ptrs, tb_ptrs, kb + LX, nblocks, XSLOTS)
             _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb + (RAW - 1) * NPROD, PART * RAW + (i + RAW - 1) % RAW, nblocks)
             async_copy.wait_group(RAW - 1)  # this thread's copies of block kb's weights ...
             gl.thread_barrier()  # ... and every thread's
             lo0, hi0, lo1, hi1 = _reencode(w_s, v_s, PART * RAW + i % RAW, c_l)
-            wq.index(4 * s).store(lo0)
-            wq.index(4 * s + 1).store(hi0)
-            wq.index(4 * s + 2).store(lo1)
-            wq.index(4 * s + 3).store(hi1)
+            wq[0].index(s).store(lo0)
+            wq[1].index(s).store(hi0)
+            wq[2].index(s).store(lo1)
+            wq[3].index(s).store(hi1)
             fence_async_shared()
             gl.thread_barrier()  # (also: nobody reads the raw slot the next iteration refills)
-            mbarrier.arrive(bars.index(READY + kb % XSLOTS), count=1)
+            mbarrier.arrive(bars[0].index(kb % XSLOTS), count=1)
         async_copy.wait_group(0)
 
     @gluon.jit
@@ -138,18 +140,20 @@ if HAS_TRITON:
         for kb in range(nblocks):
             sx = kb % XSLOTS
             sw = kb % WSLOTS
-            mbarrier.wait(bars.index(READY + sx), (kb // XSLOTS) & 1)
+            mbarrier.wait(bars[0].index(sx), (kb // XSLOTS) & 1)
             fence_async_shared()  # (the codes came by cp.async)
+            # the scales first, so that their loads land under the MMAs (s40h: the promotion's first use of them
+            # waited, 7 % of the stall samples), and before the slot is released
+            sa = sa_s.index(sx).slice(64 * HALF, 64).load(gl.SliceLayout(1, c_l))
+            tb = tb_s.index(sx).load(gl.SliceLayout(0, c_l))
             x = x_s.index(sx).slice(64 * HALF, 64, dim=0)
             p = zero
             for j in gl.static_range(4):
-                p = warpgroup_mma(x.slice(32 * j, 32, dim=1), wq.index(4 * sw + j).permute((1, 0)), p,
+                p = warpgroup_mma(x.slice(32 * j, 32, dim=1), wq[j].index(sw).permute((1, 0)), p,
                                   use_acc=j > 0, is_async=True)
-            sa = sa_s.index(sx).slice(64 * HALF, 64).load(gl.SliceLayout(1, c_l))  # (before the slot is released)
-            tb = tb_s.index(sx).load(gl.SliceLayout(0, c_l))
             p = warpgroup_mma_wait(num_outstanding=0, deps=[p])
             gl.thread_barrier()
-            mbarrier.arrive(bars.index(FREE + sw), count=1)
+            mbarrier.arrive(bars[1].index(sw), count=1)
             acc = _promote_tiles(acc, p, sa, tb)
         _epilogue(acc, C, SORTED, TOPK_W, num_pairs, row0 + 64 * HALF, pid_n, limit, stride_cm, CH, GLU)
 
@@ -175,16 +179,22 @@ if HAS_TRITON:
             x_s = gl.allocate_shared_memory(gl.float8e4nv, [XSLOTS, BM, 128], x_sl)
             sa_s = gl.allocate_shared_memory(gl.float32, [XSLOTS, BM], v_sl)
             tb_s = gl.allocate_shared_memory(gl.int32, [XSLOTS, 2], v_sl)
-            wq = gl.allocate_shared_memory(gl.float8e4nv, [4 * WSLOTS, 128, 32], g_sl)
+            # one allocation per 32-wide group: Triton's barrier analysis takes stores to one allocation for
+            # overlapping ones and put a partition barrier between the four (s40: three per block)
+            wq = (gl.allocate_shared_memory(gl.float8e4nv, [WSLOTS, 128, 32], g_sl),
+                  gl.allocate_shared_memory(gl.float8e4nv, [WSLOTS, 128, 32], g_sl),
+                  gl.allocate_shared_memory(gl.float8e4nv, [WSLOTS, 128, 32], g_sl),
+                  gl.allocate_shared_memory(gl.float8e4nv, [WSLOTS, 128, 32], g_sl))
             NR: gl.constexpr = RAW * PRODUCERS  # (each producer's raw ring)
             w_s = gl.allocate_shared_memory(gl.uint8, [NR, 128, 64], gl.SwizzledSharedLayout(32, 2, 2, order=[1, 0]))
             v_s = (gl.allocate_shared_memory(gl.int32, [NR, 128], v_sl),
                    gl.allocate_shared_memory(gl.int32, [NR, 128], v_sl))
-            bars = gl.allocate_shared_memory(gl.int64, [XSLOTS + WSLOTS, 1], mbarrier.MBarrierLayout())
+            bars = (gl.allocate_shared_memory(gl.int64, [XSLOTS, 1], mbarrier.MBarrierLayout()),
+                    gl.allocate_shared_memory(gl.int64, [WSLOTS, 1], mbarrier.MBarrierLayout()))
             for s in gl.static_range(XSLOTS):
-                mbarrier.init(bars.index(READY + s), count=32 * PRODUCER_WARPS + 1)  # its copy arrivals + re-encode
+                mbarrier.init(bars[0].index(s), count=32 * PRODUCER_WARPS + 1)  # its copy arrivals + re-encode
             for s in gl.static_range(WSLOTS):
-                mbarrier.init(bars.index(FREE + s), count=BM // 64)  # one per consumer
+                mbarrier.init(bars[1].index(s), count=BM // 64)  # one per consumer
             smem = (x_s, sa_s, tb_s, wq, w_s, v_s, bars)
             src = (A, AS, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_asm, stride_we, stride_wn,
                    stride_wse, stride_wsn, stride_tbe, stride_tbn)
@@ -220,5 +230,6 @@ def launch_ws(args: tuple, grid: tuple, bm: int, group_m: int, listed: bool, glu
     """`moe_glu_fp8.launch`'s kernel arguments through the warp-specialized kernel. Returns the compiled kernel."""
     producer_regs, consumer_regs = REGS[PRODUCER_WARPS * PRODUCERS]
     return _glu_fp8_ws_kernel[grid](*args, BM=bm, XSLOTS=XSLOTS, WSLOTS=WSLOTS, RAW=RAW[PRODUCERS],
-                                    GROUP_M=group_m, LISTED=listed, GLU=glu, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCERS=PRODUCERS,
-                                    PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, num_warps=4)
+                                    GROUP_M=group_m, LISTED=listed, GLU=glu, PRODUCER_WARPS=PRODUCER_WARPS,
+                                    PRODUCERS=PRODUCERS, PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs,
+                                    num_warps=4)
