@@ -48,9 +48,7 @@ if HAS_TRITON:
     from dsv4.kernels.moe_wide_async import block_rows, launch_order, tile_block
 
     # the mbarriers, bars = (ready, free): ready[kb % XSLOTS] block kb's codes landed and weights re-encoded;
-    # free[kb % WSLOTS] every consumer's MMAs on block kb done. Two allocations: Triton's barrier analysis takes an
-    # mbarrier operation for an access to its allocation, and put a partition barrier between an arrive on one and
-    # a wait on another (s40: two per block in the producer)
+    # free[kb % WSLOTS] every consumer's MMAs on block kb done
 
     @gluon.jit
     def _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb, slot, nblocks):
