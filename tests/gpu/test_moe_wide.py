@@ -405,12 +405,12 @@ def test_fp8_glu_declines_tiles_past_the_spread(monkeypatch):
     (300, 1024, 512, True, 64), (400, 1024, 512, False, 128), (700, 2048, 256, True, 64), (5, 256, 256, True, 64),
     (200, 256, 256, False, 128)])
 def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, poison, monkeypatch):
-    """moe_glu_fp8.WS_GLU / WS_DOWN (dsv4.kernels.moe_fp8_ws: producer warps copy and re-encode, a consumer warpgroup per 64 rows
-    multiplies and promotes, mbarrier hand-offs): the GLU and the down GEMM on FP8 give the shared-warp kernel's
-    outputs bit for bit -- the same e4m3 bytes, MMAs and promotion -- over K from 2 blocks (fewer than the rings'
-    slots) to 16 (the slots' phases wrap four times), mixed lists and plain alignments, skewed routing, pairs held
-    by another rank, poisoned outputs; with one producer of 4 or 8 warps, or two of 4 on alternate blocks. (test_fp8_glu_matches_the_reference
-    checks the shared-warp kernel against `fused_moe_ref`.)"""
+    """moe_glu_fp8.WS_GLU / WS_DOWN (dsv4.kernels.moe_fp8_ws: producer warps copy and re-encode, a consumer
+    warpgroup per 64 rows multiplies and promotes, mbarrier hand-offs): the GLU and the down GEMM on FP8 give the
+    shared-warp kernel's outputs bit for bit -- the same e4m3 bytes, MMAs and promotion -- over K from 2 blocks
+    (fewer than the rings' slots) to 16 (the slots' phases wrap several times), mixed lists and plain alignments,
+    skewed routing, pairs held by another rank, poisoned outputs; with one producer of 4 or 8 warps, or two of 4 on
+    alternate blocks. (test_fp8_glu_matches_the_reference checks the shared-warp kernel against `fused_moe_ref`.)"""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _topk
