@@ -44,7 +44,7 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-    from dsv4.kernels.moe_glu_fp8 import _copy_weights, _epilogue, _promote_tiles, _reencode
+    from dsv4.kernels.moe_glu_fp8 import _code_ptrs, _copy_weights, _epilogue, _promote_tiles, _reencode, _weight_ptrs
     from dsv4.kernels.moe_wide_async import block_rows, launch_order, tile_block
 
     # the mbarriers, bars = (ready, free): ready[kb % XSLOTS] block kb's codes landed and weights re-encoded;
@@ -81,10 +81,7 @@ if HAS_TRITON:
         LX: gl.constexpr = XSLOTS - WSLOTS  # how far the codes' copies run ahead of the re-encode
         # the tokens' codes (16 bytes per thread), their scales, the block's two tiles' largest bytes
         x_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
-        _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
-        xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
-        x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
-        x_mask = xvalid[:, None] & (xk[None, :] < 128)
+        x_ptrs, x_mask = _code_ptrs(A, SORTED, row0, num_pairs, top_k, stride_am, BM, GLU, x_l)
         r_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
         _, _, srows = block_rows(SORTED, row0, num_pairs, top_k, BM, r_l, GLU)
         sa_ptrs = AS + srows * stride_asm
@@ -92,13 +89,8 @@ if HAS_TRITON:
         # the 128 weight rows (GLU: 64 gate channels, then the same 64 up channels), their scale words and tiles'
         # largest bytes, as `moe_glu_fp8` lays them out
         w_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
-        wr = gl.arange(0, 128, layout=gl.SliceLayout(1, w_l))
-        wch = pid_n * CH + wr % 64 + (wr // 64) * up_off
-        wk = gl.arange(0, 64, layout=gl.SliceLayout(0, w_l))
-        w_ptrs = W + e * stride_we + wch[:, None].to(gl.int64) * stride_wn + wk[None, :]
-        vr = gl.arange(0, 128, layout=r_l)
-        vch = pid_n * CH + vr % 64 + (vr // 64) * up_off
-        v_ptrs = ((WS + e * stride_wse) + vch * stride_wsn, (TB + e * stride_tbe) + (vch // 64) * stride_tbn)
+        w_ptrs, v_ptrs = _weight_ptrs(W, WS, TB, e, pid_n, up_off, stride_we, stride_wn, stride_wse, stride_wsn,
+                                      stride_tbe, stride_tbn, CH, w_l, r_l)
         c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])  # the re-encode: a row per 2 threads
 
         for r in gl.static_range(RAW - 1):

@@ -51,6 +51,28 @@ if HAS_TRITON:
     _R: gl.constexpr = gl.constexpr(ROWS)
 
     @gluon.jit
+    def _code_ptrs(A, SORTED, row0, num_pairs, top_k, stride_am, BM: gl.constexpr, GLU: gl.constexpr,
+                   x_l: gl.constexpr):
+        """The tile's BM rows of token codes in layout x_l: (pointers [BM, 128] to K block 0, the valid rows' mask)."""
+        _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
+        xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
+        return A + rows[:, None] * stride_am + xk[None, :], xvalid[:, None] & (xk[None, :] < 128)
+
+    @gluon.jit
+    def _weight_ptrs(W, WS, TB, e, pid_n, up_off, stride_we, stride_wn, stride_wse, stride_wsn, stride_tbe, stride_tbn,
+                     CH: gl.constexpr, w_l: gl.constexpr, v_l: gl.constexpr):
+        """K block 0 of the program's 128 weight rows (GLU: its 64 gate channels, then the same 64 up channels up_off
+        rows further; else 128 consecutive output channels): (pointers to their packed bytes [128, 64] in layout w_l,
+        (pointers to their scale words, to their tiles' largest bytes) [128] in layout v_l)."""
+        wr = gl.arange(0, 2 * _R, layout=gl.SliceLayout(1, w_l))
+        wch = pid_n * CH + wr % _R + (wr // _R) * up_off
+        wk = gl.arange(0, 64, layout=gl.SliceLayout(0, w_l))
+        w_ptrs = W + e * stride_we + wch[:, None].to(gl.int64) * stride_wn + wk[None, :]
+        vr = gl.arange(0, 2 * _R, layout=v_l)
+        vch = pid_n * CH + vr % _R + (vr // _R) * up_off  # (32-bit offsets from scalar bases: fewer registers)
+        return w_ptrs, ((WS + e * stride_wse) + vch * stride_wsn, (TB + e * stride_tbe) + (vch // _R) * stride_tbn)
+
+    @gluon.jit
     def _copy_weights(w_s, v_s, w_ptrs, v_ptrs, kb, slot):
         """cp.async of K block kb's weights into ring slot `slot`: the 128 weight rows' packed bytes [128, 64], their
         scale words [128] and their tiles' largest bytes [128] (v_s's two rings)."""
@@ -177,10 +199,7 @@ if HAS_TRITON:
 
         # the tokens' codes (16 bytes per thread) and, in the accumulator's rows, their scales
         x_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
-        _, xvalid, rows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, x_l), GLU)
-        xk = gl.arange(0, 128, layout=gl.SliceLayout(0, x_l))
-        x_ptrs = A + rows[:, None] * stride_am + xk[None, :]
-        x_mask = xvalid[:, None] & (xk[None, :] < 128)
+        x_ptrs, x_mask = _code_ptrs(A, SORTED, row0, num_pairs, top_k, stride_am, BM, GLU, x_l)
         _, _, srows = block_rows(SORTED, row0, num_pairs, top_k, BM, gl.SliceLayout(1, acc_l), GLU)
         sa_ptrs = AS + srows * stride_asm
 
@@ -188,16 +207,11 @@ if HAS_TRITON:
         # re-encode layout c_l: one row per two threads)
         w_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
         c_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [NW, 1], [1, 0])
-        wr = gl.arange(0, 2 * _R, layout=gl.SliceLayout(1, w_l))
-        wch = pid_n * CH + wr % _R + (wr // _R) * up_off
-        wk = gl.arange(0, 64, layout=gl.SliceLayout(0, w_l))
-        w_ptrs = W + e * stride_we + wch[:, None].to(gl.int64) * stride_wn + wk[None, :]
         # ... their scale words and their tiles' largest bytes (a word each), the re-encode's inputs, come through
         # the ring as well: loaded a block ahead they still stalled it (s35c: long scoreboard)
         v_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-        vr = gl.arange(0, 2 * _R, layout=v_l)
-        vch = pid_n * CH + vr % _R + (vr // _R) * up_off  # (32-bit offsets from scalar bases: fewer registers)
-        v_ptrs = ((WS + e * stride_wse) + vch * stride_wsn, (TB + e * stride_tbe) + (vch // _R) * stride_tbn)
+        w_ptrs, v_ptrs = _weight_ptrs(W, WS, TB, e, pid_n, up_off, stride_we, stride_wn, stride_wse, stride_wsn,
+                                      stride_tbe, stride_tbn, CH, w_l, v_l)
         tb_g = TB + e * stride_tbe + (pid_n * CH // _R) * stride_tbn
         tb_u = tb_g + (up_off // _R) * stride_tbn
 
