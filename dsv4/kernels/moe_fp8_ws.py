@@ -19,8 +19,9 @@ The codes are copied XSLOTS - WSLOTS blocks before their re-encode, itself up to
 (s40b: one ring of 4 slots for both left the consumers waiting on `ready` and on their own scale loads). The
 re-encode's chain per block is the limit: an 8-warp producer was slower than a 4-warp one, two 4-warp producers
 faster (docs/kernels_e2e_notes.md, session 40). Flash MoE call with the GLU and the down GEMM here (s40g, ms):
-8K tokens 6.13 vs 5.92 for the default (bf16 GLU), 16K 10.93 vs 11.38 -- opt-in (`moe_glu_fp8.WS_GLU` /
-`WS_DOWN`) while it loses at the engine's 8K step.
+8K tokens 6.13 vs 5.92 for the default (bf16 GLU), 16K 10.93 vs 11.38. Session 41: the down GEMM alone here beats
+the shared-warp one at 4K / 8K / 16K (-2 to -2.5 % of the call; Nsight 1.97 vs 2.15 ms at 8K) and is the default
+(`moe_glu_fp8.WS_DOWN`); the GLU stays opt-in (`WS_GLU`: +6 % on the bf16 GLU in the 4-layer 8K forward).
 The same e4m3 bytes, the same MMAs per 64 rows and block, the same promotion FMA as `moe_glu_fp8`: the outputs are
 bit-identical to it (tests/gpu/test_moe_wide.py).
 """
@@ -79,8 +80,10 @@ if HAS_TRITON:
         x_s, sa_s, tb_s, wq, w_s, v_s, bars = smem
         NW: gl.constexpr = gl.num_warps()
         LX: gl.constexpr = XSLOTS - WSLOTS  # how far the codes' copies run ahead of the re-encode
-        # the tokens' codes (16 bytes per thread), their scales, the block's two tiles' largest bytes
-        x_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
+        # the tokens' codes (4 threads per row, two 16-byte chunks each: one pointer per row and an immediate
+        # offset; 8 threads per row took a pointer per chunk, 9 more SASS per block), their scales, the block's two
+        # tiles' largest bytes
+        x_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
         x_ptrs, x_mask = _code_ptrs(A, SORTED, row0, num_pairs, top_k, stride_am, BM, GLU, x_l)
         r_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
         _, _, srows = block_rows(SORTED, row0, num_pairs, top_k, BM, r_l, GLU)

@@ -24,7 +24,7 @@ sum is the FP8 MMA's (as in DeepSeek's own FP8 block GEMMs), so the outputs matc
 z (swiglu clamp, routing weight) is stored unquantised in sorted order; `moe_wide.requant_rows` quantises it per
 128 channels for the down GEMM, as after the 64-channel bf16 GLU. The GLU is opt-in (`moe_wide.FP8_GLU`: slower than
 the bf16 GLU, s35d); the down GEMM (`moe_wide.FP8_DOWN`) is the default from 96 pairs per expert. The same GEMMs
-with the copies and the re-encode on producer warps: `dsv4.kernels.moe_fp8_ws` (`WS_GLU` / `WS_DOWN`, opt-in).
+with the copies and the re-encode on producer warps: `dsv4.kernels.moe_fp8_ws` (`WS_DOWN`, the default; `WS_GLU`).
 """
 from __future__ import annotations
 
@@ -35,9 +35,11 @@ from dsv4.kernels._triton import HAS_TRITON
 STAGES = 4  # cp.async ring slots (K blocks); the copies run STAGES - 2 blocks ahead of the re-encode
 ROWS = 64  # channels per program (and rows per weight-scale tile)
 # the warp-specialized kernel for the GLU / the down GEMM (dsv4.kernels.moe_fp8_ws: producer and consumer warps;
-# the same bits)
+# the same bits). The down GEMM's default since session 41 (4-layer 8K forward, `profile_step.py`: down kernels
+# 8,116 -> 7,586 us, forward GPU 43,497 -> 43,235 us); the GLU's not (the FP8 GLU through it: 43,886 us, its GLU
+# +6 % on the bf16 one)
 WS_GLU = False
-WS_DOWN = False
+WS_DOWN = True
 
 if HAS_TRITON:
     from triton.experimental import gluon

@@ -429,6 +429,8 @@ def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, 
     monkeypatch.setattr(moe_wide, "FP8_GLU", True)
     monkeypatch.setattr(moe_wide, "FP8_DOWN", True)
     monkeypatch.setattr(moe_wide, "FP8_DOWN_MIN_PAIRS_PER_EXPERT", 0)
+    monkeypatch.setattr(moe_glu_fp8, "WS_GLU", False)
+    monkeypatch.setattr(moe_glu_fp8, "WS_DOWN", False)  # (the default since session 41)
     shared = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     launches, launch_ws = [], moe_fp8_ws.launch_ws
 
