@@ -449,3 +449,48 @@ def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, 
     assert torch.isfinite(got).all()
     diff = (got != shared).sum().item()
     assert diff == 0, f"m={m} d={d} i={i} bm={bm}: {diff} of {got.numel()} outputs differ from the shared-warp kernel"
+
+
+@pytest.mark.parametrize("producers", [1, 2])
+@pytest.mark.parametrize("m,d,i,mixed,bm,fp8_down", [
+    (300, 1024, 512, True, 64, True), (400, 1024, 512, False, 128, False), (700, 2048, 256, True, 64, False),
+    (5, 256, 256, False, 128, True), (200, 256, 384, True, 64, True)])
+def test_bf16_ws_glu_is_bit_identical(m, d, i, mixed, bm, fp8_down, producers, poison, monkeypatch):
+    """moe_wide.WS_BF16_GLU (dsv4.kernels.moe_bf16_ws: producer warps widen alternate K halves, two consumer
+    warpgroups only issue MMAs): the MoE's output bit for bit the default GLU's -- the same widened bf16 weights,
+    MMAs in the same K order -- on 128-row tiles of mixed lists and plain alignments (64-row tiles keep the default
+    kernel), K from 4 halves (fewer than the rings' slots) to 32, skewed routing, pairs held by another rank, z
+    quantised afterwards for the bf16 down GEMM or by the FP8 one, one or two producers."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Gluon kernels do not run in the interpreter")
+    from test_moe import _topk
+
+    from dsv4.kernels import moe_bf16_ws, moe_wide
+    from dsv4.kernels.moe import finalize_experts, fused_moe
+
+    gen = torch.Generator(DEV).manual_seed(m + d + i)
+    packed = finalize_experts(_spread_experts(8, d, i, 11, gen))
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _topk(m, 8, 6, gen, skew=m >= 300)
+    ids = torch.where(ids % 3 == 0, -1, ids) if m == 700 else ids
+    cfg = dataclasses.replace(_wide(bm), mixed=mixed)
+    monkeypatch.setattr(moe_wide, "FP8_GLU", False)
+    monkeypatch.setattr(moe_wide, "FP8_DOWN", fp8_down)
+    monkeypatch.setattr(moe_wide, "FP8_DOWN_MIN_PAIRS_PER_EXPERT", 0)
+    monkeypatch.setattr(moe_wide, "WS_BF16_GLU", False)
+    default = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    launches, launch = [], moe_bf16_ws.launch
+
+    def counted(args, rows, *rest):
+        launches.append(rows)
+        return launch(args, rows, *rest)
+
+    monkeypatch.setattr(moe_bf16_ws, "launch", counted)
+    monkeypatch.setattr(moe_bf16_ws, "PRODUCERS", producers)
+    monkeypatch.setattr(moe_wide, "WS_BF16_GLU", True)
+    poison()
+    got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+    assert launches, "the warp-specialized GLU did not run"
+    assert torch.isfinite(got).all()
+    diff = (got != default).sum().item()
+    assert diff == 0, f"m={m} d={d} i={i} bm={bm}: {diff} of {got.numel()} outputs differ from the default GLU's"
