@@ -31,6 +31,9 @@ from dsv4.kernels._triton import HAS_TRITON
 XSLOTS = 4  # halves of activations in shared memory (bf16 [128, 64]: 16 KB each)
 WSLOTS = 3  # halves of widened weights (bf16 [256, 64]: 32 KB each)
 RAW = 2  # a producer's ring of packed weight bytes and scale words per half (≈ 9 KB each)
+# consumers wait for each half's own MMAs before releasing its slots (True), or keep one half in flight and release
+# the previous one (False)
+WAIT_OWN = False
 PRODUCERS = 2  # producer partitions (2: alternate halves, each with its own raw ring; or 1)
 # setmaxnreg of a producer and of the second consumer per producer warps in all (the first consumer, the default
 # partition, keeps what is left: the same)
@@ -139,7 +142,7 @@ if HAS_TRITON:
 
     @gluon.jit
     def _consumer(dst, smem, row0, pid_n, nhalves, limit, BM: gl.constexpr, XSLOTS: gl.constexpr,
-                  WSLOTS: gl.constexpr, STORE_T: gl.constexpr, HALF: gl.constexpr):
+                  WSLOTS: gl.constexpr, STORE_T: gl.constexpr, WAIT_OWN: gl.constexpr, HALF: gl.constexpr):
         """A partition that multiplies gate and up channels [64 * HALF, 64 * HALF + 64) of the tile and stores their
         z. Half 0 is peeled off the loop so that every accumulator reaching a wait comes from a wgmma (C7515)."""
         C, SORTED, TOPK_W, num_pairs, stride_cm = dst
@@ -150,15 +153,24 @@ if HAS_TRITON:
         mbarrier.wait(bars[0].index(0), 0)
         fence_async_shared()  # (the activations came by cp.async)
         acc, acc_u = _mma_half(acc, acc_u, x_s, wq, 0, HALF, XSLOTS, WSLOTS)
-        # (waits for nothing: the loop carries the accumulators as tensors)
-        acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
+        if WAIT_OWN:
+            acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_u])
+            gl.thread_barrier()
+            mbarrier.arrive(bars[1].index(0), count=1)
+        else:  # (waits for nothing: the loop carries the accumulators as tensors)
+            acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
         for j in range(1, nhalves):
             mbarrier.wait(bars[0].index(j % XSLOTS), (j // XSLOTS) & 1)
             fence_async_shared()
             acc, acc_u = _mma_half(acc, acc_u, x_s, wq, j, HALF, XSLOTS, WSLOTS)
-            acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
-            gl.thread_barrier()  # half j - 1's MMAs are done in every warp: its slots are free
-            mbarrier.arrive(bars[1].index((j - 1) % WSLOTS), count=1)
+            if WAIT_OWN:  # (the other consumer's MMAs keep the tensor cores busy meanwhile)
+                acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_u])
+                gl.thread_barrier()
+                mbarrier.arrive(bars[1].index(j % WSLOTS), count=1)
+            else:
+                acc, acc_u = warpgroup_mma_wait(num_outstanding=4, deps=[acc, acc_u])
+                gl.thread_barrier()  # half j - 1's MMAs are done in every warp: its slots are free
+                mbarrier.arrive(bars[1].index((j - 1) % WSLOTS), count=1)
         acc, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc_u])
         store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, 2 * pid_n + HALF, num_pairs, limit, stride_cm, True, acc_l,
                    BM, 64, True, False, STORE_T)
@@ -170,7 +182,7 @@ if HAS_TRITON:
         stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr, GROUP_M: gl.constexpr,
         LISTED: gl.constexpr, PERM: gl.constexpr, STORE_T: gl.constexpr, PRODUCERS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, WAIT_OWN: gl.constexpr,
     ):
         # `moe_wide_async._wide_async_kernel`'s arguments (the GLU's); 128 gate + 128 up channels per program
         pid_m, pid_n = launch_order(GROUP_M)
@@ -206,9 +218,9 @@ if HAS_TRITON:
             # (constexprs inline: a tuple assigned to a name first turns them into tensors)
             if PRODUCERS == 2:
                 gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nhalves, limit, BM, XSLOTS, WSLOTS, STORE_T,
-                                                 0)),
+                                                 WAIT_OWN, 0)),
                                     (_consumer, (dst, smem, row0, pid_n, nhalves, limit, BM, XSLOTS, WSLOTS, STORE_T,
-                                                 1)),
+                                                 WAIT_OWN, 1)),
                                     (_producer, (src, smem, e, row0, pid_n, nhalves, BM, XSLOTS, WSLOTS, RAW, PERM,
                                                  0, 2)),
                                     (_producer, (src, smem, e, row0, pid_n, nhalves, BM, XSLOTS, WSLOTS, RAW, PERM,
@@ -216,9 +228,9 @@ if HAS_TRITON:
                                    [4, 4, 4], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
             else:
                 gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nhalves, limit, BM, XSLOTS, WSLOTS, STORE_T,
-                                                 0)),
+                                                 WAIT_OWN, 0)),
                                     (_consumer, (dst, smem, row0, pid_n, nhalves, limit, BM, XSLOTS, WSLOTS, STORE_T,
-                                                 1)),
+                                                 WAIT_OWN, 1)),
                                     (_producer, (src, smem, e, row0, pid_n, nhalves, BM, XSLOTS, WSLOTS, RAW, PERM,
                                                  0, 1))], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -235,4 +247,4 @@ def launch(kernel_args: tuple, rows: int, group_m: int, tiles=None, perm: int = 
     return _glu_bf16_ws_kernel[(rows, inter // 128)](
         *kernel_args, tiles if listed else kernel_args[5], BM=128, XSLOTS=XSLOTS, WSLOTS=WSLOTS, RAW=RAW,
         GROUP_M=group_m, LISTED=listed, PERM=perm, STORE_T=store_t, PRODUCERS=PRODUCERS,
-        PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, num_warps=4)
+        PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, WAIT_OWN=WAIT_OWN, num_warps=4)

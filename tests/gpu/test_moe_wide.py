@@ -451,16 +451,17 @@ def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, 
     assert diff == 0, f"m={m} d={d} i={i} bm={bm}: {diff} of {got.numel()} outputs differ from the shared-warp kernel"
 
 
-@pytest.mark.parametrize("producers", [1, 2])
+@pytest.mark.parametrize("producers,wait_own", [(1, False), (2, False), (2, True)])
 @pytest.mark.parametrize("m,d,i,mixed,bm,fp8_down", [
-    (300, 1024, 512, True, 64, True), (400, 1024, 512, False, 128, False), (700, 2048, 256, True, 64, False),
-    (5, 256, 256, False, 128, True), (200, 256, 384, True, 64, True)])
-def test_bf16_ws_glu_is_bit_identical(m, d, i, mixed, bm, fp8_down, producers, poison, monkeypatch):
+    (300, 1024, 512, True, 128, True), (400, 1024, 512, False, 128, False), (700, 2048, 256, True, 128, False),
+    (5, 256, 256, False, 128, True), (200, 256, 384, True, 128, True)])
+def test_bf16_ws_glu_is_bit_identical(m, d, i, mixed, bm, fp8_down, producers, wait_own, poison,
+                                      monkeypatch):
     """moe_wide.WS_BF16_GLU (dsv4.kernels.moe_bf16_ws: producer warps widen alternate K halves, two consumer
     warpgroups only issue MMAs): the MoE's output bit for bit the default GLU's -- the same widened bf16 weights,
     MMAs in the same K order -- on 128-row tiles of mixed lists and plain alignments (64-row tiles keep the default
     kernel), K from 4 halves (fewer than the rings' slots) to 32, skewed routing, pairs held by another rank, z
-    quantised afterwards for the bf16 down GEMM or by the FP8 one, one or two producers."""
+    quantised afterwards for the bf16 down GEMM or by the FP8 one, one or two producers, either slot release."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _topk
@@ -487,6 +488,7 @@ def test_bf16_ws_glu_is_bit_identical(m, d, i, mixed, bm, fp8_down, producers, p
 
     monkeypatch.setattr(moe_bf16_ws, "launch", counted)
     monkeypatch.setattr(moe_bf16_ws, "PRODUCERS", producers)
+    monkeypatch.setattr(moe_bf16_ws, "WAIT_OWN", wait_own)
     monkeypatch.setattr(moe_wide, "WS_BF16_GLU", True)
     poison()
     got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
