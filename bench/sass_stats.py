@@ -181,10 +181,6 @@ CASES = {
                                              ("moe_glu_fp8_ws_2p", 128, True, 4, 2, 96, 160),
                                              ("moe_down_fp8_ws_2p", 128, False, 4, 2, 96, 160),
                                              ("moe_glu_fp8_ws_2p_bm64", 64, True, 4, 2, 88, 168))},
-    # the bf16 GLU warp-specialized (moe_bf16_ws: two 4-warp producers widen, two 4-warp consumers multiply)
-    "moe_glu_bf16_ws": ("moe_bf16_ws", "_glu_bf16_ws_kernel", WIDE_T,
-                        dict(BM=128, XSLOTS=4, WSLOTS=3, RAW=2, GROUP_M=4, LISTED=True, PERM=2, STORE_T=True,
-                             PRODUCERS=2, PRODUCER_REGS=88, CONSUMER_REGS=168, WAIT_OWN=False), 4, 1, WIDE_DIV16),
     "moe_glu_fp8_bm64": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, BM=64, GLU=True), 4, 1,
                          GLU_FP8_DIV16),
     # the indexer's prefill scores [T, N] (an entry count divisible by 16, as Triton specialises it)

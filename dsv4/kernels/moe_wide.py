@@ -58,9 +58,10 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
 DOWN_ONE_WARPGROUP = False
-# The GLU's 128-row tiles through the warp-specialized bf16 kernel (dsv4.kernels.moe_bf16_ws: producer warps widen,
-# consumer warpgroups only issue MMAs; 128 gate + 128 up channels per program; the same z bits)
-WS_BF16_GLU = False
+# Removed in session 41 after measuring slower: a warp-specialized bf16 GLU (`moe_bf16_ws`: two producer partitions
+# widening alternate 64-wide K halves into shared memory, two consumer warpgroups issuing only MMAs, 128 tokens x
+# 128 gate + 128 up channels per program; bit-identical): Flash MoE call at 8K 6.70-6.81 vs 5.77 ms, Nsight 44 %
+# tensor pipe vs this GLU's 58.5 % -- the widened weights' round trip through shared memory (docs/benchmarks.md)
 # Removed in session 36 after measuring slower (docs/benchmarks.md): session 11's FP8 kernel with per-row 128-wide
 # block scales (`moe_wide_fp8`, 1.5-2x slower: twice the re-encode per token, two multiplies of promotion) and
 # session 28's warp-specialised GEMMs (`moe_wide_ws`, s29a: Flash MoE call at 8K 9.19 ms with its GLU vs 6.87; the
@@ -429,14 +430,10 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
                 continue
             bn, warps = (64, 4) if one else (bn, num_warps)
             for tile_m, tile_list, rows in tiles:
-                if glu and WS_BF16_GLU and tile_m == 128:
-                    from dsv4.kernels import moe_bf16_ws
-                    moe_bf16_ws.launch(a, rows, ASYNC_GROUP_M, tile_list, perm, ASYNC_STORE_T)
-                    continue
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
                                       tiles=tile_list, perm=perm if glu else 0, store_t=ASYNC_STORE_T)
-            if glu and (bn != BLOCK or WS_BF16_GLU) and not fp8_down:  # z was stored unquantised
+            if glu and bn != BLOCK and not fp8_down:  # z was stored unquantised
                 requant_rows(args1[3])
         return y
     meta = dict(BM=bm, INTERP=INTERPRET, USE_ASM=not INTERPRET, F16=WIDEN_F16, num_warps=num_warps,
