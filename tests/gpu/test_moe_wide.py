@@ -449,4 +449,3 @@ def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, 
     assert torch.isfinite(got).all()
     diff = (got != shared).sum().item()
     assert diff == 0, f"m={m} d={d} i={i} bm={bm}: {diff} of {got.numel()} outputs differ from the shared-warp kernel"
-
