@@ -28,6 +28,10 @@ prefill8() {
     python3 bench/flags.py "${@:2}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches 1 --ctx 4096 \
     --kv-dtype fp8 --prefill 8192 --cuda-graphs 2>&1 | grep -E "prefill|rror" | head -3
 }
+# Nsight metrics of a tensor-core kernel for `ncu_cmd`: time, tensor pipe, issue activity, stall reasons per issue
+MMA_METRICS=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+MMA_METRICS="$MMA_METRICS,smsp__issue_active.avg.pct_of_peak_sustained_active"
+MMA_METRICS="$MMA_METRICS,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 # `ncu_moe LIMIT COUNT METRICS`: Nsight Compute on the first COUNT prefill-MoE Gluon GEMMs of bench/ncu_kernels.py
 # (8K tokens), one line per kernel: its metrics and its top stall reasons (when METRICS asks for them).
 ncu_moe() {

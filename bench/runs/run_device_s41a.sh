@@ -16,7 +16,5 @@ timeout 200 python3 bench/bench_moe_flags.py --ms 4096,8192,16384 "default:" \
   "ws:$F.FP8_GLU=True,$G.WS_GLU=True,$G.WS_DOWN=True" \
   "ws 1 producer:$F.FP8_GLU=True,$G.WS_GLU=True,$G.WS_DOWN=True,$W.PRODUCERS=1" 2>&1 \
   | grep -vE "^\s*$|^  File|^    " | tail -4
-M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M=$MMA_METRICS
 KERNEL="_glu_fp8_ws" ncu_cmd 100 2 "$M" bench/bench_moe_flags.py --ms 8192 "ws:$F.FP8_GLU=True,$G.WS_GLU=True"

@@ -10,8 +10,6 @@ timeout 250 python3 bench/bench_moe_flags.py --ms 4096,8192,16384 "default:" "ws
   "ws down 1 producer:$G.WS_DOWN=True,$W.PRODUCERS=1" \
   "ws glu+down:$F.FP8_GLU=True,$G.WS_GLU=True,$G.WS_DOWN=True" 2>&1 \
   | grep -vE "^\s*$|^  File|^    " | tail -4
-M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M=$MMA_METRICS
 KERNEL="_glu_fp8" ncu_cmd 100 1 "$M" bench/bench_moe_flags.py --ms 8192 "default:"
 KERNEL="_glu_fp8" ncu_cmd 100 1 "$M" bench/bench_moe_flags.py --ms 8192 "ws down:$G.WS_DOWN=True"

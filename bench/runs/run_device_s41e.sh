@@ -9,8 +9,6 @@ B=dsv4.kernels.moe_bf16_ws
 timeout 250 python3 bench/bench_moe_flags.py --ms 4096,8192,16384 "default:" "ws bf16:$F.WS_BF16_GLU=True" \
   "ws bf16 1p:$F.WS_BF16_GLU=True,$B.PRODUCERS=1" "ws bf16 x5:$F.WS_BF16_GLU=True,$B.XSLOTS=5" 2>&1 \
   | grep -vE "^\s*$|^  File|^    " | tail -5
-M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M=$MMA_METRICS
 KERNEL="_glu_bf16_ws|_wide_async" ncu_cmd 100 2 "$M" bench/bench_moe_flags.py --ms 8192 "ws:$F.WS_BF16_GLU=True"
 KERNEL="_wide_async" ncu_cmd 100 2 "$M" bench/bench_moe_flags.py --ms 8192 "default:"

@@ -10,8 +10,6 @@ timeout 300 python3 bench/bench_moe_flags.py --ms 4096,8192,16384 "default:" "ws
   "ws own:$F.WS_BF16_GLU=True,$B.WAIT_OWN=True" "ws own raw3:$F.WS_BF16_GLU=True,$B.WAIT_OWN=True,$B.RAW=3" \
   "ws raw3:$F.WS_BF16_GLU=True,$B.RAW=3" "ws own raw3 1p:$F.WS_BF16_GLU=True,$B.WAIT_OWN=True,$B.RAW=3,$B.PRODUCERS=1" \
   2>&1 | grep -vE "^\s*$|^  File|^    " | tail -5
-M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M=$MMA_METRICS
 KERNEL="_glu_bf16_ws" ncu_cmd 100 1 "$M" bench/flags.py $B.WAIT_OWN=True $B.RAW=3 -- bench/bench_moe_flags.py \
   --ms 8192 "ws:$F.WS_BF16_GLU=True"
