@@ -20,7 +20,7 @@ The codes are copied XSLOTS - WSLOTS blocks before their re-encode, itself up to
 re-encode's chain per block is the limit: an 8-warp producer was slower than a 4-warp one, two 4-warp producers
 faster (docs/kernels_e2e_notes.md, session 40). Flash MoE call with the GLU and the down GEMM here (s40g, ms):
 8K tokens 6.13 vs 5.92 for the default (bf16 GLU), 16K 10.93 vs 11.38. Session 41: the down GEMM alone here beats
-the shared-warp one at 4K / 8K / 16K (-2 to -2.5 % of the call; Nsight 1.97 vs 2.15 ms at 8K) and is the default
+the shared-warp one (-2 to -4 % of the call at 4K-8K, equal at 16K; Nsight 1.97 vs 2.15 ms at 8K) and is the default
 (`moe_glu_fp8.WS_DOWN`); the GLU stays opt-in (`WS_GLU`: +6 % on the bf16 GLU in the 4-layer 8K forward).
 The same e4m3 bytes, the same MMAs per 64 rows and block, the same promotion FMA as `moe_glu_fp8`: the outputs are
 bit-identical to it (tests/gpu/test_moe_wide.py).
