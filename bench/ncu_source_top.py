@@ -43,10 +43,28 @@ def main(top: int = 30) -> None:
         op[1] += 1
     print("by opcode:", ", ".join(f"{k} {v[0] / whole:.1%} ({v[1]})"
                                   for k, v in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:12]))
+    _segments(samples, src, stall_cols, cols, whole)
     for s, r in sorted(samples, key=lambda x: -x[0])[:top]:
         big = sorted(((_num(r[i]) or 0.0, cols[i]) for i in stall_cols), reverse=True)[:3]
         where = r[addr] if addr is not None else ""
         print(f"{s / whole:6.1%} {where:>8} {r[src].strip()[:70]:70} " + " ".join(f"{c}={v:.0f}" for v, c in big if v))
+
+
+def _segments(samples: list, src: int, stall_cols: list, cols: list, whole: float) -> None:
+    """Stall samples per code segment, a segment starting at each `USETMAXREG` (a warp-specialized partition's
+    register hand-over opens its code): where the samples of producers and consumers go. Printed only when the
+    kernel has such segments; each is named by what it issues (MMA, async copies)."""
+    cuts = [i for i, (_, r) in enumerate(samples) if "USETMAXREG" in r[src]]
+    if not cuts:
+        return
+    for a, b in zip([0] + cuts, cuts + [len(samples)]):
+        seg = samples[a:b]
+        text = " ".join(r[src] for _, r in seg)
+        role = "+".join(k for k, m in (("MMA", "GMMA"), ("copies", "LDGSTS")) if m in text) or "other"
+        total = sum(x for x, _ in seg)
+        cols_sum = sorted(((sum(_num(r[i]) or 0.0 for _, r in seg), cols[i]) for i in stall_cols), reverse=True)[:3]
+        print(f"segment {a}-{b} ({role}): {total / whole:.1%} of samples; " +
+              ", ".join(f"{c} {v / whole:.1%}" for v, c in cols_sum if v))
 
 
 if __name__ == "__main__":
