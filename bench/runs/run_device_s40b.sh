@@ -10,7 +10,5 @@ F=dsv4.kernels.moe_wide
 G=dsv4.kernels.moe_glu_fp8
 timeout 200 python3 bench/bench_moe_flags.py --ms 2048,8192,16384 "default:" "ws:$G.WS=True" \
   "fp8 glu:$F.FP8_GLU=True" "fp8 glu ws:$F.FP8_GLU=True,$G.WS=True" 2>&1 | tail -4
-M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M=$MMA_METRICS
 KERNEL="_glu_fp8" ncu_cmd 150 4 "$M" bench/bench_moe_flags.py --ms 8192 "ws:$F.FP8_GLU=True,$G.WS=True"

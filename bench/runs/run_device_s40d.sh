@@ -13,8 +13,6 @@ timeout 200 python3 bench/bench_moe_flags.py --ms 8192,16384 "fp8 glu:$F.FP8_GLU
   "ws4:$F.FP8_GLU=True,$G.WS=True" "ws8:$F.FP8_GLU=True,$G.WS=True,$W.PRODUCER_WARPS=8" \
   "ws x8 w2:$F.FP8_GLU=True,$G.WS=True,$W.XSLOTS=8,$W.WSLOTS=2" "default:" \
   "default ws:$G.WS=True" 2>&1 | tail -3
-M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M=$MMA_METRICS
 KERNEL="_glu_fp8" ncu_cmd 150 2 "$M" bench/bench_moe_flags.py --ms 8192 "ws:$F.FP8_GLU=True,$G.WS=True"
 KERNEL="_glu_fp8_ws" ncu_src 150 ws4 bench/bench_moe_flags.py --ms 8192 "ws:$F.FP8_GLU=True,$G.WS=True" | head -24

@@ -12,8 +12,6 @@ timeout 200 python3 bench/bench_moe_flags.py --ms 8192,16384 "fp8 glu:$F.FP8_GLU
   "ws 1x4:$F.FP8_GLU=True,$G.WS=True" "ws 2x4:$F.FP8_GLU=True,$G.WS=True,$W.PRODUCERS=2" \
   "ws 2x4 raw3:$F.FP8_GLU=True,$G.WS=True,$W.PRODUCERS=2,$W.RAW=3" "default:" \
   "default + ws 2x4 down:$G.WS=True,$W.PRODUCERS=2" 2>&1 | grep -vE "^\s*$|^  File|^    " | tail -4
-M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M=$MMA_METRICS
 KERNEL="_glu_fp8" ncu_cmd 150 2 "$M" bench/flags.py $W.PRODUCERS=2 -- bench/bench_moe_flags.py --ms 8192 \
   "ws:$F.FP8_GLU=True,$G.WS=True"

@@ -5,9 +5,7 @@ source bench/runs/lib.sh
 F=dsv4.kernels.moe_wide
 G=dsv4.kernels.moe_glu_fp8
 W=dsv4.kernels.moe_fp8_ws
-M=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active"
-M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+M=$MMA_METRICS
 KERNEL="_glu_fp8_ws" ncu_cmd 100 2 "$M" bench/flags.py $W.PRODUCERS=2 -- bench/bench_moe_flags.py --ms 8192 \
   "ws:$F.FP8_GLU=True,$G.WS_GLU=True"
 KERNEL="_glu_fp8_ws" ncu_src 100 ws2p bench/flags.py $W.PRODUCERS=2 -- bench/bench_moe_flags.py --ms 8192 \
