@@ -84,13 +84,9 @@ CASES = {
     "mhc_rows_post": ("mhc_kernels", "_mix_rows_kernel", MIX_T, dict(FUSE_POST=True, NM=32, NP=32, BK=64,
                                                                       PREFETCH=True), 4, 1,
                       ("D", "d_per_split", "HCD")),
-    # (AHEAD: moe_gemv.SCALES_AHEAD, the default at M = 1; "_inline": the scales loaded in their own step)
-    "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False, AHEAD=True), 4, 3,
-                   GLU_B1_DIV16),
-    "moe_glu_b1_inline": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False, AHEAD=False), 4,
-                          3, GLU_B1_DIV16),
+    "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False), 4, 3, GLU_B1_DIV16),
     # ... with the scale bytes read as 32-bit words (moe_gemv.SCALE_WORDS)
-    "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=True, AHEAD=False), 4, 3,
+    "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=True), 4, 3,
                          GLU_B1_DIV16),
     "attn_combine": ("attention", "_combine_wide_kernel",
                      dict(PACC="*fp32", PML="*fp32", SINK="*fp32", COS="*fp32", SIN="*fp32", OUT="*bf16"),
@@ -196,11 +192,9 @@ CASES = {
                 ("stride", "stride_out")),
     "requant_perm": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=2), 4, 1,
                      ("stride", "stride_out")),
-    "moe_down_b1": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=False, AHEAD=True), 4, 3,
+    "moe_down_b1": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=False), 4, 3,
                     DOWN_B1_DIV16),
-    "moe_down_b1_inline": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=False, AHEAD=False),
-                           4, 3, DOWN_B1_DIV16),
-    "moe_down_b1_words": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=True, AHEAD=False), 4, 3,
+    "moe_down_b1_words": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=True), 4, 3,
                           DOWN_B1_DIV16),
 }
 

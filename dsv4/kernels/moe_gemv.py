@@ -63,8 +63,7 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe_gemv_pairs import (_act_scales_g, _act_tiles_g, _block_first, _block_member,
                                              _column_pairs, _pair_sum)
-    from dsv4.kernels.moe_mma_operands import (_act_scales, _act_scales_raw, _act_tiles, _f16_hi, _f16_lo,
-                                                  _mma_order, _scale_acc, _scale_apply, _scale_bytes)
+    from dsv4.kernels.moe_mma_operands import _act_scales, _act_tiles, _f16_hi, _f16_lo, _mma_order, _scale_acc
 
 if HAS_TRITON:  # ------------------------------------------------------------- method="mma"
 
@@ -123,14 +122,13 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                         stride_ps, stride_pp,
                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
                         USE_ASM: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                        G: tl.constexpr, NC: tl.constexpr, SCALE_WORDS: tl.constexpr, AHEAD: tl.constexpr):
+                        G: tl.constexpr, NC: tl.constexpr, SCALE_WORDS: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
         (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
         SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
         CNT one arrival counter per (pair, row tile).
         G > 1: program_id(0) is a block of BLK (dsv4.kernels.moe_gemv_pairs): G pairs of one expert, NC MMA
-        columns (max(16, 4 U G)). AHEAD (G == 1, byte scales): each loop step loads the next step's scales
-        (`SCALES_AHEAD`)."""
+        columns (max(16, 4 U G))."""
         pdl_wait()
         pid_n = tl.program_id(1)
         if G > 1:
@@ -161,15 +159,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             nbytes = tl.minimum(kb_hi - kb_lo, PREFETCH) * 64
             prefetch_l2(W + kb_lo * 64, rows, nbytes)
             prefetch_l2(W + kb_lo * 64, rows + I * stride_wn, nbytes)
-        if AHEAD:  # the first step's scales; each step then loads the next one's before its MMAs
-            nb_g, nb_u, nsa = _scale_bytes(Sg, kb_lo, U, NC), _scale_bytes(Su, kb_lo, U, NC), \
-                _act_scales_raw(SXrow, kb_lo, U)
         for kb0 in range(kb_lo, kb_hi, U):
-            if AHEAD:
-                b_g, b_u, sa_raw = nb_g, nb_u, nsa
-                kn = tl.minimum(kb0 + U, kb_hi - U)  # (the last step loads its own again: in range, unused)
-                nb_g, nb_u, nsa = _scale_bytes(Sg, kn, U, NC), _scale_bytes(Su, kn, U, NC), \
-                    _act_scales_raw(SXrow, kn, U)
             part_g = tl.zeros((BN, NC), dtype=tl.float32)
             part_u = tl.zeros((BN, NC), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
@@ -181,16 +171,12 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 bu = _mma_order(tl.load(Wu + (kb0 + d) * 64), BN, KD)
                 part_g = tl.dot(_f16_hi(bg, USE_ASM), a_hi, tl.dot(_f16_lo(bg, USE_ASM), a_lo, part_g))
                 part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
-            if AHEAD:
-                acc_g = _scale_apply(acc_g, part_g, b_g, sa_raw * 256.0)
-                acc_u = _scale_apply(acc_u, part_u, b_u, sa_raw * 256.0)
+            if G > 1:
+                sa = _act_scales_g(sxrows, live, kb0, NC, U)
             else:
-                if G > 1:
-                    sa = _act_scales_g(sxrows, live, kb0, NC, U)
-                else:
-                    sa = _act_scales(SXrow, kb0, U)
-                acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, G, NC, SCALE_WORDS)
-                acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, G, NC, SCALE_WORDS)
+                sa = _act_scales(SXrow, kb0, U)
+            acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, G, NC, SCALE_WORDS)
+            acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, G, NC, SCALE_WORDS)
         if G > 1:  # no split: the host allows no SPLIT with G > 1
             for j in tl.static_range(G):
                 pj = _block_member(BLK, j, G)
@@ -220,10 +206,10 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                          stride_ps, stride_pp,
                          BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, USE_ASM: tl.constexpr,
                          SPLIT: tl.constexpr, PREFETCH: tl.constexpr, G: tl.constexpr, NC: tl.constexpr,
-                         SCALE_WORDS: tl.constexpr, AHEAD: tl.constexpr):
+                         SCALE_WORDS: tl.constexpr):
         """y[p, n] = bf16(W2_e[n] . z_p) for BN rows n of pair p (z as f16 values of its e4m3 codes).
         SPLIT: as in `_mma_glu_kernel`, P [S, pairs, D] fp32 partials.
-        G > 1, AHEAD: as in `_mma_glu_kernel` (no SPLIT with G > 1)."""
+        G > 1: as in `_mma_glu_kernel` (no SPLIT)."""
         pdl_wait()
         if G > 1:
             p, e = _block_first(BLK, IDS, num_experts, G)
@@ -247,13 +233,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         if PREFETCH > 0:
             prefetch_l2(W + kb_lo * 64, e * stride_we + offs_n.to(tl.int64) * stride_wn,
                         tl.minimum(kb_hi - kb_lo, PREFETCH) * 64)
-        if AHEAD:
-            nb, nsa = _scale_bytes(Sr, kb_lo, U, NC), _act_scales_raw(ZSrow, kb_lo, U)
         for kb0 in range(kb_lo, kb_hi, U):
-            if AHEAD:
-                sb, sa_raw = nb, nsa
-                kn = tl.minimum(kb0 + U, kb_hi - U)
-                nb, nsa = _scale_bytes(Sr, kn, U, NC), _act_scales_raw(ZSrow, kn, U)
             part = tl.zeros((BN, NC), dtype=tl.float32)
             for d in tl.static_range(0, U, KD):
                 if G > 1:
@@ -262,9 +242,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                     a_lo, a_hi = _act_tiles(Zrow, kb0 + d, d, KD)
                 b = _mma_order(tl.load(Wr + (kb0 + d) * 64), BN, KD)
                 part = tl.dot(_f16_hi(b, USE_ASM), a_hi, tl.dot(_f16_lo(b, USE_ASM), a_lo, part))
-            if AHEAD:
-                acc = _scale_apply(acc, part, sb, sa_raw * 256.0)
-            elif G > 1:
+            if G > 1:
                 acc = _scale_acc(acc, part, Sr, _act_scales_g(zsrows, live, kb0, NC, U), kb0, U, G, NC, SCALE_WORDS)
             else:
                 acc = _scale_acc(acc, part, Sr, _act_scales(ZSrow, kb0, U), kb0, U, 1, NC, SCALE_WORDS)
@@ -358,11 +336,6 @@ GLU_PREFETCH_KBLOCKS = 0
 # bench/probe_scale_words.py: the GLU's bits equal, each variant as close to fused_moe_ref)
 SCALE_WORDS = True
 SCALE_WORDS_MIN_PAIRS = 2
-# one pair per program with byte scales (M = 1, split K): each loop step loads the next step's E8M0 bytes and
-# activation scales before its MMAs, so that their global-load latency falls under a step's widening and MMAs.
-# Nsight's source counters at M = 1 (s42b): the GLU's two instructions that first use the scale bytes held 14 % of
-# its stall samples, all long-scoreboard (waiting on those loads). The same values, the same bits.
-SCALES_AHEAD = True
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
@@ -452,7 +425,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
         float(swiglu_limit), xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
         QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, G=g, NC=nc,
-        SCALE_WORDS=_scale_words(s13, g), AHEAD=_ahead(s13, g), num_warps=num_warps, num_stages=num_stages)
+        SCALE_WORDS=_scale_words(s13, g), num_warps=num_warps, num_stages=num_stages)
     if not quant_out:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
@@ -477,8 +450,7 @@ def mma_down_stage(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, expert
         zq, zs, ids, blocks if paired else ids, w2, s2, y, part, counters, i, e, zq.stride(0), zs.stride(0),
         w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(0), part.stride(0), part.stride(1),
         BN=bn, U=u, KD=min(dot_blocks, u), USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS,
-        G=g, NC=nc, SCALE_WORDS=_scale_words(s2, g), AHEAD=_ahead(s2, g), num_warps=num_warps,
-        num_stages=num_stages)
+        G=g, NC=nc, SCALE_WORDS=_scale_words(s2, g), num_warps=num_warps, num_stages=num_stages)
 
 
 def _scale_words(scales: torch.Tensor, pairs_per_program: int) -> bool:
@@ -487,11 +459,6 @@ def _scale_words(scales: torch.Tensor, pairs_per_program: int) -> bool:
     aligned = scales.data_ptr() % 4 == 0 and scales.stride(0) % 4 == 0 and scales.stride(1) % 4 == 0 \
         and scales.stride(2) == 1
     return SCALE_WORDS and pairs_per_program >= SCALE_WORDS_MIN_PAIRS and aligned
-
-
-def _ahead(scales: torch.Tensor, pairs_per_program: int) -> bool:
-    """SCALES_AHEAD for this launch: one pair per program with byte scales (the B = 1 decode launches)."""
-    return SCALES_AHEAD and pairs_per_program == 1 and not _scale_words(scales, pairs_per_program)
 
 
 def _block_shape(blocks: torch.Tensor | None, u: int) -> tuple[int, int]:

@@ -69,26 +69,8 @@ if HAS_TRITON:
     @triton.jit
     def _act_scales(SArow, kb0, U: tl.constexpr):
         """Activation scales of the loop step's K blocks kb0 .. kb0+U-1 per column 4u + g, times 2^8 (below)."""
-        return _act_scales_raw(SArow, kb0, U) * 256.0
-
-    @triton.jit
-    def _act_scales_raw(SArow, kb0, U: tl.constexpr):
-        """`_act_scales` before its factor 2^8: the loaded values, for a caller that loads them a step ahead."""
         n = tl.arange(0, 16)
-        return tl.load(SArow + kb0 + n // 4, mask=n < 4 * U, other=0.0)
-
-    @triton.jit
-    def _scale_bytes(Sbytes, kb0, U: tl.constexpr, NC: tl.constexpr):
-        """A loop step's E8M0 bytes per column 4u + g ([BN, NC] uint8 as loaded, 0 past 4U; one pair per program):
-        `_scale_acc`'s byte loads, for a caller that issues them a step ahead (`moe_gemv.SCALES_AHEAD`)."""
-        n = tl.arange(0, NC)
-        return tl.load(Sbytes + kb0 * 4 + n[None, :], mask=(n < 4 * U)[None, :], other=0)
-
-    @triton.jit
-    def _scale_apply(acc, part, b, sa):
-        """acc += part * 2^(b - 127 + 6) * sa, b the E8M0 bytes per column (`_scale_acc`)."""
-        f = ((b.to(tl.int32) + 6) << 23).to(tl.float32, bitcast=True)
-        return acc + (part * f) * sa[None, :]
+        return tl.load(SArow + kb0 + n // 4, mask=n < 4 * U, other=0.0) * 256.0
 
     @triton.jit
     def _scale_acc(acc, part, Sbytes, sa, kb0, U: tl.constexpr, G: tl.constexpr, NC: tl.constexpr,
@@ -111,4 +93,5 @@ if HAS_TRITON:
                 b = tl.where((n // 4 == u)[None, :], (w >> (8 * (n % 4))[None, :]) & 0xFF, b)
         else:
             b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=(n < 4 * U)[None, :], other=0).to(tl.int32)
-        return _scale_apply(acc, part, b, sa)
+        f = ((b + 6) << 23).to(tl.float32, bitcast=True)
+        return acc + (part * f) * sa[None, :]

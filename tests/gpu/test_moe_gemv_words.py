@@ -64,32 +64,3 @@ def test_scale_words_rule(monkeypatch):
     assert not mg._scale_words(torch.randint(100, 130, (3, 8, 18), dtype=torch.uint8, device=DEV)[..., :16], 2)
     monkeypatch.setattr(mg, "SCALE_WORDS", False)
     assert not mg._scale_words(s, 4)
-
-
-@pytest.mark.parametrize("shape,split", [("bn64", 2), ("bn64_u4_kd2", 1), ("bn64_u1_s4", 3), ("bn128_w8", 1)])
-def test_scales_ahead_same_bits(shape, split, poison, monkeypatch):
-    """moe_gemv.SCALES_AHEAD (one pair per program: each loop step loads the next step's scale bytes and activation
-    scales) multiplies by the same values in the same order: bit-identical outputs to the in-step loads, both GEMVs,
-    unroll 1 / 2 / 4 and split K (3 splits: uneven K ranges, so a range of one step, whose look-ahead is clamped)."""
-    from dsv4.kernels import moe_gemv as mg
-    from dsv4.kernels.moe import finalize_experts
-
-    e, d, i, k, m = 8, 512, 256, 6, 3
-    gen = torch.Generator(DEV).manual_seed(len(shape) * 7 + split)
-    experts = _experts(e, d, i, gen)
-    for s in (experts.w1_scale, experts.w3_scale, experts.w2_scale):
-        s.copy_(torch.randint(110, 130, s.shape, generator=gen, device=DEV, dtype=torch.uint8).view(s.dtype))
-    packed = finalize_experts(experts)
-    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
-    ids, w = _routing(m, e, k, gen, other_ranks=True)
-    mine = (ids.reshape(-1) >= 0).nonzero()[:, 0]
-    run = dict(_launch(shape), method="mma", split=split, split_down=split)
-    s13 = packed.w13_scale.view(torch.uint8)
-    outs = []
-    for ahead in (False, True):
-        monkeypatch.setattr(mg, "SCALES_AHEAD", ahead)
-        assert mg._ahead(s13, 1) == ahead
-        poison()
-        outs.append(mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine])
-    assert torch.equal(outs[0], outs[1]), f"{shape}: {int((outs[0] != outs[1]).sum())} outputs differ"
-    assert not mg._ahead(s13, 2), "blocks of pairs keep their own scale loads"
