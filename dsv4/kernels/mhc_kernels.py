@@ -193,24 +193,36 @@ if HAS_TRITON:
         return 1.0 / (1.0 + tl.exp(-v))
 
     @triton.jit
-    def _rho(SQ, t, T, D, offs_s, smask, norm_eps):
-        """1 / RMS of token t's four streams, from the split partial sums of squares."""
-        sq = tl.sum(tl.load(SQ + offs_s * T + t, mask=smask, other=0.0), axis=0)
-        return 1.0 / tl.sqrt(sq / (4 * D) + norm_eps)
+    def _rho(sq_parts, D, norm_eps):
+        """1 / RMS of a token's four streams, from its loaded split partial sums of squares ([SP], 0 past nsplit)."""
+        return 1.0 / tl.sqrt(tl.sum(sq_parts, axis=0) / (4 * D) + norm_eps)
+
+    # The finish programs load everything they read (partials, sums of squares, base / scale, the stream columns)
+    # first, then a CTA barrier, then use it: ptxas does not move memory operations across the barrier, so every
+    # load is in flight before the first wait. Left to itself it put the stream loads and the base / scale loads
+    # after the first shuffles of rho (a use of the partials), i.e. two or three memory latencies in turn (Nsight,
+    # s42d: the 8K row finish at 6.4 cycles of long-scoreboard stall per issued instruction, its top stalls the
+    # first uses of each load).
 
     @triton.jit
-    def _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps,
+    def _post_comb(PART, SQ, BASE, SCALE, POST, COMB, t, T, D, offs_s, smask, hc_eps, norm_eps,
                    ITERS: tl.constexpr, NP: tl.constexpr):
         """post [4] and the Sinkhorn comb [4, 4] of token t, from the split partials of its mixes 4..23."""
         j4 = tl.arange(0, 4)
-        part = PART + (offs_s[:, None] * T + t) * NP
-        m_post = tl.sum(tl.load(part + 4 + j4[None, :], mask=smask[:, None], other=0.0), axis=0) * rho
-        post = 2.0 * _sigmoid(m_post * tl.load(SCALE + 1) + tl.load(BASE + 4 + j4))
-        tl.store(POST + t * 4 + j4, post)
         jk = j4[:, None] * 4 + j4[None, :]  # [source j, destination k]
-        part3 = PART + (offs_s[:, None, None] * T + t) * NP + 8 + jk[None, :, :]
-        m_comb = tl.sum(tl.load(part3, mask=smask[:, None, None], other=0.0), axis=0) * rho
-        a = m_comb * tl.load(SCALE + 2) + tl.load(BASE + 8 + jk)
+        post_parts = tl.load(PART + (offs_s[:, None] * T + t) * NP + 4 + j4[None, :], mask=smask[:, None], other=0.0)
+        comb_parts = tl.load(PART + (offs_s[:, None, None] * T + t) * NP + 8 + jk[None, :, :],
+                             mask=smask[:, None, None], other=0.0)
+        sq = tl.load(SQ + offs_s * T + t, mask=smask, other=0.0)
+        scale1, base_post = tl.load(SCALE + 1), tl.load(BASE + 4 + j4)
+        scale2, base_comb = tl.load(SCALE + 2), tl.load(BASE + 8 + jk)
+        tl.debug_barrier()  # (every load above issued before the first use)
+        rho = _rho(sq, D, norm_eps)
+        m_post = tl.sum(post_parts, axis=0) * rho
+        post = 2.0 * _sigmoid(m_post * scale1 + base_post)
+        tl.store(POST + t * 4 + j4, post)
+        m_comb = tl.sum(comb_parts, axis=0) * rho
+        a = m_comb * scale2 + base_comb
         e = tl.exp(a - tl.max(a, axis=1)[:, None])
         c = e / tl.sum(e, axis=1)[:, None] + hc_eps
         c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
@@ -220,51 +232,76 @@ if HAS_TRITON:
         tl.store(COMB + t * 16 + jk, c)
 
     @triton.jit
-    def _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP: tl.constexpr):
-        """pre_j = sigmoid(rho m_j scale_0 + base_j) + eps (also the HC head's w_j), as four scalars."""
+    def _pre_static(BASE, SCALE):
+        """The weights `_pre_weights` reads: (scale_0, base_0..3)."""
+        return tl.load(SCALE), tl.load(BASE + tl.arange(0, 4))
+
+    @triton.jit
+    def _pre_partials(PART, SQ, t, T, offs_s, smask, NP: tl.constexpr):
+        """The partials `_pre_weights` reads for token t: its mixes 0..3 and its sums of squares, per split."""
         j4 = tl.arange(0, 4)
-        m = tl.sum(tl.load(PART + (offs_s[:, None] * T + t) * NP + j4[None, :], mask=smask[:, None], other=0.0),
-                   axis=0) * rho
-        pre = _sigmoid(m * tl.load(SCALE) + tl.load(BASE + j4)) + hc_eps
+        return (tl.load(PART + (offs_s[:, None] * T + t) * NP + j4[None, :], mask=smask[:, None], other=0.0),
+                tl.load(SQ + offs_s * T + t, mask=smask, other=0.0))
+
+    @triton.jit
+    def _pre_weights(partials, static, D, hc_eps, norm_eps):
+        """pre_j = sigmoid(rho m_j scale_0 + base_j) + eps (also the HC head's w_j), as four scalars, from
+        `_pre_partials` and `_pre_static`."""
+        parts, sq = partials
+        scale0, base = static
+        j4 = tl.arange(0, 4)
+        m = tl.sum(parts, axis=0) * _rho(sq, D, norm_eps)
+        pre = _sigmoid(m * scale0 + base) + hc_eps
         # a masked sum adds exact zeros: each scalar is pre's own value
         return (tl.sum(tl.where(j4 == 0, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 1, pre, 0.0), axis=0),
                 tl.sum(tl.where(j4 == 2, pre, 0.0), axis=0), tl.sum(tl.where(j4 == 3, pre, 0.0), axis=0))
 
     @triton.jit
-    def _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3):
-        """u = sum_j pre_j X_j over columns offs_d, fp32 -> bf16. An explicit fma chain (not a tl.sum over a
-        [4, BD] tile, nor a + b left to LLVM's contraction, both of which follow the layout) so that
+    def _streams(xrow, D, offs_d, dm):
+        """The four streams' bf16 columns offs_d of a token row, as loaded (converted where used)."""
+        return (tl.load(xrow + 0 * D + offs_d, mask=dm, other=0.0), tl.load(xrow + 1 * D + offs_d, mask=dm, other=0.0),
+                tl.load(xrow + 2 * D + offs_d, mask=dm, other=0.0), tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0))
+
+    @triton.jit
+    def _collapse(xs, p0, p1, p2, p3):
+        """u = sum_j pre_j X_j over the loaded columns xs (`_streams`), fp32 -> bf16. An explicit fma chain (not a
+        tl.sum over a [4, BD] tile, nor a + b left to LLVM's contraction, both of which follow the layout) so that
         both finish variants round u alike."""
-        x0 = tl.load(xrow + 0 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
-        x1 = tl.load(xrow + 1 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
-        x2 = tl.load(xrow + 2 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
-        x3 = tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+        x0, x1, x2, x3 = xs[0].to(tl.float32), xs[1].to(tl.float32), xs[2].to(tl.float32), xs[3].to(tl.float32)
         return tl.fma(p3, x3, tl.fma(p2, x2, tl.fma(p1, x1, p0 * x0))).to(tl.bfloat16)
 
     @triton.jit
-    def _finish_row(X, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps, norm_eps,
+    def _finish_row(X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, hc_eps, norm_eps,
                     HAS_NORM: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr, ONE_PASS: tl.constexpr):
         """Token t's collapse u (fp32 -> bf16) over its whole row, then optionally the sub-layer RMSNorm over
-        the bf16 u. ONE_PASS (BD >= D): one chunk holds the row, so its loads are all issued at once and the norm
-        takes u from registers; else BD-column chunks, and a second pass collapses X again for the norm."""
-        p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP)
+        the bf16 u. ONE_PASS (BD >= D): one chunk holds the row, so its loads are all issued at once (before the
+        partials that give pre: one memory latency, not two in turn) and the norm takes u from registers; else
+        BD-column chunks, and a second pass collapses X again for the norm."""
         xrow = X + t * 4 * D
         if ONE_PASS:
             offs_d = tl.arange(0, BD)
             dm = offs_d < D
-            u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3)
+            xs = _streams(xrow, D, offs_d, dm)
+            if HAS_NORM:
+                w = tl.load(NORM_W + offs_d, mask=dm, other=0.0)
+            static = _pre_static(BASE, SCALE)
+            tl.debug_barrier()  # (the loads above issued before the partials' loads and any use)
+            p0, p1, p2, p3 = _pre_weights(_pre_partials(PART, SQ, t, T, offs_s, smask, NP), static, D, hc_eps,
+                                          norm_eps)
+            u = _collapse(xs, p0, p1, p2, p3)
             tl.store(U + t * D + offs_d, u, mask=dm)
             if HAS_NORM:
                 uf = u.to(tl.float32)
                 r = 1.0 / tl.sqrt(tl.sum(uf * uf, axis=0) / D + norm_eps)
-                w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
-                tl.store(NORMED + t * D + offs_d, (w * (uf * r)).to(tl.bfloat16), mask=dm)
+                tl.store(NORMED + t * D + offs_d, (w.to(tl.float32) * (uf * r)).to(tl.bfloat16), mask=dm)
         else:
+            p0, p1, p2, p3 = _pre_weights(_pre_partials(PART, SQ, t, T, offs_s, smask, NP), _pre_static(BASE, SCALE), D,
+                                          hc_eps, norm_eps)
             usq = tl.zeros((BD,), dtype=tl.float32)
             for d0 in range(0, D, BD):
                 offs_d = d0 + tl.arange(0, BD)
                 dm = offs_d < D
-                u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3)
+                u = _collapse(_streams(xrow, D, offs_d, dm), p0, p1, p2, p3)
                 tl.store(U + t * D + offs_d, u, mask=dm)
                 uf = u.to(tl.float32)
                 usq += uf * uf
@@ -273,7 +310,7 @@ if HAS_TRITON:
                 for d0 in range(0, D, BD):
                     offs_d = d0 + tl.arange(0, BD)
                     dm = offs_d < D
-                    u = _collapse(xrow, D, offs_d, dm, p0, p1, p2, p3).to(tl.float32)
+                    u = _collapse(_streams(xrow, D, offs_d, dm), p0, p1, p2, p3).to(tl.float32)
                     w = tl.load(NORM_W + offs_d, mask=dm, other=0.0).to(tl.float32)
                     tl.store(NORMED + t * D + offs_d, (w * (u * r)).to(tl.bfloat16), mask=dm)
 
@@ -290,11 +327,10 @@ if HAS_TRITON:
         t = tl.program_id(0)
         offs_s = tl.arange(0, SP)
         smask = offs_s < nsplit
-        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps)
         if tl.program_id(1) == 1:
-            _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP)
+            _post_comb(PART, SQ, BASE, SCALE, POST, COMB, t, T, D, offs_s, smask, hc_eps, norm_eps, ITERS, NP)
         else:
-            _finish_row(X, PART, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, rho, hc_eps, norm_eps,
+            _finish_row(X, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, hc_eps, norm_eps,
                         HAS_NORM, NP, BD, ONE_PASS)
 
     @pdl_kernel
@@ -314,15 +350,18 @@ if HAS_TRITON:
         nb = tl.num_programs(1) - LEAD
         offs_s = tl.arange(0, SP)
         smask = offs_s < nsplit
-        rho = _rho(SQ, t, T, D, offs_s, smask, norm_eps)
         if LEAD == 1:
             if c < 0:
-                _post_comb(PART, BASE, SCALE, POST, COMB, t, T, offs_s, smask, rho, hc_eps, ITERS, NP)
+                _post_comb(PART, SQ, BASE, SCALE, POST, COMB, t, T, D, offs_s, smask, hc_eps, norm_eps, ITERS, NP)
         if c >= 0:
-            p0, p1, p2, p3 = _pre_weights(PART, BASE, SCALE, t, T, offs_s, smask, rho, hc_eps, NP)
             offs_d = c * BD + tl.arange(0, BD)
             dm = offs_d < D
-            u = _collapse(X + t * 4 * D, D, offs_d, dm, p0, p1, p2, p3)
+            xs = _streams(X + t * 4 * D, D, offs_d, dm)
+            static = _pre_static(BASE, SCALE)
+            tl.debug_barrier()  # (the loads above issued before the partials' loads and any use)
+            p0, p1, p2, p3 = _pre_weights(_pre_partials(PART, SQ, t, T, offs_s, smask, NP), static, D, hc_eps,
+                                          norm_eps)
+            u = _collapse(xs, p0, p1, p2, p3)
             tl.store(U + t * D + offs_d, u, mask=dm)
             if HAS_NORM:
                 uf = u.to(tl.float32)
