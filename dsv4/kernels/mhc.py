@@ -76,6 +76,10 @@ MIX_TRANS = True
 # a plain hc_pre 9.19 -> 10.88 and T = 4 (13.3 vs 11.6 for hc_post_pre) were slower, so they keep the dot.
 ROWS_MAX_T = 1
 ROWS_BK = 64
+# ... with one step per program (one token, ROWS_BK columns): fn's tiles into registers before the PDL wait, not from
+# L2 after X' is stored (offline SASS: 16 LDG.128 of fn after the X' stores). Prepared in session 42, off until
+# measured (bench/runs/run_device_s43a.sh; the same values, tested bit-identical in the interpreter).
+ROWS_FN_EARLY = False
 # warps of the finish launch. At 4 warps the 20 Sinkhorn iterations on a [4, 4] tile reduce across warps (79
 # barriers, bench/sass_stats.py mhc_finish), yet neither 1 or 2 warps (s20b) nor a Sinkhorn on per-thread scalars
 # (s20d) nor the RMSNorm in every collapse program instead of the last arriver (s20f) made a site faster.
@@ -221,7 +225,7 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per, HC * d,
             FUSE_POST=fuse is not None, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
             BK=bk, PREFETCH=weight_prefetch_kblocks(2 * fn.hi.numel() * fn.hi.element_size()) > 0 and per % 8 == 0
-            and d % 8 == 0, num_warps=4)
+            and d % 8 == 0, FN_EARLY=ROWS_FN_EARLY and t == 1 and per == bk, num_warps=4)
     else:
         _mix_kernel[(triton.cdiv(t, bt), split)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,

@@ -128,15 +128,21 @@ if HAS_TRITON:
     def _mix_rows_kernel(
         X, F, POST, COMB, XOUT, FH, FL, PART, SQ, T, D, d_per_split, HCD,
         FUSE_POST: tl.constexpr, NM: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr, PREFETCH: tl.constexpr,
+        FN_EARLY: tl.constexpr = False,
     ):
         """`_mix_kernel` for a few tokens on CUDA cores (no 16-row dot tile for one live row): program s takes
         columns [s d_per_split, +d_per_split) of each stream for every token in turn; the fused post's X' in
         `_post_stream`'s expression; the first NM mixes as fp32 FMAs of the exact bf16 X' with fn's hi and lo
-        halves (NM: the mixes the finish reads, padded to a power of two)."""
+        halves (NM: the mixes the finish reads, padded to a power of two). FN_EARLY (one token, d_per_split == BK:
+        one step; `ROWS_FN_EARLY`): the step's fn tiles loaded into registers before the PDL wait (static weights),
+        not from L2 after X' is stored."""
         sid = tl.program_id(0)
         offs_n = tl.arange(0, NM)
         d_lo = sid * d_per_split
-        if PREFETCH:  # the static fn rows of this program's columns, into L2 before the wait
+        if FN_EARLY:
+            offs_e = d_lo + tl.arange(0, BK)
+            fn_tiles = _fn_tiles(FH, FL, offs_n, offs_e, offs_e < D, D, HCD)
+        elif PREFETCH:  # the static fn rows of this program's columns, into L2 before the wait
             for k in tl.static_range(4):
                 prefetch_l2(FH + k * D + d_lo, offs_n.to(tl.int64) * HCD, d_per_split * 2)
                 prefetch_l2(FL + k * D + d_lo, offs_n.to(tl.int64) * HCD, d_per_split * 2)
@@ -167,10 +173,16 @@ if HAS_TRITON:
                     tl.store(orow + 3 * D, b3, mask=dm)
                     x0, x1, x2, x3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
                 sq += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
-                acc = _mix_fma(acc, x0, FH, FL, 0 * D, offs_n, offs_d, dm, HCD)
-                acc = _mix_fma(acc, x1, FH, FL, 1 * D, offs_n, offs_d, dm, HCD)
-                acc = _mix_fma(acc, x2, FH, FL, 2 * D, offs_n, offs_d, dm, HCD)
-                acc = _mix_fma(acc, x3, FH, FL, 3 * D, offs_n, offs_d, dm, HCD)
+                if FN_EARLY:
+                    acc = _fma_hilo(acc, x0, fn_tiles[0], fn_tiles[1])
+                    acc = _fma_hilo(acc, x1, fn_tiles[2], fn_tiles[3])
+                    acc = _fma_hilo(acc, x2, fn_tiles[4], fn_tiles[5])
+                    acc = _fma_hilo(acc, x3, fn_tiles[6], fn_tiles[7])
+                else:
+                    acc = _mix_fma(acc, x0, FH, FL, 0 * D, offs_n, offs_d, dm, HCD)
+                    acc = _mix_fma(acc, x1, FH, FL, 1 * D, offs_n, offs_d, dm, HCD)
+                    acc = _mix_fma(acc, x2, FH, FL, 2 * D, offs_n, offs_d, dm, HCD)
+                    acc = _mix_fma(acc, x3, FH, FL, 3 * D, offs_n, offs_d, dm, HCD)
             tl.store(PART + (sid * T + t) * NP + offs_n, tl.sum(acc, axis=1))
             tl.store(SQ + sid * T + t, tl.sum(sq, axis=0))
 
@@ -181,8 +193,27 @@ if HAS_TRITON:
                                     tl.load(cb + 12 + k)), x0, x1, x2, x3)
 
     @triton.jit
+    def _fn_tile(FW, col0, offs_n, offs_d, dm, HCD):
+        """fn's hi or lo half [NM, BK] at columns col0 + offs_d, bf16 as loaded."""
+        return tl.load(FW + offs_n[:, None] * HCD + col0 + offs_d[None, :], mask=dm[None, :], other=0.0)
+
+    @triton.jit
+    def _fn_tiles(FH, FL, offs_n, offs_d, dm, D, HCD):
+        """(hi, lo) of the four streams' columns offs_d: eight [NM, BK] bf16 tiles."""
+        return (_fn_tile(FH, 0 * D, offs_n, offs_d, dm, HCD), _fn_tile(FL, 0 * D, offs_n, offs_d, dm, HCD),
+                _fn_tile(FH, 1 * D, offs_n, offs_d, dm, HCD), _fn_tile(FL, 1 * D, offs_n, offs_d, dm, HCD),
+                _fn_tile(FH, 2 * D, offs_n, offs_d, dm, HCD), _fn_tile(FL, 2 * D, offs_n, offs_d, dm, HCD),
+                _fn_tile(FH, 3 * D, offs_n, offs_d, dm, HCD), _fn_tile(FL, 3 * D, offs_n, offs_d, dm, HCD))
+
+    @triton.jit
+    def _fma_hilo(acc, xk, hi, lo):
+        """acc[NM, BK] += (hi + lo) * xk as two fp32 FMAs (bf16 x bf16 products are exact)."""
+        return tl.fma(lo.to(tl.float32), xk[None, :], tl.fma(hi.to(tl.float32), xk[None, :], acc))
+
+    @triton.jit
     def _mix_fma(acc, xk, FH, FL, col0, offs_n, offs_d, dm, HCD):
-        """acc[NM, BK] += (hi + lo)[:, col0 + offs_d] * xk as two fp32 FMAs (bf16 x bf16 products are exact)."""
+        """`_fma_hilo` with the hi / lo tiles loaded here (converted at the load: through `_fn_tile` and `_fma_hilo`
+        the same math took 128 registers instead of 110, offline)."""
         ptr = offs_n[:, None] * HCD + col0 + offs_d[None, :]
         hi = tl.load(FH + ptr, mask=dm[None, :], other=0.0).to(tl.float32)
         lo = tl.load(FL + ptr, mask=dm[None, :], other=0.0).to(tl.float32)

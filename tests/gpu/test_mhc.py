@@ -328,3 +328,18 @@ def test_bad_collapse_names_keyword():
     with pytest.raises(ValueError, match="collapse"):
         hc_head(x, torch.randn(4, 256, device=DEV), torch.randn(4, device=DEV), torch.rand(1, device=DEV),
                 hc_eps=1e-6, norm_eps=1e-6, collapse="rows")
+
+
+@pytest.mark.parametrize("op,d", [("post_pre", 256), ("head", 256)] + ([("post_pre", 4096)] if DEV == "cuda" else []))
+def test_rows_fn_early_same_bits(op, d, poison, monkeypatch):
+    """mhc.ROWS_FN_EARLY (one token, one step per program: the rows mix's fn tiles loaded before the PDL wait) feeds
+    the same values to the same FMAs: every output bit-identical to the in-loop loads."""
+    from dsv4.kernels import mhc
+    call, _, _ = _split_setup(op, 1, d, True, monkeypatch)
+    outs = []
+    for early in (False, True):
+        monkeypatch.setattr(mhc, "ROWS_FN_EARLY", early)
+        poison()
+        outs.append(call("split"))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b), f"{op} d={d}: {int((a != b).sum())} of {a.numel()} outputs differ"
