@@ -85,6 +85,11 @@ ROWS_FN_EARLY = False
 # (s20d) nor the RMSNorm in every collapse program instead of the last arriver (s20f) made a site faster.
 FINISH_WARPS = 4
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
+# ... or the whole row in one step up to NORM_ONE_MAX columns, its u and norm-weight loads issued before the partial
+# sums of squares (offline SASS of the stepped pass at Flash width: the partials' load, their sum, then each step's
+# loads: three L2 latencies in turn). Prepared in session 42, off until measured (bench/runs/run_device_s43a.sh).
+NORM_ONE_STEP = False
+NORM_ONE_MAX = 8192
 
 
 class MixWeight(NamedTuple):
@@ -276,7 +281,10 @@ def _finish(x, part, sq, split, fin: _Finish):
         if fin.norm_weight is not None:
             usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, t)
         lead, nbd = 0 if fin.head else 1, min(NORM_BD, triton.next_power_of_2(d))
-        _finish_split_kernel[(t, nb + lead)](*args, usq, cnt, *tail, LEAD=lead, BD=bd, NBP=nbp, NBD=nbd, **kw)
+        one = NORM_ONE_STEP and triton.next_power_of_2(d) <= NORM_ONE_MAX
+        nbd = triton.next_power_of_2(d) if one else nbd
+        _finish_split_kernel[(t, nb + lead)](*args, usq, cnt, *tail, LEAD=lead, BD=bd, NBP=nbp, NBD=nbd, NORM_ONE=one,
+                                             **kw)
     return outs
 
 

@@ -367,10 +367,12 @@ if HAS_TRITON:
         T, D, nsplit, hc_eps, norm_eps,
         HAS_NORM: tl.constexpr, LEAD: tl.constexpr, ITERS: tl.constexpr,
         NP: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr, NBP: tl.constexpr, NBD: tl.constexpr,
+        NORM_ONE: tl.constexpr = False,
     ):
         """collapse="split", grid (T, LEAD + nb): with LEAD = 1 (mHC pre) program (t, 0) runs post + Sinkhorn;
         program (t, LEAD + c) collapses columns [c BD, (c + 1) BD) of token t; with a norm, the token's last
-        chunk program to finish normalises the whole row."""
+        chunk program to finish normalises the whole row (NORM_ONE: in one NBD >= D step, its loads issued before
+        the partials' sum)."""
         pdl_wait()
         t = tl.program_id(0)
         c = tl.program_id(1) - LEAD
@@ -402,13 +404,24 @@ if HAS_TRITON:
                     tl.debug_barrier()
                     # the nb partials by chunk index, one fixed reduction tree: the same bits whoever is last
                     offs_b = tl.arange(0, NBP)
-                    part = tl.load(USQ + t * NBP + offs_b, mask=offs_b < nb, other=0.0, cache_modifier=".cg")
-                    r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
-                    for d0 in range(0, D, NBD):
-                        offs_n = d0 + tl.arange(0, NBD)
+                    if NORM_ONE:  # the row's u and norm weight first, a barrier, then the partials (`NORM_ONE_STEP`)
+                        offs_n = tl.arange(0, NBD)
                         nm = offs_n < D
-                        un = tl.load(U + t * D + offs_n, mask=nm, other=0.0, cache_modifier=".cg").to(tl.float32)
-                        w = tl.load(NORM_W + offs_n, mask=nm, other=0.0).to(tl.float32)
-                        tl.store(NORMED + t * D + offs_n, (w * (un * r)).to(tl.bfloat16), mask=nm)
+                        un = tl.load(U + t * D + offs_n, mask=nm, other=0.0, cache_modifier=".cg")
+                        w = tl.load(NORM_W + offs_n, mask=nm, other=0.0)
+                        tl.debug_barrier()
+                        part = tl.load(USQ + t * NBP + offs_b, mask=offs_b < nb, other=0.0, cache_modifier=".cg")
+                        r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
+                        tl.store(NORMED + t * D + offs_n,
+                                 (w.to(tl.float32) * (un.to(tl.float32) * r)).to(tl.bfloat16), mask=nm)
+                    else:
+                        part = tl.load(USQ + t * NBP + offs_b, mask=offs_b < nb, other=0.0, cache_modifier=".cg")
+                        r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
+                        for d0 in range(0, D, NBD):
+                            offs_n = d0 + tl.arange(0, NBD)
+                            nm = offs_n < D
+                            un = tl.load(U + t * D + offs_n, mask=nm, other=0.0, cache_modifier=".cg").to(tl.float32)
+                            w = tl.load(NORM_W + offs_n, mask=nm, other=0.0).to(tl.float32)
+                            tl.store(NORMED + t * D + offs_n, (w * (un * r)).to(tl.bfloat16), mask=nm)
                     # every chunk of the token has arrived, nothing else touches its counter in this launch
                     tl.store(CNT + t, 0)
