@@ -53,6 +53,7 @@ NARROW_ALLOWED = {
     "indexer_scores": (1, "decode: one bf16 score per thread"),
     "store_indexer": (2, "the MXFP4 key's packed bytes and its scale bytes, one token row"),
     "mhc_rows_post": (4, "decode: one bf16 element per thread of a token row"),
+    "mhc_rows_post_fn_early": (4, "the same kernel with mhc.ROWS_FN_EARLY"),
     "moe_glu_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_down_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_glu_b1_words": (1, "as moe_glu_b1"),
