@@ -1,8 +1,8 @@
 #!/bin/bash
 # Session 42 (≈ 5 min): moe_gemv.SCALES_AHEAD (one pair per program: the next loop step's scale bytes loaded a
 # step ahead) -- GPU tests, the Flash MoE call at M = 1 / 4 in CUDA graphs (ahead vs inline, twice), the
-# (SCALES_AHEAD was removed after this run: slower, and bits differed from the paired launches; docs/benchmarks.md.)
 # 8-layer decode rows at B = 1 with it off / on.
+# (SCALES_AHEAD was removed after this run: slower, and bits differed from the paired launches; docs/benchmarks.md.)
 source bench/runs/lib.sh
 run 300 tests/gpu/test_moe_gemv_words.py tests/gpu/test_moe_gemv_mma.py
 F=dsv4.kernels.moe_gemv.SCALES_AHEAD
