@@ -212,12 +212,12 @@ if HAS_TRITON:
 
     @triton.jit
     def _mix_fma(acc, xk, FH, FL, col0, offs_n, offs_d, dm, HCD):
-        """`_fma_hilo` with the hi / lo tiles loaded here (converted at the load: through `_fn_tile` and `_fma_hilo`
-        the same math took 128 registers instead of 110, offline)."""
+        """`_fma_hilo` with the hi / lo tiles loaded here (converted at the load: loaded through `_fn_tile` the same
+        math took 128 registers instead of 110, offline)."""
         ptr = offs_n[:, None] * HCD + col0 + offs_d[None, :]
         hi = tl.load(FH + ptr, mask=dm[None, :], other=0.0).to(tl.float32)
         lo = tl.load(FL + ptr, mask=dm[None, :], other=0.0).to(tl.float32)
-        return tl.fma(lo, xk[None, :], tl.fma(hi, xk[None, :], acc))
+        return _fma_hilo(acc, xk, hi, lo)
 
     @triton.jit
     def _sigmoid(v):
