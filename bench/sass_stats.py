@@ -100,7 +100,7 @@ CASES = {
                        "PART", "SQ", "BASE", "SCALE", "POST", "COMB", "USQ")} | dict(CNT="*i32", hc_eps="fp32",
                                                                                     norm_eps="fp32"),
                    dict(HAS_NORM=True, LEAD=1, ITERS=20, NP=32, SP=64, BD=512, NBP=8, NBD=2048), 4, 3, ("D",)),
-    # ... with mhc.NORM_ONE_STEP at Flash width (the last arriver's norm in one 4096-column step, its loads first)
+    # ... the default at Flash width (mhc.NORM_ONE_MAX) (the last arriver's norm in one 4096-column step, its loads first)
     "mhc_finish_norm_one": ("mhc_kernels", "_finish_split_kernel",
                             {n: "*bf16" for n in ("X", "NORM_W", "U", "NORMED")} | {n: "*fp32" for n in (
                                 "PART", "SQ", "BASE", "SCALE", "POST", "COMB", "USQ")} | dict(CNT="*i32", hc_eps="fp32",

@@ -76,19 +76,20 @@ MIX_TRANS = True
 # a plain hc_pre 9.19 -> 10.88 and T = 4 (13.3 vs 11.6 for hc_post_pre) were slower, so they keep the dot.
 ROWS_MAX_T = 1
 ROWS_BK = 64
-# ... with one step per program (one token, ROWS_BK columns): fn's tiles into registers before the PDL wait, not from
-# L2 after X' is stored (offline SASS: 16 LDG.128 of fn after the X' stores). Prepared in session 42, off until
-# measured (bench/runs/run_device_s43a.sh; the same values, tested bit-identical in the interpreter).
-ROWS_FN_EARLY = False
+# ... with one step per program (one token, ROWS_BK columns; Flash's 4096 columns, not Pro's 7168 = 16 x 448): fn's
+# tiles into registers before the PDL wait, not from L2 after X' is stored (the same values, bit-identical). Session 43
+# (H200, T = 1, µs per site in a graph, in-loop -> early): hc_post_pre 9.0 -> 6.4, hc_head 4.9 -> 4.2 (254 registers,
+# 64 programs). Kept as a switch for the bit-identity test of the two paths.
+ROWS_FN_EARLY = True
 # warps of the finish launch. At 4 warps the 20 Sinkhorn iterations on a [4, 4] tile reduce across warps (79
 # barriers, bench/sass_stats.py mhc_finish), yet neither 1 or 2 warps (s20b) nor a Sinkhorn on per-thread scalars
 # (s20d) nor the RMSNorm in every collapse program instead of the last arriver (s20f) made a site faster.
 FINISH_WARPS = 4
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
-# ... or the whole row in one step up to NORM_ONE_MAX columns, its u and norm-weight loads issued before the partial
-# sums of squares (offline SASS of the stepped pass at Flash width: the partials' load, their sum, then each step's
-# loads: three L2 latencies in turn). Prepared in session 42, off until measured (bench/runs/run_device_s43a.sh).
-NORM_ONE_STEP = False
+# ... or the whole row in one step up to NORM_ONE_MAX columns (Flash and Pro), its u and norm-weight loads issued
+# before the partial sums of squares (the stepped pass issued the partials' load, their sum, then each step's loads:
+# three L2 latencies in turn). Session 43 (H200, µs per site in a graph, stepped -> one step): hc_head T = 8 6.95 ->
+# 6.37, T = 1 4.9 -> 4.4; 45 -> 48 registers.
 NORM_ONE_MAX = 8192
 
 
@@ -281,7 +282,7 @@ def _finish(x, part, sq, split, fin: _Finish):
         if fin.norm_weight is not None:
             usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, t)
         lead, nbd = 0 if fin.head else 1, min(NORM_BD, triton.next_power_of_2(d))
-        one = NORM_ONE_STEP and triton.next_power_of_2(d) <= NORM_ONE_MAX
+        one = triton.next_power_of_2(d) <= NORM_ONE_MAX
         nbd = triton.next_power_of_2(d) if one else nbd
         _finish_split_kernel[(t, nb + lead)](*args, usq, cnt, *tail, LEAD=lead, BD=bd, NBP=nbp, NBD=nbd, NORM_ONE=one,
                                              **kw)

@@ -405,7 +405,7 @@ if HAS_TRITON:
                     tl.debug_barrier()
                     # the nb partials by chunk index, one fixed reduction tree: the same bits whoever is last
                     offs_b = tl.arange(0, NBP)
-                    if NORM_ONE:  # the row's u and norm weight first, a barrier, then the partials (`NORM_ONE_STEP`)
+                    if NORM_ONE:  # the row's u and norm weight first, a barrier, then the partials (`NORM_ONE_MAX`)
                         offs_n = tl.arange(0, NBD)
                         nm = offs_n < D
                         un = tl.load(U + t * D + offs_n, mask=nm, other=0.0, cache_modifier=".cg")

@@ -348,14 +348,15 @@ def test_rows_fn_early_same_bits(op, d, poison, monkeypatch):
 @pytest.mark.parametrize("op,t,d", [("pre", 1, SMALL_D), ("post_pre", 3, SMALL_D)]
                          + ([("pre", 1, 4096), ("post_pre", 1, 7168)] if DEV == "cuda" else []))
 def test_norm_one_step_same_bits(op, t, d, poison, monkeypatch):
-    """mhc.NORM_ONE_STEP (the split finish's last arriver normalises the row in one step, its u and weight loads
-    issued before the partial sums) computes each normed value by the same expression: bit-identical to the stepped
-    pass (here NORM_BD-column steps), and the counters are left at zero for the next launch."""
+    """The split finish's last arriver normalising the row in one step (up to mhc.NORM_ONE_MAX columns, its u and
+    weight loads issued before the partial sums) computes each normed value by the same expression: bit-identical to
+    the stepped pass (NORM_ONE_MAX = 0: NORM_BD-column steps), and the counters are left at zero for the next
+    launch."""
     from dsv4.kernels import mhc
     call, _, _ = _split_setup(op, t, d, True, monkeypatch)
     outs = []
-    for one in (False, True):
-        monkeypatch.setattr(mhc, "NORM_ONE_STEP", one)
+    for one_max in (0, mhc.NORM_ONE_MAX):
+        monkeypatch.setattr(mhc, "NORM_ONE_MAX", one_max)
         poison()
         outs.append(call("split"))
         assert _counters_zero()
