@@ -69,6 +69,14 @@ def route_ref(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, ti
 
 # --------------------------------------------------------------------------- Triton kernel
 
+# The top-k as one max of a packed 64-bit key (order bits, then BE - 1 - id) per pick and the picked scores gathered,
+# not a max, a min and a sum per pick (offline SASS at Flash's 256 experts, 4 warps: each cross-warp reduction is a
+# shuffle tree, a shared-memory round trip and CTA barriers, 18 of them for k = 6). The same picks and bits (tests).
+# Prepared in session 43, off until measured (bench/bench_glue.py --router).
+PACKED_TOPK = False
+# gate_route: every program loads the bias before the PDL wait (static), not the last arriver after its logits store.
+BIAS_EARLY = False
+
 if HAS_TRITON:
     from triton.language.extra import libdevice
 
@@ -101,12 +109,22 @@ if HAS_TRITON:
         return tl.sum(v, axis=0)
 
     @triton.jit
-    def _route_epilogue(x, row, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
+    def _load_bias(BIAS, E: tl.constexpr, BE: tl.constexpr, HAS_BIAS: tl.constexpr):
+        """The score bias [BE] (zero padding; zeros without a bias) for `_route_epilogue`."""
+        col = tl.arange(0, BE)
+        if HAS_BIAS:
+            return tl.load(BIAS + col, mask=col < E, other=0.0)
+        return tl.zeros([BE], dtype=tl.float32)
+
+    @triton.jit
+    def _route_epilogue(x, bias, row, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
                         E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
                         HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORMALIZE: tl.constexpr,
-                        INTERP: tl.constexpr):
-        """`route` of one row: x = its fp32 logits [BE] over columns 0..BE-1 (padding ignored) -> the
-        row's k weights and ids stored at W_OUT / ID_OUT + row * K. Shared by both kernels below."""
+                        INTERP: tl.constexpr, PACKED: tl.constexpr):
+        """`route` of one row: x = its fp32 logits [BE] over columns 0..BE-1 (padding ignored), `bias` the
+        `_load_bias` vector -> the row's k weights and ids stored at W_OUT / ID_OUT + row * K. Shared by both
+        kernels below. PACKED (`PACKED_TOPK`): one max of a 64-bit key per pick and the picked values
+        gathered, instead of a max, a min and a sum per pick (each a reduction across the CTA's warps)."""
         slot = tl.arange(0, BK)
         in_k = slot < K
         col = tl.arange(0, BE)
@@ -115,16 +133,39 @@ if HAS_TRITON:
             tok = tl.load(TOK + row * stride_tok).to(tl.int64)
             ids = tl.load(T2E + tok * stride_t2e + slot, mask=in_k, other=0).to(tl.int64)
             ok = in_k & (ids >= 0) & (ids < E)  # a bad table entry picks nothing: NaN weight
-            picked = tl.zeros([BK], dtype=tl.float32)
-            for j in tl.static_range(K):  # the picked logits (an exact gather), then their scores only
-                id_j = tl.load(T2E + tok * stride_t2e + j).to(tl.int64)
-                picked = tl.where(slot == j, tl.sum(tl.where(col == id_j, x, 0.0), axis=0), picked)
+            if PACKED:  # the picked logits gathered (bad entries read column 0, then NaN below)
+                picked = tl.gather(x, tl.where(ok, ids, 0).to(tl.int32), axis=0)
+            else:
+                picked = tl.zeros([BK], dtype=tl.float32)
+                for j in tl.static_range(K):  # the picked logits (an exact gather), then their scores only
+                    id_j = tl.load(T2E + tok * stride_t2e + j).to(tl.int64)
+                    picked = tl.where(slot == j, tl.sum(tl.where(col == id_j, x, 0.0), axis=0), picked)
             w = tl.where(ok, _sqrt_softplus(picked, INTERP), float("nan"))
+        elif PACKED:
+            s = _sqrt_softplus(x, INTERP)
+            key = s
+            if HAS_BIAS:
+                key = s + bias
+            # the order below in the high bits, BE - 1 - col in the low ones: one max picks the largest key
+            # and, among equal keys, the lowest id
+            key = key + 0.0
+            bits = key.to(tl.int32, bitcast=True)
+            order = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+            order = tl.where(key != key, 0x7FFFFFFF, order)
+            order = tl.where(valid, order, -2147483648)
+            packed = order.to(tl.int64) * BE + (BE - 1 - col)
+            ids = tl.zeros([BK], dtype=tl.int64)
+            for j in tl.static_range(K):
+                top = tl.max(packed, axis=0)
+                pick = (BE - 1) - (top & (BE - 1))
+                ids = tl.where(slot == j, pick, ids)
+                packed = tl.where(col == pick, -9223372036854775807 - 1, packed)
+            w = tl.gather(s, tl.where(in_k, ids, 0).to(tl.int32), axis=0)  # exact; keeps NaN
         else:
             s = _sqrt_softplus(x, INTERP)
             key = s
             if HAS_BIAS:
-                key = s + tl.load(BIAS + col, mask=valid, other=0.0)
+                key = s + bias
             # fp32 -> int32 of the same order (exact max/== on ints); +0.0 merges -0 into +0 (equal
             # in torch's sort), NaN -> the top, padding and picked entries -> INT_MIN (below -inf)
             key = key + 0.0
@@ -151,12 +192,12 @@ if HAS_TRITON:
     def _route_kernel(L, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_l, stride_t2e, stride_tok, route_scale,
                       E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
                       HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORMALIZE: tl.constexpr,
-                      INTERP: tl.constexpr):
+                      INTERP: tl.constexpr, PACKED: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         col = tl.arange(0, BE)
         x = tl.load(L + row * stride_l + col, mask=col < E, other=0.0)
-        _route_epilogue(x, row, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
-                        E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP)
+        _route_epilogue(x, _load_bias(BIAS, E, BE, HAS_BIAS), row, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok,
+                        route_scale, E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP, PACKED)
 
     @pdl_kernel
     @triton.jit
@@ -165,11 +206,13 @@ if HAS_TRITON:
                            D: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, S: tl.constexpr,
                            RB: tl.constexpr, E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr,
                            BK: tl.constexpr, P: tl.constexpr, HAS_BIAS: tl.constexpr, HASH: tl.constexpr,
-                           NORMALIZE: tl.constexpr, INTERP: tl.constexpr):
+                           NORMALIZE: tl.constexpr, INTERP: tl.constexpr, PACKED: tl.constexpr,
+                           BIAS_EARLY: tl.constexpr):
         """Program (i, g): experts [BN * (i // S), +BN) x hidden [KS * (i % S), +KS) for the rows of
         group g ([RB * g, +RB) of T); partial logits -> PART [S, T, E]. The group's last arriver sums
         each row's S partials in split order (the same bits whoever arrives last), stores the logits
-        and runs the routing epilogue."""
+        and runs the routing epilogue. BIAS_EARLY (`BIAS_EARLY`): every program loads the (static) bias before the
+        PDL wait, not the last arriver after storing the logits (which may alias it, for all the compiler knows)."""
         pid = tl.program_id(0)
         grp = tl.program_id(1)
         split = pid % S  # neighbouring programs: the same experts, consecutive hidden slices
@@ -179,7 +222,9 @@ if HAS_TRITON:
         # the whole weight tile is loaded up front: one burst of loads in flight per program
         wt = tl.load(W + rn[:, None].to(tl.int64) * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                      other=0.0).to(tl.float32)
-        pdl_wait()  # only the (static) weight tile above is read before it
+        if BIAS_EARLY:
+            bias = _load_bias(BIAS, E, BE, HAS_BIAS)
+        pdl_wait()  # only the (static) weight tile and bias above are read before it
         t0 = grp * RB
         for r in range(RB):
             t = t0 + r
@@ -203,8 +248,10 @@ if HAS_TRITON:
                     for sp in tl.static_range(S):
                         x += tl.load(PART + (sp * T + t) * E + col, mask=valid, other=0.0, cache_modifier=".cg")
                     tl.store(LOGITS + t * E + col, x, mask=valid)
-                    _route_epilogue(x, t, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok,
-                                    route_scale, E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP)
+                    if not BIAS_EARLY:
+                        bias = _load_bias(BIAS, E, BE, HAS_BIAS)
+                    _route_epilogue(x, bias, t, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok,
+                                    route_scale, E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP, PACKED)
             # every program of the group has arrived, nothing else touches its counter in this launch:
             # zero it for the next launch (and for CUDA-graph replays)
             tl.store(CNT + grp, 0)
@@ -253,7 +300,8 @@ def _epilogue_args(e: int, k: int, bias, tid2eid, token_ids, normalize: bool, ro
                 TOK=token_ids if hashed else dummy, stride_t2e=tid2eid.stride(0) if hashed else 0,
                 stride_tok=token_ids.stride(0) if hashed else 0, route_scale=float(route_scale),
                 E=e, BE=triton.next_power_of_2(e), K=k, BK=bk, P=bk if bk == k else bk // 2,
-                HAS_BIAS=bias is not None, HASH=hashed, NORMALIZE=bool(normalize), INTERP=INTERPRET)
+                HAS_BIAS=bias is not None, HASH=hashed, NORMALIZE=bool(normalize), INTERP=INTERPRET,
+                PACKED=PACKED_TOPK)
 
 
 def route(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, tid2eid: torch.Tensor | None = None,
@@ -330,7 +378,7 @@ def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor
     counters = arrival_counters("router gate_route", dev, groups)
     _gate_route_kernel[(triton.cdiv(e, bn) * splits, groups)](
         X=x, W=weight, PART=partials, LOGITS=logits, CNT=counters, W_OUT=weights, ID_OUT=ids, T=t,
-        stride_x=x.stride(0), stride_w=weight.stride(0), D=d, BN=bn, KS=ks, S=splits, RB=rb,
+        stride_x=x.stride(0), stride_w=weight.stride(0), D=d, BN=bn, KS=ks, S=splits, RB=rb, BIAS_EARLY=BIAS_EARLY,
         **_epilogue_args(e, k, bias, tid2eid, token_ids, normalize, route_scale, ids),
         num_warps=warps, enable_reflect_ftz=False)
     return weights, ids, logits

@@ -116,6 +116,39 @@ def test_route_extreme_logits(poison):
             assert int(_ulps(got[0], want[0]).max()) <= (2 if normalize else 0), (got[0], want[0])
 
 
+@pytest.mark.parametrize("mode", ["bias", "plain", "hash"])
+@pytest.mark.parametrize("e,k", [(256, 6), (384, 6)])  # 384: padded to 512
+def test_packed_topk_same_bits(e, k, mode, poison, monkeypatch):
+    """router.PACKED_TOPK (one max of a packed 64-bit key per pick, the picked scores gathered) and
+    router.BIAS_EARLY pick the same ids and give the same weight bits as the max / min / sum per pick, in
+    `route` and `gate_route`: on rows with exact ties, NaN and -inf logits, and hash tables with bad entries."""
+    from dsv4.kernels import router
+
+    t = 5
+    g = torch.Generator(device=DEV).manual_seed(e * 31 + k + len(mode))
+    bias = torch.randint(-2, 3, (e,), generator=g, device=DEV) * 0.125 if mode == "bias" else None
+    x = _logits(t, e, g)
+    _tie_top(x, bias, g, n=min(3, e - 1))
+    x[1, 2], x[2, e - 1], x[3, 0] = float("nan"), float("nan"), float("-inf")
+    kw = dict(bias=bias)
+    if mode == "hash":
+        tid2eid = torch.stack([torch.randperm(e, generator=g, device=DEV)[:k] for _ in range(8)])
+        tid2eid[3, 0], tid2eid[5, k - 1] = -1, e  # bad entries: NaN weights
+        kw = dict(tid2eid=tid2eid, token_ids=torch.tensor([0, 3, 5, 1, 3], device=DEV))
+    xg, wg = _gate_inputs(t, e, 64, g)
+    outs = []
+    for packed in (False, True):
+        monkeypatch.setattr(router, "PACKED_TOPK", packed)
+        monkeypatch.setattr(router, "BIAS_EARLY", packed)
+        poison()
+        outs.append(router.route(x, k, **kw) + router.gate_route(xg, wg, k, **kw, block_k=32))
+    for name, a, b in zip(("route weights", "route ids", "gate weights", "gate ids", "logits"), *outs):
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           b.view(torch.int32) if b.is_floating_point() else b), f"{name} differ"
+    if mode == "hash":
+        assert outs[1][0][1:3].isnan().any(dim=1).all(), "a bad table entry must give a NaN weight"
+
+
 def test_route_rejects_bad_arguments():
     from dsv4.kernels.router import route
 
