@@ -13,7 +13,7 @@ do in a captured step). A development aid for issue #6:
 
 * the greedy pick over the Flash vocabulary (`--argmax`): torch's argmax vs `first_argmax`.
 * the MoE router's one-launch logits GEMV + top-k (`--router`, Flash: 256 experts x 4096, k = 6; bias and hash
-  layers) with `router.PACKED_TOPK` / `router.BIAS_EARLY` off and on, checked to give the same bits.
+  layers).
 
     python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn] [--proj] [--argmax]
                                [--router]
@@ -58,7 +58,7 @@ def main() -> None:
     p.add_argument("--attn", action="store_true", help="also sweep decode attention's split count")
     p.add_argument("--proj", action="store_true", help="also time the two projection paths")
     p.add_argument("--argmax", action="store_true", help="also time the greedy pick: torch's argmax vs first_argmax")
-    p.add_argument("--router", action="store_true", help="also time the router's variants (then stop)")
+    p.add_argument("--router", action="store_true", help="time the router at --tokens instead")
     args = p.parse_args()
     if args.router:
         return router_variants(int(v) for v in args.tokens.split(","))
@@ -117,30 +117,21 @@ def main() -> None:
 
 
 def router_variants(tokens) -> None:
-    """µs per `gate_route` call (Flash shapes) for each (PACKED_TOPK, BIAS_EARLY), bias and hash layers; every
-    variant's outputs equal to the first's."""
+    """µs per `gate_route` call (Flash shapes) for a bias layer and a hash layer."""
     from dsv4.kernels import router
     dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(3)
     e, d, k = 256, 4096, 6
     w = (torch.randn(e, d, device=dev, generator=g) * 0.03).to(torch.bfloat16)
     bias = torch.randn(e, device=dev, generator=g) * 0.1
     t2e = torch.stack([torch.randperm(e, device=dev, generator=g)[:k] for _ in range(1000)])
-    variants = [(False, False), (True, False), (False, True), (True, True)]
-    print("router gate_route, µs per call in a CUDA graph, by (PACKED_TOPK, BIAS_EARLY): "
-          + " ".join(f"{int(a)}{int(b)}" for a, b in variants))
+    print("router gate_route (256 experts x 4096, k = 6), µs per call in a CUDA graph")
     for t in tokens:
         x = torch.randn(t, d, device=dev, generator=g).to(torch.bfloat16)
         tok = torch.randint(0, 1000, (t,), device=dev, generator=g)
         for kind, kw in (("bias", dict(bias=bias)), ("hash", dict(tid2eid=t2e, token_ids=tok))):
-            row, want = [], None
-            for packed, early in variants:
-                router.PACKED_TOPK, router.BIAS_EARLY = packed, early
-                got = router.gate_route(x, w, k, route_scale=2.5, **kw)
-                want = want or got
-                assert all(torch.equal(a, b) for a, b in zip(got, want)), (kind, t, packed, early)
-                row.append(graph_us(lambda: router.gate_route(x, w, k, route_scale=2.5, **kw)))
-            print(f"{kind:5s} T={t:3d} " + " ".join(f"{v:7.2f}" for v in row))
-    router.PACKED_TOPK = router.BIAS_EARLY = False
+            router.gate_route(x, w, k, route_scale=2.5, **kw)  # compiles, allocates the counters
+            us = graph_us(lambda: router.gate_route(x, w, k, route_scale=2.5, **kw))
+            print(f"{kind:5s} T={t:3d} {us:7.2f}")
 
 
 def projection_paths() -> None:
@@ -152,8 +143,7 @@ def projection_paths() -> None:
     dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(2)
     tilings = [(16, 1024), (32, 512), (32, 2048), (64, 1024)]
     print("attention-input projections, µs per call in a CUDA graph: cuBLAS + finish | project_decode "
-          "(default, then block_n/k_slice " + ", ".join(f"{b}/{k}" for b, k in tilings)
-          + ", then the default with projections.POS_EARLY flipped)")
+          "(default, then block_n/k_slice " + ", ".join(f"{b}/{k}" for b, k in tilings) + ")")
     for kind, width, iwidth, ratio, heads in (("CSA", 1024, 256, 4, 64), ("HCA", 512, 0, 128, 0)):
         n = 2 * width + 2 * iwidth + heads
         weight = (torch.randn(n, 4096, device=dev, generator=g) * 0.02).to(torch.bfloat16)
@@ -173,15 +163,9 @@ def projection_paths() -> None:
             err = ((y1 - y2).abs().max() / y2.abs().max()).item()
             assert err < 1e-5, f"{kind} T={t}: the paths differ by {err:.1e} (relative to the largest output)"
             row = [graph_us(two), graph_us(lambda: pj.project_decode(a, weight, pos, gates, head))]
-            pj.POS_EARLY = not pj.POS_EARLY  # the default tiling with projections.POS_EARLY flipped (last column)
-            y3, _ = pj.project_decode(a, weight, pos, gates, head)
-            assert torch.equal(y3, y1), f"{kind} T={t}: POS_EARLY changed the result"
-            flipped = graph_us(lambda: pj.project_decode(a, weight, pos, gates, head))
-            pj.POS_EARLY = not pj.POS_EARLY
             for bn, ks in tilings:
                 pj.project_decode(a, weight, pos, gates, head, block_n=bn, k_slice=ks)
                 row.append(graph_us(lambda: pj.project_decode(a, weight, pos, gates, head, block_n=bn, k_slice=ks)))
-            row.append(flipped)
             print(f"{kind:4s} N={n:5d} T={t:3d} " + " ".join(f"{v:7.1f}" for v in row))
 
 

@@ -37,10 +37,6 @@ COL_BLOCK = 256
 # Flash CSA (N 2624) 11.0 -> 7.5 µs, HCA (N 1024) 7.6 -> 5.0 µs per call in a CUDA graph at T = 1..16.
 DECODE_GEMV = True
 DECODE_MAX_T = 16     # rows one project_decode launch handles (the dot's M tile)
-# project_decode's programs load the positions after the PDL wait, not the last arriver after the partial sums (then
-# its ape-row loads, which need them, wait one L2 latency instead of two). Prepared in session 43, off until measured
-# (bench/bench_glue.py --proj with the flag off / on).
-POS_EARLY = False
 
 
 def finish_projections_ref(y: torch.Tensor, positions: torch.Tensor, gates: Sequence[Gate],
@@ -117,12 +113,11 @@ if HAS_TRITON:
                        S: tl.constexpr, TM: tl.constexpr, INTERP: tl.constexpr,
                        COL0: tl.constexpr, WIDTH0: tl.constexpr, R0: tl.constexpr,
                        COL1: tl.constexpr, WIDTH1: tl.constexpr, R1: tl.constexpr,
-                       COLW: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr, POS_EARLY: tl.constexpr):
+                       COLW: tl.constexpr, NW: tl.constexpr, PREFETCH: tl.constexpr):
         """Program i: W rows [BN * (i // S), +BN) x K slice [KS * (i % S), +KS) for all T rows of A
         (padded to the dot's TM); partials -> PART [S, T, N]. The tile's last arriver sums its S
         partials in slice order, runs the epilogue and stores y [T, N]. PREFETCH: the rows' slices are
-        16-byte aligned, started into L2 before the PDL wait. POS_EARLY (`POS_EARLY`): every program loads the
-        positions right after the wait, so that the last arriver's ape rows wait one L2 latency, not two."""
+        16-byte aligned, started into L2 before the PDL wait."""
         pid = tl.program_id(0)
         tile, split = pid // S, pid % S  # neighbouring programs: one row tile, consecutive K slices
         rt = tl.arange(0, TM)
@@ -132,8 +127,10 @@ if HAS_TRITON:
                         tl.minimum(KS, K - split * KS) * 2)
         pdl_wait()
         t_ok, n_ok = rt < T, rn < N
-        if POS_EARLY:
-            pos = tl.load(POS + rt, mask=t_ok, other=0).to(tl.int64)
+        # the positions now, not in the last arriver after its partial sums: its ape-row loads then wait one L2
+        # latency, not two (session 43, H200, µs per call in a graph at T = 1..16: Flash HCA 4.6-4.7 -> 4.3-4.4,
+        # CSA 6.9-7.1 -> 6.9-7.1)
+        pos = tl.load(POS + rt, mask=t_ok, other=0).to(tl.int64)
         acc = tl.zeros([TM, BN], dtype=tl.float32)
         for k0 in range(0, KS, BK):
             rk = split * KS + k0 + tl.arange(0, BK)
@@ -158,8 +155,6 @@ if HAS_TRITON:
             z = tl.zeros([TM, BN], dtype=tl.float32)
             for sp in tl.static_range(S):
                 z += tl.load(PART + sp * T * N + offs, mask=tile_ok, other=0.0, cache_modifier=".cg")
-            if not POS_EARLY:
-                pos = tl.load(POS + rt, mask=t_ok, other=0).to(tl.int64)
             z = _finish_block(z, rt[:, None].to(tl.int64), rn[None, :], tile_ok, pos[:, None], APE0, APE1, W_OUT,
                               scale, COL0, WIDTH0, R0, COL1, WIDTH1, R1, COLW, NW)
             tl.store(Y + offs, z, mask=tile_ok)
@@ -267,7 +262,7 @@ def project_decode(a: torch.Tensor, weight: torch.Tensor, positions: torch.Tenso
     _decode_kernel[(tiles * splits,)](
         A=a, W=weight, PART=partials, Y=y, CNT=counters, POS=positions.contiguous(), T=t, N=n,
         stride_a=a.stride(0), stride_w=weight.stride(0), K=k, BN=bn, KS=ks, BK=bk, S=splits, TM=DECODE_MAX_T,
-        INTERP=INTERPRET, POS_EARLY=POS_EARLY, **args,
+        INTERP=INTERPRET, **args,
         PREFETCH=(weight_prefetch_kblocks(weight.numel() * weight.element_size()) > 0 and k % 8 == 0
                   and weight.stride(0) % 8 == 0 and weight.data_ptr() % 16 == 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

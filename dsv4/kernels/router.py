@@ -69,14 +69,6 @@ def route_ref(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, ti
 
 # --------------------------------------------------------------------------- Triton kernel
 
-# The top-k as one max of a packed 64-bit key (order bits, then BE - 1 - id) per pick and the picked scores gathered,
-# not a max, a min and a sum per pick (offline SASS at Flash's 256 experts, 4 warps: each cross-warp reduction is a
-# shuffle tree, a shared-memory round trip and CTA barriers, 18 of them for k = 6). The same picks and bits (tests).
-# Prepared in session 43, off until measured (bench/bench_glue.py --router).
-PACKED_TOPK = False
-# gate_route: every program loads the bias before the PDL wait (static), not the last arriver after its logits store.
-BIAS_EARLY = False
-
 if HAS_TRITON:
     from triton.language.extra import libdevice
 
@@ -109,22 +101,12 @@ if HAS_TRITON:
         return tl.sum(v, axis=0)
 
     @triton.jit
-    def _load_bias(BIAS, E: tl.constexpr, BE: tl.constexpr, HAS_BIAS: tl.constexpr):
-        """The score bias [BE] (zero padding; zeros without a bias) for `_route_epilogue`."""
-        col = tl.arange(0, BE)
-        if HAS_BIAS:
-            return tl.load(BIAS + col, mask=col < E, other=0.0)
-        return tl.zeros([BE], dtype=tl.float32)
-
-    @triton.jit
-    def _route_epilogue(x, bias, row, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
+    def _route_epilogue(x, row, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
                         E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
                         HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORMALIZE: tl.constexpr,
-                        INTERP: tl.constexpr, PACKED: tl.constexpr):
-        """`route` of one row: x = its fp32 logits [BE] over columns 0..BE-1 (padding ignored), `bias` the
-        `_load_bias` vector -> the row's k weights and ids stored at W_OUT / ID_OUT + row * K. Shared by both
-        kernels below. PACKED (`PACKED_TOPK`): one max of a 64-bit key per pick and the picked values
-        gathered, instead of a max, a min and a sum per pick (each a reduction across the CTA's warps)."""
+                        INTERP: tl.constexpr):
+        """`route` of one row: x = its fp32 logits [BE] over columns 0..BE-1 (padding ignored) -> the
+        row's k weights and ids stored at W_OUT / ID_OUT + row * K. Shared by both kernels below."""
         slot = tl.arange(0, BK)
         in_k = slot < K
         col = tl.arange(0, BE)
@@ -133,26 +115,23 @@ if HAS_TRITON:
             tok = tl.load(TOK + row * stride_tok).to(tl.int64)
             ids = tl.load(T2E + tok * stride_t2e + slot, mask=in_k, other=0).to(tl.int64)
             ok = in_k & (ids >= 0) & (ids < E)  # a bad table entry picks nothing: NaN weight
-            if PACKED:  # the picked logits gathered (bad entries read column 0, then NaN below)
-                picked = tl.gather(x, tl.where(ok, ids, 0).to(tl.int32), axis=0)
-            else:
-                picked = tl.zeros([BK], dtype=tl.float32)
-                for j in tl.static_range(K):  # the picked logits (an exact gather), then their scores only
-                    id_j = tl.load(T2E + tok * stride_t2e + j).to(tl.int64)
-                    picked = tl.where(slot == j, tl.sum(tl.where(col == id_j, x, 0.0), axis=0), picked)
+            picked = tl.gather(x, tl.where(ok, ids, 0).to(tl.int32), axis=0)  # the picked logits, exact
             w = tl.where(ok, _sqrt_softplus(picked, INTERP), float("nan"))
-        elif PACKED:
+        else:
             s = _sqrt_softplus(x, INTERP)
             key = s
             if HAS_BIAS:
-                key = s + bias
-            # the order below in the high bits, BE - 1 - col in the low ones: one max picks the largest key
-            # and, among equal keys, the lowest id
+                key = s + tl.load(BIAS + col, mask=valid, other=0.0)
+            # fp32 -> int32 of the same order (exact max/== on ints); +0.0 merges -0 into +0 (equal
+            # in torch's sort), NaN -> the top, padding and picked entries -> INT_MIN (below -inf)
             key = key + 0.0
             bits = key.to(tl.int32, bitcast=True)
             order = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
             order = tl.where(key != key, 0x7FFFFFFF, order)
             order = tl.where(valid, order, -2147483648)
+            # that order in the high bits, BE - 1 - id in the low ones: one max per pick finds the largest key
+            # and, among equal keys, the lowest id (a max, a min and a sum per pick, each a reduction across the
+            # CTA's warps, took 18 for k = 6: session 43, H200, Flash gate_route in a graph 5.2 -> 4.2 µs at T = 1)
             packed = order.to(tl.int64) * BE + (BE - 1 - col)
             ids = tl.zeros([BK], dtype=tl.int64)
             for j in tl.static_range(K):
@@ -161,27 +140,6 @@ if HAS_TRITON:
                 ids = tl.where(slot == j, pick, ids)
                 packed = tl.where(col == pick, -9223372036854775807 - 1, packed)
             w = tl.gather(s, tl.where(in_k, ids, 0).to(tl.int32), axis=0)  # exact; keeps NaN
-        else:
-            s = _sqrt_softplus(x, INTERP)
-            key = s
-            if HAS_BIAS:
-                key = s + bias
-            # fp32 -> int32 of the same order (exact max/== on ints); +0.0 merges -0 into +0 (equal
-            # in torch's sort), NaN -> the top, padding and picked entries -> INT_MIN (below -inf)
-            key = key + 0.0
-            bits = key.to(tl.int32, bitcast=True)
-            order = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-            order = tl.where(key != key, 0x7FFFFFFF, order)
-            order = tl.where(valid, order, -2147483648)
-            ids = tl.zeros([BK], dtype=tl.int64)
-            w = tl.zeros([BK], dtype=tl.float32)
-            for j in tl.static_range(K):  # max, then the lowest id among the maxima, then drop it
-                top = tl.max(order, axis=0)
-                pick = tl.min(tl.where(order == top, col, BE), axis=0)
-                hit = col == pick
-                ids = tl.where(slot == j, pick.to(tl.int64), ids)
-                w = tl.where(slot == j, tl.sum(tl.where(hit, s, 0.0), axis=0), w)  # exact; keeps NaN
-                order = tl.where(hit, -2147483648, order)
         if NORMALIZE:
             w = tl.div_rn(w, _pairwise_sum(tl.where(in_k, w, 0.0), BK, P))
         w = w * route_scale
@@ -192,12 +150,12 @@ if HAS_TRITON:
     def _route_kernel(L, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_l, stride_t2e, stride_tok, route_scale,
                       E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, P: tl.constexpr,
                       HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORMALIZE: tl.constexpr,
-                      INTERP: tl.constexpr, PACKED: tl.constexpr):
+                      INTERP: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         col = tl.arange(0, BE)
         x = tl.load(L + row * stride_l + col, mask=col < E, other=0.0)
-        _route_epilogue(x, _load_bias(BIAS, E, BE, HAS_BIAS), row, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok,
-                        route_scale, E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP, PACKED)
+        _route_epilogue(x, row, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok, route_scale,
+                        E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP)
 
     @pdl_kernel
     @triton.jit
@@ -206,13 +164,11 @@ if HAS_TRITON:
                            D: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, S: tl.constexpr,
                            RB: tl.constexpr, E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr,
                            BK: tl.constexpr, P: tl.constexpr, HAS_BIAS: tl.constexpr, HASH: tl.constexpr,
-                           NORMALIZE: tl.constexpr, INTERP: tl.constexpr, PACKED: tl.constexpr,
-                           BIAS_EARLY: tl.constexpr):
+                           NORMALIZE: tl.constexpr, INTERP: tl.constexpr):
         """Program (i, g): experts [BN * (i // S), +BN) x hidden [KS * (i % S), +KS) for the rows of
         group g ([RB * g, +RB) of T); partial logits -> PART [S, T, E]. The group's last arriver sums
         each row's S partials in split order (the same bits whoever arrives last), stores the logits
-        and runs the routing epilogue. BIAS_EARLY (`BIAS_EARLY`): every program loads the (static) bias before the
-        PDL wait, not the last arriver after storing the logits (which may alias it, for all the compiler knows)."""
+        and runs the routing epilogue."""
         pid = tl.program_id(0)
         grp = tl.program_id(1)
         split = pid % S  # neighbouring programs: the same experts, consecutive hidden slices
@@ -222,9 +178,7 @@ if HAS_TRITON:
         # the whole weight tile is loaded up front: one burst of loads in flight per program
         wt = tl.load(W + rn[:, None].to(tl.int64) * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                      other=0.0).to(tl.float32)
-        if BIAS_EARLY:
-            bias = _load_bias(BIAS, E, BE, HAS_BIAS)
-        pdl_wait()  # only the (static) weight tile and bias above are read before it
+        pdl_wait()  # only the (static) weight tile above is read before it
         t0 = grp * RB
         for r in range(RB):
             t = t0 + r
@@ -248,10 +202,9 @@ if HAS_TRITON:
                     for sp in tl.static_range(S):
                         x += tl.load(PART + (sp * T + t) * E + col, mask=valid, other=0.0, cache_modifier=".cg")
                     tl.store(LOGITS + t * E + col, x, mask=valid)
-                    if not BIAS_EARLY:
-                        bias = _load_bias(BIAS, E, BE, HAS_BIAS)
-                    _route_epilogue(x, bias, t, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok,
-                                    route_scale, E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP, PACKED)
+                    # (the bias loaded by every program before the PDL wait timed the same: session 43)
+                    _route_epilogue(x, t, BIAS, T2E, TOK, W_OUT, ID_OUT, stride_t2e, stride_tok,
+                                    route_scale, E, BE, K, BK, P, HAS_BIAS, HASH, NORMALIZE, INTERP)
             # every program of the group has arrived, nothing else touches its counter in this launch:
             # zero it for the next launch (and for CUDA-graph replays)
             tl.store(CNT + grp, 0)
@@ -300,8 +253,7 @@ def _epilogue_args(e: int, k: int, bias, tid2eid, token_ids, normalize: bool, ro
                 TOK=token_ids if hashed else dummy, stride_t2e=tid2eid.stride(0) if hashed else 0,
                 stride_tok=token_ids.stride(0) if hashed else 0, route_scale=float(route_scale),
                 E=e, BE=triton.next_power_of_2(e), K=k, BK=bk, P=bk if bk == k else bk // 2,
-                HAS_BIAS=bias is not None, HASH=hashed, NORMALIZE=bool(normalize), INTERP=INTERPRET,
-                PACKED=PACKED_TOPK)
+                HAS_BIAS=bias is not None, HASH=hashed, NORMALIZE=bool(normalize), INTERP=INTERPRET)
 
 
 def route(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None, tid2eid: torch.Tensor | None = None,
@@ -378,7 +330,7 @@ def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor
     counters = arrival_counters("router gate_route", dev, groups)
     _gate_route_kernel[(triton.cdiv(e, bn) * splits, groups)](
         X=x, W=weight, PART=partials, LOGITS=logits, CNT=counters, W_OUT=weights, ID_OUT=ids, T=t,
-        stride_x=x.stride(0), stride_w=weight.stride(0), D=d, BN=bn, KS=ks, S=splits, RB=rb, BIAS_EARLY=BIAS_EARLY,
+        stride_x=x.stride(0), stride_w=weight.stride(0), D=d, BN=bn, KS=ks, S=splits, RB=rb,
         **_epilogue_args(e, k, bias, tid2eid, token_ids, normalize, route_scale, ids),
         num_warps=warps, enable_reflect_ftz=False)
     return weights, ids, logits

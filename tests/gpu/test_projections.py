@@ -275,24 +275,6 @@ def test_project_decode_tilings_agree():
     assert torch.equal(y_raw, y)
 
 
-@pytest.mark.parametrize("kind", ["csa", "hca"])
-def test_project_decode_pos_early_same_bits(kind, poison, monkeypatch):
-    """projections.POS_EARLY (every program loads the positions after the PDL wait) feeds the same positions to
-    the same epilogue: y and the head weights bit-identical, the counters back at zero."""
-    from dsv4.kernels import projections
-    from dsv4.kernels._triton import arrival_counters
-
-    a, w, positions, g, hw = _decode_inputs(kind, 3)
-    outs = []
-    for early in (False, True):
-        monkeypatch.setattr(projections, "POS_EARLY", early)
-        poison()
-        outs.append(projections.project_decode(a, w, positions, g, hw, block_n=16, k_slice=64, block_k=32))
-        assert int(arrival_counters("projections project_decode", a.device, 1).abs().sum()) == 0
-    assert torch.equal(outs[0][0].view(torch.int32), outs[1][0].view(torch.int32)), "y differs"
-    assert hw is None or torch.equal(outs[0][1], outs[1][1]), "head weights differ"
-
-
 def test_project_decode_rejects_bad_input():
     from dsv4.kernels.projections import DECODE_MAX_T, project_decode
 
