@@ -14,9 +14,11 @@ do in a captured step). A development aid for issue #6:
 * the greedy pick over the Flash vocabulary (`--argmax`): torch's argmax vs `first_argmax`.
 * the MoE router's one-launch logits GEMV + top-k (`--router`, Flash: 256 experts x 4096, k = 6; bias and hash
   layers).
+* the attention input's norm / RoPE launches at decode (`--norm`, Flash: the q latent + kv pair, the 64 query
+  heads) with `norm_rope.ROPE_FIRST` off and on, checked to give the same bits.
 
     python bench/bench_glue.py [--baseline /tmp/mhc_base.py] [--tokens 1,8,64] [--attn] [--proj] [--argmax]
-                               [--router]
+                               [--router] [--norm]
 """
 from __future__ import annotations
 
@@ -59,7 +61,10 @@ def main() -> None:
     p.add_argument("--proj", action="store_true", help="also time the two projection paths")
     p.add_argument("--argmax", action="store_true", help="also time the greedy pick: torch's argmax vs first_argmax")
     p.add_argument("--router", action="store_true", help="time the router at --tokens instead")
+    p.add_argument("--norm", action="store_true", help="time the decode norm / RoPE launches at --tokens instead")
     args = p.parse_args()
+    if args.norm:
+        return norm_rope_variants(int(v) for v in args.tokens.split(","))
     if args.router:
         return router_variants(int(v) for v in args.tokens.split(","))
     if args.argmax:
@@ -132,6 +137,36 @@ def router_variants(tokens) -> None:
             router.gate_route(x, w, k, route_scale=2.5, **kw)  # compiles, allocates the counters
             us = graph_us(lambda: router.gate_route(x, w, k, route_scale=2.5, **kw))
             print(f"{kind:5s} T={t:3d} {us:7.2f}")
+
+
+def norm_rope_variants(tokens) -> None:
+    """µs per decode norm / RoPE launch (Flash shapes: q latent 1024 + kv 512 paired, 64 query heads x 512; RoPE on
+    the last 64 dims) with norm_rope.ROPE_FIRST off / on; the same bits either way."""
+    from dsv4.kernels import norm_rope as nr
+    dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(4)
+    wq, wkv = ((torch.rand(n, device=dev, generator=g) + 0.5).to(torch.bfloat16) for n in (1024, 512))
+    print("decode norm / RoPE, µs per call in a CUDA graph, ROPE_FIRST off / on")
+    for t in tokens:
+        ql = torch.randn(t, 1024, device=dev, generator=g).to(torch.bfloat16)
+        kv = torch.randn(t, 512, device=dev, generator=g).to(torch.bfloat16)
+        q = torch.randn(t, 64, 512, device=dev, generator=g).to(torch.bfloat16)
+        ang = torch.rand(t, 32, device=dev, generator=g) * 6.28
+        cos, sin = ang.cos(), ang.sin()
+        calls = {"q latent + kv": lambda: nr.norm_rope_two(
+                     ql, dict(norm=nr.WEIGHTED, weight=wq, eps=1e-6), kv,
+                     dict(norm=nr.WEIGHTED, weight=wkv, eps=1e-6, cos=cos, sin=sin, sim=nr.SIM_FP8, nope=448)),
+                 "query heads": lambda: nr.norm_rope(q, norm=nr.UNWEIGHTED, eps=1e-6, cos=cos, sin=sin)}
+        for name, fn in calls.items():
+            row, want = [], None
+            for first in (False, True):
+                nr.ROPE_FIRST = first
+                got = fn()
+                got = got if isinstance(got, tuple) else (got,)
+                want = want or got
+                assert all(torch.equal(a, b) for a, b in zip(got, want)), (name, t)
+                row.append(graph_us(fn))
+            print(f"{name:14s} T={t:3d} " + " ".join(f"{v:7.2f}" for v in row))
+    nr.ROPE_FIRST = False
 
 
 def projection_paths() -> None:

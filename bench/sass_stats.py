@@ -125,6 +125,14 @@ CASES = {
                       dict(D=512, DP=512, ROPE0=448, NOPE=0, NORM=2, ROT=True, INV=False, SIM=0, BR=1,
                            D2=128, DP2=128, ROPE0_2=64, NOPE2=0, NORM2=0, ROT2=True, INV2=False, SIM2=2, BR2=64,
                            INTERP=False), 4, 3, ()),
+    # ... with norm_rope.ROPE_FIRST (cos / sin loaded with the rows, before the norm's reduction)
+    "norm_rope_two_rf": ("norm_rope", "_norm_rope_two_kernel",
+                         {n: "*bf16" for n in ("X", "OUT", "W", "H", "X2", "OUT2", "W2", "H2")}
+                         | {n: "*fp32" for n in ("COS", "SIN", "COS2", "SIN2")}
+                         | {n: "fp32" for n in ("eps", "hscale", "eps2", "hscale2")},
+                         dict(D=512, DP=512, ROPE0=448, NOPE=0, NORM=2, ROT=True, INV=False, SIM=0, BR=1,
+                              D2=128, DP2=128, ROPE0_2=64, NOPE2=0, NORM2=0, ROT2=True, INV2=False, SIM2=2, BR2=64,
+                              INTERP=False, RF=True), 4, 3, ()),
     "gate_route": ("router", "_gate_route_kernel",
                    dict(X="*bf16", W="*bf16", PART="*fp32", LOGITS="*fp32", CNT="*i32", BIAS="*fp32", T2E="*i32",
                         TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", route_scale="fp32"),
@@ -141,6 +149,12 @@ CASES = {
                       NZ="*fp32", NSLOT="*i64"),
                  dict(R=8, RR=8, RATIO=4, DIM=512, OVERLAP=True, BD=128, NEW=True, CHUNK=False), 4, 3,
                  ("stride_p", "stride_s", "stride_o", "stride_n")),
+    # ... with cache_store.COPY_LOADS_FIRST (the new rows' copies: all loads, then the stores)
+    "pool_csa_loads_first": ("cache_store", "_pool_kernel",
+                             dict(C="*fp32", Z="*fp32", PAGE="*i64", SLOTS="*i64", HAS_PREV="*i1", OUT="*fp32",
+                                  NC="*fp32", NZ="*fp32", NSLOT="*i64"),
+                             dict(R=8, RR=8, RATIO=4, DIM=512, OVERLAP=True, BD=128, NEW=True, CHUNK=False,
+                                  LOADS_FIRST=True), 4, 3, ("stride_p", "stride_s", "stride_o", "stride_n")),
     "pool_chunk_csa": ("cache_store", "_pool_kernel",
                        {n: "*fp32" for n in ("C", "Z", "PAGE", "SLOTS", "HAS_PREV", "OUT", "NC", "NZ", "NSLOT")},
                        dict(R=8, RR=8, RATIO=4, DIM=512, OVERLAP=True, BD=128, NEW=False, CHUNK=True), 4, 3,

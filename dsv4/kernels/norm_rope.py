@@ -33,6 +33,10 @@ HADAMARD_WARPS = 4
 # other modes: rows per program from ROWS_FROM rows on (at most 4096 elements per tile); one row per program
 # made 524,288 programs of 1 KB for an 8K prompt's queries [8192, 64, 512]: 408 µs, 2.6 TB/s (s12d)
 ROWS_PER_PROGRAM, ROWS_FROM = 8, 2048
+# cos / sin loaded with the rows, not after the norm's cross-warp reduction (offline SASS of the decode q / kv pair,
+# `norm_rope_two`: the rows' loads, the reduction's barriers, then cos / sin from L2: two latencies in turn).
+# Prepared in session 43, off until measured (bench/runs/run_device_s43c.sh).
+ROPE_FIRST = False
 
 
 def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -71,13 +75,13 @@ if HAS_TRITON:
     def _norm_rope_kernel(X, OUT, W, COS, SIN, H, eps, hscale, G, rows, stride_cs,
                           D: tl.constexpr, DP: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr,
                           NORM: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr,
-                          BR: tl.constexpr, INTERP: tl.constexpr):
+                          BR: tl.constexpr, INTERP: tl.constexpr, RF: tl.constexpr = False):
         """BR rows per program ([BR, DP] tiles, DP = D rounded up to a power of two, the padding zeros;
         BR > 1 for the Hadamard's tensor-core dot)."""
         wn, sgn = _norm_rope_static(W, H, D, DP, NORM, SIM)  # read before the PDL wait (beside the previous
         pdl_wait()                                            # kernel's tail)
         _norm_rope_rows(X, OUT, wn, sgn, COS, SIN, eps, hscale, G, rows, stride_cs, tl.program_id(0),
-                        D, DP, ROPE0, NOPE, NORM, ROT, INV, SIM, BR, INTERP)
+                        D, DP, ROPE0, NOPE, NORM, ROT, INV, SIM, BR, INTERP, RF)
 
     @pdl_kernel
     @triton.jit
@@ -88,7 +92,7 @@ if HAS_TRITON:
                               BR: tl.constexpr,
                               D2: tl.constexpr, DP2: tl.constexpr, ROPE0_2: tl.constexpr, NOPE2: tl.constexpr,
                               NORM2: tl.constexpr, ROT2: tl.constexpr, INV2: tl.constexpr, SIM2: tl.constexpr,
-                              BR2: tl.constexpr, INTERP: tl.constexpr):
+                              BR2: tl.constexpr, INTERP: tl.constexpr, RF: tl.constexpr = False):
         """Two `norm_rope` calls in one launch (`norm_rope_two`): programs below `programs` run the first, the
         others the second, each row as `_norm_rope_kernel` computes it; every program reads its static operands,
         then waits for the previous kernel (PDL). (Names differ per branch: Triton merges a name's types across
@@ -98,12 +102,12 @@ if HAS_TRITON:
             wa, sa = _norm_rope_static(W, H, D, DP, NORM, SIM)
             pdl_wait()
             _norm_rope_rows(X, OUT, wa, sa, COS, SIN, eps, hscale, G, rows, stride_cs, pid,
-                            D, DP, ROPE0, NOPE, NORM, ROT, INV, SIM, BR, INTERP)
+                            D, DP, ROPE0, NOPE, NORM, ROT, INV, SIM, BR, INTERP, RF)
         else:
             wb, sb = _norm_rope_static(W2, H2, D2, DP2, NORM2, SIM2)
             pdl_wait()
             _norm_rope_rows(X2, OUT2, wb, sb, COS2, SIN2, eps2, hscale2, G2, rows2, stride_cs2, pid - programs,
-                            D2, DP2, ROPE0_2, NOPE2, NORM2, ROT2, INV2, SIM2, BR2, INTERP)
+                            D2, DP2, ROPE0_2, NOPE2, NORM2, ROT2, INV2, SIM2, BR2, INTERP, RF)
 
     @triton.jit
     def _norm_rope_static(W, H, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr, SIM: tl.constexpr):
@@ -121,14 +125,22 @@ if HAS_TRITON:
     def _norm_rope_rows(X, OUT, wn, sgn, COS, SIN, eps, hscale, G, rows, stride_cs, pid,
                         D: tl.constexpr, DP: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr,
                         NORM: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr,
-                        BR: tl.constexpr, INTERP: tl.constexpr):
-        """Rows [pid BR, (pid + 1) BR) of one `norm_rope` call (wn, sgn: `_norm_rope_static`)."""
+                        BR: tl.constexpr, INTERP: tl.constexpr, RF: tl.constexpr):
+        """Rows [pid BR, (pid + 1) BR) of one `norm_rope` call (wn, sgn: `_norm_rope_static`). RF (`ROPE_FIRST`):
+        cos / sin loaded with the rows, before the norm's reduction (whose CTA barriers no load moves across)."""
         d = tl.arange(0, DP)
         dm = d < D
         row = pid.to(tl.int64) * BR + tl.arange(0, BR)
         live = row < rows
         tok = row // G
         y = tl.load(X + row[:, None] * D + d[None, :], mask=live[:, None] & dm[None, :], other=0.0).to(tl.float32)
+        if ROT:
+            pair = tl.arange(0, DP // 2)
+            rope = ((pair >= ROPE0 // 2) & (pair < D // 2))[None, :] & live[:, None]
+            cs_off = tok[:, None] * stride_cs + (pair - ROPE0 // 2)[None, :]
+            if RF:
+                cs = tl.load(COS + cs_off, mask=rope, other=1.0)
+                sn = tl.load(SIN + cs_off, mask=rope, other=0.0)
         if NORM == 1:
             ms = tl.sum(y * y, axis=1) / D
             y = _bf16(wn[None, :] * (y * tl.math.rsqrt(ms + eps)[:, None]))
@@ -138,11 +150,9 @@ if HAS_TRITON:
             y = _bf16(y * r[:, None])
         if ROT:
             a, c = tl.split(tl.reshape(y, (BR, DP // 2, 2)))
-            pair = tl.arange(0, DP // 2)
-            rope = ((pair >= ROPE0 // 2) & (pair < D // 2))[None, :] & live[:, None]
-            cs_off = tok[:, None] * stride_cs + (pair - ROPE0 // 2)[None, :]
-            cs = tl.load(COS + cs_off, mask=rope, other=1.0)
-            sn = tl.load(SIN + cs_off, mask=rope, other=0.0)
+            if not RF:
+                cs = tl.load(COS + cs_off, mask=rope, other=1.0)
+                sn = tl.load(SIN + cs_off, mask=rope, other=0.0)
             if INV:
                 sn = -sn
             y = _bf16(tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (BR, DP)))
@@ -211,7 +221,7 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     with the Hadamard one; Pro's q latent is 1536 wide)."""
     out, args, consts, programs, warps = _plan(x, norm, weight, eps, cos, sin, sim, nope, inverse)
     if programs:
-        _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, num_warps=warps)
+        _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, RF=ROPE_FIRST, num_warps=warps)
     return out
 
 
@@ -234,7 +244,7 @@ def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> t
     if pa + pb:  # (an empty part has no programs)
         _norm_rope_two_kernel[(pa + pb,)](*args_a, *args_b, pa, **consts_a,
                                           **{_SECOND[k]: v for k, v in consts_b.items()}, INTERP=INTERPRET,
-                                          num_warps=max(wa, wb))
+                                          RF=ROPE_FIRST, num_warps=max(wa, wb))
     return out_a, out_b
 
 

@@ -149,3 +149,29 @@ def _cos_sin(tokens: int, g: torch.Generator):
 def _poison_empty_like(monkeypatch) -> None:
     real_empty = torch.empty_like
     monkeypatch.setattr(torch, "empty_like", lambda t, **k: real_empty(t, **k).fill_(float("nan")))
+
+
+@pytest.mark.parametrize("case", ["q_heads", "kv", "index_q", "q_heads_192"]
+                         + (["output", "q_heads_prefill"] if DEV == "cuda" else []))
+def test_rope_first_same_bits(case, monkeypatch):
+    """norm_rope.ROPE_FIRST (cos / sin loaded with the rows, before the norm) feeds the same values to the same
+    arithmetic: bit-identical outputs, single launches and the paired one."""
+    from dsv4.kernels import norm_rope as nr
+
+    shape, kind = CASES[case]
+    g = torch.Generator(device=DEV).manual_seed(len(case) + 7)
+    x = (torch.randn(shape, generator=g, device=DEV) * 4).to(torch.bfloat16)
+    cos, sin = _cos_sin(shape[0], g)
+    weight = (1 + 0.3 * torch.randn(shape[-1], generator=g, device=DEV)).to(torch.bfloat16)
+    kw = {"unweighted": dict(norm=nr.UNWEIGHTED, eps=1e-6, cos=cos, sin=sin),
+          "kv": dict(norm=nr.WEIGHTED, weight=weight, eps=1e-6, cos=cos, sin=sin, sim=nr.SIM_FP8, nope=448),
+          "index": dict(cos=cos, sin=sin, sim=nr.SIM_FP4),
+          "inverse": dict(cos=cos, sin=sin, inverse=True)}[kind]
+    other = (torch.randn(shape[0], 1024, generator=g, device=DEV)).to(torch.bfloat16)
+    outs = []
+    for first in (False, True):
+        monkeypatch.setattr(nr, "ROPE_FIRST", first)
+        _poison_empty_like(monkeypatch)
+        outs.append((nr.norm_rope(x, **kw),) + nr.norm_rope_two(other, dict(norm=nr.UNWEIGHTED, eps=1e-6), x, kw))
+    for a, b in zip(*outs):
+        assert torch.isfinite(a.float()).all() and torch.equal(a, b), case
