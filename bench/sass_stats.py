@@ -149,12 +149,6 @@ CASES = {
                       NZ="*fp32", NSLOT="*i64"),
                  dict(R=8, RR=8, RATIO=4, DIM=512, OVERLAP=True, BD=128, NEW=True, CHUNK=False), 4, 3,
                  ("stride_p", "stride_s", "stride_o", "stride_n")),
-    # ... with cache_store.COPY_LOADS_FIRST (the new rows' copies: all loads, then the stores)
-    "pool_csa_loads_first": ("cache_store", "_pool_kernel",
-                             dict(C="*fp32", Z="*fp32", PAGE="*i64", SLOTS="*i64", HAS_PREV="*i1", OUT="*fp32",
-                                  NC="*fp32", NZ="*fp32", NSLOT="*i64"),
-                             dict(R=8, RR=8, RATIO=4, DIM=512, OVERLAP=True, BD=128, NEW=True, CHUNK=False,
-                                  LOADS_FIRST=True), 4, 3, ("stride_p", "stride_s", "stride_o", "stride_n")),
     "pool_chunk_csa": ("cache_store", "_pool_kernel",
                        {n: "*fp32" for n in ("C", "Z", "PAGE", "SLOTS", "HAS_PREV", "OUT", "NC", "NZ", "NSLOT")},
                        dict(R=8, RR=8, RATIO=4, DIM=512, OVERLAP=True, BD=128, NEW=False, CHUNK=True), 4, 3,

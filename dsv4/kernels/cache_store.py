@@ -27,10 +27,6 @@ from dsv4.kernels._triton import HAS_TRITON, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 KV_BLOCK = 64
-# The decode pool kernel copies this step's compressor rows into the state pool with every load before the first
-# store (a load after a store that may alias it stays after it: the interleaved copies waited one L2 latency each,
-# offline SASS `pool_csa`). Prepared in session 43, off until measured (bench/runs/run_device_s43c.sh).
-COPY_LOADS_FIRST = False
 _KV_BLOCK = tl.constexpr(KV_BLOCK) if HAS_TRITON else KV_BLOCK  # what a jitted function may read
 
 
@@ -101,7 +97,7 @@ if HAS_TRITON:
     def _pool_kernel(C, Z, PAGE, SLOTS, HAS_PREV, OUT, NC, NZ, NSLOT, stride_p, stride_s, stride_sl, stride_o,
                      stride_n, first, entry0, R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr,
                      DIM: tl.constexpr, OVERLAP: tl.constexpr, BD: tl.constexpr, NEW: tl.constexpr,
-                     CHUNK: tl.constexpr, LOADS_FIRST: tl.constexpr = False):
+                     CHUNK: tl.constexpr):
         """Window b's pooled row. CHUNK (`pool_chunk`): entry entry0 + b over contiguous rows of positions
         first.. (C, Z [L, w]); otherwise the window's (page, slots) in the state pool."""
         pdl_wait()
@@ -134,21 +130,17 @@ if HAS_TRITON:
             c = tl.where(here, tl.load(NC + noffs, mask=here, other=0.0), c)
             z = tl.where(here, tl.load(NZ + noffs, mask=here, other=0.0), z)
             dst = page * stride_p + ns.to(tl.int64) * stride_s + cols
-            if LOADS_FIRST:  # (`COPY_LOADS_FIRST`)
-                nc, nz = tl.load(NC + b * stride_n + cols), tl.load(NZ + b * stride_n + cols)
-                if OVERLAP:
-                    nc2, nz2 = tl.load(NC + b * stride_n + DIM + cols), tl.load(NZ + b * stride_n + DIM + cols)
-                tl.store(C + dst, nc)
-                tl.store(Z + dst, nz)
-                if OVERLAP:
-                    tl.store(C + dst + DIM, nc2)
-                    tl.store(Z + dst + DIM, nz2)
-            else:
-                tl.store(C + dst, tl.load(NC + b * stride_n + cols))
-                tl.store(Z + dst, tl.load(NZ + b * stride_n + cols))
-                if OVERLAP:
-                    tl.store(C + dst + DIM, tl.load(NC + b * stride_n + DIM + cols))
-                    tl.store(Z + dst + DIM, tl.load(NZ + b * stride_n + DIM + cols))
+            # every load before the first store: a load after a store that may alias it stays after it, so the
+            # interleaved copies waited one L2 latency each (session 43, H200: the eager B = 1 step's 3 pool launches
+            # 13 -> 11 µs)
+            nc, nz = tl.load(NC + b * stride_n + cols), tl.load(NZ + b * stride_n + cols)
+            if OVERLAP:
+                nc2, nz2 = tl.load(NC + b * stride_n + DIM + cols), tl.load(NZ + b * stride_n + DIM + cols)
+            tl.store(C + dst, nc)
+            tl.store(Z + dst, nz)
+            if OVERLAP:
+                tl.store(C + dst + DIM, nc2)
+                tl.store(Z + dst + DIM, nz2)
         m = tl.max(z, axis=0)
         e = tl.exp(z - m[None, :])
         w = e / tl.sum(e, axis=0)[None, :]
@@ -292,7 +284,7 @@ def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor,
     _pool_kernel[(b, dim // bd)](rows_c, rows_z, page, slots, has_prev, out, nc, nz, nslot, rows_c.stride(0),
                                  rows_c.stride(1), slots.stride(0), out.stride(0), stride_n, 0, 0, R=r,
                                  RR=triton.next_power_of_2(r), RATIO=ratio, DIM=dim, OVERLAP=overlap, BD=bd,
-                                 NEW=new_rows is not None, CHUNK=False, LOADS_FIRST=COPY_LOADS_FIRST, num_warps=4)
+                                 NEW=new_rows is not None, CHUNK=False, num_warps=4)
     return out
 
 

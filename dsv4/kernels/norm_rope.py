@@ -34,9 +34,11 @@ HADAMARD_WARPS = 4
 # made 524,288 programs of 1 KB for an 8K prompt's queries [8192, 64, 512]: 408 µs, 2.6 TB/s (s12d)
 ROWS_PER_PROGRAM, ROWS_FROM = 8, 2048
 # cos / sin loaded with the rows, not after the norm's cross-warp reduction (offline SASS of the decode q / kv pair,
-# `norm_rope_two`: the rows' loads, the reduction's barriers, then cos / sin from L2: two latencies in turn).
-# Prepared in session 43, off until measured (bench/runs/run_device_s43c.sh).
-ROPE_FIRST = False
+# `norm_rope_two`: the rows' loads, the reduction's barriers, then cos / sin from L2: two latencies in turn), in
+# launches of one row per program (decode sizes, below ROWS_FROM rows). Session 43 (H200, µs per call in a graph,
+# T = 1): q latent + kv 1.36 -> 1.17, query heads 1.27 -> 1.20; equal at T = 8. The same bits there; at 8 rows per
+# program the compiled rotation's bits differed (s43c), so prefill keeps the old order. A switch for the tests.
+ROPE_FIRST = True
 
 
 def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -126,8 +128,9 @@ if HAS_TRITON:
                         D: tl.constexpr, DP: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr,
                         NORM: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr,
                         BR: tl.constexpr, INTERP: tl.constexpr, RF: tl.constexpr):
-        """Rows [pid BR, (pid + 1) BR) of one `norm_rope` call (wn, sgn: `_norm_rope_static`). RF (`ROPE_FIRST`):
-        cos / sin loaded with the rows, before the norm's reduction (whose CTA barriers no load moves across)."""
+        """Rows [pid BR, (pid + 1) BR) of one `norm_rope` call (wn, sgn: `_norm_rope_static`). RF (`ROPE_FIRST`, one
+        row per program): cos / sin loaded with the rows, before the norm's reduction (no load crosses its CTA
+        barriers)."""
         d = tl.arange(0, DP)
         dm = d < D
         row = pid.to(tl.int64) * BR + tl.arange(0, BR)
@@ -221,7 +224,8 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     with the Hadamard one; Pro's q latent is 1536 wide)."""
     out, args, consts, programs, warps = _plan(x, norm, weight, eps, cos, sin, sim, nope, inverse)
     if programs:
-        _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, RF=ROPE_FIRST, num_warps=warps)
+        _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, RF=ROPE_FIRST and consts["BR"] == 1,
+                                       num_warps=warps)
     return out
 
 
@@ -244,7 +248,8 @@ def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> t
     if pa + pb:  # (an empty part has no programs)
         _norm_rope_two_kernel[(pa + pb,)](*args_a, *args_b, pa, **consts_a,
                                           **{_SECOND[k]: v for k, v in consts_b.items()}, INTERP=INTERPRET,
-                                          RF=ROPE_FIRST, num_warps=max(wa, wb))
+                                          RF=ROPE_FIRST and consts_a["BR"] == consts_b["BR"] == 1,
+                                          num_warps=max(wa, wb))
     return out_a, out_b
 
 

@@ -119,15 +119,11 @@ def test_store_rows_matches_reference(case):
         assert INTERP or torch.equal(deq_got, deq_want)
 
 
-@pytest.mark.parametrize("loads_first", [False, True])
 @pytest.mark.parametrize("ratio,dim,overlap", [(4, 128, True), (128, 512, False)])
-def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap, loads_first, monkeypatch):
+def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
     """`new_rows`: the step's (C, Z) rows land at their slot (strided column views accepted) and the
-    pooling sees them -- the same pools and result as writing them first and pooling after; with the copies'
-    loads interleaved with their stores or all first (cache_store.COPY_LOADS_FIRST)."""
-    from dsv4.kernels import cache_store
+    pooling sees them -- the same pools and result as writing them first and pooling after."""
     from dsv4.kernels.cache_store import pool_windows, pool_windows_ref
-    monkeypatch.setattr(cache_store, "COPY_LOADS_FIRST", loads_first)
 
     g = _gen(7 * ratio + dim)
     bsz, pages, cap = 5, 8, 2 * ratio + 4 + (ratio if overlap else 0)
@@ -158,7 +154,6 @@ def test_pool_chunk_matches_reference(ratio, dim, first, entry0, n):
     arithmetic (checked bit for bit), and a float64 softmax-weighted sum; entry 0 without a previous window."""
     from dsv4.kernels.cache_store import pool_chunk, pool_chunk_ref
     from dsv4.model.compressor import Compressor
-    from dsv4.model.numerics import NUMERICS
 
     overlap = ratio == 4
     g = _gen(ratio + dim + first)

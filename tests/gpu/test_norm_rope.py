@@ -154,8 +154,9 @@ def _poison_empty_like(monkeypatch) -> None:
 @pytest.mark.parametrize("case", ["q_heads", "kv", "index_q", "q_heads_192"]
                          + (["output", "q_heads_prefill"] if DEV == "cuda" else []))
 def test_rope_first_same_bits(case, monkeypatch):
-    """norm_rope.ROPE_FIRST (cos / sin loaded with the rows, before the norm) feeds the same values to the same
-    arithmetic: bit-identical outputs, single launches and the paired one."""
+    """norm_rope.ROPE_FIRST (one row per program: cos / sin loaded with the rows, before the norm) feeds the same
+    values to the same arithmetic: bit-identical outputs, single launches and the paired one (prefill sizes: not
+    applied)."""
     from dsv4.kernels import norm_rope as nr
 
     shape, kind = CASES[case]
