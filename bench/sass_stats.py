@@ -124,15 +124,7 @@ CASES = {
                       | {n: "fp32" for n in ("eps", "hscale", "eps2", "hscale2")},
                       dict(D=512, DP=512, ROPE0=448, NOPE=0, NORM=2, ROT=True, INV=False, SIM=0, BR=1,
                            D2=128, DP2=128, ROPE0_2=64, NOPE2=0, NORM2=0, ROT2=True, INV2=False, SIM2=2, BR2=64,
-                           INTERP=False), 4, 3, ()),
-    # ... with norm_rope.ROPE_FIRST (cos / sin loaded with the rows, before the norm's reduction)
-    "norm_rope_two_rf": ("norm_rope", "_norm_rope_two_kernel",
-                         {n: "*bf16" for n in ("X", "OUT", "W", "H", "X2", "OUT2", "W2", "H2")}
-                         | {n: "*fp32" for n in ("COS", "SIN", "COS2", "SIN2")}
-                         | {n: "fp32" for n in ("eps", "hscale", "eps2", "hscale2")},
-                         dict(D=512, DP=512, ROPE0=448, NOPE=0, NORM=2, ROT=True, INV=False, SIM=0, BR=1,
-                              D2=128, DP2=128, ROPE0_2=64, NOPE2=0, NORM2=0, ROT2=True, INV2=False, SIM2=2, BR2=64,
-                              INTERP=False, RF=True), 4, 3, ()),
+                           INTERP=False, RF=False), 4, 3, ()),  # (RF: norm_rope.ROPE_FIRST, off where BR2 > 1)
     "gate_route": ("router", "_gate_route_kernel",
                    dict(X="*bf16", W="*bf16", PART="*fp32", LOGITS="*fp32", CNT="*i32", BIAS="*fp32", T2E="*i32",
                         TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", route_scale="fp32"),

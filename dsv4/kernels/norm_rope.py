@@ -35,9 +35,9 @@ HADAMARD_WARPS = 4
 ROWS_PER_PROGRAM, ROWS_FROM = 8, 2048
 # cos / sin loaded with the rows, not after the norm's cross-warp reduction (offline SASS of the decode q / kv pair,
 # `norm_rope_two`: the rows' loads, the reduction's barriers, then cos / sin from L2: two latencies in turn), in
-# launches of one row per program (decode sizes, below ROWS_FROM rows). Session 43 (H200, µs per call in a graph,
-# T = 1): q latent + kv 1.36 -> 1.17, query heads 1.27 -> 1.20; equal at T = 8. The same bits there; at 8 rows per
-# program the compiled rotation's bits differed (s43c), so prefill keeps the old order. A switch for the tests.
+# launches of one row per program (decode sizes, below ROWS_FROM rows; `_rope_first`). Session 43 (H200, µs per call
+# in a graph, T = 1): q latent + kv 1.36 -> 1.17, query heads 1.27 -> 1.20; equal at T = 8. The same bits there; at
+# 8 rows per program the compiled rotation's bits differed (s43c), so prefill keeps the old order. A switch for tests.
 ROPE_FIRST = True
 
 
@@ -217,6 +217,12 @@ def _plan(x: torch.Tensor, norm: int = NONE, weight: torch.Tensor | None = None,
     return out, args, consts, triton.cdiv(rows, br), warps
 
 
+def _rope_first(consts: dict) -> bool:
+    """ROPE_FIRST for a launch of these constexprs: one row per program, or the Hadamard's (whose SASS it leaves
+    unchanged); at 8 rows per program the compiled rotation's bits differed (session 43)."""
+    return ROPE_FIRST and (consts["BR"] == 1 or consts["SIM"] == SIM_FP4)
+
+
 def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
               cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE,
               nope: int = 0, inverse: bool = False) -> torch.Tensor:
@@ -224,8 +230,7 @@ def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None 
     with the Hadamard one; Pro's q latent is 1536 wide)."""
     out, args, consts, programs, warps = _plan(x, norm, weight, eps, cos, sin, sim, nope, inverse)
     if programs:
-        _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, RF=ROPE_FIRST and consts["BR"] == 1,
-                                       num_warps=warps)
+        _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, RF=_rope_first(consts), num_warps=warps)
     return out
 
 
@@ -248,7 +253,7 @@ def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> t
     if pa + pb:  # (an empty part has no programs)
         _norm_rope_two_kernel[(pa + pb,)](*args_a, *args_b, pa, **consts_a,
                                           **{_SECOND[k]: v for k, v in consts_b.items()}, INTERP=INTERPRET,
-                                          RF=ROPE_FIRST and consts_a["BR"] == consts_b["BR"] == 1,
+                                          RF=_rope_first(consts_a) and _rope_first(consts_b),
                                           num_warps=max(wa, wb))
     return out_a, out_b
 
