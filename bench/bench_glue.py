@@ -66,7 +66,7 @@ def main() -> None:
     if args.norm:
         return norm_rope_variants(int(v) for v in args.tokens.split(","))
     if args.router:
-        return router_variants(int(v) for v in args.tokens.split(","))
+        return router_timings(int(v) for v in args.tokens.split(","))
     if args.argmax:
         greedy_pick()
     if args.proj:
@@ -121,7 +121,7 @@ def main() -> None:
         print(f"{'hc_head':14s} {t:5d} " + " ".join(f"{v:12.2f}" for v in row_head))
 
 
-def router_variants(tokens) -> None:
+def router_timings(tokens) -> None:
     """µs per `gate_route` call (Flash shapes) for a bias layer and a hash layer."""
     from dsv4.kernels import router
     dev, g = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(3)
