@@ -281,9 +281,9 @@ def _finish(x, part, sq, split, fin: _Finish):
         usq = cnt = u  # the norm's per-token partial sums of squares (each written before read) and counters
         if fin.norm_weight is not None:
             usq, cnt = torch.empty(t, nbp, dtype=torch.float32, device=x.device), _token_counters(x.device, t)
-        lead, nbd = 0 if fin.head else 1, min(NORM_BD, triton.next_power_of_2(d))
-        one = triton.next_power_of_2(d) <= NORM_ONE_MAX
-        nbd = triton.next_power_of_2(d) if one else nbd
+        lead, dp = 0 if fin.head else 1, triton.next_power_of_2(d)
+        one = dp <= NORM_ONE_MAX
+        nbd = dp if one else min(NORM_BD, dp)
         _finish_split_kernel[(t, nb + lead)](*args, usq, cnt, *tail, LEAD=lead, BD=bd, NBP=nbp, NBD=nbd, NORM_ONE=one,
                                              **kw)
     return outs

@@ -231,8 +231,7 @@ if HAS_TRITON:
     # The Sinkhorn programs (all their loads, then a CTA barrier) and the split finish's collapse programs (the stream
     # columns and base / scale, a CTA barrier, then the partials: ptxas moves no memory operation across a barrier)
     # issue their loads before using any. Left to itself ptxas put loads after the first shuffles of rho (a use of the
-    # partials):
-    # two or three memory latencies in turn (Nsight, s42d: the 8K row finish at 6.4 cycles of long-scoreboard stall
+    # partials): two or three memory latencies in turn (Nsight, s42d: the 8K row finish at 6.4 cycles of long-scoreboard stall
     # per issued instruction, its top stalls the first uses of each load). Measured (s42e / s42f): 8-layer B = 1
     # decode replay 1.27 -> 1.24 ms, the 4-layer 8K forward's finish kernels 2,088 -> 1,997 µs; the row finish's
     # collapse keeps its order (the same change there cost a CTA per SM: 96 registers, +2 %).
@@ -411,13 +410,12 @@ if HAS_TRITON:
                         un = tl.load(U + t * D + offs_n, mask=nm, other=0.0, cache_modifier=".cg")
                         w = tl.load(NORM_W + offs_n, mask=nm, other=0.0)
                         tl.debug_barrier()
-                        part = tl.load(USQ + t * NBP + offs_b, mask=offs_b < nb, other=0.0, cache_modifier=".cg")
-                        r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
+                    part = tl.load(USQ + t * NBP + offs_b, mask=offs_b < nb, other=0.0, cache_modifier=".cg")
+                    r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
+                    if NORM_ONE:
                         tl.store(NORMED + t * D + offs_n,
                                  (w.to(tl.float32) * (un.to(tl.float32) * r)).to(tl.bfloat16), mask=nm)
                     else:
-                        part = tl.load(USQ + t * NBP + offs_b, mask=offs_b < nb, other=0.0, cache_modifier=".cg")
-                        r = 1.0 / tl.sqrt(tl.sum(part, axis=0) / D + norm_eps)
                         for d0 in range(0, D, NBD):
                             offs_n = d0 + tl.arange(0, NBD)
                             nm = offs_n < D
