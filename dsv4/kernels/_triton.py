@@ -111,6 +111,22 @@ if HAS_TRITON:
                                       [base + offs, size], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
+    def mul_rn(x, y):
+        """fp32 x * y rounded on its own: never folded into an fma (PTX's mul.rn is not contracted)."""
+        if _COMPILED:
+            return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [x, y], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        else:
+            return x * y
+
+    @triton.jit
+    def rotate_pairs(a, c, cs, sn):
+        """RoPE on the fp32 pairs (a, c): (a cs - c sn, a sn + c cs) with every product rounded, as torch computes
+        it. Left to the compiler, which product of a pair gets folded into an fma followed the instruction order
+        (moving a load changed a rotation's bits, session 44); every kernel that rotates calls this."""
+        return mul_rn(a, cs) - mul_rn(c, sn), mul_rn(a, sn) + mul_rn(c, cs)
+
+    @triton.jit
     def split_k_sum(P, CNT, tile, pid_k, split, vals, offs, stride_ps):
         """Split K inside one launch: store this split's fp32 partial at P + offs + pid_k * stride_ps and count
         the arrival on CNT[tile]; returns (whether this program arrived last, and then the `split` partials
@@ -130,4 +146,4 @@ if HAS_TRITON:
             tl.store(CNT + tile, 0)
         return last, total
 else:  # pragma: no cover - CPU-only machines
-    pdl_wait = prefetch_l2 = split_k_sum = None
+    pdl_wait = prefetch_l2 = split_k_sum = mul_rn = rotate_pairs = None

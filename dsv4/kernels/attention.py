@@ -33,7 +33,7 @@ from typing import Protocol
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
-from dsv4.kernels._triton import pdl_kernel, pdl_wait
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs
 
 KV_BLOCK = 64
 # Split count: about one program per SM (H200: 132). Measured (bench/bench_glue.py --attn, ctx 4K): at B=1
@@ -164,8 +164,7 @@ if HAS_TRITON:
             rp = pair >= NOPE // 2
             c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
             sn = -tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            # written as dsv4.kernels.norm_rope's inverse rotation (same contraction into fma: same bits)
-            o = tl.reshape(tl.join(ev * c - od * sn, ev * sn + od * c), (BH, HD))
+            o = tl.reshape(tl.join(*rotate_pairs(ev, od, c, sn)), (BH, HD))  # norm_rope(inverse=True)'s bits
         offs_d = tl.arange(0, HD)
         tl.store(OUT + offs_h[:, None] * HD + offs_d[None, :], o.to(tl.bfloat16),
                  mask=hmask[:, None])
@@ -295,7 +294,7 @@ if HAS_TRITON:
             rp = pair >= NOPE // 2
             c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
             sn = -tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            o = tl.reshape(tl.join(ev * c - od * sn, ev * sn + od * c), (BH, BD))
+            o = tl.reshape(tl.join(*rotate_pairs(ev, od, c, sn)), (BH, BD))
         tl.store(OUT + (b * H + offs_h[:, None]) * HD + offs_d[None, :], o.to(tl.bfloat16), mask=hmask[:, None])
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, tl, triton
-from dsv4.kernels._triton import pdl_kernel, pdl_wait
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs
 
 KV_BLOCK = 64
 _KV_BLOCK = tl.constexpr(KV_BLOCK) if HAS_TRITON else KV_BLOCK  # what a jitted function may read
@@ -178,7 +178,7 @@ if HAS_TRITON:
             rope = pair >= ROPE0 // 2  # the trailing pairs
             cs = tl.load(COS + b * stride_cs + pair - ROPE0 // 2, mask=rope, other=1.0)
             sn = tl.load(SIN + b * stride_cs + pair - ROPE0 // 2, mask=rope, other=0.0)
-            y = tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (D,)).to(tl.bfloat16).to(tl.float32)
+            y = tl.reshape(tl.join(*rotate_pairs(a, c, cs, sn)), (D,)).to(tl.bfloat16).to(tl.float32)
         if HADAMARD:
             y = tl.sum(y[:, None] * h, axis=0).to(tl.bfloat16).to(tl.float32)
         page = tl.load(PAGE + b).to(tl.int64)

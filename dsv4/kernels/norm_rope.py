@@ -18,7 +18,7 @@ import functools
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
-from dsv4.kernels._triton import pdl_kernel, pdl_wait
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs
 
 NONE, WEIGHTED, UNWEIGHTED = 0, 1, 2
 SIM_NONE, SIM_FP8, SIM_FP4 = 0, 1, 2
@@ -158,7 +158,7 @@ if HAS_TRITON:
                 sn = tl.load(SIN + cs_off, mask=rope, other=0.0)
             if INV:
                 sn = -sn
-            y = _bf16(tl.reshape(tl.join(a * cs - c * sn, a * sn + c * cs), (BR, DP)))
+            y = _bf16(tl.reshape(tl.join(*rotate_pairs(a, c, cs, sn)), (BR, DP)))
         if SIM == 1:  # FP8 simulation of the first NOPE dims, blocks of 64
             g = tl.reshape(y, (BR, DP // 64, 64))
             s, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(g), axis=2), 1e-4))

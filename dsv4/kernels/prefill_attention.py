@@ -28,6 +28,7 @@ import torch
 
 from dsv4.kernels import prefill_attention_gluon
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+from dsv4.kernels._triton import rotate_pairs
 
 # K = V (one shared kv head): with the whole head dim in one program the value tile is the key tile already
 # loaded, so skip its second load (same values; frees shared memory for 64-key tiles: 197 -> 131 KB).
@@ -153,8 +154,7 @@ if HAS_TRITON:
             rp = pair >= NOPE // 2
             c = tl.load(COS + t.to(tl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
             sn = -tl.load(SIN + t.to(tl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            # written as dsv4.kernels.norm_rope's inverse rotation (same contraction into fma: same bits)
-            o = tl.reshape(tl.join(ev * c - od * sn, ev * sn + od * c), (BH, DV))
+            o = tl.reshape(tl.join(*rotate_pairs(ev, od, c, sn)), (BH, DV))  # norm_rope(inverse=True)'s bits
         tl.store(OUT + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :],
                  o.to(OUT.dtype.element_ty), mask=hmask[:, None])
 

@@ -61,6 +61,16 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     @gluon.jit
+    def _mul_rn(x, y):
+        return gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [x, y], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _rotate_pairs(a, c, cs, sn):
+        """dsv4.kernels._triton.rotate_pairs in Gluon (every product rounded: the same bits)."""
+        return _mul_rn(a, cs) - _mul_rn(c, sn), _mul_rn(a, sn) + _mul_rn(c, cs)
+
+    @gluon.jit
     def _tile_rows(K, E, IDX, t, i, n_win, j_lo, j_hi, n_list, n_idx, stride_kt, stride_et, stride_it,
                    BN: gl.constexpr, layout: gl.constexpr, CAUSAL_R: gl.constexpr, idx_pre=None):
         """Tile i's key rows in a 1-D layout: (row pointers, valid mask). Tiles below n_win walk the window
@@ -117,7 +127,7 @@ if HAS_TRITON:
             rp = pair >= NOPE // 2
             c = gl.load(COS + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
             sn = -gl.load(SIN + t.to(gl.int64) * stride_ct + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            o = gl.convert_layout(gl.reshape(gl.join(ev * c - od * sn, ev * sn + od * c), [BH, NC]), out_l)
+            o = gl.convert_layout(gl.reshape(gl.join(*_rotate_pairs(ev, od, c, sn)), [BH, NC]), out_l)
         oh = gl.arange(0, BH, layout=gl.SliceLayout(1, out_l))
         oc = COL0 + gl.arange(0, NC, layout=gl.SliceLayout(0, out_l))
         gl.store(OUT + t.to(gl.int64) * stride_ot + oh[:, None] * stride_oh + oc[None, :], o.to(gl.bfloat16),
@@ -232,7 +242,7 @@ if HAS_TRITON:
         pair = gl.arange(0, ROPE // 2, layout=gl.SliceLayout(0, a.type.layout))
         cs = gl.load(QCOS + t.to(gl.int64) * stride_qc + pair)[None, :]
         sn = gl.load(QSIN + t.to(gl.int64) * stride_qc + pair)[None, :]
-        y = gl.convert_layout(gl.reshape(gl.join(a * cs - c * sn, a * sn + c * cs), [BH, ROPE]), ld_l)
+        y = gl.convert_layout(gl.reshape(gl.join(*_rotate_pairs(a, c, cs, sn)), [BH, ROPE]), ld_l)
         rope_s.store(y.to(gl.bfloat16))
 
     @gluon.jit

@@ -53,22 +53,35 @@ class _Bucket:
         self.pieces = pieces
 
     def _piece(self, i: int):
+        from dsv4.model import block as block_module
         m, n = self.model, len(self.model.layers)
+        # The eager forward's fusion (block.run_blocks): layer i-1's MoE post inside layer i's attention pre, the
+        # last one's after the loop -- the same kernels, so the graphs keep the eager bits.
+        fuse = block_module.FUSE_BLOCK_SITES and all(b.mhc is not None for b in m.layers)
 
         def run() -> None:
+            carry = None
             if i == 0:
                 h = m.embed(self.ids, validate=False)  # the model's forward checked the real ids
                 x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
             else:
-                layer = m.layers[i - 1]
-                x = layer.post(self.x[i - 1], self.attended[i - 1], self.pre[i - 1], self.hc[i - 1], self.ids)
-            self.x[i] = x
+                out = m.layers[i - 1].post(self.x[i - 1], self.attended[i - 1], self.pre[i - 1], self.hc[i - 1],
+                                           self.ids, defer=fuse)
+                x, carry = out if fuse else (out, None)
             if i < n:
-                self.hc[i], self.pre[i] = m.layers[i].pre(x, self.pos)
+                if carry is not None:
+                    x, self.hc[i], self.pre[i] = m.layers[i]._pre_after(x, carry, self.pos)
+                else:
+                    self.hc[i], self.pre[i] = m.layers[i].pre(x, self.pos)
                 if self.attended[i] is None:
                     self.attended[i] = torch.zeros_like(self.pre[i].q)  # read by the warm-up and capture
             else:
+                if carry is not None:
+                    from dsv4.kernels import mhc
+                    f, post, comb = carry
+                    x = mhc.hc_post(f, x, post, comb)
                 self.hidden = m.final_hidden(x)
+            self.x[i] = x
         return run
 
     def _capture(self, pieces) -> None:

@@ -54,3 +54,28 @@ def test_fused_block_sites_match_one_site_per_sub_layer(monkeypatch):
     agree = float((k.argmax(-1) == t.argmax(-1)).double().mean())
     print(f"fused block sites vs one site per sub-layer: rel {rel:.2e}, argmax agree {agree:.4f}")
     assert rel < 2e-2 and agree > 0.9, (rel, agree)
+
+
+def test_piecewise_graph_pieces_keep_the_fused_sites(monkeypatch):
+    """The piecewise decode graphs' pieces (dsv4.model.graphs, run eagerly: capture=False) take the same fused
+    sites as the eager forward, so graph replay keeps its bits (session 44: with one site per sub-layer in the
+    pieces, GPU graph replay differed from the eager decode in the last bits since FUSE_BLOCK_SITES, session 37)."""
+    from dsv4.model import block
+
+    monkeypatch.setattr(block, "FUSE_BLOCK_SITES", True)
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    prompt = torch.randint(2, 2048, (19,), generator=torch.Generator().manual_seed(44))
+    sites, runs = [], []
+    real = block.Block._pre_after
+    monkeypatch.setattr(block.Block, "_pre_after", lambda *a: sites.append(1) or real(*a))
+    for graphs in (False, True):
+        model = load_model(path, DEV, torch.bfloat16, kernels="triton" if DEV == "cuda" else "torch")
+        for b in model.layers:
+            b.use_mhc_kernels()
+        if graphs:
+            model.enable_cuda_graphs(max_batch=2, capture=False)  # the pieces; GPU capture: test_model_gpu.py
+        sites.clear()
+        runs.append(_logits(model, prompt, 3))
+        assert len(sites) == 4 * (len(model.layers) - 1), (graphs, len(sites))
+    assert torch.isfinite(runs[0]).all()
+    assert torch.equal(runs[0], runs[1])
