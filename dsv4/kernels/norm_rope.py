@@ -38,7 +38,11 @@ ROWS_PER_PROGRAM, ROWS_FROM = 8, 2048
 # launches of one row per program (decode sizes, below ROWS_FROM rows; `_rope_first`). Session 43 (H200, µs per call
 # in a graph, T = 1): q latent + kv 1.36 -> 1.17, query heads 1.27 -> 1.20; equal at T = 8. The same bits there; at
 # 8 rows per program the compiled rotation's bits differed (s43c), so prefill keeps the old order. A switch for tests.
+# Session 44: the difference was the compiler folding the other product of a pair into an fma, not the order itself;
+# with the products rounded explicitly (_triton.rotate_pairs) ROPE_FIRST_PREFILL (the early loads at every size;
+# prepared, unmeasured on the GPU) should keep the bits too -- `test_rope_first_same_bits` decides.
 ROPE_FIRST = True
+ROPE_FIRST_PREFILL = False
 
 
 def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -220,7 +224,7 @@ def _plan(x: torch.Tensor, norm: int = NONE, weight: torch.Tensor | None = None,
 def _rope_first(consts: dict) -> bool:
     """ROPE_FIRST for a launch of these constexprs: one row per program, or the Hadamard's (whose SASS it leaves
     unchanged); at 8 rows per program the compiled rotation's bits differed (session 43)."""
-    return ROPE_FIRST and (consts["BR"] == 1 or consts["SIM"] == SIM_FP4)
+    return ROPE_FIRST and (ROPE_FIRST_PREFILL or consts["BR"] == 1 or consts["SIM"] == SIM_FP4)
 
 
 def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
