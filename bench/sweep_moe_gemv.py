@@ -6,7 +6,7 @@ Timing as `sweep_linear.py`: `--calls` MoE calls with different random experts (
 CUDA graph, µs per call. Prints the default, each CUDA-core shape and the best; the best shape as
 `best: bn,unroll,split,split_down` on the last line.
 
-    python bench/sweep_moe_gemv.py [--tokens 1] [--calls 16] [--mma | --default-only]
+    python bench/sweep_moe_gemv.py [--tokens 1] [--calls 16] [--mma [--stages 3,4] | --default-only]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--mma", action="store_true", help="sweep the tensor-core method's launch shape instead")
     ap.add_argument("--dot-blocks", default="1,2", help="with --mma: the dot_blocks values to sweep")
+    ap.add_argument("--stages", default="3", help="with --mma: the num_stages values to sweep")
     ap.add_argument("--default-only", action="store_true", help="time the default launch only (flag A/Bs)")
     args = ap.parse_args()
     e, d, i, k = MOE["flash"]
@@ -59,7 +60,8 @@ def main() -> None:
         return
     ref = moe_gemv(x, idss[0], w, experts, LIMIT, **default).float()
     if args.mma:
-        return _sweep_mma(x, idss, w, experts, ref, t_def, [int(v) for v in args.dot_blocks.split(",")])
+        return _sweep_mma(x, idss, w, experts, ref, t_def, [int(v) for v in args.dot_blocks.split(",")],
+                          [int(v) for v in args.stages.split(",")])
     results = []
     shapes = list(itertools.product((32, 64), (2,), (2, 4, 8), (1, 2, 4))) + [(32, 4, 4, 2), (32, 4, 8, 2)]
     for bn, unroll, split, split_down in shapes:  # (64 rows, 4 K blocks per step: spills, ptxas)
@@ -79,13 +81,14 @@ def main() -> None:
     print("best: " + ",".join(str(v) for v in best))
 
 
-def _sweep_mma(x, idss, w, experts, ref, t_def, dot_blocks: list[int]) -> None:
+def _sweep_mma(x, idss, w, experts, ref, t_def, dot_blocks: list[int], stages: list[int]) -> None:
     """The tensor-core method's shapes around the default: rows, K blocks per step and per wgmma (`dot_blocks`:
     fewer wgmma waits, more registers), stages, GLU / down split."""
     results = []
-    shapes = [(bn, u, 1, 3, sp, sd) for bn in (64, 128) for u in (1, 2, 4) for sp in (1, 2, 4) for sd in (1, 2)
-              if not (bn == 128 and u == 4) and 1 in dot_blocks]
-    shapes += [(64, u, kd, 3, sp, 1) for u, kd in ((2, 2), (4, 2)) for sp in (1, 2, 4) if kd in dot_blocks]
+    shapes = [(bn, u, 1, st, sp, sd) for bn in (64, 128) for u in (1, 2, 4) for st in stages for sp in (1, 2, 4)
+              for sd in (1, 2) if not (bn == 128 and u == 4) and 1 in dot_blocks]
+    shapes += [(64, u, kd, st, sp, 1) for u, kd in ((2, 2), (4, 2)) for st in stages for sp in (1, 2, 4)
+               if kd in dot_blocks]
     for bn, unroll, kd, stages, split, split_down in shapes:
         launch = dict(bn=bn, num_warps=8 if bn == 128 else 4, unroll=unroll, dot_blocks=kd, num_stages=stages,
                       method="mma", split=split, split_down=split_down)
