@@ -57,6 +57,7 @@ NARROW_ALLOWED = {
     "moe_glu_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_down_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_glu_b1_words": (1, "as moe_glu_b1"),
+    "moe_glu_b1_gu": (1, "as moe_glu_b1 (moe_gemv.GLU_GATE_UP_PROGRAMS)"),
     "moe_down_b1_words": (1, "as moe_down_b1"),
     "topk_chunks": (8, "one valid byte per picked slot"),
     "fp8_gemv_wq_a": (1, "decode GEMV: one bf16 output per thread"),

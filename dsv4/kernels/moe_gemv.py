@@ -352,7 +352,7 @@ GLU_PREFETCH_KBLOCKS = 0
 # bench/probe_scale_words.py: the GLU's bits equal, each variant as close to fused_moe_ref)
 SCALE_WORDS = True
 SCALE_WORDS_MIN_PAIRS = 2
-# One pair per program (decode, B <= ~8 on Flash): the GLU's gate rows and up rows in programs of their own (twice the
+# One pair per program (decode, B <= ~4 on Flash): the GLU's gate rows and up rows in programs of their own (twice the
 # programs, each with one weight stream, one accumulator and half the shared memory), the two partials handed off as
 # a K split's are (`_mma_glu_kernel`'s GU). Why: the decode GLU ran 3 CTAs per SM, bounded by shared memory and
 # registers, at 16 % of warps active (session 42, Nsight). The same fp32 terms in the same order: the same bits.

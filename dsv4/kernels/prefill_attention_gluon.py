@@ -61,7 +61,7 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     @gluon.jit
-    def _mul_rn(x, y):
+    def _mul_rn(x, y):  # dsv4.kernels._triton.mul_rn (Gluon kernels are compiled only, never interpreted)
         return gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [x, y], dtype=gl.float32, is_pure=True,
                                          pack=1)
 

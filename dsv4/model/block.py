@@ -103,11 +103,17 @@ class Block(nn.Module):
         return hc_post(self.ffn(self.ffn_norm(u), token_ids), x, post, comb)
 
 
+def fuses_block_sites(blocks) -> bool:
+    """Whether `run_blocks` leaves each block's MoE post to the next block's attention pre (FUSE_BLOCK_SITES, kernel
+    mode); every path that claims the eager forward's bits (dsv4.model.graphs' pieces) must do the same."""
+    return FUSE_BLOCK_SITES and all(b.mhc is not None for b in blocks)
+
+
 def run_blocks(blocks, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
                segments_of, step=None) -> torch.Tensor:
     """The blocks in order on residual streams x [T, hc, D] (`segments_of(i)`: block i's segments). With
     FUSE_BLOCK_SITES in kernel mode, each block's MoE post runs inside the next block's attention pre."""
-    fuse = FUSE_BLOCK_SITES and all(b.mhc is not None for b in blocks)
+    fuse = fuses_block_sites(blocks)
     carry = None
     for i, block in enumerate(blocks):
         out = block(x, token_ids, positions, segments_of(i), step=step, carry=carry, defer=fuse)

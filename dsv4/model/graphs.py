@@ -53,11 +53,11 @@ class _Bucket:
         self.pieces = pieces
 
     def _piece(self, i: int):
-        from dsv4.model import block as block_module
+        from dsv4.model.block import fuses_block_sites
         m, n = self.model, len(self.model.layers)
         # The eager forward's fusion (block.run_blocks): layer i-1's MoE post inside layer i's attention pre, the
         # last one's after the loop -- the same kernels, so the graphs keep the eager bits.
-        fuse = block_module.FUSE_BLOCK_SITES and all(b.mhc is not None for b in m.layers)
+        fuse = fuses_block_sites(m.layers)
 
         def run() -> None:
             carry = None
