@@ -6,6 +6,15 @@ run() {
   timeout $1 python3 -m pytest -q -rf --tb=line -p no:cacheprovider "${@:2}" > $OUT/pytest_$1.txt 2>&1
   grep -E "passed|failed|FAILED|Error|error:" $OUT/pytest_$1.txt | grep -vE "^[.sF]+ *\[" | tail -14
 }
+# `runpar LIMIT WORKERS ARGS...`: as `run`, over WORKERS pytest-xdist processes (whole files per worker; the device
+# image has pytest-xdist and pytest-timeout: one test stuck past 240 s fails alone). The GPU tests' time is mostly
+# Triton compiling on the CPU, which the 16 cores share out.
+runpar() {
+  local per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 240"
+  timeout $1 python3 -m pytest -q -rf --tb=line -p no:cacheprovider -n $2 --dist loadfile $per_test "${@:3}" \
+    > $OUT/pytest_par_$1.txt 2>&1
+  grep -E "passed|skipped in|failed|FAILED|Error|error:" $OUT/pytest_par_$1.txt | grep -vE "^[.sF]+ *\[" | tail -14
+}
 # `rows8 LIMIT BATCHES module.FLAG=value...`: 8 Flash layers on one GPU, decode rows at ctx 4096 (paged FP8, graphs)
 # with the module flags set (bench/flags.py), the ceilings and B= lines only.
 rows8() {
