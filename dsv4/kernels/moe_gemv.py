@@ -190,27 +190,23 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                     _glu_out(_pair_sum(acc_g, j, NC, U), _pair_sum(acc_u, j, NC, U), pj, pid_n, offs_n, TOPK_W, Z,
                              ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
             return
-        gate = tl.sum(acc_g, axis=1)  # (GU: gate or up)
-        if GU:  # this half's partial at P[pid_k, p, half I + n]; the last of the 2 S programs of the tile sums
+        gate = tl.sum(acc_g, axis=1)  # (GU: gate or up, by `half`)
+        if not GU:
+            up = tl.sum(acc_u, axis=1)
+        if SPLIT or GU:  # gate at P[k, p, n], up at P[k, p, I + n]; the tile's last arriver sums each over k
             Pg = P + p * stride_pp + offs_n
             tile = p * tl.num_programs(1) + pid_n
-            tl.store(Pg + (tl.program_id(2) // 2).to(tl.int64) * stride_ps + half * I, gate)
+            ranges = tl.num_programs(2) // (2 if GU else 1)
+            Pk = Pg + (tl.program_id(2) // (2 if GU else 1)).to(tl.int64) * stride_ps
+            if GU:
+                tl.store(Pk + half * I, gate)
+            else:
+                tl.store(Pk, gate)
+                tl.store(Pk + I, up)
             if _arrive(CNT, tile):
-                gate = _split_sum(Pg, stride_ps, BN, tl.num_programs(2) // 2)
-                up = _split_sum(Pg + I, stride_ps, BN, tl.num_programs(2) // 2)
-                tl.store(CNT + tile, 0)
-                _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
-            return
-        up = tl.sum(acc_u, axis=1)
-        if SPLIT:  # gate at P[k, p, n], up at P[k, p, I + n]
-            Pg = P + p * stride_pp + offs_n
-            tile = p * tl.num_programs(1) + pid_n
-            tl.store(Pg + tl.program_id(2).to(tl.int64) * stride_ps, gate)
-            tl.store(Pg + tl.program_id(2).to(tl.int64) * stride_ps + I, up)
-            if _arrive(CNT, tile):
-                gate = _split_sum(Pg, stride_ps, BN, tl.num_programs(2))
-                up = _split_sum(Pg + I, stride_ps, BN, tl.num_programs(2))
-                tl.store(CNT + tile, 0)  # every split has arrived: ready for the next launch / replay
+                gate = _split_sum(Pg, stride_ps, BN, ranges)
+                up = _split_sum(Pg + I, stride_ps, BN, ranges)
+                tl.store(CNT + tile, 0)  # every program has arrived: ready for the next launch / replay
                 _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
         else:
             _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)

@@ -47,17 +47,17 @@ class _Bucket:
         self.attended: list = [None] * n     # attend outputs: inputs of piece i + 1
         self.hidden = None
         self.graphs: list[torch.cuda.CUDAGraph] = []
+        # the eager forward's fusion (block.run_blocks): layer i-1's MoE post inside layer i's attention pre, the
+        # last one's after the loop -- the same kernels, so the graphs keep the eager bits
+        from dsv4.model.block import fuses_block_sites
+        self.fuse = fuses_block_sites(model.layers)
         pieces = [self._piece(i) for i in range(n + 1)]
         if capture:
             self._capture(pieces)
         self.pieces = pieces
 
     def _piece(self, i: int):
-        from dsv4.model.block import fuses_block_sites
-        m, n = self.model, len(self.model.layers)
-        # The eager forward's fusion (block.run_blocks): layer i-1's MoE post inside layer i's attention pre, the
-        # last one's after the loop -- the same kernels, so the graphs keep the eager bits.
-        fuse = fuses_block_sites(m.layers)
+        m, n, fuse = self.model, len(self.model.layers), self.fuse
 
         def run() -> None:
             carry = None
