@@ -92,7 +92,7 @@ CASES = {
     # ... with the scale bytes read as 32-bit words (moe_gemv.SCALE_WORDS)
     "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=True), 4, 3,
                          GLU_B1_DIV16),
-    # ... gate and up in programs of their own (moe_gemv.GLU_GATE_UP_PROGRAMS, prepared in session 44)
+    # ... gate and up in programs of their own (`moe_gemv(gate_up=True)`: the default at B = 1 since session 45)
     "moe_glu_b1_gu": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False, GU=True), 4, 3,
                       GLU_B1_DIV16),
     "attn_combine": ("attention", "_combine_wide_kernel",
@@ -132,7 +132,14 @@ CASES = {
                    dict(X="*bf16", W="*bf16", PART="*fp32", LOGITS="*fp32", CNT="*i32", BIAS="*fp32", T2E="*i32",
                         TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", route_scale="fp32"),
                    dict(D=4096, BN=32, KS=512, S=8, RB=1, E=256, BE=256, K=6, BK=8, P=8, HAS_BIAS=True, HASH=False,
-                        NORMALIZE=True, INTERP=False), 4, 3, ("stride_x", "stride_w")),
+                        NORMALIZE=True, INTERP=False, QX=False), 4, 3, ("stride_x", "stride_w")),
+    # ... as Flash's decode runs it (gate_route_config), x also quantised for the routed experts' GLU (x_quant)
+    "gate_route_qx": ("router", "_gate_route_kernel",
+                      dict(X="*bf16", W="*bf16", PART="*fp32", LOGITS="*fp32", CNT="*i32", BIAS="*fp32", T2E="*i32",
+                           TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", XQ="*fp16", SX="*fp32", route_scale="fp32"),
+                      dict(D=4096, BN=8, KS=1024, S=4, RB=4, E=256, BE=256, K=6, BK=8, P=8, HAS_BIAS=True,
+                           HASH=False, NORMALIZE=True, INTERP=False, QX=True), 4, 3,
+                      ("stride_x", "stride_w", "stride_xq", "stride_sx")),
     "topk_chunks": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
                     dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024), 4, 3, ()),
     "fp8_gemv_wq_a": ("fp8_gemv", "_fp8_gemv_kernel",

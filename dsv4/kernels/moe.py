@@ -372,9 +372,11 @@ def fused_moe(
     shared=None,  # tensor, or a zero-argument join giving it (called right before the combine)
     config: MoEConfig | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    x_quant: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Triton routed MoE (contract of `fused_moe_ref`, with `finalize_experts` weights): [M, D] in
-    out_dtype (bf16, or fp32 for an unrounded expert-parallel partial sum)."""
+    out_dtype (bf16, or fp32 for an unrounded expert-parallel partial sum). `x_quant`: x already quantised for
+    the per-pair GLU (`router.gate_route(x_quant=)`), used where that path runs."""
     _check_act(act, experts.fmt)
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"fused_moe: out_dtype must be bfloat16 or float32, got {out_dtype}")
@@ -414,7 +416,8 @@ def fused_moe(
         return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                         dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,
-                        out=out, shared=shared, pairs_per_program=pairs)
+                        out=out, shared=shared, pairs_per_program=pairs, gate_up=cfg.gemv_gate_up,
+                        x_quant=x_quant if cfg.gemv_mma else None)
     mixed = False
     if wide:
         from dsv4.kernels import moe_wide as mw

@@ -28,6 +28,7 @@ class MoEConfig:
     gemv_split: int = 1  # ... programs per GLU row tile along K (split-K reduced in the launch)
     gemv_split_down: int = 1  # ... the same for the down (W2) kernel
     gemv_pairs: int = 1  # ... "mma": pairs of one expert per program (1, 2 or 4: dsv4.kernels.moe_gemv_pairs)
+    gemv_gate_up: bool = False  # ... one pair per program: the GLU's gate and up rows in programs of their own
     wide: bool = False  # MXFP4: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide; bm, bn2, warps1, stages)
     maxnreg: int = 0  # ... its register cap per thread (0: the compiler's choice; 128 with 8 warps: 2 CTAs per SM)
     mixed: bool = False  # ... bm 128: 128-row tiles over pairs of 64-row blocks, 64-row tiles for odd last blocks
@@ -42,6 +43,12 @@ GEMV_MAX_PAIRS_PER_EXPERT = 1.45
 # 62.3 -> 56.4 with 2 splits (4 splits 59.0; also splitting the down kernel 59.4); 48 pairs 252.1 -> 266.8,
 # so only batches this small split. Pro (48 row tiles per pair) not measured.
 GEMV_SPLIT_MAX_PAIRS = 8
+# ... and up to this many pairs, the GLU's gate rows and up rows in programs of their own instead (`moe_gemv(gate_up=
+# True)`: one weight stream, one accumulator and half the shared memory per program, 5 CTAs per SM instead of 3; no
+# K split, the same bits). Session 45 (s45b, bench/sweep_moe_gemv.py, Flash MoE call in a graph, µs): 6 pairs 41.4
+# (split 1) vs 43.6 for the 2-split one-program GLU; 12 pairs 75.1 vs 70.7 (no split either way: 768 programs
+# for 660 slots); 24 pairs 123.7 vs 127.4
+GEMV_GATE_UP_MAX_PAIRS = 8
 # MXFP4 at prefill sizes: the bf16-wgmma kernel (dsv4.kernels.moe_wide) from this many pairs per expert.
 # Session 8, Flash, ms L2-flushed (bench_gemm_moe): M = 4096 (96 pairs per expert) 128-row tiles 6.31 vs
 # 8.92 for the per-group kernel, M = 8192 12.20 vs 15.48; M = 1024 (24 per expert) 5.61 vs 3.32.
@@ -95,10 +102,11 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     paired = GEMV_PAIRED_FROM <= per_touched <= GEMV_PAIRED_MAX
     four = paired and per_touched >= GEMV_PAIRS4_FROM
     if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
+        gate_up = num_pairs <= GEMV_GATE_UP_MAX_PAIRS and not paired
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
                          num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2, gemv_stages=3,
-                         gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
-                         gemv_pairs=(4 if four else 2) if paired else 1)
+                         gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not (paired or gate_up) else 1,
+                         gemv_pairs=(4 if four else 2) if paired else 1, gemv_gate_up=gate_up)
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)

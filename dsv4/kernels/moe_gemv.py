@@ -130,7 +130,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         CNT one arrival counter per (pair, row tile).
         G > 1: program_id(0) is a block of BLK (dsv4.kernels.moe_gemv_pairs): G pairs of one expert, NC MMA
         columns (max(16, 4 U G)).
-        GU (G == 1; `GLU_GATE_UP_PROGRAMS`): gate and up in programs of their own, program_id(2) = 2 pid_k + half;
+        GU (G == 1; `moe_gemv(gate_up=True)`): gate and up in programs of their own, program_id(2) = 2 pid_k + half;
         each stores its [BN] partial to P as a K split does and the last of the 2 S arrivals runs the epilogue."""
         pdl_wait()
         pid_n = tl.program_id(1)
@@ -300,10 +300,17 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             e = tl.load(IDS + r)
             if (e < 0) | (e >= num_experts):
                 return
+        quant16_block(X + r * stride_x, Q + r * stride_q, S + r * stride_s, kb)
+
+    @triton.jit
+    def quant16_block(x_row, q_row, s_row, kb):
+        """Block kb of one row: `act_quant`'s FP8 quantisation of x_row[128 kb, +128), stored at q_row as the f16
+        values of the e4m3 codes (exact) in the order of `_act_pos`, its fp32 scale at s_row[kb] (also called by
+        the router's launch, `router.gate_route(x_quant=)`)."""
         offs = tl.arange(0, 128)
-        q, s = _quant_rows(tl.load(X + r * stride_x + kb * 128 + offs)[None, :].to(tl.float32))
-        tl.store(Q + r * stride_q + kb * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
-        tl.store(S + r * stride_s + kb + tl.arange(0, 1), s)
+        q, s = _quant_rows(tl.load(x_row + kb * 128 + offs)[None, :].to(tl.float32))
+        tl.store(q_row + kb * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
+        tl.store(s_row + kb + tl.arange(0, 1), s)
 
 
 def _unroll(k: int, most: int) -> int:
@@ -348,18 +355,13 @@ GLU_PREFETCH_KBLOCKS = 0
 # bench/probe_scale_words.py: the GLU's bits equal, each variant as close to fused_moe_ref)
 SCALE_WORDS = True
 SCALE_WORDS_MIN_PAIRS = 2
-# One pair per program (decode, B <= ~4 on Flash): the GLU's gate rows and up rows in programs of their own (twice the
-# programs, each with one weight stream, one accumulator and half the shared memory), the two partials handed off as
-# a K split's are (`_mma_glu_kernel`'s GU). Why: the decode GLU ran 3 CTAs per SM, bounded by shared memory and
-# registers, at 16 % of warps active (session 42, Nsight). The same fp32 terms in the same order: the same bits.
-# Prepared in session 44 without a GPU (compiled offline; interpreter-tested), unmeasured: off.
-GLU_GATE_UP_PROGRAMS = False
 
 
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
              swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2, method: str = "cuda",
              num_stages: int = 3, dot_blocks: int = 1, split: int = 1, split_down: int = 1,
-             out: torch.Tensor | None = None, shared=None, pairs_per_program: int = 1) -> torch.Tensor:
+             out: torch.Tensor | None = None, shared=None, pairs_per_program: int = 1, gate_up: bool = False,
+             x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
     pairs are left unwritten); `fused_moe` sums them in its combine kernel. With `out` [M, D] (bf16, or
     fp32 for an expert-parallel partial): the combine into out [+ shared: a tensor or a join, called before
@@ -373,7 +375,9 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     activation loads (whole loop steps), `split` / `split_down` programs per row tile of the GLU / down
     kernel along K (split-K reduced in the launch, module docstring; at most one per loop step),
     `pairs_per_program` 2 or 4: that many pairs of one expert per program (dsv4.kernels.moe_gemv_pairs; needs
-    4 x pairs x K blocks per step <= MAX_COLUMNS and no split)."""
+    4 x pairs x K blocks per step <= MAX_COLUMNS and no split); `gate_up` (one pair per program): the GLU's gate
+    rows and up rows in programs of their own (`_mma_glu_kernel`'s GU); `x_quant`: x already quantised as
+    `quant16_block` stores it ([M, D] f16, [M, D/128] fp32: the router's launch wrote them), else its own launch."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
         raise ValueError("moe_gemv: MXFP4 experts only")
@@ -404,7 +408,8 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             launch["blocks"] = pair_blocks(ids, e, pairs_per_program)
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
-        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, **launch)
+        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, gate_up=gate_up,
+                      x_quant=x_quant, **launch)
         y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
         mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
     else:
@@ -418,26 +423,35 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 
 def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts, swiglu_limit: float,
                   top_k: int, zq: torch.Tensor, zs: torch.Tensor, bn: int = 64, num_warps: int = 4, unroll: int = 2,
-                  dot_blocks: int = 1, num_stages: int = 3, split: int = 1, blocks: torch.Tensor | None = None) -> None:
+                  dot_blocks: int = 1, num_stages: int = 3, split: int = 1, blocks: torch.Tensor | None = None,
+                  gate_up: bool = False, x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """GEMM1 of method "mma": writes the rows of the routed pairs (ids in [0, E)) of zq [pairs, I] (f16 values
     of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales);
     split > 1: that many programs per row tile along K (`_split_k`); blocks: `pair_blocks`' [P, G] blocks of G
-    pairs per program. Launches: x quantisation, the GLU, z re-quantisation (bn 64)."""
+    pairs per program; gate_up, x_quant: as in `moe_gemv`. Launches: x quantisation (unless x_quant), the GLU, z
+    re-quantisation (bn 64)."""
     m, d = x.shape
     e, i = experts.num_experts, experts.inter
     pairs = ids.numel()
     paired = blocks is not None
     x = x if x.stride(-1) == 1 else x.contiguous()
-    xq = torch.empty((m, d), dtype=torch.float16, device=x.device)
-    sx = torch.empty((m, d // BLOCK), dtype=torch.float32, device=x.device)
-    _quant16_kernel[(m, d // BLOCK)](x, xq, sx, ids, e, x.stride(0), xq.stride(0), sx.stride(0),
-                                     CHECK_IDS=False, num_warps=1)
+    if x_quant is None:
+        xq = torch.empty((m, d), dtype=torch.float16, device=x.device)
+        sx = torch.empty((m, d // BLOCK), dtype=torch.float32, device=x.device)
+        _quant16_kernel[(m, d // BLOCK)](x, xq, sx, ids, e, x.stride(0), xq.stride(0), sx.stride(0),
+                                         CHECK_IDS=False, num_warps=1)
+    else:
+        xq, sx = x_quant
+        if xq.shape != (m, d) or xq.dtype != torch.float16 or sx.shape != (m, d // BLOCK) \
+                or sx.dtype != torch.float32 or xq.stride(1) != 1 or sx.stride(1) != 1:
+            raise ValueError(f"moe_gemv: x_quant must be f16 [{m}, {d}] and fp32 [{m}, {d // BLOCK}] with "
+                             f"contiguous rows, got {xq.dtype} {tuple(xq.shape)}, {sx.dtype} {tuple(sx.shape)}")
     quant_out = bn == BLOCK  # a program's z tile is one quantisation block: quantised in the epilogue
     z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes
     u = _unroll(d, unroll)
     g, nc = _block_shape(blocks, u)
-    gate_up = GLU_GATE_UP_PROGRAMS and not paired
+    gate_up = gate_up and not paired
     split, part, counters = _split_k(split, d // BLOCK // u, (pairs, 2 * i), pairs * (i // bn), zs, gate_up)
     _mma_glu_kernel[(pairs, i // bn, split * (2 if gate_up else 1))](
         xq, sx, ids, blocks if paired else ids, tw, w13, s13, z, zs, part, counters, i, d, top_k, e,

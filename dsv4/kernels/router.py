@@ -33,6 +33,9 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
+if HAS_TRITON:
+    from dsv4.kernels.moe_gemv import quant16_block
+
 
 # --------------------------------------------------------------------------- torch reference
 
@@ -159,16 +162,18 @@ if HAS_TRITON:
 
     @pdl_kernel
     @triton.jit
-    def _gate_route_kernel(X, W, PART, LOGITS, CNT, BIAS, T2E, TOK, W_OUT, ID_OUT, T, stride_x, stride_w,
-                           stride_t2e, stride_tok, route_scale,
+    def _gate_route_kernel(X, W, PART, LOGITS, CNT, BIAS, T2E, TOK, W_OUT, ID_OUT, XQ, SX, T, stride_x, stride_w,
+                           stride_t2e, stride_tok, stride_xq, stride_sx, route_scale,
                            D: tl.constexpr, BN: tl.constexpr, KS: tl.constexpr, S: tl.constexpr,
                            RB: tl.constexpr, E: tl.constexpr, BE: tl.constexpr, K: tl.constexpr,
                            BK: tl.constexpr, P: tl.constexpr, HAS_BIAS: tl.constexpr, HASH: tl.constexpr,
-                           NORMALIZE: tl.constexpr, INTERP: tl.constexpr):
+                           NORMALIZE: tl.constexpr, INTERP: tl.constexpr, QX: tl.constexpr):
         """Program (i, g): experts [BN * (i // S), +BN) x hidden [KS * (i % S), +KS) for the rows of
         group g ([RB * g, +RB) of T); partial logits -> PART [S, T, E]. The group's last arriver sums
         each row's S partials in split order (the same bits whoever arrives last), stores the logits
-        and runs the routing epilogue."""
+        and runs the routing epilogue. QX: the programs of each hidden slice also quantise its 128-blocks
+        of the group's rows for the routed experts (`moe_gemv.quant16_block` -> XQ, SX), block b of the
+        slice by expert tile b mod (tiles)."""
         pid = tl.program_id(0)
         grp = tl.program_id(1)
         split = pid % S  # neighbouring programs: the same experts, consecutive hidden slices
@@ -191,6 +196,13 @@ if HAS_TRITON:
         # arriver its acquire, then a second barrier, order the .cg (L2) loads after all releases).
         tl.debug_barrier()
         arrived = tl.atomic_add(CNT + grp, 1, sem="acq_rel", scope="gpu")
+        if QX:  # after the arrival: the group's last arriver need not wait for it (the next launch does)
+            for b in range(pid // S, KS // 128, (E + BN - 1) // BN):
+                if split * KS + b * 128 < D:
+                    for r in range(RB):
+                        if t0 + r < T:
+                            quant16_block(X + (t0 + r) * stride_x, XQ + (t0 + r) * stride_xq,
+                                          SX + (t0 + r) * stride_sx, split * (KS // 128) + b)
         if arrived == tl.num_programs(0) - 1:  # uniform over the CTA: the atomic's result is broadcast
             tl.debug_barrier()
             col = tl.arange(0, BE)
@@ -293,14 +305,16 @@ def gate_route_config(e: int, d: int) -> dict:
 def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor | None = None,
                tid2eid: torch.Tensor | None = None, token_ids: torch.Tensor | None = None, normalize: bool = True,
                route_scale: float = 1.0, block_n: int | None = None, block_k: int | None = None,
-               rows_per_group: int | None = None,
-               num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               rows_per_group: int | None = None, num_warps: int | None = None,
+               x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`route(x @ weight.T in fp32, ...)` for bf16 x [T, D] and weight [E, D] as one launch (decode sizes,
     T <= GATE_ROUTE_MAX_T is what it is tuned for) -> (weights [T, k] fp32, ids [T, k] int64, logits
     [T, E] fp32). The logits are exact bf16 products summed in fp32: per (row, expert) a fixed tree over
     each `block_k` hidden slice, then the slices in order (not cuBLAS's order, which is unspecified too;
     independent of T and of which program arrives last). No host syncs; the arrival counters are
-    allocated on the first call for a device (run once eagerly before a CUDA-graph capture)."""
+    allocated on the first call for a device (run once eagerly before a CUDA-graph capture). `x_quant` (xq [T, D]
+    f16, sx [T, D/128] fp32, D a multiple of 128): the same launch also writes x quantised for the routed experts'
+    GLU (`moe_gemv(x_quant=)`), so the GLU needs no quantisation launch of its own."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.router.gate_route needs triton")
     if x.dim() != 2 or weight.dim() != 2 or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 \
@@ -320,6 +334,14 @@ def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor
         raise ValueError(f"gate_route: block_n ({bn}) and block_k ({ks}) must be powers of two, "
                          f"rows_per_group ({rb}) positive")
     dev = x.device
+    if x_quant is not None:
+        xq, sx = x_quant
+        if d % 128 or xq.shape != (t, d) or xq.dtype != torch.float16 or sx.shape != (t, d // 128) \
+                or sx.dtype != torch.float32 or xq.stride(1) != 1 or sx.stride(1) != 1 \
+                or xq.device != dev or sx.device != dev:
+            raise ValueError(f"gate_route: x_quant must be f16 [{t}, {d}] and fp32 [{t}, {d // 128}] with contiguous "
+                             f"rows on {dev} (D a multiple of 128), got {xq.dtype} {tuple(xq.shape)} on {xq.device}, "
+                             f"{sx.dtype} {tuple(sx.shape)} on {sx.device}")
     weights = torch.empty(t, k, dtype=torch.float32, device=dev)
     ids = torch.empty(t, k, dtype=torch.int64, device=dev)
     logits = torch.empty(t, e, dtype=torch.float32, device=dev)
@@ -329,8 +351,10 @@ def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor
     partials = torch.empty(splits, t, e, dtype=torch.float32, device=dev)
     counters = arrival_counters("router gate_route", dev, groups)
     _gate_route_kernel[(triton.cdiv(e, bn) * splits, groups)](
-        X=x, W=weight, PART=partials, LOGITS=logits, CNT=counters, W_OUT=weights, ID_OUT=ids, T=t,
-        stride_x=x.stride(0), stride_w=weight.stride(0), D=d, BN=bn, KS=ks, S=splits, RB=rb,
+        X=x, W=weight, PART=partials, LOGITS=logits, CNT=counters, W_OUT=weights, ID_OUT=ids,
+        XQ=x_quant[0] if x_quant else x, SX=x_quant[1] if x_quant else x, T=t, stride_x=x.stride(0),
+        stride_w=weight.stride(0), stride_xq=x_quant[0].stride(0) if x_quant else 0,
+        stride_sx=x_quant[1].stride(0) if x_quant else 0, D=d, BN=bn, KS=ks, S=splits, RB=rb, QX=x_quant is not None,
         **_epilogue_args(e, k, bias, tid2eid, token_ids, normalize, route_scale, ids),
         num_warps=warps, enable_reflect_ftz=False)
     return weights, ids, logits

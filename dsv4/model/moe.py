@@ -9,8 +9,9 @@ the routed outputs are summed in fp32, the shared one added, and the total round
 Kernel mode (`kernels="triton"`): `pack_experts` (at finalize) stacks the quantised routed experts
 into `dsv4.kernels.moe.PackedExperts` (MXFP4 stays packed) and frees the per-expert tensors; the
 routed experts then run as one `fused_moe` (FP8 activations, reference numerics), and the gate as
-one `dsv4.kernels.router.gate_route` launch at decode sizes (logits GEMV + routing), else its logits
-GEMM and one `route` launch. The shared expert's w1/w3
+one `dsv4.kernels.router.gate_route` launch at decode sizes (logits GEMV + routing; for MXFP4 experts it also
+quantises x for their GLU, `ROUTER_QUANTISES_X`), else its logits GEMM and one `route` launch. The shared expert's
+w1/w3
 are stacked into one w13 (`Expert.fuse_w13`, sharded TP slices too): w13 GEMM, one
 `dsv4.kernels.swiglu` launch, w2 GEMM.
 
@@ -32,6 +33,11 @@ from dsv4.model.linear import EXPERT, FP8, Linear, bf16_gemm_fp32
 from dsv4.model.numerics import Numerics, acc_dtype
 from dsv4.model.side_stream import start_beside
 
+# Decode sizes, MXFP4 experts: the router's launch also writes x quantised for the routed experts' per-pair GLU
+# (`gate_route(x_quant=)`), which then needs no quantisation launch of its own: one launch fewer in the layer's
+# dependent chain. The same quantisation code (`moe_gemv.quant16_block`), so the same bits.
+ROUTER_QUANTISES_X = False
+
 
 class Gate(nn.Module):
     def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype):
@@ -50,17 +56,22 @@ class Gate(nn.Module):
                                      requires_grad=False)
         self.use_kernels = False  # kernel mode (set at finalize): dsv4.kernels.router (see forward)
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None,
+                x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (routing weights [T, k] fp32, expert ids [T, k]). Kernel mode: decode sizes run the logits
-        GEMV and the routing as one `gate_route` launch; otherwise the logits GEMM, then one `route`."""
+        GEMV and the routing as one `gate_route` launch; otherwise the logits GEMM, then one `route`.
+        `x_quant`: buffers `gate_route` fills with x quantised for the routed GLU (only where
+        `fused_applies`: the caller checks)."""
         if self.is_hash and token_ids is None:
             raise ValueError("hash-routed MoE layers need input_ids (got only inputs_embeds)")
         args = dict(bias=None if self.is_hash else self.bias, tid2eid=self.tid2eid if self.is_hash else None,
                     token_ids=token_ids if self.is_hash else None, normalize=self.normalize,
                     route_scale=self.route_scale)
-        if self._fused_applies(x, token_ids):
-            weights, ids, _ = gate_route(x, self.weight, self.top_k, **args)
+        if self.fused_applies(x, token_ids):
+            weights, ids, _ = gate_route(x, self.weight, self.top_k, x_quant=x_quant, **args)
             return weights, ids
+        if x_quant is not None:
+            raise ValueError("Gate: x_quant is filled by the fused decode launch only (see fused_applies)")
         acc = acc_dtype(x.dtype)
         logits = bf16_gemm_fp32(x, self.weight) if acc == torch.float32 else None
         if logits is None:
@@ -70,7 +81,7 @@ class Gate(nn.Module):
             return route(logits, self.top_k, **args)  # the epilogue below as one launch
         return route_ref(logits, self.top_k, **args)
 
-    def _fused_applies(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> bool:
+    def fused_applies(self, x: torch.Tensor, token_ids: torch.Tensor | None) -> bool:
         """Kernel mode, bf16, 1..GATE_ROUTE_MAX_T rows on CUDA (or Triton's interpreter, for tests)."""
         return (self.use_kernels and HAS_TRITON and (x.is_cuda or INTERPRET) and x.dim() == 2
                 and 1 <= x.shape[0] <= GATE_ROUTE_MAX_T and x.stride(-1) == 1
@@ -172,8 +183,14 @@ class MoE(nn.Module):
             shared = None
             if self.shared_experts is not None:  # beside the router and routed experts (dsv4.model.side_stream)
                 shared = start_beside(x.device, "shared_expert", x.shape[0], self.shared_experts, x)
-            weights, ids = self.gate(x, token_ids)  # the combine calls the join before it adds the shared output
-            return fused_moe(x, ids, weights, self.packed, self.limit, act="fp8", shared=shared)
+            x_quant = None
+            if ROUTER_QUANTISES_X and self.packed.fmt == "mxfp4" and x.shape[-1] % 128 == 0 \
+                    and self.gate.fused_applies(x, token_ids):
+                t, d = x.shape
+                x_quant = (torch.empty(t, d, dtype=torch.float16, device=x.device),
+                           torch.empty(t, d // 128, dtype=torch.float32, device=x.device))
+            weights, ids = self.gate(x, token_ids, x_quant)  # the combine calls the join before adding the shared
+            return fused_moe(x, ids, weights, self.packed, self.limit, act="fp8", shared=shared, x_quant=x_quant)
         weights, ids = self.gate(x, token_ids)
         if self.layout is not None:
             from dsv4.distributed.moe_comm import moe_forward

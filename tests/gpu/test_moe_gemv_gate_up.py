@@ -1,4 +1,4 @@
-"""moe_gemv.GLU_GATE_UP_PROGRAMS (the decode GLU's gate rows and up rows in programs of their own, handing their
+"""moe_gemv(gate_up=True) (the decode GLU's gate rows and up rows in programs of their own, handing their
 partials off as a K split does) against the one-program GLU. Small enough for Triton's interpreter (in the
 Makefile's KERNEL_TESTS); the H200 runs it with tests/gpu."""
 from __future__ import annotations
@@ -29,11 +29,9 @@ def test_gate_up_programs_same_bits(shape, split, poison, monkeypatch):
     ids, w = _routing(m, e, k, gen, other_ranks=True)
     mine = (ids.reshape(-1) >= 0).nonzero()[:, 0]
     run = dict(_launch(shape), method="mma", split=split, split_down=1)
-    monkeypatch.setattr(mg, "GLU_GATE_UP_PROGRAMS", False)
     poison()
     want = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
     assert torch.isfinite(want.float()).all() and want.float().std() > 0
-    monkeypatch.setattr(mg, "GLU_GATE_UP_PROGRAMS", True)
     launches, real = [], mg._mma_glu_kernel
 
     class Recorded:  # the GLU's grids
@@ -44,7 +42,7 @@ def test_gate_up_programs_same_bits(shape, split, poison, monkeypatch):
     monkeypatch.setattr(mg, "_mma_glu_kernel", Recorded())
     for _ in range(2):
         poison()
-        got = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)[mine]
+        got = mg.moe_gemv(x, ids, w, packed, LIMIT, gate_up=True, **run)[mine]
         assert torch.equal(got, want), f"{shape} split {split}: {int((got != want).sum())} outputs differ"
     ranges = min(split, d // 128 // mg._unroll(d, run["unroll"]))  # (a split is capped at the loop steps)
     assert [g[2] for g in launches] == [2 * ranges] * 2, launches  # gate and up programs per K range
