@@ -11,8 +11,13 @@ run() {
 # Triton compiling on the CPU, which the 16 cores share out.
 runpar() {
   local per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 240"
-  timeout $1 python3 -m pytest -q -rf --tb=line -p no:cacheprovider -n $2 --dist loadfile $per_test "${@:3}" \
-    > $OUT/pytest_par_$1.txt 2>&1
+  # its own session, killed whole at the end: a timed-out controller leaves its xdist workers running on the GPU
+  # (session 45: they were still there during the timings that followed)
+  setsid timeout $1 python3 -m pytest -q -rf --tb=line -p no:cacheprovider -n $2 --dist loadfile $per_test \
+    "${@:3}" > $OUT/pytest_par_$1.txt 2>&1 &
+  local sid=$!
+  wait $sid
+  pkill -9 -s $sid 2>/dev/null; sleep 1
   grep -E "passed|skipped in|failed|FAILED|Error|error:" $OUT/pytest_par_$1.txt | grep -vE "^[.sF]+ *\[" | tail -14
 }
 # `rows8 LIMIT BATCHES module.FLAG=value...`: 8 Flash layers on one GPU, decode rows at ctx 4096 (paged FP8, graphs)

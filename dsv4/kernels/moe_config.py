@@ -45,10 +45,12 @@ GEMV_MAX_PAIRS_PER_EXPERT = 1.45
 GEMV_SPLIT_MAX_PAIRS = 8
 # ... and up to this many pairs, the GLU's gate rows and up rows in programs of their own instead (`moe_gemv(gate_up=
 # True)`: one weight stream, one accumulator and half the shared memory per program, 5 CTAs per SM instead of 3; no
-# K split, the same bits). Session 45 (s45b, bench/sweep_moe_gemv.py, Flash MoE call in a graph, µs): 6 pairs 41.4
-# (split 1) vs 43.6 for the 2-split one-program GLU; 12 pairs 75.1 vs 70.7 (no split either way: 768 programs
-# for 660 slots); 24 pairs 123.7 vs 127.4
-GEMV_GATE_UP_MAX_PAIRS = 8
+# K split, the same bits). Off (0): not confirmed in the model. Session 45, Flash MoE call in a graph
+# (bench/sweep_moe_gemv.py, µs): s45b (clean) 6 pairs 41.4 (gate / up, split 1) vs 43.6 for the 2-split one-program
+# GLU, 12 pairs 75.1 vs 70.7, 24 pairs 123.7 vs 127.4; s45c 18 / 30 / 36 pairs 96.7 / 150.6 / 177.5 vs 106.1 / 161.4
+# / 183.4. But the 8-layer B = 1 rows (s45d, alternating; a timed-out test run's workers were still on the GPU)
+# replayed 1.26 / 1.26 ms with 8 vs 1.22 with 0 -- measure again on a quiet GPU (bench/runs/run_device_s46a.sh)
+GEMV_GATE_UP_MAX_PAIRS = 0
 # MXFP4 at prefill sizes: the bf16-wgmma kernel (dsv4.kernels.moe_wide) from this many pairs per expert.
 # Session 8, Flash, ms L2-flushed (bench_gemm_moe): M = 4096 (96 pairs per expert) 128-row tiles 6.31 vs
 # 8.92 for the per-group kernel, M = 8192 12.20 vs 15.48; M = 1024 (24 per expert) 5.61 vs 3.32.
