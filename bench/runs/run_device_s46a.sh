@@ -14,8 +14,9 @@ for rep in 1 2; do
   rows8 70 1 $R=False
 done
 for t in 1 3; do
-  for gu in 0 1; do
-    timeout 40 python3 bench/sweep_moe_gemv.py --tokens $t --default-only --gate-up $gu 2>&1 | grep -E "^tokens|rror" | head -2
+  for g in 0 8; do
+    timeout 40 python3 bench/flags.py $G=$g -- bench/sweep_moe_gemv.py --tokens $t --default-only 2>&1 \
+      | grep -E "^tokens|rror" | head -2
   done
 done
 runpar 200 3 tests/gpu/test_router_quant.py tests/gpu/test_model_gpu.py tests/gpu/test_moe_gemv_gate_up.py
