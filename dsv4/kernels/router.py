@@ -306,7 +306,8 @@ def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor
                tid2eid: torch.Tensor | None = None, token_ids: torch.Tensor | None = None, normalize: bool = True,
                route_scale: float = 1.0, block_n: int | None = None, block_k: int | None = None,
                rows_per_group: int | None = None, num_warps: int | None = None,
-               x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               x_quant: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`route(x @ weight.T in fp32, ...)` for bf16 x [T, D] and weight [E, D] as one launch (decode sizes,
     T <= GATE_ROUTE_MAX_T is what it is tuned for) -> (weights [T, k] fp32, ids [T, k] int64, logits
     [T, E] fp32). The logits are exact bf16 products summed in fp32: per (row, expert) a fixed tree over
