@@ -313,6 +313,19 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         tl.store(s_row + kb + tl.arange(0, 1), s)
 
 
+def check_x_quant(who: str, x_quant: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor):
+    """x_quant = (xq, sx) as `quant16_block` fills them for x [T, D] (f16 [T, D], fp32 [T, D/128], contiguous rows,
+    x's device, D a multiple of 128), else a ValueError naming `who`."""
+    (t, d), (xq, sx) = x.shape, x_quant
+    if d % BLOCK or xq.shape != (t, d) or xq.dtype != torch.float16 or sx.shape != (t, d // BLOCK) \
+            or sx.dtype != torch.float32 or xq.stride(1) != 1 or sx.stride(1) != 1 \
+            or xq.device != x.device or sx.device != x.device:
+        raise ValueError(f"{who}: x_quant must be f16 [{t}, {d}] and fp32 [{t}, {d // BLOCK}] with contiguous rows on "
+                         f"{x.device} (D a multiple of {BLOCK}), got {xq.dtype} {tuple(xq.shape)} on {xq.device}, "
+                         f"{sx.dtype} {tuple(sx.shape)} on {sx.device}")
+    return xq, sx
+
+
 def _unroll(k: int, most: int) -> int:
     """K blocks per loop step: the largest of most, most/2, .. 1 that divides k // 128."""
     u = most
@@ -441,11 +454,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
         _quant16_kernel[(m, d // BLOCK)](x, xq, sx, ids, e, x.stride(0), xq.stride(0), sx.stride(0),
                                          CHECK_IDS=False, num_warps=1)
     else:
-        xq, sx = x_quant
-        if xq.shape != (m, d) or xq.dtype != torch.float16 or sx.shape != (m, d // BLOCK) \
-                or sx.dtype != torch.float32 or xq.stride(1) != 1 or sx.stride(1) != 1:
-            raise ValueError(f"moe_gemv: x_quant must be f16 [{m}, {d}] and fp32 [{m}, {d // BLOCK}] with "
-                             f"contiguous rows, got {xq.dtype} {tuple(xq.shape)}, {sx.dtype} {tuple(sx.shape)}")
+        xq, sx = check_x_quant("moe_gemv", x_quant, x)
     quant_out = bn == BLOCK  # a program's z tile is one quantisation block: quantised in the epilogue
     z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes

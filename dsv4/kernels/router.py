@@ -336,13 +336,8 @@ def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor
                          f"rows_per_group ({rb}) positive")
     dev = x.device
     if x_quant is not None:
-        xq, sx = x_quant
-        if d % 128 or xq.shape != (t, d) or xq.dtype != torch.float16 or sx.shape != (t, d // 128) \
-                or sx.dtype != torch.float32 or xq.stride(1) != 1 or sx.stride(1) != 1 \
-                or xq.device != dev or sx.device != dev:
-            raise ValueError(f"gate_route: x_quant must be f16 [{t}, {d}] and fp32 [{t}, {d // 128}] with contiguous "
-                             f"rows on {dev} (D a multiple of 128), got {xq.dtype} {tuple(xq.shape)} on {xq.device}, "
-                             f"{sx.dtype} {tuple(sx.shape)} on {sx.device}")
+        from dsv4.kernels.moe_gemv import check_x_quant
+        check_x_quant("gate_route", x_quant, x)
     weights = torch.empty(t, k, dtype=torch.float32, device=dev)
     ids = torch.empty(t, k, dtype=torch.int64, device=dev)
     logits = torch.empty(t, e, dtype=torch.float32, device=dev)

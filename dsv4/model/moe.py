@@ -9,8 +9,8 @@ the routed outputs are summed in fp32, the shared one added, and the total round
 Kernel mode (`kernels="triton"`): `pack_experts` (at finalize) stacks the quantised routed experts
 into `dsv4.kernels.moe.PackedExperts` (MXFP4 stays packed) and frees the per-expert tensors; the
 routed experts then run as one `fused_moe` (FP8 activations, reference numerics), and the gate as
-one `dsv4.kernels.router.gate_route` launch at decode sizes (logits GEMV + routing; for MXFP4 experts it also
-quantises x for their GLU, `ROUTER_QUANTISES_X`), else its logits GEMM and one `route` launch. The shared expert's
+one `dsv4.kernels.router.gate_route` launch at decode sizes (logits GEMV + routing; with `ROUTER_QUANTISES_X`, off,
+it also quantises x for the MXFP4 experts' GLU), else its logits GEMM and one `route` launch. The shared expert's
 w1/w3
 are stacked into one w13 (`Expert.fuse_w13`, sharded TP slices too): w13 GEMM, one
 `dsv4.kernels.swiglu` launch, w2 GEMM.
