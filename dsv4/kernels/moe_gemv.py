@@ -63,7 +63,8 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe_gemv_pairs import (_act_scales_g, _act_tiles_g, _block_first, _block_member,
                                              _column_pairs, _pair_sum)
-    from dsv4.kernels.moe_mma_operands import _act_scales, _act_tiles, _f16_hi, _f16_lo, _mma_order, _scale_acc
+    from dsv4.kernels.moe_mma_operands import (_act_pos, _act_scales, _act_tiles, _f16_hi, _f16_lo, _mma_order,
+                                                  _scale_acc, quant16_block)
 
 if HAS_TRITON:  # ------------------------------------------------------------- method="mma"
 
@@ -276,17 +277,6 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         else:
             tl.store(Y + p * stride_y + offs_n, y.to(tl.bfloat16))
 
-    @triton.jit
-    def _act_pos(e):
-        """Stored position of element e (0..127) of a 128-block of MMA activations: the low-nibble tile's
-        elements (groups 0, 2) at 0..63, the high one's (groups 1, 3) at 64..127, each in the K order of
-        `_mma_order` (byte 32h + 8t + 2c + i at 16c + 8h + 2t + i)."""
-        tile = (e // 32) % 2
-        h = e // 64
-        t = (e // 8) % 4
-        c = (e // 2) % 4
-        return 64 * tile + 16 * c + 8 * h + 2 * t + e % 2
-
     @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
     def _quant16_kernel(X, Q, S, IDS, num_experts, stride_x, stride_q, stride_s, CHECK_IDS: tl.constexpr):
@@ -301,16 +291,6 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             if (e < 0) | (e >= num_experts):
                 return
         quant16_block(X + r * stride_x, Q + r * stride_q, S + r * stride_s, kb)
-
-    @triton.jit
-    def quant16_block(x_row, q_row, s_row, kb):
-        """Block kb of one row: `act_quant`'s FP8 quantisation of x_row[128 kb, +128), stored at q_row as the f16
-        values of the e4m3 codes (exact) in the order of `_act_pos`, its fp32 scale at s_row[kb] (also called by
-        the router's launch, `router.gate_route(x_quant=)`)."""
-        offs = tl.arange(0, 128)
-        q, s = _quant_rows(tl.load(x_row + kb * 128 + offs)[None, :].to(tl.float32))
-        tl.store(q_row + kb * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
-        tl.store(s_row + kb + tl.arange(0, 1), s)
 
 
 def check_x_quant(who: str, x_quant: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor):

@@ -18,6 +18,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from dsv4.kernels.fp8_linear import _quant_rows
+
     _F16_LO_ASM = tl.constexpr(F16_LO_PTX)
     _F16_HI_ASM = tl.constexpr(F16_HI_PTX)
 
@@ -95,3 +97,24 @@ if HAS_TRITON:
             b = tl.load(Sbytes + kb0 * 4 + n[None, :], mask=(n < 4 * U)[None, :], other=0).to(tl.int32)
         f = ((b + 6) << 23).to(tl.float32, bitcast=True)
         return acc + (part * f) * sa[None, :]
+
+    @triton.jit
+    def _act_pos(e):
+        """Stored position of element e (0..127) of a 128-block of MMA activations: the low-nibble tile's
+        elements (groups 0, 2) at 0..63, the high one's (groups 1, 3) at 64..127, each in the K order of
+        `_mma_order` (byte 32h + 8t + 2c + i at 16c + 8h + 2t + i)."""
+        tile = (e // 32) % 2
+        h = e // 64
+        t = (e // 8) % 4
+        c = (e // 2) % 4
+        return 64 * tile + 16 * c + 8 * h + 2 * t + e % 2
+
+    @triton.jit
+    def quant16_block(x_row, q_row, s_row, kb):
+        """Block kb of one row: `act_quant`'s FP8 quantisation of x_row[128 kb, +128), stored at q_row as the f16
+        values of the e4m3 codes (exact) in the order of `_act_pos`, its fp32 scale at s_row[kb] (`moe_gemv`'s
+        x quantisation launch, and the router's with `router.gate_route(x_quant=)`)."""
+        offs = tl.arange(0, 128)
+        q, s = _quant_rows(tl.load(x_row + kb * 128 + offs)[None, :].to(tl.float32))
+        tl.store(q_row + kb * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
+        tl.store(s_row + kb + tl.arange(0, 1), s)

@@ -34,7 +34,7 @@ from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, tr
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
 
 if HAS_TRITON:
-    from dsv4.kernels.moe_gemv import quant16_block
+    from dsv4.kernels.moe_mma_operands import quant16_block
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -172,7 +172,7 @@ if HAS_TRITON:
         group g ([RB * g, +RB) of T); partial logits -> PART [S, T, E]. The group's last arriver sums
         each row's S partials in split order (the same bits whoever arrives last), stores the logits
         and runs the routing epilogue. QX: the programs of each hidden slice also quantise its 128-blocks
-        of the group's rows for the routed experts (`moe_gemv.quant16_block` -> XQ, SX), block b of the
+        of the group's rows for the routed experts (`moe_mma_operands.quant16_block` -> XQ, SX), block b of the
         slice by expert tile b mod (tiles)."""
         pid = tl.program_id(0)
         grp = tl.program_id(1)

@@ -16,7 +16,7 @@ DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
 
 
 def _stored_order(d: int) -> torch.Tensor:
-    """Column of the stored row that holds element j of x (`moe_gemv._act_pos` within each 128-block: the low
+    """Column of the stored row that holds element j of x (`moe_mma_operands._act_pos` within each 128-block: the low
     nibble tile's elements, groups 0 and 2 of 32, at 0..63, the high tile's at 64..127, each 16c + 8h + 2t + i
     for element 64h + 32 tile + 8t + 2c + i)."""
     j = torch.arange(d)
