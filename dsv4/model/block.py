@@ -118,8 +118,13 @@ def run_blocks(blocks, x: torch.Tensor, token_ids: torch.Tensor | None, position
     for i, block in enumerate(blocks):
         out = block(x, token_ids, positions, segments_of(i), step=step, carry=carry, defer=fuse)
         x, carry = out if fuse else (out, None)
-    if carry is not None:
-        from dsv4.kernels import mhc
-        f, post, comb = carry
-        x = mhc.hc_post(f, x, post, comb)
-    return x
+    return finish_carry(x, carry)
+
+
+def finish_carry(x: torch.Tensor, carry) -> torch.Tensor:
+    """The last block's deferred MoE post (`carry` from `defer=True`; None: nothing deferred) on the streams x."""
+    if carry is None:
+        return x
+    from dsv4.kernels import mhc
+    f, post, comb = carry
+    return mhc.hc_post(f, x, post, comb)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from dsv4.model.block import finish_carry, fuses_block_sites
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences with one draft each
 
 
@@ -49,7 +51,6 @@ class _Bucket:
         self.graphs: list[torch.cuda.CUDAGraph] = []
         # the eager forward's fusion (block.run_blocks): layer i-1's MoE post inside layer i's attention pre, the
         # last one's after the loop -- the same kernels, so the graphs keep the eager bits
-        from dsv4.model.block import fuses_block_sites
         self.fuse = fuses_block_sites(model.layers)
         pieces = [self._piece(i) for i in range(n + 1)]
         if capture:
@@ -76,10 +77,7 @@ class _Bucket:
                 if self.attended[i] is None:
                     self.attended[i] = torch.zeros_like(self.pre[i].q)  # read by the warm-up and capture
             else:
-                if carry is not None:
-                    from dsv4.kernels import mhc
-                    f, post, comb = carry
-                    x = mhc.hc_post(f, x, post, comb)
+                x = finish_carry(x, carry)
                 self.hidden = m.final_hidden(x)
             self.x[i] = x
         return run

@@ -35,8 +35,8 @@ from dsv4.model.side_stream import start_beside
 
 # Decode sizes, MXFP4 experts: the router's launch also writes x quantised for the routed experts' per-pair GLU
 # (`gate_route(x_quant=)`), which then needs no quantisation launch of its own: one launch fewer in the layer's
-# dependent chain. The same quantisation code (`moe_mma_operands.quant16_block`), so the same bits. Off: no gain measured
-# yet -- 8-layer rows (session 45, s45c/s45d, a timed-out test run's workers still on the GPU) B = 1 replay 1.26 /
+# dependent chain. The same quantisation code (`moe_mma_operands.quant16_block`), so the same bits. Off: no gain
+# measured yet -- 8-layer rows (session 45, s45c/s45d, a timed-out test run's workers still on the GPU) B = 1 replay 1.26 /
 # 1.27 ms on vs 1.25 / 1.26 off, B = 4 2.15 vs 2.14, 246 vs 254 kernels per eager step; bench/runs/run_device_s46a.sh
 # measures it again on a quiet GPU.
 ROUTER_QUANTISES_X = False
