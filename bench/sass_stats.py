@@ -92,9 +92,6 @@ CASES = {
     # ... with the scale bytes read as 32-bit words (moe_gemv.SCALE_WORDS)
     "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=True), 4, 3,
                          GLU_B1_DIV16),
-    # ... gate and up in programs of their own (`moe_gemv(gate_up=True)`: the default at B = 1 since session 45)
-    "moe_glu_b1_gu": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False, GU=True), 4, 3,
-                      GLU_B1_DIV16),
     "attn_combine": ("attention", "_combine_wide_kernel",
                      dict(PACC="*fp32", PML="*fp32", SINK="*fp32", COS="*fp32", SIN="*fp32", OUT="*bf16"),
                      dict(HD=512, NOPE=448, BH=16, BD=32, SP=32, ROT=True), 4, 3, ()),

@@ -37,9 +37,6 @@ def main() -> None:
     ap.add_argument("--dot-blocks", default="1,2", help="with --mma: the dot_blocks values to sweep")
     ap.add_argument("--stages", default="3", help="with --mma: the num_stages values to sweep")
     ap.add_argument("--default-only", action="store_true", help="time the default launch only (flag A/Bs)")
-    ap.add_argument("--gate-up", type=int, choices=(0, 1), default=None,
-                    help="the GLU's gate and up rows in programs of their own (1) or not (0), in the default launch "
-                         "and the --mma sweep (default: the config's choice; the sweep: off)")
     args = ap.parse_args()
     e, d, i, k = MOE["flash"]
     bw = copy_bandwidth()
@@ -53,8 +50,7 @@ def main() -> None:
     touched = (2 * i * d // 2 + d * i // 2) * m * k  # bytes of weight codes per call (scales: 1/32 more)
     cfg = pick_moe_config(m * k, e)
     default = dict(bn=cfg.gemv, num_warps=cfg.warps1, unroll=cfg.gemv_unroll, num_stages=cfg.gemv_stages,
-                   method="mma" if cfg.gemv_mma else "cuda", split=cfg.gemv_split, split_down=cfg.gemv_split_down,
-                   gate_up=cfg.gemv_gate_up if args.gate_up is None else bool(args.gate_up))
+                   method="mma" if cfg.gemv_mma else "cuda", split=cfg.gemv_split, split_down=cfg.gemv_split_down)
     if args.default_only:  # fused_moe's launch, blocks of pairs included (the sweeps below: one pair per program)
         default["pairs_per_program"] = cfg.gemv_pairs if pairs_fit(cfg, d, i, m * k) else 1
     t_def = graph_us([lambda ids=ids: moe_gemv(x, ids, w, experts, LIMIT, **default) for ids in idss])
@@ -65,7 +61,7 @@ def main() -> None:
     ref = moe_gemv(x, idss[0], w, experts, LIMIT, **default).float()
     if args.mma:
         return _sweep_mma(x, idss, w, experts, ref, t_def, [int(v) for v in args.dot_blocks.split(",")],
-                          [int(v) for v in args.stages.split(",")], bool(args.gate_up))
+                          [int(v) for v in args.stages.split(",")])
     results = []
     shapes = list(itertools.product((32, 64), (2,), (2, 4, 8), (1, 2, 4))) + [(32, 4, 4, 2), (32, 4, 8, 2)]
     for bn, unroll, split, split_down in shapes:  # (64 rows, 4 K blocks per step: spills, ptxas)
@@ -85,7 +81,7 @@ def main() -> None:
     print("best: " + ",".join(str(v) for v in best))
 
 
-def _sweep_mma(x, idss, w, experts, ref, t_def, dot_blocks: list[int], stages: list[int], gate_up: bool) -> None:
+def _sweep_mma(x, idss, w, experts, ref, t_def, dot_blocks: list[int], stages: list[int]) -> None:
     """The tensor-core method's shapes around the default: rows, K blocks per step and per wgmma (`dot_blocks`:
     fewer wgmma waits, more registers), stages, GLU / down split."""
     results = []
@@ -95,7 +91,7 @@ def _sweep_mma(x, idss, w, experts, ref, t_def, dot_blocks: list[int], stages: l
                if kd in dot_blocks]
     for bn, unroll, kd, stages, split, split_down in shapes:
         launch = dict(bn=bn, num_warps=8 if bn == 128 else 4, unroll=unroll, dot_blocks=kd, num_stages=stages,
-                      method="mma", split=split, split_down=split_down, gate_up=gate_up)
+                      method="mma", split=split, split_down=split_down)
         try:
             y = moe_gemv(x, idss[0], w, experts, LIMIT, **launch).float()
             t = graph_us([lambda ids=ids: moe_gemv(x, ids, w, experts, LIMIT, **launch) for ids in idss])

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from dsv4.kernels.moe_config import (GEMV_GATE_UP_MAX_PAIRS, GEMV_PAIRED_FROM, GEMV_PAIRED_MAX, GEMV_SPLIT_MAX_PAIRS,
+from dsv4.kernels.moe_config import (GEMV_PAIRED_FROM, GEMV_PAIRED_MAX, GEMV_SPLIT_MAX_PAIRS,
                                      MIXED_MIN_PAIRS_PER_EXPERT, WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT, pick_moe_config)
 
 FLASH_E, PRO_E, TOP_K = 256, 384, 6
@@ -25,11 +25,9 @@ def test_regimes(experts, tokens):
     per_touched = pairs / (experts * (1 - math.exp(-pairs / experts)))
     if per_touched < GEMV_PAIRED_FROM:  # decode: one program per (pair, row tile)
         assert cfg.gemv and cfg.gemv_mma and not cfg.wide and cfg.gemv_pairs == 1
-        assert cfg.gemv_gate_up == (pairs <= GEMV_GATE_UP_MAX_PAIRS)  # gate and up rows in programs of their own
-        assert cfg.gemv_split == (2 if pairs <= GEMV_SPLIT_MAX_PAIRS and not cfg.gemv_gate_up else 1)
+        assert cfg.gemv_split == (2 if pairs <= GEMV_SPLIT_MAX_PAIRS else 1)
     elif per_touched <= GEMV_PAIRED_MAX:  # 2 or 4 pairs of an expert per program, no split, <= 16 MMA columns
         assert cfg.gemv and cfg.gemv_mma and cfg.gemv_pairs in (2, 4) and cfg.gemv_split == 1
-        assert not cfg.gemv_gate_up
         assert 4 * cfg.gemv_pairs * cfg.gemv_unroll == 16
     elif per_expert >= WIDE_MIN_PAIRS_PER_EXPERT:
         assert cfg.wide and cfg.bm == 128 and cfg.bn1 == 128 and not cfg.gemv
@@ -43,13 +41,12 @@ def test_regimes(experts, tokens):
 
 
 def test_thresholds_match_the_measured_crossovers():
-    """Flash: B = 1 (6 pairs) splits, unless gate and up run in programs of their own (then no K split), B = 8 (48
-    pairs) takes blocks of pairs and neither; M = 4096 (96 pairs per expert) takes the
+    """Flash: B = 1 (6 pairs) splits, B = 8 (48 pairs) takes blocks of pairs and no split; M = 4096 (96 pairs per expert) takes the
     wide kernel, M = 2048 (48 per expert), M = 768 (18 per expert, session 27) and M = 384 (9 per expert, session
     28) with 64-row tiles, M = 256 (6 per expert) not."""
     b1 = pick_moe_config(6, FLASH_E)
-    assert b1.gemv_split == (1 if b1.gemv_gate_up else 2) and b1.gemv_gate_up == (GEMV_GATE_UP_MAX_PAIRS >= 6)
-    assert pick_moe_config(48, FLASH_E).gemv_split == 1 and not pick_moe_config(48, FLASH_E).gemv_gate_up
+    assert b1.gemv_split == 2
+    assert pick_moe_config(48, FLASH_E).gemv_split == 1
     assert pick_moe_config(4096 * TOP_K, FLASH_E).wide and not pick_moe_config(4096 * TOP_K, FLASH_E).mixed
     assert pick_moe_config(8192 * TOP_K, FLASH_E).mixed  # M = 8192 (192 per expert): 128- and 64-row tiles
     assert pick_moe_config(2048 * TOP_K, FLASH_E).wide and pick_moe_config(2048 * TOP_K, FLASH_E).bm == 64

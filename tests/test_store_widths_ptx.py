@@ -57,7 +57,6 @@ NARROW_ALLOWED = {
     "moe_glu_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_down_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_glu_b1_words": (1, "as moe_glu_b1"),
-    "moe_glu_b1_gu": (1, "as moe_glu_b1 (moe_gemv(gate_up=True))"),
     "moe_down_b1_words": (1, "as moe_down_b1"),
     "topk_chunks": (8, "one valid byte per picked slot"),
     "gate_route_qx": (1, "x's f16 e4m3 codes scattered in `moe_mma_operands._act_pos` order (as `_quant16_kernel`)"),

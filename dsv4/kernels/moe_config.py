@@ -28,7 +28,6 @@ class MoEConfig:
     gemv_split: int = 1  # ... programs per GLU row tile along K (split-K reduced in the launch)
     gemv_split_down: int = 1  # ... the same for the down (W2) kernel
     gemv_pairs: int = 1  # ... "mma": pairs of one expert per program (1, 2 or 4: dsv4.kernels.moe_gemv_pairs)
-    gemv_gate_up: bool = False  # ... one pair per program: the GLU's gate and up rows in programs of their own
     wide: bool = False  # MXFP4: W4A8 values on bf16 wgmma, one K chain (dsv4.kernels.moe_wide; bm, bn2, warps1, stages)
     maxnreg: int = 0  # ... its register cap per thread (0: the compiler's choice; 128 with 8 warps: 2 CTAs per SM)
     mixed: bool = False  # ... bm 128: 128-row tiles over pairs of 64-row blocks, 64-row tiles for odd last blocks
@@ -43,14 +42,9 @@ GEMV_MAX_PAIRS_PER_EXPERT = 1.45
 # 62.3 -> 56.4 with 2 splits (4 splits 59.0; also splitting the down kernel 59.4); 48 pairs 252.1 -> 266.8,
 # so only batches this small split. Pro (48 row tiles per pair) not measured.
 GEMV_SPLIT_MAX_PAIRS = 8
-# ... and up to this many pairs, the GLU's gate rows and up rows in programs of their own instead (`moe_gemv(gate_up=
-# True)`: one weight stream, one accumulator and half the shared memory per program, 5 CTAs per SM instead of 3; no
-# K split, the same bits). Off (0): not confirmed in the model. Session 45, Flash MoE call in a graph
-# (bench/sweep_moe_gemv.py, µs): s45b (clean) 6 pairs 41.4 (gate / up, split 1) vs 43.6 for the 2-split one-program
-# GLU, 12 pairs 75.1 vs 70.7, 24 pairs 123.7 vs 127.4; s45c 18 / 30 / 36 pairs 96.7 / 150.6 / 177.5 vs 106.1 / 161.4
-# / 183.4. But the 8-layer B = 1 rows (s45d, alternating; a timed-out test run's workers were still on the GPU)
-# replayed 1.26 / 1.26 ms with 8 vs 1.22 with 0 -- measure again on a quiet GPU (bench/runs/run_device_s46a.sh)
-GEMV_GATE_UP_MAX_PAIRS = 0
+# (Measured and removed, sessions 44-46: the GLU's gate rows and up rows in programs of their own at <= 8 pairs,
+# 5 CTAs per SM instead of 3. The MoE call alone won once (s45b 41.4 vs 43.6 µs at 6 pairs) and lost once (s46a
+# 46.7 vs 43.6); the 8-layer B = 1 rows lost twice on a quiet GPU, 1.27 / 1.26 vs 1.21 / 1.21 ms.)
 # MXFP4 at prefill sizes: the bf16-wgmma kernel (dsv4.kernels.moe_wide) from this many pairs per expert.
 # Session 8, Flash, ms L2-flushed (bench_gemm_moe): M = 4096 (96 pairs per expert) 128-row tiles 6.31 vs
 # 8.92 for the per-group kernel, M = 8192 12.20 vs 15.48; M = 1024 (24 per expert) 5.61 vs 3.32.
@@ -104,11 +98,10 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     paired = GEMV_PAIRED_FROM <= per_touched <= GEMV_PAIRED_MAX
     four = paired and per_touched >= GEMV_PAIRS4_FROM
     if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
-        gate_up = num_pairs <= GEMV_GATE_UP_MAX_PAIRS and not paired
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
                          num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2, gemv_stages=3,
-                         gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not (paired or gate_up) else 1,
-                         gemv_pairs=(4 if four else 2) if paired else 1, gemv_gate_up=gate_up)
+                         gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
+                         gemv_pairs=(4 if four else 2) if paired else 1)
     if per_expert <= 8:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)

@@ -69,14 +69,13 @@ if HAS_TRITON:
 if HAS_TRITON:  # ------------------------------------------------------------- method="mma"
 
     @triton.jit
-    def _k_range(K, U: tl.constexpr, SPLIT: tl.constexpr, GU: tl.constexpr = False):
-        """First and end K block of this program: all of K, or (SPLIT) range pid_k of the S balanced ranges of
-        whole loop steps (U blocks each); S = tl.num_programs(2), with GU (gate and up in programs of their own,
-        program_id(2) = 2 pid_k + half) half of it."""
+    def _k_range(K, U: tl.constexpr, SPLIT: tl.constexpr):
+        """First and end K block of this program: all of K, or (SPLIT) range pid_k = program_id(2) of the
+        S = num_programs(2) balanced ranges of whole loop steps (U blocks each)."""
         if SPLIT:
             steps = K // 128 // U
-            split = tl.num_programs(2) // (2 if GU else 1)
-            pid_k = tl.program_id(2) // (2 if GU else 1)
+            split = tl.num_programs(2)
+            pid_k = tl.program_id(2)
             return pid_k * steps // split * U, (pid_k + 1) * steps // split * U
         else:
             return 0, K // 128
@@ -95,10 +94,10 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
         return last
 
     @triton.jit
-    def _split_sum(P, stride_ps, BN: tl.constexpr, count):
-        """Sum of the `count` partials at P, P + stride_ps, ..: split order from 0.0 (arrival-order independent)."""
+    def _split_sum(P, stride_ps, BN: tl.constexpr):
+        """Sum of the S partials at P, P + stride_ps, ..: split order from 0.0 (arrival-order independent)."""
         total = tl.zeros((BN,), dtype=tl.float32)
-        for _ in range(0, count):
+        for _ in range(0, tl.num_programs(2)):
             total += tl.load(P, cache_modifier=".cg")
             P += stride_ps  # 64-bit pointer steps
         return total
@@ -124,15 +123,13 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                         stride_ps, stride_pp,
                         BN: tl.constexpr, U: tl.constexpr, KD: tl.constexpr, QUANT_OUT: tl.constexpr,
                         USE_ASM: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                        G: tl.constexpr, NC: tl.constexpr, SCALE_WORDS: tl.constexpr, GU: tl.constexpr = False):
+                        G: tl.constexpr, NC: tl.constexpr, SCALE_WORDS: tl.constexpr):
         """z[p, n] = bf16(rw * silu(min(gate, L)) * clamp(up, -L, L)) for BN rows n of pair p; QUANT_OUT
         (BN == 128, one quantisation block): z re-quantised to e4m3, stored as f16 values + fp32 scale.
         SPLIT: K range program_id(2) of num_programs(2); P [S, pairs, 2I] fp32 partials (gate, up),
         CNT one arrival counter per (pair, row tile).
         G > 1: program_id(0) is a block of BLK (dsv4.kernels.moe_gemv_pairs): G pairs of one expert, NC MMA
-        columns (max(16, 4 U G)).
-        GU (G == 1; `moe_gemv(gate_up=True)`): gate and up in programs of their own, program_id(2) = 2 pid_k + half;
-        each stores its [BN] partial to P as a K split does and the last of the 2 S arrivals runs the epilogue."""
+        columns (max(16, 4 U G))."""
         pdl_wait()
         pid_n = tl.program_id(1)
         if G > 1:
@@ -149,16 +146,15 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                 return
         t = p // top_k
         offs_n = pid_n * BN + tl.arange(0, BN)
-        half = tl.program_id(2) % 2 if GU else 0  # GU: this program's weight rows, gate (0) or up (1)
-        Wg = W + e * stride_we + (half * I + offs_n[:, None]) * stride_wn + tl.arange(0, 64 * KD)[None, :]
+        Wg = W + e * stride_we + offs_n[:, None] * stride_wn + tl.arange(0, 64 * KD)[None, :]
         Wu = Wg + I * stride_wn
-        Sg = WS + e * stride_wse + (half * I + offs_n[:, None]) * stride_wsn  # E8M0 bytes, 4 per K block
+        Sg = WS + e * stride_wse + offs_n[:, None] * stride_wsn  # E8M0 bytes, 4 per K block
         Su = Sg + I * stride_wsn
         Xrow = XQ + t * stride_x
         SXrow = SX + t * stride_sx
         acc_g = tl.zeros((BN, NC), dtype=tl.float32)
         acc_u = tl.zeros((BN, NC), dtype=tl.float32)
-        kb_lo, kb_hi = _k_range(K, U, SPLIT, GU)
+        kb_lo, kb_hi = _k_range(K, U, SPLIT)
         if PREFETCH > 0:  # the first K blocks of the gate and up rows into L2 at once (`GLU_PREFETCH_KBLOCKS`)
             rows = e * stride_we + offs_n.to(tl.int64) * stride_wn
             nbytes = tl.minimum(kb_hi - kb_lo, PREFETCH) * 64
@@ -174,16 +170,14 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                     a_lo, a_hi = _act_tiles(Xrow, kb0 + d, d, KD)
                 bg = _mma_order(tl.load(Wg + (kb0 + d) * 64), BN, KD)
                 part_g = tl.dot(_f16_hi(bg, USE_ASM), a_hi, tl.dot(_f16_lo(bg, USE_ASM), a_lo, part_g))
-                if not GU:
-                    bu = _mma_order(tl.load(Wu + (kb0 + d) * 64), BN, KD)
-                    part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
+                bu = _mma_order(tl.load(Wu + (kb0 + d) * 64), BN, KD)
+                part_u = tl.dot(_f16_hi(bu, USE_ASM), a_hi, tl.dot(_f16_lo(bu, USE_ASM), a_lo, part_u))
             if G > 1:
                 sa = _act_scales_g(sxrows, live, kb0, NC, U)
             else:
                 sa = _act_scales(SXrow, kb0, U)
             acc_g = _scale_acc(acc_g, part_g, Sg, sa, kb0, U, G, NC, SCALE_WORDS)
-            if not GU:
-                acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, G, NC, SCALE_WORDS)
+            acc_u = _scale_acc(acc_u, part_u, Su, sa, kb0, U, G, NC, SCALE_WORDS)
         if G > 1:  # no split: the host allows no SPLIT with G > 1
             for j in tl.static_range(G):
                 pj = _block_member(BLK, j, G)
@@ -191,22 +185,17 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
                     _glu_out(_pair_sum(acc_g, j, NC, U), _pair_sum(acc_u, j, NC, U), pj, pid_n, offs_n, TOPK_W, Z,
                              ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
             return
-        gate = tl.sum(acc_g, axis=1)  # (GU: gate or up, by `half`)
-        if not GU:
-            up = tl.sum(acc_u, axis=1)
-        if SPLIT or GU:  # gate at P[k, p, n], up at P[k, p, I + n]; the tile's last arriver sums each over k
+        gate = tl.sum(acc_g, axis=1)
+        up = tl.sum(acc_u, axis=1)
+        if SPLIT:  # gate at P[k, p, n], up at P[k, p, I + n]; the tile's last arriver sums each over k
             Pg = P + p * stride_pp + offs_n
             tile = p * tl.num_programs(1) + pid_n
-            ranges = tl.num_programs(2) // (2 if GU else 1)
-            Pk = Pg + (tl.program_id(2) // (2 if GU else 1)).to(tl.int64) * stride_ps
-            if GU:
-                tl.store(Pk + half * I, gate)
-            else:
-                tl.store(Pk, gate)
-                tl.store(Pk + I, up)
+            Pk = Pg + tl.program_id(2).to(tl.int64) * stride_ps
+            tl.store(Pk, gate)
+            tl.store(Pk + I, up)
             if _arrive(CNT, tile):
-                gate = _split_sum(Pg, stride_ps, BN, ranges)
-                up = _split_sum(Pg + I, stride_ps, BN, ranges)
+                gate = _split_sum(Pg, stride_ps, BN)
+                up = _split_sum(Pg + I, stride_ps, BN)
                 tl.store(CNT + tile, 0)  # every program has arrived: ready for the next launch / replay
                 _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs, BN, QUANT_OUT)
         else:
@@ -271,7 +260,7 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             tile = p * tl.num_programs(1) + tl.program_id(1)
             tl.store(Py + tl.program_id(2).to(tl.int64) * stride_ps, y)
             if _arrive(CNT, tile):
-                y = _split_sum(Py, stride_ps, BN, tl.num_programs(2))
+                y = _split_sum(Py, stride_ps, BN)
                 tl.store(CNT + tile, 0)
                 tl.store(Y + p * stride_y + offs_n, y.to(tl.bfloat16))
         else:
@@ -353,7 +342,7 @@ SCALE_WORDS_MIN_PAIRS = 2
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
              swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2, method: str = "cuda",
              num_stages: int = 3, dot_blocks: int = 1, split: int = 1, split_down: int = 1,
-             out: torch.Tensor | None = None, shared=None, pairs_per_program: int = 1, gate_up: bool = False,
+             out: torch.Tensor | None = None, shared=None, pairs_per_program: int = 1,
              x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
     pairs are left unwritten); `fused_moe` sums them in its combine kernel. With `out` [M, D] (bf16, or
@@ -368,8 +357,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     activation loads (whole loop steps), `split` / `split_down` programs per row tile of the GLU / down
     kernel along K (split-K reduced in the launch, module docstring; at most one per loop step),
     `pairs_per_program` 2 or 4: that many pairs of one expert per program (dsv4.kernels.moe_gemv_pairs; needs
-    4 x pairs x K blocks per step <= MAX_COLUMNS and no split); `gate_up` (one pair per program): the GLU's gate
-    rows and up rows in programs of their own (`_mma_glu_kernel`'s GU); `x_quant`: x already quantised as
+    4 x pairs x K blocks per step <= MAX_COLUMNS and no split); `x_quant`: x already quantised as
     `quant16_block` stores it ([M, D] f16, [M, D/128] fp32: the router's launch wrote them), else its own launch."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
@@ -401,8 +389,8 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             launch["blocks"] = pair_blocks(ids, e, pairs_per_program)
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
-        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, gate_up=gate_up,
-                      x_quant=x_quant, **launch)
+        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, x_quant=x_quant,
+                      **launch)
         y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
         mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
     else:
@@ -417,11 +405,11 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts, swiglu_limit: float,
                   top_k: int, zq: torch.Tensor, zs: torch.Tensor, bn: int = 64, num_warps: int = 4, unroll: int = 2,
                   dot_blocks: int = 1, num_stages: int = 3, split: int = 1, blocks: torch.Tensor | None = None,
-                  gate_up: bool = False, x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                  x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """GEMM1 of method "mma": writes the rows of the routed pairs (ids in [0, E)) of zq [pairs, I] (f16 values
     of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales);
     split > 1: that many programs per row tile along K (`_split_k`); blocks: `pair_blocks`' [P, G] blocks of G
-    pairs per program; gate_up, x_quant: as in `moe_gemv`. Launches: x quantisation (unless x_quant), the GLU, z
+    pairs per program; x_quant: as in `moe_gemv`. Launches: x quantisation (unless x_quant), the GLU, z
     re-quantisation (bn 64)."""
     m, d = x.shape
     e, i = experts.num_experts, experts.inter
@@ -440,14 +428,13 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes
     u = _unroll(d, unroll)
     g, nc = _block_shape(blocks, u)
-    gate_up = gate_up and not paired
-    split, part, counters = _split_k(split, d // BLOCK // u, (pairs, 2 * i), pairs * (i // bn), zs, gate_up)
-    _mma_glu_kernel[(pairs, i // bn, split * (2 if gate_up else 1))](
+    split, part, counters = _split_k(split, d // BLOCK // u, (pairs, 2 * i), pairs * (i // bn), zs)
+    _mma_glu_kernel[(pairs, i // bn, split)](
         xq, sx, ids, blocks if paired else ids, tw, w13, s13, z, zs, part, counters, i, d, top_k, e,
         float(swiglu_limit), xq.stride(0), sx.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1),
         z.stride(0), zs.stride(0), part.stride(0), part.stride(1), BN=bn, U=u, KD=min(dot_blocks, u),
         QUANT_OUT=quant_out, USE_ASM=_use_asm(), SPLIT=split > 1, PREFETCH=GLU_PREFETCH_KBLOCKS, G=g, NC=nc,
-        SCALE_WORDS=_scale_words(s13, g), GU=gate_up, num_warps=num_warps, num_stages=num_stages)
+        SCALE_WORDS=_scale_words(s13, g), num_warps=num_warps, num_stages=num_stages)
     if not quant_out:
         _quant16_kernel[(pairs, i // BLOCK)](z, zq, zs, ids, e, z.stride(0), zq.stride(0), zs.stride(0),
                                              CHECK_IDS=True, num_warps=1)
@@ -490,15 +477,13 @@ def _block_shape(blocks: torch.Tensor | None, u: int) -> tuple[int, int]:
     return g, max(16, 4 * u * g)
 
 
-def _split_k(split: int, steps: int, shape: tuple[int, int], tiles: int, unused: torch.Tensor,
-             hand_off: bool = False):
+def _split_k(split: int, steps: int, shape: tuple[int, int], tiles: int, unused: torch.Tensor):
     """(S, fp32 partials [S, *shape], arrival counters) of a split-K launch; S = split capped at the loop steps
-    (no empty K range). S = 1 without `hand_off` (programs that hand partials off even so: the GLU's GU):
-    `unused` (a 2-D tensor of the launch) in place of both, nothing allocated."""
+    (no empty K range). S = 1: `unused` (a 2-D tensor of the launch) in place of both, nothing allocated."""
     if not isinstance(split, int) or split < 1:
         raise ValueError(f"moe_gemv: split must be a positive int, got {split!r}")
     split = min(split, steps)
-    if split == 1 and not hand_off:
+    if split == 1:
         return 1, unused, unused
     device = unused.device
     # every element read by a last arriver was written in the same launch (skipped pairs read nothing)

@@ -9,10 +9,9 @@ the routed outputs are summed in fp32, the shared one added, and the total round
 Kernel mode (`kernels="triton"`): `pack_experts` (at finalize) stacks the quantised routed experts
 into `dsv4.kernels.moe.PackedExperts` (MXFP4 stays packed) and frees the per-expert tensors; the
 routed experts then run as one `fused_moe` (FP8 activations, reference numerics), and the gate as
-one `dsv4.kernels.router.gate_route` launch at decode sizes (logits GEMV + routing; with `ROUTER_QUANTISES_X`, off,
-it also quantises x for the MXFP4 experts' GLU), else its logits GEMM and one `route` launch. The shared expert's
-w1/w3
-are stacked into one w13 (`Expert.fuse_w13`, sharded TP slices too): w13 GEMM, one
+one `dsv4.kernels.router.gate_route` launch at decode sizes (logits GEMV + routing; with `ROUTER_QUANTISES_X`,
+on, it also quantises x for the MXFP4 experts' GLU), else its logits GEMM and one `route` launch. The shared
+expert's w1/w3 are stacked into one w13 (`Expert.fuse_w13`, sharded TP slices too): w13 GEMM, one
 `dsv4.kernels.swiglu` launch, w2 GEMM.
 
 Sharded (`layout` given, see dsv4.distributed.sharding): this rank holds only its EP rank's experts
@@ -35,11 +34,10 @@ from dsv4.model.side_stream import start_beside
 
 # Decode sizes, MXFP4 experts: the router's launch also writes x quantised for the routed experts' per-pair GLU
 # (`gate_route(x_quant=)`), which then needs no quantisation launch of its own: one launch fewer in the layer's
-# dependent chain. The same quantisation code (`moe_mma_operands.quant16_block`), so the same bits. Off: no gain
-# measured yet -- 8-layer rows (session 45, s45c/s45d, a timed-out test run's workers still on the GPU) B = 1 replay 1.26 /
-# 1.27 ms on vs 1.25 / 1.26 off, B = 4 2.15 vs 2.14, 246 vs 254 kernels per eager step; bench/runs/run_device_s46a.sh
-# measures it again on a quiet GPU.
-ROUTER_QUANTISES_X = False
+# dependent chain. The same quantisation code (`moe_mma_operands.quant16_block`), so the same bits. 8-layer B = 1
+# rows on a quiet GPU (s46a, alternating): replay 1.20 / 1.20 ms on vs 1.21 / 1.21 off, 246 vs 254 kernels per
+# eager step (session 45's 1.26 vs 1.25 ran beside stray test workers). False: the separate launch.
+ROUTER_QUANTISES_X = True
 
 
 class Gate(nn.Module):

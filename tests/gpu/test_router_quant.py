@@ -86,8 +86,8 @@ def test_gate_route_rejects_bad_x_quant():
         gate_route(x2, w[:, :192].contiguous(), 2, x_quant=_quant_buffers(2, 128))
 
 
-@pytest.mark.parametrize("gate_up", [False, True])
-def test_moe_gemv_takes_the_routers_quantisation(gate_up, poison, monkeypatch):
+@pytest.mark.parametrize("split", [1, 2])
+def test_moe_gemv_takes_the_routers_quantisation(split, poison, monkeypatch):
     """moe_gemv(x_quant=) from the router's launch: the same outputs bit for bit as its own quantisation launch,
     which it then skips (counted: z's re-quantisation launch stays)."""
     from dsv4.kernels import moe_gemv as mg
@@ -95,11 +95,11 @@ def test_moe_gemv_takes_the_routers_quantisation(gate_up, poison, monkeypatch):
     from dsv4.kernels.router import gate_route
 
     e, d, i, k, m = 8, 512, 256, 6, 2
-    gen = torch.Generator(DEV).manual_seed(17 + gate_up)
+    gen = torch.Generator(DEV).manual_seed(17 + split)
     packed = finalize_experts(_experts(e, d, i, gen))
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     ids, w = _routing(m, e, k, gen)
-    run = dict(bn=64, num_warps=4, unroll=2, method="mma", gate_up=gate_up)
+    run = dict(bn=64, num_warps=4, unroll=2, method="mma", split=split)
     poison()
     want = mg.moe_gemv(x, ids, w, packed, LIMIT, **run)
     assert torch.isfinite(want.float()).all() and want.float().std() > 0
