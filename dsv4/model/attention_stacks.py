@@ -65,9 +65,9 @@ class StackedProjections:
         return lins
 
     def fused_input_weight(self) -> torch.Tensor:
-        """`fused_linears`' weights row-stacked [N, D], built on first use. From then on each linear's
-        weight *is* its row block (a view): no second copy, and a reload (an in-place copy into the
-        weights) updates the stack too. Rebuilt when a weight was replaced since (`.to()`, a new Parameter)."""
+        """`fused_linears`' weights row-stacked [N, D], built at finalize (kernel mode) or on first use. From then
+        on each linear's weight *is* its row block (a view): no second copy, and a reload (an in-place copy into
+        the weights) updates the stack too. Rebuilt when a weight was replaced since (`.to()`, a new Parameter)."""
         lins = self.fused_linears()
         if self._fused is not None and [lin.weight.data_ptr() for lin in lins] == self._fused[1]:
             return self._fused[0]
@@ -75,7 +75,13 @@ class StackedProjections:
             if lin.kernel_format is not None or lin.quantize_input:
                 raise RuntimeError(f"layer {self.layer_index}: fused projections need plain bf16 linears ({lin})")
         with torch.inference_mode(False), torch.no_grad():  # normal tensors: later loads copy into them
-            stacked = torch.cat([lin.weight.detach() for lin in lins])
+            old = [lin.weight.detach() for lin in lins]
+            stacked = torch.cat(old)
+            if stacked.is_cuda:  # a rebuild inside a side-stream branch (`_project_fused`): the old weights,
+                # allocated on the main stream and freed below, must not be reused before this stream's cat read
+                # them (session 46: they were, and the stack took the main stream's next activations)
+                for w in old:
+                    w.record_stream(torch.cuda.current_stream(stacked.device))
             row = 0
             for lin in lins:
                 lin.weight.data = stacked[row:row + lin.out_features]

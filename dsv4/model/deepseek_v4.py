@@ -406,6 +406,8 @@ class DeepseekV4ForCausalLM(nn.Module):
                     b.use_mhc_kernels()
             for b in blocks:
                 b.attn.fuse_fp8_pairs()  # wq_a | wkv and wq_b | indexer.wq_b as one FP8 weight each
+                if b.attn.compressor:  # the bf16 linears of the attention input likewise, here, not in a forward
+                    b.attn.fused_input_weight()
                 b.attn.use_kernels = True
                 b.ffn.gate.use_kernels = True
                 if b.attn.indexer:
