@@ -39,10 +39,11 @@ ROWS_PER_PROGRAM, ROWS_FROM = 8, 2048
 # in a graph, T = 1): q latent + kv 1.36 -> 1.17, query heads 1.27 -> 1.20; equal at T = 8. The same bits there; at
 # 8 rows per program the compiled rotation's bits differed (s43c), so prefill keeps the old order. A switch for tests.
 # Session 44: the difference was the compiler folding the other product of a pair into an fma, not the order itself;
-# with the products rounded explicitly (_triton.rotate_pairs) ROPE_FIRST_PREFILL (the early loads at every size;
-# prepared, unmeasured on the GPU) should keep the bits too -- `test_rope_first_same_bits` decides.
+# with the products rounded explicitly (_triton.rotate_pairs) the early loads keep the bits at 8 rows per program
+# too (s45a), but they do not pay there (s46b, bench_glue --norm, µs in a graph, off / on): q latent + kv 3.95 / 4.20
+# at 2,048 rows, 16.03 / 16.61 at 8,192 (the model's prefill pair); the query heads 68.0 / 66.4 and 264 / 258 (a
+# launch the model's prefill leaves to the attention kernel). So one-row launches only.
 ROPE_FIRST = True
-ROPE_FIRST_PREFILL = False
 
 
 def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -224,7 +225,7 @@ def _plan(x: torch.Tensor, norm: int = NONE, weight: torch.Tensor | None = None,
 def _rope_first(consts: dict) -> bool:
     """ROPE_FIRST for a launch of these constexprs: one row per program, or the Hadamard's (whose SASS it leaves
     unchanged); at 8 rows per program the compiled rotation's bits differed (session 43)."""
-    return ROPE_FIRST and (ROPE_FIRST_PREFILL or consts["BR"] == 1 or consts["SIM"] == SIM_FP4)
+    return ROPE_FIRST and (consts["BR"] == 1 or consts["SIM"] == SIM_FP4)
 
 
 def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
