@@ -1,12 +1,18 @@
 #!/bin/bash
-# Prepared in session 46 for session 47 (≈ 9 min). Session 46 spent its device time finding a race (the attention
+# Prepared in session 46 for session 47 (≈ 12 min). Session 46 spent its device time finding a race (the attention
 # input's fused projection stack built inside the side-stream branch; fixed: built at finalize, a rebuild keeps the
 # old weights until its stream read them) and could not run the fix's GPU tests to their summary line. First the
 # rows of today's defaults (a quiet GPU, timings before tests), then: the rebuild test's sensitivity (record_stream
 # off must make it fail), the new tests, and the model / MoE / graph tests around session 46's changes.
 source bench/runs/lib.sh
 rows8 150 1,8
+# the opt-in branch "pair_q_latent" (a CSA layer's indexer.wq_b beside its wq_b; Flash's 8 layers hold 3 CSA layers)
+P="dsv4.model.side_stream.OVERLAP=('shared_expert','projections','pair_q_latent')"
+for rep in 1 2; do
+  rows8 70 1,8 "$P"
+  rows8 70 1,8
+done
 timeout 60 python3 bench/check_stack_rebuild_sensitivity.py 2>&1 | tail -1
-run 150 tests/gpu/test_stack_rebuild_beside.py tests/gpu/test_router_quant.py
+run 150 tests/gpu/test_stack_rebuild_beside.py tests/gpu/test_router_quant.py tests/gpu/test_pair_beside.py
 runpar 400 6 tests/gpu/test_model_gpu.py tests/gpu/test_moe_gemv_mma.py tests/gpu/test_moe_gemv_words.py \
   tests/gpu/test_parallel_graphs.py tests/gpu/test_block_sites.py tests/gpu/test_projections.py

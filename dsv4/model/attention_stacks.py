@@ -16,6 +16,8 @@ import torch.nn.functional as F
 
 from dsv4.model.linear import Linear, bf16_gemm_fp32, stack_fp8_linears, stacked_fp8_forward
 from dsv4.model.numerics import acc_dtype
+from dsv4.model import side_stream
+from dsv4.model.side_stream import start_beside
 
 
 class StackedProjections:
@@ -47,10 +49,19 @@ class StackedProjections:
     def _fp8_pair(self, name: str, x: torch.Tensor) -> list[torch.Tensor]:
         """The pair's outputs for x (its activation quantisation is the kernel's). One GEMM over the
         stack for a single row, where its column slices are contiguous (with more rows norm_rope would
-        copy each); else, or where no launch is bit-identical (`stacked_fp8_forward`), one per linear."""
+        copy each); else, or where no launch is bit-identical (`stacked_fp8_forward`), one per linear --
+        the second on the side stream beside the first where branch `pair_<name>` is in side_stream.OVERLAP
+        (opt-in: at one row Flash's wq_b | indexer.wq_b take different kernels, so they are not stacked)."""
         stack = self._fp8_stacks.get(name)
         ys = stacked_fp8_forward(stack, x) if stack is not None and x.numel() == x.shape[-1] else None
-        return ys if ys is not None else [lin(x, input_ready=True) for lin in self.fp8_pairs()[name]]
+        if ys is not None:
+            return ys
+        first, second = self.fp8_pairs()[name]
+        if not x.is_cuda or f"pair_{name}" not in side_stream.OVERLAP:
+            return [first(x, input_ready=True), second(x, input_ready=True)]
+        rows = x.numel() // x.shape[-1]
+        beside = start_beside(x.device, f"pair_{name}", rows, lambda: second(x, input_ready=True))
+        return [first(x, input_ready=True), beside()]
 
     # Kernel mode: the bf16 linears that read `a` (compressors, indexer head weights) as one GEMM.
 
