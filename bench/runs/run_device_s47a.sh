@@ -9,8 +9,8 @@ rows8 150 1,8
 # the opt-in branch "pair_q_latent" (a CSA layer's indexer.wq_b beside its wq_b; Flash's 8 layers hold 3 CSA layers)
 P="dsv4.model.side_stream.OVERLAP=('shared_expert','projections','pair_q_latent')"
 for rep in 1 2; do
-  rows8 70 1,8 "$P"
-  rows8 70 1,8
+  rows8 90 1,8 "$P"
+  rows8 90 1,8
 done
 timeout 60 python3 bench/check_stack_rebuild_sensitivity.py 2>&1 | tail -1
 run 150 tests/gpu/test_stack_rebuild_beside.py tests/gpu/test_router_quant.py tests/gpu/test_pair_beside.py
