@@ -389,8 +389,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             launch["blocks"] = pair_blocks(ids, e, pairs_per_program)
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
-        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, x_quant=x_quant,
-                      **launch)
+        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, x_quant=x_quant, **launch)
         y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
         mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
     else:

@@ -224,7 +224,7 @@ def _plan(x: torch.Tensor, norm: int = NONE, weight: torch.Tensor | None = None,
 
 def _rope_first(consts: dict) -> bool:
     """ROPE_FIRST for a launch of these constexprs: one row per program, or the Hadamard's (whose SASS it leaves
-    unchanged); at 8 rows per program the compiled rotation's bits differed (session 43)."""
+    unchanged); at 8 rows per program the early loads were slower (session 46)."""
     return ROPE_FIRST and (consts["BR"] == 1 or consts["SIM"] == SIM_FP4)
 
 

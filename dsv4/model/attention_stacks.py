@@ -14,10 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dsv4.model import side_stream
 from dsv4.model.linear import Linear, bf16_gemm_fp32, stack_fp8_linears, stacked_fp8_forward
 from dsv4.model.numerics import acc_dtype
-from dsv4.model import side_stream
-from dsv4.model.side_stream import start_beside
 
 
 class StackedProjections:
@@ -57,10 +56,10 @@ class StackedProjections:
         if ys is not None:
             return ys
         first, second = self.fp8_pairs()[name]
-        if not x.is_cuda or f"pair_{name}" not in side_stream.OVERLAP:
+        if f"pair_{name}" not in side_stream.OVERLAP:  # (checked here: inline, the pair keeps its launch order)
             return [first(x, input_ready=True), second(x, input_ready=True)]
         rows = x.numel() // x.shape[-1]
-        beside = start_beside(x.device, f"pair_{name}", rows, lambda: second(x, input_ready=True))
+        beside = side_stream.start_beside(x.device, f"pair_{name}", rows, lambda: second(x, input_ready=True))
         return [first(x, input_ready=True), beside()]
 
     # Kernel mode: the bf16 linears that read `a` (compressors, indexer head weights) as one GEMM.

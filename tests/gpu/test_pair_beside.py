@@ -17,17 +17,17 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="streams: 
 
 
 def test_index_query_beside_gives_the_same_logits(monkeypatch):
-    from dsv4.model import attention_stacks, side_stream
+    from dsv4.model import side_stream
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from paged_driver import PagedBatch
 
-    names, real = [], attention_stacks.start_beside
+    names, real = [], side_stream.start_beside
 
     def counted(device, name, rows, fn, *args):
         names.append(name)
         return real(device, name, rows, fn, *args)
 
-    monkeypatch.setattr(attention_stacks, "start_beside", counted)
+    monkeypatch.setattr(side_stream, "start_beside", counted)  # (the other branches import it by name)
     runs = []
     for on in (False, True):
         monkeypatch.setattr(side_stream, "OVERLAP", side_stream.OVERLAP + (("pair_q_latent",) if on else ()))
