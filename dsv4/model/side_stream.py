@@ -11,7 +11,10 @@ there the kernels fill the GPU on their own (8K prefill 136 vs 137 ms with the s
 
 Discipline that keeps the caching allocator safe without events per tensor: the branch only reads
 tensors the caller keeps alive until `join()`; the side stream first waits for all work queued on the
-current stream; the branch's outputs are marked as used by the current stream at the join.
+current stream; the branch's outputs are marked as used by the current stream at the join. A branch must
+not free or replace a tensor the main stream allocated (the allocator would hand its memory to the main
+stream's next allocation while the branch still reads it) unless it marks it with `record_stream` first:
+session 46 found the attention's projection stack built that way on first use (`fused_input_weight`).
 """
 
 from __future__ import annotations

@@ -57,3 +57,20 @@ def test_rebuild_on_a_side_stream_reads_the_old_weights():
     torch.cuda.synchronize()
     assert torch.isnan(fills[0]).all()
     assert torch.equal(stacked, want)
+
+
+def test_two_loads_give_the_same_logits():
+    """Two loads of the embedded model in one process, prefills and multi-sequence decode steps over the paged
+    pools (tests/paged_driver.py): the same logits bit for bit (before the fix the second load differed from the
+    first now and then: the first forward built the stack on the side stream)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from paged_driver import PagedBatch
+
+    runs = []
+    for _ in range(2):
+        model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", "cuda", torch.bfloat16, kernels="triton")
+        runs.append(torch.cat(PagedBatch(model, "fp8").decode(6)))
+        del model
+    assert torch.isfinite(runs[0]).all() and runs[0].std() > 0
+    assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1] - runs[0]).abs().max()):.3e}"
