@@ -232,9 +232,9 @@ if HAS_TRITON:
     # columns and base / scale, a CTA barrier, then the partials: ptxas moves no memory operation across a barrier)
     # issue their loads before using any. Left to itself ptxas put loads after the first shuffles of rho (a use of the
     # partials): two or three memory latencies in turn (Nsight, s42d: the 8K row finish at 6.4 cycles of
-    # long-scoreboard stall per issued instruction, its top stalls the first uses of each load). Measured (s42e / s42f): 8-layer B = 1
-    # decode replay 1.27 -> 1.24 ms, the 4-layer 8K forward's finish kernels 2,088 -> 1,997 µs; the row finish's
-    # collapse keeps its order (the same change there cost a CTA per SM: 96 registers, +2 %).
+    # long-scoreboard stall per issued instruction, its top stalls the first uses of each load). Measured (s42e /
+    # s42f): 8-layer B = 1 decode replay 1.27 -> 1.24 ms, the 4-layer 8K forward's finish kernels 2,088 -> 1,997 µs;
+    # the row finish's collapse keeps its order (the same change there cost a CTA per SM: 96 registers, +2 %).
 
     @triton.jit
     def _post_comb(PART, SQ, BASE, SCALE, POST, COMB, t, T, D, offs_s, smask, hc_eps, norm_eps,

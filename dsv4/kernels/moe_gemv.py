@@ -54,6 +54,7 @@ from dsv4.kernels._triton import HAS_TRITON, arrival_counters
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
 from dsv4.kernels.moe_gemv_pairs import MAX_PAIRS, PAIRS_PER_PROGRAM, pair_blocks
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts, check_packed
+from dsv4.kernels.moe_mma_operands import check_x_quant
 
 
 if HAS_TRITON:
@@ -280,19 +281,6 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             if (e < 0) | (e >= num_experts):
                 return
         quant16_block(X + r * stride_x, Q + r * stride_q, S + r * stride_s, kb)
-
-
-def check_x_quant(who: str, x_quant: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor):
-    """x_quant = (xq, sx) as `quant16_block` fills them for x [T, D] (f16 [T, D], fp32 [T, D/128], contiguous rows,
-    x's device, D a multiple of 128), else a ValueError naming `who`."""
-    (t, d), (xq, sx) = x.shape, x_quant
-    if d % BLOCK or xq.shape != (t, d) or xq.dtype != torch.float16 or sx.shape != (t, d // BLOCK) \
-            or sx.dtype != torch.float32 or xq.stride(1) != 1 or sx.stride(1) != 1 \
-            or xq.device != x.device or sx.device != x.device:
-        raise ValueError(f"{who}: x_quant must be f16 [{t}, {d}] and fp32 [{t}, {d // BLOCK}] with contiguous rows on "
-                         f"{x.device} (D a multiple of {BLOCK}), got {xq.dtype} {tuple(xq.shape)} on {xq.device}, "
-                         f"{sx.dtype} {tuple(sx.shape)} on {sx.device}")
-    return xq, sx
 
 
 def _unroll(k: int, most: int) -> int:

@@ -1,10 +1,14 @@
 """Operands of the decode MoE's tensor-core group sums (method "mma" of dsv4.kernels.moe_gemv, whose docstring
 gives the math): MXFP4 nibbles as exact f16 values, the weight bytes in the MMA's K order, the block-diagonal
-activation tiles (column 4u + g: group g of K block u of a loop step) and the per-column group scales."""
+activation tiles (column 4u + g: group g of K block u of a loop step) and the per-column group scales; the x
+quantisation block both the GLU and the router write (`quant16_block`) and the host check of its buffers."""
 
 from __future__ import annotations
 
+import torch
+
 from dsv4.kernels._triton import HAS_TRITON
+from dsv4.kernels.moe_layout import BLOCK
 
 # e2m1 nibbles -> f16 (e2m1 * 2^-14), 4 bytes per call (`method="mma"`). An f16 with bits (s << 15) |
 # (c << 9) has zero low byte and high byte (s << 7) | (c << 1): build those 4 high bytes in one word
@@ -118,3 +122,16 @@ if HAS_TRITON:
         q, s = _quant_rows(tl.load(x_row + kb * 128 + offs)[None, :].to(tl.float32))
         tl.store(q_row + kb * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
         tl.store(s_row + kb + tl.arange(0, 1), s)
+
+
+def check_x_quant(who: str, x_quant: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor):
+    """x_quant = (xq, sx) as `quant16_block` fills them for x [T, D] (f16 [T, D], fp32 [T, D/128], contiguous rows,
+    x's device, D a multiple of 128), else a ValueError naming `who`."""
+    (t, d), (xq, sx) = x.shape, x_quant
+    if d % BLOCK or xq.shape != (t, d) or xq.dtype != torch.float16 or sx.shape != (t, d // BLOCK) \
+            or sx.dtype != torch.float32 or xq.stride(1) != 1 or sx.stride(1) != 1 \
+            or xq.device != x.device or sx.device != x.device:
+        raise ValueError(f"{who}: x_quant must be f16 [{t}, {d}] and fp32 [{t}, {d // BLOCK}] with contiguous rows on "
+                         f"{x.device} (D a multiple of {BLOCK}), got {xq.dtype} {tuple(xq.shape)} on {xq.device}, "
+                         f"{sx.dtype} {tuple(sx.shape)} on {sx.device}")
+    return xq, sx

@@ -32,6 +32,7 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
+from dsv4.kernels.moe_mma_operands import check_x_quant
 
 if HAS_TRITON:
     from dsv4.kernels.moe_mma_operands import quant16_block
@@ -335,9 +336,7 @@ def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor
         raise ValueError(f"gate_route: block_n ({bn}) and block_k ({ks}) must be powers of two, "
                          f"rows_per_group ({rb}) positive")
     dev = x.device
-    if x_quant is not None:
-        from dsv4.kernels.moe_gemv import check_x_quant
-        check_x_quant("gate_route", x_quant, x)
+    xq, sx = (x, x) if x_quant is None else check_x_quant("gate_route", x_quant, x)  # (x: unread without QX)
     weights = torch.empty(t, k, dtype=torch.float32, device=dev)
     ids = torch.empty(t, k, dtype=torch.int64, device=dev)
     logits = torch.empty(t, e, dtype=torch.float32, device=dev)
@@ -348,9 +347,8 @@ def gate_route(x: torch.Tensor, weight: torch.Tensor, k: int, bias: torch.Tensor
     counters = arrival_counters("router gate_route", dev, groups)
     _gate_route_kernel[(triton.cdiv(e, bn) * splits, groups)](
         X=x, W=weight, PART=partials, LOGITS=logits, CNT=counters, W_OUT=weights, ID_OUT=ids,
-        XQ=x_quant[0] if x_quant else x, SX=x_quant[1] if x_quant else x, T=t, stride_x=x.stride(0),
-        stride_w=weight.stride(0), stride_xq=x_quant[0].stride(0) if x_quant else 0,
-        stride_sx=x_quant[1].stride(0) if x_quant else 0, D=d, BN=bn, KS=ks, S=splits, RB=rb, QX=x_quant is not None,
+        XQ=xq, SX=sx, T=t, stride_x=x.stride(0), stride_w=weight.stride(0), stride_xq=xq.stride(0),
+        stride_sx=sx.stride(0), D=d, BN=bn, KS=ks, S=splits, RB=rb, QX=x_quant is not None,
         **_epilogue_args(e, k, bias, tid2eid, token_ids, normalize, route_scale, ids),
         num_warps=warps, enable_reflect_ftz=False)
     return weights, ids, logits
