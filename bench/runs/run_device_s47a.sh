@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 46 for session 47 (≈ 12 min). Session 46 spent its device time finding a race (the attention
+# Prepared in session 46 for session 47 (part 1, ≈ 6 min; part 2 is run_device_s47b.sh). Session 46 spent its device time finding a race (the attention
 # input's fused projection stack built inside the side-stream branch; fixed: built at finalize, a rebuild keeps the
 # old weights until its stream read them) and could not run the fix's GPU tests to their summary line. First the
 # rows of today's defaults (a quiet GPU, timings before tests), then: the rebuild test's sensitivity (record_stream
@@ -12,7 +12,3 @@ for rep in 1 2; do
   rows8 90 1,8 "$P"
   rows8 90 1,8
 done
-timeout 60 python3 bench/check_stack_rebuild_sensitivity.py 2>&1 | tail -1
-run 150 tests/gpu/test_stack_rebuild_beside.py tests/gpu/test_router_quant.py tests/gpu/test_pair_beside.py
-runpar 400 6 tests/gpu/test_model_gpu.py tests/gpu/test_moe_gemv_mma.py tests/gpu/test_moe_gemv_words.py \
-  tests/gpu/test_parallel_graphs.py tests/gpu/test_block_sites.py tests/gpu/test_projections.py
