@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dsv4.model import side_stream
 from dsv4.model.linear import Linear, bf16_gemm_fp32, stack_fp8_linears, stacked_fp8_forward
 from dsv4.model.numerics import acc_dtype
 
@@ -48,19 +47,16 @@ class StackedProjections:
     def _fp8_pair(self, name: str, x: torch.Tensor) -> list[torch.Tensor]:
         """The pair's outputs for x (its activation quantisation is the kernel's). One GEMM over the
         stack for a single row, where its column slices are contiguous (with more rows norm_rope would
-        copy each); else, or where no launch is bit-identical (`stacked_fp8_forward`), one per linear --
-        the second on the side stream beside the first where branch `pair_<name>` is in side_stream.OVERLAP
-        (opt-in: at one row Flash's wq_b | indexer.wq_b take different kernels, so they are not stacked)."""
+        copy each); else, or where no launch is bit-identical (`stacked_fp8_forward`), one per linear, in
+        order. (Session 47: the second beside the first on the side stream, where Flash's wq_b | indexer.wq_b
+        take different kernels at one row, measured no faster: 8-layer B = 1 replay 1.19 / 1.20 vs 1.19 / 1.19
+        ms, and was removed.)"""
         stack = self._fp8_stacks.get(name)
         ys = stacked_fp8_forward(stack, x) if stack is not None and x.numel() == x.shape[-1] else None
         if ys is not None:
             return ys
         first, second = self.fp8_pairs()[name]
-        if f"pair_{name}" not in side_stream.OVERLAP:  # (checked here: inline, the pair keeps its launch order)
-            return [first(x, input_ready=True), second(x, input_ready=True)]
-        rows = x.numel() // x.shape[-1]
-        beside = side_stream.start_beside(x.device, f"pair_{name}", rows, lambda: second(x, input_ready=True))
-        return [first(x, input_ready=True), beside()]
+        return [first(x, input_ready=True), second(x, input_ready=True)]
 
     # Kernel mode: the bf16 linears that read `a` (compressors, indexer head weights) as one GEMM.
 

@@ -23,9 +23,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-# The branches that run beside (A/B runs in bench/, debugging): any other name runs inline. Opt-in, prepared in
-# session 46 and not measured yet: "pair_q_latent" (a CSA layer's indexer.wq_b beside its wq_b at decode, where the
-# two are not stacked: `Attention._fp8_pair`; ≈ 4.5 µs of Flash's idx_wq_b per CSA layer to hide).
+# The branches that run beside (A/B runs in bench/, debugging): any other name runs inline.
 OVERLAP = ("shared_expert", "projections")
 MAX_ROWS = 128  # the largest CUDA-graph decode bucket
 
