@@ -54,6 +54,19 @@ GLU_FP8_T = dict(A="*fp8e4nv", AS="*fp32", W="*u8", WS="*i32", TB="*i32", C="*bf
 GLU_FP8_C = dict(BM=128, STAGES=4, GROUP_M=4, LISTED=True)
 GLU_FP8_DIV16 = ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm", "stride_tbe", "stride_tbn")
 
+
+
+def _desc(block: tuple[int, int], swizzle: int) -> str:
+    """The signature type of a Gluon TMA descriptor of uint8 blocks `block` with that NVMMA swizzle (bytes)."""
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8, rank=2)
+    return mangle_type(TensorDescriptor.from_tensor(torch.empty(256, 256, dtype=torch.uint8), list(block), layout))
+
+
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
 CASES = {
     "attn_sliding": ("attention", "_decode_attn_kernel", ATTN_T, dict(ATTN_C, HAS_COMP=False, INDEXED=False), 8,
@@ -210,6 +223,14 @@ CASES = {
                 ("stride", "stride_out")),
     "requant_perm": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=2), 4, 1,
                      ("stride", "stride_out")),
+    # the decode GLU as a persistent Gluon kernel with a TMA producer warp (moe_glu_decode; Flash: D 4096, 4 K ranges)
+    "moe_glu_decode": ("moe_glu_decode", "_glu_decode_kernel",
+                       dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
+                            P="*fp32"), dict(T=32, S=4, KR=1024, R=6), 4, 1,
+                       ("I", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
+    "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
+                       dict(P="*fp32", IDS="*i32", TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", limit="fp32"), dict(S=4), 4,
+                       1, ("I", "stride_ps", "stride_pp", "stride_zq", "stride_zs")),
     "moe_down_b1": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=False), 4, 3,
                     DOWN_B1_DIV16),
     "moe_down_b1_words": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=True), 4, 3,

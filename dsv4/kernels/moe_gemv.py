@@ -50,6 +50,7 @@ import os
 
 import torch
 
+from dsv4.kernels import moe_glu_decode
 from dsv4.kernels._triton import HAS_TRITON, arrival_counters
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2
 from dsv4.kernels.moe_gemv_pairs import MAX_PAIRS, PAIRS_PER_PROGRAM, pair_blocks
@@ -397,7 +398,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales);
     split > 1: that many programs per row tile along K (`_split_k`); blocks: `pair_blocks`' [P, G] blocks of G
     pairs per program; x_quant: as in `moe_gemv`. Launches: x quantisation (unless x_quant), the GLU, z
-    re-quantisation (bn 64)."""
+    re-quantisation (bn 64). Where `moe_glu_decode.applies`, its kernel instead (bn, unroll, split ignored)."""
     m, d = x.shape
     e, i = experts.num_experts, experts.inter
     pairs = ids.numel()
@@ -410,6 +411,9 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
                                          CHECK_IDS=False, num_warps=1)
     else:
         xq, sx = check_x_quant("moe_gemv", x_quant, x)
+    if moe_glu_decode.applies(experts, x, blocks):  # the persistent Gluon GLU (its own K split and row tiles)
+        moe_glu_decode.glu_decode(xq, sx, ids, tw, experts, swiglu_limit, top_k, zq, zs)
+        return
     quant_out = bn == BLOCK  # a program's z tile is one quantisation block: quantised in the epilogue
     z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes

@@ -1,0 +1,310 @@
+"""The decode MoE's GLU (GEMM1 of `moe_gemv` method "mma", one pair per work unit) as a persistent Gluon kernel
+with a producer warp: the weight stream never stops between units.
+
+Why (docs/kernels_e2e_notes.md, sessions 19, 24, 42-46): the Triton GLU at B = 1 streams ≈ 50 MB in ≈ 28 µs
+(≈ 1.8 TB/s of the H200's ≈ 3.9-4.3): 3 CTAs per SM at 16 % warps active, and each program's pipeline fills and
+drains for its 64 rows and half of K. Here one program per SM walks a list of work units (pair, 64-row tile, K
+range); two partitions share a ring of STAGES shared-memory slots:
+
+    producer (1 warp)       per unit step (2 K blocks): waits for a free slot, then TMA of the gate and up rows'
+                            weight bytes (4 boxes of [64 rows, 64 bytes]) and, at a unit's first step, the unit's
+                            E8M0 scale bytes ([64, KR/32] for gate and up) -- it runs up to STAGES steps ahead,
+                            into the next unit while the consumers finish this one
+    consumers (4 warps)     the math of method "mma" (`moe_gemv`'s docstring): the bytes read from the slot in the
+                            K order of `_mma_order` (an 8-byte run per thread and row), the slot freed, the
+                            nibbles moved into f16 (e2m1 * 2^-14, exact), wgmma against the block-diagonal
+                            activation tiles of the pair's token (built once per token in shared memory from the
+                            router's x quantisation), each step's columns scaled by group and activation scales
+                            into the fp32 accumulators; per unit the [64] gate / up row sums stored as the fp32
+                            partial of its K range
+
+`_finish_kernel` then sums the S partials in range order, applies the SwiGLU epilogue (bf16 gate / up, clamp,
+routing weight) and quantises z per 128 channels as W2's input (`mma_down_stage`'s layout): the work of the Triton
+GLU's split-K last arriver plus `_quant16_kernel`, without arrival counters.
+
+Numerics: the same exact products and per-group fp32 sums as method "mma" (one MMA chain per 32-group and step,
+scaled in the same order); the row sums over the accumulator's 8 columns and the K ranges run in another order
+than the Triton GLU's 16-column sum (fp32 rounding only; tests/gpu/test_moe_glu_decode.py).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET
+from dsv4.kernels.moe_layout import BLOCK, PackedExperts
+from dsv4.kernels.moe_mma_operands import F16_HI_PTX, F16_LO_PTX
+
+# Use this kernel for the decode GLU where it applies (`applies`); measured before it became the default
+ENABLED = False
+STAGES = 6  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes)
+SPLIT = 4  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
+U = 2  # K blocks per step (4 columns each of the MMA's 8)
+ROWS = 64  # rows per unit (one warpgroup's wgmma M)
+
+if HAS_TRITON and not INTERPRET:
+    import triton
+    import triton.language as tl
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from dsv4.kernels._triton import pdl_kernel, pdl_wait
+    from dsv4.kernels.fp8_linear import _quant_rows
+    from dsv4.kernels.moe_mma_operands import _act_pos
+
+    U_STEP = gl.constexpr(U)
+    _LO_ASM = gl.constexpr(F16_LO_PTX)
+    _HI_ASM = gl.constexpr(F16_HI_PTX)
+
+    @gluon.constexpr_function
+    def mma_byte_view():
+        """The [64 rows, 64 bytes] slot of one K block (TMA, 64-byte swizzle: 16-byte chunk c of row r at c ^
+        ((r >> 1) & 3)) as uint8 [64, 64] indexed by (row, K index of `_mma_order`: k = 16c + 8h + 2t + i <->
+        byte 32h + 8t + 2c + i). A shared linear layout lists, per bit of the byte offset, the (row, k) stored
+        there: offset bits 0-5 are the row's byte bits (i, c0, c1, t0, t1, h), bit 6 row 1; bits 7 and 8 (rows
+        2 and 4) carry the swizzle: offset 128 holds row 2's chunk 1 (t1, k = 4), offset 256 row 4's chunk 2
+        (h, k = 8); bits 9-11 rows 8, 16, 32."""
+        return gl.SharedLinearLayout(offset_bases=[[0, 1], [0, 16], [0, 32], [0, 2], [0, 4], [0, 8], [1, 0],
+                                                   [2, 4], [4, 8], [8, 0], [16, 0], [32, 0]])
+
+    @gluon.constexpr_function
+    def mma_byte_regs():
+        """uint8 [64, 64] (row, k) with the wgmma A operand's lanes and warps (16-bit, k_width 2: rows lane // 4
+        + 16 warp, k = 2 (lane % 4)), its registers ordered i, c0, c1 (8 contiguous bytes: one 64-bit load), h,
+        row + 8 -- the A operand layout up to register order."""
+        return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 16], [0, 32], [0, 8], [8, 0]],
+                                          lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                          warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
+
+    @gluon.jit
+    def _unit(q, T: gl.constexpr, S: gl.constexpr):
+        """(pair, row tile, K range) of work unit q (K range fastest: a program's units share theirs)."""
+        return q // (T * S), (q // S) % T, q % S
+
+    @gluon.jit
+    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I,
+                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr):
+        c = 0  # steps issued
+        for q in range(gl.program_id(0), n_units, gl.num_programs(0)):
+            p, tile, sp = _unit(q, T, S)
+            e = gl.load(IDS + p)
+            if (e >= 0) & (e < num_experts):  # (another rank's expert: skipped by both partitions)
+                row = (e * 2 * I + tile * 64).to(gl.int32)  # (TMA coordinates are 32-bit)
+                for step in range(STEPS):
+                    slot = c % R
+                    mbarrier.wait(free.index(slot), ((c // R) & 1) ^ 1)  # a fresh barrier passes phase 1
+                    mbarrier.expect(ready.index(slot), 4 * 64 * 64 + 2 * 64 * 16)
+                    sc_col = sp * (KR // 32) + 8 * step  # (16 bytes from there: this step's 8 and the next's)
+                    tma.async_copy_global_to_shared(s_desc, [row, sc_col], ready.index(slot), sc_s.index(2 * slot))
+                    tma.async_copy_global_to_shared(s_desc, [row + I, sc_col], ready.index(slot),
+                                                    sc_s.index(2 * slot + 1))
+                    col = (sp * (KR // 128) + 2 * step) * 64
+                    for u in gl.static_range(2):
+                        tma.async_copy_global_to_shared(w_desc, [row, col + 64 * u], ready.index(slot),
+                                                        w_s.index(4 * slot + u))
+                        tma.async_copy_global_to_shared(w_desc, [row + I, col + 64 * u], ready.index(slot),
+                                                        w_s.index(4 * slot + 2 + u))
+                    c += 1
+
+    @gluon.jit
+    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr):
+        """The block-diagonal activation tiles of token t's K blocks kb0 .. kb0 + KBR - 1: tile 2j + h ([8 columns,
+        64 k], the wgmma B operand transposed) holds the low (h 0) / high (h 1) nibbles' activations of block j in
+        column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`)."""
+        b_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+        n = gl.arange(0, 8, layout=gl.SliceLayout(1, b_l))
+        k = gl.arange(0, 64, layout=gl.SliceLayout(0, b_l))
+        row = XQ + t.to(gl.int64) * stride_x + kb0 * 128
+        for j in gl.static_range(KBR):
+            for h in gl.static_range(2):
+                x = gl.load(row + j * 128 + 64 * h + k)
+                col = 4 * (j % 2) + 2 * ((k // 8) % 2) + h
+                b_s.index(2 * j + h).store(gl.where(n[:, None] == col[None, :], x[None, :], 0.0))
+
+    @gluon.jit
+    def _widen(w_s, i, a_l: gl.constexpr):
+        """Slot buffer i's bytes -> the f16 wgmma A operands (low nibbles, high nibbles) of its K block."""
+        b = w_s.index(i)._reinterpret(gl.uint8, [64, 64], mma_byte_view()).load(mma_byte_regs())
+        lo = gl.inline_asm_elementwise(_LO_ASM, "=r,=r,r", [b], dtype=gl.float16, is_pure=True, pack=4)
+        hi = gl.inline_asm_elementwise(_HI_ASM, "=r,=r,r", [b], dtype=gl.float16, is_pure=True, pack=4)
+        return gl.convert_layout(lo, a_l), gl.convert_layout(hi, a_l)
+
+    @gluon.jit
+    def _scaled(acc, part, sc, sa):
+        """acc + part * 2^(b - 127 + 6) * sa per column (`moe_mma_operands._scale_acc`, the same order)."""
+        f = ((sc.to(gl.int32) + 6) << 23).to(gl.float32, bitcast=True)
+        return acc + (part * f) * sa[None, :]
+
+    @gluon.jit
+    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k, stride_x, stride_sx,
+                  stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr,
+                  R: gl.constexpr):
+        KBR: gl.constexpr = KR // 128
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+        n = gl.arange(0, 8, layout=gl.SliceLayout(0, acc_l))
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
+        zero = gl.zeros([64, 8], gl.float32, layout=acc_l)
+        sn = gl.arange(0, 8, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        c = 0
+        t_built = -1
+        for q in range(gl.program_id(0), n_units, gl.num_programs(0)):
+            p, tile, sp = _unit(q, T, S)
+            e = gl.load(IDS + p)
+            if (e >= 0) & (e < num_experts):
+                t = p // top_k
+                kb0 = sp * KBR
+                if t != t_built:  # (every unit of a program has the same K range)
+                    gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
+                    _build_b(b_s, XQ, t, stride_x, kb0, KBR)
+                    for j in gl.static_range(STEPS):  # the activation scale per step and column, x 2^8 (`_act_scales`)
+                        sa_s.index(j).store(gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * j + sn // 4) * 256.0)
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    t_built = t
+                acc_g = zero
+                acc_u = zero
+                for step in range(STEPS):
+                    slot = c % R
+                    sa = sa_s.index(step).load(gl.SliceLayout(0, acc_l))
+                    mbarrier.wait(ready.index(slot), (c // R) & 1)
+                    sc_g = sc_s.index(2 * slot).slice(0, 8, dim=1).load(acc_l)
+                    sc_u = sc_s.index(2 * slot + 1).slice(0, 8, dim=1).load(acc_l)
+                    pg = zero
+                    pu = zero
+                    for u in gl.static_range(U_STEP):
+                        g_lo, g_hi = _widen(w_s, 4 * slot + u, a_l)
+                        u_lo, u_hi = _widen(w_s, 4 * slot + 2 + u, a_l)
+                        if u == U_STEP - 1:
+                            gl.thread_barrier()  # every consumer warp has the slot's bytes in registers
+                            mbarrier.arrive(free.index(slot), count=1)
+                        b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
+                        b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
+                        pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
+                        pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
+                        pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
+                        pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
+                    pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
+                    acc_g = _scaled(acc_g, pg, sc_g, sa)
+                    acc_u = _scaled(acc_u, pu, sc_u, sa)
+                    c += 1
+                dst = P + sp.to(gl.int64) * stride_ps + p.to(gl.int64) * stride_pp + tile * 64 + r
+                gl.store(dst, gl.sum(acc_g, axis=1))
+                gl.store(dst + I, gl.sum(acc_u, axis=1))
+
+    @gluon.jit
+    def _glu_decode_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, I, top_k, stride_x, stride_sx,
+                           stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
+                           R: gl.constexpr):
+        """P[s, p, :I] / P[s, p, I:] = the fp32 gate / up partials of K range s of pair p (module docstring)."""
+        STEPS: gl.constexpr = KR // 128 // 2
+        w_s = gl.allocate_shared_memory(gl.uint8, [4 * R, 64, 64], w_desc.layout)
+        sc_s = gl.allocate_shared_memory(gl.uint8, [2 * R, 64, 16], s_desc.layout)
+        b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        b_s = gl.allocate_shared_memory(gl.float16, [2 * (KR // 128), 8, 64], b_sl)
+        sa_s = gl.allocate_shared_memory(gl.float32, [STEPS, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        ready = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(R):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(free.index(i), count=1)
+        gl.warp_specialize([
+            (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k, stride_x,
+                         stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R)),
+            (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR, R)),
+        ], [1], [40])
+
+    @pdl_kernel
+    @triton.jit(do_not_specialize=["num_experts"])
+    def _finish_kernel(P, IDS, TOPK_W, ZQ, ZS, I, num_experts, limit, stride_ps, stride_pp, stride_zq, stride_zs,
+                       S: tl.constexpr):
+        """z of pair program_id(0), channels [128 b, +128) (b = program_id(1)): the S partials summed in range
+        order from 0.0 (as `moe_gemv._split_sum`), `_glu_out`'s epilogue, and `quant16_block`'s quantisation."""
+        pdl_wait()
+        p = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1)
+        e = tl.load(IDS + p)
+        if (e < 0) | (e >= num_experts):
+            return
+        offs = tl.arange(0, 128)
+        src = P + p * stride_pp + b * 128 + offs
+        gate = tl.zeros((128,), dtype=tl.float32)
+        up = tl.zeros((128,), dtype=tl.float32)
+        for s in tl.static_range(S):
+            gate += tl.load(src + s * stride_ps)
+            up += tl.load(src + s * stride_ps + I)
+        g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
+        u = tl.clamp(up.to(tl.bfloat16).to(tl.float32), -limit, limit)
+        z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
+        q, s = _quant_rows(z.to(tl.float32)[None, :])
+        tl.store(ZQ + p * stride_zq + b * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
+        tl.store(ZS + p * stride_zs + b + tl.arange(0, 1), s)
+
+    @functools.lru_cache(maxsize=64)
+    def _descriptors(w_ptr: int, s_ptr: int, experts_key) -> tuple:
+        """TMA descriptors of an expert set's w13 bytes ([E * 2I, D/2], boxes [64, 64], 64-byte swizzle) and
+        scale bytes ([E * 2I, D/32], boxes [64, KR/32], no swizzle); cached per tensor (weights never move)."""
+        w13, s13, kr = experts_key.w13, experts_key.s13, experts_key.kr
+        e2i = w13.shape[0] * w13.shape[1]
+        w_l = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+        s_l = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+        return (TensorDescriptor.from_tensor(w13.view(e2i, w13.shape[2]), [64, 64], w_l),
+                TensorDescriptor.from_tensor(s13.view(e2i, s13.shape[2]), [64, 16], s_l))
+
+
+class _Key:
+    """Hashable by the tensors' addresses and shapes (for `_descriptors`' cache); holds the tensors."""
+
+    def __init__(self, w13: torch.Tensor, s13: torch.Tensor, kr: int):
+        self.w13, self.s13, self.kr = w13, s13, kr
+        self._id = (w13.data_ptr(), tuple(w13.shape), s13.data_ptr(), tuple(s13.shape), kr)
+
+    def __hash__(self):
+        return hash(self._id)
+
+    def __eq__(self, other):
+        return isinstance(other, _Key) and self._id == other._id
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def applies(experts: PackedExperts, x: torch.Tensor, blocks) -> bool:
+    """Whether `glu_decode` takes this GLU: ENABLED, MXFP4 experts on a Hopper GPU (TMA, wgmma), one pair per unit
+    (no blocks of pairs), and K ranges of whole steps."""
+    from dsv4.kernels.moe_wide import _is_hopper
+
+    return (ENABLED and blocks is None and experts.fmt == "mxfp4" and x.is_cuda and not INTERPRET
+            and _is_hopper(x.device) and experts.hidden % (BLOCK * U * SPLIT) == 0 and experts.inter % BLOCK == 0)
+
+
+def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
+               swiglu_limit: float, top_k: int, zq: torch.Tensor, zs: torch.Tensor, split: int = SPLIT,
+               stages: int = STAGES) -> None:
+    """GEMM1 of method "mma" (`moe_gemv.mma_glu_stage`'s contract from the quantised x): writes the routed pairs'
+    rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128])."""
+    e, i, d = experts.num_experts, experts.inter, experts.hidden
+    pairs = ids.numel()
+    kr = d // split
+    steps = kr // BLOCK // U
+    if d % (BLOCK * U * split) or i % BLOCK:
+        raise ValueError(f"glu_decode: hidden {d} must split into {split} ranges of whole {U}-block steps, inter {i} "
+                         "into 128-blocks")
+    s13 = experts.w13_scale.view(torch.uint8)
+    w_desc, s_desc = _descriptors(experts.w13.data_ptr(), s13.data_ptr(), _Key(experts.w13, s13, kr))
+    part = torch.empty((split, pairs, 2 * i), dtype=torch.float32, device=xq.device)
+    t = i // ROWS
+    n_units = pairs * t * split
+    sms = _sm_count(xq.device.index if xq.device.index is not None else torch.cuda.current_device())
+    programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
+    _glu_decode_kernel[(programs,)](
+        w_desc, s_desc, xq, sx, ids, part, e, n_units, i, top_k, xq.stride(0), sx.stride(0), part.stride(0),
+        part.stride(1), T=t, S=split, KR=kr, R=stages, num_warps=4)
+    _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, e, float(swiglu_limit), part.stride(0),
+                                        part.stride(1), zq.stride(0), zs.stride(0), S=split, num_warps=4)

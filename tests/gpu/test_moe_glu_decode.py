@@ -1,0 +1,96 @@
+"""The persistent Gluon decode GLU (dsv4.kernels.moe_glu_decode) against the Triton method-"mma" GLU it replaces and
+the float reference: the FP8 z rows it writes, for K splits, ring depths and expert-parallel pairs; and the whole MoE
+call with it on. Hopper only (TMA, wgmma)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.test_moe_gemv_mma import LIMIT, _act_order, _experts, _glu_ref, _routing
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+    pytest.skip("the Gluon decode GLU needs a Hopper GPU", allow_module_level=True)
+
+DEV = "cuda"
+
+
+def _z(zq: torch.Tensor, zs: torch.Tensor, p: int, i: int) -> torch.Tensor:
+    """Pair p's dequantised z [i] from the method-"mma" layout (f16 codes in `_act_pos` order + scales)."""
+    q = torch.empty(i, dtype=torch.float32, device=DEV)
+    q[_act_order(i).to(DEV)] = zq[p].float()
+    return q * zs[p].repeat_interleave(128)
+
+
+def _stage(fn, x, ids, w, packed, k, i, **kw):
+    """Run one GLU stage into NaN-filled zq / zs."""
+    pairs = ids.numel()
+    zq = torch.full((pairs, i), float("nan"), dtype=torch.float16, device=DEV)
+    zs = torch.full((pairs, i // 128), float("nan"), dtype=torch.float32, device=DEV)
+    fn(x, ids.reshape(-1).contiguous(), w.reshape(-1).float().contiguous(), packed, LIMIT, k, zq, zs, **kw)
+    return zq, zs
+
+
+@pytest.mark.parametrize("m,split,stages", [(1, 4, 6), (1, 1, 2), (3, 2, 4), (2, 8, 3)])
+def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, close_bf16, monkeypatch):
+    """z of every routed pair equals the Triton GLU's up to fp32 summation order (an FP8 step of z at most where a
+    1-ulp gate / up difference crosses a rounding boundary) and the reference's; other ranks' rows stay NaN."""
+    from dsv4.kernels import moe_glu_decode
+    from dsv4.kernels.moe import finalize_experts
+    from dsv4.kernels.moe_gemv import mma_glu_stage
+    from dsv4.kernels.moe_mma_operands import quant16_block  # noqa: F401  (the router's layout, used via x_quant)
+
+    e, d, i, k = 8, 2048, 256, 6
+    gen = torch.Generator(DEV).manual_seed(m * 7 + split + stages)
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _routing(m, e, k, gen, other_ranks=True)
+
+    monkeypatch.setattr(moe_glu_decode, "ENABLED", False)
+    zq_t, zs_t = _stage(mma_glu_stage, x, ids, w, packed, k, i, bn=64)
+
+    def gluon(x, flat_ids, tw, packed, limit, top_k, zq, zs):
+        xq = torch.empty((m, d), dtype=torch.float16, device=DEV)
+        sx = torch.empty((m, d // 128), dtype=torch.float32, device=DEV)
+        from dsv4.kernels.moe_gemv import _quant16_kernel
+        _quant16_kernel[(m, d // 128)](x, xq, sx, flat_ids, e, x.stride(0), xq.stride(0), sx.stride(0),
+                                       CHECK_IDS=False, num_warps=1)
+        moe_glu_decode.glu_decode(xq, sx, flat_ids, tw, packed, limit, top_k, zq, zs, split=split, stages=stages)
+
+    zq_g, zs_g = _stage(gluon, x, ids, w, packed, k, i)
+    same = 0
+    for p, z_ref in enumerate(_glu_ref(x, ids, w, experts)):
+        if z_ref is None:
+            assert bool(zq_g[p].isnan().all()) and bool(zs_g[p].isnan().all()), f"pair {p} of another rank written"
+            continue
+        got, triton_z = _z(zq_g, zs_g, p, i), _z(zq_t, zs_t, p, i)
+        same += int(torch.equal(got, triton_z))
+        close_bf16(got[None], triton_z[None], rel=1e-2, what=f"pair {p} vs the Triton GLU")
+        from dsv4.quant.fp8 import quantize_act
+        q_ref, s_ref = quantize_act(z_ref[None])
+        close_bf16(got[None], (q_ref.float()[0] * s_ref[0].repeat_interleave(128))[None], rel=1e-2,
+                   what=f"pair {p} vs the reference")
+    print(f"m={m} split={split} stages={stages}: {same} of {int((ids >= 0).sum())} pairs' z bit-identical")
+
+
+def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
+    """Flash's expert shape (D 4096, I 2048) through fused_moe at one and two tokens, on vs off: the combined
+    outputs agree to bf16 rounding (the GLU runs many units per program: the ring crosses units)."""
+    from dsv4.kernels import moe_glu_decode
+    from dsv4.kernels.moe import fused_moe, finalize_experts, fused_moe_ref
+
+    e, d, i, k = 16, 4096, 2048, 6
+    gen = torch.Generator(DEV).manual_seed(11)
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    for m in (1, 2):
+        x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+        ids, w = _routing(m, e, k, gen)
+        monkeypatch.setattr(moe_glu_decode, "ENABLED", False)
+        off = fused_moe(x, ids, w, packed)
+        monkeypatch.setattr(moe_glu_decode, "ENABLED", True)
+        assert moe_glu_decode.applies(packed, x, None)
+        on = fused_moe(x, ids, w, packed)
+        close_bf16(on, off, rel=1e-2, what=f"fused_moe m={m}, Gluon GLU vs Triton GLU")
+        close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")
