@@ -40,6 +40,8 @@ from dsv4.kernels.moe_mma_operands import F16_HI_PTX, F16_LO_PTX
 ENABLED = False
 STAGES = 6  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes)
 SPLIT = 4  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
+CONSUMERS = 1  # consumer warpgroups (2: alternate steps of every unit, each with its own partial)
+CONSUMER_REGS = 232  # setmaxnreg of the second consumer (the first keeps the rest)
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
@@ -111,19 +113,21 @@ if HAS_TRITON and not INTERPRET:
                     c += 1
 
     @gluon.jit
-    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr):
+    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
         """The block-diagonal activation tiles of token t's K blocks kb0 .. kb0 + KBR - 1: tile 2j + h ([8 columns,
         64 k], the wgmma B operand transposed) holds the low (h 0) / high (h 1) nibbles' activations of block j in
-        column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`)."""
+        column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`); only the blocks of
+        consumer HALF's steps (of NCONS)."""
         b_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
         n = gl.arange(0, 8, layout=gl.SliceLayout(1, b_l))
         k = gl.arange(0, 64, layout=gl.SliceLayout(0, b_l))
         row = XQ + t.to(gl.int64) * stride_x + kb0 * 128
         for j in gl.static_range(KBR):
-            for h in gl.static_range(2):
-                x = gl.load(row + j * 128 + 64 * h + k)
-                col = 4 * (j % 2) + 2 * ((k // 8) % 2) + h
-                b_s.index(2 * j + h).store(gl.where(n[:, None] == col[None, :], x[None, :], 0.0))
+            if (j // 2) % NCONS == HALF:  # (the blocks of this consumer's steps)
+                for h in gl.static_range(2):
+                    x = gl.load(row + j * 128 + 64 * h + k)
+                    col = 4 * (j % 2) + 2 * ((k // 8) % 2) + h
+                    b_s.index(2 * j + h).store(gl.where(n[:, None] == col[None, :], x[None, :], 0.0))
 
     @gluon.jit
     def _widen(w_s, i, a_l: gl.constexpr):
@@ -142,7 +146,9 @@ if HAS_TRITON and not INTERPRET:
     @gluon.jit
     def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k, stride_x, stride_sx,
                   stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr,
-                  R: gl.constexpr):
+                  R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
+        """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
+        sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
@@ -160,18 +166,18 @@ if HAS_TRITON and not INTERPRET:
                 kb0 = sp * KBR
                 if t != t_built:  # (every unit of a program has the same K range)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
-                    _build_b(b_s, XQ, t, stride_x, kb0, KBR)
-                    for j in gl.static_range(STEPS):  # the activation scale per step and column, x 2^8 (`_act_scales`)
+                    _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
+                    for j in gl.static_range(HALF, STEPS, NCONS):  # the activation scale per step and column, x 2^8
                         sa_s.index(j).store(gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * j + sn // 4) * 256.0)
                     fence_async_shared()
                     gl.thread_barrier()
                     t_built = t
                 acc_g = zero
                 acc_u = zero
-                for step in range(STEPS):
-                    slot = c % R
+                for step in range(HALF, STEPS, NCONS):
+                    slot = (c + step) % R
                     sa = sa_s.index(step).load(gl.SliceLayout(0, acc_l))
-                    mbarrier.wait(ready.index(slot), (c // R) & 1)
+                    mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
                     sc_g = sc_s.index(2 * slot).slice(0, 8, dim=1).load(acc_l)
                     sc_u = sc_s.index(2 * slot + 1).slice(0, 8, dim=1).load(acc_l)
                     pg = zero
@@ -191,15 +197,15 @@ if HAS_TRITON and not INTERPRET:
                     pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                     acc_g = _scaled(acc_g, pg, sc_g, sa)
                     acc_u = _scaled(acc_u, pu, sc_u, sa)
-                    c += 1
-                dst = P + sp.to(gl.int64) * stride_ps + p.to(gl.int64) * stride_pp + tile * 64 + r
+                c += STEPS
+                dst = P + (sp * NCONS + HALF).to(gl.int64) * stride_ps + p.to(gl.int64) * stride_pp + tile * 64 + r
                 gl.store(dst, gl.sum(acc_g, axis=1))
                 gl.store(dst + I, gl.sum(acc_u, axis=1))
 
     @gluon.jit
     def _glu_decode_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, I, top_k, stride_x, stride_sx,
                            stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
-                           R: gl.constexpr):
+                           R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr):
         """P[s, p, :I] / P[s, p, I:] = the fp32 gate / up partials of K range s of pair p (module docstring)."""
         STEPS: gl.constexpr = KR // 128 // 2
         w_s = gl.allocate_shared_memory(gl.uint8, [4 * R, 64, 64], w_desc.layout)
@@ -212,11 +218,23 @@ if HAS_TRITON and not INTERPRET:
         for i in gl.static_range(R):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(free.index(i), count=1)
-        gl.warp_specialize([
-            (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k, stride_x,
-                         stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R)),
-            (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR, R)),
-        ], [1], [40])
+        # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
+        if NCONS == 2:
+            gl.warp_specialize([
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR,
+                             R)),
+            ], [4, 1], [REGS, 40])
+        else:
+            gl.warp_specialize([
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR,
+                             R)),
+            ], [1], [40])
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
@@ -293,18 +311,19 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
     pairs = ids.numel()
     kr = d // split
     steps = kr // BLOCK // U
-    if d % (BLOCK * U * split) or i % BLOCK:
+    if d % (BLOCK * U * split * CONSUMERS) or i % BLOCK:
         raise ValueError(f"glu_decode: hidden {d} must split into {split} ranges of whole {U}-block steps, inter {i} "
                          "into 128-blocks")
     s13 = experts.w13_scale.view(torch.uint8)
     w_desc, s_desc = _descriptors(experts.w13.data_ptr(), s13.data_ptr(), _Key(experts.w13, s13, kr))
-    part = torch.empty((split, pairs, 2 * i), dtype=torch.float32, device=xq.device)
+    ranges = split * CONSUMERS  # (each consumer stores its own partial of a unit)
+    part = torch.empty((ranges, pairs, 2 * i), dtype=torch.float32, device=xq.device)
     t = i // ROWS
     n_units = pairs * t * split
     sms = _sm_count(xq.device.index if xq.device.index is not None else torch.cuda.current_device())
     programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
     _glu_decode_kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, i, top_k, xq.stride(0), sx.stride(0), part.stride(0),
-        part.stride(1), T=t, S=split, KR=kr, R=stages, num_warps=4)
+        part.stride(1), T=t, S=split, KR=kr, R=stages, NCONS=CONSUMERS, REGS=CONSUMER_REGS, num_warps=4)
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, e, float(swiglu_limit), part.stride(0),
-                                        part.stride(1), zq.stride(0), zs.stride(0), S=split, num_warps=4)
+                                        part.stride(1), zq.stride(0), zs.stride(0), S=ranges, num_warps=4)

@@ -31,8 +31,9 @@ def _stage(fn, x, ids, w, packed, k, i, **kw):
     return zq, zs
 
 
-@pytest.mark.parametrize("m,split,stages", [(1, 4, 6), (1, 1, 2), (3, 2, 4), (2, 8, 3)])
-def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, close_bf16, monkeypatch):
+@pytest.mark.parametrize("m,split,stages,consumers", [(1, 4, 6, 1), (1, 1, 2, 1), (3, 2, 4, 1), (2, 4, 3, 1),
+                                                     (1, 4, 6, 2), (3, 2, 3, 2)])
+def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers, close_bf16, monkeypatch):
     """z of every routed pair equals the Triton GLU's up to fp32 summation order (an FP8 step of z at most where a
     1-ulp gate / up difference crosses a rounding boundary) and the reference's; other ranks' rows stay NaN."""
     from dsv4.kernels import moe_glu_decode
@@ -48,6 +49,7 @@ def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, close_bf1
     ids, w = _routing(m, e, k, gen, other_ranks=True)
 
     monkeypatch.setattr(moe_glu_decode, "ENABLED", False)
+    monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
     zq_t, zs_t = _stage(mma_glu_stage, x, ids, w, packed, k, i, bn=64)
 
     def gluon(x, flat_ids, tw, packed, limit, top_k, zq, zs):
@@ -71,7 +73,7 @@ def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, close_bf1
         q_ref, s_ref = quantize_act(z_ref[None])
         close_bf16(got[None], (q_ref.float()[0] * s_ref[0].repeat_interleave(128))[None], rel=1e-2,
                    what=f"pair {p} vs the reference")
-    print(f"m={m} split={split} stages={stages}: {same} of {int((ids >= 0).sum())} pairs' z bit-identical")
+    print(f"m={m} split={split} stages={stages} consumers={consumers}: {same} of {int((ids >= 0).sum())} pairs' z bit-identical")
 
 
 def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
@@ -84,7 +86,8 @@ def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
     gen = torch.Generator(DEV).manual_seed(11)
     experts = _experts(e, d, i, gen)
     packed = finalize_experts(experts)
-    for m in (1, 2):
+    for m, consumers in ((1, 1), (2, 1), (1, 2)):
+        monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
         x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
         ids, w = _routing(m, e, k, gen)
         monkeypatch.setattr(moe_glu_decode, "ENABLED", False)
@@ -92,5 +95,5 @@ def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
         monkeypatch.setattr(moe_glu_decode, "ENABLED", True)
         assert moe_glu_decode.applies(packed, x, None)
         on = fused_moe(x, ids, w, packed)
-        close_bf16(on, off, rel=1e-2, what=f"fused_moe m={m}, Gluon GLU vs Triton GLU")
+        close_bf16(on, off, rel=1e-2, what=f"fused_moe m={m} consumers={consumers}, Gluon GLU vs Triton GLU")
         close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")
