@@ -31,8 +31,7 @@ def _stage(fn, x, ids, w, packed, k, i, **kw):
     return zq, zs
 
 
-@pytest.mark.parametrize("m,split,stages,consumers", [(1, 4, 6, 1), (1, 1, 2, 1), (3, 2, 4, 1), (2, 4, 3, 1),
-                                                     (1, 4, 6, 2), (3, 2, 3, 2)])
+@pytest.mark.parametrize("m,split,stages,consumers", [(1, 4, 6, 1), (3, 2, 3, 1), (1, 4, 6, 2), (2, 1, 2, 2)])
 def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers, close_bf16, monkeypatch):
     """z of every routed pair equals the Triton GLU's up to fp32 summation order (an FP8 step of z at most where a
     1-ulp gate / up difference crosses a rounding boundary) and the reference's; other ranks' rows stay NaN."""
