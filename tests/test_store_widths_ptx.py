@@ -59,6 +59,7 @@ NARROW_ALLOWED = {
     "moe_glu_b1_words": (1, "as moe_glu_b1"),
     "moe_down_b1_words": (1, "as moe_down_b1"),
     "topk_chunks": (8, "one valid byte per picked slot"),
+    "moe_glu_finish": (1, "z's f16 e4m3 codes scattered in `_act_pos` order (as `_quant16_kernel`)"),
     "gate_route_qx": (1, "x's f16 e4m3 codes scattered in `moe_mma_operands._act_pos` order (as `_quant16_kernel`)"),
     "fp8_gemv_wq_a": (1, "decode GEMV: one bf16 output per thread"),
     "moe_glu_wide": (64, "STORE_T off: the accumulator layout (the WS kernels' epilogue)"),
