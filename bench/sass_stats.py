@@ -230,7 +230,7 @@ CASES = {
                        ("I", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
     "moe_glu_decode_2c": ("moe_glu_decode", "_glu_decode_kernel",
                           dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32",
-                               IDS="*i32", P="*fp32"), dict(T=32, S=4, KR=1024, R=6, NCONS=2, REGS=232), 4, 1,
+                               IDS="*i32", P="*fp32"), dict(T=32, S=4, KR=1024, R=6, NCONS=2, REGS=200), 4, 1,
                           ("I", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
                        dict(P="*fp32", IDS="*i32", TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", limit="fp32"), dict(S=4), 4,

@@ -41,7 +41,12 @@ ENABLED = False
 STAGES = 6  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes)
 SPLIT = 4  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
 CONSUMERS = 1  # consumer warpgroups (2: alternate steps of every unit, each with its own partial)
-CONSUMER_REGS = 232  # setmaxnreg of the second consumer (the first keeps the rest)
+# setmaxnreg of the second consumer (the first takes 256, the producer warp's warpgroup 40: within the pool of
+# Triton's 168 registers x 384 threads; 232 would not fit and the allocation would wait forever)
+CONSUMER_REGS = 200
+# one consumer: the launch's register bound (Triton's default, 65536 / 256 threads = 256, is past ptxas's 255 and
+# ignored, and the setmaxnreg of the partitions then fault: "illegal instruction", s47c)
+ONE_CONSUMER_MAXNREG = 232
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
@@ -324,6 +329,7 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
     programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
     _glu_decode_kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, i, top_k, xq.stride(0), sx.stride(0), part.stride(0),
-        part.stride(1), T=t, S=split, KR=kr, R=stages, NCONS=CONSUMERS, REGS=CONSUMER_REGS, num_warps=4)
+        part.stride(1), T=t, S=split, KR=kr, R=stages, NCONS=CONSUMERS, REGS=CONSUMER_REGS, num_warps=4,
+        **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, e, float(swiglu_limit), part.stride(0),
                                         part.stride(1), zq.stride(0), zs.stride(0), S=ranges, num_warps=4)
