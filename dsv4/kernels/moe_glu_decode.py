@@ -47,6 +47,8 @@ CONSUMER_REGS = 200
 # one consumer: the launch's register bound (Triton's default, 65536 / 256 threads = 256, is past ptxas's 255 and
 # ignored, and the setmaxnreg of the partitions then fault: "illegal instruction", s47c)
 ONE_CONSUMER_MAXNREG = 232
+PRODUCER_WARPS = 1
+PROBE = 0  # debugging (bench/probe_glu_decode.py): bit 1 no MMAs, 2 no widening (zero A), 4 no activation tiles, 8 no scale TMA
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
@@ -94,7 +96,8 @@ if HAS_TRITON and not INTERPRET:
 
     @gluon.jit
     def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I,
-                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr):
+                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
+                  PROBE: gl.constexpr):
         c = 0  # steps issued
         for q in range(gl.program_id(0), n_units, gl.num_programs(0)):
             p, tile, sp = _unit(q, T, S)
@@ -104,11 +107,16 @@ if HAS_TRITON and not INTERPRET:
                 for step in range(STEPS):
                     slot = c % R
                     mbarrier.wait(free.index(slot), ((c // R) & 1) ^ 1)  # a fresh barrier passes phase 1
-                    mbarrier.expect(ready.index(slot), 4 * 64 * 64 + 2 * 64 * 16)
-                    sc_col = sp * (KR // 32) + 8 * step  # (16 bytes from there: this step's 8 and the next's)
-                    tma.async_copy_global_to_shared(s_desc, [row, sc_col], ready.index(slot), sc_s.index(2 * slot))
-                    tma.async_copy_global_to_shared(s_desc, [row + I, sc_col], ready.index(slot),
-                                                    sc_s.index(2 * slot + 1))
+                    if PROBE & 8:
+                        mbarrier.expect(ready.index(slot), 4 * 64 * 64)
+                    else:
+                        mbarrier.expect(ready.index(slot), 4 * 64 * 64 + 2 * 64 * 16)
+                        # the 16-byte aligned run that holds this step's 8 bytes (an unaligned start faults: s47)
+                        sc_col = sp * (KR // 32) + 16 * (step // 2)
+                        tma.async_copy_global_to_shared(s_desc, [row, sc_col], ready.index(slot),
+                                                        sc_s.index(2 * slot))
+                        tma.async_copy_global_to_shared(s_desc, [row + I, sc_col], ready.index(slot),
+                                                        sc_s.index(2 * slot + 1))
                     col = (sp * (KR // 128) + 2 * step) * 64
                     for u in gl.static_range(2):
                         tma.async_copy_global_to_shared(w_desc, [row, col + 64 * u], ready.index(slot),
@@ -151,7 +159,7 @@ if HAS_TRITON and not INTERPRET:
     @gluon.jit
     def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k, stride_x, stride_sx,
                   stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr,
-                  R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
+                  R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, PROBE: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
         sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
@@ -169,7 +177,7 @@ if HAS_TRITON and not INTERPRET:
             if (e >= 0) & (e < num_experts):
                 t = p // top_k
                 kb0 = sp * KBR
-                if t != t_built:  # (every unit of a program has the same K range)
+                if (t != t_built) & (PROBE & 4 == 0):  # (every unit of a program has the same K range)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
                     _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
                     for j in gl.static_range(HALF, STEPS, NCONS):  # the activation scale per step and column, x 2^8
@@ -183,23 +191,35 @@ if HAS_TRITON and not INTERPRET:
                     slot = (c + step) % R
                     sa = sa_s.index(step).load(gl.SliceLayout(0, acc_l))
                     mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
-                    sc_g = sc_s.index(2 * slot).slice(0, 8, dim=1).load(acc_l)
-                    sc_u = sc_s.index(2 * slot + 1).slice(0, 8, dim=1).load(acc_l)
+                    if step % 2 == 0:  # (this step's 8 bytes of the slot's 16)
+                        sc_g = sc_s.index(2 * slot).slice(0, 8, dim=1).load(acc_l)
+                        sc_u = sc_s.index(2 * slot + 1).slice(0, 8, dim=1).load(acc_l)
+                    else:
+                        sc_g = sc_s.index(2 * slot).slice(8, 8, dim=1).load(acc_l)
+                        sc_u = sc_s.index(2 * slot + 1).slice(8, 8, dim=1).load(acc_l)
                     pg = zero
                     pu = zero
                     for u in gl.static_range(U_STEP):
-                        g_lo, g_hi = _widen(w_s, 4 * slot + u, a_l)
-                        u_lo, u_hi = _widen(w_s, 4 * slot + 2 + u, a_l)
+                        if PROBE & 2:
+                            g_lo = gl.zeros([64, 64], gl.float16, layout=a_l)
+                            g_hi = g_lo
+                            u_lo = g_lo
+                            u_hi = g_lo
+                        else:
+                            g_lo, g_hi = _widen(w_s, 4 * slot + u, a_l)
+                            u_lo, u_hi = _widen(w_s, 4 * slot + 2 + u, a_l)
                         if u == U_STEP - 1:
                             gl.thread_barrier()  # every consumer warp has the slot's bytes in registers
                             mbarrier.arrive(free.index(slot), count=1)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
-                        pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
-                        pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
-                        pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
-                        pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
-                    pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
+                        if PROBE & 1 == 0:
+                            pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
+                            pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
+                            pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
+                            pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
+                    if PROBE & 1 == 0:
+                        pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                     acc_g = _scaled(acc_g, pg, sc_g, sa)
                     acc_u = _scaled(acc_u, pu, sc_u, sa)
                 c += STEPS
@@ -210,7 +230,8 @@ if HAS_TRITON and not INTERPRET:
     @gluon.jit
     def _glu_decode_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, I, top_k, stride_x, stride_sx,
                            stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
-                           R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr):
+                           R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, PROBE: gl.constexpr = 0,
+                           PW: gl.constexpr = 1):
         """P[s, p, :I] / P[s, p, I:] = the fp32 gate / up partials of K range s of pair p (module docstring)."""
         STEPS: gl.constexpr = KR // 128 // 2
         w_s = gl.allocate_shared_memory(gl.uint8, [4 * R, 64, 64], w_desc.layout)
@@ -227,19 +248,19 @@ if HAS_TRITON and not INTERPRET:
         if NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, PROBE)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, PROBE)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR,
-                             R)),
-            ], [4, 1], [REGS, 40])
+                             R, PROBE)),
+            ], [4, PW], [REGS, 40])
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, PROBE)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR,
-                             R)),
-            ], [1], [40])
+                             R, PROBE)),
+            ], [PW], [40])
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
@@ -330,6 +351,6 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
     _glu_decode_kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, i, top_k, xq.stride(0), sx.stride(0), part.stride(0),
         part.stride(1), T=t, S=split, KR=kr, R=stages, NCONS=CONSUMERS, REGS=CONSUMER_REGS, num_warps=4,
-        **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
+        PROBE=PROBE, PW=PRODUCER_WARPS, **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, e, float(swiglu_limit), part.stride(0),
                                         part.stride(1), zq.stride(0), zs.stride(0), S=ranges, num_warps=4)
