@@ -4,27 +4,35 @@ with a producer warp: the weight stream never stops between units.
 Why (docs/kernels_e2e_notes.md, sessions 19, 24, 42-46): the Triton GLU at B = 1 streams ≈ 50 MB in ≈ 28 µs
 (≈ 1.8 TB/s of the H200's ≈ 3.9-4.3): 3 CTAs per SM at 16 % warps active, and each program's pipeline fills and
 drains for its 64 rows and half of K. Here one program per SM walks a list of work units (pair, 64-row tile, K
-range); two partitions share a ring of STAGES shared-memory slots:
+range); the partitions share a ring of STAGES shared-memory slots:
 
     producer (1 warp)       per unit step (2 K blocks): waits for a free slot, then TMA of the gate and up rows'
-                            weight bytes (4 boxes of [64 rows, 64 bytes]) and, at a unit's first step, the unit's
-                            E8M0 scale bytes ([64, KR/32] for gate and up) -- it runs up to STAGES steps ahead,
-                            into the next unit while the consumers finish this one
-    consumers (4 warps)     the math of method "mma" (`moe_gemv`'s docstring): the bytes read from the slot in the
-                            K order of `_mma_order` (an 8-byte run per thread and row), the slot freed, the
-                            nibbles moved into f16 (e2m1 * 2^-14, exact), wgmma against the block-diagonal
-                            activation tiles of the pair's token (built once per token in shared memory from the
-                            router's x quantisation), each step's columns scaled by group and activation scales
-                            into the fp32 accumulators; per unit the [64] gate / up row sums stored as the fp32
-                            partial of its K range
+                            weight bytes (4 boxes of [64 rows, 64 bytes], 64-byte swizzle) and of their E8M0 scale
+                            bytes (the 16-byte aligned run holding the step's 8, per row) -- it runs up to STAGES
+                            steps ahead, into the next unit while the consumers finish this one
+    consumers (CONSUMERS    the math of method "mma" (`moe_gemv`'s docstring), alternate steps of every unit each:
+      x 4 warps)            the bytes read from the slot in the K order of `_mma_order` (two 8-byte runs per thread,
+                            row and K block), the slot freed, the nibbles moved into f16 (e2m1 * 2^-14, exact),
+                            wgmma (m64n8k16, the weights as the register operand) against the block-diagonal
+                            activation tiles of the pair's token (built in shared memory from the router's x
+                            quantisation when the token changes), each step's 8 columns scaled by group and
+                            activation scales into the fp32 accumulators; per unit the [64] gate / up row sums
+                            stored as the fp32 partial of its K range and consumer
 
-`_finish_kernel` then sums the S partials in range order, applies the SwiGLU epilogue (bf16 gate / up, clamp,
+`_finish_kernel` then sums the S x CONSUMERS partials in order, applies the SwiGLU epilogue (bf16 gate / up, clamp,
 routing weight) and quantises z per 128 channels as W2's input (`mma_down_stage`'s layout): the work of the Triton
 GLU's split-K last arriver plus `_quant16_kernel`, without arrival counters.
 
 Numerics: the same exact products and per-group fp32 sums as method "mma" (one MMA chain per 32-group and step,
 scaled in the same order); the row sums over the accumulator's 8 columns and the K ranges run in another order
-than the Triton GLU's 16-column sum (fp32 rounding only; tests/gpu/test_moe_glu_decode.py).
+than the Triton GLU's 16-column sum -- yet every z and MoE output came out bit-identical to it (s47c;
+tests/gpu/test_moe_glu_decode.py checks closeness and prints the bit-identical share).
+
+Hopper notes met here (s47): a TMA box whose start is not 16-byte aligned in the inner dimension faulted with "illegal
+instruction" (the scale boxes started 8 bytes into a 16-byte run); with one consumer Triton's register bound for
+the 8-warp launch (256) is past ptxas's 255, ignored, and the partitions' setmaxnreg then fault too
+(ONE_CONSUMER_MAXNREG). One consumer warpgroup is issue-bound (≈ 550 SASS instructions per 16 KB step per thread,
+no other warp on its schedulers to fill the stalls): the second is what makes it pay.
 """
 from __future__ import annotations
 
@@ -36,19 +44,20 @@ from dsv4.kernels._triton import HAS_TRITON, INTERPRET
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 from dsv4.kernels.moe_mma_operands import F16_HI_PTX, F16_LO_PTX
 
-# Use this kernel for the decode GLU where it applies (`applies`); measured before it became the default
-ENABLED = False
+# The decode GLU here where it applies (`applies`). Session 47 (s47c, H200, Flash MoE call in CUDA graphs of 16
+# routings, bench_moe_flags.py --graphs 16, µs; Triton GLU / this one with 1 consumer / with 2): M = 1 45.6 / 48.9 /
+# 45.1, M = 2 72.2 / 76.0 / 66.7, M = 4 129.4 / 135.9 / 115.5, every output bit-identical; 8-layer B = 1 graph
+# replay 1.19 (2 consumers) vs 1.20 ms
+ENABLED = True
 STAGES = 6  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes)
 SPLIT = 4  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
-CONSUMERS = 1  # consumer warpgroups (2: alternate steps of every unit, each with its own partial)
+CONSUMERS = 2  # consumer warpgroups (alternate steps of every unit, each with its own partial; 1: slower, above)
 # setmaxnreg of the second consumer (the first takes 256, the producer warp's warpgroup 40: within the pool of
 # Triton's 168 registers x 384 threads; 232 would not fit and the allocation would wait forever)
 CONSUMER_REGS = 200
 # one consumer: the launch's register bound (Triton's default, 65536 / 256 threads = 256, is past ptxas's 255 and
 # ignored, and the setmaxnreg of the partitions then fault: "illegal instruction", s47c)
 ONE_CONSUMER_MAXNREG = 232
-PRODUCER_WARPS = 1
-PROBE = 0  # debugging (bench/probe_glu_decode.py): bit 1 no MMAs, 2 no widening (zero A), 4 no activation tiles, 8 no scale TMA
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
@@ -96,8 +105,7 @@ if HAS_TRITON and not INTERPRET:
 
     @gluon.jit
     def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I,
-                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
-                  PROBE: gl.constexpr):
+                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr):
         c = 0  # steps issued
         for q in range(gl.program_id(0), n_units, gl.num_programs(0)):
             p, tile, sp = _unit(q, T, S)
@@ -107,16 +115,13 @@ if HAS_TRITON and not INTERPRET:
                 for step in range(STEPS):
                     slot = c % R
                     mbarrier.wait(free.index(slot), ((c // R) & 1) ^ 1)  # a fresh barrier passes phase 1
-                    if PROBE & 8:
-                        mbarrier.expect(ready.index(slot), 4 * 64 * 64)
-                    else:
-                        mbarrier.expect(ready.index(slot), 4 * 64 * 64 + 2 * 64 * 16)
-                        # the 16-byte aligned run that holds this step's 8 bytes (an unaligned start faults: s47)
-                        sc_col = sp * (KR // 32) + 16 * (step // 2)
-                        tma.async_copy_global_to_shared(s_desc, [row, sc_col], ready.index(slot),
-                                                        sc_s.index(2 * slot))
-                        tma.async_copy_global_to_shared(s_desc, [row + I, sc_col], ready.index(slot),
-                                                        sc_s.index(2 * slot + 1))
+                    mbarrier.expect(ready.index(slot), 4 * 64 * 64 + 2 * 64 * 16)
+                    # the 16-byte aligned run that holds this step's 8 scale bytes (a start 8 bytes into one faulted,
+                    # "illegal instruction", session 47)
+                    sc_col = sp * (KR // 32) + 16 * (step // 2)
+                    tma.async_copy_global_to_shared(s_desc, [row, sc_col], ready.index(slot), sc_s.index(2 * slot))
+                    tma.async_copy_global_to_shared(s_desc, [row + I, sc_col], ready.index(slot),
+                                                    sc_s.index(2 * slot + 1))
                     col = (sp * (KR // 128) + 2 * step) * 64
                     for u in gl.static_range(2):
                         tma.async_copy_global_to_shared(w_desc, [row, col + 64 * u], ready.index(slot),
@@ -157,15 +162,14 @@ if HAS_TRITON and not INTERPRET:
         return acc + (part * f) * sa[None, :]
 
     @gluon.jit
-    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k, stride_x, stride_sx,
-                  stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr,
-                  R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, PROBE: gl.constexpr):
+    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k, stride_x,
+                  stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
+                  KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
         sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-        n = gl.arange(0, 8, layout=gl.SliceLayout(0, acc_l))
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
         zero = gl.zeros([64, 8], gl.float32, layout=acc_l)
         sn = gl.arange(0, 8, layout=gl.BlockedLayout([1], [32], [4], [0]))
@@ -177,7 +181,7 @@ if HAS_TRITON and not INTERPRET:
             if (e >= 0) & (e < num_experts):
                 t = p // top_k
                 kb0 = sp * KBR
-                if (t != t_built) & (PROBE & 4 == 0):  # (every unit of a program has the same K range)
+                if t != t_built:  # (every unit of a program has the same K range)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
                     _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
                     for j in gl.static_range(HALF, STEPS, NCONS):  # the activation scale per step and column, x 2^8
@@ -200,26 +204,18 @@ if HAS_TRITON and not INTERPRET:
                     pg = zero
                     pu = zero
                     for u in gl.static_range(U_STEP):
-                        if PROBE & 2:
-                            g_lo = gl.zeros([64, 64], gl.float16, layout=a_l)
-                            g_hi = g_lo
-                            u_lo = g_lo
-                            u_hi = g_lo
-                        else:
-                            g_lo, g_hi = _widen(w_s, 4 * slot + u, a_l)
-                            u_lo, u_hi = _widen(w_s, 4 * slot + 2 + u, a_l)
+                        g_lo, g_hi = _widen(w_s, 4 * slot + u, a_l)
+                        u_lo, u_hi = _widen(w_s, 4 * slot + 2 + u, a_l)
                         if u == U_STEP - 1:
                             gl.thread_barrier()  # every consumer warp has the slot's bytes in registers
                             mbarrier.arrive(free.index(slot), count=1)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
-                        if PROBE & 1 == 0:
-                            pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
-                            pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
-                            pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
-                            pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
-                    if PROBE & 1 == 0:
-                        pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
+                        pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
+                        pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
+                        pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
+                        pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
+                    pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                     acc_g = _scaled(acc_g, pg, sc_g, sa)
                     acc_u = _scaled(acc_u, pu, sc_u, sa)
                 c += STEPS
@@ -230,8 +226,7 @@ if HAS_TRITON and not INTERPRET:
     @gluon.jit
     def _glu_decode_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, I, top_k, stride_x, stride_sx,
                            stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
-                           R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, PROBE: gl.constexpr = 0,
-                           PW: gl.constexpr = 1):
+                           R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr):
         """P[s, p, :I] / P[s, p, I:] = the fp32 gate / up partials of K range s of pair p (module docstring)."""
         STEPS: gl.constexpr = KR // 128 // 2
         w_s = gl.allocate_shared_memory(gl.uint8, [4 * R, 64, 64], w_desc.layout)
@@ -248,19 +243,19 @@ if HAS_TRITON and not INTERPRET:
         if NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, PROBE)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, PROBE)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR,
-                             R, PROBE)),
-            ], [4, PW], [REGS, 40])
+                             R)),
+            ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, PROBE)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR,
-                             R, PROBE)),
-            ], [PW], [40])
+                             R)),
+            ], [1], [40])
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
@@ -288,30 +283,20 @@ if HAS_TRITON and not INTERPRET:
         tl.store(ZQ + p * stride_zq + b * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
         tl.store(ZS + p * stride_zs + b + tl.arange(0, 1), s)
 
-    @functools.lru_cache(maxsize=64)
-    def _descriptors(w_ptr: int, s_ptr: int, experts_key) -> tuple:
-        """TMA descriptors of an expert set's w13 bytes ([E * 2I, D/2], boxes [64, 64], 64-byte swizzle) and
-        scale bytes ([E * 2I, D/32], boxes [64, KR/32], no swizzle); cached per tensor (weights never move)."""
-        w13, s13, kr = experts_key.w13, experts_key.s13, experts_key.kr
-        e2i = w13.shape[0] * w13.shape[1]
-        w_l = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
-        s_l = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-        return (TensorDescriptor.from_tensor(w13.view(e2i, w13.shape[2]), [64, 64], w_l),
-                TensorDescriptor.from_tensor(s13.view(e2i, s13.shape[2]), [64, 16], s_l))
-
-
-class _Key:
-    """Hashable by the tensors' addresses and shapes (for `_descriptors`' cache); holds the tensors."""
-
-    def __init__(self, w13: torch.Tensor, s13: torch.Tensor, kr: int):
-        self.w13, self.s13, self.kr = w13, s13, kr
-        self._id = (w13.data_ptr(), tuple(w13.shape), s13.data_ptr(), tuple(s13.shape), kr)
-
-    def __hash__(self):
-        return hash(self._id)
-
-    def __eq__(self, other):
-        return isinstance(other, _Key) and self._id == other._id
+    def _descriptors(experts: PackedExperts) -> tuple:
+        """TMA descriptors of the experts' w13 bytes ([E * 2I, D/2], boxes [64, 64], 64-byte swizzle) and scale bytes
+        ([E * 2I, D/32], boxes [64, 16], no swizzle), kept on the expert set (remade if its tensors were replaced)."""
+        w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)
+        key = (w13.data_ptr(), s13.data_ptr())
+        cached = experts.tma.get("glu_decode")
+        if cached is None or cached[0] != key:
+            e2i = w13.shape[0] * w13.shape[1]
+            w_l = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+            s_l = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+            cached = experts.tma["glu_decode"] = (key, (
+                TensorDescriptor.from_tensor(w13.view(e2i, w13.shape[2]), [64, 64], w_l),
+                TensorDescriptor.from_tensor(s13.view(e2i, s13.shape[2]), [64, 16], s_l)))
+        return cached[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -321,11 +306,12 @@ def _sm_count(index: int) -> int:
 
 def applies(experts: PackedExperts, x: torch.Tensor, blocks) -> bool:
     """Whether `glu_decode` takes this GLU: ENABLED, MXFP4 experts on a Hopper GPU (TMA, wgmma), one pair per unit
-    (no blocks of pairs), and K ranges of whole steps."""
+    (no blocks of pairs), and K ranges of whole steps for every consumer (Flash's 4096: yes; Pro's 7168: no)."""
     from dsv4.kernels.moe_wide import _is_hopper
 
     return (ENABLED and blocks is None and experts.fmt == "mxfp4" and x.is_cuda and not INTERPRET
-            and _is_hopper(x.device) and experts.hidden % (BLOCK * U * SPLIT) == 0 and experts.inter % BLOCK == 0)
+            and _is_hopper(x.device) and experts.hidden % (BLOCK * U * SPLIT * CONSUMERS) == 0
+            and experts.inter % BLOCK == 0)
 
 
 def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
@@ -336,12 +322,10 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
     e, i, d = experts.num_experts, experts.inter, experts.hidden
     pairs = ids.numel()
     kr = d // split
-    steps = kr // BLOCK // U
     if d % (BLOCK * U * split * CONSUMERS) or i % BLOCK:
         raise ValueError(f"glu_decode: hidden {d} must split into {split} ranges of whole {U}-block steps, inter {i} "
                          "into 128-blocks")
-    s13 = experts.w13_scale.view(torch.uint8)
-    w_desc, s_desc = _descriptors(experts.w13.data_ptr(), s13.data_ptr(), _Key(experts.w13, s13, kr))
+    w_desc, s_desc = _descriptors(experts)
     ranges = split * CONSUMERS  # (each consumer stores its own partial of a unit)
     part = torch.empty((ranges, pairs, 2 * i), dtype=torch.float32, device=xq.device)
     t = i // ROWS
@@ -351,6 +335,6 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
     _glu_decode_kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, i, top_k, xq.stride(0), sx.stride(0), part.stride(0),
         part.stride(1), T=t, S=split, KR=kr, R=stages, NCONS=CONSUMERS, REGS=CONSUMER_REGS, num_warps=4,
-        PROBE=PROBE, PW=PRODUCER_WARPS, **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
+        **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, e, float(swiglu_limit), part.stride(0),
                                         part.stride(1), zq.stride(0), zs.stride(0), S=ranges, num_warps=4)

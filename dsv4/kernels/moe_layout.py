@@ -9,7 +9,7 @@ layout mix-up (which would read out of bounds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -69,6 +69,8 @@ class PackedExperts:
     fp8_tiles_ok: bool = False  # ... and every group scale of a tile within FP8_MAX_SCALE_SPREAD of it (`fp8_tiles`)
     w2_tile_bmax: torch.Tensor | None = None  # the same for w2: int32 [E, D/64, I/128]
     fp8_w2_tiles_ok: bool = False
+    # TMA descriptors of the kernels that stream these tensors, made on first use (dsv4.kernels.moe_glu_decode)
+    tma: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def repack_fp4(packed: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,6 @@ def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers
     from dsv4.kernels import moe_glu_decode
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_gemv import mma_glu_stage
-    from dsv4.kernels.moe_mma_operands import quant16_block  # noqa: F401  (the router's layout, used via x_quant)
 
     e, d, i, k = 8, 2048, 256, 6
     gen = torch.Generator(DEV).manual_seed(m * 7 + split + stages)
@@ -72,7 +71,8 @@ def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers
         q_ref, s_ref = quantize_act(z_ref[None])
         close_bf16(got[None], (q_ref.float()[0] * s_ref[0].repeat_interleave(128))[None], rel=1e-2,
                    what=f"pair {p} vs the reference")
-    print(f"m={m} split={split} stages={stages} consumers={consumers}: {same} of {int((ids >= 0).sum())} pairs' z bit-identical")
+    print(f"m={m} split={split} stages={stages} consumers={consumers}: {same} of {int((ids >= 0).sum())} pairs' z "
+          "bit-identical")
 
 
 def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
