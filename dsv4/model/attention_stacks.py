@@ -49,8 +49,8 @@ class StackedProjections:
         stack for a single row, where its column slices are contiguous (with more rows norm_rope would
         copy each); else, or where no launch is bit-identical (`stacked_fp8_forward`), one per linear, in
         order. (Session 47: the second beside the first on the side stream, where Flash's wq_b | indexer.wq_b
-        take different kernels at one row, measured no faster: 8-layer B = 1 replay 1.19 / 1.20 vs 1.19 / 1.19
-        ms, and was removed.)"""
+        take different kernels at one row, measured no faster: 8-layer B = 1 replay 1.19 / 1.19 vs 1.19 / 1.20 /
+        1.19 ms, B = 8 2.99 / 2.99 vs 2.98 / 2.98 / 3.00, and was removed.)"""
         stack = self._fp8_stacks.get(name)
         ys = stacked_fp8_forward(stack, x) if stack is not None and x.numel() == x.shape[-1] else None
         if ys is not None:
