@@ -1,12 +1,17 @@
 #!/bin/bash
-# Prepared in session 47 for session 48 (≈ 8 min). The persistent Gluon decode GLU became the default (moe_glu_decode)
-# after its own tests and the MoE call / rows benchmarks; the model-level GPU tests have not run with it. First the
-# rows of today's defaults (a quiet GPU, timings before tests) with the GLU off / on, then the tests.
+# Prepared in session 47 for session 48 (≈ 10 min). The persistent Gluon decode GLU became the default (moe_glu_decode)
+# after its own tests and the MoE call / rows benchmarks; the model-level GPU tests have not run with it, and the same
+# kernel for the down GEMV (DOWN_ENABLED, opt-in) has not run at all. Order: its tests (a fault would waste the rest),
+# the MoE call with the down off / on, rows with the GLU off / default / down on, then the model-level tests.
 source bench/runs/lib.sh
 G=dsv4.kernels.moe_glu_decode
-rows8 120 1,2
+timeout 240 python3 -m pytest -q -s -rf --tb=short -p no:cacheprovider tests/gpu/test_moe_glu_decode.py > $OUT/glu.txt 2>&1
+grep -E "bit-identical|passed|failed|Error|error" $OUT/glu.txt | head -24
+timeout 240 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" "down:$G.DOWN_ENABLED=True" \
+  "triton GLU:$G.ENABLED=False" "default again:" 2>&1 | tail -6
 rows8 100 1,2 "$G.ENABLED=False"
 rows8 100 1,2
-run 150 tests/gpu/test_moe_glu_decode.py
+rows8 100 1,2 "$G.DOWN_ENABLED=True"
+rows8 100 1,2
 runpar 400 6 tests/gpu/test_model_gpu.py tests/gpu/test_parallel_graphs.py tests/gpu/test_moe_gemv_mma.py \
   tests/gpu/test_moe.py tests/gpu/test_router_quant.py tests/gpu/test_block_sites.py

@@ -379,8 +379,11 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
         mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, x_quant=x_quant, **launch)
-        y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
-        mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
+        if out is not None and moe_glu_decode.applies(experts, x, launch.get("blocks"), down=True):
+            y = moe_glu_decode.down_decode(zq, zs, ids, experts)  # (fp32 partials: summed by the combine)
+        else:
+            y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
+            mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
     else:
         from dsv4.kernels.moe_gemv_cuda import gemv_cuda
         y = gemv_cuda(x, ids, tw, experts, swiglu_limit, top_k, bn, num_warps, unroll, split, split_down)

@@ -58,6 +58,11 @@ CONSUMER_REGS = 200
 # one consumer: the launch's register bound (Triton's default, 65536 / 256 threads = 256, is past ptxas's 255 and
 # ignored, and the setmaxnreg of the partitions then fault: "illegal instruction", s47c)
 ONE_CONSUMER_MAXNREG = 232
+# The down GEMV here too (opt-in, prepared in session 47, not measured): the same kernel over W2's rows, each unit's
+# activation tiles the pair's own z, a program's units a run of one pair's row tiles (CONTIG), y's partials summed
+# in the combine (`moe._combine(ranges=)`: no launch of its own)
+DOWN_ENABLED = False
+DOWN_SPLIT = 2  # ... its K ranges (inter 2048: 8 steps per range, 4 per consumer)
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
@@ -99,35 +104,54 @@ if HAS_TRITON and not INTERPRET:
                                           warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
 
     @gluon.jit
-    def _unit(q, T: gl.constexpr, S: gl.constexpr):
-        """(pair, row tile, K range) of work unit q (K range fastest: a program's units share theirs)."""
-        return q // (T * S), (q // S) % T, q % S
+    def _unit_count(n_units, n_per, S: gl.constexpr, CONTIG: gl.constexpr):
+        """How many work units this program takes: every num_programs-th (strided), or (CONTIG) a run of n_per of
+        its K range's (pair, row tile) units."""
+        pid = gl.program_id(0)
+        if CONTIG:
+            return gl.maximum(gl.minimum(n_per, n_units // S - (pid // S) * n_per), 0)
+        else:
+            return (n_units - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
 
     @gluon.jit
-    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I,
-                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr):
+    def _unit(k, n_per, T: gl.constexpr, S: gl.constexpr, CONTIG: gl.constexpr):
+        """(pair, row tile, K range) of this program's k-th unit. Strided: unit pid + k num_programs, K range
+        fastest (num_programs a multiple of S: a program keeps one K range). CONTIG: K range pid % S, (pair, tile)
+        units (pid // S) n_per + k, tile fastest -- a program keeps its pair over many units (the down GEMV, whose
+        activation tiles are the pair's own)."""
+        pid = gl.program_id(0)
+        if CONTIG:
+            j = (pid // S) * n_per + k
+            return j // T, j % T, pid % S
+        else:
+            q = pid + k * gl.num_programs(0)
+            return q // (T * S), (q // S) % T, q % S
+
+    @gluon.jit
+    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
+                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
+                  GLU: gl.constexpr, CONTIG: gl.constexpr):
+        NM: gl.constexpr = 2 if GLU else 1  # weight matrices per unit (gate and up, or W2)
         c = 0  # steps issued
-        for q in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            p, tile, sp = _unit(q, T, S)
+        for k in range(_unit_count(n_units, n_per, S, CONTIG)):
+            p, tile, sp = _unit(k, n_per, T, S, CONTIG)
             e = gl.load(IDS + p)
             if (e >= 0) & (e < num_experts):  # (another rank's expert: skipped by both partitions)
-                row = (e * 2 * I + tile * 64).to(gl.int32)  # (TMA coordinates are 32-bit)
+                row = (e * rows_e + tile * 64).to(gl.int32)  # (TMA coordinates are 32-bit)
                 for step in range(STEPS):
                     slot = c % R
                     mbarrier.wait(free.index(slot), ((c // R) & 1) ^ 1)  # a fresh barrier passes phase 1
-                    mbarrier.expect(ready.index(slot), 4 * 64 * 64 + 2 * 64 * 16)
+                    mbarrier.expect(ready.index(slot), NM * (2 * 64 * 64 + 64 * 16))
                     # the 16-byte aligned run that holds this step's 8 scale bytes (a start 8 bytes into one faulted,
                     # "illegal instruction", session 47)
                     sc_col = sp * (KR // 32) + 16 * (step // 2)
-                    tma.async_copy_global_to_shared(s_desc, [row, sc_col], ready.index(slot), sc_s.index(2 * slot))
-                    tma.async_copy_global_to_shared(s_desc, [row + I, sc_col], ready.index(slot),
-                                                    sc_s.index(2 * slot + 1))
                     col = (sp * (KR // 128) + 2 * step) * 64
-                    for u in gl.static_range(2):
-                        tma.async_copy_global_to_shared(w_desc, [row, col + 64 * u], ready.index(slot),
-                                                        w_s.index(4 * slot + u))
-                        tma.async_copy_global_to_shared(w_desc, [row + I, col + 64 * u], ready.index(slot),
-                                                        w_s.index(4 * slot + 2 + u))
+                    for m in gl.static_range(NM):  # (up: I rows further)
+                        tma.async_copy_global_to_shared(s_desc, [row + m * I, sc_col], ready.index(slot),
+                                                        sc_s.index(2 * slot + m))
+                        for u in gl.static_range(2):
+                            tma.async_copy_global_to_shared(w_desc, [row + m * I, col + 64 * u], ready.index(slot),
+                                                            w_s.index(4 * slot + 2 * m + u))
                     c += 1
 
     @gluon.jit
@@ -156,15 +180,24 @@ if HAS_TRITON and not INTERPRET:
         return gl.convert_layout(lo, a_l), gl.convert_layout(hi, a_l)
 
     @gluon.jit
+    def _step_scales(sc_s, i, step, acc_l: gl.constexpr):
+        """Scale buffer i's bytes of this step ([64, 8] of its 16-byte run: the first or second half)."""
+        if step % 2 == 0:
+            return sc_s.index(i).slice(0, 8, dim=1).load(acc_l)
+        else:
+            return sc_s.index(i).slice(8, 8, dim=1).load(acc_l)
+
+    @gluon.jit
     def _scaled(acc, part, sc, sa):
         """acc + part * 2^(b - 127 + 6) * sa per column (`moe_mma_operands._scale_acc`, the same order)."""
         f = ((sc.to(gl.int32) + 6) << 23).to(gl.float32, bitcast=True)
         return acc + (part * f) * sa[None, :]
 
     @gluon.jit
-    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k, stride_x,
-                  stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
-                  KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
+    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                  stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
+                  KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
+                  CONTIG: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
         sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
@@ -175,11 +208,11 @@ if HAS_TRITON and not INTERPRET:
         sn = gl.arange(0, 8, layout=gl.BlockedLayout([1], [32], [4], [0]))
         c = 0
         t_built = -1
-        for q in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            p, tile, sp = _unit(q, T, S)
+        for k in range(_unit_count(n_units, n_per, S, CONTIG)):
+            p, tile, sp = _unit(k, n_per, T, S, CONTIG)
             e = gl.load(IDS + p)
             if (e >= 0) & (e < num_experts):
-                t = p // top_k
+                t = p // top_k  # (the down GEMV: top_k 1, each pair's own z)
                 kb0 = sp * KBR
                 if t != t_built:  # (every unit of a program has the same K range)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
@@ -195,39 +228,44 @@ if HAS_TRITON and not INTERPRET:
                     slot = (c + step) % R
                     sa = sa_s.index(step).load(gl.SliceLayout(0, acc_l))
                     mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
-                    if step % 2 == 0:  # (this step's 8 bytes of the slot's 16)
-                        sc_g = sc_s.index(2 * slot).slice(0, 8, dim=1).load(acc_l)
-                        sc_u = sc_s.index(2 * slot + 1).slice(0, 8, dim=1).load(acc_l)
-                    else:
-                        sc_g = sc_s.index(2 * slot).slice(8, 8, dim=1).load(acc_l)
-                        sc_u = sc_s.index(2 * slot + 1).slice(8, 8, dim=1).load(acc_l)
+                    sc_g = _step_scales(sc_s, 2 * slot, step, acc_l)
                     pg = zero
                     pu = zero
                     for u in gl.static_range(U_STEP):
                         g_lo, g_hi = _widen(w_s, 4 * slot + u, a_l)
-                        u_lo, u_hi = _widen(w_s, 4 * slot + 2 + u, a_l)
+                        if GLU:
+                            u_lo, u_hi = _widen(w_s, 4 * slot + 2 + u, a_l)
                         if u == U_STEP - 1:
+                            if GLU:
+                                sc_u = _step_scales(sc_s, 2 * slot + 1, step, acc_l)
                             gl.thread_barrier()  # every consumer warp has the slot's bytes in registers
                             mbarrier.arrive(free.index(slot), count=1)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
                         pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
                         pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
-                        pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
-                        pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
-                    pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
+                        if GLU:
+                            pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
+                            pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
+                    if GLU:
+                        pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
+                        acc_u = _scaled(acc_u, pu, sc_u, sa)
+                    else:
+                        pg = warpgroup_mma_wait(num_outstanding=0, deps=[pg])
                     acc_g = _scaled(acc_g, pg, sc_g, sa)
-                    acc_u = _scaled(acc_u, pu, sc_u, sa)
                 c += STEPS
                 dst = P + (sp * NCONS + HALF).to(gl.int64) * stride_ps + p.to(gl.int64) * stride_pp + tile * 64 + r
                 gl.store(dst, gl.sum(acc_g, axis=1))
-                gl.store(dst + I, gl.sum(acc_u, axis=1))
+                if GLU:
+                    gl.store(dst + I, gl.sum(acc_u, axis=1))
 
     @gluon.jit
-    def _glu_decode_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, I, top_k, stride_x, stride_sx,
-                           stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
-                           R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr):
-        """P[s, p, :I] / P[s, p, I:] = the fp32 gate / up partials of K range s of pair p (module docstring)."""
+    def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
+                       stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
+                       R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
+                       CONTIG: gl.constexpr):
+        """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
+        else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D)."""
         STEPS: gl.constexpr = KR // 128 // 2
         w_s = gl.allocate_shared_memory(gl.uint8, [4 * R, 64, 64], w_desc.layout)
         sc_s = gl.allocate_shared_memory(gl.uint8, [2 * R, 64, 16], s_desc.layout)
@@ -242,19 +280,19 @@ if HAS_TRITON and not INTERPRET:
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
         if NCONS == 2:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2)),
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2)),
-                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR,
-                             R)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, T, S,
+                             STEPS, KR, R, GLU, CONTIG)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1)),
-                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, I, T, S, STEPS, KR,
-                             R)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, T, S,
+                             STEPS, KR, R, GLU, CONTIG)),
             ], [1], [40])
 
     @pdl_kernel
@@ -283,19 +321,22 @@ if HAS_TRITON and not INTERPRET:
         tl.store(ZQ + p * stride_zq + b * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
         tl.store(ZS + p * stride_zs + b + tl.arange(0, 1), s)
 
-    def _descriptors(experts: PackedExperts) -> tuple:
-        """TMA descriptors of the experts' w13 bytes ([E * 2I, D/2], boxes [64, 64], 64-byte swizzle) and scale bytes
-        ([E * 2I, D/32], boxes [64, 16], no swizzle), kept on the expert set (remade if its tensors were replaced)."""
-        w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)
-        key = (w13.data_ptr(), s13.data_ptr())
-        cached = experts.tma.get("glu_decode")
+    def _descriptors(experts: PackedExperts, glu: bool) -> tuple:
+        """TMA descriptors of the experts' w13 (glu) or w2 bytes ([E * rows, K/2], boxes [64, 64], 64-byte swizzle)
+        and scale bytes ([E * rows, K/32], boxes [64, 16], no swizzle), kept on the expert set (remade if its tensors
+        were replaced)."""
+        w, sc = (experts.w13, experts.w13_scale) if glu else (experts.w2, experts.w2_scale)
+        sc = sc.view(torch.uint8)
+        key = (w.data_ptr(), sc.data_ptr())
+        name = "glu_decode" if glu else "down_decode"
+        cached = experts.tma.get(name)
         if cached is None or cached[0] != key:
-            e2i = w13.shape[0] * w13.shape[1]
+            rows = w.shape[0] * w.shape[1]
             w_l = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
             s_l = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-            cached = experts.tma["glu_decode"] = (key, (
-                TensorDescriptor.from_tensor(w13.view(e2i, w13.shape[2]), [64, 64], w_l),
-                TensorDescriptor.from_tensor(s13.view(e2i, s13.shape[2]), [64, 16], s_l)))
+            cached = experts.tma[name] = (key, (
+                TensorDescriptor.from_tensor(w.view(rows, w.shape[2]), [64, 64], w_l),
+                TensorDescriptor.from_tensor(sc.view(rows, sc.shape[2]), [64, 16], s_l)))
         return cached[1]
 
 
@@ -304,14 +345,41 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def applies(experts: PackedExperts, x: torch.Tensor, blocks) -> bool:
-    """Whether `glu_decode` takes this GLU: ENABLED, MXFP4 experts on a Hopper GPU (TMA, wgmma), one pair per unit
-    (no blocks of pairs), and K ranges of whole steps for every consumer (Flash's 4096: yes; Pro's 7168: no)."""
+def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False) -> bool:
+    """Whether `glu_decode` (or, down: `down_decode`) takes this GEMV: ENABLED (DOWN_ENABLED), MXFP4 experts on a
+    Hopper GPU (TMA, wgmma), one pair per unit (no blocks of pairs), and K ranges of whole steps for every consumer
+    (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 no; the down's, inter: Flash's 2048 and Pro's 3072 yes)."""
     from dsv4.kernels.moe_wide import _is_hopper
 
-    return (ENABLED and blocks is None and experts.fmt == "mxfp4" and x.is_cuda and not INTERPRET
-            and _is_hopper(x.device) and experts.hidden % (BLOCK * U * SPLIT * CONSUMERS) == 0
-            and experts.inter % BLOCK == 0)
+    k, n = (experts.inter, experts.hidden) if down else (experts.hidden, experts.inter)
+    return ((DOWN_ENABLED if down else ENABLED) and blocks is None and experts.fmt == "mxfp4" and x.is_cuda
+            and not INTERPRET and _is_hopper(x.device) and k % (BLOCK * U * (DOWN_SPLIT if down else SPLIT)
+                                                                 * CONSUMERS) == 0 and n % BLOCK == 0)
+
+
+def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int) -> torch.Tensor:
+    """The persistent kernel over the routed pairs (GLU: w13 from x's codes; else W2 from z's): its fp32 partials
+    [split x CONSUMERS, pairs, 2I or D]."""
+    e, i, d = experts.num_experts, experts.inter, experts.hidden
+    k, n = (d, i) if glu else (i, d)  # reduced dimension, output rows (per matrix)
+    if k % (BLOCK * U * split * CONSUMERS) or n % BLOCK:
+        raise ValueError(f"moe_glu_decode: K {k} must split into {split} x {CONSUMERS} ranges of whole {U}-block "
+                         f"steps, the {n} output rows into 128-blocks")
+    pairs = ids.numel()
+    w_desc, s_desc = _descriptors(experts, glu)
+    ranges = split * CONSUMERS  # (each consumer stores its own partial of a unit)
+    part = torch.empty((ranges, pairs, 2 * i if glu else d), dtype=torch.float32, device=xq.device)
+    t = n // ROWS
+    n_units = pairs * t * split
+    sms = _sm_count(xq.device.index if xq.device.index is not None else torch.cuda.current_device())
+    programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
+    n_per = -(-(pairs * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
+    _stream_kernel[(programs,)](
+        w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d, i, top_k, xq.stride(0),
+        sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages, NCONS=CONSUMERS,
+        REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, num_warps=4,
+        **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
+    return part
 
 
 def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
@@ -319,22 +387,16 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
                stages: int = STAGES) -> None:
     """GEMM1 of method "mma" (`moe_gemv.mma_glu_stage`'s contract from the quantised x): writes the routed pairs'
     rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128])."""
-    e, i, d = experts.num_experts, experts.inter, experts.hidden
-    pairs = ids.numel()
-    kr = d // split
-    if d % (BLOCK * U * split * CONSUMERS) or i % BLOCK:
-        raise ValueError(f"glu_decode: hidden {d} must split into {split} ranges of whole {U}-block steps, inter {i} "
-                         "into 128-blocks")
-    w_desc, s_desc = _descriptors(experts)
-    ranges = split * CONSUMERS  # (each consumer stores its own partial of a unit)
-    part = torch.empty((ranges, pairs, 2 * i), dtype=torch.float32, device=xq.device)
-    t = i // ROWS
-    n_units = pairs * t * split
-    sms = _sm_count(xq.device.index if xq.device.index is not None else torch.cuda.current_device())
-    programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
-    _glu_decode_kernel[(programs,)](
-        w_desc, s_desc, xq, sx, ids, part, e, n_units, i, top_k, xq.stride(0), sx.stride(0), part.stride(0),
-        part.stride(1), T=t, S=split, KR=kr, R=stages, NCONS=CONSUMERS, REGS=CONSUMER_REGS, num_warps=4,
-        **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
-    _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, e, float(swiglu_limit), part.stride(0),
-                                        part.stride(1), zq.stride(0), zs.stride(0), S=ranges, num_warps=4)
+    part = _launch(xq, sx, ids, experts, True, top_k, split, stages)
+    pairs, i, ranges = ids.numel(), experts.inter, part.shape[0]
+    _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, experts.num_experts, float(swiglu_limit),
+                                        part.stride(0), part.stride(1), zq.stride(0), zs.stride(0), S=ranges,
+                                        num_warps=4)
+
+
+def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, split: int = DOWN_SPLIT,
+                stages: int = STAGES) -> torch.Tensor:
+    """GEMM2 of method "mma" from z's codes (`mma_glu_stage`'s zq / zs): the fp32 partials [split x CONSUMERS,
+    pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe._combine(ranges=)`, the
+    Triton down's y exactly up to fp32 summation order)."""
+    return _launch(zq, zs, ids, experts, False, 1, split, stages)

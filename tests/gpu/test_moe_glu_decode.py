@@ -96,3 +96,31 @@ def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
         on = fused_moe(x, ids, w, packed)
         close_bf16(on, off, rel=1e-2, what=f"fused_moe m={m} consumers={consumers}, Gluon GLU vs Triton GLU")
         close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")
+
+
+@pytest.mark.parametrize("m,consumers", [(1, 2), (3, 2), (2, 1)])
+def test_down_decode_in_moe_gemv(m, consumers, close_bf16, monkeypatch):
+    """The opt-in persistent down GEMV (partials summed in the combine) against the Triton down: the combined MoE
+    output (bf16, and the fp32 expert-parallel partial with other ranks' pairs) close to it and to the reference."""
+    from dsv4.kernels import moe_glu_decode
+    from dsv4.kernels.moe import finalize_experts, fused_moe_ref
+    from dsv4.kernels.moe_gemv import moe_gemv
+
+    e, d, i, k = 8, 2048, 2048, 6
+    gen = torch.Generator(DEV).manual_seed(m * 5 + consumers)
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
+    for dtype, other_ranks in ((torch.bfloat16, False), (torch.float32, True)):
+        ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
+        outs = []
+        for on in (False, True):
+            monkeypatch.setattr(moe_glu_decode, "DOWN_ENABLED", on)
+            assert moe_glu_decode.applies(packed, x, None, down=True) == on
+            out = torch.full((m, d), float("nan"), dtype=dtype, device=DEV)
+            outs.append(moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=out))
+        same = float((outs[0] == outs[1]).float().mean())
+        print(f"m={m} consumers={consumers} {dtype}: {same:.4f} of the outputs bit-identical to the Triton down's")
+        close_bf16(outs[1], outs[0], rel=1e-2, what=f"down m={m} {dtype} vs the Triton down")
+        close_bf16(outs[1], fused_moe_ref(x, ids, w, experts, out_dtype=dtype), rel=1e-2, what=f"down m={m} {dtype}")
