@@ -8,7 +8,7 @@ G=dsv4.kernels.moe_glu_decode
 timeout 240 python3 -m pytest -q -s -rf --tb=short -p no:cacheprovider tests/gpu/test_moe_glu_decode.py > $OUT/glu.txt 2>&1
 grep -E "bit-identical|passed|failed|Error|error" $OUT/glu.txt | head -24
 DOWN=("down:$G.DOWN_ENABLED=True")  # (left out where its tests failed: a fault would end the bench's process)
-grep -qE "FAILED.*test_down|^[^0-9]*$" $OUT/glu.txt && DOWN=()
+{ grep -q "FAILED.*test_down" $OUT/glu.txt || ! grep -qE "[0-9]+ passed" $OUT/glu.txt; } && DOWN=()
 timeout 240 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" "${DOWN[@]}" \
   "triton GLU:$G.ENABLED=False" "default again:" 2>&1 | tail -6
 rows8 100 1,2 "$G.ENABLED=False"
