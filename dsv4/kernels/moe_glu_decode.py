@@ -23,6 +23,10 @@ range); the partitions share a ring of STAGES shared-memory slots:
 routing weight) and quantises z per 128 channels as W2's input (`mma_down_stage`'s layout): the work of the Triton
 GLU's split-K last arriver plus `_quant16_kernel`, without arrival counters.
 
+The down GEMV (GEMM2, `down_decode`, opt-in: DOWN_ENABLED) is the same kernel with one matrix per unit (W2's rows,
+from z's codes; a program takes a run of one pair's row tiles, CONTIG, so it rebuilds its activation tiles once per
+pair); its fp32 partials are summed per row, rounded to bf16 and combined by `moe._combine` in one launch.
+
 Numerics: the same exact products and per-group fp32 sums as method "mma" (one MMA chain per 32-group and step,
 scaled in the same order); the row sums over the accumulator's 8 columns and the K ranges run in another order
 than the Triton GLU's 16-column sum -- yet every z and MoE output came out bit-identical to it (s47c;
