@@ -11,6 +11,7 @@ DOWN=("down:$G.DOWN_ENABLED=True")  # (left out where its tests failed: a fault 
 { grep -q "FAILED.*test_down" $OUT/glu.txt || ! grep -qE "[0-9]+ passed" $OUT/glu.txt; } && DOWN=()
 timeout 240 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" "${DOWN[@]}" \
   "triton GLU:$G.ENABLED=False" "default again:" 2>&1 | tail -6
+[ ${#DOWN[@]} -gt 0 ] && timeout 200 python3 bench/bench_moe_stages.py --tokens 1,2,4 2>&1 | tail -13
 rows8 100 1,2 "$G.ENABLED=False"
 rows8 100 1,2
 [ ${#DOWN[@]} -gt 0 ] && rows8 100 1,2 "$G.DOWN_ENABLED=True" && rows8 100 1,2
