@@ -64,7 +64,7 @@ CONSUMER_REGS = 200
 ONE_CONSUMER_MAXNREG = 232
 # The down GEMV here too (opt-in, prepared in session 47, not measured): the same kernel over W2's rows, each unit's
 # activation tiles the pair's own z, a program's units a run of one pair's row tiles (CONTIG), y's partials summed
-# in the combine (`moe._combine(ranges=)`: no launch of its own)
+# in the combine (`moe._combine` given them as 3-D y: no launch of its own)
 DOWN_ENABLED = False
 DOWN_SPLIT = 2  # ... its K ranges (inter 2048: 8 steps per range, 4 per consumer)
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
@@ -401,6 +401,6 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
 def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, split: int = DOWN_SPLIT,
                 stages: int = STAGES) -> torch.Tensor:
     """GEMM2 of method "mma" from z's codes (`mma_glu_stage`'s zq / zs): the fp32 partials [split x CONSUMERS,
-    pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe._combine(ranges=)`, the
+    pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe._combine` (3-D y), the
     Triton down's y exactly up to fp32 summation order)."""
     return _launch(zq, zs, ids, experts, False, 1, split, stages)
