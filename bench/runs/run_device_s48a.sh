@@ -10,7 +10,8 @@ grep -E "bit-identical|passed|failed|Error|error" $OUT/glu.txt | head -24
 DOWN=("down:$G.DOWN_ENABLED=True")  # (left out where its tests failed: a fault would end the bench's process)
 { grep -q "FAILED.*test_down" $OUT/glu.txt || ! grep -qE "[0-9]+ passed" $OUT/glu.txt; } && DOWN=()
 timeout 240 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" "${DOWN[@]}" \
-  "triton GLU:$G.ENABLED=False" "default again:" 2>&1 | tail -6
+  "triton GLU:$G.ENABLED=False" "GLU split 2:$G.SPLIT=2" "GLU split 8:$G.SPLIT=8" "GLU ring 8:$G.STAGES=8" \
+  "default again:" 2>&1 | tail -6
 [ ${#DOWN[@]} -gt 0 ] && timeout 200 python3 bench/bench_moe_stages.py --tokens 1,2,4 2>&1 | tail -13
 rows8 100 1,2 "$G.ENABLED=False"
 rows8 100 1,2
