@@ -387,20 +387,22 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
 
 
 def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
-               swiglu_limit: float, top_k: int, zq: torch.Tensor, zs: torch.Tensor, split: int = SPLIT,
-               stages: int = STAGES) -> None:
+               swiglu_limit: float, top_k: int, zq: torch.Tensor, zs: torch.Tensor, split: int | None = None,
+               stages: int | None = None) -> None:
     """GEMM1 of method "mma" (`moe_gemv.mma_glu_stage`'s contract from the quantised x): writes the routed pairs'
     rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128])."""
-    part = _launch(xq, sx, ids, experts, True, top_k, split, stages)
+    part = _launch(xq, sx, ids, experts, True, top_k, SPLIT if split is None else split,
+                   STAGES if stages is None else stages)  # (the module's values when called: A/B flags)
     pairs, i, ranges = ids.numel(), experts.inter, part.shape[0]
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, experts.num_experts, float(swiglu_limit),
                                         part.stride(0), part.stride(1), zq.stride(0), zs.stride(0), S=ranges,
                                         num_warps=4)
 
 
-def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts, split: int = DOWN_SPLIT,
-                stages: int = STAGES) -> torch.Tensor:
+def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts,
+                split: int | None = None, stages: int | None = None) -> torch.Tensor:
     """GEMM2 of method "mma" from z's codes (`mma_glu_stage`'s zq / zs): the fp32 partials [split x CONSUMERS,
     pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe._combine` (3-D y), the
     Triton down's y exactly up to fp32 summation order)."""
-    return _launch(zq, zs, ids, experts, False, 1, split, stages)
+    return _launch(zq, zs, ids, experts, False, 1, DOWN_SPLIT if split is None else split,
+                   STAGES if stages is None else stages)
