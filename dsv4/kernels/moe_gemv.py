@@ -62,10 +62,9 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe_gemv_pairs import (_act_scales_g, _act_tiles_g, _block_first, _block_member,
                                              _column_pairs, _pair_sum)
-    from dsv4.kernels.moe_mma_operands import (_act_pos, _act_scales, _act_tiles, _f16_hi, _f16_lo, _mma_order,
+    from dsv4.kernels.moe_mma_operands import (_act_scales, _act_tiles, _f16_hi, _f16_lo, _glu_out, _mma_order,
                                                   _scale_acc, quant16_block)
 
 if HAS_TRITON:  # ------------------------------------------------------------- method="mma"
@@ -103,20 +102,6 @@ if HAS_TRITON:  # ------------------------------------------------------------- 
             total += tl.load(P, cache_modifier=".cg")
             P += stride_ps  # 64-bit pointer steps
         return total
-
-    @triton.jit
-    def _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs,
-                 BN: tl.constexpr, QUANT_OUT: tl.constexpr):
-        """The GLU epilogue: bf16 gate / up, SwiGLU clamp, routing weight, z (or its FP8 block) stored."""
-        g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
-        u = tl.clamp(up.to(tl.bfloat16).to(tl.float32), -limit, limit)
-        z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
-        if QUANT_OUT:
-            q, s = _quant_rows(z.to(tl.float32)[None, :])
-            tl.store(Z + p * stride_z + pid_n * BN + _act_pos(tl.arange(0, BN))[None, :], q.to(tl.float16))
-            tl.store(ZS + p * stride_zs + pid_n + tl.arange(0, 1), s)
-        else:
-            tl.store(Z + p * stride_z + offs_n, z)
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["top_k", "num_experts"])

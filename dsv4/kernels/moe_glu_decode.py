@@ -80,8 +80,7 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from dsv4.kernels._triton import pdl_kernel, pdl_wait
-    from dsv4.kernels.fp8_linear import _quant_rows
-    from dsv4.kernels.moe_mma_operands import _act_pos
+    from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
     _LO_ASM = gl.constexpr(F16_LO_PTX)
@@ -304,7 +303,7 @@ if HAS_TRITON and not INTERPRET:
     def _finish_kernel(P, IDS, TOPK_W, ZQ, ZS, I, num_experts, limit, stride_ps, stride_pp, stride_zq, stride_zs,
                        S: tl.constexpr):
         """z of pair program_id(0), channels [128 b, +128) (b = program_id(1)): the S partials summed in range
-        order from 0.0 (as `moe_gemv._split_sum`), `_glu_out`'s epilogue, and `quant16_block`'s quantisation."""
+        order from 0.0 (as `moe_gemv._split_sum`), then `_glu_out`'s epilogue with z quantised."""
         pdl_wait()
         p = tl.program_id(0).to(tl.int64)
         b = tl.program_id(1)
@@ -318,12 +317,7 @@ if HAS_TRITON and not INTERPRET:
         for s in tl.static_range(S):
             gate += tl.load(src + s * stride_ps)
             up += tl.load(src + s * stride_ps + I)
-        g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
-        u = tl.clamp(up.to(tl.bfloat16).to(tl.float32), -limit, limit)
-        z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
-        q, s = _quant_rows(z.to(tl.float32)[None, :])
-        tl.store(ZQ + p * stride_zq + b * 128 + _act_pos(offs)[None, :], q.to(tl.float16))
-        tl.store(ZS + p * stride_zs + b + tl.arange(0, 1), s)
+        _glu_out(gate, up, p, b, offs, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, BN=128, QUANT_OUT=True)
 
     def _descriptors(experts: PackedExperts, glu: bool) -> tuple:
         """TMA descriptors of the experts' w13 (glu) or w2 bytes ([E * rows, K/2], boxes [64, 64], 64-byte swizzle)
@@ -355,10 +349,15 @@ def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False)
     (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 no; the down's, inter: Flash's 2048 and Pro's 3072 yes)."""
     from dsv4.kernels.moe_wide import _is_hopper
 
-    k, n = (experts.inter, experts.hidden) if down else (experts.hidden, experts.inter)
     return ((DOWN_ENABLED if down else ENABLED) and blocks is None and experts.fmt == "mxfp4" and x.is_cuda
-            and not INTERPRET and _is_hopper(x.device) and k % (BLOCK * U * (DOWN_SPLIT if down else SPLIT)
-                                                                 * CONSUMERS) == 0 and n % BLOCK == 0)
+            and not INTERPRET and _is_hopper(x.device) and _fits(experts, not down, DOWN_SPLIT if down else SPLIT))
+
+
+def _fits(experts: PackedExperts, glu: bool, split: int) -> bool:
+    """The reduced dimension (GLU: hidden, down: inter) splits into split x CONSUMERS ranges of whole U-block steps,
+    the output rows into 128-blocks."""
+    k, n = (experts.hidden, experts.inter) if glu else (experts.inter, experts.hidden)
+    return k % (BLOCK * U * split * CONSUMERS) == 0 and n % BLOCK == 0
 
 
 def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int) -> torch.Tensor:
@@ -366,7 +365,7 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     [split x CONSUMERS, pairs, 2I or D]."""
     e, i, d = experts.num_experts, experts.inter, experts.hidden
     k, n = (d, i) if glu else (i, d)  # reduced dimension, output rows (per matrix)
-    if k % (BLOCK * U * split * CONSUMERS) or n % BLOCK:
+    if not _fits(experts, glu, split):
         raise ValueError(f"moe_glu_decode: K {k} must split into {split} x {CONSUMERS} ranges of whole {U}-block "
                          f"steps, the {n} output rows into 128-blocks")
     pairs = ids.numel()

@@ -1,7 +1,8 @@
 """Operands of the decode MoE's tensor-core group sums (method "mma" of dsv4.kernels.moe_gemv, whose docstring
 gives the math): MXFP4 nibbles as exact f16 values, the weight bytes in the MMA's K order, the block-diagonal
 activation tiles (column 4u + g: group g of K block u of a loop step) and the per-column group scales; the x
-quantisation block both the GLU and the router write (`quant16_block`) and the host check of its buffers."""
+quantisation block both the GLU and the router write (`quant16_block`) and the host check of its buffers; the GLU
+epilogue that both decode GLUs end in (`_glu_out`)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,22 @@ if HAS_TRITON:
         t = (e // 8) % 4
         c = (e // 2) % 4
         return 64 * tile + 16 * c + 8 * h + 2 * t + e % 2
+
+    @triton.jit
+    def _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs,
+                 BN: tl.constexpr, QUANT_OUT: tl.constexpr):
+        """The decode GLU epilogue for pair p's BN channels (tile pid_n): bf16 gate / up, SwiGLU clamp, routing
+        weight, and z stored as bf16 at offs_n or (QUANT_OUT, BN 128: one block) as W2's FP8 input in
+        `quant16_block`'s layout (`moe_gemv`'s GLU, `moe_glu_decode`'s finish)."""
+        g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
+        u = tl.clamp(up.to(tl.bfloat16).to(tl.float32), -limit, limit)
+        z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
+        if QUANT_OUT:
+            q, s = _quant_rows(z.to(tl.float32)[None, :])
+            tl.store(Z + p * stride_z + pid_n * BN + _act_pos(tl.arange(0, BN))[None, :], q.to(tl.float16))
+            tl.store(ZS + p * stride_zs + pid_n + tl.arange(0, 1), s)
+        else:
+            tl.store(Z + p * stride_z + offs_n, z)
 
     @triton.jit
     def quant16_block(x_row, q_row, s_row, kb):
