@@ -161,18 +161,23 @@ if HAS_TRITON and not INTERPRET:
     def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
         """The block-diagonal activation tiles of token t's K blocks kb0 .. kb0 + KBR - 1: tile 2j + h ([8 columns,
         64 k], the wgmma B operand transposed) holds the low (h 0) / high (h 1) nibbles' activations of block j in
-        column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`); only the blocks of
-        consumer HALF's steps (of NCONS)."""
-        b_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-        n = gl.arange(0, 8, layout=gl.SliceLayout(1, b_l))
-        k = gl.arange(0, 64, layout=gl.SliceLayout(0, b_l))
-        row = XQ + t.to(gl.int64) * stride_x + kb0 * 128
-        for j in gl.static_range(KBR):
-            if (j // 2) % NCONS == HALF:  # (the blocks of this consumer's steps)
-                for h in gl.static_range(2):
-                    x = gl.load(row + j * 128 + 64 * h + k)
-                    col = 4 * (j % 2) + 2 * ((k // 8) % 2) + h
-                    b_s.index(2 * j + h).store(gl.where(n[:, None] == col[None, :], x[None, :], 0.0))
+        column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`); only the tiles of
+        consumer HALF's steps (of NCONS; step s: tiles 4s .. 4s + 3). Their activations are loaded in one go (the
+        tile-by-tile loads were a chain of L2 round trips at the kernel's start: 14 % of its stall samples, s48),
+        each tile then picked out of the registers (a sum over the thread's own rows) and stored."""
+        NQ: gl.constexpr = 4 * (KBR // 2 // NCONS)  # this consumer's tiles
+        l3: gl.constexpr = gl.BlockedLayout([NQ, 1, 4], [1, 2, 16], [1, 4, 1], [2, 1, 0])  # [tile, column, k]
+        x_l: gl.constexpr = gl.SliceLayout(1, l3)
+        q = gl.arange(0, NQ, layout=gl.SliceLayout(1, x_l))
+        k = gl.arange(0, 64, layout=gl.SliceLayout(0, x_l))
+        tile = 4 * (HALF + NCONS * (q // 4)) + q % 4
+        x = gl.load(XQ + t.to(gl.int64) * stride_x + kb0 * 128 + 64 * tile[:, None] + k[None, :])
+        col = 4 * ((tile % 4) // 2)[:, None] + 2 * ((k // 8) % 2)[None, :] + (tile % 2)[:, None]
+        n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))
+        tiles = gl.where(n[None, :, None] == gl.expand_dims(col, 1), gl.expand_dims(x, 1), 0.0)
+        q3 = gl.expand_dims(gl.expand_dims(q, 1), 1)
+        for i in gl.static_range(NQ):
+            b_s.index(4 * (HALF + NCONS * (i // 4)) + i % 4).store(gl.sum(gl.where(q3 == i, tiles, 0.0), axis=0))
 
     @gluon.jit
     def _widen(w_s, i, a_l: gl.constexpr):
@@ -197,7 +202,7 @@ if HAS_TRITON and not INTERPRET:
         return acc + (part * f) * sa[None, :]
 
     @gluon.jit
-    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, n_per, I, top_k,
+    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                   stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
                   KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
                   CONTIG: gl.constexpr):
@@ -208,7 +213,7 @@ if HAS_TRITON and not INTERPRET:
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
         zero = gl.zeros([64, 8], gl.float32, layout=acc_l)
-        sn = gl.arange(0, 8, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        sn = gl.arange(0, 8, layout=gl.SliceLayout(0, acc_l))
         c = 0
         t_built = -1
         for k in range(_unit_count(n_units, n_per, S, CONTIG)):
@@ -220,8 +225,6 @@ if HAS_TRITON and not INTERPRET:
                 if t != t_built:  # (every unit of a program has the same K range)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
                     _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
-                    for j in gl.static_range(HALF, STEPS, NCONS):  # the activation scale per step and column, x 2^8
-                        sa_s.index(j).store(gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * j + sn // 4) * 256.0)
                     fence_async_shared()
                     gl.thread_barrier()
                     t_built = t
@@ -229,7 +232,8 @@ if HAS_TRITON and not INTERPRET:
                 acc_u = zero
                 for step in range(HALF, STEPS, NCONS):
                     slot = (c + step) % R
-                    sa = sa_s.index(step).load(gl.SliceLayout(0, acc_l))
+                    # the activation scale per column, x 2^8 (from L1: no shared-memory hazard, no CTA barrier here)
+                    sa = gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4) * 256.0
                     mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
                     sc_g = _step_scales(sc_s, 2 * slot, step, acc_l)
                     pg = zero
@@ -241,8 +245,6 @@ if HAS_TRITON and not INTERPRET:
                         if u == U_STEP - 1:
                             if GLU:
                                 sc_u = _step_scales(sc_s, 2 * slot + 1, step, acc_l)
-                            gl.thread_barrier()  # every consumer warp has the slot's bytes in registers
-                            mbarrier.arrive(free.index(slot), count=1)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
                         pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
@@ -255,6 +257,9 @@ if HAS_TRITON and not INTERPRET:
                         acc_u = _scaled(acc_u, pu, sc_u, sa)
                     else:
                         pg = warpgroup_mma_wait(num_outstanding=0, deps=[pg])
+                    # the slot is free: the MMAs are done, and a warpgroup's MMA runs only once all its warps
+                    # issued it, i.e. once every warp holds the bytes it read from the slot
+                    mbarrier.arrive(free.index(slot), count=1)
                     acc_g = _scaled(acc_g, pg, sc_g, sa)
                 c += STEPS
                 dst = P + (sp * NCONS + HALF).to(gl.int64) * stride_ps + p.to(gl.int64) * stride_pp + tile * 64 + r
@@ -274,7 +279,6 @@ if HAS_TRITON and not INTERPRET:
         sc_s = gl.allocate_shared_memory(gl.uint8, [2 * R, 64, 16], s_desc.layout)
         b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         b_s = gl.allocate_shared_memory(gl.float16, [2 * (KR // 128), 8, 64], b_sl)
-        sa_s = gl.allocate_shared_memory(gl.float32, [STEPS, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         ready = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
         free = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(R):
@@ -283,16 +287,16 @@ if HAS_TRITON and not INTERPRET:
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
         if NCONS == 2:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                              stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG)),
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                              stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, T, S,
                              STEPS, KR, R, GLU, CONTIG)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, sa_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                              stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, T, S,
                              STEPS, KR, R, GLU, CONTIG)),
