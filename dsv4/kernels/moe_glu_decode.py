@@ -67,6 +67,8 @@ ONE_CONSUMER_MAXNREG = 232
 # in the combine (`moe._combine` given them as 3-D y: no launch of its own)
 DOWN_ENABLED = False
 DOWN_SPLIT = 2  # ... its K ranges (inter 2048: 8 steps per range, 4 per consumer)
+# launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
+STREAM_PDL = True
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
@@ -79,7 +81,7 @@ if HAS_TRITON and not INTERPRET:
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsv4.kernels._triton import pdl_kernel, pdl_wait
+    from dsv4.kernels._triton import PDL, pdl_kernel, pdl_wait
     from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
@@ -105,6 +107,14 @@ if HAS_TRITON and not INTERPRET:
         return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 16], [0, 32], [0, 8], [8, 0]],
                                           lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
                                           warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
+
+    @gluon.jit
+    def _gluon_pdl_wait():
+        """`pdl_wait` in Gluon: the previous kernel's writes (the router's x codes and ids) visible, then the next
+        kernel (the finish) may be scheduled beside this one, to wait there."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
     @gluon.jit
     def _unit_count(n_units, n_per, S: gl.constexpr, CONTIG: gl.constexpr):
@@ -267,6 +277,7 @@ if HAS_TRITON and not INTERPRET:
                 if GLU:
                     gl.store(dst + I, gl.sum(acc_u, axis=1))
 
+    @pdl_kernel
     @gluon.jit
     def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
                        stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
@@ -284,6 +295,7 @@ if HAS_TRITON and not INTERPRET:
         for i in gl.static_range(R):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(free.index(i), count=1)
+        _gluon_pdl_wait()  # (everything above touched no input: it overlaps the previous kernel's tail)
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
         if NCONS == 2:
             gl.warp_specialize([
@@ -381,7 +393,8 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     sms = _sm_count(xq.device.index if xq.device.index is not None else torch.cuda.current_device())
     programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
     n_per = -(-(pairs * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
-    _stream_kernel[(programs,)](
+    kernel = _stream_kernel if STREAM_PDL else _stream_kernel.fn  # (.fn: launched without PDL)
+    kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d, i, top_k, xq.stride(0),
         sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages, NCONS=CONSUMERS,
         REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, num_warps=4,
