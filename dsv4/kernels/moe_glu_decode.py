@@ -12,12 +12,13 @@ range); the partitions share a ring of STAGES shared-memory slots:
                             steps ahead, into the next unit while the consumers finish this one
     consumers (CONSUMERS    the math of method "mma" (`moe_gemv`'s docstring), alternate steps of every unit each:
       x 4 warps)            the bytes read from the slot in the K order of `_mma_order` (two 8-byte runs per thread,
-                            row and K block), the slot freed, the nibbles moved into f16 (e2m1 * 2^-14, exact),
-                            wgmma (m64n8k16, the weights as the register operand) against the block-diagonal
-                            activation tiles of the pair's token (built in shared memory from the router's x
-                            quantisation when the token changes), each step's 8 columns scaled by group and
-                            activation scales into the fp32 accumulators; per unit the [64] gate / up row sums
-                            stored as the fp32 partial of its K range and consumer
+                            row and K block), the nibbles moved into f16 (e2m1 * 2^-14, exact), wgmma (m64n8k16, the
+                            weights as the register operand) against the block-diagonal activation tiles of the
+                            pair's token (built in shared memory from the router's x quantisation when the token
+                            changes, from one batched load), the slot freed once the MMAs are done, each step's 8
+                            columns scaled by group and activation scales (the latter from L1) into the fp32
+                            accumulators; per unit the [64] gate / up row sums stored as the fp32 partial of its K
+                            range and consumer
 
 `_finish_kernel` then sums the S x CONSUMERS partials in order, applies the SwiGLU epilogue (bf16 gate / up, clamp,
 routing weight) and quantises z per 128 channels as W2's input (`mma_down_stage`'s layout): the work of the Triton
@@ -32,11 +33,17 @@ scaled in the same order); the row sums over the accumulator's 8 columns and the
 than the Triton GLU's 16-column sum -- yet every z and MoE output came out bit-identical to it (s47c;
 tests/gpu/test_moe_glu_decode.py checks closeness and prints the bit-identical share).
 
+The kernel is launched with PDL: barrier set-up overlaps the previous kernel's tail, and the finish is scheduled
+beside it to wait.
+
 Hopper notes met here (s47): a TMA box whose start is not 16-byte aligned in the inner dimension faulted with "illegal
 instruction" (the scale boxes started 8 bytes into a 16-byte run); with one consumer Triton's register bound for
 the 8-warp launch (256) is past ptxas's 255, ignored, and the partitions' setmaxnreg then fault too
 (ONE_CONSUMER_MAXNREG). One consumer warpgroup is issue-bound (≈ 550 SASS instructions per 16 KB step per thread,
-no other warp on its schedulers to fill the stalls): the second is what makes it pay.
+no other warp on its schedulers to fill the stalls): the second is what makes it pay. Nsight (s48): the top stall
+"barrier" is the idle warps of the producer's warpgroup and the partitions' end (fewer CTA barriers in the step loop
+changed nothing); the per-tile activation loads were a chain of L2 round trips at the start (14 % of the stall
+samples, now one batched load: GLU alone at one token 24.8 -> 23.3 µs).
 """
 from __future__ import annotations
 
@@ -51,7 +58,8 @@ from dsv4.kernels.moe_mma_operands import F16_HI_PTX, F16_LO_PTX
 # The decode GLU here where it applies (`applies`). Session 47 (s47c, H200, Flash MoE call in CUDA graphs of 16
 # routings, bench_moe_flags.py --graphs 16, µs; Triton GLU / this one with 1 consumer / with 2): M = 1 45.6 / 48.9 /
 # 45.1, M = 2 72.2 / 76.0 / 66.7, M = 4 129.4 / 135.9 / 115.5, every output bit-identical; 8-layer B = 1 graph
-# replay 1.19 (2 consumers) vs 1.20 ms
+# replay 1.19 (2 consumers) vs 1.20 ms. Session 48 (batched activation load, PDL): M = 1 / 2 / 4 40.9 / 65.5 / 113.9
+# vs the Triton GLU's 45.2 / 71.4 / 128.7 µs in the same run; 8-layer B = 1 replay 1.17 ms
 ENABLED = True
 STAGES = 6  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes)
 SPLIT = 4  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
@@ -62,9 +70,11 @@ CONSUMER_REGS = 200
 # one consumer: the launch's register bound (Triton's default, 65536 / 256 threads = 256, is past ptxas's 255 and
 # ignored, and the setmaxnreg of the partitions then fault: "illegal instruction", s47c)
 ONE_CONSUMER_MAXNREG = 232
-# The down GEMV here too (opt-in, prepared in session 47, not measured): the same kernel over W2's rows, each unit's
-# activation tiles the pair's own z, a program's units a run of one pair's row tiles (CONTIG), y's partials summed
-# in the combine (`moe._combine` given them as 3-D y: no launch of its own)
+# The down GEMV here too (opt-in): the same kernel over W2's rows, each unit's activation tiles the pair's own z, a
+# program's units a run of one pair's row tiles (CONTIG), y's partials summed in the combine (`moe._combine` given
+# them as 3-D y: no launch of its own; its producer streams W2 before the PDL wait, only its consumers wait for z).
+# Session 48: faster alone than the Triton down (one token 13.1 vs 18.3 µs, bench_moe_stages), yet the MoE call is
+# not (M = 1 / 2 / 4 41.2 / 67.1 / 117.2 vs 40.8 / 65.7 / 113.6 µs; 8-layer B = 1 replay 1.16 vs 1.17 ms)
 DOWN_ENABLED = False
 DOWN_SPLIT = 2  # ... its K ranges (inter 2048: 8 steps per range, 4 per consumer)
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
@@ -224,6 +234,8 @@ if HAS_TRITON and not INTERPRET:
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
         zero = gl.zeros([64, 8], gl.float32, layout=acc_l)
         sn = gl.arange(0, 8, layout=gl.SliceLayout(0, acc_l))
+        if not GLU:  # the down: only its consumers wait for the GLU's z (its producer streams W2 meanwhile)
+            _gluon_pdl_wait()
         c = 0
         t_built = -1
         for k in range(_unit_count(n_units, n_per, S, CONTIG)):
@@ -295,7 +307,8 @@ if HAS_TRITON and not INTERPRET:
         for i in gl.static_range(R):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(free.index(i), count=1)
-        _gluon_pdl_wait()  # (everything above touched no input: it overlaps the previous kernel's tail)
+        if GLU:  # (everything above touched no input: it overlaps the previous kernel's tail)
+            _gluon_pdl_wait()  # (the router's ids, the producer's first read, come from the kernel just before)
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
         if NCONS == 2:
             gl.warp_specialize([
