@@ -1,7 +1,8 @@
 #!/bin/bash
 # Prepared in session 47 for session 48 (≈ 10 min, as three device calls: argument 1, 2, 3). The persistent Gluon
-# decode GLU became the default (moe_glu_decode) after its own tests and the MoE call / rows benchmarks; the model-level GPU tests have not run with it, and the same
-# kernel for the down GEMV (DOWN_ENABLED, opt-in) has not run at all. Order: its tests (a fault would waste the rest),
+# decode GLU became the default (moe_glu_decode) after its own tests and the MoE call / rows benchmarks; the
+# model-level GPU tests have not run with it, and the same kernel for the down GEMV (DOWN_ENABLED, opt-in) has not
+# run at all. Order: its tests (a fault would waste the rest),
 # the MoE call with the down off / on, rows with the GLU off / default / down on, then the model-level tests.
 source bench/runs/lib.sh
 G=dsv4.kernels.moe_glu_decode

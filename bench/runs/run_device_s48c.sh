@@ -2,6 +2,7 @@
 # Session 48 (≈ 2 min): the decode GLU's step loop with fewer CTA barriers -- the activation scales from global memory
 # (SA_GLOBAL) and the slot freed after the step's MMAs (FREE_LATE): its tests, the MoE call A/B against the session-47
 # kernel (both off), and Nsight's stall reasons of the new one at one token.
+# (Run once; both switches were then made unconditional and removed: a re-run stops at the first variant.)
 source bench/runs/lib.sh
 G=dsv4.kernels.moe_glu_decode
 timeout 200 python3 -m pytest -q -s -rf --tb=short -p no:cacheprovider tests/gpu/test_moe_glu_decode.py > $OUT/glu.txt 2>&1

@@ -91,7 +91,7 @@ if HAS_TRITON and not INTERPRET:
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsv4.kernels._triton import PDL, pdl_kernel, pdl_wait
+    from dsv4.kernels._triton import pdl_kernel, pdl_wait
     from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
