@@ -40,6 +40,10 @@ from dsv4.kernels.moe_layout import (  # noqa: F401  (ExpertWeights, finalize_ex
     BLOCK, ExpertWeights, PackedExperts, check_packed, finalize_experts,
 )
 
+# columns per program of the combine over fp32 partial rows (`moe_glu_decode.down_decode`; session 48, not measured
+# alone: the persistent down was slower in the MoE call than alone, this launch one suspect)
+COMBINE_PARTIALS_BD = 256
+
 if HAS_TRITON:
     import triton
     import triton.language as tl
@@ -499,8 +503,10 @@ def _combine(y: torch.Tensor, shared, ids: torch.Tensor, out: torch.Tensor, num_
     if callable(shared):
         shared = _check_shared(shared(), out.shape)
     m, d = out.shape
-    bd = 1024
     ranges = y.shape[0] if y.dim() == 3 else 0
+    # fp32 partials are 8 x the bytes of bf16 rows per (pair, column): more, smaller programs for them (at one token
+    # 4 programs of 1024 columns would each pull 96 KB through a chain of top_k dependent loads)
+    bd = COMBINE_PARTIALS_BD if ranges else 1024
     _moe_combine_kernel[(m, triton.cdiv(d, bd))](
         y, shared if shared is not None else y, ids, out, d, ids.shape[1], num_experts, y.stride(0) if ranges else 0,
         HAS_SHARED=shared is not None, BD=bd, RANGES=ranges, num_warps=4,

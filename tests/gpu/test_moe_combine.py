@@ -35,7 +35,7 @@ def _reference(part, ids, shared, dtype, e):
 def test_combine_of_partials(ranges, dtype, with_shared):
     from dsv4.kernels.moe import _combine
 
-    m, k, d, e = 3, 6, 1536, 16  # (d not a multiple of the combine's 1024-wide blocks: the mask)
+    m, k, d, e = 3, 6, 1600, 16  # (d not a multiple of the combine's column blocks: the mask)
     gen = torch.Generator(DEV).manual_seed(ranges * 3 + with_shared)
     part = torch.randn(ranges, m * k, d, generator=gen, device=DEV) * 3
     ids = torch.randint(0, e, (m, k), generator=gen, device=DEV)
