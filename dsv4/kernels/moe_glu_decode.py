@@ -73,10 +73,12 @@ ONE_CONSUMER_MAXNREG = 232
 # The down GEMV here too (opt-in): the same kernel over W2's rows, each unit's activation tiles the pair's own z, a
 # program's units a run of one pair's row tiles (CONTIG), y's partials summed in the combine (`moe._combine` given
 # them as 3-D y: no launch of its own; its producer streams W2 before the PDL wait, only its consumers wait for z).
-# Session 48: faster alone than the Triton down (one token 13.1 vs 18.3 µs, bench_moe_stages), yet the MoE call is
-# not (M = 1 / 2 / 4 41.2 / 67.1 / 117.2 vs 40.8 / 65.7 / 113.6 µs; 8-layer B = 1 replay 1.16 vs 1.17 ms)
+# Session 48: faster alone than the Triton down (one token 13.1 vs 18.3 µs, bench_moe_stages); in the MoE call only
+# once the combine over its partials took 256-column programs (`moe.COMBINE_PARTIALS_BD`): M = 1 / 2 / 4 37.2 / 61.6
+# / 110.0 µs (DOWN_SPLIT 1; 2: 37.4 / 62.7 / 112.3) vs 40.7 / 65.4 / 113.1. Still off: its own tests pass, but the
+# model-level GPU run with it on was cut by the device budget (≈ 207 passed, none failed, about a third not run)
 DOWN_ENABLED = False
-DOWN_SPLIT = 2  # ... its K ranges (inter 2048: 8 steps per range, 4 per consumer)
+DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
 STREAM_PDL = True
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
