@@ -32,17 +32,13 @@ import os
 import torch
 import torch.nn.functional as F
 
-from dsv4.kernels._triton import pdl_kernel, pdl_wait
 from dsv4.kernels.fp8_linear import HAS_TRITON, act_quant
 from dsv4.kernels.moe_align import moe_align
+from dsv4.kernels.moe_combine import check_shared, combine
 from dsv4.kernels.moe_config import MoEConfig, large_batch_config, pick_moe_config  # noqa: F401  (re-exported)
 from dsv4.kernels.moe_layout import (  # noqa: F401  (ExpertWeights, finalize_experts: re-exported)
     BLOCK, ExpertWeights, PackedExperts, check_packed, finalize_experts,
 )
-
-# columns per program of the combine over fp32 partial rows (`moe_glu_decode.down_decode`; session 48, not measured
-# alone: the persistent down was slower in the MoE call than alone, this launch one suspect)
-COMBINE_PARTIALS_BD = 256
 
 if HAS_TRITON:
     import triton
@@ -346,32 +342,6 @@ if HAS_TRITON:
             c_ptrs = C + pair[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
             tl.store(c_ptrs, acc.to(tl.bfloat16), mask=valid[:, None])
 
-    @pdl_kernel
-    @triton.jit(do_not_specialize=["top_k"])
-    def _moe_combine_kernel(Y, S, IDS, OUT, D, top_k, num_experts, stride_r, HAS_SHARED: tl.constexpr,
-                            BD: tl.constexpr, RANGES: tl.constexpr = 0):
-        """RANGES > 0: Y holds fp32 partials [RANGES, pairs, D] (stride_r apart) of the rows, each row their sum in
-        range order from 0.0 rounded to bf16 (`moe_glu_decode.down_decode`), as if stored so first."""
-        pdl_wait()
-        t = tl.program_id(0).to(tl.int64)
-        offs = tl.program_id(1) * BD + tl.arange(0, BD)
-        mask = offs < D
-        acc = tl.zeros((BD,), dtype=tl.float32)
-        for j in range(top_k):
-            e = tl.load(IDS + t * top_k + j)
-            here = (e >= 0) & (e < num_experts)  # else: computed by another rank, row never written
-            row = Y + (t * top_k + j) * D + offs
-            if RANGES > 0:
-                y = tl.zeros((BD,), dtype=tl.float32)
-                for r in tl.static_range(RANGES):
-                    y += tl.load(row + r * stride_r, mask=mask & here, other=0.0)
-                acc += y.to(tl.bfloat16).to(tl.float32)
-            else:
-                acc += tl.load(row, mask=mask & here, other=0.0).to(tl.float32)
-        if HAS_SHARED:
-            acc += tl.load(S + t * D + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(OUT + t * D + offs, acc.to(OUT.dtype.element_ty), mask=mask)
-
 
 # --------------------------------------------------------------------------- Triton entry point
 
@@ -400,7 +370,7 @@ def fused_moe(
         raise ValueError(f"fused_moe: topk_ids {tuple(topk_ids.shape)} / topk_weights "
                          f"{tuple(topk_weights.shape)} do not match x {tuple(x.shape)}")
     if shared is not None and not callable(shared):
-        _check_shared(shared, x.shape)
+        check_shared(shared, x.shape)
     check_packed(experts)
     m, d = x.shape
     top_k = topk_ids.shape[1]
@@ -426,7 +396,7 @@ def fused_moe(
         from dsv4.kernels.moe_gemv import moe_gemv, pairs_fit
         # blocks of pairs need at most 32 MMA columns, no split and a pairing in one program (else one pair each)
         pairs = cfg.gemv_pairs if pairs_fit(cfg, d, i, num_pairs) else 1
-        # the combine included (`_combine`: its own launch, after the join)
+        # the combine included (`moe_combine.combine`: its own launch, after the join)
         return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                         dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,
@@ -442,7 +412,7 @@ def fused_moe(
         from dsv4.kernels.moe_wide import moe_wide
         y = moe_wide(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm=cfg.bm,
                      bn2=cfg.bn2, num_warps=cfg.warps1, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg, mixed=mixed)
-        return _combine(y, shared, ids, out, e)
+        return combine(y, shared, ids, out, e)
     nb = expert_ids.numel()
     rows = nb * cfg.bm
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
@@ -487,28 +457,4 @@ def fused_moe(
         KBP=triton.next_power_of_2(i // BLOCK), **meta,
     )
 
-    return _combine(y, shared, ids, out, e)
-
-
-def _check_shared(shared: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    if shared.shape != shape or shared.dtype != torch.bfloat16:
-        raise ValueError(f"fused_moe: shared must be bf16 {tuple(shape)}, got {shared.dtype} {tuple(shared.shape)}")
-    return shared
-
-
-def _combine(y: torch.Tensor, shared, ids: torch.Tensor, out: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """out = fp32 sum over the top_k slots' rows of y (+ shared expert), rounded to out's dtype. shared: a
-    tensor, None, or the join of a branch computing it (`dsv4.model.side_stream`), called only here. y: bf16 rows
-    [pairs, D], or fp32 partials [R, pairs, D] of them (each row their bf16-rounded sum)."""
-    if callable(shared):
-        shared = _check_shared(shared(), out.shape)
-    m, d = out.shape
-    ranges = y.shape[0] if y.dim() == 3 else 0
-    # fp32 partials are 8 x the bytes of bf16 rows per (pair, column): more, smaller programs for them (at one token
-    # 4 programs of 1024 columns would each pull 96 KB through a chain of top_k dependent loads)
-    bd = COMBINE_PARTIALS_BD if ranges else 1024
-    _moe_combine_kernel[(m, triton.cdiv(d, bd))](
-        y, shared if shared is not None else y, ids, out, d, ids.shape[1], num_experts, y.stride(0) if ranges else 0,
-        HAS_SHARED=shared is not None, BD=bd, RANGES=ranges, num_warps=4,
-    )
-    return out
+    return combine(y, shared, ids, out, e)

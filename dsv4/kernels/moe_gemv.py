@@ -374,8 +374,8 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         y = gemv_cuda(x, ids, tw, experts, swiglu_limit, top_k, bn, num_warps, unroll, split, split_down)
     if out is None:
         return y
-    from dsv4.kernels.moe import _combine
-    return _combine(y, shared, ids.view(m, top_k), out, e)
+    from dsv4.kernels.moe_combine import combine
+    return combine(y, shared, ids.view(m, top_k), out, e)
 
 
 def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts, swiglu_limit: float,

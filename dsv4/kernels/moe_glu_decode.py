@@ -26,7 +26,7 @@ GLU's split-K last arriver plus `_quant16_kernel`, without arrival counters.
 
 The down GEMV (GEMM2, `down_decode`, opt-in: DOWN_ENABLED) is the same kernel with one matrix per unit (W2's rows,
 from z's codes; a program takes a run of one pair's row tiles, CONTIG, so it rebuilds its activation tiles once per
-pair); its fp32 partials are summed per row, rounded to bf16 and combined by `moe._combine` in one launch.
+pair); its fp32 partials are summed per row, rounded to bf16 and combined by `moe_combine.combine` in one launch.
 
 Numerics: the same exact products and per-group fp32 sums as method "mma" (one MMA chain per 32-group and step,
 scaled in the same order); the row sums over the accumulator's 8 columns and the K ranges run in another order
@@ -71,12 +71,13 @@ CONSUMER_REGS = 200
 # ignored, and the setmaxnreg of the partitions then fault: "illegal instruction", s47c)
 ONE_CONSUMER_MAXNREG = 232
 # The down GEMV here too (opt-in): the same kernel over W2's rows, each unit's activation tiles the pair's own z, a
-# program's units a run of one pair's row tiles (CONTIG), y's partials summed in the combine (`moe._combine` given
-# them as 3-D y: no launch of its own; its producer streams W2 before the PDL wait, only its consumers wait for z).
-# Session 48: faster alone than the Triton down (one token 13.1 vs 18.3 µs, bench_moe_stages); in the MoE call only
-# once the combine over its partials took 256-column programs (`moe.COMBINE_PARTIALS_BD`): M = 1 / 2 / 4 37.2 / 61.6
-# / 110.0 µs (DOWN_SPLIT 1; 2: 37.4 / 62.7 / 112.3) vs 40.7 / 65.4 / 113.1. Still off: its own tests pass, but the
-# model-level GPU run with it on was cut by the device budget (≈ 207 passed, none failed, about a third not run)
+# program's units a run of one pair's row tiles (CONTIG), y's partials summed in the combine (`moe_combine.combine`
+# given them as 3-D y: no launch of its own; its producer streams W2 before the PDL wait, only its consumers wait for
+# z). Session 48: faster alone than the Triton down (one token 13.1 vs 18.3 µs, bench_moe_stages); in the MoE call
+# only once the combine over its partials took 256-column programs (`moe_combine.COMBINE_PARTIALS_BD`): M = 1 / 2 / 4
+# 37.2 / 61.6 / 110.0 µs (DOWN_SPLIT 1; 2: 37.4 / 62.7 / 112.3) vs 40.7 / 65.4 / 113.1. Still off: its own tests
+# pass, but the model-level GPU run with it on was cut by the device budget (≈ 207 passed, none failed, a third not
+# run)
 DOWN_ENABLED = False
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
@@ -433,7 +434,7 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
 def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts,
                 split: int | None = None, stages: int | None = None) -> torch.Tensor:
     """GEMM2 of method "mma" from z's codes (`mma_glu_stage`'s zq / zs): the fp32 partials [split x CONSUMERS,
-    pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe._combine` (3-D y), the
+    pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe_combine.combine` (3-D y), the
     Triton down's y exactly up to fp32 summation order)."""
     return _launch(zq, zs, ids, experts, False, 1, DOWN_SPLIT if split is None else split,
                    STAGES if stages is None else stages)

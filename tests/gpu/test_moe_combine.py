@@ -1,4 +1,4 @@
-"""The routed MoE's combine (`moe._combine`) with its rows given as fp32 partials [R, pairs, D] (the persistent
+"""The routed MoE's combine (`moe_combine.combine`) with its rows given as fp32 partials [R, pairs, D] (the persistent
 down GEMV's output, `moe_glu_decode.down_decode`): each row the bf16 rounding of its partials summed in order, then
 combined exactly as if those bf16 rows had been stored first -- the same bits, other ranks' pairs skipped."""
 
@@ -33,7 +33,7 @@ def _reference(part, ids, shared, dtype, e):
 @pytest.mark.parametrize("ranges,dtype,with_shared", [(1, torch.bfloat16, False), (4, torch.bfloat16, True),
                                                        (8, torch.float32, True)])
 def test_combine_of_partials(ranges, dtype, with_shared):
-    from dsv4.kernels.moe import _combine
+    from dsv4.kernels.moe_combine import combine
 
     m, k, d, e = 3, 6, 1600, 16  # (d not a multiple of the combine's column blocks: the mask)
     gen = torch.Generator(DEV).manual_seed(ranges * 3 + with_shared)
@@ -42,12 +42,12 @@ def test_combine_of_partials(ranges, dtype, with_shared):
     ids[0, 1] = -1  # another rank's pair: its partials are garbage, never read
     part[:, 1] = float("nan")
     shared = (torch.randn(m, d, generator=gen, device=DEV)).to(torch.bfloat16) if with_shared else None
-    out = _combine(part, shared, ids, torch.empty((m, d), dtype=dtype, device=DEV), e)
+    out = combine(part, shared, ids, torch.empty((m, d), dtype=dtype, device=DEV), e)
     want = _reference(torch.nan_to_num(part), ids, shared, dtype, e)
     assert torch.equal(out, want), f"max |diff| {float((out.float() - want.float()).abs().max())}"
     # the same bits as the bf16 rows stored first and combined
     rows = torch.zeros_like(part[0])
     for r in range(ranges):
         rows = rows + part[r]
-    stored = _combine(rows.to(torch.bfloat16), shared, ids, torch.empty((m, d), dtype=dtype, device=DEV), e)
+    stored = combine(rows.to(torch.bfloat16), shared, ids, torch.empty((m, d), dtype=dtype, device=DEV), e)
     assert torch.equal(out, stored)
