@@ -88,3 +88,11 @@ ktable() {
 prefill_ab() {
   for on in False True False True; do prefill8 $1 $2=$on; done
 }
+# `gate LIMIT FILES...`: the kernel tests a run script's later steps depend on (pytest -s: their printed lines kept),
+# the pass / fail lines shown; non-zero when anything failed or nothing passed (`gate ... || exit 1`: a faulting
+# kernel would otherwise end the benches' CUDA context too).
+gate() {
+  timeout $1 python3 -m pytest -q -s -rf --tb=short -p no:cacheprovider "${@:2}" > $OUT/gate.txt 2>&1
+  grep -E "bit-identical|passed|failed|Error|error" $OUT/gate.txt | head -24
+  grep -qE "[0-9]+ passed" $OUT/gate.txt && ! grep -q FAILED $OUT/gate.txt
+}

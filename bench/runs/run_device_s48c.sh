@@ -5,9 +5,7 @@
 # (Run once; both switches were then made unconditional and removed: a re-run stops at the first variant.)
 source bench/runs/lib.sh
 G=dsv4.kernels.moe_glu_decode
-timeout 200 python3 -m pytest -q -s -rf --tb=short -p no:cacheprovider tests/gpu/test_moe_glu_decode.py > $OUT/glu.txt 2>&1
-grep -E "bit-identical|passed|failed|Error|error" $OUT/glu.txt | head -24
-grep -qE "[0-9]+ passed" $OUT/glu.txt && ! grep -q FAILED $OUT/glu.txt || exit 1
+gate 200 tests/gpu/test_moe_glu_decode.py || exit 1
 timeout 200 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" "s47 (both off):$G.SA_GLOBAL=False,$G.FREE_LATE=False" \
   "sa global only:$G.FREE_LATE=False" "free late only:$G.SA_GLOBAL=False" "default again:" 2>&1 | tail -5
 M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed"

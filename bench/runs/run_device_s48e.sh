@@ -3,9 +3,7 @@
 # loads): its tests, the MoE call against the Triton GLU, the GLU / down GEMVs alone vs touched bytes & copy BW.
 source bench/runs/lib.sh
 G=dsv4.kernels.moe_glu_decode
-timeout 200 python3 -m pytest -q -s -rf --tb=short -p no:cacheprovider tests/gpu/test_moe_glu_decode.py > $OUT/glu.txt 2>&1
-grep -E "bit-identical|passed|failed|Error|error" $OUT/glu.txt | head -24
-grep -qE "[0-9]+ passed" $OUT/glu.txt && ! grep -q FAILED $OUT/glu.txt || exit 1
+gate 200 tests/gpu/test_moe_glu_decode.py || exit 1
 timeout 200 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" "triton GLU:$G.ENABLED=False" \
   "default again:" 2>&1 | tail -4
 timeout 200 python3 bench/bench_moe_stages.py --tokens 1,2,4 2>&1 | tail -13

@@ -3,9 +3,7 @@
 # (DOWN_ENABLED, faster alone since the batched activation load): tests, the MoE call A/B, 8 Flash layers' rows.
 source bench/runs/lib.sh
 G=dsv4.kernels.moe_glu_decode
-timeout 200 python3 -m pytest -q -s -rf --tb=short -p no:cacheprovider tests/gpu/test_moe_glu_decode.py > $OUT/glu.txt 2>&1
-grep -E "passed|failed|Error|error" $OUT/glu.txt | head -8
-grep -qE "[0-9]+ passed" $OUT/glu.txt && ! grep -q FAILED $OUT/glu.txt || exit 1
+gate 200 tests/gpu/test_moe_glu_decode.py || exit 1
 timeout 200 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" "no PDL:$G.STREAM_PDL=False" \
   "down on:$G.DOWN_ENABLED=True" "triton GLU:$G.ENABLED=False" "default again:" 2>&1 | tail -4
 rows8 100 1,2 "$G.STREAM_PDL=False"
