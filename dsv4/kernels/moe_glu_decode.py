@@ -80,6 +80,9 @@ ONE_CONSUMER_MAXNREG = 232
 # run)
 DOWN_ENABLED = False
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
+# the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
+# most K ranges up to 2 x SPLIT that do (7). Opt-in: prepared in session 48, not run on the GPU
+ODD_SPLIT = False
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
 STREAM_PDL = True
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
@@ -378,11 +381,23 @@ def _sm_count(index: int) -> int:
 def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False) -> bool:
     """Whether `glu_decode` (or, down: `down_decode`) takes this GEMV: ENABLED (DOWN_ENABLED), MXFP4 experts on a
     Hopper GPU (TMA, wgmma), one pair per unit (no blocks of pairs), and K ranges of whole steps for every consumer
-    (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 no; the down's, inter: Flash's 2048 and Pro's 3072 yes)."""
+    (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 only with ODD_SPLIT; the down's, inter: Flash's 2048 and
+    Pro's 3072 yes)."""
     from dsv4.kernels.moe_wide import _is_hopper
 
     return ((DOWN_ENABLED if down else ENABLED) and blocks is None and experts.fmt == "mxfp4" and x.is_cuda
-            and not INTERPRET and _is_hopper(x.device) and _fits(experts, not down, DOWN_SPLIT if down else SPLIT))
+            and not INTERPRET and _is_hopper(x.device) and _split(experts, not down) is not None)
+
+
+def _split(experts: PackedExperts, glu: bool) -> int | None:
+    """The K ranges of this GEMV: SPLIT (the down: DOWN_SPLIT) where it fits, else (ODD_SPLIT, the GLU) the most
+    up to 2 x SPLIT that fit (Pro's hidden 7168: 7, on 126 of 132 SMs), else None (not taken here)."""
+    preferred = SPLIT if glu else DOWN_SPLIT
+    if _fits(experts, glu, preferred):
+        return preferred
+    if glu and ODD_SPLIT:
+        return next((s for s in range(2 * preferred, 0, -1) if _fits(experts, glu, s)), None)
+    return None
 
 
 def _fits(experts: PackedExperts, glu: bool, split: int) -> bool:
@@ -423,7 +438,7 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
                stages: int | None = None) -> None:
     """GEMM1 of method "mma" (`moe_gemv.mma_glu_stage`'s contract from the quantised x): writes the routed pairs'
     rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128])."""
-    part = _launch(xq, sx, ids, experts, True, top_k, SPLIT if split is None else split,
+    part = _launch(xq, sx, ids, experts, True, top_k, _split(experts, True) if split is None else split,
                    STAGES if stages is None else stages)  # (the module's values when called: A/B flags)
     pairs, i, ranges = ids.numel(), experts.inter, part.shape[0]
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, experts.num_experts, float(swiglu_limit),
@@ -436,5 +451,5 @@ def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: 
     """GEMM2 of method "mma" from z's codes (`mma_glu_stage`'s zq / zs): the fp32 partials [split x CONSUMERS,
     pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe_combine.combine` (3-D y), the
     Triton down's y exactly up to fp32 summation order)."""
-    return _launch(zq, zs, ids, experts, False, 1, DOWN_SPLIT if split is None else split,
+    return _launch(zq, zs, ids, experts, False, 1, _split(experts, False) if split is None else split,
                    STAGES if stages is None else stages)

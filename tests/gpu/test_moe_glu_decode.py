@@ -124,3 +124,29 @@ def test_down_decode_in_moe_gemv(m, consumers, close_bf16, monkeypatch):
         print(f"m={m} consumers={consumers} {dtype}: {same:.4f} of the outputs bit-identical to the Triton down's")
         close_bf16(outs[1], outs[0], rel=1e-2, what=f"down m={m} {dtype} vs the Triton down")
         close_bf16(outs[1], fused_moe_ref(x, ids, w, experts, out_dtype=dtype), rel=1e-2, what=f"down m={m} {dtype}")
+
+
+def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
+    """A hidden size SPLIT does not fit (3584 = 28 K blocks, as Pro's 7168 = 56: 7 K ranges) through fused_moe with
+    ODD_SPLIT on vs off (off: the Triton GLU takes it): outputs agree to bf16 rounding and with the reference."""
+    from dsv4.kernels import moe_glu_decode
+    from dsv4.kernels.moe import fused_moe, finalize_experts, fused_moe_ref
+
+    e, d, i, k = 8, 3584, 512, 6
+    gen = torch.Generator(DEV).manual_seed(13)
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    assert moe_glu_decode._split(packed, True) is None
+    monkeypatch.setattr(moe_glu_decode, "ODD_SPLIT", True)
+    assert moe_glu_decode._split(packed, True) == 7
+    for m in (1, 3):
+        x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+        ids, w = _routing(m, e, k, gen)
+        assert moe_glu_decode.applies(packed, x, None)
+        on = fused_moe(x, ids, w, packed)
+        monkeypatch.setattr(moe_glu_decode, "ODD_SPLIT", False)
+        assert not moe_glu_decode.applies(packed, x, None)
+        off = fused_moe(x, ids, w, packed)
+        monkeypatch.setattr(moe_glu_decode, "ODD_SPLIT", True)
+        close_bf16(on, off, rel=1e-2, what=f"fused_moe m={m}, 7 K ranges vs the Triton GLU")
+        close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")

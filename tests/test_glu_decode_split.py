@@ -1,0 +1,46 @@
+"""Which K split the persistent decode GEMV kernel (dsv4.kernels.moe_glu_decode) takes for an expert shape: a
+re-derivation of the rule from its constraints (whole 2-block steps for every consumer in every K range, at most
+2 x SPLIT ranges), over the released shapes and random ones. CPU only: the choice is host logic."""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+
+from dsv4.kernels import moe_glu_decode as g
+
+
+def _ok(k: int, s: int) -> bool:
+    return k % (128 * g.U * s * g.CONSUMERS) == 0
+
+
+def _expected(k: int, n: int, preferred: int, odd: bool) -> int | None:
+    if n % 128:
+        return None
+    if _ok(k, preferred):
+        return preferred
+    if odd:
+        fitting = [s for s in range(1, 2 * preferred + 1) if _ok(k, s)]
+        return max(fitting) if fitting else None
+    return None
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_split_choice(odd, monkeypatch):
+    monkeypatch.setattr(g, "ODD_SPLIT", odd)
+    rng = random.Random(1234 + odd)
+    shapes = [(4096, 2048), (7168, 3072)] + [(128 * rng.randint(1, 80), 128 * rng.randint(1, 40)) for _ in range(200)]
+    for hidden, inter in shapes:
+        experts = types.SimpleNamespace(hidden=hidden, inter=inter)
+        assert g._split(experts, True) == _expected(hidden, inter, g.SPLIT, odd), (hidden, inter)
+        assert g._split(experts, False) == _expected(inter, hidden, g.DOWN_SPLIT, False), (hidden, inter)
+
+
+def test_released_shapes(monkeypatch):
+    flash, pro = types.SimpleNamespace(hidden=4096, inter=2048), types.SimpleNamespace(hidden=7168, inter=3072)
+    monkeypatch.setattr(g, "ODD_SPLIT", False)
+    assert g._split(flash, True) == g.SPLIT and g._split(pro, True) is None
+    monkeypatch.setattr(g, "ODD_SPLIT", True)
+    assert g._split(pro, True) == 7 and g._split(pro, False) == g.DOWN_SPLIT
