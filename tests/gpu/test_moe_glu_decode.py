@@ -31,8 +31,9 @@ def _stage(fn, x, ids, w, packed, k, i, **kw):
     return zq, zs
 
 
-@pytest.mark.parametrize("m,split,stages,consumers", [(1, 4, 6, 1), (3, 2, 3, 1), (1, 4, 6, 2), (2, 1, 2, 2)])
-def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers, close_bf16, monkeypatch):
+@pytest.mark.parametrize("m,split,stages,consumers,chains", [(1, 4, 6, 1, 1), (3, 2, 3, 1, 1), (1, 4, 6, 2, 1),
+                                                              (2, 1, 2, 2, 1), (3, 4, 6, 2, 2), (2, 2, 3, 1, 2)])
+def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers, chains, close_bf16, monkeypatch):
     """z of every routed pair equals the Triton GLU's up to fp32 summation order (an FP8 step of z at most where a
     1-ulp gate / up difference crosses a rounding boundary) and the reference's; other ranks' rows stay NaN."""
     from dsv4.kernels import moe_glu_decode
@@ -48,6 +49,7 @@ def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers
 
     monkeypatch.setattr(moe_glu_decode, "ENABLED", False)
     monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
+    monkeypatch.setattr(moe_glu_decode, "CHAINS", chains)
     zq_t, zs_t = _stage(mma_glu_stage, x, ids, w, packed, k, i, bn=64)
 
     def gluon(x, flat_ids, tw, packed, limit, top_k, zq, zs):
@@ -71,8 +73,8 @@ def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers
         q_ref, s_ref = quantize_act(z_ref[None])
         close_bf16(got[None], (q_ref.float()[0] * s_ref[0].repeat_interleave(128))[None], rel=1e-2,
                    what=f"pair {p} vs the reference")
-    print(f"m={m} split={split} stages={stages} consumers={consumers}: {same} of {int((ids >= 0).sum())} pairs' z "
-          "bit-identical")
+    print(f"m={m} split={split} stages={stages} consumers={consumers} chains={chains}: {same} of "
+          f"{int((ids >= 0).sum())} pairs' z bit-identical")
 
 
 def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
@@ -98,8 +100,8 @@ def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
         close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")
 
 
-@pytest.mark.parametrize("m,consumers", [(1, 2), (3, 2), (2, 1)])
-def test_down_decode_in_moe_gemv(m, consumers, close_bf16, monkeypatch):
+@pytest.mark.parametrize("m,consumers,chains", [(1, 2, 1), (3, 2, 1), (2, 1, 1), (3, 2, 2)])
+def test_down_decode_in_moe_gemv(m, consumers, chains, close_bf16, monkeypatch):
     """The opt-in persistent down GEMV (partials summed in the combine) against the Triton down: the combined MoE
     output (bf16, and the fp32 expert-parallel partial with other ranks' pairs) close to it and to the reference."""
     from dsv4.kernels import moe_glu_decode
@@ -112,6 +114,7 @@ def test_down_decode_in_moe_gemv(m, consumers, close_bf16, monkeypatch):
     packed = finalize_experts(experts)
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
+    monkeypatch.setattr(moe_glu_decode, "CHAINS", chains)
     for dtype, other_ranks in ((torch.bfloat16, False), (torch.float32, True)):
         ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
         outs = []
@@ -121,7 +124,8 @@ def test_down_decode_in_moe_gemv(m, consumers, close_bf16, monkeypatch):
             out = torch.full((m, d), float("nan"), dtype=dtype, device=DEV)
             outs.append(moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=out))
         same = float((outs[0] == outs[1]).float().mean())
-        print(f"m={m} consumers={consumers} {dtype}: {same:.4f} of the outputs bit-identical to the Triton down's")
+        print(f"m={m} consumers={consumers} chains={chains} {dtype}: {same:.4f} of the outputs bit-identical to the "
+              "Triton down's")
         close_bf16(outs[1], outs[0], rel=1e-2, what=f"down m={m} {dtype} vs the Triton down")
         close_bf16(outs[1], fused_moe_ref(x, ids, w, experts, out_dtype=dtype), rel=1e-2, what=f"down m={m} {dtype}")
 
