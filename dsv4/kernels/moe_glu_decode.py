@@ -79,6 +79,7 @@ ONE_CONSUMER_MAXNREG = 232
 # pass, but the model-level GPU run with it on was cut by the device budget (≈ 207 passed, none failed, a third not
 # run)
 DOWN_ENABLED = False
+DOWN_STAGES = 6  # ... its ring slots (8 KB each: half the GLU's shared memory at the same depth; 12 fits as much)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
 # most K ranges up to 2 x SPLIT that do (7). Opt-in: prepared in session 48, not run on the GPU
@@ -181,10 +182,10 @@ if HAS_TRITON and not INTERPRET:
                     col = (sp * (KR // 128) + 2 * step) * 64
                     for m in gl.static_range(NM):  # (up: I rows further)
                         tma.async_copy_global_to_shared(s_desc, [row + m * I, sc_col], ready.index(slot),
-                                                        sc_s.index(2 * slot + m))
+                                                        sc_s.index(NM * slot + m))
                         for u in gl.static_range(2):
                             tma.async_copy_global_to_shared(w_desc, [row + m * I, col + 64 * u], ready.index(slot),
-                                                            w_s.index(4 * slot + 2 * m + u))
+                                                            w_s.index(2 * NM * slot + 2 * m + u))
                     c += 1
 
     @gluon.jit
@@ -239,6 +240,7 @@ if HAS_TRITON and not INTERPRET:
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
         sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
+        NM: gl.constexpr = 2 if GLU else 1  # (the slot's boxes: `_stream_kernel`)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
@@ -267,18 +269,18 @@ if HAS_TRITON and not INTERPRET:
                     # the activation scale per column, x 2^8 (from L1: no shared-memory hazard, no CTA barrier here)
                     sa = gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4) * 256.0
                     mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
-                    sc_g = _step_scales(sc_s, 2 * slot, step, acc_l)
+                    sc_g = _step_scales(sc_s, NM * slot, step, acc_l)
                     pg = zero
                     pu = zero
                     pg2 = zero  # (CHAINS 2: the high nibbles' products, an MMA chain of their own)
                     pu2 = zero
                     for u in gl.static_range(U_STEP):
-                        g_lo, g_hi = _widen(w_s, 4 * slot + u, a_l)
+                        g_lo, g_hi = _widen(w_s, 2 * NM * slot + u, a_l)
                         if GLU:
-                            u_lo, u_hi = _widen(w_s, 4 * slot + 2 + u, a_l)
+                            u_lo, u_hi = _widen(w_s, 2 * NM * slot + 2 + u, a_l)
                         if u == U_STEP - 1:
                             if GLU:
-                                sc_u = _step_scales(sc_s, 2 * slot + 1, step, acc_l)
+                                sc_u = _step_scales(sc_s, NM * slot + 1, step, acc_l)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
                         pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
@@ -325,8 +327,9 @@ if HAS_TRITON and not INTERPRET:
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D)."""
         STEPS: gl.constexpr = KR // 128 // 2
-        w_s = gl.allocate_shared_memory(gl.uint8, [4 * R, 64, 64], w_desc.layout)
-        sc_s = gl.allocate_shared_memory(gl.uint8, [2 * R, 64, 16], s_desc.layout)
+        NM: gl.constexpr = 2 if GLU else 1  # weight matrices per unit (gate and up, or W2): boxes per slot
+        w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
+        sc_s = gl.allocate_shared_memory(gl.uint8, [NM * R, 64, 16], s_desc.layout)
         b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         b_s = gl.allocate_shared_memory(gl.float16, [2 * (KR // 128), 8, 64], b_sl)
         ready = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
@@ -476,4 +479,4 @@ def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: 
     pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe_combine.combine` (3-D y), the
     Triton down's y exactly up to fp32 summation order)."""
     return _launch(zq, zs, ids, experts, False, 1, _split(experts, False) if split is None else split,
-                   STAGES if stages is None else stages)
+                   DOWN_STAGES if stages is None else stages)
