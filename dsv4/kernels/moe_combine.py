@@ -45,7 +45,6 @@ if HAS_TRITON:
         tl.store(OUT + t * D + offs, acc.to(OUT.dtype.element_ty), mask=mask)
 
 
-
 def check_shared(shared: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     if shared.shape != shape or shared.dtype != torch.bfloat16:
         raise ValueError(f"fused_moe: shared must be bf16 {tuple(shape)}, got {shared.dtype} {tuple(shared.shape)}")
