@@ -147,3 +147,16 @@ if HAS_TRITON:
         return last, total
 else:  # pragma: no cover - CPU-only machines
     pdl_wait = prefetch_l2 = split_k_sum = mul_rn = rotate_pairs = None
+
+if HAS_TRITON and not INTERPRET:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def gluon_pdl_wait():
+        """`pdl_wait` in a Gluon kernel (its instructions unconditional: harmless in a launch without PDL)."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+else:  # pragma: no cover - no Gluon under the interpreter
+    gluon_pdl_wait = None

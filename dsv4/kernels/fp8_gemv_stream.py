@@ -44,7 +44,7 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsv4.kernels._triton import pdl_kernel, pdl_wait
+    from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
 
     @gluon.jit
     def _unit_count(n_units):
@@ -107,12 +107,6 @@ if HAS_TRITON and not INTERPRET:
             dst = P + sp.to(gl.int64) * stride_ps + m[None, :] * N + tile * 64 + r[:, None]
             gl.store(dst, acc, mask=(m < M)[None, :] & (r >= 0)[:, None])
 
-    @gluon.jit
-    def _gluon_pdl_wait():
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
     @pdl_kernel
     @gluon.jit
     def _stream_kernel(w_desc, x_desc, SX, SW, P, n_units, KBR, M, N, stride_sx, stride_swn, stride_ps,
@@ -126,7 +120,7 @@ if HAS_TRITON and not INTERPRET:
         for i in gl.static_range(R):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(free.index(i), count=1)
-        _gluon_pdl_wait()  # (the activation codes come from the kernel just before: act_quant)
+        gluon_pdl_wait()  # (the activation codes come from the kernel just before: act_quant)
         gl.warp_specialize([
             (_consumer, (SX, SW, P, w_s, x_s, ready, free, n_units, KBR, M, N, stride_sx, stride_swn, stride_ps, S,
                          R, SW_E8M0)),

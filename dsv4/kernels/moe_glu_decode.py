@@ -102,7 +102,7 @@ if HAS_TRITON and not INTERPRET:
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsv4.kernels._triton import pdl_kernel, pdl_wait
+    from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
     from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
@@ -128,14 +128,6 @@ if HAS_TRITON and not INTERPRET:
         return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 16], [0, 32], [0, 8], [8, 0]],
                                           lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
                                           warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
-
-    @gluon.jit
-    def _gluon_pdl_wait():
-        """`pdl_wait` in Gluon: the previous kernel's writes (the router's x codes and ids) visible, then the next
-        kernel (the finish) may be scheduled beside this one, to wait there."""
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
     @gluon.jit
     def _unit_count(n_units, n_per, S: gl.constexpr, CONTIG: gl.constexpr):
@@ -247,7 +239,7 @@ if HAS_TRITON and not INTERPRET:
         zero = gl.zeros([64, 8], gl.float32, layout=acc_l)
         sn = gl.arange(0, 8, layout=gl.SliceLayout(0, acc_l))
         if not GLU:  # the down: only its consumers wait for the GLU's z (its producer streams W2 meanwhile)
-            _gluon_pdl_wait()
+            gluon_pdl_wait()
         c = 0
         t_built = -1
         for k in range(_unit_count(n_units, n_per, S, CONTIG)):
@@ -338,7 +330,7 @@ if HAS_TRITON and not INTERPRET:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(free.index(i), count=1)
         if GLU:  # (everything above touched no input: it overlaps the previous kernel's tail)
-            _gluon_pdl_wait()  # (the router's ids, the producer's first read, come from the kernel just before)
+            gluon_pdl_wait()  # (the router's ids, the producer's first read, come from the kernel just before)
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
         if NCONS == 2:
             gl.warp_specialize([
