@@ -105,7 +105,7 @@ if HAS_TRITON and not INTERPRET:
                 acc = acc + p * (sx * sw)[None, :]
                 c += 1
             dst = P + sp.to(gl.int64) * stride_ps + m[None, :] * N + tile * 64 + r[:, None]
-            gl.store(dst, acc, mask=(m < M)[None, :] & (r >= 0)[:, None])
+            gl.store(dst, acc, mask=(m < M)[None, :])
 
     @pdl_kernel
     @gluon.jit

@@ -129,6 +129,12 @@ if HAS_TRITON and not INTERPRET:
                                           lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
                                           warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
 
+    @gluon.constexpr_function
+    def _matrices(glu):
+        """Weight matrices per unit, i.e. [64, 64]-byte weight boxes per K block of a ring slot: gate and up (the
+        GLU), or W2's rows (the down)."""
+        return 2 if glu else 1
+
     @gluon.jit
     def _unit_count(n_units, n_per, S: gl.constexpr, CONTIG: gl.constexpr):
         """How many work units this program takes: every num_programs-th (strided), or (CONTIG) a run of n_per of
@@ -157,7 +163,7 @@ if HAS_TRITON and not INTERPRET:
     def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                   T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
                   GLU: gl.constexpr, CONTIG: gl.constexpr):
-        NM: gl.constexpr = 2 if GLU else 1  # weight matrices per unit (gate and up, or W2)
+        NM: gl.constexpr = _matrices(GLU)
         c = 0  # steps issued
         for k in range(_unit_count(n_units, n_per, S, CONTIG)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG)
@@ -232,7 +238,7 @@ if HAS_TRITON and not INTERPRET:
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
         sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
-        NM: gl.constexpr = 2 if GLU else 1  # (the slot's boxes: `_stream_kernel`)
+        NM: gl.constexpr = _matrices(GLU)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
@@ -319,7 +325,7 @@ if HAS_TRITON and not INTERPRET:
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D)."""
         STEPS: gl.constexpr = KR // 128 // 2
-        NM: gl.constexpr = 2 if GLU else 1  # weight matrices per unit (gate and up, or W2): boxes per slot
+        NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
         sc_s = gl.allocate_shared_memory(gl.uint8, [NM * R, 64, 16], s_desc.layout)
         b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
