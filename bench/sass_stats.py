@@ -248,11 +248,6 @@ CASES = {
                                 IDS="*i32", P="*fp32"),
                            dict(T=64, S=2, KR=1024, R=6, NCONS=2, REGS=200, GLU=False, CONTIG=True, CHAINS=1), 4, 1,
                            ("I", "rows_e", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
-    # the few-row FP8 linear as a persistent Gluon kernel (fp8_gemv_stream, prepared: E8M0 weight scales, 4 K ranges)
-    "fp8_gemv_stream": ("fp8_gemv_stream", "_stream_kernel",
-                        dict(w_desc=_desc((64, 128), 128), x_desc=_desc((8, 128), 128), SX="*fp32", SW="*u8",
-                             P="*fp32"), dict(S=4, R=8, SW_E8M0=True), 4, 1,
-                        ("N", "stride_sx", "stride_swn", "stride_ps")),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
                        dict(P="*fp32", IDS="*i32", TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", limit="fp32"), dict(S=4), 4,
                        1, ("I", "stride_ps", "stride_pp", "stride_zq", "stride_zs")),

@@ -13,7 +13,8 @@ from dsv4.kernels import moe_glu_decode as g
 
 
 def _ok(k: int, s: int) -> bool:
-    return k % (128 * g.U * s * g.CONSUMERS) == 0
+    blocks = k // 128 // s  # per range: a power of two (the kernel's shared-memory tile shape)
+    return k % (128 * g.U * s * g.CONSUMERS) == 0 and blocks in {2 ** i for i in range(12)}
 
 
 def _expected(k: int, n: int, preferred: int, odd: bool) -> int | None:
@@ -43,4 +44,5 @@ def test_released_shapes(monkeypatch):
     monkeypatch.setattr(g, "ODD_SPLIT", False)
     assert g._split(flash, True) == g.SPLIT and g._split(pro, True) is None
     monkeypatch.setattr(g, "ODD_SPLIT", True)
-    assert g._split(pro, True) == 7 and g._split(pro, False) == g.DOWN_SPLIT
+    assert g._split(pro, True) == 7 and g._split(pro, False) is None  # (3072 = 24 blocks in one range)
+    assert g._split(flash, False) == g.DOWN_SPLIT

@@ -24,9 +24,10 @@ range); the partitions share a ring of STAGES shared-memory slots:
 routing weight) and quantises z per 128 channels as W2's input (`mma_down_stage`'s layout): the work of the Triton
 GLU's split-K last arriver plus `_quant16_kernel`, without arrival counters.
 
-The down GEMV (GEMM2, `down_decode`, opt-in: DOWN_ENABLED) is the same kernel with one matrix per unit (W2's rows,
-from z's codes; a program takes a run of one pair's row tiles, CONTIG, so it rebuilds its activation tiles once per
-pair); its fp32 partials are summed per row, rounded to bf16 and combined by `moe_combine.combine` in one launch.
+The down GEMV (GEMM2, `down_decode`, DOWN_ENABLED: on where it fits) is the same kernel with one matrix per unit
+(W2's rows, from z's codes; a program takes a run of one pair's row tiles, CONTIG, so it rebuilds its activation
+tiles once per pair); its fp32 partials are summed per row, rounded to bf16 and combined by `moe_combine.combine`
+in one launch.
 
 Numerics: the same exact products and per-group fp32 sums as method "mma" (one MMA chain per 32-group and step,
 scaled in the same order); the row sums over the accumulator's 8 columns and the K ranges run in another order
@@ -75,18 +76,20 @@ ONE_CONSUMER_MAXNREG = 232
 # given them as 3-D y: no launch of its own; its producer streams W2 before the PDL wait, only its consumers wait for
 # z). Session 48: faster alone than the Triton down (one token 13.1 vs 18.3 µs, bench_moe_stages); in the MoE call
 # only once the combine over its partials took 256-column programs (`moe_combine.COMBINE_PARTIALS_BD`): M = 1 / 2 / 4
-# 37.2 / 61.6 / 110.0 µs (DOWN_SPLIT 1; 2: 37.4 / 62.7 / 112.3) vs 40.7 / 65.4 / 113.1. Still off: its own tests
-# pass, but the model-level GPU run with it on was cut by the device budget (≈ 207 passed, none failed, a third not
-# run)
-DOWN_ENABLED = False
+# 37.2 / 61.6 / 110.0 µs (DOWN_SPLIT 1; 2: 37.4 / 62.7 / 112.3) vs 40.7 / 65.4 / 113.1. On since session 49: the
+# model-level GPU suite passes with it (218 of 219; the other failed the same with it off, on one machine only), 8
+# Flash layers' B = 1 replay 1.14-1.15 vs 1.18 ms off, alternating. Pro's 3072 does not fit (`_fits`): Triton there.
+DOWN_ENABLED = True
 DOWN_STAGES = 6  # ... its ring slots (8 KB each: half the GLU's shared memory at the same depth; 12 fits as much)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
-# most K ranges up to 2 x SPLIT that do (7). Opt-in: prepared in session 48, not run on the GPU
-ODD_SPLIT = False
+# most K ranges up to 2 x SPLIT that do (7). Session 49: Pro's MoE call M = 1 / 2 / 4 84.0 / 146.7 / 269.8 µs vs
+# 108.3 / 181.7 / 312.7 (the Triton GLU); 4 Pro layers' B = 1 replay 1.15 vs 1.24 ms
+ODD_SPLIT = True
 # MMA chains per step and matrix: 1 (low and high nibbles' products into one accumulator: the Triton GLU's sums,
 # bit for bit) or 2 (each its own chain, half as deep, added before the scaling: another fp32 summation order).
-# Opt-in: prepared in session 48, not run on the GPU (is a 16-deep chain of m64n8k16 MMAs latency-bound?)
+# Session 49: 2 within the run-to-run noise in Flash's MoE call (M = 1 / 2 / 4: 37.0 / 61.7 / 110.1 vs 37.2-37.4 /
+# 62.2 / 110.1-111.2 µs): the chain's latency is not what limits it; kept at 1 (the Triton GLU's sums)
 CHAINS = 1
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
 STREAM_PDL = True
@@ -406,8 +409,8 @@ def _sm_count(index: int) -> int:
 def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False) -> bool:
     """Whether `glu_decode` (or, down: `down_decode`) takes this GEMV: ENABLED (DOWN_ENABLED), MXFP4 experts on a
     Hopper GPU (TMA, wgmma), one pair per unit (no blocks of pairs), and K ranges of whole steps for every consumer
-    (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 only with ODD_SPLIT; the down's, inter: Flash's 2048 and
-    Pro's 3072 yes)."""
+    (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 only with ODD_SPLIT; the down's, inter: Flash's 2048 yes,
+    Pro's 3072 no: `_fits`)."""
     from dsv4.kernels.moe_wide import _is_hopper
 
     return ((DOWN_ENABLED if down else ENABLED) and blocks is None and experts.fmt == "mxfp4" and x.is_cuda
@@ -427,9 +430,11 @@ def _split(experts: PackedExperts, glu: bool) -> int | None:
 
 def _fits(experts: PackedExperts, glu: bool, split: int) -> bool:
     """The reduced dimension (GLU: hidden, down: inter) splits into split x CONSUMERS ranges of whole U-block steps,
-    the output rows into 128-blocks."""
+    a power of two of 128-blocks per range (the activation tiles' shared-memory shape: Pro's down, 3072 in one range
+    = 24 blocks, failed to compile, session 49), the output rows into 128-blocks."""
     k, n = (experts.hidden, experts.inter) if glu else (experts.inter, experts.hidden)
-    return k % (BLOCK * U * split * CONSUMERS) == 0 and n % BLOCK == 0
+    blocks = k // BLOCK // split
+    return k % (BLOCK * U * split * CONSUMERS) == 0 and blocks & (blocks - 1) == 0 and n % BLOCK == 0
 
 
 def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int) -> torch.Tensor:
