@@ -17,26 +17,29 @@ def _ok(k: int, s: int) -> bool:
     return k % (128 * g.U * s * g.CONSUMERS) == 0 and blocks in {2 ** i for i in range(12)}
 
 
-def _expected(k: int, n: int, preferred: int, odd: bool) -> int | None:
+def _expected(k: int, n: int, preferred: int, odd: bool, most: bool) -> int | None:
+    """`preferred` if it fits, else with `odd` the most (the GLU) or the fewest (the down, from `preferred` up)
+    of the splits up to 2 x SPLIT that fit."""
     if n % 128:
         return None
     if _ok(k, preferred):
         return preferred
     if odd:
-        fitting = [s for s in range(1, 2 * preferred + 1) if _ok(k, s)]
-        return max(fitting) if fitting else None
+        fitting = [s for s in range(1 if most else preferred, 2 * g.SPLIT + 1) if _ok(k, s)]
+        return (max(fitting) if most else min(fitting)) if fitting else None
     return None
 
 
-@pytest.mark.parametrize("odd", [False, True])
-def test_split_choice(odd, monkeypatch):
+@pytest.mark.parametrize("odd,down_odd", [(False, False), (True, False), (False, True), (True, True)])
+def test_split_choice(odd, down_odd, monkeypatch):
     monkeypatch.setattr(g, "ODD_SPLIT", odd)
-    rng = random.Random(1234 + odd)
+    monkeypatch.setattr(g, "DOWN_ODD_SPLIT", down_odd)
+    rng = random.Random(1234 + odd + 2 * down_odd)
     shapes = [(4096, 2048), (7168, 3072)] + [(128 * rng.randint(1, 80), 128 * rng.randint(1, 40)) for _ in range(200)]
     for hidden, inter in shapes:
         experts = types.SimpleNamespace(hidden=hidden, inter=inter)
-        assert g._split(experts, True) == _expected(hidden, inter, g.SPLIT, odd), (hidden, inter)
-        assert g._split(experts, False) == _expected(inter, hidden, g.DOWN_SPLIT, False), (hidden, inter)
+        assert g._split(experts, True) == _expected(hidden, inter, g.SPLIT, odd, True), (hidden, inter)
+        assert g._split(experts, False) == _expected(inter, hidden, g.DOWN_SPLIT, down_odd, False), (hidden, inter)
 
 
 def test_released_shapes(monkeypatch):
@@ -44,5 +47,8 @@ def test_released_shapes(monkeypatch):
     monkeypatch.setattr(g, "ODD_SPLIT", False)
     assert g._split(flash, True) == g.SPLIT and g._split(pro, True) is None
     monkeypatch.setattr(g, "ODD_SPLIT", True)
+    monkeypatch.setattr(g, "DOWN_ODD_SPLIT", False)
     assert g._split(pro, True) == 7 and g._split(pro, False) is None  # (3072 = 24 blocks in one range)
     assert g._split(flash, False) == g.DOWN_SPLIT
+    monkeypatch.setattr(g, "DOWN_ODD_SPLIT", True)
+    assert g._split(pro, False) == 3 and g._split(flash, False) == g.DOWN_SPLIT  # (3 ranges of 8 blocks)

@@ -86,6 +86,10 @@ DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consum
 # most K ranges up to 2 x SPLIT that do (7). Session 49: Pro's MoE call M = 1 / 2 / 4 84.0 / 146.7 / 269.8 µs vs
 # 108.3 / 181.7 / 312.7 (the Triton GLU); 4 Pro layers' B = 1 replay 1.15 vs 1.24 ms
 ODD_SPLIT = True
+# the down where DOWN_SPLIT does not fit the inter size (Pro's 3072 = 24 K blocks in one range: not a power of two,
+# `_fits`): the fewest K ranges from DOWN_SPLIT up to 2 x SPLIT that do (3 of 8 blocks; the down liked fewer ranges,
+# session 48). Opt-in: prepared in session 49, not run on the GPU (`run_device_s50a.sh`)
+DOWN_ODD_SPLIT = False
 # MMA chains per step and matrix: 1 (low and high nibbles' products into one accumulator: the Triton GLU's sums,
 # bit for bit) or 2 (each its own chain, half as deep, added before the scaling: another fp32 summation order).
 # Session 49: 2 within the run-to-run noise in Flash's MoE call (M = 1 / 2 / 4: 37.0 / 61.7 / 110.1 vs 37.2-37.4 /
@@ -410,7 +414,7 @@ def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False)
     """Whether `glu_decode` (or, down: `down_decode`) takes this GEMV: ENABLED (DOWN_ENABLED), MXFP4 experts on a
     Hopper GPU (TMA, wgmma), one pair per unit (no blocks of pairs), and K ranges of whole steps for every consumer
     (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 only with ODD_SPLIT; the down's, inter: Flash's 2048 yes,
-    Pro's 3072 no: `_fits`)."""
+    Pro's 3072 only with DOWN_ODD_SPLIT)."""
     from dsv4.kernels.moe_wide import _is_hopper
 
     return ((DOWN_ENABLED if down else ENABLED) and blocks is None and experts.fmt == "mxfp4" and x.is_cuda
@@ -418,13 +422,16 @@ def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False)
 
 
 def _split(experts: PackedExperts, glu: bool) -> int | None:
-    """The K ranges of this GEMV: SPLIT (the down: DOWN_SPLIT) where it fits, else (ODD_SPLIT, the GLU) the most
-    up to 2 x SPLIT that fit (Pro's hidden 7168: 7, on 126 of 132 SMs), else None (not taken here)."""
+    """The K ranges of this GEMV: SPLIT (the down: DOWN_SPLIT) where it fits, else (ODD_SPLIT) the GLU's most up to
+    2 x SPLIT that fit (Pro's hidden 7168: 7, on 126 of 132 SMs), (DOWN_ODD_SPLIT) the down's fewest from DOWN_SPLIT
+    up to 2 x SPLIT (Pro's inter 3072: 3), else None (not taken here)."""
     preferred = SPLIT if glu else DOWN_SPLIT
     if _fits(experts, glu, preferred):
         return preferred
     if glu and ODD_SPLIT:
-        return next((s for s in range(2 * preferred, 0, -1) if _fits(experts, glu, s)), None)
+        return next((s for s in range(2 * SPLIT, 0, -1) if _fits(experts, glu, s)), None)
+    if not glu and DOWN_ODD_SPLIT:
+        return next((s for s in range(DOWN_SPLIT, 2 * SPLIT + 1) if _fits(experts, glu, s)), None)
     return None
 
 

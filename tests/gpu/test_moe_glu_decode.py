@@ -100,21 +100,25 @@ def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
         close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")
 
 
-@pytest.mark.parametrize("m,consumers,chains", [(1, 2, 1), (3, 2, 1), (2, 1, 1), (3, 2, 2)])
-def test_down_decode_in_moe_gemv(m, consumers, chains, close_bf16, monkeypatch):
-    """The opt-in persistent down GEMV (partials summed in the combine) against the Triton down: the combined MoE
-    output (bf16, and the fp32 expert-parallel partial with other ranks' pairs) close to it and to the reference."""
+@pytest.mark.parametrize("m,consumers,chains,i", [(1, 2, 1, 2048), (3, 2, 1, 2048), (2, 1, 1, 2048), (3, 2, 2, 2048),
+                                                  (1, 2, 1, 1536), (3, 2, 1, 1536)])
+def test_down_decode_in_moe_gemv(m, consumers, chains, i, close_bf16, monkeypatch):
+    """The persistent down GEMV (partials summed in the combine) against the Triton down: the combined MoE output
+    (bf16, and the fp32 expert-parallel partial with other ranks' pairs) close to it and to the reference. Inter 1536
+    (12 K blocks, as Pro's 3072 = 24: not a power of two in one range) takes DOWN_ODD_SPLIT's 3 ranges."""
     from dsv4.kernels import moe_glu_decode
     from dsv4.kernels.moe import finalize_experts, fused_moe_ref
     from dsv4.kernels.moe_gemv import moe_gemv
 
-    e, d, i, k = 8, 2048, 2048, 6
+    e, d, k = 8, 2048, 6
     gen = torch.Generator(DEV).manual_seed(m * 5 + consumers)
     experts = _experts(e, d, i, gen)
     packed = finalize_experts(experts)
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
     monkeypatch.setattr(moe_glu_decode, "CHAINS", chains)
+    monkeypatch.setattr(moe_glu_decode, "DOWN_ODD_SPLIT", True)
+    assert moe_glu_decode._split(packed, False) == (3 if i == 1536 else moe_glu_decode.DOWN_SPLIT)
     for dtype, other_ranks in ((torch.bfloat16, False), (torch.float32, True)):
         ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
         outs = []
@@ -124,8 +128,8 @@ def test_down_decode_in_moe_gemv(m, consumers, chains, close_bf16, monkeypatch):
             out = torch.full((m, d), float("nan"), dtype=dtype, device=DEV)
             outs.append(moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=out))
         same = float((outs[0] == outs[1]).float().mean())
-        print(f"m={m} consumers={consumers} chains={chains} {dtype}: {same:.4f} of the outputs bit-identical to the "
-              "Triton down's")
+        print(f"m={m} consumers={consumers} chains={chains} i={i} {dtype}: {same:.4f} of the outputs bit-identical "
+              "to the Triton down's")
         close_bf16(outs[1], outs[0], rel=1e-2, what=f"down m={m} {dtype} vs the Triton down")
         close_bf16(outs[1], fused_moe_ref(x, ids, w, experts, out_dtype=dtype), rel=1e-2, what=f"down m={m} {dtype}")
 
@@ -140,6 +144,7 @@ def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
     gen = torch.Generator(DEV).manual_seed(13)
     experts = _experts(e, d, i, gen)
     packed = finalize_experts(experts)
+    monkeypatch.setattr(moe_glu_decode, "ODD_SPLIT", False)
     assert moe_glu_decode._split(packed, True) is None
     monkeypatch.setattr(moe_glu_decode, "ODD_SPLIT", True)
     assert moe_glu_decode._split(packed, True) == 7
