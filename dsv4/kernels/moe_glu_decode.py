@@ -88,7 +88,9 @@ DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consum
 ODD_SPLIT = True
 # the down where DOWN_SPLIT does not fit the inter size (Pro's 3072 = 24 K blocks in one range: not a power of two,
 # `_fits`): the fewest K ranges from DOWN_SPLIT up to 2 x SPLIT that do (3 of 8 blocks; the down liked fewer ranges,
-# session 48). Opt-in: prepared in session 49, not run on the GPU (`run_device_s50a.sh`)
+# session 48). Session 49: its tests pass; Pro's MoE call M = 1 / 2 / 4 80.6-81.0 / 148.8-149.0 / 272.3-272.7 µs vs
+# 84.0-84.2 / 146.9-147.1 / 269.5-269.6 (the Triton down): −4 % at one token, +1 % from two. Opt-in until Pro's rows
+# say which wins at B = 1 (`run_device_s50a.sh`'s last part)
 DOWN_ODD_SPLIT = False
 # MMA chains per step and matrix: 1 (low and high nibbles' products into one accumulator: the Triton GLU's sums,
 # bit for bit) or 2 (each its own chain, half as deep, added before the scaling: another fp32 summation order).
