@@ -138,6 +138,15 @@ CASES = {
                       dict(D=512, DP=512, ROPE0=448, NOPE=0, NORM=2, ROT=True, INV=False, SIM=0, BR=1,
                            D2=128, DP2=128, ROPE0_2=64, NOPE2=0, NORM2=0, ROT2=True, INV2=False, SIM2=2, BR2=64,
                            INTERP=False, RF=False), 4, 3, ()),  # (RF: norm_rope.ROPE_FIRST, off where BR2 > 1)
+    # the decode step's q latent + window kv with the kv's store into the FP8 window pool (attention.FUSED_KV_STORE)
+    "norm_rope_two_store": ("norm_rope", "_norm_rope_two_kernel",
+                            {n: "*bf16" for n in ("X", "OUT", "W", "H", "X2", "OUT2", "W2", "H2", "SR")}
+                            | {n: "*fp32" for n in ("COS", "SIN", "COS2", "SIN2")}
+                            | {n: "fp32" for n in ("eps", "hscale", "eps2", "hscale2")}
+                            | dict(PAGE="*i64", OFF="*i64", SQ="*fp8e4nv", SS="*u8"),
+                            dict(D=1024, DP=1024, ROPE0=1024, NOPE=0, NORM=1, ROT=False, INV=False, SIM=0, BR=1,
+                                 D2=512, DP2=512, ROPE0_2=448, NOPE2=448, NORM2=1, ROT2=True, INV2=False, SIM2=1,
+                                 BR2=1, INTERP=False, RF=True, STORE2=True), 4, 3, ()),
     "gate_route": ("router", "_gate_route_kernel",
                    dict(X="*bf16", W="*bf16", PART="*fp32", LOGITS="*fp32", CNT="*i32", BIAS="*fp32", T2E="*i32",
                         TOK="*i32", W_OUT="*fp32", ID_OUT="*i32", route_scale="fp32"),

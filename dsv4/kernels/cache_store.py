@@ -181,6 +181,14 @@ if HAS_TRITON:
             y = tl.reshape(tl.join(*rotate_pairs(a, c, cs, sn)), (D,)).to(tl.bfloat16).to(tl.float32)
         if HADAMARD:
             y = tl.sum(y[:, None] * h, axis=0).to(tl.bfloat16).to(tl.float32)
+        store_row(y, b, PAGE, OFF, Q, S, ROPE, q_page, q_off, s_page, s_off, r_page, r_off, D, NOPE, FP4)
+
+    @triton.jit
+    def store_row(y, b, PAGE, OFF, Q, S, ROPE, q_page, q_off, s_page, s_off, r_page, r_off,
+                  D: tl.constexpr, NOPE: tl.constexpr, FP4: tl.constexpr):
+        """Row y (fp32 [D] of bf16 values) into slot (PAGE[b], OFF[b]) of an FP8 pool (e4m3 + E8M0 per 64 of the NOPE
+        dims, the rest bf16) or an FP4 one (MXFP4); also `norm_rope_two`'s store of the window kv."""
+        d = tl.arange(0, D)
         page = tl.load(PAGE + b).to(tl.int64)
         off = tl.load(OFF + b).to(tl.int64)
         if FP4:  # MXFP4: 32-element groups, s = pow2_ceil(max(amax, 6*2^-126) * fp32(1/6))
@@ -312,24 +320,28 @@ def pool_chunk(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int
 def store_rows(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, norm_weight=None,
                eps: float = 0.0, cos=None, sin=None, hadamard=None) -> None:
     """Triton `store_rows_ref` (FP8 or FP4 pools)."""
-    if not (pool.fp8 or pool.fp4):
-        raise ValueError("store_rows: the kernel writes FP8/FP4 pools only (use store_rows_ref)")
     b, d = x.shape
     x = x.contiguous()
-    nope = pool.nope if pool.fp8 else d
     dummy = x
-    if pool.fp4:
-        q, s, rope = pool.q, pool.s, pool.q
-    else:
-        q, s, rope = pool.q, pool.s, pool.rope
+    q, s, rope, strides, nope = pool_operands(pool, d, "store_rows")
     rot = cos is not None
     cos_t = cos.float().contiguous() if rot else dummy
     sin_t = sin.float().contiguous() if rot else dummy
     _store_kernel[(b,)](
         x, page, off, norm_weight if norm_weight is not None else dummy, cos_t, sin_t,
         hadamard.float().contiguous() if hadamard is not None else dummy, q, s, rope,
-        x.stride(0), cos_t.stride(0) if rot else 0,
-        q.stride(0), q.stride(1), s.stride(0), s.stride(1), rope.stride(0), rope.stride(1), float(eps),
+        x.stride(0), cos_t.stride(0) if rot else 0, *strides, float(eps),
         D=d, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NORM=norm_weight is not None, ROT=rot,
         HADAMARD=hadamard is not None, FP4=pool.fp4,
         num_warps=4)
+
+
+def pool_operands(pool, d: int, who: str) -> tuple:
+    """`store_row`'s pool operands for rows of width d: (q, s, rope tensors, their 6 page / slot strides, nope),
+    or a ValueError naming `who` for a pool the kernel does not write (bf16 storage)."""
+    if not (pool.fp8 or pool.fp4):
+        raise ValueError(f"{who}: the kernel writes FP8/FP4 pools only (use store_rows_ref)")
+    q, s = pool.q, pool.s
+    rope = pool.q if pool.fp4 else pool.rope
+    strides = (q.stride(0), q.stride(1), s.stride(0), s.stride(1), rope.stride(0), rope.stride(1))
+    return q, s, rope, strides, pool.nope if pool.fp8 else d

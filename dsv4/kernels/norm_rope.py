@@ -19,6 +19,7 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs
+from dsv4.kernels.cache_store import pool_operands, store_rows
 
 NONE, WEIGHTED, UNWEIGHTED = 0, 1, 2
 SIM_NONE, SIM_FP8, SIM_FP4 = 0, 1, 2
@@ -71,6 +72,7 @@ def norm_rope_ref(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | N
 
 
 if HAS_TRITON:
+    from dsv4.kernels.cache_store import store_row
     from dsv4.kernels.fp8_linear import _e4m3, _pow2_scale
 
     @triton.jit
@@ -99,11 +101,14 @@ if HAS_TRITON:
                               BR: tl.constexpr,
                               D2: tl.constexpr, DP2: tl.constexpr, ROPE0_2: tl.constexpr, NOPE2: tl.constexpr,
                               NORM2: tl.constexpr, ROT2: tl.constexpr, INV2: tl.constexpr, SIM2: tl.constexpr,
-                              BR2: tl.constexpr, INTERP: tl.constexpr, RF: tl.constexpr = False):
+                              BR2: tl.constexpr, INTERP: tl.constexpr, RF: tl.constexpr = False,
+                              PAGE=None, OFF=None, SQ=None, SS=None, SR=None, q_page=0, q_off=0, s_page=0, s_off=0,
+                              r_page=0, r_off=0, STORE2: tl.constexpr = False):
         """Two `norm_rope` calls in one launch (`norm_rope_two`): programs below `programs` run the first, the
         others the second, each row as `_norm_rope_kernel` computes it; every program reads its static operands,
-        then waits for the previous kernel (PDL). (Names differ per branch: Triton merges a name's types across
-        the branches of a runtime `if`.)"""
+        then waits for the previous kernel (PDL). STORE2 (one row per program): each second-part row also goes
+        into its FP8 pool slot (PAGE, OFF) as `cache_store.store_rows` stores it. (Names differ per branch: Triton
+        merges a name's types across the branches of a runtime `if`.)"""
         pid = tl.program_id(0)
         if pid < programs:
             wa, sa = _norm_rope_static(W, H, D, DP, NORM, SIM)
@@ -113,8 +118,11 @@ if HAS_TRITON:
         else:
             wb, sb = _norm_rope_static(W2, H2, D2, DP2, NORM2, SIM2)
             pdl_wait()
-            _norm_rope_rows(X2, OUT2, wb, sb, COS2, SIN2, eps2, hscale2, G2, rows2, stride_cs2, pid - programs,
-                            D2, DP2, ROPE0_2, NOPE2, NORM2, ROT2, INV2, SIM2, BR2, INTERP, RF)
+            yb = _norm_rope_rows(X2, OUT2, wb, sb, COS2, SIN2, eps2, hscale2, G2, rows2, stride_cs2, pid - programs,
+                                 D2, DP2, ROPE0_2, NOPE2, NORM2, ROT2, INV2, SIM2, BR2, INTERP, RF)
+            if STORE2:
+                store_row(tl.reshape(yb, (D2,)), pid - programs, PAGE, OFF, SQ, SS, SR, q_page, q_off, s_page, s_off,
+                          r_page, r_off, D2, NOPE2, False)
 
     @triton.jit
     def _norm_rope_static(W, H, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr, SIM: tl.constexpr):
@@ -133,9 +141,9 @@ if HAS_TRITON:
                         D: tl.constexpr, DP: tl.constexpr, ROPE0: tl.constexpr, NOPE: tl.constexpr,
                         NORM: tl.constexpr, ROT: tl.constexpr, INV: tl.constexpr, SIM: tl.constexpr,
                         BR: tl.constexpr, INTERP: tl.constexpr, RF: tl.constexpr):
-        """Rows [pid BR, (pid + 1) BR) of one `norm_rope` call (wn, sgn: `_norm_rope_static`). RF (`ROPE_FIRST`, one
-        row per program): cos / sin loaded with the rows, before the norm's reduction (no load crosses its CTA
-        barriers)."""
+        """Rows [pid BR, (pid + 1) BR) of one `norm_rope` call (wn, sgn: `_norm_rope_static`), stored and returned
+        (fp32 [BR, DP] of the bf16 results). RF (`ROPE_FIRST`, one row per program): cos / sin loaded with the rows,
+        before the norm's reduction (no load crosses its CTA barriers)."""
         d = tl.arange(0, DP)
         dm = d < D
         row = pid.to(tl.int64) * BR + tl.arange(0, BR)
@@ -190,6 +198,7 @@ if HAS_TRITON:
                 + 2.0 * (a > 5.0).to(tl.float32)
             y = _bf16(tl.reshape(tl.where(t < 0, -mag, mag) * s[:, :, None], (BR, D)))
         tl.store(OUT + row[:, None] * D + d[None, :], y.to(tl.bfloat16), mask=live[:, None] & dm[None, :])
+        return y
 
 
 def _plan(x: torch.Tensor, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -243,24 +252,50 @@ _SECOND = {"D": "D2", "DP": "DP2", "ROPE0": "ROPE0_2", "NOPE": "NOPE2", "NORM": 
            "INV": "INV2", "SIM": "SIM2", "BR": "BR2"}
 
 
-def norm_rope_two_ref(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """The contract of `norm_rope_two`: the two `norm_rope_ref` calls."""
-    return norm_rope_ref(a, **a_kw), norm_rope_ref(b, **b_kw)
+def norm_rope_two_ref(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict,
+                      store_b: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract of `norm_rope_two`: the two `norm_rope_ref` calls, b's result stored by `store_rows_ref`."""
+    from dsv4.kernels.cache_store import store_rows_ref
+    out_a, out_b = norm_rope_ref(a, **a_kw), norm_rope_ref(b, **b_kw)
+    if store_b is not None:
+        store_rows_ref(out_b, *store_b)
+    return out_a, out_b
 
 
-def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict,
+                  store_b: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`norm_rope(a, **a_kw)` and `norm_rope(b, **b_kw)` in one launch (two tensors of a layer that come from one
     GEMM: one launch fewer per layer at decode). Each program runs `_norm_rope_kernel`'s rows of one of them, so
     the results are the two calls' bits where both use the same warps (4 up to 512 columns, else 8); otherwise up
-    to the fp32 order of a row's sum of squares (rare last-bit flips)."""
+    to the fp32 order of a row's sum of squares (rare last-bit flips). `store_b` = (page, off, pool): b's results
+    also stored into that FP8 pool as `cache_store.store_rows(b's results, page, off, pool)` stores them (the
+    paged decode step's window kv: one launch fewer per layer); in the same launch for one row per program, else
+    by that call."""
     out_a, args_a, consts_a, pa, wa = _plan(a, **a_kw)
     out_b, args_b, consts_b, pb, wb = _plan(b, **b_kw)
+    fused, store = False, {}
+    if store_b is not None:
+        page, off, pool = store_b
+        sq, ss, sr, strides, _ = pool_operands(pool, b.shape[-1], "norm_rope_two")  # (checks the pool)
+        fused = _stores_in_kernel(b, consts_b, pool)
+    if fused:
+        store = dict(PAGE=page, OFF=off, SQ=sq, SS=ss, SR=sr, q_page=strides[0], q_off=strides[1],
+                     s_page=strides[2], s_off=strides[3], r_page=strides[4], r_off=strides[5], STORE2=True)
     if pa + pb:  # (an empty part has no programs)
         _norm_rope_two_kernel[(pa + pb,)](*args_a, *args_b, pa, **consts_a,
                                           **{_SECOND[k]: v for k, v in consts_b.items()}, INTERP=INTERPRET,
                                           RF=_rope_first(consts_a) and _rope_first(consts_b),
-                                          num_warps=max(wa, wb))
+                                          num_warps=max(wa, wb), **store)
+    if store_b is not None and not fused:
+        store_rows(out_b, *store_b)
     return out_a, out_b
+
+
+def _stores_in_kernel(b: torch.Tensor, consts: dict, pool) -> bool:
+    """Whether `norm_rope_two` stores b's rows in its own launch: one FP8-simulated [T, D] row per program (decode
+    sizes), D a power of two and the pool FP8 with b's nope dims."""
+    return (b.dim() == 2 and consts["BR"] == 1 and consts["DP"] == consts["D"] and consts["SIM"] == SIM_FP8
+            and pool.fp8 and pool.nope == consts["NOPE"])
 
 
 @functools.lru_cache(maxsize=None)

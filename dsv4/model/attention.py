@@ -65,6 +65,11 @@ PAIRED_QUERIES_MAX_T = 64
 # (decode kernels, the torch attention) get it from `norm_rope` in `attend` (`_normed_q`). H200 s37d, 4 Flash layers,
 # one 8K prefill, µs of GPU: attention 4258 -> 4753, norm_rope 1205 -> 177, the forward 44682 -> 44162 (-1.2 %)
 PREFILL_Q_NORM_IN_KERNEL = True
+# kernel mode, paged FP8 decode step: the token's window kv stored into the pool by the q latent + kv norm launch
+# (`norm_rope_two(store_b=)`, the same bytes as `cache_store.store_rows` of its output) instead of a launch of its
+# own before the attention: one launch fewer per layer. Prepared in session 49: tested on the CPU (interpreter) and
+# by the GPU tests, not yet measured (bench/runs/run_device_s50c.sh)
+FUSED_KV_STORE = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -85,6 +90,7 @@ class AttentionInputs(NamedTuple):
     index_w: torch.Tensor | None         # [T, Hi]
     dtype: torch.dtype
     q_norm_eps: float | None = None      # q not normed / RoPE'd yet (PREFILL_Q_NORM_IN_KERNEL): the norm's eps
+    kv_stored: bool = False              # kv already in the paged step's window pool (FUSED_KV_STORE)
 
 
 class Attention(StackedProjections, nn.Module):
@@ -129,11 +135,13 @@ class Attention(StackedProjections, nn.Module):
     # finish (per token). Decode under CUDA graphs (dsv4.model.graphs) captures prepare and finish
     # and runs attend eagerly between them.
 
-    def prepare(self, a: torch.Tensor, positions: torch.Tensor) -> AttentionInputs:
-        """Projections, norms, RoPE and the compressor/indexer rows of the flat batch."""
+    def prepare(self, a: torch.Tensor, positions: torch.Tensor, step=None) -> AttentionInputs:
+        """Projections, norms, RoPE and the compressor/indexer rows of the flat batch (`step`: the paged decode
+        step `attend` will get, whose window slots the kv may be stored into here: FUSED_KV_STORE)."""
         cos, sin = self.rope.cos_sin(positions)
         projected = None  # kernel mode: the compressor / indexer projections beside the query path
         q_norm_eps = None
+        kv_stored = False
         if self.compressor and self.use_kernels:
             projected = start_beside(a.device, "projections", a.shape[0], self._project_fused,
                                      a, positions)
@@ -146,7 +154,9 @@ class Attention(StackedProjections, nn.Module):
             kv_kw = dict(norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos, sin=sin, sim=sim,
                          nope=self.nope_dim)
             if PAIRED_NORMS:
-                q_latent, kv = nr.norm_rope_two(q_latent, q_latent_kw, kv, kv_kw)
+                store = (*step.kv_slot(), step.pools.window[self.layer_index]) if self._stores_kv(step) else None
+                q_latent, kv = nr.norm_rope_two(q_latent, q_latent_kw, kv, kv_kw, store_b=store)
+                kv_stored = store is not None
             else:
                 q_latent, kv = nr.norm_rope(q_latent, **q_latent_kw), nr.norm_rope(kv, **kv_kw)
             q_latent_in = self.wq_b.prepare_input(q_latent)
@@ -182,7 +192,7 @@ class Attention(StackedProjections, nn.Module):
         if self.indexer:
             index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w, q=index_proj,
                                                     ready=index_ready)
-        return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype, q_norm_eps)
+        return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype, q_norm_eps, kv_stored)
 
     def _normed_q(self, pre: AttentionInputs) -> AttentionInputs:
         """`pre` with q normed and RoPE'd (the launch `prepare` left to the prefill kernel, for other paths)."""
@@ -288,11 +298,11 @@ class Attention(StackedProjections, nn.Module):
         """A paged decode step in fixed-shape batch ops (dsv4.engine.paged_decode): write the token's
         kv, rows and (branch-free) entries, then one softmax over window U entries per row."""
         layer = self.layer_index
-        fused = self.use_kernels and step.fp8 and self.numerics.simulate_kv_fp8 and self.numerics.simulate_indexer_fp4
-        if fused:
+        fused = self._fused_step_stores(step)
+        if fused and not pre.kv_stored:  # (stored by `prepare` with FUSED_KV_STORE)
             from dsv4.kernels.cache_store import store_rows
             store_rows(pre.kv, *step.kv_slot(), step.pools.window[layer])
-        else:
+        elif not fused:
             step.write_kv(layer, pre.kv)
         for comp, rows in ((self.compressor, pre.rows), (self.indexer and self.indexer.compressor, pre.index_rows)):
             if comp:
@@ -338,6 +348,14 @@ class Attention(StackedProjections, nn.Module):
         had = hadamard_matrix(comp.dim, torch.float32, pooled.device) if name == "index" else None
         store_rows(pooled, *step.entry_slot(layer, name), step.pools.entries[layer, name], norm_weight=comp.norm.weight,
                    eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had)
+
+    def _fused_step_stores(self, step) -> bool:
+        """Whether a paged decode step stores its rows through `cache_store` (FP8 pools, the reference numerics)."""
+        return self.use_kernels and step.fp8 and self.numerics.simulate_kv_fp8 and self.numerics.simulate_indexer_fp4
+
+    def _stores_kv(self, step) -> bool:
+        """Whether `prepare` stores the window kv of this paged decode step (FUSED_KV_STORE)."""
+        return FUSED_KV_STORE and step is not None and self._fused_step_stores(step)
 
     def step_kernel(self, step) -> bool:
         """Whether a paged decode step attends with the Triton kernel."""

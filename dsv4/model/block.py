@@ -55,9 +55,9 @@ class Block(nn.Module):
         Kernel mode only: `carry` = the previous block's deferred MoE post (f, post, comb), applied to x by this
         block's attention pre; `defer`: -> (x, carry) with this block's MoE post deferred (`run_blocks`)."""
         if carry is not None:
-            x, hc, pre = self._pre_after(x, carry, positions)
+            x, hc, pre = self._pre_after(x, carry, positions, step)
         else:
-            hc, pre = self.pre(x, positions)
+            hc, pre = self.pre(x, positions, step)
         rotated = self.attn.rotates(pre, segments, step)
         attended = self.attn.attend(pre, positions, segments, step=step, rotate=rotated)
         return self.post(x, attended, pre, hc, token_ids, rotated=rotated, defer=defer)
@@ -65,8 +65,9 @@ class Block(nn.Module):
     # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
     # them and runs `attn.attend` eagerly in between.
 
-    def pre(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[tuple, AttentionInputs]:
-        """mHC pre of the attention site + attention `prepare` -> ((post, comb), attention inputs)."""
+    def pre(self, x: torch.Tensor, positions: torch.Tensor, step=None) -> tuple[tuple, AttentionInputs]:
+        """mHC pre of the attention site + attention `prepare` -> ((post, comb), attention inputs) (`step`: the
+        paged decode step, for `prepare`)."""
         if self.mhc is not None:
             from dsv4.kernels import mhc
             u, post, comb = mhc.hc_pre(x, self.mhc["attn"], self.hc_attn_base, self.hc_attn_scale,
@@ -74,16 +75,16 @@ class Block(nn.Module):
         else:
             u, post, comb = hc_pre(x, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, **self.hc_kwargs)
             u = self.attn_norm(u)
-        return (post, comb), self.attn.prepare(u, positions)
+        return (post, comb), self.attn.prepare(u, positions, step)
 
-    def _pre_after(self, x: torch.Tensor, carry: tuple, positions: torch.Tensor):
+    def _pre_after(self, x: torch.Tensor, carry: tuple, positions: torch.Tensor, step=None):
         """The previous block's deferred MoE post fused into this block's attention pre -> (X', (post, comb),
         attention inputs)."""
         from dsv4.kernels import mhc
         f, post, comb = carry
         x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["attn"], self.hc_attn_base,
                                            self.hc_attn_scale, norm_weight=self.attn_norm.weight, **self.hc_kwargs)
-        return x, (post, comb), self.attn.prepare(u, positions)
+        return x, (post, comb), self.attn.prepare(u, positions, step)
 
     def post(self, x: torch.Tensor, attended: torch.Tensor, pre: AttentionInputs, hc: tuple,
              token_ids: torch.Tensor | None, rotated: bool = False, defer: bool = False):

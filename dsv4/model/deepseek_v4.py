@@ -69,11 +69,12 @@ KERNELS = ("auto", "torch", "triton")
 
 
 def resolve_kernels(kernels: str, dtype: torch.dtype, device: torch.device) -> str:
-    """"auto" -> "triton" on CUDA for a bf16 model when triton imports, else "torch"."""
+    """"auto" -> "triton" on CUDA for a bf16 model when triton imports, else "torch". "triton" also on the CPU
+    under Triton's interpreter (TRITON_INTERPRET=1: the kernel path's tests without a GPU, slowly)."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels={kernels!r}; allowed: {', '.join(KERNELS)}")
-    from dsv4.kernels._triton import HAS_TRITON
-    usable = device.type == "cuda" and HAS_TRITON and dtype == torch.bfloat16
+    from dsv4.kernels._triton import HAS_TRITON, INTERPRET
+    usable = (device.type == "cuda" or INTERPRET and kernels == "triton") and HAS_TRITON and dtype == torch.bfloat16
     if kernels == "auto":
         return "triton" if usable else "torch"
     if kernels == "triton" and not usable:

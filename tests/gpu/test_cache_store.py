@@ -119,6 +119,46 @@ def test_store_rows_matches_reference(case):
         assert INTERP or torch.equal(deq_got, deq_want)
 
 
+@pytest.mark.parametrize("bsz,rows_from", [(1, 2048), (5, 2048), (6, 4)])
+def test_norm_rope_two_stores_the_window_kv(bsz, rows_from, monkeypatch):
+    """`norm_rope_two(..., store_b=)` (the paged decode step's q latent + window kv with the kv's store in the same
+    launch): both outputs and every pool byte equal those of the unfused launch followed by `store_rows` of its kv
+    output; at several rows per program (rows_from 4: a prefill-sized call) the store falls back to that call."""
+    from dsv4.config import Rope
+    from dsv4.kernels import norm_rope as nr
+    from dsv4.kernels.cache_store import store_rows
+    from dsv4.model.rope import RotaryEmbedding
+
+    monkeypatch.setattr(nr, "ROWS_FROM", rows_from)
+    g = _gen(40 + bsz)
+    pages, ps, dim, lat = 5, 16, 512, 1024
+    pool = _pools("fp8", pages, ps, g)
+    page = torch.randint(0, pages, (bsz,), generator=g, device=DEV)
+    off = torch.randperm(ps, generator=g, device=DEV)[:bsz]
+    rope = RotaryEmbedding(64, Rope(theta=10000.0, yarn=None))
+    cos, sin = rope.cos_sin(torch.randint(0, 40000, (bsz,), generator=g, device=DEV))
+    q_latent = (torch.randn(bsz, lat, generator=g, device=DEV) * 3).to(torch.bfloat16)
+    kv = (torch.randn(bsz, dim, generator=g, device=DEV) * 5).to(torch.bfloat16)
+    q_kw = dict(norm=nr.WEIGHTED, weight=(1 + 0.3 * torch.randn(lat, generator=g, device=DEV)).to(torch.bfloat16),
+                eps=1e-6)
+    kv_kw = dict(norm=nr.WEIGHTED, weight=(1 + 0.3 * torch.randn(dim, generator=g, device=DEV)).to(torch.bfloat16),
+                 eps=1e-6, cos=cos, sin=sin, sim=nr.SIM_FP8, nope=448)
+    assert nr._stores_in_kernel(kv, nr._plan(kv, **kv_kw)[2], pool) == (rows_from > bsz)
+    want, got = _clone(pool), _clone(pool)
+    qa, kva = nr.norm_rope_two(q_latent, q_kw, kv, kv_kw)
+    store_rows(kva, page, off, want)
+    qb, kvb = nr.norm_rope_two(q_latent, q_kw, kv, kv_kw, store_b=(page, off, got))
+    assert torch.equal(qa, qb) and torch.equal(kva, kvb)
+    for name in ("q", "s", "rope"):
+        a, b = getattr(want, name).view(torch.uint8), getattr(got, name).view(torch.uint8)
+        assert torch.equal(a, b), f"pool {name} differs"
+    assert not torch.equal(want.q.view(torch.uint8), pool.q.view(torch.uint8)), "nothing was stored"
+    with pytest.raises(ValueError, match="norm_rope_two: the kernel writes FP8/FP4 pools only"):
+        from dsv4.engine.paged_state import _EntryPool
+        plain = _EntryPool(pages, ps, dim, 448, False, torch.bfloat16, DEV)
+        nr.norm_rope_two(q_latent, q_kw, kv, kv_kw, store_b=(page, off, plain))
+
+
 @pytest.mark.parametrize("ratio,dim,overlap", [(4, 128, True), (128, 512, False)])
 def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
     """`new_rows`: the step's (C, Z) rows land at their slot (strided column views accepted) and the
