@@ -73,6 +73,9 @@ CASES = {
                      "attention.DECODE_STAGES", ()),
     "attn_csa": ("attention", "_decode_attn_kernel", ATTN_T, dict(ATTN_C, HAS_COMP=True, INDEXED=True), 8,
                  "attention.DECODE_STAGES", ()),
+    # HCA with the q heads' norm + RoPE in the kernel (attention.DECODE_Q_NORM_IN_KERNEL)
+    "attn_hca_qnorm": ("attention", "_decode_attn_kernel", dict(ATTN_T, QCOS="*fp32", QSIN="*fp32", q_eps="fp32"),
+                       dict(ATTN_C, HAS_COMP=True, INDEXED=False, QNORM=True), 8, "attention.DECODE_STAGES", ()),
     "indexer_scores": ("indexer_scores", "_scores_kernel",
                        dict(Q="*bf16", W="*bf16", PQ="*i8", PS="*u8", PAGE="*i32", OFF="*i32", PRESENT="*i1",
                             OUT="*bf16"), dict(HP=64, D=128, BN=64, FP4=True, INTERP=False), 4, 3,

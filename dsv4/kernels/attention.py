@@ -75,12 +75,17 @@ def decode_attention_ref(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor |
                          window_pool: FP8Pool, window_table: torch.Tensor, ring: int, window: int,
                          comp_pool: FP8Pool | None, comp_table: torch.Tensor | None,
                          comp_idx: torch.Tensor | None, comp_count: torch.Tensor | None,
-                         sink: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                         sink: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+                         q_norm: tuple | None = None) -> torch.Tensor:
     """Reference: per sequence, gather + dequantise, then the model's `sink_attention` and inverse RoPE
-    (none with cos = sin = None); written into `out` when given."""
+    (none with cos = sin = None); written into `out` when given. q_norm = (eps, cos, sin): q is before its
+    per-head norm + RoPE by +t (`norm_rope`), applied first."""
+    from dsv4.kernels.norm_rope import UNWEIGHTED, norm_rope_ref
     from dsv4.model.sink_attention import sink_attention
     from dsv4.model.rope import apply_rope
 
+    if q_norm is not None:
+        q = norm_rope_ref(q, norm=UNWEIGHTED, eps=q_norm[0], cos=q_norm[1], sin=q_norm[2])
     out = torch.empty_like(q) if out is None else out
     dev = q.device
     for b in range(q.shape[0]):
@@ -104,6 +109,7 @@ def decode_attention_ref(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor |
 # --------------------------------------------------------------------------- Triton kernels
 
 if HAS_TRITON:
+    from dsv4.kernels.norm_rope import unweighted_norm_rows
 
     @triton.jit
     def _load_kv(PQ, PS, PR, row, valid, NOPE: tl.constexpr, ROPE: tl.constexpr):
@@ -154,17 +160,22 @@ if HAS_TRITON:
         return _load_kv(CQ, CS, CR, row_c, v_c, NOPE, ROPE), v_c
 
     @triton.jit
+    def _rotate_rope(o, COS, SIN, b, sign, HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr):
+        """The rope pairs of rows o [BH, HD] (fp32 of bf16 values) rotated by sign x t, as `norm_rope` rotates."""
+        ev, od = tl.split(tl.reshape(o, (BH, HD // 2, 2)))
+        pair = tl.arange(0, HD // 2)
+        rp = pair >= NOPE // 2
+        c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
+        sn = sign * tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
+        return tl.reshape(tl.join(*rotate_pairs(ev, od, c, sn)), (BH, HD))
+
+    @triton.jit
     def _inverse_rope_store(o, OUT, COS, SIN, b, offs_h, hmask, HD: tl.constexpr, NOPE: tl.constexpr,
                             BH: tl.constexpr, ROT: tl.constexpr):
         """Round o [BH, HD] to bf16 (the reference output), rotate its rope pairs by -t (ROT), store bf16."""
         o = o.to(tl.bfloat16).to(tl.float32)
         if ROT:
-            ev, od = tl.split(tl.reshape(o, (BH, HD // 2, 2)))
-            pair = tl.arange(0, HD // 2)
-            rp = pair >= NOPE // 2
-            c = tl.load(COS + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=1.0)[None, :]
-            sn = -tl.load(SIN + b * ((HD - NOPE) // 2) + (pair - NOPE // 2), mask=rp, other=0.0)[None, :]
-            o = tl.reshape(tl.join(*rotate_pairs(ev, od, c, sn)), (BH, HD))  # norm_rope(inverse=True)'s bits
+            o = _rotate_rope(o, COS, SIN, b, -1.0, HD, NOPE, BH)  # norm_rope(inverse=True)'s bits
         offs_d = tl.arange(0, HD)
         tl.store(OUT + offs_h[:, None] * HD + offs_d[None, :], o.to(tl.bfloat16),
                  mask=hmask[:, None])
@@ -177,7 +188,7 @@ if HAS_TRITON:
         H, ring, w_ps, c_ps, w_tab_stride, c_tab_stride, n_comp, per_split, scale,
         WIN: tl.constexpr, HAS_COMP: tl.constexpr, INDEXED: tl.constexpr, SPLIT: tl.constexpr,
         HD: tl.constexpr, NOPE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, ROT: tl.constexpr,
-        INTERP: tl.constexpr,
+        INTERP: tl.constexpr, QCOS=None, QSIN=None, q_eps=0.0, QNORM: tl.constexpr = False,
     ):
         pdl_wait()
         b = tl.program_id(0)
@@ -188,6 +199,9 @@ if HAS_TRITON:
         hmask = offs_h < H
         offs_d = tl.arange(0, HD)
         q = tl.load(Q + (b * H + offs_h[:, None]) * HD + offs_d[None, :], mask=hmask[:, None], other=0.0)
+        if QNORM:  # q before its per-head norm + RoPE by +t: `norm_rope`'s bits (`decode_attention(q_norm=)`)
+            q = unweighted_norm_rows(q.to(tl.float32), q_eps, HD)
+            q = _rotate_rope(q, QCOS, QSIN, b, 1.0, HD, NOPE, BH).to(tl.bfloat16)
         t = tl.load(POS + b)
         cnt = 0
         if HAS_COMP and not INDEXED:
@@ -327,10 +341,13 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | Non
                      comp_pool: FP8Pool | None, comp_table: torch.Tensor | None,
                      comp_idx: torch.Tensor | None, comp_count: torch.Tensor | None,
                      sink: torch.Tensor, scale: float, splits: int | None = None,
-                     out: torch.Tensor | None = None, combine: str | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, combine: str | None = None,
+                     q_norm: tuple | None = None) -> torch.Tensor:
     """Triton decode attention (contract of `decode_attention_ref`): bf16 [B, H, Dh]. cos = sin = None
     skips the inverse RoPE (the caller applies it); `out` (contiguous bf16 [B, H, Dh]) receives the result;
-    `combine` ("loop" / "wide", None = the module's COMBINE) picks the split-merge kernel."""
+    `combine` ("loop" / "wide", None = the module's COMBINE) picks the split-merge kernel; q_norm = (eps,
+    cos, sin): q's per-head norm + RoPE in the kernel (one `norm_rope` launch fewer; each program of a row
+    normalises its heads' q again)."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.attention: triton is not installed (use decode_attention_ref)")
     combine = COMBINE if combine is None else combine
@@ -353,6 +370,10 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | Non
                             or out.device != q.device):
         raise ValueError(f"decode_attention: out must be contiguous bf16 {tuple(q.shape)} on {q.device}, got "
                          f"{out.dtype} {tuple(out.shape)} on {out.device}")
+    if q_norm is not None and (len(q_norm) != 3 or q_norm[1].shape != (bsz, (hd - nope) // 2)
+                               or q_norm[2].shape != q_norm[1].shape):
+        raise ValueError(f"decode_attention: q_norm must be (eps, cos, sin) with cos / sin [B={bsz}, "
+                         f"{(hd - nope) // 2}]")
     if window_table.dim() != 2 or window_table.shape[0] != bsz:
         raise ValueError(f"decode_attention: window_table must be [B, pages], got {tuple(window_table.shape)}")
     has_comp = comp_pool is not None
@@ -399,6 +420,8 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | Non
         float(scale),
         WIN=window, HAS_COMP=has_comp, INDEXED=indexed, SPLIT=splits > 1, HD=hd, NOPE=nope, BH=bh, BN=bn,
         ROT=rot, INTERP=INTERPRET, num_warps=8, num_stages=DECODE_STAGES,
+        **({} if q_norm is None else dict(QCOS=q_norm[1].float().contiguous(), QSIN=q_norm[2].float().contiguous(),
+                                          q_eps=float(q_norm[0]), QNORM=True)),
     )
     sp = max(2, triton.next_power_of_2(splits))
     if splits > 1 and combine == "loop":

@@ -125,6 +125,14 @@ if HAS_TRITON:
                           r_page, r_off, D2, NOPE2, False)
 
     @triton.jit
+    def unweighted_norm_rows(y, eps, D: tl.constexpr):
+        """The q heads' unweighted RMS norm of rows y [R, DP] (fp32 of bf16 values, zero padding past D) in bf16
+        arithmetic, every intermediate rounded as torch does (also the decode attention's q, `q_norm`)."""
+        mean = _bf16(tl.sum(_bf16(y * y), axis=1) / D)
+        r = _bf16(tl.math.rsqrt(_bf16(mean + eps)))
+        return _bf16(y * r[:, None])
+
+    @triton.jit
     def _norm_rope_static(W, H, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr, SIM: tl.constexpr):
         """The static operands of a call: the norm weight (NORM == 1) and the Hadamard signs (SIM == 2)."""
         d = tl.arange(0, DP)
@@ -160,10 +168,8 @@ if HAS_TRITON:
         if NORM == 1:
             ms = tl.sum(y * y, axis=1) / D
             y = _bf16(wn[None, :] * (y * tl.math.rsqrt(ms + eps)[:, None]))
-        elif NORM == 2:  # bf16 arithmetic, every intermediate rounded as torch does
-            mean = _bf16(tl.sum(_bf16(y * y), axis=1) / D)
-            r = _bf16(tl.math.rsqrt(_bf16(mean + eps)))
-            y = _bf16(y * r[:, None])
+        elif NORM == 2:
+            y = unweighted_norm_rows(y, eps, D)
         if ROT:
             a, c = tl.split(tl.reshape(y, (BR, DP // 2, 2)))
             if not RF:

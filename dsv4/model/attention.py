@@ -70,6 +70,11 @@ PREFILL_Q_NORM_IN_KERNEL = True
 # own before the attention: one launch fewer per layer. Prepared in session 49: tested on the CPU (interpreter) and
 # by the GPU tests, not yet measured (bench/runs/run_device_s50c.sh)
 FUSED_KV_STORE = False
+# kernel mode, paged FP8 decode step on layers without an indexer (sliding, HCA): the q heads' norm + RoPE applied by
+# the decode attention kernel as it loads q (`decode_attention(q_norm=)`) instead of a `norm_rope` launch: one launch
+# fewer per such layer (CSA layers pair it with the indexer q's glue already). Prepared in session 49: tested on the
+# CPU (interpreter), not yet measured (bench/runs/run_device_s50c.sh)
+DECODE_Q_NORM_IN_KERNEL = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -169,7 +174,7 @@ class Attention(StackedProjections, nn.Module):
             index_ready = None
             if PAIRED_NORMS and index_proj is not None and q.shape[0] <= PAIRED_QUERIES_MAX_T:  # (the same GEMM)
                 q, index_ready = nr.norm_rope_two(q, q_kw, *self.indexer.query_glue(index_proj, cos, sin))
-            elif PREFILL_Q_NORM_IN_KERNEL and q.shape[0] > PAIRED_QUERIES_MAX_T:
+            elif PREFILL_Q_NORM_IN_KERNEL and q.shape[0] > PAIRED_QUERIES_MAX_T or self._step_norms_q(step):
                 q_norm_eps = self.eps  # (`attend`)
             else:
                 q = nr.norm_rope(q, **q_kw)
@@ -211,7 +216,7 @@ class Attention(StackedProjections, nn.Module):
         # kernel mode on CUDA: one Triton launch per sequence over index lists (no [T, N] masks)
         decode = step is None and _decode_shaped(segments)
         kernel = step is None and not decode and self._prefill_kernel(pre)
-        if not kernel:
+        if not kernel and not self._step_norms_q(step):
             pre = self._normed_q(pre)
         if step is not None:
             return self._attend_step(pre, step, out)
@@ -353,6 +358,10 @@ class Attention(StackedProjections, nn.Module):
         """Whether a paged decode step stores its rows through `cache_store` (FP8 pools, the reference numerics)."""
         return self.use_kernels and step.fp8 and self.numerics.simulate_kv_fp8 and self.numerics.simulate_indexer_fp4
 
+    def _step_norms_q(self, step) -> bool:
+        """Whether the paged decode step's attention kernel norms and RoPEs q itself (DECODE_Q_NORM_IN_KERNEL)."""
+        return DECODE_Q_NORM_IN_KERNEL and self.indexer is None and self.step_kernel(step)
+
     def _stores_kv(self, step) -> bool:
         """Whether `prepare` stores the window kv of this paged decode step (FUSED_KV_STORE)."""
         return FUSED_KV_STORE and step is not None and self._fused_step_stores(step)
@@ -392,8 +401,9 @@ class Attention(StackedProjections, nn.Module):
             else:
                 count = step.entry_count(r)
         rot = (pre.cos, pre.sin) if KERNEL_INVERSE_ROPE else (None, None)
+        q_norm = None if pre.q_norm_eps is None else (pre.q_norm_eps, pre.cos, pre.sin)  # (`_step_norms_q`)
         decode_attention(pre.q, step.pos, *rot, pools.window[layer], step.tables["window"], pools.ring,
-                         self.window, comp, table, idx, count, self.attn_sink, self.scale, out=out)
+                         self.window, comp, table, idx, count, self.attn_sink, self.scale, out=out, q_norm=q_norm)
         return out
 
     def _wo_a_dense(self, dtype: torch.dtype) -> torch.Tensor:

@@ -199,3 +199,33 @@ def test_inverse_rope_in_kernel_is_norm_rope(combine, splits, poison):
     poison()
     plain = attention.decode_attention(**args, splits=splits, combine=combine)
     assert torch.equal(rotated, norm_rope(plain, cos=cos, sin=sin, inverse=True))
+
+
+@pytest.mark.parametrize("splits,rotate", [(1, True), (3, True), (2, False)])
+def test_q_norm_in_kernel_is_norm_rope(splits, rotate, poison, close_bf16):
+    """`decode_attention(q_norm=)` (attention.DECODE_Q_NORM_IN_KERNEL: sliding / HCA layers' paged decode step)
+    against `norm_rope`'s q heads' norm + RoPE followed by the kernel: the same bits up to the fp32 order of a
+    head's sum of squares (rarely across a bf16 rounding of its mean), and against the reference with q_norm."""
+    from dsv4.kernels import attention
+    from dsv4.kernels.norm_rope import UNWEIGHTED, norm_rope
+
+    gen = torch.Generator(DEV).manual_seed(5 * splits + rotate)
+    args = _case(3, 5, [1500, 201, 9], 128, 0, gen)
+    raw = (args["q"].float() * 3 + 0.5).to(torch.bfloat16)  # before the norm: not unit-scale
+    cos, sin = args["cos"], args["sin"]
+    if not rotate:
+        args["cos"] = args["sin"] = None
+    args["q"] = norm_rope(raw, norm=UNWEIGHTED, eps=1e-6, cos=cos, sin=sin)
+    poison()
+    want = attention.decode_attention(**args, splits=splits)
+    args["q"] = raw
+    poison()
+    got = attention.decode_attention(**args, splits=splits, q_norm=(1e-6, cos, sin))
+    same = float((got == want).double().mean())
+    print(f"splits={splits} rotate={rotate}: {same:.4f} of the outputs bit-identical to norm_rope + kernel")
+    assert same > 0.99
+    close_bf16(got, want, rel=REL)
+    ref = attention.decode_attention_ref(**args, q_norm=(1e-6, cos, sin))
+    close_bf16(got, ref, rel=REL)
+    with pytest.raises(ValueError, match="q_norm must be"):
+        attention.decode_attention(**args, q_norm=(1e-6, cos[:1], sin[:1]))
