@@ -52,6 +52,7 @@ def test_gluon_moe_epilogue_stores_16_bytes_per_thread(case, vectors):
 NARROW_ALLOWED = {
     "indexer_scores": (1, "decode: one bf16 score per thread"),
     "store_indexer": (2, "the MXFP4 key's packed bytes and its scale bytes, one token row"),
+    "pool_csa_store_index": (2, "as store_indexer: its last arriver stores the pooled key row (the same function)"),
     "norm_rope_two_store": (9, "one window kv row per program into the FP8 pool: e4m3 code bytes, scale bytes, bf16 "
                                "rope dims (`cache_store.store_row`'s FP8 path)"),
     "mhc_rows_post": (4, "decode: one bf16 element per thread of a token row"),

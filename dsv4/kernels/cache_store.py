@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, arrival_counters, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs
 
 KV_BLOCK = 64
@@ -97,9 +97,13 @@ if HAS_TRITON:
     def _pool_kernel(C, Z, PAGE, SLOTS, HAS_PREV, OUT, NC, NZ, NSLOT, stride_p, stride_s, stride_sl, stride_o,
                      stride_n, first, entry0, R: tl.constexpr, RR: tl.constexpr, RATIO: tl.constexpr,
                      DIM: tl.constexpr, OVERLAP: tl.constexpr, BD: tl.constexpr, NEW: tl.constexpr,
-                     CHUNK: tl.constexpr):
+                     CHUNK: tl.constexpr, CNT=None, SPAGE=None, SOFF=None, W=None, COS=None, SIN=None, H=None,
+                     SQ=None, SS=None, SR=None, stride_cs=0, q_page=0, q_off=0, s_page=0, s_off=0, r_page=0, r_off=0,
+                     eps=0.0, STORE: tl.constexpr = False, NOPE: tl.constexpr = 0, ROPE0: tl.constexpr = 0,
+                     ROT: tl.constexpr = False, HADAMARD: tl.constexpr = False, FP4: tl.constexpr = False):
         """Window b's pooled row. CHUNK (`pool_chunk`): entry entry0 + b over contiguous rows of positions
-        first.. (C, Z [L, w]); otherwise the window's (page, slots) in the state pool."""
+        first.. (C, Z [L, w]); otherwise the window's (page, slots) in the state pool. STORE (`pool_windows(store=)`):
+        the row's last-arriving column program also stores the whole row as `store_rows` does."""
         pdl_wait()
         b = tl.program_id(0)
         cols = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -145,6 +149,19 @@ if HAS_TRITON:
         e = tl.exp(z - m[None, :])
         w = e / tl.sum(e, axis=0)[None, :]
         tl.store(OUT + b * stride_o + cols, tl.sum(w * c, axis=0))
+        if STORE:  # the CTA barrier puts every thread's row stores before the gpu-scope atomic (`split_k_sum`)
+            tl.debug_barrier()
+            if tl.atomic_add(CNT + b, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+                tl.debug_barrier()
+                d = tl.arange(0, DIM)
+                y = tl.load(OUT + b * stride_o + d, cache_modifier=".cg")  # (past the non-coherent L1)
+                tl.store(CNT + b, 0)  # (left zeroed for the next launch / replay: `arrival_counters`)
+                wn = tl.load(W + d).to(tl.float32)
+                h = 0.0
+                if HADAMARD:
+                    h = tl.load(H + d[:, None] * DIM + d[None, :])
+                _finish_store(y, wn, h, b, SPAGE, SOFF, COS, SIN, SQ, SS, SR, stride_cs, q_page, q_off, s_page,
+                              s_off, r_page, r_off, eps, DIM, NOPE, ROPE0, True, ROT, HADAMARD, FP4)
 
     @triton.jit
     def _e2m1_code(v):
@@ -162,13 +179,25 @@ if HAS_TRITON:
                       D: tl.constexpr, NOPE: tl.constexpr, ROPE0: tl.constexpr, NORM: tl.constexpr, ROT: tl.constexpr,
                       HADAMARD: tl.constexpr, FP4: tl.constexpr):
         d = tl.arange(0, D)
+        wn = 0.0
+        h = 0.0
         if NORM:  # the static operands are read before the PDL wait (beside the previous kernel's tail)
             wn = tl.load(W + d).to(tl.float32)
         if HADAMARD:
             h = tl.load(H + d[:, None] * D + d[None, :])
         pdl_wait()
         b = tl.program_id(0)
-        y = tl.load(X + b * stride_x + d).to(tl.bfloat16).to(tl.float32)
+        y = tl.load(X + b * stride_x + d)
+        _finish_store(y, wn, h, b, PAGE, OFF, COS, SIN, Q, S, ROPE, stride_cs, q_page, q_off, s_page, s_off, r_page,
+                      r_off, eps, D, NOPE, ROPE0, NORM, ROT, HADAMARD, FP4)
+
+    @triton.jit
+    def _finish_store(y, wn, h, b, PAGE, OFF, COS, SIN, Q, S, ROPE, stride_cs, q_page, q_off, s_page, s_off, r_page,
+                      r_off, eps, D: tl.constexpr, NOPE: tl.constexpr, ROPE0: tl.constexpr, NORM: tl.constexpr,
+                      ROT: tl.constexpr, HADAMARD: tl.constexpr, FP4: tl.constexpr):
+        """Row b's y [D] rounded to bf16, RMSNorm (wn), RoPE on its trailing pairs, Hadamard (h), into its pool slot
+        (`store_rows`' contract; also the last arriver of `pool_windows(store=)`)."""
+        y = y.to(tl.bfloat16).to(tl.float32)
         if NORM:
             ms = tl.sum(y * y, axis=0) / D
             y = (wn * (y * tl.math.rsqrt(ms + eps))).to(tl.bfloat16).to(tl.float32)
@@ -272,8 +301,11 @@ def load_rows(page: torch.Tensor, off: torch.Tensor, pool) -> torch.Tensor:
 
 
 def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor, slots: torch.Tensor,
-                 has_prev: torch.Tensor, ratio: int, dim: int, new_rows: tuple | None = None) -> torch.Tensor:
-    """Triton `pool_windows_ref` (the new rows, when given, are stored in the same launch)."""
+                 has_prev: torch.Tensor, ratio: int, dim: int, new_rows: tuple | None = None,
+                 store: tuple | None = None) -> torch.Tensor:
+    """Triton `pool_windows_ref` (the new rows, when given, are stored in the same launch). store = (page, off,
+    pool, store_rows' keywords): the pooled rows also stored as `store_rows(pooled, page, off, pool, **keywords)`
+    stores them, by each row's last-arriving program (the paged decode step's entries: one launch fewer)."""
     b, r = slots.shape
     overlap = rows_c.shape[-1] == 2 * dim
     out = torch.empty(b, dim, dtype=torch.float32, device=rows_c.device)
@@ -292,8 +324,27 @@ def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor,
     _pool_kernel[(b, dim // bd)](rows_c, rows_z, page, slots, has_prev, out, nc, nz, nslot, rows_c.stride(0),
                                  rows_c.stride(1), slots.stride(0), out.stride(0), stride_n, 0, 0, R=r,
                                  RR=triton.next_power_of_2(r), RATIO=ratio, DIM=dim, OVERLAP=overlap, BD=bd,
-                                 NEW=new_rows is not None, CHUNK=False, num_warps=4)
+                                 NEW=new_rows is not None, CHUNK=False, num_warps=4,
+                                 **({} if store is None else _store_args(out, *store)))
     return out
+
+
+def _store_args(out: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, kw: dict) -> dict:
+    """`_pool_kernel`'s STORE arguments for `pool_windows(store=(page, off, pool, kw))` (kw: store_rows' keywords,
+    the norm weight required: the compressors' entries)."""
+    b, d = out.shape
+    if kw.get("norm_weight") is None or set(kw) - {"norm_weight", "eps", "cos", "sin", "hadamard"}:
+        raise ValueError(f"pool_windows: store keywords must be store_rows' with a norm_weight, got {sorted(kw)}")
+    q, s, rope, strides, nope = pool_operands(pool, d, "pool_windows")
+    cos, sin, had = kw.get("cos"), kw.get("sin"), kw.get("hadamard")
+    rot = cos is not None
+    cos_t, sin_t = (cos.float().contiguous(), sin.float().contiguous()) if rot else (out, out)
+    return dict(CNT=arrival_counters("pool_windows store", out.device, b), SPAGE=page, SOFF=off,
+                W=kw["norm_weight"], COS=cos_t, SIN=sin_t, H=had.float().contiguous() if had is not None else out,
+                SQ=q, SS=s, SR=rope, stride_cs=cos_t.stride(0) if rot else 0, q_page=strides[0], q_off=strides[1],
+                s_page=strides[2], s_off=strides[3], r_page=strides[4], r_off=strides[5],
+                eps=float(kw.get("eps", 0.0)), STORE=True, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d,
+                ROT=rot, HADAMARD=had is not None, FP4=pool.fp4)
 
 
 def pool_chunk(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int, ratio: int,

@@ -75,6 +75,11 @@ FUSED_KV_STORE = False
 # fewer per such layer (CSA layers pair it with the indexer q's glue already). Prepared in session 49: tested on the
 # CPU (interpreter), not yet measured (bench/runs/run_device_s50c.sh)
 DECODE_Q_NORM_IN_KERNEL = False
+# kernel mode, paged FP8 decode step: each compressor's new entry (normed, RoPE'd, quantised) stored by the pooling
+# launch's last-arriving program per row (`cache_store.pool_windows(store=)`) instead of a `store_rows` launch after
+# it: one launch fewer per compressor (CSA layers 2, HCA 1). Prepared in session 49: tested on the CPU
+# (interpreter), not yet measured (bench/runs/run_device_s50c.sh)
+FUSED_ENTRY_STORE = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -339,7 +344,7 @@ class Attention(StackedProjections, nn.Module):
 
     def _compress_step_kernels(self, comp, step, rows: tuple) -> None:
         """Store the token's (C, Z) rows, pool the window containing t and store its entry: two
-        launches (dsv4.kernels.cache_store)."""
+        launches (dsv4.kernels.cache_store), one with FUSED_ENTRY_STORE."""
         from dsv4.kernels.cache_store import pool_windows, store_rows
         from dsv4.model.numerics import hadamard_matrix
         layer, name = self.layer_index, comp.kind
@@ -347,12 +352,14 @@ class Attention(StackedProjections, nn.Module):
         c, z = (r.to(buf.dtype) for r in rows)
         if c.stride() != z.stride() or c.stride(-1) != 1:  # pool_windows reads both with one stride
             c, z = c.contiguous(), z.contiguous()
-        pooled = pool_windows(buf[0], buf[1], page, slots, has_prev, comp.ratio, comp.dim,
-                              new_rows=(c, z, step.row_slot(layer, name)))
         cos, sin = comp.rope.cos_sin(step.entry_positions(comp.ratio))  # shared by the layers (shared_cos_sin)
-        had = hadamard_matrix(comp.dim, torch.float32, pooled.device) if name == "index" else None
-        store_rows(pooled, *step.entry_slot(layer, name), step.pools.entries[layer, name], norm_weight=comp.norm.weight,
-                   eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had)
+        had = hadamard_matrix(comp.dim, torch.float32, c.device) if name == "index" else None
+        store = (*step.entry_slot(layer, name), step.pools.entries[layer, name],
+                 dict(norm_weight=comp.norm.weight, eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had))
+        pooled = pool_windows(buf[0], buf[1], page, slots, has_prev, comp.ratio, comp.dim,
+                              new_rows=(c, z, step.row_slot(layer, name)), store=store if FUSED_ENTRY_STORE else None)
+        if not FUSED_ENTRY_STORE:
+            store_rows(pooled, *store[:3], **store[3])
 
     def _fused_step_stores(self, step) -> bool:
         """Whether a paged decode step stores its rows through `cache_store` (FP8 pools, the reference numerics)."""

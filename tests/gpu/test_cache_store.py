@@ -187,6 +187,50 @@ def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
         pool_windows(mine[0], mine[1], page, slots, has_prev, ratio, dim, new_rows=(new[0].double(), new[1], cur))
 
 
+@pytest.mark.parametrize("ratio,dim,overlap,kind", [(4, 512, True, "main"), (128, 512, False, "main"),
+                                                     (4, 128, True, "index")])
+def test_pool_windows_stores_the_entries(ratio, dim, overlap, kind):
+    """`store=` (attention.FUSED_ENTRY_STORE: the paged decode step's compressed entries stored by the pooling
+    launch's last arriver per row): the pooled rows, the state rows and every entry-pool byte equal those of
+    `pool_windows` followed by `store_rows` of its rows (norm, RoPE at the entry position; Hadamard + MXFP4 for
+    the indexer's keys); a second launch over the same counters agrees too (the last arrivers left them zeroed)."""
+    from dsv4.config import Rope
+    from dsv4.kernels.cache_store import pool_windows, store_rows
+    from dsv4.model.numerics import hadamard_matrix
+    from dsv4.model.rope import RotaryEmbedding
+
+    g = _gen(11 * ratio + dim)
+    bsz, pages, cap = 5, 8, 2 * ratio + 4 + (ratio if overlap else 0)
+    width = (2 if overlap else 1) * dim
+    rows = torch.randn(2, pages, cap, width, generator=g, device=DEV) * 3
+    page = torch.randperm(pages, generator=g, device=DEV)[:bsz]
+    t = torch.randint(0, 5000, (bsz,), generator=g, device=DEV)
+    first = (t // ratio) * ratio - (ratio if overlap else 0)
+    p = first[:, None] + torch.arange((2 if overlap else 1) * ratio, device=DEV)[None, :]
+    slots, has_prev, cur = p.clamp(min=0) % cap, t >= ratio, t % cap
+    new = (torch.randn(bsz, width, generator=g, device=DEV) * 3, torch.randn(bsz, width, generator=g, device=DEV))
+    pool = _pools("fp4" if kind == "index" else "fp8", 6, 16, g)
+    e_page = torch.randint(0, 6, (bsz,), generator=g, device=DEV)
+    e_off = torch.randperm(16, generator=g, device=DEV)[:bsz]
+    cos, sin = RotaryEmbedding(64, Rope(theta=10000.0, yarn=None)).cos_sin((t // ratio) * ratio)
+    kw = dict(norm_weight=(1 + 0.3 * torch.randn(dim, generator=g, device=DEV)).to(torch.bfloat16), eps=1e-6,
+              cos=cos, sin=sin, hadamard=hadamard_matrix(dim, torch.float32, DEV) if kind == "index" else None)
+    for launch in range(2):
+        mine, ref = rows.clone(), rows.clone()
+        want_pool, got_pool = _clone(pool), _clone(pool)
+        want = pool_windows(ref[0], ref[1], page, slots, has_prev, ratio, dim, new_rows=(*new, cur))
+        store_rows(want, e_page, e_off, want_pool, **kw)
+        got = pool_windows(mine[0], mine[1], page, slots, has_prev, ratio, dim, new_rows=(*new, cur),
+                           store=(e_page, e_off, got_pool, kw))
+        assert torch.equal(got, want) and torch.equal(mine, ref)
+        for name in ("q", "s") + (("rope",) if kind == "main" else ()):
+            a, b = getattr(want_pool, name).view(torch.uint8), getattr(got_pool, name).view(torch.uint8)
+            assert torch.equal(a, b), f"launch {launch}: entry pool {name} differs"
+        assert not torch.equal(want_pool.q.view(torch.uint8), pool.q.view(torch.uint8)), "nothing was stored"
+    with pytest.raises(ValueError, match="norm_weight"):
+        pool_windows(rows[0], rows[1], page, slots, has_prev, ratio, dim, store=(e_page, e_off, pool, {}))
+
+
 @pytest.mark.parametrize("ratio,dim,first,entry0,n", [(4, 128, 0, 0, 37), (4, 512, 8, 3, 20), (4, 128, 13, 5, 1),
                                                        (128, 512, 0, 0, 3), (128, 128, 256, 2, 2)])
 def test_pool_chunk_matches_reference(ratio, dim, first, entry0, n):
