@@ -159,6 +159,22 @@ def test_norm_rope_two_stores_the_window_kv(bsz, rows_from, monkeypatch):
         nr.norm_rope_two(q_latent, q_kw, kv, kv_kw, store_b=(page, off, plain))
 
 
+def _state_windows(g, bsz: int, ratio: int, dim: int, overlap: bool, first_entry: bool):
+    """A compressor state pool of random (C, Z) rows [2, 8 pages, cap, width] and bsz rows' windows at random
+    positions t (row 0 at the first entry's window with first_entry) -> (width, rows, page, t, slots, has_prev, the
+    slot of t)."""
+    pages, cap = 8, 2 * ratio + 4 + (ratio if overlap else 0)
+    width = (2 if overlap else 1) * dim
+    rows = torch.randn(2, pages, cap, width, generator=g, device=DEV) * 3
+    page = torch.randperm(pages, generator=g, device=DEV)[:bsz]
+    t = torch.randint(0, 5000, (bsz,), generator=g, device=DEV)
+    if first_entry:
+        t[0] = ratio - 1
+    first = (t // ratio) * ratio - (ratio if overlap else 0)
+    p = first[:, None] + torch.arange((2 if overlap else 1) * ratio, device=DEV)[None, :]
+    return width, rows, page, t, p.clamp(min=0) % cap, t >= ratio, t % cap
+
+
 @pytest.mark.parametrize("ratio,dim,overlap", [(4, 128, True), (128, 512, False)])
 def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
     """`new_rows`: the step's (C, Z) rows land at their slot (strided column views accepted) and the
@@ -166,15 +182,8 @@ def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
     from dsv4.kernels.cache_store import pool_windows, pool_windows_ref
 
     g = _gen(7 * ratio + dim)
-    bsz, pages, cap = 5, 8, 2 * ratio + 4 + (ratio if overlap else 0)
-    width = (2 if overlap else 1) * dim
-    rows = torch.randn(2, pages, cap, width, generator=g, device=DEV) * 3
-    page = torch.randperm(pages, generator=g, device=DEV)[:bsz]
-    t = torch.randint(0, 5000, (bsz,), generator=g, device=DEV)
-    t[0] = ratio - 1
-    first = (t // ratio) * ratio - (ratio if overlap else 0)
-    p = first[:, None] + torch.arange((2 if overlap else 1) * ratio, device=DEV)[None, :]
-    slots, has_prev, cur = p.clamp(min=0) % cap, t >= ratio, t % cap
+    bsz = 5
+    width, rows, page, t, slots, has_prev, cur = _state_windows(g, bsz, ratio, dim, overlap, first_entry=True)
     both = torch.randn(bsz, 2 * width + 3, generator=g, device=DEV) * 3  # c and z as column views
     new = (both[:, :width], both[:, width:2 * width], cur)
     mine, ref = rows.clone(), rows.clone()
@@ -200,14 +209,8 @@ def test_pool_windows_stores_the_entries(ratio, dim, overlap, kind):
     from dsv4.model.rope import RotaryEmbedding
 
     g = _gen(11 * ratio + dim)
-    bsz, pages, cap = 5, 8, 2 * ratio + 4 + (ratio if overlap else 0)
-    width = (2 if overlap else 1) * dim
-    rows = torch.randn(2, pages, cap, width, generator=g, device=DEV) * 3
-    page = torch.randperm(pages, generator=g, device=DEV)[:bsz]
-    t = torch.randint(0, 5000, (bsz,), generator=g, device=DEV)
-    first = (t // ratio) * ratio - (ratio if overlap else 0)
-    p = first[:, None] + torch.arange((2 if overlap else 1) * ratio, device=DEV)[None, :]
-    slots, has_prev, cur = p.clamp(min=0) % cap, t >= ratio, t % cap
+    bsz = 5
+    width, rows, page, t, slots, has_prev, cur = _state_windows(g, bsz, ratio, dim, overlap, first_entry=False)
     new = (torch.randn(bsz, width, generator=g, device=DEV) * 3, torch.randn(bsz, width, generator=g, device=DEV))
     pool = _pools("fp4" if kind == "index" else "fp8", 6, 16, g)
     e_page = torch.randint(0, 6, (bsz,), generator=g, device=DEV)
