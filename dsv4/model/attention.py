@@ -67,8 +67,8 @@ PAIRED_QUERIES_MAX_T = 64
 PREFILL_Q_NORM_IN_KERNEL = True
 # kernel mode, paged FP8 decode step: the token's window kv stored into the pool by the q latent + kv norm launch
 # (`norm_rope_two(store_b=)`, the same bytes as `cache_store.store_rows` of its output) instead of a launch of its
-# own before the attention: one launch fewer per layer. Prepared in session 49: tested on the CPU (interpreter) and
-# by the GPU tests, not yet measured (bench/runs/run_device_s50c.sh)
+# own before the attention: one launch fewer per layer. Prepared in session 49: tested on the CPU (interpreter), not
+# yet run on a GPU (bench/runs/run_device_s50c.sh)
 FUSED_KV_STORE = False
 # kernel mode, paged FP8 decode step on layers without an indexer (sliding, HCA): the q heads' norm + RoPE applied by
 # the decode attention kernel as it loads q (`decode_attention(q_norm=)`) instead of a `norm_rope` launch: one launch
@@ -99,7 +99,7 @@ class AttentionInputs(NamedTuple):
     index_q: torch.Tensor | None         # [T, Hi, di]
     index_w: torch.Tensor | None         # [T, Hi]
     dtype: torch.dtype
-    q_norm_eps: float | None = None      # q not normed / RoPE'd yet (PREFILL_Q_NORM_IN_KERNEL): the norm's eps
+    q_norm_eps: float | None = None      # q not normed / RoPE'd yet (*_Q_NORM_IN_KERNEL): the norm's eps
     kv_stored: bool = False              # kv already in the paged step's window pool (FUSED_KV_STORE)
 
 
