@@ -80,6 +80,12 @@ DECODE_Q_NORM_IN_KERNEL = False
 # it: one launch fewer per compressor (CSA layers 2, HCA 1). Prepared in session 49: tested on the CPU
 # (interpreter), not yet measured (bench/runs/run_device_s50c.sh)
 FUSED_ENTRY_STORE = False
+# kernel mode, paged FP8 decode step: the compressors' step work (rows stored, window pooled, entry stored) queued
+# on the side stream after the projections that produce its rows (`side_stream`, "projections"), beside the query
+# path, instead of on the main stream in `attend`: off the B = 1 critical path. Every slot and cos / sin is derived
+# on the main stream before the fork (the branch allocates nothing the main stream reads). Prepared in session 49:
+# tested on the CPU, where the branch runs inline; not yet run on a GPU (bench/runs/run_device_s50c.sh)
+COMPRESS_BESIDE = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -101,6 +107,7 @@ class AttentionInputs(NamedTuple):
     dtype: torch.dtype
     q_norm_eps: float | None = None      # q not normed / RoPE'd yet (*_Q_NORM_IN_KERNEL): the norm's eps
     kv_stored: bool = False              # kv already in the paged step's window pool (FUSED_KV_STORE)
+    compressed: bool = False             # the step's compressor work done beside the query path (COMPRESS_BESIDE)
 
 
 class Attention(StackedProjections, nn.Module):
@@ -152,9 +159,12 @@ class Attention(StackedProjections, nn.Module):
         projected = None  # kernel mode: the compressor / indexer projections beside the query path
         q_norm_eps = None
         kv_stored = False
+        compress = None  # (COMPRESS_BESIDE: the compressors' step work, its operands derived here)
         if self.compressor and self.use_kernels:
-            projected = start_beside(a.device, "projections", a.shape[0], self._project_fused,
-                                     a, positions)
+            if COMPRESS_BESIDE and step is not None and self._fused_step_stores(step):
+                compress = [self._compress_step_operands(comp, step) for comp in self._compressors()]
+            projected = start_beside(a.device, "projections", a.shape[0], self._project_and_compress,
+                                     a, positions, compress)
         a_in = self.wq_a.prepare_input(a)  # shared by wq_a and wkv
         if self.use_kernels:  # the same steps, one launch per tensor
             from dsv4.kernels import norm_rope as nr
@@ -202,7 +212,19 @@ class Attention(StackedProjections, nn.Module):
         if self.indexer:
             index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w, q=index_proj,
                                                     ready=index_ready)
-        return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype, q_norm_eps, kv_stored)
+        return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype, q_norm_eps, kv_stored,
+                               compress is not None)
+
+    def _compressors(self) -> list:
+        """The layer's compressors, in `AttentionInputs` order: main, then the indexer's."""
+        return [c for c in (self.compressor, self.indexer and self.indexer.compressor) if c]
+
+    def _project_and_compress(self, a: torch.Tensor, positions: torch.Tensor, compress: list | None):
+        """`_project_fused`, then (COMPRESS_BESIDE) each compressor's step work on its rows: the side branch."""
+        rows, index_rows, index_w = self._project_fused(a, positions)
+        for operands, comp_rows in zip(compress or [], (rows, index_rows)):
+            self._compress_step_launch(operands, comp_rows)
+        return rows, index_rows, index_w
 
     def _normed_q(self, pre: AttentionInputs) -> AttentionInputs:
         """`pre` with q normed and RoPE'd (the launch `prepare` left to the prefill kernel, for other paths)."""
@@ -316,8 +338,9 @@ class Attention(StackedProjections, nn.Module):
             step.write_kv(layer, pre.kv)
         for comp, rows in ((self.compressor, pre.rows), (self.indexer and self.indexer.compressor, pre.index_rows)):
             if comp:
-                if fused:  # the rows are stored by the pooling launch
-                    self._compress_step_kernels(comp, step, rows)
+                if fused:  # the rows are stored by the pooling launch (already, beside the query path: `prepare`)
+                    if not pre.compressed:
+                        self._compress_step_launch(self._compress_step_operands(comp, step), rows)
                     continue
                 step.write_rows(layer, comp.kind, *rows)
                 c, z, has_prev = step.window_rows(layer, comp.kind)
@@ -342,22 +365,27 @@ class Attention(StackedProjections, nn.Module):
         sink_attention_decode(pre.q, keys, visible, self.attn_sink, self.scale, out)
         return out
 
-    def _compress_step_kernels(self, comp, step, rows: tuple) -> None:
+    def _compress_step_operands(self, comp, step) -> tuple:
+        """What a compressor's step kernels read besides its rows: the state pool's window slots, the entry's slot,
+        pool, norm and cos / sin (derived by the step on first use: here, on the stream that calls this)."""
+        from dsv4.model.numerics import hadamard_matrix
+        layer, name = self.layer_index, comp.kind
+        cos, sin = comp.rope.cos_sin(step.entry_positions(comp.ratio))  # shared by the layers (shared_cos_sin)
+        had = hadamard_matrix(comp.dim, torch.float32, cos.device) if name == "index" else None
+        store = (*step.entry_slot(layer, name), step.pools.entries[layer, name],
+                 dict(norm_weight=comp.norm.weight, eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had))
+        return comp, step.rows_window(layer, name), step.row_slot(layer, name), store
+
+    def _compress_step_launch(self, operands: tuple, rows: tuple) -> None:
         """Store the token's (C, Z) rows, pool the window containing t and store its entry: two
         launches (dsv4.kernels.cache_store), one with FUSED_ENTRY_STORE."""
         from dsv4.kernels.cache_store import pool_windows, store_rows
-        from dsv4.model.numerics import hadamard_matrix
-        layer, name = self.layer_index, comp.kind
-        buf, page, slots, has_prev = step.rows_window(layer, name)
+        comp, (buf, page, slots, has_prev), row_slot, store = operands
         c, z = (r.to(buf.dtype) for r in rows)
         if c.stride() != z.stride() or c.stride(-1) != 1:  # pool_windows reads both with one stride
             c, z = c.contiguous(), z.contiguous()
-        cos, sin = comp.rope.cos_sin(step.entry_positions(comp.ratio))  # shared by the layers (shared_cos_sin)
-        had = hadamard_matrix(comp.dim, torch.float32, c.device) if name == "index" else None
-        store = (*step.entry_slot(layer, name), step.pools.entries[layer, name],
-                 dict(norm_weight=comp.norm.weight, eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had))
         pooled = pool_windows(buf[0], buf[1], page, slots, has_prev, comp.ratio, comp.dim,
-                              new_rows=(c, z, step.row_slot(layer, name)), store=store if FUSED_ENTRY_STORE else None)
+                              new_rows=(c, z, row_slot), store=store if FUSED_ENTRY_STORE else None)
         if not FUSED_ENTRY_STORE:
             store_rows(pooled, *store[:3], **store[3])
 

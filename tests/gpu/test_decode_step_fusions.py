@@ -1,9 +1,10 @@
 """Launches the paged FP8 decode step folds into others (kernel mode), each off vs on over the embedded model:
 attention.FUSED_KV_STORE (the window kv stored by the q latent + kv norm launch, `norm_rope_two(store_b=)`),
-FUSED_ENTRY_STORE (the compressors' entries stored by the pooling launch's last arrivers) and
+FUSED_ENTRY_STORE (the compressors' entries stored by the pooling launch's last arrivers),
 DECODE_Q_NORM_IN_KERNEL (sliding / HCA layers' q heads' norm + RoPE in the decode attention kernel,
-`decode_attention(q_norm=)`). Each saves its launch wherever it applies and keeps the decode logits and the cache
-rows read back. On the CPU through Triton's interpreter (a shorter run), on the GPU in full (window closings, a
+`decode_attention(q_norm=)`), and COMPRESS_BESIDE (the compressors' step work moved to the side stream). Each saves
+its launch wherever it applies (or moves it off the main stream) and keeps the decode logits and the cache rows
+read back. On the CPU through Triton's interpreter (a shorter run), on the GPU in full (window closings, a
 rollback, MTP-like multi-token steps)."""
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _decode(monkeypatch, flag: str | None):
     return logits, torch.cat(rows), calls, layer_steps
 
 
-FLAGS = ("FUSED_KV_STORE", "FUSED_ENTRY_STORE", "DECODE_Q_NORM_IN_KERNEL")
+FLAGS = ("FUSED_KV_STORE", "FUSED_ENTRY_STORE", "DECODE_Q_NORM_IN_KERNEL", "COMPRESS_BESIDE")
 _BASELINE = []  # every flag off: one run shared by the tests of a session
 
 
@@ -84,6 +85,37 @@ def test_fused_entry_store_is_bit_identical(monkeypatch):
     on_logits, on_rows, on_calls, layer_steps = _decode(monkeypatch, "FUSED_ENTRY_STORE")
     compressors = sum((attn.compressor is not None) + (attn.indexer is not None) for attn in layer_steps)
     assert compressors and off_calls["store_rows"] - on_calls["store_rows"] == compressors, (off_calls, on_calls)
+    assert torch.equal(on_logits, off_logits), f"max |diff| {float((on_logits - off_logits).abs().max()):.3e}"
+    assert torch.equal(on_rows, off_rows)
+
+
+def test_compress_beside_is_bit_identical(monkeypatch):
+    """COMPRESS_BESIDE: every compressor's step work runs in the projections' side branch (here inline: the CPU has
+    no side stream; the GPU run checks the streams), none on the main stream in `attend`; logits and cache rows
+    bit-identical."""
+    from dsv4.model import attention
+
+    off_logits, off_rows, _, _ = _baseline(monkeypatch)
+    where = {"branch": 0, "main": 0}
+    inside = []
+    real_branch, real_launch = attention.Attention._project_and_compress, attention.Attention._compress_step_launch
+
+    def branch(*a):
+        inside.append(1)
+        try:
+            return real_branch(*a)
+        finally:
+            inside.pop()
+
+    def launch(*a):
+        where["branch" if inside else "main"] += 1
+        return real_launch(*a)
+    monkeypatch.setattr(attention.Attention, "_project_and_compress", branch)
+    monkeypatch.setattr(attention.Attention, "_compress_step_launch", launch)
+    on_logits, on_rows, _, layer_steps = _decode(monkeypatch, "COMPRESS_BESIDE")
+    compressors = sum((attn.compressor is not None) + (attn.indexer is not None) for attn in layer_steps)
+    # (the prompts' forwards count too: they run as paged steps before the decode steps `layer_steps` counts)
+    assert where["main"] == 0 and where["branch"] >= compressors > 0, (where, compressors)
     assert torch.equal(on_logits, off_logits), f"max |diff| {float((on_logits - off_logits).abs().max()):.3e}"
     assert torch.equal(on_rows, off_rows)
 

@@ -300,6 +300,19 @@ def test_side_stream_branches_are_bit_identical(monkeypatch, branches):
     """Branches on the side stream (dsv4.model.side_stream, up to MAX_ROWS tokens: the decode steps here; the
     300-token prefill runs them inline) run the same kernels on the same inputs: the logits, eager and under
     CUDA graphs, equal the inline order bit for bit."""
+    _side_stream_runs(monkeypatch, branches)
+
+
+def test_compress_beside_on_the_side_stream_is_bit_identical(monkeypatch):
+    """attention.COMPRESS_BESIDE (with FUSED_ENTRY_STORE): the compressors' step work in the projections' branch
+    on the side stream, eager and under CUDA graphs, equals that branch run inline bit for bit."""
+    from dsv4.model import attention
+    monkeypatch.setattr(attention, "COMPRESS_BESIDE", True)
+    monkeypatch.setattr(attention, "FUSED_ENTRY_STORE", True)
+    _side_stream_runs(monkeypatch, ("projections",))
+
+
+def _side_stream_runs(monkeypatch, branches: tuple) -> None:
     from pathlib import Path
 
     import dsv4
