@@ -1,4 +1,5 @@
 #!/bin/bash
+# Session 49: ran; CHAINS = 2 measured within the run-to-run spread and was removed in the review (44a88ef has it).
 # Prepared in session 48 for session 49 (≈ 2 min): the persistent decode GEMVs with the low / high nibbles' products
 # in MMA chains of their own (moe_glu_decode.CHAINS = 2: 8 m64n8k16 MMAs deep instead of 16; is the chain
 # latency-bound?) and the down's ring at 12 slots (DOWN_STAGES: its slots now hold its 2 boxes, not the GLU's 4):

@@ -336,15 +336,11 @@ def _store_args(out: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, 
     if kw.get("norm_weight") is None or set(kw) - {"norm_weight", "eps", "cos", "sin", "hadamard"}:
         raise ValueError(f"pool_windows: store keywords must be store_rows' with a norm_weight, got {sorted(kw)}")
     q, s, rope, strides, nope = pool_operands(pool, d, "pool_windows")
-    cos, sin, had = kw.get("cos"), kw.get("sin"), kw.get("hadamard")
-    rot = cos is not None
-    cos_t, sin_t = (cos.float().contiguous(), sin.float().contiguous()) if rot else (out, out)
+    cos_t, sin_t, h, stride_cs, consts = _finish_operands(d, out, kw.get("cos"), kw.get("sin"), kw.get("hadamard"))
     return dict(CNT=arrival_counters("pool_windows store", out.device, b), SPAGE=page, SOFF=off,
-                W=kw["norm_weight"], COS=cos_t, SIN=sin_t, H=had.float().contiguous() if had is not None else out,
-                SQ=q, SS=s, SR=rope, stride_cs=cos_t.stride(0) if rot else 0, q_page=strides[0], q_off=strides[1],
-                s_page=strides[2], s_off=strides[3], r_page=strides[4], r_off=strides[5],
-                eps=float(kw.get("eps", 0.0)), STORE=True, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d,
-                ROT=rot, HADAMARD=had is not None, FP4=pool.fp4)
+                W=kw["norm_weight"], COS=cos_t, SIN=sin_t, H=h, SQ=q, SS=s, SR=rope, stride_cs=stride_cs,
+                q_page=strides[0], q_off=strides[1], s_page=strides[2], s_off=strides[3], r_page=strides[4],
+                r_off=strides[5], eps=float(kw.get("eps", 0.0)), STORE=True, NOPE=nope, FP4=pool.fp4, **consts)
 
 
 def pool_chunk(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int, ratio: int,
@@ -373,18 +369,22 @@ def store_rows(x: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, *, 
     """Triton `store_rows_ref` (FP8 or FP4 pools)."""
     b, d = x.shape
     x = x.contiguous()
-    dummy = x
     q, s, rope, strides, nope = pool_operands(pool, d, "store_rows")
-    rot = cos is not None
-    cos_t = cos.float().contiguous() if rot else dummy
-    sin_t = sin.float().contiguous() if rot else dummy
+    cos_t, sin_t, h, stride_cs, consts = _finish_operands(d, x, cos, sin, hadamard)
     _store_kernel[(b,)](
-        x, page, off, norm_weight if norm_weight is not None else dummy, cos_t, sin_t,
-        hadamard.float().contiguous() if hadamard is not None else dummy, q, s, rope,
-        x.stride(0), cos_t.stride(0) if rot else 0, *strides, float(eps),
-        D=d, NOPE=nope, ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NORM=norm_weight is not None, ROT=rot,
-        HADAMARD=hadamard is not None, FP4=pool.fp4,
-        num_warps=4)
+        x, page, off, norm_weight if norm_weight is not None else x, cos_t, sin_t, h, q, s, rope,
+        x.stride(0), stride_cs, *strides, float(eps), D=d, NOPE=nope, NORM=norm_weight is not None, FP4=pool.fp4,
+        **consts, num_warps=4)
+
+
+def _finish_operands(d: int, dummy: torch.Tensor, cos, sin, hadamard) -> tuple:
+    """`_finish_store`'s RoPE and Hadamard operands for rows of width d: (cos, sin, Hadamard tensors -- `dummy` where
+    absent --, cos / sin's row stride, the constexprs ROPE0, ROT, HADAMARD)."""
+    rot = cos is not None
+    cos_t, sin_t = (cos.float().contiguous(), sin.float().contiguous()) if rot else (dummy, dummy)
+    h = hadamard.float().contiguous() if hadamard is not None else dummy
+    return cos_t, sin_t, h, cos_t.stride(0) if rot else 0, dict(ROPE0=d - 2 * cos_t.shape[-1] if rot else d, ROT=rot,
+                                                                HADAMARD=hadamard is not None)
 
 
 def pool_operands(pool, d: int, who: str) -> tuple:

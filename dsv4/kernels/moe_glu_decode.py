@@ -71,7 +71,7 @@ CONSUMER_REGS = 200
 # one consumer: the launch's register bound (Triton's default, 65536 / 256 threads = 256, is past ptxas's 255 and
 # ignored, and the setmaxnreg of the partitions then fault: "illegal instruction", s47c)
 ONE_CONSUMER_MAXNREG = 232
-# The down GEMV here too (opt-in): the same kernel over W2's rows, each unit's activation tiles the pair's own z, a
+# The down GEMV here too: the same kernel over W2's rows, each unit's activation tiles the pair's own z, a
 # program's units a run of one pair's row tiles (CONTIG), y's partials summed in the combine (`moe_combine.combine`
 # given them as 3-D y: no launch of its own; its producer streams W2 before the PDL wait, only its consumers wait for
 # z). Session 48: faster alone than the Triton down (one token 13.1 vs 18.3 µs, bench_moe_stages); in the MoE call
@@ -92,11 +92,6 @@ ODD_SPLIT = True
 # 84.0-84.2 / 146.9-147.1 / 269.5-269.6 (the Triton down): −4 % at one token, +1 % from two. Opt-in until Pro's rows
 # say which wins at B = 1 (`run_device_s50a.sh`'s last part)
 DOWN_ODD_SPLIT = False
-# MMA chains per step and matrix: 1 (low and high nibbles' products into one accumulator: the Triton GLU's sums,
-# bit for bit) or 2 (each its own chain, half as deep, added before the scaling: another fp32 summation order).
-# Session 49: 2 within the run-to-run noise in Flash's MoE call (M = 1 / 2 / 4: 37.0 / 61.7 / 110.1 vs 37.2-37.4 /
-# 62.2 / 110.1-111.2 µs): the chain's latency is not what limits it; kept at 1 (the Triton GLU's sums)
-CHAINS = 1
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
 STREAM_PDL = True
 U = 2  # K blocks per step (4 columns each of the MMA's 8)
@@ -243,7 +238,7 @@ if HAS_TRITON and not INTERPRET:
     def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                   stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
                   KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
-                  CONTIG: gl.constexpr, CHAINS: gl.constexpr):
+                  CONTIG: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
         sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
@@ -279,8 +274,6 @@ if HAS_TRITON and not INTERPRET:
                     sc_g = _step_scales(sc_s, NM * slot, step, acc_l)
                     pg = zero
                     pu = zero
-                    pg2 = zero  # (CHAINS 2: the high nibbles' products, an MMA chain of their own)
-                    pu2 = zero
                     for u in gl.static_range(U_STEP):
                         g_lo, g_hi = _widen(w_s, 2 * NM * slot + u, a_l)
                         if GLU:
@@ -291,30 +284,15 @@ if HAS_TRITON and not INTERPRET:
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
                         pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
-                        if CHAINS == 2:
-                            pg2 = warpgroup_mma(g_hi, b_hi, pg2, use_acc=u > 0, is_async=True)
-                        else:
-                            pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
+                        pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
                         if GLU:
                             pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
-                            if CHAINS == 2:
-                                pu2 = warpgroup_mma(u_hi, b_hi, pu2, use_acc=u > 0, is_async=True)
-                            else:
-                                pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
+                            pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
                     if GLU:
-                        if CHAINS == 2:
-                            pg, pu, pg2, pu2 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu, pg2, pu2])
-                            pg = pg + pg2
-                            pu = pu + pu2
-                        else:
-                            pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
+                        pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                         acc_u = _scaled(acc_u, pu, sc_u, sa)
                     else:
-                        if CHAINS == 2:
-                            pg, pg2 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pg2])
-                            pg = pg + pg2
-                        else:
-                            pg = warpgroup_mma_wait(num_outstanding=0, deps=[pg])
+                        pg = warpgroup_mma_wait(num_outstanding=0, deps=[pg])
                     # the slot is free: the MMAs are done, and a warpgroup's MMA runs only once all its warps
                     # issued it, i.e. once every warp holds the bytes it read from the slot
                     mbarrier.arrive(free.index(slot), count=1)
@@ -330,7 +308,7 @@ if HAS_TRITON and not INTERPRET:
     def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
                        stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
                        R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
-                       CONTIG: gl.constexpr, CHAINS: gl.constexpr):
+                       CONTIG: gl.constexpr):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D)."""
         STEPS: gl.constexpr = KR // 128 // 2
@@ -350,19 +328,16 @@ if HAS_TRITON and not INTERPRET:
         if NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG,
-                             CHAINS)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG,
-                             CHAINS)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, T, S,
                              STEPS, KR, R, GLU, CONTIG)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG,
-                             CHAINS)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, T, S,
                              STEPS, KR, R, GLU, CONTIG)),
             ], [1], [40])
@@ -467,7 +442,7 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d, i, top_k, xq.stride(0),
         sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages, NCONS=CONSUMERS,
-        REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, CHAINS=CHAINS, num_warps=4,
+        REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, num_warps=4,
         **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     return part
 

@@ -279,20 +279,19 @@ def norm_rope_two(a: torch.Tensor, a_kw: dict, b: torch.Tensor, b_kw: dict,
     by that call."""
     out_a, args_a, consts_a, pa, wa = _plan(a, **a_kw)
     out_b, args_b, consts_b, pb, wb = _plan(b, **b_kw)
-    fused, store = False, {}
+    store = {}  # the kernel's store arguments, where it stores b's rows itself
     if store_b is not None:
         page, off, pool = store_b
         sq, ss, sr, strides, _ = pool_operands(pool, b.shape[-1], "norm_rope_two")  # (checks the pool)
-        fused = _stores_in_kernel(b, consts_b, pool)
-    if fused:
-        store = dict(PAGE=page, OFF=off, SQ=sq, SS=ss, SR=sr, q_page=strides[0], q_off=strides[1],
-                     s_page=strides[2], s_off=strides[3], r_page=strides[4], r_off=strides[5], STORE2=True)
+        if _stores_in_kernel(b, consts_b, pool):
+            store = dict(PAGE=page, OFF=off, SQ=sq, SS=ss, SR=sr, q_page=strides[0], q_off=strides[1],
+                         s_page=strides[2], s_off=strides[3], r_page=strides[4], r_off=strides[5], STORE2=True)
     if pa + pb:  # (an empty part has no programs)
         _norm_rope_two_kernel[(pa + pb,)](*args_a, *args_b, pa, **consts_a,
                                           **{_SECOND[k]: v for k, v in consts_b.items()}, INTERP=INTERPRET,
                                           RF=_rope_first(consts_a) and _rope_first(consts_b),
                                           num_warps=max(wa, wb), **store)
-    if store_b is not None and not fused:
+    if store_b is not None and not store:
         store_rows(out_b, *store_b)
     return out_a, out_b
 

@@ -336,16 +336,15 @@ class Attention(StackedProjections, nn.Module):
             store_rows(pre.kv, *step.kv_slot(), step.pools.window[layer])
         elif not fused:
             step.write_kv(layer, pre.kv)
-        for comp, rows in ((self.compressor, pre.rows), (self.indexer and self.indexer.compressor, pre.index_rows)):
-            if comp:
-                if fused:  # the rows are stored by the pooling launch (already, beside the query path: `prepare`)
-                    if not pre.compressed:
-                        self._compress_step_launch(self._compress_step_operands(comp, step), rows)
-                    continue
-                step.write_rows(layer, comp.kind, *rows)
-                c, z, has_prev = step.window_rows(layer, comp.kind)
-                entries = comp.finish_at(comp.pool_window(c, z, has_prev), step.entry_positions(comp.ratio), pre.dtype)
-                step.write_entries(layer, comp.kind, entries)
+        for comp, rows in zip(self._compressors(), (pre.rows, pre.index_rows)):
+            if fused:  # the rows are stored by the pooling launch (already, beside the query path: `prepare`)
+                if not pre.compressed:
+                    self._compress_step_launch(self._compress_step_operands(comp, step), rows)
+                continue
+            step.write_rows(layer, comp.kind, *rows)
+            c, z, has_prev = step.window_rows(layer, comp.kind)
+            entries = comp.finish_at(comp.pool_window(c, z, has_prev), step.entry_positions(comp.ratio), pre.dtype)
+            step.write_entries(layer, comp.kind, entries)
         picked = valid = None
         if self.indexer and self.use_kernels and step.fp8:  # scores read the FP4 key pool: one launch
             picked, valid = self.indexer.pick_from_pool(pre.index_q, pre.index_w,

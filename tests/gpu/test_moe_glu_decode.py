@@ -31,9 +31,9 @@ def _stage(fn, x, ids, w, packed, k, i, **kw):
     return zq, zs
 
 
-@pytest.mark.parametrize("m,split,stages,consumers,chains", [(1, 4, 6, 1, 1), (3, 2, 3, 1, 1), (1, 4, 6, 2, 1),
-                                                              (2, 1, 2, 2, 1), (3, 4, 6, 2, 2), (2, 2, 3, 1, 2)])
-def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers, chains, close_bf16, monkeypatch):
+@pytest.mark.parametrize("m,split,stages,consumers", [(1, 4, 6, 1), (3, 2, 3, 1), (1, 4, 6, 2), (2, 1, 2, 2),
+                                                      (3, 4, 6, 2), (2, 2, 3, 1)])
+def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers, close_bf16, monkeypatch):
     """z of every routed pair equals the Triton GLU's up to fp32 summation order (an FP8 step of z at most where a
     1-ulp gate / up difference crosses a rounding boundary) and the reference's; other ranks' rows stay NaN."""
     from dsv4.kernels import moe_glu_decode
@@ -49,7 +49,6 @@ def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers
 
     monkeypatch.setattr(moe_glu_decode, "ENABLED", False)
     monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
-    monkeypatch.setattr(moe_glu_decode, "CHAINS", chains)
     zq_t, zs_t = _stage(mma_glu_stage, x, ids, w, packed, k, i, bn=64)
 
     def gluon(x, flat_ids, tw, packed, limit, top_k, zq, zs):
@@ -73,7 +72,7 @@ def test_glu_decode_matches_triton_glu_and_reference(m, split, stages, consumers
         q_ref, s_ref = quantize_act(z_ref[None])
         close_bf16(got[None], (q_ref.float()[0] * s_ref[0].repeat_interleave(128))[None], rel=1e-2,
                    what=f"pair {p} vs the reference")
-    print(f"m={m} split={split} stages={stages} consumers={consumers} chains={chains}: {same} of "
+    print(f"m={m} split={split} stages={stages} consumers={consumers}: {same} of "
           f"{int((ids >= 0).sum())} pairs' z bit-identical")
 
 
@@ -100,9 +99,8 @@ def test_glu_decode_flash_shape_in_fused_moe(close_bf16, monkeypatch):
         close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")
 
 
-@pytest.mark.parametrize("m,consumers,chains,i", [(1, 2, 1, 2048), (3, 2, 1, 2048), (2, 1, 1, 2048), (3, 2, 2, 2048),
-                                                  (1, 2, 1, 1536), (3, 2, 1, 1536)])
-def test_down_decode_in_moe_gemv(m, consumers, chains, i, close_bf16, monkeypatch):
+@pytest.mark.parametrize("m,consumers,i", [(1, 2, 2048), (3, 2, 2048), (2, 1, 2048), (1, 2, 1536), (3, 2, 1536)])
+def test_down_decode_in_moe_gemv(m, consumers, i, close_bf16, monkeypatch):
     """The persistent down GEMV (partials summed in the combine) against the Triton down: the combined MoE output
     (bf16, and the fp32 expert-parallel partial with other ranks' pairs) close to it and to the reference. Inter 1536
     (12 K blocks, as Pro's 3072 = 24: not a power of two in one range) takes DOWN_ODD_SPLIT's 3 ranges."""
@@ -116,7 +114,6 @@ def test_down_decode_in_moe_gemv(m, consumers, chains, i, close_bf16, monkeypatc
     packed = finalize_experts(experts)
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
-    monkeypatch.setattr(moe_glu_decode, "CHAINS", chains)
     monkeypatch.setattr(moe_glu_decode, "DOWN_ODD_SPLIT", True)
     assert moe_glu_decode._split(packed, False) == (3 if i == 1536 else moe_glu_decode.DOWN_SPLIT)
     for dtype, other_ranks in ((torch.bfloat16, False), (torch.float32, True)):
@@ -128,7 +125,7 @@ def test_down_decode_in_moe_gemv(m, consumers, chains, i, close_bf16, monkeypatc
             out = torch.full((m, d), float("nan"), dtype=dtype, device=DEV)
             outs.append(moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=out))
         same = float((outs[0] == outs[1]).float().mean())
-        print(f"m={m} consumers={consumers} chains={chains} i={i} {dtype}: {same:.4f} of the outputs bit-identical "
+        print(f"m={m} consumers={consumers} i={i} {dtype}: {same:.4f} of the outputs bit-identical "
               "to the Triton down's")
         close_bf16(outs[1], outs[0], rel=1e-2, what=f"down m={m} {dtype} vs the Triton down")
         close_bf16(outs[1], fused_moe_ref(x, ids, w, experts, out_dtype=dtype), rel=1e-2, what=f"down m={m} {dtype}")
