@@ -67,14 +67,14 @@ PAIRED_QUERIES_MAX_T = 64
 PREFILL_Q_NORM_IN_KERNEL = True
 # kernel mode, paged FP8 decode step: the token's window kv stored into the pool by the q latent + kv norm launch
 # (`norm_rope_two(store_b=)`, the same bytes as `cache_store.store_rows` of its output) instead of a launch of its
-# own before the attention: one launch fewer per layer. Prepared in session 49: tested on the CPU (interpreter), not
-# yet run on a GPU (bench/runs/run_device_s50c.sh)
-FUSED_KV_STORE = False
+# own before the attention: one launch fewer per layer. H200 s50, 8 Flash layers, B = 1 replay: with the next two
+# 1.13 / 1.13 -> 1.08 / 1.08 ms (alone 1.12)
+FUSED_KV_STORE = True
 # kernel mode, paged FP8 decode step on layers without an indexer (sliding, HCA): the q heads' norm + RoPE applied by
 # the decode attention kernel as it loads q (`decode_attention(q_norm=)`) instead of a `norm_rope` launch: one launch
-# fewer per such layer (CSA layers pair it with the indexer q's glue already). Prepared in session 49: tested on the
-# CPU (interpreter), not yet measured (bench/runs/run_device_s50c.sh)
-DECODE_Q_NORM_IN_KERNEL = False
+# fewer per such layer (CSA layers pair it with the indexer q's glue already). H200 s50: alone within noise (B = 1
+# 1.13 ms), with the other two above
+DECODE_Q_NORM_IN_KERNEL = True
 # kernel mode, paged FP8 decode step: each compressor's new entry (normed, RoPE'd, quantised) stored by the pooling
 # launch's last-arriving program per row (`cache_store.pool_windows(store=)`) instead of a `store_rows` launch after
 # it: one launch fewer per compressor (CSA layers 2, HCA 1). Prepared in session 49: tested on the CPU
@@ -83,9 +83,9 @@ FUSED_ENTRY_STORE = False
 # kernel mode, paged FP8 decode step: the compressors' step work (rows stored, window pooled, entry stored) queued
 # on the side stream after the projections that produce its rows (`side_stream`, "projections"), beside the query
 # path, instead of on the main stream in `attend`: off the B = 1 critical path. Every slot and cos / sin is derived
-# on the main stream before the fork (the branch allocates nothing the main stream reads). Prepared in session 49:
-# tested on the CPU, where the branch runs inline; not yet run on a GPU (bench/runs/run_device_s50c.sh)
-COMPRESS_BESIDE = False
+# on the main stream before the fork (the branch allocates nothing the main stream reads). H200 s50: alone B = 1
+# 1.13 -> 1.09 ms (8 Flash layers), with the two above 1.08
+COMPRESS_BESIDE = True
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
