@@ -100,7 +100,8 @@ if HAS_TRITON:
                      CHUNK: tl.constexpr, CNT=None, SPAGE=None, SOFF=None, W=None, COS=None, SIN=None, H=None,
                      SQ=None, SS=None, SR=None, stride_cs=0, q_page=0, q_off=0, s_page=0, s_off=0, r_page=0, r_off=0,
                      eps=0.0, STORE: tl.constexpr = False, NOPE: tl.constexpr = 0, ROPE0: tl.constexpr = 0,
-                     ROT: tl.constexpr = False, HADAMARD: tl.constexpr = False, FP4: tl.constexpr = False):
+                     ROT: tl.constexpr = False, HADAMARD: tl.constexpr = False, FP4: tl.constexpr = False,
+                     BACK: tl.constexpr = 0):
         """Window b's pooled row. CHUNK (`pool_chunk`): entry entry0 + b over contiguous rows of positions
         first.. (C, Z [L, w]); otherwise the window's (page, slots) in the state pool. STORE (`pool_windows(store=)`):
         the row's last-arriving column program also stores the whole row as `store_rows` does."""
@@ -133,6 +134,16 @@ if HAS_TRITON:
             noffs = b * stride_n + col0[:, None] + cols[None, :]
             c = tl.where(here, tl.load(NC + noffs, mask=here, other=0.0), c)
             z = tl.where(here, tl.load(NZ + noffs, mask=here, other=0.0), z)
+            # an MTP verify step's earlier rows of the same sequence (same state page, up to BACK rows before b):
+            # their new rows are read from NC / NZ too, not from the pool their programs store them into in this
+            # launch (a race: session 50 saw run-to-run differences of the multi-token steps' logits)
+            for k in tl.static_range(BACK):
+                bk = tl.maximum(b - 1 - k, 0)
+                same = (b - 1 - k >= 0) & (tl.load(PAGE + bk).to(tl.int64) == page)
+                hit = (same & (slot == tl.load(NSLOT + bk)))[:, None] & valid[:, None]
+                koffs = bk * stride_n + col0[:, None] + cols[None, :]
+                c = tl.where(hit, tl.load(NC + koffs, mask=hit, other=0.0), c)
+                z = tl.where(hit, tl.load(NZ + koffs, mask=hit, other=0.0), z)
             dst = page * stride_p + ns.to(tl.int64) * stride_s + cols
             # every load before the first store: a load after a store that may alias it stays after it, so the
             # interleaved copies waited one L2 latency each (session 43, H200: the eager B = 1 step's 3 pool launches
@@ -302,10 +313,12 @@ def load_rows(page: torch.Tensor, off: torch.Tensor, pool) -> torch.Tensor:
 
 def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor, slots: torch.Tensor,
                  has_prev: torch.Tensor, ratio: int, dim: int, new_rows: tuple | None = None,
-                 store: tuple | None = None) -> torch.Tensor:
+                 store: tuple | None = None, back: int = 0) -> torch.Tensor:
     """Triton `pool_windows_ref` (the new rows, when given, are stored in the same launch). store = (page, off,
     pool, store_rows' keywords): the pooled rows also stored as `store_rows(pooled, page, off, pool, **keywords)`
-    stores them, by each row's last-arriving program (the paged decode step's entries: one launch fewer)."""
+    stores them, by each row's last-arriving program (the paged decode step's entries: one launch fewer).
+    back: how many rows before each may be the same sequence's earlier tokens (an MTP verify step: the pools'
+    max_rollback); rows of one sequence are adjacent, in token order, and share `page`."""
     b, r = slots.shape
     overlap = rows_c.shape[-1] == 2 * dim
     out = torch.empty(b, dim, dtype=torch.float32, device=rows_c.device)
@@ -324,7 +337,8 @@ def pool_windows(rows_c: torch.Tensor, rows_z: torch.Tensor, page: torch.Tensor,
     _pool_kernel[(b, dim // bd)](rows_c, rows_z, page, slots, has_prev, out, nc, nz, nslot, rows_c.stride(0),
                                  rows_c.stride(1), slots.stride(0), out.stride(0), stride_n, 0, 0, R=r,
                                  RR=triton.next_power_of_2(r), RATIO=ratio, DIM=dim, OVERLAP=overlap, BD=bd,
-                                 NEW=new_rows is not None, CHUNK=False, num_warps=4,
+                                 NEW=new_rows is not None, CHUNK=False, BACK=back if new_rows is not None else 0,
+                                 num_warps=4,
                                  **({} if store is None else _store_args(out, *store)))
     return out
 

@@ -373,18 +373,20 @@ class Attention(StackedProjections, nn.Module):
         had = hadamard_matrix(comp.dim, torch.float32, cos.device) if name == "index" else None
         store = (*step.entry_slot(layer, name), step.pools.entries[layer, name],
                  dict(norm_weight=comp.norm.weight, eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had))
-        return comp, step.rows_window(layer, name), step.row_slot(layer, name), store
+        back = min(step.pools.max_rollback, step.row_slot(layer, name).shape[0] - 1)  # a verify step's earlier rows
+        return comp, step.rows_window(layer, name), step.row_slot(layer, name), store, back
 
     def _compress_step_launch(self, operands: tuple, rows: tuple) -> None:
         """Store the token's (C, Z) rows, pool the window containing t and store its entry: two
         launches (dsv4.kernels.cache_store), one with FUSED_ENTRY_STORE."""
         from dsv4.kernels.cache_store import pool_windows, store_rows
-        comp, (buf, page, slots, has_prev), row_slot, store = operands
+        comp, (buf, page, slots, has_prev), row_slot, store, back = operands
         c, z = (r.to(buf.dtype) for r in rows)
         if c.stride() != z.stride() or c.stride(-1) != 1:  # pool_windows reads both with one stride
             c, z = c.contiguous(), z.contiguous()
         pooled = pool_windows(buf[0], buf[1], page, slots, has_prev, comp.ratio, comp.dim,
-                              new_rows=(c, z, row_slot), store=store if FUSED_ENTRY_STORE else None)
+                              new_rows=(c, z, row_slot), store=store if FUSED_ENTRY_STORE else None,
+                              back=back)
         if not FUSED_ENTRY_STORE:
             store_rows(pooled, *store[:3], **store[3])
 

@@ -196,6 +196,44 @@ def test_pool_windows_stores_the_new_rows_first(ratio, dim, overlap):
         pool_windows(mine[0], mine[1], page, slots, has_prev, ratio, dim, new_rows=(new[0].double(), new[1], cur))
 
 
+@pytest.mark.parametrize("ratio,dim,overlap", [(4, 128, True), (128, 512, False)])
+def test_pool_windows_verify_rows_see_their_sequences_earlier_rows(ratio, dim, overlap):
+    """An MTP verify step: each sequence brings 4 adjacent rows (consecutive positions, one state page), so a row's
+    window holds the new rows of the same sequence's earlier rows, which this launch also stores. With back=3 the
+    kernel takes those from the new rows, never racing their stores: the reference's write-all-then-pool result on
+    every one of 20 launches (session 50: the model's multi-token steps differed from run to run before)."""
+    from dsv4.kernels.cache_store import pool_windows, pool_windows_ref
+
+    g = _gen(13 * ratio + dim)
+    seqs, per = 8, 4
+    width, rows, page, t, slots, has_prev, cur = _state_windows(g, seqs, ratio, dim, overlap, first_entry=False)
+    cap = rows.shape[2]
+    page = page.repeat_interleave(per)
+    # one of each sequence's rows closes a window (only a closing row's pooled row is kept: the others' windows still
+    # hold later positions, which the step pools too but sends to the trash page)
+    close = (t // ratio + 2) * ratio - 1
+    t = (close - torch.randint(0, per, (seqs,), generator=g, device=DEV)).repeat_interleave(per) \
+        + torch.arange(per, device=DEV).repeat(seqs)
+    closing = (t + 1) % ratio == 0
+    first = (t // ratio) * ratio - (ratio if overlap else 0)
+    slots = (first[:, None] + torch.arange((2 if overlap else 1) * ratio, device=DEV)[None, :]).clamp(min=0) % cap
+    has_prev, cur = t >= ratio, t % cap
+    new = (torch.randn(seqs * per, width, generator=g, device=DEV) * 3,
+           torch.randn(seqs * per, width, generator=g, device=DEV))
+    ref = rows.clone()
+    want = pool_windows_ref(ref[0], ref[1], page, slots, has_prev, ratio, dim, new_rows=(*new, cur))
+    # the test means something: some rows' windows hold an earlier row's slot
+    earlier = [bool((slots[b] == cur[b - k]).any()) for b in range(len(t)) for k in range(1, per) if b % per >= k
+               and closing[b]]
+    assert sum(closing) == seqs and any(earlier)
+    for launch in range(20 if DEV == "cuda" else 1):
+        mine = rows.clone()
+        got = pool_windows(mine[0], mine[1], page, slots, has_prev, ratio, dim, new_rows=(*new, cur), back=per - 1)
+        assert torch.equal(mine, ref), f"launch {launch}: state rows"
+        torch.testing.assert_close(got[closing], want[closing], rtol=2e-6, atol=2e-6,
+                                   msg=lambda m: f"launch {launch}: {m}")
+
+
 @pytest.mark.parametrize("ratio,dim,overlap,kind", [(4, 512, True, "main"), (128, 512, False, "main"),
                                                      (4, 128, True, "index")])
 def test_pool_windows_stores_the_entries(ratio, dim, overlap, kind):
