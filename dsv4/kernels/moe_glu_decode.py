@@ -89,8 +89,8 @@ ODD_SPLIT = True
 # the down where DOWN_SPLIT does not fit the inter size (Pro's 3072 = 24 K blocks in one range: not a power of two,
 # `_fits`): the fewest K ranges from DOWN_SPLIT up to 2 x SPLIT that do (3 of 8 blocks; the down liked fewer ranges,
 # session 48). Session 49: its tests pass; Pro's MoE call M = 1 / 2 / 4 80.6-81.0 / 148.8-149.0 / 272.3-272.7 µs vs
-# 84.0-84.2 / 146.9-147.1 / 269.5-269.6 (the Triton down): −4 % at one token, +1 % from two. Opt-in until Pro's rows
-# say which wins at B = 1 (`run_device_s50a.sh`'s last part)
+# 84.0-84.2 / 146.9-147.1 / 269.5-269.6 (the Triton down): −4 % at one token, +1 % from two. Session 50, 4 Pro
+# layers' graph replay off / on: B = 1 1.11 / 1.11 ms, B = 2 1.84 / 1.72 (one pair: noisy). Opt-in: no gain at B = 1
 DOWN_ODD_SPLIT = False
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
 STREAM_PDL = True

@@ -77,8 +77,9 @@ FUSED_KV_STORE = True
 DECODE_Q_NORM_IN_KERNEL = True
 # kernel mode, paged FP8 decode step: each compressor's new entry (normed, RoPE'd, quantised) stored by the pooling
 # launch's last-arriving program per row (`cache_store.pool_windows(store=)`) instead of a `store_rows` launch after
-# it: one launch fewer per compressor (CSA layers 2, HCA 1). Prepared in session 49: tested on the CPU
-# (interpreter), not yet measured (bench/runs/run_device_s50c.sh)
+# it: one launch fewer per compressor (CSA layers 2, HCA 1). Bit-identical on the H200 (s50g, after the verify-step
+# race fix in `pool_windows(back=)`), but no faster with COMPRESS_BESIDE (the launch it saves is off the main stream):
+# 8 Flash layers B = 1 replay off / on / off / on 1.08 / 1.08 / 1.07 / 1.08 ms. Opt-in
 FUSED_ENTRY_STORE = False
 # kernel mode, paged FP8 decode step: the compressors' step work (rows stored, window pooled, entry stored) queued
 # on the side stream after the projections that produce its rows (`side_stream`, "projections"), beside the query

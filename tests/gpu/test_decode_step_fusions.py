@@ -24,7 +24,7 @@ from paged_driver import PROMPTS, PagedBatch  # noqa: E402
 
 def _decode(monkeypatch, flag: str | None):
     """(decode logits, cache rows read back, {counted function: calls}, the layers' `_attend_step` calls) of the
-    embedded model in kernel mode with attention.`flag` on (None: the defaults, every flag off)."""
+    embedded model in kernel mode with attention.`flag` on and the other FLAGS off (None: every flag off)."""
     from dsv4.kernels import cache_store, norm_rope
     from dsv4.model import attention
 
