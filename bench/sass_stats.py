@@ -104,6 +104,12 @@ CASES = {
     "mhc_rows_post_fn_early": ("mhc_kernels", "_mix_rows_kernel", MIX_T,
                                dict(FUSE_POST=True, NM=32, NP=32, BK=64, PREFETCH=True, FN_EARLY=True), 4, 1,
                                ("D", "d_per_split", "HCD")),
+    # ... summing a deferred MoE combine (block.COMBINE_IN_NEXT_SITE: 2 fp32 partial ranges of the persistent down
+    # + the shared expert's row)
+    "mhc_rows_post_combine": ("mhc_kernels", "_mix_rows_kernel",
+                              dict(MIX_T, CY="*fp32", CS="*bf16", CIDS="*i32"),
+                              dict(FUSE_POST=True, NM=32, NP=32, BK=64, PREFETCH=True, FN_EARLY=True, COMBINE=True,
+                                   C_SHARED=True, C_RANGES=2), 4, 1, ("D", "d_per_split", "HCD")),
     "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False), 4, 3, GLU_B1_DIV16),
     # ... with the scale bytes read as 32-bit words (moe_gemv.SCALE_WORDS)
     "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=True), 4, 3,

@@ -40,6 +40,7 @@ from dsv4.model.hyper import hc_post as _hc_post_model
 from dsv4.model.hyper import hc_pre as _hc_pre_model
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, triton, weight_prefetch_kblocks
+from dsv4.kernels.moe_combine import PendingCombine, materialized
 
 if HAS_TRITON:
     from dsv4.kernels.mhc_kernels import _finish_kernel, _finish_split_kernel, _mix_kernel, _mix_rows_kernel
@@ -220,10 +221,13 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
     split, per = _pick_split(t, d, 1 if rows else bt, bk)
     part = torch.empty(split, t, MIX_PAD, dtype=torch.float32, device=x.device)
     sq = torch.empty(split, t, dtype=torch.float32, device=x.device)
+    combine = {}
     if fuse is not None:
         f, post, comb = fuse
         xout = torch.empty_like(x)
-        f, post, comb = f.contiguous(), post.contiguous().float(), comb.contiguous().float()
+        if isinstance(f, PendingCombine) and rows and f.out.dtype == torch.bfloat16:
+            combine, f = f.kernel_args(), x  # the MoE's combine summed here, as the kernel loads f
+        f, post, comb = materialized(f).contiguous(), post.contiguous().float(), comb.contiguous().float()
     else:
         f = post = comb = xout = x
     if rows:
@@ -231,7 +235,7 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per, HC * d,
             FUSE_POST=fuse is not None, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
             BK=bk, PREFETCH=weight_prefetch_kblocks(2 * fn.hi.numel() * fn.hi.element_size()) > 0 and per % 8 == 0
-            and d % 8 == 0, FN_EARLY=ROWS_FN_EARLY and t == 1 and per == bk, num_warps=4)
+            and d % 8 == 0, FN_EARLY=ROWS_FN_EARLY and t == 1 and per == bk, num_warps=4, **combine)
     else:
         _mix_kernel[(triton.cdiv(t, bt), split)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
@@ -314,7 +318,7 @@ def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     if f.shape != (t, d):
         raise ValueError(f"hc_post: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     dummy = MixWeight(x, x, 0)
-    return _site(x.contiguous(), dummy, (f.to(torch.bfloat16), post, comb), None)[0]
+    return _site(x.contiguous(), dummy, (materialized(f).to(torch.bfloat16), post, comb), None)[0]
 
 
 def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn, base: torch.Tensor,
@@ -327,7 +331,8 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
     if f.shape != (t, d):
         raise ValueError(f"hc_post_pre: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     fin = _Finish(base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps, mode)
-    xout, outs = _site(x.contiguous(), _as_mix(fn), (f.to(torch.bfloat16), post, comb), fin)
+    f = f if isinstance(f, PendingCombine) else f.to(torch.bfloat16)  # (a deferred MoE combine: `_site`)
+    xout, outs = _site(x.contiguous(), _as_mix(fn), (f, post, comb), fin)
     return (xout,) + outs
 
 

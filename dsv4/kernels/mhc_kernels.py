@@ -9,6 +9,7 @@ from __future__ import annotations
 from dsv4.kernels._triton import HAS_TRITON, pdl_kernel, pdl_wait, prefetch_l2, tl, triton  # noqa: F401
 
 if HAS_TRITON:
+    from dsv4.kernels.moe_combine import combine_columns
 
     @triton.jit
     def _mix_dot(acc, xk, FH, FL, col0, offs_d, HCD, NP: tl.constexpr, INTERP: tl.constexpr, TRANS: tl.constexpr):
@@ -128,14 +129,16 @@ if HAS_TRITON:
     def _mix_rows_kernel(
         X, F, POST, COMB, XOUT, FH, FL, PART, SQ, T, D, d_per_split, HCD,
         FUSE_POST: tl.constexpr, NM: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr, PREFETCH: tl.constexpr,
-        FN_EARLY: tl.constexpr = False,
+        FN_EARLY: tl.constexpr = False, CY=None, CS=None, CIDS=None, top_k=0, num_experts=0, stride_r=0,
+        COMBINE: tl.constexpr = False, C_SHARED: tl.constexpr = False, C_RANGES: tl.constexpr = 0,
     ):
         """`_mix_kernel` for a few tokens on CUDA cores (no 16-row dot tile for one live row): program s takes
         columns [s d_per_split, +d_per_split) of each stream for every token in turn; the fused post's X' in
         `_post_stream`'s expression; the first NM mixes as fp32 FMAs of the exact bf16 X' with fn's hi and lo
         halves (NM: the mixes the finish reads, padded to a power of two). FN_EARLY (one token, d_per_split == BK:
         one step; `ROWS_FN_EARLY`): the step's fn tiles loaded into registers before the PDL wait (static weights),
-        not from L2 after X' is stored."""
+        not from L2 after X' is stored. COMBINE (a deferred MoE combine, `moe_combine.PendingCombine`): F is
+        summed from the routed rows (+ shared) as the combine would have, rounded to bf16 as its output was."""
         sid = tl.program_id(0)
         offs_n = tl.arange(0, NM)
         d_lo = sid * d_per_split
@@ -159,7 +162,11 @@ if HAS_TRITON:
                 x2 = tl.load(xrow + 2 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
                 x3 = tl.load(xrow + 3 * D + offs_d, mask=dm, other=0.0).to(tl.float32)
                 if FUSE_POST:
-                    f = tl.load(F + t * D + offs_d, mask=dm, other=0.0).to(tl.float32)
+                    if COMBINE:
+                        f = combine_columns(CY, CS, CIDS, tl.cast(t, tl.int64), offs_d, dm, D, top_k, num_experts,
+                                            stride_r, C_SHARED, BK, C_RANGES).to(tl.bfloat16).to(tl.float32)
+                    else:
+                        f = tl.load(F + t * D + offs_d, mask=dm, other=0.0).to(tl.float32)
                     cb = COMB + t * 16
                     y0 = _post_row(tl.load(POST + t * 4 + 0), f, cb, 0, x0, x1, x2, x3)
                     y1 = _post_row(tl.load(POST + t * 4 + 1), f, cb, 1, x0, x1, x2, x3)

@@ -4,6 +4,9 @@ partials [R, pairs, D] of them (the persistent down, `moe_glu_decode.down_decode
 rounded to bf16 first, the same bits as storing the bf16 rows). Slots of experts another rank holds are skipped."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import NamedTuple
+
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, pdl_kernel, pdl_wait
@@ -22,12 +25,20 @@ if HAS_TRITON:
     @triton.jit(do_not_specialize=["top_k"])
     def _moe_combine_kernel(Y, S, IDS, OUT, D, top_k, num_experts, stride_r, HAS_SHARED: tl.constexpr,
                             BD: tl.constexpr, RANGES: tl.constexpr = 0):
-        """RANGES > 0: Y holds fp32 partials [RANGES, pairs, D] (stride_r apart) of the rows, each row their sum in
-        range order from 0.0 rounded to bf16 (`moe_glu_decode.down_decode`), as if stored so first."""
         pdl_wait()
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BD + tl.arange(0, BD)
         mask = offs < D
+        acc = combine_columns(Y, S, IDS, t, offs, mask, D, top_k, num_experts, stride_r, HAS_SHARED, BD, RANGES)
+        tl.store(OUT + t * D + offs, acc.to(OUT.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def combine_columns(Y, S, IDS, t, offs, mask, D, top_k, num_experts, stride_r, HAS_SHARED: tl.constexpr,
+                        BD: tl.constexpr, RANGES: tl.constexpr):
+        """Token t's fp32 sum at columns offs (before the rounding to the output dtype); also the mHC site's load
+        of a deferred combine (`PendingCombine`, `mhc_kernels._mix_rows_kernel`). RANGES > 0: Y holds fp32
+        partials [RANGES, pairs, D] (stride_r apart) of the rows, each row their sum in range order from 0.0 rounded
+        to bf16 (`moe_glu_decode.down_decode`), as if stored so first."""
         acc = tl.zeros((BD,), dtype=tl.float32)
         for j in range(top_k):
             e = tl.load(IDS + t * top_k + j)
@@ -42,7 +53,7 @@ if HAS_TRITON:
                 acc += tl.load(row, mask=mask & here, other=0.0).to(tl.float32)
         if HAS_SHARED:
             acc += tl.load(S + t * D + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(OUT + t * D + offs, acc.to(OUT.dtype.element_ty), mask=mask)
+        return acc
 
 
 def check_shared(shared: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -51,17 +62,70 @@ def check_shared(shared: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return shared
 
 
-def combine(y: torch.Tensor, shared, ids: torch.Tensor, out: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """out = fp32 sum over the top_k slots' rows of y (+ shared expert), rounded to out's dtype. shared: a
-    tensor, None, or the join of a branch computing it (`dsv4.model.side_stream`), called only here. y: bf16 rows
-    [pairs, D], or fp32 partials [R, pairs, D] of them (each row their bf16-rounded sum)."""
+class PendingCombine(NamedTuple):
+    """A combine left to its consumer (`deferred`): the mHC site after the MoE sums the rows as it loads them
+    (`dsv4.kernels.mhc`, one launch fewer); any other consumer calls `materialize()` (the combine's launch)."""
+
+    y: torch.Tensor
+    shared: torch.Tensor | None
+    ids: torch.Tensor
+    out: torch.Tensor
+    num_experts: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.out.shape
+
+    @property
+    def ranges(self) -> int:
+        return self.y.shape[0] if self.y.dim() == 3 else 0
+
+    def kernel_args(self) -> dict:
+        """`combine_columns`' operands as keyword arguments of a kernel that takes them (CY, CS, CIDS, ...)."""
+        return dict(CY=self.y, CS=self.shared if self.shared is not None else self.y, CIDS=self.ids,
+                    top_k=self.ids.shape[1], num_experts=self.num_experts,
+                    stride_r=self.y.stride(0) if self.ranges else 0, COMBINE=True,
+                    C_SHARED=self.shared is not None, C_RANGES=self.ranges)
+
+    def materialize(self) -> torch.Tensor:
+        return _launch(self)
+
+
+_deferring = False  # inside `deferred()`: `combine` returns a PendingCombine
+
+
+@contextmanager
+def deferred(enabled: bool = True):
+    """Within the block, `combine` leaves its sum to the consumer (a PendingCombine) when enabled."""
+    global _deferring
+    before, _deferring = _deferring, enabled
+    try:
+        yield
+    finally:
+        _deferring = before
+
+
+def materialized(f):
+    """f itself, or a PendingCombine's output (its combine launched now)."""
+    return f.materialize() if isinstance(f, PendingCombine) else f
+
+
+def combine(y: torch.Tensor, shared, ids: torch.Tensor, out: torch.Tensor, num_experts: int):
+    """out = fp32 sum over the top_k slots' rows of y (+ shared expert), rounded to out's dtype (inside `deferred`:
+    a PendingCombine of it). shared: a tensor, None, or the join of a branch computing it
+    (`dsv4.model.side_stream`), called only here. y: bf16 rows [pairs, D], or fp32 partials [R, pairs, D] of them
+    (each row their bf16-rounded sum)."""
     if callable(shared):
         shared = check_shared(shared(), out.shape)
-    m, d = out.shape
-    ranges = y.shape[0] if y.dim() == 3 else 0
-    bd = COMBINE_PARTIALS_BD if ranges else COMBINE_BD
+    pending = PendingCombine(y, shared, ids, out, num_experts)
+    return pending if _deferring else _launch(pending)
+
+
+def _launch(p: PendingCombine) -> torch.Tensor:
+    m, d = p.out.shape
+    bd = COMBINE_PARTIALS_BD if p.ranges else COMBINE_BD
     _moe_combine_kernel[(m, triton.cdiv(d, bd))](
-        y, shared if shared is not None else y, ids, out, d, ids.shape[1], num_experts, y.stride(0) if ranges else 0,
-        HAS_SHARED=shared is not None, BD=bd, RANGES=ranges, num_warps=4,
+        p.y, p.shared if p.shared is not None else p.y, p.ids, p.out, d, p.ids.shape[1], p.num_experts,
+        p.y.stride(0) if p.ranges else 0, HAS_SHARED=p.shared is not None, BD=bd, RANGES=p.ranges, num_warps=4,
     )
-    return out
+    return p.out
