@@ -110,6 +110,13 @@ CASES = {
                               dict(MIX_T, CY="*fp32", CS="*bf16", CIDS="*i32"),
                               dict(FUSE_POST=True, NM=32, NP=32, BK=64, PREFETCH=True, FN_EARLY=True, COMBINE=True,
                                    C_SHARED=True, C_RANGES=2), 4, 1, ("D", "d_per_split", "HCD")),
+    # ... with the site's finish by the last-arriving program (mhc.MIX_FINISH_LAST), Flash's row in one pass
+    "mhc_rows_post_finish": ("mhc_kernels", "_mix_rows_kernel",
+                             dict(MIX_T, BASE="*fp32", SCALE="*fp32", NORM_W="*bf16", U="*bf16", NORMED="*bf16",
+                                  POSTO="*fp32", COMBO="*fp32", CNT="*i32", hc_eps="fp32", norm_eps="fp32"),
+                             dict(FUSE_POST=True, NM=32, NP=32, BK=64, PREFETCH=True, FN_EARLY=True, FINISH=True,
+                                  HAS_NORM=True, ITERS=20, SP=64, FBD=4096, ONE_PASS=True), 4, 1,
+                             ("D", "d_per_split", "HCD")),
     "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False), 4, 3, GLU_B1_DIV16),
     # ... with the scale bytes read as 32-bit words (moe_gemv.SCALE_WORDS)
     "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=True), 4, 3,

@@ -58,6 +58,7 @@ NARROW_ALLOWED = {
     "mhc_rows_post": (4, "decode: one bf16 element per thread of a token row"),
     "mhc_rows_post_fn_early": (4, "the same kernel with mhc.ROWS_FN_EARLY"),
     "mhc_rows_post_combine": (4, "the same kernel summing a deferred MoE combine (block.COMBINE_IN_NEXT_SITE)"),
+    "mhc_rows_post_finish": (12, "the same kernel with the finish's stores (mhc.MIX_FINISH_LAST): post, comb, u"),
     "moe_glu_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_down_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_glu_b1_words": (1, "as moe_glu_b1"),

@@ -86,6 +86,11 @@ ROWS_FN_EARLY = True
 # barriers, bench/sass_stats.py mhc_finish), yet neither 1 or 2 warps (s20b) nor a Sinkhorn on per-thread scalars
 # (s20d) nor the RMSNorm in every collapse program instead of the last arriver (s20f) made a site faster.
 FINISH_WARPS = 4
+# One-token sites (the rows mix, ROWS_MAX_T): the finish -- post + Sinkhorn, collapse, norm -- by the mix launch's
+# last-arriving program (the "row" finish's math, its bits: the norm's sum in one pass, not split's chunk partials)
+# instead of a finish launch: one launch fewer per site, two per layer at B = 1. Prepared in session 50 (tested in
+# the interpreter against collapse="row", never run on a GPU)
+MIX_FINISH_LAST = False
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 # ... or the whole row in one step up to NORM_ONE_MAX columns (Flash and Pro), its u and norm-weight loads issued
 # before the partial sums of squares (the stepped pass issued the partials' load, their sum, then each step's loads:
@@ -230,12 +235,17 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
         f, post, comb = materialized(f).contiguous(), post.contiguous().float(), comb.contiguous().float()
     else:
         f = post = comb = xout = x
+    finish = {}
+    if rows and MIX_FINISH_LAST:
+        finish, outs = _finish_in_mix(xout, split, fin)
     if rows:
         _mix_rows_kernel[(split,)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per, HC * d,
             FUSE_POST=fuse is not None, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
             BK=bk, PREFETCH=weight_prefetch_kblocks(2 * fn.hi.numel() * fn.hi.element_size()) > 0 and per % 8 == 0
-            and d % 8 == 0, FN_EARLY=ROWS_FN_EARLY and t == 1 and per == bk, num_warps=4, **combine)
+            and d % 8 == 0, FN_EARLY=ROWS_FN_EARLY and t == 1 and per == bk, num_warps=4, **combine, **finish)
+        if finish:
+            return xout, outs
     else:
         _mix_kernel[(triton.cdiv(t, bt), split)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
@@ -249,6 +259,24 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
     if fin is None:
         return xout, None
     return xout, _finish(xout, part, sq, split, fin)
+
+
+def _row_bd(d: int) -> tuple[int, bool]:
+    """The row finish's columns per step and whether one step holds the row."""
+    bd = triton.next_power_of_2(d)
+    one = bd <= ROW_ONE_PASS_MAX
+    return (bd if one else 1024), one
+
+
+def _finish_in_mix(x: torch.Tensor, split: int, fin: _Finish) -> tuple[dict, tuple]:
+    """`_mix_rows_kernel`'s FINISH arguments (MIX_FINISH_LAST) over the site's streams x, and the site's outputs."""
+    args, outs = _finish_outputs(x, fin)
+    base, scale, norm_w, u, normed, post, comb = args
+    bd, one = _row_bd(x.shape[2])
+    return dict(BASE=base, SCALE=scale, NORM_W=norm_w, U=u, NORMED=normed, POSTO=post, COMBO=comb,
+                CNT=arrival_counters("mHC mix finish", x.device, 1), hc_eps=float(fin.hc_eps),
+                norm_eps=float(fin.norm_eps), FINISH=True, HEAD=fin.head, HAS_NORM=fin.norm_weight is not None,
+                ITERS=fin.iters, SP=max(2, triton.next_power_of_2(split)), FBD=bd, ONE_PASS=one), outs
 
 
 def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
@@ -272,9 +300,7 @@ def _finish(x, part, sq, split, fin: _Finish):
     kw = dict(HAS_NORM=fin.norm_weight is not None, ITERS=fin.iters, NP=MIX_PAD,
               SP=max(2, triton.next_power_of_2(split)), num_warps=FINISH_WARPS)
     if fin.mode == "row":
-        bd = triton.next_power_of_2(d)
-        one = bd <= ROW_ONE_PASS_MAX
-        bd = bd if one else 1024
+        bd, one = _row_bd(d)
         # (FINISH_WARPS also for one pass: 4096 columns take 80 registers, 8192 168, no spills, sass_stats.py
         # mhc_finish_row; the Sinkhorn programs of the launch must keep split's warps, else comb's bits differ)
         _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=bd, ONE_PASS=one, **kw)

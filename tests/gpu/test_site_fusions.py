@@ -1,8 +1,10 @@
-"""block.COMBINE_IN_NEXT_SITE: the routed MoE's combine left to the next mHC site (`moe_combine.PendingCombine`),
-whose one-token mix sums the rows as it loads the MoE output. Against the combine's own launch followed by the
-site: the same bits (X', u, post, comb) and one launch fewer; at the model level the same decode logits with one
-combine launch fewer per layer but the last. Fresh random rows (bf16 rows and the persistent down's fp32
-partials), a slot of an expert held elsewhere, with and without the shared expert's row."""
+"""Launches folded into the mHC sites (kernel mode, one-token decode), each against the launches it replaces:
+block.COMBINE_IN_NEXT_SITE -- the routed MoE's combine left to the next site (`moe_combine.PendingCombine`), whose
+one-token mix sums the rows as it loads the MoE output: the same bits (X', u, post, comb), one launch fewer.
+mhc.MIX_FINISH_LAST -- the site's finish by the mix's last-arriving program (kernel-level bits in test_mhc.py).
+At the model level both keep the decode logits bit-identical (against the "row" finish, whose math the fused finish
+does) with the launches counted fewer. Fresh random rows (bf16 rows and the persistent down's fp32 partials), a
+slot of an expert held elsewhere, with and without the shared expert's row."""
 from __future__ import annotations
 
 import os
@@ -80,24 +82,34 @@ def test_site_sums_the_pending_combine(t, ranges, shared, monkeypatch):
     assert torch.equal(want_f, combine(y, sh, ids, out.clone(), experts))
 
 
-def _decode(monkeypatch, on: bool):
-    """(decode logits, combine launches per forward) of the embedded model, kernel mode, one sequence (one token
-    per decode step), block.COMBINE_IN_NEXT_SITE = on."""
+def _decode(monkeypatch, combine_in_site: bool, finish_last: bool):
+    """(decode logits, combine launches, finish launches) of the embedded model, kernel mode, one sequence (one token
+    per decode step), the "row" finish, the two flags as given."""
+    from dsv4.kernels import mhc
     from dsv4.model import block
 
-    monkeypatch.setattr(block, "COMBINE_IN_NEXT_SITE", on)
+    monkeypatch.setattr(block, "COMBINE_IN_NEXT_SITE", combine_in_site)
+    monkeypatch.setattr(mhc, "MIX_FINISH_LAST", finish_last)
+    monkeypatch.setattr(mhc, "COLLAPSE", "row")
     model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", DEV, torch.bfloat16, kernels="triton")
     batch = PagedBatch(model, "fp8", prompts=(9,))
-    launches = _launches(monkeypatch)
+    combines, finishes, real = _launches(monkeypatch), [], mhc._finish
+    monkeypatch.setattr(mhc, "_finish", lambda *a: finishes.append(1) or real(*a))
     logits = torch.cat(batch.decode(12 if DEV == "cuda" else 2))
     monkeypatch.undo()
-    return logits, launches, len(model.layers)
+    return logits, len(combines), len(finishes), len(model.layers)
 
 
 def test_model_decode_is_bit_identical(monkeypatch):
-    off, off_launches, layers = _decode(monkeypatch, False)
-    on, on_launches, _ = _decode(monkeypatch, True)
+    off, combines, finishes, layers = _decode(monkeypatch, False, False)
     steps = off.shape[0]
-    assert len(off_launches) == steps * layers, off_launches  # every layer's MoE combined by its own launch
-    assert len(on_launches) == steps, on_launches  # the last layer's only (after the loop)
-    assert torch.isfinite(on).all() and torch.equal(on, off), f"max |diff| {float((on - off).abs().max()):.3e}"
+    # every layer's MoE combined by its own launch; a finish launch per site: the first layer's attention pre, then
+    # (with the MoE's post fused into the next pre) one per sub-layer, and the HC head
+    assert (combines, finishes) == (steps * layers, steps * (2 * layers + 1)), (combines, finishes)
+    for flags, want in (((True, False), (steps, steps * (2 * layers + 1))), ((True, True), (steps, steps))):
+        on, combines, finishes, _ = _decode(monkeypatch, *flags)
+        # COMBINE_IN_NEXT_SITE: the last layer's combine only (after the loop); MIX_FINISH_LAST: the first layer's
+        # plain pre only (its mix is the dot kernel's)
+        assert (combines, finishes) == want, (flags, combines, finishes)
+        assert torch.isfinite(on).all() and torch.equal(on, off), \
+            f"{flags}: max |diff| {float((on - off).abs().max()):.3e}"
