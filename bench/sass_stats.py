@@ -80,6 +80,12 @@ CASES = {
                        dict(Q="*bf16", W="*bf16", PQ="*i8", PS="*u8", PAGE="*i32", OFF="*i32", PRESENT="*i1",
                             OUT="*bf16"), dict(HP=64, D=128, BN=64, FP4=True, INTERP=False), 4, 3,
                        ("pq_page", "pq_off", "ps_page", "sq_b", "sq_h", "sw_b")),
+    # ... with the row's top-k by its last-arriving program (indexer.TOPK_IN_SCORES; indexer_scores.PICK_BLOCK chunks)
+    "indexer_scores_topk": ("indexer_scores", "_scores_kernel",
+                            dict(Q="*bf16", W="*bf16", PQ="*i8", PS="*u8", PAGE="*i32", OFF="*i32", PRESENT="*u8",
+                                 OUT="*bf16", CNT="*i32", PICKED="*i64", VALID="*u8"),
+                            dict(HP=64, D=128, BN=64, FP4=True, INTERP=False, TOPK=True, KBLOCK=512), 4, 3,
+                            ("pq_page", "pq_off", "ps_page", "sq_b", "sq_h", "sw_b")),
     "store_indexer": ("cache_store", "_store_kernel",
                       dict(X="*fp32", PAGE="*i64", OFF="*i64", W="*bf16", COS="*fp32", SIN="*fp32", H="*fp32",
                            Q="*i8", S="*u8", ROPE="*bf16", eps="fp32"),

@@ -51,6 +51,8 @@ def test_gluon_moe_epilogue_stores_16_bytes_per_thread(case, vectors):
 # case, or more narrow stores than listed, fails `test_no_new_narrow_stores`: look at the store before raising a bound.
 NARROW_ALLOWED = {
     "indexer_scores": (1, "decode: one bf16 score per thread"),
+    "indexer_scores_topk": (5, "the scores' bf16, the counter reset, the picks' scattered int64 indices and uint8 "
+                               "valid flags (`topk.topk_row`)"),
     "store_indexer": (2, "the MXFP4 key's packed bytes and its scale bytes, one token row"),
     "pool_csa_store_index": (2, "as store_indexer: its last arriver stores the pooled key row (the same function)"),
     "norm_rope_two_store": (9, "one window kv row per program into the FP8 pool: e4m3 code bytes, scale bytes, bf16 "

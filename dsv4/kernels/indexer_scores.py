@@ -23,8 +23,13 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton  # noqa: F401
 from dsv4.kernels._triton import pdl_kernel, pdl_wait
+from dsv4.kernels.topk import block_for
+
+# `indexer_pick`'s top-k chunk (keys per pass step): the whole kernel's registers follow the largest (offline sm_90a,
+# bench/sass_stats.py indexer_scores_topk: 4096 -> 255, 1024 -> 96, 512 -> 62 = the scores alone)
+PICK_BLOCK = 512
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -56,6 +61,7 @@ def _scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, present:
 # --------------------------------------------------------------------------- Triton kernel
 
 if HAS_TRITON:
+    from dsv4.kernels.topk import topk_row
 
     @triton.jit
     def _round_bf16(x, INTERP: tl.constexpr):
@@ -95,7 +101,9 @@ if HAS_TRITON:
                        sq_b, sq_h, sw_b, sw_h, pq_page, pq_off, ps_page, ps_off,
                        spg_b, spg_n, sof_b, sof_n, spr_b, spr_n, so_b,
                        HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP4: tl.constexpr,
-                       INTERP: tl.constexpr):
+                       INTERP: tl.constexpr, CNT=None, PICKED=None, VALID=None, k_top=0, so_k=0, sv_k=0,
+                       TOPK: tl.constexpr = False, KBLOCK: tl.constexpr = 256):
+        """TOPK (`indexer_pick`): row b's last-arriving program also picks its top k_top (`topk.topk_row`)."""
         pdl_wait()
         b = tl.program_id(0)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -121,6 +129,13 @@ if HAS_TRITON:
         total = _round_bf16(tl.sum(s * w[:, None], axis=0), INTERP)
         total = tl.where(load, total, float("-inf"))
         tl.store(OUT + b * so_b + n, total.to(tl.bfloat16), mask=inb)
+        if TOPK:  # the CTA barrier puts every thread's score stores before the gpu-scope atomic (`split_k_sum`)
+            tl.debug_barrier()
+            if tl.atomic_add(CNT + b, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+                tl.debug_barrier()  # (after the acquire: the row's scores from every program are visible)
+                tl.store(CNT + b, 0)  # (left zeroed for the next launch / replay: `arrival_counters`)
+                topk_row(b.to(tl.int64), OUT, PRESENT, PICKED, VALID, N, k_top, so_b, 1, spr_b, spr_n, so_k, sv_k,
+                         True, 0x7F80, True, KBLOCK)  # (bf16 keys: +inf's bits)
 
 
     @triton.jit
@@ -156,9 +171,27 @@ if HAS_TRITON:
 
 # --------------------------------------------------------------------------- launcher
 
+def indexer_pick(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tensor, off: torch.Tensor,
+                 present: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`topk.topk_lowest_index(indexer_scores(...), k, present)` in one launch: each row's last-arriving scores
+    program picks the row's top k (the decode indexer's `pick_from_pool` with indexer.TOPK_IN_SCORES) ->
+    (picked int64 [B, k] ascending, valid bool [B, k])."""
+    bsz, n = page.shape
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise ValueError(f"indexer_pick: k must be an int with 1 <= k <= N={n}, got {k!r}")
+    picked = torch.empty(bsz, k, dtype=torch.int64, device=q.device)
+    valid = torch.empty(bsz, k, dtype=torch.bool, device=q.device)
+    indexer_scores(q, weights, pool, page, off, present,
+                   pick=dict(CNT=arrival_counters("indexer pick", q.device, bsz), PICKED=picked,
+                             VALID=valid.view(torch.uint8), k_top=k, so_k=picked.stride(0), sv_k=valid.stride(0),
+                             TOPK=True, KBLOCK=min(PICK_BLOCK, block_for(n))))
+    return picked, valid
+
+
 def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tensor, off: torch.Tensor,
-                   present: torch.Tensor, block_n: int = 64) -> torch.Tensor:
-    """Triton `indexer_scores_ref` (bf16 q; MXFP4 or plain bf16 pools): bf16 [B, N]."""
+                   present: torch.Tensor, block_n: int = 64, pick: dict | None = None) -> torch.Tensor:
+    """Triton `indexer_scores_ref` (bf16 q; MXFP4 or plain bf16 pools): bf16 [B, N] (pick: `indexer_pick`'s
+    kernel arguments)."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use indexer_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16:
@@ -199,7 +232,8 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
         ps.stride(0), ps.stride(1),
         page.stride(0), page.stride(1), off.stride(0), off.stride(1), pres.stride(0), pres.stride(1),
         out.stride(0),
-        HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, num_warps=4)
+        HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, num_warps=4,
+        **(pick or {}))
     return out
 
 

@@ -97,7 +97,14 @@ if HAS_TRITON:
     def _topk_kernel(S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
                      KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr):
         pdl_wait()
-        b = tl.program_id(0).to(tl.int64)
+        topk_row(tl.program_id(0).to(tl.int64), S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
+                 KEY16, INF_BITS, HAS_PRESENT, BLOCK)
+
+    @triton.jit
+    def topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr,
+                 INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr):
+        """Row b's picks (int64 b: the kernel's program, or the last-arriving program of the decode indexer's
+        scores launch, `indexer_scores.indexer_pick`)."""
         row = b * ss_b
         lane = tl.arange(0, BLOCK)
         bins = tl.arange(0, 256)
@@ -137,7 +144,7 @@ if HAS_TRITON:
 
 # --------------------------------------------------------------------------- launcher
 
-def _block(n: int) -> int:
+def block_for(n: int) -> int:
     """Chunk length: the row in one chunk up to 4096; never below 256 (one histogram bin per thread)."""
     return max(256, min(4096, triton.next_power_of_2(n)))
 
@@ -162,7 +169,7 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
         return
     valid8 = valid.view(torch.uint8)  # a bool pointer would load/store as int1
     pres = present.view(torch.uint8) if present is not None else valid8  # not read without present
-    block = _block(n)
+    block = block_for(n)
     _topk_kernel[(bsz,)](
         scores, pres, picked, valid8, n, k,
         scores.stride(0), scores.stride(1), pres.stride(0), pres.stride(1), picked.stride(0), valid8.stride(0),

@@ -21,6 +21,10 @@ from dsv4.model.rope import RotaryEmbedding, apply_rope
 
 QUERY_BLOCK = 256  # queries scored together (bounds the [block, heads, N] score tensor)
 KERNEL_SCORES = 1 << 26  # kernel mode: scores per block of queries (128 MB of bf16 [block, N])
+# kernel mode, paged decode step: the top-k picked by each row's last-arriving scores program
+# (`indexer_scores.indexer_pick`) instead of a `topk_lowest_index` launch after the scores: one launch fewer per CSA
+# layer and step, on the B = 1 critical path. Prepared in session 50 (interpreter-tested), not yet run on a GPU
+TOPK_IN_SCORES = False
 
 
 def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -101,7 +105,9 @@ class Indexer(nn.Module):
                        present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`pick_padded` with the scores computed straight from the paged key pool in one launch
         (dsv4.kernels.indexer_scores); page/off/present [B, N] name each row's entry slots."""
-        from dsv4.kernels.indexer_scores import indexer_scores
+        from dsv4.kernels.indexer_scores import indexer_pick, indexer_scores
+        if TOPK_IN_SCORES and self.use_kernels:
+            return indexer_pick(q, weights, pool, page, off, present, min(self.topk, page.shape[1]))
         return self._pick(indexer_scores(q, weights, pool, page, off, present), present)
 
     def _pick(self, scores: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,8 @@
 attention.FUSED_KV_STORE (the window kv stored by the q latent + kv norm launch, `norm_rope_two(store_b=)`),
 FUSED_ENTRY_STORE (the compressors' entries stored by the pooling launch's last arrivers),
 DECODE_Q_NORM_IN_KERNEL (sliding / HCA layers' q heads' norm + RoPE in the decode attention kernel,
-`decode_attention(q_norm=)`), and COMPRESS_BESIDE (the compressors' step work moved to the side stream). Each saves
+`decode_attention(q_norm=)`), COMPRESS_BESIDE (the compressors' step work moved to the side stream), and
+indexer.TOPK_IN_SCORES (the CSA layers' top-k picked by the scores launch). Each saves
 its launch wherever it applies (or moves it off the main stream) and keeps the decode logits and the cache rows
 read back. On the CPU through Triton's interpreter (a shorter run), on the GPU in full (window closings, a
 rollback, MTP-like multi-token steps)."""
@@ -133,3 +134,20 @@ def test_decode_q_norm_in_kernel(monkeypatch):
     agree = float((on_logits.argmax(-1) == off_logits.argmax(-1)).double().mean())
     print(f"q norm in the decode kernel vs norm_rope: rel {rel:.2e}, top-1 agreement {agree:.4f}")
     assert rel < 1e-2 and agree > 0.97, (rel, agree)
+
+
+def test_topk_in_scores_is_bit_identical(monkeypatch):
+    """indexer.TOPK_IN_SCORES: the CSA layers' decode top-k picked by the scores launch's last arrivers
+    (`indexer_scores.indexer_pick`), no top-k after the scores (`Indexer._pick` never called); logits and cache rows
+    bit-identical."""
+    from dsv4.model import indexer
+
+    off_logits, off_rows, _, _ = _baseline(monkeypatch)
+    picks = []
+    real = indexer.Indexer._pick
+    monkeypatch.setattr(indexer.Indexer, "_pick", lambda *a: picks.append(1) or real(*a))
+    monkeypatch.setattr(indexer, "TOPK_IN_SCORES", True)
+    on_logits, on_rows, _, layer_steps = _decode(monkeypatch, None)
+    assert any(attn.indexer is not None for attn in layer_steps) and not picks
+    assert torch.equal(on_logits, off_logits), f"max |diff| {float((on_logits - off_logits).abs().max()):.3e}"
+    assert torch.equal(on_rows, off_rows)

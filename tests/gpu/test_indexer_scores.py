@@ -106,6 +106,38 @@ def test_indexer_scores(bsz, heads, ps, width, fp4, holes, poison):
     assert torch.equal(picked[same], ref_picked[same]) and torch.equal(valid[same], ref_valid[same])
 
 
+@pytest.mark.parametrize("bsz,heads,ps,width,fp4,holes,k", [
+    (1, 64, 64, 3, True, False, 24), (3, 64, 16, 9, True, True, 24), (8, 16, 64, 2, True, False, 128),
+    (3, 64, 16, 7, False, True, 5)])
+def test_indexer_pick_is_scores_then_topk(bsz, heads, ps, width, fp4, holes, k, poison, monkeypatch):
+    """`indexer_pick` (indexer.TOPK_IN_SCORES: each row's last-arriving scores program picks the top k): the picks
+    and their valid flags of the scores launch followed by the top-k launch, on repeated launches (the counters
+    left at zero; k up to every slot of a row), and through `Indexer.pick_from_pool` with the flag on."""
+    from dsv4.kernels import _triton
+    from dsv4.kernels.indexer_scores import indexer_pick, indexer_scores
+    from dsv4.kernels.topk import topk_lowest_index
+    from dsv4.model import indexer
+    from dsv4.model.indexer import Indexer
+
+    gen = torch.Generator(DEV).manual_seed(bsz * 100 + heads + ps + width + fp4 + 2 * holes + k)
+    q, w, pool, page, off, present = _case(bsz, heads, ps, width, fp4, holes, gen)
+    k = min(k, page.shape[1])
+    want = topk_lowest_index(indexer_scores(q, w, pool, page, off, present), k, present)
+    for _ in range(20 if DEV == "cuda" else 2):
+        poison()
+        got = indexer_pick(q, w, pool, page, off, present, k)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert all(int(b.count_nonzero()) == 0 for bufs in _triton._counter_cache.values() for b in bufs)
+    ix = Indexer.__new__(Indexer)
+    object.__setattr__(ix, "topk", k)
+    object.__setattr__(ix, "use_kernels", True)
+    monkeypatch.setattr(indexer, "TOPK_IN_SCORES", True)
+    picked, valid = ix.pick_from_pool(q, w, pool, page, off, present)
+    assert torch.equal(picked, want[0]) and torch.equal(valid, want[1])
+    with pytest.raises(ValueError, match="k must be"):
+        indexer_pick(q, w, pool, page, off, present, page.shape[1] + 1)
+
+
 def test_indexer_scores_rejects_bad_inputs():
     from dsv4.kernels.indexer_scores import indexer_scores
 
