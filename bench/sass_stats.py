@@ -98,6 +98,10 @@ CASES = {
                             4, 3, ()),
     "mhc_mix": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=False), 4, 3, ("D", "d_per_split")),
     "mhc_mix_post": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=True), 4, 3, ("D", "d_per_split")),
+    # ... summing a deferred MoE combine (block.COMBINE_IN_NEXT_SITE at 2-16 tokens)
+    "mhc_mix_post_combine": ("mhc_kernels", "_mix_kernel", dict(MIX_T, CY="*fp32", CS="*bf16", CIDS="*i32"),
+                             dict(MIX_C, FUSE_POST=True, COMBINE=True, C_SHARED=True, C_RANGES=2), 4, 3,
+                             ("D", "d_per_split")),
     # ... at prefill sizes (> 16 tokens: mhc.FUSED_BT / MIX_BT rows, the transposed dot, MIX_STAGES = 2)
     "mhc_mix_prefill": ("mhc_kernels", "_mix_kernel", MIX_T, dict(MIX_C, FUSE_POST=False, BT=64, TRANS=True), 4,
                         2, ("D", "d_per_split")),
@@ -123,6 +127,9 @@ CASES = {
                              dict(FUSE_POST=True, NM=32, NP=32, BK=64, PREFETCH=True, FN_EARLY=True, FINISH=True,
                                   HAS_NORM=True, ITERS=20, SP=64, FBD=4096, ONE_PASS=True), 4, 1,
                              ("D", "d_per_split", "HCD")),
+    # the routed MoE's combine over the persistent down's fp32 partials (2 ranges) + the shared expert's row
+    "moe_combine_partials": ("moe_combine", "_moe_combine_kernel", dict(Y="*fp32", S="*bf16", IDS="*i32", OUT="*bf16"),
+                             dict(HAS_SHARED=True, BD=256, RANGES=2), 4, 3, ("D", "stride_r")),
     "moe_glu_b1": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=False), 4, 3, GLU_B1_DIV16),
     # ... with the scale bytes read as 32-bit words (moe_gemv.SCALE_WORDS)
     "moe_glu_b1_words": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SCALE_WORDS=True), 4, 3,

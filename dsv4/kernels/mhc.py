@@ -230,8 +230,8 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
     if fuse is not None:
         f, post, comb = fuse
         xout = torch.empty_like(x)
-        if isinstance(f, PendingCombine) and rows and f.out.dtype == torch.bfloat16:
-            combine, f = f.kernel_args(), x  # the MoE's combine summed here, as the kernel loads f
+        if isinstance(f, PendingCombine) and f.out.dtype == torch.bfloat16:
+            combine, f = f.kernel_args(), x  # the MoE's combine summed here, as the mix loads f
         f, post, comb = materialized(f).contiguous(), post.contiguous().float(), comb.contiguous().float()
     else:
         f = post = comb = xout = x
@@ -254,7 +254,7 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
             # prefill: comb's 16 per-token columns loaded once, before the column loop, not in every step (s38e, 8K
             # fused site 382 -> 368 µs; 234 -> 228 registers, 58 -> 26 cp.async per step); 16-row tiles spill with it
             COMB_ONCE=prefill,
-            num_warps=MIX_WARPS if prefill else 4, num_stages=MIX_STAGES if prefill else 3,
+            num_warps=MIX_WARPS if prefill else 4, num_stages=MIX_STAGES if prefill else 3, **combine,
         )
     if fin is None:
         return xout, None

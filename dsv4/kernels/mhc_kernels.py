@@ -9,7 +9,7 @@ from __future__ import annotations
 from dsv4.kernels._triton import HAS_TRITON, pdl_kernel, pdl_wait, prefetch_l2, tl, triton  # noqa: F401
 
 if HAS_TRITON:
-    from dsv4.kernels.moe_combine import combine_columns
+    from dsv4.kernels.moe_combine import combine_columns, combine_rows
 
     @triton.jit
     def _mix_dot(acc, xk, FH, FL, col0, offs_d, HCD, NP: tl.constexpr, INTERP: tl.constexpr, TRANS: tl.constexpr):
@@ -60,10 +60,13 @@ if HAS_TRITON:
     def _mix_kernel(
         X, F, POST, COMB, XOUT, FH, FL, PART, SQ, T, D, d_per_split,
         FUSE_POST: tl.constexpr, DO_MIX: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-        INTERP: tl.constexpr, TRANS: tl.constexpr, COMB_ONCE: tl.constexpr,
+        INTERP: tl.constexpr, TRANS: tl.constexpr, COMB_ONCE: tl.constexpr, CY=None, CS=None, CIDS=None, top_k=0,
+        num_experts=0, stride_r=0, COMBINE: tl.constexpr = False, C_SHARED: tl.constexpr = False,
+        C_RANGES: tl.constexpr = 0,
     ):
         """The mix (docstring of dsv4.kernels.mhc). COMB_ONCE: the fused post's comb columns loaded before the
-        column loop (registers) rather than in every step."""
+        column loop (registers) rather than in every step. COMBINE: F summed from a deferred MoE combine's rows, as
+        in `_mix_rows_kernel`."""
         pdl_wait()
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
@@ -92,7 +95,11 @@ if HAS_TRITON:
             x2 = tl.load(X + row + 2 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
             x3 = tl.load(X + row + 3 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
             if FUSE_POST:
-                f = tl.load(F + offs_t[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
+                if COMBINE:
+                    f = combine_rows(CY, CS, CIDS, offs_t.to(tl.int64), tmask, offs_d, offs_d < D, D, top_k,
+                                     num_experts, stride_r, C_SHARED, BT, BK, C_RANGES).to(tl.bfloat16).to(tl.float32)
+                else:
+                    f = tl.load(F + offs_t[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
                 if not COMB_ONCE:
                     comb = _comb_columns(COMB, offs_t, tmask)
                 y0 = _post_stream(p0, f, comb[0], x0, x1, x2, x3)

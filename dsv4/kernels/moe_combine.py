@@ -35,24 +35,33 @@ if HAS_TRITON:
     @triton.jit
     def combine_columns(Y, S, IDS, t, offs, mask, D, top_k, num_experts, stride_r, HAS_SHARED: tl.constexpr,
                         BD: tl.constexpr, RANGES: tl.constexpr):
-        """Token t's fp32 sum at columns offs (before the rounding to the output dtype); also the mHC site's load
-        of a deferred combine (`PendingCombine`, `mhc_kernels._mix_rows_kernel`). RANGES > 0: Y holds fp32
-        partials [RANGES, pairs, D] (stride_r apart) of the rows, each row their sum in range order from 0.0 rounded
-        to bf16 (`moe_glu_decode.down_decode`), as if stored so first."""
-        acc = tl.zeros((BD,), dtype=tl.float32)
+        """Token t's fp32 sum at columns offs [BD] (`combine_rows` of one token)."""
+        rows = t + tl.arange(0, 1)
+        return tl.reshape(combine_rows(Y, S, IDS, rows, rows >= 0, offs, mask, D, top_k, num_experts, stride_r,
+                                       HAS_SHARED, 1, BD, RANGES), (BD,))
+
+    @triton.jit
+    def combine_rows(Y, S, IDS, t, tmask, offs, mask, D, top_k, num_experts, stride_r, HAS_SHARED: tl.constexpr,
+                     BT: tl.constexpr, BD: tl.constexpr, RANGES: tl.constexpr):
+        """Tokens t's (int64 [BT], tmask) fp32 sums at columns offs [BD] (mask) -> [BT, BD], before the rounding to
+        the output dtype; also the mHC sites' load of a deferred combine (`PendingCombine`, `mhc_kernels`' mixes).
+        RANGES > 0: Y holds fp32 partials [RANGES, pairs, D] (stride_r apart) of the rows, each row their sum in
+        range order from 0.0 rounded to bf16 (`moe_glu_decode.down_decode`), as if stored so first."""
+        acc = tl.zeros((BT, BD), dtype=tl.float32)
+        m2 = tmask[:, None] & mask[None, :]
         for j in range(top_k):
-            e = tl.load(IDS + t * top_k + j)
-            here = (e >= 0) & (e < num_experts)  # else: computed by another rank, row never written
-            row = Y + (t * top_k + j) * D + offs
+            e = tl.load(IDS + t * top_k + j, mask=tmask, other=-1)
+            here = m2 & ((e >= 0) & (e < num_experts))[:, None]  # else: another rank's expert, row never written
+            row = Y + ((t * top_k + j) * D)[:, None] + offs[None, :]
             if RANGES > 0:
-                y = tl.zeros((BD,), dtype=tl.float32)
+                y = tl.zeros((BT, BD), dtype=tl.float32)
                 for r in tl.static_range(RANGES):
-                    y += tl.load(row + r * stride_r, mask=mask & here, other=0.0)
+                    y += tl.load(row + r * stride_r, mask=here, other=0.0)
                 acc += y.to(tl.bfloat16).to(tl.float32)
             else:
-                acc += tl.load(row, mask=mask & here, other=0.0).to(tl.float32)
+                acc += tl.load(row, mask=here, other=0.0).to(tl.float32)
         if HAS_SHARED:
-            acc += tl.load(S + t * D + offs, mask=mask, other=0.0).to(tl.float32)
+            acc += tl.load(S + (t * D)[:, None] + offs[None, :], mask=m2, other=0.0).to(tl.float32)
         return acc
 
 

@@ -23,11 +23,13 @@ from dsv4.model.numerics import Numerics, acc_dtype
 # Session 37 (8 Flash layers, one H200): 7 launches fewer per eager decode step, graph replay unchanged (1.25-1.27
 # ms at B = 1), 8K prefill 96-97 vs 98 ms. False: one site per sub-layer (the A/B and the tests' reference).
 FUSE_BLOCK_SITES = True
-# Kernel mode, one-token decode with FUSE_BLOCK_SITES: each block's routed-MoE combine (top-k rows + shared expert,
-# fp32 sum rounded to bf16) summed by the next block's attention-site mix as it loads the MoE output
-# (`moe_combine.PendingCombine`, `mhc_kernels._mix_rows_kernel`): the combine's launch and its output's round trip
-# go (one launch per layer). Same bits (tests/gpu/test_combine_in_site.py). Prepared in session 50, not yet measured
+# Kernel mode, decode sizes (up to COMBINE_MAX_T tokens) with FUSE_BLOCK_SITES: each block's routed-MoE combine
+# (top-k rows + shared expert, fp32 sum rounded to bf16) summed by the next block's attention-site mix as it loads
+# the MoE output (`moe_combine.PendingCombine`, `mhc_kernels`' mixes): the combine's launch and its output's round
+# trip go (one launch per layer). Same bits (tests/gpu/test_site_fusions.py). Prepared in session 50, not yet
+# measured
 COMBINE_IN_NEXT_SITE = False
+COMBINE_MAX_T = 16  # (prefill's mix tiles are left as they are)
 
 
 class Block(nn.Module):
@@ -103,7 +105,7 @@ class Block(nn.Module):
             from dsv4.kernels.moe_combine import deferred
             x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base,
                                                self.hc_ffn_scale, norm_weight=self.ffn_norm.weight, **self.hc_kwargs)
-            with deferred(defer and COMBINE_IN_NEXT_SITE and u.shape[0] <= mhc.ROWS_MAX_T):
+            with deferred(defer and COMBINE_IN_NEXT_SITE and u.shape[0] <= COMBINE_MAX_T):
                 y = self.ffn(u, token_ids)  # (deferred: a PendingCombine, summed by the next site or `finish_carry`)
             return (x, (y, post, comb)) if defer else mhc.hc_post(y, x, post, comb)
         x = hc_post(f, x, post, comb)

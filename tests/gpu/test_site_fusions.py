@@ -54,11 +54,11 @@ def _site_inputs(t: int, ranges: int, shared: bool, gen: torch.Generator):
     return (y, sh, ids, out, experts), (x, post, comb, fn, base, scale, w)
 
 
-@pytest.mark.parametrize("t", [1, 3])
+@pytest.mark.parametrize("t", [1, 3, 20])
 @pytest.mark.parametrize("ranges,shared", [(0, True), (2, True), (0, False), (3, False)])
 def test_site_sums_the_pending_combine(t, ranges, shared, monkeypatch):
-    """One token: the site's mix sums the combine (no combine launch), X' / u / post / comb bit-identical to the
-    combine's launch followed by the site; three tokens (the dot mix): the pending combine launched first."""
+    """The site's mix sums the combine (no combine launch): X' / u / post / comb bit-identical to the combine's
+    launch followed by the site, one token (the rows mix), three (the dot mix), twenty (the prefill tiles)."""
     from dsv4.kernels import mhc
     from dsv4.kernels.moe_combine import PendingCombine, combine, deferred
 
@@ -73,7 +73,7 @@ def test_site_sums_the_pending_combine(t, ranges, shared, monkeypatch):
         pending = combine(y, (lambda: sh) if shared else None, ids, out.clone(), experts)  # (a join: called now)
     assert isinstance(pending, PendingCombine) and launches == [t]
     got = mhc.hc_post_pre(pending, x, post, comb, mix, base, scale, norm_weight=w, **KW)
-    assert launches == [t] * (1 if t <= mhc.ROWS_MAX_T else 2)
+    assert launches == [t]
     for name, a, b in zip(("X'", "u", "post", "comb"), got, want):
         assert torch.isfinite(a).all() and torch.equal(a, b), f"{name} differs"
     # the last block's deferred combine, after the loop (`block.finish_carry`): launched, then the post
@@ -82,9 +82,9 @@ def test_site_sums_the_pending_combine(t, ranges, shared, monkeypatch):
     assert torch.equal(want_f, combine(y, sh, ids, out.clone(), experts))
 
 
-def _decode(monkeypatch, combine_in_site: bool, finish_last: bool):
-    """(decode logits, combine launches, finish launches) of the embedded model, kernel mode, one sequence (one token
-    per decode step), the "row" finish, the two flags as given."""
+def _decode(monkeypatch, prompts: tuple, combine_in_site: bool, finish_last: bool):
+    """(decode logits, combine launches, finish launches, the forwards' token counts, layers) of the embedded model,
+    kernel mode, the decode steps of tests/paged_driver.py, the "row" finish, the two flags as given."""
     from dsv4.kernels import mhc
     from dsv4.model import block
 
@@ -92,24 +92,26 @@ def _decode(monkeypatch, combine_in_site: bool, finish_last: bool):
     monkeypatch.setattr(mhc, "MIX_FINISH_LAST", finish_last)
     monkeypatch.setattr(mhc, "COLLAPSE", "row")
     model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", DEV, torch.bfloat16, kernels="triton")
-    batch = PagedBatch(model, "fp8", prompts=(9,))
-    combines, finishes, real = _launches(monkeypatch), [], mhc._finish
+    batch = PagedBatch(model, "fp8", prompts=prompts)
+    combines, finishes, tokens, real, forward = _launches(monkeypatch), [], [], mhc._finish, batch.forward
     monkeypatch.setattr(mhc, "_finish", lambda *a: finishes.append(1) or real(*a))
+    batch.forward = lambda seqs, ids, lens=None: tokens.append(ids.shape[0]) or forward(seqs, ids, lens)
     logits = torch.cat(batch.decode(12 if DEV == "cuda" else 2))
     monkeypatch.undo()
-    return logits, len(combines), len(finishes), len(model.layers)
+    return logits, len(combines), len(finishes), tokens, len(model.layers)
 
 
-def test_model_decode_is_bit_identical(monkeypatch):
-    off, combines, finishes, layers = _decode(monkeypatch, False, False)
-    steps = off.shape[0]
-    # every layer's MoE combined by its own launch; a finish launch per site: the first layer's attention pre, then
-    # (with the MoE's post fused into the next pre) one per sub-layer, and the HC head
-    assert (combines, finishes) == (steps * layers, steps * (2 * layers + 1)), (combines, finishes)
-    for flags, want in (((True, False), (steps, steps * (2 * layers + 1))), ((True, True), (steps, steps))):
-        on, combines, finishes, _ = _decode(monkeypatch, *flags)
-        # COMBINE_IN_NEXT_SITE: the last layer's combine only (after the loop); MIX_FINISH_LAST: the first layer's
-        # plain pre only (its mix is the dot kernel's)
-        assert (combines, finishes) == want, (flags, combines, finishes)
-        assert torch.isfinite(on).all() and torch.equal(on, off), \
-            f"{flags}: max |diff| {float((on - off).abs().max()):.3e}"
+@pytest.mark.parametrize("prompts", [(9,), (9, 5)])
+def test_model_decode_is_bit_identical(prompts, monkeypatch):
+    """One sequence: both flags (one-token steps: the rows mix); two (the dot mix): the combine. Every layer's MoE is
+    combined by its own launch without the flag, the last layer's only with it (after the loop); a finish launch
+    per site (the first layer's attention pre, then with the MoE's post fused into the next pre one per sub-layer,
+    and the HC head), with MIX_FINISH_LAST at one-token steps only the first layer's plain pre (the dot mix)."""
+    off, combines, finishes, tokens, layers = _decode(monkeypatch, prompts, False, False)
+    sites = 2 * layers + 1
+    assert (combines, finishes) == (len(tokens) * layers, len(tokens) * sites), (combines, finishes, tokens)
+    both = len(prompts) == 1
+    on, combines, finishes, tokens, _ = _decode(monkeypatch, prompts, True, both)
+    one = sum(t == 1 for t in tokens) if both else 0
+    assert (combines, finishes) == (len(tokens), one + (len(tokens) - one) * sites), (combines, finishes, tokens)
+    assert torch.isfinite(on).all() and torch.equal(on, off), f"max |diff| {float((on - off).abs().max()):.3e}"
