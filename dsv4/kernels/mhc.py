@@ -232,7 +232,8 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
         xout = torch.empty_like(x)
         if isinstance(f, PendingCombine) and f.out.dtype == torch.bfloat16:
             combine, f = f.kernel_args(), x  # the MoE's combine summed here, as the mix loads f
-        f, post, comb = materialized(f).contiguous(), post.contiguous().float(), comb.contiguous().float()
+        f = materialized(f).to(torch.bfloat16).contiguous()
+        post, comb = post.contiguous().float(), comb.contiguous().float()
     else:
         f = post = comb = xout = x
     finish = {}

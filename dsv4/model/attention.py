@@ -367,15 +367,17 @@ class Attention(StackedProjections, nn.Module):
 
     def _compress_step_operands(self, comp, step) -> tuple:
         """What a compressor's step kernels read besides its rows: the state pool's window slots, the entry's slot,
-        pool, norm and cos / sin (derived by the step on first use: here, on the stream that calls this)."""
+        pool, norm and cos / sin (derived by the step on first use: here, on the stream that calls this), and how
+        many rows before each may be the same sequence's (`pool_windows(back=)`)."""
         from dsv4.model.numerics import hadamard_matrix
         layer, name = self.layer_index, comp.kind
         cos, sin = comp.rope.cos_sin(step.entry_positions(comp.ratio))  # shared by the layers (shared_cos_sin)
         had = hadamard_matrix(comp.dim, torch.float32, cos.device) if name == "index" else None
         store = (*step.entry_slot(layer, name), step.pools.entries[layer, name],
                  dict(norm_weight=comp.norm.weight, eps=comp.norm.eps, cos=cos, sin=sin, hadamard=had))
-        back = min(step.pools.max_rollback, step.row_slot(layer, name).shape[0] - 1)  # a verify step's earlier rows
-        return comp, step.rows_window(layer, name), step.row_slot(layer, name), store, back
+        row_slot = step.row_slot(layer, name)
+        back = min(step.pools.max_rollback, row_slot.shape[0] - 1)  # earlier rows of a verify step's sequence
+        return comp, step.rows_window(layer, name), row_slot, store, back
 
     def _compress_step_launch(self, operands: tuple, rows: tuple) -> None:
         """Store the token's (C, Z) rows, pool the window containing t and store its entry: two
