@@ -105,7 +105,8 @@ class Block(nn.Module):
             from dsv4.kernels.moe_combine import deferred
             x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base,
                                                self.hc_ffn_scale, norm_weight=self.ffn_norm.weight, **self.hc_kwargs)
-            with deferred(defer and COMBINE_IN_NEXT_SITE and u.shape[0] <= COMBINE_MAX_T):
+            # (world 1 only: a sharded MoE reduces its partial sums across ranks first, `moe_comm`)
+            with deferred(defer and COMBINE_IN_NEXT_SITE and u.shape[0] <= COMBINE_MAX_T and self.ffn.layout is None):
                 y = self.ffn(u, token_ids)  # (deferred: a PendingCombine, summed by the next site or `finish_carry`)
             return (x, (y, post, comb)) if defer else mhc.hc_post(y, x, post, comb)
         x = hc_post(f, x, post, comb)
