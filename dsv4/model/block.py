@@ -93,6 +93,11 @@ class Block(nn.Module):
                                            self.hc_attn_scale, norm_weight=self.attn_norm.weight, **self.hc_kwargs)
         return x, (post, comb), self.attn.prepare(u, positions, step)
 
+    def defers_combine(self, tokens: int) -> bool:
+        """Whether a deferred MoE post leaves the routed combine to the next site too (COMBINE_IN_NEXT_SITE; world 1
+        only: a sharded MoE all-reduces its partial sums first, `dsv4.distributed.moe_comm`)."""
+        return COMBINE_IN_NEXT_SITE and tokens <= COMBINE_MAX_T and self.ffn.layout is None
+
     def post(self, x: torch.Tensor, attended: torch.Tensor, pre: AttentionInputs, hc: tuple,
              token_ids: torch.Tensor | None, rotated: bool = False, defer: bool = False):
         """Attention `finish` (`rotated`: the attention applied the inverse RoPE), mHC post, the MoE site
@@ -105,8 +110,7 @@ class Block(nn.Module):
             from dsv4.kernels.moe_combine import deferred
             x, u, post, comb = mhc.hc_post_pre(f, x, post, comb, self.mhc["ffn"], self.hc_ffn_base,
                                                self.hc_ffn_scale, norm_weight=self.ffn_norm.weight, **self.hc_kwargs)
-            # (world 1 only: a sharded MoE reduces its partial sums across ranks first, `moe_comm`)
-            with deferred(defer and COMBINE_IN_NEXT_SITE and u.shape[0] <= COMBINE_MAX_T and self.ffn.layout is None):
+            with deferred(defer and self.defers_combine(u.shape[0])):
                 y = self.ffn(u, token_ids)  # (deferred: a PendingCombine, summed by the next site or `finish_carry`)
             return (x, (y, post, comb)) if defer else mhc.hc_post(y, x, post, comb)
         x = hc_post(f, x, post, comb)

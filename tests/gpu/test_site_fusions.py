@@ -82,6 +82,23 @@ def test_site_sums_the_pending_combine(t, ranges, shared, monkeypatch):
     assert torch.equal(want_f, combine(y, sh, ids, out.clone(), experts))
 
 
+def test_no_deferred_combine_when_the_moe_is_sharded(monkeypatch):
+    """A sharded MoE (a layout: its ranks' partial sums are all-reduced after the combine) never defers; decode sizes
+    do, prefill sizes do not."""
+    from dsv4.model import block
+
+    model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", "cpu", torch.float32)
+    layer = model.layers[1]
+    monkeypatch.setattr(block, "COMBINE_IN_NEXT_SITE", True)
+    assert layer.defers_combine(1) and layer.defers_combine(block.COMBINE_MAX_T)
+    assert not layer.defers_combine(block.COMBINE_MAX_T + 1)
+    monkeypatch.setattr(layer.ffn, "layout", object())
+    assert not layer.defers_combine(1)
+    monkeypatch.setattr(block, "COMBINE_IN_NEXT_SITE", False)
+    monkeypatch.setattr(layer.ffn, "layout", None)
+    assert not layer.defers_combine(1)
+
+
 def _decode(monkeypatch, prompts: tuple, combine_in_site: bool, finish_last: bool):
     """(decode logits, combine launches, finish launches, the forwards' token counts, layers) of the embedded model,
     kernel mode, the decode steps of tests/paged_driver.py, the "row" finish, the two flags as given."""
