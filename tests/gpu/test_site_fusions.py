@@ -1,7 +1,8 @@
-"""Launches folded into the mHC sites (kernel mode, one-token decode), each against the launches it replaces:
+"""Launches folded into the mHC sites (kernel mode, decode sizes), each against the launches it replaces:
 block.COMBINE_IN_NEXT_SITE -- the routed MoE's combine left to the next site (`moe_combine.PendingCombine`), whose
-one-token mix sums the rows as it loads the MoE output: the same bits (X', u, post, comb), one launch fewer.
-mhc.MIX_FINISH_LAST -- the site's finish by the mix's last-arriving program (kernel-level bits in test_mhc.py).
+mix sums the rows as it loads the MoE output: the same bits (X', u, post, comb), one launch fewer.
+mhc.MIX_FINISH_LAST -- a one-token site's finish by the mix's last-arriving program (kernel-level bits in
+test_mhc.py).
 At the model level both keep the decode logits bit-identical (against the "row" finish, whose math the fused finish
 does) with the launches counted fewer. Fresh random rows (bf16 rows and the persistent down's fp32 partials), a
 slot of an expert held elsewhere, with and without the shared expert's row."""
