@@ -29,14 +29,15 @@ PARTS = [("dsv4.model.block", "Block", "pre"), ("dsv4.model.block", "Block", "_p
          ("dsv4.model.moe", "MoE", "forward"), ("dsv4.model.block", "Block", "post")]
 # aten ops that launch nothing on a GPU (allocation, views, metadata)
 NO_KERNEL = {"empty", "empty_strided", "empty_like", "view", "_unsafe_view", "as_strided", "expand", "t", "transpose",
-             "permute", "select", "slice", "unsqueeze", "squeeze", "alias", "detach", "lift_fresh", "_reshape_alias", "unbind",
-             "split", "split_with_sizes", "chunk", "narrow", "view_as_real", "view_as_complex", "_unsafe_index",
-             "new_empty", "new_empty_strided", "set_", "resize_", "is_nonzero", "item", "_local_scalar_dense",
+             "permute", "select", "slice", "unsqueeze", "squeeze", "alias", "detach", "lift_fresh", "_reshape_alias",
+             "unbind", "split", "split_with_sizes", "chunk", "narrow", "view_as_real", "view_as_complex",
+             "_unsafe_index", "new_empty", "new_empty_strided", "set_", "resize_", "is_nonzero", "item", "_local_scalar_dense",
              "record_stream", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim", "size", "stride"}
 stack: list[str] = []
 counts: collections.Counter = collections.Counter()
 sites: collections.Counter = collections.Counter()
 TRACE = None  # --trace OP
+recording = [False]  # counting (off while the interpreter copies a kernel's arguments)
 
 
 def _labelled(mod: str, cls: str, name: str) -> None:
@@ -71,8 +72,6 @@ class _TorchOps(TorchDispatchMode):
                             reversed(traceback.extract_stack()) if "/dsv4/" in f.filename), "?")] += 1
         return func(*args, **(kwargs or {}))
 
-
-recording = [False]
 
 
 def main() -> None:

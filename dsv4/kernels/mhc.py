@@ -345,7 +345,7 @@ def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     if f.shape != (t, d):
         raise ValueError(f"hc_post: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     dummy = MixWeight(x, x, 0)
-    return _site(x.contiguous(), dummy, (materialized(f).to(torch.bfloat16), post, comb), None)[0]
+    return _site(x.contiguous(), dummy, (materialized(f), post, comb), None)[0]  # (`finish_carry`: launched)
 
 
 def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn, base: torch.Tensor,
@@ -358,8 +358,7 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
     if f.shape != (t, d):
         raise ValueError(f"hc_post_pre: f {tuple(f.shape)} does not match x {tuple(x.shape)}")
     fin = _Finish(base, scale, norm_weight, False, sinkhorn_iters, hc_eps, norm_eps, mode)
-    f = f if isinstance(f, PendingCombine) else f.to(torch.bfloat16)  # (a deferred MoE combine: `_site`)
-    xout, outs = _site(x.contiguous(), _as_mix(fn), (f, post, comb), fin)
+    xout, outs = _site(x.contiguous(), _as_mix(fn), (f, post, comb), fin)  # (f: also a deferred MoE combine)
     return (xout,) + outs
 
 

@@ -132,9 +132,10 @@ def combine(y: torch.Tensor, shared, ids: torch.Tensor, out: torch.Tensor, num_e
 
 def _launch(p: PendingCombine) -> torch.Tensor:
     m, d = p.out.shape
+    a = p.kernel_args()
     bd = COMBINE_PARTIALS_BD if p.ranges else COMBINE_BD
     _moe_combine_kernel[(m, triton.cdiv(d, bd))](
-        p.y, p.shared if p.shared is not None else p.y, p.ids, p.out, d, p.ids.shape[1], p.num_experts,
-        p.y.stride(0) if p.ranges else 0, HAS_SHARED=p.shared is not None, BD=bd, RANGES=p.ranges, num_warps=4,
+        a["CY"], a["CS"], a["CIDS"], p.out, d, a["top_k"], a["num_experts"], a["stride_r"], HAS_SHARED=a["C_SHARED"],
+        BD=bd, RANGES=a["C_RANGES"], num_warps=4,
     )
     return p.out
