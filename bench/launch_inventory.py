@@ -31,7 +31,8 @@ PARTS = [("dsv4.model.block", "Block", "pre"), ("dsv4.model.block", "Block", "_p
 NO_KERNEL = {"empty", "empty_strided", "empty_like", "view", "_unsafe_view", "as_strided", "expand", "t", "transpose",
              "permute", "select", "slice", "unsqueeze", "squeeze", "alias", "detach", "lift_fresh", "_reshape_alias",
              "unbind", "split", "split_with_sizes", "chunk", "narrow", "view_as_real", "view_as_complex",
-             "_unsafe_index", "new_empty", "new_empty_strided", "set_", "resize_", "is_nonzero", "item", "_local_scalar_dense",
+             "_unsafe_index", "new_empty", "new_empty_strided", "set_", "resize_", "is_nonzero", "item",
+             "_local_scalar_dense",
              "record_stream", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim", "size", "stride"}
 stack: list[str] = []
 counts: collections.Counter = collections.Counter()
