@@ -36,7 +36,7 @@ class PagedBatch:
 
     def decode(self, steps: int, seed: int = 0):
         """`steps` decode steps over a changing subset of the sequences; a rollback of 2 tokens of
-        sequence 1 after step 5, re-decoded as a 2-token chunk; every 7th step an MTP-verify-like
+        sequence 1 (if any) after step 5, re-decoded as a 2-token chunk; every 7th step an MTP-verify-like
         step where the sequences bring 1-4 tokens each, then a rollback of 1 token of every sequence."""
         gen, out = torch.Generator().manual_seed(seed), []
         with torch.no_grad():
@@ -48,7 +48,7 @@ class PagedBatch:
                     for s in live:
                         self.cache.state_of(s).truncate(1)
                         s.num_computed_tokens -= 1
-                if step == 5:
+                if step == 5 and len(self.seqs) > 1:
                     self.cache.state_of(self.seqs[1]).truncate(2)
                     self.seqs[1].num_computed_tokens -= 2
                     out.append(self.forward([self.seqs[1]], torch.randint(2, 500, (2,), generator=gen)))

@@ -102,7 +102,7 @@ if HAS_TRITON:
                        spg_b, spg_n, sof_b, sof_n, spr_b, spr_n, so_b,
                        HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP4: tl.constexpr,
                        INTERP: tl.constexpr, CNT=None, PICKED=None, VALID=None, k_top=0, so_k=0, sv_k=0,
-                       TOPK: tl.constexpr = False, KBLOCK: tl.constexpr = 256):
+                       TOPK: tl.constexpr = False, KBLOCK: tl.constexpr = 256, MARK_ABSENT: tl.constexpr = False):
         """TOPK (`indexer_pick`): row b's last-arriving program also picks its top k_top (`topk.topk_row`)."""
         pdl_wait()
         b = tl.program_id(0)
@@ -135,7 +135,7 @@ if HAS_TRITON:
                 tl.debug_barrier()  # (after the acquire: the row's scores from every program are visible)
                 tl.store(CNT + b, 0)  # (left zeroed for the next launch / replay: `arrival_counters`)
                 topk_row(b.to(tl.int64), OUT, PRESENT, PICKED, VALID, N, k_top, so_b, 1, spr_b, spr_n, so_k, sv_k,
-                         True, 0x7F80, True, KBLOCK)  # (bf16 keys: +inf's bits)
+                         True, 0x7F80, True, KBLOCK, MARK_ABSENT)  # (bf16 keys: +inf's bits)
 
 
     @triton.jit
@@ -172,10 +172,10 @@ if HAS_TRITON:
 # --------------------------------------------------------------------------- launcher
 
 def indexer_pick(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tensor, off: torch.Tensor,
-                 present: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`topk.topk_lowest_index(indexer_scores(...), k, present)` in one launch: each row's last-arriving scores
-    program picks the row's top k (the decode indexer's `pick_from_pool` with indexer.TOPK_IN_SCORES) ->
-    (picked int64 [B, k] ascending, valid bool [B, k])."""
+                 present: torch.Tensor, k: int, mark_absent: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`topk.topk_lowest_index(indexer_scores(...), k, present, mark_absent)` in one launch: each row's
+    last-arriving scores program picks the row's top k (the decode indexer's `pick_from_pool` with
+    indexer.TOPK_IN_SCORES) -> (picked int64 [B, k] ascending, valid bool [B, k])."""
     bsz, n = page.shape
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
         raise ValueError(f"indexer_pick: k must be an int with 1 <= k <= N={n}, got {k!r}")
@@ -184,7 +184,7 @@ def indexer_pick(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tenso
     indexer_scores(q, weights, pool, page, off, present,
                    pick=dict(CNT=arrival_counters("indexer pick", q.device, bsz), PICKED=picked,
                              VALID=valid.view(torch.uint8), k_top=k, so_k=picked.stride(0), sv_k=valid.stride(0),
-                             TOPK=True, KBLOCK=min(PICK_BLOCK, block_for(n))))
+                             TOPK=True, KBLOCK=min(PICK_BLOCK, block_for(n)), MARK_ABSENT=mark_absent))
     return picked, valid
 
 

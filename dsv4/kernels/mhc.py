@@ -88,8 +88,8 @@ ROWS_FN_EARLY = True
 FINISH_WARPS = 4
 # One-token sites (the rows mix, ROWS_MAX_T): the finish -- post + Sinkhorn, collapse, norm -- by the mix launch's
 # last-arriving program (the "row" finish's math, its bits: the norm's sum in one pass, not split's chunk partials)
-# instead of a finish launch: one launch fewer per site, two per layer at B = 1. Prepared in session 50 (tested in
-# the interpreter against collapse="row", never run on a GPU)
+# instead of a finish launch: one launch fewer per site, two per layer at B = 1. Bit-identical on the H200 (s51), but
+# slower: 8 Flash layers B = 1 graph replay 1.15 vs 1.08 ms (the finish waits for the last program, alone)
 MIX_FINISH_LAST = False
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 # ... or the whole row in one step up to NORM_ONE_MAX columns (Flash and Pro), its u and norm-weight loads issued
@@ -230,8 +230,10 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
     if fuse is not None:
         f, post, comb = fuse
         xout = torch.empty_like(x)
-        if isinstance(f, PendingCombine) and f.out.dtype == torch.bfloat16:
-            combine, f = f.kernel_args(), x  # the MoE's combine summed here, as the mix loads f
+        # the MoE's combine summed here, as the mix loads f: decode tiles only (the prefill tiles' X' moved by one
+        # bf16 ulp at 2 of 327680 values on the H200, s51: another FMA contraction; the block never defers there)
+        if isinstance(f, PendingCombine) and f.out.dtype == torch.bfloat16 and not prefill:
+            combine, f = f.kernel_args(), x
         f = materialized(f).to(torch.bfloat16).contiguous()
         post, comb = post.contiguous().float(), comb.contiguous().float()
     else:

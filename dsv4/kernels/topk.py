@@ -95,16 +95,17 @@ if HAS_TRITON:
     @pdl_kernel
     @triton.jit
     def _topk_kernel(S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
-                     KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr):
+                     KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
+                     MARK_ABSENT: tl.constexpr = False):
         pdl_wait()
         topk_row(tl.program_id(0).to(tl.int64), S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
-                 KEY16, INF_BITS, HAS_PRESENT, BLOCK)
+                 KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT)
 
     @triton.jit
     def topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr,
-                 INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr):
+                 INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr):
         """Row b's picks (int64 b: the kernel's program, or the last-arriving program of the decode indexer's
-        scores launch, `indexer_scores.indexer_pick`)."""
+        scores launch, `indexer_scores.indexer_pick`). MARK_ABSENT: a pick that is not present stored as -1."""
         row = b * ss_b
         lane = tl.arange(0, BLOCK)
         bins = tl.arange(0, 256)
@@ -132,11 +133,13 @@ if HAS_TRITON:
             sel = inb & ((key > prefix) | ((tie != 0) & (ties + tl.cumsum(tie, axis=0) <= take)))
             sel32 = sel.to(tl.int32)
             pos = n_out + tl.cumsum(sel32, axis=0) - sel32
-            tl.store(PICKED + b * so_b + pos, idx.to(tl.int64), mask=sel)
             if HAS_PRESENT:
                 ok = tl.load(PRESENT + b * sp_b + idx * sp_n, mask=sel, other=0)
             else:
                 ok = tl.full([BLOCK], 1, tl.uint8)
+            if MARK_ABSENT:
+                idx = tl.where(ok != 0, idx, -1)
+            tl.store(PICKED + b * so_b + pos, idx.to(tl.int64), mask=sel)
             tl.store(VALID + b * sv_b + pos, ok, mask=sel)
             n_out += tl.sum(sel32, axis=0)
             ties += tl.sum(tie, axis=0)
@@ -149,20 +152,21 @@ def block_for(n: int) -> int:
     return max(256, min(4096, triton.next_power_of_2(n)))
 
 
-def topk_lowest_index(scores: torch.Tensor, k: int,
-                      present: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton `topk_lowest_index_ref`: (picked int64 [B, k] ascending, valid bool [B, k])."""
+def topk_lowest_index(scores: torch.Tensor, k: int, present: torch.Tensor | None = None,
+                      mark_absent: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton `topk_lowest_index_ref`: (picked int64 [B, k] ascending, valid bool [B, k]); mark_absent: the
+    picks that are not present hold -1 in `picked` (the decode attention's index list, no `where` launch after)."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.topk: triton is not installed (use topk_lowest_index_ref)")
     _check(scores, k, present, "topk_lowest_index")
     picked = torch.empty(scores.shape[0], k, dtype=torch.int64, device=scores.device)
     valid = torch.empty(scores.shape[0], k, dtype=torch.bool, device=scores.device)
-    _launch(scores, k, present, picked, valid)
+    _launch(scores, k, present, picked, valid, mark_absent)
     return picked, valid
 
 
 def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: torch.Tensor,
-            valid: torch.Tensor) -> None:
+            valid: torch.Tensor, mark_absent: bool = False) -> None:
     """The kernel into given [B, k] outputs (rows may be strided: the tests guard the slots past k)."""
     bsz, n = scores.shape
     if bsz == 0:
@@ -174,4 +178,4 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
         scores, pres, picked, valid8, n, k,
         scores.stride(0), scores.stride(1), pres.stride(0), pres.stride(1), picked.stride(0), valid8.stride(0),
         KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
-        BLOCK=block, num_warps=4 if block <= 1024 else 8)
+        BLOCK=block, MARK_ABSENT=mark_absent, num_warps=4 if block <= 1024 else 8)

@@ -346,15 +346,14 @@ class Attention(StackedProjections, nn.Module):
             c, z, has_prev = step.window_rows(layer, comp.kind)
             entries = comp.finish_at(comp.pool_window(c, z, has_prev), step.entry_positions(comp.ratio), pre.dtype)
             step.write_entries(layer, comp.kind, entries)
-        picked = valid = None
-        if self.indexer and self.use_kernels and step.fp8:  # scores read the FP4 key pool: one launch
-            picked, valid = self.indexer.pick_from_pool(pre.index_q, pre.index_w,
-                                                        *step.entry_read_slots(layer, "index"))
-        elif self.indexer:
+        if self.step_kernel(step):
+            picked = None
+            if self.indexer:  # the scores read the FP4 key pool: one launch
+                picked = self.indexer.pick_from_pool(pre.index_q, pre.index_w, *step.entry_read_slots(layer, "index"))
+            return self._attend_step_kernel(pre, step, picked, out)
+        if self.indexer:
             index_keys, present = step.entries(layer, "index")
             picked, valid = self.indexer.pick_padded(pre.index_q, pre.index_w, index_keys, present)
-        if self.step_kernel(step):
-            return self._attend_step_kernel(pre, step, picked, valid, out)
         keys, visible = step.window_keys(layer)
         if self.indexer:
             keys = torch.cat((keys, step.entries_at(layer, "main", picked)), dim=1)
@@ -425,24 +424,22 @@ class Attention(StackedProjections, nn.Module):
             return self.step_rotates(step)
         return KERNEL_INVERSE_ROPE and self._prefill_kernel(pre) and not _decode_shaped(segments)
 
-    def _attend_step_kernel(self, pre, step, picked, valid, out):
-        """The Triton kernel reads the FP8 pools itself and writes `out`, with KERNEL_INVERSE_ROPE the
-        inverse RoPE included (rounded to bf16 first, then rotated as `norm_rope(inverse=True)` does: the
+    def _attend_step_kernel(self, pre, step, picked, out):
+        """The Triton kernel reads the FP8 pools itself (the indexer's `picked` entries, -1: none) and writes `out`,
+        with KERNEL_INVERSE_ROPE the inverse RoPE included (rounded to bf16 first, then rotated as `norm_rope(inverse=True)` does: the
         bits `finish` would give)."""
         from dsv4.kernels.attention import decode_attention
         pools, layer = step.pools, self.layer_index
-        comp = table = idx = count = None
+        comp = table = count = None
         if self.compressor:
             r = self.compressor.ratio
             comp, table = pools.entries[layer, "main"], step.tables[f"compressed{r}"]
-            if self.indexer:
-                idx = torch.where(valid, picked, -1)
-            else:
+            if not self.indexer:
                 count = step.entry_count(r)
         rot = (pre.cos, pre.sin) if KERNEL_INVERSE_ROPE else (None, None)
         q_norm = None if pre.q_norm_eps is None else (pre.q_norm_eps, pre.cos, pre.sin)  # (`_step_norms_q`)
         decode_attention(pre.q, step.pos, *rot, pools.window[layer], step.tables["window"], pools.ring,
-                         self.window, comp, table, idx, count, self.attn_sink, self.scale, out=out, q_norm=q_norm)
+                         self.window, comp, table, picked, count, self.attn_sink, self.scale, out=out, q_norm=q_norm)
         return out
 
     def _wo_a_dense(self, dtype: torch.dtype) -> torch.Tensor:

@@ -26,9 +26,9 @@ FUSE_BLOCK_SITES = True
 # Kernel mode, decode sizes (up to COMBINE_MAX_T tokens) with FUSE_BLOCK_SITES: each block's routed-MoE combine
 # (top-k rows + shared expert, fp32 sum rounded to bf16) summed by the next block's attention-site mix as it loads
 # the MoE output (`moe_combine.PendingCombine`, `mhc_kernels`' mixes): the combine's launch and its output's round
-# trip go (one launch per layer). Same bits (tests/gpu/test_site_fusions.py). Prepared in session 50, not yet
-# measured
-COMBINE_IN_NEXT_SITE = False
+# trip go (one launch per layer). Same bits (tests/gpu/test_site_fusions.py). s51, 8 Flash layers ctx 4096: B = 1
+# graph replay 1.07 / 1.07 / 1.07 vs 1.08 x 4 off (alternating), B = 2 1.48-1.60 either way
+COMBINE_IN_NEXT_SITE = True
 COMBINE_MAX_T = 16  # (prefill's mix tiles are left as they are)
 
 

@@ -23,8 +23,12 @@ QUERY_BLOCK = 256  # queries scored together (bounds the [block, heads, N] score
 KERNEL_SCORES = 1 << 26  # kernel mode: scores per block of queries (128 MB of bf16 [block, N])
 # kernel mode, paged decode step: the top-k picked by each row's last-arriving scores program
 # (`indexer_scores.indexer_pick`) instead of a `topk_lowest_index` launch after the scores: one launch fewer per CSA
-# layer and step, on the B = 1 critical path. Prepared in session 50 (interpreter-tested), not yet run on a GPU
+# layer and step, on the B = 1 critical path. Bit-identical on the H200 (s51), no gain: 8 Flash layers B = 1 graph
+# replay 1.09 / 1.09 / 1.08 ms with it vs 1.07-1.08 without
 TOPK_IN_SCORES = False
+# kernel mode, paged decode step: the top-k launch stores -1 for the picks that are not present (the decode attention
+# kernel's index list) instead of a `where` (two launches) after it. False: the A/B
+MARK_ABSENT = True
 
 
 def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -102,21 +106,27 @@ class Indexer(nn.Module):
         return self._pick(self._scores_padded(q, weights, keys, present), present)
 
     def pick_from_pool(self, q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Tensor, off: torch.Tensor,
-                       present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`pick_padded` with the scores computed straight from the paged key pool in one launch
+                       present: torch.Tensor) -> torch.Tensor:
+        """The entry indices [B, K] `pick_padded` picks, ascending, -1 where not a real pick (the decode attention
+        kernel's list), with the scores computed straight from the paged key pool in one launch
         (dsv4.kernels.indexer_scores); page/off/present [B, N] name each row's entry slots."""
         from dsv4.kernels.indexer_scores import indexer_pick, indexer_scores
         if TOPK_IN_SCORES and self.use_kernels:
-            return indexer_pick(q, weights, pool, page, off, present, min(self.topk, page.shape[1]))
-        return self._pick(indexer_scores(q, weights, pool, page, off, present), present)
+            picked, valid = indexer_pick(q, weights, pool, page, off, present, min(self.topk, page.shape[1]),
+                                         MARK_ABSENT)
+        else:
+            picked, valid = self._pick(indexer_scores(q, weights, pool, page, off, present), present, MARK_ABSENT)
+        return picked if MARK_ABSENT else torch.where(valid, picked, -1)
 
-    def _pick(self, scores: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pick(self, scores: torch.Tensor, present: torch.Tensor,
+              mark_absent: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         k = min(self.topk, scores.shape[1])
-        if self.use_kernels and scores.is_cuda:  # the same selection in one launch (radix select)
+        if self.use_kernels and scores.is_cuda:  # the same selection in one launch (radix select; the -1s too)
             from dsv4.kernels.topk import topk_lowest_index
-            return topk_lowest_index(scores, k, present)
+            return topk_lowest_index(scores, k, present, mark_absent)
         picked = top_k_lowest_index(scores, k).sort(dim=1).values
-        return picked, present.gather(1, picked)
+        valid = present.gather(1, picked)
+        return (torch.where(valid, picked, -1) if mark_absent else picked), valid
 
     def _scores_padded(self, q, weights, keys, present) -> torch.Tensor:
         acc = acc_dtype(q.dtype)

@@ -145,7 +145,7 @@ def test_topk_in_scores_is_bit_identical(monkeypatch):
     off_logits, off_rows, _, _ = _baseline(monkeypatch)
     picks = []
     real = indexer.Indexer._pick
-    monkeypatch.setattr(indexer.Indexer, "_pick", lambda *a: picks.append(1) or real(*a))
+    monkeypatch.setattr(indexer.Indexer, "_pick", lambda *a, **k: picks.append(1) or real(*a, **k))
     monkeypatch.setattr(indexer, "TOPK_IN_SCORES", True)
     on_logits, on_rows, _, layer_steps = _decode(monkeypatch, None)
     assert any(attn.indexer is not None for attn in layer_steps) and not picks

@@ -112,7 +112,8 @@ def test_indexer_scores(bsz, heads, ps, width, fp4, holes, poison):
 def test_indexer_pick_is_scores_then_topk(bsz, heads, ps, width, fp4, holes, k, poison, monkeypatch):
     """`indexer_pick` (indexer.TOPK_IN_SCORES: each row's last-arriving scores program picks the top k): the picks
     and their valid flags of the scores launch followed by the top-k launch, on repeated launches (the counters
-    left at zero; k up to every slot of a row), and through `Indexer.pick_from_pool` with the flag on."""
+    left at zero; k up to every slot of a row), with mark_absent the picks' list with -1 where not valid, and through
+    `Indexer.pick_from_pool` (that list) with the flag on and off."""
     from dsv4.kernels import _triton
     from dsv4.kernels.indexer_scores import indexer_pick, indexer_scores
     from dsv4.kernels.topk import topk_lowest_index
@@ -128,12 +129,18 @@ def test_indexer_pick_is_scores_then_topk(bsz, heads, ps, width, fp4, holes, k, 
         got = indexer_pick(q, w, pool, page, off, present, k)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert all(int(b.count_nonzero()) == 0 for bufs in _triton._counter_cache.values() for b in bufs)
+    marked = torch.where(want[1], want[0], -1)
+    assert not holes or bool((marked < 0).any())  # (the cases with holes pick absent slots)
+    got = indexer_pick(q, w, pool, page, off, present, k, mark_absent=True)
+    assert torch.equal(got[0], marked) and torch.equal(got[1], want[1])
     ix = Indexer.__new__(Indexer)
     object.__setattr__(ix, "topk", k)
     object.__setattr__(ix, "use_kernels", True)
-    monkeypatch.setattr(indexer, "TOPK_IN_SCORES", True)
-    picked, valid = ix.pick_from_pool(q, w, pool, page, off, present)
-    assert torch.equal(picked, want[0]) and torch.equal(valid, want[1])
+    for fused in (True, False):
+        for mark in (True, False):
+            monkeypatch.setattr(indexer, "TOPK_IN_SCORES", fused)
+            monkeypatch.setattr(indexer, "MARK_ABSENT", mark)
+            assert torch.equal(ix.pick_from_pool(q, w, pool, page, off, present), marked), (fused, mark)
     with pytest.raises(ValueError, match="k must be"):
         indexer_pick(q, w, pool, page, off, present, page.shape[1] + 1)
 

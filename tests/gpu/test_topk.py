@@ -105,6 +105,23 @@ def test_without_present_all_valid(n: int, poison) -> None:
     assert bool(got[1].all())
 
 
+@pytest.mark.parametrize("n, k", [(40, 30), (3000, 512)])
+def test_mark_absent(n: int, k: int, poison) -> None:
+    """mark_absent: the same picks and valid flags, the picks that are not present stored as -1 (rows with absent
+    entries among their picks: k near N, and present thinned)."""
+    from dsv4.kernels.topk import topk_lowest_index
+
+    scores, present = _case(4, n, torch.bfloat16, seed=n + k)
+    present &= torch.rand(present.shape, generator=torch.Generator().manual_seed(n)) < 0.7
+    scores, present = scores.to(DEV), present.to(DEV)
+    poison()
+    picked, valid = topk_lowest_index(scores, k, present, mark_absent=True)
+    plain = topk_lowest_index(scores, k, present)
+    _assert_matches(scores, k, present, plain, f"N={n} k={k}")
+    assert torch.equal(valid, plain[1]) and bool((~valid).any())
+    assert torch.equal(picked, torch.where(plain[1], plain[0], -1))
+
+
 def test_strided_inputs(poison) -> None:
     """Row and column strides of the scores and of present are honoured (a transposed view)."""
     from dsv4.kernels.topk import topk_lowest_index
