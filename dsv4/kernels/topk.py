@@ -1,6 +1,7 @@
 """Per-row top-k of indexer scores as an ascending index list, one launch, beside a torch reference.
 
-`topk_lowest_index(scores [B, N], k, present [B, N] | None) -> (picked [B, k] int64, valid [B, k] bool)`
+`topk_lowest_index(scores [B, N], k, present [B, N] | None, mark_absent=False) -> (picked [B, k] int64, valid [B, k]
+bool)`; mark_absent: picks that are not present hold -1 in `picked` (the decode attention kernel's index list).
 
 The picked SET of row b is the first k entries of the order (score descending, index ascending) --
 exactly what `torch.sort(scores, descending=True, stable=True).indices[:, :k]` chooses (the
