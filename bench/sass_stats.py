@@ -120,13 +120,6 @@ CASES = {
                               dict(MIX_T, CY="*fp32", CS="*bf16", CIDS="*i32"),
                               dict(FUSE_POST=True, NM=32, NP=32, BK=64, PREFETCH=True, FN_EARLY=True, COMBINE=True,
                                    C_SHARED=True, C_RANGES=2), 4, 1, ("D", "d_per_split", "HCD")),
-    # ... with the site's finish by the last-arriving program (mhc.MIX_FINISH_LAST), Flash's row in one pass
-    "mhc_rows_post_finish": ("mhc_kernels", "_mix_rows_kernel",
-                             dict(MIX_T, BASE="*fp32", SCALE="*fp32", NORM_W="*bf16", U="*bf16", NORMED="*bf16",
-                                  POSTO="*fp32", COMBO="*fp32", CNT="*i32", hc_eps="fp32", norm_eps="fp32"),
-                             dict(FUSE_POST=True, NM=32, NP=32, BK=64, PREFETCH=True, FN_EARLY=True, FINISH=True,
-                                  HAS_NORM=True, ITERS=20, SP=64, FBD=4096, ONE_PASS=True), 4, 1,
-                             ("D", "d_per_split", "HCD")),
     # the routed MoE's combine over the persistent down's fp32 partials (2 ranges) + the shared expert's row
     "moe_combine_partials": ("moe_combine", "_moe_combine_kernel", dict(Y="*fp32", S="*bf16", IDS="*i32", OUT="*bf16"),
                              dict(HAS_SHARED=True, BD=256, RANGES=2), 4, 3, ("D", "stride_r")),
@@ -190,6 +183,9 @@ CASES = {
                       ("stride_x", "stride_w", "stride_xq", "stride_sx")),
     "topk_chunks": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
                     dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024), 4, 3, ()),
+    # ... storing -1 for absent picks (indexer.MARK_ABSENT: the decode attention's list)
+    "topk_chunks_marked": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
+                           dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, MARK_ABSENT=True), 4, 3, ()),
     "fp8_gemv_wq_a": ("fp8_gemv", "_fp8_gemv_kernel",
                       dict(X="*bf16", W="*fp8e4nv", SW="*u8", C="*bf16", P="*fp32", CNT="*i32"),
                       dict(MR=1, BN=64, KU=4, QUANT_X=True, SW_E8M0=True, SPLIT_OUT=True, OUT_F32=False, PREFETCH=4,

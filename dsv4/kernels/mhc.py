@@ -86,11 +86,6 @@ ROWS_FN_EARLY = True
 # barriers, bench/sass_stats.py mhc_finish), yet neither 1 or 2 warps (s20b) nor a Sinkhorn on per-thread scalars
 # (s20d) nor the RMSNorm in every collapse program instead of the last arriver (s20f) made a site faster.
 FINISH_WARPS = 4
-# One-token sites (the rows mix, ROWS_MAX_T): the finish -- post + Sinkhorn, collapse, norm -- by the mix launch's
-# last-arriving program (the "row" finish's math, its bits: the norm's sum in one pass, not split's chunk partials)
-# instead of a finish launch: one launch fewer per site, two per layer at B = 1. Bit-identical on the H200 (s51), but
-# slower: 8 Flash layers B = 1 graph replay 1.15 vs 1.08 ms (the finish waits for the last program, alone)
-MIX_FINISH_LAST = False
 NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token's last-arriving program)
 # ... or the whole row in one step up to NORM_ONE_MAX columns (Flash and Pro), its u and norm-weight loads issued
 # before the partial sums of squares (the stepped pass issued the partials' load, their sum, then each step's loads:
@@ -238,17 +233,12 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
         post, comb = post.contiguous().float(), comb.contiguous().float()
     else:
         f = post = comb = xout = x
-    finish = {}
-    if rows and MIX_FINISH_LAST:
-        finish, outs = _finish_in_mix(xout, split, fin)
     if rows:
         _mix_rows_kernel[(split,)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per, HC * d,
             FUSE_POST=fuse is not None, NM=max(2, triton.next_power_of_2(fn.n_mix)), NP=MIX_PAD,
             BK=bk, PREFETCH=weight_prefetch_kblocks(2 * fn.hi.numel() * fn.hi.element_size()) > 0 and per % 8 == 0
-            and d % 8 == 0, FN_EARLY=ROWS_FN_EARLY and t == 1 and per == bk, num_warps=4, **combine, **finish)
-        if finish:
-            return xout, outs
+            and d % 8 == 0, FN_EARLY=ROWS_FN_EARLY and t == 1 and per == bk, num_warps=4, **combine)
     else:
         _mix_kernel[(triton.cdiv(t, bt), split)](
             x, f, post, comb, xout, fn.hi, fn.lo, part, sq, t, d, per,
@@ -269,17 +259,6 @@ def _row_bd(d: int) -> tuple[int, bool]:
     bd = triton.next_power_of_2(d)
     one = bd <= ROW_ONE_PASS_MAX
     return (bd if one else 1024), one
-
-
-def _finish_in_mix(x: torch.Tensor, split: int, fin: _Finish) -> tuple[dict, tuple]:
-    """`_mix_rows_kernel`'s FINISH arguments (MIX_FINISH_LAST) over the site's streams x, and the site's outputs."""
-    args, outs = _finish_outputs(x, fin)
-    base, scale, norm_w, u, normed, post, comb = args
-    bd, one = _row_bd(x.shape[2])
-    return dict(BASE=base, SCALE=scale, NORM_W=norm_w, U=u, NORMED=normed, POSTO=post, COMBO=comb,
-                CNT=arrival_counters("mHC mix finish", x.device, 1), hc_eps=float(fin.hc_eps),
-                norm_eps=float(fin.norm_eps), FINISH=True, HEAD=fin.head, HAS_NORM=fin.norm_weight is not None,
-                ITERS=fin.iters, SP=max(2, triton.next_power_of_2(split)), FBD=bd, ONE_PASS=one), outs
 
 
 def _token_counters(device: torch.device, needed: int) -> torch.Tensor:

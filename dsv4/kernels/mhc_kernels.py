@@ -138,9 +138,6 @@ if HAS_TRITON:
         FUSE_POST: tl.constexpr, NM: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr, PREFETCH: tl.constexpr,
         FN_EARLY: tl.constexpr = False, CY=None, CS=None, CIDS=None, top_k=0, num_experts=0, stride_r=0,
         COMBINE: tl.constexpr = False, C_SHARED: tl.constexpr = False, C_RANGES: tl.constexpr = 0,
-        BASE=None, SCALE=None, NORM_W=None, U=None, NORMED=None, POSTO=None, COMBO=None, CNT=None, hc_eps=0.0,
-        norm_eps=0.0, FINISH: tl.constexpr = False, HEAD: tl.constexpr = False, HAS_NORM: tl.constexpr = False,
-        ITERS: tl.constexpr = 1, SP: tl.constexpr = 2, FBD: tl.constexpr = 2, ONE_PASS: tl.constexpr = True,
     ):
         """`_mix_kernel` for a few tokens on CUDA cores (no 16-row dot tile for one live row): program s takes
         columns [s d_per_split, +d_per_split) of each stream for every token in turn; the fused post's X' in
@@ -149,8 +146,7 @@ if HAS_TRITON:
         one step; `ROWS_FN_EARLY`): the step's fn tiles loaded into registers before the PDL wait (static weights),
         not from L2 after X' is stored. COMBINE (a deferred MoE combine, `moe_combine.PendingCombine`): F is
         summed from the routed rows (+ shared) as the combine would have, rounded to bf16 as its output was.
-        FINISH (`mhc.MIX_FINISH_LAST`): the site's finish -- post + Sinkhorn into POSTO / COMBO (not for the HC
-        HEAD), the collapse into U, the norm into NORMED -- by the last-arriving program, the row finish's math."""
+        (The finish by the last-arriving program instead of its own launch was bit-identical and slower: session 51.)"""
         sid = tl.program_id(0)
         offs_n = tl.arange(0, NM)
         d_lo = sid * d_per_split
@@ -204,23 +200,6 @@ if HAS_TRITON:
                     acc = _mix_fma(acc, x3, FH, FL, 3 * D, offs_n, offs_d, dm, HCD)
             tl.store(PART + (sid * T + t) * NP + offs_n, tl.sum(acc, axis=1))
             tl.store(SQ + sid * T + t, tl.sum(sq, axis=0))
-        if FINISH:  # the CTA barrier puts every thread's stores (X', partials) before the gpu-scope atomic
-            tl.debug_barrier()
-            if tl.atomic_add(CNT, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-                tl.debug_barrier()  # (after the acquire: every program's stores are visible to the loads below)
-                tl.store(CNT, 0)  # (left zeroed for the next launch / replay: `arrival_counters`)
-                offs_s = tl.arange(0, SP)
-                smask = offs_s < tl.num_programs(0)
-                if FUSE_POST:
-                    XF = XOUT
-                else:
-                    XF = X
-                for t in range(T):
-                    if not HEAD:
-                        _post_comb(PART, SQ, BASE, SCALE, POSTO, COMBO, t, T, D, offs_s, smask, hc_eps, norm_eps,
-                                   ITERS, NP)
-                    _finish_row(XF, PART, SQ, BASE, SCALE, NORM_W, U, NORMED, t, T, D, offs_s, smask, hc_eps,
-                                norm_eps, HAS_NORM, NP, FBD, ONE_PASS)
 
     @triton.jit
     def _post_row(pk, f, cb, k: tl.constexpr, x0, x1, x2, x3):

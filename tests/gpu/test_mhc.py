@@ -362,26 +362,3 @@ def test_norm_one_step_same_bits(op, t, d, poison, monkeypatch):
         assert _counters_zero()
     for a, b in zip(*outs):
         assert torch.equal(a, b), f"{op} t={t} d={d}: {int((a != b).sum())} of {a.numel()} outputs differ"
-
-
-@pytest.mark.parametrize("op,d,with_norm", [("post_pre", 256, True), ("post_pre", SMALL_D, False), ("head", 256, True),
-                                            ("head", SMALL_D, False)]
-                         + ([("post_pre", 4096, True), ("post_pre", 7168, True), ("head", 4096, True)]
-                            if DEV == "cuda" else []))
-def test_mix_finish_last_is_the_row_finish(op, d, with_norm, poison, monkeypatch):
-    """mhc.MIX_FINISH_LAST (one token: the finish by the rows mix's last-arriving program, no finish launch): every
-    output bit-identical to the "row" finish's launch, on repeated calls (the counter left at zero)."""
-    from dsv4.kernels import mhc
-    call, _, _ = _split_setup(op, 1, d, with_norm, monkeypatch)
-    poison()
-    want = call("row")
-    finishes = []
-    real = mhc._finish
-    monkeypatch.setattr(mhc, "_finish", lambda *a: finishes.append(1) or real(*a))
-    monkeypatch.setattr(mhc, "MIX_FINISH_LAST", True)
-    for _ in range(20 if DEV == "cuda" else 2):
-        poison()
-        got = call("split")
-        for name, a, b in zip(("u", "post", "comb", "X'"), got, want):
-            assert torch.equal(a, b), f"{op} d={d}: {name}: {int((a != b).sum())} of {a.numel()} differ"
-    assert not finishes and _counters_zero()

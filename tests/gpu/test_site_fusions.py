@@ -1,11 +1,8 @@
-"""Launches folded into the mHC sites (kernel mode, decode sizes), each against the launches it replaces:
+"""A launch folded into the mHC sites (kernel mode, decode sizes), against the launches it replaces:
 block.COMBINE_IN_NEXT_SITE -- the routed MoE's combine left to the next site (`moe_combine.PendingCombine`), whose
-mix sums the rows as it loads the MoE output: the same bits (X', u, post, comb), one launch fewer.
-mhc.MIX_FINISH_LAST -- a one-token site's finish by the mix's last-arriving program (kernel-level bits in
-test_mhc.py).
-At the model level both keep the decode logits bit-identical (against the "row" finish, whose math the fused finish
-does) with the launches counted fewer. Fresh random rows (bf16 rows and the persistent down's fp32 partials), a
-slot of an expert held elsewhere, with and without the shared expert's row."""
+mix sums the rows as it loads the MoE output: the same bits (X', u, post, comb), one launch fewer; at the model level
+the decode logits bit-identical with the launches counted fewer. Fresh random rows (bf16 rows and the persistent
+down's fp32 partials), a slot of an expert held elsewhere, with and without the shared expert's row."""
 from __future__ import annotations
 
 import os
@@ -100,15 +97,13 @@ def test_no_deferred_combine_when_the_moe_is_sharded(monkeypatch):
     assert not layer.defers_combine(1)
 
 
-def _decode(monkeypatch, prompts: tuple, combine_in_site: bool, finish_last: bool):
+def _decode(monkeypatch, prompts: tuple, combine_in_site: bool):
     """(decode logits, combine launches, finish launches, the forwards' token counts, layers) of the embedded model,
-    kernel mode, the decode steps of tests/paged_driver.py, the "row" finish, the two flags as given."""
+    kernel mode, the decode steps of tests/paged_driver.py, COMBINE_IN_NEXT_SITE as given."""
     from dsv4.kernels import mhc
     from dsv4.model import block
 
     monkeypatch.setattr(block, "COMBINE_IN_NEXT_SITE", combine_in_site)
-    monkeypatch.setattr(mhc, "MIX_FINISH_LAST", finish_last)
-    monkeypatch.setattr(mhc, "COLLAPSE", "row")
     model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", DEV, torch.bfloat16, kernels="triton")
     batch = PagedBatch(model, "fp8", prompts=prompts)
     combines, finishes, tokens, real, forward = _launches(monkeypatch), [], [], mhc._finish, batch.forward
@@ -121,15 +116,13 @@ def _decode(monkeypatch, prompts: tuple, combine_in_site: bool, finish_last: boo
 
 @pytest.mark.parametrize("prompts", [(9,), (9, 5)])
 def test_model_decode_is_bit_identical(prompts, monkeypatch):
-    """One sequence: both flags (one-token steps: the rows mix); two (the dot mix): the combine. Every layer's MoE is
-    combined by its own launch without the flag, the last layer's only with it (after the loop); a finish launch
-    per site (the first layer's attention pre, then with the MoE's post fused into the next pre one per sub-layer,
-    and the HC head), with MIX_FINISH_LAST at one-token steps only the first layer's plain pre (the dot mix)."""
-    off, combines, finishes, tokens, layers = _decode(monkeypatch, prompts, False, False)
+    """One sequence (one-token steps: the rows mix sums the combine), two (the dot mix). Every layer's MoE is combined
+    by its own launch without the flag, the last layer's only with it (after the loop); a finish launch per site
+    either way (the first layer's attention pre, then with the MoE's post fused into the next pre one per sub-layer,
+    and the HC head)."""
+    off, combines, finishes, tokens, layers = _decode(monkeypatch, prompts, False)
     sites = 2 * layers + 1
     assert (combines, finishes) == (len(tokens) * layers, len(tokens) * sites), (combines, finishes, tokens)
-    both = len(prompts) == 1
-    on, combines, finishes, tokens, _ = _decode(monkeypatch, prompts, True, both)
-    one = sum(t == 1 for t in tokens) if both else 0
-    assert (combines, finishes) == (len(tokens), one + (len(tokens) - one) * sites), (combines, finishes, tokens)
+    on, combines, finishes, tokens, _ = _decode(monkeypatch, prompts, True)
+    assert (combines, finishes) == (len(tokens), len(tokens) * sites), (combines, finishes, tokens)
     assert torch.isfinite(on).all() and torch.equal(on, off), f"max |diff| {float((on - off).abs().max()):.3e}"
