@@ -426,8 +426,8 @@ class Attention(StackedProjections, nn.Module):
 
     def _attend_step_kernel(self, pre, step, picked, out):
         """The Triton kernel reads the FP8 pools itself (the indexer's `picked` entries, -1: none) and writes `out`,
-        with KERNEL_INVERSE_ROPE the inverse RoPE included (rounded to bf16 first, then rotated as `norm_rope(inverse=True)` does: the
-        bits `finish` would give)."""
+        with KERNEL_INVERSE_ROPE the inverse RoPE included (rounded to bf16 first, then rotated as
+        `norm_rope(inverse=True)` does: the bits `finish` would give)."""
         from dsv4.kernels.attention import decode_attention
         pools, layer = step.pools, self.layer_index
         comp = table = count = None
