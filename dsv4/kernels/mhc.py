@@ -254,13 +254,6 @@ def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | Non
     return xout, _finish(xout, part, sq, split, fin)
 
 
-def _row_bd(d: int) -> tuple[int, bool]:
-    """The row finish's columns per step and whether one step holds the row."""
-    bd = triton.next_power_of_2(d)
-    one = bd <= ROW_ONE_PASS_MAX
-    return (bd if one else 1024), one
-
-
 def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
     """Per-token arrival counters of the split finish with a norm (dsv4.kernels._triton)."""
     return arrival_counters("mHC split finish", device, needed)
@@ -282,7 +275,9 @@ def _finish(x, part, sq, split, fin: _Finish):
     kw = dict(HAS_NORM=fin.norm_weight is not None, ITERS=fin.iters, NP=MIX_PAD,
               SP=max(2, triton.next_power_of_2(split)), num_warps=FINISH_WARPS)
     if fin.mode == "row":
-        bd, one = _row_bd(d)
+        bd = triton.next_power_of_2(d)
+        one = bd <= ROW_ONE_PASS_MAX
+        bd = bd if one else 1024
         # (FINISH_WARPS also for one pass: 4096 columns take 80 registers, 8192 168, no spills, sass_stats.py
         # mhc_finish_row; the Sinkhorn programs of the launch must keep split's warps, else comb's bits differ)
         _finish_kernel[(t, 1 if fin.head else 2)](*args, *tail, BD=bd, ONE_PASS=one, **kw)
