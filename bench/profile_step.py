@@ -99,6 +99,7 @@ def main() -> None:
                    help="instead: one captured decode step (read back as the engine does) as a host / GPU timeline: "
                         "where the GPU idles between the graph, the LM head and the pick; with --prefill: the "
                         "host's lead on the GPU per kernel of a fresh prompt's forward and the idle it costs")
+    p.add_argument("--kernels", action="store_true", help="with --timeline: also every kernel of the captured step")
     p.add_argument("--host", action="store_true",
                    help="instead: the host's side of captured decode steps (CPU time per torch op / Python part); "
                    "with --prefill: of eager prefill forwards")
@@ -135,7 +136,10 @@ def main() -> None:
         (_cprofile_prefill if args.prefill else _cprofile)(run, states, one)
         return
     if args.timeline:
-        (_lead_prefill if args.prefill else _timeline)(run, states, one)
+        if args.prefill:
+            _lead_prefill(run, states, one)
+        else:
+            _timeline(run, states, one, kernels=args.kernels)
         return
     if args.host and args.prefill:
         _profile_host_prefill(run, args.prefill, args.prefix)
@@ -349,10 +353,11 @@ def _profile_host_prefill(run, n: int, prefix: int, steps: int = 5) -> None:
               f"{e.self_cpu_time_total / 1e3 / steps:8.3f}")
 
 
-def _timeline(run, states, one, steps: int = 4, gap_us: float = 4.0) -> None:
+def _timeline(run, states, one, steps: int = 4, gap_us: float = 4.0, kernels: bool = False) -> None:
     """The last of `steps` decode steps (each read back with .tolist(), as the engine's sampler does) as a
     timeline in ms from the step's start: the host's labelled parts and runtime calls (≥ 10 µs), the GPU's busy
-    time, and every GPU idle gap longer than `gap_us` with the kernels around it."""
+    time, and every GPU idle gap longer than `gap_us` with the kernels around it; `kernels`: also every GPU
+    kernel of the step in start order (µs from the first, its span, its stream: the replayed graph's overlap)."""
     from torch.profiler import ProfilerActivity, profile, record_function
     for part in HOST_PARTS:
         _label(*part)
@@ -380,6 +385,12 @@ def _timeline(run, states, one, steps: int = 4, gap_us: float = 4.0) -> None:
     print(f"decode step: {(t1 - t0) / 1e3:.3f} ms on the host (start to read-back); GPU busy {busy / 1e3:.3f} ms in "
           f"{len(gpu)} kernels / copies, first at +{(gpu[0].time_range.start - t0) / 1e3:.3f}, last ends at "
           f"+{(gpu[-1].time_range.end - t0) / 1e3:.3f} ms")
+    if kernels:
+        g0 = gpu[0].time_range.start
+        print("GPU kernels (µs from the first: start, span, stream, name):")
+        for e in gpu:
+            stream = getattr(e, "device_resource_id", "?")
+            print(f"  {e.time_range.start - g0:8.1f} {e.time_range.elapsed_us():6.1f} s{stream}  {e.name[:90]}")
     labels = {f"{c}.{n}" for _, c, n in HOST_PARTS}
     print("host (ms from the step's start):")
     for e in sorted((e for e in events if e.device_type == cpu and t0 <= e.time_range.start <= t1

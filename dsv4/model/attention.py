@@ -17,7 +17,7 @@ Kernel mode stacks the linears that share an input into one GEMM each (dsv4.mode
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -87,6 +87,12 @@ FUSED_ENTRY_STORE = False
 # on the main stream before the fork (the branch allocates nothing the main stream reads). H200 s50: alone B = 1
 # 1.13 -> 1.09 ms (8 Flash layers), with the two above 1.08
 COMPRESS_BESIDE = True
+# kernel mode, paged FP8 decode step of a CSA layer with COMPRESS_BESIDE: the indexer's chain (its wq_b, the queries'
+# RoPE / Hadamard / FP4 launch, then scores and top-k once the projections' branch has stored the step's key entry)
+# queued on a side stream of its own (`side_stream`, "indexer") beside the attention's wq_b, whose q the decode
+# attention kernel norms (as DECODE_Q_NORM_IN_KERNEL); the attention joins it. Off: the chain after wq_b on the main
+# stream (s52 timeline, B = 1 ctx 4K: wq_b end -> top-k end ≈ 33 µs of a CSA layer's ≈ 136)
+INDEXER_BESIDE = False
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:
@@ -109,6 +115,7 @@ class AttentionInputs(NamedTuple):
     q_norm_eps: float | None = None      # q not normed / RoPE'd yet (*_Q_NORM_IN_KERNEL): the norm's eps
     kv_stored: bool = False              # kv already in the paged step's window pool (FUSED_KV_STORE)
     compressed: bool = False             # the step's compressor work done beside the query path (COMPRESS_BESIDE)
+    picks: Callable | None = None        # INDEXER_BESIDE: the join of the indexer's branch -> (picked, kept alive)
 
 
 class Attention(StackedProjections, nn.Module):
@@ -158,6 +165,7 @@ class Attention(StackedProjections, nn.Module):
         step `attend` will get, whose window slots the kv may be stored into here: FUSED_KV_STORE)."""
         cos, sin = self.rope.cos_sin(positions)
         projected = None  # kernel mode: the compressor / indexer projections beside the query path
+        picks = None  # INDEXER_BESIDE: the indexer's chain beside wq_b
         q_norm_eps = None
         kv_stored = False
         compress = None  # (COMPRESS_BESIDE: the compressors' step work, its operands derived here)
@@ -181,7 +189,11 @@ class Attention(StackedProjections, nn.Module):
             else:
                 q_latent, kv = nr.norm_rope(q_latent, **q_latent_kw), nr.norm_rope(kv, **kv_kw)
             q_latent_in = self.wq_b.prepare_input(q_latent)
-            if self.indexer:  # wq_b and the indexer's wq_b read the same q latent
+            if self._picks_beside(step, compress):  # the indexer's chain beside wq_b
+                picks = start_beside(a.device, "indexer", a.shape[0], self._pick_beside, q_latent_in, cos, sin,
+                                     projected, step)
+                q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
+            elif self.indexer:  # wq_b and the indexer's wq_b read the same q latent
                 q, index_proj = self._fp8_pair("q_latent", q_latent_in)
             else:
                 q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
@@ -190,7 +202,8 @@ class Attention(StackedProjections, nn.Module):
             index_ready = None
             if PAIRED_NORMS and index_proj is not None and q.shape[0] <= PAIRED_QUERIES_MAX_T:  # (the same GEMM)
                 q, index_ready = nr.norm_rope_two(q, q_kw, *self.indexer.query_glue(index_proj, cos, sin))
-            elif PREFILL_Q_NORM_IN_KERNEL and q.shape[0] > PAIRED_QUERIES_MAX_T or self._step_norms_q(step):
+            elif PREFILL_Q_NORM_IN_KERNEL and q.shape[0] > PAIRED_QUERIES_MAX_T \
+                    or self._step_norms_q(step, picks is not None):
                 q_norm_eps = self.eps  # (`attend`)
             else:
                 q = nr.norm_rope(q, **q_kw)
@@ -210,11 +223,31 @@ class Attention(StackedProjections, nn.Module):
             rows = self.compressor.project(a, positions)
             if self.indexer:
                 index_rows = self.indexer.compressor.project(a, positions)
-        if self.indexer:
+        if self.indexer and picks is None:
             index_q, index_w = self.indexer.queries(q_latent_in, a, cos, sin, weights=index_w, q=index_proj,
                                                     ready=index_ready)
         return AttentionInputs(q, kv, cos, sin, rows, index_rows, index_q, index_w, a.dtype, q_norm_eps, kv_stored,
-                               compress is not None)
+                               compress is not None, picks)
+
+    def _picks_beside(self, step, compress: list | None) -> bool:
+        """Whether this step's indexer chain runs beside wq_b (INDEXER_BESIDE): a paged decode step whose attention
+        kernel reads the picks and whose compressors' work (the key entry the scores read) is in the projections'
+        branch, which the chain then waits for."""
+        return INDEXER_BESIDE and self.indexer is not None and compress is not None and self.step_kernel(step)
+
+    def _pick_beside(self, q_latent_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, projected: Callable,
+                     step) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indexer's branch of a paged decode step: its wq_b and the queries' launch (beside the projections'
+        branch), then, joined to that branch (the step's key entry stored, the head weights), scores and top-k.
+        The key slots are derived here on the step's first use (the ≈ 12 µs of small launches off the main stream:
+        only this lane's later branches read them, in its stream order). Returns (the attention kernel's picks,
+        q_latent_in: read here, kept alive until the attention's join)."""
+        from dsv4.kernels import norm_rope as nr
+        heads, kw = self.indexer.query_glue(self.indexer.wq_b(q_latent_in, input_ready=True), cos, sin)
+        index_q = nr.norm_rope(heads, **kw)
+        slots = step.entry_read_slots(self.layer_index, "index")
+        index_w = projected()[2]
+        return self.indexer.pick_from_pool(index_q, index_w, *slots), q_latent_in
 
     def _compressors(self) -> list:
         """The layer's compressors, in `AttentionInputs` order: main, then the indexer's."""
@@ -244,7 +277,7 @@ class Attention(StackedProjections, nn.Module):
         # kernel mode on CUDA: one Triton launch per sequence over index lists (no [T, N] masks)
         decode = step is None and _decode_shaped(segments)
         kernel = step is None and not decode and self._prefill_kernel(pre)
-        if not kernel and not self._step_norms_q(step):
+        if not kernel and not self._step_norms_q(step, pre.picks is not None):
             pre = self._normed_q(pre)
         if step is not None:
             return self._attend_step(pre, step, out)
@@ -348,7 +381,9 @@ class Attention(StackedProjections, nn.Module):
             step.write_entries(layer, comp.kind, entries)
         if self.step_kernel(step):
             picked = None
-            if self.indexer:  # the scores read the FP4 key pool: one launch
+            if pre.picks is not None:  # the indexer's branch (INDEXER_BESIDE), joined here
+                picked = pre.picks()[0]
+            elif self.indexer:  # the scores read the FP4 key pool: one launch
                 picked = self.indexer.pick_from_pool(pre.index_q, pre.index_w, *step.entry_read_slots(layer, "index"))
             return self._attend_step_kernel(pre, step, picked, out)
         if self.indexer:
@@ -396,9 +431,10 @@ class Attention(StackedProjections, nn.Module):
         """Whether a paged decode step stores its rows through `cache_store` (FP8 pools, the reference numerics)."""
         return self.use_kernels and step.fp8 and self.numerics.simulate_kv_fp8 and self.numerics.simulate_indexer_fp4
 
-    def _step_norms_q(self, step) -> bool:
-        """Whether the paged decode step's attention kernel norms and RoPEs q itself (DECODE_Q_NORM_IN_KERNEL)."""
-        return DECODE_Q_NORM_IN_KERNEL and self.indexer is None and self.step_kernel(step)
+    def _step_norms_q(self, step, picks_beside: bool = False) -> bool:
+        """Whether the paged decode step's attention kernel norms and RoPEs q itself (DECODE_Q_NORM_IN_KERNEL): in
+        layers without an indexer, and in CSA layers whose indexer chain runs beside (no launch to pair q with)."""
+        return DECODE_Q_NORM_IN_KERNEL and (self.indexer is None or picks_beside) and self.step_kernel(step)
 
     def _stores_kv(self, step) -> bool:
         """Whether `prepare` stores the window kv of this paged decode step (FUSED_KV_STORE)."""

@@ -1,6 +1,7 @@
-"""A second CUDA stream for an independent branch of a layer: the shared expert runs beside the router and
-the routed experts, the compressor / indexer projections beside the query path. Under CUDA-graph capture
-the fork and join become a parallel branch of the graph.
+"""Side CUDA streams for independent branches of a layer: the shared expert runs beside the router and the
+routed experts, the compressor / indexer projections beside the query path, and (a CSA layer's paged decode step,
+attention.INDEXER_BESIDE) the indexer's chain -- its wq_b, queries, scores, top-k -- beside the attention's wq_b
+on a stream of its own. Under CUDA-graph capture the fork and join become a parallel branch of the graph.
 
 Why: at decode sizes neither branch fills the GPU (the routed MoE's programs are ~1.5 waves, the shared
 expert's GEMMs stream 24 MB with a few programs per SM; the projections are one small launch beside a
@@ -24,33 +25,42 @@ from typing import Callable, TypeVar
 import torch
 
 # The branches that run beside (A/B runs in bench/, debugging): any other name runs inline.
-OVERLAP = ("shared_expert", "projections")
+OVERLAP = ("shared_expert", "projections", "indexer")
+# Each branch's lane: its side stream and its kernels' arrival counters (`_triton.counter_lane`). Branches that may
+# run at the same time need lanes of their own: a CSA layer's indexer chain runs beside its projections' branch.
+LANES = {"shared_expert": 1, "projections": 1, "indexer": 2}
+# Stream priority per lane (CUDA: lower is higher; absent or 0 the default, -1 high). Prepared for an A/B, not
+# measured (s52: the device went away): where the main stream streams a big weight beside a branch of small
+# latency-bound launches (wq_b beside the indexer's chain), a high-priority branch would get SM slots as the main
+# kernel's programs retire instead of queueing behind them (the s52 timeline: that chain's launches ran 2-3x their
+# time alone). To raise the projections' branch alone, give it a lane of its own first (LANES, e.g. 3).
+PRIORITY: dict[int, int] = {}
 MAX_ROWS = 128  # the largest CUDA-graph decode bucket
 
 T = TypeVar("T")
-_SIDE: dict[int, torch.cuda.Stream] = {}
+_SIDE: dict[tuple, torch.cuda.Stream] = {}
 
 
-def _side(device: torch.device) -> torch.cuda.Stream:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE:
-        _SIDE[index] = torch.cuda.Stream(device=index)
-    return _SIDE[index]
+def _side(device: torch.device, lane: int) -> torch.cuda.Stream:
+    key = (device.index if device.index is not None else torch.cuda.current_device(), lane, PRIORITY.get(lane, 0))
+    if key not in _SIDE:
+        _SIDE[key] = torch.cuda.Stream(device=key[0], priority=key[2])
+    return _SIDE[key]
 
 
 def start_beside(device: torch.device, name: str, rows: int, fn: Callable[..., T], *args) -> Callable[[], T]:
-    """Queue branch `name` = fn(*args) over `rows` tokens on the device's side stream after the work queued
-    so far on the current stream; returns join(), which makes the current stream wait for the branch and
-    gives fn's result. Off CUDA, above MAX_ROWS, or for a name not in OVERLAP, fn runs now and join() just
-    returns its result. The branch's kernels use their own arrival counters (`_triton.counter_lane`)."""
+    """Queue branch `name` = fn(*args) over `rows` tokens on its lane's side stream after the work queued
+    so far on the current stream; returns join(), which makes the stream current at its call (the main stream,
+    or another branch's) wait for the branch and gives fn's result. Off CUDA, above MAX_ROWS, or for a name not
+    in OVERLAP, fn runs now and join() just returns its result. The branch's kernels use their lane's arrival
+    counters (`_triton.counter_lane`)."""
     if not (name in OVERLAP and device.type == "cuda" and rows <= MAX_ROWS):
         out = fn(*args)
         return lambda: out
     from dsv4.kernels import _triton
-    main = torch.cuda.current_stream(device)
-    side = _side(device)
-    side.wait_stream(main)
-    lane, _triton.counter_lane = _triton.counter_lane, 1
+    side = _side(device, LANES[name])
+    side.wait_stream(torch.cuda.current_stream(device))
+    lane, _triton.counter_lane = _triton.counter_lane, LANES[name]
     try:
         with torch.cuda.stream(side):
             out = fn(*args)
@@ -58,8 +68,9 @@ def start_beside(device: torch.device, name: str, rows: int, fn: Callable[..., T
         _triton.counter_lane = lane
 
     def join() -> T:
-        main.wait_stream(side)
-        _record(out, main)
+        waiting = torch.cuda.current_stream(device)
+        waiting.wait_stream(side)
+        _record(out, waiting)
         return out
 
     return join

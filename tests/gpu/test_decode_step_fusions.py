@@ -23,15 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paged_driver import PROMPTS, PagedBatch  # noqa: E402
 
 
-def _decode(monkeypatch, flag: str | None):
+def _decode(monkeypatch, flag: str | None, *more: str):
     """(decode logits, cache rows read back, {counted function: calls}, the layers' `_attend_step` calls) of the
-    embedded model in kernel mode with attention.`flag` on and the other FLAGS off (None: every flag off)."""
+    embedded model in kernel mode with attention.`flag` (and `more`) on and the other FLAGS off (None: all off)."""
     from dsv4.kernels import cache_store, norm_rope
     from dsv4.model import attention
 
     prompts, steps = (PROMPTS, 12) if DEV == "cuda" else ((5, 9), 2)
     for name in FLAGS:
-        monkeypatch.setattr(attention, name, name == flag)
+        monkeypatch.setattr(attention, name, name == flag or name in more)
     model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", DEV, torch.bfloat16, kernels="triton")
     batch = PagedBatch(model, "fp8", prompts=prompts)
     calls, layer_steps = {"store_rows": 0, "norm_rope": 0}, []
@@ -60,7 +60,7 @@ def _decode(monkeypatch, flag: str | None):
     return logits, torch.cat(rows), calls, layer_steps
 
 
-FLAGS = ("FUSED_KV_STORE", "FUSED_ENTRY_STORE", "DECODE_Q_NORM_IN_KERNEL", "COMPRESS_BESIDE")
+FLAGS = ("FUSED_KV_STORE", "FUSED_ENTRY_STORE", "DECODE_Q_NORM_IN_KERNEL", "COMPRESS_BESIDE", "INDEXER_BESIDE")
 _BASELINE = []  # every flag off: one run shared by the tests of a session
 
 
@@ -151,3 +151,47 @@ def test_topk_in_scores_is_bit_identical(monkeypatch):
     assert any(attn.indexer is not None for attn in layer_steps) and not picks
     assert torch.equal(on_logits, off_logits), f"max |diff| {float((on_logits - off_logits).abs().max()):.3e}"
     assert torch.equal(on_rows, off_rows)
+
+
+def test_indexer_beside(monkeypatch):
+    """INDEXER_BESIDE (with COMPRESS_BESIDE): every CSA layer's decode picks come from the indexer's branch (here
+    inline: the CPU has no side stream; the GPU run has three streams), the scores and top-k queued in it. With q
+    normed by its own `norm_rope` launch (DECODE_Q_NORM_IN_KERNEL off) the logits and cache rows are bit-identical
+    to the chain on the main stream; with the attention kernel norming q they agree as test_decode_q_norm_in_kernel
+    says."""
+    from dsv4.model import attention, indexer
+
+    inside, picks = [], {"branch": 0, "main": 0}
+    real_branch, real_pick = attention.Attention._pick_beside, indexer.Indexer.pick_from_pool
+
+    def branch(*a):
+        inside.append(1)
+        try:
+            return real_branch(*a)
+        finally:
+            inside.pop()
+
+    def pick(*a):
+        picks["branch" if inside else "main"] += 1
+        return real_pick(*a)
+
+    def counting():  # (`_decode` undoes the patches at its end)
+        monkeypatch.setattr(attention.Attention, "_pick_beside", branch)
+        monkeypatch.setattr(indexer.Indexer, "pick_from_pool", pick)
+        return monkeypatch
+    off_logits, off_rows, _, _ = _decode(counting(), "COMPRESS_BESIDE")
+    assert picks["main"] > 0 and picks["branch"] == 0, picks
+    picks.update(branch=0, main=0)
+    on_logits, on_rows, _, layer_steps = _decode(counting(), "COMPRESS_BESIDE", "INDEXER_BESIDE")
+    csa = sum(1 for attn in layer_steps if attn.indexer is not None)
+    assert picks["main"] == 0 and picks["branch"] >= csa > 0, (picks, csa)
+    assert torch.equal(on_logits, off_logits), f"max |diff| {float((on_logits - off_logits).abs().max()):.3e}"
+    assert torch.equal(on_rows, off_rows)
+    if DEV != "cuda":  # (the interpreter's q norm is the same bits either way: the GPU run checks the kernel's)
+        return
+    kern_logits, kern_rows, _, _ = _decode(monkeypatch, "COMPRESS_BESIDE", "INDEXER_BESIDE", "DECODE_Q_NORM_IN_KERNEL")
+    assert torch.equal(kern_rows, off_rows)
+    rel = float((kern_logits.double() - off_logits.double()).norm() / off_logits.double().norm())
+    agree = float((kern_logits.argmax(-1) == off_logits.argmax(-1)).double().mean())
+    print(f"indexer beside, q norm in the decode kernel vs norm_rope: rel {rel:.2e}, top-1 agreement {agree:.4f}")
+    assert rel < 1e-2 and agree > 0.97, (rel, agree)

@@ -312,6 +312,16 @@ def test_compress_beside_on_the_side_stream_is_bit_identical(monkeypatch):
     _side_stream_runs(monkeypatch, ("projections",))
 
 
+def test_indexer_beside_on_its_side_stream_is_bit_identical(monkeypatch):
+    """attention.INDEXER_BESIDE (with COMPRESS_BESIDE): a CSA layer's indexer chain on a third stream, joined to the
+    projections' branch before its scores, eager and under CUDA graphs, equals both branches run inline bit for
+    bit."""
+    from dsv4.model import attention
+    monkeypatch.setattr(attention, "COMPRESS_BESIDE", True)
+    monkeypatch.setattr(attention, "INDEXER_BESIDE", True)
+    _side_stream_runs(monkeypatch, ("projections", "indexer"))
+
+
 def _side_stream_runs(monkeypatch, branches: tuple) -> None:
     from pathlib import Path
 
