@@ -21,19 +21,19 @@ from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pad_sequence
 
 from dsv4.config import LayerSpec, ModelConfig
 from dsv4.model.compressor import Compressor
 from dsv4.model.context import Segment
 from dsv4.model.indexer import Indexer, indices_to_mask
 from dsv4.model.attention_stacks import StackedProjections
+from dsv4.model.attention_unpaged import UnpagedDecode
 from dsv4.model.linear import FP8, FP8Stack, Linear
 from dsv4.model.norm import RMSNorm, unweighted_rms_norm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
 from dsv4.model.rope import RotaryEmbedding, apply_rope
 from dsv4.model.side_stream import start_beside
-from dsv4.model.sink_attention import lengths_mask, sink_attention, sink_attention_decode
+from dsv4.model.sink_attention import sink_attention, sink_attention_decode
 
 W8A16_MAX_TOKENS = 64  # kernel mode: wo_a from the FP8 weight up to here (decode), cuBLAS on bf16 above
 # kernel mode, paged decode step and prefill chunks: the attention kernel applies the inverse RoPE to its output
@@ -118,7 +118,7 @@ class AttentionInputs(NamedTuple):
     picks: Callable | None = None        # INDEXER_BESIDE: the join of the indexer's branch -> (picked, kept alive)
 
 
-class Attention(StackedProjections, nn.Module):
+class Attention(StackedProjections, UnpagedDecode, nn.Module):
     def __init__(self, config: ModelConfig, spec: LayerSpec, dtype: torch.dtype, numerics: Numerics,
                  layout=None):
         super().__init__()
@@ -323,41 +323,6 @@ class Attention(StackedProjections, nn.Module):
                 sink_attention(q[sl], pos, keys, torch.cat((past_pos, pos)), self.window, entries, entry_mask,
                                self.attn_sink, self.scale, first=(done, done - past_kv.shape[0]), out=out[sl])
             state.append_tokens(kv[sl], new_rows, fused=fused and self.numerics.simulate_kv_fp8)
-        return out
-
-    def _attend_decode(self, pre: AttentionInputs, segments: list[Segment], out: torch.Tensor) -> torch.Tensor:
-        """One token per sequence (rows 0..B-1): the state updates stay per sequence, the indexer and
-        the attention run once over the batch, keys padded per sequence and masked out."""
-        b, dev = len(segments), pre.q.device
-        windows, entries, index_keys = [], [], []
-        for i, seg in enumerate(segments):
-            state, new_rows = seg.state, {}
-            if self.compressor:
-                c, z = pre.rows[0][i:i + 1], pre.rows[1][i:i + 1]
-                self.compressor.update(state, c, z, pre.dtype)
-                new_rows["main"] = (c, z)
-                entries.append(state.entries("main"))
-                if self.indexer:
-                    c, z = pre.index_rows[0][i:i + 1], pre.index_rows[1][i:i + 1]
-                    self.indexer.compressor.update(state, c, z, pre.dtype)
-                    new_rows["index"] = (c, z)
-                    index_keys.append(state.entries("index"))
-            windows.append(state.window()[0])  # a copy: safe from the append below
-            state.append_tokens(pre.kv[i:i + 1], new_rows)
-        # every past window key is visible to the new token; left padding keeps them next to it
-        keys = [pad_sequence(windows, batch_first=True, padding_side="left"), pre.kv[:b, None]]
-        visible = [lengths_mask([w.shape[0] for w in windows], keys[0].shape[1], dev, left=True),
-                   torch.ones(b, 1, dtype=torch.bool, device=dev)]
-        if self.compressor:
-            counts = [e.shape[0] for e in entries]
-            keys.append(pad_sequence(entries, batch_first=True))
-            present = lengths_mask(counts, keys[-1].shape[1], dev)
-            if self.indexer and keys[-1].shape[1]:
-                present = self.indexer.select_padded(pre.index_q[:b], pre.index_w[:b],
-                                                     pad_sequence(index_keys, batch_first=True), present)
-            visible.append(present)  # HCA: every complete entry
-        sink_attention_decode(pre.q[:b], torch.cat(keys, 1), torch.cat(visible, 1), self.attn_sink, self.scale,
-                               out[:b])
         return out
 
     def _attend_step(self, pre: AttentionInputs, step, out: torch.Tensor) -> torch.Tensor:
