@@ -29,7 +29,7 @@ def interpreted() -> bool:
 # capture (the zero fill would not be replayed): the warm-up before a capture allocates them. A replaced
 # buffer is kept alive, since captured graphs still point at it. Launches sharing a buffer must not
 # overlap, so each lane of work that may run beside another (`dsv4.model.side_stream`: 0 = the current
-# stream, 1, 2 = side branches, `side_stream.LANES`) has its own buffers; within a lane the launches are stream-ordered.
+# stream, 1-3 = side branches, `side_stream.LANES`) has its own buffers; within a lane the launches are stream-ordered.
 _COUNTER_MIN = 1 << 16
 _counter_cache: dict = {}
 counter_lane = 0  # set by dsv4.model.side_stream while it queues a side branch

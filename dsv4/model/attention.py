@@ -249,6 +249,23 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
         index_w = projected()[2]
         return self.indexer.pick_from_pool(index_q, index_w, *slots), q_latent_in
 
+    def step_tables(self, positions: torch.Tensor, step) -> list:
+        """What this layer's paged decode step derives on first use (kept for the step by `shared_cos_sin` and the
+        `DecodeStep`; later layers of its kind find them there), derived now, in the order it would: cos / sin of its
+        RoPE, the window slot of the kv, per compressor the entry positions' cos / sin and its state / entry slots
+        (kernel mode), the indexer's key slots, the complete-entry count. For block.STEP_TABLES_BESIDE."""
+        tables = [self.rope.cos_sin(positions), step.kv_slot()]
+        if not (self.use_kernels and self._fused_step_stores(step)):
+            return tables
+        for comp in self._compressors():
+            tables += [comp.rope.cos_sin(step.entry_positions(comp.ratio)), step.entry_slot(self.layer_index,
+                       comp.kind), step.rows_window(self.layer_index, comp.kind)]
+        if self.indexer:
+            tables.append(step.entry_read_slots(self.layer_index, "index"))
+        elif self.compressor:
+            tables.append(step.entry_count(self.compressor.ratio))
+        return tables
+
     def _compressors(self) -> list:
         """The layer's compressors, in `AttentionInputs` order: main, then the indexer's."""
         return [c for c in (self.compressor, self.indexer and self.indexer.compressor) if c]

@@ -30,6 +30,12 @@ FUSE_BLOCK_SITES = True
 # graph replay 1.07 / 1.07 / 1.07 vs 1.08 x 4 off (alternating), B = 2 1.48-1.60 either way
 COMBINE_IN_NEXT_SITE = True
 COMBINE_MAX_T = 16  # (prefill's mix tiles are left as they are)
+# Kernel mode, paged decode step: the tables the later blocks' attention derives on first use (cos / sin per RoPE kind
+# and position set, entry and key slots: `Attention.step_tables`) derived at the step's start on a side stream
+# (`side_stream`, "step_tables") beside the first block, joined before the second; the first block's own on the main
+# stream first, so it never reads one the branch is still writing. s52's timeline: ≈ 25 µs of small launches per step
+# on the main stream in the first CSA and HCA layers. Prepared, not measured (run_device_s53a.sh)
+STEP_TABLES_BESIDE = False
 
 
 class Block(nn.Module):
@@ -130,10 +136,22 @@ def run_blocks(blocks, x: torch.Tensor, token_ids: torch.Tensor | None, position
     FUSE_BLOCK_SITES in kernel mode, each block's MoE post runs inside the next block's attention pre."""
     fuse = fuses_block_sites(blocks)
     carry = None
+    beside = STEP_TABLES_BESIDE and step is not None and len(blocks) > 1  # (a fork is always joined: capture)
+    tables = _start_step_tables(blocks, positions, step) if beside else None
     for i, block in enumerate(blocks):
+        if i == 1 and tables is not None:
+            tables()  # (the main stream waits for the later blocks' tables here)
         out = block(x, token_ids, positions, segments_of(i), step=step, carry=carry, defer=fuse)
         x, carry = out if fuse else (out, None)
     return finish_carry(x, carry)
+
+
+def _start_step_tables(blocks, positions: torch.Tensor, step):
+    """STEP_TABLES_BESIDE: the first block's step tables now, the later blocks' in a side branch; its join."""
+    from dsv4.model.side_stream import start_beside
+    blocks[0].attn.step_tables(positions, step)
+    return start_beside(positions.device, "step_tables", positions.shape[0],
+                        lambda: [block.attn.step_tables(positions, step) for block in blocks[1:]])
 
 
 def finish_carry(x: torch.Tensor, carry) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Side CUDA streams for independent branches of a layer: the shared expert runs beside the router and the
 routed experts, the compressor / indexer projections beside the query path, and (a CSA layer's paged decode step,
 attention.INDEXER_BESIDE) the indexer's chain -- its wq_b, queries, scores, top-k -- beside the attention's wq_b
-on a stream of its own. Under CUDA-graph capture the fork and join become a parallel branch of the graph.
+on a stream of its own, and (block.STEP_TABLES_BESIDE) the later layers' step tables beside the first layer. Under
+CUDA-graph capture the fork and join become a parallel branch of the graph.
 
 Why: at decode sizes neither branch fills the GPU (the routed MoE's programs are ~1.5 waves, the shared
 expert's GEMMs stream 24 MB with a few programs per SM; the projections are one small launch beside a
@@ -25,10 +26,10 @@ from typing import Callable, TypeVar
 import torch
 
 # The branches that run beside (A/B runs in bench/, debugging): any other name runs inline.
-OVERLAP = ("shared_expert", "projections", "indexer")
+OVERLAP = ("shared_expert", "projections", "indexer", "step_tables")
 # Each branch's lane: its side stream and its kernels' arrival counters (`_triton.counter_lane`). Branches that may
 # run at the same time need lanes of their own: a CSA layer's indexer chain runs beside its projections' branch.
-LANES = {"shared_expert": 1, "projections": 1, "indexer": 2}
+LANES = {"shared_expert": 1, "projections": 1, "indexer": 2, "step_tables": 3}
 # Stream priority per lane (CUDA: lower is higher; absent or 0 the default, -1 high). Prepared for an A/B, not
 # measured (s52: the device went away): where the main stream streams a big weight beside a branch of small
 # latency-bound launches (wq_b beside the indexer's chain), a high-priority branch would get SM slots as the main

@@ -2,8 +2,9 @@
 attention.FUSED_KV_STORE (the window kv stored by the q latent + kv norm launch, `norm_rope_two(store_b=)`),
 FUSED_ENTRY_STORE (the compressors' entries stored by the pooling launch's last arrivers),
 DECODE_Q_NORM_IN_KERNEL (sliding / HCA layers' q heads' norm + RoPE in the decode attention kernel,
-`decode_attention(q_norm=)`), COMPRESS_BESIDE (the compressors' step work moved to the side stream), and
-indexer.TOPK_IN_SCORES (the CSA layers' top-k picked by the scores launch). Each saves
+`decode_attention(q_norm=)`), COMPRESS_BESIDE (the compressors' step work moved to the side stream),
+indexer.TOPK_IN_SCORES (the CSA layers' top-k picked by the scores launch), and the opt-in branches INDEXER_BESIDE
+(the CSA indexer's chain beside wq_b) and block.STEP_TABLES_BESIDE (the later layers' step tables). Each saves
 its launch wherever it applies (or moves it off the main stream) and keeps the decode logits and the cache rows
 read back. On the CPU through Triton's interpreter (a shorter run), on the GPU in full (window closings, a
 rollback, MTP-like multi-token steps)."""
@@ -153,15 +154,16 @@ def test_topk_in_scores_is_bit_identical(monkeypatch):
     assert torch.equal(on_rows, off_rows)
 
 
-def test_indexer_beside(monkeypatch):
+def test_branches_beside(monkeypatch):
     """INDEXER_BESIDE (with COMPRESS_BESIDE): every CSA layer's decode picks come from the indexer's branch (here
-    inline: the CPU has no side stream; the GPU run has three streams), the scores and top-k queued in it. With q
-    normed by its own `norm_rope` launch (DECODE_Q_NORM_IN_KERNEL off) the logits and cache rows are bit-identical
-    to the chain on the main stream; with the attention kernel norming q they agree as test_decode_q_norm_in_kernel
-    says."""
-    from dsv4.model import attention, indexer
+    inline: the CPU has no side stream; the GPU run has the streams), the scores and top-k queued in it; with
+    block.STEP_TABLES_BESIDE too (one run for both: the interpreter's time), each layer's `Attention.step_tables`
+    runs once per paged step. With q normed by its own `norm_rope` launch (DECODE_Q_NORM_IN_KERNEL off) the logits
+    and cache rows are bit-identical to the chain on the main stream; with the attention kernel norming q they agree
+    as test_decode_q_norm_in_kernel says."""
+    from dsv4.model import attention, block, indexer
 
-    inside, picks = [], {"branch": 0, "main": 0}
+    inside, picks, tables = [], {"branch": 0, "main": 0}, []
     real_branch, real_pick = attention.Attention._pick_beside, indexer.Indexer.pick_from_pool
 
     def branch(*a):
@@ -175,16 +177,22 @@ def test_indexer_beside(monkeypatch):
         picks["branch" if inside else "main"] += 1
         return real_pick(*a)
 
-    def counting():  # (`_decode` undoes the patches at its end)
+    real_tables = attention.Attention.step_tables
+
+    def counting(step_tables: bool = False):  # (`_decode` undoes the patches at its end)
         monkeypatch.setattr(attention.Attention, "_pick_beside", branch)
         monkeypatch.setattr(indexer.Indexer, "pick_from_pool", pick)
+        monkeypatch.setattr(attention.Attention, "step_tables", lambda *a: tables.append(a[0]) or real_tables(*a))
+        monkeypatch.setattr(block, "STEP_TABLES_BESIDE", step_tables)
         return monkeypatch
     off_logits, off_rows, _, _ = _decode(counting(), "COMPRESS_BESIDE")
-    assert picks["main"] > 0 and picks["branch"] == 0, picks
+    assert picks["main"] > 0 and picks["branch"] == 0 and not tables, picks
     picks.update(branch=0, main=0)
-    on_logits, on_rows, _, layer_steps = _decode(counting(), "COMPRESS_BESIDE", "INDEXER_BESIDE")
+    on_logits, on_rows, _, layer_steps = _decode(counting(step_tables=True), "COMPRESS_BESIDE", "INDEXER_BESIDE")
     csa = sum(1 for attn in layer_steps if attn.indexer is not None)
     assert picks["main"] == 0 and picks["branch"] >= csa > 0, (picks, csa)
+    # (every paged step calls it once per layer: the decode steps `layer_steps` counts, and the prompts')
+    assert len(tables) >= len(layer_steps) and set(map(id, tables)) == set(map(id, layer_steps))
     assert torch.equal(on_logits, off_logits), f"max |diff| {float((on_logits - off_logits).abs().max()):.3e}"
     assert torch.equal(on_rows, off_rows)
     if DEV != "cuda":  # (the interpreter's q norm is the same bits either way: the GPU run checks the kernel's)
@@ -195,3 +203,4 @@ def test_indexer_beside(monkeypatch):
     agree = float((kern_logits.argmax(-1) == off_logits.argmax(-1)).double().mean())
     print(f"indexer beside, q norm in the decode kernel vs norm_rope: rel {rel:.2e}, top-1 agreement {agree:.4f}")
     assert rel < 1e-2 and agree > 0.97, (rel, agree)
+

@@ -312,14 +312,37 @@ def test_compress_beside_on_the_side_stream_is_bit_identical(monkeypatch):
     _side_stream_runs(monkeypatch, ("projections",))
 
 
-def test_indexer_beside_on_its_side_stream_is_bit_identical(monkeypatch):
-    """attention.INDEXER_BESIDE (with COMPRESS_BESIDE): a CSA layer's indexer chain on a third stream, joined to the
-    projections' branch before its scores, eager and under CUDA graphs, equals both branches run inline bit for
-    bit."""
-    from dsv4.model import attention
-    monkeypatch.setattr(attention, "COMPRESS_BESIDE", True)
-    monkeypatch.setattr(attention, "INDEXER_BESIDE", True)
-    _side_stream_runs(monkeypatch, ("projections", "indexer"))
+@pytest.mark.parametrize("flags, branches", [
+    ((("attention", "INDEXER_BESIDE"),), ("projections", "indexer")),
+    ((("block", "STEP_TABLES_BESIDE"),), ("step_tables",)),
+    ((("attention", "INDEXER_BESIDE"), ("block", "STEP_TABLES_BESIDE")), ("projections", "indexer", "step_tables"))])
+def test_paged_step_branches_are_bit_identical(monkeypatch, flags, branches):
+    """The paged FP8 decode step's opt-in branches -- attention.INDEXER_BESIDE (a CSA layer's indexer chain on a
+    third stream, joined to the projections' branch before its scores) and block.STEP_TABLES_BESIDE (the later layers'
+    step tables beside the first layer) -- on their side streams equal the same branches run inline bit for bit,
+    eager and under CUDA graphs (the paged driver's steps: window closings, a rollback, multi-token steps)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    import dsv4
+    from dsv4.model import side_stream
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from paged_driver import PagedBatch
+    for module, flag in flags:
+        monkeypatch.setattr(importlib.import_module(f"dsv4.model.{module}"), flag, True)
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    for graphs in (False, True):
+        runs = []
+        for overlap in ((), branches):
+            monkeypatch.setattr(side_stream, "OVERLAP", overlap)
+            model = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+            if graphs:
+                model.enable_cuda_graphs(max_batch=8)
+            runs.append(torch.cat(PagedBatch(model, "fp8").decode(12)))
+        assert torch.isfinite(runs[0]).all()
+        diff = float((runs[1].double() - runs[0].double()).abs().max())
+        assert torch.equal(runs[1], runs[0]), f"graphs={graphs}: max |diff| {diff:.3e}"
 
 
 def _side_stream_runs(monkeypatch, branches: tuple) -> None:
