@@ -303,24 +303,18 @@ def test_side_stream_branches_are_bit_identical(monkeypatch, branches):
     _side_stream_runs(monkeypatch, branches)
 
 
-def test_compress_beside_on_the_side_stream_is_bit_identical(monkeypatch):
-    """attention.COMPRESS_BESIDE (with FUSED_ENTRY_STORE): the compressors' step work in the projections' branch
-    on the side stream, eager and under CUDA graphs, equals that branch run inline bit for bit."""
-    from dsv4.model import attention
-    monkeypatch.setattr(attention, "COMPRESS_BESIDE", True)
-    monkeypatch.setattr(attention, "FUSED_ENTRY_STORE", True)
-    _side_stream_runs(monkeypatch, ("projections",))
-
-
 @pytest.mark.parametrize("flags, branches", [
+    ((("attention", "COMPRESS_BESIDE"), ("attention", "FUSED_ENTRY_STORE")), ("projections",)),
     ((("attention", "INDEXER_BESIDE"),), ("projections", "indexer")),
     ((("block", "STEP_TABLES_BESIDE"),), ("step_tables",)),
     ((("attention", "INDEXER_BESIDE"), ("block", "STEP_TABLES_BESIDE")), ("projections", "indexer", "step_tables"))])
 def test_paged_step_branches_are_bit_identical(monkeypatch, flags, branches):
-    """The paged FP8 decode step's opt-in branches -- attention.INDEXER_BESIDE (a CSA layer's indexer chain on a
-    third stream, joined to the projections' branch before its scores) and block.STEP_TABLES_BESIDE (the later layers'
-    step tables beside the first layer) -- on their side streams equal the same branches run inline bit for bit,
-    eager and under CUDA graphs (the paged driver's steps: window closings, a rollback, multi-token steps)."""
+    """The paged FP8 decode step's branches -- attention.COMPRESS_BESIDE (the compressors' step work in the
+    projections' branch; with FUSED_ENTRY_STORE), INDEXER_BESIDE (a CSA layer's indexer chain on a third stream,
+    joined to the projections' branch before its scores) and block.STEP_TABLES_BESIDE (the later layers' step tables
+    beside the first layer) -- on their side streams equal the same branches run inline bit for bit, eager and under
+    CUDA graphs (the paged driver's steps: window closings, a rollback, multi-token steps; `_side_stream_runs` decodes
+    unpaged states, where none of them applies)."""
     import importlib
     import sys
     from pathlib import Path
