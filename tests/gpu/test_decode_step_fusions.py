@@ -61,6 +61,26 @@ def _decode(monkeypatch, flag: str | None, *more: str):
     return logits, torch.cat(rows), calls, layer_steps
 
 
+def _where_called(monkeypatch, branch: tuple, call: tuple, where: dict) -> None:
+    """Patch `branch` (class, name) to mark its extent and `call` (class, name) to count in `where` whether each of
+    its calls came from inside the branch ("branch") or not ("main")."""
+    inside = []
+    real_branch, real_call = getattr(*branch), getattr(*call)
+
+    def in_branch(*a):
+        inside.append(1)
+        try:
+            return real_branch(*a)
+        finally:
+            inside.pop()
+
+    def counted(*a):
+        where["branch" if inside else "main"] += 1
+        return real_call(*a)
+    monkeypatch.setattr(*branch, in_branch)
+    monkeypatch.setattr(*call, counted)
+
+
 FLAGS = ("FUSED_KV_STORE", "FUSED_ENTRY_STORE", "DECODE_Q_NORM_IN_KERNEL", "COMPRESS_BESIDE", "INDEXER_BESIDE")
 _BASELINE = []  # every flag off: one run shared by the tests of a session
 
@@ -99,21 +119,8 @@ def test_compress_beside_is_bit_identical(monkeypatch):
 
     off_logits, off_rows, _, _ = _baseline(monkeypatch)
     where = {"branch": 0, "main": 0}
-    inside = []
-    real_branch, real_launch = attention.Attention._project_and_compress, attention.Attention._compress_step_launch
-
-    def branch(*a):
-        inside.append(1)
-        try:
-            return real_branch(*a)
-        finally:
-            inside.pop()
-
-    def launch(*a):
-        where["branch" if inside else "main"] += 1
-        return real_launch(*a)
-    monkeypatch.setattr(attention.Attention, "_project_and_compress", branch)
-    monkeypatch.setattr(attention.Attention, "_compress_step_launch", launch)
+    _where_called(monkeypatch, (attention.Attention, "_project_and_compress"),
+                  (attention.Attention, "_compress_step_launch"), where)
     on_logits, on_rows, _, layer_steps = _decode(monkeypatch, "COMPRESS_BESIDE")
     compressors = sum((attn.compressor is not None) + (attn.indexer is not None) for attn in layer_steps)
     # (the prompts' forwards count too: they run as paged steps before the decode steps `layer_steps` counts)
@@ -163,25 +170,11 @@ def test_branches_beside(monkeypatch):
     as test_decode_q_norm_in_kernel says."""
     from dsv4.model import attention, block, indexer
 
-    inside, picks, tables = [], {"branch": 0, "main": 0}, []
-    real_branch, real_pick = attention.Attention._pick_beside, indexer.Indexer.pick_from_pool
-
-    def branch(*a):
-        inside.append(1)
-        try:
-            return real_branch(*a)
-        finally:
-            inside.pop()
-
-    def pick(*a):
-        picks["branch" if inside else "main"] += 1
-        return real_pick(*a)
-
+    picks, tables = {"branch": 0, "main": 0}, []
     real_tables = attention.Attention.step_tables
 
     def counting(step_tables: bool = False):  # (`_decode` undoes the patches at its end)
-        monkeypatch.setattr(attention.Attention, "_pick_beside", branch)
-        monkeypatch.setattr(indexer.Indexer, "pick_from_pool", pick)
+        _where_called(monkeypatch, (attention.Attention, "_pick_beside"), (indexer.Indexer, "pick_from_pool"), picks)
         monkeypatch.setattr(attention.Attention, "step_tables", lambda *a: tables.append(a[0]) or real_tables(*a))
         monkeypatch.setattr(block, "STEP_TABLES_BESIDE", step_tables)
         return monkeypatch
