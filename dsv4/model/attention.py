@@ -239,9 +239,10 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
                      step) -> tuple[torch.Tensor, torch.Tensor]:
         """The indexer's branch of a paged decode step: its wq_b and the queries' launch (beside the projections'
         branch), then, joined to that branch (the step's key entry stored, the head weights), scores and top-k.
-        The key slots are derived here on the step's first use (the ≈ 12 µs of small launches off the main stream:
-        only this lane's later branches read them, in its stream order). Returns (the attention kernel's picks,
-        q_latent_in: read here, kept alive until the attention's join)."""
+        The key slots are derived here on the step's first use, off the main stream (only this lane's later branches
+        read them, in its stream order; or found already derived by STEP_TABLES_BESIDE's branch, which the main stream
+        joined before this fork). Returns (the attention kernel's picks, q_latent_in: read here, kept alive until the
+        attention's join)."""
         from dsv4.kernels import norm_rope as nr
         heads, kw = self.indexer.query_glue(self.indexer.wq_b(q_latent_in, input_ready=True), cos, sin)
         index_q = nr.norm_rope(heads, **kw)
