@@ -83,14 +83,9 @@ class DecodeStep:
         self._rows_keys = [key[:4] for key, _ in plan if key[0] == "rows" and key[-1] == 0]
         self._ratios = [key[1] for key, _ in plan if key[0] == "count"]
         self._derived: dict = {}
-        # per entry kind, the step-independent part of its "read" slots (`_derive`): entry slot j, its table column
-        # j // page_size and its offset j % page_size [size, N] -- built once here, not by three launches per step
-        self._entry_columns = {}
-        for name, w in self.widths.items():
-            if name not in ("window", "state"):
-                j = torch.arange(w * self.kinds[name].page_size, device=dev)
-                ps = self.kinds[name].page_size
-                self._entry_columns[name] = (j[None, :], j // ps, (j % ps)[None, :].expand(size, -1))
+        # per entry kind, the step-independent part of its "read" slots (`_derive`), built on first use and kept
+        # across `derive()`: a captured step's graph (one DecodeStep per bucket) derives only the rest per step
+        self._entry_columns: dict = {}
         # a table row is rewritten only when its pages change (`_row_pages`: the pages row r holds, [] = all
         # trash: padding rows, and kinds the step's layers never touch)
         self._row_pages = {name: [[] for _ in range(size)] for name in self.widths}
@@ -270,6 +265,9 @@ class DecodeStep:
             i = t // r
             page = table.gather(1, (i // ps).clamp(max=width - 1)[:, None])[:, 0]
             return torch.where((t + 1) % r == 0, page, self.pools.trash[what]), i % ps
+        if what not in self._entry_columns:  # entry slot j, its table column and its offset in the page [B, N]
+            j = torch.arange(width * ps, device=dev)
+            self._entry_columns[what] = (j[None, :], j // ps, (j % ps)[None, :].expand(self.size, -1))
         j, column, offset = self._entry_columns[what]  # "read": (page, offset, complete) [B, N] of every entry slot
         return table[:, column], offset, j < self._get(("count", r))[:, None]
 
