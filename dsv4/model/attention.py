@@ -243,9 +243,7 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
         read them, in its stream order; or found already derived by STEP_TABLES_BESIDE's branch, which the main stream
         joined before this fork). Returns (the attention kernel's picks, q_latent_in: read here, kept alive until the
         attention's join)."""
-        from dsv4.kernels import norm_rope as nr
-        heads, kw = self.indexer.query_glue(self.indexer.wq_b(q_latent_in, input_ready=True), cos, sin)
-        index_q = nr.norm_rope(heads, **kw)
+        index_q = self.indexer.kernel_queries(q_latent_in, cos, sin)
         slots = step.entry_read_slots(self.layer_index, "index")
         index_w = projected()[2]
         return self.indexer.pick_from_pool(index_q, index_w, *slots), q_latent_in
@@ -253,14 +251,12 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
     def step_tables(self, positions: torch.Tensor, step) -> list:
         """What this layer's paged decode step derives on first use (kept for the step by `shared_cos_sin` and the
         `DecodeStep`; later layers of its kind find them there), derived now, in the order it would: cos / sin of its
-        RoPE, the window slot of the kv, per compressor the entry positions' cos / sin and its state / entry slots
-        (kernel mode), the indexer's key slots, the complete-entry count. For block.STEP_TABLES_BESIDE."""
+        RoPE, the window slot of the kv, per compressor its step operands (kernel mode), the indexer's key slots, the
+        complete-entry count. For block.STEP_TABLES_BESIDE."""
         tables = [self.rope.cos_sin(positions), step.kv_slot()]
         if not (self.use_kernels and self._fused_step_stores(step)):
             return tables
-        for comp in self._compressors():
-            tables += [comp.rope.cos_sin(step.entry_positions(comp.ratio)), step.entry_slot(self.layer_index,
-                       comp.kind), step.rows_window(self.layer_index, comp.kind)]
+        tables += [self._compress_step_operands(comp, step) for comp in self._compressors()]
         if self.indexer:
             tables.append(step.entry_read_slots(self.layer_index, "index"))
         elif self.compressor:

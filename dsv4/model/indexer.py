@@ -64,6 +64,14 @@ class Indexer(nn.Module):
         sim = nr.SIM_FP4 if self.numerics.simulate_indexer_fp4 else nr.SIM_NONE
         return q.unflatten(-1, (self.n_heads, self.head_dim)), dict(cos=cos, sin=sin, sim=sim)
 
+    def kernel_queries(self, q_latent_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       q: torch.Tensor | None = None) -> torch.Tensor:
+        """Kernel mode: the queries [T, Hi, di] from wq_b's output `q` (computed here from q_latent_in when None),
+        RoPE + Hadamard + FP4 simulation in one launch."""
+        from dsv4.kernels import norm_rope as nr
+        heads, kw = self.query_glue(self.wq_b(q_latent_in, input_ready=True) if q is None else q, cos, sin)
+        return nr.norm_rope(heads, **kw)
+
     def queries(self, q_latent_in: torch.Tensor, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 weights: torch.Tensor | None = None, q: torch.Tensor | None = None, ready: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,10 +83,8 @@ class Indexer(nn.Module):
         computed (kernel mode: in the attention q's launch, attention.PAIRED_NORMS)."""
         if ready is not None:
             q = ready
-        elif self.use_kernels:  # RoPE + Hadamard + FP4 simulation in one launch
-            from dsv4.kernels import norm_rope as nr
-            heads, kw = self.query_glue(self.wq_b(q_latent_in, input_ready=True) if q is None else q, cos, sin)
-            q = nr.norm_rope(heads, **kw)
+        elif self.use_kernels:
+            q = self.kernel_queries(q_latent_in, cos, sin, q)
         else:
             if q is None:
                 q = self.wq_b(q_latent_in, input_ready=True)

@@ -78,9 +78,9 @@ def start_beside(device: torch.device, name: str, rows: int, fn: Callable[..., T
 
 
 def _record(out, stream: torch.cuda.Stream) -> None:
-    """Mark every tensor in out (nested tuples / lists) as used by stream."""
+    """Mark every tensor in out (nested tuples / lists / dict values) as used by stream."""
     if isinstance(out, torch.Tensor):
         out.record_stream(stream)
-    elif isinstance(out, (tuple, list)):
-        for t in out:
+    elif isinstance(out, (tuple, list, dict)):
+        for t in (out.values() if isinstance(out, dict) else out):
             _record(t, stream)
