@@ -146,6 +146,9 @@ def test_invalid_prompt_in_a_batch_leaves_nothing_behind(llm):
         llm.generate([[5, 6, 7], [5, 10**6]], greedy(3))
     with pytest.raises(ValueError, match="max_model_len"):
         llm.generate([[5, 6, 7]], greedy(MAX_LEN))
+    vocab = llm.engine.vocab_size
+    with pytest.raises(ValueError, match=f"logit_bias token id {vocab} outside the vocabulary"):
+        llm.generate([[5, 6, 7], [8, 9]], [greedy(3), SamplingParams(temperature=0, logit_bias={vocab: 1.0})])
     assert all_pages_free(llm.engine)
 
 

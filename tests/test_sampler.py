@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from dsv4.engine.sampler import Sampler, apply_penalties, filter_logits, make_generator
+from dsv4.engine.sampler import Sampler, apply_logit_bias, apply_penalties, filter_logits, make_generator
 from dsv4.engine.sampling_params import SamplingParams
 
 
@@ -76,10 +76,18 @@ def random_params(rng: random.Random, **kw) -> SamplingParams:
                                          ("presence_penalty", 2.5), ("frequency_penalty", -3.0),
                                          ("seed", 1.0), ("max_tokens", 0), ("stop", [""]),
                                          ("stop_token_ids", [-1]), ("ignore_eos", 1), ("logprobs", -1),
-                                         ("temperature", True)])
+                                         ("temperature", True), ("logit_bias", {1: 100.5}),
+                                         ("logit_bias", {-1: 1.0}), ("logit_bias", {"3": 1.0}),
+                                         ("logit_bias", {2: float("inf")}), ("logit_bias", [(1, 2.0)])])
 def test_sampling_params_validation_names_field(field, value):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}="):
         SamplingParams(**{field: value})
+
+
+def test_invalid_sampling_param_names_its_field():
+    with pytest.raises(ValueError) as e:
+        SamplingParams(logit_bias={4: -200})
+    assert e.value.field == "logit_bias"
 
 
 def test_sampling_params_normalises_stop():
@@ -108,6 +116,67 @@ def test_penalties_match_direct_formulas():
                                    rtol=1e-6, atol=1e-5)
     untouched = [b for b in range(B) if not params[b].has_penalties]
     assert untouched and torch.equal(got[untouched], logits[untouched])
+
+
+def random_bias(rng: random.Random, vocab: int) -> dict[int, float]:
+    return {t: rng.uniform(-100, 100) for t in rng.sample(range(vocab), rng.randrange(1, 6))}
+
+
+def test_logit_bias_then_penalties_match_direct_formulas():
+    """The bias is added to the model's logits (fp32, every listed token), the penalties act on the biased logits;
+    rows without a bias stay bit-identical."""
+    rng = random.Random(11)
+    V, B = 29, 10
+    logits = torch.randn(B, V, generator=torch.Generator().manual_seed(11)) * 3
+    params, prompts, outputs = [], [], []
+    for b in range(B):
+        pen = dict(repetition_penalty=1.4, frequency_penalty=rng.uniform(-2, 2)) if b % 2 else {}
+        params.append(SamplingParams(logit_bias=random_bias(rng, V) if b % 3 else None, **pen))
+        prompts.append([rng.randrange(V) for _ in range(rng.randrange(1, 9))])
+        outputs.append([rng.randrange(V) for _ in range(rng.randrange(0, 9))])
+    biased = apply_logit_bias(logits, params)
+    got = apply_penalties(logits, params, prompts, outputs)
+    for b in range(B):
+        want = logits[b].clone()
+        for t, v in (params[b].logit_bias or {}).items():
+            want[t] = want[t] + torch.tensor(v, dtype=torch.float32)  # fp32(logit) + fp32(bias), rounded once
+        assert torch.equal(biased[b], want), b
+        ref = ref_penalties(want.double().tolist(), params[b], prompts[b], outputs[b])
+        torch.testing.assert_close(got[b].double(), torch.tensor(ref, dtype=torch.float64), rtol=1e-6, atol=1e-5)
+    plain = [b for b in range(B) if not params[b].has_logit_bias and not params[b].has_penalties]
+    assert plain and torch.equal(got[plain], logits[plain])
+    assert apply_logit_bias(logits, [SamplingParams(logit_bias={})] * B) is logits  # {} = off
+    with pytest.raises(ValueError, match=f"logit_bias token id {V} is outside"):
+        apply_logit_bias(logits, [SamplingParams(logit_bias={V: 1.0})] * B)
+
+
+def test_logit_bias_steers_greedy_and_sampled_rows():
+    """A -100 bias bans the greedy choice (the next best wins); sampled rows follow the softmax of the biased,
+    tempered, filtered logits (chi-square); raw logprobs ignore the bias, processed ones include it."""
+    V, n = 10, 20000
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(12)) * 2
+    best, second = torch.topk(logits[0], 2).indices.tolist()
+    greedy = SamplingParams(temperature=0, logit_bias={best: -100.0}, logprobs=1)
+    out = Sampler()(logits, [greedy], [[0]], [[]])
+    assert out.token_ids == [second]
+    assert out.logprobs[0].top[0][0] == best  # raw: the model's own ranking
+    processed = Sampler(logprobs_mode="processed")(logits, [greedy], [[0]], [[]])
+    assert processed.logprobs[0].top[0][0] == second
+    bias = {best: -3.0, 3: 2.5, 7: 1.0}
+    p = SamplingParams(temperature=0.9, top_k=6, logit_bias=bias)
+    biased = logits[0].double().tolist()
+    for t, v in bias.items():
+        biased[t] += v
+    want = ref_probs(biased, p)
+    draws = Sampler(generator=torch.Generator().manual_seed(13))(logits.expand(n, V).contiguous(), [p] * n,
+                                                                  [[]] * n, [[]] * n)
+    counts = [draws.token_ids.count(i) for i in range(V)]
+    support = [i for i in range(V) if want[i] > 0]
+    assert all(counts[i] == 0 for i in range(V) if want[i] == 0)
+    chi2 = sum((counts[i] - n * want[i]) ** 2 / (n * want[i]) for i in support)
+    assert chi2 < chi2_limit(len(support) - 1), (counts, [n * w for w in want])
+    unbiased = ref_probs(logits[0].double().tolist(), SamplingParams(temperature=0.9, top_k=6))
+    assert max(abs(a - b) for a, b in zip(want, unbiased)) > 0.05  # the bias did move the distribution
 
 
 def test_filter_masks_match_float64_rederivation():

@@ -171,6 +171,28 @@ def test_completion_logprobs_match_model(client, tok):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:j]) for j in range(5)]
 
 
+def test_logit_bias_bans_and_favours_tokens(server, client, tok):
+    """Greedy with the script's first token banned and another token favoured: the tokens re-derived from the fake
+    model's logits plus the bias, step by step; a bias out of bounds is a 400 naming logit_bias."""
+    prompt, n = "count", 6
+    model, p_ids = ScriptedModel(tok), tok.encode(prompt)
+    script = tok.encode(COUNTING)
+    bias = {script[0]: -100.0, script[3]: 30.0}
+    out: list[int] = []
+    for _ in range(n):
+        logits = model.logits(p_ids, out).double()
+        for t, v in bias.items():
+            logits[t] += v
+        out.append(int(logits.argmax()))
+    assert out[0] != script[0] and out[:n] != script[:n]  # the bias changed the greedy tokens
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0,
+                                  logit_bias={str(t): v for t, v in bias.items()})
+    assert r.choices[0].text == tok.decode(out)
+    err = httpx.post(server.base_url + "/v1/completions", headers=AUTH,
+                     json={"model": MODEL, "prompt": prompt, "logit_bias": {"3": -100.5}}, timeout=30).json()["error"]
+    assert err["param"] == "logit_bias"
+
+
 # ---- chat ----------------------------------------------------------------------------------
 
 def _stream_chat(client, **kw):
@@ -314,7 +336,10 @@ def test_over_length_wording(client, tok):
     ("/v1/completions", {"prompt": ""}, 400),
     ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1}, 400),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**6]}, 400),
-    ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 5}}, 400),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1000000": 5}}, 400),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"one": 5}}, 400),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 101}}, 400),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {str(t): 1 for t in range(1025)}}, 400),
     ("/v1/completions", {"prompt": "x" * (70 * 1024)}, 413),
 ])
 def test_bad_requests_get_openai_errors(server, path, body, status):

@@ -76,8 +76,11 @@ def prompts():
     return [torch.randint(2, CFG.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
 
 
+BIAS = {5: 4.0, 9: -100.0}  # request 7's: token 9 banned, token 5 favoured
+
+
 def request_params(i: int) -> SamplingParams:
-    """Mostly plain greedy; a few rows with penalties, a stop token, logprobs, or eos."""
+    """Mostly plain greedy; a few rows with penalties, a logit bias, a stop token, logprobs, or eos."""
     kw = dict(temperature=0.0, max_tokens=GEN + (i % 3) - 1, ignore_eos=True)
     if i == 3:
         kw["repetition_penalty"] = 1.3
@@ -89,6 +92,8 @@ def request_params(i: int) -> SamplingParams:
         kw["ignore_eos"] = False  # its continuation has an EOS (id 1) at the 4th token
     if i == 12:
         kw["stop_token_ids"] = [17, 30]  # hit at the 8th token
+    if i == 7:
+        kw["logit_bias"] = BIAS
     return SamplingParams(**kw)
 
 
@@ -105,6 +110,7 @@ def baseline(random_model, prompts):
     out = drain(engine)
     assert len({tuple(r["tokens"]) for r in out.values()}) >= 12  # not a degenerate comparison
     assert out["r10"]["finish"] == out["r12"]["finish"] == "stop"
+    assert 9 not in out["r7"]["tokens"] and 5 in out["r7"]["tokens"]  # the bias row's bias acted
     return out
 
 
@@ -209,7 +215,7 @@ def test_verify_steps_take_a_graph_bucket(drafter_model, prompts, baseline):
     assert (16, (3, 3, 3, 3)) in steps  # a verify step of 4 sequences x (1 + 2 drafts) in the 16-row bucket
 
 
-PLAIN = [i for i in range(len(LENGTHS)) if i not in (3, 4, 6, 9, 10, 12)]  # request_params: plain greedy
+PLAIN = [i for i in range(len(LENGTHS)) if i not in (3, 4, 6, 7, 9, 10, 12)]  # request_params: plain greedy
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -251,6 +257,16 @@ def test_drafts_on_the_device_as_on_the_host(drafter_model, prompts, baseline, k
     assert len(histogram) == k + 1 and min(histogram) > 0  # every accepted length ran
     if k > 1:
         assert any(len({len(d) for _, _, d in step}) > 1 for step in drafted)  # rows with different draft counts
+
+
+def test_a_biased_row_keeps_the_drafts_on_the_host(drafter_model, prompts, baseline):
+    """A greedy row with a logit bias is not plain greedy: its drafts and verdicts are the biased argmaxes (on the
+    device they would be the raw logits' argmaxes). Among plain rows it decides like the rows without speculation."""
+    engine = make_engine(drafter_model, 2)
+    for i in PLAIN + [7]:
+        engine.add_request(f"r{i}", prompts[i], request_params(i))
+    assert_same(drain(engine), baseline, [f"r{i}" for i in PLAIN + [7]])
+    assert_all_free(engine)
 
 
 def test_draft_slots_respect_budget_and_max_model_len(drafter_model, prompts):

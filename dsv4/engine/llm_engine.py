@@ -121,6 +121,10 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= int(t) < self.vocab_size]
         if bad:
             raise ValueError(f"request {request_id!r}: token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        bad = [t for t in params.logit_bias or {} if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"request {request_id!r}: logit_bias token id {bad[0]} outside the vocabulary "
+                             f"[0, {self.vocab_size})")
         seq = Sequence(request_id, prompt_token_ids, params)
         if params.max_tokens is not None and seq.num_prompt_tokens + params.max_tokens > self.max_model_len:
             raise ValueError(f"request {request_id!r}: prompt ({seq.num_prompt_tokens}) + max_tokens "

@@ -1,7 +1,8 @@
 """Batched token sampler: penalties, temperature, min-p / top-k / top-p, seeded sampling, logprobs.
 
 Order of operations per row (vLLM's order):
-  1. penalties on the raw logits: repetition (prompt + output tokens; positive logits divided,
+  0. logit_bias: each listed token's bias added to the model's logit (OpenAI semantics);
+  1. penalties on the biased logits: repetition (prompt + output tokens; positive logits divided,
      negative multiplied), then frequency and presence (output tokens only, OpenAI semantics);
   2. greedy rows (temperature 0): argmax of the penalised logits, ties -> lowest token id;
   3. other rows: divide by temperature; min-p (keep p >= min_p * p_max), top-k (the k most likely,
@@ -12,8 +13,9 @@ Order of operations per row (vLLM's order):
      numbers per step, so its tokens do not depend on the rest of the batch.
 
 Logprobs: mode "raw" (default, vLLM's default) reports log_softmax of the model's logits before
-any processing; mode "processed" reports log_softmax of the logits actually sampled from (after
-penalties, temperature and filters; filtered tokens get -inf; greedy rows: penalised logits).
+any processing (logit_bias included); mode "processed" reports log_softmax of the logits actually sampled
+from (after bias, penalties, temperature and filters; filtered tokens get -inf; greedy rows: penalised
+logits).
 """
 from __future__ import annotations
 
@@ -94,9 +96,28 @@ def _history_tensor(ids: Seq[Seq[int]], vocab: int, device: torch.device, what: 
     return to_device(out, device)
 
 
+def apply_logit_bias(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Tensor:
+    """Logits with each row's `logit_bias` added (a new tensor where any row has one, else `logits` itself)."""
+    rows = [i for i, p in enumerate(params) if p.has_logit_bias]
+    if not rows:
+        return logits
+    vocab = logits.shape[1]
+    at = [(i, t, b) for i in rows for t, b in params[i].logit_bias.items()]
+    bad = next((t for _, t, _ in at if t >= vocab), None)
+    if bad is not None:
+        raise ValueError(f"sampler: logit_bias token id {bad} is outside the vocabulary [0, {vocab})")
+    out = logits.clone()
+    row, tok, bias = zip(*at)
+    dev = logits.device
+    out.index_put_((_on(list(row), dev), _on(list(tok), dev)), _on(list(bias), dev, logits.dtype), accumulate=True)
+    return out
+
+
 def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams],
                     prompt_token_ids: Seq[Seq[int]], output_token_ids: Seq[Seq[int]]) -> torch.Tensor:
-    """Return penalised logits (a new tensor where any row is penalised, else `logits` itself)."""
+    """Return biased (`apply_logit_bias`), then penalised logits (a new tensor where any row is biased or
+    penalised, else `logits` itself)."""
+    logits = apply_logit_bias(logits, params)
     rows = [i for i, p in enumerate(params) if p.has_penalties]
     if not rows:
         return logits

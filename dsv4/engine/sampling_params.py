@@ -2,7 +2,8 @@
 
 Disabled values: temperature 0 = greedy; top_k 0 or -1 = off; top_p 1.0 = off; min_p 0.0 = off;
 repetition_penalty 1.0, presence_penalty 0.0, frequency_penalty 0.0 = off; max_tokens None = only
-the model length bounds the output; logprobs None = off (0 = only the sampled token's logprob).
+the model length bounds the output; logprobs None = off (0 = only the sampled token's logprob);
+logit_bias None or {} = off ({token id: bias in [-100, 100]}, added to the model's logits first, as OpenAI's).
 """
 from __future__ import annotations
 
@@ -11,8 +12,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _invalid(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"SamplingParams.{name}={value!r} is invalid; expected {allowed}")
+MAX_LOGIT_BIAS = 100  # OpenAI's bound
+
+
+class InvalidSamplingParam(ValueError):
+    """A bad field value; `field` names it (the server's 400 reports it as the request's param)."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.field = name
+
+
+def _invalid(name: str, value: Any, allowed: str) -> InvalidSamplingParam:
+    return InvalidSamplingParam(name, f"SamplingParams.{name}={value!r} is invalid; expected {allowed}")
 
 
 def _is_int(v: Any) -> bool:
@@ -38,6 +50,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -48,6 +61,9 @@ class SamplingParams:
             self.stop_token_ids = []
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise _invalid("logit_bias", self.logit_bias, "a dict {token id: bias} or None")
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None  # a copy; {} = off
         self.validate()
 
     def validate(self) -> None:
@@ -78,6 +94,12 @@ class SamplingParams:
             raise _invalid("ignore_eos", self.ignore_eos, "a bool")
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise _invalid("logprobs", self.logprobs, "an integer >= 0 or None")
+        for t, b in (self.logit_bias or {}).items():
+            if not _is_int(t) or t < 0:
+                raise _invalid("logit_bias", self.logit_bias, f"token ids >= 0 as keys (got {t!r})")
+            if not _is_number(b) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+                raise _invalid("logit_bias", self.logit_bias,
+                               f"biases in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}] (token {t}: {b!r})")
 
     @property
     def greedy(self) -> bool:
@@ -87,6 +109,10 @@ class SamplingParams:
     def effective_top_k(self) -> int:
         """top_k with both disabled spellings (0, -1) mapped to 0."""
         return max(self.top_k, 0)
+
+    @property
+    def has_logit_bias(self) -> bool:
+        return self.logit_bias is not None
 
     @property
     def has_penalties(self) -> bool:

@@ -92,9 +92,10 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def plain_greedy(seq: Sequence) -> bool:
-    """Greedy without penalties or logprobs: its token is the argmax of the raw logits, nothing read on the host."""
+    """Greedy without bias, penalties or logprobs: its token is the argmax of the raw logits, nothing read on the
+    host."""
     p = seq.params
-    return p.greedy and not p.has_penalties and p.logprobs is None
+    return p.greedy and not p.has_logit_bias and not p.has_penalties and p.logprobs is None
 
 
 def greedy_verify(target_ids: list[int], drafts: list[int]) -> list[int]:

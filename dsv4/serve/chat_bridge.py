@@ -167,6 +167,10 @@ class ChatBridge:
         if bad:
             raise RequestError(f"stop_token_ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
                                "stop_token_ids")
+        bad = [t for t in req.logit_bias or {} if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                               "logit_bias")
         if req.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer, and this model has none", "stop")
         try:
@@ -179,9 +183,9 @@ class ChatBridge:
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 seed=seed, max_tokens=max_tokens, stop=req.stop or [],
-                stop_token_ids=stop_ids, ignore_eos=req.ignore_eos, logprobs=logprobs)
+                stop_token_ids=stop_ids, ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=req.logit_bias)
         except ValueError as e:
-            raise RequestError(str(e)) from None
+            raise RequestError(str(e), getattr(e, "field", None)) from None
 
     # ---- logprobs ------------------------------------------------------------------------
     def _tok(self, token_id: int) -> str:

@@ -2,8 +2,8 @@
 
 Only what dsv4 implements is declared; unknown fields are ignored like the OpenAI API does, but
 values of known fields are validated here, before the engine sees anything (bad input -> 400).
-Fields that would change the result but are not implemented (logit_bias, suffix, prompt
-logprobs, non-text content) are refused with a 400 rather than silently ignored.
+Fields that would change the result but are not implemented (suffix, prompt logprobs, non-text
+content) are refused with a 400 rather than silently ignored.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ MAX_LOGPROBS = 20
 MAX_TOOLS = 128
 MAX_MESSAGES = 4096
 MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS_TOKENS = 1024  # tokens one request may bias
 
 # OpenAI reasoning_effort -> (thinking on?, DeepSeek-V4 effort). V4 knows "high" and "max".
 REASONING_EFFORTS = {"none": (False, None), "minimal": (True, "high"), "low": (True, "high"),
@@ -57,7 +58,7 @@ class SamplingFields(_Lenient):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     ignore_eos: bool = False
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[int, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_TOKENS)  # JSON keys: "id"
     user: str | None = None
 
     @field_validator("stop")
@@ -74,13 +75,6 @@ class SamplingFields(_Lenient):
             if len(s) > MAX_STOP_LEN:
                 raise ValueError(f"stop sequences must be at most {MAX_STOP_LEN} characters")
         return stops
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, v: dict | None) -> None:
-        if v:
-            raise ValueError("logit_bias is not supported")
-        return None
 
 
 class CompletionRequest(SamplingFields):
