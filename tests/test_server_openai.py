@@ -215,6 +215,7 @@ def _stream_chat(client, **kw):
 
 @pytest.mark.parametrize("options,thinking,effort", [
     ({}, False, None),
+    ({"response_format": {"type": "text"}}, False, None),
     ({"extra_body": {"chat_template_kwargs": {"thinking": True}}}, True, None),
     ({"reasoning_effort": "high"}, True, "high"),
     ({"reasoning_effort": "max"}, True, "max"),
@@ -337,6 +338,11 @@ def test_over_length_wording(client, tok):
     ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1}, 400),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**6]}, 400),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"1000000": 5}}, 400),
+    ("/v1/completions", {"prompt": "x", "best_of": 3}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_object"}}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "yaml"}}, 400),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"one": 5}}, 400),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 101}}, 400),
     ("/v1/completions", {"prompt": "x", "logit_bias": {str(t): 1 for t in range(1025)}}, 400),

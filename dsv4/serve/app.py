@@ -258,6 +258,8 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         check_model(req.model)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise ApiError(400, "best_of is not supported (ask for n choices instead)", param="best_of")
         if req.echo and req.logprobs is not None:
             raise ApiError(400, "echo with logprobs needs prompt logprobs, which dsv4 does not compute",
                            param="echo")
@@ -319,6 +321,9 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
+        if req.response_format is not None and req.response_format.type != "text":
+            raise ApiError(400, f"response_format {req.response_format.type!r} is not supported (no constrained "
+                           "decoding): ask for JSON in the messages", param="response_format")
         try:
             rendered = bridge.render_chat(req)
             ids = rendered.token_ids

@@ -2,8 +2,8 @@
 
 Only what dsv4 implements is declared; unknown fields are ignored like the OpenAI API does, but
 values of known fields are validated here, before the engine sees anything (bad input -> 400).
-Fields that would change the result but are not implemented (suffix, prompt logprobs, non-text
-content) are refused with a 400 rather than silently ignored.
+Fields that would change the result but are not implemented (suffix, best_of, prompt logprobs,
+non-text content, a JSON response_format) are refused with a 400 rather than silently ignored.
 """
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
 
     @field_validator("prompt")
     @classmethod
@@ -164,6 +165,10 @@ class ThinkingOption(_Lenient):
     type: Literal["enabled", "disabled"]
 
 
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -175,6 +180,7 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     thinking: ThinkingOption | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
+    response_format: ResponseFormat | None = None
 
 
 class Usage(BaseModel):
