@@ -14,6 +14,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="0 = greedy (default 0 for generate, 1.0 for chat)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when the output contains TEXT (cut from it); repeat for several")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--speculative", choices=["mtp"], default=None,
@@ -63,16 +69,20 @@ def _llm(args):
                kv_dtype=getattr(args, "kv_dtype", "auto"), overlap=getattr(args, "overlap", None))
 
 
-def _params(args, default_temperature: float):
+def sampling_params(args, default_temperature: float):
+    """The sampling options of generate / chat (one or many ranks) as SamplingParams (a bad value: its ValueError
+    names the field)."""
     from .engine.sampling_params import SamplingParams
     t = default_temperature if args.temperature is None else args.temperature
-    return SamplingParams(temperature=t, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+    return SamplingParams(temperature=t, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, stop=args.stop, seed=args.seed,
                           max_tokens=args.max_tokens)
 
 
 def run_generate(args) -> int:
+    params = sampling_params(args, 0.0)  # a bad option fails before the model loads
     llm = _llm(args)
-    params = _params(args, 0.0)
     if len(args.prompt) == 1 and not args.no_stream:
         for d in llm.stream(args.prompt, params):
             sys.stdout.write(d.text)
@@ -87,10 +97,10 @@ def run_generate(args) -> int:
 def run_chat(args) -> int:
     from .chat.encoding import encode_messages
     from .chat.parser import StreamingParser, prompt_ends_in_reasoning
+    params = sampling_params(args, 1.0)
     llm = _llm(args)
     if llm.tokenizer is None:
         raise ValueError("chat needs a tokenizer; this checkpoint has no tokenizer.json")
-    params = _params(args, 1.0)
     mode = "thinking" if args.thinking else "chat"
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()

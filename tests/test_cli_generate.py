@@ -64,6 +64,28 @@ def test_generate_with_fp8_cache_prints_the_same_text(ckpt, llm):
     assert LLM(ckpt, device="cpu", dtype=torch.float32, kv_dtype="fp8").engine.cache.pools.fp8
 
 
+def test_sampling_options_reach_the_engine(ckpt, llm):
+    """--min-p, the penalties and --stop: the same text as the Python API with those SamplingParams (the stop
+    string cut from it), and a different text than without them (seeded sampling: the random model's greedy
+    margins are too wide for the penalties to turn a pick)."""
+    plain = llm.generate(PROMPTS[0], SamplingParams(temperature=1.0, seed=3, max_tokens=10))[0].text
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=10, min_p=0.1, repetition_penalty=1.8,
+                            presence_penalty=1.5, frequency_penalty=0.5)
+    want = llm.generate(PROMPTS[0], params)[0].text
+    assert want != plain and len(want) > 2
+    stop = want[len(want) // 2:][:2]
+    res = dsv4_cli("generate", "--model", str(ckpt), "--max-tokens", "10", "--temperature", "1", "--seed", "3",
+                   "--min-p", "0.1", "--repetition-penalty", "1.8", "--presence-penalty", "1.5",
+                   "--frequency-penalty", "0.5", "--stop", "never-seen", "--stop", stop, PROMPTS[0])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == want[:want.index(stop)] + "\n"
+
+
+def test_a_bad_sampling_option_is_a_one_line_error_before_loading(tmp_path):
+    line = one_line_error(dsv4_cli("generate", "--model", str(tmp_path / "absent"), "--top-p", "0", "hello"))
+    assert "top_p" in line and "absent" not in line
+
+
 @pytest.mark.parametrize("command", ["generate", "serve"])
 def test_no_overlap_reaches_the_engine(ckpt, command, monkeypatch):
     """--no-overlap turns the engine's look-ahead off; without it the engine decides (on where the model is on a

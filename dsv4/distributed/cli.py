@@ -102,21 +102,16 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
     return LLMEngine(model, model.config, load_tokenizer(path), config, model_name=path.name)
 
 
-def _sampling_params(args: argparse.Namespace):
-    from dsv4.engine.sampling_params import SamplingParams
-    return SamplingParams(temperature=0.0 if args.temperature is None else args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens)
-
-
 def _generate(args: argparse.Namespace, ps) -> int:
+    from dsv4.cli_generate import sampling_params
     from dsv4.distributed.engine import lockstep
 
+    params = sampling_params(args, 0.0)  # a bad option fails before any rank loads weights
     engine = build_engine(args, ps)
 
     def lead(core) -> int:
         if engine.tokenizer is None:
             raise ValueError("this checkpoint has no tokenizer.json: prompts cannot be encoded")
-        params = _sampling_params(args)
         stream = len(args.prompt) == 1 and not args.no_stream
         texts = {}
         for i, prompt in enumerate(args.prompt):
