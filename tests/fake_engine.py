@@ -41,7 +41,7 @@ from dsv4.chat.encoding import (ASSISTANT, BOS, DSML, EOS, LATEST_REMINDER, TASK
 from dsv4.chat.tokenizer import ChatTokenizer, load_tokenizer  # noqa: E402
 from dsv4.engine.block_manager import BlockManager, make_page_kinds  # noqa: E402
 from dsv4.engine.outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob  # noqa: E402
-from dsv4.engine.sampler import Sampler  # noqa: E402
+from dsv4.engine.sampler import Sampler, token_logprobs  # noqa: E402
 from dsv4.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from dsv4.engine.sequence import Sequence  # noqa: E402
 
@@ -190,6 +190,12 @@ class FakeCore:
         batch = self.scheduler.schedule()
         if not batch.rows:
             return []
+        for row in batch.rows:  # prompt logprobs: position p's logits are the noise row of the token there
+            seq, todo = row.seq, row.seq.prompt_positions_to_score(row.start, row.num_tokens)
+            if seq.params.prompt_logprobs is not None and todo:
+                logits = self.model.noise[seq.token_ids[todo.start: todo.stop]]
+                seq.prompt_logprobs.extend(token_logprobs(logits, seq.token_ids[todo.start + 1: todo.stop + 1],
+                                                          seq.params.prompt_logprobs))
         sampled = [i for i, r in enumerate(batch.rows) if r.sample]
         tokens: list[int | None] = [None] * len(batch.rows)
         lps: dict[int, list[TokenLogprob] | None] = {}

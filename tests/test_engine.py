@@ -79,7 +79,8 @@ def drain(engine: LLMEngine, arrivals: dict[int, list[tuple]] | None = None, max
             engine.add_request(rid, ids, params)
         for o in engine.step():
             r = out.setdefault(o.request_id, {"tokens": [], "logprobs": [], "finish_reason": None,
-                                              "finished_deltas": 0})
+                                              "finished_deltas": 0, "prompt_logprobs": []})
+            r["prompt_logprobs"].append(o.prompt_logprobs)
             r["tokens"] += o.token_ids
             r["logprobs"] += o.logprobs or []
             if o.finished:
@@ -183,6 +184,37 @@ def test_preemption_under_tiny_page_pool(model, prompts, alone):
         r = out[f"r{i}"]
         assert r["tokens"] == alone[i], f"prompt {i} ({LENGTHS[i]} tokens)"
         assert r["finish_reason"] == "length" and r["finished_deltas"] == 1
+    assert_all_pages_free(engine)
+
+
+def test_prompt_logprobs_match_full_forward_under_chunks_and_preemption(model, prompts, alone):
+    """SamplingParams.prompt_logprobs: every prompt token after the first scored by the float64 log_softmax of a
+    full forward over the prompt (no cache), top-3 included, once, on the request's first output -- with
+    prefill cut into chunks of a 97-token budget shared by 16 requests and preempted sequences recomputed (their
+    scores kept, not scored twice). Generated tokens as without it."""
+    sizes = {"window": 8, "compressed4": 4, "indexer4": 4, "compressed128": 1}
+    cache = CacheConfig.for_capacity(CFG, max_num_seqs=16, max_model_len=MAX_LEN, page_sizes=sizes,
+                                     num_pages={"compressed4": 30, "indexer4": 30})
+    engine = make_engine(model, max_num_seqs=16, budget=97, cache=cache)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, greedy(max_tokens_of(i), prompt_logprobs=3))
+    out = drain(engine)
+    assert engine.scheduler.num_preemptions > 0
+    for i, p in enumerate(prompts):
+        r = out[f"r{i}"]
+        assert r["tokens"] == alone[i]
+        first, *rest = r["prompt_logprobs"]
+        assert first is not None and all(x is None for x in rest)  # the first output only
+        assert len(first) == len(p) and first[0] is None
+        with torch.inference_mode():
+            logits = model.compute_logits(model.forward(torch.tensor(p), torch.arange(len(p))))
+        ref = torch.log_softmax(logits.double(), -1)
+        for k, got in enumerate(first[1:]):  # prompt token k + 1, scored at position k
+            assert got.token_id == p[k + 1]
+            assert abs(got.logprob - ref[k, p[k + 1]].item()) < 1e-5, (i, k)
+            top = torch.sort(ref[k], descending=True, stable=True)
+            assert [t for t, _ in got.top] == top.indices[:3].tolist()
+            assert [v for _, v in got.top] == pytest.approx(top.values[:3].tolist(), abs=1e-5)
     assert_all_pages_free(engine)
 
 

@@ -141,6 +141,23 @@ def test_generate_token_id_prompts_and_per_prompt_params(llm, tok, reference):
     assert all_pages_free(llm.engine)
 
 
+def test_generate_returns_logprobs_and_prompt_logprobs(llm, tok, reference):
+    """GenerationResult.logprobs (one per generated token: greedy picks the best, so its logprob heads the top list)
+    and .prompt_logprobs (None for the first prompt token, then each prompt token's, with 2 alternatives); without
+    asking, neither."""
+    ids = tok.encode(PROMPTS[0], add_special_tokens=False).ids
+    r = llm.generate(ids, greedy(5, logprobs=3, prompt_logprobs=2))[0]
+    assert r.token_ids == reference(ids, 5) and len(r.logprobs) == len(r.token_ids)
+    for t, lp in zip(r.token_ids, r.logprobs):
+        assert lp.token_id == t and len(lp.top) == 3 and lp.top[0] == (t, pytest.approx(lp.logprob))
+        assert lp.logprob <= 0 and lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+    assert len(r.prompt_logprobs) == len(ids) and r.prompt_logprobs[0] is None
+    assert [lp.token_id for lp in r.prompt_logprobs[1:]] == ids[1:]
+    assert all(len(lp.top) == 2 and lp.logprob <= lp.top[0][1] + 1e-6 for lp in r.prompt_logprobs[1:])
+    plain = llm.generate(ids, greedy(5))[0]
+    assert plain.token_ids == r.token_ids and plain.logprobs == [] and plain.prompt_logprobs is None
+
+
 def test_invalid_prompt_in_a_batch_leaves_nothing_behind(llm):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([[5, 6, 7], [5, 10**6]], greedy(3))

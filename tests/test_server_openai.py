@@ -193,6 +193,38 @@ def test_logit_bias_bans_and_favours_tokens(server, client, tok):
     assert err["param"] == "logit_bias"
 
 
+def test_echo_with_logprobs_scores_the_prompt(client, tok):
+    """echo + logprobs (the loglikelihood requests of evaluation harnesses): the prompt's tokens lead the logprobs,
+    the first with null logprob and top, each later one scored under the fake model's logits at the position before
+    it (float64 re-derivation), then the generated tokens'; streamed, the echo comes with the first chunk."""
+    prompt, k, n = "count to three", 2, 3
+    ids, model = tok.encode(prompt), ScriptedModel(tok)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0, logprobs=k, echo=True)
+    c = r.choices[0]
+    lp = c.logprobs
+    assert c.text.startswith(prompt) and "".join(lp.tokens) == c.text and len(lp.tokens) == len(ids) + n
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for j in range(1, len(ids)):
+        ref = torch.log_softmax(model.noise[ids[j - 1]].double(), -1)
+        assert math.isclose(lp.token_logprobs[j], ref[ids[j]].item(), abs_tol=1e-4)
+        top = torch.sort(ref, descending=True, stable=True)
+        want = {}
+        for t, v in zip(top.indices[:k].tolist(), top.values[:k].tolist()):
+            want.setdefault(tok.decode([t]), v)
+        assert list(lp.top_logprobs[j]) == list(want)
+    out_ids = tok.encode(COUNTING)[:n]
+    for j in range(n):
+        ref = torch.log_softmax(model.logits(ids, out_ids[:j]).double(), -1)
+        assert math.isclose(lp.token_logprobs[len(ids) + j], ref[out_ids[j]].item(), abs_tol=1e-4)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:j]) for j in range(len(lp.tokens))]
+    chunks = [ch for ch in client.completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0,
+                                                      logprobs=k, echo=True, stream=True) if ch.choices]
+    assert chunks[0].choices[0].text.startswith(prompt)
+    assert "".join(ch.choices[0].text for ch in chunks) == c.text
+    assert sum((ch.choices[0].logprobs.token_logprobs for ch in chunks), []) == lp.token_logprobs
+    assert sum((ch.choices[0].logprobs.text_offset for ch in chunks), []) == lp.text_offset
+
+
 # ---- chat ----------------------------------------------------------------------------------
 
 def _stream_chat(client, **kw):
@@ -335,7 +367,6 @@ def test_over_length_wording(client, tok):
     ("/v1/completions", {"prompt": "x", "temperature": -1}, 400),
     ("/v1/completions", {"prompt": [10**9]}, 400),
     ("/v1/completions", {"prompt": ""}, 400),
-    ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1}, 400),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**6]}, 400),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"1000000": 5}}, 400),
     ("/v1/completions", {"prompt": "x", "best_of": 3}, 400),

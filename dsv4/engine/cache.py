@@ -15,10 +15,12 @@ import torch
 from ..config import ModelConfig
 from ..model.context import ForwardContext, set_forward_context, to_device
 from .block_manager import BlockManager, make_page_kinds, required_kinds
+from .sampler import token_logprobs
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
 MAX_ROLLBACK = 4  # tokens a sequence can roll back (MTP speculative decoding drafts at most 3)
+PROMPT_LOGPROB_ROWS = 256  # prompt positions scored per LM-head call ([rows, vocab] fp32 logits at a time)
 DEFAULT_PAGE_SIZES = {"window": 16, "compressed4": 64, "compressed128": 16, "indexer4": 64}
 
 
@@ -85,6 +87,18 @@ class HybridCache:
     def release(self, seq: Sequence) -> None:
         self.states.pop(seq.request_id, None)
 
+    @staticmethod
+    def _score_prompt(model, row, hidden: torch.Tensor) -> None:
+        """Append to `row.seq.prompt_logprobs` the entries of the prompt tokens this chunk predicts: position p
+        scores prompt token p + 1 (the chunk's hidden rows, `hidden`, are positions row.start...). Positions
+        scored before (a recompute after preemption) are skipped."""
+        seq = row.seq
+        todo = seq.prompt_positions_to_score(row.start, row.num_tokens)
+        for a in range(todo.start, todo.stop, PROMPT_LOGPROB_ROWS):
+            b = min(todo.stop, a + PROMPT_LOGPROB_ROWS)
+            logits = model.compute_logits(hidden[a - row.start: b - row.start])
+            seq.prompt_logprobs.extend(token_logprobs(logits, seq.token_ids[a + 1: b + 1], seq.params.prompt_logprobs))
+
     def run(self, model, batch: ScheduledBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Forward the batch; return fp32 logits of the last token of every sampled row (speculative
         rows: of their last own token and of every draft token, 1 + len(drafts) rows). `input_ids`: a
@@ -94,10 +108,11 @@ class HybridCache:
             states = [self.state_of(row.seq) for row in batch.rows]
             with set_forward_context(ForwardContext([1] * len(states), states, trusted_inputs=True)):
                 return model.compute_logits(model.forward(input_ids, pos))
-        ids, positions, lens, states, last, drafts = [], [], [], [], [], []
+        ids, positions, lens, states, last, drafts, starts = [], [], [], [], [], [], []
         offset = 0
         for row in batch.rows:
             tokens = row.token_ids  # the chunk, then the row's draft tokens
+            starts.append(offset)
             ids.extend(tokens)
             drafts.extend(range(offset + row.num_tokens, offset + len(tokens)))
             positions.extend(range(row.start, row.start + len(tokens)))
@@ -116,6 +131,9 @@ class HybridCache:
             input_ids[to_device(torch.tensor(drafts, dtype=torch.long), dev)] = batch.draft_ids
         with set_forward_context(ForwardContext(lens, states, trusted_inputs=trusted)):
             hidden = model.forward(input_ids, pos)
+        for row, start in zip(batch.rows, starts):
+            if row.seq.params.prompt_logprobs is not None:
+                self._score_prompt(model, row, hidden[start: start + row.num_tokens])
         if not last:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=dev)
         if len(last) == hidden.shape[0]:  # every row sampled (plain decode): no gather

@@ -20,7 +20,8 @@ class GenerationResult:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # with SamplingParams.logprobs: one per token
+    prompt_logprobs: list[TokenLogprob | None] | None = None     # with SamplingParams.prompt_logprobs
     # chat only: the parsed assistant message
     reasoning_content: str | None = None
     content: str | None = None
@@ -34,6 +35,8 @@ class StreamDelta:
     token_ids: list[int]
     finished: bool
     finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None                # with SamplingParams.logprobs: one per token
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # the first delta's, with SamplingParams.prompt_logprobs
 
 
 class LLM:
@@ -83,7 +86,7 @@ class LLM:
                 for out in self.engine.step():
                     if out.request_id in rids:
                         yield StreamDelta(rids[out.request_id], out.text, out.token_ids, out.finished,
-                                          out.finish_reason)
+                                          out.finish_reason, out.logprobs, out.prompt_logprobs)
         finally:  # a consumer that stops early must not leave requests holding pages
             for rid in rids:
                 self.engine.abort_request(rid)
@@ -100,6 +103,9 @@ class LLM:
             r = results[d.index]
             r.text += d.text
             r.token_ids.extend(d.token_ids)
+            r.logprobs.extend(d.logprobs or [])
+            if d.prompt_logprobs is not None:
+                r.prompt_logprobs = d.prompt_logprobs
             if d.finished:
                 r.finish_reason = d.finish_reason
                 if bar is not None:

@@ -2,7 +2,8 @@
 
 Public API
 ----------
-RequestOutput    one step's *new* tokens / text of one request (plus running counts)
+RequestOutput    one step's *new* tokens / text of one request (plus running counts; the first also carries
+                 the prompt's logprobs when asked for)
 TokenLogprob     logprob of one generated token and the best alternatives
 EngineStats      queue, running and cache-page numbers of an engine core
 OutputTracker(request_id, prompt_token_ids, params, tokenizer)
@@ -43,6 +44,8 @@ class RequestOutput:
     completion_tokens: int
     logprobs: list[TokenLogprob] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
+    # first output of a request with params.prompt_logprobs: one entry per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -101,6 +104,7 @@ class OutputTracker:
     def update(self, seq: Any, new_token_ids: Seq[int],
                logprobs: list[TokenLogprob] | None = None) -> RequestOutput | None:
         """Delta for the tokens appended to `seq` since the last call; None if nothing to say."""
+        first = self._num_tokens == 0 and bool(new_token_ids)
         self._num_tokens += len(new_token_ids)
         finished = seq.is_finished
         text = ""
@@ -127,4 +131,5 @@ class OutputTracker:
             request_id=self.request_id, token_ids=list(new_token_ids), text=text, finished=finished,
             finish_reason=seq.finish_reason if finished else None, prompt_tokens=self.num_prompt_tokens,
             completion_tokens=self._num_tokens, logprobs=logprobs,
-            stop_reason=seq.stop_reason if finished else None)
+            stop_reason=seq.stop_reason if finished else None,
+            prompt_logprobs=[None, *seq.prompt_logprobs] if first and self.params.prompt_logprobs is not None else None)

@@ -24,6 +24,7 @@ from typing import Sequence as Seq
 
 import torch
 
+from dsv4.engine.outputs import TokenLogprob
 from dsv4.engine.sampling_params import SamplingParams
 from dsv4.model.context import to_device
 
@@ -174,6 +175,17 @@ def filter_logits(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Te
     masked = vals.masked_fill(~keep, float("-inf"))
     x[idx] = torch.empty_like(sub).scatter_(1, order, masked)
     return x
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], n_top: int) -> list[TokenLogprob]:
+    """Row i of `logits` is the distribution tokens[i] was emitted from (or, for a prompt, the one it is scored
+    under): its logprob and the n_top best (ties -> lower ids), from the fp32 log_softmax."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, to_device(torch.tensor(tokens, dtype=torch.long), lp.device)[:, None])[:, 0].tolist()
+    n = min(n_top, lp.shape[1])
+    vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)
+    vals, ids = vals[:, :n].tolist(), ids[:, :n].tolist()
+    return [TokenLogprob(t, c, list(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids, vals)]
 
 
 class Sampler:

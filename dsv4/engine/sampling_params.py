@@ -3,7 +3,9 @@
 Disabled values: temperature 0 = greedy; top_k 0 or -1 = off; top_p 1.0 = off; min_p 0.0 = off;
 repetition_penalty 1.0, presence_penalty 0.0, frequency_penalty 0.0 = off; max_tokens None = only
 the model length bounds the output; logprobs None = off (0 = only the sampled token's logprob);
-logit_bias None or {} = off ({token id: bias in [-100, 100]}, added to the model's logits first, as OpenAI's).
+logit_bias None or {} = off ({token id: bias in [-100, 100]}, added to the model's logits first, as OpenAI's);
+prompt_logprobs None = off, n >= 0: each prompt token after the first gets its logprob under the model (the raw
+log_softmax of the logits at the position before it) and the n best alternatives.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -94,6 +97,8 @@ class SamplingParams:
             raise _invalid("ignore_eos", self.ignore_eos, "a bool")
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise _invalid("logprobs", self.logprobs, "an integer >= 0 or None")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs) or self.prompt_logprobs < 0):
+            raise _invalid("prompt_logprobs", self.prompt_logprobs, "an integer >= 0 or None")
         for t, b in (self.logit_bias or {}).items():
             if not _is_int(t) or t < 0:
                 raise _invalid("logit_bias", self.logit_bias, f"token ids >= 0 as keys (got {t!r})")

@@ -45,6 +45,9 @@ class Sequence:
         self.num_preemptions = 0
         self.block_tables: dict[str, list[int]] = {}
         self.generator = None                 # torch.Generator of a seeded request (made by the sampler)
+        # with params.prompt_logprobs: entry k is prompt token k + 1's TokenLogprob (the cache's forward fills it
+        # chunk by chunk; a recompute after preemption finds it filled)
+        self.prompt_logprobs: list = []
 
     # ---- views ---------------------------------------------------------------------------
     @property
@@ -77,6 +80,11 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, finish_reason={self.finish_reason!r})")
+
+    def prompt_positions_to_score(self, start: int, num_tokens: int) -> range:
+        """With params.prompt_logprobs: the positions of the chunk [start, start + num_tokens) whose logits score a
+        prompt token not scored yet (position p scores prompt token p + 1)."""
+        return range(max(start, len(self.prompt_logprobs)), min(start + num_tokens, self.num_prompt_tokens - 1))
 
     # ---- updates -------------------------------------------------------------------------
     def append_token(self, token_id: int) -> None:

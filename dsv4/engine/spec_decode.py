@@ -39,7 +39,7 @@ import torch
 
 from ..model.context import ForwardContext, set_forward_context, to_device
 from .outputs import TokenLogprob
-from .sampler import apply_penalties, filter_logits, first_argmax, make_generator, penalty_histories
+from .sampler import apply_penalties, filter_logits, first_argmax, make_generator, penalty_histories, token_logprobs
 from .scheduler import ScheduledBatch, ScheduledSeq
 from .sequence import Sequence
 
@@ -408,12 +408,3 @@ class MTPSpeculator:
         # forget sequences whose state the cache released (finished, aborted, preempted)
         self._seeds = {rid: s for rid, s in self._seeds.items() if self.cache.states.get(rid) is s.state}
 
-
-def token_logprobs(logits: torch.Tensor, tokens: list[int], n_top: int) -> list[TokenLogprob]:
-    """Row i of `logits` is the distribution tokens[i] was emitted from."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, to_device(torch.tensor(tokens, dtype=torch.long), lp.device)[:, None])[:, 0].tolist()
-    n = min(n_top, lp.shape[1])
-    vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)
-    vals, ids = vals[:, :n].tolist(), ids[:, :n].tolist()
-    return [TokenLogprob(t, c, list(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids, vals)]

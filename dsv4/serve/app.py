@@ -260,9 +260,6 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             raise ApiError(400, "suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise ApiError(400, "best_of is not supported (ask for n choices instead)", param="best_of")
-        if req.echo and req.logprobs is not None:
-            raise ApiError(400, "echo with logprobs needs prompt logprobs, which dsv4 does not compute",
-                           param="echo")
         try:
             prompts = bridge.completion_prompts(req.prompt)
             max_tokens = req.max_tokens if req.max_tokens is not None else cfg.completion_default_max_tokens
@@ -270,7 +267,8 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             for ids in prompts:
                 budget(len(ids), max_tokens, "prompt")
                 for k in range(req.n):
-                    jobs.append((ids, bridge.sampling_params(req, max_tokens, logprobs=req.logprobs, k=k)))
+                    jobs.append((ids, bridge.sampling_params(req, max_tokens, logprobs=req.logprobs, k=k,
+                                                             prompt_logprobs=req.logprobs if req.echo else None)))
         except RequestError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, streams = await admit(jobs, "cmpl")
@@ -279,7 +277,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         head = {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name}
 
         def choice(i: int, text: str, outs: list[RequestOutput], finish: str | None, offset: int = 0) -> dict:
-            lp = bridge.completion_logprobs(outs, offset) if req.logprobs is not None else None
+            lp = bridge.completion_logprobs(outs, offset, jobs[i][0]) if req.logprobs is not None else None
             return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
 
         if not req.stream:
@@ -295,16 +293,19 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             start = time.monotonic()
             observers = [_Observer(metrics, start) for _ in streams]
             n_out, offsets, unfinished = [0] * len(streams), [0] * len(streams), len(streams)
+            # echo: the prompt's text first; with logprobs it waits for the first output (its logprobs come with it)
+            held = list(echoes) if req.logprobs is not None else [""] * len(echoes)
             for i, text in enumerate(echoes):
-                if text:
+                if text and not held[i]:
                     offsets[i] = len(text)
                     yield _sse({**head, "choices": [choice(i, text, [], None)]})
             try:
                 async for i, o in _merge(streams):
                     observers[i](o)
                     n_out[i] = o.completion_tokens
-                    chunk = {**head, "choices": [choice(i, o.text, [o], o.finish_reason, offsets[i])]}
-                    offsets[i] += len(o.text)
+                    text, held[i] = held[i] + o.text, ""
+                    chunk = {**head, "choices": [choice(i, text, [o], o.finish_reason, offsets[i])]}
+                    offsets[i] += len(text)
                     unfinished -= o.finished
                     if unfinished == 0 and not include_usage:
                         chunk["usage"] = usage(n_in, sum(n_out))

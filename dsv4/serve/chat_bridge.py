@@ -158,7 +158,7 @@ class ChatBridge:
 
     # ---- sampling ------------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int, *, logprobs: int | None,
-                        k: int) -> SamplingParams:
+                        k: int, prompt_logprobs: int | None = None) -> SamplingParams:
         seed = req.seed
         if seed is not None and k:
             seed = (seed + k) % (2**63)  # n > 1 with a seed: distinct but reproducible choices
@@ -183,7 +183,8 @@ class ChatBridge:
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 seed=seed, max_tokens=max_tokens, stop=req.stop or [],
-                stop_token_ids=stop_ids, ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=req.logit_bias)
+                stop_token_ids=stop_ids, ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=req.logit_bias,
+                prompt_logprobs=prompt_logprobs)
         except ValueError as e:
             raise RequestError(str(e), getattr(e, "field", None)) from None
 
@@ -191,20 +192,33 @@ class ChatBridge:
     def _tok(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
 
-    def completion_logprobs(self, outs: list[RequestOutput], text_offset: int = 0) -> dict:
+    def completion_logprobs(self, outs: list[RequestOutput], text_offset: int = 0,
+                            prompt_ids: list[int] | None = None) -> dict:
+        """OpenAI's completion logprobs of `outs`' tokens, preceded (echo) by the prompt's where an output carries
+        them (`prompt_ids`: their tokens; the first has no logprob: null, as OpenAI's)."""
         tokens, lps, tops, offsets = [], [], [], []
         for o in outs:
+            for t, lp in zip(prompt_ids or [], o.prompt_logprobs or []):
+                s = self._tok(t)
+                tokens.append(s)
+                lps.append(None if lp is None else lp.logprob)
+                tops.append(None if lp is None else self._top(lp))
+                offsets.append(text_offset)
+                text_offset += len(s)
             for lp in o.logprobs or []:
                 s = self._tok(lp.token_id)
                 tokens.append(s)
                 lps.append(lp.logprob)
-                top: dict[str, float] = {}
-                for t, v in lp.top:   # tokens that decode alike share a key: keep the best
-                    top.setdefault(self._tok(t), v)
-                tops.append(top)
+                tops.append(self._top(lp))
                 offsets.append(text_offset)
                 text_offset += len(s)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def _top(self, lp) -> dict[str, float]:
+        top: dict[str, float] = {}
+        for t, v in lp.top:   # tokens that decode alike share a key: keep the best
+            top.setdefault(self._tok(t), v)
+        return top
 
     def chat_logprobs(self, outs: list[RequestOutput]) -> dict:
         content = []

@@ -2,8 +2,8 @@
 
 Only what dsv4 implements is declared; unknown fields are ignored like the OpenAI API does, but
 values of known fields are validated here, before the engine sees anything (bad input -> 400).
-Fields that would change the result but are not implemented (suffix, best_of, prompt logprobs,
-non-text content, a JSON response_format) are refused with a 400 rather than silently ignored.
+Fields that would change the result but are not implemented (suffix, best_of, non-text content, a
+JSON response_format) are refused with a 400 rather than silently ignored.
 """
 from __future__ import annotations
 
