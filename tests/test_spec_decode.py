@@ -88,6 +88,8 @@ def request_params(i: int) -> SamplingParams:
         kw.update(presence_penalty=0.7, frequency_penalty=0.4)
     if i in (4, 9):
         kw["logprobs"] = 2
+    if i == 9:
+        kw["prompt_logprobs"] = 1  # its prefill chunks also score the prompt (extra LM-head rows, nothing else)
     if i == 10:
         kw["ignore_eos"] = False  # its continuation has an EOS (id 1) at the 4th token
     if i == 12:
