@@ -324,6 +324,27 @@ def test_processed_logprobs_are_of_the_sampled_distribution():
     assert want[out.token_ids[0]] > 0 and out.token_ids[0] == out.token_ids[1]
 
 
+@pytest.mark.parametrize("n_top", [0, 1, 2, 5])
+def test_token_logprobs_against_float64_and_ties(n_top):
+    """`token_logprobs` (prompt scoring, speculative rows): each token's log_softmax and the n best, ties -> lower id
+    (rows with a tie for first place and an all-equal row), whichever way it finds them."""
+    from dsv4.engine.sampler import token_logprobs
+    gen = torch.Generator().manual_seed(14 + n_top)
+    logits = torch.randn(5, 40, generator=gen) * 2
+    logits[1, 7] = logits[1, 30] = logits[1].max() + 1
+    logits[2] = 0.5
+    tokens = torch.randint(0, 40, (5,), generator=gen).tolist()
+    got = token_logprobs(logits, tokens, n_top)
+    for row, t, lp in zip(logits, tokens, got):
+        ref = torch.log_softmax(row.double(), -1)
+        assert lp.token_id == t and lp.logprob == pytest.approx(ref[t].item(), abs=1e-6)
+        order = sorted(range(40), key=lambda i: (-ref[i].item(), i))[:n_top]
+        assert [i for i, _ in lp.top] == order
+        assert [v for _, v in lp.top] == pytest.approx(ref[order].tolist(), abs=1e-6)
+    if n_top:
+        assert got[1].top[0][0] == 7 and got[2].top[0][0] == 0
+
+
 def test_bad_inputs_raise():
     s = Sampler()
     logits = torch.randn(2, 8)

@@ -183,7 +183,10 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], n_top: int) -> list[
     lp = torch.log_softmax(logits.float(), dim=-1)
     chosen = lp.gather(1, to_device(torch.tensor(tokens, dtype=torch.long), lp.device)[:, None])[:, 0].tolist()
     n = min(n_top, lp.shape[1])
-    vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)
+    if n <= 1:  # no full sort of the vocabulary (prompt scoring asks for 0 or 1 alternatives most often)
+        vals, ids = lp.max(dim=-1, keepdim=True)  # the first maximum: the lowest id on a tie
+    else:
+        vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)
     vals, ids = vals[:, :n].tolist(), ids[:, :n].tolist()
     return [TokenLogprob(t, c, list(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids, vals)]
 
