@@ -92,15 +92,19 @@ def test_health_models_and_auth_on_every_route(server, client):
     assert httpx.get(base + "/health").json() == {"status": "ok"}
     assert [m.id for m in client.models.list().data] == [MODEL]
     routes = [("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/no/such/route"),
-              ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")]
-    body = {"model": MODEL, "prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+              ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
+              ("POST", "/detokenize")]
+    body = {"model": MODEL, "prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+            "tokens": [5]}
+    bodies = {"/tokenize": {"model": MODEL, "prompt": "x"}}  # one of prompt / messages
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": "Bearer x" + KEY}):
         for method, path in routes:
-            r = httpx.request(method, base + path, headers=headers, json=body if method == "POST" else None)
+            r = httpx.request(method, base + path, headers=headers, json=bodies.get(path, body) if method == "POST"
+                              else None)
             assert r.status_code == 401, (headers, path, r.status_code)
             assert r.json()["error"]["code"] == "invalid_api_key"
     for method, path in routes:
-        r = httpx.request(method, base + path, headers=AUTH, json=body if method == "POST" else None)
+        r = httpx.request(method, base + path, headers=AUTH, json=bodies.get(path, body) if method == "POST" else None)
         assert r.status_code == (404 if "no/such" in path else 200), (path, r.text)
     bad = OpenAI(base_url=base + "/v1", api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
@@ -223,6 +227,26 @@ def test_echo_with_logprobs_scores_the_prompt(client, tok):
     assert "".join(ch.choices[0].text for ch in chunks) == c.text
     assert sum((ch.choices[0].logprobs.token_logprobs for ch in chunks), []) == lp.token_logprobs
     assert sum((ch.choices[0].logprobs.text_offset for ch in chunks), []) == lp.text_offset
+
+
+def test_tokenize_and_detokenize(server, client, tok):
+    """/tokenize counts what the generation routes count (a completion prompt; chat messages as rendered, the
+    usage's prompt_tokens of the same chat request); /detokenize inverts it; bad bodies are 400s."""
+    url = server.base_url
+    r = httpx.post(url + "/tokenize", headers=AUTH, json={"model": MODEL, "prompt": "count to three"}).json()
+    assert r["tokens"] == tok.encode("count to three") and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == MAX_LEN
+    back = httpx.post(url + "/detokenize", headers=AUTH, json={"tokens": r["tokens"]}).json()
+    assert back == {"prompt": "count to three"}
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    chat = httpx.post(url + "/tokenize", headers=AUTH, json={"messages": messages, "reasoning_effort": "high"}).json()
+    used = client.chat.completions.create(model=MODEL, messages=messages, reasoning_effort="high", max_tokens=1)
+    assert chat["count"] == used.usage.prompt_tokens
+    assert chat["tokens"] == tok.encode(encode_messages(messages, thinking_mode="thinking", reasoning_effort="high"))
+    for path, body in (("/tokenize", {}), ("/tokenize", {"prompt": "x", "messages": messages}),
+                       ("/detokenize", {"tokens": [10**9]}), ("/detokenize", {"tokens": "abc"})):
+        res = httpx.post(url + path, headers=AUTH, json=body)
+        assert res.status_code == 400 and res.json()["error"]["message"], (path, body, res.text)
 
 
 # ---- chat ----------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from ..engine.outputs import RequestOutput
 from .chat_bridge import ChatBridge, RenderedChat, RequestError
 from .guard import Guard
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, error_body, new_id, now, usage
+from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
+                       new_id, now, usage)
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,29 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
     async def models():
         return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": now(),
                                             "owned_by": "dsv4", "max_model_len": cfg.max_model_len}]}
+
+    # ---- vLLM's token utilities ----------------------------------------------------------
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise ApiError(400, "give exactly one of prompt and messages", param="prompt")
+        try:
+            ids = (bridge.completion_prompts(req.prompt)[0] if req.prompt is not None
+                   else bridge.render_chat(req).token_ids)
+        except RequestError as e:
+            raise ApiError(400, str(e), param=e.param) from None
+        return {"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        check_model(req.model)
+        bad = [t for t in req.tokens if not 0 <= t < bridge.vocab_size]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary [0, {bridge.vocab_size})", param="tokens")
+        if bridge.tokenizer is None:
+            raise ApiError(400, "detokenize needs a tokenizer, and this model has none", param="tokens")
+        return {"prompt": bridge.decode(req.tokens)}
 
     # ---- shared generation plumbing -----------------------------------------------------
     def check_model(name: str | None) -> None:

@@ -183,6 +183,18 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
 
 
+class TokenizeRequest(ChatCompletionRequest):
+    """/tokenize: a text `prompt` as /v1/completions encodes it, or `messages` (with the chat options) as
+    /v1/chat/completions renders them; exactly one of the two."""
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = Field(default=None, max_length=256)
+    tokens: list[int] = Field(max_length=1 << 20)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
