@@ -93,7 +93,7 @@ def test_health_models_and_auth_on_every_route(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     routes = [("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/no/such/route"),
               ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
-              ("POST", "/detokenize")]
+              ("POST", "/detokenize"), ("GET", "/tokenizer_info")]
     body = {"model": MODEL, "prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
             "tokens": [5]}
     bodies = {"/tokenize": {"model": MODEL, "prompt": "x"}}  # one of prompt / messages
@@ -236,6 +236,9 @@ def test_tokenize_and_detokenize(server, client, tok):
     r = httpx.post(url + "/tokenize", headers=AUTH, json={"model": MODEL, "prompt": "count to three"}).json()
     assert r["tokens"] == tok.encode("count to three") and r["count"] == len(r["tokens"])
     assert r["max_model_len"] == MAX_LEN
+    info = httpx.get(url + "/tokenizer_info", headers=AUTH).json()
+    assert tok.encode(info["eos_token"]) == [tok.eos_id] and tok.encode(info["bos_token"]) == [tok.bos_id]
+    assert info["model_max_length"] == MAX_LEN
     back = httpx.post(url + "/detokenize", headers=AUTH, json={"tokens": r["tokens"]}).json()
     assert back == {"prompt": "count to three"}
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]

@@ -151,3 +151,27 @@ def test_concurrent_streams_with_disconnects_leak_no_pages(server, model_name):
         asyncio.run(asyncio.sleep(0.05))
     assert m["dsv4_num_requests_in_flight"] == 0
     assert m["dsv4_cache_free_pages"] == m["dsv4_cache_total_pages"] > 0
+
+
+def test_retained_conversation_answers_as_without(server, client, model_name, tmp_path):
+    """`--retain-finished`: a conversation's second turn adopts the first turn's cache (the adopted prompt tokens
+    in /metrics) and answers exactly as the server without it."""
+    srv = ServerProcess(None, tmp_path / "retain.log", "--model", str(MODEL_DIR), "--device", "cpu",
+                        "--numerics", "transformers", "--api-key", KEY, "--max-model-len", str(MAX_LEN),
+                        "--retain-finished", "4", cli=True)
+    try:
+        keeping = OpenAI(base_url=srv.base_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        msgs = [{"role": "user", "content": "What does the for statement do?"}]
+        replies = []
+        for c in (client, keeping):
+            first = c.chat.completions.create(model=model_name, messages=msgs, max_tokens=12, temperature=0)
+            turn2 = msgs + [{"role": "assistant", "content": first.choices[0].message.content},
+                            {"role": "user", "content": "And while?"}]
+            second = c.chat.completions.create(model=model_name, messages=turn2, max_tokens=12, temperature=0)
+            replies.append((first.choices[0].message.content, second.choices[0].message.content))
+        assert replies[0] == replies[1]
+        metrics = httpx.get(srv.base_url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        adopted = float(re.search(r"^dsv4_adopted_prompt_tokens (\S+)$", metrics, re.M).group(1))
+        assert adopted >= first.usage.prompt_tokens, metrics
+    finally:
+        assert srv.stop(timeout=60) == 0 and "Traceback" not in srv.log(), srv.log()

@@ -19,6 +19,7 @@ from .outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from .retention import RetainedSequences
 from .sequence import Sequence
 from .spec_decode import SPECULATIVE_METHODS, MTPSpeculator, mtp_problem
 
@@ -40,11 +41,19 @@ class EngineConfig:
     # launch the next decode step before reading this one's ids (`LLMEngine.step`). None: where the model is on a
     # GPU (on the CPU nothing runs beside the host, and each step's outputs would wait for the next step's forward)
     overlap: bool | None = None
+    # finished sequences kept with their cache for a prompt that continues them (dsv4.engine.retention); 0: off
+    retain_finished: int = 0
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
             raise ValueError(f"EngineConfig.speculative={self.speculative!r}; expected None or one of "
                              f"{SPECULATIVE_METHODS}")
+        r = self.retain_finished
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+            raise ValueError(f"EngineConfig.retain_finished={r!r}; expected an integer >= 0 (0 = off)")
+        if r and self.speculative:
+            raise ValueError("EngineConfig.retain_finished does not work with speculative decoding (the MTP state "
+                             "of a finished sequence lags its last step)")
 
     @property
     def decode_step_rows(self) -> int:
@@ -81,6 +90,10 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens, self.max_model_len,
                                                    drafts),
                                    self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
+        self.retained = RetainedSequences(ec.retain_finished, self.block_manager) if ec.retain_finished else None
+        if self.retained is not None:
+            self.scheduler.keep_finished = True
+            self.scheduler.reclaim = self.retained.evict_oldest
         self.streams: dict[str, OutputTracker] = {}  # text deltas per running request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -130,6 +143,10 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r}: prompt ({seq.num_prompt_tokens}) + max_tokens "
                              f"({params.max_tokens}) exceeds max_model_len={self.max_model_len}")
         self.scheduler.add(seq)
+        if self.retained is not None and params.prompt_logprobs is None:
+            state = self.retained.adopt(seq)
+            if state is not None:
+                self.cache.states[request_id] = state
         self.streams[request_id] = OutputTracker(request_id, seq.prompt_token_ids, params, self.tokenizer)
         self.prompt_tokens_total += seq.num_prompt_tokens
 
@@ -151,6 +168,9 @@ class LLMEngine:
                             free, total, self.prompt_tokens_total, self.generation_tokens_total,
                             self.scheduler.num_preemptions, page_usage=usage, look_ahead_steps=self.look_ahead_steps,
                             look_ahead_wasted_rows=self.look_ahead_wasted_rows)
+        if self.retained is not None:
+            r = self.retained
+            stats.num_retained, stats.num_adopted, stats.adopted_tokens = len(r), r.num_adopted, r.num_tokens_reused
         if self.speculator is not None:
             spec = self.speculator.stats
             stats.spec_num_drafts = spec.num_drafts
@@ -204,7 +224,10 @@ class LLMEngine:
                 sampled[i], logprobs[i] = out.token_ids[j], out.logprobs[j]
         finished = self.scheduler.postprocess(batch, sampled)
         for seq in finished:
-            self.cache.release(seq)
+            if self.retained is not None:  # the scheduler left the pages with the sequence
+                self.retained.keep(seq, self.cache.states.pop(seq.request_id, None))
+            else:
+                self.cache.release(seq)
         if self.speculator is not None:
             self.speculator.advance(batch)
         outputs = []

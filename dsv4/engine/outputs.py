@@ -67,6 +67,11 @@ class EngineStats:
     # of such batches computed for nothing (their sequence stopped on the id read back, or was aborted)
     look_ahead_steps: int = 0
     look_ahead_wasted_rows: int = 0
+    # EngineConfig.retain_finished (zero when off): finished sequences holding their pages now, requests that
+    # adopted one, and the prompt tokens those did not compute again
+    num_retained: int = 0
+    num_adopted: int = 0
+    adopted_tokens: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:

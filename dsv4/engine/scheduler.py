@@ -11,6 +11,7 @@ Policy per step (budget = max_num_batched_tokens):
      k draft tokens, fewer when the budget, the pages, max_tokens or max_model_len leave no room;
   2. if nobody was preempted, waiting sequences are admitted in order while the budget, the page
      pools and max_num_seqs allow (no skipping ahead: the head blocks the queue).
+Retained finished sequences (dsv4.engine.retention) give their pages back before either preempts or blocks.
 Because every running sequence arrived before every waiting one, a batch always lists sequences
 in arrival order. A single sequence of max_model_len tokens must fit the pools (checked at
 construction), so the earliest running sequence always makes progress.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence as Seq
+from typing import Callable, Iterable, Sequence as Seq
 
 import torch
 
@@ -135,6 +136,10 @@ class Scheduler:
         self.num_preemptions = 0
         self._arrivals = itertools.count()
         self._in_flight: list[ScheduledBatch] = []  # scheduled, not postprocessed yet, oldest first
+        # finished sequences keep their pages (the engine retains or frees them: dsv4.engine.retention), and
+        # `reclaim()` frees retained pages, oldest first (False: none left), before anybody is preempted or blocked
+        self.keep_finished = False
+        self.reclaim: Callable[[], bool] = lambda: False
 
     # ---- requests ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -197,6 +202,8 @@ class Scheduler:
             while k and not bm.can_allocate(seq, n + k):  # drafts never preempt anybody
                 k -= 1
             while not bm.can_allocate(seq, n):
+                if self.reclaim():
+                    continue
                 victim = self.running.pop()  # latest arrival
                 self._preempt(victim)
                 batch.preempted.append(victim)
@@ -215,6 +222,8 @@ class Scheduler:
             remaining = seq.num_tokens - seq.num_computed_tokens
             n = min(remaining, budget)
             if not bm.can_allocate(seq, n):
+                if self.reclaim():
+                    continue
                 break
             bm.allocate(seq, n)
             self.waiting.popleft()
@@ -307,7 +316,8 @@ class Scheduler:
                 if seq.check_stop(self.eos_token_ids, self.config.max_model_len, self.detokenize):
                     self.running.remove(seq)
                     del self.requests[seq.request_id]
-                    self.block_manager.free(seq)
+                    if not self.keep_finished:
+                        self.block_manager.free(seq)
                     finished.append(seq)
                     break
         return finished

@@ -194,6 +194,14 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             raise ApiError(400, str(e), param=e.param) from None
         return {"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids}
 
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        tok = bridge.tokenizer
+        if tok is None:
+            raise ApiError(404, "this model has no tokenizer", "not_found_error")
+        return {"tokenizer_class": "dsv4", "bos_token": tok.id_to_token(tok.bos_id),
+                "eos_token": tok.id_to_token(tok.eos_id), "pad_token": None, "model_max_length": cfg.max_model_len}
+
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
         check_model(req.model)

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
+    g.add_argument("--retain-finished", type=int, default=0, metavar="N",
+                   help="keep up to N finished sequences' cache for prompts that continue them (a conversation's "
+                        "next turn prefills only its new tokens; not with --speculative; default 0: off)")
     add_decode_options(g)
     g = p.add_argument_group("serving limits")
     g.add_argument("--max-queued", type=int, default=256,
@@ -54,6 +57,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_queued < 0:
         raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
+    if args.retain_finished < 0 or (args.retain_finished and args.speculative):
+        raise ValueError(f"--retain-finished must be >= 0 and needs no --speculative, got {args.retain_finished}")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.shutdown_timeout < 0 or args.step_watchdog <= 0:
@@ -83,7 +88,7 @@ def build_core(args: argparse.Namespace):
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len, speculative=args.speculative,
                           num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"),
-                          overlap=getattr(args, "overlap", None))
+                          overlap=getattr(args, "overlap", None), retain_finished=args.retain_finished)
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
                                      cuda_graphs=getattr(args, "cuda_graphs", False))
 

@@ -40,6 +40,10 @@ class ServerMetrics:
                                  "their ids (overlap) since start", registry=r)
         self.look_ahead_wasted = Gauge("dsv4_look_ahead_wasted_rows", "Look-ahead rows computed for a sequence that "
                                        "had stopped since start", registry=r)
+        self.retained = Gauge("dsv4_retained_sequences", "Finished sequences holding their cache for a "
+                              "continuation (--retain-finished)", registry=r)
+        self.adopted_tokens = Gauge("dsv4_adopted_prompt_tokens", "Prompt tokens taken from retained sequences "
+                                    "instead of computed, since start", registry=r)
         self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("dsv4_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("dsv4_requests", "Finished sequences", ["finish_reason"], registry=r)
@@ -62,6 +66,8 @@ class ServerMetrics:
         self.spec_rate.set(accepted / drafts if drafts else 0.0)
         self.look_aheads.set(getattr(stats, "look_ahead_steps", 0))
         self.look_ahead_wasted.set(getattr(stats, "look_ahead_wasted_rows", 0))
+        self.retained.set(getattr(stats, "num_retained", 0))
+        self.adopted_tokens.set(getattr(stats, "adopted_tokens", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

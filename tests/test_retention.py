@@ -1,0 +1,168 @@
+"""EngineConfig.retain_finished (dsv4.engine.retention): a finished sequence's cache adopted by a prompt that
+continues it, on the tiny fp32 model of test_engine.py (whose results do not depend on chunking or batching).
+
+Reference: the same requests through an engine without retention, which prefills every prompt from its first
+token. Greedy tokens must match exactly; the adopting requests must have computed only their new tokens."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dsv4.engine.cache import CacheConfig
+from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+from dsv4.engine.sampling_params import SamplingParams
+from test_engine import CFG, MAX_LEN, ckpt, drain, model  # noqa: F401  (fixtures)
+
+
+def engine_with(model, retain: int, *, overlap: bool = False, cache: CacheConfig | None = None,  # noqa: F811
+                budget: int = 64, max_num_seqs: int = 8) -> LLMEngine:
+    ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=MAX_LEN,
+                      cache=cache, overlap=overlap, retain_finished=retain)
+    return LLMEngine(model, model.config, None, ec)
+
+
+def counting_tokens(engine: LLMEngine) -> list[int]:
+    """Record the tokens every forward computes (HybridCache.run's rows)."""
+    seen, run = [], engine.cache.run
+
+    def counted(model, batch, input_ids=None):
+        seen.append(sum(r.num_tokens for r in batch.rows))
+        return run(model, batch, input_ids)
+
+    engine.cache.run = counted
+    return seen
+
+
+def greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)
+
+
+def turns(rng: random.Random, first_len: int, n_turns: int) -> list[tuple[list[int], int]]:
+    """A conversation's prompts are built as it runs; here: each turn's (new user tokens, max_tokens)."""
+    return [([rng.randrange(2, CFG.vocab_size) for _ in range(first_len if t == 0 else rng.randrange(1, 9))],
+             rng.randrange(3, 9)) for t in range(n_turns)]
+
+
+def converse(engine: LLMEngine, plan, params=greedy) -> list[list[int]]:
+    """Run the turns one after the other: turn t's prompt is every earlier prompt, reply and the new tokens."""
+    history, outs = [], []
+    for t, (new, n) in enumerate(plan):
+        prompt = history + new
+        engine.add_request(f"t{t}", prompt, params(n))
+        out = drain(engine)[f"t{t}"]["tokens"]
+        outs.append(out)
+        history = prompt + out
+    return outs
+
+
+def fresh_tokens(plan, outs) -> list[int]:
+    """Per turn, the tokens an engine without retention computes: its prompt, then one per generated token but
+    the last."""
+    history, counts = [], []
+    for (new, _), out in zip(plan, outs):
+        prompt = history + new
+        counts.append(len(prompt) + len(out) - 1)
+        history = prompt + out
+    return counts
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("first_len", [5, 120])  # 120: the conversation crosses the first HCA entry (128)
+def test_conversation_reuses_each_turn(model, first_len, overlap):  # noqa: F811
+    """Each turn adopts the previous turn's sequence (its prompt and reply but the reply's last token, which was
+    sampled, never fed) and computes only the rest: the same tokens as without retention."""
+    plan = turns(random.Random(first_len), first_len, 5)
+    want = converse(engine_with(model, 0), plan)
+    engine = engine_with(model, 2, overlap=overlap)
+    computed = counting_tokens(engine)
+    assert converse(engine, plan) == want
+    s = engine.stats()
+    fresh = fresh_tokens(plan, want)
+    assert (s.num_adopted, s.num_retained) == (len(plan) - 1, 1)
+    assert s.adopted_tokens == sum(fresh[:-1])  # turn t reused everything turn t - 1 computed
+    assert sum(computed) == sum(fresh) - s.adopted_tokens
+    engine.retained.clear()
+    assert engine.stats().free_pages == engine.stats().total_pages
+
+
+def test_a_stop_seen_after_a_look_ahead_step_keeps_the_stop_token(model):  # noqa: F811
+    """With the engine's overlap, a sequence that stops on a stop token has had that token fed by the look-ahead
+    step already: its retained key includes it, and the next turn reuses one token more than without overlap."""
+    rng = random.Random(7)
+    prompt = [rng.randrange(2, CFG.vocab_size) for _ in range(30)]
+    probe = engine_with(model, 0)
+    probe.add_request("p", prompt, greedy(12))
+    stop = drain(probe)["p"]["tokens"][5]  # stops at its first occurrence (at most the 6th token)
+    reused = {}
+    for overlap in (False, True):
+        engine = engine_with(model, 4, overlap=overlap)
+        engine.add_request("a", prompt, greedy(12, stop_token_ids=[stop]))
+        out = drain(engine)["a"]["tokens"]
+        assert out[-1] == stop and len(out) <= 6
+        follow = prompt + out + [rng.randrange(2, CFG.vocab_size) for _ in range(3)]
+        engine.add_request("b", follow, greedy(4))
+        got = drain(engine)["b"]["tokens"]
+        ref = engine_with(model, 0)
+        ref.add_request("b", follow, greedy(4))
+        assert got == drain(ref)["b"]["tokens"]
+        reused[overlap] = engine.stats().adopted_tokens
+    assert reused == {False: 30 + len(out) - 1, True: 30 + len(out)}
+
+
+def test_retained_pages_give_way_before_anybody_is_preempted(model):  # noqa: F811
+    """A tiny page pool: retained sequences are evicted (oldest first) to admit and grow new ones; no preemption
+    happens that the same workload without retention would not have; every output as without retention."""
+    sizes = {"window": 8, "compressed4": 4, "indexer4": 4, "compressed128": 1}
+    cache = CacheConfig.for_capacity(CFG, max_num_seqs=4, max_model_len=MAX_LEN, page_sizes=sizes,
+                                     num_pages={"compressed4": 24, "indexer4": 24})
+    rng = random.Random(9)
+    prompts = [[rng.randrange(2, CFG.vocab_size) for _ in range(rng.randrange(20, 90))] for _ in range(10)]
+    outs = {}
+    for retain in (0, 8):
+        engine = engine_with(model, retain, cache=cache, max_num_seqs=4)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, greedy(6))
+            if i % 3 == 2:
+                outs.setdefault(retain, {}).update({k: v["tokens"] for k, v in drain(engine).items()})
+        outs[retain].update({k: v["tokens"] for k, v in drain(engine).items()})
+        s = engine.stats()
+        if retain:
+            assert 0 < s.num_retained < len(prompts)  # some were kept, the pool forced the others out
+            assert s.num_preemptions == preempted
+            engine.retained.clear()
+        else:
+            preempted = s.num_preemptions
+        assert engine.stats().free_pages == engine.stats().total_pages
+    assert outs[0] == outs[8]
+
+
+def test_what_does_not_adopt(model):  # noqa: F811
+    """No adoption for a prompt that diverges from the retained tokens, that does not extend them by a token, or
+    that asks for prompt logprobs (scored from its first token); an aborted adopter frees the pages."""
+    rng = random.Random(11)
+    prompt = [rng.randrange(2, CFG.vocab_size) for _ in range(25)]
+    engine = engine_with(model, 4)
+    engine.add_request("a", prompt, greedy(5))
+    out = drain(engine)["a"]["tokens"]
+    held = prompt + out[:-1]
+    other = list(held)
+    other[10] = (other[10] + 1) % CFG.vocab_size
+    engine.add_request("diverges", other + [3], greedy(2))
+    engine.add_request("same", held, greedy(2))
+    engine.add_request("scored", held + [3], greedy(2, prompt_logprobs=0))
+    drain(engine)
+    assert engine.stats().num_adopted == 0
+    engine.add_request("adopts", held + [3, 4], greedy(2))
+    assert engine.stats().num_adopted == 1 and engine.scheduler.requests["adopts"].num_computed_tokens == len(held)
+    engine.abort_request("adopts")
+    engine.retained.clear()
+    assert engine.stats().free_pages == engine.stats().total_pages and engine.cache.states == {}
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="retain_finished=-1"):
+        EngineConfig(retain_finished=-1)
+    with pytest.raises(ValueError, match="speculative"):
+        EngineConfig(retain_finished=2, speculative="mtp")
