@@ -60,13 +60,14 @@ def check_draft_tokens(args) -> None:
         raise ValueError("--num-draft-tokens needs --speculative mtp")
 
 
-def _llm(args):
+def _llm(args, retain_finished: int = 0):
     from .engine.llm import LLM
     check_draft_tokens(args)
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
                num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", False),
-               kv_dtype=getattr(args, "kv_dtype", "auto"), overlap=getattr(args, "overlap", None))
+               kv_dtype=getattr(args, "kv_dtype", "auto"), overlap=getattr(args, "overlap", None),
+               retain_finished=retain_finished)
 
 
 def sampling_params(args, default_temperature: float):
@@ -98,7 +99,9 @@ def run_chat(args) -> int:
     from .chat.encoding import encode_messages
     from .chat.parser import StreamingParser, prompt_ends_in_reasoning
     params = sampling_params(args, 1.0)
-    llm = _llm(args)
+    # each turn's prompt continues the last one (history + reply): it adopts that turn's cache and prefills only the
+    # new tokens (dsv4.engine.retention; not with speculation, nor where thinking drops the reasoning from history)
+    llm = _llm(args, retain_finished=0 if args.speculative else 1)
     if llm.tokenizer is None:
         raise ValueError("chat needs a tokenizer; this checkpoint has no tokenizer.json")
     mode = "thinking" if args.thinking else "chat"

@@ -112,6 +112,20 @@ def test_chat_reads_stdin_and_prints_the_reply_content(ckpt, llm):
     assert res.stdout == want.content + "\n"
 
 
+def test_chat_second_turn_answers_as_a_fresh_conversation(ckpt, llm):
+    """`dsv4 chat` keeps the last turn's cache for the next (retain_finished): the second reply is the one a fresh
+    engine gives the whole history."""
+    p = SamplingParams(temperature=0.0, max_tokens=6)
+    first = llm.chat([{"role": "user", "content": "The lazy dog"}], p)[0].content
+    history = [{"role": "user", "content": "The lazy dog"}, {"role": "assistant", "content": first},
+               {"role": "user", "content": "Numbers like 12"}]
+    second = llm.chat(history, p)[0].content
+    res = dsv4_cli("chat", "--model", str(ckpt), "--max-tokens", "6", "--temperature", "0",
+                   stdin="The lazy dog\nNumbers like 12\n")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == first + "\n" + second + "\n"
+
+
 def one_line_error(res: subprocess.CompletedProcess) -> str:
     assert res.returncode != 0
     assert res.stdout == ""
