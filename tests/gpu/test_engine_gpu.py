@@ -1,0 +1,57 @@
+"""The engine's session-53 features on the GPU (bf16 embedded model, Triton kernels, paged FP8 cache, CUDA graphs,
+the engine's overlap): a conversation whose turns adopt the last turn's cache (`retain_finished`) answers as
+without it, and prompt logprobs (scored over prefill chunks) stay close to the CPU float32 reference's.
+
+Greedy text of the trained embedded model is robust to bf16 rounding over short replies (test_model_gpu's
+`test_embedded_model_greedy_text_matches_cpu` relies on the same), so retained and fresh runs -- whose prefill
+chunks differ -- must give the same tokens."""
+from __future__ import annotations
+
+import torch
+
+DEVICE = "cuda"  # tests/gpu/conftest.py skips this file without CUDA
+
+
+def _conversation(llm, turns: list[str]) -> list[list[int]]:
+    from dsv4 import SamplingParams
+    from dsv4.chat.encoding import encode_messages
+    from dsv4.chat.parser import StreamingParser, prompt_ends_in_reasoning
+
+    history, outs = [], []
+    for line in turns:
+        history.append({"role": "user", "content": line})
+        prompt = encode_messages(history, thinking_mode="chat")
+        r = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24))[0]
+        parser = StreamingParser("chat", in_reasoning=prompt_ends_in_reasoning(prompt))
+        parser.feed(r.text)
+        parser.finish()
+        history.append({"role": "assistant", "content": parser.result()["content"]})
+        outs.append(r.token_ids)
+    return outs
+
+
+def test_retained_conversation_matches_fresh_turns():
+    from dsv4 import LLM
+
+    turns = ["The for statement", "And the while statement?", "What about classes?", "Exceptions?"]
+    kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
+    fresh = _conversation(LLM(**kw), turns)
+    keeping = LLM(retain_finished=2, **kw)
+    assert _conversation(keeping, turns) == fresh
+    stats = keeping.engine.stats()
+    assert stats.num_adopted == len(turns) - 1 and stats.adopted_tokens > 50
+
+
+def test_prompt_logprobs_close_to_the_cpu_reference():
+    from dsv4 import LLM, SamplingParams
+
+    prompt = "import os\nimport sys\n\ndef main():\n    for name in os.listdir('.'):\n        print(name)\n"
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+    gpu = LLM(device=DEVICE, kv_dtype="fp8", max_num_batched_tokens=16).generate(prompt, params)[0]  # chunked
+    cpu = LLM(device="cpu").generate(prompt, params)[0]
+    got = torch.tensor([lp.logprob for lp in gpu.prompt_logprobs[1:]])
+    want = torch.tensor([lp.logprob for lp in cpu.prompt_logprobs[1:]])
+    assert [lp.token_id for lp in gpu.prompt_logprobs[1:]] == [lp.token_id for lp in cpu.prompt_logprobs[1:]]
+    # bf16 + FP8 activations against fp32: a few tenths of a nat at most (unmeasured bound, loose); a scoring
+    # misaligned by one position or a wrong row would be off by several nats on most tokens
+    assert len(got) > 16 and (got - want).abs().mean() < 0.25 and (got - want).abs().max() < 2.0
