@@ -138,6 +138,66 @@ def test_retained_pages_give_way_before_anybody_is_preempted(model):  # noqa: F8
     assert outs[0] == outs[8]
 
 
+def test_conversations_under_page_pressure(model):  # noqa: F811
+    """Four conversations at once, three turns each, in a pool too small for them: adopted caches that do not fit
+    go back (`give_back`) and retained ones are evicted; every reply as without retention, nothing leaks."""
+    sizes = {"window": 8, "compressed4": 4, "indexer4": 4, "compressed128": 1}
+    cache = CacheConfig.for_capacity(CFG, max_num_seqs=3, max_model_len=MAX_LEN, page_sizes=sizes,
+                                     num_pages={"compressed4": 22, "indexer4": 22})
+    rng = random.Random(13)
+    plans = [turns(rng, rng.randrange(20, 60), 3) for _ in range(4)]
+    results = {}
+    for retain in (0, 6):
+        engine = engine_with(model, retain, cache=cache, max_num_seqs=3, budget=48)
+        history = [[] for _ in plans]
+        out = {}
+        for t in range(3):
+            for c, plan in enumerate(plans):
+                history[c] = history[c] + plan[t][0]
+                engine.add_request(f"c{c}t{t}", history[c], greedy(plan[t][1]))
+            done = drain(engine)
+            for c in range(len(plans)):
+                out[c, t] = done[f"c{c}t{t}"]["tokens"]
+                history[c] = history[c] + out[c, t]
+        results[retain] = out
+        if retain:
+            s = engine.stats()
+            assert s.num_adopted >= 1
+            engine.retained.clear()
+        assert engine.stats().free_pages == engine.stats().total_pages and engine.cache.states == {}
+    assert results[6] == results[0]
+
+
+def test_an_adopter_that_does_not_fit_gives_the_cache_back(model):  # noqa: F811
+    """B decodes in a pool it nearly fills while A's first turn is retained; A's second turn adopts A's cache at
+    admission, does not fit, and gives it back (a waiting request holds no pages), B grows into the pool by evicting
+    it, and A's turn then prefills from scratch: the same replies as without retention."""
+    sizes = {"window": 8, "compressed4": 4, "indexer4": 4, "compressed128": 1}
+    cache = CacheConfig.for_capacity(CFG, max_num_seqs=2, max_model_len=MAX_LEN, page_sizes=sizes,
+                                     num_pages={"compressed4": 18, "indexer4": 18})  # one 288-token sequence
+    rng = random.Random(17)
+    a1, b, tail = ([rng.randrange(2, CFG.vocab_size) for _ in range(n)] for n in (40, 220, 30))
+    replies = {}
+    for retain in (0, 2):
+        engine = engine_with(model, retain, cache=cache, max_num_seqs=2, budget=256)
+        given = []
+        if retain:
+            inner = engine.scheduler.give_back
+            engine.scheduler.give_back = lambda seq: given.append(seq.request_id) or inner(seq)
+        engine.add_request("a1", a1, greedy(6))
+        out = {"a1": drain(engine)["a1"]["tokens"]}
+        engine.add_request("b", b, greedy(40))
+        engine.step()  # b prefilled and running
+        engine.add_request("a2", a1 + out["a1"] + tail, greedy(4))
+        out.update({k: v["tokens"] for k, v in drain(engine).items()})
+        replies[retain] = out
+        if retain:
+            assert given and given[0] == "a2"
+            engine.retained.clear()
+        assert engine.stats().free_pages == engine.stats().total_pages and engine.cache.states == {}
+    assert replies[2] == replies[0]
+
+
 def test_what_does_not_adopt(model):  # noqa: F811
     """No adoption for a prompt that diverges from the retained tokens, that does not extend them by a token, or
     that asks for prompt logprobs (scored from its first token); an aborted adopter frees the pages."""
@@ -155,7 +215,9 @@ def test_what_does_not_adopt(model):  # noqa: F811
     drain(engine)
     assert engine.stats().num_adopted == 0
     engine.add_request("adopts", held + [3, 4], greedy(2))
-    assert engine.stats().num_adopted == 1 and engine.scheduler.requests["adopts"].num_computed_tokens == len(held)
+    assert engine.stats().num_adopted == 0  # at admission, not on arrival: a waiting request holds no pages
+    engine.step()
+    assert engine.stats().num_adopted == 1 and engine.scheduler.requests["adopts"].num_computed_tokens == len(held) + 2
     engine.abort_request("adopts")
     engine.retained.clear()
     assert engine.stats().free_pages == engine.stats().total_pages and engine.cache.states == {}

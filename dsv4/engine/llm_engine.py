@@ -94,6 +94,8 @@ class LLMEngine:
         if self.retained is not None:
             self.scheduler.keep_finished = True
             self.scheduler.reclaim = self.retained.evict_oldest
+            self.scheduler.adopt = self._adopt
+            self.scheduler.give_back = lambda seq: self.retained.give_back(seq, self.cache.states.pop(seq.request_id))
         self.streams: dict[str, OutputTracker] = {}  # text deltas per running request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -143,12 +145,16 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r}: prompt ({seq.num_prompt_tokens}) + max_tokens "
                              f"({params.max_tokens}) exceeds max_model_len={self.max_model_len}")
         self.scheduler.add(seq)
-        if self.retained is not None and params.prompt_logprobs is None:
-            state = self.retained.adopt(seq)
-            if state is not None:
-                self.cache.states[request_id] = state
         self.streams[request_id] = OutputTracker(request_id, seq.prompt_token_ids, params, self.tokenizer)
         self.prompt_tokens_total += seq.num_prompt_tokens
+
+    def _adopt(self, seq: Sequence) -> None:
+        """The scheduler admits fresh `seq`: a retained sequence its prompt extends becomes its cache (not for
+        prompt logprobs, which score the prompt from its first token)."""
+        if seq.params.prompt_logprobs is None and not seq.block_tables:
+            state = self.retained.adopt(seq)
+            if state is not None:
+                self.cache.states[seq.request_id] = state
 
     def abort_request(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)

@@ -4,8 +4,10 @@ With `EngineConfig.retain_finished = N` (0: off) up to N finished sequences keep
 keyed by the tokens that state holds. A new request whose prompt extends one of them by at least one token
 *adopts* it: the pages and the state move to the new request, which then prefills only the rest of its prompt.
 Move, not share: one continuation per retained sequence, so no page is ever written by two sequences and the
-hybrid cache (window ring, compressor rows, compressed entries) needs no copy-on-write. Retained pages give way
-first when pages run out (the oldest retained first), before any running sequence is preempted.
+hybrid cache (window ring, compressor rows, compressed entries) needs no copy-on-write. Adoption happens when the
+scheduler admits the request; a request that then does not fit gives the cache back (`give_back`), so no waiting
+request ever holds pages. Retained pages give way first when pages run out (the oldest retained first), before
+any running sequence is preempted.
 
 Not used for requests asking for `prompt_logprobs` (their prompt is scored from its first token), and not with
 speculative decoding (the MTP state is not advanced over a sequence's finishing step).
@@ -19,6 +21,18 @@ from .block_manager import BlockManager
 from .sequence import Sequence
 
 
+class _Holder:
+    """The pages of a retained sequence (what `BlockManager.free` and the paged layer states read)."""
+
+    def __init__(self, request_id: str, block_tables: dict[str, list[int]]):
+        self.request_id, self.block_tables = request_id, block_tables
+
+
+def _repoint(state, owner) -> None:
+    for layer in [*state.layers, *([state.mtp] if state.mtp is not None else [])]:
+        layer.seq = owner  # the paged layer states read their block tables through it
+
+
 class RetainedSequences:
     """Finished sequences holding their pages, oldest first; `adopt` hands one to a request that extends it."""
 
@@ -27,7 +41,7 @@ class RetainedSequences:
             raise ValueError(f"RetainedSequences: capacity={capacity!r}; expected an integer >= 1")
         self.capacity = capacity
         self.block_manager = block_manager
-        self._entries: OrderedDict[int, tuple[tuple[int, ...], Sequence, object]] = OrderedDict()
+        self._entries: OrderedDict[int, tuple[tuple[int, ...], _Holder, object]] = OrderedDict()
         self._keys = itertools.count()
         self.num_adopted = 0          # requests that adopted a retained sequence
         self.num_tokens_reused = 0    # prompt tokens they did not compute again
@@ -43,7 +57,22 @@ class RetainedSequences:
         if n == 0:
             self.block_manager.free(seq)
             return
-        self._entries[next(self._keys)] = (tuple(seq.token_ids[:n]), seq, state)
+        self._hold(seq.token_ids[:n], seq, state)
+
+    def give_back(self, seq: Sequence, state) -> None:
+        """Undo `adopt` for a waiting `seq` that did not fit: its cache becomes the newest retained entry again and
+        seq is fresh (nothing computed, no pages)."""
+        n = seq.num_computed_tokens
+        self._hold(seq.token_ids[:n], seq, state)
+        seq.num_computed_tokens = 0
+        self.num_adopted -= 1
+        self.num_tokens_reused -= n
+
+    def _hold(self, tokens, seq: Sequence, state) -> None:
+        holder = _Holder(seq.request_id, seq.block_tables)
+        seq.block_tables = {}
+        _repoint(state, holder)
+        self._entries[next(self._keys)] = (tuple(tokens), holder, state)
         while len(self._entries) > self.capacity:
             self.evict_oldest()
 
@@ -51,8 +80,8 @@ class RetainedSequences:
         """Free the oldest retained sequence's pages; False if none is retained."""
         if not self._entries:
             return False
-        _, (_, seq, _) = self._entries.popitem(last=False)
-        self.block_manager.free(seq)
+        _, (_, holder, _) = self._entries.popitem(last=False)
+        self.block_manager.free(holder)
         return True
 
     def clear(self) -> None:
@@ -73,11 +102,10 @@ class RetainedSequences:
                 best, best_len = key, n
         if best is None:
             return None
-        tokens, old, state = self._entries.pop(best)
-        seq.block_tables, old.block_tables = old.block_tables, {}
+        tokens, holder, state = self._entries.pop(best)
+        seq.block_tables, holder.block_tables = holder.block_tables, {}
         seq.num_computed_tokens = len(tokens)
-        for layer in [*state.layers, *([state.mtp] if state.mtp is not None else [])]:
-            layer.seq = seq  # the paged layer states read their block tables through it
+        _repoint(state, seq)
         self.num_adopted += 1
         self.num_tokens_reused += len(tokens)
         return state

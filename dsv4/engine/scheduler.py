@@ -136,10 +136,14 @@ class Scheduler:
         self.num_preemptions = 0
         self._arrivals = itertools.count()
         self._in_flight: list[ScheduledBatch] = []  # scheduled, not postprocessed yet, oldest first
-        # finished sequences keep their pages (the engine retains or frees them: dsv4.engine.retention), and
-        # `reclaim()` frees retained pages, oldest first (False: none left), before anybody is preempted or blocked
+        # dsv4.engine.retention, through the engine: finished sequences keep their pages (the engine retains or
+        # frees them); `reclaim()` frees retained pages, oldest first (False: none left), before anybody is
+        # preempted or blocked; `adopt(seq)` may give the waiting head a retained cache as it is admitted, and
+        # `give_back(seq)` undoes that where it then does not fit (no waiting sequence holds pages)
         self.keep_finished = False
         self.reclaim: Callable[[], bool] = lambda: False
+        self.adopt: Callable[[Sequence], None] = lambda seq: None
+        self.give_back: Callable[[Sequence], None] = lambda seq: None
 
     # ---- requests ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -219,11 +223,15 @@ class Scheduler:
         while (not batch.preempted and self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             seq = self.waiting[0]
+            if not seq.num_computed_tokens:
+                self.adopt(seq)
             remaining = seq.num_tokens - seq.num_computed_tokens
             n = min(remaining, budget)
             if not bm.can_allocate(seq, n):
                 if self.reclaim():
                     continue
+                if seq.num_computed_tokens:
+                    self.give_back(seq)
                 break
             bm.allocate(seq, n)
             self.waiting.popleft()
