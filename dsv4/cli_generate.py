@@ -100,8 +100,8 @@ def run_chat(args) -> int:
     from .chat.parser import StreamingParser, prompt_ends_in_reasoning
     params = sampling_params(args, 1.0)
     # each turn's prompt continues the last one (history + reply): it adopts that turn's cache and prefills only the
-    # new tokens (dsv4.engine.retention; not with speculation, nor where thinking drops the reasoning from history)
-    llm = _llm(args, retain_finished=0 if args.speculative else 1)
+    # new tokens (dsv4.engine.retention; not where thinking drops the reasoning from the history)
+    llm = _llm(args, retain_finished=1)
     if llm.tokenizer is None:
         raise ValueError("chat needs a tokenizer; this checkpoint has no tokenizer.json")
     mode = "thinking" if args.thinking else "chat"

@@ -226,5 +226,3 @@ def test_what_does_not_adopt(model):  # noqa: F811
 def test_config_errors():
     with pytest.raises(ValueError, match="retain_finished=-1"):
         EngineConfig(retain_finished=-1)
-    with pytest.raises(ValueError, match="speculative"):
-        EngineConfig(retain_finished=2, speculative="mtp")

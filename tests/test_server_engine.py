@@ -169,7 +169,6 @@ def test_core_rejection_and_failing_step(tok):
     (["--api-key", " "], "--api-key"),
     (["--step-watchdog", "0"], "--step-watchdog"),
     (["--retain-finished", "-1"], "--retain-finished"),
-    (["--retain-finished", "4", "--speculative", "mtp"], "--retain-finished"),
 ])
 def test_serve_cli_rejects_bad_options_before_loading(args, message, capsys):
     from dsv4.cli import main

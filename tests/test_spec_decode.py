@@ -271,6 +271,31 @@ def test_a_biased_row_keeps_the_drafts_on_the_host(drafter_model, prompts, basel
     assert_all_free(engine)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_retained_conversation_under_speculation(drafter_model, prompts, k):
+    """EngineConfig.retain_finished with MTP drafts: each turn adopts the last turn's cache, rolled back to where its
+    MTP state stopped (the finishing step is not fed to the MTP), and continues with drafts: the same tokens as
+    without speculation or retention, turn by turn."""
+    def converse(engine) -> list[list[int]]:
+        history, outs = [], []
+        for t, n in enumerate((17, 5, 9)):
+            history = history + prompts[13][t * 10: t * 10 + n]
+            engine.add_request(f"t{t}", history, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+            outs.append(drain(engine)[f"t{t}"]["tokens"])
+            history = history + outs[-1]
+        return outs
+
+    want = converse(make_engine(drafter_model, None))
+    engine = LLMEngine(drafter_model, drafter_model.config, None,
+                       EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=MAX_LEN,
+                                    speculative="mtp", num_draft_tokens=k, retain_finished=2))
+    assert converse(engine) == want
+    s = engine.stats()
+    assert s.num_adopted == 2 and s.spec_num_drafts > 0 and s.spec_accepted_tokens > 0
+    engine.retained.clear()
+    assert_all_free(engine)
+
+
 def test_draft_slots_respect_budget_and_max_model_len(drafter_model, prompts):
     """k=3 but a budget of 3 tokens per step leaves room for 2 drafts; max_model_len cuts the last
     steps shorter still. Output as without speculation, ending exactly at max_model_len."""

@@ -51,9 +51,6 @@ class EngineConfig:
         r = self.retain_finished
         if not isinstance(r, int) or isinstance(r, bool) or r < 0:
             raise ValueError(f"EngineConfig.retain_finished={r!r}; expected an integer >= 0 (0 = off)")
-        if r and self.speculative:
-            raise ValueError("EngineConfig.retain_finished does not work with speculative decoding (the MTP state "
-                             "of a finished sequence lags its last step)")
 
     @property
     def decode_step_rows(self) -> int:
@@ -90,7 +87,8 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens, self.max_model_len,
                                                    drafts),
                                    self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
-        self.retained = RetainedSequences(ec.retain_finished, self.block_manager) if ec.retain_finished else None
+        self.retained = (RetainedSequences(ec.retain_finished, self.block_manager, mtp=self.speculator is not None)
+                         if ec.retain_finished else None)
         if self.retained is not None:
             self.scheduler.keep_finished = True
             self.scheduler.reclaim = self.retained.evict_oldest

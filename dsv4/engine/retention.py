@@ -9,8 +9,10 @@ scheduler admits the request; a request that then does not fit gives the cache b
 request ever holds pages. Retained pages give way first when pages run out (the oldest retained first), before
 any running sequence is preempted.
 
-Not used for requests asking for `prompt_logprobs` (their prompt is scored from its first token), and not with
-speculative decoding (the MTP state is not advanced over a sequence's finishing step).
+Not used for requests asking for `prompt_logprobs` (their prompt is scored from its first token). With
+speculative decoding the MTP state is not advanced over a sequence's finishing step: the target state is rolled
+back to the MTP's length on retention (at most the last step's 1 + k tokens), so the adopter's first chunk feeds
+the MTP from where it stopped.
 """
 from __future__ import annotations
 
@@ -36,11 +38,12 @@ def _repoint(state, owner) -> None:
 class RetainedSequences:
     """Finished sequences holding their pages, oldest first; `adopt` hands one to a request that extends it."""
 
-    def __init__(self, capacity: int, block_manager: BlockManager):
+    def __init__(self, capacity: int, block_manager: BlockManager, mtp: bool = False):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"RetainedSequences: capacity={capacity!r}; expected an integer >= 1")
         self.capacity = capacity
         self.block_manager = block_manager
+        self.mtp = mtp  # speculative decoding: the target state must end level with its MTP state
         self._entries: OrderedDict[int, tuple[tuple[int, ...], _Holder, object]] = OrderedDict()
         self._keys = itertools.count()
         self.num_adopted = 0          # requests that adopted a retained sequence
@@ -52,8 +55,14 @@ class RetainedSequences:
     def keep(self, seq: Sequence, state) -> None:
         """Retain finished `seq` (its pages) with its decode `state` (None: nothing to keep; the pages are freed).
         The key is the tokens the state holds: the computed ones, and the last sampled one too where a look-ahead
-        step fed it before the stop was seen."""
-        n = state.num_tokens if state is not None else 0
+        step fed it before the stop was seen. A state longer than the sequence's tokens (accepted drafts after a
+        stop) or than its MTP state is rolled back first; where it cannot be (deeper than it keeps), it is freed."""
+        n = 0 if state is None else min(len(seq.token_ids), state.mtp.num_tokens if self.mtp else state.num_tokens)
+        if state is not None and 0 < n < state.num_tokens:
+            try:
+                state.truncate(state.num_tokens - n)
+            except ValueError:  # e.g. a sequence that finished in its prefill step: the MTP never saw that chunk
+                n = 0
         if n == 0:
             self.block_manager.free(seq)
             return

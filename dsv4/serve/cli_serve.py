@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
     g.add_argument("--retain-finished", type=int, default=0, metavar="N",
                    help="keep up to N finished sequences' cache for prompts that continue them (a conversation's "
-                        "next turn prefills only its new tokens; not with --speculative; default 0: off)")
+                        "next turn prefills only its new tokens; default 0: off)")
     add_decode_options(g)
     g = p.add_argument_group("serving limits")
     g.add_argument("--max-queued", type=int, default=256,
@@ -57,8 +57,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_queued < 0:
         raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
-    if args.retain_finished < 0 or (args.retain_finished and args.speculative):
-        raise ValueError(f"--retain-finished must be >= 0 and needs no --speculative, got {args.retain_finished}")
+    if args.retain_finished < 0:
+        raise ValueError(f"--retain-finished must be >= 0, got {args.retain_finished}")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.shutdown_timeout < 0 or args.step_watchdog <= 0:
