@@ -16,10 +16,10 @@ from ..model.context import to_device
 from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
 from .outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob
+from .retention import RetainedSequences
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from .retention import RetainedSequences
 from .sequence import Sequence
 from .spec_decode import SPECULATIVE_METHODS, MTPSpeculator, mtp_problem
 
