@@ -227,6 +227,15 @@ def test_echo_with_logprobs_scores_the_prompt(client, tok):
     assert "".join(ch.choices[0].text for ch in chunks) == c.text
     assert sum((ch.choices[0].logprobs.token_logprobs for ch in chunks), []) == lp.token_logprobs
     assert sum((ch.choices[0].logprobs.text_offset for ch in chunks), []) == lp.text_offset
+    for stream in (False, True):  # max_tokens 0: the prompt scored, nothing generated (legacy scoring clients)
+        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, temperature=0, logprobs=k,
+                                        echo=True, stream=stream)
+        got = [ch for ch in got if ch.choices] if stream else [got]
+        assert "".join(ch.choices[0].text for ch in got) == prompt
+        assert sum((ch.choices[0].logprobs.token_logprobs for ch in got), []) == lp.token_logprobs[:len(ids)]
+        assert got[-1].choices[0].finish_reason == "length"
+        if not stream:
+            assert got[0].usage.completion_tokens == 0
 
 
 def test_tokenize_and_detokenize(server, client, tok):
@@ -397,6 +406,7 @@ def test_over_length_wording(client, tok):
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**6]}, 400),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"1000000": 5}}, 400),
     ("/v1/completions", {"prompt": "x", "best_of": 3}, 400),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "response_format": {"type": "json_object"}}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -292,9 +292,14 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             raise ApiError(400, "suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise ApiError(400, "best_of is not supported (ask for n choices instead)", param="best_of")
+        score_only = req.max_tokens == 0  # the prompt's logprobs only: the engine's one sampled token is dropped
+        if score_only and not req.echo:
+            raise ApiError(400, "max_tokens must be >= 1 (0 only with echo: the prompt scored, nothing generated)",
+                           param="max_tokens")
         try:
             prompts = bridge.completion_prompts(req.prompt)
-            max_tokens = req.max_tokens if req.max_tokens is not None else cfg.completion_default_max_tokens
+            max_tokens = 1 if score_only else (req.max_tokens if req.max_tokens is not None
+                                               else cfg.completion_default_max_tokens)
             jobs = []
             for ids in prompts:
                 budget(len(ids), max_tokens, "prompt")
@@ -312,8 +317,14 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             lp = bridge.completion_logprobs(outs, offset, jobs[i][0]) if req.logprobs is not None else None
             return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
 
+        def shown(o: RequestOutput) -> RequestOutput:
+            if not score_only:
+                return o
+            return replace(o, token_ids=[], text="", logprobs=None, completion_tokens=0,
+                           finish_reason="length" if o.finished else None)
+
         if not req.stream:
-            results = await collect(request, streams)
+            results = [[shown(o) for o in outs] for outs in await collect(request, streams)]
             choices = [choice(i, echoes[i] + "".join(o.text for o in outs), outs, outs[-1].finish_reason)
                        for i, outs in enumerate(results)]
             n_out = sum(outs[-1].completion_tokens for outs in results)
@@ -334,6 +345,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             try:
                 async for i, o in _merge(streams):
                     observers[i](o)
+                    o = shown(o)
                     n_out[i] = o.completion_tokens
                     text, held[i] = held[i] + o.text, ""
                     chunk = {**head, "choices": [choice(i, text, [o], o.finish_reason, offsets[i])]}

@@ -79,6 +79,7 @@ class SamplingFields(_Lenient):
 
 class CompletionRequest(SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: with echo, the prompt scored and nothing generated
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
