@@ -149,7 +149,7 @@ class LLMEngine:
     def _adopt(self, seq: Sequence) -> None:
         """The scheduler admits fresh `seq`: a retained sequence its prompt extends becomes its cache (not for
         prompt logprobs, which score the prompt from its first token)."""
-        if seq.params.prompt_logprobs is None and not seq.block_tables:
+        if seq.params.prompt_logprobs is None:
             state = self.retained.adopt(seq)
             if state is not None:
                 self.cache.states[seq.request_id] = state

@@ -118,10 +118,11 @@ def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams],
                     prompt_token_ids: Seq[Seq[int]], output_token_ids: Seq[Seq[int]]) -> torch.Tensor:
     """Return biased (`apply_logit_bias`), then penalised logits (a new tensor where any row is biased or
     penalised, else `logits` itself)."""
-    logits = apply_logit_bias(logits, params)
+    biased = apply_logit_bias(logits, params)
     rows = [i for i, p in enumerate(params) if p.has_penalties]
     if not rows:
-        return logits
+        return biased
+    out = biased if biased is not logits else logits.clone()  # one copy of the logits at most
     vocab, dev = logits.shape[1], logits.device
     outs = _history_tensor([output_token_ids[i] for i in rows], vocab, dev, "output")
     prompts = _history_tensor([prompt_token_ids[i] for i in rows], vocab, dev, "prompt")
@@ -137,10 +138,9 @@ def apply_penalties(logits: torch.Tensor, params: Seq[SamplingParams],
 
     rep, freq, pres = col("repetition_penalty"), col("frequency_penalty"), col("presence_penalty")
     idx = _on(rows, dev)
-    x = logits[idx]
+    x = out[idx]  # (the biased logits of the rows: a copy, written back below)
     x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
     x = x - freq * counts - pres * (counts > 0).to(x.dtype)
-    out = logits.clone()
     out[idx] = x
     return out
 

@@ -205,9 +205,10 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
         check_model(req.model)
-        bad = [t for t in req.tokens if not 0 <= t < bridge.vocab_size]
-        if bad:
-            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary [0, {bridge.vocab_size})", param="tokens")
+        try:
+            bridge.check_ids(req.tokens, "tokens")
+        except RequestError as e:
+            raise ApiError(400, str(e), param=e.param) from None
         if bridge.tokenizer is None:
             raise ApiError(400, "detokenize needs a tokenizer, and this model has none", param="tokens")
         return {"prompt": bridge.decode(req.tokens)}

@@ -63,6 +63,12 @@ class ChatBridge:
                                "send token ids to /v1/completions instead", "prompt")
         return self.tokenizer
 
+    def check_ids(self, ids, param: str) -> None:
+        """A 400 naming `param` for the first token id outside the vocabulary."""
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"{param}: token id {bad} is outside the vocabulary [0, {self.vocab_size})", param)
+
     def completion_prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
             prompts = [prompt]
@@ -76,10 +82,7 @@ class ChatBridge:
                 ids = self._encode(self._need_tokenizer("a text prompt"), p, "prompt")
             else:
                 ids = list(p)
-                bad = [t for t in ids if not 0 <= t < self.vocab_size]
-                if bad:
-                    raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                                       "prompt")
+                self.check_ids(ids, "prompt")
             out.append(ids)
         return out
 
@@ -163,14 +166,8 @@ class ChatBridge:
         if seed is not None and k:
             seed = (seed + k) % (2**63)  # n > 1 with a seed: distinct but reproducible choices
         stop_ids = req.stop_token_ids or []
-        bad = [t for t in stop_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"stop_token_ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                               "stop_token_ids")
-        bad = [t for t in req.logit_bias or {} if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                               "logit_bias")
+        self.check_ids(stop_ids, "stop_token_ids")
+        self.check_ids(req.logit_bias or {}, "logit_bias")
         if req.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer, and this model has none", "stop")
         try:
