@@ -153,12 +153,18 @@ def test_concurrent_streams_with_disconnects_leak_no_pages(server, model_name):
     assert m["dsv4_cache_free_pages"] == m["dsv4_cache_total_pages"] > 0
 
 
-def test_retained_conversation_answers_as_without(server, client, model_name, tmp_path):
+def _metric(base_url: str, name: str) -> float:
+    metrics = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    return float(re.search(rf"^{name} (\S+)$", metrics, re.M).group(1))
+
+
+def test_retained_conversation_and_shared_prompts_answer_as_without(server, client, model_name, tmp_path):
     """`--retain-finished`: a conversation's second turn adopts the first turn's cache (the adopted prompt tokens
-    in /metrics) and answers exactly as the server without it."""
+    in /metrics) and answers exactly as the server without it. Prompt sharing (on by default): n = 3 choices
+    compute the prompt once (the shared prompt tokens in /metrics) and answer as with `--no-share-prompts`."""
     srv = ServerProcess(None, tmp_path / "retain.log", "--model", str(MODEL_DIR), "--device", "cpu",
                         "--numerics", "transformers", "--api-key", KEY, "--max-model-len", str(MAX_LEN),
-                        "--retain-finished", "4", cli=True)
+                        "--retain-finished", "4", "--no-share-prompts", cli=True)
     try:
         keeping = OpenAI(base_url=srv.base_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
         msgs = [{"role": "user", "content": "What does the for statement do?"}]
@@ -170,8 +176,14 @@ def test_retained_conversation_answers_as_without(server, client, model_name, tm
             second = c.chat.completions.create(model=model_name, messages=turn2, max_tokens=12, temperature=0)
             replies.append((first.choices[0].message.content, second.choices[0].message.content))
         assert replies[0] == replies[1]
-        metrics = httpx.get(srv.base_url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-        adopted = float(re.search(r"^dsv4_adopted_prompt_tokens (\S+)$", metrics, re.M).group(1))
-        assert adopted >= first.usage.prompt_tokens, metrics
+        assert _metric(srv.base_url, "dsv4_adopted_prompt_tokens") >= first.usage.prompt_tokens
+
+        shared_before = _metric(server.base_url, "dsv4_shared_prompt_tokens")
+        msgs = [{"role": "user", "content": "Explain what a Python generator is and when to use one."}]
+        answers = [[ch.message.content for ch in c.chat.completions.create(
+            model=model_name, messages=msgs, max_tokens=10, temperature=0, n=3).choices] for c in (client, keeping)]
+        assert answers[0] == answers[1] and len(set(answers[0])) == 1
+        assert _metric(server.base_url, "dsv4_shared_prompt_tokens") - shared_before >= 2 * 16
+        assert _metric(srv.base_url, "dsv4_shared_prompt_tokens") == 0
     finally:
         assert srv.stop(timeout=60) == 0 and "Traceback" not in srv.log(), srv.log()

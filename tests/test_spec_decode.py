@@ -296,6 +296,26 @@ def test_retained_conversation_under_speculation(drafter_model, prompts, k):
     assert_all_free(engine)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_n_choices_under_speculation(drafter_model, prompts, k):
+    """EngineConfig.share_prompts with MTP drafts: three requests copy the first one's cache of their common prompt,
+    the backbone and the MTP state rolled back to its last token, and go on drafting: the same tokens as without
+    speculation or sharing. The fourth arrives after the first two steps (the source's prefill chunks)."""
+    want, got = {}, {}
+    for engine, out in ((make_engine(drafter_model, None), want), (make_engine(drafter_model, k), got)):
+        engine.sharing = None if engine.speculator is None else engine.sharing  # the reference computes each prompt
+        for j in range(4):
+            if j == 3:
+                step(engine, out)
+                step(engine, out)
+            engine.add_request(f"a{j}", prompts[13], SamplingParams(temperature=0.0, max_tokens=6 + j, ignore_eos=True))
+        drain(engine, out)
+        assert_all_free(engine)
+    assert {r: v["tokens"] for r, v in got.items()} == {r: v["tokens"] for r, v in want.items()}
+    s = engine.stats()
+    assert s.num_forks == 3 and s.shared_prompt_tokens == 3 * (len(prompts[13]) - 1) and s.spec_accepted_tokens > 0
+
+
 def test_draft_slots_respect_budget_and_max_model_len(drafter_model, prompts):
     """k=3 but a budget of 3 tokens per step leaves room for 2 drafts; max_model_len cuts the last
     steps shorter still. Output as without speculation, ending exactly at max_model_len."""

@@ -16,6 +16,7 @@ from ..model.context import to_device
 from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
 from .outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob
+from .prompt_sharing import PromptSharing
 from .retention import RetainedSequences
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -43,6 +44,9 @@ class EngineConfig:
     overlap: bool | None = None
     # finished sequences kept with their cache for a prompt that continues them (dsv4.engine.retention); 0: off
     retain_finished: int = 0
+    # a request whose prompt a running sequence is computing waits for it and copies its cache
+    # (dsv4.engine.prompt_sharing): n choices and repeated prompts compute the prompt once
+    share_prompts: bool = True
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
@@ -51,6 +55,8 @@ class EngineConfig:
         r = self.retain_finished
         if not isinstance(r, int) or isinstance(r, bool) or r < 0:
             raise ValueError(f"EngineConfig.retain_finished={r!r}; expected an integer >= 0 (0 = off)")
+        if not isinstance(self.share_prompts, bool):
+            raise ValueError(f"EngineConfig.share_prompts={self.share_prompts!r}; expected True or False")
 
     @property
     def decode_step_rows(self) -> int:
@@ -89,11 +95,13 @@ class LLMEngine:
                                    self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
         self.retained = (RetainedSequences(ec.retain_finished, self.block_manager, mtp=self.speculator is not None)
                          if ec.retain_finished else None)
+        self.sharing = PromptSharing(self.cache, mtp=self.speculator is not None) if ec.share_prompts else None
         if self.retained is not None:
             self.scheduler.keep_finished = True
             self.scheduler.reclaim = self.retained.evict_oldest
+        if self.retained is not None or self.sharing is not None:
             self.scheduler.adopt = self._adopt
-            self.scheduler.give_back = lambda seq: self.retained.give_back(seq, self.cache.states.pop(seq.request_id))
+            self.scheduler.give_back = self._give_back
         self.streams: dict[str, OutputTracker] = {}  # text deltas per running request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -146,13 +154,25 @@ class LLMEngine:
         self.streams[request_id] = OutputTracker(request_id, seq.prompt_token_ids, params, self.tokenizer)
         self.prompt_tokens_total += seq.num_prompt_tokens
 
-    def _adopt(self, seq: Sequence) -> None:
-        """The scheduler admits fresh `seq`: a retained sequence its prompt extends becomes its cache (not for
-        prompt logprobs, which score the prompt from its first token)."""
-        if seq.params.prompt_logprobs is None:
-            state = self.retained.adopt(seq)
-            if state is not None:
-                self.cache.states[seq.request_id] = state
+    def _adopt(self, seq: Sequence) -> bool:
+        """The scheduler admits fresh `seq`: a retained sequence its prompt extends becomes its cache, else a copy
+        of a running sequence's (not for prompt logprobs, which score the prompt from its first token). False:
+        seq should wait, a running sequence is computing the prompt seq starts with."""
+        if seq.params.prompt_logprobs is not None:
+            return True
+        state = self.retained.adopt(seq) if self.retained is not None else None
+        if state is None and self.sharing is not None:
+            if self.sharing.source_computing(seq, self.scheduler.running):
+                return False
+            state = self.sharing.fork(seq, self.scheduler.running)
+        if state is not None:
+            self.cache.states[seq.request_id] = state
+        return True
+
+    def _give_back(self, seq: Sequence) -> None:
+        """Undo `_adopt` for a waiting `seq` that then did not fit."""
+        if self.sharing is None or not self.sharing.undo(seq):
+            self.retained.give_back(seq, self.cache.states.pop(seq.request_id))
 
     def abort_request(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)
@@ -175,6 +195,8 @@ class LLMEngine:
         if self.retained is not None:
             r = self.retained
             stats.num_retained, stats.num_adopted, stats.adopted_tokens = len(r), r.num_adopted, r.num_tokens_reused
+        if self.sharing is not None:
+            stats.num_forks, stats.shared_prompt_tokens = self.sharing.num_forks, self.sharing.num_tokens_shared
         if self.speculator is not None:
             spec = self.speculator.stats
             stats.spec_num_drafts = spec.num_drafts
@@ -201,6 +223,8 @@ class LLMEngine:
                 launched = None
         if launched is None:
             batch: ScheduledBatch = self.scheduler.schedule()
+            if self.sharing is not None:
+                self.sharing.flush()
             for seq in batch.preempted:
                 self.cache.release(seq)
             if not batch.rows:

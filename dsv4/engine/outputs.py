@@ -72,6 +72,10 @@ class EngineStats:
     num_retained: int = 0
     num_adopted: int = 0
     adopted_tokens: int = 0
+    # EngineConfig.share_prompts (zero when off): requests that copied a running sequence's cache, and the prompt
+    # tokens they did not compute
+    num_forks: int = 0
+    shared_prompt_tokens: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:

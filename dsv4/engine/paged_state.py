@@ -50,6 +50,10 @@ class _EntryPool:
         else:
             self.data = torch.zeros(pages, page_size, width, dtype=dtype, device=device)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The storage tensors, each [pages, page_size, ...]."""
+        return [self.q, self.s] if self.fp4 else [self.q, self.s, self.rope] if self.fp8 else [self.data]
+
     def nbytes_per_slot(self) -> int:
         return entry_bytes(self.width, self.nope, self.fp8, self.fp4,
                            (self.rope if self.fp8 else self.data).element_size() if not self.fp4 else 0)
@@ -179,6 +183,32 @@ class PagedPools:
         state = sum(t[0, 0].numel() * t.element_size() * 2 for t in self.rows.values())
         return {"window": window, "state": state}
 
+    def copy_pages(self, src: dict[str, list[int]], dst: dict[str, list[int]]) -> None:
+        """Copy the contents of pages `src[kind][:len(dst[kind])]` into `dst[kind]`, in every layer's pools (a
+        fork, dsv4.engine.prompt_sharing). Slots and entries live at the same page index in both tables."""
+        index = {}
+        for kind, pages in dst.items():
+            if len(src.get(kind, ())) < len(pages):
+                raise ValueError(f"copy_pages: {kind} has {len(src.get(kind, ()))} source pages for {len(pages)}")
+            index[kind] = (torch.tensor(src[kind][:len(pages)], device=self.device),
+                           torch.tensor(pages, device=self.device))
+        for pool in self.window.values():
+            self._copy(pool.tensors(), index["window"], 0)
+        for (layer, name), pool in self.entries.items():
+            ratio = self.config.layer(layer).compress_ratio
+            self._copy(pool.tensors(), index.get(f"compressed{ratio}" if name == "main" else "indexer4"), 0)
+        for buf in self.rows.values():
+            self._copy([buf], index.get("state"), 1)
+
+    @staticmethod
+    def _copy(tensors: list[torch.Tensor], index: tuple[torch.Tensor, torch.Tensor] | None, dim: int) -> None:
+        if index is None or index[0].numel() == 0:
+            return
+        for t in tensors:
+            if t.dtype == torch.float8_e4m3fn:
+                t = t.view(torch.uint8)  # index_copy_ has no FP8 kernel on the CPU
+            t.index_copy_(dim, index[1], t.index_select(dim, index[0]))
+
     def decode_step(self, size: int, num_tokens: int):
         """A fixed-shape decode step of `size` rows whose contexts reach at most `num_tokens` tokens."""
         return DecodeStep(self, size, DecodeStep.entry_pages_for(self, num_tokens))
@@ -208,6 +238,14 @@ class PagedLayerState:
             self._n_entries["main"], self._first["main"] = 0, 0
             if spec.has_indexer:
                 self._n_entries["index"], self._first["index"] = 0, 0
+
+    def fork(self, seq) -> "PagedLayerState":
+        """A state of the same length and counters for `seq`, whose pages hold copies of this one's
+        (`PagedPools.copy_pages`)."""
+        other = PagedLayerState(self.pools, self.spec, seq)
+        other.num_tokens, other.min_length = self.num_tokens, self.min_length
+        other._n_entries, other._first = dict(self._n_entries), dict(self._first)
+        return other
 
     # ---- addressing ----------------------------------------------------------------------
     def _table(self, kind: str) -> torch.Tensor:

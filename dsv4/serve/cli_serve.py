@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--retain-finished", type=int, default=0, metavar="N",
                    help="keep up to N finished sequences' cache for prompts that continue them (a conversation's "
                         "next turn prefills only its new tokens; default 0: off)")
+    g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false",
+                   help="compute every request's prompt itself (default: n choices and repeated prompts arriving "
+                        "together compute it once, the others copy its cache)")
     add_decode_options(g)
     g = p.add_argument_group("serving limits")
     g.add_argument("--max-queued", type=int, default=256,
@@ -88,7 +91,8 @@ def build_core(args: argparse.Namespace):
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len, speculative=args.speculative,
                           num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"),
-                          overlap=getattr(args, "overlap", None), retain_finished=args.retain_finished)
+                          overlap=getattr(args, "overlap", None), retain_finished=args.retain_finished,
+                          share_prompts=args.share_prompts)
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
                                      cuda_graphs=getattr(args, "cuda_graphs", False))
 

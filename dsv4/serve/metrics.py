@@ -44,6 +44,8 @@ class ServerMetrics:
                               "continuation (--retain-finished)", registry=r)
         self.adopted_tokens = Gauge("dsv4_adopted_prompt_tokens", "Prompt tokens taken from retained sequences "
                                     "instead of computed, since start", registry=r)
+        self.shared_tokens = Gauge("dsv4_shared_prompt_tokens", "Prompt tokens copied from a running sequence with "
+                                   "the same prompt instead of computed, since start", registry=r)
         self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("dsv4_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("dsv4_requests", "Finished sequences", ["finish_reason"], registry=r)
@@ -68,6 +70,7 @@ class ServerMetrics:
         self.look_ahead_wasted.set(getattr(stats, "look_ahead_wasted_rows", 0))
         self.retained.set(getattr(stats, "num_retained", 0))
         self.adopted_tokens.set(getattr(stats, "adopted_tokens", 0))
+        self.shared_tokens.set(getattr(stats, "shared_prompt_tokens", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,11 +1,15 @@
 """The engine's session-53 features on the GPU (bf16 embedded model, Triton kernels, paged FP8 cache, CUDA graphs,
 the engine's overlap): a conversation whose turns adopt the last turn's cache (`retain_finished`) answers as
-without it, and prompt logprobs (scored over prefill chunks) stay close to the CPU float32 reference's.
+without it, and prompt logprobs (scored over prefill chunks) stay close to the CPU float32 reference's. Session 54:
+n requests of one prompt copying the first one's cache (`share_prompts`) answer as when each computes it.
 
 Greedy text of the trained embedded model is robust to bf16 rounding over short replies (test_model_gpu's
 `test_embedded_model_greedy_text_matches_cpu` relies on the same), so retained and fresh runs -- whose prefill
 chunks differ -- must give the same tokens."""
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import torch
 
@@ -55,3 +59,23 @@ def test_prompt_logprobs_close_to_the_cpu_reference():
     # bf16 + FP8 activations against fp32: a few tenths of a nat at most (unmeasured bound, loose); a scoring
     # misaligned by one position or a wrong row would be off by several nats on most tokens
     assert len(got) > 16 and (got - want).abs().mean() < 0.25 and (got - want).abs().max() < 2.0
+
+
+def test_copy_pages_on_the_gpu():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_prompt_sharing import check_copy_pages
+    for kv_dtype in ("auto", "fp8"):
+        check_copy_pages(kv_dtype, torch.bfloat16, DEVICE)
+
+
+def test_shared_prompt_matches_prompts_computed_apart():
+    from dsv4 import LLM, SamplingParams
+
+    prompt = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test."
+    params = [SamplingParams(temperature=0.0, max_tokens=20 + 4 * i) for i in range(4)]
+    kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
+    apart = [r.token_ids for r in LLM(share_prompts=False, **kw).generate([prompt] * 4, params)]
+    sharing = LLM(**kw)
+    assert [r.token_ids for r in sharing.generate([prompt] * 4, params)] == apart
+    stats = sharing.engine.stats()
+    assert stats.num_forks == 3 and stats.shared_prompt_tokens > 3 * 16

@@ -1,0 +1,111 @@
+"""Requests with the same prompt (n choices, one prompt sent several times) compute it once.
+
+A fresh request whose prompt starts with the whole prompt of a running sequence that is still computing it
+*waits* (the scheduler admits nobody after it in that step). Once the source has computed its prompt, the request
+*forks* it: it gets pages of its own holding copies of the source's (`PagedPools.copy_pages`) and a decode state
+with the source's counters, rolled back so that the request still computes at least its last prompt token itself
+(its first token is sampled from its own logits, with its own seed and penalties). Copy, not share: no page is
+ever written by two sequences, so the hybrid cache (window ring, compressor rows, compressed entries) needs no
+copy-on-write.
+
+A fork only reaches back `max_rollback` tokens into the source's state (the window ring and the compressors' raw
+rows keep no more), so it must happen in the source's first decode steps: a request arriving later prefills as
+usual. Requests asking for `prompt_logprobs` neither wait nor fork (their prompt is scored from its first token).
+With speculative decoding the fork point is also at most the source's MTP state length, and both states of the
+copy are rolled back to it.
+"""
+from __future__ import annotations
+
+from .sequence import Sequence
+
+MIN_SHARED_TOKENS = 16  # shorter prompts are computed again: waiting a step would cost more than it saves
+
+
+def _snapshot(block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
+    return {kind: list(pages) for kind, pages in block_tables.items()}
+
+
+class PromptSharing:
+    """The engine's hooks: `source_computing` (wait?) and `fork` (copy a running sequence's cache)."""
+
+    def __init__(self, cache, mtp: bool = False):
+        self.cache = cache  # HybridCache: its states, block manager and pools
+        self.mtp = mtp
+        self.num_forks = 0           # requests that forked a running sequence
+        self.num_tokens_shared = 0   # prompt tokens they did not compute
+        # this step's forks: (the source's pages, the fork's pages as allocated by `fork`, the fork)
+        self._copies: list[tuple[dict[str, list[int]], dict[str, list[int]], Sequence]] = []
+
+    @staticmethod
+    def _extends(seq: Sequence, src: Sequence) -> bool:
+        n = src.num_prompt_tokens
+        return seq.num_prompt_tokens >= n and seq.prompt_token_ids[:n] == src.prompt_token_ids
+
+    def source_computing(self, seq: Sequence, running: list[Sequence]) -> bool:
+        """Whether a running sequence is still computing a prompt (of at least MIN_SHARED_TOKENS tokens) that
+        `seq`'s prompt starts with: `seq` should wait for it and fork it then."""
+        return any(src.num_output_tokens == 0 and src.num_computed_tokens < src.num_prompt_tokens
+                   and src.num_prompt_tokens >= MIN_SHARED_TOKENS and self._extends(seq, src) for src in running)
+
+    def _fork_point(self, seq: Sequence, src: Sequence, state) -> int:
+        """Tokens of `src`'s state that `seq` can take over: a common prefix, short of seq's last prompt token,
+        within reach of a rollback of both the backbone and (speculative decoding) the MTP state; 0: none."""
+        n = min(state.num_tokens, seq.num_prompt_tokens - 1, len(src.token_ids))
+        if self.mtp:
+            n = min(n, state.mtp.num_tokens)
+        a, b = seq.prompt_token_ids, src.token_ids
+        if a[:n] != b[:n]:
+            n = next(i for i in range(n) if a[i] != b[i])
+        if n < MIN_SHARED_TOKENS:
+            return 0
+        layers = [*state.layers, *([state.mtp] if self.mtp else [])]
+        return n if all(n >= layer.min_length for layer in layers) else 0
+
+    def fork(self, seq: Sequence, running: list[Sequence]):
+        """Give fresh, waiting `seq` a copy of the longest usable prefix of a running sequence's cache: pages
+        allocated and filled, seq's first tokens counted as computed. Returns seq's decode state, or None (nothing
+        allocated) where no running sequence has one, or its pages do not fit."""
+        if seq.num_computed_tokens or seq.block_tables:
+            raise ValueError(f"request {seq.request_id!r}: only a fresh sequence can fork a running one")
+        best, best_n = None, 0
+        for src in running:
+            state = self.cache.states.get(src.request_id)
+            n = 0 if state is None else self._fork_point(seq, src, state)
+            if n > best_n:
+                best, best_n = (src, state), n
+        bm = self.cache.block_manager
+        if best is None or not bm.can_allocate(seq, best_n):
+            return None
+        src, state = best
+        copy = type(state)([layer.fork(seq) for layer in state.layers],
+                           state.mtp.fork(seq) if state.mtp is not None else None)
+        copy.truncate(copy.num_tokens - best_n)
+        if self.mtp:
+            copy.mtp.truncate(copy.mtp.num_tokens - best_n)
+        bm.allocate(seq, best_n)
+        # copied in `flush`, once the scheduler has kept seq: a fork taken back costs no copy
+        self._copies.append((_snapshot(src.block_tables), _snapshot(seq.block_tables), seq))
+        seq.num_computed_tokens = best_n
+        self.num_forks += 1
+        self.num_tokens_shared += best_n
+        return copy
+
+    def flush(self) -> None:
+        """Copy the pages of this step's forks (before the step's forward writes to any of them: a source's pages
+        as of the fork, the fork's own pages not yet written)."""
+        for src_pages, pages, _ in self._copies:
+            self.cache.pools.copy_pages(src_pages, pages)
+        self._copies.clear()
+
+    def undo(self, seq: Sequence) -> bool:
+        """Take back the fork of waiting `seq` that then did not fit (its pages freed, nothing computed); False
+        if seq's cache did not come from the latest fork."""
+        if not self._copies or self._copies[-1][2] is not seq:
+            return False
+        self._copies.pop()
+        self.cache.block_manager.free(seq)
+        self.cache.release(seq)
+        self.num_forks -= 1
+        self.num_tokens_shared -= seq.num_computed_tokens
+        seq.num_computed_tokens = 0
+        return True
