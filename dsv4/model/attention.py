@@ -91,8 +91,9 @@ COMPRESS_BESIDE = True
 # RoPE / Hadamard / FP4 launch, then scores and top-k once the projections' branch has stored the step's key entry)
 # queued on a side stream of its own (`side_stream`, "indexer") beside the attention's wq_b, whose q the decode
 # attention kernel norms (as DECODE_Q_NORM_IN_KERNEL); the attention joins it. Off: the chain after wq_b on the main
-# stream (s52 timeline, B = 1 ctx 4K: wq_b end -> top-k end ≈ 33 µs of a CSA layer's ≈ 136)
-INDEXER_BESIDE = False
+# stream (s52 timeline, B = 1 ctx 4K: wq_b end -> top-k end ≈ 33 µs of a CSA layer's ≈ 136). On since s54: with
+# STEP_TABLES_BESIDE and the side lanes' high priority, 8 Flash layers' B = 1 replay 1.05 -> 1.02 ms, three A/B pairs
+INDEXER_BESIDE = True
 
 
 def _decode_shaped(segments: list[Segment] | None) -> bool:

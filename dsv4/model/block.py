@@ -34,8 +34,8 @@ COMBINE_MAX_T = 16  # (prefill's mix tiles are left as they are)
 # and position set, entry and key slots: `Attention.step_tables`) derived at the step's start on a side stream
 # (`side_stream`, "step_tables") beside the first block, joined before the second; the first block's own on the main
 # stream first, so it never reads one the branch is still writing. s52's timeline: ≈ 25 µs of small launches per step
-# on the main stream in the first CSA and HCA layers. Prepared, not measured (run_device_s53a.sh)
-STEP_TABLES_BESIDE = False
+# on the main stream in the first CSA and HCA layers. On since s54 (with attention.INDEXER_BESIDE, which see)
+STEP_TABLES_BESIDE = True
 
 
 class Block(nn.Module):

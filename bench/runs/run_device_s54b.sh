@@ -1,0 +1,10 @@
+#!/bin/bash
+# Session 54 (≈ 7 min): attention.INDEXER_BESIDE, block.STEP_TABLES_BESIDE and side_stream.PRIORITY {2: -1, 3: -1}
+# are now the defaults: the model-level GPU files with them, the 8-layer rows (B = 1, 8, 64) and the B = 1 timeline.
+source bench/runs/lib.sh
+export PYTHONPATH=$PWD
+runpar 300 8 tests/gpu/test_decode_step_fusions.py tests/gpu/test_model_gpu.py tests/gpu/test_engine_gpu.py \
+  tests/gpu/test_stack_rebuild_beside.py tests/gpu/test_block_sites.py tests/gpu/test_site_fusions.py
+rows8 90 1,8,64 | sed -E 's/MTP draft.*//'
+timeout 100 python3 bench/profile_step.py --layers 4 --batch 1 --ctx 4096 --timeline --kernels > $OUT/timeline.txt 2>&1
+grep -E "decode step|launches" $OUT/timeline.txt | head -5
