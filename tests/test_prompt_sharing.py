@@ -199,10 +199,11 @@ def check_copy_pages(kv_dtype: str, dtype: torch.dtype, device: str) -> None:
         s_pages, d_pages = src.block_tables[kind], dst.block_tables[kind]
         assert 0 < len(d_pages) <= len(s_pages)
         for (t, dim), old in zip(ts, before[kind]):
+            now, old = t.view(torch.uint8), old.view(torch.uint8)
             for i, d in enumerate(d_pages):
-                assert torch.equal(t.view(torch.uint8).select(dim, d), old.view(torch.uint8).select(dim, s_pages[i]))
+                assert torch.equal(now.select(dim, d), old.select(dim, s_pages[i]))
             rest = torch.tensor([p for p in range(t.shape[dim]) if p not in d_pages], device=device)
-            assert torch.equal(t.view(torch.uint8).index_select(dim, rest), old.view(torch.uint8).index_select(dim, rest))
+            assert torch.equal(now.index_select(dim, rest), old.index_select(dim, rest))
 
 
 def test_config_error():
