@@ -53,13 +53,14 @@ class PromptSharing:
         n = min(state.num_tokens, seq.num_prompt_tokens - 1, len(src.token_ids))
         if self.mtp:
             n = min(n, state.mtp.num_tokens)
+        layers = [*state.layers, *([state.mtp] if self.mtp else [])]
+        reach = max(MIN_SHARED_TOKENS, max(layer.min_length for layer in layers))
+        if n < reach:  # checked before the tokens: most running sequences decode far past any waiting prompt
+            return 0
         a, b = seq.prompt_token_ids, src.token_ids
         if a[:n] != b[:n]:
             n = next(i for i in range(n) if a[i] != b[i])
-        if n < MIN_SHARED_TOKENS:
-            return 0
-        layers = [*state.layers, *([state.mtp] if self.mtp else [])]
-        return n if all(n >= layer.min_length for layer in layers) else 0
+        return n if n >= reach else 0
 
     def fork(self, seq: Sequence, running: list[Sequence]):
         """Give fresh, waiting `seq` a copy of the longest usable prefix of a running sequence's cache: pages
