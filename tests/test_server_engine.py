@@ -169,6 +169,8 @@ def test_core_rejection_and_failing_step(tok):
     (["--api-key", " "], "--api-key"),
     (["--step-watchdog", "0"], "--step-watchdog"),
     (["--retain-finished", "-1"], "--retain-finished"),
+    (["--prefix-snapshots", "-1"], "--prefix-snapshots"),
+    (["--prefix-snapshots", "2", "--no-share-prompts"], "drop --no-share-prompts"),
 ])
 def test_serve_cli_rejects_bad_options_before_loading(args, message, capsys):
     from dsv4.cli import main

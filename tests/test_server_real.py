@@ -161,10 +161,11 @@ def _metric(base_url: str, name: str) -> float:
 def test_retained_conversation_and_shared_prompts_answer_as_without(server, client, model_name, tmp_path):
     """`--retain-finished`: a conversation's second turn adopts the first turn's cache (the adopted prompt tokens
     in /metrics) and answers exactly as the server without it. Prompt sharing (on by default): n = 3 choices
-    compute the prompt once (the shared prompt tokens in /metrics) and answer as with `--no-share-prompts`."""
+    compute the prompt once (the shared prompt tokens in /metrics) and answer as the prompt computed alone does.
+    `--prefix-snapshots`: requests with one long system prompt answer as without, and a snapshot is kept."""
     srv = ServerProcess(None, tmp_path / "retain.log", "--model", str(MODEL_DIR), "--device", "cpu",
                         "--numerics", "transformers", "--api-key", KEY, "--max-model-len", str(MAX_LEN),
-                        "--retain-finished", "4", "--no-share-prompts", cli=True)
+                        "--retain-finished", "4", "--prefix-snapshots", "2", cli=True)
     try:
         keeping = OpenAI(base_url=srv.base_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
         msgs = [{"role": "user", "content": "What does the for statement do?"}]
@@ -180,10 +181,18 @@ def test_retained_conversation_and_shared_prompts_answer_as_without(server, clie
 
         shared_before = _metric(server.base_url, "dsv4_shared_prompt_tokens")
         msgs = [{"role": "user", "content": "Explain what a Python generator is and when to use one."}]
-        answers = [[ch.message.content for ch in c.chat.completions.create(
-            model=model_name, messages=msgs, max_tokens=10, temperature=0, n=3).choices] for c in (client, keeping)]
-        assert answers[0] == answers[1] and len(set(answers[0])) == 1
+        alone = client.chat.completions.create(model=model_name, messages=msgs, max_tokens=10, temperature=0)
+        three = client.chat.completions.create(model=model_name, messages=msgs, max_tokens=10, temperature=0, n=3)
+        assert [ch.message.content for ch in three.choices] == [alone.choices[0].message.content] * 3
         assert _metric(server.base_url, "dsv4_shared_prompt_tokens") - shared_before >= 2 * 16
-        assert _metric(srv.base_url, "dsv4_shared_prompt_tokens") == 0
+
+        system = {"role": "system", "content": "You are a careful Python tutor. " * 12}
+        for question in ("What is a list?", "What is a dict?", "What is a set?"):
+            msgs = [system, {"role": "user", "content": question}]
+            replies = [c.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0)
+                       .choices[0].message.content for c in (client, keeping)]
+            assert replies[0] == replies[1]
+        assert _metric(srv.base_url, "dsv4_prefix_snapshots") == 1
+        assert _metric(srv.base_url, "dsv4_shared_prompt_tokens") >= 64
     finally:
         assert srv.stop(timeout=60) == 0 and "Traceback" not in srv.log(), srv.log()

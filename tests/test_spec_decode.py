@@ -316,6 +316,30 @@ def test_n_choices_under_speculation(drafter_model, prompts, k):
     assert s.num_forks == 3 and s.shared_prompt_tokens == 3 * (len(prompts[13]) - 1) and s.spec_accepted_tokens > 0
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_prefix_snapshots_under_speculation(drafter_model, prompts, k):
+    """EngineConfig.prefix_snapshots with MTP drafts: the snapshot keeps the MTP state level with the backbone at
+    the snapshot point (the chunk's MTP rows are fed before it is taken); the copies draft from it: the same tokens
+    as without speculation or snapshots, one request after the other."""
+    system = prompts[15][:100]
+    asks = [system + prompts[j][:8] for j in (9, 10, 11, 12)]
+    runs = []
+    for engine in (make_engine(drafter_model, None),
+                   LLMEngine(drafter_model, drafter_model.config, None,
+                             EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=MAX_LEN,
+                                          speculative="mtp", num_draft_tokens=k, prefix_snapshots=2))):
+        out = {}
+        for j, prompt in enumerate(asks):
+            engine.add_request(f"q{j}", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+            drain(engine, out)
+        runs.append({r: v["tokens"] for r, v in out.items()})
+    assert runs[1] == runs[0]
+    s = engine.stats()
+    assert (s.snapshots_taken, s.num_forks, s.shared_prompt_tokens) == (1, 2, 2 * 64) and s.spec_accepted_tokens > 0
+    engine.snapshots.clear()
+    assert_all_free(engine)
+
+
 def test_draft_slots_respect_budget_and_max_model_len(drafter_model, prompts):
     """k=3 but a budget of 3 tokens per step leaves room for 2 drafts; max_model_len cuts the last
     steps shorter still. Output as without speculation, ending exactly at max_model_len."""

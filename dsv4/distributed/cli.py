@@ -97,7 +97,8 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
                           max_model_len=args.max_model_len, kv_dtype=getattr(args, "kv_dtype", "auto"),
                           speculative=speculative, num_draft_tokens=getattr(args, "num_draft_tokens", 1),
                           overlap=getattr(args, "overlap", None), retain_finished=getattr(args, "retain_finished", 0),
-                          share_prompts=getattr(args, "share_prompts", True))
+                          share_prompts=getattr(args, "share_prompts", True),
+                          prefix_snapshots=getattr(args, "prefix_snapshots", 0))
     if getattr(args, "cuda_graphs", False):  # every rank captures the same steps, its collectives inside
         model.enable_cuda_graphs(max_batch=config.decode_step_rows)
     return LLMEngine(model, model.config, load_tokenizer(path), config, model_name=path.name)

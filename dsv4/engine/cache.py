@@ -33,22 +33,25 @@ class CacheConfig:
 
     @classmethod
     def for_capacity(cls, config: ModelConfig, *, max_num_seqs: int, max_model_len: int,
-                     total_tokens: int | None = None, **kw) -> "CacheConfig":
+                     total_tokens: int | None = None, kept_states: int = 0, **kw) -> "CacheConfig":
         """Pools sized for `total_tokens` tokens of context over all sequences (default: enough for
-        every sequence at a quarter of max_model_len, and at least two at full length)."""
+        every sequence at a quarter of max_model_len, and at least two at full length). `kept_states`: decode
+        states kept beside the running sequences' (retained sequences, prefix snapshots), each with a window ring
+        and a state page of its own; their compressed entries share the token budget."""
         cfg = cls(**kw)
         if total_tokens is None:
             total_tokens = max(max_num_seqs * max_model_len // 4, 2 * max_model_len)
         ring = config.window + cfg.max_rollback
+        holders = max_num_seqs + kept_states
         for name in required_kinds(config.compress_ratios):
             if name == "window":
-                n = max_num_seqs * math.ceil(ring / cfg.page_sizes[name])
+                n = holders * math.ceil(ring / cfg.page_sizes[name])
             elif name == "state":
-                n = max_num_seqs
+                n = holders
             else:
                 ratio = int(name.removeprefix("compressed").removeprefix("indexer"))
-                # per-sequence rounding up of the last page, plus the bulk
-                n = math.ceil(total_tokens / ratio / cfg.page_sizes[name]) + max_num_seqs
+                # per-holder rounding up of the last page, plus the bulk
+                n = math.ceil(total_tokens / ratio / cfg.page_sizes[name]) + holders
             cfg.num_pages.setdefault(name, n)
         return cfg
 

@@ -16,6 +16,7 @@ from ..model.context import to_device
 from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
 from .outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob
+from .prefix_snapshots import PrefixSnapshots
 from .prompt_sharing import PromptSharing
 from .retention import RetainedSequences
 from .sampler import Sampler
@@ -47,6 +48,9 @@ class EngineConfig:
     # a request whose prompt a running sequence is computing waits for it and copies its cache
     # (dsv4.engine.prompt_sharing): n choices and repeated prompts compute the prompt once
     share_prompts: bool = True
+    # snapshots of prompt prefixes that several requests share, kept for the next requests with them (a system
+    # prompt; dsv4.engine.prefix_snapshots; needs share_prompts); 0: off
+    prefix_snapshots: int = 0
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
@@ -57,6 +61,11 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.retain_finished={r!r}; expected an integer >= 0 (0 = off)")
         if not isinstance(self.share_prompts, bool):
             raise ValueError(f"EngineConfig.share_prompts={self.share_prompts!r}; expected True or False")
+        p = self.prefix_snapshots
+        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise ValueError(f"EngineConfig.prefix_snapshots={p!r}; expected an integer >= 0 (0 = off)")
+        if p and not self.share_prompts:
+            raise ValueError("EngineConfig.prefix_snapshots needs share_prompts=True (snapshots are forked)")
 
     @property
     def decode_step_rows(self) -> int:
@@ -82,6 +91,7 @@ class LLMEngine:
         self.device = next(model.parameters()).device
         cache_cfg = ec.cache or CacheConfig.for_capacity(config, max_num_seqs=ec.max_num_seqs,
                                                           max_model_len=self.max_model_len,
+                                                          kept_states=ec.retain_finished + ec.prefix_snapshots,
                                                           kv_dtype=ec.kv_dtype)
         self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)
         self.block_manager: BlockManager = self.cache.block_manager
@@ -95,10 +105,13 @@ class LLMEngine:
                                    self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
         self.retained = (RetainedSequences(ec.retain_finished, self.block_manager, mtp=self.speculator is not None)
                          if ec.retain_finished else None)
-        self.sharing = PromptSharing(self.cache, mtp=self.speculator is not None) if ec.share_prompts else None
+        mtp = self.speculator is not None
+        self.snapshots = PrefixSnapshots(ec.prefix_snapshots, self.cache, mtp) if ec.prefix_snapshots else None
+        self.sharing = PromptSharing(self.cache, mtp, self.snapshots) if ec.share_prompts else None
         if self.retained is not None:
             self.scheduler.keep_finished = True
-            self.scheduler.reclaim = self.retained.evict_oldest
+        if self.retained is not None or self.snapshots is not None:
+            self.scheduler.reclaim = self._reclaim
         if self.retained is not None or self.sharing is not None:
             self.scheduler.adopt = self._adopt
             self.scheduler.give_back = self._give_back
@@ -167,7 +180,14 @@ class LLMEngine:
             state = self.sharing.fork(seq, self.scheduler.running)
         if state is not None:
             self.cache.states[seq.request_id] = state
+        if self.snapshots is not None:
+            seq.snapshot_at = self.snapshots.note(seq)
         return True
+
+    def _reclaim(self) -> bool:
+        """Free cache pages that nobody runs on: a retained sequence's (oldest first), else a prefix snapshot's."""
+        return ((self.retained is not None and self.retained.evict_oldest())
+                or (self.snapshots is not None and self.snapshots.evict_oldest()))
 
     def _give_back(self, seq: Sequence) -> None:
         """Undo `_adopt` for a waiting `seq` that then did not fit."""
@@ -197,6 +217,8 @@ class LLMEngine:
             stats.num_retained, stats.num_adopted, stats.adopted_tokens = len(r), r.num_adopted, r.num_tokens_reused
         if self.sharing is not None:
             stats.num_forks, stats.shared_prompt_tokens = self.sharing.num_forks, self.sharing.num_tokens_shared
+        if self.snapshots is not None:
+            stats.num_snapshots, stats.snapshots_taken = len(self.snapshots), self.snapshots.num_taken
         if self.speculator is not None:
             spec = self.speculator.stats
             stats.spec_num_drafts = spec.num_drafts
@@ -258,6 +280,11 @@ class LLMEngine:
                 self.cache.release(seq)
         if self.speculator is not None:
             self.speculator.advance(batch)
+        if self.snapshots is not None:  # rows whose chunk ended at their snapshot point (MTP state advanced too)
+            for row in batch.rows:
+                seq = row.seq
+                if seq.snapshot_at and seq.num_computed_tokens == seq.snapshot_at and not seq.is_finished:
+                    self.snapshots.take(seq, self.cache.states[seq.request_id])
         outputs = []
         for i in sample_rows:
             seq = batch.rows[i].seq

@@ -76,6 +76,9 @@ class EngineStats:
     # tokens they did not compute
     num_forks: int = 0
     shared_prompt_tokens: int = 0
+    # EngineConfig.prefix_snapshots (zero when off): snapshots kept now, snapshots taken since start
+    num_snapshots: int = 0
+    snapshots_taken: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:

@@ -16,21 +16,23 @@ copy are rolled back to it.
 """
 from __future__ import annotations
 
+from .prefix_snapshots import PrefixSnapshots, fork_state
 from .sequence import Sequence
 
 MIN_SHARED_TOKENS = 16  # shorter prompts are computed again: waiting a step would cost more than it saves
 
 
-def _snapshot(block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
+def _tables(block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
     return {kind: list(pages) for kind, pages in block_tables.items()}
 
 
 class PromptSharing:
     """The engine's hooks: `source_computing` (wait?) and `fork` (copy a running sequence's cache)."""
 
-    def __init__(self, cache, mtp: bool = False):
+    def __init__(self, cache, mtp: bool = False, snapshots: PrefixSnapshots | None = None):
         self.cache = cache  # HybridCache: its states, block manager and pools
         self.mtp = mtp
+        self.snapshots = snapshots  # prefix snapshots, forked as running sequences are (dsv4.engine.prefix_snapshots)
         self.num_forks = 0           # requests that forked a running sequence
         self.num_tokens_shared = 0   # prompt tokens they did not compute
         # this step's forks: (the source's pages, the fork's pages as allocated by `fork`, the fork)
@@ -47,53 +49,58 @@ class PromptSharing:
         return any(src.num_output_tokens == 0 and src.num_computed_tokens < src.num_prompt_tokens
                    and src.num_prompt_tokens >= MIN_SHARED_TOKENS and self._extends(seq, src) for src in running)
 
-    def _fork_point(self, seq: Sequence, src: Sequence, state) -> int:
-        """Tokens of `src`'s state that `seq` can take over: a common prefix, short of seq's last prompt token,
-        within reach of a rollback of both the backbone and (speculative decoding) the MTP state; 0: none."""
-        n = min(state.num_tokens, seq.num_prompt_tokens - 1, len(src.token_ids))
+    def _fork_point(self, seq: Sequence, tokens: list[int], state) -> int:
+        """Tokens of a source's state (holding `tokens`) that `seq` can take over: a common prefix, short of seq's
+        last prompt token, within reach of a rollback of both the backbone and (speculative decoding) the MTP state;
+        0: none."""
+        n = min(state.num_tokens, seq.num_prompt_tokens - 1, len(tokens))
         if self.mtp:
             n = min(n, state.mtp.num_tokens)
         layers = [*state.layers, *([state.mtp] if self.mtp else [])]
         reach = max(MIN_SHARED_TOKENS, max(layer.min_length for layer in layers))
         if n < reach:  # checked before the tokens: most running sequences decode far past any waiting prompt
             return 0
-        a, b = seq.prompt_token_ids, src.token_ids
+        a, b = seq.prompt_token_ids, tokens
         if a[:n] != b[:n]:
             n = next(i for i in range(n) if a[i] != b[i])
         return n if n >= reach else 0
 
     def fork(self, seq: Sequence, running: list[Sequence]):
-        """Give fresh, waiting `seq` a copy of the longest usable prefix of a running sequence's cache: pages
-        allocated and filled, seq's first tokens counted as computed. Returns seq's decode state, or None (nothing
-        allocated) where no running sequence has one, or its pages do not fit."""
+        """Give fresh, waiting `seq` a copy of the longest usable prefix of a running sequence's cache or of a
+        prefix snapshot: pages allocated and filled, seq's first tokens counted as computed. Returns seq's decode
+        state, or None (nothing allocated) where no source has one, or its pages do not fit."""
         if seq.num_computed_tokens or seq.block_tables:
             raise ValueError(f"request {seq.request_id!r}: only a fresh sequence can fork a running one")
+        sources = [(src.token_ids, src, self.cache.states.get(src.request_id)) for src in running]
+        if self.snapshots is not None:
+            sources += self.snapshots.entries.values()
         best, best_n = None, 0
-        for src in running:
-            state = self.cache.states.get(src.request_id)
-            n = 0 if state is None else self._fork_point(seq, src, state)
+        for tokens, owner, state in sources:
+            n = 0 if state is None else self._fork_point(seq, tokens, state)
             if n > best_n:
-                best, best_n = (src, state), n
+                best, best_n = (owner, state), n
         bm = self.cache.block_manager
         if best is None or not bm.can_allocate(seq, best_n):
             return None
         src, state = best
-        copy = type(state)([layer.fork(seq) for layer in state.layers],
-                           state.mtp.fork(seq) if state.mtp is not None else None)
+        if self.snapshots is not None:
+            self.snapshots.touch(src)  # (a running sequence is no snapshot: nothing happens)
+        copy = fork_state(state, seq)
         copy.truncate(copy.num_tokens - best_n)
         if self.mtp:
             copy.mtp.truncate(copy.mtp.num_tokens - best_n)
         bm.allocate(seq, best_n)
         # copied in `flush`, once the scheduler has kept seq: a fork taken back costs no copy
-        self._copies.append((_snapshot(src.block_tables), _snapshot(seq.block_tables), seq))
+        self._copies.append((_tables(src.block_tables), _tables(seq.block_tables), seq))
         seq.num_computed_tokens = best_n
         self.num_forks += 1
         self.num_tokens_shared += best_n
         return copy
 
     def flush(self) -> None:
-        """Copy the pages of this step's forks (before the step's forward writes to any of them: a source's pages
-        as of the fork, the fork's own pages not yet written)."""
+        """Copy the pages of this step's forks, in the order they were made, before the step's forward writes to
+        any page: each source's pages are as they were at its fork (a source's page freed after its fork, e.g. an
+        evicted snapshot's, can only have gone to a later fork, whose copy comes after)."""
         for src_pages, pages, _ in self._copies:
             self.cache.pools.copy_pages(src_pages, pages)
         self._copies.clear()

@@ -40,6 +40,14 @@ def _positive_int(owner: str, name: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{owner}.{name}={value!r}; expected an integer >= {minimum}")
 
 
+def _chunk(seq: Sequence, remaining: int, budget: int) -> int:
+    """Tokens of `seq` to compute in this step: what remains, within the budget, ending at a snapshot point."""
+    n = min(remaining, budget)
+    if seq.num_computed_tokens < seq.snapshot_at:
+        n = min(n, seq.snapshot_at - seq.num_computed_tokens)
+    return n
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256              # running sequences (= rows of a batch) at most
@@ -204,7 +212,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             remaining = seq.num_tokens - seq.num_computed_tokens
-            n = min(remaining, budget)
+            n = _chunk(seq, remaining, budget)
             k = self._num_drafts(seq, remaining, budget)
             while k and not bm.can_allocate(seq, n + k):  # drafts never preempt anybody
                 k -= 1
@@ -229,7 +237,7 @@ class Scheduler:
             if not seq.num_computed_tokens and not self.adopt(seq):
                 break  # a running sequence is computing seq's prompt: seq copies its cache in a later step
             remaining = seq.num_tokens - seq.num_computed_tokens
-            n = min(remaining, budget)
+            n = _chunk(seq, remaining, budget)
             if not bm.can_allocate(seq, n):
                 if self.reclaim():
                     continue

@@ -48,6 +48,8 @@ class Sequence:
         # with params.prompt_logprobs: entry k is prompt token k + 1's TokenLogprob (the cache's forward fills it
         # chunk by chunk; a recompute after preemption finds it filled)
         self.prompt_logprobs: list = []
+        # a prefill chunk ends here, and the engine snapshots the state (dsv4.engine.prefix_snapshots); 0: none
+        self.snapshot_at = 0
 
     # ---- views ---------------------------------------------------------------------------
     @property

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--retain-finished", type=int, default=0, metavar="N",
                    help="keep up to N finished sequences' cache for prompts that continue them (a conversation's "
                         "next turn prefills only its new tokens; default 0: off)")
+    g.add_argument("--prefix-snapshots", type=int, default=0, metavar="N",
+                   help="keep up to N snapshots of prompt prefixes that several requests share (a system prompt): "
+                        "the second request with a prefix keeps it, later ones compute only the rest (default 0: off)")
     g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false",
                    help="compute every request's prompt itself (default: n choices and repeated prompts arriving "
                         "together compute it once, the others copy its cache)")
@@ -62,6 +65,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
     if args.retain_finished < 0:
         raise ValueError(f"--retain-finished must be >= 0, got {args.retain_finished}")
+    if args.prefix_snapshots < 0:
+        raise ValueError(f"--prefix-snapshots must be >= 0, got {args.prefix_snapshots}")
+    if args.prefix_snapshots and not args.share_prompts:
+        raise ValueError("--prefix-snapshots needs prompt sharing: drop --no-share-prompts")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.shutdown_timeout < 0 or args.step_watchdog <= 0:
@@ -92,7 +99,7 @@ def build_core(args: argparse.Namespace):
                           max_model_len=args.max_model_len, speculative=args.speculative,
                           num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"),
                           overlap=getattr(args, "overlap", None), retain_finished=args.retain_finished,
-                          share_prompts=args.share_prompts)
+                          share_prompts=args.share_prompts, prefix_snapshots=args.prefix_snapshots)
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
                                      cuda_graphs=getattr(args, "cuda_graphs", False))
 

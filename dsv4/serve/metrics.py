@@ -46,6 +46,8 @@ class ServerMetrics:
                                     "instead of computed, since start", registry=r)
         self.shared_tokens = Gauge("dsv4_shared_prompt_tokens", "Prompt tokens copied from a running sequence with "
                                    "the same prompt instead of computed, since start", registry=r)
+        self.snapshots = Gauge("dsv4_prefix_snapshots", "Prompt-prefix snapshots kept (--prefix-snapshots)",
+                               registry=r)
         self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("dsv4_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("dsv4_requests", "Finished sequences", ["finish_reason"], registry=r)
@@ -71,6 +73,7 @@ class ServerMetrics:
         self.retained.set(getattr(stats, "num_retained", 0))
         self.adopted_tokens.set(getattr(stats, "adopted_tokens", 0))
         self.shared_tokens.set(getattr(stats, "shared_prompt_tokens", 0))
+        self.snapshots.set(getattr(stats, "num_snapshots", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,123 @@
+"""Snapshots of a prompt prefix that several requests share (a system prompt, few-shot examples, a document).
+
+The hybrid cache cannot be cut back to an arbitrary earlier position (the window ring and the compressors' raw rows
+keep only `max_rollback` tokens of history), so a prefix can be reused only where a state *at its end* was kept.
+With `EngineConfig.prefix_snapshots = N` the engine learns where: every admitted prompt's blocks of SNAPSHOT_BLOCK
+tokens are hashed as a chain (a block's hash stands for the whole prefix up to it). A fresh request whose prompt
+starts with a block-aligned prefix that an earlier request's prompt had stops a prefill chunk at that prefix's end;
+when that chunk is done its state and pages are copied into a snapshot. A later request whose prompt extends a
+snapshot copies it (`PromptSharing.fork`, the snapshot as its source) and computes only the rest of its prompt.
+
+So the first request with a prefix computes it, the second computes it too and keeps it, the next ones reuse it.
+The hashes only say where to snapshot; what a request adopts is checked token by token. Up to N snapshots are kept,
+the least recently used evicted first; their pages give way (after retained sequences') before anybody is preempted.
+Not for requests asking for prompt logprobs (scored from their first token).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+from .sequence import Sequence
+
+SNAPSHOT_BLOCK = 64   # snapshot points are multiples of it (at most SNAPSHOT_BLOCK - 1 shared tokens computed again)
+MAX_HASHES = 1 << 16  # block hashes remembered (least recently seen forgotten first)
+
+
+class _Holder:
+    """The pages of a snapshot (what `BlockManager.allocate` / `free` and the paged layer states read)."""
+
+    def __init__(self, name: str):
+        self.request_id, self.block_tables, self.num_computed_tokens = name, {}, 0
+
+
+def fork_state(state, owner):
+    """A copy of decode state `state` (counters) whose paged layer states read `owner`'s block tables."""
+    return type(state)([layer.fork(owner) for layer in state.layers],
+                       state.mtp.fork(owner) if state.mtp is not None else None)
+
+
+class PrefixSnapshots:
+    def __init__(self, capacity: int, cache, mtp: bool = False):
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ValueError(f"PrefixSnapshots: capacity={capacity!r}; expected an integer >= 1")
+        self.capacity, self.cache, self.mtp = capacity, cache, mtp
+        self._seen: OrderedDict[int, str] = OrderedDict()  # block-chain hash -> the first request that had it
+        # prefix tokens (tuple) -> (the same as a list, pages holder, state): least recently used first
+        self.entries: OrderedDict[tuple, tuple[list[int], _Holder, object]] = OrderedDict()
+        self._names = itertools.count()
+        self.num_taken = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @staticmethod
+    def _chain(tokens: list[int]) -> list[int]:
+        out, h = [], 0
+        for end in range(SNAPSHOT_BLOCK, len(tokens) + 1, SNAPSHOT_BLOCK):
+            h = hash((h, tuple(tokens[end - SNAPSHOT_BLOCK: end])))
+            out.append(h)
+        return out
+
+    def note(self, seq: Sequence) -> int:
+        """Remember `seq`'s prompt blocks; return where seq should stop a prefill chunk to be snapshotted: the end
+        of the longest block-aligned prefix of its prompt (its last token excluded) that another request's prompt
+        had, if seq has not computed that far and no snapshot holds it; else 0."""
+        prompt = seq.prompt_token_ids
+        at, shared = 0, True
+        for i, h in enumerate(self._chain(prompt[:-1])):
+            owner = self._seen.get(h)
+            if owner is None:
+                shared = False
+                self._seen[h] = seq.request_id
+            else:
+                self._seen.move_to_end(h)
+                if shared and owner != seq.request_id:
+                    at = (i + 1) * SNAPSHOT_BLOCK
+        while len(self._seen) > MAX_HASHES:
+            self._seen.popitem(last=False)
+        if at <= seq.num_computed_tokens or tuple(prompt[:at]) in self.entries:
+            return 0
+        return at
+
+    def take(self, seq: Sequence, state) -> None:
+        """Keep a copy of `seq`'s state and pages, which has just computed up to `seq.snapshot_at` (nothing where
+        a snapshot of those tokens exists, or the pages do not fit)."""
+        at, seq.snapshot_at = seq.snapshot_at, 0
+        key = tuple(seq.token_ids[:at])
+        if (key in self.entries or state.num_tokens != at
+                or (self.mtp and state.mtp.num_tokens != at)):
+            return
+        holder = _Holder(f"snapshot-{next(self._names)}")
+        bm = self.cache.block_manager
+        if not bm.can_allocate(holder, at):
+            return
+        bm.allocate(holder, at)
+        holder.num_computed_tokens = at
+        copy = fork_state(state, holder)
+        self.cache.pools.copy_pages(seq.block_tables, holder.block_tables)  # after the step's forward, in order
+        self.entries[key] = (list(key), holder, copy)
+        self.num_taken += 1
+        while len(self.entries) > self.capacity and self.evict_oldest():
+            pass
+
+    def touch(self, holder: _Holder) -> None:
+        """Mark the snapshot of `holder` as used now (least recently used goes first)."""
+        for key, (_, h, _) in self.entries.items():
+            if h is holder:
+                self.entries.move_to_end(key)
+                return
+
+    def evict_oldest(self) -> bool:
+        """Free the least recently used snapshot's pages; False if none is kept. (A fork recorded in this step
+        still copies from them correctly: `PromptSharing.flush` runs the copies in order before anything else
+        writes, and a page freed here is allocated only to a later fork or chunk.)"""
+        if not self.entries:
+            return False
+        _, (_, holder, _) = self.entries.popitem(last=False)
+        self.cache.block_manager.free(holder)
+        return True
+
+    def clear(self) -> None:
+        while self.evict_oldest():
+            pass
