@@ -1,7 +1,8 @@
 """The engine's session-53 features on the GPU (bf16 embedded model, Triton kernels, paged FP8 cache, CUDA graphs,
 the engine's overlap): a conversation whose turns adopt the last turn's cache (`retain_finished`) answers as
 without it, and prompt logprobs (scored over prefill chunks) stay close to the CPU float32 reference's. Session 54:
-n requests of one prompt copying the first one's cache (`share_prompts`) answer as when each computes it.
+n requests of one prompt copying the first one's cache (`share_prompts`) answer as when each computes it, and
+so do requests copying a snapshot of their shared system prompt (`prefix_snapshots`).
 
 Greedy text of the trained embedded model is robust to bf16 rounding over short replies (test_model_gpu's
 `test_embedded_model_greedy_text_matches_cpu` relies on the same), so retained and fresh runs -- whose prefill
@@ -79,3 +80,19 @@ def test_shared_prompt_matches_prompts_computed_apart():
     assert [r.token_ids for r in sharing.generate([prompt] * 4, params)] == apart
     stats = sharing.engine.stats()
     assert stats.num_forks == 3 and stats.shared_prompt_tokens > 3 * 16
+
+
+def test_prefix_snapshots_match_prompts_computed_apart():
+    from dsv4 import LLM, SamplingParams
+    from dsv4.chat.encoding import encode_messages
+
+    system = {"role": "system", "content": "You answer questions about Python precisely and briefly. " * 6}
+    prompts = [encode_messages([system, {"role": "user", "content": q}], thinking_mode="chat")
+               for q in ("What is a tuple?", "What does zip do?", "What is a closure?", "Explain enumerate.")]
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
+    plain, keeping = LLM(share_prompts=False, **kw), LLM(prefix_snapshots=2, **kw)
+    for prompt in prompts:  # one after the other: the second keeps a snapshot, the third and fourth copy it
+        assert keeping.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
+    stats = keeping.engine.stats()
+    assert stats.snapshots_taken == 1 and stats.num_forks == 2 and stats.shared_prompt_tokens >= 2 * 64
