@@ -169,8 +169,9 @@ class LLMEngine:
 
     def _adopt(self, seq: Sequence) -> bool:
         """The scheduler admits fresh `seq`: a retained sequence its prompt extends becomes its cache, else a copy
-        of a running sequence's (not for prompt logprobs, which score the prompt from its first token). False:
-        seq should wait, a running sequence is computing the prompt seq starts with."""
+        of a running sequence's or of a prefix snapshot's; with prefix snapshots, seq may also be told where to end
+        a chunk to keep one (none of this for prompt logprobs, which score the prompt from its first token).
+        False: seq should wait, a running sequence is computing the prompt seq starts with."""
         if seq.params.prompt_logprobs is not None:
             return True
         state = self.retained.adopt(seq) if self.retained is not None else None
