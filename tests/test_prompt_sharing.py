@@ -209,3 +209,21 @@ def check_copy_pages(kv_dtype: str, dtype: torch.dtype, device: str) -> None:
 def test_config_error():
     with pytest.raises(ValueError, match="share_prompts='yes'"):
         EngineConfig(share_prompts="yes")
+
+
+def test_outputs_and_usage_report_the_cached_prompt_tokens(model):  # noqa: F811
+    """RequestOutput.cached_tokens: 0 for the request that computed the prompt, L - 1 for its forks; the server's
+    usage counts a prompt's cached tokens once, as the fewest any of its n choices had (here 0: computed once)."""
+    from dsv4.serve.protocol import usage
+    prompt = tokens(random.Random(41), 30)
+    engine = engine_with(model, True)
+    for j in range(3):
+        engine.add_request(f"c{j}", prompt, greedy(3))
+    cached = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            cached.setdefault(o.request_id, set()).add(o.cached_tokens)
+    assert cached == {"c0": {0}, "c1": {29}, "c2": {29}}
+    assert usage(30, 9, [0, 29, 29], 3)["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert usage(60, 9, [29, 29, 5, 7], 2)["prompt_tokens_details"] == {"cached_tokens": 29 + 5}
+    assert usage(30, 3)["prompt_tokens_details"] == {"cached_tokens": 0}

@@ -178,20 +178,25 @@ def test_retained_conversation_and_shared_prompts_answer_as_without(server, clie
             replies.append((first.choices[0].message.content, second.choices[0].message.content))
         assert replies[0] == replies[1]
         assert _metric(srv.base_url, "dsv4_adopted_prompt_tokens") >= first.usage.prompt_tokens
+        # usage.prompt_tokens_details.cached_tokens: the adopted turn-1 tokens here, none without retention
+        assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
 
         shared_before = _metric(server.base_url, "dsv4_shared_prompt_tokens")
         msgs = [{"role": "user", "content": "Explain what a Python generator is and when to use one."}]
         alone = client.chat.completions.create(model=model_name, messages=msgs, max_tokens=10, temperature=0)
         three = client.chat.completions.create(model=model_name, messages=msgs, max_tokens=10, temperature=0, n=3)
         assert [ch.message.content for ch in three.choices] == [alone.choices[0].message.content] * 3
+        assert three.usage.prompt_tokens_details.cached_tokens == 0  # the prompt was computed (once)
         assert _metric(server.base_url, "dsv4_shared_prompt_tokens") - shared_before >= 2 * 16
 
         system = {"role": "system", "content": "You are a careful Python tutor. " * 12}
         for question in ("What is a list?", "What is a dict?", "What is a set?"):
             msgs = [system, {"role": "user", "content": question}]
-            replies = [c.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0)
-                       .choices[0].message.content for c in (client, keeping)]
-            assert replies[0] == replies[1]
+            answers = [c.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0)
+                       for c in (client, keeping)]
+            assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+        assert answers[1].usage.prompt_tokens_details.cached_tokens >= 64  # the third copied the snapshot
         assert _metric(srv.base_url, "dsv4_prefix_snapshots") == 1
         assert _metric(srv.base_url, "dsv4_shared_prompt_tokens") >= 64
     finally:

@@ -181,6 +181,7 @@ class LLMEngine:
             state = self.sharing.fork(seq, self.scheduler.running)
         if state is not None:
             self.cache.states[seq.request_id] = state
+        seq.num_cached_tokens = seq.num_computed_tokens
         if self.snapshots is not None:
             seq.snapshot_at = self.snapshots.note(seq)
         return True
@@ -194,6 +195,7 @@ class LLMEngine:
         """Undo `_adopt` for a waiting `seq` that then did not fit."""
         if self.sharing is None or not self.sharing.undo(seq):
             self.retained.give_back(seq, self.cache.states.pop(seq.request_id))
+        seq.num_cached_tokens = 0
 
     def abort_request(self, request_id: str) -> None:
         seq = self.scheduler.abort(request_id)

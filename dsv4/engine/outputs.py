@@ -46,6 +46,8 @@ class RequestOutput:
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
     # first output of a request with params.prompt_logprobs: one entry per prompt token, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # prompt tokens taken from a cache instead of computed (retention, prompt sharing, prefix snapshots)
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -142,6 +144,6 @@ class OutputTracker:
         return RequestOutput(
             request_id=self.request_id, token_ids=list(new_token_ids), text=text, finished=finished,
             finish_reason=seq.finish_reason if finished else None, prompt_tokens=self.num_prompt_tokens,
-            completion_tokens=self._num_tokens, logprobs=logprobs,
+            completion_tokens=self._num_tokens, logprobs=logprobs, cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason if finished else None,
             prompt_logprobs=[None, *seq.prompt_logprobs] if first and self.params.prompt_logprobs is not None else None)

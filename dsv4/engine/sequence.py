@@ -50,6 +50,8 @@ class Sequence:
         self.prompt_logprobs: list = []
         # a prefill chunk ends here, and the engine snapshots the state (dsv4.engine.prefix_snapshots); 0: none
         self.snapshot_at = 0
+        # prompt tokens its latest admission took from a cache (retained sequence, fork, snapshot) and did not compute
+        self.num_cached_tokens = 0
 
     # ---- views ---------------------------------------------------------------------------
     @property

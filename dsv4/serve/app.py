@@ -329,7 +329,8 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             choices = [choice(i, echoes[i] + "".join(o.text for o in outs), outs, outs[-1].finish_reason)
                        for i, outs in enumerate(results)]
             n_out = sum(outs[-1].completion_tokens for outs in results)
-            return {**head, "choices": choices, "usage": usage(n_in, n_out)}
+            cached = [outs[-1].cached_tokens for outs in results]
+            return {**head, "choices": choices, "usage": usage(n_in, n_out, cached, req.n)}
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -337,6 +338,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             start = time.monotonic()
             observers = [_Observer(metrics, start) for _ in streams]
             n_out, offsets, unfinished = [0] * len(streams), [0] * len(streams), len(streams)
+            cached = [0] * len(streams)
             # echo: the prompt's text first; with logprobs it waits for the first output (its logprobs come with it)
             held = list(echoes) if req.logprobs is not None else [""] * len(echoes)
             for i, text in enumerate(echoes):
@@ -347,16 +349,16 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
                 async for i, o in _merge(streams):
                     observers[i](o)
                     o = shown(o)
-                    n_out[i] = o.completion_tokens
+                    n_out[i], cached[i] = o.completion_tokens, o.cached_tokens
                     text, held[i] = held[i] + o.text, ""
                     chunk = {**head, "choices": [choice(i, text, [o], o.finish_reason, offsets[i])]}
                     offsets[i] += len(text)
                     unfinished -= o.finished
                     if unfinished == 0 and not include_usage:
-                        chunk["usage"] = usage(n_in, sum(n_out))
+                        chunk["usage"] = usage(n_in, sum(n_out), cached, req.n)
                     yield _sse(chunk)
                 if include_usage:
-                    yield _sse({**head, "choices": [], "usage": usage(n_in, sum(n_out))})
+                    yield _sse({**head, "choices": [], "usage": usage(n_in, sum(n_out), cached, req.n)})
             except Exception as e:
                 yield error_event(e)
             yield SSE_DONE
@@ -387,7 +389,8 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             return {**head, "object": "chat.completion",
                     "choices": [_chat_choice(k, outs, rendered, bridge if req.logprobs else None)
                                 for k, outs in enumerate(results)],
-                    "usage": usage(n_in, sum(outs[-1].completion_tokens for outs in results))}
+                    "usage": usage(n_in, sum(outs[-1].completion_tokens for outs in results),
+                                   [outs[-1].cached_tokens for outs in results], req.n)}
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         chunk_head = {**head, "object": "chat.completion.chunk"}
@@ -401,12 +404,13 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             parsers = [rendered.stream_parser() for _ in streams]
             saw_tool = [False] * len(streams)
             n_out, unfinished = [0] * len(streams), len(streams)
+            cached = [0] * len(streams)
             for k in range(len(streams)):
                 yield _sse(chunk(k, {"role": "assistant", "content": ""}))
             try:
                 async for k, o in _merge(streams):
                     observers[k](o)
-                    n_out[k] = o.completion_tokens
+                    n_out[k], cached[k] = o.completion_tokens, o.cached_tokens
                     deltas = parsers[k].feed(o.text)
                     if o.finished:
                         deltas += parsers[k].finish()
@@ -422,10 +426,10 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
                         finish = "tool_calls" if saw_tool[k] and o.finish_reason == "stop" else o.finish_reason
                         last = chunk(k, {}, None, finish)
                         if unfinished == 0 and not include_usage:
-                            last["usage"] = usage(n_in, sum(n_out))
+                            last["usage"] = usage(n_in, sum(n_out), cached, req.n)
                         yield _sse(last)
                 if include_usage:
-                    yield _sse({**chunk_head, "choices": [], "usage": usage(n_in, sum(n_out))})
+                    yield _sse({**chunk_head, "choices": [], "usage": usage(n_in, sum(n_out), cached, req.n)})
             except Exception as e:
                 yield error_event(e)
             yield SSE_DONE

@@ -196,15 +196,24 @@ class DetokenizeRequest(_Lenient):
     tokens: list[int] = Field(max_length=1 << 20)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens taken from the engine's cache (retention, prompt sharing, prefix snapshots)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached: list[int] = (), per_prompt: int = 1) -> dict:
+    """`cached`: each sequence's cached prompt tokens, `per_prompt` sequences (n choices) per prompt in a row; a
+    prompt's cached tokens are those none of its sequences computed (a prompt counts once, whatever n)."""
+    groups = [cached[i: i + per_prompt] for i in range(0, len(cached), per_prompt)]
+    details = PromptTokensDetails(cached_tokens=sum(min(g) for g in groups))
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens).model_dump()
+                 total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details).model_dump()
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
