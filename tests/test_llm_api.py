@@ -158,6 +158,16 @@ def test_generate_returns_logprobs_and_prompt_logprobs(llm, tok, reference):
     assert plain.token_ids == r.token_ids and plain.logprobs == [] and plain.prompt_logprobs is None
 
 
+def test_one_prompt_several_times_is_computed_once(llm, tok, reference):
+    """Prompt sharing through the Python API: three copies of a 20-token prompt, the same greedy tokens as the
+    full-forward reference; GenerationResult.cached_tokens: 0 for the first, 19 for the two that copied it."""
+    ids = (tok.encode(" ".join(PROMPTS), add_special_tokens=False).ids * 3)[:20]
+    results = llm.generate([ids] * 3, greedy(6))
+    assert all(r.token_ids == reference(ids, 6) for r in results)
+    assert [r.cached_tokens for r in results] == [0, 19, 19]
+    assert all_pages_free(llm.engine)
+
+
 def test_invalid_prompt_in_a_batch_leaves_nothing_behind(llm):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([[5, 6, 7], [5, 10**6]], greedy(3))

@@ -22,6 +22,7 @@ class GenerationResult:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # with SamplingParams.logprobs: one per token
     prompt_logprobs: list[TokenLogprob | None] | None = None     # with SamplingParams.prompt_logprobs
+    cached_tokens: int = 0  # prompt tokens taken from the engine's cache (retention, prompt sharing, snapshots)
     # chat only: the parsed assistant message
     reasoning_content: str | None = None
     content: str | None = None
@@ -37,6 +38,7 @@ class StreamDelta:
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None = None                # with SamplingParams.logprobs: one per token
     prompt_logprobs: list[TokenLogprob | None] | None = None  # the first delta's, with SamplingParams.prompt_logprobs
+    cached_tokens: int = 0  # prompt tokens taken from the engine's cache instead of computed
 
 
 class LLM:
@@ -88,7 +90,7 @@ class LLM:
                 for out in self.engine.step():
                     if out.request_id in rids:
                         yield StreamDelta(rids[out.request_id], out.text, out.token_ids, out.finished,
-                                          out.finish_reason, out.logprobs, out.prompt_logprobs)
+                                          out.finish_reason, out.logprobs, out.prompt_logprobs, out.cached_tokens)
         finally:  # a consumer that stops early must not leave requests holding pages
             for rid in rids:
                 self.engine.abort_request(rid)
@@ -106,6 +108,7 @@ class LLM:
             r.text += d.text
             r.token_ids.extend(d.token_ids)
             r.logprobs.extend(d.logprobs or [])
+            r.cached_tokens = d.cached_tokens
             if d.prompt_logprobs is not None:
                 r.prompt_logprobs = d.prompt_logprobs
             if d.finished:

@@ -92,7 +92,11 @@ def test_prefix_snapshots_match_prompts_computed_apart():
     params = SamplingParams(temperature=0.0, max_tokens=16)
     kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
     plain, keeping = LLM(share_prompts=False, **kw), LLM(prefix_snapshots=2, **kw)
+    cached = []
     for prompt in prompts:  # one after the other: the second keeps a snapshot, the third and fourth copy it
-        assert keeping.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
+        got = keeping.generate(prompt, params)[0]
+        assert got.token_ids == plain.generate(prompt, params)[0].token_ids
+        cached.append(got.cached_tokens)
+    assert cached[:2] == [0, 0] and min(cached[2:]) >= 64
     stats = keeping.engine.stats()
     assert stats.snapshots_taken == 1 and stats.num_forks == 2 and stats.shared_prompt_tokens >= 2 * 64
