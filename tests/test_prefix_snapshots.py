@@ -63,6 +63,23 @@ def test_a_shared_system_prompt_is_computed_twice_then_copied(model, system_len,
     assert_all_pages_free(engine)
 
 
+def test_a_batch_with_one_system_prompt_computes_it_twice(model):  # noqa: F811
+    """Six requests with one system prompt (150 tokens) arriving together: the first computes its prompt, the second
+    ends a chunk at 128 and keeps a snapshot, the other four wait for it and copy it."""
+    rng = random.Random(43)
+    system = tokens(rng, 150)
+    waves = [[(f"b{i}", system + tokens(rng, rng.randrange(4, 20)), rng.randrange(3, 9)) for i in range(6)]]
+    want = run(engine_with(model, 0), waves)
+    engine = engine_with(model, 2)
+    computed = counting_tokens(engine)
+    assert run(engine, waves) == want
+    s = engine.stats()
+    assert (s.snapshots_taken, s.num_forks, s.shared_prompt_tokens) == (1, 4, 4 * 128)
+    assert sum(computed) == fresh_count(waves, want) - 4 * 128
+    engine.snapshots.clear()
+    assert_all_pages_free(engine)
+
+
 @pytest.mark.parametrize("pages", [30, 40])
 def test_snapshots_under_page_pressure_and_capacity(model, pages):  # noqa: F811
     """Three system prompts, four waves of one request each, capacity 2, in a small pool (30 pages of 4 ratio-4

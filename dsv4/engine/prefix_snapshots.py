@@ -8,7 +8,9 @@ starts with a block-aligned prefix that an earlier request's prompt had stops a 
 when that chunk is done its state and pages are copied into a snapshot. A later request whose prompt extends a
 snapshot copies it (`PromptSharing.fork`, the snapshot as its source) and computes only the rest of its prompt.
 
-So the first request with a prefix computes it, the second computes it too and keeps it, the next ones reuse it.
+So the first request with a prefix computes it, the second computes it too and keeps it, the next ones reuse it;
+those that arrive while the second is still computing it wait for its snapshot (`PromptSharing.source_computing`)
+rather than compute it too -- a batch of prompts with one system prompt computes it twice.
 The hashes only say where to snapshot; what a request adopts is checked token by token. Up to N snapshots are kept,
 the least recently used evicted first; their pages give way (after retained sequences') before anybody is preempted.
 Not for requests asking for prompt logprobs (scored from their first token).
