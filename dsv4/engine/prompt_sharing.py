@@ -12,7 +12,7 @@ A fork only reaches back `max_rollback` tokens into the source's state (the wind
 rows keep no more), so it must happen in the source's first decode steps: a request arriving later prefills as
 usual. Requests asking for `prompt_logprobs` neither wait nor fork (their prompt is scored from its first token).
 With speculative decoding the fork point is also at most the source's MTP state length, and both states of the
-copy are rolled back to it.
+copy are rolled back to it. Prefix snapshots (dsv4.engine.prefix_snapshots) are forked the same way.
 """
 from __future__ import annotations
 
@@ -27,13 +27,14 @@ def _tables(block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
 
 
 class PromptSharing:
-    """The engine's hooks: `source_computing` (wait?) and `fork` (copy a running sequence's cache)."""
+    """The engine's hooks: `source_computing` (wait?), `fork` (copy a running sequence's or a prefix snapshot's
+    cache), `undo` (take a fork back) and `flush` (run this step's copies)."""
 
     def __init__(self, cache, mtp: bool = False, snapshots: PrefixSnapshots | None = None):
         self.cache = cache  # HybridCache: its states, block manager and pools
         self.mtp = mtp
         self.snapshots = snapshots  # prefix snapshots, forked as running sequences are (dsv4.engine.prefix_snapshots)
-        self.num_forks = 0           # requests that forked a running sequence
+        self.num_forks = 0           # requests that forked a running sequence or a snapshot
         self.num_tokens_shared = 0   # prompt tokens they did not compute
         # this step's forks: (the source's pages, the fork's pages as allocated by `fork`, the fork)
         self._copies: list[tuple[dict[str, list[int]], dict[str, list[int]], Sequence]] = []
