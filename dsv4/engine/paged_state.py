@@ -193,7 +193,7 @@ class PagedPools:
             index[kind] = (torch.tensor(src[kind][:len(pages)], device=self.device),
                            torch.tensor(pages, device=self.device))
         for pool in self.window.values():
-            self._copy(pool.tensors(), index["window"], 0)
+            self._copy(pool.tensors(), index.get("window"), 0)
         for (layer, name), pool in self.entries.items():
             ratio = self.config.layer(layer).compress_ratio
             self._copy(pool.tensors(), index.get(f"compressed{ratio}" if name == "main" else "indexer4"), 0)

@@ -11,8 +11,9 @@ Policy per step (budget = max_num_batched_tokens):
      k draft tokens, fewer when the budget, the pages, max_tokens or max_model_len leave no room;
   2. if nobody was preempted, waiting sequences are admitted in order while the budget, the page
      pools and max_num_seqs allow (no skipping ahead: the head blocks the queue).
-Retained finished sequences (dsv4.engine.retention) give their pages back before either preempts or blocks. A
-waiting head whose prompt a running sequence is still computing waits for it (dsv4.engine.prompt_sharing).
+Retained finished sequences (dsv4.engine.retention) and prefix snapshots give their pages back before either
+preempts or blocks. A waiting head whose prompt a running sequence is still computing waits for it
+(dsv4.engine.prompt_sharing), and a prefill chunk ends early at a sequence's snapshot point (`_chunk`).
 Because every running sequence arrived before every waiting one, a batch always lists sequences
 in arrival order. A single sequence of max_model_len tokens must fit the pools (checked at
 construction), so the earliest running sequence always makes progress.
@@ -146,11 +147,11 @@ class Scheduler:
         self._arrivals = itertools.count()
         self._in_flight: list[ScheduledBatch] = []  # scheduled, not postprocessed yet, oldest first
         # dsv4.engine.retention, through the engine: finished sequences keep their pages (the engine retains or
-        # frees them); `reclaim()` frees retained pages, oldest first (False: none left), before anybody is
-        # preempted or blocked; `adopt(seq)` may give the waiting head a retained cache as it is admitted, and
-        # `give_back(seq)` undoes that where it then does not fit (no waiting sequence holds pages). The same hooks
-        # let the head copy a running sequence's cache (dsv4.engine.prompt_sharing); `adopt` returns False where
-        # the head should wait for that (nobody else is admitted in this step)
+        # frees them); `reclaim()` frees retained (or snapshot) pages, oldest first (False: none left), before
+        # anybody is preempted or blocked; `adopt(seq)` may give the waiting head a retained cache as it is
+        # admitted, and `give_back(seq)` undoes that where it then does not fit (no waiting sequence holds pages).
+        # The same hooks let the head copy a running sequence's or a snapshot's cache (dsv4.engine.prompt_sharing);
+        # `adopt` returns False where the head should wait for that (nobody else is admitted in this step)
         self.keep_finished = False
         self.reclaim: Callable[[], bool] = lambda: False
         self.adopt: Callable[[Sequence], bool] = lambda seq: True
