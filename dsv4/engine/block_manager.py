@@ -21,6 +21,16 @@ STATE = "state"
 INDEXER_RATIO = 4  # only CSA (ratio-4) layers have the lightning indexer
 
 
+class PageHolder:
+    """Pages held by something that is not a running sequence (a retained sequence, a prefix snapshot): what
+    `BlockManager.allocate` / `free` and the paged layer states read."""
+
+    def __init__(self, request_id: str, block_tables: dict[str, list[int]] | None = None,
+                 num_computed_tokens: int = 0):
+        self.request_id, self.num_computed_tokens = request_id, num_computed_tokens
+        self.block_tables = block_tables if block_tables is not None else {}
+
+
 class OutOfPages(RuntimeError):
     """An allocation was attempted without checking can_allocate first."""
 

@@ -20,17 +20,11 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
+from .block_manager import PageHolder
 from .sequence import Sequence
 
 SNAPSHOT_BLOCK = 64   # snapshot points are multiples of it (at most SNAPSHOT_BLOCK - 1 shared tokens computed again)
 MAX_HASHES = 1 << 16  # block hashes remembered (least recently seen forgotten first)
-
-
-class _Holder:
-    """The pages of a snapshot (what `BlockManager.allocate` / `free` and the paged layer states read)."""
-
-    def __init__(self, name: str):
-        self.request_id, self.block_tables, self.num_computed_tokens = name, {}, 0
 
 
 def fork_state(state, owner):
@@ -46,7 +40,7 @@ class PrefixSnapshots:
         self.capacity, self.cache, self.mtp = capacity, cache, mtp
         self._seen: OrderedDict[int, str] = OrderedDict()  # block-chain hash -> the first request that had it
         # prefix tokens (tuple) -> (the same as a list, pages holder, state): least recently used first
-        self.entries: OrderedDict[tuple, tuple[list[int], _Holder, object]] = OrderedDict()
+        self.entries: OrderedDict[tuple, tuple[list[int], PageHolder, object]] = OrderedDict()
         self._names = itertools.count()
         self.num_taken = 0
 
@@ -90,7 +84,7 @@ class PrefixSnapshots:
         if (key in self.entries or state.num_tokens != at
                 or (self.mtp and state.mtp.num_tokens != at)):
             return
-        holder = _Holder(f"snapshot-{next(self._names)}")
+        holder = PageHolder(f"snapshot-{next(self._names)}")
         bm = self.cache.block_manager
         if not bm.can_allocate(holder, at):
             return
@@ -103,7 +97,7 @@ class PrefixSnapshots:
         while len(self.entries) > self.capacity and self.evict_oldest():
             pass
 
-    def touch(self, holder: _Holder) -> None:
+    def touch(self, holder: PageHolder) -> None:
         """Mark the snapshot of `holder` as used now (least recently used goes first)."""
         for key, (_, h, _) in self.entries.items():
             if h is holder:

@@ -40,23 +40,23 @@ class PromptSharing:
         self._copies: list[tuple[dict[str, list[int]], dict[str, list[int]], Sequence]] = []
 
     @staticmethod
-    def _extends(seq: Sequence, src: Sequence) -> bool:
-        n = src.num_prompt_tokens
-        return seq.num_prompt_tokens >= n and seq.prompt_token_ids[:n] == src.prompt_token_ids
+    def _starts_with(seq: Sequence, src: Sequence, n: int) -> bool:
+        """Whether `seq`'s prompt starts with `src`'s first n tokens."""
+        return n <= seq.num_prompt_tokens and seq.token_ids[:n] == src.token_ids[:n]
 
     def source_computing(self, seq: Sequence, running: list[Sequence]) -> bool:
         """Whether a running sequence is still computing a prompt (of at least MIN_SHARED_TOKENS tokens) that
         `seq`'s prompt starts with, or a prefix of seq's prompt it will keep as a snapshot: `seq` should wait for it
         and fork it (or the snapshot) then."""
-        return any(src.num_output_tokens == 0 and src.num_computed_tokens < src.num_prompt_tokens
-                   and src.num_prompt_tokens >= MIN_SHARED_TOKENS and self._extends(seq, src) for src in running) \
-            or any(self._will_keep(seq, src) for src in running)
-
-    @staticmethod
-    def _will_keep(seq: Sequence, src: Sequence) -> bool:
-        at = src.snapshot_at
-        return (src.num_computed_tokens < at < seq.num_prompt_tokens
-                and seq.token_ids[:at] == src.token_ids[:at])
+        for src in running:
+            if (src.num_output_tokens == 0 and MIN_SHARED_TOKENS <= src.num_prompt_tokens
+                    and src.num_computed_tokens < src.num_prompt_tokens
+                    and self._starts_with(seq, src, src.num_prompt_tokens)):
+                return True
+            at = src.snapshot_at
+            if src.num_computed_tokens < at < seq.num_prompt_tokens and self._starts_with(seq, src, at):
+                return True
+        return False
 
     def _fork_point(self, seq: Sequence, tokens: list[int], state) -> int:
         """Tokens of a source's state (holding `tokens`) that `seq` can take over: a common prefix, short of seq's

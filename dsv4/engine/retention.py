@@ -19,15 +19,8 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
-from .block_manager import BlockManager
+from .block_manager import BlockManager, PageHolder
 from .sequence import Sequence
-
-
-class _Holder:
-    """The pages of a retained sequence (what `BlockManager.free` and the paged layer states read)."""
-
-    def __init__(self, request_id: str, block_tables: dict[str, list[int]]):
-        self.request_id, self.block_tables = request_id, block_tables
 
 
 def _repoint(state, owner) -> None:
@@ -44,7 +37,7 @@ class RetainedSequences:
         self.capacity = capacity
         self.block_manager = block_manager
         self.mtp = mtp  # speculative decoding: the target state must end level with its MTP state
-        self._entries: OrderedDict[int, tuple[tuple[int, ...], _Holder, object]] = OrderedDict()
+        self._entries: OrderedDict[int, tuple[tuple[int, ...], PageHolder, object]] = OrderedDict()
         self._keys = itertools.count()
         self.num_adopted = 0          # requests that adopted a retained sequence
         self.num_tokens_reused = 0    # prompt tokens they did not compute again
@@ -78,7 +71,7 @@ class RetainedSequences:
         self.num_tokens_reused -= n
 
     def _hold(self, tokens, seq: Sequence, state) -> None:
-        holder = _Holder(seq.request_id, seq.block_tables)
+        holder = PageHolder(seq.request_id, seq.block_tables)
         seq.block_tables = {}
         _repoint(state, holder)
         self._entries[next(self._keys)] = (tuple(tokens), holder, state)
