@@ -408,7 +408,7 @@ def test_over_length_wording(client, tok):
     ("/v1/completions", {"prompt": "x", "best_of": 3}, 400),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                              "response_format": {"type": "json_object"}}, 400),
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "response_format": {"type": "yaml"}}, 400),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"one": 5}}, 400),

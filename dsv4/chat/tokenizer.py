@@ -8,7 +8,7 @@ load_tokenizer(checkpoint_dir) -> ChatTokenizer | None
 ChatTokenizer.from_file(path) / ChatTokenizer(tokenizers.Tokenizer, source="tokenizer.json")
     .encode(text) -> list[int]      special strings recognised, no BOS added (it is in the text)
     .decode(ids, *, skip_special_tokens=False) -> str
-    .token_to_id(text) -> int | None, .id_to_token(id) -> str | None, .vocab_size -> int
+    .token_to_id(text) -> int | None, .id_to_token(id) -> str | None, .vocab_size -> int, .to_json() -> str
     .special_ids: dict[str, int]    name -> id for every chat special string in the vocabulary
     .bos_id, .eos_id, .user_id, .assistant_id, .think_open_id, .think_close_id  (required)
     .dsml_id, .latest_reminder_id   (int | None: optional in a vocabulary)
@@ -109,6 +109,10 @@ class ChatTokenizer:
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def to_json(self) -> str:
+        """The tokenizer.json text (for the structured-output grammar engine)."""
+        return self._tok.to_str()
 
 
 def _check_config(path: Path) -> None:

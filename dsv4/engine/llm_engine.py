@@ -24,6 +24,7 @@ from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import Sequence
 from .spec_decode import SPECULATIVE_METHODS, MTPSpeculator, mtp_problem
+from .structured import Grammars
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class LLMEngine:
         if self.retained is not None or self.sharing is not None:
             self.scheduler.adopt = self._adopt
             self.scheduler.give_back = self._give_back
+        self.grammars = Grammars(tokenizer, self.vocab_size, [config.eos_token_id])
         self.streams: dict[str, OutputTracker] = {}  # text deltas per running request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -163,6 +165,11 @@ class LLMEngine:
         if params.max_tokens is not None and seq.num_prompt_tokens + params.max_tokens > self.max_model_len:
             raise ValueError(f"request {request_id!r}: prompt ({seq.num_prompt_tokens}) + max_tokens "
                              f"({params.max_tokens}) exceeds max_model_len={self.max_model_len}")
+        if params.structured is not None:
+            try:
+                seq.grammar = self.grammars.state(params.structured)
+            except ValueError as e:
+                raise ValueError(f"request {request_id!r}: {e}") from None
         self.scheduler.add(seq)
         self.streams[request_id] = OutputTracker(request_id, seq.prompt_token_ids, params, self.tokenizer)
         self.prompt_tokens_total += seq.num_prompt_tokens
@@ -234,7 +241,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run and sample one batch; return the requests' new outputs.
 
-        Overlap: while every row of the batch samples plainly (no speculator, penalties or logprobs) and
+        Overlap: while every row of the batch samples plainly (no speculator, penalties, logprobs or grammar) and
         nobody waits, the step picks the ids on the device, launches the next batch (each row's next token,
         fed with those ids) and only then reads the ids back, so the host's bookkeeping of this step and its
         preparation of the next run while the GPU computes; the next `step()` takes that batch as launched.
@@ -276,6 +283,10 @@ class LLMEngine:
             for j, i in enumerate(sample_rows):
                 sampled[i], logprobs[i] = out.token_ids[j], out.logprobs[j]
         finished = self.scheduler.postprocess(batch, sampled)
+        for i in sample_rows:
+            grammar = batch.rows[i].seq.grammar
+            if grammar is not None:
+                grammar.advance(batch.rows[i].seq.output_token_ids)
         for seq in finished:
             if self.retained is not None:  # the scheduler left the pages with the sequence
                 self.retained.keep(seq, self.cache.states.pop(seq.request_id, None))
@@ -311,7 +322,7 @@ class LLMEngine:
     def _may_look_ahead(self, batch: ScheduledBatch) -> bool:
         return (self.overlap and self.speculator is None and not self.scheduler.waiting
                 and all(r.sample and not r.num_draft_tokens and not r.seq.params.has_penalties
-                        and r.seq.params.logprobs is None for r in batch.rows))
+                        and r.seq.params.logprobs is None and r.seq.grammar is None for r in batch.rows))
 
     def _look_ahead(self, batch: ScheduledBatch, ids: torch.Tensor) -> "_Launched | None":
         """Launch the next token of every row of `batch` that goes on whatever id it gets

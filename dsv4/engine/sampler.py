@@ -4,6 +4,7 @@ Order of operations per row (vLLM's order):
   0. logit_bias: each listed token's bias added to the model's logit (OpenAI semantics);
   1. penalties on the biased logits: repetition (prompt + output tokens; positive logits divided,
      negative multiplied), then frequency and presence (output tokens only, OpenAI semantics);
+     then a structured output's grammar: tokens it does not allow next get -inf (dsv4.engine.structured);
   2. greedy rows (temperature 0): argmax of the penalised logits, ties -> lowest token id;
   3. other rows: divide by temperature; min-p (keep p >= min_p * p_max), top-k (the k most likely,
      ties -> lower ids first), top-p (the smallest most-likely prefix whose renormalised mass
@@ -26,6 +27,7 @@ import torch
 
 from dsv4.engine.outputs import TokenLogprob
 from dsv4.engine.sampling_params import SamplingParams
+from dsv4.engine.structured import apply_grammar_masks, grammar_masks
 from dsv4.model.context import to_device
 
 LOGPROBS_MODES = ("raw", "processed")
@@ -199,9 +201,10 @@ class Sampler:
         self.generator = generator  # for unseeded rows; None = torch's default generator
 
     def _pick(self, logits: torch.Tensor, params: Seq[SamplingParams], prompt_token_ids: Seq[Seq[int]],
-              output_token_ids: Seq[Seq[int]], generators: Seq[torch.Generator | None] | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the picked ids [B] on the logits' device, the processed logits); nothing is read back."""
+              output_token_ids: Seq[Seq[int]], generators: Seq[torch.Generator | None] | None,
+              masks: Seq | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the picked ids [B] on the logits' device, the processed logits); nothing is read back.
+        masks: per row a grammar's bitmask or None (`dsv4.engine.structured.grammar_masks`)."""
         batch = len(params)
         if logits.dim() != 2 or logits.shape[0] != batch:
             raise ValueError(f"sampler: logits shape {tuple(logits.shape)} does not match {batch} rows")
@@ -218,7 +221,7 @@ class Sampler:
             if g is not None and torch.device(g.device).type != logits.device.type:
                 raise ValueError(f"sampler: row {i} generator is on {g.device}, logits on {logits.device}")
 
-        penalised = apply_penalties(logits, params, prompt_token_ids, output_token_ids)
+        penalised = apply_grammar_masks(apply_penalties(logits, params, prompt_token_ids, output_token_ids), masks)
         tokens = first_argmax(penalised)  # first maximum = lowest id; final for greedy rows
         processed = penalised
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -241,9 +244,9 @@ class Sampler:
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, params: Seq[SamplingParams],
                  prompt_token_ids: Seq[Seq[int]], output_token_ids: Seq[Seq[int]],
-                 generators: Seq[torch.Generator | None] | None = None) -> SamplerOutput:
+                 generators: Seq[torch.Generator | None] | None = None, masks: Seq | None = None) -> SamplerOutput:
         """Sample one token per row of `logits` [B, V] (float32)."""
-        tokens, processed = self._pick(logits, params, prompt_token_ids, output_token_ids, generators)
+        tokens, processed = self._pick(logits, params, prompt_token_ids, output_token_ids, generators, masks)
         batch = len(params)
         token_list = tokens.tolist()
         logprobs: list[TokenLogprobs | None] = [None] * batch
@@ -278,8 +281,8 @@ class Sampler:
         return self._pick(logits, *self._sequence_args(logits, seqs))[0]
 
     @staticmethod
-    def _sequence_args(logits: torch.Tensor, seqs: Seq) -> tuple[list, list, list, list]:
+    def _sequence_args(logits: torch.Tensor, seqs: Seq) -> tuple[list, list, list, list, list | None]:
         for seq in seqs:
             if seq.params.seed is not None and seq.generator is None:
                 seq.generator = make_generator(seq.params.seed, logits.device)
-        return ([s.params for s in seqs], *penalty_histories(seqs), [s.generator for s in seqs])
+        return ([s.params for s in seqs], *penalty_histories(seqs), [s.generator for s in seqs], grammar_masks(seqs))

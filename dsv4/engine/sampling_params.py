@@ -54,6 +54,8 @@ class SamplingParams:
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     prompt_logprobs: int | None = None
+    # a grammar the output must follow (dsv4.engine.structured.StructuredOutput): JSON schema, regex, choice, Lark
+    structured: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -99,6 +101,10 @@ class SamplingParams:
             raise _invalid("logprobs", self.logprobs, "an integer >= 0 or None")
         if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs) or self.prompt_logprobs < 0):
             raise _invalid("prompt_logprobs", self.prompt_logprobs, "an integer >= 0 or None")
+        if self.structured is not None:
+            from dsv4.engine.structured import StructuredOutput
+            if not isinstance(self.structured, StructuredOutput):
+                raise _invalid("structured", self.structured, "a StructuredOutput or None")
         for t, b in (self.logit_bias or {}).items():
             if not _is_int(t) or t < 0:
                 raise _invalid("logit_bias", self.logit_bias, f"token ids >= 0 as keys (got {t!r})")

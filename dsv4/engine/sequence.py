@@ -52,6 +52,7 @@ class Sequence:
         self.snapshot_at = 0
         # prompt tokens its latest admission took from a cache (retained sequence, fork, snapshot) and did not compute
         self.num_cached_tokens = 0
+        self.grammar = None                   # structured output's GrammarState (dsv4.engine.structured)
 
     # ---- views ---------------------------------------------------------------------------
     @property

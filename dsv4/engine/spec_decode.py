@@ -42,6 +42,7 @@ from .outputs import TokenLogprob
 from .sampler import apply_penalties, filter_logits, first_argmax, make_generator, penalty_histories, token_logprobs
 from .scheduler import ScheduledBatch, ScheduledSeq
 from .sequence import Sequence
+from .structured import apply_grammar_masks, grammar_masks
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,11 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def plain_greedy(seq: Sequence) -> bool:
-    """Greedy without bias, penalties or logprobs: its token is the argmax of the raw logits, nothing read on the
+    """Greedy without bias, penalties, logprobs or grammar: its token is the argmax of the raw logits, nothing read on the
     host."""
     p = seq.params
-    return p.greedy and not p.has_logit_bias and not p.has_penalties and p.logprobs is None
+    return (p.greedy and not p.has_logit_bias and not p.has_penalties and p.logprobs is None
+            and seq.grammar is None)
 
 
 def greedy_verify(target_ids: list[int], drafts: list[int]) -> list[int]:
@@ -206,9 +208,10 @@ class MTPSpeculator:
     @staticmethod
     def _process(logits: torch.Tensor, seqs: list[Sequence], drafted: list[list[int]]
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(penalised, processed) logits of rows whose output history is extended by `drafted`."""
+        """(penalised, processed) logits of rows whose output history is extended by `drafted` (grammars too)."""
         params = [s.params for s in seqs]
-        penalised = apply_penalties(logits, params, *penalty_histories(seqs, drafted))
+        penalised = apply_grammar_masks(apply_penalties(logits, params, *penalty_histories(seqs, drafted)),
+                                        grammar_masks(seqs, drafted))
         return penalised, filter_logits(penalised, params)
 
     def _state(self, seq: Sequence):

@@ -301,12 +301,14 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             prompts = bridge.completion_prompts(req.prompt)
             max_tokens = 1 if score_only else (req.max_tokens if req.max_tokens is not None
                                                else cfg.completion_default_max_tokens)
+            so = bridge.structured_output(req)
             jobs = []
             for ids in prompts:
                 budget(len(ids), max_tokens, "prompt")
                 for k in range(req.n):
                     jobs.append((ids, bridge.sampling_params(req, max_tokens, logprobs=req.logprobs, k=k,
-                                                             prompt_logprobs=req.logprobs if req.echo else None)))
+                                                             prompt_logprobs=req.logprobs if req.echo else None,
+                                                             structured=so)))
         except RequestError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, streams = await admit(jobs, "cmpl")
@@ -369,15 +371,14 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
-        if req.response_format is not None and req.response_format.type != "text":
-            raise ApiError(400, f"response_format {req.response_format.type!r} is not supported (no constrained "
-                           "decoding): ask for JSON in the messages", param="response_format")
         try:
             rendered = bridge.render_chat(req)
             ids = rendered.token_ids
             max_tokens = budget(len(ids), req.max_completion_tokens or req.max_tokens, "messages")
             top = (req.top_logprobs or 0) if req.logprobs else None
-            jobs = [(ids, bridge.sampling_params(req, max_tokens, logprobs=top, k=k)) for k in range(req.n)]
+            so = bridge.structured_output(req, rendered)
+            jobs = [(ids, bridge.sampling_params(req, max_tokens, logprobs=top, k=k, structured=so))
+                    for k in range(req.n)]
         except RequestError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, streams = await admit(jobs, "chatcmpl")

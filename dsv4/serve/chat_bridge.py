@@ -13,6 +13,7 @@ from ..chat.encoding import encode_messages
 from ..chat.parser import StreamingParser, prompt_ends_in_reasoning
 from ..engine.outputs import RequestOutput
 from ..engine.sampling_params import SamplingParams
+from ..engine.structured import StructuredOutput
 from .protocol import REASONING_EFFORTS, ChatCompletionRequest, NamedToolChoice, SamplingFields
 
 
@@ -159,9 +160,40 @@ class ChatBridge:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
+    # ---- structured outputs ----------------------------------------------------------------
+    def structured_output(self, req: SamplingFields, rendered: RenderedChat | None = None) -> StructuredOutput | None:
+        """The grammar a request's output follows: chat's response_format or the structured_outputs extension
+        (not both); in thinking mode it applies from the end of the reasoning block on."""
+        fmt = getattr(req, "response_format", None)
+        fmt = fmt if fmt is not None and fmt.type != "text" else None
+        so = req.structured_outputs
+        if fmt is not None and so is not None:
+            raise RequestError("give response_format or structured_outputs, not both", "structured_outputs")
+        if fmt is None and so is None:
+            return None
+        if self.tokenizer is None:
+            raise RequestError("structured outputs need a tokenizer, and this model has none",
+                               "response_format" if fmt is not None else "structured_outputs")
+        after = self.tokenizer.think_close_id if rendered is not None and rendered.in_reasoning else None
+        if fmt is not None:
+            if fmt.type == "json_object":
+                return StructuredOutput(json_object=True, start_after=after)
+            if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+                raise RequestError("response_format json_schema needs json_schema.schema", "response_format")
+            try:
+                return StructuredOutput(json=fmt.json_schema.json_schema, start_after=after)
+            except ValueError as e:
+                raise RequestError(str(e), "response_format") from None
+        try:
+            return StructuredOutput(json=so.json_schema, json_object=bool(so.json_object), regex=so.regex,
+                                    choice=so.choice, grammar=so.grammar, start_after=after)
+        except ValueError as e:
+            raise RequestError(str(e), "structured_outputs") from None
+
     # ---- sampling ------------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int, *, logprobs: int | None,
-                        k: int, prompt_logprobs: int | None = None) -> SamplingParams:
+                        k: int, prompt_logprobs: int | None = None,
+                        structured: StructuredOutput | None = None) -> SamplingParams:
         seed = req.seed
         if seed is not None and k:
             seed = (seed + k) % (2**63)  # n > 1 with a seed: distinct but reproducible choices
@@ -181,7 +213,7 @@ class ChatBridge:
                 frequency_penalty=req.frequency_penalty or 0.0,
                 seed=seed, max_tokens=max_tokens, stop=req.stop or [],
                 stop_token_ids=stop_ids, ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=req.logit_bias,
-                prompt_logprobs=prompt_logprobs)
+                prompt_logprobs=prompt_logprobs, structured=structured)
         except ValueError as e:
             raise RequestError(str(e), getattr(e, "field", None)) from None
 

@@ -2,8 +2,9 @@
 
 Only what dsv4 implements is declared; unknown fields are ignored like the OpenAI API does, but
 values of known fields are validated here, before the engine sees anything (bad input -> 400).
-Fields that would change the result but are not implemented (suffix, best_of, non-text content, a
-JSON response_format) are refused with a 400 rather than silently ignored.
+Fields that would change the result but are not implemented (suffix, best_of, non-text content) are refused
+with a 400 rather than silently ignored. Structured outputs: chat's `response_format` (OpenAI: json_object,
+json_schema) and, on both endpoints, vLLM's `structured_outputs` (json, regex, choice, grammar).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ MAX_TOOLS = 128
 MAX_MESSAGES = 4096
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS_TOKENS = 1024  # tokens one request may bias
+MAX_GRAMMAR_CHARS = 100_000   # a regex or Lark grammar of structured outputs
 
 # OpenAI reasoning_effort -> (thinking on?, DeepSeek-V4 effort). V4 knows "high" and "max".
 REASONING_EFFORTS = {"none": (False, None), "minimal": (True, "high"), "low": (True, "high"),
@@ -39,6 +41,16 @@ class _Lenient(BaseModel):
 
 class StreamOptions(_Lenient):
     include_usage: bool = False
+
+
+class StructuredOutputs(_Lenient):
+    """vLLM's `structured_outputs` extension: exactly one of json (a schema), json_object, regex, choice, grammar
+    (Lark)."""
+    json_schema: dict | str | None = Field(default=None, alias="json")  # ("json" would shadow BaseModel's)
+    json_object: bool | None = None
+    regex: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)
+    choice: list[str] | None = Field(default=None, max_length=1024)
+    grammar: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)
 
 
 class SamplingFields(_Lenient):
@@ -59,6 +71,7 @@ class SamplingFields(_Lenient):
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     ignore_eos: bool = False
     logit_bias: dict[int, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_TOKENS)  # JSON keys: "id"
+    structured_outputs: StructuredOutputs | None = None
     user: str | None = None
 
     @field_validator("stop")
@@ -166,8 +179,16 @@ class ThinkingOption(_Lenient):
     type: Literal["enabled", "disabled"]
 
 
+class JsonSchemaFormat(_Lenient):
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    json_schema: dict | None = Field(default=None, alias="schema")  # ("schema" would shadow BaseModel's)
+    strict: bool | None = None
+
+
 class ResponseFormat(_Lenient):
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -1,0 +1,206 @@
+"""Structured outputs: a grammar (a JSON schema, any JSON object, a regex, a list of choices or a Lark grammar)
+decides which tokens a request may sample next.
+
+llguidance (the grammar engine vLLM and llama.cpp use) turns the grammar and the tokenizer into a matcher per
+sequence: its token mask holds the tokens that keep the output a prefix of the grammar's language (the EOS
+tokens once the output is complete). The sampler sets every other token's logit to -inf after bias and
+penalties, so greedy, sampled and speculative rows all draw from the constrained distribution.
+
+    StructuredOutput(json=schema) | (json_object=True) | (regex=...) | (choice=[...]) | (grammar=lark)
+    Grammars(tokenizer, vocab_size, eos_ids).state(so) -> GrammarState   (ValueError for a bad grammar)
+    GrammarState.advance(output_ids)        consume the tokens emitted since the last call
+    GrammarState.masks(drafted)             the int32 bitmask words for each drafted prefix
+    apply_grammar_masks(logits, masks)      -inf where a row's mask bit is 0
+
+`start_after`: with a reasoning block (the chat's thinking mode) the grammar applies only after the token that
+closes it, so the model thinks freely and answers in the format.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence as Seq
+
+import numpy as np
+import torch
+
+from dsv4.model.context import to_device
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# JSON laid out as json.dumps does (", " and ": ", no other whitespace): with flexible whitespace a model can pad
+# forever inside an object and never close it; a schema's own "x-guidance" options override these
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_CHOICES = 1024
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:  # pragma: no cover - a declared dependency; the message says what to install
+        raise ValueError("structured outputs need the llguidance package (pip install llguidance)") from None
+    return llguidance
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Exactly one of json (a JSON schema: dict or its text), json_object, regex, choice or grammar (Lark, in
+    llguidance's dialect)."""
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    start_after: int | None = None  # constrain only the tokens after this token id (the end of a reasoning block)
+    _text: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError("structured output choice: expected a list of non-empty strings")
+            if not 0 < len(self.choice) <= MAX_CHOICES:
+                raise ValueError(f"structured output choice: expected 1 to {MAX_CHOICES} strings")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        if not isinstance(self.json_object, bool):
+            raise ValueError(f"structured output json_object={self.json_object!r}; expected a bool")
+        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured output: give exactly one of {', '.join(KINDS)} (got {given or 'none'})")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"structured output {name}: expected a non-empty string")
+        if self.json is not None:
+            schema = self.json
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"structured output json: not valid JSON ({e})") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("structured output json: a JSON schema is an object")
+            object.__setattr__(self, "_text", json.dumps(schema))
+        if self.start_after is not None and (isinstance(self.start_after, bool) or not isinstance(
+                self.start_after, int) or self.start_after < 0):
+            raise ValueError(f"structured output start_after={self.start_after!r}; expected a token id")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+
+    def llguidance_grammar(self) -> str:
+        """The grammar in llguidance's serialised form (not yet checked: `Grammars.state` does)."""
+        matcher = _llguidance().LLMatcher
+        if self.json is not None:
+            return matcher.grammar_from_json_schema(self._text, defaults=JSON_LAYOUT)
+        if self.json_object:
+            return matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
+        if self.regex is not None:
+            return matcher.grammar_from_regex(self.regex)
+        if self.choice is not None:  # Lark string literals take JSON's escapes
+            return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in self.choice))
+        return matcher.grammar_from_lark(self.grammar)
+
+
+class GrammarState:
+    """One sequence's matcher and how far into its output it has read."""
+
+    def __init__(self, matcher: Any, start_after: int | None, eos_ids: Seq[int], words: int):
+        self.matcher = matcher
+        self.start_after = start_after
+        self.armed = start_after is None
+        self.num_read = 0  # output tokens advanced over
+        self._eos_only = np.zeros(words, dtype=np.int32)
+        for t in eos_ids:
+            self._eos_only.view(np.uint32)[t // 32] |= np.uint32(1 << (t % 32))
+
+    def advance(self, output_ids: Seq[int]) -> None:
+        """Consume the output tokens after the last call's."""
+        for t in output_ids[self.num_read:]:
+            if self.armed:
+                self.matcher.consume_token(t)  # a refused token leaves the matcher in its error state
+            elif t == self.start_after:
+                self.armed = True
+        self.num_read = len(output_ids)
+
+    def _mask(self) -> np.ndarray:
+        if self.matcher.is_error():  # nothing can continue the output: only the end
+            return self._eos_only
+        return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)
+
+    def masks(self, drafted: Seq[Seq[int]] = ((),)) -> list[np.ndarray | None]:
+        """The mask after each token prefix in `drafted` (tokens past the output read so far, e.g. speculative
+        drafts); None where nothing is constrained yet, or where the prefix itself breaks the grammar (no token
+        is sampled there: the draft before it is refused)."""
+        out: list[np.ndarray | None] = []
+        for prefix in drafted:
+            armed, take = self.armed, []
+            for t in prefix:
+                if armed:
+                    take.append(t)
+                elif t == self.start_after:
+                    armed = True
+            if not armed:
+                out.append(None)
+                continue
+            taken = self.matcher.try_consume_tokens(take) if take else 0
+            out.append(self._mask() if taken == len(take) else None)
+            if taken:
+                self.matcher.rollback(taken)
+        return out
+
+
+class Grammars:
+    """Matchers for one tokenizer: the tokenizer's llguidance form is built on first use (≈ 1 s for a 129K
+    vocabulary) and shared by every request."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Seq[int]):
+        self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, list(eos_ids)
+        self._lltok = None
+
+    @property
+    def words(self) -> int:
+        return (self.vocab_size + 31) // 32
+
+    def state(self, so: StructuredOutput) -> GrammarState:
+        """A fresh matcher for `so`; ValueError naming the problem when the grammar is invalid."""
+        if self.tokenizer is None:
+            raise ValueError("structured outputs need the checkpoint's tokenizer, and this model has none")
+        ll = _llguidance()
+        if self._lltok is None:
+            self._lltok = ll.LLTokenizer(self.tokenizer.to_json(), n_vocab=self.vocab_size, eos_token=self.eos_ids)
+        try:
+            grammar = so.llguidance_grammar()
+        except ValueError as e:
+            raise ValueError(f"structured output {so.kind}: {e}") from None
+        problem = ll.LLMatcher.validate_grammar(grammar, self._lltok)
+        if problem:
+            raise ValueError(f"structured output {so.kind}: {problem.strip()}")
+        matcher = ll.LLMatcher(self._lltok, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"structured output {so.kind}: {matcher.get_error().strip()}")
+        return GrammarState(matcher, so.start_after, self.eos_ids, self.words)
+
+
+def grammar_masks(seqs: Seq, drafted: Seq[Seq[int]] | None = None) -> list[np.ndarray | None] | None:
+    """Row i's mask (seqs[i] after its output and drafted[i]); None when no row has a grammar."""
+    if all(getattr(s, "grammar", None) is None for s in seqs):
+        return None
+    drafted = drafted if drafted is not None else [()] * len(seqs)
+    return [s.grammar.masks([d])[0] if s.grammar is not None else None for s, d in zip(seqs, drafted)]
+
+
+def apply_grammar_masks(logits: torch.Tensor, masks: Seq[np.ndarray | None] | None) -> torch.Tensor:
+    """Logits with -inf wherever a row's mask bit is 0 (a new tensor where any row has a mask, else `logits`)."""
+    rows = [i for i, m in enumerate(masks or ()) if m is not None]
+    if not rows:
+        return logits
+    vocab, dev = logits.shape[1], logits.device
+    words = to_device(torch.from_numpy(np.stack([masks[i] for i in rows])), dev)
+    bits = (words[:, :, None] >> torch.arange(32, device=dev, dtype=torch.int32)) & 1
+    allowed = bits.flatten(1)[:, :vocab].bool()
+    if allowed.shape[1] < vocab:  # ids past the tokenizer's vocabulary are never allowed
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    out = logits.clone()
+    idx = to_device(torch.tensor(rows), dev)
+    out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
+    return out
