@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from pathlib import Path
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -26,6 +28,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     p.add_argument("--num-draft-tokens", type=int, default=1, metavar="K",
                    help="draft tokens per step with --speculative (1-4; default 1)")
+    g = p.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="SCHEMA", help="the output is JSON following SCHEMA (a file or JSON text)")
+    g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    g.add_argument("--regex", help="the output matches this regular expression")
+    g.add_argument("--choice", action="append", metavar="TEXT", help="the output is one of these; repeat for each")
+    g.add_argument("--grammar", metavar="FILE", help="the output follows this Lark grammar (llguidance's dialect)")
     add_decode_options(p)
 
 
@@ -70,6 +78,28 @@ def _llm(args, retain_finished: int = 0):
                retain_finished=retain_finished)
 
 
+def _read(value: str, what: str) -> str:
+    """A file's text, or for --json-schema the value itself when it is JSON text rather than a path."""
+    if what == "--json-schema" and value.lstrip().startswith("{"):
+        return value
+    try:
+        return Path(value).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{what} {value}: cannot read it ({e.strerror})") from None
+
+
+def structured_output(args):
+    """--json-schema / --json-object / --regex / --choice / --grammar as a StructuredOutput (None: none given)."""
+    from .engine.structured import StructuredOutput
+    schema, grammar = getattr(args, "json_schema", None), getattr(args, "grammar", None)
+    json_object, regex, choice = getattr(args, "json_object", False), getattr(args, "regex", None), \
+        getattr(args, "choice", None)
+    if not (schema or json_object or regex or choice or grammar):
+        return None
+    return StructuredOutput(json=_read(schema, "--json-schema") if schema else None, json_object=json_object,
+                            regex=regex, choice=choice, grammar=_read(grammar, "--grammar") if grammar else None)
+
+
 def sampling_params(args, default_temperature: float):
     """The sampling options of generate / chat (one or many ranks) as SamplingParams (a bad value: its ValueError
     names the field)."""
@@ -78,7 +108,7 @@ def sampling_params(args, default_temperature: float):
     return SamplingParams(temperature=t, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                           repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty, stop=args.stop, seed=args.seed,
-                          max_tokens=args.max_tokens)
+                          max_tokens=args.max_tokens, structured=structured_output(args))
 
 
 def run_generate(args) -> int:
@@ -121,8 +151,13 @@ def run_chat(args) -> int:
             return 0
         history.append({"role": "user", "content": line})
         prompt = encode_messages(history, thinking_mode=mode)
-        parser = StreamingParser(mode, in_reasoning=prompt_ends_in_reasoning(prompt))
-        for d in llm.stream([prompt], params):
+        in_reasoning = prompt_ends_in_reasoning(prompt)
+        parser = StreamingParser(mode, in_reasoning=in_reasoning)
+        turn = params
+        if params.structured is not None and in_reasoning:  # the format applies to the answer, not the reasoning
+            turn = dataclasses.replace(params, structured=dataclasses.replace(
+                params.structured, start_after=llm.tokenizer.think_close_id))
+        for d in llm.stream([prompt], turn):
             events = parser.feed(d.text) + (parser.finish() if d.finished else [])
             for e in events:
                 if "reasoning_content" in e:

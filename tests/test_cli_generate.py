@@ -180,3 +180,24 @@ def test_token_budget_defaults_agree():
     args = build_parser().parse_args(["serve", "--model", "somewhere"])
     llm_default = inspect.signature(LLM).parameters["max_num_batched_tokens"].default
     assert args.max_num_batched_tokens == EngineConfig.max_num_batched_tokens == llm_default
+
+
+def test_structured_output_options(tmp_path):
+    """--json-schema (a file) / --choice reach the engine (the embedded model: its byte-level vocabulary can spell
+    JSON, this file's small one cannot): the same text as the Python API's, and in the format."""
+    import json
+    from dsv4.engine.structured import StructuredOutput
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    want = LLM(device="cpu").generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=20,
+                                                                 structured=StructuredOutput(json=schema)))[0].text
+    res = dsv4_cli("generate", "--device", "cpu", "--max-tokens", "20", "--json-schema",
+                   str(tmp_path / "schema.json"), PROMPTS[0])
+    assert res.returncode == 0 and res.stdout == want + "\n", res.stderr
+    assert set(json.loads(want)) == {"n"}
+    res = dsv4_cli("generate", "--device", "cpu", "--max-tokens", "8", "--choice", "red", "--choice", "blue",
+                   "--temperature", "1", "--seed", "5", PROMPTS[1])
+    assert res.returncode == 0 and res.stdout in ("red\n", "blue\n"), res.stderr
+    line = one_line_error(dsv4_cli("generate", "--device", "cpu", "--regex", "[z-a]", PROMPTS[0]))
+    assert "structured output regex" in line

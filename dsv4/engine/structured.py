@@ -125,7 +125,8 @@ class GrammarState:
     def _mask(self) -> np.ndarray:
         if self.matcher.is_error():  # nothing can continue the output: only the end
             return self._eos_only
-        return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)
+        mask = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)
+        return mask if mask.any() else self._eos_only  # (a vocabulary that cannot spell what the grammar needs)
 
     def masks(self, drafted: Seq[Seq[int]] = ((),)) -> list[np.ndarray | None]:
         """The mask after each token prefix in `drafted` (tokens past the output read so far, e.g. speculative

@@ -1,0 +1,122 @@
+"""Structured outputs through `dsv4 serve` on the embedded tiny model, driven by the `openai` client: chat's
+`response_format` (json_object, json_schema), the `structured_outputs` extension on both endpoints, the thinking
+mode (the grammar starts after the reasoning block), streaming, and the 400s for bad grammars.
+
+The replies are checked with Python's json / re, not with the grammar engine the server uses.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from fake_engine import ServerProcess
+
+KEY = "sk-structured-test"
+MODEL_DIR = Path(__file__).resolve().parents[1] / "dsv4" / "assets" / "tiny"
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "days", "sunny"],
+          "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1,
+                                                                             "maximum": 14},
+                         "sunny": {"type": "boolean"}}}
+pytestmark = pytest.mark.skipif(not (MODEL_DIR / "tokenizer.json").is_file(), reason="no embedded tiny model")
+
+
+def schema_ok(text: str) -> bool:
+    v = json.loads(text)
+    return (set(v) == {"city", "days", "sunny"} and isinstance(v["city"], str) and len(v["city"]) <= 10
+            and type(v["days"]) is int and 1 <= v["days"] <= 14 and isinstance(v["sunny"], bool))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess(None, tmp_path_factory.mktemp("server") / "server.log", "--model", str(MODEL_DIR),
+                        "--device", "cpu", "--api-key", KEY, "--max-model-len", "512", cli=True)
+    yield srv
+    assert srv.stop(timeout=60) == 0 and "Traceback" not in srv.log(), srv.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def think_close_id():
+    from dsv4.chat.tokenizer import load_tokenizer
+    return load_tokenizer(MODEL_DIR).think_close_id
+
+
+MSGS = [{"role": "user", "content": "Plan a trip. Reply in JSON."}]
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_chat_json_schema_and_object(client, temperature):
+    fmt = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA, "strict": True}}
+    r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=60, temperature=temperature,
+                                       seed=7, n=2, response_format=fmt)
+    for ch in r.choices:
+        assert ch.finish_reason == "stop" and schema_ok(ch.message.content), ch
+    r = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=120, temperature=temperature,
+                                       seed=11, response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":  # an object the model may keep extending past max_tokens
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:
+        assert r.choices[0].message.content.startswith("{")
+
+
+def test_streamed_equals_whole_and_thinking_answers_in_the_format(client, think_close_id):
+    kw = dict(model="tiny", messages=MSGS, max_tokens=60, temperature=0,
+              response_format={"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                       if c.choices)
+    assert streamed == whole and schema_ok(whole)
+    # thinking: the reasoning is free; a bias makes the tiny model close it at once, then the answer is the JSON
+    r = client.chat.completions.create(**kw, logit_bias={str(think_close_id): 100},
+                                       extra_body={"chat_template_kwargs": {"thinking": True}})
+    m = r.choices[0].message
+    assert not getattr(m, "reasoning_content", None) and schema_ok(m.content), m
+
+
+def test_completions_structured_outputs(client):
+    regex = r"[A-Z][a-z]{2,5} [0-9]{1,2}"
+    r = client.completions.create(model="tiny", prompt=["Date:", "When?"], max_tokens=20, temperature=1.0,
+                                  seed=3, n=2, extra_body={"structured_outputs": {"regex": regex}})
+    assert len(r.choices) == 4
+    for ch in r.choices:
+        assert ch.finish_reason == "stop" and re.fullmatch(regex, ch.text), ch.text
+    r = client.completions.create(model="tiny", prompt="Is it?", max_tokens=10, temperature=0,
+                                  extra_body={"structured_outputs": {"choice": ["yes", "no", "perhaps"]}})
+    assert r.choices[0].text in ("yes", "no", "perhaps")
+    lark = 'start: "(" num ("," num)* ")"\nnum: /[0-9]{1,3}/'
+    r = client.completions.create(model="tiny", prompt="A tuple:", max_tokens=40, temperature=1.0, seed=5,
+                                  extra_body={"structured_outputs": {"grammar": lark}})
+    if r.choices[0].finish_reason == "stop":
+        assert re.fullmatch(r"\([0-9]{1,3}(,[0-9]{1,3})*\)", r.choices[0].text), r.choices[0].text
+
+
+@pytest.mark.parametrize("path, body, words", [
+    ("/v1/chat/completions", {"messages": MSGS, "response_format": {"type": "json_object"},
+                              "structured_outputs": {"regex": "a"}}, "not both"),
+    ("/v1/chat/completions", {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objectx"}}}}, "structured output json"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "(unclosed"}}, "structured output regex"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"grammar": "start: nothing_here"}}, "grammar"),
+])
+def test_bad_grammars_get_400(server, path, body, words):
+    r = httpx.post(server.base_url + path, headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "tiny", "max_tokens": 4, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"]["message"]
+
+
+def test_openai_client_sees_the_400(client):
+    with pytest.raises(openai.BadRequestError, match="structured output regex"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=4,
+                                  extra_body={"structured_outputs": {"regex": "[z-a]"}})
