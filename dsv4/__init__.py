@@ -20,7 +20,10 @@ def __getattr__(name):  # lazy: `import dsv4` stays cheap; the engine loads on f
     if name == "SamplingParams":
         from dsv4.engine.sampling_params import SamplingParams
         return SamplingParams
+    if name == "StructuredOutput":
+        from dsv4.engine.structured import StructuredOutput
+        return StructuredOutput
     raise AttributeError(f"module 'dsv4' has no attribute {name!r}")
 
 
-__all__ = ["load_model", "LLM", "SamplingParams", "__version__"]
+__all__ = ["load_model", "LLM", "SamplingParams", "StructuredOutput", "__version__"]

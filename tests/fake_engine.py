@@ -44,6 +44,7 @@ from dsv4.engine.outputs import EngineStats, OutputTracker, RequestOutput, Token
 from dsv4.engine.sampler import Sampler, token_logprobs  # noqa: E402
 from dsv4.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from dsv4.engine.sequence import Sequence  # noqa: E402
+from dsv4.engine.structured import Grammars  # noqa: E402
 
 SPECIALS = [BOS, EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE, DSML, LATEST_REMINDER, *TASK_TOKENS.values()]
 CORPUS = [
@@ -156,6 +157,7 @@ class FakeCore:
                                    self.block_manager, eos_token_ids=tokenizer.eos_id,
                                    detokenize=lambda ids: tokenizer.decode(ids))
         self.sampler = Sampler()
+        self.grammars = Grammars(tokenizer, self.vocab_size, [tokenizer.eos_id])
         self.model = ScriptedModel(tokenizer)
         self.step_delay = step_delay
         self.stall_seconds = stall_seconds
@@ -168,6 +170,8 @@ class FakeCore:
         seq = Sequence(request_id, prompt_token_ids, params)
         if any(t >= self.vocab_size for t in prompt_token_ids):
             raise ValueError(f"request {request_id!r}: token id outside the vocabulary")
+        if params.structured is not None:  # as LLMEngine: the grammar's masks apply in the sampler
+            seq.grammar = self.grammars.state(params.structured)
         self.scheduler.add(seq)
         self._trackers[request_id] = OutputTracker(request_id, prompt_token_ids, params, self.tokenizer)
         self.prompt_tokens_total += len(prompt_token_ids)
@@ -210,6 +214,8 @@ class FakeCore:
         outputs = []
         for i in sampled:
             seq = batch.rows[i].seq
+            if seq.grammar is not None:
+                seq.grammar.advance(seq.output_token_ids)
             self.generation_tokens_total += 1
             delta = self._trackers[seq.request_id].update(seq, [seq.token_ids[-1]], lps[i])
             if seq.is_finished:

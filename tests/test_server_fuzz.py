@@ -147,3 +147,24 @@ def test_valid_sampling_fields_generate(http):
         assert r.status_code == 200, r.text
         check(r, stream)
     run()
+
+
+def test_structured_outputs_never_500(http):
+    """Arbitrary regexes, Lark texts, JSON schemas and choices: a reply in the format or a 400, never a 500."""
+    regex_text = st.text(st.sampled_from("ab09()[]{}|*+?.^$\\-,:\"'/ "), max_size=16)
+    kinds = (st.builds(lambda v: {"regex": v}, regex_text | st.text(max_size=12))
+             | st.builds(lambda v: {"grammar": v}, regex_text.map(lambda t: "start: " + t) | st.text(max_size=20))
+             | st.builds(lambda v: {"json": v}, json_values | st.dictionaries(
+                 st.sampled_from(["type", "properties", "required", "enum", "items", "pattern", "maxLength",
+                                  "minimum", "anyOf", "$ref", "const"]), json_values, max_size=4))
+             | st.builds(lambda v: {"choice": v}, json_values | st.lists(st.text(max_size=6), max_size=3)))
+    statuses = []
+
+    @FUZZ
+    @given(so=kinds, stream=st.booleans(), chat=st.booleans())
+    def run(so, stream, chat):
+        path, base = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}) if chat \
+            else ("/v1/completions", {"prompt": "count"})
+        statuses.append(post(http, path, {**base, "max_tokens": 8, "stream": stream, "structured_outputs": so}))
+    run()
+    assert statuses.count(200) >= len(statuses) // 10 and statuses.count(400) >= len(statuses) // 10, statuses

@@ -171,14 +171,16 @@ class Grammars:
             self._lltok = ll.LLTokenizer(self.tokenizer.to_json(), n_vocab=self.vocab_size, eos_token=self.eos_ids)
         try:
             grammar = so.llguidance_grammar()
-        except ValueError as e:
-            raise ValueError(f"structured output {so.kind}: {e}") from None
-        problem = ll.LLMatcher.validate_grammar(grammar, self._lltok)
+            problem = ll.LLMatcher.validate_grammar(grammar, self._lltok)
+            matcher = None if problem else ll.LLMatcher(self._lltok, grammar, log_level=0)
+            if matcher is not None and matcher.is_error():
+                problem = matcher.get_error()
+        except BaseException as e:  # pyo3 reports a panic of the Rust side as a BaseException: a bad grammar too
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            problem = f"{type(e).__name__}: {e}"
         if problem:
             raise ValueError(f"structured output {so.kind}: {problem.strip()}")
-        matcher = ll.LLMatcher(self._lltok, grammar, log_level=0)
-        if matcher.is_error():
-            raise ValueError(f"structured output {so.kind}: {matcher.get_error().strip()}")
         return GrammarState(matcher, so.start_after, self.eos_ids, self.words)
 
 
