@@ -2,7 +2,8 @@
 the engine's overlap): a conversation whose turns adopt the last turn's cache (`retain_finished`) answers as
 without it, and prompt logprobs (scored over prefill chunks) stay close to the CPU float32 reference's. Session 54:
 n requests of one prompt copying the first one's cache (`share_prompts`) answer as when each computes it, and
-so do requests copying a snapshot of their shared system prompt (`prefix_snapshots`).
+so do requests copying a snapshot of their shared system prompt (`prefix_snapshots`). Session 55: structured
+outputs (grammar masks) under graphs, the look-ahead and MTP.
 
 Greedy text of the trained embedded model is robust to bf16 rounding over short replies (test_model_gpu's
 `test_embedded_model_greedy_text_matches_cpu` relies on the same), so retained and fresh runs -- whose prefill
@@ -100,3 +101,33 @@ def test_prefix_snapshots_match_prompts_computed_apart():
     assert cached[:2] == [0, 0] and min(cached[2:]) >= 64
     stats = keeping.engine.stats()
     assert stats.snapshots_taken == 1 and stats.num_forks == 2 and stats.shared_prompt_tokens >= 2 * 64
+
+
+def test_structured_outputs_on_the_gpu():
+    """Grammar masks with graphs, the FP8 cache and the look-ahead: greedy JSON / choice replies in the format and the
+    same with the look-ahead off (a grammar row turns it off); MTP drafts follow the grammar too."""
+    import json
+    import re
+
+    import pytest
+    pytest.importorskip("llguidance")
+    from dsv4 import LLM, SamplingParams, StructuredOutput
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "n"],
+              "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer", "maximum": 99}}}
+    kinds = [StructuredOutput(json=schema), StructuredOutput(choice=["yes", "no", "maybe so"]),
+             StructuredOutput(regex=r"[0-9]{3}-[a-z]{2,4}")]
+    prompts = ["A record:", "Is the sky blue?", "Code:"]
+    params = [SamplingParams(temperature=0.0, max_tokens=48, structured=so) for so in kinds]
+    free = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
+    runs = [[r.text for r in LLM(overlap=o, **kw).generate(prompts + prompts[:1], params + [free])]
+            for o in (True, False)]
+    assert runs[0] == runs[1]
+    texts = runs[0]
+    assert json.loads(texts[0]).keys() == {"name", "n"} and texts[1] in ("yes", "no", "maybe so")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", texts[2]), texts
+    spec = LLM(speculative="mtp", num_draft_tokens=2, **kw)
+    got = [r.text for r in spec.generate(prompts, params)]
+    assert json.loads(got[0]).keys() == {"name", "n"} and got[1] in ("yes", "no", "maybe so")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", got[2]) and spec.engine.stats().spec_draft_tokens > 0, got
