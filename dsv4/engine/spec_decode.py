@@ -93,8 +93,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def plain_greedy(seq: Sequence) -> bool:
-    """Greedy without bias, penalties, logprobs or grammar: its token is the argmax of the raw logits, nothing read on the
-    host."""
+    """Greedy without bias, penalties, logprobs or grammar: its token is the argmax of the raw logits, nothing read
+    on the host."""
     p = seq.params
     return (p.greedy and not p.has_logit_bias and not p.has_penalties and p.logprobs is None
             and seq.grammar is None)
