@@ -1,6 +1,7 @@
 """Structured outputs through `dsv4 serve` on the embedded tiny model, driven by the `openai` client: chat's
 `response_format` (json_object, json_schema), the `structured_outputs` extension on both endpoints, the thinking
-mode (the grammar starts after the reasoning block), streaming, and the 400s for bad grammars.
+mode (the grammar starts after the reasoning block), streaming, tool_choice "required" / a named function as a
+grammar of DSML calls, and the 400s for bad grammars.
 
 The replies are checked with Python's json / re, not with the grammar engine the server uses.
 """
@@ -35,7 +36,7 @@ def schema_ok(text: str) -> bool:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProcess(None, tmp_path_factory.mktemp("server") / "server.log", "--model", str(MODEL_DIR),
-                        "--device", "cpu", "--api-key", KEY, "--max-model-len", "512", cli=True)
+                        "--device", "cpu", "--api-key", KEY, "--max-model-len", "1024", cli=True)
     yield srv
     assert srv.stop(timeout=60) == 0 and "Traceback" not in srv.log(), srv.log()
 
@@ -100,6 +101,35 @@ def test_completions_structured_outputs(client):
         assert re.fullmatch(r"\([0-9]{1,3}(,[0-9]{1,3})*\)", r.choices[0].text), r.choices[0].text
 
 
+TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}},
+         {"type": "function", "function": {"name": "pick", "parameters": {
+             "type": "object", "required": ["b"], "properties": {"a": {"type": "boolean"},
+                                                                 "b": {"type": "string", "enum": ["x", "y"]}}}}}]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "pick"}}])
+def test_forced_tool_choice(client, choice):
+    """tool_choice "required" / a named function: the reply is tool calls (of that function), streamed alike;
+    parallel_tool_calls false: exactly one."""
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "What time is it?"}], tools=TOOLS,
+              tool_choice=choice, max_tokens=150, temperature=0)
+    r = client.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.tool_calls, ch
+    for c in ch.message.tool_calls:
+        args = json.loads(c.function.arguments)
+        assert c.function.name in ("now", "pick") and (choice == "required" or c.function.name == "pick")
+        assert args == {} if c.function.name == "now" else (args["b"] in ("x", "y") and set(args) <= {"a", "b"})
+    streamed = {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            streamed[tc.index] = (tc.function.name, tc.function.arguments)
+    assert [streamed[i] for i in sorted(streamed)] == [(c.function.name, c.function.arguments)
+                                                       for c in ch.message.tool_calls]
+    one = client.chat.completions.create(**kw, parallel_tool_calls=False, seed=1)
+    assert len(one.choices[0].message.tool_calls) == 1
+
+
 @pytest.mark.parametrize("path, body, words", [
     ("/v1/chat/completions", {"messages": MSGS, "response_format": {"type": "json_object"},
                               "structured_outputs": {"regex": "a"}}, "not both"),
@@ -108,6 +138,8 @@ def test_completions_structured_outputs(client):
     ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "(unclosed"}}, "structured output regex"),
     ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one"),
     ("/v1/completions", {"prompt": "x", "structured_outputs": {"grammar": "start: nothing_here"}}, "grammar"),
+    ("/v1/chat/completions", {"messages": MSGS, "tools": TOOLS, "tool_choice": "required",
+                              "response_format": {"type": "json_object"}}, "not both"),
 ])
 def test_bad_grammars_get_400(server, path, body, words):
     r = httpx.post(server.base_url + path, headers={"Authorization": f"Bearer {KEY}"},

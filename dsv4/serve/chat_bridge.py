@@ -11,6 +11,7 @@ from typing import Any
 
 from ..chat.encoding import encode_messages
 from ..chat.parser import StreamingParser, prompt_ends_in_reasoning
+from ..chat.tool_grammar import tool_call_grammar
 from ..engine.outputs import RequestOutput
 from ..engine.sampling_params import SamplingParams
 from ..engine.structured import StructuredOutput
@@ -140,8 +141,8 @@ class ChatBridge:
 
     @staticmethod
     def _tools_for_prompt(req: ChatCompletionRequest) -> list[dict] | None:
-        """tool_choice "none" hides the tools; a named function shows only that one. "required"
-        cannot be enforced without constrained decoding: the tools are shown as for "auto"."""
+        """tool_choice "none" hides the tools; a named function shows only that one ("required" and a named
+        function are enforced by a grammar: `structured_output`)."""
         choice = req.tool_choice
         if not req.tools:
             if choice not in (None, "none", "auto"):
@@ -162,19 +163,36 @@ class ChatBridge:
 
     # ---- structured outputs ----------------------------------------------------------------
     def structured_output(self, req: SamplingFields, rendered: RenderedChat | None = None) -> StructuredOutput | None:
-        """The grammar a request's output follows: chat's response_format or the structured_outputs extension
-        (not both); in thinking mode it applies from the end of the reasoning block on."""
+        """The grammar a request's output follows: chat's response_format, the structured_outputs extension, or
+        a DSML tool-call block for tool_choice "required" / a named function (one of the three); in thinking mode
+        it applies from the end of the reasoning block on."""
         fmt = getattr(req, "response_format", None)
         fmt = fmt if fmt is not None and fmt.type != "text" else None
         so = req.structured_outputs
+        choice = getattr(req, "tool_choice", None)
+        forced = getattr(req, "tools", None) and (choice == "required" or isinstance(choice, NamedToolChoice))
         if fmt is not None and so is not None:
             raise RequestError("give response_format or structured_outputs, not both", "structured_outputs")
-        if fmt is None and so is None:
+        if forced and (fmt is not None or so is not None):
+            raise RequestError("tool_choice forces a tool call: give response_format / structured_outputs, or a "
+                               "forced tool_choice, not both", "tool_choice")
+        if fmt is None and so is None and not forced:
             return None
         if self.tokenizer is None:
             raise RequestError("structured outputs need a tokenizer, and this model has none",
                                "response_format" if fmt is not None else "structured_outputs")
         after = self.tokenizer.think_close_id if rendered is not None and rendered.in_reasoning else None
+        if forced:
+            dsml = self.tokenizer.dsml_id
+            if dsml is None:  # a vocabulary without the DSML token: the tools are shown, the call not enforced
+                return None
+            only = choice.function.name if isinstance(choice, NamedToolChoice) else None
+            try:
+                grammar = tool_call_grammar(self._tools_for_prompt(req), dsml, only=only,
+                                            parallel=req.parallel_tool_calls is not False)
+            except ValueError as e:
+                raise RequestError(str(e), "tools") from None
+            return StructuredOutput(grammar=grammar, start_after=after)
         if fmt is not None:
             if fmt.type == "json_object":
                 return StructuredOutput(json_object=True, start_after=after)
