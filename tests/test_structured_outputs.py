@@ -225,3 +225,31 @@ def test_mask_bits_match_a_per_token_loop(vocab):
             allowed = m is None or (t < 32 * len(m) and (int(m[t // 32]) >> (t % 32)) & 1)
             assert out[r, t].item() == (logits[r, t].item() if allowed else -np.inf), (r, t)
     assert apply_grammar_masks(logits, [None] * 4) is logits and apply_grammar_masks(logits, None) is logits
+
+
+def test_masks_of_many_rows_at_once_equal_one_at_a_time(model, tok):
+    """grammar_masks computes live rows together on llguidance's threads: the same words as each row's own
+    compute_bitmask, at random points of random valid outputs (and rows not armed yet, or without a grammar)."""
+    from dsv4.engine.sequence import Sequence
+    from dsv4.engine.structured import grammar_masks
+    engine = engine_of(model, tok)
+    rng = random.Random()
+    kinds = [StructuredOutput(json=SCHEMA), StructuredOutput(regex=REGEX), StructuredOutput(choice=CHOICES),
+             StructuredOutput(json_object=True), StructuredOutput(regex=REGEX, start_after=5)]
+    seqs = []
+    for k in range(12):
+        seq = Sequence(str(k), [3, 4])
+        if k % 6:
+            seq.grammar = engine.grammars.state(kinds[k % len(kinds)])
+            for _ in range(rng.randrange(0, 6)):  # a random walk through allowed tokens
+                mask = seq.grammar.masks()[0]
+                allowed = [] if mask is None else [t for t in range(2048) if (int(mask[t // 32]) >> (t % 32)) & 1]
+                allowed = [t for t in allowed if t != tok.eos_id] or [rng.randrange(16, 2000)]
+                seq.token_ids.append(rng.choice(allowed))
+                seq.grammar.advance(seq.output_token_ids)
+        seqs.append(seq)
+    together = grammar_masks(seqs)
+    alone = [s.grammar.masks()[0] if s.grammar is not None else None for s in seqs]
+    assert sum(m is not None for m in together) >= 6
+    for a, b in zip(together, alone):
+        assert (a is None and b is None) or np.array_equal(a, b)
