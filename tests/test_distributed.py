@@ -11,6 +11,7 @@ checkpoint runs the TP2 + EP2 all-to-all layout the same way.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -268,24 +269,31 @@ def test_cutting_a_quantised_pair_equals_cutting_the_dequantised_weight():
 
 def test_cli_spawns_ranks_and_matches_one_process_generate():
     """`--tp 2 --ep 2` on the embedded model: two ranks started by the CLI, only rank 0 prints, and
-    the greedy text equals a single-process LLM's, also with MTP speculative decoding."""
+    the greedy text equals a single-process LLM's, also with MTP speculative decoding, and with a regex grammar
+    (each rank's matcher follows the tokens rank 0 picks) under MTP."""
     import subprocess
     import sys
 
     from dsv4.engine.llm import LLM
     from dsv4.engine.sampling_params import SamplingParams
+    from dsv4.engine.structured import StructuredOutput
     prompts = ["The following methods can be defined to", "If the exception"]
-    want = [r.text for r in LLM(None, device="cpu").generate(prompts, SamplingParams(temperature=0.0, max_tokens=8))]
+    llm, regex = LLM(None, device="cpu"), "[0-9]{2}-[a-z]{2,3}"
+    want = [r.text for r in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8))]
+    constrained = [r.text for r in llm.generate(prompts, SamplingParams(
+        temperature=0.0, max_tokens=8, structured=StructuredOutput(regex=regex)))]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    for extra in ([], ["--speculative", "mtp", "--num-draft-tokens", "2"]):  # greedy: drafts change no token
+    mtp = ["--speculative", "mtp", "--num-draft-tokens", "2"]
+    # greedy: drafts change no token
+    for extra, texts in (([], want), (mtp, want), (mtp + ["--regex", regex], constrained)):
         run = subprocess.run([sys.executable, "-m", "dsv4.distributed.cli", "generate", *prompts, "--tp", "2",
                               "--ep", "2", "--device", "cpu", "--max-tokens", "8", "--no-stream", *extra],
                              env=env, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-2000:]
-        assert run.stdout == "".join(t + "\n" for t in want), extra
-    assert any(w.strip() for w in want)
+        assert run.stdout == "".join(t + "\n" for t in texts), extra
+    assert any(w.strip() for w in want) and all(re.fullmatch(regex, t) for t in constrained), constrained
 
 
 def test_bench_runs_on_two_ranks_and_reports_json():

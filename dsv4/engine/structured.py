@@ -151,8 +151,8 @@ class GrammarState:
 
 
 class Grammars:
-    """Matchers for one tokenizer: the tokenizer's llguidance form is built on first use (≈ 1 s for a 129K
-    vocabulary) and shared by every request."""
+    """Matchers for one tokenizer: the tokenizer's llguidance form is built on first use (llguidance's docs:
+    about a second for a large vocabulary) and shared by every request."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Seq[int]):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, list(eos_ids)
@@ -196,8 +196,8 @@ def _executor():
 
 def grammar_masks(seqs: Seq, drafted: Seq[Seq[int]] | None = None) -> list[np.ndarray | None] | None:
     """Row i's mask (seqs[i] after its output and drafted[i]); None when no row has a grammar. Rows without drafts
-    whose grammar is live are computed together on llguidance's threads (a 129K vocabulary's mask takes tens to
-    hundreds of µs: one at a time they would add up to more than a decode step at large batches)."""
+    whose grammar is live are computed together on llguidance's threads: a mask walks the whole vocabulary, and
+    one row after another the host's time grows with the batch (not measured on Flash's 129K vocabulary yet)."""
     if all(getattr(s, "grammar", None) is None for s in seqs):
         return None
     drafted = drafted if drafted is not None else [()] * len(seqs)
