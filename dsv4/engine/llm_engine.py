@@ -117,6 +117,7 @@ class LLMEngine:
             self.scheduler.adopt = self._adopt
             self.scheduler.give_back = self._give_back
         self.grammars = Grammars(tokenizer, self.vocab_size, [config.eos_token_id])
+        self.grammars.prepare()
         self.streams: dict[str, OutputTracker] = {}  # text deltas per running request
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0

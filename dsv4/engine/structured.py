@@ -161,13 +161,22 @@ class Grammars:
         # single matcher's compute_bitmask may give one word more, past the vocabulary, which is cut
         self.words = (vocab_size + 31) // 32
 
+    def prepare(self) -> None:
+        """Build the tokenizer's llguidance form now (the engine's start), not inside the first structured request's
+        admission, where it would hold up every running request's next step."""
+        if self.tokenizer is not None and self._lltok is None:
+            try:
+                self._lltok = _llguidance().LLTokenizer(self.tokenizer.to_json(), n_vocab=self.vocab_size,
+                                                        eos_token=self.eos_ids)
+            except ValueError:  # llguidance missing: structured requests say so when they come
+                pass
+
     def state(self, so: StructuredOutput) -> GrammarState:
         """A fresh matcher for `so`; ValueError naming the problem when the grammar is invalid."""
         if self.tokenizer is None:
             raise ValueError("structured outputs need the checkpoint's tokenizer, and this model has none")
         ll = _llguidance()
-        if self._lltok is None:
-            self._lltok = ll.LLTokenizer(self.tokenizer.to_json(), n_vocab=self.vocab_size, eos_token=self.eos_ids)
+        self.prepare()
         try:
             grammar = so.llguidance_grammar()
             problem = ll.LLMatcher.validate_grammar(grammar, self._lltok)
