@@ -253,3 +253,17 @@ def test_masks_of_many_rows_at_once_equal_one_at_a_time(model, tok):
     assert sum(m is not None for m in together) >= 6
     for a, b in zip(together, alone):
         assert (a is None and b is None) or np.array_equal(a, b)
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_a_clear_error(caplog):
+    from dsv4.engine.structured import Grammars
+
+    class Unreadable:
+        def to_json(self) -> str:
+            return '{"model": "not a tokenizer"}'
+
+    grammars = Grammars(Unreadable(), 100, [1])
+    grammars.prepare()  # logged, not raised: the engine starts, structured requests are refused
+    assert "structured outputs unavailable" in caplog.text
+    with pytest.raises(ValueError, match="llguidance cannot read the tokenizer"):
+        grammars.state(StructuredOutput(regex="a+"))

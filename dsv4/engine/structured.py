@@ -18,6 +18,7 @@ closes it, so the model thinks freely and answers in the format.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence as Seq
 
@@ -25,6 +26,8 @@ import numpy as np
 import torch
 
 from dsv4.model.context import to_device
+
+log = logging.getLogger(__name__)
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 # JSON laid out as json.dumps does (", " and ": ", no other whitespace): with flexible whitespace a model can pad
@@ -151,8 +154,8 @@ class GrammarState:
 
 
 class Grammars:
-    """Matchers for one tokenizer: the tokenizer's llguidance form is built on first use (llguidance's docs:
-    about a second for a large vocabulary) and shared by every request."""
+    """Matchers for one tokenizer: the tokenizer's llguidance form (llguidance's docs: about a second to build for
+    a large vocabulary) is built once, at the engine's start (`prepare`), and shared by every request."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Seq[int]):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, list(eos_ids)
@@ -163,24 +166,32 @@ class Grammars:
 
     def prepare(self) -> None:
         """Build the tokenizer's llguidance form now (the engine's start), not inside the first structured request's
-        admission, where it would hold up every running request's next step."""
-        if self.tokenizer is not None and self._lltok is None:
+        admission, where it would hold up every running request's next step. A problem is logged here and raised
+        to the structured requests when they come."""
+        if self.tokenizer is not None:
             try:
-                self._lltok = _llguidance().LLTokenizer(self.tokenizer.to_json(), n_vocab=self.vocab_size,
-                                                        eos_token=self.eos_ids)
-            except ValueError:  # llguidance missing: structured requests say so when they come
-                pass
+                self._llguidance_tokenizer()
+            except ValueError as e:
+                log.warning("structured outputs unavailable: %s", e)
+
+    def _llguidance_tokenizer(self):
+        if self._lltok is None:
+            ll = _llguidance()
+            try:
+                self._lltok = ll.LLTokenizer(self.tokenizer.to_json(), n_vocab=self.vocab_size, eos_token=self.eos_ids)
+            except Exception as e:  # the Rust side's own exception types
+                raise ValueError(f"llguidance cannot read the tokenizer ({type(e).__name__}: {e})") from None
+        return self._lltok
 
     def state(self, so: StructuredOutput) -> GrammarState:
         """A fresh matcher for `so`; ValueError naming the problem when the grammar is invalid."""
         if self.tokenizer is None:
             raise ValueError("structured outputs need the checkpoint's tokenizer, and this model has none")
-        ll = _llguidance()
-        self.prepare()
+        ll, lltok = _llguidance(), self._llguidance_tokenizer()
         try:
             grammar = so.llguidance_grammar()
-            problem = ll.LLMatcher.validate_grammar(grammar, self._lltok)
-            matcher = None if problem else ll.LLMatcher(self._lltok, grammar, log_level=0)
+            problem = ll.LLMatcher.validate_grammar(grammar, lltok)
+            matcher = None if problem else ll.LLMatcher(lltok, grammar, log_level=0)
             if matcher is not None and matcher.is_error():
                 problem = matcher.get_error()
         except BaseException as e:  # pyo3 reports a panic of the Rust side as a BaseException: a bad grammar too
