@@ -142,6 +142,21 @@ def test_sampled_outputs_are_in_the_language_and_leave_other_rows_alone(model, t
     assert got[4:] == alone
 
 
+def test_look_ahead_keeps_running_with_grammar_rows(model, tok, prompts):
+    """overlap: a look-ahead batch with grammar rows is launched without its pick, which the next step makes once
+    the ids it depends on are read; the tokens equal the engine's without overlap, and look-ahead steps ran."""
+    kinds = [StructuredOutput(json=SCHEMA), StructuredOutput(choice=CHOICES), StructuredOutput(regex=REGEX)]
+    seeds = random.Random().sample(range(10**6), 3)
+    jobs = [(p, SamplingParams(temperature=0, max_tokens=60, structured=so)) for p, so in zip(prompts, kinds)]
+    jobs += [(prompts[3], SamplingParams(temperature=1.0, seed=s, max_tokens=60, structured=so))
+             for s, so in zip(seeds, kinds)]
+    jobs.append((prompts[4], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)))
+    plain = run(engine_of(model, tok, overlap=False), jobs)
+    engine = engine_of(model, tok, overlap=True)
+    assert run(engine, jobs) == plain
+    assert engine.look_ahead_steps >= 10, engine.look_ahead_steps
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_speculative_decoding_follows_the_grammar(model, tok, prompts, k):
     kinds = [StructuredOutput(json=SCHEMA), StructuredOutput(choice=CHOICES), StructuredOutput(regex=REGEX)]

@@ -242,11 +242,13 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run and sample one batch; return the requests' new outputs.
 
-        Overlap: while every row of the batch samples plainly (no speculator, penalties, logprobs or grammar) and
+        Overlap: while every row of the batch samples plainly (no speculator, penalties or logprobs) and
         nobody waits, the step picks the ids on the device, launches the next batch (each row's next token,
         fed with those ids) and only then reads the ids back, so the host's bookkeeping of this step and its
         preparation of the next run while the GPU computes; the next `step()` takes that batch as launched.
-        A look-ahead row whose sequence stops on the id read back is computed for nothing and skipped."""
+        A look-ahead row whose sequence stops on the id read back is computed for nothing and skipped. A look-ahead
+        batch with grammar rows is launched without its pick (their masks need the ids read back after the launch):
+        the next `step()` picks it, behind its forward on the device."""
         launched, self._pending = self._pending, None
         if launched is not None:
             stopped = sum(r.seq.is_finished for r in launched.batch.rows)
@@ -275,7 +277,7 @@ class LLMEngine:
         logprobs: list = [None] * len(batch.rows)
         if launched is not None:
             if ahead:
-                self._pending = self._look_ahead(batch, launched.ids)
+                self._pending = self._look_ahead(batch, launched.ids())
             sampled = launched.read()
         elif self.speculator is not None:  # per row: the emitted tokens, a TokenLogprob list
             sampled, logprobs = self.speculator.verify(batch, logits)
@@ -323,7 +325,7 @@ class LLMEngine:
     def _may_look_ahead(self, batch: ScheduledBatch) -> bool:
         return (self.overlap and self.speculator is None and not self.scheduler.waiting
                 and all(r.sample and not r.num_draft_tokens and not r.seq.params.has_penalties
-                        and r.seq.params.logprobs is None and r.seq.grammar is None for r in batch.rows))
+                        and r.seq.params.logprobs is None for r in batch.rows))
 
     def _look_ahead(self, batch: ScheduledBatch, ids: torch.Tensor) -> "_Launched | None":
         """Launch the next token of every row of `batch` that goes on whatever id it gets
@@ -336,23 +338,42 @@ class LLMEngine:
             ids = ids[to_device(torch.tensor([at[id(r.seq)] for r in nxt.rows], dtype=torch.long), ids.device)]
         logits = self.cache.run(self.model, nxt, input_ids=ids)
         self.look_ahead_steps += 1
+        if any(r.seq.grammar is not None for r in nxt.rows):  # its masks need this step's ids: picked next step
+            return _Launched(nxt, pick=lambda: self.sampler.pick_sequences(logits, nxt.seqs))
         return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))
 
 
 class _Launched:
     """A batch whose ids were picked on the device: their copy to the host is queued at once (pinned memory,
-    an event), so reading them later waits for this batch only, not for work launched after it."""
+    an event), so reading them later waits for this batch only, not for work launched after it.
 
-    def __init__(self, batch: ScheduledBatch, ids: torch.Tensor):
-        self.batch, self.ids = batch, ids
-        self._host, self._copied = ids, None
+    With `pick` instead of ids (rows with a grammar), the pick waits for `ids()`: the grammar's masks need the
+    previous step's ids on the host, which the engine reads after launching this batch's forward. The forward
+    runs meanwhile; the pick is queued behind it at the start of the next step."""
+
+    def __init__(self, batch: ScheduledBatch, ids: torch.Tensor | None = None, pick=None):
+        self.batch, self._pick = batch, pick
+        self._ids = self._host = self._copied = None
+        if ids is not None:
+            self._start(ids)
+
+    def _start(self, ids: torch.Tensor) -> None:
+        self._ids, self._host = ids, ids
         if ids.device.type == "cuda":
             self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
             self._host.copy_(ids, non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
 
+    def ids(self) -> torch.Tensor:
+        """The picked ids on the device (picking them now where the pick was deferred)."""
+        if self._ids is None:
+            self._start(self._pick())
+            self._pick = None
+        return self._ids
+
     def read(self) -> list[int]:
+        self.ids()
         if self._copied is not None:
             self._copied.synchronize()
         return self._host.tolist()
