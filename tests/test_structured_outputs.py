@@ -282,3 +282,22 @@ def test_a_tokenizer_llguidance_cannot_read_is_a_clear_error(caplog):
     assert "structured outputs unavailable" in caplog.text
     with pytest.raises(ValueError, match="llguidance cannot read the tokenizer"):
         grammars.state(StructuredOutput(regex="a+"))
+
+
+def test_compiled_grammars_are_reused_and_their_copies_independent(tok):
+    """A grammar that comes again is copied from its compiled matcher: the copies start where a fresh compile
+    does and do not share their progress; the cache keeps COMPILED_GRAMMARS at most, dropping the oldest."""
+    from dsv4.engine import structured
+    grammars = structured.Grammars(tok, 2048, [tok.eos_id])
+    so = StructuredOutput(json=SCHEMA)
+    first, second = grammars.state(so), grammars.state(StructuredOutput(json=json.dumps(SCHEMA), start_after=9))
+    assert len(grammars._compiled) == 1 and first.matcher is not second.matcher and second.start_after == 9
+    text = tok.encode('{"color": "red", ')
+    first.advance(text)
+    fresh = structured.Grammars(tok, 2048, [tok.eos_id]).state(so)
+    assert np.array_equal(second._mask(), fresh._mask())  # untouched by first's progress (second is not armed)
+    fresh.advance(text)
+    assert np.array_equal(first.masks()[0], fresh.masks()[0])
+    for i in range(structured.COMPILED_GRAMMARS + 3):
+        grammars.state(StructuredOutput(regex=f"a{{{i + 1}}}"))
+    assert len(grammars._compiled) == structured.COMPILED_GRAMMARS and so.cache_key not in grammars._compiled

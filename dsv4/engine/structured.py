@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence as Seq
 
@@ -34,6 +35,7 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar")
 # forever inside an object and never close it; a schema's own "x-guidance" options override these
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_CHOICES = 1024
+COMPILED_GRAMMARS = 256  # compiled matchers kept for grammars that come again (the same schema on every request)
 
 
 def _llguidance():
@@ -89,6 +91,11 @@ class StructuredOutput:
     @property
     def kind(self) -> str:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def cache_key(self) -> tuple:
+        """What the compiled matcher depends on (not start_after)."""
+        return (self.kind, self._text or self.regex or self.grammar or self.choice or True)
 
     def llguidance_grammar(self) -> str:
         """The grammar in llguidance's serialised form (not yet checked: `Grammars.state` does)."""
@@ -160,6 +167,7 @@ class Grammars:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Seq[int]):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, list(eos_ids)
         self._lltok = None
+        self._compiled: OrderedDict = OrderedDict()  # StructuredOutput.cache_key -> a matcher never advanced
         # int32 words of one mask: what llguidance's batched fill expects (llguidance.torch.get_bitmask_shape); a
         # single matcher's compute_bitmask may give one word more, past the vocabulary, which is cut
         self.words = (vocab_size + 31) // 32
@@ -184,9 +192,20 @@ class Grammars:
         return self._lltok
 
     def state(self, so: StructuredOutput) -> GrammarState:
-        """A fresh matcher for `so`; ValueError naming the problem when the grammar is invalid."""
+        """A fresh matcher for `so`; ValueError naming the problem when the grammar is invalid. A grammar seen
+        lately is copied from its compiled matcher (µs) instead of compiled again (ms: checked, lexer built)."""
         if self.tokenizer is None:
             raise ValueError("structured outputs need the checkpoint's tokenizer, and this model has none")
+        key = so.cache_key
+        compiled = self._compiled.pop(key, None)
+        if compiled is None:
+            compiled = self._compile(so)
+        self._compiled[key] = compiled  # most recently used last
+        while len(self._compiled) > COMPILED_GRAMMARS:
+            self._compiled.pop(next(iter(self._compiled)))
+        return GrammarState(compiled.deep_copy(), so.start_after, self.eos_ids, self.words)
+
+    def _compile(self, so: StructuredOutput):
         ll, lltok = _llguidance(), self._llguidance_tokenizer()
         try:
             grammar = so.llguidance_grammar()
@@ -200,7 +219,7 @@ class Grammars:
             problem = f"{type(e).__name__}: {e}"
         if problem:
             raise ValueError(f"structured output {so.kind}: {problem.strip()}")
-        return GrammarState(matcher, so.start_after, self.eos_ids, self.words)
+        return matcher
 
 
 _EXECUTOR = None
