@@ -6,5 +6,6 @@ source bench/runs/lib.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || echo "no llguidance wheel"
 export PYTHONPATH=$PWD:/tmp/site
-timeout 240 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_engine_gpu.py 2>&1 | tail -4
-timeout 330 python3 bench/bench_structured.py --reps 20 2>&1 | tail -16
+timeout 150 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_engine_gpu.py -k structured 2>&1 \
+  | tail -4
+timeout 120 python3 bench/bench_structured.py --reps 10 2>&1 | tail -16
