@@ -183,30 +183,33 @@ class ChatBridge:
                                "response_format" if fmt is not None else "structured_outputs")
         after = self.tokenizer.think_close_id if rendered is not None and rendered.in_reasoning else None
         if forced:
-            dsml = self.tokenizer.dsml_id
-            if dsml is None:  # a vocabulary without the DSML token: the tools are shown, the call not enforced
-                return None
-            only = choice.function.name if isinstance(choice, NamedToolChoice) else None
-            try:
-                grammar = tool_call_grammar(self._tools_for_prompt(req), dsml, only=only,
-                                            parallel=req.parallel_tool_calls is not False)
-            except ValueError as e:
-                raise RequestError(str(e), "tools") from None
-            return StructuredOutput(grammar=grammar, start_after=after)
-        if fmt is not None:
+            return self._forced_tool_calls(req, after)
+        try:
+            if fmt is None:
+                return StructuredOutput(json=so.json_schema, json_object=bool(so.json_object), regex=so.regex,
+                                        choice=so.choice, grammar=so.grammar, start_after=after)
             if fmt.type == "json_object":
                 return StructuredOutput(json_object=True, start_after=after)
             if fmt.json_schema is None or fmt.json_schema.json_schema is None:
-                raise RequestError("response_format json_schema needs json_schema.schema", "response_format")
-            try:
-                return StructuredOutput(json=fmt.json_schema.json_schema, start_after=after)
-            except ValueError as e:
-                raise RequestError(str(e), "response_format") from None
-        try:
-            return StructuredOutput(json=so.json_schema, json_object=bool(so.json_object), regex=so.regex,
-                                    choice=so.choice, grammar=so.grammar, start_after=after)
+                raise ValueError("response_format json_schema needs json_schema.schema")
+            return StructuredOutput(json=fmt.json_schema.json_schema, start_after=after)
         except ValueError as e:
-            raise RequestError(str(e), "structured_outputs") from None
+            raise RequestError(str(e), "structured_outputs" if fmt is None else "response_format") from None
+
+    def _forced_tool_calls(self, req: ChatCompletionRequest, after: int | None) -> StructuredOutput | None:
+        """tool_choice "required" / a named function: a grammar of the DSML call block for the tools shown (None
+        where the vocabulary has no DSML token: the tools are shown, the call is not enforced)."""
+        dsml = self.tokenizer.dsml_id
+        if dsml is None:
+            return None
+        choice = req.tool_choice
+        only = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        try:
+            grammar = tool_call_grammar(self._tools_for_prompt(req), dsml, only=only,
+                                        parallel=req.parallel_tool_calls is not False)
+        except ValueError as e:
+            raise RequestError(str(e), "tools") from None
+        return StructuredOutput(grammar=grammar, start_after=after)
 
     # ---- sampling ------------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int, *, logprobs: int | None,
