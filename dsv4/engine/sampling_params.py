@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsv4.engine.structured import StructuredOutput
+
 
 MAX_LOGIT_BIAS = 100  # OpenAI's bound
 
@@ -55,7 +57,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     prompt_logprobs: int | None = None
     # a grammar the output must follow (dsv4.engine.structured.StructuredOutput): JSON schema, regex, choice, Lark
-    structured: Any = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -102,7 +104,6 @@ class SamplingParams:
         if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs) or self.prompt_logprobs < 0):
             raise _invalid("prompt_logprobs", self.prompt_logprobs, "an integer >= 0 or None")
         if self.structured is not None:
-            from dsv4.engine.structured import StructuredOutput
             if not isinstance(self.structured, StructuredOutput):
                 raise _invalid("structured", self.structured, "a StructuredOutput or None")
         for t, b in (self.logit_bias or {}).items():
