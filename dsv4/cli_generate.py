@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -128,6 +127,7 @@ def run_generate(args) -> int:
 def run_chat(args) -> int:
     from .chat.encoding import encode_messages
     from .chat.parser import StreamingParser, prompt_ends_in_reasoning
+    from .engine.structured import after_reasoning
     params = sampling_params(args, 1.0)
     # each turn's prompt continues the last one (history + reply): it adopts that turn's cache and prefills only the
     # new tokens (dsv4.engine.retention; not where thinking drops the reasoning from the history)
@@ -153,10 +153,8 @@ def run_chat(args) -> int:
         prompt = encode_messages(history, thinking_mode=mode)
         in_reasoning = prompt_ends_in_reasoning(prompt)
         parser = StreamingParser(mode, in_reasoning=in_reasoning)
-        turn = params
-        if params.structured is not None and in_reasoning:  # the format applies to the answer, not the reasoning
-            turn = dataclasses.replace(params, structured=dataclasses.replace(
-                params.structured, start_after=llm.tokenizer.think_close_id))
+        # a structured output applies to the answer, not the reasoning
+        turn = after_reasoning(params, llm.tokenizer.think_close_id) if in_reasoning else params
         for d in llm.stream([prompt], turn):
             events = parser.feed(d.text) + (parser.finish() if d.finished else [])
             for e in events:

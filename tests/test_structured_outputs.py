@@ -301,3 +301,15 @@ def test_compiled_grammars_are_reused_and_their_copies_independent(tok):
     for i in range(structured.COMPILED_GRAMMARS + 3):
         grammars.state(StructuredOutput(regex=f"a{{{i + 1}}}"))
     assert len(grammars._compiled) == structured.COMPILED_GRAMMARS and so.cache_key not in grammars._compiled
+
+
+def test_llm_chat_in_thinking_mode_formats_the_answer(tok):
+    """LLM.chat(thinking=True): the grammar starts after the reasoning (a bias makes the tiny model close it at
+    once); without that, the first token would have to open the JSON and no answer would follow a reasoning."""
+    from dsv4 import LLM
+    llm = LLM(device="cpu")
+    params = SamplingParams(temperature=0, max_tokens=60, structured=StructuredOutput(json=SCHEMA),
+                            logit_bias={tok.think_close_id: 100.0})
+    (r,) = llm.chat([{"role": "user", "content": "Give me a record."}], params, thinking=True)
+    assert not r.reasoning_content and schema_ok(r.content), (r.reasoning_content, r.content)
+    assert params.structured.start_after is None  # the caller's params are left as they were

@@ -125,13 +125,17 @@ class LLM:
         """Render conversations with the DeepSeek-V4 chat encoding, generate, parse the replies."""
         from ..chat.encoding import encode_messages
         from ..chat.parser import StreamingParser, prompt_ends_in_reasoning
+        from .structured import after_reasoning
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer; this checkpoint has none")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         mode = "thinking" if thinking else "chat"
         prompts = [encode_messages(c, thinking_mode=mode, reasoning_effort=reasoning_effort, tools=tools)
                    for c in convs]
-        results = self.generate(prompts, params)
+        # a structured output applies to the answer: after the reasoning, where the prompt opens one
+        per_prompt = [after_reasoning(params, self.tokenizer.think_close_id) if prompt_ends_in_reasoning(p) else params
+                      for p in prompts]
+        results = self.generate(prompts, per_prompt if params is not None else None)
         for prompt, r in zip(prompts, results):
             parser = StreamingParser(mode, in_reasoning=prompt_ends_in_reasoning(prompt))
             parser.feed(r.text)

@@ -17,6 +17,7 @@ closes it, so the model thinks freely and answers in the format.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import OrderedDict
@@ -109,6 +110,14 @@ class StructuredOutput:
         if self.choice is not None:  # Lark string literals take JSON's escapes
             return matcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in self.choice))
         return matcher.grammar_from_lark(self.grammar)
+
+
+def after_reasoning(params, think_close_id: int):
+    """`params` (SamplingParams) with its grammar applying from `think_close_id` on: a chat prompt that ends inside
+    the reasoning block (thinking mode) gets a free reasoning and a formatted answer. Unchanged without a grammar."""
+    if params is None or params.structured is None:
+        return params
+    return dataclasses.replace(params, structured=dataclasses.replace(params.structured, start_after=think_close_id))
 
 
 class GrammarState:
