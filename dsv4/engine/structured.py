@@ -278,12 +278,25 @@ def apply_grammar_masks(logits: torch.Tensor, masks: Seq[np.ndarray | None] | No
     if not rows:
         return logits
     vocab, dev = logits.shape[1], logits.device
-    words = to_device(torch.from_numpy(np.stack([masks[i] for i in rows])), dev)
-    bits = (words[:, :, None] >> torch.arange(32, device=dev, dtype=torch.int32)) & 1
-    allowed = bits.flatten(1)[:, :vocab].bool()
+    words = to_device(torch.from_numpy(np.stack([masks[i] for i in rows])), dev)  # pinned, not waited for
+    allowed = (words[:, :, None] & _bit_values(dev)).ne(0).flatten(1)[:, :vocab]
     if allowed.shape[1] < vocab:  # ids past the tokenizer's vocabulary are never allowed
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=dev)
+    if len(rows) == logits.shape[0]:  # every row has a grammar: no gather / scatter of rows
+        return torch.where(allowed, logits, minus_inf)
     out = logits.clone()
     idx = to_device(torch.tensor(rows), dev)
-    out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
+    out[idx] = torch.where(allowed, out[idx], minus_inf)
     return out
+
+
+_BITS: dict = {}
+
+
+def _bit_values(dev: torch.device) -> torch.Tensor:
+    """[32] int32: 1 << k (k = 31 is the sign bit), made once per device."""
+    key = str(dev)
+    if key not in _BITS:
+        _BITS[key] = to_device(torch.ones(32, dtype=torch.int32) << torch.arange(32, dtype=torch.int32), dev)
+    return _BITS[key]
