@@ -1,7 +1,8 @@
 """What a structured-output row costs per decode step, at Flash's vocabulary size (dsv4.engine.structured).
 
 No real DeepSeek tokenizer is available offline, so a byte-level BPE of --vocab tokens (default Flash's 129,280)
-is trained on the Python standard library's sources (code and prose, as a chat model's vocabulary holds). Then:
+is trained on the Python sources installed here: the standard library's and the installed packages' (code and
+prose, as a chat model's vocabulary holds; the standard library alone is too small for 129,280 tokens). Then:
 
 * the tokenizer's llguidance form: build time (once per engine);
 * a request's matcher: compiled (a grammar first seen) and copied (`Grammars`' cache of compiled grammars), ms;
@@ -49,7 +50,9 @@ class _Tok:
 
 def train_tokenizer(vocab: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "**", "*.py"), recursive=True))
+    paths = sysconfig.get_paths()
+    files = sorted({f for key in ("stdlib", "purelib")
+                    for f in glob.glob(os.path.join(paths[key], "**", "*.py"), recursive=True)})[:40000]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -104,7 +107,7 @@ def main() -> None:
     t = time.perf_counter()
     tok, nfiles = train_tokenizer(args.vocab)
     vocab = tok.get_vocab_size()
-    print(f"tokenizer: byte-level BPE, {vocab} tokens from {nfiles} stdlib files, trained in "
+    print(f"tokenizer: byte-level BPE, {vocab} tokens from {nfiles} Python files, trained in "
           f"{time.perf_counter() - t:.1f} s; {os.cpu_count()} CPUs")
     grammars = Grammars(_Tok(tok), vocab, [1])
     t = time.perf_counter()
