@@ -152,3 +152,17 @@ def test_openai_client_sees_the_400(client):
     with pytest.raises(openai.BadRequestError, match="structured output regex"):
         client.completions.create(model="tiny", prompt="x", max_tokens=4,
                                   extra_body={"structured_outputs": {"regex": "[z-a]"}})
+
+
+def test_metrics_count_structured_requests(server, client):
+    """/metrics counts admitted sequences per grammar kind (n choices count n times)."""
+    def count(kind: str) -> float:
+        text = httpx.get(server.base_url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        m = re.search(rf'^dsv4_structured_requests_total{{kind="{kind}"}} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    before = count("choice"), count("json_object")
+    client.completions.create(model="tiny", prompt="Is it?", max_tokens=6, n=2,
+                              extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=4, response_format={"type": "json_object"})
+    assert (count("choice"), count("json_object")) == (before[0] + 2, before[1] + 1)

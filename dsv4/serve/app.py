@@ -251,6 +251,9 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
                 raise ApiError(503, str(e), "service_unavailable") from None
             raise
         metrics.prompt_tokens.inc(sum(len(ids) for ids, _ in jobs))
+        for _, params in jobs:
+            if params.structured is not None:
+                metrics.structured.labels(params.structured.kind).inc()
         return rid, streams
 
     async def collect(request: Request, streams: list[RequestStream]) -> list[list[RequestOutput]]:

@@ -51,6 +51,8 @@ class ServerMetrics:
         self.prompt_tokens = Counter("dsv4_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("dsv4_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("dsv4_requests", "Finished sequences", ["finish_reason"], registry=r)
+        self.structured = Counter("dsv4_structured_requests", "Admitted sequences with a structured output (forced "
+                                  "tool calls count as grammar)", ["kind"], registry=r)
         self.rejected = Counter("dsv4_rejected_requests", "Requests answered with an error status", ["status"],
                                 registry=r)
 
