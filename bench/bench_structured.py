@@ -85,7 +85,7 @@ def steps(grammars: Grammars, so: StructuredOutput, batch: int, reps: int, rng: 
         t = time.perf_counter()
         for seq in seqs:
             seq.grammar.advance(seq.output_token_ids)
-        masks = grammar_masks(seqs) if batch > 1 else [seqs[0].grammar.masks()[0]]
+        masks = grammar_masks(seqs) if batch > 1 else [seqs[0].grammar.mask()]
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 

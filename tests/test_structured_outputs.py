@@ -257,14 +257,14 @@ def test_masks_of_many_rows_at_once_equal_one_at_a_time(model, tok):
         if k % 6:
             seq.grammar = engine.grammars.state(kinds[k % len(kinds)])
             for _ in range(rng.randrange(0, 6)):  # a random walk through allowed tokens
-                mask = seq.grammar.masks()[0]
+                mask = seq.grammar.mask()
                 allowed = [] if mask is None else [t for t in range(2048) if (int(mask[t // 32]) >> (t % 32)) & 1]
                 allowed = [t for t in allowed if t != tok.eos_id] or [rng.randrange(16, 2000)]
                 seq.token_ids.append(rng.choice(allowed))
                 seq.grammar.advance(seq.output_token_ids)
         seqs.append(seq)
     together = grammar_masks(seqs)
-    alone = [s.grammar.masks()[0] if s.grammar is not None else None for s in seqs]
+    alone = [s.grammar.mask() if s.grammar is not None else None for s in seqs]
     assert sum(m is not None for m in together) >= 6
     for a, b in zip(together, alone):
         assert (a is None and b is None) or np.array_equal(a, b)
@@ -297,7 +297,7 @@ def test_compiled_grammars_are_reused_and_their_copies_independent(tok):
     fresh = structured.Grammars(tok, 2048, [tok.eos_id]).state(so)
     assert np.array_equal(second._mask(), fresh._mask())  # untouched by first's progress (second is not armed)
     fresh.advance(text)
-    assert np.array_equal(first.masks()[0], fresh.masks()[0])
+    assert np.array_equal(first.mask(), fresh.mask())
     for i in range(structured.COMPILED_GRAMMARS + 3):
         grammars.state(StructuredOutput(regex=f"a{{{i + 1}}}"))
     assert len(grammars._compiled) == structured.COMPILED_GRAMMARS and so.cache_key not in grammars._compiled

@@ -9,7 +9,7 @@ penalties, so greedy, sampled and speculative rows all draw from the constrained
     StructuredOutput(json=schema) | (json_object=True) | (regex=...) | (choice=[...]) | (grammar=lark)
     Grammars(tokenizer, vocab_size, eos_ids).state(so) -> GrammarState   (ValueError for a bad grammar)
     GrammarState.advance(output_ids)        consume the tokens emitted since the last call
-    GrammarState.masks(drafted)             the int32 bitmask words for each drafted prefix
+    GrammarState.mask(drafted)              the int32 bitmask words after the output and `drafted`
     apply_grammar_masks(logits, masks)      -inf where a row's mask bit is 0
 
 `start_after`: with a reasoning block (the chat's thinking mode) the grammar applies only after the token that
@@ -123,14 +123,12 @@ def after_reasoning(params, think_close_id: int):
 class GrammarState:
     """One sequence's matcher and how far into its output it has read."""
 
-    def __init__(self, matcher: Any, start_after: int | None, eos_ids: Seq[int], words: int):
+    def __init__(self, matcher: Any, start_after: int | None, eos_only: np.ndarray):
         self.matcher = matcher
         self.start_after = start_after
         self.armed = start_after is None
         self.num_read = 0  # output tokens advanced over
-        self._eos_only = np.zeros(words, dtype=np.int32)
-        for t in eos_ids:
-            self._eos_only.view(np.uint32)[t // 32] |= np.uint32(1 << (t % 32))
+        self._eos_only = eos_only  # the mask allowing only the end (shared by every state of one `Grammars`)
 
     def advance(self, output_ids: Seq[int]) -> None:
         """Consume the output tokens after the last call's."""
@@ -144,29 +142,30 @@ class GrammarState:
     def _mask(self) -> np.ndarray:
         if self.matcher.is_error():  # nothing can continue the output: only the end
             return self._eos_only
-        mask = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)[: self._eos_only.size]
-        return mask if mask.any() else self._eos_only  # (a vocabulary that cannot spell what the grammar needs)
+        return self._or_end(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)[: self._eos_only.size])
 
-    def masks(self, drafted: Seq[Seq[int]] = ((),)) -> list[np.ndarray | None]:
-        """The mask after each token prefix in `drafted` (tokens past the output read so far, e.g. speculative
-        drafts); None where nothing is constrained yet, or where the prefix itself breaks the grammar (no token
-        is sampled there: the draft before it is refused)."""
-        out: list[np.ndarray | None] = []
-        for prefix in drafted:
-            armed, take = self.armed, []
-            for t in prefix:
-                if armed:
-                    take.append(t)
-                elif t == self.start_after:
-                    armed = True
-            if not armed:
-                out.append(None)
-                continue
-            taken = self.matcher.try_consume_tokens(take) if take else 0
-            out.append(self._mask() if taken == len(take) else None)
-            if taken:
-                self.matcher.rollback(taken)
-        return out
+    def _or_end(self, mask: np.ndarray) -> np.ndarray:
+        """`mask`, or the end alone where it allows nothing (a vocabulary that cannot spell what the grammar
+        needs)."""
+        return mask if mask.any() else self._eos_only
+
+    def mask(self, drafted: Seq[int] = ()) -> np.ndarray | None:
+        """The mask after the output read so far and `drafted` (e.g. speculative drafts); None where nothing is
+        constrained yet, or where `drafted` itself breaks the grammar (no token is sampled there: the draft before
+        it is refused)."""
+        armed, take = self.armed, []
+        for t in drafted:
+            if armed:
+                take.append(t)
+            elif t == self.start_after:
+                armed = True
+        if not armed:
+            return None
+        taken = self.matcher.try_consume_tokens(take) if take else 0
+        mask = self._mask() if taken == len(take) else None
+        if taken:
+            self.matcher.rollback(taken)
+        return mask
 
 
 class Grammars:
@@ -180,6 +179,9 @@ class Grammars:
         # int32 words of one mask: what llguidance's batched fill expects (llguidance.torch.get_bitmask_shape); a
         # single matcher's compute_bitmask may give one word more, past the vocabulary, which is cut
         self.words = (vocab_size + 31) // 32
+        self._eos_only = np.zeros(self.words, dtype=np.int32)
+        for t in self.eos_ids:
+            self._eos_only.view(np.uint32)[t // 32] |= np.uint32(1 << (t % 32))
 
     def prepare(self) -> None:
         """Build the tokenizer's llguidance form now (the engine's start), not inside the first structured request's
@@ -212,7 +214,7 @@ class Grammars:
         self._compiled[key] = compiled  # most recently used last
         while len(self._compiled) > COMPILED_GRAMMARS:
             self._compiled.pop(next(iter(self._compiled)))
-        return GrammarState(compiled.deep_copy(), so.start_after, self.eos_ids, self.words)
+        return GrammarState(compiled.deep_copy(), so.start_after, self._eos_only)
 
     def _compile(self, so: StructuredOutput):
         ll, lltok = _llguidance(), self._llguidance_tokenizer()
@@ -245,7 +247,7 @@ def _executor():
 def grammar_masks(seqs: Seq, drafted: Seq[Seq[int]] | None = None) -> list[np.ndarray | None] | None:
     """Row i's mask (seqs[i] after its output and drafted[i]); None when no row has a grammar. Rows without drafts
     whose grammar is live are computed together on llguidance's threads: a mask walks the whole vocabulary, and
-    one row after another the host's time grows with the batch (not measured on Flash's 129K vocabulary yet)."""
+    one row after another the host's time would grow with the batch (bench/bench_structured.py)."""
     if all(getattr(s, "grammar", None) is None for s in seqs):
         return None
     drafted = drafted if drafted is not None else [()] * len(seqs)
@@ -258,17 +260,17 @@ def grammar_masks(seqs: Seq, drafted: Seq[Seq[int]] | None = None) -> list[np.nd
         if not d and g.armed and not g.matcher.is_error():
             live.append((i, g))
         else:
-            out[i] = g.masks([d])[0]
+            out[i] = g.mask(d)
     if len(live) == 1:
         i, g = live[0]
-        out[i] = g.masks()[0]
+        out[i] = g.mask()
     elif live:
         words = live[0][1]._eos_only.size
         buf = np.empty((len(live), words), dtype=np.int32)
         _executor().unsafe_compute_mask_ptr([(g.matcher, k) for k, (_, g) in enumerate(live)], buf.ctypes.data,
                                             words * 4, len(live))
         for k, (i, g) in enumerate(live):
-            out[i] = buf[k] if buf[k].any() else g._eos_only
+            out[i] = g._or_end(buf[k])
     return out
 
 
@@ -282,12 +284,11 @@ def apply_grammar_masks(logits: torch.Tensor, masks: Seq[np.ndarray | None] | No
     allowed = (words[:, :, None] & _bit_values(dev)).ne(0).flatten(1)[:, :vocab]
     if allowed.shape[1] < vocab:  # ids past the tokenizer's vocabulary are never allowed
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
-    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=dev)
     if len(rows) == logits.shape[0]:  # every row has a grammar: no gather / scatter of rows
-        return torch.where(allowed, logits, minus_inf)
+        return torch.where(allowed, logits, float("-inf"))
     out = logits.clone()
     idx = to_device(torch.tensor(rows), dev)
-    out[idx] = torch.where(allowed, out[idx], minus_inf)
+    out[idx] = torch.where(allowed, out[idx], float("-inf"))
     return out
 
 
