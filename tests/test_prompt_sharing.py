@@ -122,11 +122,12 @@ def test_what_neither_waits_nor_forks(model):  # noqa: F811
 
 
 def test_forks_under_page_pressure(model):  # noqa: F811
-    """Three prompts, four requests each, in a pool too small for them all: forks that do not fit are taken back
-    (nobody waits holding pages), sequences are preempted and recomputed; every output as without sharing."""
+    """Three prompts, four requests each, in a pool too small for them all even with the forks' full entry pages
+    shared (18 pages of 4 ratio-4 entries: one 288-token sequence): forks that do not fit are taken back (nobody
+    waits holding pages), sequences are preempted and recomputed; every output as without sharing."""
     sizes = {"window": 8, "compressed4": 4, "indexer4": 4, "compressed128": 1}
     cache = CacheConfig.for_capacity(CFG, max_num_seqs=4, max_model_len=MAX_LEN, page_sizes=sizes,
-                                     num_pages={"compressed4": 22, "indexer4": 22})
+                                     num_pages={"compressed4": 18, "indexer4": 18})
     rng = random.Random(19)
     prompts = [tokens(rng, n) for n in (70, 45, 90)]
     requests = [(f"p{i}n{j}", p, greedy(20 + 5 * j)) for i, p in enumerate(prompts) for j in range(4)]

@@ -9,6 +9,10 @@ for that kind (spec deepseek_v4_model.md §3.1). Kinds and what a sequence of n 
   compressed{r}  one entry per r tokens, append-only: ceil(floor(n / r) / page) pages   (CSA r=4, HCA r=128)
   indexer4       CSA indexer keys, one per 4 tokens: as compressed4
   state          compressor partial-window state, fixed size: one page (a pool slot) per sequence
+
+Pages are reference-counted: a fork of a prefix (dsv4.engine.prompt_sharing, prefix_snapshots) *shares* the
+source's full pages of append-only entries that no holder can write again (`PageKind.final_pages`) and copies the
+rest; a shared page returns to its pool when its last holder frees it.
 """
 from __future__ import annotations
 
@@ -67,6 +71,14 @@ class PageKind:
     def pages_needed(self, num_tokens: int) -> int:
         return pages_needed(num_tokens, self.ratio, self.page_size, self.ring)
 
+    def final_pages(self, num_final_tokens: int) -> int:
+        """Full pages of entries that the first `num_final_tokens` tokens complete: pages a fork may share, where no
+        holder can roll back below that many tokens (entry e is written once, when token r*e + r - 1 is computed).
+        0 for the window ring and the state, which are rewritten as a sequence goes on."""
+        if self.ratio == 0 or self.ring or num_final_tokens <= 0:
+            return 0
+        return num_final_tokens // self.ratio // self.page_size
+
     def locate(self, block_table: list[int], index: int) -> tuple[int, int]:
         """(page id, offset in page) of a token position (window kind) or an entry index (others)."""
         if self.ratio == 0:
@@ -111,30 +123,51 @@ def make_page_kinds(compress_ratios: Iterable[int], window: int, page_sizes: Map
 
 
 class PagePool:
-    """Free list of one kind's page ids (lowest ids first; freed pages go to the back)."""
+    """Free list of one kind's page ids (lowest ids first; freed pages go to the back) and the number of holders of
+    each page in use."""
 
     def __init__(self, kind: PageKind) -> None:
         self.kind = kind
         self.free_ids: deque[int] = deque(range(kind.num_pages))
-        self.used: set[int] = set()
+        self.refs: dict[int, int] = {}  # page in use -> its holders
 
     @property
     def num_free(self) -> int:
         return len(self.free_ids)
 
+    @property
+    def num_shared(self) -> int:
+        """Pages in use by more than one holder."""
+        return sum(1 for n in self.refs.values() if n > 1)
+
     def allocate(self, n: int) -> list[int]:
         if n > len(self.free_ids):
             raise OutOfPages(f"page kind {self.kind.name!r}: asked for {n} pages, {len(self.free_ids)} free")
         ids = [self.free_ids.popleft() for _ in range(n)]
-        self.used.update(ids)
+        for i in ids:
+            self.refs[i] = 1
         return ids
 
-    def free(self, ids: Iterable[int]) -> None:
+    def share(self, ids: Iterable[int]) -> None:
+        """One more holder for each of `ids` (pages in use)."""
+        ids = list(ids)
         for i in ids:
-            if i not in self.used:
+            if i not in self.refs:
+                raise ValueError(f"page kind {self.kind.name!r}: page {i} is not in use and cannot be shared")
+        for i in ids:
+            self.refs[i] += 1
+
+    def free(self, ids: Iterable[int]) -> None:
+        """One holder fewer for each of `ids`; a page nobody holds goes back to the free list."""
+        for i in ids:
+            n = self.refs.get(i)
+            if n is None:
                 raise ValueError(f"page kind {self.kind.name!r}: page {i} freed twice or never allocated")
-            self.used.remove(i)
-            self.free_ids.append(i)
+            if n > 1:
+                self.refs[i] = n - 1
+            else:
+                del self.refs[i]
+                self.free_ids.append(i)
 
 
 class BlockManager:
@@ -172,6 +205,22 @@ class BlockManager:
             if n:
                 seq.block_tables.setdefault(name, []).extend(self.pools[name].allocate(n))
 
+    def share(self, seq, block_tables: Mapping[str, list[int]], num_final_tokens: int) -> dict[str, int]:
+        """Start the empty block tables of `seq` with the pages of `block_tables` (another holder's) whose entries
+        its first `num_final_tokens` tokens complete, shared (`PageKind.final_pages`); returns the pages shared per
+        kind. The caller copies the rest (`PagedPools.copy_pages`)."""
+        plan = {name: list(block_tables[name][:kind.final_pages(num_final_tokens)])
+                for name, kind in self.kinds.items() if block_tables.get(name) and kind.final_pages(num_final_tokens)}
+        for name, ids in plan.items():  # checked first: all kinds shared or none
+            if seq.block_tables.get(name):
+                raise ValueError(f"request {seq.request_id!r}: pages are shared only into an empty block table")
+            if any(i not in self.pools[name].refs for i in ids):
+                raise ValueError(f"page kind {name!r}: pages {ids} are not all in use and cannot be shared")
+        for name, ids in plan.items():
+            self.pools[name].share(ids)
+            seq.block_tables[name] = ids
+        return {name: len(ids) for name, ids in plan.items()}
+
     def free(self, seq) -> None:
         for name, table in seq.block_tables.items():
             self.pools[name].free(table)
@@ -186,6 +235,10 @@ class BlockManager:
 
     def num_total(self, kind: str) -> int:
         return self.kinds[kind].num_pages
+
+    def num_shared(self) -> int:
+        """Pages held by more than one holder now, summed over kinds."""
+        return sum(p.num_shared for p in self.pools.values())
 
     def usage(self) -> dict[str, float]:
         """Fraction of pages in use, per kind."""

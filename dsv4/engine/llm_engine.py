@@ -221,7 +221,8 @@ class LLMEngine:
         total = sum(bm.num_total(k) for k in bm.kinds)
         stats = EngineStats(self.scheduler.num_waiting, self.scheduler.num_running, max(usage.values(), default=0.0),
                             free, total, self.prompt_tokens_total, self.generation_tokens_total,
-                            self.scheduler.num_preemptions, page_usage=usage, look_ahead_steps=self.look_ahead_steps,
+                            self.scheduler.num_preemptions, page_usage=usage, shared_pages=bm.num_shared(),
+                            look_ahead_steps=self.look_ahead_steps,
                             look_ahead_wasted_rows=self.look_ahead_wasted_rows)
         if self.retained is not None:
             r = self.retained

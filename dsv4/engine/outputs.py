@@ -61,6 +61,7 @@ class EngineStats:
     generation_tokens_total: int
     num_preemptions: int
     page_usage: dict[str, float] = field(default_factory=dict)  # per page kind
+    shared_pages: int = 0        # pages held by several holders now (forks of a prefix), summed over page kinds
     # speculative decoding (zero when off): verified rows with drafts, draft tokens, accepted drafts
     spec_num_drafts: int = 0
     spec_draft_tokens: int = 0

@@ -7,6 +7,9 @@ tokens are hashed as a chain (a block's hash stands for the whole prefix up to i
 starts with a block-aligned prefix that an earlier request's prompt had stops a prefill chunk at that prefix's end;
 when that chunk is done its state and pages are copied into a snapshot. A later request whose prompt extends a
 snapshot copies it (`PromptSharing.fork`, the snapshot as its source) and computes only the rest of its prompt.
+"Copied": the full pages of compressed entries and indexer keys, which nobody writes again, are shared (counted
+holders, `BlockManager.share`), so a long prefix costs its pages once however many requests fork it; the window
+ring, the compressors' state and the last, partly filled entry pages are copied.
 
 So the first request with a prefix computes it, the second computes it too and keeps it, the next ones reuse it;
 those that arrive while the second is still computing it wait for its snapshot (`PromptSharing.source_computing`)
@@ -25,6 +28,19 @@ from .sequence import Sequence
 
 SNAPSHOT_BLOCK = 64   # snapshot points are multiples of it (at most SNAPSHOT_BLOCK - 1 shared tokens computed again)
 MAX_HASHES = 1 << 16  # block hashes remembered (least recently seen forgotten first)
+
+
+def final_tokens(state, mtp: bool) -> int:
+    """Tokens that neither `state` nor a fork of it can roll back below (the least `min_length` of its layers, the
+    MTP layer's where speculative decoding runs it): the entries they complete are never written again, so their
+    full pages can be shared."""
+    return min(layer.min_length for layer in [*state.layers, *([state.mtp] if mtp else [])])
+
+
+def copy_rest(pools, src: dict[str, list[int]], dst: dict[str, list[int]], shared: dict[str, int]) -> None:
+    """Copy the pages of `dst` after its first `shared[kind]` ones (shared, not copied) from `src`'s."""
+    pools.copy_pages({k: v[shared.get(k, 0):] for k, v in src.items()},
+                     {k: v[shared.get(k, 0):] for k, v in dst.items()})
 
 
 def fork_state(state, owner):
@@ -78,7 +94,8 @@ class PrefixSnapshots:
 
     def take(self, seq: Sequence, state) -> None:
         """Keep a copy of `seq`'s state and pages, which has just computed up to `seq.snapshot_at` (nothing where
-        a snapshot of those tokens exists, or the pages do not fit)."""
+        a snapshot of those tokens exists, or the pages do not fit even without the snapshot that a full capacity
+        would evict)."""
         at, seq.snapshot_at = seq.snapshot_at, 0
         key = tuple(seq.token_ids[:at])
         if (key in self.entries or state.num_tokens != at
@@ -86,12 +103,17 @@ class PrefixSnapshots:
             return
         holder = PageHolder(f"snapshot-{next(self._names)}")
         bm = self.cache.block_manager
+        shared = bm.share(holder, seq.block_tables, final_tokens(state, self.mtp))
+        # at capacity the least recently used snapshot goes anyway: first, where the new one needs its pages
+        while not bm.can_allocate(holder, at) and len(self.entries) >= self.capacity and self.evict_oldest():
+            pass
         if not bm.can_allocate(holder, at):
+            bm.free(holder)
             return
         bm.allocate(holder, at)
         holder.num_computed_tokens = at
         copy = fork_state(state, holder)
-        self.cache.pools.copy_pages(seq.block_tables, holder.block_tables)  # after the step's forward, in order
+        copy_rest(self.cache.pools, seq.block_tables, holder.block_tables, shared)  # after the step's forward
         self.entries[key] = (list(key), holder, copy)
         self.num_taken += 1
         while len(self.entries) > self.capacity and self.evict_oldest():
@@ -105,8 +127,8 @@ class PrefixSnapshots:
                 return
 
     def evict_oldest(self) -> bool:
-        """Free the least recently used snapshot's pages; False if none is kept. (A fork recorded in this step
-        still copies from them correctly: `PromptSharing.flush` runs the copies in order before anything else
+        """Free the least recently used snapshot's pages (those shared with forks stay theirs); False if none is
+        kept. (A fork recorded in this step still copies from them correctly: `PromptSharing.flush` runs the copies in order before anything else
         writes, and a page freed here is allocated only to a later fork or chunk.)"""
         if not self.entries:
             return False

@@ -4,9 +4,10 @@ A fresh request whose prompt starts with the whole prompt of a running sequence 
 *waits* (the scheduler admits nobody after it in that step). Once the source has computed its prompt, the request
 *forks* it: it gets pages of its own holding copies of the source's (`PagedPools.copy_pages`) and a decode state
 with the source's counters, rolled back so that the request still computes at least its last prompt token itself
-(its first token is sampled from its own logits, with its own seed and penalties). Copy, not share: no page is
-ever written by two sequences, so the hybrid cache (window ring, compressor rows, compressed entries) needs no
-copy-on-write.
+(its first token is sampled from its own logits, with its own seed and penalties). The source's full pages of
+compressed entries and indexer keys below the point neither can roll back past (`final_tokens`) are shared (counted
+holders, `BlockManager.share`); the window ring, the compressors' state and the rest are copied. So no page is
+ever written while two hold it, and the hybrid cache needs no copy-on-write.
 
 A fork only reaches back `max_rollback` tokens into the source's state (the window ring and the compressors' raw
 rows keep no more), so it must happen in the source's first decode steps: a request arriving later prefills as
@@ -16,7 +17,7 @@ copy are rolled back to it. Prefix snapshots (dsv4.engine.prefix_snapshots) are 
 """
 from __future__ import annotations
 
-from .prefix_snapshots import PrefixSnapshots, fork_state
+from .prefix_snapshots import PrefixSnapshots, copy_rest, final_tokens, fork_state
 from .sequence import Sequence
 
 MIN_SHARED_TOKENS = 16  # shorter prompts are computed again: waiting a step would cost more than it saves
@@ -36,8 +37,9 @@ class PromptSharing:
         self.snapshots = snapshots  # prefix snapshots, forked as running sequences are (dsv4.engine.prefix_snapshots)
         self.num_forks = 0           # requests that forked a running sequence or a snapshot
         self.num_tokens_shared = 0   # prompt tokens they did not compute
-        # this step's forks: (the source's pages, the fork's pages as allocated by `fork`, the fork)
-        self._copies: list[tuple[dict[str, list[int]], dict[str, list[int]], Sequence]] = []
+        # this step's forks: (the source's pages, the fork's pages as allocated by `fork`, pages shared per kind,
+        # the fork)
+        self._copies: list[tuple[dict[str, list[int]], dict[str, list[int]], dict[str, int], Sequence]] = []
 
     @staticmethod
     def _starts_with(seq: Sequence, src: Sequence, n: int) -> bool:
@@ -88,10 +90,14 @@ class PromptSharing:
             n = 0 if state is None else self._fork_point(seq, tokens, state)
             if n > best_n:
                 best, best_n = (owner, state), n
-        bm = self.cache.block_manager
-        if best is None or not bm.can_allocate(seq, best_n):
+        if best is None:
             return None
         src, state = best
+        bm = self.cache.block_manager
+        shared = bm.share(seq, src.block_tables, final_tokens(state, self.mtp))
+        if not bm.can_allocate(seq, best_n):
+            bm.free(seq)
+            return None
         if self.snapshots is not None:
             self.snapshots.touch(src)  # (a running sequence is no snapshot: nothing happens)
         copy = fork_state(state, seq)
@@ -100,7 +106,7 @@ class PromptSharing:
             copy.mtp.truncate(copy.mtp.num_tokens - best_n)
         bm.allocate(seq, best_n)
         # copied in `flush`, once the scheduler has kept seq: a fork taken back costs no copy
-        self._copies.append((_tables(src.block_tables), _tables(seq.block_tables), seq))
+        self._copies.append((_tables(src.block_tables), _tables(seq.block_tables), shared, seq))
         seq.num_computed_tokens = best_n
         self.num_forks += 1
         self.num_tokens_shared += best_n
@@ -110,14 +116,14 @@ class PromptSharing:
         """Copy the pages of this step's forks, in the order they were made, before the step's forward writes to
         any page: each source's pages are as they were at its fork (a source's page freed after its fork, e.g. an
         evicted snapshot's, can only have gone to a later fork, whose copy comes after)."""
-        for src_pages, pages, _ in self._copies:
-            self.cache.pools.copy_pages(src_pages, pages)
+        for src_pages, pages, shared, _ in self._copies:
+            copy_rest(self.cache.pools, src_pages, pages, shared)
         self._copies.clear()
 
     def undo(self, seq: Sequence) -> bool:
         """Take back the fork of waiting `seq` that then did not fit (its pages freed, nothing computed); False
         if seq's cache did not come from the latest fork."""
-        if not self._copies or self._copies[-1][2] is not seq:
+        if not self._copies or self._copies[-1][3] is not seq:
             return False
         self._copies.pop()
         self.cache.block_manager.free(seq)

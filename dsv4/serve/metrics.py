@@ -31,6 +31,8 @@ class ServerMetrics:
                                 registry=r)
         self.free_pages = Gauge("dsv4_cache_free_pages", "Free cache pages (all kinds)", registry=r)
         self.total_pages = Gauge("dsv4_cache_total_pages", "All cache pages (all kinds)", registry=r)
+        self.shared_pages = Gauge("dsv4_cache_shared_pages", "Cache pages held by several sequences or snapshots "
+                                  "(a shared prompt prefix's entries, stored once)", registry=r)
         self.preemptions = Gauge("dsv4_num_preemptions", "Preemptions since start", registry=r)
         self.spec_drafts = Gauge("dsv4_spec_draft_tokens", "Speculative draft tokens proposed since start", registry=r)
         self.spec_accepted = Gauge("dsv4_spec_accepted_tokens", "Speculative draft tokens accepted since start",
@@ -65,6 +67,7 @@ class ServerMetrics:
             self.kind_usage.labels(kind).set(value)
         self.free_pages.set(stats.free_pages)
         self.total_pages.set(stats.total_pages)
+        self.shared_pages.set(getattr(stats, "shared_pages", 0))
         self.preemptions.set(stats.num_preemptions)
         drafts, accepted = getattr(stats, "spec_draft_tokens", 0), getattr(stats, "spec_accepted_tokens", 0)
         self.spec_drafts.set(drafts)
