@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from fake_engine import ServerProcess, write_tokenizer
 
 ROUTES = {"/v1/completions": ("CompletionRequest", {"prompt": "count"}),
-          "/v1/chat/completions": ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "hi"}]})}
+          "/v1/chat/completions": ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "hi"}]}),
+          "/v1/responses": ("ResponsesRequest", {"input": "hi"})}
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
@@ -47,6 +48,7 @@ def fields(http):
     out = {path: sorted(schemas[name]["properties"]) for path, (name, _) in ROUTES.items()}
     assert {"prompt", "max_tokens", "stop", "logprobs", "n"} <= set(out["/v1/completions"])
     assert {"messages", "tools", "tool_choice", "chat_template_kwargs"} <= set(out["/v1/chat/completions"])
+    assert {"input", "instructions", "tools", "text", "reasoning"} <= set(out["/v1/responses"])
     return out
 
 
@@ -66,18 +68,36 @@ TEXT_SLOTS = {"/v1/completions": [lambda t: {"prompt": t}, lambda t: {"stop": [t
               "/v1/chat/completions": [lambda t: {"messages": [{"role": "user", "content": t}]},
                                        lambda t: {"messages": [{"role": "system", "content": t},
                                                                {"role": "user", "content": "x"}]},
-                                       lambda t: {"stop": t}]}
+                                       lambda t: {"stop": t}],
+              "/v1/responses": [lambda t: {"input": t}, lambda t: {"instructions": t},
+                                lambda t: {"input": [{"role": "user", "content": [{"type": "input_text", "text": t}]}]},
+                                lambda t: {"input": [{"type": "function_call", "call_id": t, "name": t,
+                                                      "arguments": t}]}]}
 messages = st.lists(st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"])},
     optional={"content": st.text(max_size=40) | json_values, "tool_calls": json_values,
               "reasoning_content": st.text(max_size=20), "tool_call_id": st.text(max_size=8)}), max_size=4)
 
 
-def check(r: httpx.Response, stream: bool) -> None:
+items = st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["message", "reasoning", "function_call", "function_call_output"])},
+    optional={"role": st.sampled_from(["system", "user", "assistant", "developer"]),
+              "content": st.text(max_size=40) | json_values, "call_id": st.text(max_size=8),
+              "name": st.text(max_size=8), "arguments": st.text(max_size=20), "output": st.text(max_size=20)}),
+    max_size=4)
+
+
+def check(r: httpx.Response, stream: bool, path: str = "") -> None:
     assert r.status_code < 500, r.text
     if r.status_code != 200:
         err = r.json()["error"]
         assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
+        return
+    if path == "/v1/responses":  # (its events end with the whole response, no [DONE])
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")] if stream \
+            else [{"type": "response.completed", "response": r.json()}]
+        assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+        assert events[-1]["response"]["output"] and not any("error" in e for e in events)
         return
     if stream:
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
@@ -91,7 +111,7 @@ def check(r: httpx.Response, stream: bool) -> None:
 def post(http, path: str, body) -> int:
     stream = isinstance(body, dict) and body.get("stream") is True
     r = http.post(path, content=json.dumps(body, allow_nan=True), headers={"content-type": "application/json"})
-    check(r, stream)
+    check(r, stream, path)
     return r.status_code
 
 
@@ -107,6 +127,8 @@ def test_mutated_valid_bodies_never_500(http, fields, path):
         for name in names:
             if name == "messages":
                 body[name] = data.draw(messages | json_values)
+            elif name == "input":
+                body[name] = data.draw(items | json_values)
             else:
                 body[name] = data.draw(json_values)
         if data.draw(st.booleans()):

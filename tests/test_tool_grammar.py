@@ -58,7 +58,8 @@ def accepts(tok, lltok, grammar: str, text: str) -> bool:
 
 
 def random_call(rng: random.Random) -> tuple[str, dict]:
-    words = ["Paris", "São Paulo", "a < b", "x/y", "line\nbreak", "{json}", "tab\there", "\"quoted\"", "ünï"]
+    words = ["Paris", "São Paulo", "a < b", "x/y", "<b>x</b>", "line\nbreak", "{json}", "tab\there", "\"quoted\"",
+             "ünï"]
     tool = rng.choice(TOOLS)["function"]["name"]
     if tool == "now":
         return tool, {}
@@ -99,10 +100,47 @@ def test_encoder_blocks_are_accepted(tok, lltok):
     ([("get_weather", {"city": "x", "extra": 1})], "a parameter the schema does not have"),
     ([("get_weather", {"days": 2, "city": "x"})], "parameters out of the schema's order"),
     ([("get_time", {})], "an unknown tool"),
-    ([("get_weather", {"city": "a</b"})], "raw text with '</' (it would end the value)"),
+    ([("get_weather", {"city": "a</｜DSML｜parameter>b"})], "raw text holding the closing tag (it ends the value)"),
+    ([("get_weather", {"city": "x", "unit": "celsius</"})], "an enum value with more text"),
 ])
 def test_blocks_breaking_the_schema_are_refused(tok, lltok, calls, why):
     assert not accepts(tok, lltok, tool_call_grammar(TOOLS, tok.dsml_id), block(calls)), why
+
+
+@pytest.mark.parametrize("value", ["a</b", "</div>", "<", "a<", "<</", "x</x", "</", "x</", "</</", "a</b</c</d",
+                                   "<p>hi</p>\n</div>\n", "if a </ b:\n    x = '</'"])
+def test_raw_text_may_hold_a_closing_tag_start(tok, lltok, value):
+    """A raw value ends only at "</" + the DSML token, so "</" (HTML, code) is text anywhere else in it; the parser
+    reads such a block back to the same arguments."""
+    args = {"city": value, "days": 3, "when": value}
+    text = block([("get_weather", args), ("pick", {"b": "x"})])
+    assert accepts(tok, lltok, tool_call_grammar(TOOLS, tok.dsml_id), text), text
+    parser = StreamingParser("chat")
+    parser.feed(text + "<｜end▁of▁sentence｜>")
+    parser.finish()
+    assert json.loads(parser.result()["tool_calls"][0]["function"]["arguments"]) == args
+
+
+def test_a_raw_value_closes_only_after_its_lt_slash(tok, lltok):
+    """While sampling a raw value the DSML token is allowed right after "</" and nowhere else; text always is."""
+    text = block([("get_weather", {"city": "Q"})])
+    start = text[:text.index('string="true">Q') + len('string="true">')]
+    grammar = tool_call_grammar(TOOLS, tok.dsml_id)
+    x = tok.encode("x")[0]
+    for value, closes in [("ab", False), ("ab<", False), ("ab</", True), ("ab</x", False), ("</div></", True)]:
+        m = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        ids = tok.encode(start + value)
+        assert m.try_consume_tokens(ids) == len(ids), value
+        mask = m.compute_bitmask()
+        assert [bool(mask[t // 8] >> t % 8 & 1) for t in (tok.dsml_id, x, tok.eos_id)] == [closes, True, False], value
+
+
+def test_a_value_closed_without_lt_slash_is_refused(tok, lltok):
+    text = block([("get_weather", {"city": "x</y"})])
+    closing = "x</y</｜DSML｜parameter>"
+    assert closing in text and accepts(tok, lltok, tool_call_grammar(TOOLS, tok.dsml_id), text)
+    for bad in ("x</y<｜DSML｜parameter>", "x</y/｜DSML｜parameter>", "x</y｜DSML｜parameter>"):
+        assert not accepts(tok, lltok, tool_call_grammar(TOOLS, tok.dsml_id), text.replace(closing, bad)), bad
 
 
 def test_a_repeated_parameter_is_refused(tok, lltok):

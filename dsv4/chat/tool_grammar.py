@@ -6,13 +6,15 @@
 The block is exactly what the encoder renders for calls: `"\\n\\n<｜DSML｜tool_calls>\\n"`, invokes joined by
 `"\\n"`, `"\\n</｜DSML｜tool_calls>"`. Each invoke names one of `tools` (or `only`) and lists its parameters in
 the schema's property order, the required ones always: a string-typed property as `string="true"` and raw text
-(its `enum` if it has one; the text cannot contain `</`, which would end it), any other as `string="false"` and
-JSON following the property's schema, laid out as json.dumps does. `｜DSML｜` is a special token: the grammar
-names it by id (`<[id]>`), so only that token, never its spelling in ordinary pieces, matches.
+(its `enum` if it has one; the text may hold `</`, only `</` + the special token ends it), any other as
+`string="false"` and JSON following the property's schema, laid out as json.dumps does. `｜DSML｜` is a special
+token: the grammar names it by id (`<[id]>`), so only that token, never its spelling in ordinary pieces, matches.
 
 llguidance's lexer is greedy and does not backtrack: a literal that is a prefix of another literal allowed at the
 same point ("\\n" and "\\n</") would be extended into the longer one and fail where the shorter was meant. So
 "\\n" is always a literal of its own and "<" / "</" are followed by the special token, where neither extends.
+The same greediness ends a raw value: its lexeme takes text up to a "</" and goes on while text follows; only the
+special token, which no regex matches (llguidance: special tokens cannot be used in terminals), stops it there.
 """
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from typing import Any
 
 # json.dumps' layout (the encoder's §6.1): no free whitespace, so values end where the encoder's would
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-# raw text up to the first "</" (a lazy lexeme: it ends there, and the "</" is taken with it)
-RAW_TEXT_RULE = 'raw_text[suffix="</"]: /(.|\\n)*/'
+# raw text and the "</" of its closing tag, greedy: a "</" followed by more text stays in the value, so it ends
+# only at a "</" the special token follows (a lazy `suffix="</"` would end it at the first "</"; llguidance refuses
+# a special token as `suffix` or `stop`)
+RAW_TEXT_RULE = 'raw_text: /(.|\\n)*<\\//'
 
 
 def _lit(text: str) -> str:

@@ -26,6 +26,7 @@ from .guard import Guard
 from .metrics import ServerMetrics
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
                        new_id, now, usage)
+from .responses import Plumbing, add_responses_route
 
 log = logging.getLogger(__name__)
 
@@ -439,6 +440,12 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             yield SSE_DONE
 
         return _StreamWithAbort(events(), streams)
+
+    # ---- /v1/responses (dsv4.serve.responses) --------------------------------------------
+    add_responses_route(app, Plumbing(
+        bridge, cfg.model_name, check_model, budget, admit, collect, error_event,
+        observer=lambda start: _Observer(metrics, start), streaming=_StreamWithAbort,
+        api_error=lambda e: ApiError(400, str(e), param=e.param)))
 
     return Guard(app, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
                  is_accepting=lambda: engine.accepting,
