@@ -128,8 +128,8 @@ class PrefixSnapshots:
 
     def evict_oldest(self) -> bool:
         """Free the least recently used snapshot's pages (those shared with forks stay theirs); False if none is
-        kept. (A fork recorded in this step still copies from them correctly: `PromptSharing.flush` runs the copies in order before anything else
-        writes, and a page freed here is allocated only to a later fork or chunk.)"""
+        kept. (A fork recorded in this step still copies from them correctly: `PromptSharing.flush` runs the copies
+        in order before anything else writes, and a page freed here is allocated only to a later fork or chunk.)"""
         if not self.entries:
             return False
         _, (_, holder, _) = self.entries.popitem(last=False)
