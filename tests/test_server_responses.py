@@ -15,7 +15,8 @@ import pytest
 from openai import OpenAI
 
 from dsv4.serve.chat_bridge import RequestError
-from dsv4.serve.responses import ResponsesRequest, input_messages
+from dsv4.serve.response_store import ResponseStore
+from dsv4.serve.responses_request import ResponsesRequest, input_messages, to_chat_request
 from fake_engine import ServerProcess
 
 KEY = "sk-responses-test"
@@ -63,7 +64,7 @@ def texts(r) -> list[tuple]:
 def test_input_items_become_chat_messages():
     """An assistant turn (reasoning, message, two calls) is one assistant message; outputs are tool messages; the
     instructions come first; text parts are joined."""
-    req = ResponsesRequest.model_validate({"instructions": "Be brief.", "input": [
+    req = ResponsesRequest.model_validate({"input": [
         {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
         {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]},
@@ -74,7 +75,6 @@ def test_input_items_become_chat_messages():
         {"role": "developer", "content": "d"},
         {"type": "function_call", "call_id": "c3", "name": "now", "arguments": "{}"}]})
     assert input_messages(req) == [
-        {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "ab"},
         {"role": "assistant", "content": "Let me see.", "reasoning_content": "hm", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "pick", "arguments": '{"b": "x"}'}},
@@ -84,6 +84,29 @@ def test_input_items_become_chat_messages():
         {"role": "developer", "content": "d"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c3", "type": "function", "function": {"name": "now", "arguments": "{}"}}]}]
+    # instructions first, then a stored conversation's messages, then the input's
+    history = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "reply"}]
+    req = ResponsesRequest.model_validate({"instructions": "Be brief.", "input": "now"})
+    assert [m.model_dump(exclude_none=True) for m in to_chat_request(req, history).messages] == [
+        {"role": "system", "content": "Be brief."}, *history, {"role": "user", "content": "now"}]
+
+
+def test_the_store_keeps_turns_and_forgets_the_least_recently_used():
+    """Each stored response holds its own turn; a history is the chain of turns; eviction by count and by text."""
+    store = ResponseStore(3)
+    for i in range(3):
+        store.put(f"r{i}", f"r{i - 1}" if i else None, [{"role": "user", "content": f"u{i}"}], {"id": f"r{i}"})
+    assert [m["content"] for m in store.history("r2")] == ["u0", "u1", "u2"]
+    store.put("x", None, [{"role": "user", "content": "x"}], {"id": "x"})  # history("r2") used r0 first: it goes
+    assert store.get("r0") is None and store.get("r1") == {"id": "r1"}
+    with pytest.raises(RequestError, match="'r2' is not stored \\(it continues 'r0', which is not\\)"):
+        store.history("r2")
+    assert store.delete("x") and not store.delete("x") and len(store) == 2
+    turn = [{"role": "user", "content": "y" * 30}]
+    small = ResponseStore(10, max_chars=2 * len(json.dumps(turn)) + 1)  # two turns' text
+    for i in range(5):
+        small.put(f"s{i}", None, turn, {"id": i})
+    assert len(small) == 2 and small.chars <= small.max_chars and small.get("s4") == {"id": 4}
 
 
 @pytest.mark.parametrize("item, words", [
@@ -117,7 +140,7 @@ def test_text_input_answers_as_chat(client, max_tokens):
                                                                              "incomplete")
     else:
         assert (r.status, r.incomplete_details, r.output[0].status) == ("completed", None, "completed")
-    assert r.id.startswith("resp_") and r.output[0].id.startswith("msg_") and r.store is False
+    assert r.id.startswith("resp_") and r.output[0].id.startswith("msg_") and r.store is True
 
 
 def test_a_conversation_with_calls_renders_as_chat(client, server):
@@ -232,8 +255,8 @@ def test_streamed_events_rebuild_the_response(client, think_close_id, kind):
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
-    ({"input": "x", "conversation": "conv_1"}, "conversation", "stores no responses"),
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "'resp_1' is not stored"),
+    ({"input": "x", "conversation": "conv_1"}, "conversation", "stores no conversations"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools", "'web_search' is not supported"),
     ({"input": "x", "tool_choice": {"type": "web_search"}, "tools": [{"type": "function", **NOW}]}, "tool_choice",
      "not supported"),
@@ -255,3 +278,35 @@ def test_errors_name_the_field(server, body, param, words):
     err = r.json()["error"]
     assert r.status_code == (404 if param == "model" else 400) and err["param"] == param, err
     assert words in err["message"], err
+
+
+def test_previous_response_id_continues_the_conversation(client, server):
+    """Turn 1 (a forced call), then turn 2 by previous_response_id with the call's output: the same prompt and answer
+    as a stateless request carrying turn 1's input and output items; GET returns a stored response, DELETE forgets
+    it; store: false keeps nothing."""
+    tools = [{"type": "function", **NOW}]
+    first = client.responses.create(model="tiny", input="What time is it?", tools=tools, tool_choice="required",
+                                    max_output_tokens=60, temperature=0)
+    call = next(item for item in first.output if item.type == "function_call")
+    follow = [{"type": "function_call_output", "call_id": call.call_id, "output": "noon"}]
+    kw = dict(model="tiny", tools=tools, max_output_tokens=20, temperature=0)
+    chained = client.responses.create(previous_response_id=first.id, input=follow, **kw)
+    whole = client.responses.create(input=[{"role": "user", "content": "What time is it?"},
+                                           *[item.model_dump(exclude_none=True) for item in first.output], *follow],
+                                    store=False, **kw)
+    assert chained.usage.input_tokens == whole.usage.input_tokens > first.usage.input_tokens
+    assert texts(chained) == texts(whole) and chained.previous_response_id == first.id
+    headers = {"Authorization": f"Bearer {KEY}"}
+    got = httpx.get(f"{server.base_url}/v1/responses/{first.id}", headers=headers)
+    body = got.json()
+    assert got.status_code == 200 and body["id"] == first.id and body["status"] == first.status
+    assert [i["id"] for i in body["output"]] == [i.id for i in first.output]
+    assert body["usage"] == first.usage.model_dump(exclude_none=True)
+    assert httpx.get(f"{server.base_url}/v1/responses/{whole.id}", headers=headers).status_code == 404
+    assert whole.store is False and chained.store is True
+    assert httpx.delete(f"{server.base_url}/v1/responses/{first.id}", headers=headers).json()["deleted"] is True
+    assert httpx.get(f"{server.base_url}/v1/responses/{first.id}", headers=headers).status_code == 404
+    r = httpx.post(server.base_url + "/v1/responses", headers=headers,
+                   json={"input": "and?", "previous_response_id": chained.id})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
+    assert f"it continues {first.id!r}, which is not" in r.json()["error"]["message"]

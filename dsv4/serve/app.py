@@ -26,6 +26,7 @@ from .guard import Guard
 from .metrics import ServerMetrics
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
                        new_id, now, usage)
+from .response_store import ResponseStore
 from .responses import Plumbing, add_responses_route
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     completion_default_max_tokens: int = 16   # OpenAI's default for /v1/completions
+    responses_store: int = 256   # /v1/responses kept for previous_response_id (dsv4.serve.response_store); 0: off
 
 
 def _sse(obj: Any) -> bytes:
@@ -445,7 +447,9 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
     add_responses_route(app, Plumbing(
         bridge, cfg.model_name, check_model, budget, admit, collect, error_event,
         observer=lambda start: _Observer(metrics, start), streaming=_StreamWithAbort,
-        api_error=lambda e: ApiError(400, str(e), param=e.param)))
+        api_error=lambda e: ApiError(400, str(e), param=e.param),
+        not_found=lambda message: ApiError(404, message, "not_found_error"),
+        store=ResponseStore(cfg.responses_store) if cfg.responses_store else None))
 
     return Guard(app, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
                  is_accepting=lambda: engine.accepting,

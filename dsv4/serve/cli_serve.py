@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to let in-flight requests finish after SIGTERM")
     g.add_argument("--step-watchdog", type=float, default=120.0,
                    help="an engine step longer than this marks the server unhealthy and fails its requests")
+    g.add_argument("--responses-store", type=int, default=256, metavar="N",
+                   help="keep the last N /v1/responses in memory for previous_response_id (0: none)")
     g.add_argument("--default-thinking", action="store_true",
                    help="chat requests think unless they turn it off (default: chat mode)")
     g.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
@@ -63,6 +65,8 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_queued < 0:
         raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
+    if args.responses_store < 0:
+        raise ValueError(f"--responses-store must be >= 0, got {args.responses_store}")
     if args.retain_finished < 0:
         raise ValueError(f"--retain-finished must be >= 0, got {args.retain_finished}")
     if args.prefix_snapshots < 0:
@@ -85,7 +89,7 @@ def serve_options(args: argparse.Namespace, model_name: str):
                         api_key=args.api_key, max_running=args.max_num_seqs, max_queued=args.max_queued,
                         shutdown_timeout=args.shutdown_timeout, step_watchdog_s=args.step_watchdog,
                         max_body_bytes=args.max_body_bytes, default_thinking=args.default_thinking,
-                        log_level=args.log_level)
+                        log_level=args.log_level, responses_store=args.responses_store)
 
 
 def build_core(args: argparse.Namespace):

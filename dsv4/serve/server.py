@@ -38,6 +38,7 @@ class ServeOptions:
     max_body_bytes: int = 4 * 1024 * 1024
     default_thinking: bool = False
     log_level: str = "warning"
+    responses_store: int = 256      # /v1/responses kept for previous_response_id; 0: none
 
 
 class DrainingServer(uvicorn.Server):
@@ -102,7 +103,7 @@ def serve(core, opts: ServeOptions) -> int:
                          step_watchdog_s=opts.step_watchdog_s)
     bridge = ChatBridge(getattr(core, "tokenizer", None), core.vocab_size, default_thinking=opts.default_thinking)
     cfg = ServerConfig(model_name=opts.model_name, max_model_len=core.max_model_len, api_key=opts.api_key,
-                       max_body_bytes=opts.max_body_bytes)
+                       max_body_bytes=opts.max_body_bytes, responses_store=opts.responses_store)
     app = create_app(engine, bridge, cfg, ServerMetrics())
     sock = bind_socket(opts.host, opts.port)
     host, port = sock.getsockname()[:2]
