@@ -82,6 +82,8 @@ COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
              _lazy("dsv4.planner", "add_arguments"), _lazy("dsv4.planner", "run")),
     "serve": ("OpenAI-compatible HTTP server", _lazy("dsv4.serve.cli_serve", "add_arguments"),
               _lazy("dsv4.serve.cli_serve", "run")),
+    "run-batch": ("answer a JSONL file of OpenAI batch requests (chat, completions, responses)",
+                  _lazy("dsv4.serve.run_batch", "add_arguments"), _lazy("dsv4.serve.run_batch", "run")),
 }
 
 

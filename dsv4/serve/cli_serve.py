@@ -15,15 +15,33 @@ API_KEY_ENV = "DSV4_API_KEY"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_engine_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stderr)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")
+    g = p.add_argument_group("serving limits")
+    g.add_argument("--max-queued", type=int, default=256,
+                   help="sequences waiting beyond --max-num-seqs; more are refused with 429")
+    g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds to let in-flight requests finish after SIGTERM")
+    g.add_argument("--step-watchdog", type=float, default=120.0,
+                   help="an engine step longer than this marks the server unhealthy and fails its requests")
+    g.add_argument("--responses-store", type=int, default=256, metavar="N",
+                   help="keep the last N /v1/responses in memory for previous_response_id (0: none)")
+    g.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """The model and engine options (`dsv4 serve`, `dsv4 run-batch`)."""
     p.add_argument("--model", metavar="DIR",
                    help="checkpoint directory (config.json, *.safetensors, tokenizer.json); "
                         "default: the tiny model shipped inside the package")
     p.add_argument("--served-model-name", metavar="NAME",
                    help="the model id clients send and /v1/models lists (default: the directory name)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stderr)")
-    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                   help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")
+    p.add_argument("--default-thinking", action="store_true",
+                   help="chat requests think unless they turn it off (default: chat mode)")
     g = p.add_argument_group("engine")
     g.add_argument("--device", default="auto", help="cpu, cuda, or auto")
     g.add_argument("--numerics", default="reference", choices=["reference", "transformers"])
@@ -44,41 +62,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compute every request's prompt itself (default: n choices and repeated prompts arriving "
                         "together compute it once, the others copy its cache)")
     add_decode_options(g)
-    g = p.add_argument_group("serving limits")
-    g.add_argument("--max-queued", type=int, default=256,
-                   help="sequences waiting beyond --max-num-seqs; more are refused with 429")
-    g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
-    g.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds to let in-flight requests finish after SIGTERM")
-    g.add_argument("--step-watchdog", type=float, default=120.0,
-                   help="an engine step longer than this marks the server unhealthy and fails its requests")
-    g.add_argument("--responses-store", type=int, default=256, metavar="N",
-                   help="keep the last N /v1/responses in memory for previous_response_id (0: none)")
-    g.add_argument("--default-thinking", action="store_true",
-                   help="chat requests think unless they turn it off (default: chat mode)")
-    g.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_body_bytes"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_engine_arguments(args)
+    if args.max_body_bytes < 1:
+        raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if args.max_queued < 0:
         raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
     if args.responses_store < 0:
         raise ValueError(f"--responses-store must be >= 0, got {args.responses_store}")
-    if args.retain_finished < 0:
-        raise ValueError(f"--retain-finished must be >= 0, got {args.retain_finished}")
-    if args.prefix_snapshots < 0:
-        raise ValueError(f"--prefix-snapshots must be >= 0, got {args.prefix_snapshots}")
-    if args.prefix_snapshots and not args.share_prompts:
-        raise ValueError("--prefix-snapshots needs prompt sharing: drop --no-share-prompts")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.shutdown_timeout < 0 or args.step_watchdog <= 0:
         raise ValueError("--shutdown-timeout must be >= 0 and --step-watchdog > 0")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty")
+
+
+def check_engine_arguments(args: argparse.Namespace) -> None:
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.retain_finished < 0:
+        raise ValueError(f"--retain-finished must be >= 0, got {args.retain_finished}")
+    if args.prefix_snapshots < 0:
+        raise ValueError(f"--prefix-snapshots must be >= 0, got {args.prefix_snapshots}")
+    if args.prefix_snapshots and not args.share_prompts:
+        raise ValueError("--prefix-snapshots needs prompt sharing: drop --no-share-prompts")
 
 
 def serve_options(args: argparse.Namespace, model_name: str):

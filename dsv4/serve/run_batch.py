@@ -1,0 +1,127 @@
+"""`dsv4 run-batch -i requests.jsonl -o results.jsonl`: a file of requests in OpenAI's Batch API format, served
+at full throughput without a server.
+
+Each input line is `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" |
+"/v1/responses", "body": {...}}`. The requests go to the server's own app in this process (through httpx's ASGI
+transport, no socket), all of them at once, so continuous batching sees the whole file and every request is checked
+and answered exactly as `dsv4 serve` would. Each output line, in input order, is OpenAI's batch result:
+`{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}`; a request the server
+refuses keeps its 4xx status and error body there. The file is checked before the model loads (a bad line is an
+error naming it, and nothing runs), and the output is written whole at the end (a temporary file renamed), so an
+interrupted run leaves no partial results.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from .cli_serve import add_engine_arguments, build_core, check_engine_arguments
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-i", "--input", required=True, metavar="FILE", help="requests, one JSON object per line")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="results, one JSON object per line")
+    add_engine_arguments(p)
+
+
+def read_requests(path: Path) -> list[dict]:
+    """The file's requests, checked (ValueError naming the line for the first bad one)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    requests, seen = [], set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path} line {n}"
+        try:
+            req = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg})") from None
+        if not isinstance(req, dict):
+            raise ValueError(f"{where}: expected a JSON object")
+        cid = req.get("custom_id")
+        if not isinstance(cid, str) or not cid:
+            raise ValueError(f"{where}: custom_id must be a non-empty string")
+        if cid in seen:
+            raise ValueError(f"{where}: custom_id {cid!r} is used twice")
+        seen.add(cid)
+        if req.get("method", "POST") != "POST":
+            raise ValueError(f"{where}: method must be POST")
+        if req.get("url") not in ROUTES:
+            raise ValueError(f"{where}: url must be one of {', '.join(ROUTES)}, got {req.get('url')!r}")
+        if not isinstance(req.get("body"), dict):
+            raise ValueError(f"{where}: body must be a JSON object")
+        if req["body"].get("stream"):
+            raise ValueError(f"{where}: stream is not supported in a batch")
+        requests.append(req)
+    if not requests:
+        raise ValueError(f"{path}: no requests")
+    return requests
+
+
+def result_line(req: dict, status: int, body: object) -> dict:
+    request_id = body.get("id") if isinstance(body, dict) else None
+    return {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": req["custom_id"],
+            "response": {"status_code": status, "request_id": request_id or "", "body": body}, "error": None}
+
+
+async def _send_all(app, requests: list[dict], progress) -> list[dict]:
+    import httpx
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dsv4",
+                                 timeout=None) as client:
+        async def one(req: dict) -> dict:
+            r = await client.post(req["url"], json=req["body"])
+            try:
+                body = r.json()
+            except ValueError:
+                body = {"error": {"message": r.text, "type": "server_error", "param": None, "code": r.status_code}}
+            progress.update(1)
+            return result_line(req, r.status_code, body)
+
+        return list(await asyncio.gather(*(one(req) for req in requests)))
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ..engine.async_engine import AsyncEngine
+    from .app import ServerConfig, create_app
+    from .chat_bridge import ChatBridge
+
+    check_engine_arguments(args)
+    requests = read_requests(Path(args.input))  # before the (slow) model load
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise ValueError(f"--output {out}: directory {out.parent} does not exist")
+    core = build_core(args)
+    # every request is admitted at once (no 429s): the scheduler runs max_num_seqs of them, the rest wait
+    engine = AsyncEngine(core, max_running=args.max_num_seqs, max_queued=1 << 40)
+    bridge = ChatBridge(getattr(core, "tokenizer", None), core.vocab_size, default_thinking=args.default_thinking)
+    cfg = ServerConfig(model_name=args.served_model_name or core.model_name, max_model_len=core.max_model_len,
+                       max_body_bytes=1 << 62, responses_store=0)
+    app = create_app(engine, bridge, cfg)
+    engine.start()
+    try:
+        with tqdm(total=len(requests), desc="requests", unit="req", file=sys.stderr) as progress:
+            results = asyncio.run(_send_all(app, requests, progress))
+    finally:
+        engine.shutdown()
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for line in results:
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    os.replace(tmp, out)
+    failed = sum(1 for r in results if r["response"]["status_code"] != 200)
+    print(f"dsv4 run-batch: {len(results)} requests, {len(results) - failed} answered, {failed} refused "
+          f"-> {out}", file=sys.stderr)
+    return 0
