@@ -87,7 +87,7 @@ COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
 }
 
 
-PARALLEL_COMMANDS = ("generate", "serve", "bench")  # accept --tp/--ep (ranks spawned, or joined under torchrun)
+PARALLEL_COMMANDS = ("generate", "serve", "bench", "run-batch")  # accept --tp/--ep (ranks spawned, or joined under torchrun)
 
 
 def build_parser() -> argparse.ArgumentParser:

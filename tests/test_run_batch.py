@@ -78,3 +78,29 @@ def test_a_missing_output_directory_is_refused(tmp_path, capsys):
     src.write_text(line("a", "/v1/completions", {"prompt": "x"}) + "\n")
     assert main(["run-batch", "-i", str(src), "-o", str(tmp_path / "no" / "out.jsonl"), "--device", "cpu"]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_two_ranks_answer_as_one_process(tmp_path):
+    """`--tp 2 --ep 2` (ranks spawned by the CLI): rank 0 writes the results, the same greedy texts as one process."""
+    import os
+    import subprocess
+    import sys
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(line("c", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                      "max_tokens": 6, "temperature": 0}) + "\n"
+                   + line("p", "/v1/completions", {"prompt": ["If the exception", "The"], "max_tokens": 6,
+                                                   "temperature": 0}) + "\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    texts = []
+    for extra in ([], ["--tp", "2", "--ep", "2"]):
+        out = tmp_path / f"out{len(extra)}.jsonl"
+        run = subprocess.run([sys.executable, "-m", "dsv4", "run-batch", "-i", str(src), "-o", str(out),
+                              "--device", "cpu", "--max-model-len", "128", *extra],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        results = [json.loads(x)["response"]["body"] for x in out.read_text().splitlines()]
+        texts.append([results[0]["choices"][0]["message"]["content"], *[c["text"] for c in results[1]["choices"]]])
+    assert texts[0] == texts[1] and any(t.strip() for t in texts[0])

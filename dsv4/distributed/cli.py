@@ -1,4 +1,4 @@
-"""`dsv4 generate|serve|bench ... --tp N --ep M` and `torchrun --nproc-per-node W -m dsv4 generate|...`.
+"""`dsv4 generate|serve|bench|run-batch ... --tp N --ep M` and `torchrun --nproc-per-node W -m dsv4 generate|...`.
 
 Wiring (dsv4/cli.py): add `add_parallel_arguments(p)` to the generate and serve parsers, and in
 `main`, after parsing, `if wants_parallel(args): return run_parallel(args.command, args, argv)`.
@@ -158,7 +158,16 @@ def _bench(args: argparse.Namespace, ps) -> int:
     return lockstep(engine, ps, lead) or 0
 
 
-_COMMANDS = {"generate": _generate, "serve": _serve, "bench": _bench}
+def _run_batch(args: argparse.Namespace, ps) -> int:
+    from dsv4.distributed.engine import lockstep
+    from dsv4.serve.run_batch import answer, check
+
+    requests = check(args)  # a bad file fails before any rank loads weights
+    engine = build_engine(args, ps, args.max_num_seqs, args.max_num_batched_tokens)
+    return lockstep(engine, ps, lambda core: answer(core, args, requests, engine.model_name)) or 0
+
+
+_COMMANDS = {"generate": _generate, "serve": _serve, "bench": _bench, "run-batch": _run_batch}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,11 +180,15 @@ def main(argv: list[str] | None = None) -> int:
         from dsv4.serve.cli_serve import add_arguments
         add_arguments(p)
 
+    def add_batch_arguments(p):
+        from dsv4.serve.run_batch import add_arguments
+        add_arguments(p)
+
     parser = argparse.ArgumentParser(prog="python -m dsv4.distributed.cli")
     sub = parser.add_subparsers(dest="command", required=True)
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     for name, add in (("generate", add_generate_arguments), ("serve", add_serve_arguments),
-                      ("bench", add_bench_arguments)):
+                      ("bench", add_bench_arguments), ("run-batch", add_batch_arguments)):
         p = sub.add_parser(name)
         if name == command:
             add(p)

@@ -8,7 +8,7 @@ and answered exactly as `dsv4 serve` would. Each output line, in input order, is
 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}`; a request the server
 refuses keeps its 4xx status and error body there. The file is checked before the model loads (a bad line is an
 error naming it, and nothing runs), and the output is written whole at the end (a temporary file renamed), so an
-interrupted run leaves no partial results.
+interrupted run leaves no partial results. With `--tp` / `--ep` rank 0 answers the file, the other ranks follow.
 """
 from __future__ import annotations
 
@@ -91,23 +91,28 @@ async def _send_all(app, requests: list[dict], progress) -> list[dict]:
         return list(await asyncio.gather(*(one(req) for req in requests)))
 
 
-def run(args: argparse.Namespace) -> int:
+def check(args: argparse.Namespace) -> list[dict]:
+    """The engine options and the input file, checked before any model loads; the requests."""
+    check_engine_arguments(args)
+    requests = read_requests(Path(args.input))
+    if not Path(args.output).parent.is_dir():
+        raise ValueError(f"--output {args.output}: directory {Path(args.output).parent} does not exist")
+    return requests
+
+
+def answer(core, args: argparse.Namespace, requests: list[dict], model_name: str) -> int:
+    """Send `requests` to an app around engine core `core` (LLMEngine, or rank 0's DistributedEngine); write the
+    results."""
     from tqdm import tqdm
 
     from ..engine.async_engine import AsyncEngine
     from .app import ServerConfig, create_app
     from .chat_bridge import ChatBridge
 
-    check_engine_arguments(args)
-    requests = read_requests(Path(args.input))  # before the (slow) model load
-    out = Path(args.output)
-    if not out.parent.is_dir():
-        raise ValueError(f"--output {out}: directory {out.parent} does not exist")
-    core = build_core(args)
     # every request is admitted at once (no 429s): the scheduler runs max_num_seqs of them, the rest wait
     engine = AsyncEngine(core, max_running=args.max_num_seqs, max_queued=1 << 40)
     bridge = ChatBridge(getattr(core, "tokenizer", None), core.vocab_size, default_thinking=args.default_thinking)
-    cfg = ServerConfig(model_name=args.served_model_name or core.model_name, max_model_len=core.max_model_len,
+    cfg = ServerConfig(model_name=args.served_model_name or model_name, max_model_len=core.max_model_len,
                        max_body_bytes=1 << 62, responses_store=0)
     app = create_app(engine, bridge, cfg)
     engine.start()
@@ -116,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             results = asyncio.run(_send_all(app, requests, progress))
     finally:
         engine.shutdown()
+    out = Path(args.output)
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for line in results:
@@ -125,3 +131,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"dsv4 run-batch: {len(results)} requests, {len(results) - failed} answered, {failed} refused "
           f"-> {out}", file=sys.stderr)
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    requests = check(args)  # before the (slow) model load
+    core = build_core(args)
+    return answer(core, args, requests, core.model_name)
