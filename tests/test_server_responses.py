@@ -8,44 +8,21 @@ streamed events must rebuild the response returned whole. The 400s name the offe
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
-from openai import OpenAI
 
 from dsv4.serve.chat_bridge import RequestError
 from dsv4.serve.response_store import ResponseStore
 from dsv4.serve.responses_request import ResponsesRequest, input_messages, to_chat_request
-from fake_engine import ServerProcess
+from test_server_structured import KEY, MODEL_DIR, client, server, think_close_id  # noqa: F401  (fixtures)
 
-KEY = "sk-responses-test"
-MODEL_DIR = Path(__file__).resolve().parents[1] / "dsv4" / "assets" / "tiny"
 pytestmark = pytest.mark.skipif(not (MODEL_DIR / "tokenizer.json").is_file(), reason="no embedded tiny model")
 
 FN = {"name": "pick", "description": "Pick one.", "parameters": {
     "type": "object", "required": ["b"], "properties": {"a": {"type": "boolean"},
                                                         "b": {"type": "string", "enum": ["x", "y"]}}}}
 NOW = {"name": "now", "parameters": {"type": "object", "properties": {}}}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(None, tmp_path_factory.mktemp("server") / "server.log", "--model", str(MODEL_DIR),
-                        "--device", "cpu", "--api-key", KEY, "--max-model-len", "1024", cli=True)
-    yield srv
-    assert srv.stop(timeout=60) == 0 and "Traceback" not in srv.log(), srv.log()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def think_close_id():
-    from dsv4.chat.tokenizer import load_tokenizer
-    return load_tokenizer(MODEL_DIR).think_close_id
 
 
 def texts(r) -> list[tuple]:
