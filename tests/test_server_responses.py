@@ -197,11 +197,13 @@ def test_logprobs_of_the_answer(client):
     assert got == want and len(got) == 8
 
 
-@pytest.mark.parametrize("kind", ["plain", "thinking", "tools"])
+@pytest.mark.parametrize("kind", ["plain", "thinking", "tools", "cut"])
 def test_streamed_events_rebuild_the_response(client, think_close_id, kind):
     kw = dict(model="tiny", input="Go on.", max_output_tokens=40, temperature=0)
     if kind == "thinking":
         kw.update(reasoning={"effort": "high"}, extra_body={"logit_bias": {str(think_close_id): 11}})
+    if kind == "cut":  # max_output_tokens ends the output inside the reasoning: that item is incomplete
+        kw.update(reasoning={"effort": "high"}, max_output_tokens=5)
     if kind == "tools":
         kw.update(tools=[{"type": "function", **FN}], tool_choice="required", max_output_tokens=150)
     whole = client.responses.create(**kw)
@@ -212,6 +214,7 @@ def test_streamed_events_rebuild_the_response(client, think_close_id, kind):
     final = events[-1]
     assert final.type == f"response.{whole.status}" and final.response.status == whole.status
     assert texts(final.response) == texts(whole) and final.response.usage == whole.usage
+    assert [i.status for i in final.response.output] == [i.status for i in whole.output]
     # the deltas of each item add up to its text; every item is announced, then done, in order
     rebuilt: dict[int, str] = {}
     added, done = [], []
@@ -226,9 +229,13 @@ def test_streamed_events_rebuild_the_response(client, think_close_id, kind):
             item = e.item
             want = (item.arguments if item.type == "function_call" else "".join(c.text for c in item.content))
             assert rebuilt.get(e.output_index, "") == want
-            assert item.id == final.response.output[e.output_index].id
+            assert (item.id, item.status) == (final.response.output[e.output_index].id,
+                                              final.response.output[e.output_index].status)
     assert added == done == list(range(len(whole.output)))
     assert len(rebuilt) >= 1
+    if kind == "cut":
+        assert whole.status == "incomplete" and [(i.type, i.status) for i in whole.output] == [
+            ("reasoning", "incomplete")]
 
 
 @pytest.mark.parametrize("body, param, words", [

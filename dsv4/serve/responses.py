@@ -137,15 +137,16 @@ class Reply:
             self.emit("response.content_part.added", **self._at(), content_index=0,
                       part={"type": "output_text", "text": "", "annotations": []})
 
-    def _close(self) -> None:
+    def _close(self, status: str = "completed") -> None:
+        """End the open text item; `status` "incomplete" where the output was cut inside it."""
         item, self.open = self.open, None
         if item is None:
             return
         part = item["content"][0]
+        item["status"] = status
         if item["type"] == "reasoning":
             self.emit("response.reasoning_text.done", **self._at(), content_index=0, text=part["text"])
         else:
-            item["status"] = "completed"
             self.emit("response.output_text.done", **self._at(), content_index=0, text=part["text"],
                       logprobs=part.get("logprobs", []))
             self.emit("response.content_part.done", **self._at(), content_index=0, part=part)
@@ -191,12 +192,8 @@ class Reply:
             self._open("message")  # nothing was said: an empty answer
         if self.pending_lp and self.open is not None and self.open["type"] == "message":
             self.open["content"][0]["logprobs"] += self.pending_lp
-        self._close()
         status, details = status_of(finish)
-        if status != "completed":
-            for item in self.items:
-                if item["type"] == "message":
-                    item["status"] = "incomplete"
+        self._close(status)  # (the items closed before were complete)
         body = {**self.head, "status": status, "incomplete_details": details, "output": self.items, "usage": usage}
         self.emit("response.completed" if status == "completed" else "response.incomplete", response=body)
         return body
