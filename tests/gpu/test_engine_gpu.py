@@ -3,7 +3,7 @@ the engine's overlap): a conversation whose turns adopt the last turn's cache (`
 without it, and prompt logprobs (scored over prefill chunks) stay close to the CPU float32 reference's. Session 54:
 n requests of one prompt copying the first one's cache (`share_prompts`) answer as when each computes it, and
 so do requests copying a snapshot of their shared system prompt (`prefix_snapshots`). Session 55: structured
-outputs (grammar masks) under graphs, the look-ahead and MTP.
+outputs (grammar masks) under graphs, the look-ahead and MTP. Session 56: forks sharing the snapshot's pages.
 
 Greedy text of the trained embedded model is robust to bf16 rounding over short replies (test_model_gpu's
 `test_embedded_model_greedy_text_matches_cpu` relies on the same), so retained and fresh runs -- whose prefill
@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 DEVICE = "cuda"  # tests/gpu/conftest.py skips this file without CUDA
@@ -83,9 +84,17 @@ def test_shared_prompt_matches_prompts_computed_apart():
     assert stats.num_forks == 3 and stats.shared_prompt_tokens > 3 * 16
 
 
-def test_prefix_snapshots_match_prompts_computed_apart():
+@pytest.mark.parametrize("pages", ["default", "small"])
+def test_prefix_snapshots_match_prompts_computed_apart(monkeypatch, pages):
+    """Session 56: with pages of 4 entries the forks share the snapshot's full entry pages (the same page ids in
+    their decode tables and graphs), and still answer as the prompts computed apart."""
     from dsv4 import LLM, SamplingParams
     from dsv4.chat.encoding import encode_messages
+    from dsv4.engine import cache as cache_module
+
+    if pages == "small":
+        monkeypatch.setattr(cache_module, "DEFAULT_PAGE_SIZES",
+                            {"window": 16, "compressed4": 4, "indexer4": 4, "compressed128": 1})
 
     system = {"role": "system", "content": "You answer questions about Python precisely and briefly. " * 6}
     prompts = [encode_messages([system, {"role": "user", "content": q}], thinking_mode="chat")
@@ -93,6 +102,9 @@ def test_prefix_snapshots_match_prompts_computed_apart():
     params = SamplingParams(temperature=0.0, max_tokens=16)
     kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
     plain, keeping = LLM(share_prompts=False, **kw), LLM(prefix_snapshots=2, **kw)
+    shared, bm = [], keeping.engine.block_manager
+    share = bm.share
+    bm.share = lambda *a: shared.append(share(*a)) or shared[-1]
     cached = []
     for prompt in prompts:  # one after the other: the second keeps a snapshot, the third and fourth copy it
         got = keeping.generate(prompt, params)[0]
@@ -101,6 +113,7 @@ def test_prefix_snapshots_match_prompts_computed_apart():
     assert cached[:2] == [0, 0] and min(cached[2:]) >= 64
     stats = keeping.engine.stats()
     assert stats.snapshots_taken == 1 and stats.num_forks == 2 and stats.shared_prompt_tokens >= 2 * 64
+    assert (pages == "small") == any(sum(n.values()) for n in shared), shared
 
 
 def test_structured_outputs_on_the_gpu():
@@ -109,7 +122,6 @@ def test_structured_outputs_on_the_gpu():
     import json
     import re
 
-    import pytest
     pytest.importorskip("llguidance")
     from dsv4 import LLM, SamplingParams, StructuredOutput
 
