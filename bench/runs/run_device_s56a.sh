@@ -4,9 +4,9 @@
 # from the installed packages' sources) -- then the 8-layer B = 1 row as the session's baseline. Carry [".whl"].
 # Session 56 added the prefix-snapshot GPU test (default and 4-entry pages: forks sharing the snapshot's pages).
 bash bench/runs/run_device_s55c.sh
+source bench/runs/lib.sh
+export PYTHONPATH=$PWD
 # session 56: forks sharing the snapshot's pages (4-entry pages) under graphs and the FP8 cache
 timeout 150 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_engine_gpu.py -k snapshots 2>&1 \
   | tail -4
-source bench/runs/lib.sh
-export PYTHONPATH=$PWD
 rows8 100 1 | sed -E 's/MTP draft.*//'
