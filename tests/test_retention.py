@@ -16,9 +16,9 @@ from test_engine import CFG, MAX_LEN, ckpt, drain, model  # noqa: F401  (fixture
 
 
 def engine_with(model, retain: int, *, overlap: bool = False, cache: CacheConfig | None = None,  # noqa: F811
-                budget: int = 64, max_num_seqs: int = 8) -> LLMEngine:
+                budget: int = 64, max_num_seqs: int = 8, share: bool = True) -> LLMEngine:
     ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=MAX_LEN,
-                      cache=cache, overlap=overlap, retain_finished=retain)
+                      cache=cache, overlap=overlap, retain_finished=retain, share_prompts=share)
     return LLMEngine(model, model.config, None, ec)
 
 
@@ -67,19 +67,22 @@ def fresh_tokens(plan, outs) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap,share", [(False, True), (True, True), (False, False)])
 @pytest.mark.parametrize("first_len", [5, 120])  # 120: the conversation crosses the first HCA entry (128)
-def test_conversation_reuses_each_turn(model, first_len, overlap):  # noqa: F811
+def test_conversation_reuses_each_turn(model, first_len, overlap, share):  # noqa: F811
     """Each turn adopts the previous turn's sequence (its prompt and reply but the reply's last token, which was
-    sampled, never fed) and computes only the rest: the same tokens as without retention."""
+    sampled, never fed) and computes only the rest: the same tokens as without retention. With prompt sharing the
+    adopter forks the entry, which stays (the 2 newest are kept); without, it moves (1 is kept). (first_len 5: the
+    first turn holds fewer than 16 tokens, too few to fork, and moves either way.)"""
     plan = turns(random.Random(first_len), first_len, 5)
     want = converse(engine_with(model, 0), plan)
-    engine = engine_with(model, 2, overlap=overlap)
+    engine = engine_with(model, 2, overlap=overlap, share=share)
     computed = counting_tokens(engine)
     assert converse(engine, plan) == want
     s = engine.stats()
     fresh = fresh_tokens(plan, want)
-    assert (s.num_adopted, s.num_retained) == (len(plan) - 1, 1)
+    assert (s.num_adopted, s.num_retained) == (len(plan) - 1, 2 if share else 1)
+    assert s.num_forks == 0  # (forks of retained sequences count as adoptions)
     assert s.adopted_tokens == sum(fresh[:-1])  # turn t reused everything turn t - 1 computed
     assert sum(computed) == sum(fresh) - s.adopted_tokens
     engine.retained.clear()
@@ -165,22 +168,25 @@ def test_conversations_under_page_pressure(model):  # noqa: F811
     assert results[6] == results[0]
 
 
-def test_an_adopter_that_does_not_fit_gives_the_cache_back(model):  # noqa: F811
+@pytest.mark.parametrize("kept", [0, 2])
+def test_an_adopter_that_does_not_fit_gives_the_cache_back(model, kept):  # noqa: F811
     """B decodes in a pool it nearly fills while A's first turn is retained; A's second turn adopts A's cache at
     admission, does not fit, and gives it back (a waiting request holds no pages), B grows into the pool by evicting
-    it, and A's turn then prefills from scratch: the same replies as without retention."""
+    it, and A's turn then prefills from scratch: the same replies as without retention. kept=0: no window ring is
+    spare, so A's turn takes the retained cache itself (a move); kept=2: it forks it, and the fork is undone."""
     sizes = {"window": 8, "compressed4": 4, "indexer4": 4, "compressed128": 1}
-    cache = CacheConfig.for_capacity(CFG, max_num_seqs=2, max_model_len=MAX_LEN, page_sizes=sizes,
+    cache = CacheConfig.for_capacity(CFG, max_num_seqs=2, max_model_len=MAX_LEN, page_sizes=sizes, kept_states=kept,
                                      num_pages={"compressed4": 18, "indexer4": 18})  # one 288-token sequence
     rng = random.Random(17)
     a1, b, tail = ([rng.randrange(2, CFG.vocab_size) for _ in range(n)] for n in (40, 220, 30))
     replies = {}
     for retain in (0, 2):
         engine = engine_with(model, retain, cache=cache, max_num_seqs=2, budget=256)
-        given = []
+        given, undone = [], []
         if retain:
-            inner = engine.scheduler.give_back
+            inner, undo = engine.scheduler.give_back, engine.sharing.undo
             engine.scheduler.give_back = lambda seq: given.append(seq.request_id) or inner(seq)
+            engine.sharing.undo = lambda seq: undone.append(undo(seq)) or undone[-1]
         engine.add_request("a1", a1, greedy(6))
         out = {"a1": drain(engine)["a1"]["tokens"]}
         engine.add_request("b", b, greedy(40))
@@ -190,6 +196,8 @@ def test_an_adopter_that_does_not_fit_gives_the_cache_back(model):  # noqa: F811
         replies[retain] = out
         if retain:
             assert given and given[0] == "a2"
+            assert engine.stats().num_adopted == 0  # the adoption given back is not counted
+            assert any(undone) == (kept > 0), undone  # a fork taken back, or a move given back
             engine.retained.clear()
         assert engine.stats().free_pages == engine.stats().total_pages and engine.cache.states == {}
     assert replies[2] == replies[0]
@@ -223,3 +231,71 @@ def test_what_does_not_adopt(model):  # noqa: F811
 def test_config_errors():
     with pytest.raises(ValueError, match="retain_finished=-1"):
         EngineConfig(retain_finished=-1)
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_regenerated_reply_and_a_branch_reuse_the_same_turn(model, together):  # noqa: F811
+    """Turn 1, then three continuations of it (a regenerated turn 2 with another seed, a branch with other user
+    tokens), one after the other or arriving together: each forks the retained turn 1 and computes only its new
+    tokens, with the sampled replies an engine without retention gives."""
+    rng = random.Random(23)
+    first = [rng.randrange(2, CFG.vocab_size) for _ in range(60)]
+    ref = engine_with(model, 0)
+    ref.add_request("t1", first, greedy(6))
+    reply = drain(ref)["t1"]["tokens"]
+    held = first + reply[:-1]  # (the reply's last token was sampled, never fed)
+    branches = [(f"b{i}", first + reply + [rng.randrange(2, CFG.vocab_size) for _ in range(k)],
+                 SamplingParams(temperature=0.9, seed=i, max_tokens=5, ignore_eos=True))
+                for i, k in enumerate((3, 3, 7))]
+    results = {}
+    for retain in (0, 4):
+        engine = engine_with(model, retain)
+        computed = counting_tokens(engine)
+        engine.add_request("t1", first, greedy(6))
+        drain(engine)
+        before = sum(computed)
+        out = {}
+        for rid, prompt, params in branches:
+            engine.add_request(rid, prompt, params)
+            if not together:
+                out.update({k: v["tokens"] for k, v in drain(engine).items()})
+        out.update({k: v["tokens"] for k, v in drain(engine).items()})
+        results[retain] = out
+        if retain:
+            s = engine.stats()
+            assert (s.num_adopted, s.adopted_tokens) == (3, 3 * len(held))
+            new = sum(len(p) - len(held) + len(out[rid]) - 1 for rid, p, _ in branches)
+            assert sum(computed) - before == new
+            engine.retained.clear()
+        assert engine.stats().free_pages == engine.stats().total_pages and engine.cache.states == {}
+    assert results[4] == results[0] and results[0]["b0"] != results[0]["b1"]
+
+
+def test_forked_turns_go_first_least_recently_forked_first(model):  # noqa: F811
+    """Capacity 2: an unrelated request finishes (never forked), then a conversation of two turns, the second forking
+    the first: the first turn goes (forked), not the older unrelated one; a third request continuing turn 2 forks it,
+    and then turn 2 goes. The forks give the same tokens as an engine without retention."""
+    rng = random.Random(29)
+    other = [rng.randrange(2, CFG.vocab_size) for _ in range(30)]
+    plan = turns(rng, 40, 2)
+    engine, ref = engine_with(model, 2), engine_with(model, 0)
+    for e in (engine, ref):
+        e.add_request("other", other, greedy(3))
+    other_key = tuple(other + drain(engine)["other"]["tokens"][:-1])
+    drain(ref)
+    outs = converse(engine, plan)
+    assert outs == converse(ref, plan)
+    history, keys = [], []  # each turn's retained tokens: its prompt and reply but the reply's last token
+    for (new, _), out in zip(plan, outs):
+        history = history + new + out
+        keys.append(tuple(history[:-1]))
+    assert engine.retained.eviction_order() == [other_key, keys[1]]
+    follow = history + [5, 6]
+    for e in (engine, ref):
+        e.add_request("again", follow, greedy(3))
+    out = drain(engine)["again"]["tokens"]
+    assert out == drain(ref)["again"]["tokens"]
+    assert engine.stats().num_adopted == 2
+    assert engine.retained.eviction_order() == [other_key, tuple(follow + out[:-1])]
+    engine.retained.clear()
+    assert engine.stats().free_pages == engine.stats().total_pages

@@ -111,6 +111,8 @@ class LLMEngine:
         self.sharing = PromptSharing(self.cache, mtp, self.snapshots) if ec.share_prompts else None
         if self.retained is not None:
             self.scheduler.keep_finished = True
+            if self.sharing is not None:
+                self.retained.fork = self.sharing.fork_from
         if self.retained is not None or self.snapshots is not None:
             self.scheduler.reclaim = self._reclaim
         if self.retained is not None or self.sharing is not None:
@@ -203,6 +205,8 @@ class LLMEngine:
         """Undo `_adopt` for a waiting `seq` that then did not fit."""
         if self.sharing is None or not self.sharing.undo(seq):
             self.retained.give_back(seq, self.cache.states.pop(seq.request_id))
+        elif self.retained is not None:
+            self.retained.undo_fork(seq)
         seq.num_cached_tokens = 0
 
     def abort_request(self, request_id: str) -> None:

@@ -38,8 +38,8 @@ class PromptSharing:
         self.num_forks = 0           # requests that forked a running sequence or a snapshot
         self.num_tokens_shared = 0   # prompt tokens they did not compute
         # this step's forks: (the source's pages, the fork's pages as allocated by `fork`, pages shared per kind,
-        # the fork)
-        self._copies: list[tuple[dict[str, list[int]], dict[str, list[int]], dict[str, int], Sequence]] = []
+        # the fork, whether counted in num_forks / num_tokens_shared)
+        self._copies: list[tuple[dict[str, list[int]], dict[str, list[int]], dict[str, int], Sequence, bool]] = []
 
     @staticmethod
     def _starts_with(seq: Sequence, src: Sequence, n: int) -> bool:
@@ -92,31 +92,45 @@ class PromptSharing:
                 best, best_n = (owner, state), n
         if best is None:
             return None
-        src, state = best
+        copy = self._take(seq, *best, best_n, counted=True)
+        if copy is not None and self.snapshots is not None:
+            self.snapshots.touch(best[0])  # (a running sequence is no snapshot: nothing happens)
+        return copy
+
+    def fork_from(self, seq: Sequence, tokens: list[int], holder, state):
+        """`fork` from one given source (a retained sequence, dsv4.engine.retention), not counted as a fork here;
+        None where seq cannot take it over or its pages do not fit."""
+        if seq.num_computed_tokens or seq.block_tables:
+            raise ValueError(f"request {seq.request_id!r}: only a fresh sequence can fork a retained one")
+        n = self._fork_point(seq, tokens, state)
+        return self._take(seq, holder, state, n, counted=False) if n else None
+
+    def _take(self, seq: Sequence, src, state, n: int, counted: bool):
+        """Give seq the first n tokens of `src`'s cache (its final entry pages shared, the rest copied at `flush`)
+        and a copy of `state` rolled back to them; None (nothing held) where the pages do not fit."""
         bm = self.cache.block_manager
         shared = bm.share(seq, src.block_tables, final_tokens(state, self.mtp))
-        if not bm.can_allocate(seq, best_n):
+        if not bm.can_allocate(seq, n):
             bm.free(seq)
             return None
-        if self.snapshots is not None:
-            self.snapshots.touch(src)  # (a running sequence is no snapshot: nothing happens)
         copy = fork_state(state, seq)
-        copy.truncate(copy.num_tokens - best_n)
+        copy.truncate(copy.num_tokens - n)
         if self.mtp:
-            copy.mtp.truncate(copy.mtp.num_tokens - best_n)
-        bm.allocate(seq, best_n)
+            copy.mtp.truncate(copy.mtp.num_tokens - n)
+        bm.allocate(seq, n)
         # copied in `flush`, once the scheduler has kept seq: a fork taken back costs no copy
-        self._copies.append((_tables(src.block_tables), _tables(seq.block_tables), shared, seq))
-        seq.num_computed_tokens = best_n
-        self.num_forks += 1
-        self.num_tokens_shared += best_n
+        self._copies.append((_tables(src.block_tables), _tables(seq.block_tables), shared, seq, counted))
+        seq.num_computed_tokens = n
+        if counted:
+            self.num_forks += 1
+            self.num_tokens_shared += n
         return copy
 
     def flush(self) -> None:
         """Copy the pages of this step's forks, in the order they were made, before the step's forward writes to
         any page: each source's pages are as they were at its fork (a source's page freed after its fork, e.g. an
         evicted snapshot's, can only have gone to a later fork, whose copy comes after)."""
-        for src_pages, pages, shared, _ in self._copies:
+        for src_pages, pages, shared, _, _ in self._copies:
             copy_rest(self.cache.pools, src_pages, pages, shared)
         self._copies.clear()
 
@@ -125,10 +139,11 @@ class PromptSharing:
         if seq's cache did not come from the latest fork."""
         if not self._copies or self._copies[-1][3] is not seq:
             return False
-        self._copies.pop()
+        counted = self._copies.pop()[4]
         self.cache.block_manager.free(seq)
         self.cache.release(seq)
-        self.num_forks -= 1
-        self.num_tokens_shared -= seq.num_computed_tokens
+        if counted:
+            self.num_forks -= 1
+            self.num_tokens_shared -= seq.num_computed_tokens
         seq.num_computed_tokens = 0
         return True

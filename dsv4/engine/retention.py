@@ -2,9 +2,11 @@
 
 With `EngineConfig.retain_finished = N` (0: off) up to N finished sequences keep their pages and decode state,
 keyed by the tokens that state holds. A new request whose prompt extends one of them by at least one token
-*adopts* it: the pages and the state move to the new request, which then prefills only the rest of its prompt.
-Move, not share: one continuation per retained sequence, so no page is ever written by two sequences and the
-hybrid cache (window ring, compressor rows, compressed entries) needs no copy-on-write. Adoption happens when the
+*adopts* it and then prefills only the rest of its prompt. With prompt sharing on (the default) the adopter *forks*
+the retained sequence (dsv4.engine.prompt_sharing: its final entry pages shared, the window ring, compressor state
+and last pages copied), and the entry stays -- though before the entries never forked in the eviction order -- so another continuation
+of the same turn (a regenerated reply, a branch, a retried agent step) finds it too; where the fork's pages do not
+fit, or sharing is off, the pages and the state *move* to the adopter (no copy; one continuation). Adoption happens when the
 scheduler admits the request; a request that then does not fit gives the cache back (`give_back`), so no waiting
 request ever holds pages. Retained pages give way first when pages run out (the oldest retained first), before
 any running sequence is preempted.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from typing import Callable
 
 from .block_manager import BlockManager, PageHolder
 from .sequence import Sequence
@@ -41,6 +44,13 @@ class RetainedSequences:
         self._keys = itertools.count()
         self.num_adopted = 0          # requests that adopted a retained sequence
         self.num_tokens_reused = 0    # prompt tokens they did not compute again
+        # with prompt sharing on (the engine sets it: PromptSharing.fork_from), an adopter forks the retained
+        # sequence instead of taking it: the entry stays for another continuation (a regenerated reply, a branch)
+        self.fork: Callable | None = None
+        self._forked: Sequence | None = None  # the latest adopter that forked (for `undo_fork`)
+        # entries forked at least once, least recently first: they go before the others (a conversation goes on from
+        # its newest turn, which the adopter becomes once retained)
+        self._spent: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,6 +80,13 @@ class RetainedSequences:
         self.num_adopted -= 1
         self.num_tokens_reused -= n
 
+    def undo_fork(self, seq: Sequence) -> None:
+        """Uncount the adoption of waiting `seq` whose fork was taken back (PromptSharing.undo freed its pages)."""
+        if self._forked is seq:
+            self._forked = None
+            self.num_adopted -= 1
+            self.num_tokens_reused -= seq.num_computed_tokens
+
     def _hold(self, tokens, seq: Sequence, state) -> None:
         holder = PageHolder(seq.request_id, seq.block_tables)
         seq.block_tables = {}
@@ -78,11 +95,17 @@ class RetainedSequences:
         while len(self._entries) > self.capacity:
             self.evict_oldest()
 
+    def eviction_order(self) -> list[tuple[int, ...]]:
+        """The retained sequences' tokens, the next to be evicted first."""
+        return [self._entries[k][0] for k in [*self._spent, *(k for k in self._entries if k not in self._spent)]]
+
     def evict_oldest(self) -> bool:
-        """Free the oldest retained sequence's pages; False if none is retained."""
+        """Free a retained sequence's pages: the least recently forked one, else the oldest; False if none is
+        retained."""
         if not self._entries:
             return False
-        _, (_, holder, _) = self._entries.popitem(last=False)
+        key = self._spent.popitem(last=False)[0] if self._spent else next(iter(self._entries))
+        _, holder, _ = self._entries.pop(key)
         self.block_manager.free(holder)
         return True
 
@@ -91,9 +114,9 @@ class RetainedSequences:
             pass
 
     def adopt(self, seq: Sequence):
-        """Move the longest retained sequence that `seq`'s prompt extends into `seq` (a waiting, not yet scheduled
-        sequence): its pages become seq's, its tokens count as computed. Returns the decode state, now seq's,
-        or None where no retained sequence fits."""
+        """Give `seq` (a waiting, not yet scheduled sequence) the longest retained sequence its prompt extends: a
+        fork of it (`fork`, the entry stays) or, where that does not fit, the sequence itself (its pages become
+        seq's); its tokens count as computed. Returns seq's decode state, or None where no retained sequence fits."""
         if seq.num_computed_tokens or seq.block_tables:
             raise ValueError(f"request {seq.request_id!r}: only a fresh sequence can adopt a retained one")
         prompt = seq.prompt_token_ids
@@ -104,7 +127,17 @@ class RetainedSequences:
                 best, best_len = key, n
         if best is None:
             return None
-        tokens, holder, state = self._entries.pop(best)
+        tokens, holder, state = self._entries[best]
+        forked = self.fork(seq, list(tokens), holder, state) if self.fork is not None else None
+        if forked is not None:
+            self._spent[best] = None
+            self._spent.move_to_end(best)
+            self._forked = seq
+            self.num_adopted += 1
+            self.num_tokens_reused += seq.num_computed_tokens
+            return forked
+        del self._entries[best]
+        self._spent.pop(best, None)
         seq.block_tables, holder.block_tables = holder.block_tables, {}
         seq.num_computed_tokens = len(tokens)
         _repoint(state, seq)
