@@ -4,12 +4,12 @@ With `EngineConfig.retain_finished = N` (0: off) up to N finished sequences keep
 keyed by the tokens that state holds. A new request whose prompt extends one of them by at least one token
 *adopts* it and then prefills only the rest of its prompt. With prompt sharing on (the default) the adopter *forks*
 the retained sequence (dsv4.engine.prompt_sharing: its final entry pages shared, the window ring, compressor state
-and last pages copied), and the entry stays -- though before the entries never forked in the eviction order -- so another continuation
+and last pages copied), and the entry stays -- evicted before the entries never forked -- so another continuation
 of the same turn (a regenerated reply, a branch, a retried agent step) finds it too; where the fork's pages do not
-fit, or sharing is off, the pages and the state *move* to the adopter (no copy; one continuation). Adoption happens when the
-scheduler admits the request; a request that then does not fit gives the cache back (`give_back`), so no waiting
-request ever holds pages. Retained pages give way first when pages run out (the oldest retained first), before
-any running sequence is preempted.
+fit, or sharing is off, the pages and the state *move* to the adopter (no copy; one continuation). Adoption happens
+when the scheduler admits the request; a request that then does not fit gives the cache back (`give_back`), so no
+waiting request ever holds pages. Retained pages give way first when pages run out (forked entries, least recently
+forked first, then the oldest), before any running sequence is preempted.
 
 Not used for requests asking for `prompt_logprobs` (their prompt is scored from its first token). With
 speculative decoding the MTP state is not advanced over a sequence's finishing step: the target state is rolled
