@@ -13,7 +13,8 @@ A fork only reaches back `max_rollback` tokens into the source's state (the wind
 rows keep no more), so it must happen in the source's first decode steps: a request arriving later prefills as
 usual. Requests asking for `prompt_logprobs` neither wait nor fork (their prompt is scored from its first token).
 With speculative decoding the fork point is also at most the source's MTP state length, and both states of the
-copy are rolled back to it. Prefix snapshots (dsv4.engine.prefix_snapshots) are forked the same way.
+copy are rolled back to it. Prefix snapshots (dsv4.engine.prefix_snapshots) are forked the same way, and so are
+retained sequences (dsv4.engine.retention, `fork_from`: counted there as adoptions).
 """
 from __future__ import annotations
 
