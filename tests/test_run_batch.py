@@ -104,3 +104,27 @@ def test_two_ranks_answer_as_one_process(tmp_path):
         results = [json.loads(x)["response"]["body"] for x in out.read_text().splitlines()]
         texts.append([results[0]["choices"][0]["message"]["content"], *[c["text"] for c in results[1]["choices"]]])
     assert texts[0] == texts[1] and any(t.strip() for t in texts[0])
+
+
+def test_an_interrupted_batch_goes_on_from_its_answers(tmp_path, capsys):
+    """OUT.partial as an interrupted run leaves it: one kept answer (not asked again: its made-up text stays), a
+    5xx (asked again), and a torn last line; the run answers the rest, writes OUT in input order, removes the
+    partial file."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    reqs = [("a", {"prompt": "One", "max_tokens": 3, "temperature": 0}),
+            ("b", {"prompt": "Two", "max_tokens": 3, "temperature": 0}),
+            ("c", {"prompt": "Three", "max_tokens": 3, "temperature": 0})]
+    src.write_text("".join(line(cid, "/v1/completions", body) + "\n" for cid, body in reqs))
+    kept = {"id": "batch_req_kept", "custom_id": "b", "error": None,
+            "response": {"status_code": 200, "request_id": "x", "body": {"choices": [{"text": "KEPT"}]}}}
+    failed = {"id": "batch_req_503", "custom_id": "a", "error": None,
+              "response": {"status_code": 503, "request_id": "", "body": {"error": {"message": "engine stopped"}}}}
+    partial = tmp_path / "out.jsonl.partial"
+    partial.write_text(json.dumps(kept) + "\n" + json.dumps(failed) + "\n" + '{"custom_id": "c", "resp')
+    assert main(["run-batch", "-i", str(src), "-o", str(out), "--device", "cpu", "--max-model-len", "128"]) == 0
+    results = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == ["a", "b", "c"] and not partial.exists()
+    assert results[1] == kept
+    assert [r["response"]["status_code"] for r in results] == [200, 200, 200]
+    assert results[0]["response"]["body"]["choices"][0]["text"] != "KEPT"
+    assert "resuming: 1 of 3 requests" in capsys.readouterr().err

@@ -7,8 +7,10 @@ transport, no socket), all of them at once, so continuous batching sees the whol
 and answered exactly as `dsv4 serve` would. Each output line, in input order, is OpenAI's batch result:
 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}`; a request the server
 refuses keeps its 4xx status and error body there. The file is checked before the model loads (a bad line is an
-error naming it, and nothing runs), and the output is written whole at the end (a temporary file renamed), so an
-interrupted run leaves no partial results. With `--tp` / `--ep` rank 0 answers the file, the other ranks follow.
+error naming it, and nothing runs). Answers are appended to `OUT.partial` as they come; the same command run again
+after an interruption (or an engine failure, 5xx) goes on from them. `OUT` is written whole, in input order, once
+every request has an answer (a temporary file renamed), and `OUT.partial` is removed. With `--tp` / `--ep` rank 0
+answers the file, the other ranks follow.
 """
 from __future__ import annotations
 
@@ -74,21 +76,43 @@ def result_line(req: dict, status: int, body: object) -> dict:
             "response": {"status_code": status, "request_id": request_id or "", "body": body}, "error": None}
 
 
-async def _send_all(app, requests: list[dict], progress) -> list[dict]:
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+def read_partial(path: Path, requests: list[dict]) -> dict[str, dict]:
+    """Results an interrupted run kept (by custom_id), those of this file's requests that need no new try: answered
+    or refused (4xx); a 5xx (the engine failed) is tried again. A torn last line is ignored."""
+    if not path.is_file():
+        return {}
+    ids, kept = {r["custom_id"] for r in requests}, {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            result = json.loads(line)
+            if result["custom_id"] in ids and result["response"]["status_code"] < 500:
+                kept[result["custom_id"]] = result
+        except (ValueError, KeyError, TypeError):
+            continue
+    return kept
+
+
+async def _send_all(app, requests: list[dict], partial, progress) -> None:
+    """Answer every request, each result appended to `partial` (a file) as it comes."""
     import httpx
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dsv4",
                                  timeout=None) as client:
-        async def one(req: dict) -> dict:
+        async def one(req: dict) -> None:
             r = await client.post(req["url"], json=req["body"])
             try:
                 body = r.json()
             except ValueError:
                 body = {"error": {"message": r.text, "type": "server_error", "param": None, "code": r.status_code}}
+            partial.write(json.dumps(result_line(req, r.status_code, body), ensure_ascii=False) + "\n")
+            partial.flush()
             progress.update(1)
-            return result_line(req, r.status_code, body)
 
-        return list(await asyncio.gather(*(one(req) for req in requests)))
+        await asyncio.gather(*(one(req) for req in requests))
 
 
 def check(args: argparse.Namespace) -> list[dict]:
@@ -115,20 +139,40 @@ def answer(core, args: argparse.Namespace, requests: list[dict], model_name: str
     cfg = ServerConfig(model_name=args.served_model_name or model_name, max_model_len=core.max_model_len,
                        max_body_bytes=1 << 62, responses_store=0)
     app = create_app(engine, bridge, cfg)
+    out = Path(args.output)
+    partial = partial_path(out)
+    done = read_partial(partial, requests)
+    todo = [r for r in requests if r["custom_id"] not in done]
+    if done:
+        print(f"dsv4 run-batch: resuming: {len(done)} of {len(requests)} requests were answered before "
+              f"({partial})", file=sys.stderr)
+    if partial.is_file() and not partial.read_bytes().endswith(b"\n") and partial.stat().st_size:
+        with open(partial, "a", encoding="utf-8") as f:
+            f.write("\n")  # (a line torn by the interruption stays alone and is ignored)
     engine.start()
     try:
-        with tqdm(total=len(requests), desc="requests", unit="req", file=sys.stderr) as progress:
-            results = asyncio.run(_send_all(app, requests, progress))
+        with open(partial, "a", encoding="utf-8") as f, \
+                tqdm(total=len(requests), initial=len(done), desc="requests", unit="req", file=sys.stderr) as bar:
+            asyncio.run(_send_all(app, todo, f, bar))
+    except BaseException:
+        print(f"dsv4 run-batch: stopped; the answers so far are in {partial}: the same command goes on from them",
+              file=sys.stderr)
+        raise
     finally:
         engine.shutdown()
-    out = Path(args.output)
+    got = read_partial(partial, requests)
+    missing = [r["custom_id"] for r in requests if r["custom_id"] not in got]
+    if missing:  # 5xx: the engine failed; keep what was answered for the next run
+        raise ValueError(f"{len(missing)} requests failed in the engine (e.g. {missing[0]!r}); the answers so far "
+                         f"are in {partial}: the same command goes on from them")
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        for line in results:
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        for req in requests:
+            f.write(json.dumps(got[req["custom_id"]], ensure_ascii=False) + "\n")
     os.replace(tmp, out)
-    failed = sum(1 for r in results if r["response"]["status_code"] != 200)
-    print(f"dsv4 run-batch: {len(results)} requests, {len(results) - failed} answered, {failed} refused "
+    partial.unlink()
+    failed = sum(1 for r in got.values() if r["response"]["status_code"] != 200)
+    print(f"dsv4 run-batch: {len(requests)} requests, {len(requests) - failed} answered, {failed} refused "
           f"-> {out}", file=sys.stderr)
     return 0
 
