@@ -94,6 +94,11 @@ class Request:
     params: SamplingParams
 
 
+def order(seq) -> tuple[int, int]:
+    """The scheduler's order, written out: lower priority values first, then arrival."""
+    return seq.params.priority, seq.arrival
+
+
 def page_kinds(num_pages: dict[str, int]):
     return make_page_kinds([0, *RATIOS, 0], WINDOW, PAGE_SIZES, num_pages)
 
@@ -153,13 +158,18 @@ def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, in_flight=None, 
         batch = sched.schedule()
         assert len(batch) <= max_seqs and sched.num_running <= max_seqs
         assert batch.num_tokens <= budget
-        assert [r.seq.arrival for r in batch] == sorted(r.seq.arrival for r in batch)
+        # rows in (priority, arrival) order: the running ones, then the ones admitted in this step
+        old = [order(r.seq) for r in batch if any(r.seq is s for s in running_before)]
+        new = [order(r.seq) for r in batch if not any(r.seq is s for s in running_before)]
+        assert old == sorted(old) and new == sorted(new) and old + new == [order(r.seq) for r in batch]
+        assert [order(s) for s in sched.running] == sorted(order(s) for s in sched.running)
+        assert [order(s) for s in sched.waiting] == sorted(order(s) for s in sched.waiting)
         for row in batch:
             assert row.seq.status == SequenceStatus.RUNNING and row.start == row.seq.num_computed_tokens
             assert row.sample == (row.start + row.num_tokens == row.seq.num_tokens)
             assert row.is_decode == (row.num_tokens == 1 and row.start > 0 and row.sample)
-        if batch.preempted:  # victims are the latest arrivals, and nobody is admitted in the same step
-            assert min(v.arrival for v in batch.preempted) > max((r.seq.arrival for r in batch), default=-1)
+        if batch.preempted:  # victims are the last in order, and nobody is admitted in the same step
+            assert min(order(v) for v in batch.preempted) > max((order(r.seq) for r in batch), default=(-2**31, -1))
             assert all(v.status == SequenceStatus.WAITING and v.block_tables == {} for v in batch.preempted)
             assert all(any(r.seq is s for s in running_before) for r in batch)
         if len(batch):

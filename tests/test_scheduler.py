@@ -7,6 +7,7 @@ token list and runs each request alone, so any wrong chunk, position, page or re
 outputs (or trips an assertion in the fake model). Stop strings and stop rules are in
 test_scheduler_stop.py."""
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -266,3 +267,47 @@ def test_prompt_at_limit_generates_one_token():
     tokens, reason = outs["edge"]
     assert reason == "length" and len(tokens) == 1
     assert tokens[0] == int(reference_logits(req.prompt).argmax())
+
+
+def test_outputs_independent_of_priorities(reference):
+    """Random priorities in a tiny pool: the outputs are each request's alone (priority only orders the work);
+    run_engine checks at every step that rows, running and waiting sequences and preemption victims follow
+    (priority, arrival)."""
+    rng = random.Random(5)
+    reqs = [Request(r.rid, r.prompt, replace(r.params, priority=rng.randrange(-2, 3))) for r in REQS]
+    arrivals = {}
+    for i in range(len(reqs)):
+        arrivals.setdefault(rng.randrange(20), []).append(i)
+    outs, sched, _ = run_engine(reqs, budget=9, max_seqs=4, pages=TINY, arrivals=arrivals)
+    assert outs == reference and sched.num_preemptions > 0
+
+
+def test_lower_priority_values_are_admitted_first():
+    """One sequence at a time: A runs; B (priority 5), C (-1) and D (0) arrive in that order while it does; they
+    run C, D, B. A request of the same priority as a running one waits its turn (first come, first served)."""
+    reqs = [Request(rid, [3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, priority=p))
+            for rid, p in (("A", 0), ("B", 5), ("C", -1), ("D", 0))]
+    first_seen: dict[str, int] = {}
+
+    def note(sched, batch):
+        for r in batch:
+            first_seen.setdefault(r.seq.request_id, len(first_seen))
+
+    run_engine(reqs, budget=64, max_seqs=1, pages=LARGE, arrivals={0: [0], 1: [1, 2, 3]}, in_flight=note)
+    assert sorted(first_seen, key=first_seen.get) == ["A", "C", "D", "B"]
+    with pytest.raises(ValueError, match="priority"):
+        SamplingParams(priority=1.5)
+
+
+def test_the_lowest_priority_is_preempted_first():
+    """A tiny pool, A (priority 1) admitted first, B (priority 0) later: when the pages run out, A goes (the last
+    in order), not B, the latest arrival; both still give their outputs alone."""
+    rng = random.Random(8)
+    a, b = (Request(rid, [rng.randrange(1, VOCAB) for _ in range(30)],
+                    SamplingParams(temperature=0.0, ignore_eos=True, priority=p)) for rid, p in (("A", 1), ("B", 0)))
+    victims = []
+    pages = {**TINY, "window": 2 * MIN_PAGES["window"], "state": 2}  # both run; their entries do not fit
+    outs, sched, _ = run_engine([a, b], budget=64, max_seqs=2, pages=pages, arrivals={0: [0], 1: [1]},
+                                in_flight=lambda sched, batch: victims.extend(v.request_id for v in batch.preempted))
+    assert victims and set(victims) == {a.rid}
+    assert outs == reference_outputs([a, b])

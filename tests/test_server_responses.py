@@ -103,7 +103,7 @@ def test_bad_input_items(item, words):
 @pytest.mark.parametrize("max_tokens", [12, 60])
 def test_text_input_answers_as_chat(client, max_tokens):
     r = client.responses.create(model="tiny", instructions="You are terse.", input="Name a colour.",
-                                max_output_tokens=max_tokens, temperature=0)
+                                max_output_tokens=max_tokens, temperature=0, extra_body={"priority": -3})
     c = client.chat.completions.create(model="tiny", max_tokens=max_tokens, temperature=0, messages=[
         {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}])
     assert texts(r) == [("message", c.choices[0].message.content)]
@@ -256,6 +256,7 @@ def test_streamed_events_rebuild_the_response(client, think_close_id, kind):
      "structured output json: type must be"),
     ({"input": "x", "text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a"}}, "text",
      "not both"),
+    ({"input": "x", "priority": "high"}, "priority", "valid integer"),
     ({"input": "x", "model": "other"}, "model", "does not exist")])
 def test_errors_name_the_field(server, body, param, words):
     r = httpx.post(server.base_url + "/v1/responses", headers={"Authorization": f"Bearer {KEY}"}, json=body)

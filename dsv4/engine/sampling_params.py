@@ -58,6 +58,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # a grammar the output must follow (dsv4.engine.structured.StructuredOutput): JSON schema, regex, choice, Lark
     structured: StructuredOutput | None = None
+    # scheduling, not sampling: lower values are admitted first and preempted last (vLLM's convention); equal
+    # priorities are first come, first served (dsv4.engine.scheduler)
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -103,6 +106,8 @@ class SamplingParams:
             raise _invalid("logprobs", self.logprobs, "an integer >= 0 or None")
         if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs) or self.prompt_logprobs < 0):
             raise _invalid("prompt_logprobs", self.prompt_logprobs, "an integer >= 0 or None")
+        if not _is_int(self.priority) or not -(2**31) <= self.priority < 2**31:
+            raise _invalid("priority", self.priority, "an integer in [-2**31, 2**31)")
         if self.structured is not None:
             if not isinstance(self.structured, StructuredOutput):
                 raise _invalid("structured", self.structured, "a StructuredOutput or None")

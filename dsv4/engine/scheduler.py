@@ -1,22 +1,26 @@
 """Continuous-batching scheduler: chunked prefill under a token budget, decode batching,
 preemption by recompute when pages run out.
 
+Order: by (SamplingParams.priority, arrival) -- lower priority values first (vLLM's convention), then first
+come, first served. With every priority equal (the default 0) this is arrival order.
+
 Policy per step (budget = max_num_batched_tokens):
-  1. running sequences in arrival order each get min(remaining, budget) tokens, where remaining =
+  1. running sequences in order each get min(remaining, budget) tokens, where remaining =
      num_tokens - num_computed_tokens (1 for a decode, the rest of the prompt for a prefill). When
-     the pages do not fit, the latest-arriving running sequence is preempted (pages freed, cache
-     forgotten, put back at the front of the waiting queue; its generated tokens are kept and are
-     recomputed as part of its next prefill) until they fit, or the sequence itself was the victim.
+     the pages do not fit, the last running sequence in order (the latest arrival of the lowest priority) is
+     preempted (pages freed, cache forgotten, put back into the waiting queue in order; its generated tokens are
+     kept and are recomputed as part of its next prefill) until they fit, or the sequence itself was the victim.
      With speculation (num_draft_tokens = k), a decode row also reserves pages and budget for up to
      k draft tokens, fewer when the budget, the pages, max_tokens or max_model_len leave no room;
   2. if nobody was preempted, waiting sequences are admitted in order while the budget, the page
-     pools and max_num_seqs allow (no skipping ahead: the head blocks the queue).
+     pools and max_num_seqs allow (no skipping ahead: the head blocks the queue). A higher-priority arrival
+     waits for room like any other (it does not preempt a running sequence), but goes ahead of every
+     lower-priority waiting one.
 Retained finished sequences (dsv4.engine.retention) and prefix snapshots give their pages back before either
 preempts or blocks. A waiting head whose prompt a running sequence is still computing waits for it
 (dsv4.engine.prompt_sharing), and a prefill chunk ends early at a sequence's snapshot point (`_chunk`).
-Because every running sequence arrived before every waiting one, a batch always lists sequences
-in arrival order. A single sequence of max_model_len tokens must fit the pools (checked at
-construction), so the earliest running sequence always makes progress.
+A single sequence of max_model_len tokens must fit the pools (checked at construction), so the first running
+sequence always makes progress.
 
 Look-ahead (`schedule_continuation`, the engine's overlap of host and GPU work): while a batch's sampled ids
 are still on the device, its sampled rows may be continued by one token each, before `postprocess` has
@@ -39,6 +43,19 @@ from dsv4.engine.sequence import Detokenize, Sequence, SequenceStatus
 def _positive_int(owner: str, name: str, value, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{owner}.{name}={value!r}; expected an integer >= {minimum}")
+
+
+def _order(seq: Sequence) -> tuple[int, int]:
+    return seq.params.priority, seq.arrival
+
+
+def _insert(queue, seq: Sequence) -> None:
+    """Put seq into `queue` (a list or deque in order) after every sequence that goes before it. From the back:
+    an arrival, or a victim of preemption, usually goes last or close to it."""
+    key, i = _order(seq), len(queue)
+    while i and _order(queue[i - 1]) > key:
+        i -= 1
+    queue.insert(i, seq)
 
 
 def _chunk(seq: Sequence, remaining: int, budget: int) -> int:
@@ -171,7 +188,7 @@ class Scheduler:
             raise ValueError(f"request {rid!r}: stop strings need a scheduler built with detokenize")
         seq.arrival = next(self._arrivals)
         self.requests[rid] = seq
-        self.waiting.append(seq)
+        _insert(self.waiting, seq)
 
     def abort(self, request_id: str) -> Sequence | None:
         """Finish a request with reason "abort" and free its pages; None if it is not active."""
@@ -220,7 +237,7 @@ class Scheduler:
             while not bm.can_allocate(seq, n):
                 if self.reclaim():
                     continue
-                victim = self.running.pop()  # latest arrival
+                victim = self.running.pop()  # the last in order: latest arrival of the lowest priority
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
@@ -248,7 +265,7 @@ class Scheduler:
             bm.allocate(seq, n)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            _insert(self.running, seq)
             batch.rows.append(ScheduledSeq(seq, seq.num_computed_tokens, n, n == remaining))
             budget -= n
 
@@ -348,4 +365,4 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        _insert(self.waiting, seq)

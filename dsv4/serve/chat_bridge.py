@@ -234,7 +234,7 @@ class ChatBridge:
                 frequency_penalty=req.frequency_penalty or 0.0,
                 seed=seed, max_tokens=max_tokens, stop=req.stop or [],
                 stop_token_ids=stop_ids, ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=req.logit_bias,
-                prompt_logprobs=prompt_logprobs, structured=structured)
+                prompt_logprobs=prompt_logprobs, structured=structured, priority=req.priority)
         except ValueError as e:
             raise RequestError(str(e), getattr(e, "field", None)) from None
 

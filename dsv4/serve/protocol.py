@@ -72,6 +72,7 @@ class SamplingFields(_Lenient):
     ignore_eos: bool = False
     logit_bias: dict[int, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_TOKENS)  # JSON keys: "id"
     structured_outputs: StructuredOutputs | None = None
+    priority: int = Field(default=0, ge=-(2**31), lt=2**31)  # vLLM's: lower values are scheduled first
     user: str | None = None
 
     @field_validator("stop")
