@@ -19,6 +19,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+import dsv4
 from dsv4.chat.encoding import encode_messages
 from fake_engine import ServerProcess
 
@@ -69,6 +70,11 @@ def tok():
 def test_auth_and_context_length(server, client, model_name, tok):
     assert httpx.get(server.base_url + "/health").status_code == 200
     assert httpx.get(server.base_url + "/v1/models").status_code == 401
+    assert client.models.retrieve(model_name).id == model_name  # GET /v1/models/{model}
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    version = httpx.get(server.base_url + "/version", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert version == {"version": dsv4.__version__}
     msgs = [{"role": "user", "content": "Hello"}]
     n = len(tok.encode(encode_messages(msgs, thinking_mode="chat")))
     with pytest.raises(openai.BadRequestError) as e:

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import __version__
 from ..engine.async_engine import AsyncEngine, EngineOverloaded, EngineStopped, RequestStream
 from ..engine.outputs import RequestOutput
 from .chat_bridge import ChatBridge, RenderedChat, RequestError
@@ -179,10 +180,22 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         metrics.refresh(engine.stats(), engine.num_pending())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict:
+        return {"id": cfg.model_name, "object": "model", "created": now(), "owned_by": "dsv4",
+                "max_model_len": cfg.max_model_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": now(),
-                                            "owned_by": "dsv4", "max_model_len": cfg.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        check_model(name)
+        return model_card()
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     # ---- vLLM's token utilities ----------------------------------------------------------
     @app.post("/tokenize")
