@@ -171,6 +171,8 @@ def test_core_rejection_and_failing_step(tok):
     (["--retain-finished", "-1"], "--retain-finished"),
     (["--prefix-snapshots", "-1"], "--prefix-snapshots"),
     (["--prefix-snapshots", "2", "--no-share-prompts"], "drop --no-share-prompts"),
+    (["--responses-store", "-1"], "--responses-store"),
+    (["--allowed-origins", "https://ok.example,ftp//bad"], "'ftp//bad' is not an origin"),
 ])
 def test_serve_cli_rejects_bad_options_before_loading(args, message, capsys):
     from dsv4.cli import main

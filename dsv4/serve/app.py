@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -49,6 +50,7 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     completion_default_max_tokens: int = 16   # OpenAI's default for /v1/completions
     responses_store: int = 256   # /v1/responses kept for previous_response_id (dsv4.serve.response_store); 0: off
+    allowed_origins: tuple[str, ...] = ()  # CORS: browser origins allowed to call the API ("*": any); (): none
 
 
 def _sse(obj: Any) -> bytes:
@@ -133,8 +135,9 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
-               metrics: ServerMetrics | None = None) -> Guard:
-    """The ASGI app: FastAPI routes wrapped in the auth / draining / body-size guard."""
+               metrics: ServerMetrics | None = None):
+    """The ASGI app: FastAPI routes wrapped in the auth / draining / body-size guard (and, with allowed origins,
+    CORS around it)."""
     app = FastAPI(title="dsv4", version="0.1.0", docs_url=None, redoc_url=None)
     metrics = metrics or ServerMetrics()
     engine.on_step = metrics.step.observe
@@ -464,9 +467,15 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         not_found=lambda message: ApiError(404, message, "not_found_error"),
         store=ResponseStore(cfg.responses_store) if cfg.responses_store else None))
 
-    return Guard(app, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
-                 is_accepting=lambda: engine.accepting,
-                 on_reject=lambda status: metrics.rejected.labels(str(status)).inc())
+    guarded = Guard(app, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
+                    is_accepting=lambda: engine.accepting,
+                    on_reject=lambda status: metrics.rejected.labels(str(status)).inc())
+    if not cfg.allowed_origins:
+        return guarded
+    # outside the guard: a browser's preflight (OPTIONS, no API key) is answered here, and every answer, a 401 too,
+    # carries the headers the browser needs to show it to the page
+    return CORSMiddleware(guarded, allow_origins=list(cfg.allowed_origins), allow_methods=["GET", "POST", "DELETE"],
+                          allow_headers=["Authorization", "Content-Type"], max_age=600)
 
 
 def _chat_choice(k: int, outs: list[RequestOutput], rendered: RenderedChat, bridge: ChatBridge | None) -> dict:

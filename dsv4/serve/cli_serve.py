@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 from ..cli_generate import add_decode_options, check_draft_tokens
@@ -20,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stderr)")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                    help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})")
+    p.add_argument("--allowed-origins", metavar="ORIGINS", default="",
+                   help="comma-separated browser origins allowed to call the API (CORS), e.g. "
+                        "'https://chat.example.com'; '*' allows any (default: none)")
     g = p.add_argument_group("serving limits")
     g.add_argument("--max-queued", type=int, default=256,
                    help="sequences waiting beyond --max-num-seqs; more are refused with 429")
@@ -78,6 +82,16 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--shutdown-timeout must be >= 0 and --step-watchdog > 0")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty")
+    allowed_origins(args.allowed_origins)
+
+
+def allowed_origins(text: str) -> tuple[str, ...]:
+    """--allowed-origins: '*' or origins like 'https://host[:port]' (ValueError naming a bad one)."""
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for o in origins:
+        if o != "*" and not re.fullmatch(r"https?://[^/\s]+", o):
+            raise ValueError(f"--allowed-origins: {o!r} is not an origin (scheme://host[:port]) or '*'")
+    return origins
 
 
 def check_engine_arguments(args: argparse.Namespace) -> None:
@@ -100,7 +114,8 @@ def serve_options(args: argparse.Namespace, model_name: str):
                         api_key=args.api_key, max_running=args.max_num_seqs, max_queued=args.max_queued,
                         shutdown_timeout=args.shutdown_timeout, step_watchdog_s=args.step_watchdog,
                         max_body_bytes=args.max_body_bytes, default_thinking=args.default_thinking,
-                        log_level=args.log_level, responses_store=args.responses_store)
+                        log_level=args.log_level, responses_store=args.responses_store,
+                        allowed_origins=allowed_origins(args.allowed_origins))
 
 
 def build_core(args: argparse.Namespace):

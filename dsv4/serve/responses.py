@@ -2,7 +2,8 @@
 
 A request is translated into a chat request (dsv4.serve.responses_request.to_chat_request). So the prompt, the
 grammar of forced tool calls or a JSON schema, and the parsing of the reply are the chat route's. The reply comes
-back as output items: reasoning (`reasoning_text` content), message (`output_text`), function_call. Streaming sends the Responses events (`response.created` ... `response.completed`).
+back as output items: reasoning (`reasoning_text` content), message (`output_text`), function_call. Streaming
+sends the Responses events (`response.created` ... `response.completed`).
 
 Responses are kept in memory (dsv4.serve.response_store, `--responses-store N`, on by default) unless a request
 says `store: false`, so `previous_response_id` continues a conversation, and `GET` / `DELETE /v1/responses/{id}`

@@ -39,6 +39,7 @@ class ServeOptions:
     default_thinking: bool = False
     log_level: str = "warning"
     responses_store: int = 256      # /v1/responses kept for previous_response_id; 0: none
+    allowed_origins: tuple[str, ...] = ()  # CORS origins ("*": any)
 
 
 class DrainingServer(uvicorn.Server):
@@ -103,7 +104,8 @@ def serve(core, opts: ServeOptions) -> int:
                          step_watchdog_s=opts.step_watchdog_s)
     bridge = ChatBridge(getattr(core, "tokenizer", None), core.vocab_size, default_thinking=opts.default_thinking)
     cfg = ServerConfig(model_name=opts.model_name, max_model_len=core.max_model_len, api_key=opts.api_key,
-                       max_body_bytes=opts.max_body_bytes, responses_store=opts.responses_store)
+                       max_body_bytes=opts.max_body_bytes, responses_store=opts.responses_store,
+                       allowed_origins=opts.allowed_origins)
     app = create_app(engine, bridge, cfg, ServerMetrics())
     sock = bind_socket(opts.host, opts.port)
     host, port = sock.getsockname()[:2]
