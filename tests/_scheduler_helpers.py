@@ -168,10 +168,12 @@ def run_engine(reqs, *, budget, max_seqs, pages, arrivals=None, in_flight=None, 
             assert row.seq.status == SequenceStatus.RUNNING and row.start == row.seq.num_computed_tokens
             assert row.sample == (row.start + row.num_tokens == row.seq.num_tokens)
             assert row.is_decode == (row.num_tokens == 1 and row.start > 0 and row.sample)
-        if batch.preempted:  # victims are the last in order, and nobody is admitted in the same step
+        if batch.preempted:  # victims are the last in order; only those they made way for are admitted with them
             assert min(order(v) for v in batch.preempted) > max((order(r.seq) for r in batch), default=(-2**31, -1))
             assert all(v.status == SequenceStatus.WAITING and v.block_tables == {} for v in batch.preempted)
-            assert all(any(r.seq is s for s in running_before) for r in batch)
+            admitted = [r.seq for r in batch if not any(r.seq is s for s in running_before)]
+            # (so with equal priorities nobody is admitted in a step that preempts)
+            assert all(v.params.priority > a.params.priority for v in batch.preempted for a in admitted)
         if len(batch):
             steps_with_work += 1
             logits = model(batch)

@@ -187,6 +187,28 @@ def test_preemption_under_tiny_page_pool(model, prompts, alone):
     assert_all_pages_free(engine)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_priorities_preempt_and_reorder_without_changing_outputs(model, prompts, alone, overlap):
+    """Random priorities, arrivals spread over the first steps, 3 sequences at a time in a tiny pool: higher
+    priorities preempt lower ones to get in (with the engine's look-ahead too); every output as computed alone."""
+    rng = random.Random(3)
+    sizes = {"window": 8, "compressed4": 4, "indexer4": 4, "compressed128": 1}
+    cache = CacheConfig.for_capacity(CFG, max_num_seqs=3, max_model_len=MAX_LEN, page_sizes=sizes,
+                                     num_pages={"compressed4": 30, "indexer4": 30})
+    engine = make_engine(model, max_num_seqs=3, budget=97, cache=cache, overlap=overlap)
+    arrivals: dict[int, list[tuple]] = {}
+    for i, p in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens_of(i), ignore_eos=True,
+                                priority=rng.randrange(-2, 3))
+        arrivals.setdefault(rng.randrange(0, 12), []).append((f"r{i}", p, params))
+    made_way, inner = [], engine.scheduler._make_way
+    engine.scheduler._make_way = lambda seq, batch: made_way.append(inner(seq, batch)) or made_way[-1]
+    out = drain(engine, arrivals)
+    assert any(freed is not None for freed in made_way)  # a higher priority took a running one's place
+    assert [out[f"r{i}"]["tokens"] for i in range(len(prompts))] == [alone[i] for i in range(len(prompts))]
+    assert_all_pages_free(engine)
+
+
 def test_prompt_logprobs_match_full_forward_under_chunks_and_preemption(model, prompts, alone):
     """SamplingParams.prompt_logprobs: every prompt token after the first scored by the float64 log_softmax of a
     full forward over the prompt (no cache), top-3 included, once, on the request's first output -- with

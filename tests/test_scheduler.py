@@ -283,18 +283,23 @@ def test_outputs_independent_of_priorities(reference):
 
 
 def test_lower_priority_values_are_admitted_first():
-    """One sequence at a time: A runs; B (priority 5), C (-1) and D (0) arrive in that order while it does; they
-    run C, D, B. A request of the same priority as a running one waits its turn (first come, first served)."""
+    """One sequence at a time: A runs; B (priority 5), C (-1) and D (0) arrive in that order while it does: C
+    preempts A at once (a lower value), then D (as A's priority, but A is now waiting and arrived first: A goes on
+    first), and B last."""
     reqs = [Request(rid, [3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, priority=p))
             for rid, p in (("A", 0), ("B", 5), ("C", -1), ("D", 0))]
     first_seen: dict[str, int] = {}
+    victims = []
 
     def note(sched, batch):
+        victims.extend(v.request_id for v in batch.preempted)
         for r in batch:
             first_seen.setdefault(r.seq.request_id, len(first_seen))
 
-    run_engine(reqs, budget=64, max_seqs=1, pages=LARGE, arrivals={0: [0], 1: [1, 2, 3]}, in_flight=note)
-    assert sorted(first_seen, key=first_seen.get) == ["A", "C", "D", "B"]
+    outs, _, _ = run_engine(reqs, budget=64, max_seqs=1, pages=LARGE, arrivals={0: [0], 1: [1, 2, 3]},
+                            in_flight=note)
+    assert sorted(first_seen, key=first_seen.get) == ["A", "C", "D", "B"] and victims == ["A"]
+    assert outs == reference_outputs(reqs)
     with pytest.raises(ValueError, match="priority"):
         SamplingParams(priority=1.5)
 
@@ -310,4 +315,24 @@ def test_the_lowest_priority_is_preempted_first():
     outs, sched, _ = run_engine([a, b], budget=64, max_seqs=2, pages=pages, arrivals={0: [0], 1: [1]},
                                 in_flight=lambda sched, batch: victims.extend(v.request_id for v in batch.preempted))
     assert victims and set(victims) == {a.rid}
+    assert outs == reference_outputs([a, b])
+
+
+def test_a_higher_priority_arrival_takes_the_pages_of_a_lower_one():
+    """Room for two sequences but pages for about one: A (priority 1) runs, B (priority 0) arrives and does not fit
+    beside it: A is preempted at once for B (its row leaves that step's batch), and goes on after B."""
+    rng = random.Random(12)
+    a, b = (Request(rid, [rng.randrange(1, VOCAB) for _ in range(n)],
+                    SamplingParams(temperature=0.0, ignore_eos=True, priority=p))
+            for rid, n, p in (("A", 50, 1), ("B", 40, 0)))
+    batches = []  # (the rows' request ids, the preempted ones) of each step
+
+    def note(sched, batch):
+        batches.append(([r.seq.request_id for r in batch], [v.request_id for v in batch.preempted]))
+
+    pages = {**TINY, "window": 2 * MIN_PAGES["window"], "state": 2}
+    outs, _, _ = run_engine([a, b], budget=128, max_seqs=2, pages=pages, arrivals={0: [0], 2: [1]}, in_flight=note)
+    first_b = next(i for i, (rows, _) in enumerate(batches) if "B" in rows)
+    assert batches[first_b] == (["B"], ["A"])  # B's first step: A preempted, its row out of the batch
+    assert [v for _, vs in batches for v in vs] == ["A"]
     assert outs == reference_outputs([a, b])

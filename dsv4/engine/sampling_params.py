@@ -58,8 +58,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # a grammar the output must follow (dsv4.engine.structured.StructuredOutput): JSON schema, regex, choice, Lark
     structured: StructuredOutput | None = None
-    # scheduling, not sampling: lower values are admitted first and preempted last (vLLM's convention); equal
-    # priorities are first come, first served (dsv4.engine.scheduler)
+    # scheduling, not sampling: lower values are admitted first and preempted last, and preempt higher values to
+    # get in (vLLM's convention); equal priorities are first come, first served (dsv4.engine.scheduler)
     priority: int = 0
 
     def __post_init__(self) -> None:

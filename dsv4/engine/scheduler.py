@@ -13,9 +13,9 @@ Policy per step (budget = max_num_batched_tokens):
      With speculation (num_draft_tokens = k), a decode row also reserves pages and budget for up to
      k draft tokens, fewer when the budget, the pages, max_tokens or max_model_len leave no room;
   2. if nobody was preempted, waiting sequences are admitted in order while the budget, the page
-     pools and max_num_seqs allow (no skipping ahead: the head blocks the queue). A higher-priority arrival
-     waits for room like any other (it does not preempt a running sequence), but goes ahead of every
-     lower-priority waiting one.
+     pools and max_num_seqs allow (no skipping ahead: the head blocks the queue). Where the head does not fit
+     (pages or max_num_seqs) and a running sequence goes after it in order -- only where priorities differ --
+     that sequence is preempted for it, the last one first, its row taken out of this step's batch.
 Retained finished sequences (dsv4.engine.retention) and prefix snapshots give their pages back before either
 preempts or blocks. A waiting head whose prompt a running sequence is still computing waits for it
 (dsv4.engine.prompt_sharing), and a prefill chunk ends early at a sequence's snapshot point (`_chunk`).
@@ -249,15 +249,24 @@ class Scheduler:
             budget -= n + k
             i += 1
 
-        while (not batch.preempted and self.waiting and budget > 0
-               and len(self.running) < self.config.max_num_seqs):
+        outranked = False  # a running sequence made way for a higher-priority one in this loop
+        while (self.waiting and budget > 0 and (outranked or not batch.preempted)):
             seq = self.waiting[0]
+            if len(self.running) >= self.config.max_num_seqs:
+                freed = self._make_way(seq, batch)
+                if freed is None:
+                    break
+                outranked, budget = True, budget + freed
             if not seq.num_computed_tokens and not self.adopt(seq):
                 break  # a running sequence is computing seq's prompt: seq copies its cache in a later step
             remaining = seq.num_tokens - seq.num_computed_tokens
             n = _chunk(seq, remaining, budget)
             if not bm.can_allocate(seq, n):
                 if self.reclaim():
+                    continue
+                freed = self._make_way(seq, batch)
+                if freed is not None:
+                    outranked, budget = True, budget + freed
                     continue
                 if seq.num_computed_tokens:
                     self.give_back(seq)
@@ -272,6 +281,20 @@ class Scheduler:
         if batch.rows:
             self._in_flight.append(batch)
         return batch
+
+    def _make_way(self, seq: Sequence, batch: ScheduledBatch) -> int | None:
+        """Preempt the last running sequence for waiting `seq` if it goes after seq in order (a lower priority; never
+        with equal priorities, where every running sequence arrived first). Its row leaves `batch`: returns the
+        budget that row held, or None where nobody runs after seq."""
+        if not self.running or _order(self.running[-1]) <= _order(seq):
+            return None
+        victim = self.running.pop()
+        row = next((r for r in batch.rows if r.seq is victim), None)
+        if row is not None:
+            batch.rows.remove(row)
+        self._preempt(victim)
+        batch.preempted.append(victim)
+        return 0 if row is None else row.num_tokens + row.num_draft_tokens
 
     def schedule_continuation(self, rows: list[ScheduledSeq]) -> ScheduledBatch | None:
         """One more token for each of `rows` (sampled rows of the one batch in flight, whose ids the host has
