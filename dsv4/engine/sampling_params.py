@@ -5,7 +5,8 @@ repetition_penalty 1.0, presence_penalty 0.0, frequency_penalty 0.0 = off; max_t
 the model length bounds the output; logprobs None = off (0 = only the sampled token's logprob);
 logit_bias None or {} = off ({token id: bias in [-100, 100]}, added to the model's logits first, as OpenAI's);
 prompt_logprobs None = off, n >= 0: each prompt token after the first gets its logprob under the model (the raw
-log_softmax of the logits at the position before it) and the n best alternatives.
+log_softmax of the logits at the position before it) and the n best alternatives. `priority` is for the scheduler
+(0 for all = first come, first served).
 """
 from __future__ import annotations
 
