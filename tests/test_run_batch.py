@@ -128,3 +128,26 @@ def test_an_interrupted_batch_goes_on_from_its_answers(tmp_path, capsys):
     assert [r["response"]["status_code"] for r in results] == [200, 200, 200]
     assert results[0]["response"]["body"]["choices"][0]["text"] != "KEPT"
     assert "resuming: 1 of 3 requests" in capsys.readouterr().err
+
+
+def test_a_shared_system_prompt_is_computed_about_twice(tmp_path):
+    """Six chat requests with one 300-character system prompt: with run-batch's default prefix snapshots most of
+    them take the prefix from a snapshot (usage's cached_tokens), with the texts of `--prefix-snapshots 0`."""
+    system = {"role": "system", "content": "You answer questions about Python precisely and briefly. " * 5}
+    asks = ["What is a tuple?", "What does zip do?", "What is a closure?", "Explain enumerate.", "What is a set?",
+            "What is a dict?"]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(line(f"q{i}", "/v1/chat/completions", {"messages": [system, {"role": "user", "content": q}],
+                                                                  "max_tokens": 5, "temperature": 0}) + "\n"
+                           for i, q in enumerate(asks)))
+    runs = {}
+    for snapshots in ([], ["--prefix-snapshots", "0"]):
+        out = tmp_path / f"out{len(snapshots)}.jsonl"
+        assert main(["run-batch", "-i", str(src), "-o", str(out), "--device", "cpu", "--max-model-len", "256",
+                     *snapshots]) == 0
+        runs[len(snapshots)] = [json.loads(x)["response"]["body"] for x in out.read_text().splitlines()]
+    texts = {k: [b["choices"][0]["message"]["content"] for b in v] for k, v in runs.items()}
+    assert texts[0] == texts[2]
+    cached = [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in runs[0]]
+    assert sum(c >= 64 for c in cached) >= 3, cached
+    assert all(b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for b in runs[2])
