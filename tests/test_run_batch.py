@@ -134,8 +134,10 @@ def test_a_shared_system_prompt_is_computed_about_twice(tmp_path):
     """Six chat requests with one 300-character system prompt: with run-batch's default prefix snapshots most of
     them take the prefix from a snapshot (usage's cached_tokens), with the texts of `--prefix-snapshots 0`."""
     system = {"role": "system", "content": "You answer questions about Python precisely and briefly. " * 5}
-    asks = ["What is a tuple?", "What does zip do?", "What is a closure?", "Explain enumerate.", "What is a set?",
-            "What is a dict?"]
+    # (questions of several words, each with its own first word: no prompt can fork another running one within
+    # the 4 tokens a state rolls back, so without snapshots nothing is cached)
+    asks = ["Explain what a tuple is for.", "Describe how zip pairs items up.", "Why would anyone use a closure?",
+            "Show me enumerate in a for loop.", "Define a set and its main uses.", "Compare a dict with a list, please."]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(line(f"q{i}", "/v1/chat/completions", {"messages": [system, {"role": "user", "content": q}],
                                                                   "max_tokens": 5, "temperature": 0}) + "\n"
