@@ -137,7 +137,8 @@ def test_a_shared_system_prompt_is_computed_about_twice(tmp_path):
     # (questions of several words, each with its own first word: no prompt can fork another running one within
     # the 4 tokens a state rolls back, so without snapshots nothing is cached)
     asks = ["Explain what a tuple is for.", "Describe how zip pairs items up.", "Why would anyone use a closure?",
-            "Show me enumerate in a for loop.", "Define a set and its main uses.", "Compare a dict with a list, please."]
+            "Show me enumerate in a for loop.", "Define a set and its main uses.",
+            "Compare a dict with a list, please."]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(line(f"q{i}", "/v1/chat/completions", {"messages": [system, {"role": "user", "content": q}],
                                                                   "max_tokens": 5, "temperature": 0}) + "\n"
