@@ -130,15 +130,11 @@ class PagePool:
         self.kind = kind
         self.free_ids: deque[int] = deque(range(kind.num_pages))
         self.refs: dict[int, int] = {}  # page in use -> its holders
+        self.num_shared = 0             # pages in use by more than one holder (kept as refs change: read every step)
 
     @property
     def num_free(self) -> int:
         return len(self.free_ids)
-
-    @property
-    def num_shared(self) -> int:
-        """Pages in use by more than one holder."""
-        return sum(1 for n in self.refs.values() if n > 1)
 
     def allocate(self, n: int) -> list[int]:
         if n > len(self.free_ids):
@@ -149,13 +145,10 @@ class PagePool:
         return ids
 
     def share(self, ids: Iterable[int]) -> None:
-        """One more holder for each of `ids` (pages in use)."""
-        ids = list(ids)
-        for i in ids:
-            if i not in self.refs:
-                raise ValueError(f"page kind {self.kind.name!r}: page {i} is not in use and cannot be shared")
+        """One more holder for each of `ids` (pages in use: `BlockManager.share` checks)."""
         for i in ids:
             self.refs[i] += 1
+            self.num_shared += self.refs[i] == 2
 
     def free(self, ids: Iterable[int]) -> None:
         """One holder fewer for each of `ids`; a page nobody holds goes back to the free list."""
@@ -165,6 +158,7 @@ class PagePool:
                 raise ValueError(f"page kind {self.kind.name!r}: page {i} freed twice or never allocated")
             if n > 1:
                 self.refs[i] = n - 1
+                self.num_shared -= n == 2
             else:
                 del self.refs[i]
                 self.free_ids.append(i)
@@ -209,8 +203,8 @@ class BlockManager:
         """Start the empty block tables of `seq` with the pages of `block_tables` (another holder's) whose entries
         its first `num_final_tokens` tokens complete, shared (`PageKind.final_pages`); returns the pages shared per
         kind. The caller copies the rest (`PagedPools.copy_pages`)."""
-        plan = {name: list(block_tables[name][:kind.final_pages(num_final_tokens)])
-                for name, kind in self.kinds.items() if block_tables.get(name) and kind.final_pages(num_final_tokens)}
+        counts = {name: kind.final_pages(num_final_tokens) for name, kind in self.kinds.items()}
+        plan = {name: list(block_tables[name][:n]) for name, n in counts.items() if n and block_tables.get(name)}
         for name, ids in plan.items():  # checked first: all kinds shared or none
             if seq.block_tables.get(name):
                 raise ValueError(f"request {seq.request_id!r}: pages are shared only into an empty block table")

@@ -289,9 +289,8 @@ class Scheduler:
         if not self.running or _order(self.running[-1]) <= _order(seq):
             return None
         victim = self.running.pop()
-        row = next((r for r in batch.rows if r.seq is victim), None)
-        if row is not None:
-            batch.rows.remove(row)
+        at = next((i for i, r in enumerate(batch.rows) if r.seq is victim), None)  # (identity: rows compare equal)
+        row = batch.rows.pop(at) if at is not None else None
         self._preempt(victim)
         batch.preempted.append(victim)
         return 0 if row is None else row.num_tokens + row.num_draft_tokens

@@ -59,23 +59,18 @@ class ResponseStore:
         return entry is not None
 
     def history(self, response_id: str) -> list[dict]:
-        """The chat messages of the conversation that ends with `response_id` (each turn's, oldest first)."""
-        turns, at = [], response_id
+        """The chat messages of the conversation that ends with `response_id` (each turn's, oldest first); the whole
+        chain counts as used now."""
+        chain, at = [], response_id
         while at is not None:
             entry = self._entries.get(at)
             if entry is None:
                 which = "" if at == response_id else f" (it continues {at!r}, which is not)"
                 raise RequestError(f"previous_response_id: response {response_id!r} is not stored{which}; "
                                    "send the whole conversation in input", "previous_response_id")
-            turns.append(entry)
+            chain.append((at, entry))
             at = entry.parent
-        for entry_id in self._chain_ids(response_id):  # the whole chain is used now
+        chain.reverse()  # oldest first, so the newest ends up most recently used
+        for entry_id, _ in chain:
             self._entries.move_to_end(entry_id)
-        return [m for entry in reversed(turns) for m in entry.messages]
-
-    def _chain_ids(self, response_id: str) -> list[str]:
-        ids, at = [], response_id
-        while at is not None:
-            ids.append(at)
-            at = self._entries[at].parent
-        return ids[::-1]  # the oldest first, so the newest ends up most recently used
+        return [m for _, entry in chain for m in entry.messages]

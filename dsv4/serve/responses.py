@@ -34,12 +34,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"  # (OpenAI's ids: resp_..., msg_..., rs_..., fc_...)
 
 
-def reasoning_tokens(outs: list[RequestOutput], rendered: RenderedChat, think_close_id: int | None) -> int:
-    """Generated tokens of the reasoning block: up to its closing token (all of them where it never closed)."""
-    if not rendered.in_reasoning or think_close_id is None:
-        return 0
-    ids = [t for o in outs for t in o.token_ids]
-    return ids.index(think_close_id) + 1 if think_close_id in ids else len(ids)
+class ReasoningCount:
+    """Generated tokens of the reasoning block, up to its closing token (all of them while it is open), counted as
+    outputs arrive (each token looked at once)."""
+
+    def __init__(self, rendered: RenderedChat, think_close_id: int | None):
+        self.think_close_id = think_close_id
+        self.open = rendered.in_reasoning and think_close_id is not None
+        self.n = 0
+
+    def add(self, outs: list[RequestOutput]) -> int:
+        for o in outs:
+            for t in o.token_ids:
+                if not self.open:
+                    return self.n
+                self.n += 1
+                self.open = t != self.think_close_id
+        return self.n
 
 
 def reasoning_item(text: str) -> dict:
@@ -256,35 +267,29 @@ def add_responses_route(app, p: Plumbing) -> None:
                        "max_completion_tokens": "max_output_tokens"}.get(e.param, e.param)
             raise p.api_error(e) from None
         rid, streams = await p.admit([(ids, params)], "resp")
-        think_close = bridge.tokenizer.think_close_id
+        reasoning = ReasoningCount(rendered, bridge.tokenizer.think_close_id)
         reply = Reply(response_head(req, chat, new_id("resp"), p.model_name, keep), chat.logprobs)
 
-        def finish(outs: list[RequestOutput]) -> dict:
-            body = reply.finish(outs[-1].finish_reason, usage_of(outs))
+        def finish(last: RequestOutput) -> dict:
+            usage = response_usage(len(ids), last.cached_tokens, last.completion_tokens, reasoning.n)
+            body = reply.finish(last.finish_reason, usage)
             if keep:
                 store.put(body["id"], req.previous_response_id, input_messages(req) + [reply.message()], body)
             return body
 
-        def answer_logprobs(outs: list[RequestOutput], new: list[RequestOutput], seen: int) -> list:
+        def answer_logprobs(new: list[RequestOutput], seen: int) -> list:
             """Logprobs of `new`'s tokens (`seen` tokens came before them) that follow the reasoning block."""
-            if not chat.logprobs:
-                return []
-            skip = reasoning_tokens(outs, rendered, think_close)
-            return bridge.chat_logprobs(new)["content"][max(skip - seen, 0):]
-
-        def usage_of(outs: list[RequestOutput]) -> dict:
-            last = outs[-1]
-            return response_usage(len(ids), last.cached_tokens, last.completion_tokens,
-                                  reasoning_tokens(outs, rendered, think_close))
+            skip = reasoning.add(new)
+            return bridge.chat_logprobs(new)["content"][max(skip - seen, 0):] if chat.logprobs else []
 
         if not req.stream:
             outs = (await p.collect(request, streams))[0]
             parser = rendered.stream_parser()
-            reply.feed(parser.feed("".join(o.text for o in outs)) + parser.finish(), answer_logprobs(outs, outs, 0))
-            return finish(outs)
+            reply.feed(parser.feed("".join(o.text for o in outs)) + parser.finish(), answer_logprobs(outs, 0))
+            return finish(outs[-1])
 
         async def events() -> AsyncIterator[bytes]:
-            observe, parser, outs, seen = p.observer(time.monotonic()), rendered.stream_parser(), [], 0
+            observe, parser, seen = p.observer(time.monotonic()), rendered.stream_parser(), 0
             body = {**reply.head, "status": "in_progress", "output": [], "usage": None}
             reply.emit("response.created", response=body)
             reply.emit("response.in_progress", response=body)
@@ -293,12 +298,11 @@ def add_responses_route(app, p: Plumbing) -> None:
             try:
                 async for o in streams[0]:
                     observe(o)
-                    outs.append(o)
                     reply.feed(parser.feed(o.text) + (parser.finish() if o.finished else []),
-                               answer_logprobs(outs, [o], seen))
+                               answer_logprobs([o], seen))
                     seen += len(o.token_ids)
                     if o.finished:
-                        finish(outs)
+                        finish(o)
                     for chunk in reply.drain():
                         yield chunk
             except Exception as e:

@@ -150,11 +150,12 @@ def input_messages(req: ResponsesRequest) -> list[dict]:
 
 
 def _refuse_unsupported(req: ResponsesRequest, storing: bool) -> None:
-    if req.conversation is not None or (req.previous_response_id is not None and not storing):
-        param = "previous_response_id" if req.conversation is None else "conversation"
-        raise RequestError(f"{param} is not supported: this server stores no "
-                           f"{'responses (--responses-store 0)' if param == 'previous_response_id' else param + 's'};"
-                           " send the whole conversation in input", param)
+    if req.conversation is not None:
+        raise RequestError("conversation is not supported: this server stores no conversations; send the whole "
+                           "conversation in input", "conversation")
+    if req.previous_response_id is not None and not storing:
+        raise RequestError("previous_response_id is not supported: this server stores no responses "
+                           "(--responses-store 0); send the whole conversation in input", "previous_response_id")
     if req.background:
         raise RequestError("background responses are not supported", "background")
     if req.truncation == "auto":

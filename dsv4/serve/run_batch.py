@@ -150,9 +150,11 @@ def answer(core, args: argparse.Namespace, requests: list[dict], model_name: str
     if done:
         print(f"dsv4 run-batch: resuming: {len(done)} of {len(requests)} requests were answered before "
               f"({partial})", file=sys.stderr)
-    if partial.is_file() and not partial.read_bytes().endswith(b"\n") and partial.stat().st_size:
-        with open(partial, "a", encoding="utf-8") as f:
-            f.write("\n")  # (a line torn by the interruption stays alone and is ignored)
+    if partial.is_file() and partial.stat().st_size:
+        with open(partial, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")  # (a line torn by the interruption stays alone and is ignored)
     engine.start()
     try:
         with open(partial, "a", encoding="utf-8") as f, \
