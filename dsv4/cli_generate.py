@@ -125,12 +125,15 @@ def run_generate(args) -> int:
 
 
 def run_chat(args) -> int:
-    from .chat.encoding import encode_messages
+    from dataclasses import replace
+
+    from .chat.encoding import continuation_tokens, encode_messages
     from .chat.parser import StreamingParser, prompt_ends_in_reasoning
     from .engine.structured import after_reasoning
     params = sampling_params(args, 1.0)
     # each turn's prompt continues the last one (history + reply): it adopts that turn's cache and prefills only the
-    # new tokens (dsv4.engine.retention; not where thinking drops the reasoning from the history)
+    # new tokens (dsv4.engine.retention); where thinking drops the reasoning from the history, the cache kept is the
+    # one at the end of the prompt but its last token (`<think>`, which the next turn renders as `</think>`)
     llm = _llm(args, retain_finished=1)
     if llm.tokenizer is None:
         raise ValueError("chat needs a tokenizer; this checkpoint has no tokenizer.json")
@@ -151,11 +154,13 @@ def run_chat(args) -> int:
             return 0
         history.append({"role": "user", "content": line})
         prompt = encode_messages(history, thinking_mode=mode)
+        ids = llm.tokenizer.encode(prompt)
         in_reasoning = prompt_ends_in_reasoning(prompt)
         parser = StreamingParser(mode, in_reasoning=in_reasoning)
         # a structured output applies to the answer, not the reasoning
         turn = after_reasoning(params, llm.tokenizer.think_close_id) if in_reasoning else params
-        for d in llm.stream([prompt], turn):
+        turn = replace(turn, retain_prefix=continuation_tokens(llm.tokenizer, ids, history, thinking_mode=mode))
+        for d in llm.stream([ids], turn):
             events = parser.feed(d.text) + (parser.finish() if d.finished else [])
             for e in events:
                 if "reasoning_content" in e:

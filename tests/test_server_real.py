@@ -187,6 +187,18 @@ def test_retained_conversation_and_shared_prompts_answer_as_without(server, clie
         # usage.prompt_tokens_details.cached_tokens: the adopted turn-1 tokens here, none without retention
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
         assert first.usage.prompt_tokens_details.cached_tokens == 0
+        # thinking mode: the next turn drops the reasoning and re-renders the generation prompt's `<think>`, so the
+        # cache kept is the first prompt's but its last token (retain_prefix), however long the reasoning was
+        msgs, replies, think = [{"role": "user", "content": "Why?"}], [], {"thinking": {"type": "enabled"}}
+        for c in (client, keeping):
+            first = c.chat.completions.create(model=model_name, messages=msgs, max_tokens=40, temperature=0,
+                                              extra_body=think)
+            turn2 = msgs + [{"role": "assistant", "content": "Because."}, {"role": "user", "content": "Sure?"}]
+            second = c.chat.completions.create(model=model_name, messages=turn2, max_tokens=8, temperature=0,
+                                               extra_body=think)
+            replies.append((first.choices[0].message, second.choices[0].message.content))
+        assert replies[0] == replies[1] and replies[0][0].reasoning_content
+        assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
 
         shared_before = _metric(server.base_url, "dsv4_shared_prompt_tokens")
         msgs = [{"role": "user", "content": "Explain what a Python generator is and when to use one."}]

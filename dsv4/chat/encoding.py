@@ -366,3 +366,26 @@ def encode_messages(messages: list[dict], *, thinking_mode: str = "thinking",
         prompt += _render_message(i, full, thinking, drop, reasoning_effort, last_user)
     return prompt
 
+
+def continuation_prefix(messages: list[dict], **options: Any) -> int:
+    """How much of the prompt `encode_messages(messages, **options)` the next turn's prompt (this turn's reply and
+    a new user message added) starts with, in characters: all of it, except where the next turn renders this one's
+    end differently -- thinking mode without tools drops the history's reasoning, so this turn's generation prompt
+    `<｜Assistant｜><think>` comes back as `<｜Assistant｜></think>`. (Where to keep a cache for that turn.)"""
+    prompt = encode_messages(messages, **options)
+    follow = encode_messages([*messages, {"role": "assistant", "content": ""}, {"role": "user", "content": "?"}],
+                             **options)
+    n = min(len(prompt), len(follow))
+    return next((i for i in range(n) if prompt[i] != follow[i]), n)
+
+
+def continuation_tokens(tokenizer, ids: list[int], messages: list[dict], **options: Any) -> int | None:
+    """`SamplingParams.retain_prefix` for prompt `ids` (`tokenizer`'s encoding of encode_messages(messages,
+    **options)): the leading tokens that the next turn's prompt starts with too, where that is fewer than all of
+    them; None where it is all (that turn continues this one's finished cache) or no token boundary fits."""
+    prompt = encode_messages(messages, **options)
+    at = continuation_prefix(messages, **options)
+    if at >= len(prompt):
+        return None
+    j = tokenizer.tokens_before(ids, prompt, at)
+    return j or None

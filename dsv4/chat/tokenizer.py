@@ -110,6 +110,16 @@ class ChatTokenizer:
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def tokens_before(self, ids: list[int], text: str, at: int, reach: int = 16) -> int | None:
+        """The most leading tokens of `ids` (the encoding of `text`) that encode no more than text[:at]: the
+        largest j for which ids[j:] decode to a suffix of text at least len(text) - at long, looked for among the
+        last `reach` tokens; None where none does."""
+        for j in range(len(ids), max(len(ids) - 1 - reach, -1), -1):
+            got = self.decode(ids[j:])
+            if len(got) >= len(text) - at:
+                return j if text.endswith(got) else None
+        return None
+
     def to_json(self) -> str:
         """The tokenizer.json text (for the structured-output grammar engine)."""
         return self._tok.to_str()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -123,19 +123,24 @@ class LLM:
              thinking: bool = False, reasoning_effort: str | None = None, tools: list[dict] | None = None
              ) -> list[GenerationResult]:
         """Render conversations with the DeepSeek-V4 chat encoding, generate, parse the replies."""
-        from ..chat.encoding import encode_messages
+        from ..chat.encoding import continuation_tokens, encode_messages
         from ..chat.parser import StreamingParser, prompt_ends_in_reasoning
         from .structured import after_reasoning
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer; this checkpoint has none")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         mode = "thinking" if thinking else "chat"
-        prompts = [encode_messages(c, thinking_mode=mode, reasoning_effort=reasoning_effort, tools=tools)
-                   for c in convs]
-        # a structured output applies to the answer: after the reasoning, where the prompt opens one
-        per_prompt = [after_reasoning(params, self.tokenizer.think_close_id) if prompt_ends_in_reasoning(p) else params
-                      for p in prompts]
-        results = self.generate(prompts, per_prompt if params is not None else None)
+        options = dict(thinking_mode=mode, reasoning_effort=reasoning_effort, tools=tools)
+        prompts = [encode_messages(c, **options) for c in convs]
+        ids = [self.tokenizer.encode(p) for p in prompts]
+        base = params or SamplingParams()
+        per_prompt = []
+        for c, p, t in zip(convs, prompts, ids):
+            # a structured output applies to the answer: after the reasoning, where the prompt opens one
+            turn = after_reasoning(base, self.tokenizer.think_close_id) if prompt_ends_in_reasoning(p) else base
+            # with retention on, keep the cache where the next turn (this reply added) still matches
+            per_prompt.append(replace(turn, retain_prefix=continuation_tokens(self.tokenizer, t, c, **options)))
+        results = self.generate(ids, per_prompt)
         for prompt, r in zip(prompts, results):
             parser = StreamingParser(mode, in_reasoning=prompt_ends_in_reasoning(prompt))
             parser.feed(r.text)

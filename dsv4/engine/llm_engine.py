@@ -104,7 +104,7 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(ec.max_num_seqs, ec.max_num_batched_tokens, self.max_model_len,
                                                    drafts),
                                    self.block_manager, eos_token_ids=self.eos_token_id, detokenize=detok)
-        self.retained = (RetainedSequences(ec.retain_finished, self.block_manager, mtp=self.speculator is not None)
+        self.retained = (RetainedSequences(ec.retain_finished, self.cache, mtp=self.speculator is not None)
                          if ec.retain_finished else None)
         mtp = self.speculator is not None
         self.snapshots = PrefixSnapshots(ec.prefix_snapshots, self.cache, mtp) if ec.prefix_snapshots else None
@@ -194,6 +194,9 @@ class LLMEngine:
         seq.num_cached_tokens = seq.num_computed_tokens
         if self.snapshots is not None:
             seq.snapshot_at = self.snapshots.note(seq)
+        k = seq.params.retain_prefix
+        if self.retained is not None and k is not None and seq.num_computed_tokens < k < seq.num_prompt_tokens:
+            seq.retain_at = k  # a chunk ends there and a copy of the cache is retained (RetainedSequences.keep_prefix)
         return True
 
     def _reclaim(self) -> bool:
@@ -297,16 +300,21 @@ class LLMEngine:
                 grammar.advance(batch.rows[i].seq.output_token_ids)
         for seq in finished:
             if self.retained is not None:  # the scheduler left the pages with the sequence
-                self.retained.keep(seq, self.cache.states.pop(seq.request_id, None))
+                state = self.cache.states.pop(seq.request_id, None)
+                self.retained.keep(seq, None if _retains_prefix(seq) else state)  # (None: its pages freed)
             else:
                 self.cache.release(seq)
         if self.speculator is not None:
             self.speculator.advance(batch)
-        if self.snapshots is not None:  # rows whose chunk ended at their snapshot point (MTP state advanced too)
-            for row in batch.rows:
-                seq = row.seq
-                if seq.snapshot_at and seq.num_computed_tokens == seq.snapshot_at and not seq.is_finished:
-                    self.snapshots.take(seq, self.cache.states[seq.request_id])
+        # rows whose chunk ended at their snapshot or retain point (the MTP state advanced too)
+        for row in batch.rows:
+            seq = row.seq
+            if seq.is_finished:
+                continue
+            if seq.snapshot_at and seq.num_computed_tokens == seq.snapshot_at:
+                self.snapshots.take(seq, self.cache.states[seq.request_id])
+            if seq.retain_at and seq.num_computed_tokens == seq.retain_at:
+                self.retained.keep_prefix(seq, self.cache.states[seq.request_id])
         outputs = []
         for i in sample_rows:
             seq = batch.rows[i].seq
@@ -346,6 +354,12 @@ class LLMEngine:
         if any(r.seq.grammar is not None for r in nxt.rows):  # its masks need this step's ids: picked next step
             return _Launched(nxt, pick=lambda: self.sampler.pick_sequences(logits, nxt.seqs))
         return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))
+
+
+def _retains_prefix(seq: Sequence) -> bool:
+    """Whether finished `seq` asked for its cache at an earlier point of its prompt instead of its own."""
+    k = seq.params.retain_prefix
+    return k is not None and k < seq.num_prompt_tokens
 
 
 class _Launched:

@@ -49,6 +49,26 @@ def fork_state(state, owner):
                        state.mtp.fork(owner) if state.mtp is not None else None)
 
 
+def copy_into(cache, name: str, seq: Sequence, state, mtp: bool, make_room) -> tuple[PageHolder, object] | None:
+    """A copy of running `seq`'s cache as it stands after this step's chunk (`state`, `seq.num_computed_tokens`
+    tokens), held by a new PageHolder `name`: the final entry pages shared, the rest copied. `make_room()` frees
+    something of the caller's while the copy does not fit (False: nothing left); None where it still does not."""
+    at = seq.num_computed_tokens
+    holder = PageHolder(name)
+    bm = cache.block_manager
+    shared = bm.share(holder, seq.block_tables, final_tokens(state, mtp))
+    while not bm.can_allocate(holder, at) and make_room():
+        pass
+    if not bm.can_allocate(holder, at):
+        bm.free(holder)
+        return None
+    bm.allocate(holder, at)
+    holder.num_computed_tokens = at
+    copy = fork_state(state, holder)
+    copy_rest(cache.pools, seq.block_tables, holder.block_tables, shared)  # after the step's forward
+    return holder, copy
+
+
 class PrefixSnapshots:
     def __init__(self, capacity: int, cache, mtp: bool = False):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
@@ -101,20 +121,12 @@ class PrefixSnapshots:
         if (key in self.entries or state.num_tokens != at
                 or (self.mtp and state.mtp.num_tokens != at)):
             return
-        holder = PageHolder(f"snapshot-{next(self._names)}")
-        bm = self.cache.block_manager
-        shared = bm.share(holder, seq.block_tables, final_tokens(state, self.mtp))
         # at capacity the least recently used snapshot goes anyway: first, where the new one needs its pages
-        while not bm.can_allocate(holder, at) and len(self.entries) >= self.capacity and self.evict_oldest():
-            pass
-        if not bm.can_allocate(holder, at):
-            bm.free(holder)
+        made = copy_into(self.cache, f"snapshot-{next(self._names)}", seq, state, self.mtp,
+                         lambda: len(self.entries) >= self.capacity and self.evict_oldest())
+        if made is None:
             return
-        bm.allocate(holder, at)
-        holder.num_computed_tokens = at
-        copy = fork_state(state, holder)
-        copy_rest(self.cache.pools, seq.block_tables, holder.block_tables, shared)  # after the step's forward
-        self.entries[key] = (list(key), holder, copy)
+        self.entries[key] = (list(key), *made)
         self.num_taken += 1
         while len(self.entries) > self.capacity and self.evict_oldest():
             pass

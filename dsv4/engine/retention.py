@@ -11,6 +11,12 @@ when the scheduler admits the request; a request that then does not fit gives th
 waiting request ever holds pages. Retained pages give way first when pages run out (forked entries, least recently
 forked first, then the oldest), before any running sequence is preempted.
 
+A request can name an earlier point of its prompt to retain instead (`SamplingParams.retain_prefix`): where the
+next turn renders the end of this prompt differently -- thinking mode drops the reasoning from the history and
+re-renders the generation prompt, so the next turn starts with this prompt but its last token -- the engine ends a
+prefill chunk there and keeps a copy of the cache at that point (`keep_prefix`); the finished sequence's own cache,
+which no continuation can use, is freed.
+
 Not used for requests asking for `prompt_logprobs` (their prompt is scored from its first token). With
 speculative decoding the MTP state is not advanced over a sequence's finishing step: the target state is rolled
 back to the MTP's length on retention (at most the last step's 1 + k tokens), so the adopter's first chunk feeds
@@ -22,7 +28,8 @@ import itertools
 from collections import OrderedDict
 from typing import Callable
 
-from .block_manager import BlockManager, PageHolder
+from .block_manager import PageHolder
+from .prefix_snapshots import copy_into
 from .sequence import Sequence
 
 
@@ -34,11 +41,12 @@ def _repoint(state, owner) -> None:
 class RetainedSequences:
     """Finished sequences holding their pages, oldest first; `adopt` hands one to a request that extends it."""
 
-    def __init__(self, capacity: int, block_manager: BlockManager, mtp: bool = False):
+    def __init__(self, capacity: int, cache, mtp: bool = False):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"RetainedSequences: capacity={capacity!r}; expected an integer >= 1")
         self.capacity = capacity
-        self.block_manager = block_manager
+        self.cache = cache  # HybridCache: its block manager and pools
+        self.block_manager = cache.block_manager
         self.mtp = mtp  # speculative decoding: the target state must end level with its MTP state
         self._entries: OrderedDict[int, tuple[tuple[int, ...], PageHolder, object]] = OrderedDict()
         self._keys = itertools.count()
@@ -71,6 +79,20 @@ class RetainedSequences:
             return
         self._hold(seq.token_ids[:n], seq, state)
 
+    def keep_prefix(self, seq: Sequence, state) -> None:
+        """Retain a copy of running `seq`'s cache, which has just computed up to `seq.retain_at` (nothing where an
+        entry holds those tokens, or the copy does not fit even after the retained entries beyond a full capacity
+        went)."""
+        at, seq.retain_at = seq.retain_at, 0
+        tokens = tuple(seq.token_ids[:at])
+        if (any(entry[0] == tokens for entry in self._entries.values()) or state.num_tokens != at
+                or (self.mtp and state.mtp.num_tokens != at)):
+            return
+        made = copy_into(self.cache, f"retained-{seq.request_id}", seq, state, self.mtp,
+                         lambda: len(self._entries) >= self.capacity and self.evict_oldest())
+        if made is not None:
+            self._add(tokens, *made)
+
     def give_back(self, seq: Sequence, state) -> None:
         """Undo `adopt` for a waiting `seq` that did not fit: its cache becomes the newest retained entry again and
         seq is fresh (nothing computed, no pages)."""
@@ -91,7 +113,10 @@ class RetainedSequences:
         holder = PageHolder(seq.request_id, seq.block_tables)
         seq.block_tables = {}
         _repoint(state, holder)
-        self._entries[next(self._keys)] = (tuple(tokens), holder, state)
+        self._add(tuple(tokens), holder, state)
+
+    def _add(self, tokens: tuple[int, ...], holder: PageHolder, state) -> None:
+        self._entries[next(self._keys)] = (tokens, holder, state)
         while len(self._entries) > self.capacity:
             self.evict_oldest()
 

@@ -62,6 +62,10 @@ class SamplingParams:
     # scheduling, not sampling: lower values are admitted first and preempted last, and preempt higher values to
     # get in (vLLM's convention); equal priorities are first come, first served (dsv4.engine.scheduler)
     priority: int = 0
+    # with the engine's retention on (retain_finished): keep the cache at this many prompt tokens for the next turn,
+    # instead of the finished sequence's -- where that turn renders the end of this prompt differently (thinking
+    # mode drops the reasoning; dsv4.chat.encoding.continuation_prefix). None: the finished sequence's
+    retain_prefix: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -109,6 +113,8 @@ class SamplingParams:
             raise _invalid("prompt_logprobs", self.prompt_logprobs, "an integer >= 0 or None")
         if not _is_int(self.priority) or not -(2**31) <= self.priority < 2**31:
             raise _invalid("priority", self.priority, "an integer in [-2**31, 2**31)")
+        if self.retain_prefix is not None and (not _is_int(self.retain_prefix) or self.retain_prefix < 1):
+            raise _invalid("retain_prefix", self.retain_prefix, "an integer >= 1 or None")
         if self.structured is not None:
             if not isinstance(self.structured, StructuredOutput):
                 raise _invalid("structured", self.structured, "a StructuredOutput or None")

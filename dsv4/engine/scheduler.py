@@ -59,10 +59,12 @@ def _insert(queue, seq: Sequence) -> None:
 
 
 def _chunk(seq: Sequence, remaining: int, budget: int) -> int:
-    """Tokens of `seq` to compute in this step: what remains, within the budget, ending at a snapshot point."""
+    """Tokens of `seq` to compute in this step: what remains, within the budget, ending at a snapshot or retain
+    point."""
     n = min(remaining, budget)
-    if seq.num_computed_tokens < seq.snapshot_at:
-        n = min(n, seq.snapshot_at - seq.num_computed_tokens)
+    for point in (seq.snapshot_at, seq.retain_at):
+        if seq.num_computed_tokens < point:
+            n = min(n, point - seq.num_computed_tokens)
     return n
 
 

@@ -50,6 +50,8 @@ class Sequence:
         self.prompt_logprobs: list = []
         # a prefill chunk ends here, and the engine snapshots the state (dsv4.engine.prefix_snapshots); 0: none
         self.snapshot_at = 0
+        # a prefill chunk ends here, and the engine retains a copy of the cache (params.retain_prefix); 0: none
+        self.retain_at = 0
         # prompt tokens its latest admission took from a cache (retained sequence, fork, snapshot) and did not compute
         self.num_cached_tokens = 0
         self.grammar = None                   # structured output's GrammarState (dsv4.engine.structured)

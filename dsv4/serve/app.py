@@ -399,8 +399,8 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
             max_tokens = budget(len(ids), req.max_completion_tokens or req.max_tokens, "messages")
             top = (req.top_logprobs or 0) if req.logprobs else None
             so = bridge.structured_output(req, rendered)
-            jobs = [(ids, bridge.sampling_params(req, max_tokens, logprobs=top, k=k, structured=so))
-                    for k in range(req.n)]
+            jobs = [(ids, bridge.sampling_params(req, max_tokens, logprobs=top, k=k, structured=so,
+                                                 retain_prefix=rendered.retain_prefix)) for k in range(req.n)]
         except RequestError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, streams = await admit(jobs, "chatcmpl")

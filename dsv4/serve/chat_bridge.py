@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat.encoding import encode_messages
+from ..chat.encoding import continuation_tokens, encode_messages
 from ..chat.parser import StreamingParser, prompt_ends_in_reasoning
 from ..chat.tool_grammar import tool_call_grammar
 from ..engine.outputs import RequestOutput
@@ -34,6 +34,9 @@ class RenderedChat:
     token_ids: list[int]
     thinking_mode: str
     in_reasoning: bool
+    # the leading tokens the conversation's next turn starts with, where fewer than all (thinking mode drops the
+    # reasoning): SamplingParams.retain_prefix, so the engine's retention keeps the cache there
+    retain_prefix: int | None = None
 
     def stream_parser(self) -> StreamingParser:
         return StreamingParser(self.thinking_mode, in_reasoning=self.in_reasoning, make_tool_call_id=tool_call_id)
@@ -125,12 +128,14 @@ class ChatBridge:
             raise RequestError(str(e), "messages") from None
         tools = self._tools_for_prompt(req)
         mode = "thinking" if thinking else "chat"
+        options = dict(thinking_mode=mode, drop_thinking=drop, reasoning_effort=effort, tools=tools)
         try:
-            prompt = encode_messages(messages, thinking_mode=mode, drop_thinking=drop,
-                                     reasoning_effort=effort, tools=tools)
+            prompt = encode_messages(messages, **options)
         except ValueError as e:
             raise RequestError(str(e), "messages") from None
-        return RenderedChat(prompt, self._encode(tok, prompt, "messages"), mode, prompt_ends_in_reasoning(prompt))
+        ids = self._encode(tok, prompt, "messages")
+        return RenderedChat(prompt, ids, mode, prompt_ends_in_reasoning(prompt),
+                            continuation_tokens(tok, ids, messages, **options))
 
     @staticmethod
     def _encode(tok, text: str, param: str) -> list[int]:
@@ -213,8 +218,8 @@ class ChatBridge:
 
     # ---- sampling ------------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int, *, logprobs: int | None,
-                        k: int, prompt_logprobs: int | None = None,
-                        structured: StructuredOutput | None = None) -> SamplingParams:
+                        k: int, prompt_logprobs: int | None = None, structured: StructuredOutput | None = None,
+                        retain_prefix: int | None = None) -> SamplingParams:
         seed = req.seed
         if seed is not None and k:
             seed = (seed + k) % (2**63)  # n > 1 with a seed: distinct but reproducible choices
@@ -234,7 +239,8 @@ class ChatBridge:
                 frequency_penalty=req.frequency_penalty or 0.0,
                 seed=seed, max_tokens=max_tokens, stop=req.stop or [],
                 stop_token_ids=stop_ids, ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=req.logit_bias,
-                prompt_logprobs=prompt_logprobs, structured=structured, priority=req.priority)
+                prompt_logprobs=prompt_logprobs, structured=structured, priority=req.priority,
+                retain_prefix=retain_prefix)
         except ValueError as e:
             raise RequestError(str(e), getattr(e, "field", None)) from None
 

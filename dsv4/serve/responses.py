@@ -261,7 +261,8 @@ def add_responses_route(app, p: Plumbing) -> None:
             max_tokens = p.budget(len(ids), chat.max_completion_tokens, "input")
             top = (chat.top_logprobs or 0) if chat.logprobs else None
             params = bridge.sampling_params(chat, max_tokens, logprobs=top, k=0,
-                                            structured=bridge.structured_output(chat, rendered))
+                                            structured=bridge.structured_output(chat, rendered),
+                                            retain_prefix=rendered.retain_prefix)
         except RequestError as e:  # (named as the Responses fields where the chat route's name differs)
             e.param = {"messages": "input", "response_format": "text", "structured_outputs": "text",
                        "max_completion_tokens": "max_output_tokens"}.get(e.param, e.param)
