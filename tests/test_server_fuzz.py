@@ -1,4 +1,5 @@
-"""Fuzzed request bodies against a real server process: never a 500, always the OpenAI error shape.
+"""Fuzzed request bodies against a real server process: never a 500, always the route's error shape (OpenAI's;
+the Messages API's on /v1/messages).
 
 Bodies are drawn by hypothesis from the fields the server itself publishes in /openapi.json: a valid
 base request with any subset of fields replaced by arbitrary JSON (wrong types, huge and negative
@@ -18,7 +19,8 @@ from fake_engine import ServerProcess, write_tokenizer
 
 ROUTES = {"/v1/completions": ("CompletionRequest", {"prompt": "count"}),
           "/v1/chat/completions": ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "hi"}]}),
-          "/v1/responses": ("ResponsesRequest", {"input": "hi"})}
+          "/v1/responses": ("ResponsesRequest", {"input": "hi"}),
+          "/v1/messages": ("MessagesRequest", {"messages": [{"role": "user", "content": "hi"}]})}
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
@@ -49,6 +51,7 @@ def fields(http):
     assert {"prompt", "max_tokens", "stop", "logprobs", "n"} <= set(out["/v1/completions"])
     assert {"messages", "tools", "tool_choice", "chat_template_kwargs"} <= set(out["/v1/chat/completions"])
     assert {"input", "instructions", "tools", "text", "reasoning"} <= set(out["/v1/responses"])
+    assert {"messages", "system", "tools", "tool_choice", "thinking", "stop_sequences"} <= set(out["/v1/messages"])
     return out
 
 
@@ -72,7 +75,11 @@ TEXT_SLOTS = {"/v1/completions": [lambda t: {"prompt": t}, lambda t: {"stop": [t
               "/v1/responses": [lambda t: {"input": t}, lambda t: {"instructions": t},
                                 lambda t: {"input": [{"role": "user", "content": [{"type": "input_text", "text": t}]}]},
                                 lambda t: {"input": [{"type": "function_call", "call_id": t, "name": t,
-                                                      "arguments": t}]}]}
+                                                      "arguments": t}]}],
+              "/v1/messages": [lambda t: {"system": t}, lambda t: {"stop_sequences": [t]},
+                               lambda t: {"messages": [{"role": "user", "content": [{"type": "text", "text": t}]}]},
+                               lambda t: {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+                                   {"type": "tool_use", "id": t, "name": t, "input": {t: t}}]}]}]}
 messages = st.lists(st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"])},
     optional={"content": st.text(max_size=40) | json_values, "tool_calls": json_values,
@@ -87,11 +94,30 @@ items = st.lists(st.fixed_dictionaries(
     max_size=4)
 
 
+blocks = st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "thinking", "tool_use", "tool_result", "image", "redacted_thinking"])},
+    optional={"text": st.text(max_size=20) | json_values, "thinking": st.text(max_size=20), "id": st.text(max_size=8),
+              "name": st.text(max_size=8), "input": json_values, "tool_use_id": st.text(max_size=8),
+              "content": st.text(max_size=20) | json_values}), max_size=4)
+turns = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"])},
+                                       optional={"content": st.text(max_size=40) | blocks | json_values}), max_size=4)
+
+
 def check(r: httpx.Response, stream: bool, path: str = "") -> None:
     assert r.status_code < 500, r.text
     if r.status_code != 200:
-        err = r.json()["error"]
+        body = r.json()
+        if path == "/v1/messages":
+            assert body["type"] == "error"
+        err = body["error"]
         assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
+        return
+    if path == "/v1/messages":  # (named events; no [DONE])
+        if stream:
+            kinds = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+            assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "error" not in kinds, kinds
+        else:
+            assert r.json()["type"] == "message" and r.json()["stop_reason"]
         return
     if path == "/v1/responses":  # (its events end with the whole response, no [DONE])
         events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")] if stream \
@@ -126,7 +152,7 @@ def test_mutated_valid_bodies_never_500(http, fields, path):
         names = data.draw(st.lists(st.sampled_from(fields[path]), max_size=4, unique=True))
         for name in names:
             if name == "messages":
-                body[name] = data.draw(messages | json_values)
+                body[name] = data.draw((turns if path == "/v1/messages" else messages) | json_values)
             elif name == "input":
                 body[name] = data.draw(items | json_values)
             else:

@@ -27,8 +27,9 @@ from .chat_bridge import ChatBridge, RenderedChat, RequestError
 from .guard import Guard
 from .metrics import ServerMetrics
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, error_body,
-                       new_id, now, usage)
+                       error_body_for, new_id, now, usage)
 from .response_store import ResponseStore
+from .messages import add_messages_route
 from .responses import Plumbing, add_responses_route
 
 log = logging.getLogger(__name__)
@@ -143,34 +144,34 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
     engine.on_step = metrics.step.observe
     app.state.engine, app.state.metrics, app.state.cfg = engine, metrics, cfg
 
-    # ---- errors: always the OpenAI shape, never a 500 for bad input -------------------------
-    def error_response(status: int, message: str, type_: str = "invalid_request_error",
+    # ---- errors: the OpenAI shape (the Messages API's on its routes), never a 500 for bad input ----
+    def error_response(request: Request, status: int, message: str, type_: str = "invalid_request_error",
                        param: str | None = None, code: str | int | None = None) -> JSONResponse:
         metrics.rejected.labels(str(status)).inc()
-        return JSONResponse(error_body(message, type_, param, status if code is None else code), status_code=status)
+        return JSONResponse(error_body_for(request.url.path, status, message, type_, param, code), status_code=status)
 
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, e: ApiError):
-        return error_response(e.status, e.message, e.type, e.param, e.code)
+    async def _api_error(request: Request, e: ApiError):
+        return error_response(request, e.status, e.message, e.type, e.param, e.code)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, e: RequestValidationError):
+    async def _validation(request: Request, e: RequestValidationError):
         errors = e.errors()
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         msg = str(first.get("msg", "invalid request"))
         if loc is None and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
             msg = "the request body must be a JSON object (Content-Type: application/json)"
-        return error_response(400, f"{loc}: {msg}" if loc else msg, param=loc)
+        return error_response(request, 400, f"{loc}: {msg}" if loc else msg, param=loc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, e: StarletteHTTPException):
-        return error_response(e.status_code, str(e.detail))
+    async def _http(request: Request, e: StarletteHTTPException):
+        return error_response(request, e.status_code, str(e.detail))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, e: Exception):
+    async def _unexpected(request: Request, e: Exception):
         log.exception("internal error")
-        return error_response(500, "internal server error", "server_error")
+        return error_response(request, 500, "internal server error", "server_error")
 
     # ---- plain routes --------------------------------------------------------------------
     @app.get("/health")
@@ -459,13 +460,15 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
 
         return _StreamWithAbort(events(), streams)
 
-    # ---- /v1/responses (dsv4.serve.responses) --------------------------------------------
-    add_responses_route(app, Plumbing(
+    # ---- /v1/responses (dsv4.serve.responses), /v1/messages (dsv4.serve.messages) ---------
+    plumbing = Plumbing(
         bridge, cfg.model_name, check_model, budget, admit, collect, error_event,
         observer=lambda start: _Observer(metrics, start), streaming=_StreamWithAbort,
         api_error=lambda e: ApiError(400, str(e), param=e.param),
         not_found=lambda message: ApiError(404, message, "not_found_error"),
-        store=ResponseStore(cfg.responses_store) if cfg.responses_store else None))
+        store=ResponseStore(cfg.responses_store) if cfg.responses_store else None)
+    add_responses_route(app, plumbing)
+    add_messages_route(app, plumbing)
 
     guarded = Guard(app, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
                     is_accepting=lambda: engine.accepting,

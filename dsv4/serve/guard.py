@@ -14,7 +14,7 @@ import json
 import re
 from typing import Awaitable, Callable
 
-from .protocol import error_body
+from .protocol import error_body_for
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]
@@ -54,37 +54,42 @@ class Guard:
         self.is_accepting = is_accepting
         self.on_reject = on_reject
 
-    async def _reject(self, send: Send, status: int, message: str, type_: str, code: str | int) -> None:
+    async def _reject(self, scope: Scope, send: Send, status: int, message: str, type_: str, code: str | int
+                      ) -> None:
         self.on_reject(status)
         headers = [(b"www-authenticate", b"Bearer")] if status == 401 else []
-        await send_json(send, status, error_body(message, type_, None, code), headers)
+        await send_json(send, status, error_body_for(scope["path"], status, message, type_, None, code), headers)
 
     def _authorized(self, scope: Scope) -> bool:
-        header = b""
+        """`Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's)."""
+        token = b""
         for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                header = value
-                break
-        token = header[7:].strip() if header[:7].lower() == b"bearer " else b""
-        return hmac.compare_digest(token, self.api_key)
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                token = value[7:].strip()
+            elif name == b"x-api-key":
+                token = value.strip()
+            if token and hmac.compare_digest(token, self.api_key):
+                return True
+        return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if self.api_key is not None and scope["path"] not in PUBLIC_PATHS and not self._authorized(scope):
-            await self._reject(send, 401, "Incorrect or missing API key; send 'Authorization: Bearer <key>'",
+            await self._reject(scope, send, 401, "Incorrect or missing API key; send 'Authorization: Bearer <key>' "
+                                                 "(or 'x-api-key: <key>')",
                                "authentication_error", "invalid_api_key")
             return
         if scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         if not self.is_accepting():
-            await self._reject(send, 503, "The server is shutting down", "service_unavailable", 503)
+            await self._reject(scope, send, 503, "The server is shutting down", "service_unavailable", 503)
             return
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and (not value.isdigit() or int(value) > self.max_body_bytes):
-                await self._reject(send, 413, f"Request body larger than {self.max_body_bytes} bytes",
+                await self._reject(scope, send, 413, f"Request body larger than {self.max_body_bytes} bytes",
                                    "invalid_request_error", 413)
                 return
         chunks, size, more = [], 0, True
@@ -95,14 +100,14 @@ class Guard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                await self._reject(send, 413, f"Request body larger than {self.max_body_bytes} bytes",
+                await self._reject(scope, send, 413, f"Request body larger than {self.max_body_bytes} bytes",
                                    "invalid_request_error", 413)
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
         if has_lone_surrogate(body):
-            await self._reject(send, 400, "The request contains an unpaired UTF-16 surrogate escape; strings must "
+            await self._reject(scope, send, 400, "The request contains an unpaired UTF-16 surrogate escape; strings must "
                                           "be valid Unicode", "invalid_request_error", 400)
             return
         headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-type"]

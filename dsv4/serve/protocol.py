@@ -243,5 +243,23 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API (dsv4.serve.messages): its own error shape
+_MESSAGES_ERROR_TYPES = {"server_error": "api_error", "service_unavailable": "overloaded_error"}
+
+
+def messages_error_body(message: str, type_: str, status: int) -> dict:
+    """The Messages API's error shape; OpenAI's error types renamed to Anthropic's."""
+    type_ = "request_too_large" if status == 413 else _MESSAGES_ERROR_TYPES.get(type_, type_)
+    return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+def error_body_for(path: str, status: int, message: str, type_: str = "invalid_request_error",
+                   param: str | None = None, code: Union[str, int, None] = None) -> dict:
+    """The error body of a request to `path`: the Messages API's shape on its routes, else OpenAI's."""
+    if path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/"):
+        return messages_error_body(message, type_, status)
+    return error_body(message, type_, param, status if code is None else code)
+
+
 def now() -> int:
     return int(time.time())
