@@ -78,8 +78,9 @@ TEXT_SLOTS = {"/v1/completions": [lambda t: {"prompt": t}, lambda t: {"stop": [t
                                                       "arguments": t}]}],
               "/v1/messages": [lambda t: {"system": t}, lambda t: {"stop_sequences": [t]},
                                lambda t: {"messages": [{"role": "user", "content": [{"type": "text", "text": t}]}]},
-                               lambda t: {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [
-                                   {"type": "tool_use", "id": t, "name": t, "input": {t: t}}]}]}]}
+                               lambda t: {"messages": [{"role": "user", "content": "x"}, {
+                                   "role": "assistant",
+                                   "content": [{"type": "tool_use", "id": t, "name": t, "input": {t: t}}]}]}]}
 messages = st.lists(st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"])},
     optional={"content": st.text(max_size=40) | json_values, "tool_calls": json_values,

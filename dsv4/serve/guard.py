@@ -107,8 +107,8 @@ class Guard:
             more = message.get("more_body", False)
         body = b"".join(chunks)
         if has_lone_surrogate(body):
-            await self._reject(scope, send, 400, "The request contains an unpaired UTF-16 surrogate escape; strings must "
-                                          "be valid Unicode", "invalid_request_error", 400)
+            await self._reject(scope, send, 400, "The request contains an unpaired UTF-16 surrogate escape; strings "
+                                                 "must be valid Unicode", "invalid_request_error", 400)
             return
         headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-type"]
         scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
