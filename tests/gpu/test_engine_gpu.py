@@ -4,6 +4,7 @@ without it, and prompt logprobs (scored over prefill chunks) stay close to the C
 n requests of one prompt copying the first one's cache (`share_prompts`) answer as when each computes it, and
 so do requests copying a snapshot of their shared system prompt (`prefix_snapshots`). Session 55: structured
 outputs (grammar masks) under graphs, the look-ahead and MTP. Session 56: forks sharing the snapshot's pages.
+Session 57: thinking-mode turns retaining the cache one token short of the prompt's end.
 
 Greedy text of the trained embedded model is robust to bf16 rounding over short replies (test_model_gpu's
 `test_embedded_model_greedy_text_matches_cpu` relies on the same), so retained and fresh runs -- whose prefill
@@ -47,6 +48,26 @@ def test_retained_conversation_matches_fresh_turns():
     assert _conversation(keeping, turns) == fresh
     stats = keeping.engine.stats()
     assert stats.num_adopted == len(turns) - 1 and stats.adopted_tokens > 50
+
+
+def test_thinking_turns_reuse_the_last_prompt_but_its_last_token():
+    """Session 57: in thinking mode the next turn drops the reasoning, so LLM.chat asks the engine to retain the
+    cache one token short of the prompt's end (`retain_prefix`, a chunk ending there and a copy of the cache under
+    the FP8 cache and graphs): each later turn takes that many tokens and answers as a fresh engine."""
+    from dsv4 import LLM, SamplingParams
+
+    kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
+    fresh, keeping = LLM(**kw), LLM(retain_finished=2, **kw)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    history, last_prompt = [], None
+    for line in ("The for statement", "And the while statement?", "What about classes?"):
+        history.append({"role": "user", "content": line})
+        got = keeping.chat(history, params, thinking=True)[0]
+        assert got.token_ids == fresh.chat(history, params, thinking=True)[0].token_ids
+        if last_prompt is not None:
+            assert got.cached_tokens == len(last_prompt) - 1
+        last_prompt = got.prompt_token_ids
+        history.append({"role": "assistant", "content": got.content or "", "reasoning_content": got.reasoning_content})
 
 
 def test_prompt_logprobs_close_to_the_cpu_reference():
