@@ -296,6 +296,34 @@ def test_retained_conversation_under_speculation(drafter_model, prompts, k):
     assert_all_free(engine)
 
 
+def test_thinking_turns_retain_their_prompt_but_its_last_token_under_speculation(drafter_model, prompts):
+    """SamplingParams.retain_prefix with MTP drafts: the chunk ends one token short of the prompt (both states level
+    there), its copy is retained, and the next turn -- the last token replaced, reasoning dropped -- adopts it: the
+    same tokens as without speculation or retention."""
+    def converse(engine) -> tuple[list[list[int]], list[int]]:
+        history, outs, lengths = list(prompts[13][:30]), [], []
+        for t in range(3):
+            prompt = history + [3, 4]  # (stand-ins for <｜Assistant｜><think>)
+            lengths.append(len(prompt))
+            engine.add_request(f"t{t}", prompt, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
+                                                               retain_prefix=len(prompt) - 1))
+            outs.append(drain(engine)[f"t{t}"]["tokens"])
+            history = history + [3, 5, *outs[-1][-2:], 6, 7] + prompts[12][t * 4: t * 4 + 4]
+        return outs, lengths
+
+    want, _ = converse(make_engine(drafter_model, None))
+    engine = LLMEngine(drafter_model, drafter_model.config, None,
+                       EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=MAX_LEN,
+                                    speculative="mtp", num_draft_tokens=2, retain_finished=4))
+    got, lengths = converse(engine)
+    assert got == want
+    s = engine.stats()
+    assert s.num_adopted == 2 and s.adopted_tokens == sum(n - 1 for n in lengths[:-1])
+    assert s.spec_accepted_tokens > 0
+    engine.retained.clear()
+    assert_all_free(engine)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_n_choices_under_speculation(drafter_model, prompts, k):
     """EngineConfig.share_prompts with MTP drafts: three requests copy the first one's cache of their common prompt,
