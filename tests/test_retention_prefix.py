@@ -100,6 +100,33 @@ def test_a_prefix_at_or_past_the_prompt_end_retains_the_finished_sequence(model)
         assert engine.stats().adopted_tokens == len(prompt) + len(out) - 1
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_reply_tokenized_differently_next_turn_reuses_the_prompt(model, overlap):  # noqa: F811
+    """The next turn carries the reply as text, which the tokenizer may split otherwise than the model produced it
+    (a tool call's "t"+"rue" comes back as "tr"+"ue"): the finished sequence is then no prefix of the next prompt,
+    deeper than any state rolls back. retain_prefix = the whole prompt keeps a copy at the prompt's end, which the
+    next turn adopts (the look-ahead waits for the copy); without it nothing is reused. Outputs as without
+    retention; a reply that comes back unchanged still adopts the finished sequence (the longer entry)."""
+    rng = random.Random(11)
+    prompt = [token(rng) for _ in range(60)]
+    params = dict(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for retain in (True, False):
+        engine = engine_with(model, 4, overlap=overlap)
+        engine.add_request("a", prompt, SamplingParams(**params, retain_prefix=len(prompt) if retain else None))
+        out = drain(engine)["a"]["tokens"]
+        retold = out[:5] + [next(t for t in range(8, CFG.vocab_size) if t != out[5])] + out[6:]  # split anew
+        follow = prompt + retold + [token(rng) for _ in range(4)]
+        engine.add_request("b", follow, SamplingParams(**params))
+        got = drain(engine)["b"]["tokens"]
+        fresh = engine_with(model, 0)
+        fresh.add_request("b", follow, SamplingParams(**params))
+        assert got == drain(fresh)["b"]["tokens"]
+        assert engine.stats().adopted_tokens == (len(prompt) if retain else 0)
+    engine.add_request("c", follow + got[:-1] + [token(rng)], SamplingParams(**params))  # b's reply unchanged
+    drain(engine)
+    assert engine.stats().adopted_tokens == len(follow) + len(got) - 1
+
+
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "5"])
 def test_bad_retain_prefix_names_the_field(bad):
     with pytest.raises(ValueError, match="retain_prefix"):
@@ -126,7 +153,7 @@ TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type"
 def test_continuation_tokens_is_where_the_next_turn_departs(tok_ckpt, mode, tools, drop):  # noqa: F811
     """For random conversations, the next turn's tokens (a reply with reasoning and a new user message added)
     start with exactly the first k of this turn's: k = len - 1 in thinking mode without tools (its reasoning is
-    dropped), all of them (None) otherwise."""
+    dropped), all of them otherwise."""
     from dsv4.chat.tokenizer import load_tokenizer
     tok = load_tokenizer(tok_ckpt[0])
     rng = random.Random(hash((mode, bool(tools), drop)) & 0xFFFF)
@@ -139,8 +166,8 @@ def test_continuation_tokens_is_where_the_next_turn_departs(tok_ckpt, mode, tool
                       {"role": "user", "content": "and then"}]
         follow = tok.encode(encode_messages(nxt, **options))
         common = next(i for i in range(len(ids) + 1) if i == len(ids) or ids[i] != follow[i])
-        assert (common if common < len(ids) else None) == k
-        assert k == (len(ids) - 1 if mode == "thinking" and drop and not tools else None)
+        assert common == k
+        assert k == len(ids) - (1 if mode == "thinking" and drop and not tools else 0)
 
 
 def test_chat_turns_in_thinking_mode_reuse_the_cache(tok_ckpt):  # noqa: F811

@@ -199,6 +199,27 @@ def test_retained_conversation_and_shared_prompts_answer_as_without(server, clie
             replies.append((first.choices[0].message, second.choices[0].message.content))
         assert replies[0] == replies[1] and replies[0][0].reasoning_content
         assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+        # an agent's turns: each call comes back as text, which the tokenizer may split otherwise than the model made
+        # it; the copy kept at the prompt's end (retain_prefix) still serves the next turn
+        tools = [{"type": "function", "function": {"name": "pick", "parameters": {
+            "type": "object", "required": ["b"],
+            "properties": {"a": {"type": "boolean"}, "b": {"type": "string", "enum": ["x", "y"]}}}}}]
+        calls, prompts, cached = [], [], []
+        for c in (client, keeping):
+            msgs = [{"role": "system", "content": "You pick things. " * 20}, {"role": "user", "content": "Pick one."}]
+            for _ in range(3):
+                r = c.chat.completions.create(model=model_name, messages=msgs, tools=tools, tool_choice="required",
+                                              max_tokens=150, temperature=0)
+                m = r.choices[0].message
+                assert m.tool_calls, (r.choices[0].finish_reason, m)
+                calls.append([(t.function.name, t.function.arguments) for t in m.tool_calls])
+                prompts.append(r.usage.prompt_tokens)
+                cached.append(r.usage.prompt_tokens_details.cached_tokens)
+                msgs += [{"role": "assistant", "content": m.content,
+                          "tool_calls": [t.model_dump() for t in m.tool_calls]},
+                         *({"role": "tool", "tool_call_id": t.id, "content": "ok"} for t in m.tool_calls)]
+        assert calls[:3] == calls[3:] and prompts[:3] == prompts[3:]
+        assert cached[3] == 0 and cached[4] >= prompts[3] and cached[5] >= prompts[4]
 
         shared_before = _metric(server.base_url, "dsv4_shared_prompt_tokens")
         msgs = [{"role": "user", "content": "Explain what a Python generator is and when to use one."}]

@@ -381,11 +381,10 @@ def continuation_prefix(messages: list[dict], **options: Any) -> int:
 
 def continuation_tokens(tokenizer, ids: list[int], messages: list[dict], **options: Any) -> int | None:
     """`SamplingParams.retain_prefix` for prompt `ids` (`tokenizer`'s encoding of encode_messages(messages,
-    **options)): the leading tokens that the next turn's prompt starts with too, where that is fewer than all of
-    them; None where it is all (that turn continues this one's finished cache) or no token boundary fits."""
+    **options)): the leading tokens that the next turn's prompt starts with too -- all of them, or fewer where that
+    turn renders this one's end differently; None where no token boundary fits."""
     prompt = encode_messages(messages, **options)
     at = continuation_prefix(messages, **options)
     if at >= len(prompt):
-        return None
-    j = tokenizer.tokens_before(ids, prompt, at)
-    return j or None
+        return len(ids)
+    return tokenizer.tokens_before(ids, prompt, at) or None

@@ -195,7 +195,7 @@ class LLMEngine:
         if self.snapshots is not None:
             seq.snapshot_at = self.snapshots.note(seq)
         k = seq.params.retain_prefix
-        if self.retained is not None and k is not None and seq.num_computed_tokens < k < seq.num_prompt_tokens:
+        if self.retained is not None and k is not None and seq.num_computed_tokens < k <= seq.num_prompt_tokens:
             seq.retain_at = k  # a chunk ends there and a copy of the cache is retained (RetainedSequences.keep_prefix)
         return True
 
@@ -336,9 +336,10 @@ class LLMEngine:
         return outputs
 
     def _may_look_ahead(self, batch: ScheduledBatch) -> bool:
+        # (not where a row's cache is copied after this step: the next step's forward would run before the copy)
         return (self.overlap and self.speculator is None and not self.scheduler.waiting
                 and all(r.sample and not r.num_draft_tokens and not r.seq.params.has_penalties
-                        and r.seq.params.logprobs is None for r in batch.rows))
+                        and r.seq.params.logprobs is None and not r.seq.retain_at for r in batch.rows))
 
     def _look_ahead(self, batch: ScheduledBatch, ids: torch.Tensor) -> "_Launched | None":
         """Launch the next token of every row of `batch` that goes on whatever id it gets

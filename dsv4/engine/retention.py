@@ -11,11 +11,12 @@ when the scheduler admits the request; a request that then does not fit gives th
 waiting request ever holds pages. Retained pages give way first when pages run out (forked entries, least recently
 forked first, then the oldest), before any running sequence is preempted.
 
-A request can name an earlier point of its prompt to retain instead (`SamplingParams.retain_prefix`): where the
-next turn renders the end of this prompt differently -- thinking mode drops the reasoning from the history and
-re-renders the generation prompt, so the next turn starts with this prompt but its last token -- the engine ends a
-prefill chunk there and keeps a copy of the cache at that point (`keep_prefix`); the finished sequence's own cache,
-which no continuation can use, is freed.
+A request can also name a point of its prompt to retain (`SamplingParams.retain_prefix`, set by the chat routes):
+a prefill chunk ends there and a copy of the cache at that point is kept (`keep_prefix`). At the prompt's end it is
+the fallback for a next turn that tokenizes the reply differently than the model produced it (a tool call's
+"t"+"rue" comes back as "tr"+"ue": the finished sequence is no prefix of it, the prompt still is). Short of the end
+it replaces the finished sequence's cache: thinking mode drops the reasoning from the history and re-renders the
+generation prompt, so the next turn starts with this prompt but its last token.
 
 Not used for requests asking for `prompt_logprobs` (their prompt is scored from its first token). With
 speculative decoding the MTP state is not advanced over a sequence's finishing step: the target state is rolled
@@ -81,8 +82,8 @@ class RetainedSequences:
 
     def keep_prefix(self, seq: Sequence, state) -> None:
         """Retain a copy of running `seq`'s cache, which has just computed up to `seq.retain_at` (nothing where an
-        entry holds those tokens, or the copy does not fit even after the retained entries beyond a full capacity
-        went)."""
+        entry holds those tokens, the MTP state is not level with it (at the prompt's end it waits for the first
+        token), or the copy does not fit even after the retained entries beyond a full capacity went)."""
         at, seq.retain_at = seq.retain_at, 0
         tokens = tuple(seq.token_ids[:at])
         if (any(entry[0] == tokens for entry in self._entries.values()) or state.num_tokens != at

@@ -62,9 +62,10 @@ class SamplingParams:
     # scheduling, not sampling: lower values are admitted first and preempted last, and preempt higher values to
     # get in (vLLM's convention); equal priorities are first come, first served (dsv4.engine.scheduler)
     priority: int = 0
-    # with the engine's retention on (retain_finished): keep the cache at this many prompt tokens for the next turn,
-    # instead of the finished sequence's -- where that turn renders the end of this prompt differently (thinking
-    # mode drops the reasoning; dsv4.chat.encoding.continuation_prefix). None: the finished sequence's
+    # with the engine's retention on (retain_finished): also keep a copy of the cache at this many prompt tokens, the
+    # part of the prompt the next turn starts with (dsv4.chat.encoding.continuation_tokens). The whole prompt: a
+    # fallback for a reply the next turn tokenizes differently; fewer (thinking mode drops the reasoning and
+    # re-renders the prompt's end): instead of the finished sequence's cache. None: the finished sequence's only
     retain_prefix: int | None = None
 
     def __post_init__(self) -> None:
