@@ -127,6 +127,26 @@ def test_a_reply_tokenized_differently_next_turn_reuses_the_prompt(model, overla
     assert engine.stats().adopted_tokens == len(follow) + len(got) - 1
 
 
+def test_a_turns_other_entry_goes_before_the_one_forked(model):  # noqa: F811
+    """A turn retains two entries (its prompt's end, its end). When the next turn forks one, the other is of no use
+    to a continuation and is evicted before it: with room for 3, after two turns the first turn's end and the
+    second turn's two entries are kept (the first turn's prompt-end copy went)."""
+    rng = random.Random(13)
+    engine = engine_with(model, 3)
+    prompt = [token(rng) for _ in range(40)]
+    params = dict(temperature=0.0, max_tokens=12, ignore_eos=True)
+    turns = []
+    for t in range(2):
+        engine.add_request(f"t{t}", prompt, SamplingParams(**params, retain_prefix=len(prompt)))
+        out = drain(engine)[f"t{t}"]["tokens"]
+        turns.append((prompt, out))
+        prompt = prompt + out + [token(rng) for _ in range(3)]
+    (p0, o0), (p1, o1) = turns
+    assert engine.stats().adopted_tokens == len(p0) + len(o0) - 1  # turn 1 forked turn 0's end
+    kept = engine.retained.eviction_order()
+    assert kept == [tuple(p0 + o0[:-1]), tuple(p1), tuple(p1 + o1[:-1])]
+
+
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "5"])
 def test_bad_retain_prefix_names_the_field(bad):
     with pytest.raises(ValueError, match="retain_prefix"):

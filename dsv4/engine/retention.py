@@ -9,7 +9,8 @@ of the same turn (a regenerated reply, a branch, a retried agent step) finds it 
 fit, or sharing is off, the pages and the state *move* to the adopter (no copy; one continuation). Adoption happens
 when the scheduler admits the request; a request that then does not fit gives the cache back (`give_back`), so no
 waiting request ever holds pages. Retained pages give way first when pages run out (forked entries, least recently
-forked first, then the oldest), before any running sequence is preempted.
+forked first -- a forked entry's sibling from the same request, see below, just before it -- then the oldest),
+before any running sequence is preempted.
 
 A request can also name a point of its prompt to retain (`SamplingParams.retain_prefix`, set by the chat routes):
 a prefill chunk ends there and a copy of the cache at that point is kept (`keep_prefix`). At the prompt's end it is
@@ -60,6 +61,7 @@ class RetainedSequences:
         # entries forked at least once, least recently first: they go before the others (a conversation goes on from
         # its newest turn, which the adopter becomes once retained)
         self._spent: OrderedDict[int, None] = OrderedDict()
+        self._turns: dict[int, str] = {}  # entry -> the request it came from (its prompt-end copy and its end)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -92,7 +94,7 @@ class RetainedSequences:
         made = copy_into(self.cache, f"retained-{seq.request_id}", seq, state, self.mtp,
                          lambda: len(self._entries) >= self.capacity and self.evict_oldest())
         if made is not None:
-            self._add(tokens, *made)
+            self._add(tokens, *made, turn=seq.request_id)
 
     def give_back(self, seq: Sequence, state) -> None:
         """Undo `adopt` for a waiting `seq` that did not fit: its cache becomes the newest retained entry again and
@@ -114,10 +116,12 @@ class RetainedSequences:
         holder = PageHolder(seq.request_id, seq.block_tables)
         seq.block_tables = {}
         _repoint(state, holder)
-        self._add(tuple(tokens), holder, state)
+        self._add(tuple(tokens), holder, state, turn=seq.request_id)
 
-    def _add(self, tokens: tuple[int, ...], holder: PageHolder, state) -> None:
-        self._entries[next(self._keys)] = (tokens, holder, state)
+    def _add(self, tokens: tuple[int, ...], holder: PageHolder, state, turn: str) -> None:
+        key = next(self._keys)
+        self._entries[key] = (tokens, holder, state)
+        self._turns[key] = turn
         while len(self._entries) > self.capacity:
             self.evict_oldest()
 
@@ -132,6 +136,7 @@ class RetainedSequences:
             return False
         key = self._spent.popitem(last=False)[0] if self._spent else next(iter(self._entries))
         _, holder, _ = self._entries.pop(key)
+        del self._turns[key]
         self.block_manager.free(holder)
         return True
 
@@ -156,13 +161,17 @@ class RetainedSequences:
         tokens, holder, state = self._entries[best]
         forked = self.fork(seq, list(tokens), holder, state) if self.fork is not None else None
         if forked is not None:
-            self._spent[best] = None
-            self._spent.move_to_end(best)
+            # the turn's other entry (its prompt-end copy, or its end where that was forked) goes before this one
+            turn = self._turns[best]
+            for key in [*(k for k, t in self._turns.items() if t == turn and k != best), best]:
+                self._spent[key] = None
+                self._spent.move_to_end(key)
             self._forked = seq
             self.num_adopted += 1
             self.num_tokens_reused += seq.num_computed_tokens
             return forked
         del self._entries[best]
+        del self._turns[best]
         self._spent.pop(best, None)
         seq.block_tables, holder.block_tables = holder.block_tables, {}
         seq.num_computed_tokens = len(tokens)
