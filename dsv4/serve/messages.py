@@ -25,7 +25,7 @@ from ..engine.outputs import RequestOutput
 from .chat_bridge import RequestError
 from .messages_request import CountTokensRequest, MessagesRequest, to_chat_request
 from .protocol import MESSAGES_PATH, messages_error_body
-from .responses import Plumbing, new_id
+from .responses import Plumbing, drain_events, named_event, new_id
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,7 @@ class MessageReply:
                 "usage": usage}
 
     def drain(self) -> list[bytes]:
-        out = [f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-               for kind, data in self.events]
-        self.events.clear()
-        return out
+        return drain_events(self.events)
 
 
 def add_messages_route(app, p: Plumbing) -> None:
@@ -174,6 +171,6 @@ def add_messages_route(app, p: Plumbing) -> None:
                     log.error("stream failed: %r", e)
                 body = (messages_error_body(str(e), "service_unavailable", 503) if isinstance(e, EngineStopped)
                         else messages_error_body("internal server error", "server_error", 500))
-                yield f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+                yield named_event("error", body)
 
         return p.streaming(events(), streams)

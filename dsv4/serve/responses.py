@@ -30,6 +30,18 @@ from .responses_request import ResponsesRequest, ToolChoiceFunction, input_messa
 
 # ---- reply -> output items -----------------------------------------------------------------------
 
+def named_event(kind: str, data: dict) -> bytes:
+    """A server-sent event with an event name (the Responses and Messages APIs' streams)."""
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def drain_events(events: list[tuple[str, dict]]) -> list[bytes]:
+    """`events` (kind, data) as server-sent events; the list is emptied."""
+    out = [named_event(kind, data) for kind, data in events]
+    events.clear()
+    return out
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"  # (OpenAI's ids: resp_..., msg_..., rs_..., fc_...)
 
@@ -225,10 +237,7 @@ class Reply:
 
     def drain(self) -> list[bytes]:
         """The events so far, as server-sent events."""
-        out = [f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-               for kind, data in self.events]
-        self.events.clear()
-        return out
+        return drain_events(self.events)
 
 
 def add_responses_route(app, p: Plumbing) -> None:
