@@ -23,6 +23,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="stop when the output contains TEXT (cut from it); repeat for several")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=4096)
+    add_cache_tokens(p)
     p.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     p.add_argument("--num-draft-tokens", type=int, default=1, metavar="K",
@@ -61,6 +62,20 @@ def add_decode_options(p) -> None:
                         "next first, so the host's work hides behind the GPU)")
 
 
+def add_cache_tokens(g) -> None:
+    """--cache-tokens (serve, run-batch, generate, chat, --tp/--ep runs)."""
+    g.add_argument("--cache-tokens", type=int, default=None, metavar="N",
+                   help="tokens of context the cache holds over all sequences (`dsv4 plan` prints how many fit the "
+                        "GPUs; default: max-num-seqs x max-model-len / 4, at least two full-length sequences)")
+
+
+def check_cache_tokens(args: argparse.Namespace) -> None:
+    n = getattr(args, "cache_tokens", None)
+    if n is not None and n < args.max_model_len:
+        raise ValueError(f"--cache-tokens {n} is less than --max-model-len {args.max_model_len}: a request of full "
+                         "length would never fit")
+
+
 def check_draft_tokens(args) -> None:
     """--num-draft-tokens only means something with --speculative (generate, chat, serve, every --tp/--ep run)."""
     if getattr(args, "num_draft_tokens", 1) != 1 and getattr(args, "speculative", None) is None:
@@ -70,11 +85,12 @@ def check_draft_tokens(args) -> None:
 def _llm(args, retain_finished: int = 0):
     from .engine.llm import LLM
     check_draft_tokens(args)
+    check_cache_tokens(args)
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
                num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", False),
                kv_dtype=getattr(args, "kv_dtype", "auto"), overlap=getattr(args, "overlap", None),
-               retain_finished=retain_finished)
+               retain_finished=retain_finished, cache_tokens=args.cache_tokens)
 
 
 def _read(value: str, what: str) -> str:

@@ -191,6 +191,8 @@ def format_plan(p: Plan) -> str:
         f"= {gb(p.fixed_per_sequence * p.max_num_seqs)}",
         f"cache per token of context (kv_dtype={p.kv_dtype}): {p.cache_bytes_per_token:,.2f} B",
         f"fits: {'yes' if p.fits else 'NO'}: {p.reason}",
+        *([f"serve with: --max-num-seqs {p.max_num_seqs} --cache-tokens {p.cache_tokens}"
+           + (" --kv-dtype fp8" if p.kv_dtype == "fp8" else "")] if p.fits else []),
     ])
 
 

@@ -98,7 +98,8 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
                           speculative=speculative, num_draft_tokens=getattr(args, "num_draft_tokens", 1),
                           overlap=getattr(args, "overlap", None), retain_finished=getattr(args, "retain_finished", 0),
                           share_prompts=getattr(args, "share_prompts", True),
-                          prefix_snapshots=getattr(args, "prefix_snapshots", 0))
+                          prefix_snapshots=getattr(args, "prefix_snapshots", 0),
+                          cache_tokens=getattr(args, "cache_tokens", None))
     if getattr(args, "cuda_graphs", False):  # every rank captures the same steps, its collectives inside
         model.enable_cuda_graphs(max_batch=config.decode_step_rows)
     return LLMEngine(model, model.config, load_tokenizer(path), config, model_name=path.name)

@@ -52,6 +52,9 @@ class EngineConfig:
     # snapshots of prompt prefixes that several requests share, kept for the next requests with them (a system
     # prompt; dsv4.engine.prefix_snapshots; needs share_prompts); 0: off
     prefix_snapshots: int = 0
+    # tokens of context the cache holds over all sequences (its compressed-entry pages; `dsv4 plan` says how many
+    # fit a GPU). None: max_num_seqs * max_model_len / 4, at least two sequences at full length
+    cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
@@ -67,6 +70,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.prefix_snapshots={p!r}; expected an integer >= 0 (0 = off)")
         if p and not self.share_prompts:
             raise ValueError("EngineConfig.prefix_snapshots needs share_prompts=True (snapshots are forked)")
+        t = self.cache_tokens
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+            raise ValueError(f"EngineConfig.cache_tokens={t!r}; expected an integer >= 1 or None")
 
     @property
     def decode_step_rows(self) -> int:
@@ -90,8 +96,12 @@ class LLMEngine:
         self.vocab_size = config.vocab_size
         self.max_model_len = min(ec.max_model_len, config.max_position_embeddings)
         self.device = next(model.parameters()).device
+        if ec.cache_tokens is not None and ec.cache_tokens < self.max_model_len:
+            raise ValueError(f"cache_tokens={ec.cache_tokens} is less than max_model_len={self.max_model_len}: a "
+                             "request of full length would never fit; raise the one or lower the other")
         cache_cfg = ec.cache or CacheConfig.for_capacity(config, max_num_seqs=ec.max_num_seqs,
                                                           max_model_len=self.max_model_len,
+                                                          total_tokens=ec.cache_tokens,
                                                           kept_states=ec.retain_finished + ec.prefix_snapshots,
                                                           kv_dtype=ec.kv_dtype)
         self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)

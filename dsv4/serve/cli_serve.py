@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from ..cli_generate import add_decode_options, check_draft_tokens
+from ..cli_generate import add_cache_tokens, add_decode_options, check_cache_tokens, check_draft_tokens
 
 
 API_KEY_ENV = "DSV4_API_KEY"
@@ -51,6 +51,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--numerics", default="reference", choices=["reference", "transformers"])
     g.add_argument("--max-model-len", type=int, default=4096, help="prompt + completion tokens per request")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together at most")
+    add_cache_tokens(g)
     g.add_argument("--max-num-batched-tokens", type=int, default=8192,  # EngineConfig.max_num_batched_tokens
                    help="tokens per engine step at most (chunked prefill budget)")
     g.add_argument("--speculative", choices=["mtp"], default=None,
@@ -98,6 +99,7 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_cache_tokens(args)
     if args.retain_finished < 0:
         raise ValueError(f"--retain-finished must be >= 0, got {args.retain_finished}")
     if args.prefix_snapshots < 0:
@@ -129,7 +131,8 @@ def build_core(args: argparse.Namespace):
                           max_model_len=args.max_model_len, speculative=args.speculative,
                           num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"),
                           overlap=getattr(args, "overlap", None), retain_finished=args.retain_finished,
-                          share_prompts=args.share_prompts, prefix_snapshots=args.prefix_snapshots)
+                          share_prompts=args.share_prompts, prefix_snapshots=args.prefix_snapshots,
+                          cache_tokens=args.cache_tokens)
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
                                      cuda_graphs=getattr(args, "cuda_graphs", False))
 
