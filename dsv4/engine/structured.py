@@ -27,6 +27,8 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
+from dsv4.kernels._triton import HAS_TRITON
+from dsv4.kernels.token_mask import apply_token_masks, apply_token_masks_ref
 from dsv4.model.context import to_device
 
 log = logging.getLogger(__name__)
@@ -275,29 +277,18 @@ def grammar_masks(seqs: Seq, drafted: Seq[Seq[int]] | None = None) -> list[np.nd
 
 
 def apply_grammar_masks(logits: torch.Tensor, masks: Seq[np.ndarray | None] | None) -> torch.Tensor:
-    """Logits with -inf wherever a row's mask bit is 0 (a new tensor where any row has a mask, else `logits`)."""
+    """Logits with -inf wherever a row's mask bit is 0 (a new tensor where any row has a mask, else `logits`):
+    one upload of the rows' words (-1 for a row without a mask) and, on a GPU, one kernel
+    (dsv4.kernels.token_mask)."""
     rows = [i for i, m in enumerate(masks or ()) if m is not None]
     if not rows:
         return logits
-    vocab, dev = logits.shape[1], logits.device
-    words = to_device(torch.from_numpy(np.stack([masks[i] for i in rows])), dev)  # pinned, not waited for
-    allowed = (words[:, :, None] & _bit_values(dev)).ne(0).flatten(1)[:, :vocab]
-    if allowed.shape[1] < vocab:  # ids past the tokenizer's vocabulary are never allowed
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
-    if len(rows) == logits.shape[0]:  # every row has a grammar: no gather / scatter of rows
-        return torch.where(allowed, logits, float("-inf"))
-    out = logits.clone()
-    idx = to_device(torch.tensor(rows), dev)
-    out[idx] = torch.where(allowed, out[idx], float("-inf"))
-    return out
-
-
-_BITS: dict = {}
-
-
-def _bit_values(dev: torch.device) -> torch.Tensor:
-    """[32] int32: 1 << k (k = 31 is the sign bit), made once per device."""
-    key = str(dev)
-    if key not in _BITS:
-        _BITS[key] = to_device(torch.ones(32, dtype=torch.int32) << torch.arange(32, dtype=torch.int32), dev)
-    return _BITS[key]
+    words = np.full((logits.shape[0], (logits.shape[1] + 31) // 32), -1, dtype=np.int32)
+    for i in rows:
+        n = min(masks[i].size, words.shape[1])
+        words[i, :n] = masks[i][:n]
+        words[i, n:] = 0  # ids past the tokenizer's vocabulary are never allowed
+    words = to_device(torch.from_numpy(words), logits.device)  # pinned, not waited for
+    if logits.device.type == "cuda" and HAS_TRITON:
+        return apply_token_masks(logits, words)
+    return apply_token_masks_ref(logits, words)
