@@ -127,6 +127,26 @@ def test_a_reply_tokenized_differently_next_turn_reuses_the_prompt(model, overla
     assert engine.stats().adopted_tokens == len(follow) + len(got) - 1
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_a_prompt_sent_again_forks_its_prompt_end_copy(model, share):  # noqa: F811
+    """A regenerated reply (the same prompt again) forks the copy kept at the prompt's end, rolled back a token:
+    it computes only its last prompt token, and samples as the first did. Without prompt sharing the copy could
+    only move, which would leave nothing to compute for the first token: it computes the prompt itself."""
+    rng = random.Random(17)
+    prompt = [token(rng) for _ in range(50)]
+    engine = engine_with(model, 4, share=share)
+    computed = counting_tokens(engine)
+    outs = []
+    for i in range(2):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                                                           retain_prefix=len(prompt)))
+        outs.append(drain(engine)[f"r{i}"]["tokens"])
+    assert outs[0] == outs[1]
+    reused = len(prompt) - 1 if share else 0
+    assert engine.stats().adopted_tokens == reused
+    assert sum(computed) == 2 * (len(prompt) + 9) - reused
+
+
 def test_a_turns_other_entry_goes_before_the_one_forked(model):  # noqa: F811
     """A turn retains two entries (its prompt's end, its end). When the next turn forks one, the other is of no use
     to a continuation and is evicted before it: with room for 3, after two turns the first turn's end and the

@@ -151,10 +151,13 @@ class RetainedSequences:
         if seq.num_computed_tokens or seq.block_tables:
             raise ValueError(f"request {seq.request_id!r}: only a fresh sequence can adopt a retained one")
         prompt = seq.prompt_token_ids
+        # an entry of the whole prompt (a prompt sent again: a regenerated reply) can only be forked: the fork rolls
+        # back a token, so that seq computes its last prompt token itself
+        most = len(prompt) if self.fork is not None else len(prompt) - 1
         best, best_len = None, 0
         for key, (tokens, _, _) in self._entries.items():
             n = len(tokens)
-            if best_len < n < len(prompt) and tuple(prompt[:n]) == tokens:
+            if best_len < n <= most and tuple(prompt[:n]) == tokens:
                 best, best_len = key, n
         if best is None:
             return None
@@ -170,6 +173,8 @@ class RetainedSequences:
             self.num_adopted += 1
             self.num_tokens_reused += seq.num_computed_tokens
             return forked
+        if len(tokens) == len(prompt):
+            return None
         del self._entries[best]
         del self._turns[best]
         self._spent.pop(best, None)
