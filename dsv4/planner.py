@@ -58,6 +58,7 @@ class Plan:
     cache_tokens: int               # tokens of context that fit (0 when nothing fits)
     fits: bool
     reason: str
+    kept_states: int = 0            # states held beside the sequences' (retained entries, prefix snapshots)
 
 
 def parse_memory(text: str) -> int:
@@ -144,8 +145,10 @@ def fixed_bytes_per_sequence(config: ModelConfig, kv_dtype: str, dtype: torch.dt
 def plan(config: ModelConfig, *, gpus: int, gpu_memory: int, tp: int | None = None, ep: int | None = None,
          utilization: float = 0.9, weight_format: str = "stored", kv_dtype: str = "auto",
          dtype: torch.dtype = torch.bfloat16, max_num_seqs: int = 64, include_mtp: bool = True,
-         model: str = "") -> Plan:
-    """Fit check for `gpus` GPUs of `gpu_memory` bytes; tp/ep default to the GPU count."""
+         model: str = "", kept_states: int = 0) -> Plan:
+    """Fit check for `gpus` GPUs of `gpu_memory` bytes; tp/ep default to the GPU count. `kept_states`: decode states
+    held beside the sequences' (the engine's retained entries and prefix snapshots), each with the fixed state of a
+    sequence."""
     from dsv4.distributed.parallel_state import ParallelConfig
     from dsv4.engine.paged_state import cache_bytes_per_token
 
@@ -157,6 +160,8 @@ def plan(config: ModelConfig, *, gpus: int, gpu_memory: int, tp: int | None = No
         raise ValueError(f"--utilization {utilization}: must be in (0, 1]")
     if max_num_seqs < 1:
         raise ValueError(f"--max-num-seqs {max_num_seqs}: must be >= 1")
+    if kept_states < 0:
+        raise ValueError(f"--kept-states {kept_states}: must be >= 0")
     inventories = (expected_inventory(config, include_mtp=include_mtp),
                    expected_inventory(config, include_mtp=include_mtp, quantized=False))
     # every rank holds equal-sized slices (the layout only allows even splits): rank 0 stands for all
@@ -166,17 +171,17 @@ def plan(config: ModelConfig, *, gpus: int, gpu_memory: int, tp: int | None = No
     budget = int(gpu_memory * utilization)
     per_token = sum(cache_bytes_per_token(config, kv_dtype, dtype).values())
     fixed = fixed_bytes_per_sequence(config, kv_dtype, dtype)
-    free = budget - weights - max_num_seqs * fixed
+    free = budget - weights - (max_num_seqs + kept_states) * fixed
     tokens = max(0, int(free // per_token)) if per_token else 0
     if weights > budget:
         fits, reason = False, f"weights need {weights / GB:.1f} GB per GPU, budget is {budget / GB:.1f} GB"
     elif free <= 0:
-        fits, reason = False, f"no room for the fixed state of {max_num_seqs} sequences"
+        fits, reason = False, f"no room for the fixed state of {max_num_seqs} sequences and {kept_states} kept"
     else:
         fits, reason = True, f"{tokens:,} tokens of cache ({tokens // max_num_seqs:,} per sequence at " \
                              f"{max_num_seqs} sequences)"
     return Plan(model, gpus, tp, ep, gpu_memory, utilization, weight_format, kv_dtype, weights, by_part, budget,
-                max_num_seqs, fixed, per_token, tokens, fits, reason)
+                max_num_seqs, fixed, per_token, tokens, fits, reason, kept_states)
 
 
 def format_plan(p: Plan) -> str:
@@ -187,8 +192,8 @@ def format_plan(p: Plan) -> str:
         f"tp={p.tp} ep={p.ep}",
         f"weights per GPU ({p.weight_format}): {gb(p.weights)}  [{parts}]",
         f"budget per GPU: {gb(p.budget)} ({p.utilization:.0%} of the GPU)",
-        f"fixed state per sequence: {p.fixed_per_sequence / MiB:,.1f} MiB x {p.max_num_seqs} sequences "
-        f"= {gb(p.fixed_per_sequence * p.max_num_seqs)}",
+        f"fixed state per sequence: {p.fixed_per_sequence / MiB:,.1f} MiB x ({p.max_num_seqs} sequences + "
+        f"{p.kept_states} kept) = {gb(p.fixed_per_sequence * (p.max_num_seqs + p.kept_states))}",
         f"cache per token of context (kv_dtype={p.kv_dtype}): {p.cache_bytes_per_token:,.2f} B",
         f"fits: {'yes' if p.fits else 'NO'}: {p.reason}",
         *([f"serve with: --max-num-seqs {p.max_num_seqs} --cache-tokens {p.cache_tokens}"
@@ -212,6 +217,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode cache storage: auto = model dtype; fp8 = FP8 KV + FP4 indexer keys")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="model dtype (default bf16)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences held at once (default 64)")
+    p.add_argument("--kept-states", type=int, default=16,
+                   help="states kept beside the sequences': serve's --retain-finished + --prefix-snapshots "
+                        "(default 16, serve's defaults)")
     p.add_argument("--no-mtp", action="store_true", help="leave out the MTP block")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -222,6 +230,6 @@ def run(args: argparse.Namespace) -> int:
     result = plan(config, gpus=args.gpus, gpu_memory=parse_memory(args.gpu_memory), tp=args.tp, ep=args.ep,
                   utilization=args.utilization, weight_format=args.weights, kv_dtype=args.kv_dtype,
                   dtype=_DTYPES[args.dtype], max_num_seqs=args.max_num_seqs, include_mtp=not args.no_mtp,
-                  model=name)
+                  model=name, kept_states=args.kept_states)
     print(json.dumps(asdict(result), indent=2) if args.json else format_plan(result))
     return 0

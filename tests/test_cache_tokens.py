@@ -84,8 +84,10 @@ def test_the_option_reaches_the_engine_config(command, monkeypatch):
 
 @needs_flash
 def test_plan_prints_the_serve_options(flash):  # noqa: F811
-    p = plan(flash, gpus=2, gpu_memory=H200, kv_dtype="fp8", max_num_seqs=32)
-    assert p.fits
+    p = plan(flash, gpus=2, gpu_memory=H200, kv_dtype="fp8", max_num_seqs=32, kept_states=16)
+    assert p.fits and p.kept_states == 16
+    assert p.cache_tokens == int((int(H200 * 0.9) - p.weights - (32 + 16) * p.fixed_per_sequence)
+                                 // p.cache_bytes_per_token)
     assert format_plan(p).splitlines()[-1] == f"serve with: --max-num-seqs 32 --cache-tokens {p.cache_tokens} " \
                                               "--kv-dtype fp8"
     assert "serve with" not in format_plan(plan(flash, gpus=1, gpu_memory=H200))

@@ -213,7 +213,10 @@ def test_streamed_events_rebuild_the_response(client, think_close_id, kind):
     assert events[0].response.status == "in_progress" and events[0].response.output == []
     final = events[-1]
     assert final.type == f"response.{whole.status}" and final.response.status == whole.status
-    assert texts(final.response) == texts(whole) and final.response.usage == whole.usage
+    assert texts(final.response) == texts(whole)
+    # (the cached tokens differ: the second request of one prompt forks the first one's retained copy)
+    assert final.response.usage.model_dump(exclude={"input_tokens_details"}) == \
+        whole.usage.model_dump(exclude={"input_tokens_details"})
     assert [i.status for i in final.response.output] == [i.status for i in whole.output]
     # the deltas of each item add up to its text; every item is announced, then done, in order
     rebuilt: dict[int, str] = {}
