@@ -29,6 +29,7 @@ from .responses import Plumbing, drain_events, named_event, new_id
 
 log = logging.getLogger(__name__)
 
+
 def stop_reason(last: RequestOutput, called: bool) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) of a finished output; `called`: the reply holds tool calls."""
     if last.finish_reason == "length":
