@@ -96,3 +96,10 @@ gate() {
   grep -E "bit-identical|passed|failed|Error|error" $OUT/gate.txt | head -24
   grep -qE "[0-9]+ passed" $OUT/gate.txt && ! grep -q FAILED $OUT/gate.txt
 }
+# `with_llguidance`: install the carried llguidance wheel (.whl/, carry [".whl"]) into /tmp/site and put it and the
+# checkout on PYTHONPATH (the structured-output tests and bench_structured.py need it).
+with_llguidance() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || echo "no llguidance wheel"
+  export PYTHONPATH=$PWD:/tmp/site
+}

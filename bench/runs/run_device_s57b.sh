@@ -3,9 +3,7 @@
 # sessions 55-57 (structured outputs, prefix snapshots with shared pages, thinking-mode retention), then
 # bench_structured.py (the masks' host and kernel times apart at 129,280 tokens). Carry [".whl"].
 source bench/runs/lib.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || echo "no llguidance wheel"
-export PYTHONPATH=$PWD:/tmp/site
+with_llguidance
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 300 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_engine_gpu.py \
   -k "structured or snapshots or thinking_turns" 2>&1 | tail -6

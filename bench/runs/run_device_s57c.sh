@@ -4,9 +4,7 @@
 # its reference, the engine's structured-output GPU test through it, then bench_structured.py again (≈ 4 min with
 # the start). Carry [".whl"].
 source bench/runs/lib.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || echo "no llguidance wheel"
-export PYTHONPATH=$PWD:/tmp/site
+with_llguidance
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_token_mask.py \
   "tests/gpu/test_engine_gpu.py::test_structured_outputs_on_the_gpu" 2>&1 | tail -4
