@@ -34,8 +34,8 @@ class RenderedChat:
     token_ids: list[int]
     thinking_mode: str
     in_reasoning: bool
-    # the leading tokens the conversation's next turn starts with, where fewer than all (thinking mode drops the
-    # reasoning): SamplingParams.retain_prefix, so the engine's retention keeps the cache there
+    # the leading tokens the conversation's next turn starts with (all, or all but the last where thinking mode
+    # drops the reasoning): SamplingParams.retain_prefix, so the engine's retention keeps a copy of the cache there
     retain_prefix: int | None = None
 
     def stream_parser(self) -> StreamingParser:

@@ -62,13 +62,14 @@ class Guard:
 
     def _authorized(self, scope: Scope) -> bool:
         """`Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's)."""
-        token = b""
         for name, value in scope.get("headers", ()):
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 token = value[7:].strip()
             elif name == b"x-api-key":
                 token = value.strip()
-            if token and hmac.compare_digest(token, self.api_key):
+            else:
+                continue
+            if hmac.compare_digest(token, self.api_key):
                 return True
         return False
 
