@@ -193,7 +193,7 @@ TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type"
 def test_continuation_tokens_is_where_the_next_turn_departs(tok_ckpt, mode, tools, drop):  # noqa: F811
     """For random conversations, the next turn's tokens (a reply with reasoning and a new user message added)
     start with exactly the first k of this turn's: k = len - 1 in thinking mode without tools (its reasoning is
-    dropped), all of them otherwise."""
+    dropped), all of them otherwise -- asked for with tools only (their calls may come back tokenized otherwise)."""
     from dsv4.chat.tokenizer import load_tokenizer
     tok = load_tokenizer(tok_ckpt[0])
     rng = random.Random(hash((mode, bool(tools), drop)) & 0xFFFF)
@@ -206,8 +206,8 @@ def test_continuation_tokens_is_where_the_next_turn_departs(tok_ckpt, mode, tool
                       {"role": "user", "content": "and then"}]
         follow = tok.encode(encode_messages(nxt, **options))
         common = next(i for i in range(len(ids) + 1) if i == len(ids) or ids[i] != follow[i])
-        assert common == k
-        assert k == len(ids) - (1 if mode == "thinking" and drop and not tools else 0)
+        assert common == len(ids) - (1 if mode == "thinking" and drop and not tools else 0)
+        assert k == (common if common < len(ids) or tools else None)
 
 
 def test_chat_turns_in_thinking_mode_reuse_the_cache(tok_ckpt):  # noqa: F811
@@ -218,7 +218,8 @@ def test_chat_turns_in_thinking_mode_reuse_the_cache(tok_ckpt):  # noqa: F811
                    max_model_len=LLM_MAX_LEN, retain_finished=retain)
 
     p = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    first_turn = [{"role": "user", "content": "The lazy dog"}]
+    first_turn = [{"role": "system", "content": "You answer briefly and plainly."},  # (16 tokens at least)
+                  {"role": "user", "content": "The lazy dog"}]
     fresh, kept = llm(0), llm(2)
     a = kept.chat(first_turn, p, thinking=True)[0]
     assert a.token_ids == fresh.chat(first_turn, p, thinking=True)[0].token_ids

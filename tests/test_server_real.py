@@ -190,7 +190,8 @@ def test_retained_conversation_and_shared_prompts_answer_as_without(server, clie
         assert first.usage.prompt_tokens_details.cached_tokens == 0
         # thinking mode: the next turn drops the reasoning and re-renders the generation prompt's `<think>`, so the
         # cache kept is the first prompt's but its last token (retain_prefix), however long the reasoning was
-        msgs, replies, think = [{"role": "user", "content": "Why?"}], [], {"thinking": {"type": "enabled"}}
+        msgs, replies, think = [{"role": "system", "content": "You explain things step by step."},  # (16 tokens+)
+                                {"role": "user", "content": "Why?"}], [], {"thinking": {"type": "enabled"}}
         for c in (client, keeping):
             first = c.chat.completions.create(model=model_name, messages=msgs, max_tokens=40, temperature=0,
                                               extra_body=think)

@@ -381,10 +381,13 @@ def continuation_prefix(messages: list[dict], **options: Any) -> int:
 
 def continuation_tokens(tokenizer, ids: list[int], messages: list[dict], **options: Any) -> int | None:
     """`SamplingParams.retain_prefix` for prompt `ids` (`tokenizer`'s encoding of encode_messages(messages,
-    **options)): the leading tokens that the next turn's prompt starts with too -- all of them, or fewer where that
-    turn renders this one's end differently; None where no token boundary fits."""
+    **options)): where the engine should keep a copy of the cache for the next turn. Fewer than all the tokens where
+    that turn renders this one's end differently (thinking mode without tools drops the reasoning); all of them
+    with tools, whose calls come back as text that the tokenizer may split otherwise than the model did (the copy
+    is the fallback beside the finished sequence); None otherwise (the finished sequence serves: each copy costs
+    a few hundred small launches) or where no token boundary fits."""
     prompt = encode_messages(messages, **options)
     at = continuation_prefix(messages, **options)
     if at >= len(prompt):
-        return len(ids)
+        return len(ids) if options.get("tools") else None
     return tokenizer.tokens_before(ids, prompt, at) or None

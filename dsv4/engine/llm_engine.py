@@ -17,7 +17,7 @@ from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
 from .outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob
 from .prefix_snapshots import PrefixSnapshots
-from .prompt_sharing import PromptSharing
+from .prompt_sharing import MIN_SHARED_TOKENS, PromptSharing
 from .retention import RetainedSequences
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -204,8 +204,9 @@ class LLMEngine:
         seq.num_cached_tokens = seq.num_computed_tokens
         if self.snapshots is not None:
             seq.snapshot_at = self.snapshots.note(seq)
-        k = seq.params.retain_prefix
-        if self.retained is not None and k is not None and seq.num_computed_tokens < k <= seq.num_prompt_tokens:
+        k = seq.params.retain_prefix  # (a copy of fewer tokens than a fork takes is not worth its launches)
+        if (self.retained is not None and k is not None and max(seq.num_computed_tokens + 1, MIN_SHARED_TOKENS) <= k
+                <= seq.num_prompt_tokens):
             seq.retain_at = k  # a chunk ends there and a copy of the cache is retained (RetainedSequences.keep_prefix)
         return True
 

@@ -58,10 +58,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
     g.add_argument("--retain-finished", type=int, default=16, metavar="N",
-                   help="keep up to N finished sequences' cache (and chat turns' copies at their prompt's end) for "
-                        "prompts that continue them: a conversation's next turn, an agent's next step or a "
-                        "regenerated reply prefills only its new tokens; the pages give way before anybody is "
-                        "preempted (default 16; 0: off)")
+                   help="keep up to N finished sequences' cache (and chat turns' copies where the next turn departs "
+                        "from their prompt) for prompts that continue them: a conversation's next turn or an agent's "
+                        "next step prefills only its new tokens; the pages give way before anybody is preempted "
+                        "(default 16; 0: off)")
     g.add_argument("--prefix-snapshots", type=int, default=0, metavar="N",
                    help="keep up to N snapshots of prompt prefixes that several requests share (a system prompt): "
                         "the second request with a prefix keeps it, later ones compute only the rest (default 0: off)")

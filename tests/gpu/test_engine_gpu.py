@@ -61,11 +61,15 @@ def test_thinking_turns_reuse_the_last_prompt_but_its_last_token(thinking):
     kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
     fresh, keeping = LLM(**kw), LLM(retain_finished=2, **kw)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    history, last_prompt = [], None
+    # chat mode: with a tool shown, so the copy at the prompt's end is asked for (continuation_tokens)
+    tools = None if thinking else [{"type": "function", "function": {"name": "look", "parameters": {
+        "type": "object", "properties": {}}}}]
+    # (a system prompt: copies shorter than a fork takes, 16 tokens, are not made)
+    history, last_prompt = [{"role": "system", "content": "You answer questions about Python briefly."}], None
     for line in ("The for statement", "And the while statement?", "What about classes?"):
         history.append({"role": "user", "content": line})
-        got = keeping.chat(history, params, thinking=thinking)[0]
-        assert got.token_ids == fresh.chat(history, params, thinking=thinking)[0].token_ids
+        got = keeping.chat(history, params, thinking=thinking, tools=tools)[0]
+        assert got.token_ids == fresh.chat(history, params, thinking=thinking, tools=tools)[0].token_ids
         if last_prompt is not None:
             assert got.cached_tokens == len(last_prompt) - 1 if thinking else got.cached_tokens >= len(last_prompt)
         last_prompt = got.prompt_token_ids
