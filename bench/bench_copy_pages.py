@@ -39,10 +39,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--context", type=int, default=4096, help="tokens the source holds")
     ap.add_argument("--kv-dtype", choices=["auto", "fp8"], default="fp8")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu (host time only)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     cfg = _config(args)
-    dev = torch.device("cpu" if args.smoke else "cuda")
+    dev = torch.device("cpu" if args.smoke else args.device)
     cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=4, max_model_len=args.context,
                                                       kv_dtype=args.kv_dtype), dtype=torch.bfloat16, device=dev)
     bm, pools = cache.block_manager, cache.pools
