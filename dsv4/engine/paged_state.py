@@ -26,6 +26,7 @@ from ..kernels._triton import interpreted
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from ..model.context import to_device
 from ..model.state import oldest_needed_row, truncate_target
 from .block_manager import BlockManager
 from .paged_decode import DecodeStep
@@ -190,8 +191,9 @@ class PagedPools:
         for kind, pages in dst.items():
             if len(src.get(kind, ())) < len(pages):
                 raise ValueError(f"copy_pages: {kind} has {len(src.get(kind, ()))} source pages for {len(pages)}")
-            index[kind] = (torch.tensor(src[kind][:len(pages)], device=self.device),
-                           torch.tensor(pages, device=self.device))
+            # (through pinned memory: `torch.tensor(values, device=cuda)` would wait until every queued kernel ran)
+            index[kind] = (to_device(torch.tensor(src[kind][:len(pages)]), self.device),
+                           to_device(torch.tensor(pages), self.device))
         for pool in self.window.values():
             self._copy(pool.tensors(), index.get("window"), 0)
         for (layer, name), pool in self.entries.items():
