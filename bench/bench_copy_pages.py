@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_structured import queued_gpu_us, timed  # noqa: E402
 from dsv4.engine.block_manager import PageHolder  # noqa: E402
 from dsv4.engine.cache import CacheConfig, HybridCache  # noqa: E402
 
@@ -28,7 +28,6 @@ def _config(args):
     if args.smoke:
         from dsv4.checkpoint.writer import tiny_config
         return tiny_config("fp4", "sliding,csa,hca,csa", vocab_size=2048, sliding_window=128, index_topk=16)
-    sys.path.insert(0, os.path.dirname(__file__))
     from bench_parallel import _config as flash
     return flash(os.path.join(os.path.dirname(__file__), "configs", "deepseek-v4-flash.config.json"), args.layers)
 
@@ -71,28 +70,13 @@ def main() -> None:
         pools.copy_pages(source, copied)
 
     call()
-    host = []
-    for _ in range(args.reps):
-        t = time.perf_counter()
-        call()
-        host.append(time.perf_counter() - t)
-    line = f"| {cfg.num_layers} | {len(tensors)} | {page_bytes / 2**20:.1f} | {1e6 * statistics.median(host):.0f} |"
+    line = f"| {cfg.num_layers} | {len(tensors)} | {page_bytes / 2**20:.1f} | {1e6 * timed(call, args.reps):.0f} |"
     if dev.type == "cuda":
         big = torch.randn(16384, 16384, device=dev, dtype=torch.bfloat16)
         flat = torch.empty(page_bytes, dtype=torch.uint8, device=dev)
         out = torch.empty_like(flat)
-
-        def gpu(fn) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            big @ big  # ≈ 10 ms of GPU: the calls below are queued before the first one runs
-            start.record()
-            for _ in range(args.reps):
-                fn()
-            end.record()
-            end.synchronize()
-            return 1e3 * start.elapsed_time(end) / args.reps
-        gpu(call)
-        line += f" {gpu(call):.0f} | {gpu(lambda: out.copy_(flat)):.1f} |"
+        line += f" {queued_gpu_us(call, args.reps, big):.0f} | " \
+                f"{queued_gpu_us(lambda: out.copy_(flat), args.reps, big):.1f} |"
     else:
         line += " - | - |"
     print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}; kv_dtype {args.kv_dtype}; "

@@ -175,7 +175,8 @@ def run_chat(args) -> int:
         parser = StreamingParser(mode, in_reasoning=in_reasoning)
         # a structured output applies to the answer, not the reasoning
         turn = after_reasoning(params, llm.tokenizer.think_close_id) if in_reasoning else params
-        turn = replace(turn, retain_prefix=continuation_tokens(llm.tokenizer, ids, history, thinking_mode=mode))
+        turn = replace(turn, retain_prefix=continuation_tokens(llm.tokenizer, ids, history, prompt,
+                                                                        thinking_mode=mode))
         for d in llm.stream([ids], turn):
             events = parser.feed(d.text) + (parser.finish() if d.finished else [])
             for e in events:

@@ -367,27 +367,30 @@ def encode_messages(messages: list[dict], *, thinking_mode: str = "thinking",
     return prompt
 
 
-def continuation_prefix(messages: list[dict], **options: Any) -> int:
+def continuation_prefix(messages: list[dict], prompt: str | None = None, **options: Any) -> int:
     """How much of the prompt `encode_messages(messages, **options)` the next turn's prompt (this turn's reply and
     a new user message added) starts with, in characters: all of it, except where the next turn renders this one's
     end differently -- thinking mode without tools drops the history's reasoning, so this turn's generation prompt
-    `<｜Assistant｜><think>` comes back as `<｜Assistant｜></think>`. (Where to keep a cache for that turn.)"""
-    prompt = encode_messages(messages, **options)
+    `<｜Assistant｜><think>` comes back as `<｜Assistant｜></think>`. (Where to keep a cache for that turn.)
+    `prompt`: that rendering, where the caller has it."""
+    prompt = encode_messages(messages, **options) if prompt is None else prompt
     follow = encode_messages([*messages, {"role": "assistant", "content": ""}, {"role": "user", "content": "?"}],
                              **options)
     n = min(len(prompt), len(follow))
     return next((i for i in range(n) if prompt[i] != follow[i]), n)
 
 
-def continuation_tokens(tokenizer, ids: list[int], messages: list[dict], **options: Any) -> int | None:
+def continuation_tokens(tokenizer, ids: list[int], messages: list[dict], prompt: str | None = None,
+                        **options: Any) -> int | None:
     """`SamplingParams.retain_prefix` for prompt `ids` (`tokenizer`'s encoding of encode_messages(messages,
     **options)): where the engine should keep a copy of the cache for the next turn. Fewer than all the tokens where
     that turn renders this one's end differently (thinking mode without tools drops the reasoning); all of them
     with tools, whose calls come back as text that the tokenizer may split otherwise than the model did (the copy
     is the fallback beside the finished sequence); None otherwise (the finished sequence serves: each copy costs
-    a few hundred small launches) or where no token boundary fits."""
-    prompt = encode_messages(messages, **options)
-    at = continuation_prefix(messages, **options)
+    a few hundred small launches) or where no token boundary fits. `prompt`: that rendering, where the caller has
+    it."""
+    prompt = encode_messages(messages, **options) if prompt is None else prompt
+    at = continuation_prefix(messages, prompt, **options)
     if at >= len(prompt):
         return len(ids) if options.get("tools") else None
     return tokenizer.tokens_before(ids, prompt, at) or None

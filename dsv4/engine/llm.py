@@ -139,7 +139,7 @@ class LLM:
             # a structured output applies to the answer: after the reasoning, where the prompt opens one
             turn = after_reasoning(base, self.tokenizer.think_close_id) if prompt_ends_in_reasoning(p) else base
             # with retention on, keep the cache where the next turn (this reply added) still matches
-            per_prompt.append(replace(turn, retain_prefix=continuation_tokens(self.tokenizer, t, c, **options)))
+            per_prompt.append(replace(turn, retain_prefix=continuation_tokens(self.tokenizer, t, c, p, **options)))
         results = self.generate(ids, per_prompt)
         for prompt, r in zip(prompts, results):
             parser = StreamingParser(mode, in_reasoning=prompt_ends_in_reasoning(prompt))

@@ -318,7 +318,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.advance(batch)
         # rows whose chunk ended at their snapshot or retain point (the MTP state advanced too)
-        for row in batch.rows:
+        for row in batch.rows if self.snapshots is not None or self.retained is not None else ():
             seq = row.seq
             if seq.is_finished:
                 continue

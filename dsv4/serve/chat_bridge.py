@@ -135,7 +135,7 @@ class ChatBridge:
             raise RequestError(str(e), "messages") from None
         ids = self._encode(tok, prompt, "messages")
         return RenderedChat(prompt, ids, mode, prompt_ends_in_reasoning(prompt),
-                            continuation_tokens(tok, ids, messages, **options))
+                            continuation_tokens(tok, ids, messages, prompt, **options))
 
     @staticmethod
     def _encode(tok, text: str, param: str) -> list[int]:
