@@ -26,7 +26,6 @@ from ..kernels._triton import interpreted
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from ..model.context import to_device
 from ..model.state import oldest_needed_row, truncate_target
 from .block_manager import BlockManager
 from .paged_decode import DecodeStep
@@ -132,6 +131,7 @@ class PagedPools:
             raise ValueError(f"kv_dtype={kv_dtype!r}; allowed: auto, fp8")
         self.config, self.bm, self.dtype, self.device = config, block_manager, dtype, device
         self.max_rollback = max_rollback
+        self._page_views = None  # dsv4.kernels.page_copy.PageViews, made at the first copy
         self.acc = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         fp8 = kv_dtype == "fp8"
         self.fp8 = fp8
@@ -186,30 +186,32 @@ class PagedPools:
 
     def copy_pages(self, src: dict[str, list[int]], dst: dict[str, list[int]]) -> None:
         """Copy the contents of pages `src[kind][:len(dst[kind])]` into `dst[kind]`, in every layer's pools (a
-        fork, dsv4.engine.prompt_sharing). Slots and entries live at the same page index in both tables."""
-        index = {}
+        fork, dsv4.engine.prompt_sharing). Slots and entries live at the same page index in both tables. On the
+        GPU (and under Triton's interpreter) one or two launches (`dsv4.kernels.page_copy`), else torch."""
+        from ..kernels import page_copy
+        if self._page_views is None:
+            self._page_views = page_copy.PageViews(self._byte_views())
+        kinds = list(self.bm.kinds)
         for kind, pages in dst.items():
             if len(src.get(kind, ())) < len(pages):
                 raise ValueError(f"copy_pages: {kind} has {len(src.get(kind, ()))} source pages for {len(pages)}")
-            # (through pinned memory: `torch.tensor(values, device=cuda)` would wait until every queued kernel ran)
-            index[kind] = (to_device(torch.tensor(src[kind][:len(pages)]), self.device),
-                           to_device(torch.tensor(pages), self.device))
-        for pool in self.window.values():
-            self._copy(pool.tensors(), index.get("window"), 0)
-        for (layer, name), pool in self.entries.items():
-            ratio = self.config.layer(layer).compress_ratio
-            self._copy(pool.tensors(), index.get(f"compressed{ratio}" if name == "main" else "indexer4"), 0)
-        for buf in self.rows.values():
-            self._copy([buf], index.get("state"), 1)
+        srcs = [list(src[k][: len(dst[k])]) if k in dst else [] for k in kinds]
+        dsts = [list(dst.get(k, ())) for k in kinds]
+        fused = torch.device(self.device).type == "cuda" or interpreted()
+        (page_copy.copy_pages if fused else page_copy.copy_pages_ref)(self._page_views, srcs, dsts)
 
-    @staticmethod
-    def _copy(tensors: list[torch.Tensor], index: tuple[torch.Tensor, torch.Tensor] | None, dim: int) -> None:
-        if index is None or index[0].numel() == 0:
-            return
-        for t in tensors:
-            if t.dtype == torch.float8_e4m3fn:
-                t = t.view(torch.uint8)  # index_copy_ has no FP8 kernel on the CPU
-            t.index_copy_(dim, index[1], t.index_select(dim, index[0]))
+    def _byte_views(self) -> list[tuple[int, torch.Tensor]]:
+        """Every pool tensor as (kind index, [pages, page_bytes] uint8), the page along dim 0."""
+        kinds = list(self.bm.kinds)
+
+        def pages(t: torch.Tensor) -> torch.Tensor:
+            return t.view(torch.uint8).reshape(t.shape[0], -1)
+
+        views = [(kinds.index("window"), pages(t)) for pool in self.window.values() for t in pool.tensors()]
+        for (layer, name), pool in self.entries.items():
+            kind = f"compressed{self.config.layer(layer).compress_ratio}" if name == "main" else "indexer4"
+            views += [(kinds.index(kind), pages(t)) for t in pool.tensors()]
+        return views + [(kinds.index("state"), pages(buf[half])) for buf in self.rows.values() for half in (0, 1)]
 
     def decode_step(self, size: int, num_tokens: int):
         """A fixed-shape decode step of `size` rows whose contexts reach at most `num_tokens` tokens."""
