@@ -47,6 +47,8 @@ class ApiError(Exception):
 class ServerConfig:
     model_name: str
     max_model_len: int
+    # more ids clients may send (`--served-model-name a b`); /v1/models lists them all, replies echo the one sent
+    model_aliases: tuple[str, ...] = ()
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     completion_default_max_tokens: int = 16   # OpenAI's default for /v1/completions
@@ -184,18 +186,19 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         metrics.refresh(engine.stats(), engine.num_pending())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    def model_card() -> dict:
-        return {"id": cfg.model_name, "object": "model", "created": now(), "owned_by": "dsv4",
+    names = (cfg.model_name, *cfg.model_aliases)
+
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": now(), "owned_by": "dsv4",
                 "max_model_len": cfg.max_model_len}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(n) for n in names]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str):
-        check_model(name)
-        return model_card()
+        return model_card(check_model(name))
 
     @app.get("/version")
     async def version():
@@ -234,10 +237,14 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         return {"prompt": bridge.decode(req.tokens)}
 
     # ---- shared generation plumbing -----------------------------------------------------
-    def check_model(name: str | None) -> None:
-        if name is not None and name != cfg.model_name:
+    def check_model(name: str | None) -> str:
+        """The id a reply names: the one the request sent (the first served name when it sent none)."""
+        if name is None:
+            return cfg.model_name
+        if name not in names:
             raise ApiError(404, f"The model `{name}` does not exist.", "not_found_error", "model",
                            "model_not_found")
+        return name
 
     def budget(prompt_len: int, max_tokens: int | None, what: str) -> int:
         if prompt_len == 0:
@@ -311,7 +318,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
     # ---- /v1/completions -----------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        check_model(req.model)
+        model = check_model(req.model)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -337,7 +344,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         rid, streams = await admit(jobs, "cmpl")
         created, n_in = now(), sum(len(ids) for ids in prompts)   # a prompt counts once, whatever n
         echoes = [bridge.decode(ids) if req.echo else "" for ids, _ in jobs]
-        head = {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name}
+        head = {"id": rid, "object": "text_completion", "created": created, "model": model}
 
         def choice(i: int, text: str, outs: list[RequestOutput], finish: str | None, offset: int = 0) -> dict:
             lp = bridge.completion_logprobs(outs, offset, jobs[i][0]) if req.logprobs is not None else None
@@ -393,7 +400,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
     # ---- /v1/chat/completions ------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):
-        check_model(req.model)
+        model = check_model(req.model)
         try:
             rendered = bridge.render_chat(req)
             ids = rendered.token_ids
@@ -405,7 +412,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
         except RequestError as e:
             raise ApiError(400, str(e), param=e.param) from None
         rid, streams = await admit(jobs, "chatcmpl")
-        head = {"id": rid, "created": now(), "model": cfg.model_name}
+        head = {"id": rid, "created": now(), "model": model}
         n_in = len(ids)
 
         if not req.stream:
@@ -462,7 +469,7 @@ def create_app(engine: AsyncEngine, bridge: ChatBridge, cfg: ServerConfig,
 
     # ---- /v1/responses (dsv4.serve.responses), /v1/messages (dsv4.serve.messages) ---------
     plumbing = Plumbing(
-        bridge, cfg.model_name, check_model, budget, admit, collect, error_event,
+        bridge, check_model, budget, admit, collect, error_event,
         observer=lambda start: _Observer(metrics, start), streaming=_StreamWithAbort,
         api_error=lambda e: ApiError(400, str(e), param=e.param),
         not_found=lambda message: ApiError(404, message, "not_found_error"),

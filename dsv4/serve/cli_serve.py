@@ -42,8 +42,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="DIR",
                    help="checkpoint directory (config.json, *.safetensors, tokenizer.json); "
                         "default: the tiny model shipped inside the package")
-    p.add_argument("--served-model-name", metavar="NAME",
-                   help="the model id clients send and /v1/models lists (default: the directory name)")
+    p.add_argument("--served-model-name", metavar="NAME", nargs="+",
+                   help="the model ids clients may send, all listed by /v1/models; replies name the one sent "
+                        "(default: the directory name)")
     p.add_argument("--default-thinking", action="store_true",
                    help="chat requests think unless they turn it off (default: chat mode)")
     g = p.add_argument_group("engine")
@@ -108,13 +109,17 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--prefix-snapshots must be >= 0, got {args.prefix_snapshots}")
     if args.prefix_snapshots and not args.share_prompts:
         raise ValueError("--prefix-snapshots needs prompt sharing: drop --no-share-prompts")
+    names = args.served_model_name or []
+    if any(not n.strip() for n in names) or len(set(names)) < len(names):
+        raise ValueError(f"--served-model-name: names must be non-empty and distinct, got {names}")
 
 
 def serve_options(args: argparse.Namespace, model_name: str):
     """Validated server options from parsed arguments (shared by every engine core)."""
     from .server import ServeOptions  # lazy: building the CLI parser must not import uvicorn
     _check(args)
-    return ServeOptions(model_name=args.served_model_name or model_name, host=args.host, port=args.port,
+    names = args.served_model_name or [model_name]
+    return ServeOptions(model_name=names[0], model_aliases=tuple(names[1:]), host=args.host, port=args.port,
                         api_key=args.api_key, max_running=args.max_num_seqs, max_queued=args.max_queued,
                         shutdown_timeout=args.shutdown_timeout, step_watchdog_s=args.step_watchdog,
                         max_body_bytes=args.max_body_bytes, default_thinking=args.default_thinking,

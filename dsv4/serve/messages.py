@@ -132,7 +132,7 @@ def add_messages_route(app, p: Plumbing) -> None:
 
     @app.post(MESSAGES_PATH)
     async def messages(req: MessagesRequest, request: Request):
-        p.check_model(req.model)
+        model = p.check_model(req.model)
         chat, rendered = render(req)
         ids = rendered.token_ids
         try:
@@ -143,7 +143,7 @@ def add_messages_route(app, p: Plumbing) -> None:
         except RequestError as e:
             raise p.api_error(e) from None
         _, streams = await p.admit([(ids, params)], "msg")
-        head: dict[str, Any] = {"id": new_id("msg"), "type": "message", "role": "assistant", "model": p.model_name}
+        head: dict[str, Any] = {"id": new_id("msg"), "type": "message", "role": "assistant", "model": model}
         reply = MessageReply(head)
 
         if not req.stream:

@@ -118,8 +118,7 @@ def response_head(req: ResponsesRequest, chat: ChatCompletionRequest, rid: str, 
 class Plumbing:
     """What the route shares with the other generation routes (dsv4.serve.app's closures)."""
     bridge: ChatBridge
-    model_name: str
-    check_model: Callable
+    check_model: Callable    # the request's model -> the id its reply names (404 for an unknown one)
     budget: Callable
     admit: Callable
     collect: Callable
@@ -258,7 +257,7 @@ def add_responses_route(app, p: Plumbing) -> None:
 
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request):
-        p.check_model(req.model)
+        model = p.check_model(req.model)
         keep = store is not None and req.store is not False
         try:
             history = None
@@ -278,7 +277,7 @@ def add_responses_route(app, p: Plumbing) -> None:
             raise p.api_error(e) from None
         rid, streams = await p.admit([(ids, params)], "resp")
         reasoning = ReasoningCount(rendered, bridge.tokenizer.think_close_id)
-        reply = Reply(response_head(req, chat, new_id("resp"), p.model_name, keep), chat.logprobs)
+        reply = Reply(response_head(req, chat, new_id("resp"), model, keep), chat.logprobs)
 
         def finish(last: RequestOutput) -> dict:
             usage = response_usage(len(ids), last.cached_tokens, last.completion_tokens, reasoning.n)

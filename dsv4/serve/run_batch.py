@@ -140,7 +140,8 @@ def answer(core, args: argparse.Namespace, requests: list[dict], model_name: str
     # every request is admitted at once (no 429s): the scheduler runs max_num_seqs of them, the rest wait
     engine = AsyncEngine(core, max_running=args.max_num_seqs, max_queued=1 << 40)
     bridge = ChatBridge(getattr(core, "tokenizer", None), core.vocab_size, default_thinking=args.default_thinking)
-    cfg = ServerConfig(model_name=args.served_model_name or model_name, max_model_len=core.max_model_len,
+    names = args.served_model_name or [model_name]
+    cfg = ServerConfig(model_name=names[0], model_aliases=tuple(names[1:]), max_model_len=core.max_model_len,
                        max_body_bytes=1 << 62, responses_store=0)
     app = create_app(engine, bridge, cfg)
     out = Path(args.output)

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ServeOptions:
     model_name: str
+    model_aliases: tuple[str, ...] = ()  # more ids clients may send (ServerConfig.model_aliases)
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -103,7 +104,7 @@ def serve(core, opts: ServeOptions) -> int:
     engine = AsyncEngine(core, max_running=opts.max_running, max_queued=opts.max_queued,
                          step_watchdog_s=opts.step_watchdog_s)
     bridge = ChatBridge(getattr(core, "tokenizer", None), core.vocab_size, default_thinking=opts.default_thinking)
-    cfg = ServerConfig(model_name=opts.model_name, max_model_len=core.max_model_len, api_key=opts.api_key,
+    cfg = ServerConfig(model_name=opts.model_name, model_aliases=opts.model_aliases, max_model_len=core.max_model_len, api_key=opts.api_key,
                        max_body_bytes=opts.max_body_bytes, responses_store=opts.responses_store,
                        allowed_origins=opts.allowed_origins)
     app = create_app(engine, bridge, cfg, ServerMetrics())
