@@ -226,6 +226,23 @@ class Runner:
                     self.mtp(group, [n] * len(group))
 
 
+def _host_profile(step, steps: int, say) -> None:
+    """Where a decode step's host time goes: cProfile over `steps` steps, each read back before the next (the
+    engine's order), the 18 functions of most own time."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+    say(f"host profile of {steps} decode steps (tottime = own time, cumtime = with callees):")
+    say("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[-4000:])
+
+
 def _decode_roof_bytes(model, batch: int, ctx: int) -> int:
     """Bytes one decode step reads on this rank (see the module docstring)."""
     from dsv4.model.moe import MoE
@@ -374,6 +391,8 @@ def _rank_main(rank: int, args) -> None:
             f"{launches} kernels/step eager")
         say(f"B={b:3d} ctx={args.ctx}: chained decode (ids from the last picks) {chain[False]:.2f} ms/step with the "
             f"read-back before the next launch, {chain[True]:.2f} pipelined (read back after it)")
+        if args.host_profile and first:
+            _host_profile(lambda: run.forward(states, one).tolist(), args.host_profile, say)
         run.release(states)
         if gpu:
             torch.cuda.empty_cache()
@@ -404,6 +423,8 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=6)
     p.add_argument("--ceiling-rows", type=int, default=1, help="rows of the all-reduce latency probe")
     p.add_argument("--json", default=None)
+    p.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
+                   help="also profile the host over STEPS decode steps of each batch (cProfile, rank 0)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--cuda-graphs", action="store_true",
                    help="decode through CUDA graphs (sharded: not yet GPU-run, see run_device_s15b_x2.sh)")
