@@ -193,7 +193,7 @@ TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type"
 def test_continuation_tokens_is_where_the_next_turn_departs(tok_ckpt, mode, tools, drop):  # noqa: F811
     """For random conversations, the next turn's tokens (a reply with reasoning and a new user message added)
     start with exactly the first k of this turn's: k = len - 1 in thinking mode without tools (its reasoning is
-    dropped), all of them otherwise -- asked for with tools only (their calls may come back tokenized otherwise)."""
+    dropped), all of them otherwise (the reply may come back tokenized otherwise: the copy is a fallback)."""
     from dsv4.chat.tokenizer import load_tokenizer
     tok = load_tokenizer(tok_ckpt[0])
     rng = random.Random(hash((mode, bool(tools), drop)) & 0xFFFF)
@@ -207,7 +207,7 @@ def test_continuation_tokens_is_where_the_next_turn_departs(tok_ckpt, mode, tool
         follow = tok.encode(encode_messages(nxt, **options))
         common = next(i for i in range(len(ids) + 1) if i == len(ids) or ids[i] != follow[i])
         assert common == len(ids) - (1 if mode == "thinking" and drop and not tools else 0)
-        assert k == (common if common < len(ids) or tools else None)
+        assert k == common
 
 
 def test_chat_turns_in_thinking_mode_reuse_the_cache(tok_ckpt):  # noqa: F811

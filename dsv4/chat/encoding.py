@@ -384,13 +384,12 @@ def continuation_tokens(tokenizer, ids: list[int], messages: list[dict], prompt:
                         **options: Any) -> int | None:
     """`SamplingParams.retain_prefix` for prompt `ids` (`tokenizer`'s encoding of encode_messages(messages,
     **options)): where the engine should keep a copy of the cache for the next turn. Fewer than all the tokens where
-    that turn renders this one's end differently (thinking mode without tools drops the reasoning); all of them
-    with tools, whose calls come back as text that the tokenizer may split otherwise than the model did (the copy
-    is the fallback beside the finished sequence); None otherwise (the finished sequence serves: each copy costs
-    a few hundred small launches) or where no token boundary fits. `prompt`: that rendering, where the caller has
-    it."""
+    that turn renders this one's end differently (thinking mode without tools drops the reasoning); else all of
+    them: the copy is the fallback beside the finished sequence, whose reply comes back as text that the tokenizer
+    may split otherwise than the model did (3 of 20 replies of the embedded model, a tool call's `t`+`rue` for
+    `tr`+`ue`); None where no token boundary fits. `prompt`: that rendering, where the caller has it."""
     prompt = encode_messages(messages, **options) if prompt is None else prompt
     at = continuation_prefix(messages, prompt, **options)
     if at >= len(prompt):
-        return len(ids) if options.get("tools") else None
+        return len(ids)
     return tokenizer.tokens_before(ids, prompt, at) or None
