@@ -1,6 +1,7 @@
 """What one cache copy costs (`PagedPools.copy_pages`: a fork, a prefix snapshot, a retained prompt-end copy) at
 Flash's shapes: the host's time per call, the GPU's (CUDA events around calls queued behind a long matmul), the
-number of pool tensors it walks, and, as the ceiling of the same run, a device copy of the same bytes in one launch.
+number of pool tensors it walks, and, as the ceiling of the same run, a device copy of the same bytes in one launch;
+the Triton copy (`dsv4/kernels/page_copy.py`, what the engine runs on a GPU) beside its torch reference.
 
 What a fork copies: the window ring's pages, the compressor state's page, and the last (partly filled) page of
 each entry kind; the full entry pages are shared, not copied.
@@ -22,6 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_structured import queued_gpu_us, timed  # noqa: E402
 from dsv4.engine.block_manager import PageHolder  # noqa: E402
 from dsv4.engine.cache import CacheConfig, HybridCache  # noqa: E402
+from dsv4.kernels.page_copy import copy_pages_ref  # noqa: E402
 
 
 def _config(args):
@@ -69,22 +71,30 @@ def main() -> None:
     def call() -> None:
         pools.copy_pages(source, copied)
 
-    call()
-    line = f"| {cfg.num_layers} | {len(tensors)} | {page_bytes / 2**20:.1f} | {1e6 * timed(call, args.reps):.0f} |"
-    if dev.type == "cuda":
+    def torch_call() -> None:  # the torch reference of the same copy: an index_select + index_copy_ per view
+        copy_pages_ref(*pools.page_lists(source, copied))
+
+    lines = []
+    if dev.type == "cuda":  # a long matmul to queue the calls behind, and one copy of as many bytes
         big = torch.randn(16384, 16384, device=dev, dtype=torch.bfloat16)
         flat = torch.empty(page_bytes, dtype=torch.uint8, device=dev)
         out = torch.empty_like(flat)
-        line += f" {queued_gpu_us(call, args.reps, big):.0f} | " \
-                f"{queued_gpu_us(lambda: out.copy_(flat), args.reps, big):.1f} |"
-    else:
-        line += " - | - |"
+    for name, fn in (("copy_pages", call), ("torch reference", torch_call)):
+        fn()
+        line = f"| {name} | {cfg.num_layers} | {len(tensors)} | {page_bytes / 2**20:.1f} | " \
+               f"{1e6 * timed(fn, args.reps):.0f} |"
+        if dev.type == "cuda":
+            line += f" {queued_gpu_us(fn, args.reps, big):.0f} | " \
+                    f"{queued_gpu_us(lambda: out.copy_(flat), args.reps, big):.1f} |"
+        else:
+            line += " - | - |"
+        lines.append(line)
     print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}; kv_dtype {args.kv_dtype}; "
           f"source {args.context} tokens")
-    print("| layers | pool tensors | bytes copied (MiB) | host per copy (µs) | GPU per copy (µs) | "
+    print("| path | layers | pool tensors | bytes copied (MiB) | host per copy (µs) | GPU per copy (µs) | "
           "one copy of as many bytes (µs) |")
-    print("|---|---|---|---|---|---|")
-    print(line)
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -189,16 +189,21 @@ class PagedPools:
         fork, dsv4.engine.prompt_sharing). Slots and entries live at the same page index in both tables. On the
         GPU (and under Triton's interpreter) one or two launches (`dsv4.kernels.page_copy`), else torch."""
         from ..kernels import page_copy
+        fused = torch.device(self.device).type == "cuda" or interpreted()
+        (page_copy.copy_pages if fused else page_copy.copy_pages_ref)(*self.page_lists(src, dst))
+
+    def page_lists(self, src: dict[str, list[int]], dst: dict[str, list[int]]):
+        """`copy_pages`'s arguments for `dsv4.kernels.page_copy`: the pools' byte views (made once), and the source
+        and destination pages per kind in their order."""
+        from ..kernels.page_copy import PageViews
         if self._page_views is None:
-            self._page_views = page_copy.PageViews(self._byte_views())
-        kinds = list(self.bm.kinds)
+            self._page_views = PageViews(self._byte_views())
         for kind, pages in dst.items():
             if len(src.get(kind, ())) < len(pages):
                 raise ValueError(f"copy_pages: {kind} has {len(src.get(kind, ()))} source pages for {len(pages)}")
-        srcs = [list(src[k][: len(dst[k])]) if k in dst else [] for k in kinds]
-        dsts = [list(dst.get(k, ())) for k in kinds]
-        fused = torch.device(self.device).type == "cuda" or interpreted()
-        (page_copy.copy_pages if fused else page_copy.copy_pages_ref)(self._page_views, srcs, dsts)
+        kinds = list(self.bm.kinds)
+        return (self._page_views, [list(src[k][: len(dst[k])]) if k in dst else [] for k in kinds],
+                [list(dst.get(k, ())) for k in kinds])
 
     def _byte_views(self) -> list[tuple[int, torch.Tensor]]:
         """Every pool tensor as (kind index, [pages, page_bytes] uint8), the page along dim 0."""

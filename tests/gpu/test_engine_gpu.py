@@ -8,7 +8,8 @@ Session 57: thinking-mode turns retaining the cache one token short of the promp
 
 Greedy text of the trained embedded model is robust to bf16 rounding over short replies (test_model_gpu's
 `test_embedded_model_greedy_text_matches_cpu` relies on the same), so retained and fresh runs -- whose prefill
-chunks differ -- must give the same tokens."""
+chunks differ -- must give the same tokens; over 40 tokens past EOS, the same up to a near tie
+(`assert_same_greedy_text`)."""
 from __future__ import annotations
 
 import sys
@@ -50,6 +51,24 @@ def test_retained_conversation_matches_fresh_turns():
     assert stats.num_adopted == len(turns) - 1 and stats.adopted_tokens > 50
 
 
+NEAR_TIE = 0.25  # nats
+
+
+def assert_same_greedy_text(got, want) -> None:
+    """Greedy tokens of two runs whose prefill chunks differ (a retained cache, a chunk ending at the retain point):
+    the same, or the same up to a step where the run without retention had a near tie (its two best tokens within
+    NEAR_TIE nats) and the other run took the second. 40 tokens past EOS meet such ties: session 58 on the H200 saw
+    runs part at margins of 0.10, 0.08 and 0.02 nats, after 31-35 equal tokens. A wrong cache parts at a clear
+    winner."""
+    part = next((i for i, (a, b) in enumerate(zip(got.token_ids, want.token_ids)) if a != b), None)
+    if part is None:
+        assert got.token_ids == want.token_ids
+        return
+    top = want.logprobs[part].top
+    assert [t for t, _ in top[:2]] == [want.token_ids[part], got.token_ids[part]], (part, top, got.token_ids[part])
+    assert top[0][1] - top[1][1] < NEAR_TIE, (part, top)
+
+
 @pytest.mark.parametrize("thinking", [True, False])
 def test_thinking_turns_reuse_the_last_prompt_but_its_last_token(thinking):
     """Session 57: in thinking mode the next turn drops the reasoning, so LLM.chat asks the engine to retain the
@@ -60,7 +79,7 @@ def test_thinking_turns_reuse_the_last_prompt_but_its_last_token(thinking):
 
     kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
     fresh, keeping = LLM(**kw), LLM(retain_finished=2, **kw)
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2)
     # chat mode: with a tool shown, so the copy at the prompt's end is asked for (continuation_tokens)
     tools = None if thinking else [{"type": "function", "function": {"name": "look", "parameters": {
         "type": "object", "properties": {}}}}]
@@ -69,7 +88,7 @@ def test_thinking_turns_reuse_the_last_prompt_but_its_last_token(thinking):
     for line in ("The for statement", "And the while statement?", "What about classes?"):
         history.append({"role": "user", "content": line})
         got = keeping.chat(history, params, thinking=thinking, tools=tools)[0]
-        assert got.token_ids == fresh.chat(history, params, thinking=thinking, tools=tools)[0].token_ids
+        assert_same_greedy_text(got, fresh.chat(history, params, thinking=thinking, tools=tools)[0])
         if last_prompt is not None:
             assert got.cached_tokens == len(last_prompt) - 1 if thinking else got.cached_tokens >= len(last_prompt)
         last_prompt = got.prompt_token_ids
