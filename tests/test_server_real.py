@@ -45,7 +45,8 @@ def server(tmp_path_factory):
     srv = ServerProcess(None, tmp_path_factory.mktemp("server") / "server.log", "--model", str(MODEL_DIR),
                         "--device", "cpu", "--numerics", "transformers", "--api-key", KEY,
                         "--max-model-len", str(MAX_LEN), "--max-num-seqs", "64", "--max-queued", "192",
-                        "--retain-finished", "0", cli=True)  # (the baseline without retention: on by default)
+                        "--retain-finished", "0", "--prefix-snapshots", "0",
+                        cli=True)  # (the baseline without retention and snapshots: both on by default)
     yield srv
     rc = srv.stop(timeout=60)
     assert rc == 0 and "Traceback" not in srv.log(), srv.log()

@@ -63,9 +63,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "from their prompt) for prompts that continue them: a conversation's next turn or an agent's "
                         "next step prefills only its new tokens; the pages give way before anybody is preempted "
                         "(default 16; 0: off)")
-    g.add_argument("--prefix-snapshots", type=int, default=0, metavar="N",
+    g.add_argument("--prefix-snapshots", type=int, default=16, metavar="N",
                    help="keep up to N snapshots of prompt prefixes that several requests share (a system prompt): "
-                        "the second request with a prefix keeps it, later ones compute only the rest (default 0: off)")
+                        "the second request with a prefix keeps it, later ones compute only the rest (default 16; "
+                        "0: off)")
     g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false",
                    help="compute every request's prompt itself (default: n choices and repeated prompts arriving "
                         "together compute it once, the others copy its cache)")

@@ -25,16 +25,12 @@ from pathlib import Path
 from .cli_serve import add_engine_arguments, build_core, check_engine_arguments
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
-BATCH_PREFIX_SNAPSHOTS = 16  # --prefix-snapshots' default here (dsv4 serve's is 0)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-i", "--input", required=True, metavar="FILE", help="requests, one JSON object per line")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="results, one JSON object per line")
     add_engine_arguments(p)
-    # a file's requests often share a system prompt or few-shot examples: keep snapshots of such prefixes (their
-    # entry pages stored once); 0 turns it off
-    p.set_defaults(prefix_snapshots=BATCH_PREFIX_SNAPSHOTS)
 
 
 def read_requests(path: Path) -> list[dict]:
