@@ -217,9 +217,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode cache storage: auto = model dtype; fp8 = FP8 KV + FP4 indexer keys")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="model dtype (default bf16)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences held at once (default 64)")
-    p.add_argument("--kept-states", type=int, default=32,
+    p.add_argument("--kept-states", type=int, default=48,
                    help="states kept beside the sequences': serve's --retain-finished + --prefix-snapshots "
-                        "(default 32, serve's defaults: 16 + 16)")
+                        "(default 48, serve's defaults: 32 + 16)")
     p.add_argument("--no-mtp", action="store_true", help="leave out the MTP block")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

@@ -58,11 +58,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative", choices=["mtp"], default=None,
                    help="speculative decoding: 'mtp' drafts with the checkpoint's own mtp.0 block")
     g.add_argument("--num-draft-tokens", type=int, default=1, help="draft tokens per step with --speculative (1-4)")
-    g.add_argument("--retain-finished", type=int, default=16, metavar="N",
+    g.add_argument("--retain-finished", type=int, default=32, metavar="N",
                    help="keep up to N finished sequences' cache (and chat turns' copies where the next turn departs "
                         "from their prompt) for prompts that continue them: a conversation's next turn or an agent's "
                         "next step prefills only its new tokens; the pages give way before anybody is preempted "
-                        "(default 16; 0: off)")
+                        "(default 32: a chat turn keeps two, its prompt's end and its end; 0: off)")
     g.add_argument("--prefix-snapshots", type=int, default=16, metavar="N",
                    help="keep up to N snapshots of prompt prefixes that several requests share (a system prompt): "
                         "the second request with a prefix keeps it, later ones compute only the rest (default 16; "
