@@ -1,7 +1,7 @@
 """`dsv4 serve --served-model-name A B C`: every name is a model id clients may send (the OpenAI and Anthropic
 clients), `/v1/models` lists them all, and each reply names the id its request sent (the first name when it sent
 none); an unknown id is a 404 on every generation route; empty or repeated names are refused at startup. On the
-fake engine core (fake_engine.py)."""
+fake engine core (fake_engine.py). Also a serve default that depends on another option (`--prefix-snapshots`)."""
 from __future__ import annotations
 
 import argparse
@@ -69,3 +69,19 @@ def test_empty_or_repeated_names_are_refused(names):
     args = p.parse_args(["--served-model-name", *names])
     with pytest.raises(ValueError, match="--served-model-name: names must be non-empty and distinct"):
         cli_serve.check_engine_arguments(args)
+
+
+@pytest.mark.parametrize("argv, snapshots", [([], 16), (["--no-share-prompts"], 0), (["--prefix-snapshots", "0"], 0),
+                                             (["--prefix-snapshots", "3"], 3)])
+def test_prefix_snapshots_default_follows_prompt_sharing(argv, snapshots):
+    """Snapshots are on by default (16), but not where prompt sharing is off (forks copy them): `--no-share-prompts`
+    alone starts; asking for both is refused."""
+    from dsv4.serve import cli_serve
+    p = argparse.ArgumentParser()
+    cli_serve.add_arguments(p)
+    args = p.parse_args(argv)
+    cli_serve.check_engine_arguments(args)
+    assert args.prefix_snapshots == snapshots
+    both = p.parse_args(["--no-share-prompts", "--prefix-snapshots", "2"])
+    with pytest.raises(ValueError, match="--prefix-snapshots needs prompt sharing"):
+        cli_serve.check_engine_arguments(both)

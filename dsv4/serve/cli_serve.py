@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
 
 
+PREFIX_SNAPSHOTS = 16  # --prefix-snapshots' default
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The model and engine options (`dsv4 serve`, `dsv4 run-batch`)."""
     p.add_argument("--model", metavar="DIR",
@@ -63,10 +66,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "from their prompt) for prompts that continue them: a conversation's next turn or an agent's "
                         "next step prefills only its new tokens; the pages give way before anybody is preempted "
                         "(default 32: a chat turn keeps two, its prompt's end and its end; 0: off)")
-    g.add_argument("--prefix-snapshots", type=int, default=16, metavar="N",
+    g.add_argument("--prefix-snapshots", type=int, default=None, metavar="N",
                    help="keep up to N snapshots of prompt prefixes that several requests share (a system prompt): "
-                        "the second request with a prefix keeps it, later ones compute only the rest (default 16; "
-                        "0: off)")
+                        f"the second request with a prefix keeps it, later ones compute only the rest (default "
+                        f"{PREFIX_SNAPSHOTS}, 0 with --no-share-prompts; 0: off)")
     g.add_argument("--no-share-prompts", dest="share_prompts", action="store_false",
                    help="compute every request's prompt itself (default: n choices and repeated prompts arriving "
                         "together compute it once, the others copy its cache)")
@@ -106,6 +109,8 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
     check_cache_tokens(args)
     if args.retain_finished < 0:
         raise ValueError(f"--retain-finished must be >= 0, got {args.retain_finished}")
+    if args.prefix_snapshots is None:  # on by default where forks are (they copy the snapshots)
+        args.prefix_snapshots = PREFIX_SNAPSHOTS if args.share_prompts else 0
     if args.prefix_snapshots < 0:
         raise ValueError(f"--prefix-snapshots must be >= 0, got {args.prefix_snapshots}")
     if args.prefix_snapshots and not args.share_prompts:
