@@ -19,7 +19,7 @@ from dsv4.kernels._triton import HAS_TRITON, tl, triton
 
 BLOCK = 1024  # words per program and step
 MAX_SPLIT = 16  # programs per (view, page pair) for the large pages
-_WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+WORDS = (8, 4, 2, 1)  # bytes per word, widest first
 
 
 class PageViews:
@@ -64,7 +64,7 @@ class PageViews:
 
 def _word_bytes(v: torch.Tensor) -> int:
     """The widest word that divides the view's address, page stride and page bytes."""
-    return next(w for w in (8, 4, 2, 1) if (v.data_ptr() | v.stride(0) | v.shape[1]) % w == 0)
+    return next(w for w in WORDS if (v.data_ptr() | v.stride(0) | v.shape[1]) % w == 0)
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -86,26 +86,25 @@ if HAS_TRITON:
     def _copy_pages_kernel(TABLE, PAIRS, NUM_PAIRS, WORD: tl.constexpr, BLOCK: tl.constexpr):
         view, pair, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         kind = tl.load(TABLE + view * 4 + 3)
-        if pair < NUM_PAIRS:
-            src = tl.load(PAIRS + (kind * NUM_PAIRS + pair) * 2)
-            dst = tl.load(PAIRS + (kind * NUM_PAIRS + pair) * 2 + 1)
-            if src >= 0:
-                if WORD == 8:
-                    ty = tl.int64
-                elif WORD == 4:
-                    ty = tl.int32
-                elif WORD == 2:
-                    ty = tl.int16
-                else:
-                    ty = tl.int8
-                base = tl.load(TABLE + view * 4).to(tl.pointer_type(ty))
-                stride = tl.load(TABLE + view * 4 + 1)
-                words = tl.load(TABLE + view * 4 + 2)
-                a, b = base + src * stride, base + dst * stride
-                for start in range(part * BLOCK, words, tl.num_programs(2) * BLOCK):
-                    offs = start + tl.arange(0, BLOCK)
-                    mask = offs < words
-                    tl.store(b + offs, tl.load(a + offs, mask=mask), mask=mask)
+        src = tl.load(PAIRS + (kind * NUM_PAIRS + pair) * 2)
+        dst = tl.load(PAIRS + (kind * NUM_PAIRS + pair) * 2 + 1)
+        if src >= 0:  # (-1: this kind has fewer pairs than the widest)
+            if WORD == 8:
+                ty = tl.int64
+            elif WORD == 4:
+                ty = tl.int32
+            elif WORD == 2:
+                ty = tl.int16
+            else:
+                ty = tl.int8
+            base = tl.load(TABLE + view * 4).to(tl.pointer_type(ty))
+            stride = tl.load(TABLE + view * 4 + 1)
+            words = tl.load(TABLE + view * 4 + 2)
+            a, b = base + src * stride, base + dst * stride
+            for start in range(part * BLOCK, words, tl.num_programs(2) * BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                mask = offs < words
+                tl.store(b + offs, tl.load(a + offs, mask=mask), mask=mask)
 
 
 def copy_pages(views: PageViews, src: list[list[int]], dst: list[list[int]]) -> None:
@@ -122,7 +121,7 @@ def copy_pages(views: PageViews, src: list[list[int]], dst: list[list[int]]) -> 
         if p:
             flat[kind, : len(p)] = torch.tensor(p, dtype=torch.int64)
     flat = to_device(flat, device)
-    for word in _WORD_DTYPES:
+    for word in WORDS:
         hit = views.table(word, device)
         if hit is None:
             continue
