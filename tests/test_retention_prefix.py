@@ -105,15 +105,19 @@ def test_a_reply_tokenized_differently_next_turn_reuses_the_prompt(model, overla
     """The next turn carries the reply as text, which the tokenizer may split otherwise than the model produced it
     (a tool call's "t"+"rue" comes back as "tr"+"ue"): the finished sequence is then no prefix of the next prompt,
     deeper than any state rolls back. retain_prefix = the whole prompt keeps a copy at the prompt's end, which the
-    next turn adopts (the look-ahead waits for the copy); without it nothing is reused. Outputs as without
-    retention; a reply that comes back unchanged still adopts the finished sequence (the longer entry)."""
+    next turn adopts; without it nothing is reused. Outputs as without retention; a reply that comes back unchanged
+    still adopts the finished sequence (the longer entry). With overlap, the copy is queued right after the prompt's
+    forward, so the look-ahead still launches the next step behind it: as many look-ahead steps as without the copy
+    (session 58; before, the step was held)."""
     rng = random.Random(11)
     prompt = [token(rng) for _ in range(60)]
     params = dict(temperature=0.0, max_tokens=24, ignore_eos=True)
+    look_aheads = []
     for retain in (True, False):
         engine = engine_with(model, 4, overlap=overlap)
         engine.add_request("a", prompt, SamplingParams(**params, retain_prefix=len(prompt) if retain else None))
         out = drain(engine)["a"]["tokens"]
+        look_aheads.append(engine.stats().look_ahead_steps)
         retold = out[:5] + [next(t for t in range(8, CFG.vocab_size) if t != out[5])] + out[6:]  # split anew
         follow = prompt + retold + [token(rng) for _ in range(4)]
         engine.add_request("b", follow, SamplingParams(**params))
@@ -122,6 +126,7 @@ def test_a_reply_tokenized_differently_next_turn_reuses_the_prompt(model, overla
         fresh.add_request("b", follow, SamplingParams(**params))
         assert got == drain(fresh)["b"]["tokens"]
         assert engine.stats().adopted_tokens == (len(prompt) if retain else 0)
+    assert look_aheads[0] == look_aheads[1] and (look_aheads[0] > 20) == overlap
     engine.add_request("c", follow + got[:-1] + [token(rng)], SamplingParams(**params))  # b's reply unchanged
     drain(engine)
     assert engine.stats().adopted_tokens == len(follow) + len(got) - 1

@@ -81,7 +81,7 @@ def test_prefix_snapshots_default_follows_prompt_sharing(argv, snapshots):
     cli_serve.add_arguments(p)
     args = p.parse_args(argv)
     cli_serve.check_engine_arguments(args)
-    assert args.prefix_snapshots == snapshots
+    assert cli_serve.prefix_snapshots(args) == snapshots
     both = p.parse_args(["--no-share-prompts", "--prefix-snapshots", "2"])
     with pytest.raises(ValueError, match="--prefix-snapshots needs prompt sharing"):
         cli_serve.check_engine_arguments(both)

@@ -87,6 +87,7 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
     from dsv4.chat.tokenizer import load_tokenizer
     from dsv4.engine.llm_engine import EngineConfig, LLMEngine
     from dsv4.model.load import load_model
+    from dsv4.serve.cli_serve import prefix_snapshots
 
     path = _model_path(args)
     dtype = torch.float32 if ps.device.type == "cpu" else torch.bfloat16
@@ -98,7 +99,7 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
                           speculative=speculative, num_draft_tokens=getattr(args, "num_draft_tokens", 1),
                           overlap=getattr(args, "overlap", None), retain_finished=getattr(args, "retain_finished", 0),
                           share_prompts=getattr(args, "share_prompts", True),
-                          prefix_snapshots=getattr(args, "prefix_snapshots", 0),
+                          prefix_snapshots=prefix_snapshots(args) if hasattr(args, "prefix_snapshots") else 0,
                           cache_tokens=getattr(args, "cache_tokens", None))
     if getattr(args, "cuda_graphs", False):  # every rank captures the same steps, its collectives inside
         model.enable_cuda_graphs(max_batch=config.decode_step_rows)

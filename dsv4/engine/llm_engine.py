@@ -286,6 +286,8 @@ class LLMEngine:
             if self.speculator is not None:
                 self.speculator.propose(batch)
             logits = self.cache.run(self.model, batch)
+            if self.speculator is None:  # (with MTP the copies wait for its state, advanced after sampling)
+                self._keep_copies(batch)
         else:
             batch = launched.batch
         ahead = self._may_look_ahead(batch)
@@ -317,15 +319,7 @@ class LLMEngine:
                 self.cache.release(seq)
         if self.speculator is not None:
             self.speculator.advance(batch)
-        # rows whose chunk ended at their snapshot or retain point (the MTP state advanced too)
-        for row in batch.rows if self.snapshots is not None or self.retained is not None else ():
-            seq = row.seq
-            if seq.is_finished:
-                continue
-            if seq.snapshot_at and seq.num_computed_tokens == seq.snapshot_at:
-                self.snapshots.take(seq, self.cache.states[seq.request_id])
-            if seq.retain_at and seq.num_computed_tokens == seq.retain_at:
-                self.retained.keep_prefix(seq, self.cache.states[seq.request_id])
+            self._keep_copies(batch)
         outputs = []
         for i in sample_rows:
             seq = batch.rows[i].seq
@@ -346,11 +340,24 @@ class LLMEngine:
                 del self.streams[seq.request_id]
         return outputs
 
+    def _keep_copies(self, batch: ScheduledBatch) -> None:
+        """Copies of the cache of the rows whose chunk just ended at their snapshot or retain point. Queued right
+        after the forward, before anything later (a look-ahead) writes the cache: the copy is one stream-ordered
+        launch (`dsv4.kernels.page_copy`). With MTP, once its state has advanced too."""
+        for row in batch.rows if self.snapshots is not None or self.retained is not None else ():
+            seq = row.seq
+            if seq.is_finished or seq.request_id not in self.cache.states:
+                continue
+            state = self.cache.states[seq.request_id]
+            if seq.snapshot_at and state.num_tokens == seq.snapshot_at:
+                self.snapshots.take(seq, state)
+            if seq.retain_at and state.num_tokens == seq.retain_at:
+                self.retained.keep_prefix(seq, state)
+
     def _may_look_ahead(self, batch: ScheduledBatch) -> bool:
-        # (not where a row's cache is copied after this step: the next step's forward would run before the copy)
         return (self.overlap and self.speculator is None and not self.scheduler.waiting
                 and all(r.sample and not r.num_draft_tokens and not r.seq.params.has_penalties
-                        and r.seq.params.logprobs is None and not r.seq.retain_at for r in batch.rows))
+                        and r.seq.params.logprobs is None for r in batch.rows))
 
     def _look_ahead(self, batch: ScheduledBatch, ids: torch.Tensor) -> "_Launched | None":
         """Launch the next token of every row of `batch` that goes on whatever id it gets

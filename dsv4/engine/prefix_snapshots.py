@@ -50,10 +50,11 @@ def fork_state(state, owner):
 
 
 def copy_into(cache, name: str, seq: Sequence, state, mtp: bool, make_room) -> tuple[PageHolder, object] | None:
-    """A copy of running `seq`'s cache as it stands after this step's chunk (`state`, `seq.num_computed_tokens`
-    tokens), held by a new PageHolder `name`: the final entry pages shared, the rest copied. `make_room()` frees
-    something of the caller's while the copy does not fit (False: nothing left); None where it still does not."""
-    at = seq.num_computed_tokens
+    """A copy of running `seq`'s cache as it stands after this step's forward (`state`, `state.num_tokens` tokens:
+    the scheduler may not have counted them yet), held by a new PageHolder `name`: the final entry pages shared, the
+    rest copied. `make_room()` frees something of the caller's while the copy does not fit (False: nothing left);
+    None where it still does not."""
+    at = state.num_tokens
     holder = PageHolder(name)
     bm = cache.block_manager
     shared = bm.share(holder, seq.block_tables, final_tokens(state, mtp))

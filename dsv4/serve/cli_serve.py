@@ -102,6 +102,13 @@ def allowed_origins(text: str) -> tuple[str, ...]:
     return origins
 
 
+def prefix_snapshots(args: argparse.Namespace) -> int:
+    """--prefix-snapshots, its default resolved: on where forks are (they copy the snapshots), else 0."""
+    if args.prefix_snapshots is None:
+        return PREFIX_SNAPSHOTS if args.share_prompts else 0
+    return args.prefix_snapshots
+
+
 def check_engine_arguments(args: argparse.Namespace) -> None:
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
@@ -109,11 +116,10 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
     check_cache_tokens(args)
     if args.retain_finished < 0:
         raise ValueError(f"--retain-finished must be >= 0, got {args.retain_finished}")
-    if args.prefix_snapshots is None:  # on by default where forks are (they copy the snapshots)
-        args.prefix_snapshots = PREFIX_SNAPSHOTS if args.share_prompts else 0
-    if args.prefix_snapshots < 0:
-        raise ValueError(f"--prefix-snapshots must be >= 0, got {args.prefix_snapshots}")
-    if args.prefix_snapshots and not args.share_prompts:
+    snapshots = prefix_snapshots(args)
+    if snapshots < 0:
+        raise ValueError(f"--prefix-snapshots must be >= 0, got {snapshots}")
+    if snapshots and not args.share_prompts:
         raise ValueError("--prefix-snapshots needs prompt sharing: drop --no-share-prompts")
     names = args.served_model_name or []
     if any(not n.strip() for n in names) or len(set(names)) < len(names):
@@ -144,7 +150,7 @@ def build_core(args: argparse.Namespace):
                           max_model_len=args.max_model_len, speculative=args.speculative,
                           num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"),
                           overlap=getattr(args, "overlap", None), retain_finished=args.retain_finished,
-                          share_prompts=args.share_prompts, prefix_snapshots=args.prefix_snapshots,
+                          share_prompts=args.share_prompts, prefix_snapshots=prefix_snapshots(args),
                           cache_tokens=args.cache_tokens)
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
                                      cuda_graphs=getattr(args, "cuda_graphs", False))

@@ -74,7 +74,7 @@ def test_thinking_turns_reuse_the_last_prompt_but_its_last_token(thinking):
     """Session 57: in thinking mode the next turn drops the reasoning, so LLM.chat asks the engine to retain the
     cache one token short of the prompt's end (`retain_prefix`, a chunk ending there and a copy of the cache under
     the FP8 cache and graphs): each later turn takes that many tokens and answers as a fresh engine. In chat mode
-    the copy is at the prompt's end (the look-ahead waits for it) and the finished sequence is kept too."""
+    the copy is at the prompt's end (queued before the look-ahead's forward) and the finished sequence is kept too."""
     from dsv4 import LLM, SamplingParams
 
     kw = dict(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
