@@ -104,8 +104,8 @@ def serve(core, opts: ServeOptions) -> int:
     engine = AsyncEngine(core, max_running=opts.max_running, max_queued=opts.max_queued,
                          step_watchdog_s=opts.step_watchdog_s)
     bridge = ChatBridge(getattr(core, "tokenizer", None), core.vocab_size, default_thinking=opts.default_thinking)
-    cfg = ServerConfig(model_name=opts.model_name, model_aliases=opts.model_aliases, max_model_len=core.max_model_len, api_key=opts.api_key,
-                       max_body_bytes=opts.max_body_bytes, responses_store=opts.responses_store,
+    cfg = ServerConfig(model_name=opts.model_name, model_aliases=opts.model_aliases, max_model_len=core.max_model_len,
+                       api_key=opts.api_key, max_body_bytes=opts.max_body_bytes, responses_store=opts.responses_store,
                        allowed_origins=opts.allowed_origins)
     app = create_app(engine, bridge, cfg, ServerMetrics())
     sock = bind_socket(opts.host, opts.port)
