@@ -228,19 +228,18 @@ class Runner:
 
 def _host_profile(step, steps: int, say) -> None:
     """Where a decode step's host time goes: cProfile over `steps` steps, each read back before the next (the
-    engine's order), the 18 functions of most own time."""
+    engine's order), summed up as bench_engine_step.py does for the engine's steps."""
     import cProfile
-    import io
-    import pstats
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_engine_step import _host_share
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
         step()
     prof.disable()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
-    say(f"host profile of {steps} decode steps (tottime = own time, cumtime = with callees):")
-    say("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[-4000:])
+    wait_ms, top = _host_share(prof, steps, 18)
+    say(f"host profile of {steps} decode steps: {wait_ms:.2f} ms per step waiting for the GPU "
+        f"(tottime = own time, cumtime = with callees)\n{top}")
 
 
 def _decode_roof_bytes(model, batch: int, ctx: int) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, tl, triton
+from dsv4.model.context import to_device
 
 BLOCK = 1024  # words per program and step
 MAX_SPLIT = 16  # programs per (view, page pair) for the large pages
@@ -72,11 +73,14 @@ def _word_bytes(v: torch.Tensor) -> int:
 def copy_pages_ref(views: PageViews, src: list[list[int]], dst: list[list[int]]) -> None:
     """Torch `copy_pages`."""
     pairs = views.pairs(src, dst)
-    index = [None if not p else (torch.tensor([a for a, _ in p]), torch.tensor([b for _, b in p])) for p in pairs]
+    if not any(pairs):
+        return
+    device = views.views[0][1].device  # (the pools of one cache share it; pinned: no wait for the GPU's queue)
+    index = [None if not p else (to_device(torch.tensor([a for a, _ in p]), device),
+                                 to_device(torch.tensor([b for _, b in p]), device)) for p in pairs]
     for kind, v in views.views:
         if index[kind] is not None:
-            s, d = (i.to(v.device) for i in index[kind])
-            v.index_copy_(0, d, v.index_select(0, s))
+            v.index_copy_(0, index[kind][1], v.index_select(0, index[kind][0]))
 
 
 # --------------------------------------------------------------------------- Triton kernel
@@ -109,18 +113,13 @@ if HAS_TRITON:
 
 def copy_pages(views: PageViews, src: list[list[int]], dst: list[list[int]]) -> None:
     """Triton `copy_pages`: one launch per word size the views take."""
-    from dsv4.model.context import to_device
-
     pairs = views.pairs(src, dst)
     width = max(map(len, pairs), default=0)
     if width == 0:
         return
     device = views.views[0][1].device
-    flat = torch.full((len(pairs), width, 2), -1, dtype=torch.int64)
-    for kind, p in enumerate(pairs):
-        if p:
-            flat[kind, : len(p)] = torch.tensor(p, dtype=torch.int64)
-    flat = to_device(flat, device)
+    padded = [[list(pair) for pair in p] + [[-1, -1]] * (width - len(p)) for p in pairs]
+    flat = to_device(torch.tensor(padded, dtype=torch.int64), device)  # [kinds, width, 2]
     for word in WORDS:
         hit = views.table(word, device)
         if hit is None:
