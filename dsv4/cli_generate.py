@@ -51,12 +51,13 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_decode_options(p) -> None:
     """--cuda-graphs, --kv-dtype and --no-overlap (generate, chat, bench, serve: a parser or an argument group)."""
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="decode steps as CUDA graphs (with --kv-dtype fp8 one graph per step; "
-                        "also across --tp/--ep ranks)")
-    p.add_argument("--kv-dtype", choices=["auto", "fp8"], default="auto",
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode steps as CUDA graphs, one graph per step (default: on for one GPU with the Triton "
+                        "kernels; across --tp/--ep ranks only when asked, until its two-GPU token test has run)")
+    p.add_argument("--kv-dtype", choices=["auto", "fp8"], default=None,
                    help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
-                        "(lossless under reference numerics; the GPU decode kernel reads it)")
+                        "(lossless under reference numerics; the GPU decode kernel reads it). Default: fp8 on a GPU "
+                        "under reference numerics, else auto")
     p.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="read each decode step's ids back before launching the next (default on a GPU: launch the "
                         "next first, so the host's work hides behind the GPU)")
@@ -88,8 +89,8 @@ def _llm(args, retain_finished: int = 0):
     check_cache_tokens(args)
     return LLM(args.model, device=args.device, numerics=args.numerics, max_model_len=args.max_model_len,
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
-               num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", False),
-               kv_dtype=getattr(args, "kv_dtype", "auto"), overlap=getattr(args, "overlap", None),
+               num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", None),
+               kv_dtype=getattr(args, "kv_dtype", None), overlap=getattr(args, "overlap", None),
                retain_finished=retain_finished, cache_tokens=args.cache_tokens)
 
 

@@ -197,7 +197,7 @@ def format_plan(p: Plan) -> str:
         f"cache per token of context (kv_dtype={p.kv_dtype}): {p.cache_bytes_per_token:,.2f} B",
         f"fits: {'yes' if p.fits else 'NO'}: {p.reason}",
         *([f"serve with: --max-num-seqs {p.max_num_seqs} --cache-tokens {p.cache_tokens}"
-           + (" --kv-dtype fp8" if p.kv_dtype == "fp8" else "")] if p.fits else []),
+           + (" --kv-dtype auto" if p.kv_dtype == "auto" else "")] if p.fits else []),
     ])
 
 
@@ -213,8 +213,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--utilization", type=float, default=0.9, help="fraction of each GPU to use (default 0.9)")
     p.add_argument("--weights", choices=("stored", "dequantized"), default="stored",
                    help="stored: checkpoint formats (GPU kernels); dequantized: model dtype (CPU reference)")
-    p.add_argument("--kv-dtype", choices=("auto", "fp8"), default="auto",
-                   help="decode cache storage: auto = model dtype; fp8 = FP8 KV + FP4 indexer keys")
+    p.add_argument("--kv-dtype", choices=("auto", "fp8"), default="fp8",
+                   help="decode cache storage: fp8 = FP8 KV + FP4 indexer keys (default, as serve's on a GPU); "
+                        "auto = model dtype")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="model dtype (default bf16)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences held at once (default 64)")
     p.add_argument("--kept-states", type=int, default=48,

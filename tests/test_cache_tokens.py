@@ -88,6 +88,9 @@ def test_plan_prints_the_serve_options(flash):  # noqa: F811
     assert p.fits and p.kept_states == 16
     assert p.cache_tokens == int((int(H200 * 0.9) - p.weights - (32 + 16) * p.fixed_per_sequence)
                                  // p.cache_bytes_per_token)
-    assert format_plan(p).splitlines()[-1] == f"serve with: --max-num-seqs 32 --cache-tokens {p.cache_tokens} " \
-                                              "--kv-dtype fp8"
+    # FP8 is serve's cache on a GPU: only the other storage is spelled out
+    assert format_plan(p).splitlines()[-1] == f"serve with: --max-num-seqs 32 --cache-tokens {p.cache_tokens}"
+    auto = plan(flash, gpus=2, gpu_memory=H200, kv_dtype="auto", max_num_seqs=32, kept_states=16)
+    assert format_plan(auto).splitlines()[-1] == \
+        f"serve with: --max-num-seqs 32 --cache-tokens {auto.cache_tokens} --kv-dtype auto"
     assert "serve with" not in format_plan(plan(flash, gpus=1, gpu_memory=H200))

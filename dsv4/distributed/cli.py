@@ -95,13 +95,15 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
     model = load_model(path, device=ps.device, dtype=dtype, numerics=getattr(args, "numerics", "reference"),
                        include_mtp=speculative is not None, parallel=ps)
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          max_model_len=args.max_model_len, kv_dtype=getattr(args, "kv_dtype", "auto"),
+                          max_model_len=args.max_model_len, kv_dtype=getattr(args, "kv_dtype", None),
                           speculative=speculative, num_draft_tokens=getattr(args, "num_draft_tokens", 1),
                           overlap=getattr(args, "overlap", None), retain_finished=getattr(args, "retain_finished", 0),
                           share_prompts=getattr(args, "share_prompts", True),
                           prefix_snapshots=prefix_snapshots(args) if hasattr(args, "prefix_snapshots") else 0,
                           cache_tokens=getattr(args, "cache_tokens", None))
-    if getattr(args, "cuda_graphs", False):  # every rank captures the same steps, its collectives inside
+    # every rank captures the same steps, its collectives inside; only when asked (None: off), until the two-GPU
+    # token test against eager steps has run (docs/parallel.md)
+    if getattr(args, "cuda_graphs", None):
         model.enable_cuda_graphs(max_batch=config.decode_step_rows)
     return LLMEngine(model, model.config, load_tokenizer(path), config, model_name=path.name)
 

@@ -42,12 +42,16 @@ class StreamDelta:
 
 
 class LLM:
-    """Offline generation. `model=None` runs the tiny model shipped inside the package."""
+    """Offline generation. `model=None` runs the tiny model shipped inside the package.
+
+    On a GPU the fast path is the default: `cuda_graphs=None` captures the decode steps as CUDA graphs and
+    `kv_dtype=None` stores the cache in FP8 (lossless under the reference numerics); pass False / "auto" for
+    eager steps / a cache in the model dtype (`dsv4.engine.llm_engine.graphs_by_default`, `default_kv_dtype`)."""
 
     def __init__(self, model: str | Path | None = None, device: str = "auto", dtype: torch.dtype | None = None,
                  numerics: str = "reference", max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
                  max_model_len: int = 4096, progress: bool = False, speculative: str | None = None,
-                 num_draft_tokens: int = 1, cuda_graphs: bool = False, kv_dtype: str = "auto",
+                 num_draft_tokens: int = 1, cuda_graphs: bool | None = None, kv_dtype: str | None = None,
                  overlap: bool | None = None, retain_finished: int = 0, share_prompts: bool = True,
                  prefix_snapshots: int = 0, cache_tokens: int | None = None):
         ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

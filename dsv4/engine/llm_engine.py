@@ -40,7 +40,8 @@ class EngineConfig:
     cache: CacheConfig | None = None
     speculative: str | None = None   # "mtp": draft with the checkpoint's mtp.0 block (docs/speculative.md)
     num_draft_tokens: int = 1        # draft tokens per decode step when speculative is set
-    kv_dtype: str = "auto"           # cache storage (CacheConfig.kv_dtype) unless `cache` is given
+    # cache storage (CacheConfig.kv_dtype) unless `cache` is given. None: `default_kv_dtype(model)`, FP8 on a GPU
+    kv_dtype: str | None = None
     # launch the next decode step before reading this one's ids (`LLMEngine.step`). None: where the model is on a
     # GPU (on the CPU nothing runs beside the host, and each step's outputs would wait for the next step's forward)
     overlap: bool | None = None
@@ -103,7 +104,7 @@ class LLMEngine:
                                                           max_model_len=self.max_model_len,
                                                           total_tokens=ec.cache_tokens,
                                                           kept_states=ec.retain_finished + ec.prefix_snapshots,
-                                                          kv_dtype=ec.kv_dtype)
+                                                          kv_dtype=ec.kv_dtype or default_kv_dtype(model))
         self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)
         self.block_manager: BlockManager = self.cache.block_manager
         detok = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
@@ -140,8 +141,9 @@ class LLMEngine:
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, device: str = "auto", dtype: torch.dtype | None = None,
                         numerics: str = "reference", engine_config: EngineConfig | None = None,
-                        kernels: str = "auto", cuda_graphs: bool = False) -> "LLMEngine":
-        """cuda_graphs: decode steps as CUDA graphs (one GPU; dsv4.model.graphs)."""
+                        kernels: str = "auto", cuda_graphs: bool | None = None) -> "LLMEngine":
+        """cuda_graphs: decode steps as CUDA graphs (one GPU; dsv4.model.graphs); None: where the model can
+        (`graphs_by_default`)."""
         from .. import load_model
         from ..chat.tokenizer import load_tokenizer
         from .assets import default_model_path
@@ -159,7 +161,7 @@ class LLMEngine:
             log.warning("no usable MTP block (speculative decoding unavailable): %s", problem)
         model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative,
                            kernels=kernels)
-        if cuda_graphs:
+        if graphs_by_default(model) if cuda_graphs is None else cuda_graphs:
             model.enable_cuda_graphs(max_batch=(engine_config or EngineConfig()).decode_step_rows)
         tokenizer = load_tokenizer(path)
         return cls(model, model.config, tokenizer, engine_config, model_name=path.name)
@@ -373,6 +375,21 @@ class LLMEngine:
         if any(r.seq.grammar is not None for r in nxt.rows):  # its masks need this step's ids: picked next step
             return _Launched(nxt, pick=lambda: self.sampler.pick_sequences(logits, nxt.seqs))
         return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))
+
+
+def default_kv_dtype(model) -> str:
+    """The cache storage when none is asked for: FP8 where the model is on a GPU and simulates the reference's FP8
+    KV rounding (then the FP8 cache stores the same values in half the bytes, and the decode kernel reads it),
+    else the model dtype ("auto": the CPU reference, and `numerics="transformers"`, whose KV is not FP8-rounded)."""
+    if next(model.parameters()).device.type != "cuda":
+        return "auto"
+    return "fp8" if model.numerics.simulate_kv_fp8 else "auto"
+
+
+def graphs_by_default(model) -> bool:
+    """Decode steps run as CUDA graphs unless asked otherwise where they can: a model on a GPU with the Triton
+    kernels (the configuration the GPU tests run; eager decode pays a launch per kernel)."""
+    return next(model.parameters()).device.type == "cuda" and model.kernels == "triton"
 
 
 def _retains_prefix(seq: Sequence) -> bool:

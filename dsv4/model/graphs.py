@@ -23,7 +23,8 @@ batch may pick another MoE launch shape.
 plumbing). A sharded model (TP/EP ranks in lock-step, dsv4.distributed) graphs the paged whole steps
 only: every rank captures the same bucket at the same engine step, its collectives (NCCL) inside the
 graph; the piecewise path stays eager there. Capturing that on GPUs is not yet validated (the CPU
-tests run the plumbing with `capture=False`), so the CLI still refuses `--cuda-graphs` with --tp/--ep.
+tests run the plumbing with `capture=False`), so ranks capture only when `--cuda-graphs` is given (one GPU: by
+default, `dsv4.engine.llm_engine.graphs_by_default`).
 """
 from __future__ import annotations
 

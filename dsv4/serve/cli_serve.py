@@ -148,12 +148,12 @@ def build_core(args: argparse.Namespace):
     check_draft_tokens(args)
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len, speculative=args.speculative,
-                          num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", "auto"),
+                          num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", None),
                           overlap=getattr(args, "overlap", None), retain_finished=args.retain_finished,
                           share_prompts=args.share_prompts, prefix_snapshots=prefix_snapshots(args),
                           cache_tokens=args.cache_tokens)
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
-                                     cuda_graphs=getattr(args, "cuda_graphs", False))
+                                     cuda_graphs=getattr(args, "cuda_graphs", None))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -189,3 +189,18 @@ def test_structured_outputs_on_the_gpu():
     got = [r.text for r in spec.generate(prompts, params)]
     assert json.loads(got[0]).keys() == {"name", "n"} and got[1] in ("yes", "no", "maybe so")
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", got[2]) and spec.engine.stats().spec_draft_tokens > 0, got
+
+
+def test_gpu_defaults_are_graphs_and_the_fp8_cache():
+    """Session 59: on a GPU `LLM()` takes the fast path by itself (`graphs_by_default`, `default_kv_dtype`): CUDA
+    graphs and the FP8 cache, the configuration the tests above run; its greedy text equals eager steps over a bf16
+    cache (the same values: FP8 storage is lossless under reference numerics), up to a near tie."""
+    from dsv4 import LLM, SamplingParams
+
+    fast = LLM(device=DEVICE)
+    assert fast.engine.cache.cache_config.kv_dtype == "fp8" and fast.engine.model._graphs is not None
+    slow = LLM(device=DEVICE, cuda_graphs=False, kv_dtype="auto")
+    assert slow.engine.cache.cache_config.kv_dtype == "auto" and slow.engine.model._graphs is None
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
+    for prompt in ("def fib(n):", "The while statement"):
+        assert_same_greedy_text(fast.generate(prompt, params)[0], slow.generate(prompt, params)[0])
