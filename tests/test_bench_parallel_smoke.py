@@ -63,6 +63,16 @@ def test_bench_engine_step_speculative_smoke():
     assert run.stdout.count("GPU idle") >= 2 and "speculator.verify" in run.stdout  # the timeline of each mode
 
 
+def test_bench_graph_memory_smoke():
+    """The graph-memory benchmark's plumbing: one row per row bucket up to --max-batch, every request decoded."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_graph_memory.py"), "--smoke", "--max-batch", "4",
+                          "--prompt", "20"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
+    assert [r[0] for r in rows] == ["1", "2", "4"]
+
+
 def test_bench_peer_transformers_smoke():
     """The transformers peer's plumbing (its config cut, cache-driven decode, prefill) at the tests' tiny width."""
     import pytest
