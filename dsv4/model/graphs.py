@@ -33,6 +33,14 @@ import torch
 from dsv4.model.block import finish_carry, fuses_block_sites
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences with one draft each
+# The paged step graphs (main and MTP, every row and context bucket) capture into one memory pool instead of one
+# each. Each pool holds a step's transients: 28 MiB at 1 row to 90 at 32 for Flash, whatever the layers or the
+# context (bench/bench_graph_memory.py, H100, session 59), so separate pools add up over the row x context buckets
+# used (≈ 0.7 GiB per context bucket up to 128 rows). Sharing is safe when graphs never replay at once (one stream)
+# and no graph reads pool memory that an earlier replay wrote: every step's outputs are cloned right after its
+# replay (`run`, `last_streams`), and a graph recomputes its derived tables first. Off until its GPU test
+# (tests/gpu/test_engine_gpu.py::test_shared_graph_pool_gives_the_same_tokens) has run.
+SHARED_POOL = False
 
 
 class _Bucket:
@@ -101,10 +109,10 @@ class _Bucket:
         return self.hidden[:b].clone()  # the static buffer is overwritten by the next step
 
 
-def _capture(pieces, sharded: bool = False) -> list:
-    """Warm up (kernels compiled, lazy weight copies made), then one graph per piece, one pool. sharded:
-    capture errors only for this thread's calls (the process group's NCCL watchdog thread queries CUDA
-    events meanwhile, which a process-wide capture would refuse)."""
+def _capture(pieces, sharded: bool = False, pool=None) -> list:
+    """Warm up (kernels compiled, lazy weight copies made), then one graph per piece, one pool (`pool`, else a
+    new one). sharded: capture errors only for this thread's calls (the process group's NCCL watchdog thread
+    queries CUDA events meanwhile, which a process-wide capture would refuse)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -112,7 +120,7 @@ def _capture(pieces, sharded: bool = False) -> list:
             for run in pieces:
                 run()
     torch.cuda.current_stream().wait_stream(side)
-    pool, graphs = torch.cuda.graph_pool_handle(), []
+    pool, graphs = pool or torch.cuda.graph_pool_handle(), []
     for run in pieces:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local" if sharded else "global"):
@@ -137,7 +145,7 @@ def _launch(bucket) -> None:
         bucket._run()
         return
     if not bucket.graphs:
-        bucket.graphs = _capture([bucket._run], sharded=bucket.sharded)
+        bucket.graphs = _capture([bucket._run], sharded=bucket.sharded, pool=bucket.pool)
     bucket.graphs[0].replay()
 
 
@@ -153,6 +161,7 @@ class _StepBucket:
         self.ids = torch.zeros(step.size, dtype=torch.long, device=model.embed.weight.device)
         self.streams = self.hidden = None
         self.graphs = []
+        self.pool = None  # the memory pool to capture into (DecodeGraphs' shared one); None: a pool of its own
 
     def _run(self) -> None:
         from dsv4.model.block import run_blocks
@@ -184,6 +193,7 @@ class _MTPStepBucket:
         self.ids = torch.zeros(step.size, dtype=torch.long, device=dev)
         self.residual = self.hidden = None
         self.graphs = []
+        self.pool = None  # as `_StepBucket.pool`
 
     def _run(self) -> None:
         from dsv4.model.rope import shared_cos_sin
@@ -224,6 +234,7 @@ class DecodeGraphs:
         self._buckets: dict[int, _Bucket] = {}
         self._steps: dict[tuple, _StepBucket] = {}
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture and SHARED_POOL else None  # paged steps' (SHARED_POOL)
 
     def handles(self, seq_lens) -> bool:
         """Whether a step over contiguous states runs piecewise (never for a sharded model)."""
@@ -248,6 +259,7 @@ class DecodeGraphs:
         if bucket is None:
             bucket = self._steps[pools, size, ctx] = _StepBucket(self.model, pools.decode_step(size, ctx),
                                                                  self.capture, self.sharded)
+            bucket.pool = self.pool
         self._last = bucket
         return bucket.run(input_ids, states, lens)
 
@@ -261,6 +273,7 @@ class DecodeGraphs:
         if bucket is None:
             bucket = self._mtp_steps[pools, size, ctx] = _MTPStepBucket(block, pools.decode_step(size, ctx),
                                                                          self.capture, self.sharded)
+            bucket.pool = self.pool
         return bucket.run(prev_residual, ids, states, lens)
 
     def last_streams(self, b: int) -> torch.Tensor:

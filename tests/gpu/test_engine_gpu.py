@@ -204,3 +204,35 @@ def test_gpu_defaults_are_graphs_and_the_fp8_cache():
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
     for prompt in ("def fib(n):", "The while statement"):
         assert_same_greedy_text(fast.generate(prompt, params)[0], slow.generate(prompt, params)[0])
+
+
+def test_shared_graph_pool_gives_the_same_tokens(monkeypatch):
+    """Session 59, `graphs.SHARED_POOL` (off until this passes): the paged step graphs -- main and MTP, several row
+    buckets -- captured into one memory pool give the same tokens as with a pool each (the same kernels on the same
+    rows: bit for bit), over batches of 3, 1 and 2 requests with two MTP drafts (verify steps of 3 rows each)."""
+    import gc
+
+    import dsv4.model.graphs as graphs
+    from dsv4 import LLM, SamplingParams
+
+    prompts = ["def fib(n):", "The while statement", "import os\nfor name in os.listdir('.'):"]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    def run(shared: bool):
+        monkeypatch.setattr(graphs, "SHARED_POOL", shared)
+        llm = LLM(device=DEVICE, speculative="mtp", num_draft_tokens=2)
+        tokens = [[r.token_ids for r in llm.generate(batch, params)] for batch in
+                  (prompts, prompts[:1], prompts[1:])]
+        g = llm.engine.model._graphs
+        buckets = list(g._steps.values()) + list(g._mtp_steps.values())
+        pools, count = {b.pool for b in buckets}, len(buckets)
+        del llm, g, buckets
+        gc.collect()
+        torch.cuda.empty_cache()
+        return tokens, pools, count
+
+    apart, apart_pools, _ = run(False)
+    shared, shared_pools, count = run(True)
+    assert apart_pools == {None} and len(shared_pools) == 1 and None not in shared_pools
+    assert count >= 4  # main and MTP graphs of several row buckets shared the pool
+    assert shared == apart
