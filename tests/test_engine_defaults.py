@@ -43,6 +43,13 @@ def test_llm_on_the_cpu_keeps_eager_steps_and_the_model_dtype_cache():
     # asking is still honoured: the FP8 cache on the CPU (torch's reference path reads it)
     fp8 = LLM(device="cpu", kv_dtype="fp8")
     assert fp8.engine.cache.cache_config.kv_dtype == "fp8"
+    # serve's startup line: the resolved settings, and the cache's bytes (FP8 stores the KV in fewer)
+    assert llm.engine.describe().startswith("cpu float32, cache auto ")
+    assert llm.engine.describe().endswith(", CUDA graphs off, overlap off")
+    assert fp8.engine.cache.pools.nbytes() < llm.engine.cache.pools.nbytes()
+    window = llm.engine.cache.pools.window
+    assert llm.engine.cache.pools.nbytes() > sum(t.numel() * t.element_size() for p in window.values()
+                                                 for t in p.tensors())
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench"])

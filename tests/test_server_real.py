@@ -70,6 +70,8 @@ def tok():
 
 
 def test_auth_and_context_length(server, client, model_name, tok):
+    # the startup line says how the engine runs: on the CPU eager steps over a float32 cache (the defaults resolved)
+    assert re.search(r"/v1 \(cpu float32, cache auto \d+\.\d\d GiB, CUDA graphs off, overlap off\)", server.log())
     assert httpx.get(server.base_url + "/health").status_code == 200
     assert httpx.get(server.base_url + "/v1/models").status_code == 401
     assert client.models.retrieve(model_name).id == model_name  # GET /v1/models/{model}

@@ -218,6 +218,10 @@ class PagedPools:
             views += [(kinds.index(kind), pages(t)) for t in pool.tensors()]
         return views + [(kinds.index("state"), pages(buf[half])) for buf in self.rows.values() for half in (0, 1)]
 
+    def nbytes(self) -> int:
+        """Device bytes of every pool tensor: the cache's memory."""
+        return sum(v.numel() for _, v in self._byte_views())
+
     def decode_step(self, size: int, num_tokens: int):
         """A fixed-shape decode step of `size` rows whose contexts reach at most `num_tokens` tokens."""
         return DecodeStep(self, size, DecodeStep.entry_pages_for(self, num_tokens))

@@ -115,7 +115,8 @@ def serve(core, opts: ServeOptions) -> int:
     server = DrainingServer(config, engine, opts.shutdown_timeout)
     engine.start()
     url_host = f"[{host}]" if ":" in host else host
-    print(f"dsv4 serve: model {opts.model_name!r} on http://{url_host}:{port}/v1", file=sys.stderr, flush=True)
+    how = f" ({core.describe()})" if hasattr(core, "describe") else ""  # (the resolved defaults: graphs, cache)
+    print(f"dsv4 serve: model {opts.model_name!r} on http://{url_host}:{port}/v1{how}", file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])
     finally:
