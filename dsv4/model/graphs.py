@@ -36,7 +36,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences wi
 # The paged step graphs (main and MTP, every row and context bucket) capture into one memory pool instead of one
 # each. Each pool holds a step's transients: 28 MiB at 1 row to 90 at 32 for Flash, whatever the layers or the
 # context (bench/bench_graph_memory.py, H100, session 59), so separate pools add up over the row x context buckets
-# used (≈ 0.7 GiB per context bucket up to 128 rows). Sharing is safe when graphs never replay at once (one stream)
+# used (0.26 GiB per context bucket up to 32 rows). Sharing is safe when graphs never replay at once (one stream)
 # and no graph reads pool memory that an earlier replay wrote: every step's outputs are cloned right after its
 # replay (`run`, `last_streams`), and a graph recomputes its derived tables first. Off until its GPU test
 # (tests/gpu/test_engine_gpu.py::test_shared_graph_pool_gives_the_same_tokens) has run.

@@ -196,8 +196,9 @@ def test_llm_with_cuda_graphs_generates_the_same_text():
 
     prompts = ["def main():", "The", "import os\nimport sys\n", "class A:\n    def", "x = [", "# a"]
     params = SamplingParams(temperature=0.0, max_tokens=32)
-    plain = [r.token_ids for r in LLM(device=DEVICE).generate(prompts, params)]
-    graphed = [r.token_ids for r in LLM(device=DEVICE, cuda_graphs=True).generate(prompts, params)]
+    # (eager and graphed asked for: since session 59 graphs and the FP8 cache are the GPU's defaults)
+    plain = [r.token_ids for r in LLM(device=DEVICE, cuda_graphs=False, kv_dtype="auto").generate(prompts, params)]
+    graphed = [r.token_ids for r in LLM(device=DEVICE, cuda_graphs=True, kv_dtype="auto").generate(prompts, params)]
     assert graphed == plain
 
 
@@ -272,7 +273,7 @@ def test_paged_fp8_decode_kernels_graphs_and_torch_attention_agree():
 
     prompts = ["def main():", "The", "import os\nimport sys\n", "class A:\n    def", "x = ["]
     params = SamplingParams(temperature=0.0, max_tokens=48)
-    kernel = LLM(device=DEVICE, kv_dtype="fp8")
+    kernel = LLM(device=DEVICE, kv_dtype="fp8", cuda_graphs=False)
     assert all(b.attn.use_kernels for b in kernel.engine.model.layers)
     eager = [r.token_ids for r in kernel.generate(prompts, params)]
     graphed = LLM(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
@@ -397,7 +398,7 @@ def test_block_sites_fused_across_blocks_match(monkeypatch):
     _assert_bf16_level(_logits_flag_off_on(monkeypatch, "FUSE_BLOCK_SITES", seed=11, module=block),
                        "block sites fused vs not")
     prompts, params = ["def main():", "The", "import os\n"], SamplingParams(temperature=0.0, max_tokens=24)
-    eager = [r.token_ids for r in LLM(device=DEVICE, kv_dtype="fp8").generate(prompts, params)]
+    eager = [r.token_ids for r in LLM(device=DEVICE, kv_dtype="fp8", cuda_graphs=False).generate(prompts, params)]
     graphed = LLM(device=DEVICE, kv_dtype="fp8", cuda_graphs=True)
     assert [r.token_ids for r in graphed.generate(prompts, params)] == eager
     assert graphed.engine.model._graphs._steps
