@@ -81,6 +81,9 @@ def measure(core, args: argparse.Namespace, engine) -> dict:
         "prefill_tok_per_s": args.batch * args.prompt_len / max(first_token_at - t0, 1e-9),
         "decode_tok_per_s": decode_tokens / max(end - first_token_at, 1e-9),
         "total_s": end - t0, "overlap": engine.overlap,
+        # the defaults as resolved on this device (`llm_engine.default_kv_dtype`, `graphs_by_default`)
+        "kv_dtype": engine.cache.cache_config.kv_dtype,
+        "cuda_graphs": getattr(engine.model, "_graphs", None) is not None,
         "speculative": speculative, "num_draft_tokens": args.num_draft_tokens if speculative else 0,
         "spec_acceptance_rate": stats.spec_acceptance_rate,
         "spec_mean_accepted_length": stats.spec_mean_accepted_length,

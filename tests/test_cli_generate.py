@@ -162,6 +162,7 @@ def test_bench_reports_json(ckpt):
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
     assert (result["batch"], result["steps"], result["speculative"], result["overlap"]) == (2, 3, None, False)
+    assert (result["kv_dtype"], result["cuda_graphs"]) == ("auto", False)  # the CPU's defaults, resolved
     res = dsv4_cli("bench", "--model", str(ckpt), "--device", "cpu", "--batch", "1", "--prompt-len", "4",
                    "--output-len", "2", "--no-overlap")
     assert res.returncode == 0 and json.loads(res.stdout)["overlap"] is False, res.stderr
