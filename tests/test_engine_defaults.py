@@ -63,3 +63,32 @@ def test_cli_leaves_both_to_the_device_unless_given(command):
     assert off.cuda_graphs is False and off.kv_dtype == "auto"
     assert parse([command, "--cuda-graphs", *extra]).cuda_graphs is True
 
+
+
+def _oom(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139 GiB"
+                                 "\nof which ...")
+
+
+def test_a_cache_that_does_not_fit_is_a_clear_error(monkeypatch):
+    """The GPU running out of memory while the cache is made: a ValueError naming the options that size it and
+    `dsv4 plan` (the CLI prints it as one line), not torch's traceback."""
+    import dsv4.engine.llm_engine as llm_engine
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+    model = LLMEngine.from_pretrained(device="cpu").model
+    monkeypatch.setattr(llm_engine, "HybridCache", _oom)
+    with pytest.raises(ValueError, match=r"the cache \(--cache-tokens 9000, 4 sequences of up to 4096 tokens, kv auto\)"
+                                         r" does not fit in the GPU's memory: lower --cache-tokens.*dsv4 plan.*"
+                                         r"Tried to allocate 20.00 GiB\. GPU 0 has a total capacity of 139 GiB$"):
+        LLMEngine(model, model.config, None, EngineConfig(max_num_seqs=4, max_model_len=4096, cache_tokens=9000))
+
+
+def test_weights_that_do_not_fit_are_a_clear_error_in_one_line(monkeypatch, capsys):
+    import dsv4
+    from dsv4.cli import main
+    monkeypatch.setattr(dsv4, "load_model", _oom)
+    assert main(["generate", "--device", "cpu", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("dsv4 generate: error: ") and "the weights do not fit in the GPU's memory: `dsv4 plan " in err
+    assert "--gpus N` says how many GPUs they need (then --tp/--ep). CUDA out of memory." in err

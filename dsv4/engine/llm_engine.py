@@ -105,7 +105,17 @@ class LLMEngine:
                                                           total_tokens=ec.cache_tokens,
                                                           kept_states=ec.retain_finished + ec.prefix_snapshots,
                                                           kv_dtype=ec.kv_dtype or default_kv_dtype(model))
-        self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)
+        oom = None
+        try:
+            self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)
+        except torch.OutOfMemoryError as e:  # (raised below, once the half-built pools are freed)
+            oom = str(e).split("\n")[0]
+        if oom is not None:
+            size = f"--cache-tokens {ec.cache_tokens}" if ec.cache_tokens else "the default size"
+            raise ValueError(f"the cache ({size}, {ec.max_num_seqs} sequences of up to {self.max_model_len} tokens, kv "
+                             f"{cache_cfg.kv_dtype}) does not fit in the GPU's memory{free_memory(self.device)}: lower "
+                             f"--cache-tokens, --max-num-seqs or --max-model-len (`dsv4 plan` prints what fits). "
+                             f"{oom}")
         self.block_manager: BlockManager = self.cache.block_manager
         detok = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
         self.sampler = Sampler()
@@ -159,8 +169,15 @@ class LLMEngine:
                              f"block mtp.0: {problem}")
         if problem:
             log.warning("no usable MTP block (speculative decoding unavailable): %s", problem)
-        model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative,
-                           kernels=kernels)
+        oom = None
+        try:
+            model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative,
+                               kernels=kernels)
+        except torch.OutOfMemoryError as e:  # (raised below, once the half-loaded weights are freed)
+            oom = str(e).split("\n")[0]
+        if oom is not None:
+            raise ValueError(f"{path}: the weights do not fit in the GPU's memory{free_memory(torch.device(device))}:"
+                             f" `dsv4 plan {path} --gpus N` says how many GPUs they need (then --tp/--ep). {oom}")
         if graphs_by_default(model) if cuda_graphs is None else cuda_graphs:
             model.enable_cuda_graphs(max_batch=(engine_config or EngineConfig()).decode_step_rows)
         tokenizer = load_tokenizer(path)
@@ -385,6 +402,15 @@ class LLMEngine:
         if any(r.seq.grammar is not None for r in nxt.rows):  # its masks need this step's ids: picked next step
             return _Launched(nxt, pick=lambda: self.sampler.pick_sequences(logits, nxt.seqs))
         return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))
+
+
+def free_memory(device: torch.device) -> str:
+    """" (F of T GiB free now)" on a GPU (for out-of-memory errors), else ""."""
+    if device.type != "cuda":
+        return ""
+    torch.cuda.empty_cache()  # (what the failed allocation's caller had taken goes back first)
+    free, total = torch.cuda.mem_get_info(device)
+    return f" ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free now)"
 
 
 def default_kv_dtype(model) -> str:
