@@ -85,15 +85,14 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
     import torch
 
     from dsv4.chat.tokenizer import load_tokenizer
-    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
-    from dsv4.model.load import load_model
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine, load_fitting
     from dsv4.serve.cli_serve import prefix_snapshots
 
     path = _model_path(args)
     dtype = torch.float32 if ps.device.type == "cpu" else torch.bfloat16
     speculative = getattr(args, "speculative", None)
-    model = load_model(path, device=ps.device, dtype=dtype, numerics=getattr(args, "numerics", "reference"),
-                       include_mtp=speculative is not None, parallel=ps)
+    model = load_fitting(path, ps.device, dtype=dtype, numerics=getattr(args, "numerics", "reference"),
+                         include_mtp=speculative is not None, parallel=ps)
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=args.max_model_len, kv_dtype=getattr(args, "kv_dtype", None),
                           speculative=speculative, num_draft_tokens=getattr(args, "num_draft_tokens", 1),

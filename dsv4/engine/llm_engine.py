@@ -154,7 +154,6 @@ class LLMEngine:
                         kernels: str = "auto", cuda_graphs: bool | None = None) -> "LLMEngine":
         """cuda_graphs: decode steps as CUDA graphs (one GPU; dsv4.model.graphs); None: where the model can
         (`graphs_by_default`)."""
-        from .. import load_model
         from ..chat.tokenizer import load_tokenizer
         from .assets import default_model_path
         path = Path(path) if path is not None else default_model_path()
@@ -169,15 +168,7 @@ class LLMEngine:
                              f"block mtp.0: {problem}")
         if problem:
             log.warning("no usable MTP block (speculative decoding unavailable): %s", problem)
-        oom = None
-        try:
-            model = load_model(path, device=device, dtype=dtype, numerics=numerics, include_mtp=speculative,
-                               kernels=kernels)
-        except torch.OutOfMemoryError as e:  # (raised below, once the half-loaded weights are freed)
-            oom = str(e).split("\n")[0]
-        if oom is not None:
-            raise ValueError(f"{path}: the weights do not fit in the GPU's memory{free_memory(torch.device(device))}:"
-                             f" `dsv4 plan {path} --gpus N` says how many GPUs they need (then --tp/--ep). {oom}")
+        model = load_fitting(path, device, dtype=dtype, numerics=numerics, include_mtp=speculative, kernels=kernels)
         if graphs_by_default(model) if cuda_graphs is None else cuda_graphs:
             model.enable_cuda_graphs(max_batch=(engine_config or EngineConfig()).decode_step_rows)
         tokenizer = load_tokenizer(path)
@@ -402,6 +393,18 @@ class LLMEngine:
         if any(r.seq.grammar is not None for r in nxt.rows):  # its masks need this step's ids: picked next step
             return _Launched(nxt, pick=lambda: self.sampler.pick_sequences(logits, nxt.seqs))
         return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))
+
+
+def load_fitting(path: Path, device, **kwargs):
+    """`dsv4.load_model`, with the GPU running out of memory reported as a ValueError that says what to do."""
+    from .. import load_model
+    oom = None
+    try:
+        return load_model(path, device=device, **kwargs)
+    except torch.OutOfMemoryError as e:  # (raised below, once the half-loaded weights are freed)
+        oom = str(e).split("\n")[0]
+    raise ValueError(f"{path}: the weights do not fit in the GPU's memory{free_memory(torch.device(device))}: "
+                     f"`dsv4 plan {path} --gpus N` says how many GPUs they need (then --tp/--ep). {oom}")
 
 
 def free_memory(device: torch.device) -> str:
