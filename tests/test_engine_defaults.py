@@ -66,8 +66,8 @@ def test_cli_leaves_both_to_the_device_unless_given(command):
 
 
 def _oom(*args, **kwargs):
-    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139 GiB"
-                                 "\nof which ...")
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. "
+                                 "GPU 0 has a total capacity of 139 GiB\nof which ...")
 
 
 def test_a_cache_that_does_not_fit_is_a_clear_error(monkeypatch):
