@@ -47,6 +47,8 @@ def test_llm_on_the_cpu_keeps_eager_steps_and_the_model_dtype_cache():
     assert llm.engine.describe().startswith("cpu float32, cache auto ")
     assert llm.engine.describe().endswith(", CUDA graphs off, overlap off")
     assert fp8.engine.cache.pools.nbytes() < llm.engine.cache.pools.nbytes()
+    spec = LLM(device="cpu", speculative="mtp", num_draft_tokens=2).engine.describe()
+    assert spec.endswith(", CUDA graphs off, overlap off, MTP drafting 2 per step")
     window = llm.engine.cache.pools.window
     assert llm.engine.cache.pools.nbytes() > sum(t.numel() * t.element_size() for p in window.values()
                                                  for t in p.tensors())

@@ -247,7 +247,7 @@ class LLMEngine:
         graphs, overlap, speculation -- the defaults resolved (`default_kv_dtype`, `graphs_by_default`)."""
         dtype = str(self.model.dtype).removeprefix("torch.")
         graphs = "on" if getattr(self.model, "_graphs", None) is not None else "off"
-        spec = f", MTP with {self.speculator.num_draft_tokens} drafts" if self.speculator is not None else ""
+        spec = f", MTP drafting {self.speculator.num_draft_tokens} per step" if self.speculator is not None else ""
         return (f"{self.device.type} {dtype}, cache {self.cache.cache_config.kv_dtype} "
                 f"{self.cache.pools.nbytes() / 2**30:.2f} GiB, CUDA graphs {graphs}, "
                 f"overlap {'on' if self.overlap else 'off'}{spec}")
