@@ -83,7 +83,7 @@ def measure(core, args: argparse.Namespace, engine) -> dict:
         "total_s": end - t0, "overlap": engine.overlap,
         # the defaults as resolved on this device (`llm_engine.default_kv_dtype`, `graphs_by_default`)
         "kv_dtype": engine.cache.cache_config.kv_dtype,
-        "cuda_graphs": getattr(engine.model, "_graphs", None) is not None,
+        "cuda_graphs": engine.cuda_graphs,
         "speculative": speculative, "num_draft_tokens": args.num_draft_tokens if speculative else 0,
         "spec_acceptance_rate": stats.spec_acceptance_rate,
         "spec_mean_accepted_length": stats.spec_mean_accepted_length,

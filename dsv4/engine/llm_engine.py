@@ -105,11 +105,7 @@ class LLMEngine:
                                                           total_tokens=ec.cache_tokens,
                                                           kept_states=ec.retain_finished + ec.prefix_snapshots,
                                                           kv_dtype=ec.kv_dtype or default_kv_dtype(model))
-        oom = None
-        try:
-            self.cache = HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device)
-        except torch.OutOfMemoryError as e:  # (raised below, once the half-built pools are freed)
-            oom = str(e).split("\n")[0]
+        self.cache, oom = _fits(lambda: HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device))
         if oom is not None:
             size = f"--cache-tokens {ec.cache_tokens}" if ec.cache_tokens else "the default size"
             raise ValueError(f"the cache ({size}, {ec.max_num_seqs} sequences of up to {self.max_model_len} tokens, kv "
@@ -242,11 +238,16 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return not self.scheduler.is_finished()
 
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the model's decode steps run as CUDA graphs (`graphs_by_default` or asked for)."""
+        return getattr(self.model, "_graphs", None) is not None
+
     def describe(self) -> str:
         """How this engine runs, in one line (serve's startup line): device and dtype, cache storage and size, CUDA
         graphs, overlap, speculation -- the defaults resolved (`default_kv_dtype`, `graphs_by_default`)."""
         dtype = str(self.model.dtype).removeprefix("torch.")
-        graphs = "on" if getattr(self.model, "_graphs", None) is not None else "off"
+        graphs = "on" if self.cuda_graphs else "off"
         spec = f", MTP drafting {self.speculator.num_draft_tokens} per step" if self.speculator is not None else ""
         return (f"{self.device.type} {dtype}, cache {self.cache.cache_config.kv_dtype} "
                 f"{self.cache.pools.nbytes() / 2**30:.2f} GiB, CUDA graphs {graphs}, "
@@ -398,13 +399,21 @@ class LLMEngine:
 def load_fitting(path: Path, device, **kwargs):
     """`dsv4.load_model`, with the GPU running out of memory reported as a ValueError that says what to do."""
     from .. import load_model
-    oom = None
-    try:
-        return load_model(path, device=device, **kwargs)
-    except torch.OutOfMemoryError as e:  # (raised below, once the half-loaded weights are freed)
-        oom = str(e).split("\n")[0]
+    model, oom = _fits(lambda: load_model(path, device=device, **kwargs))
+    if oom is None:
+        return model
     raise ValueError(f"{path}: the weights do not fit in the GPU's memory{free_memory(torch.device(device))}: "
                      f"`dsv4 plan {path} --gpus N` says how many GPUs they need (then --tp/--ep). {oom}")
+
+
+def _fits(make):
+    """(make(), None), or (None, the first line of torch's out-of-memory error) once the exception, and with it
+    whatever `make` had allocated, is gone (so the caller's own error does not hold that memory)."""
+    try:
+        return make(), None
+    except torch.OutOfMemoryError as e:
+        first = str(e).split("\n")[0]
+    return None, first
 
 
 def free_memory(device: torch.device) -> str:
