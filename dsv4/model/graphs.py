@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.model.block import finish_carry, fuses_block_sites
+from dsv4.model.prefill_graphs import PrefillBucket, prefill_bucket_size
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences with one draft each
 # The paged step graphs (main and MTP, every row and context bucket) capture into one memory pool instead of one
@@ -91,6 +92,10 @@ class _Bucket:
                 self.hidden = m.final_hidden(x)
             self.x[i] = x
         return run
+
+    @property
+    def streams(self) -> torch.Tensor:
+        return self.x[-1]
 
     def _capture(self, pieces) -> None:
         self.graphs = _capture(pieces)
@@ -235,11 +240,29 @@ class DecodeGraphs:
         self._buckets: dict[int, _Bucket] = {}
         self._steps: dict[tuple, _StepBucket] = {}
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
+        self._prefill: dict[int, PrefillBucket] = {}  # short prefill forwards' pieces per token bucket
         self.pool = torch.cuda.graph_pool_handle() if capture and SHARED_POOL else None  # paged steps' (SHARED_POOL)
 
     def handles(self, seq_lens) -> bool:
         """Whether a step over contiguous states runs piecewise (never for a sharded model)."""
         return not self.sharded and 0 < len(seq_lens) <= self.max_batch and all(int(n) == 1 for n in seq_lens)
+
+    def handles_prefill(self, seq_lens) -> bool:
+        """Whether a forward that no decode path takes runs as prefill pieces (dsv4.model.prefill_graphs): up to
+        PREFILL_MAX_TOKENS tokens, not one token from each of several sequences (the attention's batched decode
+        path, which leaves the inverse RoPE to `finish`), never for a sharded model."""
+        lens = [int(n) for n in seq_lens]
+        return (not self.sharded and prefill_bucket_size(sum(lens)) is not None
+                and not (len(lens) > 1 and all(n == 1 for n in lens)))
+
+    def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
+        """Hidden states [T, D] of a short forward as prefill pieces; the streams land in `last_streams(T)`."""
+        size = prefill_bucket_size(input_ids.shape[0])
+        bucket = self._prefill.get(size)
+        if bucket is None:
+            bucket = self._prefill[size] = PrefillBucket(self.model, size, self.capture, self.pool)
+        self._last = bucket
+        return bucket.forward(input_ids, positions, segments_per_layer)
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
         """Hidden states [B, D] of one decode step; the residual streams land in `last_streams(B)`."""
@@ -278,5 +301,4 @@ class DecodeGraphs:
         return bucket.run(prev_residual, ids, states, lens)
 
     def last_streams(self, b: int) -> torch.Tensor:
-        last = self._last
-        return (last.streams if isinstance(last, _StepBucket) else last.x[-1])[:b].clone()
+        return self._last.streams[:b].clone()

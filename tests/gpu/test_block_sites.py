@@ -56,7 +56,7 @@ def test_fused_block_sites_match_one_site_per_sub_layer(monkeypatch):
     assert rel < 2e-2 and agree > 0.9, (rel, agree)
 
 
-def test_piecewise_graph_pieces_keep_the_fused_sites(monkeypatch):
+def test_piecewise_graph_pieces_keep_the_fused_sites(monkeypatch, eager_prefill):
     """The piecewise decode graphs' pieces (dsv4.model.graphs, run eagerly: capture=False) take the same fused
     sites as the eager forward, so graph replay keeps its bits (session 44: with one site per sub-layer in the
     pieces, GPU graph replay differed from the eager decode in the last bits since FUSE_BLOCK_SITES, session 37)."""

@@ -170,7 +170,7 @@ def _batch_decode(model, prompts, steps: int):
 
 
 @pytest.mark.parametrize("batch", [1, 3, 4])
-def test_cuda_graph_decode_matches_eager(batch):
+def test_cuda_graph_decode_matches_eager(batch, eager_prefill):
     """Piecewise CUDA graphs (dsv4.model.graphs) replay the eager kernel-mode decode: bit-identical
     at a bucket's exact size (1, 4); a padded batch (3 -> bucket 4) keeps the greedy tokens."""
     from pathlib import Path
@@ -191,7 +191,7 @@ def test_cuda_graph_decode_matches_eager(batch):
         assert rel < 1e-2, rel
 
 
-def test_llm_with_cuda_graphs_generates_the_same_text():
+def test_llm_with_cuda_graphs_generates_the_same_text(eager_prefill):
     from dsv4 import LLM, SamplingParams
 
     prompts = ["def main():", "The", "import os\nimport sys\n", "class A:\n    def", "x = [", "# a"]
@@ -234,7 +234,7 @@ def test_engine_overlap_on_the_gpu_matches_without():
     assert ahead == plain
 
 
-def test_speculative_decoding_on_the_gpu_graphed_matches_eager():
+def test_speculative_decoding_on_the_gpu_graphed_matches_eager(eager_prefill):
     """MTP speculation (2 drafts) over the paged FP8 cache: its draft and verify steps as CUDA graphs give the
     eager run's tokens, the drafts are used, and greedy speculation stays close to plain greedy decoding
     (verify steps of 3 rows round differently from 1-row steps in bf16, so the texts may part late). Greedy drafts
@@ -257,7 +257,7 @@ def test_speculative_decoding_on_the_gpu_graphed_matches_eager():
     assert sum(a[:8] == b[:8] for a, b in zip(runs[True, True], plain)) >= 3
 
 
-def test_paged_fp8_decode_kernels_graphs_and_torch_attention_agree():
+def test_paged_fp8_decode_kernels_graphs_and_torch_attention_agree(eager_prefill):
     """Paged FP8 decode steps (dsv4.engine.paged_decode) on the embedded model: the Triton
     decode-attention kernel eagerly and under one whole-step CUDA graph give the same greedy text;
     teacher-forced logits of the kernel and of the torch gather path over the same FP8 pools agree to
@@ -297,7 +297,7 @@ def test_paged_fp8_decode_kernels_graphs_and_torch_attention_agree():
 
 
 @pytest.mark.parametrize("branches", [("shared_expert",), ("projections",), ("shared_expert", "projections")])
-def test_side_stream_branches_are_bit_identical(monkeypatch, branches):
+def test_side_stream_branches_are_bit_identical(monkeypatch, branches, eager_prefill):
     """Branches on the side stream (dsv4.model.side_stream, up to MAX_ROWS tokens: the decode steps here; the
     300-token prefill runs them inline) run the same kernels on the same inputs: the logits, eager and under
     CUDA graphs, equal the inline order bit for bit."""
@@ -388,7 +388,7 @@ def test_inverse_rope_in_the_attention_kernels_is_bit_identical(monkeypatch):
     assert torch.equal(runs[1], runs[0]), f"max |diff| {float((runs[1].double() - runs[0].double()).abs().max()):.3e}"
 
 
-def test_block_sites_fused_across_blocks_match(monkeypatch):
+def test_block_sites_fused_across_blocks_match(monkeypatch, eager_prefill):
     """block.FUSE_BLOCK_SITES (each block's MoE post inside the next block's attention pre, `run_blocks`): the
     logits at every prefill position and over the decode steps agree with one site per sub-layer up to the fp32
     order of the attention site's mixes; the paged FP8 engine's whole-step graphs then give the eager greedy text."""

@@ -1,0 +1,75 @@
+"""Short prompts' prefill as piecewise CUDA graphs (dsv4.model.prefill_graphs) against the eager forward, in one
+run: N Flash-shaped layers with random weights made on the GPU (no disk), the paged FP8 cache, one fresh prompt of
+P tokens per forward (released after it). Per P: the wall time of one forward, synchronised before and after
+(median over the reps, the two modes alternating), eager and as prefill pieces, and their ratio. The copy
+bandwidth and bf16 matmul peak of the same run come first.
+
+    python bench/bench_prefill_graphs.py [--layers 8] [--prompts 16,64,128,200,256] [--reps 7]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _forward_ms(run, tokens: int) -> float:
+    state = run.new_states(1)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    run.forward(state, [tokens])
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t) * 1e3
+    run.release(state)
+    return ms
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--prompts", default="16,64,128,200,256")
+    p.add_argument("--reps", type=int, default=7)
+    args = p.parse_args()
+    from bench_engine_step import _ceilings
+    from bench_parallel import Runner, _config
+
+    from dsv4.engine.cache import CacheConfig, HybridCache
+    from dsv4.model import DeepseekV4ForCausalLM, prefill_graphs
+    prompts = [int(n) for n in args.prompts.split(",")]
+    cfg = _config(os.path.join(os.path.dirname(__file__), "configs", "deepseek-v4-flash.config.json"), args.layers)
+    dev = torch.device("cuda")
+    print(f"{torch.cuda.get_device_name()}, {len(cfg.layers)} Flash layers, one fresh prompt per forward")
+    _ceilings(True)
+    with torch.device(dev):
+        model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels="triton")
+    model.load_random_weights(seed=1)
+    tokens = max(prompts) + 64
+    cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=2, max_model_len=tokens, total_tokens=2 * tokens,
+                                                      kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
+    model.enable_cuda_graphs(max_batch=8)
+    run = Runner(model, cfg.vocab_size, dev, cache)
+    limit = prefill_graphs.PREFILL_MAX_TOKENS
+    modes = {"eager": 0, "pieces": limit}
+    print("P tokens | eager ms | pieces ms | eager / pieces | pieces bucket")
+    for n in prompts:
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        for rep in range(args.reps + 2):  # two warm-up rounds: compiles, the bucket's capture
+            for mode, max_tokens in modes.items():
+                prefill_graphs.PREFILL_MAX_TOKENS = max_tokens
+                ms = _forward_ms(run, n)
+                if rep >= 2:
+                    times[mode].append(ms)
+        prefill_graphs.PREFILL_MAX_TOKENS = limit
+        e, g = statistics.median(times["eager"]), statistics.median(times["pieces"])
+        print(f"{n} | {e:.1f} | {g:.1f} | {e / g:.2f} | {prefill_graphs.prefill_bucket_size(n)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Short prefill forwards as piecewise CUDA graphs (dsv4.model.prefill_graphs) on the GPU, against the eager
+kernel-mode forward of the embedded model: bit for bit at a bucket's exact size -- every position's logits, the MTP
+target streams, and the decode steps that read the state the pieces' attention wrote -- also when a bucket's graphs
+replay new inputs; at padded sizes (other GEMM shapes) within bf16 level."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import dsv4
+from dsv4 import load_model
+from dsv4.model import ForwardContext, set_forward_context
+from dsv4.model.prefill_graphs import prefill_bucket_size
+
+DEVICE = "cuda"
+
+
+def _prefill_then_decode(model, prompt: torch.Tensor, steps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """(every prompt position's logits then each greedy decode step's, the prefill's MTP target streams)."""
+    state = model.new_sequence_state()
+    n = prompt.numel()
+    with torch.no_grad():
+        with set_forward_context(ForwardContext([n], [state])):
+            logits = [model.compute_logits(model(prompt.to(DEVICE), torch.arange(n, device=DEVICE))).float()]
+        streams = model.get_mtp_target_hidden_states().float().cpu()
+        for i in range(steps):
+            nxt = logits[-1][-1:].argmax(-1)
+            with set_forward_context(ForwardContext([1], [state])):
+                logits.append(model.compute_logits(model(nxt, torch.tensor([n + i], device=DEVICE))).float())
+    return torch.cat(logits).cpu(), streams
+
+
+def test_prefill_pieces_replay_the_eager_forward():
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    eager = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+    graphed = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
+    graphed.enable_cuda_graphs(max_batch=8)
+    gen = torch.Generator().manual_seed(60)
+    for n in (16, 64, 256, 64, 32, 128):  # exact bucket sizes; 64 twice: the bucket's graphs replay new inputs
+        prompt = torch.randint(2, 2048, (n,), generator=gen)
+        (a, ra), (b, rb) = _prefill_then_decode(eager, prompt), _prefill_then_decode(graphed, prompt)
+        assert torch.isfinite(a).all() and a.std() > 0
+        assert torch.equal(a, b), f"{n} tokens: max |diff| {float((a - b).abs().max()):.3e}"
+        assert torch.equal(ra, rb), n
+    buckets = graphed._graphs._prefill
+    assert sorted(buckets) == [16, 32, 64, 128, 256]
+    assert all(b.graphs for b in buckets.values())  # captured, not run eagerly
+    for n in (5, 100, 200):  # padded: other GEMM / MoE shapes than the unpadded eager forward
+        prompt = torch.randint(2, 2048, (n,), generator=gen)
+        (a, _), (b, _) = _prefill_then_decode(eager, prompt), _prefill_then_decode(graphed, prompt)
+        rel = float((b.double() - a.double()).norm() / a.double().norm())
+        agree = float((b.argmax(-1) == a.argmax(-1)).double().mean())
+        print(f"{n} tokens padded to {prefill_bucket_size(n)}: rel {rel:.2e}, argmax agree {agree:.4f}")
+        assert rel < 2e-2 and agree > 0.97, (n, rel, agree)
+
+
+def test_engine_prefill_pieces_keep_the_greedy_text(monkeypatch):
+    """The engine on its GPU defaults (graphs, FP8 cache) with and without the prefill pieces: the same greedy text up
+    to a near tie (padded buckets round differently), prompts of 3 to 300 tokens, several in one step."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_engine_gpu import assert_same_greedy_text
+
+    from dsv4 import LLM, SamplingParams
+    from dsv4.model import prefill_graphs
+
+    prompts = ["def fib(n):", "The", "import os\n" * 40, "class A:\n    def", "x = [" + "1, " * 90]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+    runs = {}
+    for limit in (0, prefill_graphs.PREFILL_MAX_TOKENS):
+        monkeypatch.setattr(prefill_graphs, "PREFILL_MAX_TOKENS", limit)
+        llm = LLM(device=DEVICE)
+        runs[limit] = llm.generate(prompts, params)
+        assert bool(llm.engine.model._graphs._prefill) == bool(limit)
+    for a, b in zip(*runs.values()):
+        assert_same_greedy_text(b, a)

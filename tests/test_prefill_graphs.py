@@ -1,0 +1,95 @@
+"""Short prefill forwards as piecewise graphs (dsv4.model.prefill_graphs): the plumbing, run eagerly on the CPU
+(`capture=False`), must give the plain forward's results exactly -- padded buckets, mixes of chunks and decode rows,
+chunks that continue a state, the decode steps after them; GPU capture: tests/gpu/test_prefill_graphs.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4.checkpoint.writer import tiny_config
+from dsv4.model import DeepseekV4ForCausalLM, ForwardContext, prefill_graphs, set_forward_context
+
+# (tokens per sequence) of each forward, over three sequences: fresh chunks (a bucket's exact size, padded ones),
+# chunks continuing a state past the window (8) and a compressor's 4-token ratio, a mix with one-token rows
+FORWARDS = [(16,), (10, 7, 5), (3, 1, 1), (33, 2, 4), (1,), (1, 1, 1), (40, 1, 1)]
+
+
+def _model(seed: int):
+    cfg = tiny_config("fp4", "sliding,csa,hca", num_hash_layers=1, sliding_window=8)
+    m = DeepseekV4ForCausalLM(cfg, torch.float32)
+    m.load_random_weights(seed)
+    return m
+
+
+def _run(pieces: bool, forwards=FORWARDS, seed: int = 5):
+    """Each forward's logits and MTP target streams, and the model."""
+    m = _model(seed)
+    if pieces:
+        m.enable_cuda_graphs(max_batch=2, capture=False)
+    states = [m.new_sequence_state() for _ in range(3)]
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    with torch.no_grad():
+        for lens in forwards:
+            ids = torch.randint(2, 500, (sum(lens),), generator=gen)
+            pos = torch.cat([torch.arange(s.num_tokens, s.num_tokens + n) for s, n in zip(states, lens)])
+            with set_forward_context(ForwardContext(list(lens), states[:len(lens)])):
+                hidden = m(ids, pos)
+            out.append((m.compute_logits(hidden), m.get_mtp_target_hidden_states()))
+    return out, m
+
+
+def test_prefill_pieces_equal_the_plain_forward():
+    plain, _ = _run(False)
+    pieces, m = _run(True)
+    for i, ((a, ra), (b, rb)) in enumerate(zip(plain, pieces)):
+        assert torch.isfinite(a).all() and a.std() > 0
+        assert torch.equal(a, b), (i, FORWARDS[i], float((a - b).abs().max()))
+        assert torch.equal(ra, rb), (i, FORWARDS[i])
+    g = m._graphs
+    assert sorted(g._prefill) == [16, 32, 64]  # 16 (exact; 5 padded), 22 -> 32, 39 and 42 -> 64
+    # (1,): the decode pieces; (1, 1, 1): one token of each of 3 sequences, above max_batch 2, is left to the eager
+    # forward's batched decode attention (never prefill pieces)
+    assert list(g._buckets) == [1]
+    assert all(b.x[-1] is b.streams for b in g._prefill.values())
+
+
+def test_static_buffers_do_not_grow_with_depth():
+    """What crosses from one piece to the next lives in buffers shared by the layers of one parity."""
+    _, m = _run(True, forwards=[(16,)])
+    bucket = m._graphs._prefill[16]
+    layers = len(m.layers)
+    assert layers == 3
+    assert {key[0] for key in bucket._static} == {0, 1}
+    assert bucket.x[0].data_ptr() == bucket.x[2].data_ptr() != bucket.x[1].data_ptr()
+    assert bucket.pre[0].q.data_ptr() == bucket.pre[2].q.data_ptr()
+
+
+@pytest.mark.parametrize("limit, bucket", [(0, None), (16, 16), (15, None), (300, 512)])
+def test_bucket_choice(monkeypatch, limit, bucket):
+    monkeypatch.setattr(prefill_graphs, "PREFILL_MAX_TOKENS", limit)
+    size = prefill_graphs.prefill_bucket_size(16 if bucket != 512 else 300)
+    assert size == (None if bucket == 512 else bucket)  # (no bucket above the largest: the eager forward)
+    assert prefill_graphs.prefill_bucket_size(0) is None
+
+
+def test_forwards_above_the_limit_run_eagerly(monkeypatch):
+    monkeypatch.setattr(prefill_graphs, "PREFILL_MAX_TOKENS", 32)
+    _, m = _run(True, forwards=[(33,), (2, 30), (1, 32)])  # 33, 32, 33 tokens
+    assert sorted(m._graphs._prefill) == [32]
+
+
+def test_engine_text_with_prefill_pieces():
+    """The engine's prefill steps (prompts, chunks, mixed with decode rows) through the pieces: greedy text identical,
+    MTP speculation included (its prefill reads the pieces' MTP target streams)."""
+    from dsv4 import LLM, SamplingParams
+
+    prompts = ["def main():", "The", "import os\nimport sys\n" * 3, "class A:\n    def"]
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    for spec in ({}, dict(speculative="mtp", num_draft_tokens=2)):
+        llm = LLM(**spec)
+        plain = [r.token_ids for r in llm.generate(prompts, params)]
+        llm.engine.model.enable_cuda_graphs(max_batch=4, capture=False)
+        pieces = [r.token_ids for r in llm.generate(prompts, params)]
+        assert pieces == plain, spec
+        assert llm.engine.model._graphs._prefill
