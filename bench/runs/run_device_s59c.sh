@@ -6,7 +6,7 @@
 source bench/runs/lib.sh
 with_llguidance
 timeout 240 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_engine_gpu.py 2>&1 | tail -6
-export PYTHONPATH=$PWD
+export PYTHONPATH=$PWD:/tmp/site  # (with_llguidance's path: dropped here until session 60)
 timeout 150 python3 bench/bench_engine_step.py --layers 8 --batches 1,8 --overlap on --steps 32 --top 0 2>&1 \
   | grep -E "^NVIDIA|ceilings|^B \||^[0-9]+ \|"
 timeout 150 python3 bench/bench_engine_step.py --layers 8 --batches 1 --overlap on --steps 32 --top 0 \

@@ -4,8 +4,7 @@
 # and with one shared (8 layers, row buckets up to 32), then the 8-layer B = 1 / 8 engine step with it on
 # (graph replay beside it: the pool must not cost time). Carry [".whl"].
 source bench/runs/lib.sh
-with_llguidance
-export PYTHONPATH=$PWD
+with_llguidance  # (PYTHONPATH: the checkout and llguidance's /tmp/site)
 timeout 200 python3 -m pytest -q -rf --tb=short -p no:cacheprovider \
   "tests/gpu/test_engine_gpu.py::test_shared_graph_pool_gives_the_same_tokens" 2>&1 | tail -4
 for shared in False True; do

@@ -18,7 +18,8 @@ per token, and `attend` reads and writes only the real rows, so padding rows tou
 
 Memory: each piece copies what crosses to the next step (the residual streams, the mHC post / comb and the
 attention inputs) into static buffers shared by every layer of the same parity, so a bucket holds two layers'
-worth of them (≈ 0.26 MB per token for Flash) plus one attention output buffer, whatever the depth; what a piece
+worth of them plus one attention output buffer (≈ 0.33 MB per token for Flash; ≈ 165 MB for all five buckets),
+whatever the depth; what a piece
 allocates inside its graph is transient, so every piece may capture into the decode graphs' shared pool (each
 replay's results are copied out before the next graph replays). Results equal the eager forward at the bucket's
 size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes (cuBLAS from
@@ -34,9 +35,10 @@ import torch
 from dsv4.model.block import finish_carry, fuses_block_sites
 
 PREFILL_BUCKETS = (16, 32, 64, 128, 256)
-# Forwards of up to this many tokens run as prefill pieces (0: never). Larger forwards are GPU-bound enough (2048
-# tokens of 8 Flash layers: ≈ 45 ms wall for 31 ms of GPU, H100 session 60) that the pieces' padding and copies
-# would cost more than the host time they save.
+# Forwards of up to this many tokens run as prefill pieces (0: never). Session 60 (H100, 8 Flash layers, one fresh
+# prompt; bench/bench_prefill_graphs.py): eager / pieces 43.3 / 12.8 ms at 16 tokens, 48.0 / 13.8 at 64, 56.6 / 18.3
+# at 128, 54.4 / 22.7 at 256. Larger forwards are nearer the GPU's bound (2048 tokens: ≈ 45 ms wall for 31 ms of
+# GPU); a 512 bucket was not measured.
 PREFILL_MAX_TOKENS = 256
 
 
