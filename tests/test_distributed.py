@@ -138,6 +138,7 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layouts
                 model.enable_cuda_graphs(max_batch=4, capture=False)
             res[key] = lockstep(make_engine(model), ps, greedy)
         res["graph_steps"] = len(model._graphs._steps)
+        res["prefill_pieces"] = len(model._graphs._prefill)
         model._graphs = None
         if (tp, ep) == (2, 2):  # rank 0 drafts and judges; the other rank follows its decisions
             import dsv4.engine.spec_decode as spec
@@ -188,6 +189,7 @@ def check_rank(res: dict, ref: dict, layout: tuple, rank: int, cfg=CFG) -> None:
         assert res["greedy"] == ref["greedy"], what
         assert res["greedy_graphs"] == ref["greedy"], f"{what}: graph plumbing"
     assert res["graph_steps"] > 0, f"{what}: no decode step went through the graph code"
+    assert res["prefill_pieces"] > 0, f"{what}: no prefill went through the pieces"
     if (tp, ep) == (2, 2):
         assert res["spec_greedy_drafted"] > 0 and res["spec_sampled_drafted"] > 0, what
         assert res["sampled_ahead"] > 0 and ref["sampled_ahead"] > 0, f"{what}: no look-ahead"

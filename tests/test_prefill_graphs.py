@@ -1,6 +1,6 @@
 """Short prefill forwards as piecewise graphs (dsv4.model.prefill_graphs): the plumbing, run eagerly on the CPU
 (`capture=False`), must give the plain forward's results exactly -- padded buckets, mixes of chunks and decode rows,
-chunks that continue a state, the decode steps after them; GPU capture: tests/gpu/test_prefill_graphs.py."""
+chunks that continue a state, the decode steps after them; GPU capture: tests/gpu/test_prefill_pieces_gpu.py."""
 from __future__ import annotations
 
 import pytest

@@ -24,7 +24,8 @@ plumbing). A sharded model (TP/EP ranks in lock-step, dsv4.distributed) graphs t
 only: every rank captures the same bucket at the same engine step, its collectives (NCCL) inside the
 graph; the piecewise path stays eager there. Capturing that on GPUs is not yet validated (the CPU
 tests run the plumbing with `capture=False`), so ranks capture only when `--cuda-graphs` is given (one GPU: by
-default, `dsv4.engine.llm_engine.graphs_by_default`).
+default, `dsv4.engine.llm_engine.graphs_by_default`). Short prefills run as pieces of their own on one GPU and on
+sharded ranks alike (dsv4.model.prefill_graphs).
 """
 from __future__ import annotations
 
@@ -232,7 +233,7 @@ class DecodeGraphs:
             raise ValueError("CUDA graphs need kernels='triton' (the torch MoE path reads expert ids back to the "
                              "host, which a captured graph cannot do)")
         self.model, self.capture = model, capture
-        self.sharded = model.layout is not None  # paged whole steps only (module docstring)
+        self.sharded = model.layout is not None  # paged whole steps and prefill pieces only (module docstring)
         # up to the first bucket that holds max_batch rows (max_batch 6 -> 8: a batch of 6 runs graphed)
         top = next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])
         self.sizes = [b for b in BUCKETS if b <= top]
@@ -250,17 +251,16 @@ class DecodeGraphs:
     def handles_prefill(self, seq_lens) -> bool:
         """Whether a forward that no decode path takes runs as prefill pieces (dsv4.model.prefill_graphs): up to
         PREFILL_MAX_TOKENS tokens, not one token from each of several sequences (the attention's batched decode
-        path, which leaves the inverse RoPE to `finish`), never for a sharded model."""
+        path, which leaves the inverse RoPE to `finish`). Sharded ranks run the same batches, so they agree."""
         lens = [int(n) for n in seq_lens]
-        return (not self.sharded and prefill_bucket_size(sum(lens)) is not None
-                and not (len(lens) > 1 and all(n == 1 for n in lens)))
+        return prefill_bucket_size(sum(lens)) is not None and not (len(lens) > 1 and all(n == 1 for n in lens))
 
     def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
         """Hidden states [T, D] of a short forward as prefill pieces; the streams land in `last_streams(T)`."""
         size = prefill_bucket_size(input_ids.shape[0])
         bucket = self._prefill.get(size)
         if bucket is None:
-            bucket = self._prefill[size] = PrefillBucket(self.model, size, self.capture, self.pool)
+            bucket = self._prefill[size] = PrefillBucket(self.model, size, self.capture, self.pool, self.sharded)
         self._last = bucket
         return bucket.forward(input_ids, positions, segments_per_layer)
 

@@ -25,8 +25,10 @@ replay's results are copied out before the next graph replays). Results equal th
 size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes (cuBLAS from
 256 rows) than the unpadded eager one.
 
-Not for a sharded model (TP/EP ranks): its eager attention is fine, but the pieces' collectives under capture are
-not validated yet, as for the piecewise decode path (dsv4.model.graphs).
+A sharded model (TP/EP ranks in lock-step: every rank the same batch, so the same bucket) runs the pieces too, their
+collectives inside the captured pieces as in the paged step graphs (`_capture(sharded=True)`). Ranks capture only when
+`--cuda-graphs` is given, and that capture has not run on two GPUs yet; the plumbing is CPU-tested on gloo ranks
+(tests/test_distributed.py, `capture=False`).
 """
 from __future__ import annotations
 
@@ -52,9 +54,9 @@ def prefill_bucket_size(tokens: int) -> int | None:
 class PrefillBucket:
     """Static buffers and pieces of one token bucket (see the module docstring)."""
 
-    def __init__(self, model, size: int, capture: bool, pool=None):
+    def __init__(self, model, size: int, capture: bool, pool=None, sharded: bool = False):
         dev = model.embed.weight.device
-        self.model, self.size, self.capture, self.pool = model, size, capture, pool
+        self.model, self.size, self.capture, self.pool, self.sharded = model, size, capture, pool, sharded
         self.ids = torch.zeros(size, dtype=torch.long, device=dev)
         self.pos = torch.zeros(size, dtype=torch.long, device=dev)
         n = len(model.layers)
@@ -124,7 +126,7 @@ class PrefillBucket:
         _fill_padded(self.ids, input_ids)
         _fill_padded(self.pos, positions)
         if self.capture and not self.graphs:
-            self.graphs = _capture(self.pieces, pool=self.pool)
+            self.graphs = _capture(self.pieces, sharded=self.sharded, pool=self.pool)
         layers = self.model.layers
         for i in range(len(self.pieces)):
             if self.capture:

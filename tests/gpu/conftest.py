@@ -89,6 +89,6 @@ def graph_replays():
 def eager_prefill(monkeypatch):
     """CUDA graphs for the decode steps only, prefills eager: for the tests that compare graphed decoding with the
     eager forward bit for bit or token for token (a prefill padded to its piece bucket may take other GEMM shapes,
-    dsv4.model.prefill_graphs; tests/gpu/test_prefill_graphs.py covers the pieces)."""
+    dsv4.model.prefill_graphs; tests/gpu/test_prefill_pieces_gpu.py covers the pieces)."""
     from dsv4.model import prefill_graphs
     monkeypatch.setattr(prefill_graphs, "PREFILL_MAX_TOKENS", 0)
