@@ -5,6 +5,9 @@ P tokens per forward (released after it). Per P: the wall time of one forward, s
 bandwidth and bf16 matmul peak of the same run come first.
 
     python bench/bench_prefill_graphs.py [--layers 8] [--prompts 16,64,128,200,256] [--reps 7]
+
+`--smoke`: a tiny config with random weights on the CPU (torch kernels, the pieces run uncaptured), to check the
+script itself (tests/test_bench_parallel_smoke.py).
 """
 from __future__ import annotations
 
@@ -20,12 +23,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _forward_ms(run, tokens: int) -> float:
     state = run.new_states(1)
-    torch.cuda.synchronize()
+    _sync()
     t = time.perf_counter()
     run.forward(state, [tokens])
-    torch.cuda.synchronize()
+    _sync()
     ms = (time.perf_counter() - t) * 1e3
     run.release(state)
     return ms
@@ -36,6 +44,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--prompts", default="16,64,128,200,256")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--smoke", action="store_true", help="tiny config on the CPU (checks the script)")
     args = p.parse_args()
     from bench_engine_step import _ceilings
     from bench_parallel import Runner, _config
@@ -43,17 +52,24 @@ def main() -> None:
     from dsv4.engine.cache import CacheConfig, HybridCache
     from dsv4.model import DeepseekV4ForCausalLM, prefill_graphs
     prompts = [int(n) for n in args.prompts.split(",")]
-    cfg = _config(os.path.join(os.path.dirname(__file__), "configs", "deepseek-v4-flash.config.json"), args.layers)
-    dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name()}, {len(cfg.layers)} Flash layers, one fresh prompt per forward")
-    _ceilings(True)
+    if args.smoke:
+        from dsv4.checkpoint.writer import tiny_config
+        cfg = tiny_config("fp4", "sliding,csa,hca,csa", vocab_size=2048, sliding_window=128, index_topk=16)
+        dev, kernels = torch.device("cpu"), "torch"
+    else:
+        cfg = _config(os.path.join(os.path.dirname(__file__), "configs", "deepseek-v4-flash.config.json"),
+                      args.layers)
+        dev, kernels = torch.device("cuda"), "triton"
+    print(f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}, {len(cfg.layers)} layers, one fresh "
+          "prompt per forward")
+    _ceilings(dev.type == "cuda")
     with torch.device(dev):
-        model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels="triton")
+        model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels=kernels)
     model.load_random_weights(seed=1)
     tokens = max(prompts) + 64
     cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=2, max_model_len=tokens, total_tokens=2 * tokens,
                                                       kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
-    model.enable_cuda_graphs(max_batch=8)
+    model.enable_cuda_graphs(max_batch=8, capture=dev.type == "cuda")
     run = Runner(model, cfg.vocab_size, dev, cache)
     limit = prefill_graphs.PREFILL_MAX_TOKENS
     modes = {"eager": 0, "pieces": limit}

@@ -87,3 +87,14 @@ def test_bench_peer_transformers_smoke():
     assert [line.split()[2] for line in decode] == ["B=1", "B=2"]
     assert all(float(line.split(": ")[1].split()[0]) > 0 for line in decode)
     assert "peer prefill 48:" in run.stdout
+
+
+def test_bench_prefill_graphs_smoke():
+    """The prefill-pieces benchmark's plumbing: one row per prompt length, both modes timed, its bucket named."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_prefill_graphs.py"), "--smoke", "--prompts",
+                          "5,40", "--reps", "1"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
+    assert [(r[0], r[4]) for r in rows] == [("5", "16"), ("40", "64")]
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
