@@ -10,8 +10,9 @@ from dsv4.checkpoint.writer import tiny_config
 from dsv4.model import DeepseekV4ForCausalLM, ForwardContext, prefill_graphs, set_forward_context
 
 # (tokens per sequence) of each forward, over three sequences: fresh chunks (a bucket's exact size, padded ones),
-# chunks continuing a state past the window (8) and a compressor's 4-token ratio, a mix with one-token rows
-FORWARDS = [(16,), (10, 7, 5), (3, 1, 1), (33, 2, 4), (1,), (1, 1, 1), (40, 1, 1)]
+# chunks continuing a state past the window (8) and a compressor's 4-token ratio, a mix with one-token rows, batches
+# with a sequence that brings no token (one token from each of the others: the eager batched decode attention)
+FORWARDS = [(16,), (10, 7, 5), (3, 1, 1), (33, 2, 4), (1,), (1, 1, 1), (40, 1, 1), (0, 6, 2), (0, 1, 1)]
 
 
 def _model(seed: int):
@@ -93,3 +94,13 @@ def test_engine_text_with_prefill_pieces():
         pieces = [r.token_ids for r in llm.generate(prompts, params)]
         assert pieces == plain, spec
         assert llm.engine.model._graphs._prefill
+
+
+def test_which_forwards_take_the_pieces():
+    """One token from each of several sequences is the attention's batched decode path (it leaves the inverse RoPE to
+    `finish`, which a captured piece cannot decide per call): never pieces, also with sequences bringing no token."""
+    m = _model(7)
+    m.enable_cuda_graphs(max_batch=2, capture=False)
+    g = m._graphs
+    assert [g.handles_prefill(lens) for lens in ([2], [1], [0, 6, 2], [3, 1, 1], [256], [200, 56])] == [True] * 6
+    assert not any(g.handles_prefill(lens) for lens in ([1, 1], [0, 1, 1], [1, 0, 1, 1], [257], [0], []))

@@ -252,7 +252,7 @@ class DecodeGraphs:
         """Whether a forward that no decode path takes runs as prefill pieces (dsv4.model.prefill_graphs): up to
         PREFILL_MAX_TOKENS tokens, not one token from each of several sequences (the attention's batched decode
         path, which leaves the inverse RoPE to `finish`). Sharded ranks run the same batches, so they agree."""
-        lens = [int(n) for n in seq_lens]
+        lens = [int(n) for n in seq_lens if int(n)]  # (sequences without tokens get no segment)
         return prefill_bucket_size(sum(lens)) is not None and not (len(lens) > 1 and all(n == 1 for n in lens))
 
     def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:

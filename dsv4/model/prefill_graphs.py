@@ -19,9 +19,8 @@ per token, and `attend` reads and writes only the real rows, so padding rows tou
 Memory: each piece copies what crosses to the next step (the residual streams, the mHC post / comb and the
 attention inputs) into static buffers shared by every layer of the same parity, so a bucket holds two layers'
 worth of them plus one attention output buffer (≈ 0.33 MB per token for Flash; ≈ 165 MB for all five buckets),
-whatever the depth; what a piece
-allocates inside its graph is transient, so every piece may capture into the decode graphs' shared pool (each
-replay's results are copied out before the next graph replays). Results equal the eager forward at the bucket's
+whatever the depth; what a piece allocates inside its graph is transient, so every piece may capture into the
+decode graphs' shared pool (each replay's results are copied out before the next graph replays). Results equal the eager forward at the bucket's
 size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes (cuBLAS from
 256 rows) than the unpadded eager one.
 
