@@ -104,3 +104,29 @@ def test_which_forwards_take_the_pieces():
     g = m._graphs
     assert [g.handles_prefill(lens) for lens in ([2], [1], [0, 6, 2], [3, 1, 1], [256], [200, 56])] == [True] * 6
     assert not any(g.handles_prefill(lens) for lens in ([1, 1], [0, 1, 1], [1, 0, 1, 1], [257], [0], []))
+
+
+def test_all_buckets_made_ahead(monkeypatch):
+    """`capture_prefill` (serve's startup) makes every bucket up to the limit before any forward; uncaptured here, so it
+    reports none captured, and the forwards then use those buckets with the plain forward's results."""
+    from dsv4 import LLM
+
+    monkeypatch.setattr(prefill_graphs, "PREFILL_MAX_TOKENS", 64)
+    plain, _ = _run(False, forwards=FORWARDS[:4])
+    m = _model(5)
+    m.enable_cuda_graphs(max_batch=2, capture=False)
+    assert m._graphs.capture_prefill() == [] and sorted(m._graphs._prefill) == [16, 32, 64]
+    made = dict(m._graphs._prefill)
+    states = [m.new_sequence_state() for _ in range(3)]
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for (want, _), lens in zip(plain, FORWARDS[:4]):
+            ids = torch.randint(2, 500, (sum(lens),), generator=gen)
+            pos = torch.cat([torch.arange(s.num_tokens, s.num_tokens + n) for s, n in zip(states, lens)])
+            with set_forward_context(ForwardContext(list(lens), states[:len(lens)])):
+                assert torch.equal(m.compute_logits(m(ids, pos)), want)
+    assert m._graphs._prefill == made  # the same bucket objects served the forwards
+    engine = LLM().engine
+    assert engine.capture_prefill_graphs() == ""  # graphs off (the CPU's default): serve prints no line
+    engine.model.enable_cuda_graphs(max_batch=4, capture=False)
+    assert engine.capture_prefill_graphs() == ""  # nothing captured off CUDA

@@ -6,6 +6,7 @@ sampled ids out. `AsyncEngine` (server) and `LLM` (Python API) both drive this c
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,6 +243,18 @@ class LLMEngine:
     def cuda_graphs(self) -> bool:
         """Whether the model's decode steps run as CUDA graphs (`graphs_by_default` or asked for)."""
         return getattr(self.model, "_graphs", None) is not None
+
+    def capture_prefill_graphs(self) -> str:
+        """Capture the short-prefill pieces of every token bucket now (`dsv4 serve` at startup, where graphs are on):
+        one line saying what was done, or "" with nothing to do."""
+        graphs = getattr(self.model, "_graphs", None)
+        if graphs is None or not graphs.capture:
+            return ""
+        t = time.perf_counter()
+        sizes = graphs.capture_prefill()
+        if not sizes:
+            return ""
+        return f"prefill graphs for {sizes[0]}-{sizes[-1]} tokens captured in {time.perf_counter() - t:.1f} s"
 
     def describe(self) -> str:
         """How this engine runs, in one line (serve's startup line): device and dtype, cache storage and size, CUDA

@@ -118,14 +118,22 @@ class PrefillBucket:
                 self.attended = torch.zeros_like(self.pre[i].q)
         return run
 
+    def ensure_captured(self) -> bool:
+        """Capture the pieces if they are not yet (whatever the static inputs hold: the pieces touch no state);
+        whether this call captured them."""
+        if not self.capture or self.graphs:
+            return False
+        from dsv4.model.graphs import _capture
+        self.graphs = _capture(self.pieces, sharded=self.sharded, pool=self.pool)
+        return True
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
         """Hidden states [T, D] of the forward (T = the real rows); the streams land in `streams`."""
-        from dsv4.model.graphs import _capture, _fill_padded
+        from dsv4.model.graphs import _fill_padded
         t = input_ids.shape[0]
         _fill_padded(self.ids, input_ids)
         _fill_padded(self.pos, positions)
-        if self.capture and not self.graphs:
-            self.graphs = _capture(self.pieces, sharded=self.sharded, pool=self.pool)
+        self.ensure_captured()
         layers = self.model.layers
         for i in range(len(self.pieces)):
             if self.capture:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from pathlib import Path
 
 from ..cli_generate import add_cache_tokens, add_decode_options, check_cache_tokens, check_draft_tokens
@@ -160,5 +161,9 @@ def run(args: argparse.Namespace) -> int:
     from .server import exit_process, serve
     _check(args)   # bad options fail before the (slow) model load
     core = build_core(args)
+    capture = getattr(core, "capture_prefill_graphs", None)  # (before the first request: none waits for a capture)
+    captured = capture() if capture is not None else ""
+    if captured:
+        print(f"dsv4 serve: {captured}", file=sys.stderr, flush=True)
     exit_process(serve(core, serve_options(args, core.model_name)))
     return 0   # not reached

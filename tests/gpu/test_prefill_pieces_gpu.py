@@ -77,3 +77,20 @@ def test_engine_prefill_pieces_keep_the_greedy_text(monkeypatch):
         assert bool(llm.engine.model._graphs._prefill) == bool(limit)
     for a, b in zip(*runs.values()):
         assert_same_greedy_text(b, a)
+
+
+def test_serve_startup_captures_every_bucket():
+    """`LLMEngine.capture_prefill_graphs` (`dsv4 serve` before its first request) captures every bucket once; prompts
+    then run on those graphs and answer as an engine that captured each bucket at its first prompt (the same kernels
+    on the same rows: the same tokens)."""
+    from dsv4 import LLM, SamplingParams
+
+    early = LLM(device=DEVICE)
+    line = early.engine.capture_prefill_graphs()
+    buckets = early.engine.model._graphs._prefill
+    assert line.startswith("prefill graphs for 16-256 tokens captured in"), line
+    assert sorted(buckets) == [16, 32, 64, 128, 256] and all(b.graphs for b in buckets.values())
+    assert early.engine.capture_prefill_graphs() == ""  # nothing left to capture
+    prompts, params = ["def fib(n):", "import os\n" * 12], SamplingParams(temperature=0.0, max_tokens=16)
+    lazy = LLM(device=DEVICE)
+    assert [r.token_ids for r in early.generate(prompts, params)] == [r.token_ids for r in lazy.generate(prompts, params)]
