@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.model.block import finish_carry, fuses_block_sites
-from dsv4.model.prefill_graphs import PREFILL_BUCKETS, PrefillBucket, prefill_bucket_size
+from dsv4.model.prefill_graphs import PrefillBucket, prefill_bucket_size, prefill_bucket_sizes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences with one draft each
 # The paged step graphs (main and MTP, every row and context bucket) capture into one memory pool instead of one
@@ -270,8 +270,7 @@ class DecodeGraphs:
     def capture_prefill(self) -> list[int]:
         """Make every prefill bucket now (and capture its pieces, with `capture`) rather than at its first forward:
         a server's first short prompts then wait for no capture. The buckets captured by this call."""
-        sizes = [b for b in PREFILL_BUCKETS if prefill_bucket_size(b) == b]
-        return [size for size in sizes if self._prefill_bucket(size).ensure_captured()]
+        return [size for size in prefill_bucket_sizes() if self._prefill_bucket(size).ensure_captured()]
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
         """Hidden states [B, D] of one decode step; the residual streams land in `last_streams(B)`."""

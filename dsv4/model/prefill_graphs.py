@@ -50,6 +50,11 @@ def prefill_bucket_size(tokens: int) -> int | None:
     return next((b for b in PREFILL_BUCKETS if b >= tokens), None)
 
 
+def prefill_bucket_sizes() -> list[int]:
+    """Every bucket a forward may run in (up to PREFILL_MAX_TOKENS)."""
+    return [b for b in PREFILL_BUCKETS if prefill_bucket_size(b) == b]
+
+
 class PrefillBucket:
     """Static buffers and pieces of one token bucket (see the module docstring)."""
 
