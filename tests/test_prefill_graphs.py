@@ -130,3 +130,4 @@ def test_all_buckets_made_ahead(monkeypatch):
     assert engine.capture_prefill_graphs() == ""  # graphs off (the CPU's default): serve prints no line
     engine.model.enable_cuda_graphs(max_batch=4, capture=False)
     assert engine.capture_prefill_graphs() == ""  # nothing captured off CUDA
+    assert ", CUDA graphs on, prefills of up to 64 tokens piecewise, overlap off" in engine.describe()

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
+from ..model import prefill_graphs
 from ..model.context import to_device
 from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
@@ -260,7 +261,9 @@ class LLMEngine:
         """How this engine runs, in one line (serve's startup line): device and dtype, cache storage and size, CUDA
         graphs, overlap, speculation -- the defaults resolved (`default_kv_dtype`, `graphs_by_default`)."""
         dtype = str(self.model.dtype).removeprefix("torch.")
-        graphs = "on" if self.cuda_graphs else "off"
+        limit = prefill_graphs.PREFILL_MAX_TOKENS
+        graphs = "off" if not self.cuda_graphs else "on" + (f", prefills of up to {limit} tokens piecewise" if limit
+                                                            else "")
         spec = f", MTP drafting {self.speculator.num_draft_tokens} per step" if self.speculator is not None else ""
         return (f"{self.device.type} {dtype}, cache {self.cache.cache_config.kv_dtype} "
                 f"{self.cache.pools.nbytes() / 2**30:.2f} GiB, CUDA graphs {graphs}, "
