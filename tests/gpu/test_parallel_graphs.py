@@ -72,6 +72,7 @@ def _rank_main(rank: int, world: int, port: int, ckpt: str, outdir: str, layout)
             res[key + "_drafted"] = engine.speculator.stats.num_draft_tokens
         if graphs:
             res[key + "_captured"] = sum(1 for b in model._graphs._steps.values() if b.graphs)
+            res[key + "_prefill_captured"] = sum(1 for b in model._graphs._prefill.values() if b.graphs)
         phase(f"{key}: done")
     torch.save(res, os.path.join(outdir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -86,6 +87,7 @@ def test_graphed_decode_over_two_ranks_matches_eager(layout, tmp_path):
     mp.spawn(_rank_main, args=(2, free_port(), str(ckpt), str(tmp_path), layout), nprocs=2)
     res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert all(r["graphs_captured"] > 0 for r in res), "no decode step was captured"
+    assert all(r["graphs_prefill_captured"] > 0 for r in res), "no prefill ran as captured pieces (session 60)"
     assert res[0]["graphs"] == res[0]["eager"], layout
     assert res[0]["graphs_sync"] == res[0]["graphs"], f"{layout}: with vs without the look-ahead"
     if layout[:2] == (2, 2):
