@@ -72,6 +72,8 @@ def test_bucket_choice(monkeypatch, limit, bucket):
     size = prefill_graphs.prefill_bucket_size(16 if bucket != 512 else 300)
     assert size == (None if bucket == 512 else bucket)  # (no bucket above the largest: the eager forward)
     assert prefill_graphs.prefill_bucket_size(0) is None
+    # every bucket a forward may take (what serve captures ahead): the one that holds the limit included
+    assert prefill_graphs.prefill_bucket_sizes() == {0: [], 16: [16], 15: [16], 300: [16, 32, 64, 128, 256]}[limit]
 
 
 def test_forwards_above_the_limit_run_eagerly(monkeypatch):

@@ -51,8 +51,8 @@ def prefill_bucket_size(tokens: int) -> int | None:
 
 
 def prefill_bucket_sizes() -> list[int]:
-    """Every bucket a forward may run in (up to PREFILL_MAX_TOKENS)."""
-    return [b for b in PREFILL_BUCKETS if prefill_bucket_size(b) == b]
+    """Every bucket a forward may run in (the one that holds PREFILL_MAX_TOKENS included)."""
+    return sorted({prefill_bucket_size(min(b, PREFILL_MAX_TOKENS)) for b in PREFILL_BUCKETS} - {None})
 
 
 class PrefillBucket:
