@@ -56,14 +56,16 @@ def test_prefill_pieces_equal_the_plain_forward():
 
 
 def test_static_buffers_do_not_grow_with_depth():
-    """What crosses from one piece to the next lives in buffers shared by the layers of one parity."""
+    """What crosses from one piece to the next lives in buffers shared by the layers of one parity; what only the
+    attention in between reads (q), in one buffer for all."""
     _, m = _run(True, forwards=[(16,)])
     bucket = m._graphs._prefill[16]
     layers = len(m.layers)
     assert layers == 3
     assert {key[0] for key in bucket._static} == {0, 1}
     assert bucket.x[0].data_ptr() == bucket.x[2].data_ptr() != bucket.x[1].data_ptr()
-    assert bucket.pre[0].q.data_ptr() == bucket.pre[2].q.data_ptr()
+    assert bucket.pre[0].cos.data_ptr() == bucket.pre[2].cos.data_ptr() != bucket.pre[1].cos.data_ptr()
+    assert bucket.pre[0].q.data_ptr() == bucket.pre[1].q.data_ptr() == bucket.pre[2].q.data_ptr()  # attention only
 
 
 @pytest.mark.parametrize("limit, bucket", [(0, None), (16, 16), (15, None), (300, 512)])

@@ -16,10 +16,11 @@ decode graphs cut it:
 one set of graphs per token bucket (PREFILL_BUCKETS: T padded with token 0 at position 0; `pre` and `post` are
 per token, and `attend` reads and writes only the real rows, so padding rows touch no state and no real row).
 
-Memory: each piece copies what crosses to the next step (the residual streams, the mHC post / comb and the
-attention inputs) into static buffers shared by every layer of the same parity, so a bucket holds two layers'
-worth of them plus one attention output buffer (≈ 0.33 MB per token for Flash; ≈ 165 MB for all five buckets),
-whatever the depth; what a piece allocates inside its graph is transient, so every piece may capture into the
+Memory: each piece copies what crosses to the next step into static buffers shared by the layers: what the next
+piece reads while it writes its own (the residual streams, the mHC post / comb, the RoPE tables `finish` needs) one
+per layer parity, what only the eager attention in between reads (q, kv, the compressor and indexer rows) one for
+all, plus one attention output buffer: ≈ 0.24 MB per token for Flash (≈ 117 MB for all five buckets), whatever the
+depth; what a piece allocates inside its graph is transient, so every piece may capture into the
 decode graphs' shared pool (each replay's results are copied out before the next graph replays). Results equal the eager forward at the bucket's
 size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes (cuBLAS from
 256 rows) than the unpadded eager one.
@@ -79,13 +80,13 @@ class PrefillBucket:
     def streams(self) -> torch.Tensor:
         return self.x[-1]
 
-    def _keep(self, layer: int, name: str, t):
-        """t copied into the static buffer of (layer parity, name, shape, dtype); tuples element-wise; None stays."""
+    def _keep(self, slot: int, name: str, t):
+        """t copied into the static buffer of (slot, name, shape, dtype); tuples element-wise; None stays."""
         if t is None:
             return None
         if isinstance(t, tuple):
-            return tuple(self._keep(layer, f"{name}.{j}", v) for j, v in enumerate(t))
-        key = (layer % 2, name, tuple(t.shape), t.dtype)
+            return tuple(self._keep(slot, f"{name}.{j}", v) for j, v in enumerate(t))
+        key = (slot, name, tuple(t.shape), t.dtype)
         buf = self._static.get(key)
         if buf is None:  # (first run: the warm-up, outside any capture)
             buf = self._static[key] = torch.empty_like(t, memory_format=torch.contiguous_format)
@@ -107,16 +108,19 @@ class PrefillBucket:
                                                self.ids, rotated=self.rotated[i - 1], defer=fuse)
                     x, carry = out if fuse else (out, None)
                 if i == n:
-                    self.x[n] = self._keep(n, "x", finish_carry(x, carry))
-                    self.hidden = self._keep(n, "hidden", m.final_hidden(self.x[n]))
+                    self.x[n] = self._keep(n % 2, "x", finish_carry(x, carry))
+                    self.hidden = self._keep(0, "hidden", m.final_hidden(self.x[n]))
                     return
                 if carry is not None:
                     x, hc, pre = m.layers[i]._pre_after(x, carry, self.pos)
                 else:
                     hc, pre = m.layers[i].pre(x, self.pos)
-            self.x[i], self.hc[i] = self._keep(i, "x", x), self._keep(i, "hc", hc)
-            tensors = {f: self._keep(i, f"pre.{f}", getattr(pre, f)) for f in
-                       ("q", "kv", "cos", "sin", "rows", "index_rows", "index_q", "index_w")}
+            # read by the next piece (post / finish) while it writes layer i + 1's: one buffer per parity
+            self.x[i], self.hc[i] = self._keep(i % 2, "x", x), self._keep(i % 2, "hc", hc)
+            tensors = {f: self._keep(i % 2, f"pre.{f}", getattr(pre, f)) for f in ("cos", "sin")}
+            # read by layer i's attention only, before the next piece writes layer i + 1's: one buffer
+            tensors.update({f: self._keep(0, f"pre.{f}", getattr(pre, f)) for f in
+                            ("q", "kv", "rows", "index_rows", "index_q", "index_w")})
             self.pre[i] = pre._replace(**tensors)
             self.rotated[i] = m.layers[i].attn.rotates(pre, None)
             if self.attended is None:  # zeros: read by the warm-up's pieces before any attention ran
