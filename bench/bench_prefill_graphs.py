@@ -67,8 +67,8 @@ def main() -> None:
         model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels=kernels)
     model.load_random_weights(seed=1)
     tokens = max(prompts) + 64
-    cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=2, max_model_len=tokens, total_tokens=2 * tokens,
-                                                      kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
+    sizes = CacheConfig.for_capacity(cfg, max_num_seqs=2, max_model_len=tokens, total_tokens=2 * tokens, kv_dtype="fp8")
+    cache = HybridCache(cfg, sizes, dtype=torch.bfloat16, device=dev)
     model.enable_cuda_graphs(max_batch=8, capture=dev.type == "cuda")
     run = Runner(model, cfg.vocab_size, dev, cache)
     limit = prefill_graphs.PREFILL_MAX_TOKENS

@@ -20,10 +20,10 @@ Memory: each piece copies what crosses to the next step into static buffers shar
 piece reads while it writes its own (the residual streams, the mHC post / comb, the RoPE tables `finish` needs) one
 per layer parity, what only the eager attention in between reads (q, kv, the compressor and indexer rows) one for
 all, plus one attention output buffer: ≈ 0.24 MB per token for Flash (≈ 117 MB for all five buckets), whatever the
-depth; what a piece allocates inside its graph is transient, so every piece may capture into the
-decode graphs' shared pool (each replay's results are copied out before the next graph replays). Results equal the eager forward at the bucket's
-size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes (cuBLAS from
-256 rows) than the unpadded eager one.
+depth. What a piece allocates inside its graph is transient, so every piece may capture into the decode graphs'
+shared pool (each replay's results are copied out before the next graph replays). Results equal the eager forward
+at the bucket's size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes
+(cuBLAS from 256 rows) than the unpadded eager one.
 
 A sharded model (TP/EP ranks in lock-step: every rank the same batch, so the same bucket) runs the pieces too, their
 collectives inside the captured pieces as in the paged step graphs (`_capture(sharded=True)`). Ranks capture only when

@@ -207,9 +207,9 @@ def test_gpu_defaults_are_graphs_and_the_fp8_cache():
 
 
 def test_shared_graph_pool_gives_the_same_tokens(monkeypatch):
-    """Session 59, `graphs.SHARED_POOL` (on since this passed in session 60): the paged step graphs -- main and MTP, several row
-    buckets -- captured into one memory pool give the same tokens as with a pool each (the same kernels on the same
-    rows: bit for bit), over batches of 3, 1 and 2 requests with two MTP drafts (verify steps of 3 rows each)."""
+    """Session 59, `graphs.SHARED_POOL` (on since this passed in session 60): the paged step graphs -- main and MTP,
+    several row buckets -- captured into one memory pool give the same tokens as with a pool each (the same kernels on
+    the same rows: bit for bit), over batches of 3, 1 and 2 requests with two MTP drafts (verify steps of 3 rows each)."""
     import gc
 
     import dsv4.model.graphs as graphs

@@ -93,4 +93,5 @@ def test_serve_startup_captures_every_bucket():
     assert early.engine.capture_prefill_graphs() == ""  # nothing left to capture
     prompts, params = ["def fib(n):", "import os\n" * 12], SamplingParams(temperature=0.0, max_tokens=16)
     lazy = LLM(device=DEVICE)
-    assert [r.token_ids for r in early.generate(prompts, params)] == [r.token_ids for r in lazy.generate(prompts, params)]
+    want = [r.token_ids for r in lazy.generate(prompts, params)]
+    assert [r.token_ids for r in early.generate(prompts, params)] == want
