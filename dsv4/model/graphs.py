@@ -13,9 +13,9 @@ Over contiguous per-sequence states (no engine), the step is cut where it touche
     ...
     piece L      layer L-1 `post` -> HC head + final norm     (captured)
 
-(piecewise graphs, `_Bucket`). Graphs are captured per batch bucket (1, 2, 4, ... 128; a batch is
-padded to the next bucket with position 0 / token 0 rows that no sequence reads -- over paged pools
-their writes go to the trash pages) the first time a bucket is used. Results equal the eager
+(piecewise graphs, `_PiecewiseBucket`, which short prefills use too). Graphs are captured per batch bucket (1, 2,
+4, ... 128; a batch is padded to the next bucket with position 0 / token 0 rows that no sequence reads -- over
+paged pools their writes go to the trash pages) the first time a bucket is used. Results equal the eager
 kernel-mode model bit for bit at a bucket's exact size (the same kernels on the same rows); a padded
 batch may pick another MoE launch shape.
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.model.block import finish_carry, fuses_block_sites
-from dsv4.model.prefill_graphs import PrefillBucket, prefill_bucket_size, prefill_bucket_sizes
+from dsv4.model.prefill_graphs import prefill_bucket_size, prefill_bucket_sizes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences with one draft each
 # The paged step graphs (main and MTP, every row and context bucket) capture into one memory pool instead of one
@@ -46,74 +46,110 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences wi
 SHARED_POOL = True
 
 
-class _Bucket:
-    """Static buffers and pieces of one batch size."""
+class _PiecewiseBucket:
+    """Static buffers and pieces of one bucket: the layers' stateless parts (`post(i-1) + pre(i)`) captured, their
+    attention run eagerly in between over the real rows. `prefill` (dsv4.model.prefill_graphs): the pieces copy what
+    crosses to the next step into static buffers (memory that does not grow with depth) and the attention may apply
+    the inverse RoPE itself, as the eager prefill does; else (decode steps over contiguous states, one token per
+    sequence) the pieces' own tensors are kept, one set per layer, and `finish` rotates, as the batched decode
+    attention needs."""
 
-    def __init__(self, model, size: int, capture: bool):
+    def __init__(self, model, size: int, capture: bool, pool=None, sharded: bool = False, prefill: bool = True):
         dev = model.embed.weight.device
-        self.model, self.size, self.capture = model, size, capture
+        self.model, self.size, self.capture, self.pool, self.sharded = model, size, capture, pool, sharded
+        self.prefill = prefill
         self.ids = torch.zeros(size, dtype=torch.long, device=dev)
         self.pos = torch.zeros(size, dtype=torch.long, device=dev)
         n = len(model.layers)
-        self.x: list = [None] * (n + 1)      # residual streams entering layer i (x[n]: after the last)
-        self.hc: list = [None] * n           # mHC (post, comb) of layer i's attention site
-        self.pre: list = [None] * n          # AttentionInputs of layer i
-        self.attended: list = [None] * n     # attend outputs: inputs of piece i + 1
+        self._static: dict[tuple, torch.Tensor] = {}
+        self.x: list = [None] * (n + 1)   # streams entering layer i (prefill: static, parity i % 2); x[n]: after all
+        self.hc: list = [None] * n        # mHC (post, comb) of layer i's attention site
+        self.pre: list = [None] * n       # AttentionInputs of layer i
+        self.rotated: list = [False] * n  # whether layer i's attention applies the inverse RoPE itself
+        self.attended = None              # the attention output of the layer in flight (one buffer for all)
         self.hidden = None
-        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.graphs: list = []
         # the eager forward's fusion (block.run_blocks): layer i-1's MoE post inside layer i's attention pre, the
         # last one's after the loop -- the same kernels, so the graphs keep the eager bits
         self.fuse = fuses_block_sites(model.layers)
-        pieces = [self._piece(i) for i in range(n + 1)]
-        if capture:
-            self._capture(pieces)
-        self.pieces = pieces
-
-    def _piece(self, i: int):
-        m, n, fuse = self.model, len(self.model.layers), self.fuse
-
-        def run() -> None:
-            carry = None
-            if i == 0:
-                h = m.embed(self.ids, validate=False)  # the model's forward checked the real ids
-                x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
-            else:
-                out = m.layers[i - 1].post(self.x[i - 1], self.attended[i - 1], self.pre[i - 1], self.hc[i - 1],
-                                           self.ids, defer=fuse)
-                x, carry = out if fuse else (out, None)
-            if i < n:
-                if carry is not None:
-                    x, self.hc[i], self.pre[i] = m.layers[i]._pre_after(x, carry, self.pos)
-                else:
-                    self.hc[i], self.pre[i] = m.layers[i].pre(x, self.pos)
-                if self.attended[i] is None:
-                    self.attended[i] = torch.zeros_like(self.pre[i].q)  # read by the warm-up and capture
-            else:
-                x = finish_carry(x, carry)
-                self.hidden = m.final_hidden(x)
-            self.x[i] = x
-        return run
+        self.pieces = [self._piece(i) for i in range(n + 1)]
 
     @property
     def streams(self) -> torch.Tensor:
         return self.x[-1]
 
-    def _capture(self, pieces) -> None:
-        self.graphs = _capture(pieces)
+    def _keep(self, slot: int, name: str, t):
+        """prefill: t copied into the static buffer of (slot, name, shape, dtype); tuples element-wise; None stays.
+        Else t itself."""
+        if t is None or not self.prefill:
+            return t
+        if isinstance(t, tuple):
+            return tuple(self._keep(slot, f"{name}.{j}", v) for j, v in enumerate(t))
+        key = (slot, name, tuple(t.shape), t.dtype)
+        buf = self._static.get(key)
+        if buf is None:  # (first run: the warm-up, outside any capture)
+            buf = self._static[key] = torch.empty_like(t, memory_format=torch.contiguous_format)
+        buf.copy_(t)
+        return buf
 
-    def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
-        b = input_ids.shape[0]
+    def _piece(self, i: int):
+        m, n, fuse = self.model, len(self.model.layers), self.fuse
+
+        def run() -> None:
+            from dsv4.model.rope import shared_cos_sin
+            carry = None
+            with shared_cos_sin():
+                if i == 0:
+                    h = m.embed(self.ids, validate=False)  # the model's forward checked the real ids
+                    x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
+                else:
+                    out = m.layers[i - 1].post(self.x[i - 1], self.attended, self.pre[i - 1], self.hc[i - 1],
+                                               self.ids, rotated=self.rotated[i - 1], defer=fuse)
+                    x, carry = out if fuse else (out, None)
+                if i == n:
+                    self.x[n] = self._keep(n % 2, "x", finish_carry(x, carry))
+                    self.hidden = self._keep(0, "hidden", m.final_hidden(self.x[n]))
+                    return
+                if carry is not None:
+                    x, hc, pre = m.layers[i]._pre_after(x, carry, self.pos)
+                else:
+                    hc, pre = m.layers[i].pre(x, self.pos)
+            # read by the next piece (post / finish) while it writes layer i + 1's: one buffer per parity
+            self.x[i], self.hc[i] = self._keep(i % 2, "x", x), self._keep(i % 2, "hc", hc)
+            tensors = {f: self._keep(i % 2, f"pre.{f}", getattr(pre, f)) for f in ("cos", "sin")}
+            # read by layer i's attention only, before the next piece writes layer i + 1's: one buffer
+            tensors.update({f: self._keep(0, f"pre.{f}", getattr(pre, f)) for f in
+                            ("q", "kv", "rows", "index_rows", "index_q", "index_w")})
+            self.pre[i] = pre._replace(**tensors)
+            self.rotated[i] = self.prefill and m.layers[i].attn.rotates(pre, None)
+            if self.attended is None:  # zeros: read by the warm-up's pieces before any attention ran
+                self.attended = torch.zeros_like(self.pre[i].q)
+        return run
+
+    def ensure_captured(self) -> bool:
+        """Capture the pieces if they are not yet (whatever the static inputs hold: the pieces touch no state);
+        whether this call captured them."""
+        if not self.capture or self.graphs:
+            return False
+        self.graphs = _capture(self.pieces, sharded=self.sharded, pool=self.pool)
+        return True
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
+        """Hidden states [T, D] of the forward (T = the real rows); the streams land in `streams`."""
+        t = input_ids.shape[0]
         _fill_padded(self.ids, input_ids)
         _fill_padded(self.pos, positions)
+        self.ensure_captured()
+        layers = self.model.layers
         for i in range(len(self.pieces)):
             if self.capture:
                 self.graphs[i].replay()
             else:
                 self.pieces[i]()
-            if i < len(self.model.layers):
-                self.model.layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i),
-                                                 out=self.attended[i])
-        return self.hidden[:b].clone()  # the static buffer is overwritten by the next step
+            if i < len(layers):
+                layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i), out=self.attended,
+                                      rotate=self.rotated[i])
+        return self.hidden[:t].clone()  # the static buffer is overwritten by the next forward
 
 
 def _capture(pieces, sharded: bool = False, pool=None) -> list:
@@ -238,10 +274,10 @@ class DecodeGraphs:
         top = next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])
         self.sizes = [b for b in BUCKETS if b <= top]
         self.max_batch = self.sizes[-1]
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[int, _PiecewiseBucket] = {}
         self._steps: dict[tuple, _StepBucket] = {}
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
-        self._prefill: dict[int, PrefillBucket] = {}  # short prefill forwards' pieces per token bucket
+        self._prefill: dict[int, _PiecewiseBucket] = {}  # short prefill forwards' pieces per token bucket
         self.pool = torch.cuda.graph_pool_handle() if capture and SHARED_POOL else None  # paged steps' (SHARED_POOL)
 
     def handles(self, seq_lens) -> bool:
@@ -261,10 +297,10 @@ class DecodeGraphs:
         self._last = bucket
         return bucket.forward(input_ids, positions, segments_per_layer)
 
-    def _prefill_bucket(self, size: int) -> PrefillBucket:
+    def _prefill_bucket(self, size: int) -> _PiecewiseBucket:
         bucket = self._prefill.get(size)
         if bucket is None:
-            bucket = self._prefill[size] = PrefillBucket(self.model, size, self.capture, self.pool, self.sharded)
+            bucket = self._prefill[size] = _PiecewiseBucket(self.model, size, self.capture, self.pool, self.sharded)
         return bucket
 
     def capture_prefill(self) -> list[int]:
@@ -277,9 +313,9 @@ class DecodeGraphs:
         size = next(s for s in self.sizes if s >= input_ids.shape[0])
         bucket = self._buckets.get(size)
         if bucket is None:
-            bucket = self._buckets[size] = _Bucket(self.model, size, self.capture)
+            bucket = self._buckets[size] = _PiecewiseBucket(self.model, size, self.capture, prefill=False)
         self._last = bucket
-        return bucket.step(input_ids, positions, segments_per_layer)
+        return bucket.forward(input_ids, positions, segments_per_layer)
 
     def paged_step(self, pools, input_ids: torch.Tensor, states: list, lens: list[int]) -> torch.Tensor:
         """Hidden states [T, D] of a fixed-shape step over paged states (sequence b brings lens[b]
