@@ -2,7 +2,8 @@
 run: N Flash-shaped layers with random weights made on the GPU (no disk), the paged FP8 cache, one fresh prompt of
 P tokens per forward (released after it). Per P: the wall time of one forward, synchronised before and after
 (median over the reps, the two modes alternating), eager and as prefill pieces, and their ratio. The copy
-bandwidth and bf16 matmul peak of the same run come first.
+bandwidth and bf16 matmul peak of the same run come first, then the capture of every bucket ahead (its time and
+memory).
 
     python bench/bench_prefill_graphs.py [--layers 8] [--prompts 16,64,128,200,256] [--reps 7]
 
@@ -39,6 +40,23 @@ def _forward_ms(run, tokens: int) -> float:
     return ms
 
 
+def _capture_report(model, dev: torch.device) -> None:
+    """Every bucket captured ahead (as `dsv4 serve` does at startup): how long it took, the static buffers' bytes and
+    the GPU memory it reserved (static buffers + the graphs' pool)."""
+    if dev.type == "cuda":  # (a capture empties the allocator's cache: the same before the baseline)
+        torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved() if dev.type == "cuda" else 0
+    _sync()
+    t = time.perf_counter()
+    sizes = model._graphs.capture_prefill()
+    _sync()
+    s = time.perf_counter() - t
+    grown = (torch.cuda.memory_reserved() - reserved) if dev.type == "cuda" else 0
+    arena = model._graphs.prefill_arena
+    print(f"capture of buckets {sizes}: {s:.1f} s, static buffers {arena.nbytes() / 2**20:.0f} MiB, "
+          f"GPU memory reserved +{grown / 2**20:.0f} MiB")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=8)
@@ -71,6 +89,7 @@ def main() -> None:
     cache = HybridCache(cfg, sizes, dtype=torch.bfloat16, device=dev)
     model.enable_cuda_graphs(max_batch=8, capture=dev.type == "cuda")
     run = Runner(model, cfg.vocab_size, dev, cache)
+    _capture_report(model, dev)
     limit = prefill_graphs.PREFILL_MAX_TOKENS
     modes = {"eager": 0, "pieces": limit}
     print("P tokens | eager ms | pieces ms | eager / pieces | pieces bucket")

@@ -57,25 +57,36 @@ def test_prefill_pieces_equal_the_plain_forward():
 
 def test_static_buffers_do_not_grow_with_depth():
     """What crosses from one piece to the next lives in buffers shared by the layers of one parity; what only the
-    attention in between reads (q), in one buffer for all."""
-    _, m = _run(True, forwards=[(16,)])
-    bucket = m._graphs._prefill[16]
+    attention in between reads (q), in one buffer for all; and the buckets share them (the first rows of the largest
+    bucket's): their memory is one bucket's, whatever the depth or the number of buckets."""
+    _, m = _run(True, forwards=[(16,), (20,), (3,)])
+    g = m._graphs
+    bucket, other = g._prefill[16], g._prefill[32]
     layers = len(m.layers)
     assert layers == 3
-    assert {key[0] for key in bucket._static} == {0, 1}
+    assert not bucket._static and not other._static  # (every static tensor has a row per token)
+    arena = g.prefill_arena
+    top = max(prefill_graphs.prefill_bucket_sizes())
+    assert arena.capacity == top == prefill_graphs.PREFILL_MAX_TOKENS
+    assert {key[0] for key in arena._bufs} == {0, 1}
+    assert all(b.shape[0] == top for b in arena._bufs.values())
+    assert bucket.x[0].data_ptr() == other.x[0].data_ptr() and bucket.x[0].shape[0] == 16 and other.x[0].shape[0] == 32
+    assert bucket.attended.data_ptr() == other.attended.data_ptr()
     assert bucket.x[0].data_ptr() == bucket.x[2].data_ptr() != bucket.x[1].data_ptr()
     assert bucket.pre[0].cos.data_ptr() == bucket.pre[2].cos.data_ptr() != bucket.pre[1].cos.data_ptr()
     assert bucket.pre[0].q.data_ptr() == bucket.pre[1].q.data_ptr() == bucket.pre[2].q.data_ptr()  # attention only
 
 
-@pytest.mark.parametrize("limit, bucket", [(0, None), (16, 16), (15, None), (300, 512)])
-def test_bucket_choice(monkeypatch, limit, bucket):
+@pytest.mark.parametrize("limit, tokens, bucket, made", [
+    (0, 16, None, []), (16, 16, 16, [16]), (15, 16, None, [16]), (100, 100, 128, [16, 32, 64, 128]),
+    (300, 300, None, [16, 32, 64, 128, 256])])  # 300: no bucket above the largest, the eager forward
+def test_bucket_choice(monkeypatch, limit, tokens, bucket, made):
+    monkeypatch.setattr(prefill_graphs, "PREFILL_BUCKETS", (16, 32, 64, 128, 256))
     monkeypatch.setattr(prefill_graphs, "PREFILL_MAX_TOKENS", limit)
-    size = prefill_graphs.prefill_bucket_size(16 if bucket != 512 else 300)
-    assert size == (None if bucket == 512 else bucket)  # (no bucket above the largest: the eager forward)
+    assert prefill_graphs.prefill_bucket_size(tokens) == bucket
     assert prefill_graphs.prefill_bucket_size(0) is None
     # every bucket a forward may take (what serve captures ahead): the one that holds the limit included
-    assert prefill_graphs.prefill_bucket_sizes() == {0: [], 16: [16], 15: [16], 300: [16, 32, 64, 128, 256]}[limit]
+    assert prefill_graphs.prefill_bucket_sizes() == made
 
 
 def test_forwards_above_the_limit_run_eagerly(monkeypatch):
@@ -106,8 +117,9 @@ def test_which_forwards_take_the_pieces():
     m = _model(7)
     m.enable_cuda_graphs(max_batch=2, capture=False)
     g = m._graphs
-    assert [g.handles_prefill(lens) for lens in ([2], [1], [0, 6, 2], [3, 1, 1], [256], [200, 56])] == [True] * 6
-    assert not any(g.handles_prefill(lens) for lens in ([1, 1], [0, 1, 1], [1, 0, 1, 1], [257], [0], []))
+    top = prefill_graphs.PREFILL_MAX_TOKENS
+    assert [g.handles_prefill(lens) for lens in ([2], [1], [0, 6, 2], [3, 1, 1], [top], [top - 56, 56])] == [True] * 6
+    assert not any(g.handles_prefill(lens) for lens in ([1, 1], [0, 1, 1], [1, 0, 1, 1], [top + 1], [0], []))
 
 
 def test_all_buckets_made_ahead(monkeypatch):

@@ -54,10 +54,11 @@ class _PiecewiseBucket:
     sequence) the pieces' own tensors are kept, one set per layer, and `finish` rotates, as the batched decode
     attention needs."""
 
-    def __init__(self, model, size: int, capture: bool, pool=None, sharded: bool = False, prefill: bool = True):
+    def __init__(self, model, size: int, capture: bool, pool=None, sharded: bool = False, prefill: bool = True,
+                 arena: _StaticArena | None = None):
         dev = model.embed.weight.device
         self.model, self.size, self.capture, self.pool, self.sharded = model, size, capture, pool, sharded
-        self.prefill = prefill
+        self.prefill, self.arena = prefill, arena
         self.ids = torch.zeros(size, dtype=torch.long, device=dev)
         self.pos = torch.zeros(size, dtype=torch.long, device=dev)
         n = len(model.layers)
@@ -85,10 +86,13 @@ class _PiecewiseBucket:
             return t
         if isinstance(t, tuple):
             return tuple(self._keep(slot, f"{name}.{j}", v) for j, v in enumerate(t))
-        key = (slot, name, tuple(t.shape), t.dtype)
-        buf = self._static.get(key)
-        if buf is None:  # (first run: the warm-up, outside any capture)
-            buf = self._static[key] = torch.empty_like(t, memory_format=torch.contiguous_format)
+        if self.arena is not None and t.shape[0] == self.size <= self.arena.capacity:
+            buf = self.arena.rows(slot, name, t)
+        else:
+            key = (slot, name, tuple(t.shape), t.dtype)
+            buf = self._static.get(key)
+            if buf is None:  # (first run: the warm-up, outside any capture)
+                buf = self._static[key] = torch.empty_like(t, memory_format=torch.contiguous_format)
         buf.copy_(t)
         return buf
 
@@ -123,7 +127,7 @@ class _PiecewiseBucket:
             self.pre[i] = pre._replace(**tensors)
             self.rotated[i] = self.prefill and m.layers[i].attn.rotates(pre, None)
             if self.attended is None:  # zeros: read by the warm-up's pieces before any attention ran
-                self.attended = torch.zeros_like(self.pre[i].q)
+                self.attended = self._keep(0, "attended", torch.zeros_like(self.pre[i].q))
         return run
 
     def ensure_captured(self) -> bool:
@@ -150,6 +154,27 @@ class _PiecewiseBucket:
                 layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i), out=self.attended,
                                       rotate=self.rotated[i])
         return self.hidden[:t].clone()  # the static buffer is overwritten by the next forward
+
+
+class _StaticArena:
+    """The prefill buckets' static buffers, shared by every bucket: one buffer of `capacity` rows per (slot, name,
+    row shape, dtype), of which a bucket of T tokens uses the first T rows. Safe because one forward runs at a time
+    (one stream) and its results are cloned before the next (`forward`, `last_streams`), so the memory is the
+    largest bucket's (≈ 0.24 MB per token for Flash) rather than the sum over the buckets."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._bufs: dict[tuple, torch.Tensor] = {}
+
+    def rows(self, slot: int, name: str, t: torch.Tensor) -> torch.Tensor:
+        key = (slot, name, tuple(t.shape[1:]), t.dtype)
+        buf = self._bufs.get(key)
+        if buf is None:  # (made by the first bucket's warm-up, outside any capture)
+            buf = self._bufs[key] = t.new_empty((self.capacity, *t.shape[1:]))
+        return buf[:t.shape[0]]
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._bufs.values())
 
 
 def _capture(pieces, sharded: bool = False, pool=None) -> list:
@@ -278,6 +303,7 @@ class DecodeGraphs:
         self._steps: dict[tuple, _StepBucket] = {}
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
         self._prefill: dict[int, _PiecewiseBucket] = {}  # short prefill forwards' pieces per token bucket
+        self.prefill_arena: _StaticArena | None = None      # their static buffers (made with the first bucket)
         self.pool = torch.cuda.graph_pool_handle() if capture and SHARED_POOL else None  # paged steps' (SHARED_POOL)
 
     def handles(self, seq_lens) -> bool:
@@ -300,7 +326,10 @@ class DecodeGraphs:
     def _prefill_bucket(self, size: int) -> _PiecewiseBucket:
         bucket = self._prefill.get(size)
         if bucket is None:
-            bucket = self._prefill[size] = _PiecewiseBucket(self.model, size, self.capture, self.pool, self.sharded)
+            if self.prefill_arena is None:
+                self.prefill_arena = _StaticArena(max(prefill_bucket_sizes(), default=size))
+            bucket = self._prefill[size] = _PiecewiseBucket(self.model, size, self.capture, self.pool, self.sharded,
+                                                            arena=self.prefill_arena)
         return bucket
 
     def capture_prefill(self) -> list[int]:

@@ -21,8 +21,9 @@ per token, and `attend` reads and writes only the real rows, so padding rows tou
 Memory: each piece copies what crosses to the next step into static buffers shared by the layers: what the next
 piece reads while it writes its own (the residual streams, the mHC post / comb, the RoPE tables `finish` needs) one
 per layer parity, what only the eager attention in between reads (q, kv, the compressor and indexer rows) one for
-all, plus one attention output buffer: ≈ 0.24 MB per token for Flash (≈ 117 MB for all five buckets), whatever the
-depth. What a piece allocates inside its graph is transient, so every piece may capture into the decode graphs'
+all, plus one attention output buffer: ≈ 0.24 MB per token for Flash, whatever the depth. The buckets share them too
+(`graphs._StaticArena`: a bucket of T tokens uses the first T rows), so they take the largest bucket's memory
+(464 MiB at 2048 tokens for Flash) rather than the sum over the buckets. What a piece allocates inside its graph is transient, so every piece may capture into the decode graphs'
 shared pool (each replay's results are copied out before the next graph replays). Results equal the eager forward
 at the bucket's size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes
 (cuBLAS from 256 rows) than the unpadded eager one.
@@ -34,12 +35,12 @@ collectives inside the captured pieces as in the paged step graphs (`_capture(sh
 """
 from __future__ import annotations
 
-PREFILL_BUCKETS = (16, 32, 64, 128, 256)
+PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # Forwards of up to this many tokens run as prefill pieces (0: never). Session 60 (H100, 8 Flash layers, one fresh
 # prompt; bench/bench_prefill_graphs.py): eager / pieces 43.3 / 12.8 ms at 16 tokens, 48.0 / 13.8 at 64, 56.6 / 18.3
-# at 128, 54.4 / 22.7 at 256. Larger forwards are nearer the GPU's bound (2048 tokens: ≈ 45 ms wall for 31 ms of
-# GPU); a 512 bucket was not measured.
-PREFILL_MAX_TOKENS = 256
+# at 128, 54.4 / 22.7 at 256. Session 61 (H100): 42.2 / 26.2 ms at 1024, 46.3 / 34.1 at 1536 (bucket 2048), 43.5 /
+# 33.5 at 2048; the 2048 bucket costs 232 MiB more static buffers (464 MiB in all, docs/benchmarks.md).
+PREFILL_MAX_TOKENS = 2048
 
 
 def prefill_bucket_size(tokens: int) -> int | None:

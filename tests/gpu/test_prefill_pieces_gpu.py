@@ -11,7 +11,7 @@ import torch
 import dsv4
 from dsv4 import load_model
 from dsv4.model import ForwardContext, set_forward_context
-from dsv4.model.prefill_graphs import prefill_bucket_size
+from dsv4.model.prefill_graphs import prefill_bucket_size, prefill_bucket_sizes
 
 DEVICE = "cuda"
 
@@ -37,15 +37,18 @@ def test_prefill_pieces_replay_the_eager_forward():
     graphed = load_model(path, DEVICE, torch.bfloat16, kernels="triton")
     graphed.enable_cuda_graphs(max_batch=8)
     gen = torch.Generator().manual_seed(60)
-    for n in (16, 64, 256, 64, 32, 128):  # exact bucket sizes; 64 twice: the bucket's graphs replay new inputs
+    sizes = prefill_bucket_sizes()
+    for n in sizes + [64]:  # every bucket at its exact size; 64 again: the bucket's graphs replay new inputs
         prompt = torch.randint(2, 2048, (n,), generator=gen)
         (a, ra), (b, rb) = _prefill_then_decode(eager, prompt), _prefill_then_decode(graphed, prompt)
         assert torch.isfinite(a).all() and a.std() > 0
         assert torch.equal(a, b), f"{n} tokens: max |diff| {float((a - b).abs().max()):.3e}"
         assert torch.equal(ra, rb), n
     buckets = graphed._graphs._prefill
-    assert sorted(buckets) == [16, 32, 64, 128, 256]
+    assert sorted(buckets) == sizes
     assert all(b.graphs for b in buckets.values())  # captured, not run eagerly
+    # one set of static buffers for all buckets (the first rows of the largest's)
+    assert len({b.x[0].data_ptr() for b in buckets.values()}) == 1
     for n in (5, 100, 200):  # padded: other GEMM / MoE shapes than the unpadded eager forward
         prompt = torch.randint(2, 2048, (n,), generator=gen)
         (a, _), (b, _) = _prefill_then_decode(eager, prompt), _prefill_then_decode(graphed, prompt)
@@ -88,8 +91,9 @@ def test_serve_startup_captures_every_bucket():
     early = LLM(device=DEVICE)
     line = early.engine.capture_prefill_graphs()
     buckets = early.engine.model._graphs._prefill
-    assert line.startswith("prefill graphs for 16-256 tokens captured in"), line
-    assert sorted(buckets) == [16, 32, 64, 128, 256] and all(b.graphs for b in buckets.values())
+    sizes = prefill_bucket_sizes()
+    assert line.startswith(f"prefill graphs for {sizes[0]}-{sizes[-1]} tokens captured in"), line
+    assert sorted(buckets) == sizes and all(b.graphs for b in buckets.values())
     assert early.engine.capture_prefill_graphs() == ""  # nothing left to capture
     prompts, params = ["def fib(n):", "import os\n" * 12], SamplingParams(temperature=0.0, max_tokens=16)
     lazy = LLM(device=DEVICE)
