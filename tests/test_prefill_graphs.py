@@ -147,3 +147,38 @@ def test_all_buckets_made_ahead(monkeypatch):
     engine.model.enable_cuda_graphs(max_batch=4, capture=False)
     assert engine.capture_prefill_graphs() == ""  # nothing captured off CUDA
     assert ", CUDA graphs on, prefills of up to 64 tokens piecewise, overlap off" in engine.describe()
+
+
+def test_a_bucket_out_of_gpu_memory_runs_eagerly(monkeypatch, caplog):
+    """A bucket whose capture runs out of GPU memory (simulated: the 64-token bucket and up) leaves the forward to the
+    eager path with the plain forward's results; every bucket and the static buffers go, the limit drops below it,
+    and the buckets below are made again with buffers for the new largest. serve's `capture_prefill` ahead likewise
+    stops below the first bucket that does not fit, and says so."""
+    from dsv4.model import graphs
+
+    real = graphs._PiecewiseBucket.ensure_captured
+
+    def ensure_captured(bucket):
+        if bucket.size >= 64:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(bucket)
+
+    monkeypatch.setattr(graphs._PiecewiseBucket, "ensure_captured", ensure_captured)
+    plain, _ = _run(False)
+    pieces, m = _run(True)  # FORWARDS[3]: 39 tokens, the 64-token bucket
+    for i, ((a, ra), (b, rb)) in enumerate(zip(plain, pieces)):
+        assert torch.equal(a, b) and torch.equal(ra, rb), (i, FORWARDS[i])
+    g = m._graphs
+    assert g.prefill_limit == 32 and sorted(g._prefill) == [16] and g.prefill_arena.capacity == 32
+    assert "the 64-token bucket did not fit in GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB)" in caplog.text
+    assert not g.handles_prefill([33]) and g.handles_prefill([32])
+
+    m = _model(5)
+    m.enable_cuda_graphs(max_batch=2, capture=False)
+    assert m._graphs.capture_prefill() == []  # (uncaptured on the CPU)
+    assert m._graphs.prefill_limit == 32 and sorted(m._graphs._prefill) == [16, 32]
+    from dsv4 import LLM
+    engine = LLM().engine
+    engine.model.enable_cuda_graphs(max_batch=4, capture=False)
+    engine.model._graphs.capture_prefill()
+    assert "prefills of up to 32 tokens piecewise" in engine.describe()  # (serve's startup line: the lowered limit)

@@ -253,15 +253,19 @@ class LLMEngine:
             return ""
         t = time.perf_counter()
         sizes = graphs.capture_prefill()
+        short = (f"; larger buckets did not fit in GPU memory: prefills of more than {graphs.prefill_limit} tokens "
+                 "run eagerly" if graphs.prefill_limit is not None else "")
         if not sizes:
-            return ""
-        return f"prefill graphs for {sizes[0]}-{sizes[-1]} tokens captured in {time.perf_counter() - t:.1f} s"
+            return short.removeprefix("; ")
+        return f"prefill graphs for {sizes[0]}-{sizes[-1]} tokens captured in {time.perf_counter() - t:.1f} s{short}"
 
     def describe(self) -> str:
         """How this engine runs, in one line (serve's startup line): device and dtype, cache storage and size, CUDA
         graphs, overlap, speculation -- the defaults resolved (`default_kv_dtype`, `graphs_by_default`)."""
         dtype = str(self.model.dtype).removeprefix("torch.")
         limit = prefill_graphs.PREFILL_MAX_TOKENS
+        if getattr(self.model, "_graphs", None) is not None and self.model._graphs.prefill_limit is not None:
+            limit = min(limit, self.model._graphs.prefill_limit)  # (lowered: a bucket did not fit in GPU memory)
         graphs = "off" if not self.cuda_graphs else "on" + (f", prefills of up to {limit} tokens piecewise" if limit
                                                             else "")
         spec = f", MTP drafting {self.speculator.num_draft_tokens} per step" if self.speculator is not None else ""

@@ -235,8 +235,9 @@ class DeepseekV4ForCausalLM(nn.Module):
         elif self._graphs is not None and inputs_embeds is None and self._graphs.handles_prefill(ctx.seq_lens):
             # a short prefill (any mix of chunks): stateless parts as graphs, attention eager (prefill_graphs)
             hidden = self._graphs.prefill(input_ids, positions, segments)
-            self._mtp_target = self._graphs.last_streams(t).flatten(1)
-            return hidden
+            if hidden is not None:  # (None: its bucket did not fit in GPU memory; the eager forward below)
+                self._mtp_target = self._graphs.last_streams(t).flatten(1)
+                return hidden
         if h is None:
             h = self.embed(input_ids, validate=False)  # range checked above (or trusted)
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()

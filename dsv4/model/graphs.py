@@ -29,6 +29,8 @@ sharded ranks alike (dsv4.model.prefill_graphs).
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from dsv4.model.block import finish_carry, fuses_block_sites
@@ -44,6 +46,8 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences wi
 # buckets 1-32): 92 MiB shared against 264 MiB in six pools, the same step time (B = 1 1.599-1.604 ms against 1.602;
 # B = 8 3.640-3.643 against 3.641), tokens equal (tests/gpu/test_engine_gpu.py::test_shared_graph_pool_...).
 SHARED_POOL = True
+
+log = logging.getLogger(__name__)
 
 
 class _PiecewiseBucket:
@@ -304,6 +308,7 @@ class DecodeGraphs:
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
         self._prefill: dict[int, _PiecewiseBucket] = {}  # short prefill forwards' pieces per token bucket
         self.prefill_arena: _StaticArena | None = None      # their static buffers (made with the first bucket)
+        self.prefill_limit: int | None = None  # below PREFILL_MAX_TOKENS once a bucket did not fit in GPU memory
         self.pool = torch.cuda.graph_pool_handle() if capture and SHARED_POOL else None  # paged steps' (SHARED_POOL)
 
     def handles(self, seq_lens) -> bool:
@@ -315,11 +320,15 @@ class DecodeGraphs:
         PREFILL_MAX_TOKENS tokens, not one token from each of several sequences (the attention's batched decode
         path, which leaves the inverse RoPE to `finish`). Sharded ranks run the same batches, so they agree."""
         lens = [int(n) for n in seq_lens if int(n)]  # (sequences without tokens get no segment)
-        return prefill_bucket_size(sum(lens)) is not None and not (len(lens) > 1 and all(n == 1 for n in lens))
+        size = prefill_bucket_size(sum(lens), self.prefill_limit)
+        return size is not None and not (len(lens) > 1 and all(n == 1 for n in lens))
 
-    def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
-        """Hidden states [T, D] of a short forward as prefill pieces; the streams land in `last_streams(T)`."""
-        bucket = self._prefill_bucket(prefill_bucket_size(input_ids.shape[0]))
+    def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor | None:
+        """Hidden states [T, D] of a short forward as prefill pieces (the streams land in `last_streams(T)`), or
+        None when its bucket did not fit in GPU memory (nothing done: the caller runs the forward eagerly)."""
+        bucket = self._captured_prefill(prefill_bucket_size(input_ids.shape[0], self.prefill_limit))
+        if bucket is None:
+            return None
         self._last = bucket
         return bucket.forward(input_ids, positions, segments_per_layer)
 
@@ -327,15 +336,47 @@ class DecodeGraphs:
         bucket = self._prefill.get(size)
         if bucket is None:
             if self.prefill_arena is None:
-                self.prefill_arena = _StaticArena(max(prefill_bucket_sizes(), default=size))
+                self.prefill_arena = _StaticArena(max(prefill_bucket_sizes(self.prefill_limit), default=size))
             bucket = self._prefill[size] = _PiecewiseBucket(self.model, size, self.capture, self.pool, self.sharded,
                                                             arena=self.prefill_arena)
         return bucket
 
+    def _captured_prefill(self, size: int) -> _PiecewiseBucket | None:
+        """The bucket of `size` tokens, captured (with `capture`); None if that ran out of GPU memory: then every
+        bucket and the static buffers go, and the limit drops below `size` (module docstring of prefill_graphs).
+        Sharded ranks re-raise: they must all run the same buckets."""
+        try:
+            bucket = self._prefill_bucket(size)
+            bucket.ensure_captured()
+            return bucket
+        except torch.OutOfMemoryError as e:
+            if self.sharded:
+                raise
+            error = str(e).split("\n")[0]
+        # (outside the handler: the exception's frames no longer hold the buckets' memory)
+        self._prefill.clear()
+        self.prefill_arena = self._last = None
+        self.prefill_limit = max((s for s in prefill_bucket_sizes(self.prefill_limit) if s < size), default=0)
+        torch.cuda.empty_cache()
+        log.warning("prefill graphs: the %d-token bucket did not fit in GPU memory (%s); forwards of more than %d "
+                    "tokens run eagerly", size, error, self.prefill_limit)
+        return None
+
     def capture_prefill(self) -> list[int]:
         """Make every prefill bucket now (and capture its pieces, with `capture`) rather than at its first forward:
-        a server's first short prompts then wait for no capture. The buckets captured by this call."""
-        return [size for size in prefill_bucket_sizes() if self._prefill_bucket(size).ensure_captured()]
+        a server's first short prompts then wait for no capture. The buckets captured by this call (once one did
+        not fit, the ones below it, made again under the lower limit)."""
+        captured: set[int] = set()
+        while True:
+            for size in prefill_bucket_sizes(self.prefill_limit):
+                had = bool(size in self._prefill and self._prefill[size].graphs)
+                bucket = self._captured_prefill(size)
+                if bucket is None:
+                    break  # (the limit is lower now: again from the smallest bucket)
+                if bucket.graphs and not had:
+                    captured.add(size)
+            else:
+                return sorted(captured & set(self._prefill))
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
         """Hidden states [B, D] of one decode step; the residual streams land in `last_streams(B)`."""

@@ -28,6 +28,10 @@ shared pool (each replay's results are copied out before the next graph replays)
 at the bucket's size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes
 (cuBLAS from 256 rows) than the unpadded eager one.
 
+Out of GPU memory while a bucket is captured (its warm-up or its graphs; no state is touched before the forward's
+first piece), a single GPU drops every bucket and lowers its limit (`DecodeGraphs.prefill_limit`) below that
+bucket: those forwards run eagerly, and the buckets below are made again with buffers for the new largest.
+
 A sharded model (TP/EP ranks in lock-step: every rank the same batch, so the same bucket) runs the pieces too, their
 collectives inside the captured pieces as in the paged step graphs (`_capture(sharded=True)`). Ranks capture only when
 `--cuda-graphs` is given, and that capture has not run on two GPUs yet; the plumbing is CPU-tested on gloo ranks
@@ -43,13 +47,16 @@ PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_MAX_TOKENS = 2048
 
 
-def prefill_bucket_size(tokens: int) -> int | None:
-    """The bucket a forward of `tokens` tokens runs in, or None (eager)."""
-    if not 0 < tokens <= PREFILL_MAX_TOKENS:
+def prefill_bucket_size(tokens: int, limit: int | None = None) -> int | None:
+    """The bucket a forward of `tokens` tokens runs in, or None (eager). `limit`: a lower PREFILL_MAX_TOKENS (a
+    model's `DecodeGraphs.prefill_limit`, once a bucket did not fit in GPU memory)."""
+    top = PREFILL_MAX_TOKENS if limit is None else min(limit, PREFILL_MAX_TOKENS)
+    if not 0 < tokens <= top:
         return None
     return next((b for b in PREFILL_BUCKETS if b >= tokens), None)
 
 
-def prefill_bucket_sizes() -> list[int]:
-    """Every bucket a forward may run in (the one that holds PREFILL_MAX_TOKENS included)."""
-    return sorted({prefill_bucket_size(min(b, PREFILL_MAX_TOKENS)) for b in PREFILL_BUCKETS} - {None})
+def prefill_bucket_sizes(limit: int | None = None) -> list[int]:
+    """Every bucket a forward may run in (the one that holds PREFILL_MAX_TOKENS, or `limit`, included)."""
+    top = PREFILL_MAX_TOKENS if limit is None else min(limit, PREFILL_MAX_TOKENS)
+    return sorted({prefill_bucket_size(min(b, top), limit) for b in PREFILL_BUCKETS} - {None})
