@@ -4,5 +4,5 @@
 # Carry [".whl"].
 source bench/runs/lib.sh
 with_llguidance  # (PYTHONPATH: the checkout and llguidance's /tmp/site)
-runpar 400 6 -s tests/gpu/test_prefill_pieces_gpu.py tests/gpu/test_engine_gpu.py
+runpar 400 6 -rP tests/gpu/test_prefill_pieces_gpu.py tests/gpu/test_engine_gpu.py
 grep -E "^captured" $OUT/pytest_par_400.txt
