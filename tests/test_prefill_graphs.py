@@ -151,9 +151,9 @@ def test_all_buckets_made_ahead(monkeypatch):
 
 def test_a_bucket_out_of_gpu_memory_runs_eagerly(monkeypatch, caplog):
     """A bucket whose capture runs out of GPU memory (simulated: the 64-token bucket and up) leaves the forward to the
-    eager path with the plain forward's results; every bucket and the static buffers go, the limit drops below it,
-    and the buckets below are made again with buffers for the new largest. serve's `capture_prefill` ahead likewise
-    stops below the first bucket that does not fit, and says so."""
+    eager path with the plain forward's results; every bucket and the static buffers go, the limit drops a bucket,
+    and the buckets below are made again with buffers for the new largest. serve's `capture_prefill` ahead (the
+    largest bucket first) stops below the largest bucket that does not fit, and the startup line says so."""
     from dsv4.model import graphs
 
     real = graphs._PiecewiseBucket.ensure_captured
@@ -169,14 +169,17 @@ def test_a_bucket_out_of_gpu_memory_runs_eagerly(monkeypatch, caplog):
     for i, ((a, ra), (b, rb)) in enumerate(zip(plain, pieces)):
         assert torch.equal(a, b) and torch.equal(ra, rb), (i, FORWARDS[i])
     g = m._graphs
-    assert g.prefill_limit == 32 and sorted(g._prefill) == [16] and g.prefill_arena.capacity == 32
+    # the first failure (39 tokens) was of buffers sized for 2048 rows: the limit drops a bucket, to 1024; the next
+    # (42 tokens, buffers for 1024 rows) to 512; the 8-token forward after it makes the 16 bucket again
+    assert g.prefill_limit == 512 and sorted(g._prefill) == [16] and g.prefill_arena.capacity == 512
     assert "the 64-token bucket did not fit in GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB)" in caplog.text
-    assert not g.handles_prefill([33]) and g.handles_prefill([32])
+    assert not g.handles_prefill([513]) and g.handles_prefill([512])
 
     m = _model(5)
     m.enable_cuda_graphs(max_batch=2, capture=False)
-    assert m._graphs.capture_prefill() == []  # (uncaptured on the CPU)
+    assert m._graphs.capture_prefill() == []  # (uncaptured on the CPU; the largest first: 2048, 1024 ... 64 fail)
     assert m._graphs.prefill_limit == 32 and sorted(m._graphs._prefill) == [16, 32]
+    assert m._graphs.prefill_arena.capacity == 32
     from dsv4 import LLM
     engine = LLM().engine
     engine.model.enable_cuda_graphs(max_batch=4, capture=False)

@@ -343,8 +343,9 @@ class DecodeGraphs:
 
     def _captured_prefill(self, size: int) -> _PiecewiseBucket | None:
         """The bucket of `size` tokens, captured (with `capture`); None if that ran out of GPU memory: then every
-        bucket and the static buffers go, and the limit drops below `size` (module docstring of prefill_graphs).
-        Sharded ranks re-raise: they must all run the same buckets."""
+        bucket and the static buffers go, and the limit drops to the bucket below the larger of `size` and the
+        static buffers' rows (the first bucket made sizes them for the largest, so a small bucket's failure may be
+        theirs; module docstring of prefill_graphs). Sharded ranks re-raise: they must all run the same buckets."""
         try:
             bucket = self._prefill_bucket(size)
             bucket.ensure_captured()
@@ -354,9 +355,10 @@ class DecodeGraphs:
                 raise
             error = str(e).split("\n")[0]
         # (outside the handler: the exception's frames no longer hold the buckets' memory)
+        top = max(size, self.prefill_arena.capacity if self.prefill_arena is not None else 0)
         self._prefill.clear()
         self.prefill_arena = self._last = None
-        self.prefill_limit = max((s for s in prefill_bucket_sizes(self.prefill_limit) if s < size), default=0)
+        self.prefill_limit = max((s for s in prefill_bucket_sizes(self.prefill_limit) if s < top), default=0)
         torch.cuda.empty_cache()
         log.warning("prefill graphs: the %d-token bucket did not fit in GPU memory (%s); forwards of more than %d "
                     "tokens run eagerly", size, error, self.prefill_limit)
@@ -364,15 +366,16 @@ class DecodeGraphs:
 
     def capture_prefill(self) -> list[int]:
         """Make every prefill bucket now (and capture its pieces, with `capture`) rather than at its first forward:
-        a server's first short prompts then wait for no capture. The buckets captured by this call (once one did
-        not fit, the ones below it, made again under the lower limit)."""
+        a server's first short prompts then wait for no capture. The largest first, so that an out-of-memory error
+        names the bucket that did not fit. The buckets captured by this call (once one did not fit, those below the
+        lowered limit, made again)."""
         captured: set[int] = set()
         while True:
-            for size in prefill_bucket_sizes(self.prefill_limit):
+            for size in reversed(prefill_bucket_sizes(self.prefill_limit)):
                 had = bool(size in self._prefill and self._prefill[size].graphs)
                 bucket = self._captured_prefill(size)
                 if bucket is None:
-                    break  # (the limit is lower now: again from the smallest bucket)
+                    break  # (the limit is lower now: again from the largest bucket left)
                 if bucket.graphs and not had:
                     captured.add(size)
             else:

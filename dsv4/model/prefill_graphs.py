@@ -29,8 +29,8 @@ at the bucket's size bit for bit (the same kernels on the same rows); a padded f
 (cuBLAS from 256 rows) than the unpadded eager one.
 
 Out of GPU memory while a bucket is captured (its warm-up or its graphs; no state is touched before the forward's
-first piece), a single GPU drops every bucket and lowers its limit (`DecodeGraphs.prefill_limit`) below that
-bucket: those forwards run eagerly, and the buckets below are made again with buffers for the new largest.
+first piece), a single GPU drops every bucket and lowers its limit (`DecodeGraphs.prefill_limit`) by a bucket:
+those forwards run eagerly, and the buckets below are made again with buffers for the new largest.
 
 A sharded model (TP/EP ranks in lock-step: every rank the same batch, so the same bucket) runs the pieces too, their
 collectives inside the captured pieces as in the paged step graphs (`_capture(sharded=True)`). Ranks capture only when
