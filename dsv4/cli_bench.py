@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_arguments(args)
     ec = EngineConfig(**engine_limits(args), speculative=args.speculative, num_draft_tokens=args.num_draft_tokens,
-                      kv_dtype=getattr(args, "kv_dtype", None), overlap=getattr(args, "overlap", None))
+                      kv_dtype=getattr(args, "kv_dtype", None), overlap=getattr(args, "overlap", None),
+                      prefill_graph_tokens=getattr(args, "prefill_graph_tokens", None))
     engine = LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=ec,
                                        cuda_graphs=args.cuda_graphs)
     report(measure(engine, args, engine), args)

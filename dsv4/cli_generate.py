@@ -58,9 +58,20 @@ def add_decode_options(p) -> None:
                    help="KV cache storage: 'auto' = the model dtype, 'fp8' = e4m3 + E8M0 nope dims, FP4 indexer keys "
                         "(lossless under reference numerics; the GPU decode kernel reads it). Default: fp8 on a GPU "
                         "under reference numerics, else auto")
+    p.add_argument("--prefill-graph-tokens", type=_prefill_graph_tokens, default=None, metavar="N",
+                   help="with CUDA graphs, prompts and chunks of up to N tokens per step run as piecewise graphs "
+                        "(0: none, and their GPU memory, ≈ 1.3 GiB for Flash, stays free; default and most: 2048)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="read each decode step's ids back before launching the next (default on a GPU: launch the "
                         "next first, so the host's work hides behind the GPU)")
+
+
+def _prefill_graph_tokens(text: str) -> int:
+    from .model.prefill_graphs import PREFILL_BUCKETS
+    top = max(PREFILL_BUCKETS)
+    if not text.isdigit() or int(text) > top:
+        raise argparse.ArgumentTypeError(f"expected 0 (off) to {top} (the largest prefill bucket), got {text!r}")
+    return int(text)
 
 
 def add_cache_tokens(g) -> None:
@@ -91,7 +102,8 @@ def _llm(args, retain_finished: int = 0):
                progress=len(getattr(args, "prompt", [])) > 1, speculative=args.speculative,
                num_draft_tokens=args.num_draft_tokens, cuda_graphs=getattr(args, "cuda_graphs", None),
                kv_dtype=getattr(args, "kv_dtype", None), overlap=getattr(args, "overlap", None),
-               retain_finished=retain_finished, cache_tokens=args.cache_tokens)
+               retain_finished=retain_finished, cache_tokens=args.cache_tokens,
+               prefill_graph_tokens=getattr(args, "prefill_graph_tokens", None))
 
 
 def _read(value: str, what: str) -> str:

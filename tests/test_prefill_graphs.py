@@ -185,3 +185,47 @@ def test_a_bucket_out_of_gpu_memory_runs_eagerly(monkeypatch, caplog):
     engine.model.enable_cuda_graphs(max_batch=4, capture=False)
     engine.model._graphs.capture_prefill()
     assert "prefills of up to 32 tokens piecewise" in engine.describe()  # (serve's startup line: the lowered limit)
+
+
+@pytest.mark.parametrize("tokens", [0, 16, 100])
+def test_engine_prefill_graph_tokens(tokens):
+    """EngineConfig.prefill_graph_tokens (--prefill-graph-tokens) caps the forwards that take the pieces (none for 0),
+    serve's line names it, and the tokens equal the engine's without graphs."""
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+    from dsv4.engine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(tokens)
+    prompts = [torch.randint(2, 500, (n,), generator=gen).tolist() for n in (5, 30, 90)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    out = {}
+    for graphs in (False, True):
+        m = _model(11)
+        if graphs:
+            m.enable_cuda_graphs(max_batch=4, capture=False)
+        engine = LLMEngine(m, m.config, None, EngineConfig(max_num_seqs=4, max_num_batched_tokens=64,
+                                                           max_model_len=256, prefill_graph_tokens=tokens))
+        for i, ids in enumerate(prompts):
+            engine.add_request(str(i), ids, params)
+        got: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for o in engine.step():
+                got.setdefault(o.request_id, []).extend(o.token_ids)
+        out[graphs] = got
+    assert out[True] == out[False] and all(len(t) == 6 for t in out[True].values())
+    g = m._graphs
+    assert g.prefill_limit == tokens
+    # (the prefill steps bring 64 and 63 tokens: the 64 bucket under a limit of 100, eager under 16)
+    assert set(g._prefill) <= set(prefill_graphs.prefill_bucket_sizes(tokens))
+    assert sorted(g._prefill) == ([64] if tokens >= 64 else [])
+    piecewise = f", prefills of up to {tokens} tokens piecewise" if tokens else ""
+    assert f"CUDA graphs on{piecewise}, overlap off" in engine.describe()
+
+
+@pytest.mark.parametrize("bad", [-1, 2049, True, 1.5])
+def test_prefill_graph_tokens_checked(bad):
+    from dsv4.cli import main
+    from dsv4.engine.llm_engine import EngineConfig
+
+    with pytest.raises(ValueError, match="EngineConfig.prefill_graph_tokens"):
+        EngineConfig(prefill_graph_tokens=bad)
+    assert main(["serve", "--prefill-graph-tokens", str(bad)]) == 2  # argparse's usage error, before any load

@@ -99,7 +99,8 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
                           overlap=getattr(args, "overlap", None), retain_finished=getattr(args, "retain_finished", 0),
                           share_prompts=getattr(args, "share_prompts", True),
                           prefix_snapshots=prefix_snapshots(args) if hasattr(args, "prefix_snapshots") else 0,
-                          cache_tokens=getattr(args, "cache_tokens", None))
+                          cache_tokens=getattr(args, "cache_tokens", None),
+                          prefill_graph_tokens=getattr(args, "prefill_graph_tokens", None))
     # every rank captures the same steps, its collectives inside; only when asked (None: off), until the two-GPU
     # token test against eager steps has run (docs/parallel.md)
     if getattr(args, "cuda_graphs", None):

@@ -53,11 +53,13 @@ class LLM:
                  max_model_len: int = 4096, progress: bool = False, speculative: str | None = None,
                  num_draft_tokens: int = 1, cuda_graphs: bool | None = None, kv_dtype: str | None = None,
                  overlap: bool | None = None, retain_finished: int = 0, share_prompts: bool = True,
-                 prefix_snapshots: int = 0, cache_tokens: int | None = None):
+                 prefix_snapshots: int = 0, cache_tokens: int | None = None,
+                 prefill_graph_tokens: int | None = None):
         ec = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, speculative=speculative, num_draft_tokens=num_draft_tokens,
                           kv_dtype=kv_dtype, overlap=overlap, retain_finished=retain_finished,
-                          share_prompts=share_prompts, prefix_snapshots=prefix_snapshots, cache_tokens=cache_tokens)
+                          share_prompts=share_prompts, prefix_snapshots=prefix_snapshots, cache_tokens=cache_tokens,
+                          prefill_graph_tokens=prefill_graph_tokens)
         self.engine = LLMEngine.from_pretrained(model, device=device, dtype=dtype, numerics=numerics,
                                                 engine_config=ec, cuda_graphs=cuda_graphs)
         self.tokenizer = self.engine.tokenizer

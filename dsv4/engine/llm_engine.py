@@ -58,6 +58,9 @@ class EngineConfig:
     # tokens of context the cache holds over all sequences (its compressed-entry pages; `dsv4 plan` says how many
     # fit a GPU). None: max_num_seqs * max_model_len / 4, at least two sequences at full length
     cache_tokens: int | None = None
+    # with CUDA graphs, forwards of up to this many tokens run as prefill pieces (dsv4.model.prefill_graphs; 0: none,
+    # the memory they take, ≈ 1.3 GiB for Flash at 2048, stays free). None: prefill_graphs.PREFILL_MAX_TOKENS
+    prefill_graph_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.speculative not in (None, *SPECULATIVE_METHODS):
@@ -73,6 +76,10 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.prefix_snapshots={p!r}; expected an integer >= 0 (0 = off)")
         if p and not self.share_prompts:
             raise ValueError("EngineConfig.prefix_snapshots needs share_prompts=True (snapshots are forked)")
+        n, top = self.prefill_graph_tokens, max(prefill_graphs.PREFILL_BUCKETS)
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= top):
+            raise ValueError(f"EngineConfig.prefill_graph_tokens={n!r}; expected None or 0 (off) to {top} (the "
+                             "largest prefill bucket)")
         t = self.cache_tokens
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
             raise ValueError(f"EngineConfig.cache_tokens={t!r}; expected an integer >= 1 or None")
@@ -92,6 +99,8 @@ class LLMEngine:
                  model_name: str = "dsv4"):
         ec = engine_config or EngineConfig()
         self.model = model
+        if getattr(model, "_graphs", None) is not None and ec.prefill_graph_tokens is not None:
+            model._graphs.prefill_limit = ec.prefill_graph_tokens
         self.config = config
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -251,10 +260,10 @@ class LLMEngine:
         graphs = getattr(self.model, "_graphs", None)
         if graphs is None or not graphs.capture:
             return ""
-        t = time.perf_counter()
+        t, limit = time.perf_counter(), graphs.prefill_limit
         sizes = graphs.capture_prefill()
         short = (f"; larger buckets did not fit in GPU memory: prefills of more than {graphs.prefill_limit} tokens "
-                 "run eagerly" if graphs.prefill_limit is not None else "")
+                 "run eagerly" if graphs.prefill_limit != limit else "")
         if not sizes:
             return short.removeprefix("; ")
         return f"prefill graphs for {sizes[0]}-{sizes[-1]} tokens captured in {time.perf_counter() - t:.1f} s{short}"

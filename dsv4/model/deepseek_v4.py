@@ -422,5 +422,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             if self.config.hc_mult == 4:  # the HC head kernel likewise (else the torch HC head)
                 self._head_mix = prepare_mix(self.hc_head_fn)
         self._finalized = True
-        if self._graphs is not None:  # graphs captured from the old weights are dropped
-            self.enable_cuda_graphs(self._graphs.max_batch, self._graphs.capture)
+        if self._graphs is not None:  # graphs captured from the old weights are dropped (their limits kept)
+            old = self._graphs
+            self.enable_cuda_graphs(old.max_batch, old.capture)
+            self._graphs.prefill_limit = old.prefill_limit

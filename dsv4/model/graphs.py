@@ -308,7 +308,9 @@ class DecodeGraphs:
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
         self._prefill: dict[int, _PiecewiseBucket] = {}  # short prefill forwards' pieces per token bucket
         self.prefill_arena: _StaticArena | None = None      # their static buffers (made with the first bucket)
-        self.prefill_limit: int | None = None  # below PREFILL_MAX_TOKENS once a bucket did not fit in GPU memory
+        # below PREFILL_MAX_TOKENS where the engine asks (EngineConfig.prefill_graph_tokens), or lowered once a
+        # bucket did not fit in GPU memory
+        self.prefill_limit: int | None = None
         self.pool = torch.cuda.graph_pool_handle() if capture and SHARED_POOL else None  # paged steps' (SHARED_POOL)
 
     def handles(self, seq_lens) -> bool:

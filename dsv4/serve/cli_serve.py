@@ -152,7 +152,8 @@ def build_core(args: argparse.Namespace):
                           num_draft_tokens=args.num_draft_tokens, kv_dtype=getattr(args, "kv_dtype", None),
                           overlap=getattr(args, "overlap", None), retain_finished=args.retain_finished,
                           share_prompts=args.share_prompts, prefix_snapshots=prefix_snapshots(args),
-                          cache_tokens=args.cache_tokens)
+                          cache_tokens=args.cache_tokens,
+                          prefill_graph_tokens=getattr(args, "prefill_graph_tokens", None))
     return LLMEngine.from_pretrained(args.model, device=args.device, numerics=args.numerics, engine_config=config,
                                      cuda_graphs=getattr(args, "cuda_graphs", None))
 

@@ -103,8 +103,8 @@ def test_serve_startup_captures_every_bucket():
 
 def test_a_bucket_that_does_not_fit_in_memory_runs_eagerly(caplog):
     """Real out-of-memory errors inside the captures: the process's GPU memory capped ROOM MiB above what it holds
-    while serve's startup capture runs, from a room where nothing fits (session 61, H200: 16 MiB, limit 0; the side
-    stream's cuBLAS workspace alone is larger) up to one where everything does. Each time the capture returns, the
+    while serve's startup capture runs (largest bucket first), from a tight room (session 61, H100: 16 MiB, limit 16)
+    up to one where everything fits (256 MiB). Each time the capture returns, the
     limit drops below the buckets that did not fit (a warning says so), and the forwards then equal the eager
     model's bit for bit -- above the limit eagerly, at the buckets that fit through their graphs."""
     from dsv4.model.prefill_graphs import PREFILL_MAX_TOKENS
