@@ -311,6 +311,7 @@ class DecodeGraphs:
         # below PREFILL_MAX_TOKENS where the engine asks (EngineConfig.prefill_graph_tokens), or lowered once a
         # bucket did not fit in GPU memory
         self.prefill_limit: int | None = None
+        self._last = None  # the bucket of the last forward (`last_streams`)
         self.pool = torch.cuda.graph_pool_handle() if capture and SHARED_POOL else None  # paged steps' (SHARED_POOL)
 
     def handles(self, seq_lens) -> bool:
@@ -358,8 +359,10 @@ class DecodeGraphs:
             error = str(e).split("\n")[0]
         # (outside the handler: the exception's frames no longer hold the buckets' memory)
         top = max(size, self.prefill_arena.capacity if self.prefill_arena is not None else 0)
+        if any(self._last is b for b in self._prefill.values()):
+            self._last = None
         self._prefill.clear()
-        self.prefill_arena = self._last = None
+        self.prefill_arena = None
         self.prefill_limit = max((s for s in prefill_bucket_sizes(self.prefill_limit) if s < top), default=0)
         torch.cuda.empty_cache()
         log.warning("prefill graphs: the %d-token bucket did not fit in GPU memory (%s); forwards of more than %d "
