@@ -154,16 +154,16 @@ def test_a_bucket_out_of_gpu_memory_runs_eagerly(monkeypatch, caplog):
     eager path with the plain forward's results; every bucket and the static buffers go, the limit drops a bucket,
     and the buckets below are made again with buffers for the new largest. serve's `capture_prefill` ahead (the
     largest bucket first) stops below the largest bucket that does not fit, and the startup line says so."""
-    from dsv4.model import graphs
+    from dsv4.model import piecewise
 
-    real = graphs._PiecewiseBucket.ensure_captured
+    real = piecewise.PiecewiseBucket.ensure_captured
 
     def ensure_captured(bucket):
         if bucket.size >= 64:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(bucket)
 
-    monkeypatch.setattr(graphs._PiecewiseBucket, "ensure_captured", ensure_captured)
+    monkeypatch.setattr(piecewise.PiecewiseBucket, "ensure_captured", ensure_captured)
     plain, _ = _run(False)
     pieces, m = _run(True)  # FORWARDS[3]: 39 tokens, the 64-token bucket
     for i, ((a, ra), (b, rb)) in enumerate(zip(plain, pieces)):

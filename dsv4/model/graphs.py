@@ -13,7 +13,7 @@ Over contiguous per-sequence states (no engine), the step is cut where it touche
     ...
     piece L      layer L-1 `post` -> HC head + final norm     (captured)
 
-(piecewise graphs, `_PiecewiseBucket`, which short prefills use too). Graphs are captured per batch bucket (1, 2,
+(piecewise graphs, `dsv4.model.piecewise`, which short prefills use too). Graphs are captured per batch bucket (1, 2,
 4, ... 128; a batch is padded to the next bucket with position 0 / token 0 rows that no sequence reads -- over
 paged pools their writes go to the trash pages) the first time a bucket is used. Results equal the eager
 kernel-mode model bit for bit at a bucket's exact size (the same kernels on the same rows); a padded
@@ -33,7 +33,7 @@ import logging
 
 import torch
 
-from dsv4.model.block import finish_carry, fuses_block_sites
+from dsv4.model.piecewise import PiecewiseBucket, StaticArena, capture_graphs, fill_padded
 from dsv4.model.prefill_graphs import prefill_bucket_size, prefill_bucket_sizes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences with one draft each
@@ -50,174 +50,13 @@ SHARED_POOL = True
 log = logging.getLogger(__name__)
 
 
-class _PiecewiseBucket:
-    """Static buffers and pieces of one bucket: the layers' stateless parts (`post(i-1) + pre(i)`) captured, their
-    attention run eagerly in between over the real rows. `prefill` (dsv4.model.prefill_graphs): the pieces copy what
-    crosses to the next step into static buffers (memory that does not grow with depth) and the attention may apply
-    the inverse RoPE itself, as the eager prefill does; else (decode steps over contiguous states, one token per
-    sequence) the pieces' own tensors are kept, one set per layer, and `finish` rotates, as the batched decode
-    attention needs."""
-
-    def __init__(self, model, size: int, capture: bool, pool=None, sharded: bool = False, prefill: bool = True,
-                 arena: _StaticArena | None = None):
-        dev = model.embed.weight.device
-        self.model, self.size, self.capture, self.pool, self.sharded = model, size, capture, pool, sharded
-        self.prefill, self.arena = prefill, arena
-        self.ids = torch.zeros(size, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(size, dtype=torch.long, device=dev)
-        n = len(model.layers)
-        self._static: dict[tuple, torch.Tensor] = {}
-        self.x: list = [None] * (n + 1)   # streams entering layer i (prefill: static, parity i % 2); x[n]: after all
-        self.hc: list = [None] * n        # mHC (post, comb) of layer i's attention site
-        self.pre: list = [None] * n       # AttentionInputs of layer i
-        self.rotated: list = [False] * n  # whether layer i's attention applies the inverse RoPE itself
-        self.attended = None              # the attention output of the layer in flight (one buffer for all)
-        self.hidden = None
-        self.graphs: list = []
-        # the eager forward's fusion (block.run_blocks): layer i-1's MoE post inside layer i's attention pre, the
-        # last one's after the loop -- the same kernels, so the graphs keep the eager bits
-        self.fuse = fuses_block_sites(model.layers)
-        self.pieces = [self._piece(i) for i in range(n + 1)]
-
-    @property
-    def streams(self) -> torch.Tensor:
-        return self.x[-1]
-
-    def _keep(self, slot: int, name: str, t):
-        """prefill: t copied into the static buffer of (slot, name, shape, dtype); tuples element-wise; None stays.
-        Else t itself."""
-        if t is None or not self.prefill:
-            return t
-        if isinstance(t, tuple):
-            return tuple(self._keep(slot, f"{name}.{j}", v) for j, v in enumerate(t))
-        if self.arena is not None and t.shape[0] == self.size <= self.arena.capacity:
-            buf = self.arena.rows(slot, name, t)
-        else:
-            key = (slot, name, tuple(t.shape), t.dtype)
-            buf = self._static.get(key)
-            if buf is None:  # (first run: the warm-up, outside any capture)
-                buf = self._static[key] = torch.empty_like(t, memory_format=torch.contiguous_format)
-        buf.copy_(t)
-        return buf
-
-    def _piece(self, i: int):
-        m, n, fuse = self.model, len(self.model.layers), self.fuse
-
-        def run() -> None:
-            from dsv4.model.rope import shared_cos_sin
-            carry = None
-            with shared_cos_sin():
-                if i == 0:
-                    h = m.embed(self.ids, validate=False)  # the model's forward checked the real ids
-                    x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
-                else:
-                    out = m.layers[i - 1].post(self.x[i - 1], self.attended, self.pre[i - 1], self.hc[i - 1],
-                                               self.ids, rotated=self.rotated[i - 1], defer=fuse)
-                    x, carry = out if fuse else (out, None)
-                if i == n:
-                    self.x[n] = self._keep(n % 2, "x", finish_carry(x, carry))
-                    self.hidden = self._keep(0, "hidden", m.final_hidden(self.x[n]))
-                    return
-                if carry is not None:
-                    x, hc, pre = m.layers[i]._pre_after(x, carry, self.pos)
-                else:
-                    hc, pre = m.layers[i].pre(x, self.pos)
-            # read by the next piece (post / finish) while it writes layer i + 1's: one buffer per parity
-            self.x[i], self.hc[i] = self._keep(i % 2, "x", x), self._keep(i % 2, "hc", hc)
-            tensors = {f: self._keep(i % 2, f"pre.{f}", getattr(pre, f)) for f in ("cos", "sin")}
-            # read by layer i's attention only, before the next piece writes layer i + 1's: one buffer
-            tensors.update({f: self._keep(0, f"pre.{f}", getattr(pre, f)) for f in
-                            ("q", "kv", "rows", "index_rows", "index_q", "index_w")})
-            self.pre[i] = pre._replace(**tensors)
-            self.rotated[i] = self.prefill and m.layers[i].attn.rotates(pre, None)
-            if self.attended is None:  # zeros: read by the warm-up's pieces before any attention ran
-                self.attended = self._keep(0, "attended", torch.zeros_like(self.pre[i].q))
-        return run
-
-    def ensure_captured(self) -> bool:
-        """Capture the pieces if they are not yet (whatever the static inputs hold: the pieces touch no state);
-        whether this call captured them."""
-        if not self.capture or self.graphs:
-            return False
-        self.graphs = _capture(self.pieces, sharded=self.sharded, pool=self.pool)
-        return True
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
-        """Hidden states [T, D] of the forward (T = the real rows); the streams land in `streams`."""
-        t = input_ids.shape[0]
-        _fill_padded(self.ids, input_ids)
-        _fill_padded(self.pos, positions)
-        self.ensure_captured()
-        layers = self.model.layers
-        for i in range(len(self.pieces)):
-            if self.capture:
-                self.graphs[i].replay()
-            else:
-                self.pieces[i]()
-            if i < len(layers):
-                layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i), out=self.attended,
-                                      rotate=self.rotated[i])
-        return self.hidden[:t].clone()  # the static buffer is overwritten by the next forward
-
-
-class _StaticArena:
-    """The prefill buckets' static buffers, shared by every bucket: one buffer of `capacity` rows per (slot, name,
-    row shape, dtype), of which a bucket of T tokens uses the first T rows. Safe because one forward runs at a time
-    (one stream) and its results are cloned before the next (`forward`, `last_streams`), so the memory is the
-    largest bucket's (≈ 0.24 MB per token for Flash) rather than the sum over the buckets."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._bufs: dict[tuple, torch.Tensor] = {}
-
-    def rows(self, slot: int, name: str, t: torch.Tensor) -> torch.Tensor:
-        key = (slot, name, tuple(t.shape[1:]), t.dtype)
-        buf = self._bufs.get(key)
-        if buf is None:  # (made by the first bucket's warm-up, outside any capture)
-            buf = self._bufs[key] = t.new_empty((self.capacity, *t.shape[1:]))
-        return buf[:t.shape[0]]
-
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._bufs.values())
-
-
-def _capture(pieces, sharded: bool = False, pool=None) -> list:
-    """Warm up (kernels compiled, lazy weight copies made), then one graph per piece, one pool (`pool`, else a
-    new one). sharded: capture errors only for this thread's calls (the process group's NCCL watchdog thread
-    queries CUDA events meanwhile, which a process-wide capture would refuse)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for run in pieces:
-                run()
-    torch.cuda.current_stream().wait_stream(side)
-    pool, graphs = pool or torch.cuda.graph_pool_handle(), []
-    for run in pieces:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local" if sharded else "global"):
-            run()
-        graphs.append(g)
-    return graphs
-
-
-def _fill_padded(buf: torch.Tensor, rows: torch.Tensor) -> None:
-    """Static input buffer <- this step's rows; the padding rows are zeroed (no sequence reads them).
-    Queued on the stream, never waited for (host rows go through pinned memory)."""
-    from dsv4.model.context import to_device
-    b = rows.shape[0]
-    buf[:b].copy_(to_device(rows, buf.device), non_blocking=True)
-    if b < buf.shape[0]:
-        buf[b:].zero_()
-
-
 def _launch(bucket) -> None:
     """Run a bucket's `_run` eagerly (capture=False) or as its graph, captured on first use."""
     if not bucket.capture:
         bucket._run()
         return
     if not bucket.graphs:
-        bucket.graphs = _capture([bucket._run], sharded=bucket.sharded, pool=bucket.pool)
+        bucket.graphs = capture_graphs([bucket._run], sharded=bucket.sharded, pool=bucket.pool)
     bucket.graphs[0].replay()
 
 
@@ -248,7 +87,7 @@ class _StepBucket:
 
     def run(self, input_ids: torch.Tensor, states: list, lens: list[int]) -> torch.Tensor:
         self.step.fill(states, lens)
-        _fill_padded(self.ids, input_ids)
+        fill_padded(self.ids, input_ids)
         _launch(self)
         return self.hidden[:input_ids.shape[0]].clone()
 
@@ -277,8 +116,8 @@ class _MTPStepBucket:
     def run(self, prev_residual: torch.Tensor, ids: torch.Tensor, states: list, lens: list[int]):
         b = ids.shape[0]
         self.step.fill(states, lens, mtp=True)
-        _fill_padded(self.residual_in, prev_residual)
-        _fill_padded(self.ids, ids)
+        fill_padded(self.residual_in, prev_residual)
+        fill_padded(self.ids, ids)
         _launch(self)
         return self.residual[:b].clone(), self.hidden[:b].clone()
 
@@ -303,11 +142,11 @@ class DecodeGraphs:
         top = next((b for b in BUCKETS if b >= max_batch), BUCKETS[-1])
         self.sizes = [b for b in BUCKETS if b <= top]
         self.max_batch = self.sizes[-1]
-        self._buckets: dict[int, _PiecewiseBucket] = {}
+        self._buckets: dict[int, PiecewiseBucket] = {}
         self._steps: dict[tuple, _StepBucket] = {}
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
-        self._prefill: dict[int, _PiecewiseBucket] = {}  # short prefill forwards' pieces per token bucket
-        self.prefill_arena: _StaticArena | None = None      # their static buffers (made with the first bucket)
+        self._prefill: dict[int, PiecewiseBucket] = {}  # short prefill forwards' pieces per token bucket
+        self.prefill_arena: StaticArena | None = None      # their static buffers (made with the first bucket)
         # below PREFILL_MAX_TOKENS where the engine asks (EngineConfig.prefill_graph_tokens), or lowered once a
         # bucket did not fit in GPU memory
         self.prefill_limit: int | None = None
@@ -335,16 +174,16 @@ class DecodeGraphs:
         self._last = bucket
         return bucket.forward(input_ids, positions, segments_per_layer)
 
-    def _prefill_bucket(self, size: int) -> _PiecewiseBucket:
+    def _prefill_bucket(self, size: int) -> PiecewiseBucket:
         bucket = self._prefill.get(size)
         if bucket is None:
             if self.prefill_arena is None:
-                self.prefill_arena = _StaticArena(max(prefill_bucket_sizes(self.prefill_limit), default=size))
-            bucket = self._prefill[size] = _PiecewiseBucket(self.model, size, self.capture, self.pool, self.sharded,
+                self.prefill_arena = StaticArena(max(prefill_bucket_sizes(self.prefill_limit), default=size))
+            bucket = self._prefill[size] = PiecewiseBucket(self.model, size, self.capture, self.pool, self.sharded,
                                                             arena=self.prefill_arena)
         return bucket
 
-    def _captured_prefill(self, size: int) -> _PiecewiseBucket | None:
+    def _captured_prefill(self, size: int) -> PiecewiseBucket | None:
         """The bucket of `size` tokens, captured (with `capture`); None if that ran out of GPU memory: then every
         bucket and the static buffers go, and the limit drops to the bucket below the larger of `size` and the
         static buffers' rows (the first bucket made sizes them for the largest, so a small bucket's failure may be
@@ -391,7 +230,7 @@ class DecodeGraphs:
         size = next(s for s in self.sizes if s >= input_ids.shape[0])
         bucket = self._buckets.get(size)
         if bucket is None:
-            bucket = self._buckets[size] = _PiecewiseBucket(self.model, size, self.capture, prefill=False)
+            bucket = self._buckets[size] = PiecewiseBucket(self.model, size, self.capture, prefill=False)
         self._last = bucket
         return bucket.forward(input_ids, positions, segments_per_layer)
 

@@ -1,5 +1,5 @@
 """Short prefill forwards under piecewise CUDA graphs: the layers' stateless parts captured, their attention eager.
-This module holds the policy (which forwards, which buckets); the pieces are `dsv4.model.graphs._PiecewiseBucket`,
+This module holds the policy (which forwards, which buckets); the pieces are `dsv4.model.piecewise.PiecewiseBucket`,
 which the piecewise decode steps over contiguous states use too.
 
 Why: an eager forward of a few hundred tokens is bound by the host, not the GPU. Session 60 (H100, 8 Flash layers,
@@ -22,7 +22,7 @@ Memory: each piece copies what crosses to the next step into static buffers shar
 piece reads while it writes its own (the residual streams, the mHC post / comb, the RoPE tables `finish` needs) one
 per layer parity, what only the eager attention in between reads (q, kv, the compressor and indexer rows) one for
 all, plus one attention output buffer: ≈ 0.24 MB per token for Flash, whatever the depth. The buckets share them too
-(`graphs._StaticArena`: a bucket of T tokens uses the first T rows), so they take the largest bucket's memory
+(`piecewise.StaticArena`: a bucket of T tokens uses the first T rows), so they take the largest bucket's memory
 (464 MiB at 2048 tokens for Flash) rather than the sum over the buckets. What a piece allocates inside its graph is transient, so every piece may capture into the decode graphs'
 shared pool (each replay's results are copied out before the next graph replays). Results equal the eager forward
 at the bucket's size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes

@@ -24,7 +24,7 @@ def _rank_main(rank: int, port: int, outdir: str) -> None:
     import torch.distributed as dist
 
     from dsv4.distributed import ParallelConfig, init_parallel
-    from dsv4.model.graphs import _capture
+    from dsv4.model.piecewise import capture_graphs as _capture
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=2, device_id=torch.device("cuda", rank))
