@@ -22,8 +22,9 @@ def _model(seed: int):
     return m
 
 
-def _run(pieces: bool, forwards=FORWARDS, seed: int = 5):
-    """Each forward's logits and MTP target streams, and the model."""
+def _run(pieces: bool, forwards=FORWARDS, seed: int = 5, mtp: bool = False):
+    """Each forward's logits and MTP target streams (with `mtp`, then the MTP block over the same rows: its residual
+    and logits), and the model."""
     m = _model(seed)
     if pieces:
         m.enable_cuda_graphs(max_batch=2, capture=False)
@@ -37,6 +38,11 @@ def _run(pieces: bool, forwards=FORWARDS, seed: int = 5):
             with set_forward_context(ForwardContext(list(lens), states[:len(lens)])):
                 hidden = m(ids, pos)
             out.append((m.compute_logits(hidden), m.get_mtp_target_hidden_states()))
+            if mtp:
+                nxt = torch.randint(2, 500, (sum(lens),), generator=gen)
+                with set_forward_context(ForwardContext(list(lens), states[:len(lens)])):
+                    res, hidden = m.forward_mtp(out[-1][1], nxt, pos)
+                out.append((m.compute_logits(hidden), res))
     return out, m
 
 
@@ -53,6 +59,21 @@ def test_prefill_pieces_equal_the_plain_forward():
     # forward's batched decode attention (never prefill pieces)
     assert list(g._buckets) == [1]
     assert all(b.x[-1] is b.streams for b in g._prefill.values())
+
+
+def test_mtp_prefill_pieces_equal_its_plain_forward():
+    """The MTP block over a forward's rows (the speculator's catch-up) through its own pieces: its residual and
+    logits equal its plain forward's, for every forward the model's pieces take (and the others, which stay eager),
+    chunks continuing its window state included; its buckets share the model's static buffers."""
+    plain, _ = _run(False, mtp=True)
+    pieces, m = _run(True, mtp=True)
+    for i, ((a, ra), (b, rb)) in enumerate(zip(plain, pieces)):
+        assert torch.isfinite(a).all() and a.std() > 0
+        assert torch.equal(a, b) and torch.equal(ra, rb), (i // 2, FORWARDS[i // 2], "mtp" if i % 2 else "model")
+    g = m._graphs
+    # (1,): one token of one sequence is a short prefill for the MTP block (its decode pieces are the model's only)
+    assert sorted(g._mtp_prefill) == [16, 32, 64] and sorted(g._prefill) == [16, 32, 64]
+    assert g._mtp_prefill[16].x[0].data_ptr() == g._prefill[16].x[0].data_ptr()
 
 
 def test_static_buffers_do_not_grow_with_depth():
@@ -109,6 +130,7 @@ def test_engine_text_with_prefill_pieces():
         pieces = [r.token_ids for r in llm.generate(prompts, params)]
         assert pieces == plain, spec
         assert llm.engine.model._graphs._prefill
+        assert bool(llm.engine.model._graphs._mtp_prefill) == bool(spec)  # the MTP block's catch-up as pieces
 
 
 def test_which_forwards_take_the_pieces():
@@ -177,8 +199,9 @@ def test_a_bucket_out_of_gpu_memory_runs_eagerly(monkeypatch, caplog):
 
     m = _model(5)
     m.enable_cuda_graphs(max_batch=2, capture=False)
-    assert m._graphs.capture_prefill() == []  # (uncaptured on the CPU; the largest first: 2048, 1024 ... 64 fail)
-    assert m._graphs.prefill_limit == 32 and sorted(m._graphs._prefill) == [16, 32]
+    # (uncaptured on the CPU; the largest first: 2048, 1024 ... 64 fail; with the MTP block's buckets beside)
+    assert m._graphs.capture_prefill(mtp=True) == []
+    assert m._graphs.prefill_limit == 32 and sorted(m._graphs._prefill) == sorted(m._graphs._mtp_prefill) == [16, 32]
     assert m._graphs.prefill_arena.capacity == 32
     from dsv4 import LLM
     engine = LLM().engine

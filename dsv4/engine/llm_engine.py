@@ -261,7 +261,7 @@ class LLMEngine:
         if graphs is None or not graphs.capture:
             return ""
         t, limit = time.perf_counter(), graphs.prefill_limit
-        sizes = graphs.capture_prefill()
+        sizes = graphs.capture_prefill(mtp=self.speculator is not None)
         short = (f"; larger buckets did not fit in GPU memory: prefills of more than {graphs.prefill_limit} tokens "
                  "run eagerly" if graphs.prefill_limit != limit else "")
         if not sizes:

@@ -33,7 +33,7 @@ import logging
 
 import torch
 
-from dsv4.model.piecewise import PiecewiseBucket, StaticArena, capture_graphs, fill_padded
+from dsv4.model.piecewise import MTPPrefillBucket, PiecewiseBucket, StaticArena, capture_graphs, fill_padded
 from dsv4.model.prefill_graphs import prefill_bucket_size, prefill_bucket_sizes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # 128: a verify step of 64 sequences with one draft each
@@ -146,6 +146,7 @@ class DecodeGraphs:
         self._steps: dict[tuple, _StepBucket] = {}
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
         self._prefill: dict[int, PiecewiseBucket] = {}  # short prefill forwards' pieces per token bucket
+        self._mtp_prefill: dict[int, MTPPrefillBucket] = {}  # the MTP block's over those rows
         self.prefill_arena: StaticArena | None = None      # their static buffers (made with the first bucket)
         # below PREFILL_MAX_TOKENS where the engine asks (EngineConfig.prefill_graph_tokens), or lowered once a
         # bucket did not fit in GPU memory
@@ -174,22 +175,31 @@ class DecodeGraphs:
         self._last = bucket
         return bucket.forward(input_ids, positions, segments_per_layer)
 
-    def _prefill_bucket(self, size: int) -> PiecewiseBucket:
-        bucket = self._prefill.get(size)
+    def mtp_prefill(self, prev_residual: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor,
+                    segments) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The MTP block's (residual, hidden) over a short prefill's rows as pieces (`handles_prefill` said so), or
+        None when its bucket did not fit in GPU memory (nothing done: the caller runs the block eagerly)."""
+        bucket = self._captured_prefill(prefill_bucket_size(next_token_ids.shape[0], self.prefill_limit), mtp=True)
+        return None if bucket is None else bucket.run(prev_residual, next_token_ids, positions, segments)
+
+    def _prefill_bucket(self, size: int, mtp: bool = False) -> PiecewiseBucket:
+        buckets = self._mtp_prefill if mtp else self._prefill
+        bucket = buckets.get(size)
         if bucket is None:
             if self.prefill_arena is None:
                 self.prefill_arena = StaticArena(max(prefill_bucket_sizes(self.prefill_limit), default=size))
-            bucket = self._prefill[size] = PiecewiseBucket(self.model, size, self.capture, self.pool, self.sharded,
-                                                            arena=self.prefill_arena)
+            make = MTPPrefillBucket if mtp else PiecewiseBucket
+            bucket = buckets[size] = make(self.model, size, self.capture, pool=self.pool, sharded=self.sharded,
+                                          arena=self.prefill_arena)
         return bucket
 
-    def _captured_prefill(self, size: int) -> PiecewiseBucket | None:
+    def _captured_prefill(self, size: int, mtp: bool = False) -> PiecewiseBucket | None:
         """The bucket of `size` tokens, captured (with `capture`); None if that ran out of GPU memory: then every
         bucket and the static buffers go, and the limit drops to the bucket below the larger of `size` and the
         static buffers' rows (the first bucket made sizes them for the largest, so a small bucket's failure may be
         theirs; module docstring of prefill_graphs). Sharded ranks re-raise: they must all run the same buckets."""
         try:
-            bucket = self._prefill_bucket(size)
+            bucket = self._prefill_bucket(size, mtp)
             bucket.ensure_captured()
             return bucket
         except torch.OutOfMemoryError as e:
@@ -201,6 +211,7 @@ class DecodeGraphs:
         if any(self._last is b for b in self._prefill.values()):
             self._last = None
         self._prefill.clear()
+        self._mtp_prefill.clear()
         self.prefill_arena = None
         self.prefill_limit = max((s for s in prefill_bucket_sizes(self.prefill_limit) if s < top), default=0)
         torch.cuda.empty_cache()
@@ -208,16 +219,18 @@ class DecodeGraphs:
                     "tokens run eagerly", size, error, self.prefill_limit)
         return None
 
-    def capture_prefill(self) -> list[int]:
-        """Make every prefill bucket now (and capture its pieces, with `capture`) rather than at its first forward:
-        a server's first short prompts then wait for no capture. The largest first, so that an out-of-memory error
-        names the bucket that did not fit. The buckets captured by this call (once one did not fit, those below the
-        lowered limit, made again)."""
+    def capture_prefill(self, mtp: bool = False) -> list[int]:
+        """Make every prefill bucket now (and capture its pieces, with `capture`) rather than at its first forward,
+        with `mtp` the MTP block's too: a server's first short prompts then wait for no capture. The largest first,
+        so that an out-of-memory error names the bucket that did not fit. The sizes captured by this call (once one
+        did not fit, those below the lowered limit, made again)."""
         captured: set[int] = set()
+        kinds = (False, True) if mtp else (False,)
         while True:
-            for size in reversed(prefill_bucket_sizes(self.prefill_limit)):
-                had = bool(size in self._prefill and self._prefill[size].graphs)
-                bucket = self._captured_prefill(size)
+            for size, kind in [(s, k) for s in reversed(prefill_bucket_sizes(self.prefill_limit)) for k in kinds]:
+                buckets = self._mtp_prefill if kind else self._prefill
+                had = bool(size in buckets and buckets[size].graphs)
+                bucket = self._captured_prefill(size, kind)
                 if bucket is None:
                     break  # (the limit is lower now: again from the largest bucket left)
                 if bucket.graphs and not had:

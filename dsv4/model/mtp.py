@@ -72,6 +72,10 @@ class MTPBlock(Block):
         segments = [Segment(start, n, s.mtp) for (start, n), s in zip(spans, ctx.states) if n]
         pools = paged_step_pools(ctx)
         if pools is None:
+            if graphs is not None and graphs.handles_prefill(ctx.seq_lens):  # a short prefill's rows: as pieces
+                out = graphs.mtp_prefill(prev_residual, next_token_ids, positions, segments)
+                if out is not None:  # (None: its bucket did not fit in GPU memory)
+                    return out
             return self.compute(prev_residual, next_token_ids, positions, segments)
         lens = [int(n) for n in ctx.seq_lens]  # draft rows over the engine's pools: the fixed-shape step
         if graphs is not None and t <= graphs.max_batch:
@@ -87,16 +91,22 @@ class MTPBlock(Block):
     def compute(self, prev_residual: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor,
                 segments: list[Segment] | None, step=None) -> tuple[torch.Tensor, torch.Tensor]:
         """The block's math on checked inputs: per-sequence `segments`, or a derived fixed-shape `step`."""
+        x = super().forward(self.mix_inputs(prev_residual, next_token_ids), None, positions, segments, step=step)
+        return x.flatten(1), self.head(x)
+
+    def mix_inputs(self, prev_residual: torch.Tensor, next_token_ids: torch.Tensor) -> torch.Tensor:
+        """The block's input streams [T, hc, D]: h_proj(hnorm(X_j)) + e_proj(enorm(embed(next token)))."""
         embed, _ = self._shared
         x = prev_residual.to(self.dtype).unflatten(-1, (self.hc_mult, -1))
         acc = acc_dtype(self.dtype)
         e = self.e_proj(self.enorm(embed(next_token_ids, validate=False)))
         h = self.h_proj(self.hnorm(x).flatten(0, 1)).unflatten(0, x.shape[:2])
-        x = (h.to(acc) + e.to(acc).unsqueeze(1)).to(self.dtype)
-        x = super().forward(x, None, positions, segments, step=step)
-        hidden = self.norm(hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
-                                   hc_eps=self.hc_kwargs["hc_eps"], norm_eps=self.hc_kwargs["norm_eps"]))
-        return x.flatten(1), hidden
+        return (h.to(acc) + e.to(acc).unsqueeze(1)).to(self.dtype)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states [T, D] from the block's output streams: its HC head, then its final norm."""
+        return self.norm(hc_head(x, self.hc_head_fn, self.hc_head_base, self.hc_head_scale,
+                                 hc_eps=self.hc_kwargs["hc_eps"], norm_eps=self.hc_kwargs["norm_eps"]))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits through the shared head, fp32 (fp64 for a float64 model)."""

@@ -24,7 +24,8 @@ class PiecewiseBucket:
         self.prefill, self.arena = prefill, arena
         self.ids = torch.zeros(size, dtype=torch.long, device=dev)
         self.pos = torch.zeros(size, dtype=torch.long, device=dev)
-        n = len(model.layers)
+        self.layers = self._stack()
+        n = len(self.layers)
         self._static: dict[tuple, torch.Tensor] = {}
         self.x: list = [None] * (n + 1)   # streams entering layer i (prefill: static, parity i % 2); x[n]: after all
         self.hc: list = [None] * n        # mHC (post, comb) of layer i's attention site
@@ -35,8 +36,29 @@ class PiecewiseBucket:
         self.graphs: list = []
         # the eager forward's fusion (block.run_blocks): layer i-1's MoE post inside layer i's attention pre, the
         # last one's after the loop -- the same kernels, so the graphs keep the eager bits
-        self.fuse = fuses_block_sites(model.layers)
+        self.fuse = self._fuses()
         self.pieces = [self._piece(i) for i in range(n + 1)]
+
+    # the stack and its ends (MTPPrefillBucket: the MTP block's)
+    def _stack(self) -> list:
+        return list(self.model.layers)
+
+    def _first(self) -> torch.Tensor:
+        """The streams entering the first block."""
+        h = self.model.embed(self.ids, validate=False)  # the model's forward checked the real ids
+        return h.unsqueeze(1).expand(-1, self.model.config.hc_mult, -1).contiguous()
+
+    def _final(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states from the streams after the last block."""
+        return self.model.final_hidden(x)
+
+    def _token_ids(self) -> torch.Tensor | None:
+        """The token ids the blocks' MoE routes by (hash layers)."""
+        return self.ids
+
+    def _fuses(self) -> bool:
+        """Whether each block's MoE post is deferred to the next block's attention pre (as `run_blocks` does)."""
+        return fuses_block_sites(self.layers)
 
     @property
     def streams(self) -> torch.Tensor:
@@ -60,27 +82,26 @@ class PiecewiseBucket:
         return buf
 
     def _piece(self, i: int):
-        m, n, fuse = self.model, len(self.model.layers), self.fuse
+        layers, n, fuse = self.layers, len(self.layers), self.fuse
 
         def run() -> None:
             from dsv4.model.rope import shared_cos_sin
             carry = None
             with shared_cos_sin():
                 if i == 0:
-                    h = m.embed(self.ids, validate=False)  # the model's forward checked the real ids
-                    x = h.unsqueeze(1).expand(-1, m.config.hc_mult, -1).contiguous()
+                    x = self._first()
                 else:
-                    out = m.layers[i - 1].post(self.x[i - 1], self.attended, self.pre[i - 1], self.hc[i - 1],
-                                               self.ids, rotated=self.rotated[i - 1], defer=fuse)
+                    out = layers[i - 1].post(self.x[i - 1], self.attended, self.pre[i - 1], self.hc[i - 1],
+                                             self._token_ids(), rotated=self.rotated[i - 1], defer=fuse)
                     x, carry = out if fuse else (out, None)
                 if i == n:
                     self.x[n] = self._keep(n % 2, "x", finish_carry(x, carry))
-                    self.hidden = self._keep(0, "hidden", m.final_hidden(self.x[n]))
+                    self.hidden = self._keep(0, "hidden", self._final(self.x[n]))
                     return
                 if carry is not None:
-                    x, hc, pre = m.layers[i]._pre_after(x, carry, self.pos)
+                    x, hc, pre = layers[i]._pre_after(x, carry, self.pos)
                 else:
-                    hc, pre = m.layers[i].pre(x, self.pos)
+                    hc, pre = layers[i].pre(x, self.pos)
             # read by the next piece (post / finish) while it writes layer i + 1's: one buffer per parity
             self.x[i], self.hc[i] = self._keep(i % 2, "x", x), self._keep(i % 2, "hc", hc)
             tensors = {f: self._keep(i % 2, f"pre.{f}", getattr(pre, f)) for f in ("cos", "sin")}
@@ -88,7 +109,7 @@ class PiecewiseBucket:
             tensors.update({f: self._keep(0, f"pre.{f}", getattr(pre, f)) for f in
                             ("q", "kv", "rows", "index_rows", "index_q", "index_w")})
             self.pre[i] = pre._replace(**tensors)
-            self.rotated[i] = self.prefill and m.layers[i].attn.rotates(pre, None)
+            self.rotated[i] = self.prefill and layers[i].attn.rotates(pre, None)
             if self.attended is None:  # zeros: read by the warm-up's pieces before any attention ran
                 self.attended = self._keep(0, "attended", torch.zeros_like(self.pre[i].q))
         return run
@@ -107,7 +128,7 @@ class PiecewiseBucket:
         fill_padded(self.ids, input_ids)
         fill_padded(self.pos, positions)
         self.ensure_captured()
-        layers = self.model.layers
+        layers = self.layers
         for i in range(len(self.pieces)):
             if self.capture:
                 self.graphs[i].replay()
@@ -117,6 +138,45 @@ class PiecewiseBucket:
                 layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i), out=self.attended,
                                       rotate=self.rotated[i])
         return self.hidden[:t].clone()  # the static buffer is overwritten by the next forward
+
+
+class MTPPrefillBucket(PiecewiseBucket):
+    """The MTP block over a short prefill's rows (the speculator's catch-up after a prompt chunk) as pieces: its
+    input mix + `pre` captured, its attention eager, its `post` + HC head + norm captured. Its eager forward
+    (`MTPBlock.compute`) defers no MoE post and routes by no token ids, so neither do these pieces: the same kernels
+    on the same rows. The main model's residual comes in through a static buffer too (shared with the other buckets
+    like theirs)."""
+
+    def __init__(self, model, size: int, capture: bool, pool=None, sharded: bool = False,
+                 arena: StaticArena | None = None):
+        self.block = model.mtp[0]
+        row, dev = (model.config.hc_mult * model.config.hidden_size,), model.embed.weight.device
+        self.prev = (arena.buffer(0, "mtp.prev", size, row, model.dtype, dev) if arena is not None and
+                     size <= arena.capacity else torch.zeros((size, *row), dtype=model.dtype, device=dev))
+        super().__init__(model, size, capture, pool, sharded, prefill=True, arena=arena)
+
+    def _stack(self) -> list:
+        return [self.block]
+
+    def _first(self) -> torch.Tensor:
+        return self.block.mix_inputs(self.prev, self.ids)
+
+    def _final(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block.head(x)
+
+    def _token_ids(self) -> None:
+        return None
+
+    def _fuses(self) -> bool:
+        return False
+
+    def run(self, prev_residual: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor,
+            segments) -> tuple[torch.Tensor, torch.Tensor]:
+        """`MTPBlock.compute` over these rows: (residual [T, hc*D], hidden [T, D])."""
+        t = next_token_ids.shape[0]
+        fill_padded(self.prev, prev_residual)  # (copy_ rounds to the model dtype, as compute's `.to`)
+        hidden = self.forward(next_token_ids, positions, lambda i: segments)
+        return self.streams[:t].flatten(1).clone(), hidden
 
 
 class StaticArena:
@@ -130,11 +190,16 @@ class StaticArena:
         self._bufs: dict[tuple, torch.Tensor] = {}
 
     def rows(self, slot: int, name: str, t: torch.Tensor) -> torch.Tensor:
-        key = (slot, name, tuple(t.shape[1:]), t.dtype)
+        """The buffer for a bucket's copy of t (its first t.shape[0] rows)."""
+        return self.buffer(slot, name, t.shape[0], tuple(t.shape[1:]), t.dtype, t.device)
+
+    def buffer(self, slot: int, name: str, rows: int, row_shape: tuple, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+        key = (slot, name, row_shape, dtype)
         buf = self._bufs.get(key)
         if buf is None:  # (made by the first bucket's warm-up, outside any capture)
-            buf = self._bufs[key] = t.new_empty((self.capacity, *t.shape[1:]))
-        return buf[:t.shape[0]]
+            buf = self._bufs[key] = torch.zeros((self.capacity, *row_shape), dtype=dtype, device=device)
+        return buf[:rows]
 
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._bufs.values())

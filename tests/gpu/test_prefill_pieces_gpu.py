@@ -58,6 +58,40 @@ def test_prefill_pieces_replay_the_eager_forward():
         assert rel < 2e-2 and agree > 0.97, (n, rel, agree)
 
 
+def _mtp_over(model, n: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """One fresh sequence: a prompt of n tokens, then the MTP block over its rows and over a 16-token chunk that
+    continues it (its window state): each call's logits and residual."""
+    state, out = model.new_sequence_state(), []
+    with torch.no_grad():
+        for start, k in ((0, n), (n, 16)):
+            ids = torch.randint(2, 2048, (k,), generator=gen).to(DEVICE)
+            nxt = torch.randint(2, 2048, (k,), generator=gen).to(DEVICE)
+            pos = torch.arange(start, start + k, device=DEVICE)
+            with set_forward_context(ForwardContext([k], [state])):
+                model(ids, pos)
+                res, hidden = model.forward_mtp(model.get_mtp_target_hidden_states(), nxt, pos)
+            out += [model.mtp[0].compute_logits(hidden).float().cpu(), res.float().cpu()]
+    return out
+
+
+def test_mtp_prefill_pieces_replay_its_eager_forward():
+    """The MTP block over a prefill's rows (the speculator's catch-up after a prompt chunk) through its own pieces:
+    its logits and residual bit for bit against its eager forward at every bucket's exact size, and over a chunk that
+    continues its window state (exact bucket sizes: a padded one may pick other GEMM shapes)."""
+    path = Path(dsv4.__file__).parent / "assets" / "tiny"
+    eager = load_model(path, DEVICE, torch.bfloat16, kernels="triton", include_mtp=True)
+    graphed = load_model(path, DEVICE, torch.bfloat16, kernels="triton", include_mtp=True)
+    graphed.enable_cuda_graphs(max_batch=8)
+    for n in prefill_bucket_sizes():
+        want = _mtp_over(eager, n, torch.Generator().manual_seed(n))
+        got = _mtp_over(graphed, n, torch.Generator().manual_seed(n))
+        assert all(torch.isfinite(w).all() for w in want)
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert torch.equal(a, b), (n, i, float((a - b).abs().max()))
+    buckets = graphed._graphs._mtp_prefill
+    assert sorted(buckets) == prefill_bucket_sizes() and all(b.graphs for b in buckets.values())
+
+
 def test_engine_prefill_pieces_keep_the_greedy_text(monkeypatch):
     """The engine on its GPU defaults (graphs, FP8 cache) with and without the prefill pieces: the same greedy text up
     to a near tie (padded buckets may round differently), prompts of 1 to ≈ 60 tokens, prefilled together in one
