@@ -5,7 +5,10 @@ P tokens per forward (released after it). Per P: the wall time of one forward, s
 bandwidth and bf16 matmul peak of the same run come first, then the capture of every bucket ahead (its time and
 memory).
 
-    python bench/bench_prefill_graphs.py [--layers 8] [--prompts 16,64,128,200,256] [--reps 7]
+    python bench/bench_prefill_graphs.py [--layers 8] [--prompts 16,64,128,200,256] [--reps 7] [--mtp]
+
+`--mtp`: each forward is followed by the MTP block over the same rows (the speculator's catch-up), eagerly or as
+its own pieces alike.
 
 `--smoke`: a tiny config with random weights on the CPU (torch kernels, the pieces run uncaptured), to check the
 script itself (tests/test_bench_parallel_smoke.py).
@@ -29,18 +32,20 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _forward_ms(run, tokens: int) -> float:
+def _forward_ms(run, tokens: int, mtp: bool) -> float:
     state = run.new_states(1)
     _sync()
     t = time.perf_counter()
     run.forward(state, [tokens])
+    if mtp:  # the speculator's catch-up over the same rows
+        run.mtp(state, [tokens])
     _sync()
     ms = (time.perf_counter() - t) * 1e3
     run.release(state)
     return ms
 
 
-def _capture_report(model, dev: torch.device) -> None:
+def _capture_report(model, dev: torch.device, mtp: bool) -> None:
     """Every bucket captured ahead (as `dsv4 serve` does at startup): how long it took, the static buffers' bytes and
     the GPU memory it reserved (static buffers + the graphs' pool)."""
     if dev.type == "cuda":  # (a capture empties the allocator's cache: the same before the baseline)
@@ -48,7 +53,7 @@ def _capture_report(model, dev: torch.device) -> None:
     reserved = torch.cuda.memory_reserved() if dev.type == "cuda" else 0
     _sync()
     t = time.perf_counter()
-    sizes = model._graphs.capture_prefill()
+    sizes = model._graphs.capture_prefill(mtp=mtp)
     _sync()
     s = time.perf_counter() - t
     grown = (torch.cuda.memory_reserved() - reserved) if dev.type == "cuda" else 0
@@ -62,6 +67,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--prompts", default="16,64,128,200,256")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--mtp", action="store_true", help="each forward followed by the MTP block over its rows")
     p.add_argument("--smoke", action="store_true", help="tiny config on the CPU (checks the script)")
     args = p.parse_args()
     from bench_engine_step import _ceilings
@@ -79,7 +85,7 @@ def main() -> None:
                       args.layers)
         dev, kernels = torch.device("cuda"), "triton"
     print(f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}, {len(cfg.layers)} layers, one fresh "
-          "prompt per forward")
+          f"prompt per forward{', then the MTP block over its rows' if args.mtp else ''}")
     _ceilings(dev.type == "cuda")
     with torch.device(dev):
         model = DeepseekV4ForCausalLM(cfg, torch.bfloat16, kernels=kernels)
@@ -89,7 +95,7 @@ def main() -> None:
     cache = HybridCache(cfg, sizes, dtype=torch.bfloat16, device=dev)
     model.enable_cuda_graphs(max_batch=8, capture=dev.type == "cuda")
     run = Runner(model, cfg.vocab_size, dev, cache)
-    _capture_report(model, dev)
+    _capture_report(model, dev, args.mtp)
     limit = prefill_graphs.PREFILL_MAX_TOKENS
     modes = {"eager": 0, "pieces": limit}
     print("P tokens | eager ms | pieces ms | eager / pieces | pieces bucket")
@@ -98,7 +104,7 @@ def main() -> None:
         for rep in range(args.reps + 2):  # two warm-up rounds: compiles, the bucket's capture
             for mode, max_tokens in modes.items():
                 prefill_graphs.PREFILL_MAX_TOKENS = max_tokens
-                ms = _forward_ms(run, n)
+                ms = _forward_ms(run, n, args.mtp)
                 if rep >= 2:
                     times[mode].append(ms)
         prefill_graphs.PREFILL_MAX_TOKENS = limit

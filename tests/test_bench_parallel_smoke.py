@@ -90,10 +90,11 @@ def test_bench_peer_transformers_smoke():
 
 
 def test_bench_prefill_graphs_smoke():
-    """The prefill-pieces benchmark's plumbing: one row per prompt length, both modes timed, its bucket named."""
+    """The prefill-pieces benchmark's plumbing (with the MTP block's catch-up): one row per prompt length, both
+    modes timed, its bucket named."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_prefill_graphs.py"), "--smoke", "--prompts",
-                          "5,40", "--reps", "1"], env=env, capture_output=True, text=True, timeout=300)
+                          "5,40", "--reps", "1", "--mtp"], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
     assert [(r[0], r[4]) for r in rows] == [("5", "16"), ("40", "64")]
