@@ -7,8 +7,9 @@ Per GPU (rank r of the layout `--tp/--ep`, dsv4.distributed.sharding; all ranks 
               rank's slice: TP-split attention/shared expert/vocabulary, its EP rank's routed experts
               only. "stored" = checkpoint bytes (FP8 linears, MXFP4/FP8 experts, scales: what GPU
               kernels keep); "dequantized" = what the CPU reference model holds (model dtype).
-    budget    gpu_memory x utilization; the rest is left to the CUDA context, NCCL buffers and
-              activations (like vLLM's gpu_memory_utilization).
+    budget    gpu_memory x utilization; the rest is left to the CUDA context, NCCL buffers,
+              activations (like vLLM's gpu_memory_utilization) and CUDA graphs (Flash: the prefill
+              pieces ≈ 1.3 GiB, `--prefill-graph-tokens`; the decode graphs' pool 28-92 MiB).
     fixed     per sequence: the window rings (all layers + MTP) and the compressors' raw rows, times
               max_num_seqs (sizes from the engine's own pools, dsv4.engine.paged_state).
     tokens    (budget - weights - fixed) / cache bytes per token of context
