@@ -7,7 +7,8 @@ issue #6's fusion work, not a benchmark.
 
 `--prefill N` profiles one N-token prefill of a fresh sequence instead (after one warm-up prefill);
 `--prefix P` makes that prefill a chunk after P tokens of the same prompt (the engine's token budget per step);
-`--cprofile` Python's profile of eager decode steps; `--timeline` one captured decode step as a host / GPU
+`--cprofile` Python's profile of eager decode steps (with `--prefill N --pieces`: of prompts through the prefill
+pieces, whose host time is the eager attention's); `--timeline` one captured decode step as a host / GPU
 timeline (where the GPU idles around the graph); `--host` the host's side of captured decode steps
 (CPU time per op and labelled Python part; `--eager`: of eager ones); with `--syncs` also the lines where
 such a step makes the host wait for the GPU.
@@ -95,6 +96,9 @@ def main() -> None:
                    help="instead: Python's profiler over eager decode steps or, with --prefill, fresh prompts (where the "
                    "host's time goes, by function)")
     p.add_argument("--eager", action="store_true", help="with --host: eager steps instead of captured ones")
+    p.add_argument("--pieces", action="store_true",
+                   help="with --prefill --cprofile: the prompts through the prefill pieces (CUDA graphs on), so the "
+                        "profile shows the host time left between them (the eager attention)")
     p.add_argument("--timeline", action="store_true",
                    help="instead: one captured decode step (read back as the engine does) as a host / GPU timeline: "
                         "where the GPU idles between the graph, the LM head and the pick; with --prefill: the "
@@ -118,7 +122,7 @@ def main() -> None:
     cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=args.batch + 1, max_model_len=args.ctx + 64,
                                                       total_tokens=(args.batch + 1) * (args.ctx + 64), kv_dtype="fp8"), dtype=torch.bfloat16, device=dev)
     run = Runner(model, cfg.vocab_size, dev, cache)
-    if (args.host or args.timeline) and not args.eager:
+    if ((args.host or args.timeline) and not args.eager) or args.pieces:
         model.enable_cuda_graphs(max_batch=max(args.batch, 1))
     states = run.new_states(args.batch)
     run.prefill(states, args.ctx, with_mtp=False)
