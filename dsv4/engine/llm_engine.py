@@ -260,13 +260,14 @@ class LLMEngine:
         graphs = getattr(self.model, "_graphs", None)
         if graphs is None or not graphs.capture:
             return ""
-        t, limit = time.perf_counter(), graphs.prefill_limit
-        sizes = graphs.capture_prefill(mtp=self.speculator is not None)
+        t, limit, mtp = time.perf_counter(), graphs.prefill_limit, self.speculator is not None
+        sizes = graphs.capture_prefill(mtp=mtp)
         short = (f"; larger buckets did not fit in GPU memory: prefills of more than {graphs.prefill_limit} tokens "
                  "run eagerly" if graphs.prefill_limit != limit else "")
         if not sizes:
             return short.removeprefix("; ")
-        return f"prefill graphs for {sizes[0]}-{sizes[-1]} tokens captured in {time.perf_counter() - t:.1f} s{short}"
+        what = "prefill graphs (and the MTP block's)" if mtp else "prefill graphs"
+        return f"{what} for {sizes[0]}-{sizes[-1]} tokens captured in {time.perf_counter() - t:.1f} s{short}"
 
     def describe(self) -> str:
         """How this engine runs, in one line (serve's startup line): device and dtype, cache storage and size, CUDA
