@@ -55,6 +55,7 @@ from dsv4.config import ModelConfig
 from dsv4.model.block import Block, run_blocks
 from dsv4.model.context import (ForwardContext, Segment, advance_paged, check_token_ids, get_forward_context,
                                 paged_step_pools, sequence_spans, to_device)
+from dsv4.model.mixed_steps import split_mixed_step
 from dsv4.model.rope import shared_cos_sin
 from dsv4.model.hyper import hc_head
 from dsv4.model.linear import PLAIN, Linear, bf16_gemm_fp32, dequantize_weight, quantized_weights
@@ -214,6 +215,10 @@ class DeepseekV4ForCausalLM(nn.Module):
         def segments(i: int) -> list[Segment]:
             return [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans, ctx.states) if n]
 
+        if self._graphs is not None and inputs_embeds is None:  # decode rows beside prompt chunks: two forwards
+            hidden = split_mixed_step(self, input_ids, positions, ctx, spans)
+            if hidden is not None:
+                return hidden
         pools = paged_step_pools(ctx)
         lens = [int(n) for n in ctx.seq_lens]
         step = None

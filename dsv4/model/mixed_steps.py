@@ -1,0 +1,73 @@
+"""A step that mixes decode rows with prompt chunks, run as two forwards.
+
+Decode rows are rows of 1 to max_rollback + 1 tokens over the engine's paged pools: a decode token, or a verify row
+with its drafts. Alone, such rows run as one fixed-shape step, which is one CUDA graph (dsv4.model.graphs). When a
+prompt chunk joins them in one step, the whole batch has so far run as one forward whose attention walks the
+sequences one by one. Every decode row then pays its own few launches per layer on the host, and it does so at every
+step where a prompt arrives.
+
+With SPLIT_MIXED_STEPS, such a step runs as two forwards over the same flat batch:
+  1. the decode rows as their fixed-shape step (a graph replay where graphs are on);
+  2. the chunks as the usual forward (the prefill pieces up to their limit, else eager).
+Their hidden states and MTP target rows are put back in batch order. The two parts touch different sequences, so
+their order does not matter, and each decode row gets what a step of decode rows alone gives it.
+
+The price is that the layers' weights are read twice in such a step, once per forward.
+"""
+from __future__ import annotations
+
+import torch
+
+from dsv4.model.context import ForwardContext, set_forward_context, to_device
+
+# Off until measured on the GPU: the host time saved (a few launches per decode row and layer) against a second
+# read of the weights. A/B: bench/bench_prefill_graphs.py --decode-rows B (bench/runs/run_device_s62a.sh).
+SPLIT_MIXED_STEPS = False
+
+
+def paged_pools(ctx: ForwardContext):
+    """The engine's pools when every sequence of the batch is paged in the same ones, else None."""
+    pools = getattr(ctx.states[0].layers[0], "pools", None) if ctx.states else None
+    if pools is None or any(getattr(s.layers[0], "pools", None) is not pools for s in ctx.states):
+        return None
+    return pools
+
+
+def mixed_rows(lens: list[int], max_rollback: int) -> tuple[list[int], list[int]] | None:
+    """(the decode rows, the chunks' rows) of a batch whose sequences bring `lens` tokens, when it mixes both;
+    else None (also with a sequence that brings no token: the usual path takes that batch)."""
+    short = [i for i, n in enumerate(lens) if 1 <= n <= max_rollback + 1]
+    chunks = [i for i, n in enumerate(lens) if n > max_rollback + 1]
+    if not short or not chunks or len(short) + len(chunks) != len(lens):
+        return None
+    return short, chunks
+
+
+def split_mixed_step(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                     spans: list[tuple[int, int]]) -> torch.Tensor | None:
+    """Hidden states [T, D] of a mixed step as two forwards (module docstring), the model's MTP target rows set
+    in batch order; None when the batch is not such a mix, or SPLIT_MIXED_STEPS is off (the caller goes on). The
+    caller has checked the ids and positions: the two forwards trust them."""
+    pools = paged_pools(ctx) if SPLIT_MIXED_STEPS else None
+    if pools is None:
+        return None
+    lens = [int(n) for n in ctx.seq_lens]
+    parts = mixed_rows(lens, pools.max_rollback)
+    if parts is None:
+        return None
+    hidden = target = None
+    for part in parts:
+        rows = torch.cat([torch.arange(spans[i][0], spans[i][0] + lens[i]) for i in part])
+        sub = ForwardContext([lens[i] for i in part], [ctx.states[i] for i in part], trusted_inputs=True)
+        ids, pos = input_ids[to_device(rows, input_ids.device)], positions[to_device(rows, positions.device)]
+        with set_forward_context(sub):
+            h = model.forward(ids, pos)
+        res = model.get_mtp_target_hidden_states()
+        if hidden is None:
+            hidden = h.new_empty(positions.shape[0], h.shape[1])
+            target = res.new_empty(positions.shape[0], res.shape[1])
+        at = to_device(rows, h.device)
+        hidden[at] = h
+        target[at] = res
+    model._mtp_target = target
+    return hidden
