@@ -124,16 +124,20 @@ def sequence_spans(ctx: ForwardContext, positions: torch.Tensor, lengths: list[i
     return spans
 
 
+def engine_pools(ctx: ForwardContext):
+    """The engine's pools when every sequence of the batch is paged in the same ones, else None."""
+    pools = getattr(ctx.states[0].layers[0], "pools", None) if ctx.states else None
+    if pools is None or any(getattr(s.layers[0], "pools", None) is not pools for s in ctx.states):
+        return None
+    return pools
+
+
 def paged_step_pools(ctx: ForwardContext):
     """The engine's pools when every sequence of the batch is paged there and brings 1 to
     `max_rollback + 1` tokens (decode, MTP draft/verify, short prompt tails): such a batch runs as
     one fixed-shape step (dsv4.engine.paged_decode)."""
-    if not ctx.states:
-        return None
-    pools = getattr(ctx.states[0].layers[0], "pools", None)
-    if pools is None or any(getattr(s.layers[0], "pools", None) is not pools for s in ctx.states):
-        return None
-    if not all(1 <= int(n) <= pools.max_rollback + 1 for n in ctx.seq_lens):
+    pools = engine_pools(ctx)
+    if pools is None or not all(1 <= int(n) <= pools.max_rollback + 1 for n in ctx.seq_lens):
         return None
     return pools
 

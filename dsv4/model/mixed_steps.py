@@ -18,19 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from dsv4.model.context import ForwardContext, set_forward_context, to_device
+from dsv4.model.context import ForwardContext, engine_pools, set_forward_context, to_device
 
 # Off until measured on the GPU: the host time saved (a few launches per decode row and layer) against a second
-# read of the weights. A/B: bench/bench_prefill_graphs.py --decode-rows B (bench/runs/run_device_s62a.sh).
+# read of the weights. A/B: bench/bench_prefill_graphs.py --decode-rows B (bench/runs/run_device_s62b.sh).
 SPLIT_MIXED_STEPS = False
-
-
-def paged_pools(ctx: ForwardContext):
-    """The engine's pools when every sequence of the batch is paged in the same ones, else None."""
-    pools = getattr(ctx.states[0].layers[0], "pools", None) if ctx.states else None
-    if pools is None or any(getattr(s.layers[0], "pools", None) is not pools for s in ctx.states):
-        return None
-    return pools
 
 
 def mixed_rows(lens: list[int], max_rollback: int) -> tuple[list[int], list[int]] | None:
@@ -48,7 +40,7 @@ def split_mixed_step(model, input_ids: torch.Tensor, positions: torch.Tensor, ct
     """Hidden states [T, D] of a mixed step as two forwards (module docstring), the model's MTP target rows set
     in batch order; None when the batch is not such a mix, or SPLIT_MIXED_STEPS is off (the caller goes on). The
     caller has checked the ids and positions: the two forwards trust them."""
-    pools = paged_pools(ctx) if SPLIT_MIXED_STEPS else None
+    pools = engine_pools(ctx) if SPLIT_MIXED_STEPS else None
     if pools is None:
         return None
     lens = [int(n) for n in ctx.seq_lens]
