@@ -1,7 +1,8 @@
 """Steps that mix decode rows with prompt chunks as two forwards (dsv4.model.mixed_steps, SPLIT_MIXED_STEPS): the
 engine's greedy text equals the engine's without graphs (one forward per step), with requests arriving while others
 decode, chunked prompts, MTP speculation (verify rows beside chunks; the MTP block reads the recombined target
-rows); the mixed steps really went through the split, the decode rows through the fixed-shape step's buckets.
+rows, its catch-up over them split too); the mixed steps really went through the split, the decode rows through the
+fixed-shape step's buckets.
 Uncaptured graphs on the CPU (`capture=False`); on the GPU: bench/runs/run_device_s62a.sh."""
 from __future__ import annotations
 
@@ -68,6 +69,15 @@ def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative):
         return hidden
 
     monkeypatch.setattr("dsv4.model.deepseek_v4.split_mixed_step", spy)
+    mtp_split = []
+    real_mtp = mixed_steps.split_mixed_mtp
+
+    def spy_mtp(*args):
+        out = real_mtp(*args)
+        mtp_split.append(out is not None)
+        return out
+
+    monkeypatch.setattr("dsv4.model.mtp.split_mixed_mtp", spy_mtp)
     engine = _engine(True, speculative)
     got = _drain(engine, arrivals)
     assert got == want and all(len(t) == 14 for t in got.values())
@@ -76,6 +86,7 @@ def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative):
         assert torch.equal(a, b), f"MTP forward {i}"
     if speculative:
         assert plain.mtp_hidden and engine.stats().spec_draft_tokens == plain.stats().spec_draft_tokens > 0
+        assert sum(mtp_split) >= 3  # the MTP block's catch-up over those steps' rows was split too
     assert sum(split) >= 3  # (several steps mixed decode rows with a chunk: the 70-token prompt takes two steps)
     assert engine.model._graphs._steps  # the decode rows' fixed-shape step buckets
 

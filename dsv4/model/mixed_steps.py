@@ -35,11 +35,9 @@ def mixed_rows(lens: list[int], max_rollback: int) -> tuple[list[int], list[int]
     return short, chunks
 
 
-def split_mixed_step(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                     spans: list[tuple[int, int]]) -> torch.Tensor | None:
-    """Hidden states [T, D] of a mixed step as two forwards (module docstring), the model's MTP target rows set
-    in batch order; None when the batch is not such a mix, or SPLIT_MIXED_STEPS is off (the caller goes on). The
-    caller has checked the ids and positions: the two forwards trust them."""
+def _parts(ctx: ForwardContext, spans: list[tuple[int, int]]) -> list[tuple[torch.Tensor, ForwardContext]] | None:
+    """(flat rows, their context) of the decode rows and of the chunks, or None (not a mixed step, or the split off).
+    The caller has checked the ids and positions: the two forwards trust them."""
     pools = engine_pools(ctx) if SPLIT_MIXED_STEPS else None
     if pools is None:
         return None
@@ -47,19 +45,51 @@ def split_mixed_step(model, input_ids: torch.Tensor, positions: torch.Tensor, ct
     parts = mixed_rows(lens, pools.max_rollback)
     if parts is None:
         return None
-    hidden = target = None
-    for part in parts:
-        rows = torch.cat([torch.arange(spans[i][0], spans[i][0] + lens[i]) for i in part])
-        sub = ForwardContext([lens[i] for i in part], [ctx.states[i] for i in part], trusted_inputs=True)
-        ids, pos = input_ids[to_device(rows, input_ids.device)], positions[to_device(rows, positions.device)]
+    return [(torch.cat([torch.arange(spans[i][0], spans[i][0] + lens[i]) for i in part]),
+             ForwardContext([lens[i] for i in part], [ctx.states[i] for i in part], trusted_inputs=True))
+            for part in parts]
+
+
+def _run_parts(parts, total: int, run) -> list[torch.Tensor]:
+    """`run(rows)` -> row tensors, per part under its context; each output put back in batch order ([total, ...])."""
+    outs = None
+    for rows, sub in parts:
         with set_forward_context(sub):
-            h = model.forward(ids, pos)
-        res = model.get_mtp_target_hidden_states()
-        if hidden is None:
-            hidden = h.new_empty(positions.shape[0], h.shape[1])
-            target = res.new_empty(positions.shape[0], res.shape[1])
-        at = to_device(rows, h.device)
-        hidden[at] = h
-        target[at] = res
-    model._mtp_target = target
+            got = run(rows)
+        if outs is None:
+            outs = [g.new_empty(total, *g.shape[1:]) for g in got]
+        at = to_device(rows, got[0].device)
+        for out, g in zip(outs, got):
+            out[at] = g
+    return outs
+
+
+def split_mixed_step(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                     spans: list[tuple[int, int]]) -> torch.Tensor | None:
+    """Hidden states [T, D] of a mixed step as two forwards (module docstring), the model's MTP target rows set
+    in batch order; None when the batch is not such a mix, or SPLIT_MIXED_STEPS is off (the caller goes on)."""
+    parts = _parts(ctx, spans)
+    if parts is None:
+        return None
+
+    def run(rows):
+        ids, pos = input_ids[to_device(rows, input_ids.device)], positions[to_device(rows, positions.device)]
+        return model.forward(ids, pos), model.get_mtp_target_hidden_states()
+
+    hidden, model._mtp_target = _run_parts(parts, positions.shape[0], run)
     return hidden
+
+
+def split_mixed_mtp(block, prev_residual: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor,
+                    ctx: ForwardContext, spans: list[tuple[int, int]], graphs) -> tuple[torch.Tensor, ...] | None:
+    """The MTP block's (residual, hidden) over a mixed step's rows (the speculator's catch-up) as two calls: the
+    decode rows as its fixed-shape step, the chunks' rows as its pieces or eagerly; None as `split_mixed_step`."""
+    parts = _parts(ctx, spans)
+    if parts is None:
+        return None
+
+    def run(rows):
+        prev, ids, pos = (t[to_device(rows, t.device)] for t in (prev_residual, next_token_ids, positions))
+        return block.forward(prev, ids, pos, graphs=graphs)
+
+    return tuple(_run_parts(parts, positions.shape[0], run))

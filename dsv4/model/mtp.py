@@ -21,6 +21,7 @@ from dsv4.model.context import (ForwardContext, Segment, advance_paged, check_to
                                 paged_step_pools, sequence_spans)
 from dsv4.model.hyper import hc_head
 from dsv4.model.linear import FP8, Linear
+from dsv4.model.mixed_steps import split_mixed_mtp
 from dsv4.model.norm import RMSNorm
 from dsv4.model.numerics import Numerics, acc_dtype
 from dsv4.model.state import SequenceState
@@ -71,6 +72,10 @@ class MTPBlock(Block):
         spans = sequence_spans(ctx, positions, [s.mtp.num_tokens for s in ctx.states])
         segments = [Segment(start, n, s.mtp) for (start, n), s in zip(spans, ctx.states) if n]
         pools = paged_step_pools(ctx)
+        if pools is None and graphs is not None:  # decode rows beside chunks: two calls (mixed_steps)
+            out = split_mixed_mtp(self, prev_residual, next_token_ids, positions, ctx, spans, graphs)
+            if out is not None:
+                return out
         if pools is None:
             if graphs is not None and graphs.handles_prefill(ctx.seq_lens):  # a short prefill's rows: as pieces
                 out = graphs.mtp_prefill(prev_residual, next_token_ids, positions, segments)
