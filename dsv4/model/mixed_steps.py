@@ -9,7 +9,8 @@ step where a prompt arrives.
 With SPLIT_MIXED_STEPS, such a step runs as two forwards over the same flat batch:
   1. the decode rows as their fixed-shape step (a graph replay where graphs are on);
   2. the chunks as the usual forward (the prefill pieces up to their limit, else eager).
-Their hidden states and MTP target rows are put back in batch order. The two parts touch different sequences, so
+Their hidden states and MTP target rows are put back in batch order. The MTP block's catch-up over such a step's
+rows is split the same way (`split_mixed_mtp`). The two parts touch different sequences, so
 their order does not matter, and each decode row gets what a step of decode rows alone gives it.
 
 The price is that the layers' weights are read twice in such a step, once per forward.
