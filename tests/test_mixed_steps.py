@@ -14,6 +14,8 @@ from dsv4.engine.llm_engine import EngineConfig, LLMEngine
 from dsv4.engine.sampling_params import SamplingParams
 from dsv4.model import DeepseekV4ForCausalLM, mixed_steps
 
+from _split_spies import count_splits
+
 
 def _engine(graphs: bool, speculative: str | None) -> LLMEngine:
     cfg = tiny_config("fp4", "sliding,csa,hca", num_hash_layers=1, sliding_window=8)
@@ -60,24 +62,7 @@ def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative):
     plain = _engine(False, speculative)
     want = _drain(plain, arrivals)
     monkeypatch.setattr(mixed_steps, "SPLIT_MIXED_STEPS", True)
-    split = []
-    real = mixed_steps.split_mixed_step
-
-    def spy(*args):
-        hidden = real(*args)
-        split.append(hidden is not None)
-        return hidden
-
-    monkeypatch.setattr("dsv4.model.deepseek_v4.split_mixed_step", spy)
-    mtp_split = []
-    real_mtp = mixed_steps.split_mixed_mtp
-
-    def spy_mtp(*args):
-        out = real_mtp(*args)
-        mtp_split.append(out is not None)
-        return out
-
-    monkeypatch.setattr("dsv4.model.mtp.split_mixed_mtp", spy_mtp)
+    split, mtp_split = count_splits(monkeypatch)
     engine = _engine(True, speculative)
     got = _drain(engine, arrivals)
     assert got == want and all(len(t) == 14 for t in got.values())

@@ -17,7 +17,8 @@ DEVICE = "cuda"
 
 @pytest.mark.parametrize("speculative", [None, "mtp"])
 def test_split_mixed_steps_keep_the_greedy_text(monkeypatch, speculative):
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
+    from _split_spies import count_splits
     from test_engine_gpu import assert_same_greedy_text
 
     from dsv4 import LLM, SamplingParams
@@ -25,19 +26,13 @@ def test_split_mixed_steps_keep_the_greedy_text(monkeypatch, speculative):
     gen = torch.Generator().manual_seed(62)
     prompts = [torch.randint(2, 2048, (n,), generator=gen).tolist() for n in (7, 150, 40, 300, 12, 90)]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
-    runs, split = {}, []
-    real = mixed_steps.split_mixed_step
-
-    def spy(*args):
-        hidden = real(*args)
-        split.append(hidden is not None)
-        return hidden
-
-    monkeypatch.setattr("dsv4.model.deepseek_v4.split_mixed_step", spy)
+    runs = {}
+    split, mtp_split = count_splits(monkeypatch)
     for on in (False, True):
         monkeypatch.setattr(mixed_steps, "SPLIT_MIXED_STEPS", on)
         llm = LLM(device=DEVICE, max_num_seqs=4, max_num_batched_tokens=64, speculative=speculative)
         runs[on] = llm.generate(prompts, params)
     assert sum(split) >= 3, split  # the 150- and 300-token prompts came in chunks beside decode rows
+    assert bool(sum(mtp_split)) == (speculative is not None)  # (the MTP block's catch-up over those rows)
     for a, b in zip(runs[False], runs[True]):
         assert_same_greedy_text(b, a)
