@@ -273,9 +273,7 @@ class LLMEngine:
         """How this engine runs, in one line (serve's startup line): device and dtype, cache storage and size, CUDA
         graphs, overlap, speculation -- the defaults resolved (`default_kv_dtype`, `graphs_by_default`)."""
         dtype = str(self.model.dtype).removeprefix("torch.")
-        limit = prefill_graphs.PREFILL_MAX_TOKENS
-        if getattr(self.model, "_graphs", None) is not None and self.model._graphs.prefill_limit is not None:
-            limit = min(limit, self.model._graphs.prefill_limit)  # (lowered: a bucket did not fit in GPU memory)
+        limit = prefill_graphs.max_prefill_tokens(self.model._graphs.prefill_limit if self.cuda_graphs else None)
         graphs = "off" if not self.cuda_graphs else "on" + (f", prefills of up to {limit} tokens piecewise" if limit
                                                             else "")
         spec = f", MTP drafting {self.speculator.num_draft_tokens} per step" if self.speculator is not None else ""

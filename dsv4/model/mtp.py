@@ -72,16 +72,13 @@ class MTPBlock(Block):
         spans = sequence_spans(ctx, positions, [s.mtp.num_tokens for s in ctx.states])
         segments = [Segment(start, n, s.mtp) for (start, n), s in zip(spans, ctx.states) if n]
         pools = paged_step_pools(ctx)
-        if pools is None and graphs is not None:  # decode rows beside chunks: two calls (mixed_steps)
-            out = split_mixed_mtp(self, prev_residual, next_token_ids, positions, ctx, spans, graphs)
-            if out is not None:
-                return out
         if pools is None:
-            if graphs is not None and graphs.handles_prefill(ctx.seq_lens):  # a short prefill's rows: as pieces
-                out = graphs.mtp_prefill(prev_residual, next_token_ids, positions, segments)
-                if out is not None:  # (None: its bucket did not fit in GPU memory)
-                    return out
-            return self.compute(prev_residual, next_token_ids, positions, segments)
+            out = None
+            if graphs is not None:  # decode rows beside chunks: two calls (mixed_steps); else a short prefill's
+                out = split_mixed_mtp(self, prev_residual, next_token_ids, positions, ctx, spans, graphs)
+                if out is None and graphs.handles_prefill(ctx.seq_lens):  # rows as pieces (None: did not fit)
+                    out = graphs.mtp_prefill(prev_residual, next_token_ids, positions, segments)
+            return out if out is not None else self.compute(prev_residual, next_token_ids, positions, segments)
         lens = [int(n) for n in ctx.seq_lens]  # draft rows over the engine's pools: the fixed-shape step
         if graphs is not None and t <= graphs.max_batch:
             out = graphs.paged_mtp_step(pools, self, prev_residual, next_token_ids, ctx.states, lens)

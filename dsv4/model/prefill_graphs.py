@@ -23,10 +23,10 @@ piece reads while it writes its own (the residual streams, the mHC post / comb, 
 per layer parity, what only the eager attention in between reads (q, kv, the compressor and indexer rows) one for
 all, plus one attention output buffer: ≈ 0.24 MB per token for Flash, whatever the depth. The buckets share them too
 (`piecewise.StaticArena`: a bucket of T tokens uses the first T rows), so they take the largest bucket's memory
-(464 MiB at 2048 tokens for Flash) rather than the sum over the buckets. What a piece allocates inside its graph is transient, so every piece may capture into the decode graphs'
-shared pool (each replay's results are copied out before the next graph replays). Results equal the eager forward
-at the bucket's size bit for bit (the same kernels on the same rows); a padded forward may pick other GEMM shapes
-(cuBLAS from 256 rows) than the unpadded eager one.
+(464 MiB at 2048 tokens for Flash) rather than the sum over the buckets. What a piece allocates inside its graph is
+transient, so every piece may capture into the decode graphs' shared pool (each replay's results are copied out
+before the next graph replays). Results equal the eager forward at the bucket's size bit for bit (the same kernels
+on the same rows); a padded forward may pick other GEMM shapes (cuBLAS from 256 rows) than the unpadded eager one.
 
 Out of GPU memory while a bucket is captured (its warm-up or its graphs; no state is touched before the forward's
 first piece), a single GPU drops every bucket and lowers its limit (`DecodeGraphs.prefill_limit`) by a bucket:
@@ -47,16 +47,20 @@ PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_MAX_TOKENS = 2048
 
 
+def max_prefill_tokens(limit: int | None = None) -> int:
+    """The most tokens a forward may bring to run as pieces: PREFILL_MAX_TOKENS, or `limit` where lower (a model's
+    `DecodeGraphs.prefill_limit`: the engine's `prefill_graph_tokens`, or lowered once a bucket did not fit)."""
+    return PREFILL_MAX_TOKENS if limit is None else min(limit, PREFILL_MAX_TOKENS)
+
+
 def prefill_bucket_size(tokens: int, limit: int | None = None) -> int | None:
-    """The bucket a forward of `tokens` tokens runs in, or None (eager). `limit`: a lower PREFILL_MAX_TOKENS (a
-    model's `DecodeGraphs.prefill_limit`, once a bucket did not fit in GPU memory)."""
-    top = PREFILL_MAX_TOKENS if limit is None else min(limit, PREFILL_MAX_TOKENS)
-    if not 0 < tokens <= top:
+    """The bucket a forward of `tokens` tokens runs in, or None (eager); `limit` as in `max_prefill_tokens`."""
+    if not 0 < tokens <= max_prefill_tokens(limit):
         return None
     return next((b for b in PREFILL_BUCKETS if b >= tokens), None)
 
 
 def prefill_bucket_sizes(limit: int | None = None) -> list[int]:
     """Every bucket a forward may run in (the one that holds PREFILL_MAX_TOKENS, or `limit`, included)."""
-    top = PREFILL_MAX_TOKENS if limit is None else min(limit, PREFILL_MAX_TOKENS)
+    top = max_prefill_tokens(limit)
     return sorted({prefill_bucket_size(min(b, top), limit) for b in PREFILL_BUCKETS} - {None})
