@@ -5,7 +5,11 @@ skips the Gluon kernels (the persistent MoE GEMVs: their Triton fallbacks are co
 branches' launches are counted in their part), and a few torch paths guarded by `is_cuda` differ. On the GPU,
 `bench/profile_step.py` is the measurement.
 
-    python bench/launch_inventory.py [--batch 1] [--flags module.NAME=value ...] [--trace ATEN_OP]
+    python bench/launch_inventory.py [--batch 1] [--flags module.NAME=value ...] [--trace ATEN_OP] [--prefill N]
+
+`--prefill N`: one fresh N-token prompt instead, the eager attention's parts labelled (what runs between the prefill
+pieces), the prefill kernel and the fused stores / reads taken as on CUDA (the indexer's selection still takes its
+torch path here: two launches on a GPU).
 """
 from __future__ import annotations
 
@@ -27,6 +31,13 @@ PARTS = [("dsv4.model.block", "Block", "pre"), ("dsv4.model.block", "Block", "_p
          ("dsv4.model.attention", "Attention", "_project_and_compress"),
          ("dsv4.model.attention", "Attention", "_attend_step"), ("dsv4.model.attention", "Attention", "finish"),
          ("dsv4.model.moe", "MoE", "forward"), ("dsv4.model.block", "Block", "post")]
+# --prefill: the eager attention between the prefill pieces, part by part
+PREFILL_PARTS = [("dsv4.model.attention", "Attention", "attend"), ("dsv4.model.compressor", "Compressor", "update"),
+                 ("dsv4.model.indexer", "Indexer", "select_indices"),
+                 ("dsv4.engine.paged_state", "PagedLayerState", "window"),
+                 ("dsv4.engine.paged_state", "PagedLayerState", "entries"),
+                 ("dsv4.engine.paged_state", "PagedLayerState", "append_tokens"),
+                 ("dsv4.engine.paged_state", "PagedLayerState", "append_stored")]
 # aten ops that launch nothing on a GPU (allocation, views, metadata)
 NO_KERNEL = {"empty", "empty_strided", "empty_like", "view", "_unsafe_view", "as_strided", "expand", "t", "transpose",
              "permute", "select", "slice", "unsqueeze", "squeeze", "alias", "detach", "lift_fresh", "_reshape_alias",
@@ -80,6 +91,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="sequences, one token each")
     ap.add_argument("--flags", nargs="*", default=[], help="module.NAME=value (Python literal) set before the run")
     ap.add_argument("--trace", help="an aten op name (e.g. _to_copy): also print the dsv4 lines it comes from")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="N: instead of a decode step, one fresh N-token prompt, the attention's parts labelled")
     args = ap.parse_args()
     global TRACE
     TRACE = args.trace
@@ -106,14 +119,24 @@ def main() -> None:
         finally:
             recording[0] = True
     InterpretedFunction.run = run
-    for part in PARTS:
+    for part in PARTS + (PREFILL_PARTS if args.prefill else []):
         _labelled(*part)
     model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", "cpu", torch.bfloat16, kernels="triton")
-    batch = PagedBatch(model, "fp8", prompts=tuple(9 + 5 * i for i in range(args.batch)))
-    batch.decode(1)  # warm: first-use derivations (cos / sin tables, stacks)
+    if args.prefill:  # the CUDA path's choices (kernel mode's fused stores and reads, the prefill kernel)
+        from dsv4.model.attention import Attention
+        Attention._prefill_kernel = lambda self, pre: self.use_kernels and pre.q.dtype == torch.bfloat16
+        PagedBatch(model, "fp8", prompts=(args.prefill,))  # warm: first-use derivations
+        title = f"one fresh {args.prefill}-token prompt"
+    else:
+        batch = PagedBatch(model, "fp8", prompts=tuple(9 + 5 * i for i in range(args.batch)))
+        batch.decode(1)  # warm: first-use derivations (cos / sin tables, stacks)
+        title = f"one decode step, B = {args.batch}"
     recording[0] = True
     with _TorchOps():
-        batch.decode(1)
+        if args.prefill:  # a new batch prefills its prompt (the pools' allocation: outside the parts)
+            PagedBatch(model, "fp8", prompts=(args.prefill,))
+        else:
+            batch.decode(1)
     recording[0] = False
     kinds = {f"L{s.index}": ("sliding" if not s.compress_ratio else "CSA" if s.has_indexer else "HCA")
              for s in model.config.layers}
@@ -123,7 +146,7 @@ def main() -> None:
         key = f"{kinds[layer]:8s} {where}" if layer in kinds else where
         per_part[key][what] += n
     total = sum(counts.values())
-    print(f"one decode step, B = {args.batch}, {len(model.layers)} layers ({', '.join(kinds.values())}): {total} "
+    print(f"{title}, {len(model.layers)} layers ({', '.join(kinds.values())}): {total} "
           f"launches ({sum(n for (w, k), n in counts.items() if not k.startswith('torch'))} Triton)")
     for key in sorted(per_part):
         c = per_part[key]

@@ -1,13 +1,16 @@
-"""Host-side addressing of the paged decode state: the largest ring slot of a position range is
-computed without reading the slots back from the device; it must equal the brute-force maximum."""
+"""Host-side addressing of the paged decode state: the largest ring slot of a position range is computed without
+reading the slots back from the device (it must equal the brute-force maximum), and the slot lists the layers of a
+sequence share within a step are the brute-force (page, offset) pairs of its current block table."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import torch
 
-from dsv4.engine.paged_state import PagedLayerState
+from dsv4.checkpoint.writer import tiny_config
+from dsv4.engine.cache import CacheConfig, HybridCache
+from dsv4.engine.paged_state import largest_slot
+from dsv4.engine.sequence import Sequence
 
 
 def test_ring_slot_maximum_matches_brute_force():
@@ -16,7 +19,37 @@ def test_ring_slot_maximum_matches_brute_force():
         ring = rnd.choice([1, 2, 7, 132, 133])
         start = rnd.randrange(0, 1000)
         end = start + rnd.randrange(1, 2 * ring + 3)
-        fake = SimpleNamespace(pools=SimpleNamespace(ring=ring, device=torch.device("cpu")))
-        slots, top = PagedLayerState._ring_slots(fake, start, end)
-        assert slots.tolist() == [p % ring for p in range(start, end)]
-        assert top == max(p % ring for p in range(start, end)), (ring, start, end)
+        assert largest_slot(start, end, ring) == max(p % ring for p in range(start, end)), (ring, start, end)
+
+
+def _brute(table: list[int], lo: int, hi: int, page_size: int, ring: int) -> tuple[list[int], list[int]]:
+    index = [p % ring if ring else p for p in range(lo, hi)]
+    return [table[i // page_size] for i in index], [i % page_size for i in index]
+
+
+def test_slot_lists_are_shared_by_the_layers_and_follow_the_table():
+    cfg = tiny_config("fp4", "csa,csa,hca,csa", index_topk=8)
+    cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=3, max_model_len=512, kv_dtype="fp8"),
+                        dtype=torch.float32, device="cpu")
+    seqs = [Sequence(f"r{i}", [1]) for i in range(3)]
+    rnd = random.Random(7)
+    for seq in seqs:  # interleaved, so the sequences' pages are not one run of ids
+        cache.reserve(seq, rnd.randrange(40, 120))
+    ring = cache.pools.ring
+    for seq in seqs:
+        csa = [s for s in cache.state_of(seq).layers if s.ratio == 4]
+        for kind, page_size, r in (("window", cache.pools.window[0].page_size, ring),
+                                   ("compressed4", cache.pools.entries[0, "main"].page_size, 0)):
+            lo = rnd.randrange(0, 30)
+            hi = lo + rnd.randrange(1, 2 * ring + 3 if r else 8)
+            first = csa[0]._slots(kind, lo, hi, page_size, r)
+            again = csa[1]._slots(kind, lo, hi, page_size, r)
+            assert again[0] is first[0] and again[1] is first[1]  # derived once for the layers
+            want = _brute(seq.block_tables[kind], lo, hi, page_size, r)
+            assert (first[0].tolist(), first[1].tolist()) == want, (kind, lo, hi)
+            # the table changes (pages reassigned): the next ask derives from the new one
+            seq.block_tables[kind] = list(reversed(seq.block_tables[kind]))
+            moved = csa[2]._slots(kind, lo, hi, page_size, r)
+            assert (moved[0].tolist(), moved[1].tolist()) == _brute(seq.block_tables[kind], lo, hi, page_size, r)
+            assert moved[0].tolist() != first[0].tolist() or len(set(want[0])) == 1
+            seq.block_tables[kind] = list(reversed(seq.block_tables[kind]))

@@ -97,6 +97,12 @@ class _EntryPool:
         return torch.cat((nope.to(dtype), self.rope[pages, offs].to(dtype)), dim=-1)
 
 
+def largest_slot(lo: int, hi: int, ring: int) -> int:
+    """The largest of the ring slots p mod ring of positions lo .. hi - 1 (hi > lo), on the host."""
+    wraps = hi - lo >= ring or lo % ring > (hi - 1) % ring
+    return ring - 1 if wraps else (hi - 1) % ring
+
+
 def entry_bytes(width: int, nope: int, fp8: bool, fp4: bool, elem: int) -> int:
     """Bytes of one stored entry: plain, FP8 (e4m3 nope + E8M0 per 64 + pad + rope), or MXFP4."""
     if fp4:
@@ -245,7 +251,6 @@ class PagedLayerState:
         self.min_length = 0
         self._n_entries = {}
         self._first = {}
-        self._tables: dict[str, tuple[list[int], torch.Tensor]] = {}  # device copies of block tables
         self._rows_cap = pools.rows_cap(spec)  # fixed per layer: `advance_decode` runs per layer and step
         if spec.has_compressor:
             self._n_entries["main"], self._first["main"] = 0, 0
@@ -263,32 +268,49 @@ class PagedLayerState:
     # ---- addressing ----------------------------------------------------------------------
     def _table(self, kind: str) -> torch.Tensor:
         """The block table on the device, copied again only when it changed: a pageable host->device
-        copy waits for the GPU queue to drain (10 such waits made a prefill mostly host-bound)."""
+        copy waits for the GPU queue to drain (10 such waits made a prefill mostly host-bound). Kept on the
+        sequence, so one copy serves all its layers (their states share its tables)."""
         pages = self.seq.block_tables[kind]
-        hit = self._tables.get(kind)
+        hit = self.seq.device_tables.get(kind)
         if hit is None or hit[0] != pages:
             table = torch.tensor(pages, dtype=torch.long)
             if torch.device(self.pools.device).type == "cuda":
                 table = table.pin_memory().to(self.pools.device, non_blocking=True)
-            hit = self._tables[kind] = (list(pages), table)
+            hit = self.seq.device_tables[kind] = (list(pages), table)
         return hit[1]
 
-    def _locate(self, kind: str, index: torch.Tensor, page_size: int, max_index: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(page, offset) of each slot index; `max_index` (= index.max(), known on the host) is
-        checked against the pages allocated here, so no value is read back from the device."""
-        pages = self.seq.block_tables[kind]
-        if max_index // page_size >= len(pages):
-            raise RuntimeError(f"layer {self.spec.index}: {kind} index {max_index} beyond the "
-                               f"{len(pages)} pages allocated to request {self.seq.request_id!r}")
-        return self._table(kind)[index // page_size], index % page_size
+    def _slots(self, kind: str, lo: int, hi: int, page_size: int, ring: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page, offset) of slot indices lo .. hi - 1 (hi > lo), each taken mod `ring` when given. The layers
+        of a sequence ask for the same slots within a step, so the lists are derived once per step and table
+        (four launches fewer per read or write and layer), kept on the sequence beside the table."""
+        table = self._table(kind)
+        return self._shared((kind, lo, hi, page_size, ring), table,
+                            lambda: self._derive_slots(table, kind, lo, hi, page_size, ring))
 
-    def _ring_slots(self, start: int, end: int) -> tuple[torch.Tensor, int]:
-        """Ring slots of positions [start, end) (end > start) and their largest slot."""
-        ring = self.pools.ring
-        slots = torch.arange(start, end, device=self.pools.device) % ring
-        wraps = end - start >= ring or start % ring > (end - 1) % ring
-        return slots, ring - 1 if wraps else (end - 1) % ring
+    def _shared(self, key: tuple, table, make):
+        """make() once per key for all layers of the sequence (while `table`, the device tensor it derives from,
+        is the current one)."""
+        cache = self.seq.device_slots
+        hit = cache.get(key)
+        if hit is not None and hit[0] is table:
+            return hit[1]
+        out = make()
+        if len(cache) >= 32:  # a step asks for a handful of keys; older steps' are not asked again
+            cache.clear()
+        cache[key] = (table, out)
+        return out
+
+    def _derive_slots(self, table: torch.Tensor, kind: str, lo: int, hi: int, page_size: int, ring: int):
+        top = largest_slot(lo, hi, ring) if ring else hi - 1
+        pages = self.seq.block_tables[kind]
+        if top // page_size >= len(pages):  # (checked on the host: no value read back from the device)
+            raise RuntimeError(f"layer {self.spec.index}: {kind} index {top} beyond the "
+                               f"{len(pages)} pages allocated to request {self.seq.request_id!r}")
+        index = torch.arange(lo, hi, device=self.pools.device)
+        if ring:
+            index = index % ring
+        return table[index // page_size], index % page_size
 
     def _entry_kind(self, name: str) -> str:
         return f"compressed{self.ratio}" if name == "main" else "indexer4"
@@ -299,12 +321,13 @@ class PagedLayerState:
     # ---- reads ---------------------------------------------------------------------------
     def window(self, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.num_tokens
-        positions = torch.arange(max(0, end - self.window_size + 1), end, device=self.pools.device)
+        lo = max(0, end - self.window_size + 1)
+        positions = self._shared(("positions", lo, end), None,
+                                 lambda: torch.arange(lo, end, device=self.pools.device))
         pool = self.pools.window[self.spec.index]
         if positions.numel() == 0:
             return torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device), positions
-        slots, top = self._ring_slots(max(0, end - self.window_size + 1), end)
-        pages, offs = self._locate("window", slots, pool.page_size, top)
+        pages, offs = self._slots("window", lo, end, pool.page_size, self.pools.ring)
         return pool.read(pages, offs, self.pools.dtype, fused), positions
 
     def compressor_rows(self, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -324,8 +347,7 @@ class PagedLayerState:
         pool = self.pools.entries[self.spec.index, name]
         if n == 0:
             return torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device)
-        pages, offs = self._locate(self._entry_kind(name), torch.arange(n, device=self.pools.device),
-                                   pool.page_size, n - 1)
+        pages, offs = self._slots(self._entry_kind(name), 0, n, pool.page_size)
         return pool.read(pages, offs, self.pools.dtype, fused)
 
     def num_entries(self, name: str) -> int:
@@ -347,8 +369,7 @@ class PagedLayerState:
             return
         n = self._n_entries[name]
         pool = self.pools.entries[self.spec.index, name]
-        pages, offs = self._locate(self._entry_kind(name), torch.arange(n, n + k, device=self.pools.device),
-                                   pool.page_size, n + k - 1)
+        pages, offs = self._slots(self._entry_kind(name), n, n + k, pool.page_size)
         store(pages, offs, pool)
         self._n_entries[name] = n + k
 
@@ -362,8 +383,7 @@ class PagedLayerState:
         ring = self.pools.ring
         keep = min(n, ring)
         pool = self.pools.window[self.spec.index]
-        slots, top = self._ring_slots(end - keep, end)
-        pages, offs = self._locate("window", slots, pool.page_size, top)
+        pages, offs = self._slots("window", end - keep, end, pool.page_size, ring)
         pool.write(pages, offs, kv[n - keep:], fused)
         self.min_length = max(self.min_length, end - self.max_rollback)
         keep_from = oldest_needed_row(self.ratio, self.overlap, self.min_length)
@@ -375,7 +395,8 @@ class PagedLayerState:
             head = min(k, cap - s0)  # ring slots s0.. up to its end, then from 0: plain copies, no index lists
             for part, src in enumerate((c[lo - start:], z[lo - start:])):
                 buf[part, page, s0:s0 + head].copy_(src[:head])
-                buf[part, page, :k - head].copy_(src[head:])
+                if k > head:  # (an empty copy still costs a call)
+                    buf[part, page, :k - head].copy_(src[head:])
             self._first[name] = max(self._first[name], keep_from, end - cap)
             if self._n_entries[name] != end // self.ratio:
                 raise RuntimeError(f"layer {self.spec.index}: {self._n_entries[name]} {name} entries after "

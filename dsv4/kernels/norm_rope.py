@@ -228,7 +228,7 @@ def _plan(x: torch.Tensor, norm: int = NONE, weight: torch.Tensor | None = None,
         br = max(1, min(ROWS_PER_PROGRAM, 4096 // triton.next_power_of_2(d)))
     if sim == SIM_FP4:
         had, br = _hadamard_signs(d, x.device), HADAMARD_ROWS
-    hscale = float(torch.tensor(d ** -0.5, dtype=torch.float64).float())  # the matrix's fp32 entry magnitude
+    hscale = _hadamard_scale(d)
     args = (x, out, weight if weight is not None else x, cos_t, sin_t, had, float(eps), hscale, g, rows,
             cos_t.stride(0) if rot else 0)
     consts = dict(D=d, DP=triton.next_power_of_2(d), ROPE0=d - 2 * cos_t.shape[-1] if rot else d, NOPE=nope,
@@ -301,6 +301,12 @@ def _stores_in_kernel(b: torch.Tensor, consts: dict, pool) -> bool:
     sizes), D a power of two and the pool FP8 with b's nope dims."""
     return (b.dim() == 2 and consts["BR"] == 1 and consts["DP"] == consts["D"] and consts["SIM"] == SIM_FP8
             and pool.fp8 and pool.nope == consts["NOPE"])
+
+
+@functools.cache
+def _hadamard_scale(d: int) -> float:
+    """The Hadamard matrix's fp32 entry magnitude d^-1/2 (once per width: a host tensor per call cost ~10 µs)."""
+    return float(torch.tensor(d ** -0.5, dtype=torch.float64).float())
 
 
 @functools.lru_cache(maxsize=None)

@@ -326,7 +326,7 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
                     every = torch.arange(entries.shape[0], device=q.device)[None, :]
                     entry_idx = torch.where(every < ((pos + 1) // self.compressor.ratio)[:, None], every, -1)
             past_kv, past_pos = state.window(reads)
-            keys = torch.cat((past_kv, kv[sl]))
+            keys = torch.cat((past_kv, kv[sl])) if past_kv.shape[0] else kv[sl]  # (a fresh prompt: no copy)
             if kernel:
                 from dsv4.kernels.prefill_attention import prefill_attention
                 rot = (pre.cos[sl], pre.sin[sl]) if rotate else (None, None)

@@ -74,7 +74,9 @@ class Compressor(nn.Module):
             return c.new_zeros(0, d), i0
         if fused and c.dtype == torch.float32 and (c.is_cuda or interpreted()):
             from dsv4.kernels.cache_store import pool_chunk
-            return pool_chunk(c.contiguous(), z.contiguous(), first, i0, n, r, d), i0
+            if c.stride(-1) != 1 or c.stride() != z.stride():  # (the halves of one projection's rows are taken as
+                c, z = c.contiguous(), z.contiguous()           # they are: the kernel reads with their row stride)
+            return pool_chunk(c, z, first, i0, n, r, d), i0
         own = slice(i0 * r - first, i1 * r - first)
         own_c, own_z = c[own].unflatten(0, (n, r)), z[own].unflatten(0, (n, r))
         if self.overlap:
@@ -96,8 +98,12 @@ class Compressor(nn.Module):
 
     def finish(self, pooled: torch.Tensor, first_entry: int, dtype: torch.dtype) -> torch.Tensor:
         """Pooled rows -> stored entries: round, norm, RoPE at i*r, quantisation simulation."""
-        positions = (torch.arange(pooled.shape[0], device=pooled.device) + first_entry) * self.ratio
-        return self.finish_at(pooled, positions, dtype)
+        return self.finish_at(pooled, self._entry_positions(pooled, first_entry), dtype)
+
+    def _entry_positions(self, pooled: torch.Tensor, first_entry: int) -> torch.Tensor:
+        """RoPE positions i * r of the pooled entries first_entry, first_entry + 1, ... (one launch)."""
+        r = self.ratio
+        return torch.arange(first_entry * r, (first_entry + pooled.shape[0]) * r, r, device=pooled.device)
 
     def finish_at(self, pooled: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """`finish` with each entry's RoPE position (i*r) given."""
@@ -118,15 +124,15 @@ class Compressor(nn.Module):
         if (state.num_tokens + c_new.shape[0]) // self.ratio == state.num_tokens // self.ratio:
             return  # no window closes in this chunk (most decode steps): nothing to read or pool
         c_old, z_old, first = state.compressor_rows(self.kind)
-        c, z = torch.cat((c_old, c_new)), torch.cat((z_old, z_new))
+        # (a fresh prompt has no rows yet: two copies fewer)
+        c, z = (torch.cat((c_old, c_new)), torch.cat((z_old, z_new))) if c_old.shape[0] else (c_new, z_new)
         pooled, first_entry = self.pool(c, z, first, state.num_tokens, fused=fused and FUSED_POOL)
         if not pooled.shape[0]:
             return
         if fused and dtype == torch.bfloat16 and self._finish_fuses() and state.stores_fused(self.kind):
             from dsv4.kernels.cache_store import store_rows
             from dsv4.model.numerics import hadamard_matrix
-            positions = (torch.arange(pooled.shape[0], device=pooled.device) + first_entry) * self.ratio
-            cos, sin = self.rope.cos_sin(positions)
+            cos, sin = self.rope.cos_sin(self._entry_positions(pooled, first_entry))
             had = hadamard_matrix(self.dim, torch.float32, pooled.device) if self.kind == "index" else None
             state.append_stored(self.kind, pooled.shape[0], lambda pages, offs, pool: store_rows(
                 pooled, pages, offs, pool, norm_weight=self.norm.weight, eps=self.norm.eps, cos=cos, sin=sin,
