@@ -1,6 +1,7 @@
 """Host-side addressing of the paged decode state: the largest ring slot of a position range is computed without
 reading the slots back from the device (it must equal the brute-force maximum), and the slot lists the layers of a
-sequence share within a step are the brute-force (page, offset) pairs of its current block table."""
+sequence share within a step are the brute-force (page, offset) pairs of its current block table; the derivations
+shared within one forward (entry positions, visible entry counts) equal their definitions."""
 from __future__ import annotations
 
 import random
@@ -53,3 +54,28 @@ def test_slot_lists_are_shared_by_the_layers_and_follow_the_table():
             assert (moved[0].tolist(), moved[1].tolist()) == _brute(seq.block_tables[kind], lo, hi, page_size, r)
             assert moved[0].tolist() != first[0].tolist() or len(set(want[0])) == 1
             seq.block_tables[kind] = list(reversed(seq.block_tables[kind]))
+
+
+def test_forward_scoped_derivations_are_shared_and_exact():
+    """The compressors' entry positions and the indexer's visible counts: inside one forward's scope one tensor per
+    range / positions view (equal to its definition), outside it a fresh one each call."""
+    from dsv4.model.indexer import visible_entries
+    from dsv4.model.rope import shared_cos_sin, strided_positions
+
+    rnd = random.Random(11)
+    positions = torch.arange(rnd.randrange(0, 500), 700)
+    for _ in range(50):
+        ratio, a = rnd.choice([4, 128]), rnd.randrange(0, 100)
+        b = a + rnd.randrange(1, 100)
+        view = positions[a:b]
+        with shared_cos_sin():
+            seen = visible_entries(view, ratio)
+            assert visible_entries(positions[a:b], ratio) is seen
+            assert torch.equal(seen, torch.tensor([(int(p) + 1) // ratio for p in view], dtype=torch.int32))
+            other = visible_entries(positions[a + 1:b], ratio)  # another view: its own counts
+            assert other is not seen and torch.equal(other, ((positions[a + 1:b] + 1) // ratio).to(torch.int32))
+            ent = strided_positions(a * ratio, b * ratio, ratio, "cpu")
+            assert strided_positions(a * ratio, b * ratio, ratio, "cpu") is ent
+            assert ent.tolist() == [i * ratio for i in range(a, b)]
+        assert visible_entries(view, ratio) is not visible_entries(view, ratio)
+        assert strided_positions(0, 8, 4, "cpu") is not strided_positions(0, 8, 4, "cpu")

@@ -17,7 +17,7 @@ from dsv4.kernels._triton import interpreted
 from dsv4.model.linear import Linear
 from dsv4.model.norm import RMSNorm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_indexer_fp4, simulate_kv_fp8
-from dsv4.model.rope import RotaryEmbedding, apply_rope
+from dsv4.model.rope import RotaryEmbedding, apply_rope, strided_positions
 from dsv4.model.state import LayerState
 
 # kernel mode (`update(fused=True)`): the windows a prefill chunk closes pooled by `cache_store.pool_chunk`, one
@@ -103,7 +103,7 @@ class Compressor(nn.Module):
     def _entry_positions(self, pooled: torch.Tensor, first_entry: int) -> torch.Tensor:
         """RoPE positions i * r of the pooled entries first_entry, first_entry + 1, ... (one launch)."""
         r = self.ratio
-        return torch.arange(first_entry * r, (first_entry + pooled.shape[0]) * r, r, device=pooled.device)
+        return strided_positions(first_entry * r, (first_entry + pooled.shape[0]) * r, r, pooled.device)
 
     def finish_at(self, pooled: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """`finish` with each entry's RoPE position (i*r) given."""

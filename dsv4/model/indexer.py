@@ -36,6 +36,22 @@ def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
+def visible_entries(positions: torch.Tensor, ratio: int) -> torch.Tensor:
+    """int32 count of the complete entries each position sees, (p + 1) // ratio; inside `rope.shared_cos_sin()` once
+    per positions tensor (the CSA layers of a forward share it)."""
+    from dsv4.model import rope
+    shared = rope._shared
+    if shared is None:
+        return ((positions + 1) // ratio).to(torch.int32)
+    # the entry keeps `positions` alive, so no other tensor can have its address meanwhile (views of it are new
+    # objects per layer: the key is the view, not the object)
+    key = ("visible", positions.data_ptr(), tuple(positions.shape), positions.stride(), ratio, positions.device)
+    hit = shared.get(key)
+    if hit is None:
+        hit = shared[key] = (positions, ((positions + 1) // ratio).to(torch.int32))
+    return hit[1]
+
+
 def indices_to_mask(idx: torch.Tensor, width: int) -> torch.Tensor:
     """[T, k] entry lists (-1 = none, no repeats) -> boolean mask [T, width]."""
     idx = torch.where(idx >= 0, idx.long(), width)  # -1 -> a spare column, dropped below
@@ -175,11 +191,15 @@ class Indexer(nn.Module):
         n_keys = keys.shape[0]
         keys = keys.contiguous()
         k = min(self.topk, n_keys)
-        out = torch.empty(q.shape[0], k, dtype=torch.long, device=keys.device)
         block = max(QUERY_BLOCK, KERNEL_SCORES // n_keys)  # bounds the [block, N] bf16 scores
+        visible = visible_entries(positions, self.ratio)
+        out = None if q.shape[0] <= block else torch.empty(q.shape[0], k, dtype=torch.long, device=keys.device)
         for b0 in range(0, q.shape[0], block):
-            visible = ((positions[b0:b0 + block] + 1) // self.ratio).to(torch.int32)
-            scores = prefill_index_scores(q[b0:b0 + block], weights[b0:b0 + block], keys, visible)
+            seen = visible[b0:b0 + block]
+            scores = prefill_index_scores(q[b0:b0 + block], weights[b0:b0 + block], keys, seen)
             picked, _ = topk_lowest_index(scores, k)
-            out[b0:b0 + block] = torch.where(picked < visible[:, None], picked, -1)
+            picked = torch.where(picked < seen[:, None], picked, -1)
+            if out is None:  # one block (short chunks): no copy into a list of all
+                return picked
+            out[b0:b0 + block] = picked
         return out

@@ -129,14 +129,16 @@ class PiecewiseBucket:
         fill_padded(self.pos, positions)
         self.ensure_captured()
         layers = self.layers
-        for i in range(len(self.pieces)):
-            if self.capture:
-                self.graphs[i].replay()
-            else:
-                self.pieces[i]()
-            if i < len(layers):
-                layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i), out=self.attended,
-                                      rotate=self.rotated[i])
+        from dsv4.model.rope import shared_cos_sin
+        with shared_cos_sin():  # the eager attentions' RoPE tables (compressed entries) once for all layers
+            for i in range(len(self.pieces)):
+                if self.capture:
+                    self.graphs[i].replay()
+                else:
+                    self.pieces[i]()
+                if i < len(layers):
+                    layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i), out=self.attended,
+                                          rotate=self.rotated[i])
         return self.hidden[:t].clone()  # the static buffer is overwritten by the next forward
 
 

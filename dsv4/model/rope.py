@@ -88,6 +88,18 @@ class RotaryEmbedding:
 _shared: dict | None = None
 
 
+def strided_positions(start: int, stop: int, step: int, device) -> torch.Tensor:
+    """arange(start, stop, step) on `device`; inside `shared_cos_sin()` one tensor per range, so that the layers'
+    `cos_sin` of it (the compressors' entry positions) is computed once too."""
+    if _shared is None:
+        return torch.arange(start, stop, step, device=device)
+    key = ("positions", start, stop, step, torch.device(device))
+    hit = _shared.get(key)
+    if hit is None:
+        hit = _shared[key] = torch.arange(start, stop, step, device=device)
+    return hit
+
+
 @contextlib.contextmanager
 def shared_cos_sin():
     """Within one forward (positions not modified in between): one cos/sin table per RoPE kind."""

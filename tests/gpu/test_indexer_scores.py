@@ -168,6 +168,7 @@ def test_prefill_index_scores_and_select(t, heads, n, start, poison):
     1-ulp flips, all within the float64 bound), and the model's kernel-mode selection vs its torch one."""
     from dsv4.kernels.indexer_scores import prefill_index_scores, prefill_index_scores_ref
     from dsv4.model.indexer import Indexer
+    from dsv4.model.rope import shared_cos_sin
 
     gen = torch.Generator(DEV).manual_seed(t * 7 + heads + n + start)
     keys = torch.randn(n, DI, generator=gen, device=DEV)
@@ -183,15 +184,18 @@ def test_prefill_index_scores_and_select(t, heads, n, start, poison):
     assert torch.equal(torch.isneginf(got), ~present) and torch.isfinite(got[present]).all()
     _check_scores(got, ref, q, w, keys, present, f"prefill T={t} Hi={heads} N={n}")
 
-    if not got.is_cuda:
-        return  # kernel mode selects on CUDA only
     ix = Indexer.__new__(Indexer)
     nn_init = torch.nn.Module.__init__
     nn_init(ix)
     ix.topk, ix.ratio, ix.use_kernels = 24, 4, False
     want = ix.select_indices(q, w, keys, positions)
     ix.use_kernels = True
-    picked = ix.select_indices(q, w, keys, positions)
+    # kernel mode selects on CUDA; the interpreter takes its kernel path directly
+    select = ix.select_indices if got.is_cuda else ix._select_kernel
+    with shared_cos_sin():  # twice in one forward's scope: the second call takes the visible counts kept
+        picked = select(q, w, keys, positions)
+        again = select(q, w, keys, positions[:])
+    assert torch.equal(again, picked)
     assert picked.shape == want.shape == (t, min(24, n))
     same = (got == ref).all(1)  # rows whose scores match the reference's exactly pick the same set
     assert torch.equal(_as_sets(picked[same]), _as_sets(want[same]))
