@@ -7,7 +7,7 @@ branches' launches are counted in their part), and a few torch paths guarded by 
 
     python bench/launch_inventory.py [--batch 1] [--flags module.NAME=value ...] [--trace ATEN_OP] [--prefill N]
 
-`--prefill N`: one fresh N-token prompt instead, the eager attention's parts labelled (what runs between the prefill
+`--prefill N [--prefix P]`: one fresh N-token prompt (or a chunk of N after P tokens) instead, the eager attention's parts labelled (what runs between the prefill
 pieces), the prefill kernel and the fused stores / reads taken as on CUDA (the indexer's selection still takes its
 torch path here: two launches on a GPU).
 """
@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--trace", help="an aten op name (e.g. _to_copy): also print the dsv4 lines it comes from")
     ap.add_argument("--prefill", type=int, default=0,
                     help="N: instead of a decode step, one fresh N-token prompt, the attention's parts labelled")
+    ap.add_argument("--prefix", type=int, default=0, help="with --prefill: the N tokens as a chunk after P of them")
     args = ap.parse_args()
     global TRACE
     TRACE = args.trace
@@ -126,14 +127,19 @@ def main() -> None:
         from dsv4.model.attention import Attention
         Attention._prefill_kernel = lambda self, pre: self.use_kernels and pre.q.dtype == torch.bfloat16
         PagedBatch(model, "fp8", prompts=(args.prefill,))  # warm: first-use derivations
-        title = f"one fresh {args.prefill}-token prompt"
+        batch = PagedBatch(model, "fp8", prompts=(args.prefix,)) if args.prefix else None
+        title = f"one {args.prefill}-token chunk after {args.prefix}" if args.prefix else \
+            f"one fresh {args.prefill}-token prompt"
     else:
         batch = PagedBatch(model, "fp8", prompts=tuple(9 + 5 * i for i in range(args.batch)))
         batch.decode(1)  # warm: first-use derivations (cos / sin tables, stacks)
         title = f"one decode step, B = {args.batch}"
     recording[0] = True
     with _TorchOps():
-        if args.prefill:  # a new batch prefills its prompt (the pools' allocation: outside the parts)
+        if args.prefix:
+            with torch.no_grad():
+                batch.forward(batch.seqs, torch.randint(2, 500, (args.prefill,)))
+        elif args.prefill:  # a new batch prefills its prompt (the pools' allocation: outside the parts)
             PagedBatch(model, "fp8", prompts=(args.prefill,))
         else:
             batch.decode(1)
