@@ -302,6 +302,12 @@ def test_pool_chunk_matches_reference(ratio, dim, first, entry0, n):
             cw = torch.cat((c[lo - ratio:lo, :dim].double(), cw))
             zw = torch.cat((z[lo - ratio:lo, :dim].double(), zw))
     torch.testing.assert_close(got[e].double(), (torch.softmax(zw, 0) * cw).sum(0), rtol=1e-5, atol=1e-5)
+    # c and z as the two halves of one projection's rows (`Compressor.pool` passes them with their row stride)
+    both = torch.cat((c, z), dim=1)
+    c2, z2 = both[:, :c.shape[1]], both[:, c.shape[1]:]
+    assert not c2.is_contiguous()
+    assert torch.equal(pool_chunk(c2, z2, first, entry0, n, ratio, dim), got)
+    assert torch.equal(Compressor.pool(comp, c2, z2, first, entry0 * ratio, fused=True)[0], got)
 
 
 def test_pool_chunk_rejects_rows_that_miss_windows():
