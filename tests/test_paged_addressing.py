@@ -79,3 +79,24 @@ def test_forward_scoped_derivations_are_shared_and_exact():
             assert ent.tolist() == [i * ratio for i in range(a, b)]
         assert visible_entries(view, ratio) is not visible_entries(view, ratio)
         assert strided_positions(0, 8, 4, "cpu") is not strided_positions(0, 8, 4, "cpu")
+
+
+def test_flag_off_derives_per_layer(monkeypatch):
+    """rope.SHARE_ACROSS_LAYERS = False (the A/B's other arm): each ask derives its own lists, of the same values."""
+    from dsv4.model import rope
+    from dsv4.model.indexer import visible_entries
+
+    cfg = tiny_config("fp4", "csa,csa", index_topk=8)
+    cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=1, max_model_len=256, kv_dtype="fp8"),
+                        dtype=torch.float32, device="cpu")
+    seq = Sequence("r0", [1])
+    cache.reserve(seq, 90)
+    a, b = cache.state_of(seq).layers
+    ps = cache.pools.window[0].page_size
+    shared = a._slots("window", 3, 40, ps, cache.pools.ring)
+    monkeypatch.setattr(rope, "SHARE_ACROSS_LAYERS", False)
+    own = b._slots("window", 3, 40, ps, cache.pools.ring)
+    assert own[0] is not shared[0] and torch.equal(own[0], shared[0]) and torch.equal(own[1], shared[1])
+    positions = torch.arange(5, 60)
+    with rope.shared_cos_sin():
+        assert visible_entries(positions, 4) is not visible_entries(positions, 4)

@@ -26,6 +26,7 @@ from ..kernels._triton import interpreted
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from ..model import rope
 from ..model.state import oldest_needed_row, truncate_target
 from .block_manager import BlockManager
 from .paged_decode import DecodeStep
@@ -291,6 +292,8 @@ class PagedLayerState:
     def _shared(self, key: tuple, table, make):
         """make() once per key for all layers of the sequence (while `table`, the device tensor it derives from,
         is the current one)."""
+        if not rope.SHARE_ACROSS_LAYERS:
+            return make()
         cache = self.seq.device_slots
         hit = cache.get(key)
         if hit is not None and hit[0] is table:

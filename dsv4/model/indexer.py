@@ -41,7 +41,7 @@ def visible_entries(positions: torch.Tensor, ratio: int) -> torch.Tensor:
     per positions tensor (the CSA layers of a forward share it)."""
     from dsv4.model import rope
     shared = rope._shared
-    if shared is None:
+    if shared is None or not rope.SHARE_ACROSS_LAYERS:
         return ((positions + 1) // ratio).to(torch.int32)
     # the entry keeps `positions` alive, so no other tensor can have its address meanwhile (views of it are new
     # objects per layer: the key is the view, not the object)

@@ -86,12 +86,16 @@ class RotaryEmbedding:
 
 
 _shared: dict | None = None
+# Derivations the layers of one forward share: the compressors' entry positions (and so their RoPE tables), the
+# indexer's visible counts, the paged states' slot lists and positions (dsv4.engine.paged_state). False: each layer
+# derives its own, as before session 62 (the A/B of bench/runs/run_device_s63b.sh).
+SHARE_ACROSS_LAYERS = True
 
 
 def strided_positions(start: int, stop: int, step: int, device) -> torch.Tensor:
     """arange(start, stop, step) on `device`; inside `shared_cos_sin()` one tensor per range, so that the layers'
     `cos_sin` of it (the compressors' entry positions) is computed once too."""
-    if _shared is None:
+    if _shared is None or not SHARE_ACROSS_LAYERS:
         return torch.arange(start, stop, step, device=device)
     key = ("positions", start, stop, step, torch.device(device))
     hit = _shared.get(key)

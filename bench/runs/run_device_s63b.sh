@@ -1,5 +1,6 @@
 #!/bin/bash
-# Prepared in session 61 (≈ 5-6 min warm): the timings of session 61's CPU-only work, 8 Flash layers.
+# Prepared in sessions 61-62 (≈ 6-7 min warm): the timings of their CPU-only work, 8 Flash layers.
+# (Session 62's own A/B: bench/runs/run_device_s63c.sh.)
 # (1) The MTP block's prefill catch-up as pieces: eager against pieces, each forward followed by the MTP block.
 # (2) Mixed steps: a fresh prompt beside one decode row of each of B sequences at 4096 tokens of context, one forward
 #     (the pieces on) against mixed_steps' split (decode rows as their own graphed step): B = 8 and 32. If the split
