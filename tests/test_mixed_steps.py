@@ -3,7 +3,7 @@ engine's greedy text equals the engine's without graphs (one forward per step), 
 decode, chunked prompts, MTP speculation (verify rows beside chunks; the MTP block reads the recombined target
 rows, its catch-up over them split too); the mixed steps really went through the split, the decode rows through the
 fixed-shape step's buckets.
-Uncaptured graphs on the CPU (`capture=False`); on the GPU: bench/runs/run_device_s62a.sh."""
+Uncaptured graphs on the CPU (`capture=False`); on the GPU: bench/runs/run_device_s63a.sh."""
 from __future__ import annotations
 
 import pytest

@@ -22,7 +22,7 @@ import torch
 from dsv4.model.context import ForwardContext, engine_pools, set_forward_context, to_device
 
 # Off until measured on the GPU: the host time saved (a few launches per decode row and layer) against a second
-# read of the weights. A/B: bench/bench_prefill_graphs.py --decode-rows B (bench/runs/run_device_s62b.sh).
+# read of the weights. A/B: bench/bench_prefill_graphs.py --decode-rows B (bench/runs/run_device_s63b.sh).
 SPLIT_MIXED_STEPS = False
 
 
