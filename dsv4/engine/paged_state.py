@@ -98,6 +98,10 @@ class _EntryPool:
         return torch.cat((nope.to(dtype), self.rope[pages, offs].to(dtype)), dim=-1)
 
 
+def _capturing(device) -> bool:
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def largest_slot(lo: int, hi: int, ring: int) -> int:
     """The largest of the ring slots p mod ring of positions lo .. hi - 1 (hi > lo), on the host."""
     wraps = hi - lo >= ring or lo % ring > (hi - 1) % ring
@@ -292,7 +296,7 @@ class PagedLayerState:
     def _shared(self, key: tuple, table, make):
         """make() once per key for all layers of the sequence (while `table`, the device tensor it derives from,
         is the current one)."""
-        if not rope.SHARE_ACROSS_LAYERS:
+        if not rope.SHARE_ACROSS_LAYERS or _capturing(self.pools.device):  # (a graph's memory is not kept here)
             return make()
         cache = self.seq.device_slots
         hit = cache.get(key)
