@@ -16,6 +16,7 @@ from dsv4.config import ModelConfig
 from dsv4.model.compressor import Compressor
 from dsv4.model.linear import FP8, Linear, bf16_gemm_applies, bf16_gemm_fp32
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_indexer_fp4
+from dsv4.model import rope as rope_tables  # (`rope` is the layers' RotaryEmbedding below)
 from dsv4.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -39,9 +40,8 @@ def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
 def visible_entries(positions: torch.Tensor, ratio: int) -> torch.Tensor:
     """int32 count of the complete entries each position sees, (p + 1) // ratio; inside `rope.shared_cos_sin()` once
     per positions tensor (the CSA layers of a forward share it)."""
-    from dsv4.model import rope
-    shared = rope._shared
-    if shared is None or not rope.SHARE_ACROSS_LAYERS:
+    shared = rope_tables._shared
+    if shared is None or not rope_tables.SHARE_ACROSS_LAYERS:
         return ((positions + 1) // ratio).to(torch.int32)
     # the entry keeps `positions` alive, so no other tensor can have its address meanwhile (views of it are new
     # objects per layer: the key is the view, not the object)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.model.block import finish_carry, fuses_block_sites
+from dsv4.model.rope import shared_cos_sin
 
 
 class PiecewiseBucket:
@@ -85,7 +86,6 @@ class PiecewiseBucket:
         layers, n, fuse = self.layers, len(self.layers), self.fuse
 
         def run() -> None:
-            from dsv4.model.rope import shared_cos_sin
             carry = None
             with shared_cos_sin():
                 if i == 0:
@@ -129,7 +129,6 @@ class PiecewiseBucket:
         fill_padded(self.pos, positions)
         self.ensure_captured()
         layers = self.layers
-        from dsv4.model.rope import shared_cos_sin
         with shared_cos_sin():  # the eager attentions' RoPE tables (compressed entries) once for all layers
             for i in range(len(self.pieces)):
                 if self.capture:

@@ -88,7 +88,7 @@ class RotaryEmbedding:
 _shared: dict | None = None
 # Derivations the layers of one forward share: the compressors' entry positions (and so their RoPE tables), the
 # indexer's visible counts, the paged states' slot lists and positions (dsv4.engine.paged_state). False: each layer
-# derives its own, as before session 62 (the A/B of bench/runs/run_device_s63b.sh).
+# derives its own, as before session 62 (the A/B of bench/runs/run_device_s63c.sh).
 SHARE_ACROSS_LAYERS = True
 
 
