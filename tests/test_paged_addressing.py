@@ -29,6 +29,8 @@ def _brute(table: list[int], lo: int, hi: int, page_size: int, ring: int) -> tup
 
 
 def test_slot_lists_are_shared_by_the_layers_and_follow_the_table():
+    from dsv4.model.rope import shared_cos_sin
+
     cfg = tiny_config("fp4", "csa,csa,hca,csa", index_topk=8)
     cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=3, max_model_len=512, kv_dtype="fp8"),
                         dtype=torch.float32, device="cpu")
@@ -43,17 +45,20 @@ def test_slot_lists_are_shared_by_the_layers_and_follow_the_table():
                                    ("compressed4", cache.pools.entries[0, "main"].page_size, 0)):
             lo = rnd.randrange(0, 30)
             hi = lo + rnd.randrange(1, 2 * ring + 3 if r else 8)
-            first = csa[0]._slots(kind, lo, hi, page_size, r)
-            again = csa[1]._slots(kind, lo, hi, page_size, r)
-            assert again[0] is first[0] and again[1] is first[1]  # derived once for the layers
             want = _brute(seq.block_tables[kind], lo, hi, page_size, r)
-            assert (first[0].tolist(), first[1].tolist()) == want, (kind, lo, hi)
-            # the table changes (pages reassigned): the next ask derives from the new one
-            seq.block_tables[kind] = list(reversed(seq.block_tables[kind]))
-            moved = csa[2]._slots(kind, lo, hi, page_size, r)
-            assert (moved[0].tolist(), moved[1].tolist()) == _brute(seq.block_tables[kind], lo, hi, page_size, r)
-            assert moved[0].tolist() != first[0].tolist() or len(set(want[0])) == 1
-            seq.block_tables[kind] = list(reversed(seq.block_tables[kind]))
+            with shared_cos_sin():  # one forward's scope
+                first = csa[0]._slots(kind, lo, hi, page_size, r)
+                again = csa[1]._slots(kind, lo, hi, page_size, r)
+                assert again[0] is first[0] and again[1] is first[1]  # derived once for the layers
+                assert (first[0].tolist(), first[1].tolist()) == want, (kind, lo, hi)
+                # the table changes (pages reassigned): the next ask derives from the new one
+                seq.block_tables[kind] = list(reversed(seq.block_tables[kind]))
+                moved = csa[2]._slots(kind, lo, hi, page_size, r)
+                assert (moved[0].tolist(), moved[1].tolist()) == _brute(seq.block_tables[kind], lo, hi, page_size, r)
+                assert moved[0].tolist() != first[0].tolist() or len(set(want[0])) == 1
+                seq.block_tables[kind] = list(reversed(seq.block_tables[kind]))
+            later = csa[0]._slots(kind, lo, hi, page_size, r)  # the next forward derives its own
+            assert later[0] is not first[0] and (later[0].tolist(), later[1].tolist()) == want
 
 
 def test_forward_scoped_derivations_are_shared_and_exact():
@@ -93,10 +98,10 @@ def test_flag_off_derives_per_layer(monkeypatch):
     cache.reserve(seq, 90)
     a, b = cache.state_of(seq).layers
     ps = cache.pools.window[0].page_size
-    shared = a._slots("window", 3, 40, ps, cache.pools.ring)
     monkeypatch.setattr(rope, "SHARE_ACROSS_LAYERS", False)
-    own = b._slots("window", 3, 40, ps, cache.pools.ring)
-    assert own[0] is not shared[0] and torch.equal(own[0], shared[0]) and torch.equal(own[1], shared[1])
     positions = torch.arange(5, 60)
     with rope.shared_cos_sin():
+        one = a._slots("window", 3, 40, ps, cache.pools.ring)
+        own = b._slots("window", 3, 40, ps, cache.pools.ring)
+        assert own[0] is not one[0] and torch.equal(own[0], one[0]) and torch.equal(own[1], one[1])
         assert visible_entries(positions, 4) is not visible_entries(positions, 4)

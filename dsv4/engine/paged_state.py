@@ -98,10 +98,6 @@ class _EntryPool:
         return torch.cat((nope.to(dtype), self.rope[pages, offs].to(dtype)), dim=-1)
 
 
-def _capturing(device) -> bool:
-    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def largest_slot(lo: int, hi: int, ring: int) -> int:
     """The largest of the ring slots p mod ring of positions lo .. hi - 1 (hi > lo), on the host."""
     wraps = hi - lo >= ring or lo % ring > (hi - 1) % ring
@@ -274,7 +270,7 @@ class PagedLayerState:
     def _table(self, kind: str) -> torch.Tensor:
         """The block table on the device, copied again only when it changed: a pageable host->device
         copy waits for the GPU queue to drain (10 such waits made a prefill mostly host-bound). Kept on the
-        sequence, so one copy serves all its layers (their states share its tables)."""
+        sequence, so one copy serves all its layers (their states share its tables) and its later steps."""
         pages = self.seq.block_tables[kind]
         hit = self.seq.device_tables.get(kind)
         if hit is None or hit[0] != pages:
@@ -287,26 +283,16 @@ class PagedLayerState:
     def _slots(self, kind: str, lo: int, hi: int, page_size: int, ring: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(page, offset) of slot indices lo .. hi - 1 (hi > lo), each taken mod `ring` when given. The layers
-        of a sequence ask for the same slots within a step, so the lists are derived once per step and table
-        (four launches fewer per read or write and layer), kept on the sequence beside the table."""
+        of a sequence ask for the same slots within a forward, so the lists are derived once per forward (four
+        launches fewer per read or write and layer; `rope.once_per_forward`), from the table tensor current then."""
         table = self._table(kind)
-        return self._shared((kind, lo, hi, page_size, ring), table,
-                            lambda: self._derive_slots(table, kind, lo, hi, page_size, ring))
+        return self._once((kind, lo, hi, page_size, ring, id(table)),
+                          lambda: self._derive_slots(table, kind, lo, hi, page_size, ring), table)
 
-    def _shared(self, key: tuple, table, make):
-        """make() once per key for all layers of the sequence (while `table`, the device tensor it derives from,
-        is the current one)."""
-        if not rope.SHARE_ACROSS_LAYERS or _capturing(self.pools.device):  # (a graph's memory is not kept here)
-            return make()
-        cache = self.seq.device_slots
-        hit = cache.get(key)
-        if hit is not None and hit[0] is table:
-            return hit[1]
-        out = make()
-        if len(cache) >= 32:  # a step asks for a handful of keys; older steps' are not asked again
-            cache.clear()
-        cache[key] = (table, out)
-        return out
+    def _once(self, key: tuple, make, table=None):
+        """make() once per key for all layers of the sequence within one forward. The entry keeps the sequence and
+        the table alive, so their ids in the key stay unique meanwhile."""
+        return rope.once_per_forward(("paged", id(self.seq)) + key, lambda: (self.seq, table, make()))[2]
 
     def _derive_slots(self, table: torch.Tensor, kind: str, lo: int, hi: int, page_size: int, ring: int):
         top = largest_slot(lo, hi, ring) if ring else hi - 1
@@ -329,8 +315,7 @@ class PagedLayerState:
     def window(self, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.num_tokens
         lo = max(0, end - self.window_size + 1)
-        positions = self._shared(("positions", lo, end), None,
-                                 lambda: torch.arange(lo, end, device=self.pools.device))
+        positions = self._once(("positions", lo, end), lambda: torch.arange(lo, end, device=self.pools.device))
         pool = self.pools.window[self.spec.index]
         if positions.numel() == 0:
             return torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device), positions

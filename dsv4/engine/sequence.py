@@ -44,10 +44,8 @@ class Sequence:
         self.output_text: str | None = None   # set only when stop strings are checked; excludes the stop string
         self.num_preemptions = 0
         self.block_tables: dict[str, list[int]] = {}
-        # dsv4.engine.paged_state's device copies of the block tables and of the slot lists its layers derive from
-        # them (derived once for all layers, not per layer)
+        # dsv4.engine.paged_state's device copies of the block tables (one for all layers, copied again when changed)
         self.device_tables: dict[str, tuple[list[int], object]] = {}
-        self.device_slots: dict[tuple, tuple] = {}
         self.generator = None                 # torch.Generator of a seeded request (made by the sampler)
         # with params.prompt_logprobs: entry k is prompt token k + 1's TokenLogprob (the cache's forward fills it
         # chunk by chunk; a recompute after preemption finds it filled)

@@ -40,16 +40,10 @@ def top_k_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
 def visible_entries(positions: torch.Tensor, ratio: int) -> torch.Tensor:
     """int32 count of the complete entries each position sees, (p + 1) // ratio; inside `rope.shared_cos_sin()` once
     per positions tensor (the CSA layers of a forward share it)."""
-    shared = rope_tables._shared
-    if shared is None or not rope_tables.SHARE_ACROSS_LAYERS:
-        return ((positions + 1) // ratio).to(torch.int32)
     # the entry keeps `positions` alive, so no other tensor can have its address meanwhile (views of it are new
     # objects per layer: the key is the view, not the object)
     key = ("visible", positions.data_ptr(), tuple(positions.shape), positions.stride(), ratio, positions.device)
-    hit = shared.get(key)
-    if hit is None:
-        hit = shared[key] = (positions, ((positions + 1) // ratio).to(torch.int32))
-    return hit[1]
+    return rope_tables.once_per_forward(key, lambda: (positions, ((positions + 1) // ratio).to(torch.int32)))[1]
 
 
 def indices_to_mask(idx: torch.Tensor, width: int) -> torch.Tensor:

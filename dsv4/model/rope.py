@@ -92,21 +92,28 @@ _shared: dict | None = None
 SHARE_ACROSS_LAYERS = True
 
 
-def strided_positions(start: int, stop: int, step: int, device) -> torch.Tensor:
-    """arange(start, stop, step) on `device`; inside `shared_cos_sin()` one tensor per range, so that the layers'
-    `cos_sin` of it (the compressors' entry positions) is computed once too."""
+def once_per_forward(key: tuple, make):
+    """make() once per key inside `shared_cos_sin()` (the layers of one forward ask alike), else at every call.
+    What is kept lives as long as the forward's scope: nothing carries over to the next forward."""
     if _shared is None or not SHARE_ACROSS_LAYERS:
-        return torch.arange(start, stop, step, device=device)
-    key = ("positions", start, stop, step, torch.device(device))
+        return make()
     hit = _shared.get(key)
     if hit is None:
-        hit = _shared[key] = torch.arange(start, stop, step, device=device)
+        hit = _shared[key] = make()
     return hit
+
+
+def strided_positions(start: int, stop: int, step: int, device) -> torch.Tensor:
+    """arange(start, stop, step) on `device`, once per forward and range, so that the layers' `cos_sin` of it (the
+    compressors' entry positions) is computed once too."""
+    return once_per_forward(("positions", start, stop, step, torch.device(device)),
+                            lambda: torch.arange(start, stop, step, device=device))
 
 
 @contextlib.contextmanager
 def shared_cos_sin():
-    """Within one forward (positions not modified in between): one cos/sin table per RoPE kind."""
+    """Within one forward (positions not modified in between): one cos/sin table per RoPE kind, and what else the
+    layers derive alike (`once_per_forward`)."""
     global _shared
     previous, _shared = _shared, {}
     try:
