@@ -9,7 +9,8 @@ branches' launches are counted in their part), and a few torch paths guarded by 
 
 `--prefill N [--prefix P]`: one fresh N-token prompt (or a chunk of N after P tokens) instead, the eager attention's parts labelled (what runs between the prefill
 pieces), the prefill kernel and the fused stores / reads taken as on CUDA (the indexer's selection still takes its
-torch path here: two launches on a GPU).
+torch path here: two launches on a GPU). `--attend-us R` also times `Attention.attend` over R fresh prompts with
+every Triton launch stubbed out: the host's own work per call, a CPU stand-in for what the prefill pieces leave.
 """
 from __future__ import annotations
 
@@ -86,6 +87,37 @@ class _TorchOps(TorchDispatchMode):
 
 
 
+def _attend_host_us(model, n: int, reps: int) -> None:
+    """Microseconds per `Attention.attend` call over `reps` fresh n-token prompts, the Triton launches doing nothing
+    (their outputs are garbage; only the host's work is timed: Python, torch dispatch of small CPU ops)."""
+    import time
+
+    from dsv4.model.attention import Attention
+    from paged_driver import PagedBatch
+    from triton.runtime.interpreter import InterpretedFunction
+
+    real_attend, real_run = Attention.attend, InterpretedFunction.run
+    spent: dict[str, list[float]] = collections.defaultdict(list)
+
+    def timed(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return real_attend(self, *a, **k)
+        finally:
+            spent["CSA" if self.indexer else "HCA" if self.compressor else "sliding"].append(time.perf_counter() - t)
+    InterpretedFunction.run, Attention.attend = (lambda self, *a, **k: None), timed
+    try:
+        for _ in range(2):  # warm
+            PagedBatch(model, "fp8", prompts=(n,))
+        spent.clear()
+        for _ in range(reps):
+            PagedBatch(model, "fp8", prompts=(n,))
+    finally:
+        InterpretedFunction.run, Attention.attend = real_run, real_attend
+    print("host µs per Attention.attend call, launches stubbed (median by layer kind): " + ", ".join(
+        f"{kind} {sorted(t)[len(t) // 2] * 1e6:.0f}" for kind, t in sorted(spent.items())))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=1, help="sequences, one token each")
@@ -94,6 +126,9 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=0,
                     help="N: instead of a decode step, one fresh N-token prompt, the attention's parts labelled")
     ap.add_argument("--prefix", type=int, default=0, help="with --prefill: the N tokens as a chunk after P of them")
+    ap.add_argument("--attend-us", type=int, default=0, metavar="R",
+                    help="with --prefill: also R fresh prompts with every Triton launch stubbed out, and the host "
+                         "microseconds per `Attention.attend` call (a CPU stand-in for its host time)")
     args = ap.parse_args()
     global TRACE
     TRACE = args.trace
@@ -130,6 +165,8 @@ def main() -> None:
         batch = PagedBatch(model, "fp8", prompts=(args.prefix,)) if args.prefix else None
         title = f"one {args.prefill}-token chunk after {args.prefix}" if args.prefix else \
             f"one fresh {args.prefill}-token prompt"
+        if args.attend_us:
+            _attend_host_us(model, args.prefill, args.attend_us)
     else:
         batch = PagedBatch(model, "fp8", prompts=tuple(9 + 5 * i for i in range(args.batch)))
         batch.decode(1)  # warm: first-use derivations (cos / sin tables, stacks)
