@@ -2,6 +2,8 @@
 
 `topk_lowest_index(scores [B, N], k, present [B, N] | None, mark_absent=False) -> (picked [B, k] int64, valid [B, k]
 bool)`; mark_absent: picks that are not present hold -1 in `picked` (the decode attention kernel's index list).
+`visible` (int32 [B], instead of `present`): entry n is present in row b iff n < visible[b] (a prompt chunk's causal
+entry counts), and `index_dtype=torch.int32` writes the list as the prefill attention kernel reads it.
 
 The picked SET of row b is the first k entries of the order (score descending, index ascending) --
 exactly what `torch.sort(scores, descending=True, stable=True).indices[:, :k]` chooses (the
@@ -97,16 +99,18 @@ if HAS_TRITON:
     @triton.jit
     def _topk_kernel(S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
                      KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
-                     MARK_ABSENT: tl.constexpr = False):
+                     MARK_ABSENT: tl.constexpr = False, HAS_VISIBLE: tl.constexpr = False):
         pdl_wait()
         topk_row(tl.program_id(0).to(tl.int64), S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
-                 KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT)
+                 KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
 
     @triton.jit
     def topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr,
-                 INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr):
+                 INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr,
+                 HAS_VISIBLE: tl.constexpr = False):
         """Row b's picks (int64 b: the kernel's program, or the last-arriving program of the decode indexer's
-        scores launch, `indexer_scores.indexer_pick`). MARK_ABSENT: a pick that is not present stored as -1."""
+        scores launch, `indexer_scores.indexer_pick`). MARK_ABSENT: a pick that is not present stored as -1.
+        HAS_VISIBLE: PRESENT holds the row's int32 visible count instead of a mask."""
         row = b * ss_b
         lane = tl.arange(0, BLOCK)
         bins = tl.arange(0, 256)
@@ -134,13 +138,15 @@ if HAS_TRITON:
             sel = inb & ((key > prefix) | ((tie != 0) & (ties + tl.cumsum(tie, axis=0) <= take)))
             sel32 = sel.to(tl.int32)
             pos = n_out + tl.cumsum(sel32, axis=0) - sel32
-            if HAS_PRESENT:
+            if HAS_VISIBLE:
+                ok = (idx < tl.load(PRESENT + b)).to(tl.uint8)
+            elif HAS_PRESENT:
                 ok = tl.load(PRESENT + b * sp_b + idx * sp_n, mask=sel, other=0)
             else:
                 ok = tl.full([BLOCK], 1, tl.uint8)
             if MARK_ABSENT:
                 idx = tl.where(ok != 0, idx, -1)
-            tl.store(PICKED + b * so_b + pos, idx.to(tl.int64), mask=sel)
+            tl.store(PICKED + b * so_b + pos, idx.to(PICKED.dtype.element_ty), mask=sel)
             tl.store(VALID + b * sv_b + pos, ok, mask=sel)
             n_out += tl.sum(sel32, axis=0)
             ties += tl.sum(tie, axis=0)
@@ -154,29 +160,38 @@ def block_for(n: int) -> int:
 
 
 def topk_lowest_index(scores: torch.Tensor, k: int, present: torch.Tensor | None = None,
-                      mark_absent: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton `topk_lowest_index_ref`: (picked int64 [B, k] ascending, valid bool [B, k]); mark_absent: the
-    picks that are not present hold -1 in `picked` (the decode attention's index list, no `where` launch after)."""
+                      mark_absent: bool = False, visible: torch.Tensor | None = None,
+                      index_dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton `topk_lowest_index_ref`: (picked [B, k] ascending, valid bool [B, k]); mark_absent: the
+    picks that are not present hold -1 in `picked` (the decode attention's index list, no `where` launch after).
+    visible (int32 [B], not with present): entries n < visible[b] are the present ones."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.topk: triton is not installed (use topk_lowest_index_ref)")
     _check(scores, k, present, "topk_lowest_index")
-    picked = torch.empty(scores.shape[0], k, dtype=torch.int64, device=scores.device)
+    if visible is not None and (present is not None or visible.dtype != torch.int32
+                                or visible.shape != scores.shape[:1] or visible.device != scores.device):
+        raise ValueError(f"topk_lowest_index: visible must be int32 [{scores.shape[0]}] on {scores.device}, without "
+                         f"present, got {visible.dtype} {tuple(visible.shape)} on {visible.device}")
+    if index_dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"topk_lowest_index: index_dtype must be int64 or int32, got {index_dtype}")
+    picked = torch.empty(scores.shape[0], k, dtype=index_dtype, device=scores.device)
     valid = torch.empty(scores.shape[0], k, dtype=torch.bool, device=scores.device)
-    _launch(scores, k, present, picked, valid, mark_absent)
+    _launch(scores, k, present, picked, valid, mark_absent, visible)
     return picked, valid
 
 
 def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: torch.Tensor,
-            valid: torch.Tensor, mark_absent: bool = False) -> None:
+            valid: torch.Tensor, mark_absent: bool = False, visible: torch.Tensor | None = None) -> None:
     """The kernel into given [B, k] outputs (rows may be strided: the tests guard the slots past k)."""
     bsz, n = scores.shape
     if bsz == 0:
         return
     valid8 = valid.view(torch.uint8)  # a bool pointer would load/store as int1
-    pres = present.view(torch.uint8) if present is not None else valid8  # not read without present
+    pres = present.view(torch.uint8) if present is not None else visible if visible is not None else valid8
+    strides = (0, 0) if visible is not None else (pres.stride(0), pres.stride(1))  # (only `present` is strided)
     block = block_for(n)
     _topk_kernel[(bsz,)](
         scores, pres, picked, valid8, n, k,
-        scores.stride(0), scores.stride(1), pres.stride(0), pres.stride(1), picked.stride(0), valid8.stride(0),
+        scores.stride(0), scores.stride(1), *strides, picked.stride(0), valid8.stride(0),
         KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
-        BLOCK=block, MARK_ABSENT=mark_absent, num_warps=4 if block <= 1024 else 8)
+        BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None, num_warps=4 if block <= 1024 else 8)

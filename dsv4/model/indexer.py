@@ -178,7 +178,7 @@ class Indexer(nn.Module):
                        positions: torch.Tensor) -> torch.Tensor:
         """`select_indices` in two launches per block of queries: the scores of the block against every
         key (dsv4.kernels.indexer_scores; fp32 sums in another order, so rare 1-ulp bf16 flips) and the
-        radix top-k (the same set as the sort; the list ascending instead of by score)."""
+        radix top-k (the same set as the sort; the list ascending instead of by score; int32)."""
         from dsv4.kernels.indexer_scores import prefill_index_scores
         from dsv4.kernels.topk import topk_lowest_index
 
@@ -187,12 +187,12 @@ class Indexer(nn.Module):
         k = min(self.topk, n_keys)
         block = max(QUERY_BLOCK, KERNEL_SCORES // n_keys)  # bounds the [block, N] bf16 scores
         visible = visible_entries(positions, self.ratio)
-        out = None if q.shape[0] <= block else torch.empty(q.shape[0], k, dtype=torch.long, device=keys.device)
+        out = None if q.shape[0] <= block else torch.empty(q.shape[0], k, dtype=torch.int32, device=keys.device)
         for b0 in range(0, q.shape[0], block):
             seen = visible[b0:b0 + block]
             scores = prefill_index_scores(q[b0:b0 + block], weights[b0:b0 + block], keys, seen)
-            picked, _ = topk_lowest_index(scores, k)
-            picked = torch.where(picked < seen[:, None], picked, -1)
+            # picks past the visible count as -1, int32 as the prefill attention kernel reads them: one launch
+            picked, _ = topk_lowest_index(scores, k, mark_absent=True, visible=seen, index_dtype=torch.int32)
             if out is None:  # one block (short chunks): no copy into a list of all
                 return picked
             out[b0:b0 + block] = picked

@@ -196,6 +196,8 @@ def test_prefill_index_scores_and_select(t, heads, n, start, poison):
         picked = select(q, w, keys, positions)
         again = select(q, w, keys, positions[:])
     assert torch.equal(again, picked)
+    assert picked.dtype == torch.int32  # (as the prefill attention kernel reads the lists)
+    picked = picked.long()
     assert picked.shape == want.shape == (t, min(24, n))
     same = (got == ref).all(1)  # rows whose scores match the reference's exactly pick the same set
     assert torch.equal(_as_sets(picked[same]), _as_sets(want[same]))

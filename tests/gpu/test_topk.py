@@ -122,6 +122,33 @@ def test_mark_absent(n: int, k: int, poison) -> None:
     assert torch.equal(picked, torch.where(plain[1], plain[0], -1))
 
 
+@pytest.mark.parametrize("n, k", [(40, 30), (3000, 512)])
+def test_visible_counts(n: int, k: int, poison) -> None:
+    """visible (a prompt chunk's causal entry counts, -inf past them as the prefill scores have): the picks of the
+    `present = n < visible` mask, the absent ones -1, int32 when asked; counts of 0, < k, and N among the rows."""
+    from dsv4.kernels.topk import topk_lowest_index
+
+    scores, _ = _case(5, n, torch.bfloat16, seed=3 * n + k)
+    visible = torch.tensor([0, k // 3, k, n - 1, n], dtype=torch.int32)
+    present = torch.arange(n)[None, :] < visible[:, None].long()
+    scores = scores.masked_fill(~present, float("-inf"))
+    scores, present, visible = scores.to(DEV), present.to(DEV), visible.to(DEV)
+    poison()
+    plain = topk_lowest_index(scores, k, present)
+    _assert_matches(scores, k, present, plain, f"N={n} k={k}")
+    for dtype in (torch.int64, torch.int32):
+        picked, valid = topk_lowest_index(scores, k, mark_absent=True, visible=visible, index_dtype=dtype)
+        assert picked.dtype == dtype and torch.equal(valid, plain[1])
+        assert torch.equal(picked.long(), torch.where(plain[1], plain[0], -1))
+    assert bool((~plain[1]).any()) and bool(plain[1].any())
+    with pytest.raises(ValueError, match="visible must be int32"):
+        topk_lowest_index(scores, k, present, visible=visible)
+    with pytest.raises(ValueError, match="visible must be int32"):
+        topk_lowest_index(scores, k, visible=visible.long())
+    with pytest.raises(ValueError, match="index_dtype"):
+        topk_lowest_index(scores, k, visible=visible, index_dtype=torch.int16)
+
+
 def test_strided_inputs(poison) -> None:
     """Row and column strides of the scores and of present are honoured (a transposed view)."""
     from dsv4.kernels.topk import topk_lowest_index

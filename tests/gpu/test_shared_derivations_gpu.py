@@ -1,0 +1,45 @@
+"""The eager attention's derivations shared by the layers of a forward (`rope.SHARE_ACROSS_LAYERS`: the paged slot
+lists, the compressors' entry positions and their RoPE tables, the indexer's visible counts) change no bit: the
+embedded model in kernel mode over paged FP8 pools -- fresh prompts across the window, ratio-4 and ratio-128
+boundaries, chunks after them, then decode steps -- gives the same logits and leaves the same pool bytes with the flag
+off and on."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+
+
+@pytest.fixture(scope="module")
+def model():
+    import dsv4
+    from dsv4 import load_model
+    return load_model(Path(dsv4.__file__).parent / "assets" / "tiny", DEV, torch.bfloat16, kernels="triton")
+
+
+def _run(model, share: bool, monkeypatch):
+    from dsv4.model import rope
+    from paged_driver import PagedBatch
+
+    monkeypatch.setattr(rope, "SHARE_ACROSS_LAYERS", share)
+    gen = torch.Generator().manual_seed(3)
+    batch = PagedBatch(model, "fp8", prompts=(16, 131, 5, 260))
+    out = [batch.forward(batch.seqs, torch.randint(2, 500, (4 * 37,), generator=gen))]  # a chunk each
+    out += batch.decode(3, seed=5)
+    return out, [t.clone() for _, t in batch.cache.pools._byte_views()]
+
+
+def test_sharing_changes_no_bit(model, monkeypatch):
+    with torch.no_grad():
+        off_logits, off_pools = _run(model, False, monkeypatch)
+        on_logits, on_pools = _run(model, True, monkeypatch)
+    assert len(off_logits) == len(on_logits) and len(off_pools) == len(on_pools)
+    for a, b in zip(off_logits, on_logits):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
+    for i, (a, b) in enumerate(zip(off_pools, on_pools)):
+        assert torch.equal(a, b), f"pool tensor {i} differs"
+    assert any(bool(t.any()) for t in on_pools), "nothing was stored"
