@@ -6,12 +6,14 @@ off and on."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 DEV = os.environ.get("DSV4_TEST_DEVICE", "cuda")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # (tests/: the paged driver)
 
 
 @pytest.fixture(scope="module")
