@@ -379,6 +379,7 @@ class PagedLayerState:
         pool.write(pages, offs, kv[n - keep:], fused)
         self.min_length = max(self.min_length, end - self.max_rollback)
         keep_from = oldest_needed_row(self.ratio, self.overlap, self.min_length)
+        copies = []
         for name, (c, z) in rows.items():
             buf = self.pools.rows[self.spec.index, name]
             cap = buf.shape[2]
@@ -386,13 +387,15 @@ class PagedLayerState:
             page, s0, k = self._state_page(), lo % cap, end - lo
             head = min(k, cap - s0)  # ring slots s0.. up to its end, then from 0: plain copies, no index lists
             for part, src in enumerate((c[lo - start:], z[lo - start:])):
-                buf[part, page, s0:s0 + head].copy_(src[:head])
-                if k > head:  # (an empty copy still costs a call)
-                    buf[part, page, :k - head].copy_(src[head:])
+                copies.append((buf[part, page, s0:s0 + head], src[:head]))
+                if k > head:
+                    copies.append((buf[part, page, :k - head], src[head:]))
             self._first[name] = max(self._first[name], keep_from, end - cap)
             if self._n_entries[name] != end // self.ratio:
                 raise RuntimeError(f"layer {self.spec.index}: {self._n_entries[name]} {name} entries after "
                                    f"{end} tokens (expected {end // self.ratio})")
+        if copies:  # every compressor's C and Z rows: one multi-tensor launch on a GPU instead of one per copy
+            torch._foreach_copy_([d for d, _ in copies], [src for _, src in copies])
         self.num_tokens = end
 
     def advance_decode(self, n: int = 1) -> None:
