@@ -3,7 +3,7 @@
 # a forward (dsv4.model.rope.SHARE_ACROSS_LAYERS: paged slot lists and device block tables, the compressors' entry
 # positions and RoPE tables, the indexer's visible counts) off / on / off / on; 8 Flash layers, fresh prompts of 16
 # and 128 tokens, eager and through the prefill pieces (whose host time is the eager attention's). CPU count
-# (`bench/launch_inventory.py --prefill 16`, the tiny model's 4 layers): 286 -> 232 launches.
+# (`bench/launch_inventory.py --prefill 16`, the tiny model's 4 layers): 279 -> 225 launches (330 with session 61's code).
 source bench/runs/lib.sh
 for share in False True False True; do
   echo "SHARE_ACROSS_LAYERS=$share"
