@@ -168,10 +168,10 @@ def topk_lowest_index(scores: torch.Tensor, k: int, present: torch.Tensor | None
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.topk: triton is not installed (use topk_lowest_index_ref)")
     _check(scores, k, present, "topk_lowest_index")
-    if visible is not None and (present is not None or visible.dtype != torch.int32
+    if visible is not None and (present is not None or visible.dtype != torch.int32 or not visible.is_contiguous()
                                 or visible.shape != scores.shape[:1] or visible.device != scores.device):
-        raise ValueError(f"topk_lowest_index: visible must be int32 [{scores.shape[0]}] on {scores.device}, without "
-                         f"present, got {visible.dtype} {tuple(visible.shape)} on {visible.device}")
+        raise ValueError(f"topk_lowest_index: visible must be contiguous int32 [{scores.shape[0]}] on {scores.device}, "
+                         f"without present, got {visible.dtype} {tuple(visible.shape)} on {visible.device}")
     if index_dtype not in (torch.int64, torch.int32):
         raise ValueError(f"topk_lowest_index: index_dtype must be int64 or int32, got {index_dtype}")
     picked = torch.empty(scores.shape[0], k, dtype=index_dtype, device=scores.device)

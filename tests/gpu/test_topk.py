@@ -141,10 +141,12 @@ def test_visible_counts(n: int, k: int, poison) -> None:
         assert picked.dtype == dtype and torch.equal(valid, plain[1])
         assert torch.equal(picked.long(), torch.where(plain[1], plain[0], -1))
     assert bool((~plain[1]).any()) and bool(plain[1].any())
-    with pytest.raises(ValueError, match="visible must be int32"):
+    with pytest.raises(ValueError, match="visible must be contiguous int32"):
         topk_lowest_index(scores, k, present, visible=visible)
-    with pytest.raises(ValueError, match="visible must be int32"):
+    with pytest.raises(ValueError, match="visible must be contiguous int32"):
         topk_lowest_index(scores, k, visible=visible.long())
+    with pytest.raises(ValueError, match="visible must be contiguous int32"):
+        topk_lowest_index(scores, k, visible=visible.repeat(2)[::2])
     with pytest.raises(ValueError, match="index_dtype"):
         topk_lowest_index(scores, k, visible=visible, index_dtype=torch.int16)
 
