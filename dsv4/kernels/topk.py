@@ -187,8 +187,12 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
     if bsz == 0:
         return
     valid8 = valid.view(torch.uint8)  # a bool pointer would load/store as int1
-    pres = present.view(torch.uint8) if present is not None else visible if visible is not None else valid8
-    strides = (0, 0) if visible is not None else (pres.stride(0), pres.stride(1))  # (only `present` is strided)
+    if present is not None:
+        pres, strides = present.view(torch.uint8), present.stride()
+    elif visible is not None:
+        pres, strides = visible, (0, 0)
+    else:  # (not read)
+        pres, strides = valid8, valid8.stride()
     block = block_for(n)
     _topk_kernel[(bsz,)](
         scores, pres, picked, valid8, n, k,

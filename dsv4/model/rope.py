@@ -64,14 +64,7 @@ class RotaryEmbedding:
         host sync per layer, and CUDA-graph capturable). Inside `shared_cos_sin()` the tables of one
         positions tensor are computed once for all layers of the same RoPE kind."""
         key = (self.rope_dim, self.rope, self.acc, id(positions))  # the entry holds positions: id stays unique
-        if _shared is not None:
-            hit = _shared.get(key)
-            if hit is not None and hit[0] is positions:
-                return hit[1]
-        out = self._cos_sin(positions)
-        if _shared is not None:
-            _shared[key] = (positions, out)
-        return out
+        return _kept(key, lambda: (positions, self._cos_sin(positions)))[1]
 
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         omega = self._omega_on.get(positions.device)
@@ -92,15 +85,20 @@ _shared: dict | None = None
 SHARE_ACROSS_LAYERS = True
 
 
-def once_per_forward(key: tuple, make):
-    """make() once per key inside `shared_cos_sin()` (the layers of one forward ask alike), else at every call.
-    What is kept lives as long as the forward's scope: nothing carries over to the next forward."""
-    if _shared is None or not SHARE_ACROSS_LAYERS:
+def _kept(key: tuple, make):
+    """make() once per key inside `shared_cos_sin()`, else at every call. What is kept lives as long as the
+    forward's scope: nothing carries over to the next forward."""
+    if _shared is None:
         return make()
     hit = _shared.get(key)
     if hit is None:
         hit = _shared[key] = make()
     return hit
+
+
+def once_per_forward(key: tuple, make):
+    """`_kept` for the derivations SHARE_ACROSS_LAYERS governs (the layers of one forward ask alike)."""
+    return _kept(key, make) if SHARE_ACROSS_LAYERS else make()
 
 
 def strided_positions(start: int, stop: int, step: int, device) -> torch.Tensor:
