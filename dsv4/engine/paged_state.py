@@ -23,6 +23,7 @@ import torch
 
 from ..config import LayerSpec, ModelConfig
 from ..kernels._triton import interpreted
+from ..kernels.cache_store import ring_rows
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
@@ -322,17 +323,15 @@ class PagedLayerState:
         pages, offs = self._slots("window", lo, end, pool.page_size, self.pools.ring)
         return pool.read(pages, offs, self.pools.dtype, fused), positions
 
-    def compressor_rows(self, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def compressor_rows(self, name: str, ring: bool = False) -> tuple:
         """(C, Z) rows of positions first .. num_tokens - 1 from the state ring, and first: views of the ring
-        (valid until the next `append_tokens`), or one copy where they wrap around its end."""
+        (valid until the next `append_tokens`), or one copy where they wrap around its end. ring: (the ring as
+        `cache_store.ring_rows` takes it, first), which the kernel-mode pooling reads where it is."""
         first, end = self._first[name], self.num_tokens
         buf = self.pools.rows[self.spec.index, name]
         page, cap = self._state_page(), buf.shape[2]
-        s0, k = first % cap, end - first
-        if s0 + k <= cap:
-            return buf[0, page, s0:s0 + k], buf[1, page, s0:s0 + k], first
-        return (torch.cat((buf[0, page, s0:], buf[0, page, :s0 + k - cap])),
-                torch.cat((buf[1, page, s0:], buf[1, page, :s0 + k - cap])), first)
+        past = (buf[0, page], buf[1, page], first % cap, end - first)
+        return (past, first) if ring else (*ring_rows(past), first)
 
     def entries(self, name: str, fused: bool = False) -> torch.Tensor:
         n = self._n_entries[name]

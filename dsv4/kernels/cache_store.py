@@ -64,12 +64,26 @@ def _chunk_windows(c: torch.Tensor, first: int, entry0: int, n: int, ratio: int,
     return rows.clamp_min(0), entry > 0
 
 
+def ring_rows(past: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of a compressor ring `past` = (c, z [cap, w], start, count): ring rows start, start + 1, ... (mod
+    cap), count of them, as views, or one copy each where they wrap around the ring's end."""
+    c, z, start, count = past
+    cap = c.shape[0]
+    if start + count <= cap:
+        return c[start:start + count], z[start:start + count]
+    return (torch.cat((c[start:], c[:start + count - cap])), torch.cat((z[start:], z[:start + count - cap])))
+
+
 def pool_chunk_ref(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int, ratio: int,
-                   dim: int) -> torch.Tensor:
+                   dim: int, past: tuple | None = None) -> torch.Tensor:
     """c/z [L, w] fp32: the compressor rows of positions first .. first + L - 1 (w = 2*dim for CSA, whose
     windows also take the previous window's A halves) -> the pooled rows of entries entry0 .. entry0 + n - 1,
-    fp32 [n, dim], as `Compressor.pool` computes them."""
+    fp32 [n, dim], as `Compressor.pool` computes them. past (a ring, as `ring_rows` takes it): the rows of
+    positions first .. that come before c / z's (which then start after them)."""
     from dsv4.model.compressor import pool_window
+    if past is not None:
+        pc, pz = ring_rows(past)
+        c, z = torch.cat((pc, c)), torch.cat((pz, z))
     rows, has_prev = _chunk_windows(c, first, entry0, n, ratio, c.shape[-1] == 2 * dim)
     return pool_window(c[rows], z[rows], has_prev, ratio, dim)
 
@@ -101,10 +115,12 @@ if HAS_TRITON:
                      SQ=None, SS=None, SR=None, stride_cs=0, q_page=0, q_off=0, s_page=0, s_off=0, r_page=0, r_off=0,
                      eps=0.0, STORE: tl.constexpr = False, NOPE: tl.constexpr = 0, ROPE0: tl.constexpr = 0,
                      ROT: tl.constexpr = False, HADAMARD: tl.constexpr = False, FP4: tl.constexpr = False,
-                     BACK: tl.constexpr = 0):
+                     BACK: tl.constexpr = 0, n_past=0, past_start=0, past_cap=1, PAST: tl.constexpr = False):
         """Window b's pooled row. CHUNK (`pool_chunk`): entry entry0 + b over contiguous rows of positions
-        first.. (C, Z [L, w]); otherwise the window's (page, slots) in the state pool. STORE (`pool_windows(store=)`):
-        the row's last-arriving column program also stores the whole row as `store_rows` does."""
+        first.. (C, Z [L, w]; PAST: the first n_past of them in the ring NC / NZ [past_cap, w] from row past_start
+        on, row stride stride_n, C / Z the rest);
+        otherwise the window's (page, slots) in the state pool. STORE (`pool_windows(store=)`): the row's
+        last-arriving column program also stores the whole row as `store_rows` does."""
         pdl_wait()
         b = tl.program_id(0)
         cols = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -125,9 +141,20 @@ if HAS_TRITON:
             valid = valid & ((j >= RATIO) | prev)
         else:
             col0 = j * 0
-        offs = base[:, None] + col0[:, None] + cols[None, :]
-        c = tl.load(C + offs, mask=valid[:, None], other=0.0)
-        z = tl.load(Z + offs, mask=valid[:, None], other=float("-inf"))
+        if PAST:  # two sources, no cat: rows before n_past from the state's ring (NC / NZ), the rest from C / Z
+            past = (slot < n_past)[:, None]
+            offs = (tl.maximum(slot - n_past, 0).to(tl.int64) * stride_s)[:, None] + col0[:, None] + cols[None, :]
+            ring = past_start + slot
+            ring = tl.where(ring >= past_cap, ring - past_cap, ring)
+            poffs = (ring.to(tl.int64) * stride_n)[:, None] + col0[:, None] + cols[None, :]
+            here, there = valid[:, None] & past, valid[:, None] & (slot >= n_past)[:, None]
+            c = tl.where(past, tl.load(NC + poffs, mask=here, other=0.0), tl.load(C + offs, mask=there, other=0.0))
+            z = tl.where(past, tl.load(NZ + poffs, mask=here, other=float("-inf")),
+                         tl.load(Z + offs, mask=there, other=float("-inf")))
+        else:
+            offs = base[:, None] + col0[:, None] + cols[None, :]
+            c = tl.load(C + offs, mask=valid[:, None], other=0.0)
+            z = tl.load(Z + offs, mask=valid[:, None], other=float("-inf"))
         if NEW:  # this step's row: stored for later steps, and used here in place of the pool's copy
             ns = tl.load(NSLOT + b)
             here = (slot == ns)[:, None] & valid[:, None]
@@ -357,24 +384,40 @@ def _store_args(out: torch.Tensor, page: torch.Tensor, off: torch.Tensor, pool, 
                 r_off=strides[5], eps=float(kw.get("eps", 0.0)), STORE=True, NOPE=nope, FP4=pool.fp4, **consts)
 
 
-def pool_chunk(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int, ratio: int,
-               dim: int) -> torch.Tensor:
-    """Triton `pool_chunk_ref`: one launch, the window rows addressed from the entry index."""
+def _check_chunk_operands(c: torch.Tensor, z: torch.Tensor, dim: int, what: str) -> bool:
+    """c / z: fp32 [L, dim or 2 * dim] with equal strides and unit column stride. Returns whether they are CSA's
+    2 * dim wide rows."""
     overlap = c.shape[-1] == 2 * dim
     if c.dim() != 2 or c.shape[-1] != (2 if overlap else 1) * dim or z.shape != c.shape or c.stride() != z.stride() \
             or c.stride(-1) != 1 or c.dtype != torch.float32 or z.dtype != torch.float32:
-        raise ValueError(f"pool_chunk: c / z must be fp32 [L, {dim} or {2 * dim}] with equal strides and unit column "
-                         f"stride, got {c.dtype} {tuple(c.shape)} {c.stride()} / {z.dtype} {tuple(z.shape)} "
+        raise ValueError(f"pool_chunk: {what} must be fp32 [L, {dim} or {2 * dim}] with equal strides and unit "
+                         f"column stride, got {c.dtype} {tuple(c.shape)} {c.stride()} / {z.dtype} {tuple(z.shape)} "
                          f"{z.stride()}")
+    return overlap
+
+
+def pool_chunk(c: torch.Tensor, z: torch.Tensor, first: int, entry0: int, n: int, ratio: int,
+               dim: int, past: tuple | None = None) -> torch.Tensor:
+    """Triton `pool_chunk_ref`: one launch, the window rows addressed from the entry index (with `past`, read from
+    the ring or c / z: a later prompt chunk's rows are not concatenated onto the state's)."""
+    overlap = _check_chunk_operands(c, z, dim, "c / z")
+    pc, pz, start, n_past = c, z, 0, 0
+    if past is not None:
+        pc, pz, start, n_past = past
+        if _check_chunk_operands(pc, pz, dim, "past c / z") != overlap or pc.shape[-1] != c.shape[-1] \
+                or not 0 <= start < max(pc.shape[0], 1) or not 0 <= n_past <= pc.shape[0]:
+            raise ValueError(f"pool_chunk: past ring {tuple(pc.shape)} from row {start}, {n_past} rows, does not "
+                             f"match rows {tuple(c.shape)}")
     span = 2 * ratio if overlap else ratio
     if n <= 0:
         return c.new_empty(0, dim)
-    _check_chunk_rows(c.shape[0], first, entry0, n, ratio, overlap)
+    _check_chunk_rows(n_past + c.shape[0], first, entry0, n, ratio, overlap)
     out = torch.empty(n, dim, dtype=torch.float32, device=c.device)
     bd = 64 if span > 16 else 128
-    _pool_kernel[(n, dim // bd)](c, z, c, c, c, out, c, z, c, 0, c.stride(0), 0, out.stride(0), 0, first, entry0,
-                                 R=span, RR=triton.next_power_of_2(span), RATIO=ratio, DIM=dim, OVERLAP=overlap,
-                                 BD=bd, NEW=False, CHUNK=True, num_warps=4)
+    _pool_kernel[(n, dim // bd)](c, z, c, c, c, out, pc, pz, c, 0, c.stride(0), 0, out.stride(0), pc.stride(0), first,
+                                 entry0, R=span, RR=triton.next_power_of_2(span), RATIO=ratio, DIM=dim,
+                                 OVERLAP=overlap, BD=bd, NEW=False, CHUNK=True, n_past=n_past, past_start=start,
+                                 past_cap=max(pc.shape[0], 1), PAST=n_past > 0, num_warps=4)
     return out
 
 

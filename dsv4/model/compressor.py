@@ -37,6 +37,13 @@ def pool_window(c: torch.Tensor, z: torch.Tensor, has_prev: torch.Tensor, ratio:
     return (torch.softmax(z, dim=1) * c).sum(dim=1)
 
 
+def _unit_strided(c: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """c / z as `cache_store.pool_chunk` reads them: unit column stride and equal strides (copies only otherwise)."""
+    if c.stride(-1) != 1 or c.stride() != z.stride():
+        return c.contiguous(), z.contiguous()
+    return c, z
+
+
 class Compressor(nn.Module):
     def __init__(self, config: ModelConfig, ratio: int, dim: int, rope: RotaryEmbedding,
                  dtype: torch.dtype, numerics: Numerics, kind: str):
@@ -61,22 +68,29 @@ class Compressor(nn.Module):
         z = self.wgate(a, out_dtype=acc) + self.ape[positions % self.ratio]
         return c, z
 
-    def pool(self, c: torch.Tensor, z: torch.Tensor, first: int, start: int,
-             fused: bool = False) -> tuple[torch.Tensor, int]:
+    def pool(self, c: torch.Tensor, z: torch.Tensor, first: int, start: int, fused: bool = False,
+             past: tuple | None = None) -> tuple[torch.Tensor, int]:
         """Pool the windows that complete among rows [first, first + len(c)), given that entries for
         positions < start exist already. Returns (pooled [n, d] fp32, index of the first new entry).
-        fused (kernel mode, CUDA): one launch (`cache_store.pool_chunk`, the decode step's pooling arithmetic)."""
+        past (a state's ring, as `cache_store.ring_rows` takes it): rows of positions first .. that come before
+        c / z's (a later prompt chunk's). fused (kernel mode, CUDA): one launch (`cache_store.pool_chunk`, the
+        decode step's pooling arithmetic), which reads the ring where it is."""
+        from dsv4.kernels.cache_store import pool_chunk, ring_rows
         r, d = self.ratio, self.dim
-        end = first + c.shape[0]
+        end = first + c.shape[0] + (past[3] if past is not None else 0)
         i0, i1 = start // r, end // r
         n = i1 - i0
         if n <= 0:
             return c.new_zeros(0, d), i0
-        if fused and c.dtype == torch.float32 and (c.is_cuda or interpreted()):
-            from dsv4.kernels.cache_store import pool_chunk
-            if c.stride(-1) != 1 or c.stride() != z.stride():  # (the halves of one projection's rows are taken as
-                c, z = c.contiguous(), z.contiguous()           # they are: the kernel reads with their row stride)
-            return pool_chunk(c, z, first, i0, n, r, d), i0
+        if fused and c.dtype == torch.float32 and (c.is_cuda or interpreted()) \
+                and (past is None or past[0].dtype == torch.float32):
+            c, z = _unit_strided(c, z)  # (the halves of one projection's rows are taken as they are: the kernel
+            if past is not None:        # reads with their row stride)
+                past = (*_unit_strided(*past[:2]), *past[2:])
+            return pool_chunk(c, z, first, i0, n, r, d, past=past), i0
+        if past is not None:
+            pc, pz = ring_rows(past)
+            c, z = torch.cat((pc, c)), torch.cat((pz, z))
         own = slice(i0 * r - first, i1 * r - first)
         own_c, own_z = c[own].unflatten(0, (n, r)), z[own].unflatten(0, (n, r))
         if self.overlap:
@@ -123,10 +137,9 @@ class Compressor(nn.Module):
         Triton launch (`cache_store.store_rows`, as the paged decode step stores its entries)."""
         if (state.num_tokens + c_new.shape[0]) // self.ratio == state.num_tokens // self.ratio:
             return  # no window closes in this chunk (most decode steps): nothing to read or pool
-        c_old, z_old, first = state.compressor_rows(self.kind)
-        # (a fresh prompt has no rows yet: two copies fewer)
-        c, z = (torch.cat((c_old, c_new)), torch.cat((z_old, z_new))) if c_old.shape[0] else (c_new, z_new)
-        pooled, first_entry = self.pool(c, z, first, state.num_tokens, fused=fused and FUSED_POOL)
+        past, first = state.compressor_rows(self.kind, ring=True)
+        past = past if past[3] else None  # (a fresh prompt has no rows yet; a later chunk's stay in the ring)
+        pooled, first_entry = self.pool(c_new, z_new, first, state.num_tokens, fused=fused and FUSED_POOL, past=past)
         if not pooled.shape[0]:
             return
         if fused and dtype == torch.bfloat16 and self._finish_fuses() and state.stores_fused(self.kind):

@@ -21,9 +21,10 @@ import torch
 
 from dsv4.model.context import ForwardContext, engine_pools, set_forward_context, to_device
 
-# Off until measured on the GPU: the host time saved (a few launches per decode row and layer) against a second
-# read of the weights. A/B: bench/bench_prefill_graphs.py --decode-rows B (bench/runs/run_device_s63b.sh).
-SPLIT_MIXED_STEPS = False
+# H200 s63d, 8 layers, a fresh prompt of 16 / 128 / 512 tokens beside B decode rows at 4096 tokens of context:
+# one forward vs split, B = 8: 45.6 / 62.8 / 63.3 -> 8.8 / 18.8 / 27.0 ms; B = 32: 243 / 252 / 254 -> 14.0 / 23.9 /
+# 31.9 ms (bench/bench_prefill_graphs.py --decode-rows B)
+SPLIT_MIXED_STEPS = True
 
 
 def mixed_rows(lens: list[int], max_rollback: int) -> tuple[list[int], list[int]] | None:

@@ -118,10 +118,11 @@ class LayerState:
         positions = torch.arange(max(0, end - self.window_size + 1), end, device=self._ring.device)
         return self._ring[positions % self._ring.shape[0]], positions
 
-    def compressor_rows(self, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(C rows, Z rows, position of the first row); rows run up to `num_tokens`."""
+    def compressor_rows(self, name: str, ring: bool = False) -> tuple:
+        """(C rows, Z rows, position of the first row); rows run up to `num_tokens`. ring: ((C, Z, 0, count),
+        first), the rows as the paged state's ring (`cache_store.ring_rows`)."""
         rows = self._rows[name]
-        return rows.c, rows.z, rows.first
+        return ((rows.c, rows.z, 0, rows.c.shape[0]), rows.first) if ring else (rows.c, rows.z, rows.first)
 
     def entries(self, name: str, fused: bool = False) -> torch.Tensor:
         """All compressed entries ("main") or indexer keys ("index") produced so far."""

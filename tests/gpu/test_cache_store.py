@@ -308,6 +308,20 @@ def test_pool_chunk_matches_reference(ratio, dim, first, entry0, n):
     assert not c2.is_contiguous()
     assert torch.equal(pool_chunk(c2, z2, first, entry0, n, ratio, dim), got)
     assert torch.equal(Compressor.pool(comp, c2, z2, first, entry0 * ratio, fused=True)[0], got)
+    # a later prompt chunk: the rows before `split` are in the state's ring (its own row stride, from row `start`
+    # on, wrapping around its end or not), read where they are
+    for split, start in ((1, 0), (rows // 2 + 1, 5), (rows - 1, 2)):
+        cap = split + 3
+        ring = torch.randn(cap, 3 * c.shape[1], generator=g, device=DEV)  # wider rows: the ring's own stride
+        pc, pz = ring[:, :c.shape[1]], ring[:, c.shape[1]:2 * c.shape[1]]
+        at = (start + torch.arange(split, device=DEV)) % cap
+        pc[at], pz[at] = c[:split], z[:split]
+        past = (pc, pz, start, split)
+        assert torch.equal(pool_chunk(c2[split:], z2[split:], first, entry0, n, ratio, dim, past=past), got), split
+        assert torch.equal(pool_chunk_ref(c[split:], z[split:], first, entry0, n, ratio, dim, past=past), want)
+        for fused in (False, True):
+            mine, i0 = Compressor.pool(comp, c2[split:], z2[split:], first, entry0 * ratio, fused=fused, past=past)
+            assert i0 == entry0 and torch.equal(mine[:n], got if fused else torch_pool[:n]), (split, fused)
 
 
 def test_pool_chunk_rejects_rows_that_miss_windows():
@@ -320,6 +334,12 @@ def test_pool_chunk_rejects_rows_that_miss_windows():
         pool_chunk(c, c.clone(), 0, 0, 11, 4, 128)  # 44 rows needed
     with pytest.raises(ValueError, match="fp32"):
         pool_chunk(c.double(), c.double(), 0, 0, 2, 4, 128)
+    with pytest.raises(RuntimeError, match="do not hold"):  # the past rows count: 8 + 32 < 44
+        pool_chunk(c[8:], c[8:].clone(), 0, 0, 11, 4, 128, past=(c[:8], c[:8].clone(), 0, 8))
+    with pytest.raises(ValueError, match="past ring"):
+        pool_chunk(c, c.clone(), 0, 0, 2, 4, 128, past=(c[:8, :128], c[:8, 128:], 0, 8))
+    with pytest.raises(ValueError, match="past ring"):
+        pool_chunk(c, c.clone(), 0, 0, 2, 4, 128, past=(c[:8], c[:8].clone(), 0, 9))
 
 
 @pytest.mark.parametrize("fused_pool", [False, True])
