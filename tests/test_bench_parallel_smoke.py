@@ -106,3 +106,18 @@ def test_bench_prefill_graphs_smoke():
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
     assert [(r[0], r[4]) for r in rows] == [("5", "32")] and "one forward ms | split ms" in run.stdout
+
+
+def test_bench_arrivals_smoke():
+    """The arrivals benchmark's plumbing: both modes, their step times and the count of split steps (none on the
+    CPU, where the model has no graphs and so never splits)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_arrivals.py"), "--smoke", "--batch", "2",
+                          "--prompt", "20", "--arrival", "12", "--every", "2", "--steps", "4", "--rounds", "1"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith(("off |", "on |"))]
+    assert [r[0] for r in rows] == ["off", "on"]
+    for r in rows:
+        assert float(r[1]) > 0 and float(r[2]) > 0 and float(r[3]) > 0
+        assert r[4] == "0 / 2" and r[5] == "1"
