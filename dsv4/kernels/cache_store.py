@@ -118,9 +118,9 @@ if HAS_TRITON:
                      BACK: tl.constexpr = 0, n_past=0, past_start=0, past_cap=1, PAST: tl.constexpr = False):
         """Window b's pooled row. CHUNK (`pool_chunk`): entry entry0 + b over contiguous rows of positions
         first.. (C, Z [L, w]; PAST: the first n_past of them in the ring NC / NZ [past_cap, w] from row past_start
-        on, row stride stride_n, C / Z the rest);
-        otherwise the window's (page, slots) in the state pool. STORE (`pool_windows(store=)`): the row's
-        last-arriving column program also stores the whole row as `store_rows` does."""
+        on, row stride stride_n, C / Z the rest); otherwise the window's (page, slots) in the state pool. STORE
+        (`pool_windows(store=)`): the row's last-arriving column program also stores the whole row as `store_rows`
+        does."""
         pdl_wait()
         b = tl.program_id(0)
         cols = tl.program_id(1) * BD + tl.arange(0, BD)

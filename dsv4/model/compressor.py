@@ -14,6 +14,7 @@ from torch import nn
 
 from dsv4.config import ModelConfig
 from dsv4.kernels._triton import interpreted
+from dsv4.kernels.cache_store import pool_chunk, ring_rows
 from dsv4.model.linear import Linear
 from dsv4.model.norm import RMSNorm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_indexer_fp4, simulate_kv_fp8
@@ -75,7 +76,6 @@ class Compressor(nn.Module):
         past (a state's ring, as `cache_store.ring_rows` takes it): rows of positions first .. that come before
         c / z's (a later prompt chunk's). fused (kernel mode, CUDA): one launch (`cache_store.pool_chunk`, the
         decode step's pooling arithmetic), which reads the ring where it is."""
-        from dsv4.kernels.cache_store import pool_chunk, ring_rows
         r, d = self.ratio, self.dim
         end = first + c.shape[0] + (past[3] if past is not None else 0)
         i0, i1 = start // r, end // r
