@@ -406,3 +406,51 @@ def test_load_rows_matches_pool_read(kind):
         keep = (got == want) | ((want.float().abs() >= 2.0 ** -120) & (got.float().abs() >= 2.0 ** -120))
     torch.testing.assert_close(got[keep], want[keep], rtol=0, atol=0, equal_nan=True)
     assert load_rows(page[:0], off[:0], pool).shape == (0, pool.width)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_later_chunk_pools_from_the_state_ring(fused, monkeypatch):
+    """A prompt in two chunks through a paged CSA layer's two compressors (`Compressor.update` with the state's
+    ring as `past`; kernel mode: `pool_chunk(past=)` reads the ring where it is) stores the same entries, bit for
+    bit, as the whole prompt in one chunk (no past); the second chunk's windows straddle the chunk boundary."""
+    from dsv4.checkpoint.writer import tiny_config
+    from dsv4.engine.cache import CacheConfig, HybridCache
+    from dsv4.engine.sequence import Sequence
+    from dsv4.model import compressor
+    from dsv4.model.compressor import Compressor
+    from dsv4.model.numerics import NUMERICS
+    from dsv4.model.rope import RotaryEmbedding
+
+    pasts = []
+    real = compressor.pool_chunk
+    monkeypatch.setattr(compressor, "pool_chunk", lambda *a, past=None: pasts.append(past) or real(*a, past=past))
+    cfg = tiny_config()
+    spec = next(s for s in cfg.layers if s.has_indexer)
+    rope = RotaryEmbedding(cfg.rope_dim, spec.rope, torch.float32)
+    g = _gen(63)
+    comps, rows = {}, {}
+    n, split = 4 * 23 + 2, 4 * 9 + 3  # the second chunk's first window takes 1 row of the first chunk
+    for kind, dim in (("main", cfg.head_dim), ("index", cfg.index_head_dim)):
+        comps[kind] = Compressor(cfg, spec.compress_ratio, dim, rope, torch.bfloat16, NUMERICS["reference"],
+                                 kind).to(DEV)
+        comps[kind].norm.weight.data = (1 + 0.3 * torch.randn(dim, generator=g, device=DEV)).to(torch.bfloat16)
+        rows[kind] = (torch.randn(n, 2 * dim, generator=g, device=DEV) * 2,
+                      torch.randn(n, 2 * dim, generator=g, device=DEV))
+    kv = torch.randn(n, cfg.head_dim, generator=g, device=DEV).to(torch.bfloat16)
+    got = []
+    for chunks in ([(0, n)], [(0, split), (split, n)]):
+        cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=1, max_model_len=512, kv_dtype="fp8"),
+                            dtype=torch.bfloat16, device=DEV)
+        state = cache.reserve(Sequence("r0", [1]), n).layers[spec.index]
+        for lo, hi in chunks:
+            for kind, comp in comps.items():
+                comp.update(state, rows[kind][0][lo:hi], rows[kind][1][lo:hi], torch.bfloat16, fused=fused)
+            state.append_tokens(kv[lo:hi], {k: (c[lo:hi], z[lo:hi]) for k, (c, z) in rows.items()}, fused=fused)
+        got.append({kind: state.entries(kind) for kind in comps})
+    whole, parts = got
+    for kind in comps:
+        assert whole[kind].shape[0] == n // 4 and torch.isfinite(whole[kind].float()).all()
+        assert torch.equal(parts[kind].view(torch.uint8), whole[kind].view(torch.uint8)), kind
+    if fused:  # only the second chunk's two updates have a past: at least rows 32-38 (entry 9's windows)
+        assert [p is None for p in pasts] == [True, True, True, True, False, False]
+        assert all(7 <= p[3] <= split for p in pasts[4:])
