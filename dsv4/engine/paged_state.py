@@ -81,13 +81,20 @@ class _EntryPool:
         self.s[pages, offs] = ((s.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)  # pow2 -> exponent byte
         self.rope[pages, offs] = rows[:, self.nope:].to(self.rope.dtype)
 
-    def read(self, pages: torch.Tensor, offs: torch.Tensor, dtype, fused: bool = False) -> torch.Tensor:
-        """The rows at slots (pages, offs), dequantised to dtype. fused (kernel mode, CUDA, quantised pools, bf16,
-        1-D slots): one Triton launch (`cache_store.load_rows`, the same bits) instead of ≈ 16 torch ops."""
+    def read(self, pages: torch.Tensor, offs: torch.Tensor, dtype, fused: bool = False,
+             tail: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows at slots (pages, offs), dequantised to dtype, then tail's rows if given. fused (kernel mode, CUDA,
+        quantised pools, bf16, 1-D slots): one Triton launch (`cache_store.load_rows`, the same bits) instead of
+        ≈ 16 torch ops and the cat."""
         if fused and (self.fp8 or self.fp4) and dtype == torch.bfloat16 and pages.dim() == 1 \
-                and (pages.is_cuda or interpreted()):
+                and (pages.is_cuda or interpreted()) and (tail is None or tail.dtype == dtype):
             from dsv4.kernels.cache_store import load_rows
-            return load_rows(pages, offs, self)
+            return load_rows(pages, offs, self, tail=tail)
+        rows = self._read(pages, offs, dtype)
+        return rows if tail is None else torch.cat((rows, tail.to(dtype)))
+
+    def _read(self, pages: torch.Tensor, offs: torch.Tensor, dtype) -> torch.Tensor:
+        """`read`'s torch path (no tail)."""
         if self.fp4:
             q, s = self.q[pages, offs], self.s[pages, offs]
             return dequantize_mxfp4(q.flatten(0, -2), s.flatten(0, -2), dtype=torch.float32).view(
@@ -313,15 +320,16 @@ class PagedLayerState:
         return self.seq.block_tables["state"][0]
 
     # ---- reads ---------------------------------------------------------------------------
-    def window(self, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def window(self, fused: bool = False, tail: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.num_tokens
         lo = max(0, end - self.window_size + 1)
         positions = self._once(("positions", lo, end), lambda: torch.arange(lo, end, device=self.pools.device))
         pool = self.pools.window[self.spec.index]
         if positions.numel() == 0:
-            return torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device), positions
+            empty = torch.empty(0, pool.width, dtype=self.pools.dtype, device=self.pools.device)
+            return (empty if tail is None else tail), positions
         pages, offs = self._slots("window", lo, end, pool.page_size, self.pools.ring)
-        return pool.read(pages, offs, self.pools.dtype, fused), positions
+        return pool.read(pages, offs, self.pools.dtype, fused, tail=tail), positions
 
     def compressor_rows(self, name: str, ring: bool = False) -> tuple:
         """(C, Z) rows of positions first .. num_tokens - 1 from the state ring, and first: views of the ring

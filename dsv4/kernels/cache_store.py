@@ -290,8 +290,25 @@ if HAS_TRITON:
 
     @triton.jit
     def _load_kernel(Q, S, ROPE, PAGE, OFF, OUT, q_page, q_off, s_page, s_off, r_page, r_off, stride_o,
-                     D: tl.constexpr, NOPE: tl.constexpr, FP4: tl.constexpr, GP: tl.constexpr, RP: tl.constexpr):
+                     D: tl.constexpr, NOPE: tl.constexpr, FP4: tl.constexpr, GP: tl.constexpr, RP: tl.constexpr,
+                     TAIL=None, stride_t=0, n_rows=0, HAS_TAIL: tl.constexpr = False, DP: tl.constexpr = 1):
+        """Row b of the pool's slots (PAGE, OFF) dequantised; HAS_TAIL: rows from n_rows on copied from TAIL."""
         b = tl.program_id(0)
+        if HAS_TAIL:
+            if b >= n_rows:  # the chunk's own rows after the window's (`load_rows(tail=)`): no cat
+                d = tl.arange(0, DP)
+                row = tl.load(TAIL + (b - n_rows).to(tl.int64) * stride_t + d, mask=d < D)
+                tl.store(OUT + b.to(tl.int64) * stride_o + d, row, mask=d < D)
+            else:
+                _load_row(Q, S, ROPE, PAGE, OFF, OUT, q_page, q_off, s_page, s_off, r_page, r_off, stride_o, b, D,
+                          NOPE, FP4, GP, RP)
+        else:
+            _load_row(Q, S, ROPE, PAGE, OFF, OUT, q_page, q_off, s_page, s_off, r_page, r_off, stride_o, b, D, NOPE,
+                      FP4, GP, RP)
+
+    @triton.jit
+    def _load_row(Q, S, ROPE, PAGE, OFF, OUT, q_page, q_off, s_page, s_off, r_page, r_off, stride_o, b,
+                  D: tl.constexpr, NOPE: tl.constexpr, FP4: tl.constexpr, GP: tl.constexpr, RP: tl.constexpr):
         page = tl.load(PAGE + b).to(tl.int64)
         off = tl.load(OFF + b).to(tl.int64)
         out = OUT + b.to(tl.int64) * stride_o
@@ -314,27 +331,36 @@ if HAS_TRITON:
             tl.store(out + NOPE + r, rope.to(tl.bfloat16), mask=r < D - NOPE)
 
 
-def load_rows_ref(page: torch.Tensor, off: torch.Tensor, pool) -> torch.Tensor:
-    """bf16 [B, width]: the rows at (page, off) of an FP8 / FP4 `_EntryPool`, dequantised (its torch `read`)."""
-    return pool.read(page, off, torch.bfloat16)
+def load_rows_ref(page: torch.Tensor, off: torch.Tensor, pool, tail: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 [B, width]: the rows at (page, off) of an FP8 / FP4 `_EntryPool`, dequantised (its torch `read`);
+    tail [T, width] bf16: rows appended after them ([B + T, width])."""
+    rows = pool.read(page, off, torch.bfloat16)
+    return rows if tail is None else torch.cat((rows, tail))
 
 
-def load_rows(page: torch.Tensor, off: torch.Tensor, pool) -> torch.Tensor:
+def load_rows(page: torch.Tensor, off: torch.Tensor, pool, tail: torch.Tensor | None = None) -> torch.Tensor:
     """Triton `load_rows_ref` (FP8 or FP4 pools; page / off 1-D), bit-identical: e4m3 or e2m1 times a power of
-    two is exact in bf16."""
+    two is exact in bf16. The tail's rows are copied by programs of the same launch."""
     if not (pool.fp8 or pool.fp4) or page.dim() != 1 or off.shape != page.shape:
         raise ValueError(f"load_rows: an FP8 / FP4 pool and 1-D page / off of one length, got fp8={pool.fp8} "
                          f"fp4={pool.fp4}, {tuple(page.shape)} / {tuple(off.shape)}")
     d, b = pool.width, page.shape[0]
-    out = torch.empty(b, d, dtype=torch.bfloat16, device=pool.q.device)
-    if b == 0:
+    if tail is not None and (tail.dtype != torch.bfloat16 or tail.dim() != 2 or tail.shape[1] != d
+                             or tail.stride(1) != 1):
+        raise ValueError(f"load_rows: tail must be bf16 [T, {d}] with unit column stride, got {tail.dtype} "
+                         f"{tuple(tail.shape)} {tail.stride()}")
+    t = 0 if tail is None else tail.shape[0]
+    out = torch.empty(b + t, d, dtype=torch.bfloat16, device=pool.q.device)
+    if b + t == 0:
         return out
     rope = pool.q if pool.fp4 else pool.rope  # (not read for FP4)
     nope = d if pool.fp4 else pool.nope
-    _load_kernel[(b,)](pool.q, pool.s, rope, page, off, out, pool.q.stride(0), pool.q.stride(1), pool.s.stride(0),
-                       pool.s.stride(1), rope.stride(0), rope.stride(1), out.stride(0), D=d, NOPE=nope, FP4=pool.fp4,
-                       GP=triton.next_power_of_2(max(1, nope // KV_BLOCK)),
-                       RP=triton.next_power_of_2(max(1, d - nope)), num_warps=1 if d <= 128 else 2)
+    extra = {} if not t else dict(TAIL=tail, stride_t=tail.stride(0), n_rows=b, HAS_TAIL=True,
+                                  DP=triton.next_power_of_2(d))
+    _load_kernel[(b + t,)](pool.q, pool.s, rope, page, off, out, pool.q.stride(0), pool.q.stride(1), pool.s.stride(0),
+                           pool.s.stride(1), rope.stride(0), rope.stride(1), out.stride(0), D=d, NOPE=nope,
+                           FP4=pool.fp4, GP=triton.next_power_of_2(max(1, nope // KV_BLOCK)),
+                           RP=triton.next_power_of_2(max(1, d - nope)), num_warps=1 if d <= 128 else 2, **extra)
     return out
 
 

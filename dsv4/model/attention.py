@@ -325,18 +325,19 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
                 else:  # HCA: every complete entry is visible
                     every = torch.arange(entries.shape[0], device=q.device)[None, :]
                     entry_idx = torch.where(every < ((pos + 1) // self.compressor.ratio)[:, None], every, -1)
-            past_kv, past_pos = state.window(reads)
-            keys = torch.cat((past_kv, kv[sl])) if past_kv.shape[0] else kv[sl]  # (a fresh prompt: no copy)
+            # the window's keys, then the chunk's (kernel mode: one launch; a fresh prompt: the chunk's, no copy)
+            keys, past_pos = state.window(reads, tail=kv[sl])
+            n_past = past_pos.shape[0]
             if kernel:
                 from dsv4.kernels.prefill_attention import prefill_attention
                 rot = (pre.cos[sl], pre.sin[sl]) if rotate else (None, None)
-                prefill_attention(q[sl], done, keys, done - past_kv.shape[0], self.window, entries, entry_idx,
+                prefill_attention(q[sl], done, keys, done - n_past, self.window, entries, entry_idx,
                                   self.attn_sink, self.scale, *rot, out=out[sl], causal_ratio=causal,
                                   q_norm=None if pre.q_norm_eps is None else (pre.q_norm_eps, pre.cos[sl], pre.sin[sl]))
             else:
                 entry_mask = None if entries is None else indices_to_mask(entry_idx, entries.shape[0])
                 sink_attention(q[sl], pos, keys, torch.cat((past_pos, pos)), self.window, entries, entry_mask,
-                               self.attn_sink, self.scale, first=(done, done - past_kv.shape[0]), out=out[sl])
+                               self.attn_sink, self.scale, first=(done, done - n_past), out=out[sl])
             state.append_tokens(kv[sl], new_rows, fused=fused and self.numerics.simulate_kv_fp8)
         return out
 

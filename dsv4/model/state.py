@@ -111,12 +111,17 @@ class LayerState:
         self._rows = {k: CompressorRows(c * d, acc, device) for k, d in widths.items()}
 
     # ---- reads ---------------------------------------------------------------------------
-    def window(self, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def window(self, fused: bool = False, tail: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """KV vectors and positions of the last `window - 1` positions (what the next token's window
-        needs besides itself), oldest first (`fused`: the paged state's kernel-mode read; none here)."""
+        needs besides itself), oldest first (`fused`: the paged state's kernel-mode read; none here). tail: rows
+        appended after the window's KV (a chunk's own keys; returned as they are when the window is empty); the
+        positions stay the window's."""
         end = self.num_tokens
         positions = torch.arange(max(0, end - self.window_size + 1), end, device=self._ring.device)
-        return self._ring[positions % self._ring.shape[0]], positions
+        kv = self._ring[positions % self._ring.shape[0]]
+        if tail is None:
+            return kv, positions
+        return (torch.cat((kv, tail)) if positions.numel() else tail), positions
 
     def compressor_rows(self, name: str, ring: bool = False) -> tuple:
         """(C rows, Z rows, position of the first row); rows run up to `num_tokens`. ring: ((C, Z, 0, count),

@@ -406,6 +406,16 @@ def test_load_rows_matches_pool_read(kind):
         keep = (got == want) | ((want.float().abs() >= 2.0 ** -120) & (got.float().abs() >= 2.0 ** -120))
     torch.testing.assert_close(got[keep], want[keep], rtol=0, atol=0, equal_nan=True)
     assert load_rows(page[:0], off[:0], pool).shape == (0, pool.width)
+    # a chunk's own rows after the pool's (the window's keys, then the chunk's): copied by the same launch
+    wide = torch.randn(9, 2 * pool.width, generator=g, device=DEV).to(torch.bfloat16)
+    tail = wide[:, 3:3 + pool.width]  # (a row stride of its own)
+    both = load_rows(page, off, pool, tail=tail)
+    assert both.shape == (37 + 9, pool.width) and torch.equal(both[37:], tail)
+    assert torch.equal(both[:37].view(torch.int16), got.view(torch.int16))
+    assert torch.equal(load_rows_ref(page, off, pool, tail=tail)[37:], tail)
+    assert torch.equal(load_rows(page[:0], off[:0], pool, tail=tail), tail)
+    with pytest.raises(ValueError, match="tail"):
+        load_rows(page, off, pool, tail=tail.float())
 
 
 @pytest.mark.parametrize("fused", [False, True])
