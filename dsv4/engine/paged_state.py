@@ -89,6 +89,8 @@ class _EntryPool:
         if fused and (self.fp8 or self.fp4) and dtype == torch.bfloat16 and pages.dim() == 1 \
                 and (pages.is_cuda or interpreted()) and (tail is None or tail.dtype == dtype):
             from dsv4.kernels.cache_store import load_rows
+            if tail is not None and tail.stride(-1) != 1:  # (the kernel steps along a row with unit stride)
+                tail = tail.contiguous()
             return load_rows(pages, offs, self, tail=tail)
         rows = self._read(pages, offs, dtype)
         return rows if tail is None else torch.cat((rows, tail.to(dtype)))
