@@ -1,7 +1,7 @@
 """Paged storage of the model's decode state: preallocated pools indexed by the block tables.
 
 `PagedLayerState` implements the same small interface as `dsv4.model.state.LayerState` (window,
-compressor_rows, entries, num_entries, append_entries, append_tokens, truncate), so the model
+compressor_ring, entries, num_entries, append_entries, append_tokens, truncate), so the model
 cannot tell the two apart; the tests check that logits are identical. Page ids come from the
 `BlockManager` (one block table per kind, shared by every layer), so a pool tensor per layer and
 kind is `[num_pages, page_size, width]`:
@@ -23,7 +23,6 @@ import torch
 
 from ..config import LayerSpec, ModelConfig
 from ..kernels._triton import interpreted
-from ..kernels.cache_store import ring_rows
 from ..quant.e8m0 import e8m0_to_float
 from ..quant.fp8 import quantize_act
 from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
@@ -333,15 +332,14 @@ class PagedLayerState:
         pages, offs = self._slots("window", lo, end, pool.page_size, self.pools.ring)
         return pool.read(pages, offs, self.pools.dtype, fused, tail=tail), positions
 
-    def compressor_rows(self, name: str, ring: bool = False) -> tuple:
-        """(C, Z) rows of positions first .. num_tokens - 1 from the state ring, and first: views of the ring
-        (valid until the next `append_tokens`), or one copy where they wrap around its end. ring: (the ring as
-        `cache_store.ring_rows` takes it, first), which the kernel-mode pooling reads where it is."""
+    def compressor_ring(self, name: str) -> tuple[tuple, int]:
+        """((C ring, Z ring, start, count), first): the rows of positions first .. num_tokens - 1 are ring rows
+        start, start + 1, ... (mod its length) of this sequence's state page (`cache_store.ring_rows`); views, valid
+        until the next `append_tokens`. The kernel-mode pooling reads them where they are."""
         first, end = self._first[name], self.num_tokens
         buf = self.pools.rows[self.spec.index, name]
         page, cap = self._state_page(), buf.shape[2]
-        past = (buf[0, page], buf[1, page], first % cap, end - first)
-        return (past, first) if ring else (*ring_rows(past), first)
+        return (buf[0, page], buf[1, page], first % cap, end - first), first
 
     def entries(self, name: str, fused: bool = False) -> torch.Tensor:
         n = self._n_entries[name]

@@ -137,7 +137,7 @@ class Compressor(nn.Module):
         Triton launch (`cache_store.store_rows`, as the paged decode step stores its entries)."""
         if (state.num_tokens + c_new.shape[0]) // self.ratio == state.num_tokens // self.ratio:
             return  # no window closes in this chunk (most decode steps): nothing to read or pool
-        past, first = state.compressor_rows(self.kind, ring=True)
+        past, first = state.compressor_ring(self.kind)
         past = past if past[3] else None  # (a fresh prompt has no rows yet; a later chunk's stay in the ring)
         pooled, first_entry = self.pool(c_new, z_new, first, state.num_tokens, fused=fused and FUSED_POOL, past=past)
         if not pooled.shape[0]:

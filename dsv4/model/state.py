@@ -9,7 +9,7 @@ exactly where it stopped, whatever the chunking:
   positions -- the open window, for CSA also the previous complete window (its A halves feed the next
   entry), and enough older rows that a rollback of `max_rollback` tokens can reopen a closed window.
 
-All reads and writes go through the small method set below (`window`, `compressor_rows`, `entries`,
+All reads and writes go through the small method set below (`window`, `compressor_ring`, `entries`,
 `append_entries`, `append_tokens`, `truncate`), so a paged implementation can replace this contiguous
 one. Rollback: `truncate(n)` forgets the last n tokens; it is allowed as long as the result is not
 older than `num_tokens - max_rollback` measured at the furthest point reached (`min_length`).
@@ -123,11 +123,11 @@ class LayerState:
             return kv, positions
         return (torch.cat((kv, tail)) if positions.numel() else tail), positions
 
-    def compressor_rows(self, name: str, ring: bool = False) -> tuple:
-        """(C rows, Z rows, position of the first row); rows run up to `num_tokens`. ring: ((C, Z, 0, count),
-        first), the rows as the paged state's ring (`cache_store.ring_rows`)."""
+    def compressor_ring(self, name: str) -> tuple[tuple, int]:
+        """((C rows, Z rows, 0, count), position of the first row): the raw rows, which run up to `num_tokens`, as
+        a ring that starts at row 0 (`cache_store.ring_rows`; the paged state's is a real ring)."""
         rows = self._rows[name]
-        return ((rows.c, rows.z, 0, rows.c.shape[0]), rows.first) if ring else (rows.c, rows.z, rows.first)
+        return (rows.c, rows.z, 0, rows.c.shape[0]), rows.first
 
     def entries(self, name: str, fused: bool = False) -> torch.Tensor:
         """All compressed entries ("main") or indexer keys ("index") produced so far."""
