@@ -3,14 +3,16 @@ prompt tokens arrives (asking for 2 tokens, so the running set stays at about B)
 the prompt beside the decode rows (a mixed step); the others are plain decode steps.
 
 Per mode of `mixed_steps.SPLIT_MIXED_STEPS` (off: a mixed step is one forward whose attention walks the sequences
-one by one; on: the decode rows as their graphed fixed-shape step, then the prompt), alternating for R rounds:
+one by one; on: the decode rows as their graphed fixed-shape step, then the prompt; with `--one-pass` the modes are
+that split and `mixed_steps.ONE_PASS_MIXED_STEPS`: one forward, the decode rows attending as their fixed-shape step
+inside the prompt's pieces), alternating for R rounds:
 the median time of the mixed steps and of the decode steps, and the wall time of all S timed steps with the tokens
 they generated (what the running requests see while others arrive). N Flash-shaped layers with random weights made
 on the GPU, paged FP8 cache, CUDA graphs, greedy, EOS ignored; the engine's overlap off, so that each arrival joins
 the very next step.
 
     python bench/bench_arrivals.py [--layers 8] [--batch 8] [--prompt 4096] [--arrival 128] [--every 4]
-                                   [--steps 32] [--rounds 2]
+                                   [--steps 32] [--rounds 2] [--one-pass]
 
 It prints the GPU's copy bandwidth and bf16 matmul peak measured first. `--smoke`: a tiny config on the CPU (torch
 kernels, no graphs), to check the script itself (tests/test_bench_parallel_smoke.py).
@@ -30,13 +32,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def run_mode(model, cfg, args, split: bool) -> dict:
+def run_mode(model, cfg, args, on: bool) -> dict:
     from dsv4.engine.cache import CacheConfig
     from dsv4.engine.llm_engine import EngineConfig, LLMEngine
     from dsv4.engine.sampling_params import SamplingParams
     from dsv4.model import mixed_steps
 
-    mixed_steps.SPLIT_MIXED_STEPS = split
+    # the mode: the split off / on, or (--one-pass) the split / the one pass
+    mixed_steps.SPLIT_MIXED_STEPS, mixed_steps.ONE_PASS_MIXED_STEPS = on or args.one_pass, on and args.one_pass
     splits = _count_splits()
     cuda = not args.smoke
     decode_tokens = args.steps + 16
@@ -80,7 +83,7 @@ def run_mode(model, cfg, args, split: bool) -> dict:
     del engine
     if cuda:
         torch.cuda.empty_cache()
-    return {"split": split, "mixed_ms": statistics.median(mixed), "plain_ms": statistics.median(plain),
+    return {"on": on, "mixed_ms": statistics.median(mixed), "plain_ms": statistics.median(plain),
             "wall_ms": wall * 1e3, "tokens": made, "arrivals": arrivals, "split_steps": sum(splits)}
 
 
@@ -107,6 +110,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=4, help="steps between arrivals")
     p.add_argument("--steps", type=int, default=32, help="timed steps per mode and round")
     p.add_argument("--rounds", type=int, default=2, help="rounds of the two modes, alternating")
+    p.add_argument("--one-pass", action="store_true", help="the modes: the split against the one pass")
     p.add_argument("--smoke", action="store_true", help="tiny config on the CPU (checks the script)")
     args = p.parse_args()
     if args.every < 2 or args.steps < args.every:
@@ -121,13 +125,14 @@ def main() -> None:
     _ceilings(not args.smoke)
     rows = {False: [], True: []}
     for _ in range(args.rounds):
-        for split in (False, True):
-            rows[split].append(run_mode(model, cfg, args, split))
-    print("split | mixed step ms | decode step ms | tok/s over the timed steps | steps split / arrivals | rounds")
-    for split, runs in rows.items():
+        for on in (False, True):
+            rows[on].append(run_mode(model, cfg, args, on))
+    print(f"{'one pass' if args.one_pass else 'split'} | mixed step ms | decode step ms | tok/s over the timed "
+          "steps | steps split / arrivals | rounds")
+    for on, runs in rows.items():
         med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
         rate = statistics.median(r["tokens"] / r["wall_ms"] * 1e3 for r in runs)
-        print(f"{'on' if split else 'off'} | {med('mixed_ms'):.2f} | {med('plain_ms'):.2f} | {rate:.0f} | "
+        print(f"{'on' if on else 'off'} | {med('mixed_ms'):.2f} | {med('plain_ms'):.2f} | {rate:.0f} | "
               f"{runs[-1]['split_steps']} / {runs[-1]['arrivals']} | {len(runs)}")
 
 

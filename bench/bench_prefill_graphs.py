@@ -10,7 +10,9 @@ memory).
 `--mtp`: each forward is followed by the MTP block over the same rows (the speculator's catch-up), eagerly or as
 its own pieces alike. `--decode-rows B [--ctx C]`: each forward also brings one decode row of each of B sequences at
 C tokens of context (a prompt arriving while B requests decode); the two modes are then one forward (the pieces on)
-against `mixed_steps.SPLIT_MIXED_STEPS` (the decode rows as their own graphed step, the prompt as pieces).
+against `mixed_steps.SPLIT_MIXED_STEPS` (the decode rows as their own graphed step, the prompt as pieces); with
+`--one-pass` they are that split against `mixed_steps.ONE_PASS_MIXED_STEPS` (one forward, the decode rows' attention
+as their fixed-shape step inside the prompt's pieces).
 
 `--smoke`: a tiny config with random weights on the CPU (torch kernels, the pieces run uncaptured), to check the
 script itself (tests/test_bench_parallel_smoke.py).
@@ -76,6 +78,7 @@ def main() -> None:
                    help="B: each forward also brings one decode row of B sequences at --ctx tokens; the modes are "
                         "then one forward against mixed_steps' split (decode rows as their own graphed step)")
     p.add_argument("--ctx", type=int, default=1024, help="the decode rows' context (with --decode-rows)")
+    p.add_argument("--one-pass", action="store_true", help="with --decode-rows: the split against the one pass")
     p.add_argument("--smoke", action="store_true", help="tiny config on the CPU (checks the script)")
     args = p.parse_args()
     from bench_engine_step import _ceilings
@@ -111,20 +114,26 @@ def main() -> None:
         run.prefill(decoding, args.ctx, with_mtp=False)
         print(f"with one decode row of each of {b} sequences at {args.ctx} tokens of context")
     limit = prefill_graphs.PREFILL_MAX_TOKENS
-    # mode: (the pieces' limit, mixed steps split)
-    modes = {"one forward": (limit, False), "split": (limit, True)} if b else {"eager": (0, False),
-                                                                              "pieces": (limit, False)}
+    # mode: (the pieces' limit, mixed steps split, in one pass)
+    if b and args.one_pass:
+        modes = {"split": (limit, True, False), "one pass": (limit, True, True)}
+    elif b:
+        modes = {"one forward": (limit, False, False), "split": (limit, True, False)}
+    else:
+        modes = {"eager": (0, False, False), "pieces": (limit, False, False)}
     (first, second) = modes
     print(f"P tokens | {first} ms | {second} ms | {first} / {second} | pieces bucket")
     for n in prompts:
         times: dict[str, list[float]] = {m: [] for m in modes}
         for rep in range(args.reps + 2):  # two warm-up rounds: compiles, the bucket's capture
-            for mode, (max_tokens, split) in modes.items():
+            for mode, (max_tokens, split, one_pass) in modes.items():
                 prefill_graphs.PREFILL_MAX_TOKENS, mixed_steps.SPLIT_MIXED_STEPS = max_tokens, split
+                mixed_steps.ONE_PASS_MIXED_STEPS = one_pass
                 ms = _forward_ms(run, n, args.mtp, decoding)
                 if rep >= 2:
                     times[mode].append(ms)
         prefill_graphs.PREFILL_MAX_TOKENS, mixed_steps.SPLIT_MIXED_STEPS = limit, False
+        mixed_steps.ONE_PASS_MIXED_STEPS = False
         e, g = statistics.median(times[first]), statistics.median(times[second])
         print(f"{n} | {e:.1f} | {g:.1f} | {e / g:.2f} | {prefill_graphs.prefill_bucket_size(n + b)}")
 

@@ -15,7 +15,8 @@ PROMPTS = (3, 130, 7, 262, 1, 40, 127)  # around the window (16), ratio 4 and ra
 class PagedBatch:
     """Sequences over a HybridCache, driven without the scheduler."""
 
-    def __init__(self, model, kv_dtype: str, prompts=PROMPTS):
+    def __init__(self, model, kv_dtype: str, prompts=PROMPTS, together: bool = False):
+        """`together`: the prompts prefilled in one forward (its logits: `prefill_logits`), else one forward each."""
         self.model, self.device = model, model.embed.weight.device
         cfg = model.config
         self.cache = HybridCache(cfg, CacheConfig.for_capacity(cfg, max_num_seqs=len(prompts), max_model_len=512,
@@ -23,9 +24,13 @@ class PagedBatch:
                                  device=model.embed.weight.device)
         self.seqs = [Sequence(f"r{i}", [1]) for i in range(len(prompts))]
         self.states = [self.cache.state_of(s) for s in self.seqs]
+        ids = [torch.randint(2, 500, (n,), generator=torch.Generator().manual_seed(n)) for n in prompts]
         with torch.no_grad():
-            for seq, n in zip(self.seqs, prompts):
-                self.forward([seq], torch.randint(2, 500, (n,), generator=torch.Generator().manual_seed(n)))
+            if together:
+                self.prefill_logits = self.forward(self.seqs, torch.cat(ids), list(prompts))
+            else:
+                for seq, t in zip(self.seqs, ids):
+                    self.forward([seq], t)
 
     def forward(self, seqs, ids, lens=None):
         lens = lens or [ids.shape[0] // len(seqs)] * len(seqs)

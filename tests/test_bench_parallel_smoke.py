@@ -99,13 +99,15 @@ def test_bench_prefill_graphs_smoke():
     rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
     assert [(r[0], r[4]) for r in rows] == [("5", "16"), ("40", "64")]
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
-    # with decode rows beside the prompt (one forward against mixed_steps' split): the bucket holds them too
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_prefill_graphs.py"), "--smoke", "--prompts",
-                          "5", "--reps", "1", "--decode-rows", "12", "--ctx", "40"], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
-    assert [(r[0], r[4]) for r in rows] == [("5", "32")] and "one forward ms | split ms" in run.stdout
+    # with decode rows beside the prompt (one forward against mixed_steps' split, or the split against the one
+    # pass): the bucket holds them too
+    for flags, modes in (([], "one forward ms | split ms"), (["--one-pass"], "split ms | one pass ms")):
+        run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_prefill_graphs.py"), "--smoke", "--prompts",
+                              "9", "--reps", "1", "--decode-rows", "12", "--ctx", "40", *flags], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        rows = [line.split(" | ") for line in run.stdout.splitlines() if line[:1].isdigit() and " | " in line]
+        assert [(r[0], r[4]) for r in rows] == [("9", "32")] and modes in run.stdout
 
 
 def test_bench_arrivals_smoke():

@@ -51,8 +51,9 @@ def _drain(engine: LLMEngine, arrivals: dict[int, list]) -> dict[str, list[int]]
     return out
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
 @pytest.mark.parametrize("speculative", [None, "mtp"])
-def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative):
+def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative, one_pass):
     gen = torch.Generator().manual_seed(62)
     arrivals: dict[int, list] = {}
     for i, (step, n) in enumerate([(0, 5), (0, 30), (3, 70), (6, 12), (9, 40), (9, 3)]):
@@ -62,6 +63,7 @@ def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative):
     plain = _engine(False, speculative)
     want = _drain(plain, arrivals)
     monkeypatch.setattr(mixed_steps, "SPLIT_MIXED_STEPS", True)
+    monkeypatch.setattr(mixed_steps, "ONE_PASS_MIXED_STEPS", one_pass)
     split, mtp_split = count_splits(monkeypatch)
     engine = _engine(True, speculative)
     got = _drain(engine, arrivals)
@@ -74,6 +76,7 @@ def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative):
         assert sum(mtp_split) >= 3  # the MTP block's catch-up over those steps' rows was split too
     assert sum(split) >= 3  # (several steps mixed decode rows with a chunk: the 70-token prompt takes two steps)
     assert engine.model._graphs._steps  # the decode rows' fixed-shape step buckets
+    assert bool(engine.model._graphs.head_steps) == one_pass  # one pass: their step inside the chunks' forward
 
 
 @pytest.mark.parametrize("lens, parts", [

@@ -102,6 +102,13 @@ def _decode_shaped(segments: list[Segment] | None) -> bool:
         seg.length == 1 and seg.start == i for i, seg in enumerate(segments))
 
 
+def _first_rows(t, n: int):
+    """t's first n rows (a tuple's element-wise; None stays)."""
+    if t is None:
+        return None
+    return tuple(v[:n] for v in t) if isinstance(t, tuple) else t[:n]
+
+
 class AttentionInputs(NamedTuple):
     """What `Attention.prepare` computes per token for `attend` and `finish`."""
     q: torch.Tensor                      # [T, H, Dh] normed, RoPE'd
@@ -117,6 +124,9 @@ class AttentionInputs(NamedTuple):
     kv_stored: bool = False              # kv already in the paged step's window pool (FUSED_KV_STORE)
     compressed: bool = False             # the step's compressor work done beside the query path (COMPRESS_BESIDE)
     picks: Callable | None = None        # INDEXER_BESIDE: the join of the indexer's branch -> (picked, kept alive)
+
+
+_ROW_FIELDS = ("q", "kv", "cos", "sin", "rows", "index_rows", "index_q", "index_w")  # AttentionInputs' per-token
 
 
 class Attention(StackedProjections, UnpagedDecode, nn.Module):
@@ -284,11 +294,15 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
         return pre._replace(q=q, q_norm_eps=None)
 
     def attend(self, pre: AttentionInputs, positions: torch.Tensor, segments: list[Segment] | None,
-               out: torch.Tensor | None = None, step=None, rotate: bool = False) -> torch.Tensor:
+               out: torch.Tensor | None = None, step=None, rotate: bool = False, head_step=None) -> torch.Tensor:
         """Per sequence: update its state and attend; returns (or fills) [T, H, Dh] before inverse RoPE
         (after it where `rotates` says so: `step`'s kernel, or the prefill kernel when asked with `rotate`).
-        `step` (a dsv4.engine.paged_decode.DecodeStep) replaces `segments` for a paged decode batch."""
+        `step` (a dsv4.engine.paged_decode.DecodeStep) replaces `segments` for a paged decode batch. `head_step`:
+        a mixed step in one forward (dsv4.model.mixed_steps), its rows [0, head_step.size) decode rows attending as
+        that step, `segments` the chunks after them."""
         out = torch.empty_like(pre.q) if out is None else out
+        if head_step is not None:
+            self._attend_head(pre, head_step, out, rotate)
         # kernel mode on CUDA: one Triton launch per sequence over index lists (no [T, N] masks)
         decode = step is None and _decode_shaped(segments)
         kernel = step is None and not decode and self._prefill_kernel(pre)
@@ -341,9 +355,23 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
             state.append_tokens(kv[sl], new_rows, fused=fused and self.numerics.simulate_kv_fp8)
         return out
 
-    def _attend_step(self, pre: AttentionInputs, step, out: torch.Tensor) -> torch.Tensor:
+    def _attend_head(self, pre: AttentionInputs, step, out: torch.Tensor, rotate: bool) -> None:
+        """A mixed step's decode rows (the first `step.size`) as the paged decode step, into out's first rows,
+        the inverse RoPE applied iff `rotate` (as the chunks' attention after them applies it, `rotates`)."""
+        n = step.size
+        head = pre._replace(**{f: _first_rows(getattr(pre, f), n) for f in _ROW_FIELDS})
+        kernel = self.step_kernel(step)
+        if not kernel:  # (the step kernel norms q itself where `prepare` left it: q_norm_eps)
+            head = self._normed_q(head)
+        self._attend_step(head, step, out[:n], rotate=rotate)
+        if rotate and not kernel:
+            from dsv4.kernels.norm_rope import norm_rope
+            out[:n] = norm_rope(out[:n], cos=head.cos, sin=head.sin, inverse=True)
+
+    def _attend_step(self, pre: AttentionInputs, step, out: torch.Tensor, rotate: bool | None = None) -> torch.Tensor:
         """A paged decode step in fixed-shape batch ops (dsv4.engine.paged_decode): write the token's
-        kv, rows and (branch-free) entries, then one softmax over window U entries per row."""
+        kv, rows and (branch-free) entries, then one softmax over window U entries per row (the kernel applies
+        the inverse RoPE iff `rotate`, by default KERNEL_INVERSE_ROPE: `step_rotates`)."""
         layer = self.layer_index
         fused = self._fused_step_stores(step)
         if fused and not pre.kv_stored:  # (stored by `prepare` with FUSED_KV_STORE)
@@ -366,7 +394,7 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
                 picked = pre.picks()[0]
             elif self.indexer:  # the scores read the FP4 key pool: one launch
                 picked = self.indexer.pick_from_pool(pre.index_q, pre.index_w, *step.entry_read_slots(layer, "index"))
-            return self._attend_step_kernel(pre, step, picked, out)
+            return self._attend_step_kernel(pre, step, picked, out, KERNEL_INVERSE_ROPE if rotate is None else rotate)
         if self.indexer:
             index_keys, present = step.entries(layer, "index")
             picked, valid = self.indexer.pick_padded(pre.index_q, pre.index_w, index_keys, present)
@@ -441,10 +469,10 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
             return self.step_rotates(step)
         return KERNEL_INVERSE_ROPE and self._prefill_kernel(pre) and not _decode_shaped(segments)
 
-    def _attend_step_kernel(self, pre, step, picked, out):
+    def _attend_step_kernel(self, pre, step, picked, out, rotate: bool):
         """The Triton kernel reads the FP8 pools itself (the indexer's `picked` entries, -1: none) and writes `out`,
-        with KERNEL_INVERSE_ROPE the inverse RoPE included (rounded to bf16 first, then rotated as
-        `norm_rope(inverse=True)` does: the bits `finish` would give)."""
+        with `rotate` the inverse RoPE included (rounded to bf16 first, then rotated as `norm_rope(inverse=True)`
+        does: the bits `finish` would give)."""
         from dsv4.kernels.attention import decode_attention
         pools, layer = step.pools, self.layer_index
         comp = table = count = None
@@ -453,7 +481,7 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
             comp, table = pools.entries[layer, "main"], step.tables[f"compressed{r}"]
             if not self.indexer:
                 count = step.entry_count(r)
-        rot = (pre.cos, pre.sin) if KERNEL_INVERSE_ROPE else (None, None)
+        rot = (pre.cos, pre.sin) if rotate else (None, None)
         q_norm = None if pre.q_norm_eps is None else (pre.q_norm_eps, pre.cos, pre.sin)  # (`_step_norms_q`)
         decode_attention(pre.q, step.pos, *rot, pools.window[layer], step.tables["window"], pools.ring,
                          self.window, comp, table, picked, count, self.attn_sink, self.scale, out=out, q_norm=q_norm)

@@ -63,8 +63,10 @@ class Block(nn.Module):
         self.mhc = {site: prepare_mix(getattr(self, f"hc_{site}_fn")) for site in ("attn", "ffn")}
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
-                segments: list[Segment] | None, step=None, carry: tuple | None = None, defer: bool = False):
-        """x: residual streams [T, hc, D] -> [T, hc, D] (`step`: a paged decode step, see Attention.attend).
+                segments: list[Segment] | None, step=None, carry: tuple | None = None, defer: bool = False,
+                head_step=None):
+        """x: residual streams [T, hc, D] -> [T, hc, D] (`step`, `head_step`: a paged decode step for all rows, for
+        the first rows of a mixed step; see Attention.attend).
         Kernel mode only: `carry` = the previous block's deferred MoE post (f, post, comb), applied to x by this
         block's attention pre; `defer`: -> (x, carry) with this block's MoE post deferred (`run_blocks`)."""
         if carry is not None:
@@ -72,7 +74,7 @@ class Block(nn.Module):
         else:
             hc, pre = self.pre(x, positions, step)
         rotated = self.attn.rotates(pre, segments, step)
-        attended = self.attn.attend(pre, positions, segments, step=step, rotate=rotated)
+        attended = self.attn.attend(pre, positions, segments, step=step, rotate=rotated, head_step=head_step)
         return self.post(x, attended, pre, hc, token_ids, rotated=rotated, defer=defer)
 
     # pre and post touch no sequence state: decode under CUDA graphs (dsv4.model.graphs) captures
@@ -131,8 +133,9 @@ def fuses_block_sites(blocks) -> bool:
 
 
 def run_blocks(blocks, x: torch.Tensor, token_ids: torch.Tensor | None, positions: torch.Tensor,
-               segments_of, step=None) -> torch.Tensor:
-    """The blocks in order on residual streams x [T, hc, D] (`segments_of(i)`: block i's segments). With
+               segments_of, step=None, head_step=None) -> torch.Tensor:
+    """The blocks in order on residual streams x [T, hc, D] (`segments_of(i)`: block i's segments; `step`,
+    `head_step`: see Block.forward). With
     FUSE_BLOCK_SITES in kernel mode, each block's MoE post runs inside the next block's attention pre."""
     fuse = fuses_block_sites(blocks)
     carry = None
@@ -141,7 +144,7 @@ def run_blocks(blocks, x: torch.Tensor, token_ids: torch.Tensor | None, position
     for i, block in enumerate(blocks):
         if i == 1 and tables is not None:
             tables()  # (the main stream waits for the later blocks' tables here)
-        out = block(x, token_ids, positions, segments_of(i), step=step, carry=carry, defer=fuse)
+        out = block(x, token_ids, positions, segments_of(i), step=step, carry=carry, defer=fuse, head_step=head_step)
         x, carry = out if fuse else (out, None)
     return finish_carry(x, carry)
 

@@ -35,6 +35,9 @@ class ForwardContext:
     seq_lens: list[int]
     states: list[SequenceState]
     trusted_inputs: bool = False  # ids in range and positions continuing the states, by construction
+    # a mixed step in one forward (dsv4.model.mixed_steps): the first `decode_head` sequences bring decode rows,
+    # which attend as one fixed-shape paged step; the rest bring prompt chunks
+    decode_head: int = 0
 
     def __post_init__(self) -> None:
         if len(self.seq_lens) != len(self.states):

@@ -55,7 +55,7 @@ from dsv4.config import ModelConfig
 from dsv4.model.block import Block, run_blocks
 from dsv4.model.context import (ForwardContext, Segment, advance_paged, check_token_ids, get_forward_context,
                                 paged_step_pools, sequence_spans, to_device)
-from dsv4.model.mixed_steps import split_mixed_step
+from dsv4.model.mixed_steps import decode_head_step, split_mixed_step
 from dsv4.model.rope import shared_cos_sin
 from dsv4.model.hyper import hc_head
 from dsv4.model.linear import PLAIN, Linear, bf16_gemm_fp32, dequantize_weight, quantized_weights
@@ -212,10 +212,15 @@ class DeepseekV4ForCausalLM(nn.Module):
                                  f"model ({self.dtype}, {len(self.layers)} layers); use model.new_sequence_state()")
         spans = sequence_spans(ctx, positions, [s.num_tokens for s in ctx.states])
 
-        def segments(i: int) -> list[Segment]:
-            return [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans, ctx.states) if n]
+        # a mixed step in one pass (mixed_steps.ONE_PASS_MIXED_STEPS): the rows of its first `decode_head` sequences
+        # are decode rows, which attend as one fixed-shape step (`head_step`), not as segments
+        head = ctx.decode_head
 
-        if self._graphs is not None and inputs_embeds is None:  # decode rows beside prompt chunks: two forwards
+        def segments(i: int) -> list[Segment]:
+            return [Segment(start, n, s.layers[i]) for (start, n), s in zip(spans[head:], ctx.states[head:]) if n]
+
+        head_step = decode_head_step(self, ctx) if head else None
+        if not head and self._graphs is not None and inputs_embeds is None:  # decode rows beside chunks: split
             hidden = split_mixed_step(self, input_ids, positions, ctx, spans)
             if hidden is not None:
                 return hidden
@@ -239,17 +244,22 @@ class DeepseekV4ForCausalLM(nn.Module):
             return hidden
         elif self._graphs is not None and inputs_embeds is None and self._graphs.handles_prefill(ctx.seq_lens):
             # a short prefill (any mix of chunks): stateless parts as graphs, attention eager (prefill_graphs)
-            hidden = self._graphs.prefill(input_ids, positions, segments)
+            hidden = self._graphs.prefill(input_ids, positions, segments, head_step)
             if hidden is not None:  # (None: its bucket did not fit in GPU memory; the eager forward below)
                 self._mtp_target = self._graphs.last_streams(t).flatten(1)
+                if head_step is not None:
+                    advance_paged(ctx.states[:head], lens[:head])
                 return hidden
         if h is None:
             h = self.embed(input_ids, validate=False)  # range checked above (or trusted)
         x = h.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
         with shared_cos_sin():
-            x = run_blocks(self.layers, x, input_ids, positions, (lambda i: None) if step else segments, step)
+            x = run_blocks(self.layers, x, input_ids, positions, (lambda i: None) if step else segments, step,
+                           head_step)
         if step is not None:
             advance_paged(ctx.states, lens)
+        elif head_step is not None:
+            advance_paged(ctx.states[:head], lens[:head])
         self._mtp_target = x.flatten(1)
         return self.final_hidden(x)
 

@@ -122,7 +122,7 @@ class _MTPStepBucket:
         return self.residual[:b].clone(), self.hidden[:b].clone()
 
 
-def _context_bucket(lengths) -> int:
+def context_bucket(lengths) -> int:
     """Contexts rounded up to a power of two (at least 1024 tokens): one graph serves a range."""
     return max(1024, 1 << (max(lengths) - 1).bit_length())
 
@@ -145,6 +145,7 @@ class DecodeGraphs:
         self._buckets: dict[int, PiecewiseBucket] = {}
         self._steps: dict[tuple, _StepBucket] = {}
         self._mtp_steps: dict[tuple, _MTPStepBucket] = {}
+        self.head_steps: dict[tuple, object] = {}  # mixed steps' decode rows in one pass (dsv4.model.mixed_steps)
         self._prefill: dict[int, PiecewiseBucket] = {}  # short prefill forwards' pieces per token bucket
         self._mtp_prefill: dict[int, MTPPrefillBucket] = {}  # the MTP block's over those rows
         self.prefill_arena: StaticArena | None = None      # their static buffers (made with the first bucket)
@@ -166,14 +167,16 @@ class DecodeGraphs:
         size = prefill_bucket_size(sum(lens), self.prefill_limit)
         return size is not None and not (len(lens) > 1 and all(n == 1 for n in lens))
 
-    def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor | None:
+    def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer,
+                head_step=None) -> torch.Tensor | None:
         """Hidden states [T, D] of a short forward as prefill pieces (the streams land in `last_streams(T)`), or
-        None when its bucket did not fit in GPU memory (nothing done: the caller runs the forward eagerly)."""
+        None when its bucket did not fit in GPU memory (nothing done: the caller runs the forward eagerly).
+        `head_step`: a mixed step's decode rows (Attention.attend)."""
         bucket = self._captured_prefill(prefill_bucket_size(input_ids.shape[0], self.prefill_limit))
         if bucket is None:
             return None
         self._last = bucket
-        return bucket.forward(input_ids, positions, segments_per_layer)
+        return bucket.forward(input_ids, positions, segments_per_layer, head_step)
 
     def mtp_prefill(self, prev_residual: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor,
                     segments) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -252,7 +255,7 @@ class DecodeGraphs:
         tokens), as one graph per (row bucket, context bucket): contexts rounded up to a power of two
         (at least 1024 tokens)."""
         size = next(s for s in self.sizes if s >= input_ids.shape[0])
-        ctx = _context_bucket([s.num_tokens + n for s, n in zip(states, lens)])
+        ctx = context_bucket([s.num_tokens + n for s, n in zip(states, lens)])
         bucket = self._steps.get((pools, size, ctx))
         if bucket is None:
             bucket = self._steps[pools, size, ctx] = _StepBucket(self.model, pools.decode_step(size, ctx),
@@ -266,7 +269,7 @@ class DecodeGraphs:
         """The MTP block's (residual [T, hc*D], hidden [T, D]) for draft rows over the paged states
         (`MTPBlock.forward` with graphs), one graph per (row bucket, context bucket)."""
         size = next(s for s in self.sizes if s >= ids.shape[0])
-        ctx = _context_bucket([s.mtp.num_tokens + n for s, n in zip(states, lens)])
+        ctx = context_bucket([s.mtp.num_tokens + n for s, n in zip(states, lens)])
         bucket = self._mtp_steps.get((pools, size, ctx))
         if bucket is None:
             bucket = self._mtp_steps[pools, size, ctx] = _MTPStepBucket(block, pools.decode_step(size, ctx),

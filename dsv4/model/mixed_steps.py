@@ -13,7 +13,11 @@ Their hidden states and MTP target rows are put back in batch order. The MTP blo
 rows is split the same way (`split_mixed_mtp`). The two parts touch different sequences, so
 their order does not matter, and each decode row gets what a step of decode rows alone gives it.
 
-The price is that the layers' weights are read twice in such a step, once per forward.
+The price is that the layers' weights are read twice in such a step, once per forward. With ONE_PASS_MIXED_STEPS
+the step runs as one forward instead, over its rows reordered (the decode rows first): every stateless part (the
+projections, mHC, the MoE) over all rows at once, and in each layer's attention the decode rows as one fixed-shape
+paged step (`Attention.attend(head_step=)`), the chunks as usual after them -- through the prefill pieces where
+their limit allows, else eagerly.
 """
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ from dsv4.model.context import ForwardContext, engine_pools, set_forward_context
 # one forward vs split, B = 8: 45.6 / 62.8 / 63.3 -> 8.8 / 18.8 / 27.0 ms; B = 32: 243 / 252 / 254 -> 14.0 / 23.9 /
 # 31.9 ms (bench/bench_prefill_graphs.py --decode-rows B)
 SPLIT_MIXED_STEPS = True
+# (with SPLIT_MIXED_STEPS) a mixed step as one forward, the weights read once (module docstring). Opt-in until
+# measured on the GPU.
+ONE_PASS_MIXED_STEPS = False
 
 
 def mixed_rows(lens: list[int], max_rollback: int) -> tuple[list[int], list[int]] | None:
@@ -78,8 +85,29 @@ def split_mixed_step(model, input_ids: torch.Tensor, positions: torch.Tensor, ct
         ids, pos = input_ids[to_device(rows, input_ids.device)], positions[to_device(rows, positions.device)]
         return model.forward(ids, pos), model.get_mtp_target_hidden_states()
 
+    if ONE_PASS_MIXED_STEPS:  # one part: the decode rows first, then the chunks
+        (head, head_ctx), (chunks, chunks_ctx) = parts
+        parts = [(torch.cat((head, chunks)), ForwardContext(
+            head_ctx.seq_lens + chunks_ctx.seq_lens, head_ctx.states + chunks_ctx.states, trusted_inputs=True,
+            decode_head=len(head_ctx.states)))]
     hidden, model._mtp_target = _run_parts(parts, positions.shape[0], run)
     return hidden
+
+
+def decode_head_step(model, ctx: ForwardContext):
+    """The filled fixed-shape step (dsv4.engine.paged_decode.DecodeStep) of a one-pass mixed step's decode rows,
+    those of `ctx`'s first `decode_head` sequences; one per (rows, context bucket), kept by the model's graphs."""
+    from dsv4.model.graphs import context_bucket
+    pools, k = engine_pools(ctx), ctx.decode_head
+    states, lens = ctx.states[:k], [int(n) for n in ctx.seq_lens[:k]]
+    key = (pools, sum(lens), context_bucket([s.num_tokens + n for s, n in zip(states, lens)]))
+    kept = model._graphs.head_steps if model._graphs is not None else {}
+    step = kept.get(key)
+    if step is None:
+        step = kept[key] = pools.decode_step(*key[1:])
+    step.fill(states, lens)
+    step.derive()
+    return step
 
 
 def split_mixed_mtp(block, prev_residual: torch.Tensor, next_token_ids: torch.Tensor, positions: torch.Tensor,

@@ -122,8 +122,10 @@ class PiecewiseBucket:
         self.graphs = capture_graphs(self.pieces, sharded=self.sharded, pool=self.pool)
         return True
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer) -> torch.Tensor:
-        """Hidden states [T, D] of the forward (T = the real rows); the streams land in `streams`."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, segments_per_layer,
+                head_step=None) -> torch.Tensor:
+        """Hidden states [T, D] of the forward (T = the real rows); the streams land in `streams` (`head_step`: a
+        mixed step's decode rows, see Attention.attend)."""
         t = input_ids.shape[0]
         fill_padded(self.ids, input_ids)
         fill_padded(self.pos, positions)
@@ -137,7 +139,7 @@ class PiecewiseBucket:
                     self.pieces[i]()
                 if i < len(layers):
                     layers[i].attn.attend(self.pre[i], self.pos, segments_per_layer(i), out=self.attended,
-                                          rotate=self.rotated[i])
+                                          rotate=self.rotated[i], head_step=head_step)
         return self.hidden[:t].clone()  # the static buffer is overwritten by the next forward
 
 
