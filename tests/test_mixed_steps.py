@@ -17,14 +17,15 @@ from dsv4.model import DeepseekV4ForCausalLM, mixed_steps
 from _split_spies import count_splits
 
 
-def _engine(graphs: bool, speculative: str | None) -> LLMEngine:
+def _engine(graphs: bool, speculative: str | None, pieces: bool = True) -> LLMEngine:
     cfg = tiny_config("fp4", "sliding,csa,hca", num_hash_layers=1, sliding_window=8)
     m = DeepseekV4ForCausalLM(cfg, torch.float32)
     m.load_random_weights(13)
     if graphs:
         m.enable_cuda_graphs(max_batch=8, capture=False)
     return LLMEngine(m, m.config, None, EngineConfig(max_num_seqs=6, max_num_batched_tokens=48, max_model_len=256,
-                                                     speculative=speculative, num_draft_tokens=2))
+                                                     speculative=speculative, num_draft_tokens=2,
+                                                     prefill_graph_tokens=None if pieces else 0))
 
 
 def _drain(engine: LLMEngine, arrivals: dict[int, list]) -> dict[str, list[int]]:
@@ -51,9 +52,10 @@ def _drain(engine: LLMEngine, arrivals: dict[int, list]) -> dict[str, list[int]]
     return out
 
 
-@pytest.mark.parametrize("one_pass", [False, True])
+@pytest.mark.parametrize("one_pass, pieces", [(False, True), (True, True), (True, False)])
 @pytest.mark.parametrize("speculative", [None, "mtp"])
-def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative, one_pass):
+def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative, one_pass, pieces):
+    """The split, and its one pass through the prefill pieces or (pieces off) eagerly."""
     gen = torch.Generator().manual_seed(62)
     arrivals: dict[int, list] = {}
     for i, (step, n) in enumerate([(0, 5), (0, 30), (3, 70), (6, 12), (9, 40), (9, 3)]):
@@ -65,7 +67,7 @@ def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative, one_pa
     monkeypatch.setattr(mixed_steps, "SPLIT_MIXED_STEPS", True)
     monkeypatch.setattr(mixed_steps, "ONE_PASS_MIXED_STEPS", one_pass)
     split, mtp_split = count_splits(monkeypatch)
-    engine = _engine(True, speculative)
+    engine = _engine(True, speculative, pieces)
     got = _drain(engine, arrivals)
     assert got == want and all(len(t) == 14 for t in got.values())
     assert len(engine.mtp_hidden) == len(plain.mtp_hidden) == (0 if speculative is None else len(plain.mtp_hidden))
@@ -77,6 +79,7 @@ def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative, one_pa
     assert sum(split) >= 3  # (several steps mixed decode rows with a chunk: the 70-token prompt takes two steps)
     assert engine.model._graphs._steps  # the decode rows' fixed-shape step buckets
     assert bool(engine.model._graphs.head_steps) == one_pass  # one pass: their step inside the chunks' forward
+    assert bool(engine.model._graphs._prefill) == pieces
 
 
 @pytest.mark.parametrize("lens, parts", [
