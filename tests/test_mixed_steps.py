@@ -89,3 +89,13 @@ def test_mixed_rows(lens, parts):
     """Decode rows bring 1 to max_rollback + 1 tokens (here 5); only a batch with both kinds (and no empty
     sequence) is split."""
     assert mixed_steps.mixed_rows(lens, 4) == parts
+
+
+def test_decode_head_must_name_sequences_of_the_batch():
+    from dsv4.model import ForwardContext
+    m = DeepseekV4ForCausalLM(tiny_config("fp4", "sliding"), torch.float32)
+    states = [m.new_sequence_state(), m.new_sequence_state()]
+    for head in (-1, 3):
+        with pytest.raises(ValueError, match=f"decode_head={head} for 2 sequences"):
+            ForwardContext([1, 9], states, decode_head=head)
+    assert ForwardContext([1, 9], states, decode_head=2).decode_head == 2

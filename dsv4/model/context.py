@@ -44,6 +44,8 @@ class ForwardContext:
             raise ValueError(f"ForwardContext: {len(self.seq_lens)} seq_lens but {len(self.states)} states")
         if any(int(n) < 0 for n in self.seq_lens):
             raise ValueError(f"ForwardContext: negative entry in seq_lens={self.seq_lens}")
+        if not 0 <= self.decode_head <= len(self.states):
+            raise ValueError(f"ForwardContext: decode_head={self.decode_head} for {len(self.states)} sequences")
         if len({id(s) for s in self.states}) != len(self.states):
             raise ValueError("ForwardContext: the same SequenceState appears twice in one batch")
 
