@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 64 (≈ 9 min with the start; carry [".whl"]). Then run_device_s64b.sh.
-# (1) GPU tests: session 63's load_rows(tail=) (test_cache_store, the pieces and shared-derivation tests), and session 64's one-pass mixed step (test_mixed_one_pass: against the split in kernel mode;
-#     test_mixed_steps_gpu: the engine's greedy text with the split and with the one pass).
+# (1) GPU tests: session 63's load_rows(tail=) (test_cache_store, the pieces and shared-derivation tests), and
+#     session 64's one-pass mixed step (test_mixed_one_pass: against the split in kernel mode; test_mixed_steps_gpu:
+#     the engine's greedy text with the split and with the one pass).
 # (2) A prompt beside B decode rows at 4096 tokens of context: the split against the one pass
 #     (bench_prefill_graphs.py --decode-rows B --one-pass), 8 Flash layers.
 source bench/runs/lib.sh
