@@ -2,7 +2,7 @@
 lists, the compressors' entry positions and their RoPE tables, the indexer's visible counts) change no bit: the
 embedded model in kernel mode over paged FP8 pools -- fresh prompts across the window, ratio-4 and ratio-128
 boundaries, chunks after them, then decode steps -- gives the same logits and leaves the same pool bytes with the flag
-off and on."""
+off and on (the trash pages aside: `_kept_pages`)."""
 from __future__ import annotations
 
 import os
@@ -32,7 +32,20 @@ def _run(model, share: bool, monkeypatch):
     batch = PagedBatch(model, "fp8", prompts=(16, 131, 5, 260))
     out = [batch.forward(batch.seqs, torch.randint(2, 500, (4 * 37,), generator=gen))]  # a chunk each
     out += batch.decode(3, seed=5)
-    return out, [t.clone() for _, t in batch.cache.pools._byte_views()]
+    return out, _kept_pages(batch.cache.pools)
+
+
+def _kept_pages(pools) -> list[torch.Tensor]:
+    """Every pool tensor's pages but its kind's trash page: a decode step's rows whose window stays open all store
+    their pooled entry there, concurrently on the GPU, so its bytes depend on the order the programs ran in (never
+    read unmasked, dsv4.engine.paged_decode)."""
+    kinds = list(pools.bm.kinds)
+    out = []
+    for kind, t in pools._byte_views():
+        keep = torch.ones(t.shape[0], dtype=torch.bool, device=t.device)
+        keep[pools.trash[kinds[kind]]] = False
+        out.append(t[keep].clone())
+    return out
 
 
 def test_sharing_changes_no_bit(model, monkeypatch):
@@ -43,5 +56,5 @@ def test_sharing_changes_no_bit(model, monkeypatch):
     for a, b in zip(off_logits, on_logits):
         assert torch.isfinite(a).all() and torch.equal(a, b)
     for i, (a, b) in enumerate(zip(off_pools, on_pools)):
-        assert torch.equal(a, b), f"pool tensor {i} differs"
+        assert torch.equal(a, b), f"pool tensor {i} differs in pages {(a != b).any(1).nonzero().flatten().tolist()}"
     assert any(bool(t.any()) for t in on_pools), "nothing was stored"
