@@ -1,10 +1,11 @@
 """A mixed step in one forward (dsv4.model.mixed_steps.ONE_PASS_MIXED_STEPS) against the same step split in two, in
-kernel mode over paged FP8 pools: the embedded model's sequences prefilled, then steps where some sequences bring
-decode rows (1 token, or a verify-like row of 3) while others bring a prompt chunk, then plain decode steps. The
+kernel mode over paged FP8 pools: the embedded model's prompts prefilled in one forward (the two shortest as decode
+rows), then steps where some sequences bring decode rows (1 token, or a verify-like row of 3) while another brings a
+prompt chunk, then a plain decode step. The
 decode rows attend through the fixed-shape step inside the chunks' forward (its attention kernel asked to apply the
 inverse RoPE exactly where the chunks' attention does: on CUDA the prefill kernel does, in the interpreter neither),
 their stateless parts run with the chunks' rows. Every logit row stays within bf16 rounding of the split's (the
-GEMMs see other row counts), and the later decode steps read what both left in the pools.
+GEMMs see other row counts), and each later step reads what the earlier ones left in the pools.
 In `make test` through Triton's interpreter; on the GPU with the rest of tests/gpu."""
 from __future__ import annotations
 
