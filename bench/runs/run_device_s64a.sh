@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 64 (≈ 9 min with the start; carry [".whl"]). Then run_device_s64b.sh.
+# Session 64 (≈ 9 min with the start; carry [".whl"]). (Ran in s64a; the rest moved to run_device_s65a.sh.)
 # (1) GPU tests: session 63's load_rows(tail=) (test_cache_store, the pieces and shared-derivation tests), and
 #     session 64's one-pass mixed step (test_mixed_one_pass: against the split in kernel mode; test_mixed_steps_gpu:
 #     the engine's greedy text with the split and with the one pass).
