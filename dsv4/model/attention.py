@@ -29,6 +29,7 @@ from dsv4.model.indexer import Indexer, indices_to_mask
 from dsv4.model.attention_stacks import StackedProjections
 from dsv4.model.attention_unpaged import UnpagedDecode
 from dsv4.model.linear import FP8, FP8Stack, Linear
+from dsv4.model.mixed_steps import attend_head
 from dsv4.model.norm import RMSNorm, unweighted_rms_norm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
 from dsv4.model.rope import RotaryEmbedding, apply_rope
@@ -102,13 +103,6 @@ def _decode_shaped(segments: list[Segment] | None) -> bool:
         seg.length == 1 and seg.start == i for i, seg in enumerate(segments))
 
 
-def _first_rows(t, n: int):
-    """t's first n rows (a tuple's element-wise; None stays)."""
-    if t is None:
-        return None
-    return tuple(v[:n] for v in t) if isinstance(t, tuple) else t[:n]
-
-
 class AttentionInputs(NamedTuple):
     """What `Attention.prepare` computes per token for `attend` and `finish`."""
     q: torch.Tensor                      # [T, H, Dh] normed, RoPE'd
@@ -124,9 +118,6 @@ class AttentionInputs(NamedTuple):
     kv_stored: bool = False              # kv already in the paged step's window pool (FUSED_KV_STORE)
     compressed: bool = False             # the step's compressor work done beside the query path (COMPRESS_BESIDE)
     picks: Callable | None = None        # INDEXER_BESIDE: the join of the indexer's branch -> (picked, kept alive)
-
-
-_ROW_FIELDS = ("q", "kv", "cos", "sin", "rows", "index_rows", "index_q", "index_w")  # AttentionInputs' per-token
 
 
 class Attention(StackedProjections, UnpagedDecode, nn.Module):
@@ -302,7 +293,7 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
         that step, `segments` the chunks after them."""
         out = torch.empty_like(pre.q) if out is None else out
         if head_step is not None:
-            self._attend_head(pre, head_step, out, rotate)
+            attend_head(self, pre, head_step, out, rotate)
         # kernel mode on CUDA: one Triton launch per sequence over index lists (no [T, N] masks)
         decode = step is None and _decode_shaped(segments)
         kernel = step is None and not decode and self._prefill_kernel(pre)
@@ -354,19 +345,6 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
                                self.attn_sink, self.scale, first=(done, done - n_past), out=out[sl])
             state.append_tokens(kv[sl], new_rows, fused=fused and self.numerics.simulate_kv_fp8)
         return out
-
-    def _attend_head(self, pre: AttentionInputs, step, out: torch.Tensor, rotate: bool) -> None:
-        """A mixed step's decode rows (the first `step.size`) as the paged decode step, into out's first rows,
-        the inverse RoPE applied iff `rotate` (as the chunks' attention after them applies it, `rotates`)."""
-        n = step.size
-        head = pre._replace(**{f: _first_rows(getattr(pre, f), n) for f in _ROW_FIELDS})
-        kernel = self.step_kernel(step)
-        if not kernel:  # (the step kernel norms q itself where `prepare` left it: q_norm_eps)
-            head = self._normed_q(head)
-        self._attend_step(head, step, out[:n], rotate=rotate)
-        if rotate and not kernel:
-            from dsv4.kernels.norm_rope import norm_rope
-            out[:n] = norm_rope(out[:n], cos=head.cos, sin=head.sin, inverse=True)
 
     def _attend_step(self, pre: AttentionInputs, step, out: torch.Tensor, rotate: bool | None = None) -> torch.Tensor:
         """A paged decode step in fixed-shape batch ops (dsv4.engine.paged_decode): write the token's

@@ -123,3 +123,29 @@ def split_mixed_mtp(block, prev_residual: torch.Tensor, next_token_ids: torch.Te
         return block.forward(prev, ids, pos, graphs=graphs)
 
     return tuple(_run_parts(parts, positions.shape[0], run))
+
+
+def attend_head(attn, pre, step, out: torch.Tensor, rotate: bool) -> None:
+    """`Attention.attend(head_step=)`: a one-pass mixed step's decode rows (the first `step.size` of `pre`, an
+    AttentionInputs) through `attn`'s paged decode step, into out's first rows, the inverse RoPE applied iff `rotate`
+    (as the chunks' attention after them applies it: `finish` treats every row alike)."""
+    n = step.size
+    head = pre._replace(**{f: _first_rows(getattr(pre, f), n) for f in _ROW_FIELDS})
+    kernel = attn.step_kernel(step)
+    if not kernel:  # (the step kernel norms q itself where `prepare` left it: q_norm_eps)
+        head = attn._normed_q(head)
+    attn._attend_step(head, step, out[:n], rotate=rotate)
+    if rotate and not kernel:
+        from dsv4.kernels.norm_rope import norm_rope
+        out[:n] = norm_rope(out[:n], cos=head.cos, sin=head.sin, inverse=True)
+
+
+_ROW_FIELDS = ("q", "kv", "cos", "sin", "rows", "index_rows", "index_q", "index_w")  # AttentionInputs' per-token
+
+
+def _first_rows(t, n: int):
+    """t's first n rows (a tuple's element-wise; None stays)."""
+    if t is None:
+        return None
+    return tuple(v[:n] for v in t) if isinstance(t, tuple) else t[:n]
+

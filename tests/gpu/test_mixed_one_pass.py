@@ -52,9 +52,9 @@ def test_one_pass_matches_the_split(model, monkeypatch, close_bf16):
     from dsv4.model import attention
 
     heads = []
-    real = attention.Attention._attend_head
-    monkeypatch.setattr(attention.Attention, "_attend_head", lambda self, pre, step, *a: (
-        heads.append(step.size), real(self, pre, step, *a))[1])
+    real = attention.attend_head  # (mixed_steps' function, as `Attention.attend` calls it)
+    monkeypatch.setattr(attention, "attend_head", lambda attn, pre, step, *a: (
+        heads.append(step.size), real(attn, pre, step, *a))[1])
     with torch.no_grad():
         split = _run(model, False, monkeypatch)
         assert heads == []
