@@ -6,7 +6,8 @@ decode rows attend through the fixed-shape step inside the chunks' forward (its 
 inverse RoPE exactly where the chunks' attention does: on CUDA the prefill kernel does, in the interpreter neither),
 their stateless parts run with the chunks' rows. Every logit row stays within bf16 rounding of the split's (the
 GEMMs see other row counts), and each later step reads what the earlier ones left in the pools.
-In `make test` through Triton's interpreter; on the GPU with the rest of tests/gpu."""
+On the GPU with the rest of tests/gpu; it also runs in Triton's interpreter (DSV4_TEST_DEVICE=cpu TRITON_INTERPRET=1,
+3 min on one core), which `make test` leaves out for its time."""
 from __future__ import annotations
 
 import os
