@@ -192,7 +192,7 @@ def test_step_derives_only_the_slots_asked_for():
     """`DecodeStep.derive` builds nothing up front; each accessor builds its own slots once (the kernel path
     never asks for the window's or the attended entries' gather tables). Values against a per-row
     re-derivation in Python ints: the window write slot (page of slot t mod ring) and a CSA layer's entry
-    write slot (entry t // 4 on its page, the trash page unless t closes its window)."""
+    write slot (entry t // 4 on its page; unless t closes its window, the trash page at the row's own slot)."""
     b = _Batch(_model(), "fp8")
     pools = b.cache.pools
     states = [b.cache.reserve(seq, 1) for seq in b.seqs]  # pages for each sequence's next token
@@ -213,8 +213,9 @@ def test_step_derives_only_the_slots_asked_for():
         slot = t % pools.ring
         assert (int(page[r]), int(off[r])) == (seq.block_tables["window"][slot // wps], slot % wps)
         i = t // 4
-        want = seq.block_tables["compressed4"][i // cps] if (t + 1) % 4 == 0 else pools.trash["compressed4"]
-        assert (int(epage[r]), int(eoff[r])) == (want, i % cps)
+        closes = (t + 1) % 4 == 0
+        want = (seq.block_tables["compressed4"][i // cps], i % cps) if closes else (pools.trash["compressed4"], r % cps)
+        assert (int(epage[r]), int(eoff[r])) == want
         closing += (t + 1) % 4 == 0
     assert 0 < closing < len(states)  # both branches of the write slot are exercised
     step.derive()

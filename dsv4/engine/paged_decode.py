@@ -9,7 +9,8 @@ them into every slot index the layers use, once per step, shared by all layers o
 
   window ring   write: slot t mod ring;  read: positions t-W+1 .. t (the new kv is written first)
   raw rows      write: slot t mod cap;   read: the window containing t (CSA: and the one before)
-  entries       write: entry t // r if t closes its window, else the trash page;
+  entries       write: entry t // r if t closes its window, else the trash page (at slot row mod page size,
+                so rows do not race for one slot and a step's bytes do not depend on the GPU's order);
                 read: entries 0 .. N-1 of the table width, present where < (t+1) // r
 
 So the compressor is branch-free: every row pools the window containing its t (from the rows written
@@ -139,8 +140,9 @@ class DecodeStep:
             kind, table = self.kinds[name], self._image_tables[name]
             i = t // kind.ratio
             page = table[rows, np.minimum(i // kind.page_size, table.shape[1] - 1)]
-            img[name, "write", 0][:] = np.where((t + 1) % kind.ratio == 0, page, self.pools.trash[name])
-            img[name, "write", 1][:] = i % kind.page_size
+            closes = (t + 1) % kind.ratio == 0
+            img[name, "write", 0][:] = np.where(closes, page, self.pools.trash[name])
+            img[name, "write", 1][:] = np.where(closes, i, rows) % kind.page_size
 
     @staticmethod
     def entry_pages_for(pools, num_tokens: int) -> dict[str, int]:
@@ -264,7 +266,9 @@ class DecodeStep:
         if arg == "write":  # (page, offset) [B] of entry t // r: the trash page unless t closes its window
             i = t // r
             page = table.gather(1, (i // ps).clamp(max=width - 1)[:, None])[:, 0]
-            return torch.where((t + 1) % r == 0, page, self.pools.trash[what]), i % ps
+            closes = (t + 1) % r == 0
+            rows = torch.arange(len(t), device=dev)
+            return torch.where(closes, page, self.pools.trash[what]), torch.where(closes, i, rows) % ps
         if what not in self._entry_columns:  # entry slot j, its table column and its offset in the page [B, N]
             j = torch.arange(width * ps, device=dev)
             self._entry_columns[what] = (j[None, :], j // ps, (j % ps)[None, :].expand(self.size, -1))

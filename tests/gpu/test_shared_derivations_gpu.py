@@ -2,7 +2,7 @@
 lists, the compressors' entry positions and their RoPE tables, the indexer's visible counts) change no bit: the
 embedded model in kernel mode over paged FP8 pools -- fresh prompts across the window, ratio-4 and ratio-128
 boundaries, chunks after them, then decode steps -- gives the same logits and leaves the same pool bytes with the flag
-off and on (the trash pages aside: `_kept_pages`)."""
+off and on, trash pages included (a decode step's rows store their open windows' entries at slots of their own)."""
 from __future__ import annotations
 
 import os
@@ -32,20 +32,11 @@ def _run(model, share: bool, monkeypatch):
     batch = PagedBatch(model, "fp8", prompts=(16, 131, 5, 260))
     out = [batch.forward(batch.seqs, torch.randint(2, 500, (4 * 37,), generator=gen))]  # a chunk each
     out += batch.decode(3, seed=5)
-    return out, _kept_pages(batch.cache.pools)
+    return out, _pool_bytes(batch.cache.pools)
 
 
-def _kept_pages(pools) -> list[torch.Tensor]:
-    """Every pool tensor's pages but its kind's trash page: a decode step's rows whose window stays open all store
-    their pooled entry there, concurrently on the GPU, so its bytes depend on the order the programs ran in (never
-    read unmasked, dsv4.engine.paged_decode)."""
-    kinds = list(pools.bm.kinds)
-    out = []
-    for kind, t in pools._byte_views():
-        keep = torch.ones(t.shape[0], dtype=torch.bool, device=t.device)
-        keep[pools.trash[kinds[kind]]] = False
-        out.append(t[keep].clone())
-    return out
+def _pool_bytes(pools) -> list[torch.Tensor]:
+    return [t.clone() for _, t in pools._byte_views()]
 
 
 def test_sharing_changes_no_bit(model, monkeypatch):
