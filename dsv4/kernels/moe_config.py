@@ -78,6 +78,11 @@ GEMV_PAIRED_FROM = 1.08
 GEMV_PAIRED_MAX = 4.0
 GEMV_PAIRS4_FROM = 2.3
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
+# The per-group kernel's 16-row tiles up to this many pairs per expert (above the per-pair paths' range)
+PER_GROUP_MAX_PAIRS_PER_EXPERT = 8
+# Token tile of the wide kernel below WIDE_MIN_PAIRS_PER_EXPERT (its wgmma N; 16 and 32 for the sweeps of the 3-16
+# pairs-per-expert regime, bench/runs/run_device_s65c.sh)
+WIDE_SMALL_BM = 64
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
@@ -102,11 +107,11 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
                          num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2, gemv_stages=3,
                          gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
                          gemv_pairs=(4 if four else 2) if paired else 1)
-    if per_expert <= 8:
+    if per_expert <= PER_GROUP_MAX_PAIRS_PER_EXPERT:
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
                          num_stages=4)
     if per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT and act == "fp8":
-        cfg = wide_config(128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else 64)
+        cfg = wide_config(128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else WIDE_SMALL_BM)
         return dataclasses.replace(cfg, mixed=cfg.bm == 128 and per_expert >= MIXED_MIN_PAIRS_PER_EXPERT)
     if per_expert <= 32:
         return MoEConfig(bm=32, bn1=64, bn2=128, quant_first=True, quant_out=False, warps1=4, warps2=4,
