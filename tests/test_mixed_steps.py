@@ -52,10 +52,11 @@ def _drain(engine: LLMEngine, arrivals: dict[int, list]) -> dict[str, list[int]]
     return out
 
 
-@pytest.mark.parametrize("one_pass, pieces", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("one_pass, pieces", [(False, True), (True, True), (True, False), ("same-bucket", True)])
 @pytest.mark.parametrize("speculative", [None, "mtp"])
 def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative, one_pass, pieces):
-    """The split, and its one pass through the prefill pieces or (pieces off) eagerly."""
+    """The split, and its one pass through the prefill pieces or (pieces off) eagerly, always or where the decode
+    rows fit in the chunks' bucket (here every mixed step: 2-4 decode rows beside chunks of 12-46 tokens)."""
     gen = torch.Generator().manual_seed(62)
     arrivals: dict[int, list] = {}
     for i, (step, n) in enumerate([(0, 5), (0, 30), (3, 70), (6, 12), (9, 40), (9, 3)]):
@@ -78,8 +79,38 @@ def test_mixed_steps_split_keep_the_greedy_text(monkeypatch, speculative, one_pa
         assert sum(mtp_split) >= 3  # the MTP block's catch-up over those steps' rows was split too
     assert sum(split) >= 3  # (several steps mixed decode rows with a chunk: the 70-token prompt takes two steps)
     assert engine.model._graphs._steps  # the decode rows' fixed-shape step buckets
-    assert bool(engine.model._graphs.head_steps) == one_pass  # one pass: their step inside the chunks' forward
+    assert bool(engine.model._graphs.head_steps) == bool(one_pass)  # one pass: their step inside the chunks' forward
     assert bool(engine.model._graphs._prefill) == pieces
+
+
+def test_one_pass_only_where_the_decode_rows_fit_the_bucket(monkeypatch):
+    """ONE_PASS_MIXED_STEPS = "same-bucket": one forward only where the decode rows beside the chunks' rows keep the
+    prefill-pieces bucket the chunks alone take (both under the limit); never without graphs; other values rejected."""
+    from dsv4.model.prefill_graphs import PREFILL_BUCKETS
+    m = DeepseekV4ForCausalLM(tiny_config("fp4", "sliding"), torch.float32)
+    m.load_random_weights(2)
+    assert not mixed_steps.one_pass_fits(m, 1, 10)  # no graphs: no pieces
+    m.enable_cuda_graphs(max_batch=8, capture=False)
+    small, top = PREFILL_BUCKETS[0], PREFILL_BUCKETS[-1]
+    gen = torch.Generator().manual_seed(65)
+    for _ in range(40):
+        b = int(torch.randint(1, 9, (1,), generator=gen))
+        bucket = PREFILL_BUCKETS[int(torch.randint(1, len(PREFILL_BUCKETS), (1,), generator=gen))]
+        below = bucket // 2  # the next smaller bucket: chunks of below + 1 .. bucket tokens take `bucket`
+        p = int(torch.randint(below + 1, bucket + 1, (1,), generator=gen))
+        assert mixed_steps.one_pass_fits(m, b, p) == (p + b <= bucket), (b, p, bucket)
+    assert mixed_steps.one_pass_fits(m, 3, small - 3) and not mixed_steps.one_pass_fits(m, 3, small - 2)
+    assert not mixed_steps.one_pass_fits(m, 1, top)  # past the pieces' limit
+    assert not mixed_steps.one_pass_fits(m, 1, top + 50)  # the chunks alone run eagerly
+    m._graphs.prefill_limit = 64  # (the engine's prefill_graph_tokens, or lowered after an out-of-memory)
+    assert mixed_steps.one_pass_fits(m, 2, 60) and not mixed_steps.one_pass_fits(m, 2, 63)
+    parts = [(torch.arange(2), None), (torch.arange(2, 40), None)]
+    for value, want in ((True, True), (False, False), ("same-bucket", True)):
+        monkeypatch.setattr(mixed_steps, "ONE_PASS_MIXED_STEPS", value)
+        assert mixed_steps.one_pass(m, parts) == want
+    monkeypatch.setattr(mixed_steps, "ONE_PASS_MIXED_STEPS", "always")
+    with pytest.raises(ValueError, match="ONE_PASS_MIXED_STEPS"):
+        mixed_steps.one_pass(m, parts)
 
 
 @pytest.mark.parametrize("lens, parts", [

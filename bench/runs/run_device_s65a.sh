@@ -9,3 +9,8 @@ source bench/runs/lib.sh
 with_llguidance
 runpar 240 6 -rP tests/gpu/test_engine_gpu.py tests/gpu/test_model_gpu.py tests/gpu/test_shared_derivations_gpu.py
 run 70 tests/gpu/test_shared_derivations_gpu.py
+# (3) Mixed steps in one pass where the decode rows fit in the chunk's bucket (mixed_steps.ONE_PASS_MIXED_STEPS =
+#     "same-bucket"): B = 8 rows beside prompts of 100 / 200 / 480 tokens (buckets 128 / 256 / 512 either way),
+#     split against one pass, 8 Flash layers at 4096 tokens of context.
+timeout 100 python3 bench/bench_prefill_graphs.py --layers 8 --prompts 100,200,480 --reps 5 --decode-rows 8 \
+  --ctx 4096 --one-pass 2>&1 | grep -E "ceilings|layers|\||rror"

@@ -29,9 +29,12 @@ from dsv4.model.context import ForwardContext, engine_pools, set_forward_context
 # one forward vs split, B = 8: 45.6 / 62.8 / 63.3 -> 8.8 / 18.8 / 27.0 ms; B = 32: 243 / 252 / 254 -> 14.0 / 23.9 /
 # 31.9 ms (bench/bench_prefill_graphs.py --decode-rows B)
 SPLIT_MIXED_STEPS = True
-# (with SPLIT_MIXED_STEPS) a mixed step as one forward, the weights read once (module docstring). Opt-in until
-# measured on the GPU.
-ONE_PASS_MIXED_STEPS = False
+# (with SPLIT_MIXED_STEPS) a mixed step as one forward, the weights read once (module docstring): True, False, or
+# "same-bucket": only where the decode rows fit in the padding of the chunks' prefill-pieces bucket, so the pieces
+# cost what the split's chunk forward costs and the decode step's whole weight read is saved (`one_pass_fits`).
+# H100 s64a, 8 layers, against the split, prompts of exactly a bucket's size (every one pass in a larger bucket):
+# B = 8 0.88-0.96x, B = 32 1.04-1.11x; the same-bucket case not yet measured, so the default stays off.
+ONE_PASS_MIXED_STEPS: bool | str = False
 
 
 def mixed_rows(lens: list[int], max_rollback: int) -> tuple[list[int], list[int]] | None:
@@ -85,13 +88,33 @@ def split_mixed_step(model, input_ids: torch.Tensor, positions: torch.Tensor, ct
         ids, pos = input_ids[to_device(rows, input_ids.device)], positions[to_device(rows, positions.device)]
         return model.forward(ids, pos), model.get_mtp_target_hidden_states()
 
-    if ONE_PASS_MIXED_STEPS:  # one part: the decode rows first, then the chunks
+    if one_pass(model, parts):  # one part: the decode rows first, then the chunks
         (head, head_ctx), (chunks, chunks_ctx) = parts
         parts = [(torch.cat((head, chunks)), ForwardContext(
             head_ctx.seq_lens + chunks_ctx.seq_lens, head_ctx.states + chunks_ctx.states, trusted_inputs=True,
             decode_head=len(head_ctx.states)))]
     hidden, model._mtp_target = _run_parts(parts, positions.shape[0], run)
     return hidden
+
+
+def one_pass(model, parts) -> bool:
+    """Whether a mixed step's (decode rows, chunks) `parts` run as one forward (ONE_PASS_MIXED_STEPS)."""
+    if ONE_PASS_MIXED_STEPS == "same-bucket":
+        return one_pass_fits(model, len(parts[0][0]), len(parts[1][0]))
+    if ONE_PASS_MIXED_STEPS not in (True, False):
+        raise ValueError(f"mixed_steps.ONE_PASS_MIXED_STEPS: True, False or 'same-bucket', got {ONE_PASS_MIXED_STEPS!r}")
+    return ONE_PASS_MIXED_STEPS
+
+
+def one_pass_fits(model, decode_rows: int, chunk_rows: int) -> bool:
+    """Whether `decode_rows` beside `chunk_rows` of prompt chunks run in the prefill-pieces bucket the chunks alone
+    run in (the model's graphs on, both within their limit)."""
+    from dsv4.model.prefill_graphs import prefill_bucket_size
+    graphs = model._graphs
+    if graphs is None:
+        return False
+    alone = prefill_bucket_size(chunk_rows, graphs.prefill_limit)
+    return alone is not None and prefill_bucket_size(decode_rows + chunk_rows, graphs.prefill_limit) == alone
 
 
 def decode_head_step(model, ctx: ForwardContext):
