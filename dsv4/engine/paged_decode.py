@@ -9,8 +9,9 @@ them into every slot index the layers use, once per step, shared by all layers o
 
   window ring   write: slot t mod ring;  read: positions t-W+1 .. t (the new kv is written first)
   raw rows      write: slot t mod cap;   read: the window containing t (CSA: and the one before)
-  entries       write: entry t // r if t closes its window, else the trash page (at slot row mod page size,
-                so rows do not race for one slot and a step's bytes do not depend on the GPU's order);
+  entries       write: entry t // r if t closes its window, else the trash page (at slot row mod page size:
+                up to a page's worth of rows never race for one slot, so the step's bytes do not depend on
+                the GPU's program order);
                 read: entries 0 .. N-1 of the table width, present where < (t+1) // r
 
 So the compressor is branch-free: every row pools the window containing its t (from the rows written
