@@ -91,6 +91,9 @@ def test_one_pass_only_where_the_decode_rows_fit_the_bucket(monkeypatch):
     m.load_random_weights(2)
     assert not mixed_steps.one_pass_fits(m, 1, 10)  # no graphs: no pieces
     m.enable_cuda_graphs(max_batch=8, capture=False)
+    m._graphs.sharded = True  # (ranks keep the split)
+    assert not mixed_steps.one_pass_fits(m, 1, 10)
+    m._graphs.sharded = False
     small, top = PREFILL_BUCKETS[0], PREFILL_BUCKETS[-1]
     gen = torch.Generator().manual_seed(65)
     for _ in range(40):

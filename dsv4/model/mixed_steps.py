@@ -17,7 +17,8 @@ The price is that the layers' weights are read twice in such a step, once per fo
 the step runs as one forward instead, over its rows reordered (the decode rows first): every stateless part (the
 projections, mHC, the MoE) over all rows at once, and in each layer's attention the decode rows as one fixed-shape
 paged step (`Attention.attend(head_step=)`), the chunks as usual after them -- through the prefill pieces where
-their limit allows, else eagerly.
+their limit allows, else eagerly. By default only where the decode rows fit in the padding of the chunks' bucket
+(`one_pass_fits`), where it costs no larger pieces.
 """
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ SPLIT_MIXED_STEPS = True
 # (with SPLIT_MIXED_STEPS) a mixed step as one forward, the weights read once (module docstring): True, False, or
 # "same-bucket": only where the decode rows fit in the padding of the chunks' prefill-pieces bucket, so the pieces
 # cost what the split's chunk forward costs and the decode step's whole weight read is saved (`one_pass_fits`).
-# H100 s64a, 8 layers, against the split, prompts of exactly a bucket's size (every one pass in a larger bucket):
-# B = 8 0.88-0.96x, B = 32 1.04-1.11x; the same-bucket case not yet measured, so the default stays off.
-ONE_PASS_MIXED_STEPS: bool | str = False
+# H100, 8 Flash layers, B decode rows at 4096 tokens of context beside a fresh prompt of P tokens, split / one pass
+# (bench/bench_prefill_graphs.py --decode-rows B --one-pass): s65a, same bucket, B = 8, P = 100 / 200 / 480: 20.4 /
+# 25.9 / 27.8 -> 18.7 / 24.1 / 26.3 ms (1.06-1.09x); s64a, a bucket twice as large (P = 16 / 128 / 512): B = 8
+# 0.88-0.96x, B = 32 1.04-1.11x. Hence "same-bucket" on a single GPU; sharded ranks keep the split until a
+# two-GPU run (`one_pass_fits`).
+ONE_PASS_MIXED_STEPS: bool | str = "same-bucket"
 
 
 def mixed_rows(lens: list[int], max_rollback: int) -> tuple[list[int], list[int]] | None:
@@ -108,10 +112,10 @@ def one_pass(model, parts) -> bool:
 
 def one_pass_fits(model, decode_rows: int, chunk_rows: int) -> bool:
     """Whether `decode_rows` beside `chunk_rows` of prompt chunks run in the prefill-pieces bucket the chunks alone
-    run in (the model's graphs on, both within their limit)."""
+    run in (the model's graphs on, both within their limit; not on sharded ranks: not yet run on two GPUs)."""
     from dsv4.model.prefill_graphs import prefill_bucket_size
     graphs = model._graphs
-    if graphs is None:
+    if graphs is None or graphs.sharded:
         return False
     alone = prefill_bucket_size(chunk_rows, graphs.prefill_limit)
     return alone is not None and prefill_bucket_size(decode_rows + chunk_rows, graphs.prefill_limit) == alone
