@@ -106,7 +106,8 @@ def one_pass(model, parts) -> bool:
     if ONE_PASS_MIXED_STEPS == "same-bucket":
         return one_pass_fits(model, len(parts[0][0]), len(parts[1][0]))
     if ONE_PASS_MIXED_STEPS not in (True, False):
-        raise ValueError(f"mixed_steps.ONE_PASS_MIXED_STEPS: True, False or 'same-bucket', got {ONE_PASS_MIXED_STEPS!r}")
+        raise ValueError("mixed_steps.ONE_PASS_MIXED_STEPS: True, False or 'same-bucket', "
+                         f"got {ONE_PASS_MIXED_STEPS!r}")
     return ONE_PASS_MIXED_STEPS
 
 
