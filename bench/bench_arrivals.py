@@ -4,7 +4,8 @@ the prompt beside the decode rows (a mixed step); the others are plain decode st
 
 Per mode of `mixed_steps.SPLIT_MIXED_STEPS` (off: a mixed step is one forward whose attention walks the sequences
 one by one; on: the decode rows as their graphed fixed-shape step, then the prompt; with `--one-pass` the modes are
-that split and `mixed_steps.ONE_PASS_MIXED_STEPS`: one forward, the decode rows attending as their fixed-shape step
+that split and `mixed_steps.ONE_PASS_MIXED_STEPS` (always, or `same-bucket`: where the decode rows fit in the padding
+of the prompt's bucket): one forward, the decode rows attending as their fixed-shape step
 inside the prompt's pieces), alternating for R rounds:
 the median time of the mixed steps and of the decode steps, and the wall time of all S timed steps with the tokens
 they generated (what the running requests see while others arrive). N Flash-shaped layers with random weights made
@@ -12,7 +13,7 @@ on the GPU, paged FP8 cache, CUDA graphs, greedy, EOS ignored; the engine's over
 the very next step.
 
     python bench/bench_arrivals.py [--layers 8] [--batch 8] [--prompt 4096] [--arrival 128] [--every 4]
-                                   [--steps 32] [--rounds 2] [--one-pass]
+                                   [--steps 32] [--rounds 2] [--one-pass [always|same-bucket]]
 
 It prints the GPU's copy bandwidth and bf16 matmul peak measured first. `--smoke`: a tiny config on the CPU (torch
 kernels, no graphs), to check the script itself (tests/test_bench_parallel_smoke.py).
@@ -38,8 +39,10 @@ def run_mode(model, cfg, args, on: bool) -> dict:
     from dsv4.engine.sampling_params import SamplingParams
     from dsv4.model import mixed_steps
 
-    # the mode: the split off / on, or (--one-pass) the split / the one pass
-    mixed_steps.SPLIT_MIXED_STEPS, mixed_steps.ONE_PASS_MIXED_STEPS = on or args.one_pass, on and args.one_pass
+    # the mode: the split off / on, or (--one-pass) the split / the one pass (always, or where the rows fit the bucket)
+    one_pass = {"always": True, "same-bucket": "same-bucket"}.get(args.one_pass, False)
+    mixed_steps.SPLIT_MIXED_STEPS = on or bool(one_pass)
+    mixed_steps.ONE_PASS_MIXED_STEPS = one_pass if on else False
     splits = _count_splits()
     cuda = not args.smoke
     decode_tokens = args.steps + 16
@@ -110,7 +113,8 @@ def main() -> None:
     p.add_argument("--every", type=int, default=4, help="steps between arrivals")
     p.add_argument("--steps", type=int, default=32, help="timed steps per mode and round")
     p.add_argument("--rounds", type=int, default=2, help="rounds of the two modes, alternating")
-    p.add_argument("--one-pass", action="store_true", help="the modes: the split against the one pass")
+    p.add_argument("--one-pass", nargs="?", const="always", choices=("always", "same-bucket"),
+                   help="the modes: the split against the one pass (mixed_steps.ONE_PASS_MIXED_STEPS)")
     p.add_argument("--smoke", action="store_true", help="tiny config on the CPU (checks the script)")
     args = p.parse_args()
     if args.every < 2 or args.steps < args.every:

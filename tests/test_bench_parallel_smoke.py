@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -110,14 +112,16 @@ def test_bench_prefill_graphs_smoke():
         assert [(r[0], r[4]) for r in rows] == [("9", "32")] and modes in run.stdout
 
 
-def test_bench_arrivals_smoke():
+@pytest.mark.parametrize("flags", [[], ["--one-pass", "same-bucket"]])
+def test_bench_arrivals_smoke(flags):
     """The arrivals benchmark's plumbing: both modes, their step times and the count of split steps (none on the
     CPU, where the model has no graphs and so never splits)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, str(REPO / "bench" / "bench_arrivals.py"), "--smoke", "--batch", "2",
-                          "--prompt", "20", "--arrival", "12", "--every", "2", "--steps", "4", "--rounds", "1"],
+                          "--prompt", "20", "--arrival", "12", "--every", "2", "--steps", "4", "--rounds", "1", *flags],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert ("one pass |" if flags else "split |") in run.stdout
     rows = [line.split(" | ") for line in run.stdout.splitlines() if line.startswith(("off |", "on |"))]
     assert [r[0] for r in rows] == ["off", "on"]
     for r in rows:
