@@ -176,4 +176,3 @@ def _first_rows(t, n: int):
     if t is None:
         return None
     return tuple(v[:n] for v in t) if isinstance(t, tuple) else t[:n]
-
