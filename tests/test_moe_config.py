@@ -1,8 +1,8 @@
 """The MoE launch-shape rule (dsv4.kernels.moe_config.pick_moe_config) picks the kernels the H200 sweeps
 measured fastest (docs/benchmarks.md #5): per-pair kernels at decode sizes (GLU split-K only while the pairs
 leave SMs idle; blocks of 2 or 4 pairs of an expert per program from B = 8 to 128 on Flash), the bf16-wgmma
-kernel from 16 pairs per expert (128-row tiles from 64, mixed with 64-row ones from 128), the per-group grouped
-GEMM in between."""
+kernel past them (16-token tiles to 12 pairs per expert, 32 to 24, then 64-row tiles, 128-row from 64 pairs per
+expert, mixed with 64-row ones from 128); the per-group grouped GEMM where the wide kernel cannot run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import math
 import pytest
 
 from dsv4.kernels.moe_config import (GEMV_PAIRED_FROM, GEMV_PAIRED_MAX, GEMV_SPLIT_MAX_PAIRS,
-                                     MIXED_MIN_PAIRS_PER_EXPERT, WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT, pick_moe_config)
+                                     MIXED_MIN_PAIRS_PER_EXPERT, PER_GROUP_MAX_PAIRS_PER_EXPERT,
+                                     WIDE16_MAX_PAIRS_PER_EXPERT, WIDE32_MAX_PAIRS_PER_EXPERT,
+                                     WIDE64_MIN_PAIRS_PER_EXPERT,
+                                     WIDE_MIN_PAIRS_PER_EXPERT, per_group_config, pick_moe_config)
 
 FLASH_E, PRO_E, TOP_K = 256, 384, 6
 
@@ -29,6 +32,9 @@ def test_regimes(experts, tokens):
     elif per_touched <= GEMV_PAIRED_MAX:  # 2 or 4 pairs of an expert per program, no split, <= 16 MMA columns
         assert cfg.gemv and cfg.gemv_mma and cfg.gemv_pairs in (2, 4) and cfg.gemv_split == 1
         assert 4 * cfg.gemv_pairs * cfg.gemv_unroll == 16
+    elif per_expert <= WIDE32_MAX_PAIRS_PER_EXPERT:  # the wide kernel's 16- or 32-token tiles
+        assert cfg.wide and cfg.bm == (16 if per_expert <= WIDE16_MAX_PAIRS_PER_EXPERT else 32)
+        assert cfg.bn1 == 128 and not cfg.gemv and not cfg.mixed
     elif per_expert >= WIDE_MIN_PAIRS_PER_EXPERT:
         assert cfg.wide and cfg.bm == 128 and cfg.bn1 == 128 and not cfg.gemv
         assert cfg.mixed == (per_expert >= MIXED_MIN_PAIRS_PER_EXPERT)
@@ -41,18 +47,18 @@ def test_regimes(experts, tokens):
 
 
 def test_thresholds_match_the_measured_crossovers():
-    """Flash: B = 1 (6 pairs) splits, B = 8 (48 pairs) takes blocks of pairs and no split; M = 4096 (96 pairs per expert) takes the
-    wide kernel, M = 2048 (48 per expert), M = 768 (18 per expert, session 27) and M = 384 (9 per expert, session
-    28) with 64-row tiles, M = 256 (6 per expert) not."""
+    """Flash: B = 1 (6 pairs) splits, B = 8 (48 pairs) takes blocks of pairs and no split; M = 4096 (96 pairs per
+    expert) takes the wide kernel's 128-row tiles, smaller M smaller tiles."""
     b1 = pick_moe_config(6, FLASH_E)
     assert b1.gemv_split == 2
     assert pick_moe_config(48, FLASH_E).gemv_split == 1
     assert pick_moe_config(4096 * TOP_K, FLASH_E).wide and not pick_moe_config(4096 * TOP_K, FLASH_E).mixed
     assert pick_moe_config(8192 * TOP_K, FLASH_E).mixed  # M = 8192 (192 per expert): 128- and 64-row tiles
-    assert pick_moe_config(2048 * TOP_K, FLASH_E).wide and pick_moe_config(2048 * TOP_K, FLASH_E).bm == 64
-    assert pick_moe_config(768 * TOP_K, FLASH_E).wide and pick_moe_config(768 * TOP_K, FLASH_E).bm == 64
-    assert pick_moe_config(384 * TOP_K, FLASH_E).wide and pick_moe_config(384 * TOP_K, FLASH_E).bm == 64
-    assert not pick_moe_config(256 * TOP_K, FLASH_E).wide
+    # past the per-pair kernels (session 66): 16-token tiles up to M = 512 (12 per expert), 32-token tiles up to
+    # M = 1024 (24 per expert), 64-row tiles at M = 1536 and 2048
+    ms = (192, 256, 384, 512, 640, 768, 1024, 1536, 2048)
+    assert [pick_moe_config(m * TOP_K, FLASH_E).bm for m in ms] == [16, 16, 16, 16, 32, 32, 32, 64, 64]
+    assert all(pick_moe_config(m * TOP_K, FLASH_E).wide for m in ms)
     assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel
     # blocks of pairs from B = 8 to B = 128 (the session-18 sweeps): two up to B = 64, four (one K block per
     # loop step) at B = 96 and 128; one pair at B = 1 and 4, the per-group kernel from B = 192
@@ -78,3 +84,17 @@ def test_blocks_of_pairs_fit_rule():
     assert not pairs_fit(dataclasses.replace(cfg, gemv_pairs=4, gemv_unroll=4), 4096, 2048, 64)
     assert pairs_fit(dataclasses.replace(cfg, gemv_pairs=4, gemv_unroll=2), 4096, 2048, 64)  # 32 columns
     assert not pairs_fit(dataclasses.replace(cfg, gemv_mma=False), 4096, 2048, 64)
+
+
+@pytest.mark.parametrize("per_expert", [2, 4.5, 8, 9, 12, 30, 100])
+@pytest.mark.parametrize("experts", [FLASH_E, PRO_E])
+def test_per_group_fallback(per_expert, experts):
+    """Where a wide config cannot run (FP8 experts, MXFP4 scales past `wide_ok`), fused_moe runs the per-group kernel
+    at the shape it took before the wide kernel's 16-token tiles: 16-row tiles up to PER_GROUP_MAX_PAIRS_PER_EXPERT
+    pairs per expert, else 64-row tiles with 8 warps."""
+    pairs = int(per_expert * experts)
+    cfg = per_group_config(pairs, experts)
+    assert not cfg.wide and not cfg.gemv
+    small = pairs / experts <= PER_GROUP_MAX_PAIRS_PER_EXPERT
+    assert (cfg.bm, cfg.warps1) == ((16, 4) if small else (64, 8))
+    assert cfg.quant_out and not per_group_config(pairs, experts, act="bf16").quant_out

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from dsv4.kernels.fp8_linear import HAS_TRITON, act_quant
 from dsv4.kernels.moe_align import moe_align
 from dsv4.kernels.moe_combine import check_shared, combine
-from dsv4.kernels.moe_config import MoEConfig, large_batch_config, pick_moe_config  # noqa: F401  (re-exported)
+from dsv4.kernels.moe_config import MoEConfig, per_group_config, pick_moe_config  # noqa: F401  (re-exported)
 from dsv4.kernels.moe_layout import (  # noqa: F401  (ExpertWeights, finalize_experts: re-exported)
     BLOCK, ExpertWeights, PackedExperts, check_packed, finalize_experts,
 )
@@ -384,7 +384,7 @@ def fused_moe(
     cfg = config or pick_moe_config(num_pairs, e, act)
     wide = cfg.wide and experts.fmt == "mxfp4" and experts.wide_ok and act == "fp8"
     if cfg.wide and not wide:  # the wide kernel does not apply: the per-group kernel's measured shape
-        cfg = large_batch_config(act)
+        cfg = per_group_config(num_pairs, e, act)
     quant_out = act == "fp8" and cfg.quant_out
     if quant_out and cfg.bn1 != BLOCK:
         raise ValueError("fused_moe: quant_out needs bn1 == 128")

@@ -55,7 +55,7 @@ WIDE_MIN_PAIRS_PER_EXPERT = 64
 # (36 per expert) 2.40 vs 4.57 (s27d). Session 28 (s28i, Flash): M = 384 (9 per expert) 2.32 vs 3.03, M = 512 2.38
 # vs 3.09, M = 640 2.43 vs 3.15; below 9 per expert not measured (M = 256, 6 per expert, takes the per-group kernel's
 # bm 16 branch, 2.06 ms); Pro not measured at these sizes
-WIDE64_MIN_PAIRS_PER_EXPERT = 9
+WIDE64_MIN_PAIRS_PER_EXPERT = 9  # (below WIDE32_MAX_PAIRS_PER_EXPERT: the 32-token tiles first)
 # ... and its 128-row tiles mixed with 64-row ones from this many (`moe_wide(mixed=True)`: an expert's last tile is
 # a 64-row one when its pairs fill one more 64-row block; Gluon kernels only). Session 26 (s26c, bench_moe_flags,
 # Flash MoE call, ms L2-flushed, 128-row tiles -> mixed): M = 4096 (96 pairs per expert) 4.29 -> 4.43, 8192 (192)
@@ -78,20 +78,30 @@ GEMV_PAIRED_FROM = 1.08
 GEMV_PAIRED_MAX = 4.0
 GEMV_PAIRS4_FROM = 2.3
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
-# The per-group kernel's 16-row tiles up to this many pairs per expert (above the per-pair paths' range)
+# The per-group kernel's 16-row tiles up to this many pairs per expert (above the per-pair paths' range; MXFP4
+# experts take the wide kernel's 16-token tiles first, up to WIDE16_MAX_PAIRS_PER_EXPERT)
 PER_GROUP_MAX_PAIRS_PER_EXPERT = 8
 # Token tile of the wide kernel below WIDE_MIN_PAIRS_PER_EXPERT (its wgmma N; 16 and 32 for the sweeps of the 3-16
 # pairs-per-expert regime, bench/runs/run_device_s65c.sh)
 WIDE_SMALL_BM = 64
+# The wide kernel with 16-token tiles above the per-pair paths' range up to WIDE16_MAX_PAIRS_PER_EXPERT pairs per
+# expert, 32-token tiles up to WIDE32_MAX_PAIRS_PER_EXPERT. Session 66 (s66b, H100, µs per call of 8 routings in a
+# graph, the earlier rule -> 16-token tiles): Flash M = 192 (4.5 per expert, the per-group kernel) 2,059 -> 1,836,
+# M = 256 2,123 -> 1,886, M = 384 (9, 64-token tiles) 2,190 -> 1,960, M = 512 2,247 -> 2,073; Pro M = 256 (4 per
+# expert) 9,007 -> 7,101, M = 512 9,446 -> 7,399. 32-token tiles against 64: Flash M = 640 2,128 / 2,300, M = 768
+# 1,930 / 2,105, M = 1024 (24 per expert) 2,054 / 2,254, M = 1536 2,850 / 2,299; Pro M = 1024 7,459 / 8,100. M = 128
+# (Flash, 3 per expert: the per-pair kernel, 4 pairs per program) 1,688 against 1,738 for 16-token tiles.
+WIDE16_MAX_PAIRS_PER_EXPERT = 12
+WIDE32_MAX_PAIRS_PER_EXPERT = 24
 
 
 def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
     """Heuristic launch shape from the average number of (token, slot) pairs per used expert
     (the winners of the H200 sweep in docs/kernels_notes.md).
 
-    A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers. From
-    WIDE64_MIN_PAIRS_PER_EXPERT on, MXFP4 experts take dsv4.kernels.moe_wide (64-row tiles, 128-row from
-    WIDE_MIN_PAIRS_PER_EXPERT; `fused_moe` runs others with `large_batch_config`).
+    A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers. Past the per-pair paths,
+    MXFP4 experts take dsv4.kernels.moe_wide (16-token tiles, then 32, 64 from WIDE64_MIN_PAIRS_PER_EXPERT, 128
+    from WIDE_MIN_PAIRS_PER_EXPERT; `fused_moe` runs others with `per_group_config`).
     """
     per_expert = num_pairs / max(1, min(num_pairs, num_experts))
     # pairs per *touched* expert if the ids were uniform: E (1 - exp(-pairs/E)) experts are touched
@@ -107,9 +117,10 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
                          num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2, gemv_stages=3,
                          gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
                          gemv_pairs=(4 if four else 2) if paired else 1)
+    if per_expert <= max(WIDE16_MAX_PAIRS_PER_EXPERT, WIDE32_MAX_PAIRS_PER_EXPERT) and act == "fp8":
+        return wide_config(16 if per_expert <= WIDE16_MAX_PAIRS_PER_EXPERT else 32)
     if per_expert <= PER_GROUP_MAX_PAIRS_PER_EXPERT:
-        return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
-                         num_stages=4)
+        return per_group_config(num_pairs, num_experts, act)
     if per_expert >= WIDE64_MIN_PAIRS_PER_EXPERT and act == "fp8":
         cfg = wide_config(128 if per_expert >= WIDE_MIN_PAIRS_PER_EXPERT else WIDE_SMALL_BM)
         return dataclasses.replace(cfg, mixed=cfg.bm == 128 and per_expert >= MIXED_MIN_PAIRS_PER_EXPERT)
@@ -119,13 +130,22 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
     return large_batch_config(act)
 
 
+def per_group_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
+    """The per-group kernel's shape: 16-row tiles up to PER_GROUP_MAX_PAIRS_PER_EXPERT, else `large_batch_config`;
+    also what `fused_moe` runs a `wide` config as where the wide kernel does not apply (FP8 experts, MXFP4 scales past
+    `wide_ok`)."""
+    if num_pairs / max(1, min(num_pairs, num_experts)) > PER_GROUP_MAX_PAIRS_PER_EXPERT:
+        return large_batch_config(act)
+    return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=4, warps2=4,
+                     num_stages=4)
+
+
 def wide_config(bm: int) -> MoEConfig:
     """The MXFP4 wide kernel (dsv4.kernels.moe_wide) with bm-token tiles, as `pick_moe_config` runs it."""
     return MoEConfig(bm=bm, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=8, num_stages=3, wide=True)
 
 
 def large_batch_config(act: str = "fp8") -> MoEConfig:
-    """The per-group kernel's shape for many pairs per expert: also what a `wide` config runs as where the
-    wide kernel does not apply (FP8 experts, MXFP4 scales past `wide_ok`, act="bf16")."""
+    """The per-group kernel's shape for many pairs per expert."""
     return MoEConfig(bm=64, bn1=128, bn2=128, quant_first=True, quant_out=act == "fp8", warps1=8, warps2=4,
                      num_stages=3)
