@@ -14,7 +14,8 @@ are not quantised (not reference-exact; kept as a measured alternative).
 Layouts (`ExpertWeights` -> `finalize_experts` -> `PackedExperts`) live in dsv4.kernels.moe_layout, launch
 shapes (`MoEConfig`, `pick_moe_config`) in dsv4.kernels.moe_config; both are re-exported here. Decode-sized
 MXFP4 batches take the per-pair kernels of dsv4.kernels.moe_gemv (`MoEConfig.gemv`; tensor-core
-variant with `gemv_mma`, the default since session 7, or the CUDA-core one).
+variant with `gemv_mma`, the default since session 7, or the CUDA-core one); larger ones dsv4.kernels.moe_wide
+(`MoEConfig.wide`; 16-token tiles from just past the per-pair kernels' range since session 66).
 
 Pipeline of `fused_moe`: `moe_align` -> [act_quant] -> GEMM1 (w13, SwiGLU epilogue, optional fused
 FP8 quantisation of z) -> GEMM2 (w2, one bf16 row per (token, slot)) -> combine (fp32 sum over slots).
