@@ -13,8 +13,8 @@ import pytest
 from dsv4.kernels.moe_config import (GEMV_PAIRED_FROM, GEMV_PAIRED_MAX, GEMV_SPLIT_MAX_PAIRS,
                                      MIXED_MIN_PAIRS_PER_EXPERT, PER_GROUP_MAX_PAIRS_PER_EXPERT,
                                      WIDE16_MAX_PAIRS_PER_EXPERT, WIDE32_MAX_PAIRS_PER_EXPERT,
-                                     WIDE64_MIN_PAIRS_PER_EXPERT,
-                                     WIDE_MIN_PAIRS_PER_EXPERT, per_group_config, pick_moe_config)
+                                     WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT, per_group_config,
+                                     pick_moe_config)
 
 FLASH_E, PRO_E, TOP_K = 256, 384, 6
 

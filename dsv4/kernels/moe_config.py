@@ -1,5 +1,5 @@
 """Launch shapes of the routed-MoE kernels (dsv4.kernels.moe, dsv4.kernels.moe_gemv): `MoEConfig` and
-the heuristic `pick_moe_config`, from H200 sweeps (`bench/bench_gemm_moe.py`, docs/kernels_notes.md)."""
+the heuristic `pick_moe_config`, from H200 and H100 sweeps (`bench/bench_gemm_moe.py`, docs/kernels_notes.md)."""
 
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 # The per-group kernel's 16-row tiles up to this many pairs per expert (above the per-pair paths' range; MXFP4
 # experts take the wide kernel's 16-token tiles first, up to WIDE16_MAX_PAIRS_PER_EXPERT)
 PER_GROUP_MAX_PAIRS_PER_EXPERT = 8
-# Token tile of the wide kernel below WIDE_MIN_PAIRS_PER_EXPERT (its wgmma N; 16 and 32 for the sweeps of the 3-16
-# pairs-per-expert regime, bench/runs/run_device_s65c.sh)
+# Token tile of the wide kernel from WIDE64_MIN_PAIRS_PER_EXPERT to WIDE_MIN_PAIRS_PER_EXPERT (its wgmma N; a sweep
+# knob, bench/runs/run_device_s65c.sh; the 16- and 32-token tiles below have ranges of their own)
 WIDE_SMALL_BM = 64
 # The wide kernel with 16-token tiles above the per-pair paths' range up to WIDE16_MAX_PAIRS_PER_EXPERT pairs per
 # expert, 32-token tiles up to WIDE32_MAX_PAIRS_PER_EXPERT. Session 66 (s66b, H100, µs per call of 8 routings in a
