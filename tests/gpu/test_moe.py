@@ -80,10 +80,12 @@ def test_fused_moe_mxfp4(cfg_name, act, m, poison, close_bf16):
     close_bf16(y, ref, rel=1e-2, what=f"moe {act} {cfg_name} m={m}")
 
 
-@pytest.mark.parametrize("m", [1, 9, 200])
-def test_fused_moe_expert_parallel_partials(m, poison, close_bf16):
+@pytest.mark.parametrize("m,rank_shape", [(1, False), (9, False), (200, False), (40, True), (200, True)])
+def test_fused_moe_expert_parallel_partials(m, rank_shape, poison, close_bf16):
     """Two 'ranks' each computing their half of the experts (other ids -> -1) in fp32 add up to the
-    one-process result, and each half matches the reference's partial."""
+    one-process result, and each half matches the reference's partial; rank_shape: at the launch shape a rank
+    takes (`moe_comm.rank_moe_config`: m = 40 the wide kernel's 32-token tiles, 200 its 128-row tiles)."""
+    from dsv4.distributed.moe_comm import rank_moe_config
     from dsv4.kernels.moe import ExpertWeights, finalize_experts, fused_moe, fused_moe_ref
 
     e, d, i, k = 16, 512, 256, 6
@@ -99,8 +101,8 @@ def test_fused_moe_expert_parallel_partials(m, poison, close_bf16):
         local = ids - lo
         local = torch.where((local >= 0) & (local < e // 2), local, -1)
         poison()
-        y = fused_moe(x, local, w, finalize_experts(part), out_dtype=torch.float32,
-                      config=_configs()["gemv"] if m == 9 else None)
+        cfg = rank_moe_config(m * k, e // 2, e) if rank_shape else _configs()["gemv"] if m == 9 else None
+        y = fused_moe(x, local, w, finalize_experts(part), out_dtype=torch.float32, config=cfg)
         assert y.dtype == torch.float32
         close_bf16(y, fused_moe_ref(x, local, w, part, out_dtype=torch.float32), rel=1e-2, what=f"half {half}")
         total += y
