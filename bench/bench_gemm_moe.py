@@ -363,7 +363,7 @@ def bench_moe(models, ms, ceil, sweep: bool, base: bool) -> list[dict]:
             label = model if fmt == "mxfp4" else "flash-base (fp8)"
             r = dict(model=label, m=m, touched=touched, e=e, d=d, i=i, k=k)
             r["ours_us"], _ = try_time(lambda: fused_moe(x, ids, w, ex))
-            r["config"] = str(pick_moe_config(m * k, e))
+            r["config"] = str(pick_moe_config(m * k, e, hidden=d))
             best, best_name = r["ours_us"], "default"
             if fmt == "mxfp4":
                 r["ours_w4a16_us"], _ = try_time(lambda: fused_moe(x, ids, w, ex, act="bf16"))

@@ -75,7 +75,7 @@ def main() -> None:
         idss = [routing(m, e, k, gen, args.shared) for _ in range(args.calls)]
         touched = sum(int(ids.unique().numel()) for ids in idss) / len(idss)
         floor = touched * per_expert / bw / 1e6
-        cfg = pick_moe_config(m * k, e)
+        cfg = pick_moe_config(m * k, e, hidden=d)
         blocks = {g: float(pair_blocks(idss[0].reshape(-1), e, g)[:, 0].ge(0).sum()) for g in (2, 4)}
         ref = fused_moe(x, idss[0], w, experts, LIMIT).float()
         t_def = graph_us([lambda ids=ids: fused_moe(x, ids, w, experts, LIMIT) for ids in idss])

@@ -98,3 +98,16 @@ def test_per_group_fallback(per_expert, experts):
     small = pairs / experts <= PER_GROUP_MAX_PAIRS_PER_EXPERT
     assert (cfg.bm, cfg.warps1) == ((16, 4) if small else (64, 8))
     assert cfg.quant_out and not per_group_config(pairs, experts, act="bf16").quant_out
+
+
+def test_pro_width_takes_the_tiles_sooner():
+    """Pro's experts (7168 wide) leave the blocks of pairs at 2.3 pairs per touched expert (s66e: M = 128-224 faster
+    on the wide kernel's 16-token tiles); Flash's keep them up to 4 (M = 160 still faster on them), and so does an
+    unknown width. Below the bound Pro keeps its blocks of pairs."""
+    for m in (128, 160, 192, 224):
+        pro = pick_moe_config(m * TOP_K, PRO_E, hidden=7168)
+        assert pro.wide and pro.bm == 16 and not pro.gemv
+        assert pick_moe_config(m * TOP_K, PRO_E).gemv  # the default bound without the width
+    for m in (128, 144, 160):
+        assert pick_moe_config(m * TOP_K, FLASH_E, hidden=4096).gemv
+    assert pick_moe_config(64 * TOP_K, PRO_E, hidden=7168).gemv_pairs == 2  # 1.4 per touched expert

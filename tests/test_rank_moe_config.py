@@ -16,12 +16,12 @@ from dsv4.kernels.moe_config import pick_moe_config
 TOP_K = 6
 
 
-@pytest.mark.parametrize("experts", [256, 384])
+@pytest.mark.parametrize("experts,hidden", [(256, 4096), (384, 7168)])
 @pytest.mark.parametrize("ep", [2, 4, 8])
 @pytest.mark.parametrize("tokens", [16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192, 16384])
-def test_rank_picks_what_one_gpu_picks_at_the_same_density(experts, ep, tokens):
-    one_gpu = pick_moe_config(tokens * TOP_K, experts)
-    assert moe_comm.rank_moe_config(tokens * TOP_K, experts // ep, experts) == one_gpu
+def test_rank_picks_what_one_gpu_picks_at_the_same_density(experts, hidden, ep, tokens):
+    one_gpu = pick_moe_config(tokens * TOP_K, experts, hidden=hidden)
+    assert moe_comm.rank_moe_config(tokens * TOP_K, experts // ep, experts, hidden) == one_gpu
 
 
 def test_counting_every_pair_would_pick_larger_kernels():
@@ -48,10 +48,11 @@ def test_local_experts_maps_ids_and_passes_the_rank_shape(monkeypatch):
         return torch.zeros(x.shape, dtype=out_dtype)
 
     monkeypatch.setattr(kmoe, "fused_moe", fake_fused_moe)
-    moe = types.SimpleNamespace(packed=object(), limit=10.0, gate=types.SimpleNamespace(n_experts=e),
-                                layout=types.SimpleNamespace(experts=range(rank * per, (rank + 1) * per)))
+    owned = range(rank * per, (rank + 1) * per)
+    moe = types.SimpleNamespace(packed=types.SimpleNamespace(hidden=d), limit=10.0,
+                                gate=types.SimpleNamespace(n_experts=e), layout=types.SimpleNamespace(experts=owned))
     moe_comm._local_experts(moe, xq, weights, ids, torch.float32)
     want = [[i - rank * per if rank * per <= i < (rank + 1) * per else -1 for i in row] for row in ids.tolist()]
     assert seen["local"].tolist() == want and seen["local"].dtype == torch.int32
     assert seen["x"] is xq and seen["w"] is weights and seen["out_dtype"] == torch.float32
-    assert seen["config"] == pick_moe_config(round(t * TOP_K / ep), per)
+    assert seen["config"] == pick_moe_config(round(t * TOP_K / ep), per, hidden=d)

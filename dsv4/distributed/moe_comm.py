@@ -40,14 +40,14 @@ def moe_forward(moe, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) 
     return _allreduce(moe, x, xq, weights, ids)
 
 
-def rank_moe_config(num_pairs: int, owned: int, num_experts: int):
+def rank_moe_config(num_pairs: int, owned: int, num_experts: int, hidden: int = 0):
     """The routed kernels' launch shape for a rank holding `owned` of `num_experts` experts: `pick_moe_config` of
     the pairs it can expect to compute (a uniform router's share; the other ranks' pairs, marked -1, are skipped),
     i.e. what one GPU picks at the same pairs per expert. Counting all T x k pairs over the rank's experts would
     take the kernels measured for ep times as many pairs per expert. Estimated, not counted: a count would sync."""
     from dsv4.kernels.moe_config import pick_moe_config
 
-    return pick_moe_config(max(1, round(num_pairs * owned / num_experts)), owned)
+    return pick_moe_config(max(1, round(num_pairs * owned / num_experts)), owned, hidden=hidden)
 
 
 def _local_experts(moe, xq: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, acc: torch.dtype
@@ -59,7 +59,7 @@ def _local_experts(moe, xq: torch.Tensor, weights: torch.Tensor, ids: torch.Tens
         local = ids - owned.start
         local = torch.where((local >= 0) & (local < len(owned)), local, -1).to(torch.int32)
         return fused_moe(xq, local, weights, moe.packed, moe.limit, act="fp8", out_dtype=acc,
-                         config=rank_moe_config(ids.numel(), len(owned), moe.gate.n_experts))
+                         config=rank_moe_config(ids.numel(), len(owned), moe.gate.n_experts, moe.packed.hidden))
     y = torch.zeros(xq.shape, dtype=acc, device=xq.device)
     owned = moe.layout.experts
     for e in torch.unique(ids).tolist():

@@ -382,7 +382,7 @@ def fused_moe(
             shared()  # the join
         return out
     num_pairs = m * top_k
-    cfg = config or pick_moe_config(num_pairs, e, act)
+    cfg = config or pick_moe_config(num_pairs, e, act, hidden=d)
     wide = cfg.wide and experts.fmt == "mxfp4" and experts.wide_ok and act == "fp8"
     if cfg.wide and not wide:  # the wide kernel does not apply: the per-group kernel's measured shape
         cfg = per_group_config(num_pairs, e, act)

@@ -76,6 +76,11 @@ GEMV_CUDA_MAX_PAIRS = 0
 # B = 64 (1.58) 4,541 / 3,421 / 3,780.
 GEMV_PAIRED_FROM = 1.08
 GEMV_PAIRED_MAX = 4.0
+# ... except for experts of these hidden sizes: the upper bound measured where it differs. Pro (7168) against the
+# wide kernel's 16-token tiles, session 66 (s66e, H100, two rounds within 0.2 %, µs per call in a graph, blocks of
+# pairs / tiles): M = 128 (2.3 pairs per touched expert) 6,236 / 6,198, M = 160 6,733 / 6,616, M = 192 7,052 /
+# 6,805, M = 224 (3.6) 7,346 / 6,979; Flash (4096) keeps 4.0: M = 160 (3.8) 1,784 / 1,806
+GEMV_PAIRED_MAX_BY_HIDDEN = {7168: 2.3}
 GEMV_PAIRS4_FROM = 2.3
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 # The per-group kernel's 16-row tiles up to this many pairs per expert (above the per-pair paths' range; MXFP4
@@ -95,9 +100,10 @@ WIDE16_MAX_PAIRS_PER_EXPERT = 12
 WIDE32_MAX_PAIRS_PER_EXPERT = 24
 
 
-def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoEConfig:
+def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8", hidden: int = 0) -> MoEConfig:
     """Heuristic launch shape from the average number of (token, slot) pairs per used expert
-    (the winners of the H200 sweep in docs/kernels_notes.md).
+    (the winners of the H200 sweep in docs/kernels_notes.md); hidden: the experts' model width where a bound
+    depends on it (GEMV_PAIRED_MAX_BY_HIDDEN; 0: unknown, the Flash-measured bounds).
 
     A 64x128 GLU tile needs 8 warps to keep both accumulators (gate, up) in registers. Past the per-pair paths,
     MXFP4 experts take dsv4.kernels.moe_wide (16-token tiles, then 32, 64 from WIDE64_MIN_PAIRS_PER_EXPERT, 128
@@ -110,7 +116,7 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8") -> MoECo
         bn, unroll, split, split_down = GEMV_CUDA_SHAPE
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=bn, gemv_unroll=unroll,
                          gemv_split=split, gemv_split_down=split_down)
-    paired = GEMV_PAIRED_FROM <= per_touched <= GEMV_PAIRED_MAX
+    paired = GEMV_PAIRED_FROM <= per_touched <= GEMV_PAIRED_MAX_BY_HIDDEN.get(hidden, GEMV_PAIRED_MAX)
     four = paired and per_touched >= GEMV_PAIRS4_FROM
     if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
