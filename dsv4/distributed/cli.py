@@ -85,7 +85,8 @@ def build_engine(args: argparse.Namespace, ps, max_num_seqs: int = 64, max_num_b
     import torch
 
     from dsv4.chat.tokenizer import load_tokenizer
-    from dsv4.engine.llm_engine import EngineConfig, LLMEngine, load_fitting
+    from dsv4.engine.llm_engine import EngineConfig, LLMEngine
+    from dsv4.engine.memory_fit import load_fitting
     from dsv4.serve.cli_serve import prefix_snapshots
 
     path = _model_path(args)

@@ -17,6 +17,7 @@ from ..model import prefill_graphs
 from ..model.context import to_device
 from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
+from .memory_fit import fits, free_memory, load_fitting
 from .outputs import EngineStats, OutputTracker, RequestOutput, TokenLogprob
 from .prefix_snapshots import PrefixSnapshots
 from .prompt_sharing import MIN_SHARED_TOKENS, PromptSharing
@@ -116,7 +117,7 @@ class LLMEngine:
                                                           total_tokens=ec.cache_tokens,
                                                           kept_states=ec.retain_finished + ec.prefix_snapshots,
                                                           kv_dtype=ec.kv_dtype or default_kv_dtype(model))
-        self.cache, oom = _fits(lambda: HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device))
+        self.cache, oom = fits(lambda: HybridCache(config, cache_cfg, dtype=model.dtype, device=self.device))
         if oom is not None:
             size = f"--cache-tokens {ec.cache_tokens}" if ec.cache_tokens else "the default size"
             raise ValueError(f"the cache ({size}, {ec.max_num_seqs} sequences of up to {self.max_model_len} tokens, kv "
@@ -422,35 +423,6 @@ class LLMEngine:
         if any(r.seq.grammar is not None for r in nxt.rows):  # its masks need this step's ids: picked next step
             return _Launched(nxt, pick=lambda: self.sampler.pick_sequences(logits, nxt.seqs))
         return _Launched(nxt, self.sampler.pick_sequences(logits, nxt.seqs))
-
-
-def load_fitting(path: Path, device, **kwargs):
-    """`dsv4.load_model`, with the GPU running out of memory reported as a ValueError that says what to do."""
-    from .. import load_model
-    model, oom = _fits(lambda: load_model(path, device=device, **kwargs))
-    if oom is None:
-        return model
-    raise ValueError(f"{path}: the weights do not fit in the GPU's memory{free_memory(torch.device(device))}: "
-                     f"`dsv4 plan {path} --gpus N` says how many GPUs they need (then --tp/--ep). {oom}")
-
-
-def _fits(make):
-    """(make(), None), or (None, the first line of torch's out-of-memory error) once the exception, and with it
-    whatever `make` had allocated, is gone (so the caller's own error does not hold that memory)."""
-    try:
-        return make(), None
-    except torch.OutOfMemoryError as e:
-        first = str(e).split("\n")[0]
-    return None, first
-
-
-def free_memory(device: torch.device) -> str:
-    """" (F of T GiB free now)" on a GPU (for out-of-memory errors), else ""."""
-    if device.type != "cuda":
-        return ""
-    torch.cuda.empty_cache()  # (what the failed allocation's caller had taken goes back first)
-    free, total = torch.cuda.mem_get_info(device)
-    return f" ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free now)"
 
 
 def default_kv_dtype(model) -> str:
