@@ -9,13 +9,13 @@ as many steps again under Python's profiler: their time, the part the host waits
 rest goes (listed for the last engine of each batch size).
 
     python bench/bench_engine_step.py [--layers 8] [--batches 1,8] [--prompt 4096] [--steps 32] [--top 25]
-                                      [--overlap off|on|both] [--speculative N] [--drafts device|host|both]
+                                      [--overlap off|on|both] [--speculative N] [--drafts device|host|both|late|early]
                                       [--repeat R] [--timeline]
 
 It prints the GPU's copy bandwidth and bf16 matmul peak measured first, and per row the roofline (the bytes a
 step reads at that bandwidth). `--speculative N`: MTP with N drafts (random weights accept few: the cost side);
 `--drafts`: greedy drafts and verdicts picked on the device, one read-back per step (`MTPSpeculator.on_device`),
-or on the host as sampled rows are.
+or on the host as sampled rows are; `late` / `early` A/B the device path's MTP catch-up after / before the verdict.
 `--repeat R`: R rounds of the modes, alternating, and each mode's median over them (A/Bs on a noisy host; no
 profile then).
 `--timeline`: per mode, where the GPU idles (bench/engine_timeline.py). `--smoke`: a tiny config with random
@@ -87,7 +87,9 @@ def run_batch(model, cfg, batch: int, overlap: bool, args, drafts: str = "device
         max_num_seqs=batch, max_num_batched_tokens=budget, max_model_len=longest, cache=pools, overlap=overlap,
         speculative="mtp" if args.speculative else None, num_draft_tokens=max(1, args.speculative)))
     if engine.speculator is not None:
-        engine.speculator.on_device = drafts == "device"
+        from dsv4.engine import spec_decode
+        engine.speculator.on_device = drafts in ("device", "late")
+        spec_decode.EARLY_CATCH_UP = drafts != "late"
     g = torch.Generator().manual_seed(batch)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     for i in range(batch):
@@ -154,8 +156,10 @@ def main() -> None:
     p.add_argument("--speculative", type=int, default=0,
                    help="MTP draft tokens per step (0: none); random weights accept few drafts, so this times the "
                         "steps' cost, not MTP's gain")
-    p.add_argument("--drafts", default="device", choices=["device", "host", "both"],
-                   help="with --speculative: greedy drafts and verdicts picked on the device or on the host")
+    p.add_argument("--drafts", default="device", choices=["device", "host", "both", "late", "early"],
+                   help="with --speculative: greedy drafts and verdicts picked on the device or on the host; "
+                        "late: on the device, the MTP catch-up after the verdict (spec_decode.EARLY_CATCH_UP off); "
+                        "early: late and device in turn")
     p.add_argument("--repeat", type=int, default=1, help="rounds of the modes per batch size (alternating)")
     p.add_argument("--timeline", action="store_true",
                    help="also profile the steps (torch profiler): per engine part, host ms and GPU idle ms")
@@ -167,7 +171,7 @@ def main() -> None:
     print(f"{gpu}, {len(cfg.layers)} layers, prompt {args.prompt}, {args.steps} timed decode steps per batch")
     copy = _ceilings(cuda)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-    paths = ["device", "host"] if args.drafts == "both" else [args.drafts]
+    paths = {"both": ["device", "host"], "early": ["late", "device"]}.get(args.drafts, [args.drafts])
     modes = [(o, d) for o in modes for d in paths]
     rows = [run_batch(model, cfg, int(b), o, args, d) for b in args.batches.split(",")
             for _ in range(args.repeat) for o, d in modes]

@@ -14,7 +14,7 @@ import torch
 
 from ..config import ModelConfig
 from ..model import prefill_graphs
-from ..model.context import to_device
+from ..model.context import HostCopy, to_device
 from .block_manager import BlockManager
 from .cache import CacheConfig, HybridCache
 from .memory_fit import fits, free_memory, load_fitting
@@ -456,17 +456,12 @@ class _Launched:
 
     def __init__(self, batch: ScheduledBatch, ids: torch.Tensor | None = None, pick=None):
         self.batch, self._pick = batch, pick
-        self._ids = self._host = self._copied = None
+        self._ids = self._host = None
         if ids is not None:
             self._start(ids)
 
     def _start(self, ids: torch.Tensor) -> None:
-        self._ids, self._host = ids, ids
-        if ids.device.type == "cuda":
-            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            self._host.copy_(ids, non_blocking=True)
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self._ids, self._host = ids, HostCopy(ids)
 
     def ids(self) -> torch.Tensor:
         """The picked ids on the device (picking them now where the pick was deferred)."""
@@ -477,6 +472,4 @@ class _Launched:
 
     def read(self) -> list[int]:
         self.ids()
-        if self._copied is not None:
-            self._copied.synchronize()
         return self._host.tolist()

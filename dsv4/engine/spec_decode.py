@@ -37,7 +37,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from ..model.context import ForwardContext, set_forward_context, to_device
+from ..model.context import ForwardContext, HostCopy, set_forward_context, to_device
 from .outputs import TokenLogprob
 from .sampler import apply_penalties, filter_logits, first_argmax, make_generator, penalty_histories, token_logprobs
 from .scheduler import ScheduledBatch, ScheduledSeq
@@ -48,6 +48,15 @@ log = logging.getLogger(__name__)
 
 SPECULATIVE_METHODS = ("mtp",)
 T = TypeVar("T")
+
+# A batch whose drafts are on the device launches its MTP catch-up before the verdict is read back: greedy, the token
+# after each verified position is the target's argmax there, rejected or not, so the MTP can consume every position
+# of the forward (fed those argmaxes) while the host waits for the verdict; the rejected positions are rolled back
+# after it. The GPU then runs the MTP block and its LM head while the host does the step's bookkeeping, instead of
+# after it. The head runs over every row that can become a seed (1 + drafts per sampled row) up to this many rows;
+# past it, over the seeds alone once the verdict is known.
+EARLY_CATCH_UP = True
+EARLY_HEAD_MAX_ROWS = 128
 
 
 # ---- checkpoint / model checks ---------------------------------------------------------------
@@ -165,6 +174,19 @@ class _Seed:
 
 
 @dataclass
+class _EarlyCatchUp:
+    """The MTP catch-up of `batch` launched before its verdict: every row's positions (`rows`: the row and its first
+    position in the MTP forward), the seed candidates' positions `heads` and, unless there were too many, their
+    logits."""
+    batch: ScheduledBatch
+    rows: list[tuple[ScheduledSeq, int]]
+    residual: torch.Tensor
+    hidden: torch.Tensor
+    heads: list[int]
+    logits: torch.Tensor | None
+
+
+@dataclass
 class _Chain:
     row: ScheduledSeq
     state: object
@@ -188,6 +210,7 @@ class MTPSpeculator:
         self.stats = SpecStats()
         self._seeds: dict[str, _Seed] = {}
         self._q: dict[int, list[torch.Tensor]] = {}  # id(row) -> draft distributions (sampled rows)
+        self._early: _EarlyCatchUp | None = None
         # decide(fn) -> fn(): the drafts and the verdicts; across TP/EP ranks rank 0 decides and the others
         # receive its result (dsv4.distributed.engine), so every rank runs the same chained rows and rollbacks
         self.decide: Callable[[Callable[[], T]], T] = lambda fn: fn()
@@ -315,11 +338,15 @@ class MTPSpeculator:
             tokens, logprobs = self._judge_on_device(batch, logits, picked, widths), [None] * len(batch.rows)
         else:
             tokens, logprobs = self.decide(lambda: self._judge(batch, logits, picked, widths))
+        early = self._early if self._early is not None and self._early.batch is batch else None
+        caught_up = {id(row) for row, _ in early.rows} if early is not None else set()
         for i in picked:
             drafts, state = batch.rows[i].draft_token_ids, self._state(batch.rows[i].seq)
             accepted = len(tokens[i]) - 1
             if len(drafts) > accepted and state is not None:
                 state.truncate(len(drafts) - accepted)
+                if id(batch.rows[i]) in caught_up:  # the MTP consumed the rejected positions too: level again
+                    state.mtp.truncate(len(drafts) - accepted)
             if drafts:
                 self.stats.record(len(drafts), accepted)
         return tokens, logprobs
@@ -329,7 +356,10 @@ class MTPSpeculator:
         """Greedy verdicts of a batch whose drafts are on the device: the target argmaxes and the drafts come
         back in one read, the drafts replace the rows' placeholders, then `greedy_verify` as on the host."""
         targets = self.share(first_argmax(logits))
-        host = torch.cat([targets, batch.draft_ids]).tolist()
+        read = HostCopy(torch.cat([targets, batch.draft_ids]))
+        if EARLY_CATCH_UP:
+            self._early = self._catch_up_early(batch, targets)
+        host = read.tolist()
         drafts = host[len(targets):]
         for row in batch.rows:
             n = len(row.draft_token_ids)
@@ -373,6 +403,83 @@ class MTPSpeculator:
     def advance(self, batch: ScheduledBatch) -> None:
         """After `Scheduler.postprocess`: feed the MTP every position the target kept in this step and
         keep the seed of each sequence that decodes next."""
+        early, self._early = self._early, None
+        if early is not None and early.batch is batch:
+            self._seed_from_early(early)
+        else:
+            self._catch_up(batch)
+        # forget sequences whose state the cache released (finished, aborted, preempted)
+        self._seeds = {rid: s for rid, s in self._seeds.items() if self.cache.states.get(rid) is s.state}
+
+    def _catch_up_early(self, batch: ScheduledBatch, targets: torch.Tensor) -> _EarlyCatchUp | None:
+        """Launch the MTP over every position of the batch's forward, before the verdict (EARLY_CATCH_UP): the
+        sequences' own next tokens where known, the target argmaxes `targets` (flat over the sampled rows' logit
+        rows) after the sampled rows' positions."""
+        residual = self.model.get_mtp_target_hidden_states()
+        parts, ids, pos, lens, states, rows, heads, take = [], [], [], [], [], [], [], []
+        offset = flat = first_target = 0
+        for row in batch.rows:
+            width, seq, state = len(row.token_ids), row.seq, self._state(row.seq)
+            picks = 1 + len(row.draft_token_ids) if row.sample else 0  # its logit rows: the last `picks` positions
+            if not seq.is_finished and state is not None:
+                if state.mtp.num_tokens != row.start:
+                    raise RuntimeError(f"request {seq.request_id!r}: MTP state at {state.mtp.num_tokens}, "
+                                       f"row starts at {row.start}")
+                known = width - picks
+                parts.append(residual[offset: offset + width])
+                ids.extend(seq.token_ids[row.start + 1: row.start + known + 1] + [0] * picks)
+                heads.extend(range(flat + known, flat + width))
+                take.extend(range(first_target, first_target + picks))
+                pos.extend(range(row.start, row.start + width))
+                lens.append(width)
+                states.append(state)
+                rows.append((row, flat))
+                flat += width
+            offset += width
+            first_target += picks
+        if not lens:
+            return None
+        dev = residual.device
+        ids_dev = to_device(torch.tensor(ids, dtype=torch.long), dev)
+        if heads:
+            picked = targets if take == list(range(targets.shape[0])) else targets[to_device(torch.tensor(take), dev)]
+            ids_dev[to_device(torch.tensor(heads), dev)] = picked
+        # the sequences' own tokens (checked on arrival) and argmaxes: nothing to read back
+        with set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
+            res, hidden = self.model.forward_mtp(parts[0] if len(parts) == 1 else torch.cat(parts), ids_dev,
+                                                 to_device(torch.tensor(pos, dtype=torch.long), dev))
+        logits = None
+        if heads and len(heads) <= EARLY_HEAD_MAX_ROWS:
+            logits = self.model.compute_logits(hidden[to_device(torch.tensor(heads), dev)])
+        return _EarlyCatchUp(batch, rows, res, hidden, heads, logits)
+
+    def _seed_from_early(self, early: _EarlyCatchUp) -> None:
+        """The seeds of an early catch-up, once the scheduler has appended the verdict's tokens (`verify` rolled
+        the MTP back with the target)."""
+        ready = []
+        for row, first in early.rows:
+            seq, state = row.seq, self._state(row.seq)
+            if seq.is_finished or state is None:
+                continue
+            kept = seq.num_computed_tokens - row.start
+            if state.mtp.num_tokens != row.start + kept or not 0 < kept <= len(row.token_ids):
+                raise RuntimeError(f"request {seq.request_id!r}: MTP state at {state.mtp.num_tokens}, "
+                                   f"row starts at {row.start}, {kept} tokens kept")
+            if row.sample:
+                ready.append((seq.request_id, state, first + kept - 1, row.start + kept - 1))
+        if not ready:
+            return
+        dev = early.hidden.device
+        if early.logits is not None:
+            at = {f: i for i, f in enumerate(early.heads)}
+            logits = early.logits[to_device(torch.tensor([at[r[2]] for r in ready]), dev)]
+        else:
+            logits = self.model.compute_logits(early.hidden[to_device(torch.tensor([r[2] for r in ready]), dev)])
+        for j, (rid, state, at_row, position) in enumerate(ready):
+            self._seeds[rid] = _Seed(state, position, early.residual[at_row].clone(), logits[j])
+
+    def _catch_up(self, batch: ScheduledBatch) -> None:
+        """The MTP over the positions the target kept, after the verdict (batches without early catch-up)."""
         residual = self.model.get_mtp_target_hidden_states()
         parts, ids, pos, lens, states, ready = [], [], [], [], [], []
         offset = flat = 0
@@ -408,6 +515,4 @@ class MTPSpeculator:
                 logits = self.model.compute_logits(hidden[last])
                 for j, (rid, state, at, position) in enumerate(ready):
                     self._seeds[rid] = _Seed(state, position, res[at].clone(), logits[j])
-        # forget sequences whose state the cache released (finished, aborted, preempted)
-        self._seeds = {rid: s for rid, s in self._seeds.items() if self.cache.states.get(rid) is s.state}
 

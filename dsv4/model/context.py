@@ -98,6 +98,24 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+class HostCopy:
+    """`t`'s copy to the host, queued at once (pinned memory, an event): `tolist()` later waits for this copy only,
+    not for work launched on the stream after it."""
+
+    def __init__(self, t: torch.Tensor):
+        self._host, self._copied = t, None
+        if t.device.type == "cuda":
+            self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self._host.copy_(t, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def tolist(self) -> list:
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host.tolist()
+
+
 def sequence_spans(ctx: ForwardContext, positions: torch.Tensor, lengths: list[int]) -> list[tuple[int, int]]:
     """Validate a flat batch against the context: (start, length) per sequence, in batch order.
 
