@@ -223,9 +223,10 @@ PLAIN = [i for i in range(len(LENGTHS)) if i not in (3, 4, 6, 7, 9, 10, 12)]  # 
 @pytest.mark.parametrize("k", [1, 3])
 def test_drafts_on_the_device_as_on_the_host(drafter_model, prompts, baseline, k, monkeypatch):
     """Batches of plain greedy rows keep their drafts on the device (`ScheduledBatch.draft_ids`) and read the
-    verdict back once per step. Same tokens as without speculation, and the same drafts, row by row and step by
+    verdict back once per step, with the MTP catch-up launched inside `verify`, before that read (the host path:
+    after it, from `advance`). Same tokens as without speculation, and the same drafts, row by row and step by
     step, as the host path (max_tokens 9-11 gives rows of one batch different draft counts near the end)."""
-    runs, reads, paused = [], [0], [False]
+    runs, reads, paused, early, verifying = [], [0], [False], [0], [False]
     real_tolist = torch.Tensor.tolist
 
     def counting(t):
@@ -235,7 +236,8 @@ def test_drafts_on_the_device_as_on_the_host(drafter_model, prompts, baseline, k
     forward_mtp = drafter_model.forward_mtp
 
     def unread(*args):  # the early MTP catch-up inside verify: on the CPU its input checks read the host's
-        paused[0] = True  # tensors, which on a GPU are trusted device tensors (nothing read back)
+        early[0] += verifying[0] and reads[0] == 0  # tensors, which on a GPU are trusted device tensors
+        paused[0] = True
         try:
             return forward_mtp(*args)
         finally:
@@ -250,12 +252,14 @@ def test_drafts_on_the_device_as_on_the_host(drafter_model, prompts, baseline, k
 
         def recording(batch, logits):
             on_gpu = batch.draft_ids is not None
-            reads[0] = 0
+            reads[0], early[0], verifying[0] = 0, 0, True
             out = verify(batch, logits)
+            verifying[0] = False
             if any(r.draft_token_ids for r in batch.rows):
                 assert on_gpu == on_device
                 drafted.append([(r.seq.request_id, r.start, r.draft_token_ids) for r in batch.rows])
                 assert reads[0] == 1 or not on_device  # the verdict: targets and drafts in one read
+                assert early[0] == on_device  # one MTP forward before that read, on the device path only
             return out
 
         engine.speculator.verify = recording
