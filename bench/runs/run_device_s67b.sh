@@ -10,3 +10,7 @@ runpar 300 6 tests/gpu/test_engine_gpu.py tests/gpu/test_model_gpu.py tests/gpu/
 timeout 240 python3 bench/bench_engine_step.py --batches 1,8 --speculative 1 --drafts early --overlap off --steps 32 \
   --repeat 3 > $OUT/s67b_step.txt 2>&1
 grep -E "ceilings|H100|H200|^B \||^[0-9]+ \||rror" $OUT/s67b_step.txt | tail -20
+# where the GPU waits for the host in the speculative step at B = 1, late and early (profiler: compare parts)
+timeout 150 python3 bench/bench_engine_step.py --batches 1 --speculative 1 --drafts early --overlap off --steps 16 \
+  --timeline > $OUT/s67b_timeline.txt 2>&1
+grep -E "^---|idle|rror" $OUT/s67b_timeline.txt | head -12
