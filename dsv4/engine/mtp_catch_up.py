@@ -90,16 +90,17 @@ class MTPCatchUp:
             return None
         dev = residual.device
         ids_dev = to_device(torch.tensor(ids, dtype=torch.long), dev)
+        heads_dev = to_device(torch.tensor(heads, dtype=torch.long), dev)
         if heads:
             picked = targets if take == list(range(targets.shape[0])) else targets[to_device(torch.tensor(take), dev)]
-            ids_dev[to_device(torch.tensor(heads), dev)] = picked
+            ids_dev[heads_dev] = picked
         # the sequences' own tokens (checked on arrival) and argmaxes: nothing to read back
         with set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
             res, hidden = self.model.forward_mtp(parts[0] if len(parts) == 1 else torch.cat(parts), ids_dev,
                                                  to_device(torch.tensor(pos, dtype=torch.long), dev))
         logits = None
         if heads and len(heads) <= EARLY_HEAD_MAX_ROWS:
-            logits = self.model.compute_logits(hidden[to_device(torch.tensor(heads), dev)])
+            logits = self.model.compute_logits(hidden[heads_dev])
         return EarlyCatchUp(batch, rows, res, hidden, heads, logits)
 
     def _seed_from_early(self, early: EarlyCatchUp) -> None:
