@@ -275,6 +275,29 @@ def test_drafts_on_the_device_as_on_the_host(drafter_model, prompts, baseline, k
         assert any(len({len(d) for _, _, d in step}) > 1 for step in drafted)  # rows with different draft counts
 
 
+def test_early_catch_up_with_its_head_after_the_verdict(drafter_model, prompts, baseline, monkeypatch):
+    """Past `EARLY_HEAD_MAX_ROWS` seed candidates the early catch-up leaves the LM head for after the verdict, over
+    the seeds alone: the same drafts and accepted lengths as with the head over every candidate."""
+    from dsv4.engine import mtp_catch_up
+    runs = []
+    for cap in (mtp_catch_up.EARLY_HEAD_MAX_ROWS, 1):
+        monkeypatch.setattr(mtp_catch_up, "EARLY_HEAD_MAX_ROWS", cap)
+        engine = make_engine(drafter_model, 2)
+        late_heads, seed = [0], engine.speculator._seed_from_early
+
+        def counting(early):
+            late_heads[0] += early.logits is None
+            return seed(early)
+
+        engine.speculator._seed_from_early = counting
+        for i in PLAIN:
+            engine.add_request(f"r{i}", prompts[i], request_params(i))
+        assert_same(drain(engine), baseline, [f"r{i}" for i in PLAIN])
+        assert (late_heads[0] > 0) == (cap == 1)
+        runs.append(engine.speculator.stats.accepted_histogram)
+    assert runs[0] == runs[1] and sum(runs[0][1:]) > 0
+
+
 def test_a_biased_row_keeps_the_drafts_on_the_host(drafter_model, prompts, baseline):
     """A greedy row with a logit bias is not plain greedy: its drafts and verdicts are the biased argmaxes (on the
     device they would be the raw logits' argmaxes). Among plain rows it decides like the rows without speculation."""
