@@ -311,8 +311,8 @@ def test_a_biased_row_keeps_the_drafts_on_the_host(drafter_model, prompts, basel
 @pytest.mark.parametrize("k", [1, 3])
 def test_retained_conversation_under_speculation(drafter_model, prompts, k):
     """EngineConfig.retain_finished with MTP drafts: each turn adopts the last turn's cache, rolled back to where its
-    MTP state stopped (the finishing step is not fed to the MTP), and continues with drafts: the same tokens as
-    without speculation or retention, turn by turn."""
+    MTP state stopped (the finishing step is fed to the MTP only where its drafts were on the device), and continues
+    with drafts: the same tokens as without speculation or retention, turn by turn."""
     def converse(engine) -> list[list[int]]:
         history, outs = [], []
         for t, n in enumerate((17, 5, 9)):
@@ -329,6 +329,53 @@ def test_retained_conversation_under_speculation(drafter_model, prompts, k):
     assert converse(engine) == want
     s = engine.stats()
     assert s.num_adopted == 2 and s.spec_num_drafts > 0 and s.spec_accepted_tokens > 0
+    engine.retained.clear()
+    assert_all_free(engine)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_retained_after_a_stop_inside_accepted_drafts(drafter_model, prompts, share):
+    """A stop token among a step's accepted drafts drops the tokens after it, so the finished sequence holds fewer
+    tokens than its states (both level: the MTP caught up before the verdict). Retention rolls both back to the
+    tokens, and the next turn adopts them (a fork of the entry, or the entry itself without prompt sharing): the
+    same tokens as without speculation or retention."""
+    history = list(prompts[13][:17])
+    emitted = []  # every step's emitted tokens of the request, without a stop
+    engine = make_engine(drafter_model, 3)
+    verify = engine.speculator.verify
+
+    def recording(batch, logits):
+        out = verify(batch, logits)
+        emitted.extend(t for t in out[0] if t is not None)
+        return out
+
+    engine.speculator.verify = recording
+    engine.add_request("probe", history, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    drain(engine)
+    seen, stop = set(history), None
+    for tokens in emitted:  # a step that accepted drafts after a token not seen before
+        if len(tokens) > 2 and tokens[0] not in seen:
+            stop = tokens[0]
+            break
+        seen.update(tokens)
+    assert stop is not None
+
+    def converse(engine) -> list[list[int]]:
+        turns, outs = [history, prompts[12][:5]], []
+        for t, extra in enumerate(turns):
+            prompt = extra if t == 0 else prompt + outs[-1] + extra
+            params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop])
+            engine.add_request(f"t{t}", prompt, params)
+            outs.append(drain(engine)[f"t{t}"]["tokens"])
+        return outs
+
+    want = converse(make_engine(drafter_model, None))
+    assert want[0][-1] == stop
+    engine = LLMEngine(drafter_model, drafter_model.config, None,
+                       EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=MAX_LEN,
+                                    speculative="mtp", num_draft_tokens=3, retain_finished=2, share_prompts=share))
+    assert converse(engine) == want
+    assert engine.stats().num_adopted == 1
     engine.retained.clear()
     assert_all_free(engine)
 

@@ -69,12 +69,16 @@ class RetainedSequences:
     def keep(self, seq: Sequence, state) -> None:
         """Retain finished `seq` (its pages) with its decode `state` (None: nothing to keep; the pages are freed).
         The key is the tokens the state holds: the computed ones, and the last sampled one too where a look-ahead
-        step fed it before the stop was seen. A state longer than the sequence's tokens (accepted drafts after a
-        stop) or than its MTP state is rolled back first; where it cannot be (deeper than it keeps), it is freed."""
+        step fed it before the stop was seen. A state (or MTP state) longer than the sequence's tokens (accepted
+        drafts after a stop) or than its MTP state is rolled back first; where it cannot be (deeper than it keeps),
+        it is freed."""
         n = 0 if state is None else min(len(seq.token_ids), state.mtp.num_tokens if self.mtp else state.num_tokens)
-        if state is not None and 0 < n < state.num_tokens:
+        if state is not None and 0 < n:
             try:
-                state.truncate(state.num_tokens - n)
+                if n < state.num_tokens:
+                    state.truncate(state.num_tokens - n)
+                if self.mtp and n < state.mtp.num_tokens:  # a stop among the drafts the MTP caught up on
+                    state.mtp.truncate(state.mtp.num_tokens - n)
             except ValueError:  # e.g. a sequence that finished in its prefill step: the MTP never saw that chunk
                 n = 0
         if n == 0:
