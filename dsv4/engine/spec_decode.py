@@ -15,7 +15,8 @@ token stream, level with the target's state. One engine step of a decode row:
            k acceptances). The target state rolls back the rejected drafts (`truncate`).
   advance  after the scheduler appended the tokens: the MTP consumes (X_t, token t+1) for every
            position the target kept this step (prefill chunks too), ending at row n'-1 again, and
-           keeps that row's residual and logits for the next step's d_1.
+           keeps that row's residual and logits for the next step's d_1. With drafts on the device this
+           was launched in `verify`, before the verdict, over every position (dsv4.engine.mtp_catch_up).
 
 A batch whose sampled rows are all plain greedy keeps its drafts on the device (argmaxes fed to the
 chained rows and the verify forward as they are) and reads the target argmaxes and the drafts back once,
