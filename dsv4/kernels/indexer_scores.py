@@ -238,8 +238,10 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
 
 
 def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
-                         block_t: int = 64, block_n: int = 128) -> torch.Tensor:
-    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]."""
+                         block_t: int = 64, block_n: int = 128, warps: int = 4, stages: int | None = None
+                         ) -> torch.Tensor:
+    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N] (`bench/sweep_index_scores.py` times the
+    launch shapes)."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
@@ -264,5 +266,6 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
     bn = max(16, min(block_n, triton.next_power_of_2(n)))
     _prefill_scores_kernel[(triton.cdiv(t, block_t), triton.cdiv(n, bn))](
         q, weights, keys, visible, out, t, n, h, q.stride(0), q.stride(1), weights.stride(0), weights.stride(1),
-        keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, num_warps=4)
+        keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, num_warps=warps,
+        **({} if stages is None else {"num_stages": stages}))
     return out

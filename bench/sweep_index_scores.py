@@ -1,0 +1,63 @@
+"""The CSA indexer's prefill scores (`prefill_index_scores`) over launch shapes, for a prompt chunk after a long
+prefix: T queries of Flash's indexer (64 heads x 128) against every compressed key of the prefix and the chunk
+(N = (prefix + T) / 4). At a 56K prefix this launch took 4.6 ms of an 18.7 ms CSA layer (H100, session 67), and it
+grows with the prefix. Per shape: µs (triton do_bench, median), TFLOP/s over the visible keys, and the share of
+scores equal to the default shape's (the per-head dots and bf16 roundings are the same math; tile shapes may
+change the fp32 sum order of the dot), then the radix top-k of the same scores for scale.
+
+    python bench/sweep_index_scores.py [--tokens 8192] [--prefix 57344] [--shapes 64,128,4,3 128,128,8,3 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+HEADS, DIM, TOPK, RATIO = 64, 128, 512, 4  # Flash's indexer
+SHAPES = [f"{bt},{bn},{w},{st}" for bt in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for st in (2, 3, 4)]
+
+
+def main() -> None:
+    import triton
+
+    from dsv4.kernels.indexer_scores import prefill_index_scores
+    from dsv4.kernels.topk import topk_lowest_index
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--prefix", type=int, default=57344)
+    p.add_argument("--shapes", nargs="*", default=SHAPES, help="block_t,block_n,warps,stages")
+    args = p.parse_args()
+    t, n = args.tokens, (args.prefix + args.tokens) // RATIO
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(t, HEADS, DIM, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(t, HEADS, device="cuda", generator=gen) * (DIM * HEADS) ** -0.5).to(torch.bfloat16)
+    keys = torch.randn(n, DIM, device="cuda", generator=gen).to(torch.bfloat16)
+    vis = ((args.prefix + torch.arange(t, device="cuda") + 1) // RATIO).to(torch.int32)
+    flop = 2 * HEADS * DIM * vis.sum().item()
+    print(f"{torch.cuda.get_device_name()}: T = {t} queries after {args.prefix} tokens, N = {n} keys, "
+          f"{flop / 1e12:.2f} TFLOP over the visible keys")
+    base = prefill_index_scores(q, w, keys, vis)
+    print("block_t,block_n,warps,stages | µs | TFLOP/s | same as default")
+    for shape in ["default", *args.shapes]:
+        kw = {} if shape == "default" else dict(zip(("block_t", "block_n", "warps", "stages"),
+                                                     map(int, shape.split(","))))
+        try:
+            out = prefill_index_scores(q, w, keys, vis, **kw)
+            ms = triton.testing.do_bench(lambda: prefill_index_scores(q, w, keys, vis, **kw), warmup=3, rep=30)
+        except Exception as e:  # noqa: BLE001 (a shape past shared memory or registers: say so, go on)
+            print(f"{shape} | ERR {str(e).splitlines()[0][:80]}")
+            continue
+        same = (out == base).float().mean().item()
+        print(f"{shape} | {ms * 1e3:.0f} | {flop / ms / 1e9:.0f} | {same:.5f}")
+    ms = triton.testing.do_bench(lambda: topk_lowest_index(base, TOPK, mark_absent=True, visible=vis,
+                                                           index_dtype=torch.int32), warmup=3, rep=30)
+    print(f"top-{TOPK} of the [{t}, {n}] scores: {ms * 1e3:.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
