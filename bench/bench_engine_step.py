@@ -10,7 +10,7 @@ rest goes (listed for the last engine of each batch size).
 
     python bench/bench_engine_step.py [--layers 8] [--batches 1,8] [--prompt 4096] [--steps 32] [--top 25]
                                       [--overlap off|on|both] [--speculative N] [--drafts device|host|both|late|early]
-                                      [--repeat R] [--timeline]
+                                      [--temperature T] [--repeat R] [--timeline]
 
 It prints the GPU's copy bandwidth and bf16 matmul peak measured first, and per row the roofline (the bytes a
 step reads at that bandwidth). `--speculative N`: MTP with N drafts (random weights accept few: the cost side);
@@ -90,8 +90,9 @@ def run_batch(model, cfg, batch: int, overlap: bool, args, drafts: str = "device
         from dsv4.engine import spec_decode
         engine.speculator.on_device = drafts in ("device", "late")
         spec_decode.EARLY_CATCH_UP = drafts != "late"
+        spec_decode.SAMPLED_ON_DEVICE = drafts != "host"  # (sampled rows, --temperature > 0)
     g = torch.Generator().manual_seed(batch)
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, max_tokens=new_tokens, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", torch.randint(2, cfg.vocab_size, (args.prompt,), generator=g).tolist(), params)
     while any(len(s.output_token_ids) == 0 for s in engine.scheduler.running) or engine.scheduler.waiting:
@@ -160,6 +161,9 @@ def main() -> None:
                    help="with --speculative: greedy drafts and verdicts picked on the device or on the host; "
                         "late: on the device, the MTP catch-up after the verdict (spec_decode.EARLY_CATCH_UP off); "
                         "early: late and device in turn")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampled requests (greedy by default); with --speculative, `device` draws them on the device "
+                        "(spec_decode.SAMPLED_ON_DEVICE), `host` on the host")
     p.add_argument("--repeat", type=int, default=1, help="rounds of the modes per batch size (alternating)")
     p.add_argument("--timeline", action="store_true",
                    help="also profile the steps (torch profiler): per engine part, host ms and GPU idle ms")

@@ -16,7 +16,9 @@ import torch
 from _spec_decode_helpers import PROMPT, SMALL, assert_all_free, build_model, drain, make_engine
 from dsv4.checkpoint.writer import random_master_weights
 from dsv4.engine.sampling_params import SamplingParams
+from dsv4.engine import spec_decode
 from dsv4.engine.spec_decode import rejection_sample
+from dsv4.engine.spec_sampling import verdict
 
 
 # ---- the acceptance rule ---------------------------------------------------------------------
@@ -72,6 +74,37 @@ def test_rejection_sample_preserves_target_distribution():
             assert chi2_pvalue(second[t], p1[t]) > 1e-3
 
 
+def test_device_verdict_preserves_target_distribution():
+    """The device path's rule (`spec_sampling.verdict`: every position's test and candidate drawn up front, the
+    row cut at its first rejection) on 4000 rows at once, with the host test's p and q: the same two laws."""
+    from types import SimpleNamespace
+    v, n = 5, 4000
+    g = torch.Generator().manual_seed(6)
+    p0 = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
+    q0 = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
+    p1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
+    q1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
+    p2 = torch.softmax(torch.randn(v, v, v, generator=g), -1)
+    d1 = torch.multinomial(q0, n, replacement=True, generator=g)
+    d2 = torch.multinomial(q1[d1], 1, generator=g)[:, 0]
+    p = torch.stack((p0.expand(n, v), p1[d1], p2[d1, d2]), 1).reshape(3 * n, v)  # rows of 3 positions
+    q = torch.stack((q0.expand(n, v), q1[d1], torch.zeros(n, v)), 1).reshape(3 * n, v)
+    drafts = torch.stack((d1, d2, torch.zeros_like(d1)), 1).reshape(-1)
+    seqs = [SimpleNamespace(params=SamplingParams(temperature=1.0))] * n
+    accept, candidate = verdict(p.log(), seqs, [3] * n, drafts, q, [None] * n, g)
+    accept, candidate = accept.view(n, 3), candidate.view(n, 3)
+    assert not accept[:, 2].any()
+    kept = torch.where(~accept[:, 0], 0, torch.where(~accept[:, 1], 1, 2))
+    first = torch.where(kept == 0, candidate[:, 0], d1)
+    second = torch.where(kept == 1, candidate[:, 1], torch.where(kept == 2, d2, -1))
+    assert (first != 4).all()  # p0 excludes token 4, although q0 proposes it most
+    assert chi2_pvalue(torch.bincount(first, minlength=v).float(), p0) > 1e-3
+    for t in range(4):
+        got = second[(first == t) & (kept >= 1)]
+        if got.numel() > 200:
+            assert chi2_pvalue(torch.bincount(got, minlength=v).float(), p1[t]) > 1e-3
+
+
 # ---- sampling distribution end to end --------------------------------------------------------
 
 TOP_K, TEMP = 3, 1.3
@@ -92,9 +125,12 @@ def small_model():
     return build_model(SMALL, random_master_weights(SMALL, seed=71))
 
 
-def test_sampling_matches_target_distribution(small_model):
+@pytest.mark.parametrize("on_device", [False, True])
+def test_sampling_matches_target_distribution(small_model, on_device, monkeypatch):
     """Joint law of the first three generated tokens under k=2 (the second and third come from draft
-    acceptance, the correction or the bonus token) against the exact law."""
+    acceptance, the correction or the bonus token) against the exact law; the draws on the host, or on the
+    device (`SAMPLED_ON_DEVICE`, every step's verdict read back once)."""
+    monkeypatch.setattr(spec_decode, "SAMPLED_ON_DEVICE", on_device)
     v = SMALL.vocab_size
     p1 = exact_processed(small_model, PROMPT)
     joint = torch.zeros(v, v, v, dtype=torch.float64)
@@ -104,6 +140,13 @@ def test_sampling_matches_target_distribution(small_model):
             joint[a, b] = p1[a] * p2[b] * exact_processed(small_model, PROMPT + [a, b])
     counts = torch.zeros(v, v, v)
     engine = make_engine(small_model, 2, max_num_seqs=128, budget=512, max_len=32)
+    judged, judge = [0], engine.speculator._judge_on_device
+
+    def counting(*a):
+        judged[0] += 1
+        return judge(*a)
+
+    engine.speculator._judge_on_device = counting
     n = 512
     for s in range(n):
         engine.add_request(f"s{s}", PROMPT, SamplingParams(temperature=TEMP, top_k=TOP_K, seed=1000 + s,
@@ -114,11 +157,14 @@ def test_sampling_matches_target_distribution(small_model):
         counts[a, b, c] += 1
     hist = engine.speculator.stats.accepted_histogram
     assert len(hist) == 3 and min(hist) > 0
+    assert (judged[0] > 0) == on_device
     assert chi2_pvalue(counts.flatten(), joint.flatten()) > 1e-3
     assert_all_free(engine)
 
 
-def test_seeded_sampling_reproducible_across_batches(small_model):
+@pytest.mark.parametrize("on_device", [False, True])
+def test_seeded_sampling_reproducible_across_batches(small_model, on_device, monkeypatch):
+    monkeypatch.setattr(spec_decode, "SAMPLED_ON_DEVICE", on_device)
     params = [SamplingParams(temperature=1.0, top_p=0.9, seed=s, max_tokens=12, ignore_eos=True) for s in (1, 2)]
     alone = []
     for p in params:

@@ -32,6 +32,7 @@ generator, so they are reproducible -- but not token-identical to non-speculativ
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -44,6 +45,7 @@ from .outputs import TokenLogprob
 from .sampler import apply_penalties, filter_logits, first_argmax, make_generator, penalty_histories, token_logprobs
 from .scheduler import ScheduledBatch, ScheduledSeq
 from .sequence import Sequence
+from .spec_sampling import draw_drafts, verdict
 from .structured import apply_grammar_masks, grammar_masks
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,11 @@ T = TypeVar("T")
 # A batch whose drafts are on the device launches its MTP catch-up before the verdict is read back
 # (dsv4.engine.mtp_catch_up): the GPU runs the MTP block and its LM head while the host does the step's bookkeeping.
 EARLY_CATCH_UP = True
+# Sampled rows (temperature > 0, no penalties, bias, logprobs or grammar) take the device path too
+# (dsv4.engine.spec_sampling): their drafts, acceptance tests and corrections drawn on the device, one read-back per
+# step. Opt-in until measured on a GPU (session 67 wrote it after the device time was spent); DSV4_SAMPLED_ON_DEVICE=1
+# turns it on (GPU test runs: pytest takes no module flags).
+SAMPLED_ON_DEVICE = os.environ.get("DSV4_SAMPLED_ON_DEVICE", "0") == "1"
 
 
 # ---- checkpoint / model checks ---------------------------------------------------------------
@@ -106,6 +113,16 @@ def plain_greedy(seq: Sequence) -> bool:
             and seq.grammar is None)
 
 
+def on_device_path(seq: Sequence) -> bool:
+    """Whether a sampled row can keep its drafts and verdicts on the device: plain greedy, or (SAMPLED_ON_DEVICE)
+    plain sampling -- nothing its draws need from the host (bias, penalties, logprobs, grammar)."""
+    p = seq.params
+    if p.greedy:
+        return plain_greedy(seq)
+    return (SAMPLED_ON_DEVICE and not p.has_logit_bias and not p.has_penalties and p.logprobs is None
+            and seq.grammar is None)
+
+
 def greedy_verify(target_ids: list[int], drafts: list[int]) -> list[int]:
     """target_ids[i]: target argmax at draft position i (k + 1 of them). Returns the emitted tokens:
     the accepted drafts, then the target's token at the first mismatch or the bonus token."""
@@ -135,6 +152,15 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: list[int],
 
 
 # ---- the engine part -------------------------------------------------------------------------
+
+def _firsts(widths: list[int]) -> list[int]:
+    """The first position of each row of these widths."""
+    out, start = [], 0
+    for w in widths:
+        out.append(start)
+        start += w
+    return out
+
 
 @dataclass
 class SpecStats:
@@ -196,6 +222,10 @@ class MTPSpeculator(MTPCatchUp):
         self.on_device = True
 
     # ---- helpers -----------------------------------------------------------------------------
+    def _own_generator(self, seq: Sequence, device: torch.device) -> torch.Generator | None:
+        """A seeded request's generator (None: the sampler's, shared by the unseeded rows)."""
+        return None if seq.params.seed is None else self._generator(seq, device)
+
     def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator | None:
         if seq.params.seed is None:
             return self.sampler.generator
@@ -230,7 +260,7 @@ class MTPSpeculator(MTPCatchUp):
                           row.seq.request_id, row.start)
                 continue
             chains.append(_Chain(row, state, seed.residual, seed.logits))
-        if chains and self.on_device and all(plain_greedy(r.seq) for r in batch.rows if r.sample):
+        if chains and self.on_device and all(on_device_path(r.seq) for r in batch.rows if r.sample):
             batch.draft_ids = self._draw_on_device(chains)
         else:
             live = chains
@@ -246,11 +276,19 @@ class MTPSpeculator(MTPCatchUp):
                 c.state.mtp.truncate(c.chained)
 
     def _draw_on_device(self, chains: list[_Chain]) -> torch.Tensor:
-        """Every chain's drafts as argmaxes left on the device, flat in row order (`ScheduledBatch.draft_ids`);
-        the rows' draft_token_ids get placeholders (0) of the right length."""
+        """Every chain's drafts left on the device (argmaxes, or draws: spec_sampling), flat in row order
+        (`ScheduledBatch.draft_ids`); the rows' draft_token_ids get placeholders (0) of the right length, and
+        sampled rows' draft distributions are kept for `verify`."""
         rounds, members, live = [], [], list(range(len(chains)))  # round j: drafts of the chains live in it
         while live:
-            picked = self.share(first_argmax(torch.stack([chains[i].logits for i in live])))
+            seqs = [chains[i].row.seq for i in live]
+            ids, q = draw_drafts(torch.stack([chains[i].logits for i in live]), seqs,
+                                 [self._own_generator(s, chains[0].logits.device) for s in seqs],
+                                 self.sampler.generator)
+            picked = self.share(ids)
+            for j, i in enumerate(live):
+                if q is not None and not seqs[j].params.greedy:
+                    self._q.setdefault(id(chains[i].row), []).append(q[j])
             rounds.append(picked)
             members.append(live)
             for i in live:
@@ -328,23 +366,42 @@ class MTPSpeculator(MTPCatchUp):
 
     def _judge_on_device(self, batch: ScheduledBatch, logits: torch.Tensor, picked: list[int], widths: list[int]
                          ) -> list[list[int] | None]:
-        """Greedy verdicts of a batch whose drafts are on the device: the target argmaxes and the drafts come
-        back in one read, the drafts replace the rows' placeholders, then `greedy_verify` as on the host."""
-        targets = self.share(first_argmax(logits))
-        read = HostCopy(torch.cat([targets, batch.draft_ids]))
-        if EARLY_CATCH_UP:
-            self._early = self._catch_up_early(batch, targets)
+        """Verdicts of a batch whose drafts are on the device: every position's acceptance test and candidate
+        token (`spec_sampling.verdict`; greedy rows: the target argmax) and the drafts come back in one read, the
+        drafts replace the rows' placeholders, then each row keeps its drafts up to the first rejected one and
+        emits that position's candidate."""
+        dev, n_pos = logits.device, logits.shape[0]
+        seqs = [batch.rows[i].seq for i in picked]
+        firsts = _firsts(widths)
+        at = [p for w, first in zip(widths, firsts) for p in range(first, first + w - 1)]  # (the drafts' order)
+        drafts = torch.zeros(n_pos, dtype=torch.long, device=dev)
+        q = None
+        if at:
+            at_dev = to_device(torch.tensor(at), dev)
+            drafts[at_dev] = batch.draft_ids
+            qs = [q_j for i in picked for q_j in self._q.get(id(batch.rows[i]), ())]
+            if qs:  # sampled rows' draft distributions, at their positions (bonus positions and greedy rows: 0)
+                sampled_at = [p for i, w, first in zip(picked, widths, firsts) if id(batch.rows[i]) in self._q
+                              for p in range(first, first + w - 1)]
+                q = torch.zeros_like(logits)
+                q[to_device(torch.tensor(sampled_at), dev)] = torch.stack(qs)
+        accept, candidate = verdict(logits, seqs, widths, drafts, q,
+                                    [self._own_generator(s, dev) for s in seqs], self.sampler.generator)
+        both = self.share(torch.cat([accept.long(), candidate]))
+        read = HostCopy(torch.cat([both, batch.draft_ids]))
+        if EARLY_CATCH_UP:  # the token after each position, given its test: its draft if kept, else its candidate
+            self._early = self._catch_up_early(batch, torch.where(both[:n_pos] > 0, drafts, both[n_pos:]))
         host = read.tolist()
-        drafts = host[len(targets):]
+        self._q.clear()
+        accepted, candidates, drafted = host[:n_pos], host[n_pos: 2 * n_pos], host[2 * n_pos:]
         for row in batch.rows:
             n = len(row.draft_token_ids)
-            row.draft_token_ids, drafts = drafts[:n], drafts[n:]
+            row.draft_token_ids, drafted = drafted[:n], drafted[n:]
         batch.draft_ids = None
         tokens: list[list[int] | None] = [None] * len(batch.rows)
-        start = 0
-        for i, w in zip(picked, widths):
-            tokens[i] = greedy_verify(host[start: start + w], batch.rows[i].draft_token_ids)
-            start += w
+        for i, w, first in zip(picked, widths, firsts):
+            kept = next((j for j in range(w - 1) if not accepted[first + j]), w - 1)
+            tokens[i] = batch.rows[i].draft_token_ids[:kept] + [candidates[first + kept]]
         return tokens
 
     def _judge(self, batch: ScheduledBatch, logits: torch.Tensor, picked: list[int], widths: list[int]
