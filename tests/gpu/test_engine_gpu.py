@@ -242,7 +242,7 @@ def test_sampled_speculation_on_the_device(monkeypatch):
     """`spec_decode.SAMPLED_ON_DEVICE` on a GPU (session 67; the law itself is checked on the CPU,
     tests/test_spec_decode_sampling.py): seeded sampled requests with 2 MTP drafts under CUDA graphs and the FP8
     cache take the device path (one read-back per verify), are reproducible run to run and alone against in a
-    batch, accept drafts, and stay within their top-k as plain sampling does."""
+    batch, and accept drafts."""
     from dsv4 import LLM, SamplingParams
     from dsv4.engine import spec_decode
 
