@@ -105,6 +105,23 @@ def test_device_verdict_preserves_target_distribution():
             assert chi2_pvalue(torch.bincount(got, minlength=v).float(), p1[t]) > 1e-3
 
 
+def test_device_verdict_of_greedy_drafts_beside_sampled_rows_without():
+    """A greedy row with drafts beside sampled rows with none (no q at all): the greedy row keeps its drafts up to
+    the first that differs from the argmax and then emits the argmax; each sampled row emits a draw from its p."""
+    from types import SimpleNamespace
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(2 + 400, 7, generator=g)
+    targets = logits[:2].argmax(-1)
+    drafts = torch.zeros(402, dtype=torch.long)
+    drafts[0] = targets[0]  # accepted; position 1 is the bonus
+    seqs = [SimpleNamespace(params=SamplingParams(temperature=0.0))] + \
+        [SimpleNamespace(params=SamplingParams(temperature=1.0))] * 400
+    accept, candidate = verdict(logits, seqs, [2] + [1] * 400, drafts, None, [None] * 401, g)
+    assert accept.tolist() == [True] + [False] * 401
+    assert candidate[:2].tolist() == targets.tolist()
+    assert (candidate[2:] != candidate[2]).any()  # drawn, not the argmax everywhere
+
+
 # ---- sampling distribution end to end --------------------------------------------------------
 
 TOP_K, TEMP = 3, 1.3

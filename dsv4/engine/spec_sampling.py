@@ -65,7 +65,7 @@ def verdict(logits: torch.Tensor, seqs: list[Sequence], widths: list[int], draft
     logits [P, V]: the target's logits, row r of `seqs` owning widths[r] consecutive positions (its drafts, then
     the bonus position); drafts [P]: the draft each position verifies (any value at a bonus position); q [P, V]:
     that draft's distribution for sampled rows (any values at bonus positions and greedy rows). Returns (accept [P]
-    bool, False at bonus positions; candidate [P] int64)."""
+    bool, False at bonus positions; candidate [P] int64). q may be None where no sampled row has a draft."""
     dev, n = logits.device, logits.shape[0]
     bonus = torch.zeros(n, dtype=torch.bool)
     bonus[torch.tensor(widths).cumsum(0) - 1] = True
@@ -84,7 +84,7 @@ def verdict(logits: torch.Tensor, seqs: list[Sequence], widths: list[int], draft
     u = _noise((n,), rows, dev, default, True)
     e = _noise((n, logits.shape[1]), rows, dev, default, False)
     safe = drafts.clamp(0, logits.shape[1] - 1)[:, None]
-    q_masked = q.masked_fill(bonus[:, None], 0.0)
+    q_masked = torch.zeros_like(p) if q is None else q.masked_fill(bonus[:, None], 0.0)  # (no sampled drafts)
     residual = (p - q_masked).clamp_min(0.0)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)  # p == q: the rejection had odds ~0
     drawn = first_argmax(residual / e)
