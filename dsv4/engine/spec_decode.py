@@ -162,6 +162,14 @@ def _firsts(widths: list[int]) -> list[int]:
     return out
 
 
+def _rows_tokens(batch: ScheduledBatch, picked: list[int], widths: list[int], emitted) -> list[list[int] | None]:
+    """Per batch row: `emitted(i, first position, width)` for the sampled rows `picked`, None for the others."""
+    tokens: list[list[int] | None] = [None] * len(batch.rows)
+    for i, w, first in zip(picked, widths, _firsts(widths)):
+        tokens[i] = emitted(i, first, w)
+    return tokens
+
+
 @dataclass
 class SpecStats:
     num_drafts: int = 0            # verified rows that carried at least one draft token
@@ -373,6 +381,15 @@ class MTPSpeculator(MTPCatchUp):
         dev, n_pos = logits.device, logits.shape[0]
         seqs = [batch.rows[i].seq for i in picked]
         firsts = _firsts(widths)
+        if all(s.params.greedy for s in seqs):  # the argmaxes alone (what session 67 measured)
+            targets = self.share(first_argmax(logits))
+            read = HostCopy(torch.cat([targets, batch.draft_ids]))
+            if EARLY_CATCH_UP:
+                self._early = self._catch_up_early(batch, targets)
+            host = read.tolist()
+            self._place_drafts(batch, host[n_pos:])
+            return _rows_tokens(batch, picked, widths, lambda i, first, w: greedy_verify(
+                host[first: first + w], batch.rows[i].draft_token_ids))
         at = [p for w, first in zip(widths, firsts) for p in range(first, first + w - 1)]  # (the drafts' order)
         drafts = torch.zeros(n_pos, dtype=torch.long, device=dev)
         q = None
@@ -393,16 +410,21 @@ class MTPSpeculator(MTPCatchUp):
             self._early = self._catch_up_early(batch, torch.where(both[:n_pos] > 0, drafts, both[n_pos:]))
         host = read.tolist()
         self._q.clear()
-        accepted, candidates, drafted = host[:n_pos], host[n_pos: 2 * n_pos], host[2 * n_pos:]
+        accepted, candidates = host[:n_pos], host[n_pos: 2 * n_pos]
+        self._place_drafts(batch, host[2 * n_pos:])
+
+        def emitted(i: int, first: int, w: int) -> list[int]:  # the drafts up to the first rejected, its candidate
+            kept = next((j for j in range(w - 1) if not accepted[first + j]), w - 1)
+            return batch.rows[i].draft_token_ids[:kept] + [candidates[first + kept]]
+        return _rows_tokens(batch, picked, widths, emitted)
+
+    @staticmethod
+    def _place_drafts(batch: ScheduledBatch, drafted: list[int]) -> None:
+        """The drafts read back (flat in row order) in place of the rows' placeholders."""
         for row in batch.rows:
             n = len(row.draft_token_ids)
             row.draft_token_ids, drafted = drafted[:n], drafted[n:]
         batch.draft_ids = None
-        tokens: list[list[int] | None] = [None] * len(batch.rows)
-        for i, w, first in zip(picked, widths, firsts):
-            kept = next((j for j in range(w - 1) if not accepted[first + j]), w - 1)
-            tokens[i] = batch.rows[i].draft_token_ids[:kept] + [candidates[first + kept]]
-        return tokens
 
     def _judge(self, batch: ScheduledBatch, logits: torch.Tensor, picked: list[int], widths: list[int]
                ) -> tuple[list[list[int] | None], list[list[TokenLogprob] | None]]:
