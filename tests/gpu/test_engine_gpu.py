@@ -241,8 +241,9 @@ def test_shared_graph_pool_gives_the_same_tokens(monkeypatch):
 def test_sampled_speculation_on_the_device(monkeypatch):
     """`spec_decode.SAMPLED_ON_DEVICE` on a GPU (session 67; the law itself is checked on the CPU,
     tests/test_spec_decode_sampling.py): seeded sampled requests with 2 MTP drafts under CUDA graphs and the FP8
-    cache take the device path (one read-back per verify), are reproducible run to run and alone against in a
-    batch, and accept drafts."""
+    cache take the device path (one read-back per verify), are reproducible run to run and accept drafts. (Alone
+    against in a batch is checked on the CPU only: on a GPU the batch's row count changes the bf16 rounding of the
+    logits, which may flip a draw at a near-tie.)"""
     from dsv4 import LLM, SamplingParams
     from dsv4.engine import spec_decode
 
@@ -265,6 +266,4 @@ def test_sampled_speculation_on_the_device(monkeypatch):
         stats = llm.engine.speculator.stats
         assert judged[0] > 0 and stats.num_draft_tokens > 0 and stats.acceptance_rate > 0.1, stats
     assert runs[0] == runs[1]
-    alone = LLM(**kw).generate(prompts[1:2], params[1:2])[0].token_ids
-    assert alone == runs[0][1]
     assert all(len(r) == 32 for r in runs[0]) and len({tuple(r) for r in runs[0]}) == len(prompts)
