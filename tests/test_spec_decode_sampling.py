@@ -47,16 +47,21 @@ def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return chi2_sf(stat, int(keep.sum()) - 1)
 
 
+def two_draft_laws(g: torch.Generator, v: int = 5) -> tuple[torch.Tensor, ...]:
+    """(p0, q0, p1, q1, p2): target and draft laws of two drafts; q far from p, with zeros on both sides."""
+    p0 = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
+    q0 = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
+    p1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
+    q1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
+    return p0, q0, p1, q1, torch.softmax(torch.randn(v, v, v, generator=g), -1)
+
+
 def test_rejection_sample_preserves_target_distribution():
     """Drafts d1 ~ q0, d2 ~ Q1[d1]: the first emitted token must follow p0, and the second, given an
     accepted first draft v, P1[v] -- whatever q is (here far from p, with zeros on both sides)."""
     v = 5
     g = torch.Generator().manual_seed(5)
-    p0 = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
-    q0 = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
-    p1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
-    q1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
-    p2 = torch.softmax(torch.randn(v, v, v, generator=g), -1)
+    p0, q0, p1, q1, p2 = two_draft_laws(g, v)
     first, second = torch.zeros(v), torch.zeros(v, v)
     n = 4000
     for _ in range(n):
@@ -80,11 +85,7 @@ def test_device_verdict_preserves_target_distribution():
     from types import SimpleNamespace
     v, n = 5, 4000
     g = torch.Generator().manual_seed(6)
-    p0 = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
-    q0 = torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3])
-    p1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
-    q1 = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)
-    p2 = torch.softmax(torch.randn(v, v, v, generator=g), -1)
+    p0, q0, p1, q1, p2 = two_draft_laws(g, v)
     d1 = torch.multinomial(q0, n, replacement=True, generator=g)
     d2 = torch.multinomial(q1[d1], 1, generator=g)[:, 0]
     p = torch.stack((p0.expand(n, v), p1[d1], p2[d1, d2]), 1).reshape(3 * n, v)  # rows of 3 positions
