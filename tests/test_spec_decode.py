@@ -361,9 +361,10 @@ def test_retained_after_a_stop_inside_accepted_drafts(drafter_model, prompts, sh
     assert stop is not None
 
     def converse(engine) -> list[list[int]]:
-        turns, outs = [history, prompts[12][:5]], []
-        for t, extra in enumerate(turns):
-            prompt = extra if t == 0 else prompt + outs[-1] + extra
+        prompt, outs = history, []
+        for t in range(2):  # the second turn: the first, its reply, a new message
+            if t:
+                prompt = prompt + outs[-1] + prompts[12][:5]
             params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop])
             engine.add_request(f"t{t}", prompt, params)
             outs.append(drain(engine)[f"t{t}"]["tokens"])
