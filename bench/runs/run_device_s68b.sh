@@ -8,7 +8,8 @@ source bench/runs/lib.sh
 with_llguidance
 nvidia-smi --query-gpu=name --format=csv,noheader
 export DSV4_SAMPLED_ON_DEVICE=1  # (the bench below sets the flag per mode itself)
-runpar 300 6 tests/gpu/test_engine_gpu.py tests/gpu/test_model_gpu.py tests/gpu/test_mixed_steps_gpu.py
+runpar 300 6 tests/gpu/test_speculation_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_model_gpu.py \
+  tests/gpu/test_mixed_steps_gpu.py
 unset DSV4_SAMPLED_ON_DEVICE
 for k in 1 2; do
   timeout 150 python3 bench/bench_engine_step.py --batches 1,8 --speculative $k --drafts both --temperature 0.8 \
