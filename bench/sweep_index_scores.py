@@ -3,9 +3,10 @@ prefix: T queries of Flash's indexer (64 heads x 128) against every compressed k
 (N = (prefix + T) / 4). At a 56K prefix this launch took 4.6 ms of an 18.7 ms CSA layer (H100, session 67), and it
 grows with the prefix. Per shape: µs (triton do_bench, median), TFLOP/s over the visible keys, and the share of
 scores equal to the default shape's (the per-head dots and bf16 roundings are the same math; tile shapes may
-change the fp32 sum order of the dot), then the radix top-k of the same scores for scale.
+change the fp32 sum order of the dot), then the radix top-k of the same scores (`--topk`: over its chunk length and
+warps too; its picks must not change).
 
-    python bench/sweep_index_scores.py [--tokens 8192] [--prefix 57344] [--shapes 64,128,4,3 128,128,8,3 ...]
+    python bench/sweep_index_scores.py [--tokens 8192] [--prefix 57344] [--shapes 64,128,4,3 128,128,8,3 ...] [--topk]
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 HEADS, DIM, TOPK, RATIO = 64, 128, 512, 4  # Flash's indexer
+TOPK_SETTINGS = [(2048, 8), (4096, 16), (8192, 8), (8192, 16), (16384, 16), (16384, 32)]
 SHAPES = [f"{bt},{bn},{w},{st}" for bt in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for st in (2, 3, 4)]
 
 
@@ -31,6 +33,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--prefix", type=int, default=57344)
     p.add_argument("--shapes", nargs="*", default=SHAPES, help="block_t,block_n,warps,stages")
+    p.add_argument("--topk", action="store_true", help="also the top-k's chunk and warps (topk.BLOCK_MAX, WARPS_LARGE)")
     args = p.parse_args()
     t, n = args.tokens, (args.prefix + args.tokens) // RATIO
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -54,9 +57,24 @@ def main() -> None:
             continue
         same = (out == base).float().mean().item()
         print(f"{shape} | {ms * 1e3:.0f} | {flop / ms / 1e9:.0f} | {same:.5f}")
-    ms = triton.testing.do_bench(lambda: topk_lowest_index(base, TOPK, mark_absent=True, visible=vis,
-                                                           index_dtype=torch.int32), warmup=3, rep=30)
-    print(f"top-{TOPK} of the [{t}, {n}] scores: {ms * 1e3:.0f} µs")
+    from dsv4.kernels import topk
+
+    def pick():
+        return topk_lowest_index(base, TOPK, mark_absent=True, visible=vis, index_dtype=torch.int32)[0]
+
+    want = pick()
+    print(f"top-{TOPK} of the [{t}, {n}] scores: BLOCK_MAX, WARPS_LARGE | µs | picks equal to the default's")
+    for block, warps in [(topk.BLOCK_MAX, topk.WARPS_LARGE)] + (TOPK_SETTINGS if args.topk else []):
+        old = topk.BLOCK_MAX, topk.WARPS_LARGE
+        topk.BLOCK_MAX, topk.WARPS_LARGE = block, warps
+        try:
+            same = bool((pick() == want).all())
+            ms = triton.testing.do_bench(pick, warmup=3, rep=30)
+            print(f"{block}, {warps} | {ms * 1e3:.0f} | {same}")
+        except Exception as e:  # noqa: BLE001 (past registers or shared memory: say so, go on)
+            print(f"{block}, {warps} | ERR {str(e).splitlines()[0][:80]}")
+        finally:
+            topk.BLOCK_MAX, topk.WARPS_LARGE = old
 
 
 if __name__ == "__main__":

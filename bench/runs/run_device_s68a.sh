@@ -7,6 +7,6 @@
 # tests/gpu/test_indexer_scores.py and `profile_step.py --layers 4 --prefill 8192 --prefix 57344` again).
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 200 python3 bench/sweep_index_scores.py --prefix 57344 2>&1 | grep -v -i warn | tail -42
+timeout 240 python3 bench/sweep_index_scores.py --prefix 57344 --topk 2>&1 | grep -v -i warn | tail -50
 timeout 120 python3 bench/sweep_index_scores.py --prefix 253952 --shapes 64,128,4,3 64,256,8,3 128,256,8,3 \
   128,128,8,3 64,256,8,2 2>&1 | grep -v -i warn | tail -9

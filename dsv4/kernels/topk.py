@@ -154,9 +154,15 @@ if HAS_TRITON:
 
 # --------------------------------------------------------------------------- launcher
 
+# The row's chunk: up to BLOCK_MAX entries a pass step, WARPS_LARGE warps from 2048 (a prompt chunk's rows after a
+# long prefix stream 16K+ entries three times; `bench/sweep_index_scores.py --topk` times other settings).
+BLOCK_MAX = 4096
+WARPS_LARGE = 8
+
+
 def block_for(n: int) -> int:
-    """Chunk length: the row in one chunk up to 4096; never below 256 (one histogram bin per thread)."""
-    return max(256, min(4096, triton.next_power_of_2(n)))
+    """Chunk length: the row in one chunk up to BLOCK_MAX; never below 256 (one histogram bin per thread)."""
+    return max(256, min(BLOCK_MAX, triton.next_power_of_2(n)))
 
 
 def topk_lowest_index(scores: torch.Tensor, k: int, present: torch.Tensor | None = None,
@@ -198,4 +204,5 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
         scores, pres, picked, valid8, n, k,
         scores.stride(0), scores.stride(1), *strides, picked.stride(0), valid8.stride(0),
         KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
-        BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None, num_warps=4 if block <= 1024 else 8)
+        BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None,
+        num_warps=4 if block <= 1024 else WARPS_LARGE)
