@@ -94,14 +94,20 @@ class MTPCatchUp:
         if heads:
             picked = targets if take == list(range(targets.shape[0])) else targets[to_device(torch.tensor(take), dev)]
             ids_dev[heads_dev] = picked
-        # the sequences' own tokens (checked on arrival) and argmaxes: nothing to read back
-        with set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
-            res, hidden = self.model.forward_mtp(parts[0] if len(parts) == 1 else torch.cat(parts), ids_dev,
-                                                 to_device(torch.tensor(pos, dtype=torch.long), dev))
+        res, hidden = self._forward(parts, ids_dev, pos, lens, states)
         logits = None
         if heads and len(heads) <= EARLY_HEAD_MAX_ROWS:
             logits = self.model.compute_logits(hidden[heads_dev])
         return EarlyCatchUp(batch, rows, res, hidden, heads, logits)
+
+    def _forward(self, parts: list[torch.Tensor], ids: torch.Tensor, pos: list[int], lens: list[int], states: list
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP block over the sequences' rows (residual `parts`, next-token `ids` on the device, positions):
+        (its residual, hidden). The ids are the sequences' own tokens (checked on arrival), sampled ids or argmaxes,
+        the positions our bookkeeping: nothing to read back."""
+        with set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
+            return self.model.forward_mtp(parts[0] if len(parts) == 1 else torch.cat(parts), ids,
+                                          to_device(torch.tensor(pos, dtype=torch.long), ids.device))
 
     def _seed_from_early(self, early: EarlyCatchUp) -> None:
         """The seeds of an early catch-up, once the scheduler has appended the verdict's tokens (`verify` rolled
@@ -155,11 +161,7 @@ class MTPCatchUp:
                                f"the batch {offset}")
         if lens:
             dev = residual.device
-            # the sequences' own tokens (prompts checked on arrival, sampled ids) at their positions
-            with set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
-                res, hidden = self.model.forward_mtp(torch.cat(parts),
-                                                     to_device(torch.tensor(ids, dtype=torch.long), dev),
-                                                     to_device(torch.tensor(pos, dtype=torch.long), dev))
+            res, hidden = self._forward(parts, to_device(torch.tensor(ids, dtype=torch.long), dev), pos, lens, states)
             if ready:
                 last = to_device(torch.tensor([r[2] for r in ready], dtype=torch.long), dev)
                 logits = self.model.compute_logits(hidden[last])

@@ -45,7 +45,7 @@ from .outputs import TokenLogprob
 from .sampler import apply_penalties, filter_logits, first_argmax, make_generator, penalty_histories, token_logprobs
 from .scheduler import ScheduledBatch, ScheduledSeq
 from .sequence import Sequence
-from .spec_sampling import draw_drafts, verdict
+from .spec_sampling import draw_drafts, row_starts, verdict
 from .structured import apply_grammar_masks, grammar_masks
 
 log = logging.getLogger(__name__)
@@ -153,19 +153,10 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: list[int],
 
 # ---- the engine part -------------------------------------------------------------------------
 
-def _firsts(widths: list[int]) -> list[int]:
-    """The first position of each row of these widths."""
-    out, start = [], 0
-    for w in widths:
-        out.append(start)
-        start += w
-    return out
-
-
 def _rows_tokens(batch: ScheduledBatch, picked: list[int], widths: list[int], emitted) -> list[list[int] | None]:
     """Per batch row: `emitted(i, first position, width)` for the sampled rows `picked`, None for the others."""
     tokens: list[list[int] | None] = [None] * len(batch.rows)
-    for i, w, first in zip(picked, widths, _firsts(widths)):
+    for i, w, first in zip(picked, widths, row_starts(widths)):
         tokens[i] = emitted(i, first, w)
     return tokens
 
@@ -231,8 +222,9 @@ class MTPSpeculator(MTPCatchUp):
 
     # ---- helpers -----------------------------------------------------------------------------
     def _own_generator(self, seq: Sequence, device: torch.device) -> torch.Generator | None:
-        """A seeded request's generator (None: the sampler's, shared by the unseeded rows)."""
-        return None if seq.params.seed is None else self._generator(seq, device)
+        """A seeded sampled request's generator for the device draws (None: the sampler's, shared by the unseeded
+        rows; greedy rows draw nothing)."""
+        return None if seq.params.seed is None or seq.params.greedy else self._generator(seq, device)
 
     def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator | None:
         if seq.params.seed is None:
@@ -380,7 +372,6 @@ class MTPSpeculator(MTPCatchUp):
         emits that position's candidate."""
         dev, n_pos = logits.device, logits.shape[0]
         seqs = [batch.rows[i].seq for i in picked]
-        firsts = _firsts(widths)
         if all(s.params.greedy for s in seqs):  # the argmaxes alone (what session 67 measured)
             targets = self.share(first_argmax(logits))
             read = HostCopy(torch.cat([targets, batch.draft_ids]))
@@ -390,6 +381,7 @@ class MTPSpeculator(MTPCatchUp):
             self._place_drafts(batch, host[n_pos:])
             return _rows_tokens(batch, picked, widths, lambda i, first, w: greedy_verify(
                 host[first: first + w], batch.rows[i].draft_token_ids))
+        firsts = row_starts(widths)
         at = [p for w, first in zip(widths, firsts) for p in range(first, first + w - 1)]  # (the drafts' order)
         drafts = torch.zeros(n_pos, dtype=torch.long, device=dev)
         q = None

@@ -26,6 +26,15 @@ from .sampler import filter_logits, first_argmax
 from .sequence import Sequence
 
 
+def row_starts(widths: list[int]) -> list[int]:
+    """The first position of each row of these widths (rows of consecutive positions)."""
+    out, start = [], 0
+    for w in widths:
+        out.append(start)
+        start += w
+    return out
+
+
 def _noise(shape: tuple[int, ...], rows: list[tuple[slice, torch.Generator | None]], device: torch.device,
            default: torch.Generator | None, uniform: bool) -> torch.Tensor:
     """Exp(1) (or U(0, 1), float64) draws of `shape`, rows[i] = (its slice of the first dim, its generator or None
@@ -75,9 +84,7 @@ def verdict(logits: torch.Tensor, seqs: list[Sequence], widths: list[int], draft
     sampled = [r for r, s in enumerate(seqs) if not s.params.greedy]
     if not sampled:
         return accept, targets
-    starts = [0]
-    for w in widths:
-        starts.append(starts[-1] + w)
+    starts = row_starts(widths) + [n]
     per_pos = [s.params for s, w in zip(seqs, widths) for _ in range(w)]
     p = torch.softmax(filter_logits(logits, per_pos), dim=-1)
     rows = [(slice(starts[r], starts[r + 1]), generators[r]) for r in sampled]
