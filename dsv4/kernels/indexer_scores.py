@@ -238,10 +238,10 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
 
 
 def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
-                         block_t: int = 64, block_n: int = 128, warps: int = 4, stages: int | None = None
+                         block_t: int = 128, block_n: int = 128, warps: int = 8, stages: int | None = 3
                          ) -> torch.Tensor:
-    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N] (`bench/sweep_index_scores.py` times the
-    launch shapes)."""
+    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]. The default launch shape won the sweep
+    (`bench/sweep_index_scores.py`, session 68, H100) after 56K and 248K tokens of prefix: 4-6% over 64 x 128 x 4."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
