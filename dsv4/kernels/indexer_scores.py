@@ -30,6 +30,9 @@ from dsv4.kernels.topk import block_for
 # `indexer_pick`'s top-k chunk (keys per pass step): the whole kernel's registers follow the largest (offline sm_90a,
 # bench/sass_stats.py indexer_scores_topk: 4096 -> 255, 1024 -> 96, 512 -> 62 = the scores alone)
 PICK_BLOCK = 512
+# The prefill scores' relu(bf16(s)) as one packed conversion per pair (`_relu_bf16`); off: the per-element F2F
+# (the A/B of `bench/sweep_index_scores.py`)
+PACKED_RELU = True
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -71,6 +74,18 @@ if HAS_TRITON:
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
             return bits.to(tl.float32, bitcast=True)
         return x.to(tl.bfloat16).to(tl.float32)
+
+    # relu(x rounded to bf16) for a pair of fp32 in one packed conversion (F2FP; `.to(tl.bfloat16)` compiles to one
+    # quarter-rate F2F per element, the prefill scores' bottleneck beside the MMAs), widened back by shift / mask
+    _RELU_BF16X2 = tl.constexpr("{ .reg .b32 t; cvt.rn.relu.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; "
+                                "and.b32 $1, t, 0xFFFF0000; }")
+
+    @triton.jit
+    def _relu_bf16(x, INTERP: tl.constexpr, PACKED: tl.constexpr = True):
+        """max(bf16(x), 0) kept in fp32."""
+        if INTERP or not PACKED:
+            return tl.maximum(_round_bf16(x, INTERP), 0.0)
+        return tl.inline_asm_elementwise(_RELU_BF16X2, "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
 
     @triton.jit
     def _mxfp4_keys(PQ, PS, row_q, row_s, load, D: tl.constexpr):
@@ -125,7 +140,7 @@ if HAS_TRITON:
             s = tl.dot(q.to(tl.float32), tl.trans(k))
         else:  # bf16 operands (k is exact in bf16), exact products, fp32 accumulation
             s = tl.dot(q, tl.trans(k.to(tl.bfloat16)))
-        s = tl.maximum(_round_bf16(s, INTERP), 0.0)
+        s = _relu_bf16(s, INTERP)
         total = _round_bf16(tl.sum(s * w[:, None], axis=0), INTERP)
         total = tl.where(load, total, float("-inf"))
         tl.store(OUT + b * so_b + n, total.to(tl.bfloat16), mask=inb)
@@ -140,7 +155,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _prefill_scores_kernel(Q, W, K, VIS, OUT, T, N, H, sq_t, sq_h, sw_t, sw_h, sk_n, so_t,
-                               D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr):
+                               D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr,
+                               PACKED: tl.constexpr = True):
         """Scores [BT queries, BN keys]: per head one tensor-core dot, its bf16 rounding, relu and the
         head weight, summed over heads in fp32; -inf from query t's visible count on. Tiles no query of
         the block sees are only filled with -inf (about half of a prompt's tiles)."""
@@ -164,7 +180,7 @@ if HAS_TRITON:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
             else:
                 s = tl.dot(q, tl.trans(k))
-            total += tl.maximum(_round_bf16(s, INTERP), 0.0) * w[:, None]
+            total += _relu_bf16(s, INTERP, PACKED) * w[:, None]
         total = tl.where(n[None, :] < vis[:, None], _round_bf16(total, INTERP), float("-inf"))
         tl.store(out_ptrs, total.to(tl.bfloat16), mask=tm[:, None] & nm[None, :])
 
@@ -266,6 +282,6 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
     bn = max(16, min(block_n, triton.next_power_of_2(n)))
     _prefill_scores_kernel[(triton.cdiv(t, block_t), triton.cdiv(n, bn))](
         q, weights, keys, visible, out, t, n, h, q.stride(0), q.stride(1), weights.stride(0), weights.stride(1),
-        keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, num_warps=warps,
+        keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, PACKED=PACKED_RELU, num_warps=warps,
         **({} if stages is None else {"num_stages": stages}))
     return out
