@@ -33,6 +33,9 @@ PICK_BLOCK = 512
 # The prefill scores' relu(bf16(s)) as one packed conversion per pair (`_relu_bf16`); off: the per-element F2F
 # (the A/B of `bench/sweep_index_scores.py`)
 PACKED_RELU = True
+# The prefill scores' launch: (queries, keys) per tile, warps, stages. 128 x 128 on 8 warps won the sweep
+# (`bench/sweep_index_scores.py`, session 68, H100) after 56K and 248K tokens of prefix, 4-6 % over 64 x 128 x 4 x 2.
+PREFILL_SHAPE = (128, 128, 8, 3)
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -254,10 +257,10 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
 
 
 def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
-                         block_t: int = 128, block_n: int = 128, warps: int = 8, stages: int | None = 3
-                         ) -> torch.Tensor:
-    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]. The default launch shape won the sweep
-    (`bench/sweep_index_scores.py`, session 68, H100) after 56K and 248K tokens of prefix: 4-6% over 64 x 128 x 4."""
+                         block_t: int | None = None, block_n: int | None = None, warps: int | None = None,
+                         stages: int | None = None) -> torch.Tensor:
+    """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]; the launch shape's parts left None are
+    PREFILL_SHAPE's."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
@@ -279,9 +282,11 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
     out = torch.empty(t, n, dtype=torch.bfloat16, device=q.device)
     if t == 0 or n == 0:
         return out
+    block_t, block_n, warps, stages = (d if v is None else v for v, d in zip((block_t, block_n, warps, stages),
+                                                                            PREFILL_SHAPE))
     bn = max(16, min(block_n, triton.next_power_of_2(n)))
     _prefill_scores_kernel[(triton.cdiv(t, block_t), triton.cdiv(n, bn))](
         q, weights, keys, visible, out, t, n, h, q.stride(0), q.stride(1), weights.stride(0), weights.stride(1),
         keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, PACKED=PACKED_RELU, num_warps=warps,
-        **({} if stages is None else {"num_stages": stages}))
+        num_stages=stages)
     return out
