@@ -260,7 +260,7 @@ CASES = {
     # the indexer's prefill scores [T, N] (an entry count divisible by 16, as Triton specialises it)
     "prefill_scores": ("indexer_scores", "_prefill_scores_kernel",
                        dict(Q="*bf16", W="*fp32", K="*bf16", VIS="*i32", OUT="*bf16"),
-                       dict(D=128, BT=128, BN=128, INTERP=False), 8, 3, ("N", "sq_t", "sq_h", "sw_t", "sk_n", "so_t")),
+                       dict(D=128, BT=64, BN=128, INTERP=False), 4, 3, ("N", "sq_t", "sq_h", "sw_t", "sk_n", "so_t")),
     # the requantisation of the MoE's activations / z (16-byte stores also when it permutes the columns)
     "requant": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=0), 4, 1,
                 ("stride", "stride_out")),

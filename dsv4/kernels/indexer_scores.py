@@ -33,9 +33,9 @@ PICK_BLOCK = 512
 # The prefill scores' relu(bf16(s)) as one packed conversion per pair (`_relu_bf16`); off: the per-element F2F
 # (the A/B of `bench/sweep_index_scores.py`)
 PACKED_RELU = True
-# The prefill scores' launch: (queries, keys) per tile, warps, stages. 128 x 128 on 8 warps won the sweep
-# (`bench/sweep_index_scores.py`, session 68, H100) after 56K and 248K tokens of prefix, 4-6 % over 64 x 128 x 4 x 2.
-PREFILL_SHAPE = (128, 128, 8, 3)
+# The prefill scores' launch: (queries, keys) per tile, warps, stages; the sweep's winner after 56K and 248K tokens of
+# prefix with the packed conversion (`bench/sweep_index_scores.py`, session 68, H100: 1.10-1.17x 128 x 128 x 8 x 3).
+PREFILL_SHAPE = (64, 128, 4, 3)
 
 
 # --------------------------------------------------------------------------- torch reference
