@@ -30,8 +30,8 @@ from dsv4.kernels.topk import block_for
 # `indexer_pick`'s top-k chunk (keys per pass step): the whole kernel's registers follow the largest (offline sm_90a,
 # bench/sass_stats.py indexer_scores_topk: 4096 -> 255, 1024 -> 96, 512 -> 62 = the scores alone)
 PICK_BLOCK = 512
-# The prefill scores' relu(bf16(s)) as one packed conversion per pair (`_relu_bf16`); off: the per-element F2F
-# (the A/B of `bench/sweep_index_scores.py`)
+# The scores' relu(bf16(s)) as one packed conversion per pair (`_relu_bf16`); off: the per-element F2F (the A/B of
+# `bench/sweep_index_scores.py`: 1.26-1.43x on the prefill scores after a long prefix, session 68)
 PACKED_RELU = True
 # The prefill scores' launch: (queries, keys) per tile, warps, stages; the sweep's winner after 56K and 248K tokens of
 # prefix with the packed conversion (`bench/sweep_index_scores.py`, session 68, H100: 1.10-1.17x 128 x 128 x 8 x 3).
@@ -120,7 +120,8 @@ if HAS_TRITON:
                        spg_b, spg_n, sof_b, sof_n, spr_b, spr_n, so_b,
                        HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, FP4: tl.constexpr,
                        INTERP: tl.constexpr, CNT=None, PICKED=None, VALID=None, k_top=0, so_k=0, sv_k=0,
-                       TOPK: tl.constexpr = False, KBLOCK: tl.constexpr = 256, MARK_ABSENT: tl.constexpr = False):
+                       TOPK: tl.constexpr = False, KBLOCK: tl.constexpr = 256, MARK_ABSENT: tl.constexpr = False,
+                       PACKED: tl.constexpr = True):
         """TOPK (`indexer_pick`): row b's last-arriving program also picks its top k_top (`topk.topk_row`)."""
         pdl_wait()
         b = tl.program_id(0)
@@ -143,7 +144,7 @@ if HAS_TRITON:
             s = tl.dot(q.to(tl.float32), tl.trans(k))
         else:  # bf16 operands (k is exact in bf16), exact products, fp32 accumulation
             s = tl.dot(q, tl.trans(k.to(tl.bfloat16)))
-        s = _relu_bf16(s, INTERP)
+        s = _relu_bf16(s, INTERP, PACKED)
         total = _round_bf16(tl.sum(s * w[:, None], axis=0), INTERP)
         total = tl.where(load, total, float("-inf"))
         tl.store(OUT + b * so_b + n, total.to(tl.bfloat16), mask=inb)
@@ -251,8 +252,8 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
         ps.stride(0), ps.stride(1),
         page.stride(0), page.stride(1), off.stride(0), off.stride(1), pres.stride(0), pres.stride(1),
         out.stride(0),
-        HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, num_warps=4,
-        **(pick or {}))
+        HP=max(16, triton.next_power_of_2(h)), D=di, BN=bn, FP4=pool.fp4, INTERP=INTERPRET, PACKED=PACKED_RELU,
+        num_warps=4, **(pick or {}))
     return out
 
 
