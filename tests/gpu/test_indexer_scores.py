@@ -161,14 +161,21 @@ def test_indexer_scores_rejects_bad_inputs():
         indexer_scores(q[..., :64].contiguous(), w, pool, page, off, present)
 
 
+@pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("t,heads,n,start", [(48, 8, 40, 0), (300, 64, 700, 2000), (70, 16, 33, 5)])
-def test_prefill_index_scores_and_select(t, heads, n, start, poison):
+def test_prefill_index_scores_and_select(t, heads, n, start, gluon, poison, monkeypatch):
     """A prompt chunk's queries (positions start .. start+t-1) against one sequence's keys: the kernel's
     scores vs the reference (-inf exactly where an entry is not yet visible, the rest equal but for rare
-    1-ulp flips, all within the float64 bound), and the model's kernel-mode selection vs its torch one."""
+    1-ulp flips, all within the float64 bound), and the model's kernel-mode selection vs its torch one.
+    gluon: through `indexer_scores_gluon` (compiled only: GPU), whose scores must equal the Triton kernel's."""
+    from dsv4.kernels import indexer_scores
     from dsv4.kernels.indexer_scores import prefill_index_scores, prefill_index_scores_ref
     from dsv4.model.indexer import Indexer
     from dsv4.model.rope import shared_cos_sin
+
+    if gluon and DEV != "cuda":
+        pytest.skip("Gluon kernels are compiled, not interpreted")
+    monkeypatch.setattr(indexer_scores, "PREFILL_GLUON", gluon)
 
     gen = torch.Generator(DEV).manual_seed(t * 7 + heads + n + start)
     keys = torch.randn(n, DI, generator=gen, device=DEV)
@@ -180,6 +187,13 @@ def test_prefill_index_scores_and_select(t, heads, n, start, poison):
     ref = prefill_index_scores_ref(q, w, keys, visible)
     poison()
     got = prefill_index_scores(q, w, keys, visible)
+    if gluon:
+        from dsv4.kernels.indexer_scores_gluon import supports
+
+        assert supports(q, keys)
+        monkeypatch.setattr(indexer_scores, "PREFILL_GLUON", False)
+        assert torch.equal(got, prefill_index_scores(q, w, keys, visible)), "Gluon and Triton scores differ"
+        monkeypatch.setattr(indexer_scores, "PREFILL_GLUON", True)
     present = torch.arange(n, device=DEV)[None, :] < visible[:, None]
     assert torch.equal(torch.isneginf(got), ~present) and torch.isfinite(got[present]).all()
     _check_scores(got, ref, q, w, keys, present, f"prefill T={t} Hi={heads} N={n}")
