@@ -261,7 +261,7 @@ CASES = {
     "prefill_scores": ("indexer_scores", "_prefill_scores_kernel",
                        dict(Q="*bf16", W="*fp32", K="*bf16", VIS="*i32", OUT="*bf16"),
                        dict(D=128, BT=64, BN=128, INTERP=False), 4, 3, ("N", "sq_t", "sq_h", "sw_t", "sk_n", "so_t")),
-    # ... in Gluon (indexer_scores.PREFILL_GLUON: the next head's wgmma in flight during a head's elementwise work)
+    # ... in Gluon (indexer_scores.PREFILL_GLUON_MIN_KEYS: the next head's wgmma in flight during a head's rounding)
     "prefill_scores_gluon": ("indexer_scores_gluon", "_scores_kernel",
                              dict(Q="*bf16", W="*bf16", K="*bf16", VIS="*i32", OUT="*bf16"),
                              dict(D=128, BT=64, BN=256, STAGES=4, GROUP=8), 8, 1,

@@ -3,9 +3,9 @@ prefix: T queries of Flash's indexer (64 heads x 128) against every compressed k
 (N = (prefix + T) / 4). At a 56K prefix this launch took 4.6 ms of an 18.7 ms CSA layer (H100, session 67), and it
 grows with the prefix. Per shape: µs (triton do_bench, median), TFLOP/s over the visible keys, and the share of
 scores equal to the default shape's (the per-head dots and bf16 roundings are the same math; tile shapes may
-change the fp32 sum order of the dot; `default unpacked`: `indexer_scores.PACKED_RELU` off; `gluon`:
-`indexer_scores.PREFILL_GLUON` on), then the radix top-k of the same scores (`--topk`: over its chunk length and
-warps too; its picks must not change).
+change the fp32 sum order of the dot). `default`: the Triton kernel at PREFILL_SHAPE; `default unpacked`: with
+`indexer_scores.PACKED_RELU` off; `gluon`: the Gluon kernel (`indexer_scores.PREFILL_GLUON_MIN_KEYS`). Then the
+radix top-k of the same scores (`--topk`: over its chunk length and warps too; its picks must not change).
 
     python bench/sweep_index_scores.py [--tokens 8192] [--prefix 57344] [--shapes 64,128,4,3 128,128,8,3 ...] [--topk]
 """
@@ -46,13 +46,15 @@ def main() -> None:
     flop = 2 * HEADS * DIM * vis.sum().item()
     print(f"{torch.cuda.get_device_name()}: T = {t} queries after {args.prefix} tokens, N = {n} keys, "
           f"{flop / 1e12:.2f} TFLOP over the visible keys")
+    gluon_min = indexer_scores.PREFILL_GLUON_MIN_KEYS
+    indexer_scores.PREFILL_GLUON_MIN_KEYS = 1 << 62  # `default`: the Triton kernel (`gluon`: the Gluon one)
     base = prefill_index_scores(q, w, keys, vis)
     print("block_t,block_n,warps,stages | µs | TFLOP/s | same as default")
     for shape in ["default", "default unpacked", "gluon", *args.shapes]:
         kw = {} if shape in ("default", "default unpacked", "gluon") else dict(
             zip(("block_t", "block_n", "warps", "stages"), map(int, shape.split(","))))
         indexer_scores.PACKED_RELU = shape != "default unpacked"  # (the per-element bf16 rounding before session 68)
-        indexer_scores.PREFILL_GLUON = shape == "gluon"
+        indexer_scores.PREFILL_GLUON_MIN_KEYS = 0 if shape == "gluon" else 1 << 62
         try:
             out = prefill_index_scores(q, w, keys, vis, **kw)
             ms = triton.testing.do_bench(lambda: prefill_index_scores(q, w, keys, vis, **kw), warmup=3, rep=30)
@@ -60,7 +62,7 @@ def main() -> None:
             print(f"{shape} | ERR {str(e).splitlines()[0][:80]}")
             continue
         finally:
-            indexer_scores.PACKED_RELU, indexer_scores.PREFILL_GLUON = True, False
+            indexer_scores.PACKED_RELU, indexer_scores.PREFILL_GLUON_MIN_KEYS = True, gluon_min
         same = (out == base).float().mean().item()
         print(f"{shape} | {ms * 1e3:.0f} | {flop / ms / 1e9:.0f} | {same:.5f}")
     from dsv4.kernels import topk

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 68 (≈ 4 min). The indexer's prefill scores in Gluon (`indexer_scores.PREFILL_GLUON`, opt-in: 64 queries x 256
+# Session 68 (≈ 4 min). The indexer's prefill scores in Gluon (then `indexer_scores.PREFILL_GLUON`, opt-in: 64 queries x 256
 # keys on 8 warps, the next head's wgmma in flight while a head is rounded and weighted) against the Triton default,
 # at 56K and 248K of prefix; its GPU test (scores equal to the Triton kernel's); an 8K chunk after 56K tokens through
 # 4 Flash layers with it.

@@ -37,8 +37,9 @@ PACKED_RELU = True
 # prefix with the packed conversion (`bench/sweep_index_scores.py`, session 68, H100: 1.10-1.17x 128 x 128 x 8 x 3).
 PREFILL_SHAPE = (64, 128, 4, 3)
 # The prefill scores through the Gluon kernel (dsv4.kernels.indexer_scores_gluon: the next head's MMA in flight during a
-# head's elementwise work) where it applies and no launch shape is asked for
-PREFILL_GLUON = False
+# head's elementwise work) from this many keys on, where it applies and no launch shape is asked for (session 68, H100,
+# 8K queries: 0.98x the Triton kernel at 16K keys, 1.08x at 64K)
+PREFILL_GLUON_MIN_KEYS = 1 << 16
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -264,7 +265,7 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
                          block_t: int | None = None, block_n: int | None = None, warps: int | None = None,
                          stages: int | None = None) -> torch.Tensor:
     """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]; the launch shape's parts left None are
-    PREFILL_SHAPE's (none given and PREFILL_GLUON: the Gluon kernel where it applies)."""
+    PREFILL_SHAPE's (none given and at least PREFILL_GLUON_MIN_KEYS keys: the Gluon kernel where it applies)."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
@@ -286,7 +287,7 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
     out = torch.empty(t, n, dtype=torch.bfloat16, device=q.device)
     if t == 0 or n == 0:
         return out
-    if PREFILL_GLUON and not INTERPRET and block_t is None and block_n is None and warps is None and stages is None:
+    if n >= PREFILL_GLUON_MIN_KEYS and not INTERPRET and (block_t, block_n, warps, stages) == (None,) * 4:
         from dsv4.kernels import indexer_scores_gluon
 
         if indexer_scores_gluon.supports(q, keys):

@@ -1,5 +1,5 @@
 """The CSA indexer's prefill scores (`indexer_scores.prefill_index_scores`) in Gluon: the tensor-core dot of head h + 1
-runs while head h's scores are rounded, relu'd and weighted (`indexer_scores.PREFILL_GLUON`).
+runs while head h's scores are rounded, relu'd and weighted (`indexer_scores.PREFILL_GLUON_MIN_KEYS`).
 
 Why (session 68): with the rounding one packed conversion per pair, the Triton kernel runs at ≈ 73 % of the bf16
 MMA peak after a long prefix (H100, 64 x 128 tiles, two programs per SM). Triton waits for every wgmma right after
@@ -27,8 +27,8 @@ BT, BN, STAGES, WARPS, GROUP = 64, 256, 4, 8, 8
 
 def supports(q: torch.Tensor, keys: torch.Tensor) -> bool:
     """Head dim 128 (the indexer's in Flash and Pro), heads a multiple of GROUP and 16-byte aligned rows."""
-    return (q.shape[-1] == 128 and q.shape[1] % GROUP == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0 and keys.stride(0) % 8 == 0
-            and q.data_ptr() % 16 == 0 and keys.data_ptr() % 16 == 0)
+    return (q.shape[-1] == 128 and q.shape[1] % GROUP == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
+            and keys.stride(0) % 8 == 0 and q.data_ptr() % 16 == 0 and keys.data_ptr() % 16 == 0)
 
 
 if HAS_TRITON:

@@ -175,7 +175,7 @@ def test_prefill_index_scores_and_select(t, heads, n, start, gluon, poison, monk
 
     if gluon and DEV != "cuda":
         pytest.skip("Gluon kernels are compiled, not interpreted")
-    monkeypatch.setattr(indexer_scores, "PREFILL_GLUON", gluon)
+    monkeypatch.setattr(indexer_scores, "PREFILL_GLUON_MIN_KEYS", 0 if gluon else 1 << 62)
 
     gen = torch.Generator(DEV).manual_seed(t * 7 + heads + n + start)
     keys = torch.randn(n, DI, generator=gen, device=DEV)
@@ -191,9 +191,9 @@ def test_prefill_index_scores_and_select(t, heads, n, start, gluon, poison, monk
         from dsv4.kernels.indexer_scores_gluon import supports
 
         assert supports(q, keys)
-        monkeypatch.setattr(indexer_scores, "PREFILL_GLUON", False)
+        monkeypatch.setattr(indexer_scores, "PREFILL_GLUON_MIN_KEYS", 1 << 62)
         assert torch.equal(got, prefill_index_scores(q, w, keys, visible)), "Gluon and Triton scores differ"
-        monkeypatch.setattr(indexer_scores, "PREFILL_GLUON", True)
+        monkeypatch.setattr(indexer_scores, "PREFILL_GLUON_MIN_KEYS", 0)
     present = torch.arange(n, device=DEV)[None, :] < visible[:, None]
     assert torch.equal(torch.isneginf(got), ~present) and torch.isfinite(got[present]).all()
     _check_scores(got, ref, q, w, keys, present, f"prefill T={t} Hi={heads} N={n}")
