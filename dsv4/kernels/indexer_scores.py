@@ -38,7 +38,7 @@ PACKED_RELU = True
 PREFILL_SHAPE = (64, 128, 4, 3)
 # The prefill scores through the Gluon kernel (dsv4.kernels.indexer_scores_gluon: the next head's MMA in flight during a
 # head's elementwise work) from this many keys on, where it applies and no launch shape is asked for (session 68, H100,
-# 8K queries: 0.98x the Triton kernel at 16K keys, 1.08x at 64K)
+# 8K queries, time of the Triton kernel / the Gluon one: 16K keys 0.98x, 32K 0.95x, 64K 1.08x, 128K 1.04x)
 PREFILL_GLUON_MIN_KEYS = 1 << 16
 
 

@@ -14,7 +14,14 @@ from L2 for only 128 keys. Here one program (8 warps) takes 64 queries x 256 key
 
 Each warpgroup takes half the keys (warps [4, 2], 128 keys each): two [64, 128] fp32 accumulators in flight and the
 total, 192 registers of data per thread. The numerics are the Triton kernel's: the same wgmma shape per head (fp32,
-exact products), the same bf16 rounding, the head sum in fp32 in head order, -inf from the query's visible count on.
+exact products), the same bf16 rounding, the head sum in fp32 in head order, -inf from the query's visible count on
+(the GPU test asks for equal scores).
+
+Measured (session 68, H100, 8K queries, `bench/sweep_index_scores.py`): 528-563 TFLOP/s against the Triton kernel's
+504-575; faster only from 64K keys (a 248K-token prefix: 1.08x, 128K keys 1.04x; 16K / 32K keys 0.98x / 0.95x), so
+`indexer_scores.PREFILL_GLUON_MIN_KEYS` routes only such rows here. Both stay near 70 % of the bf16 MMA peak measured in
+the same calls (786 TFLOP/s), so the elementwise work was not the whole gap; a kernel without the per-head reset of the
+accumulator (K is only 128 per head) is not possible: each head's dot is rounded to bf16 before the head sum.
 """
 from __future__ import annotations
 
