@@ -23,8 +23,8 @@ set; -0 -> +0 and every NaN -> the largest key first), 16 significant bits for b
 fp32. A radix select finds the k-th largest key T one 8-bit digit at a time (2 passes over the row
 for 16-bit keys, 4 for fp32), each pass a `tl.histogram` of the digit among the keys that match
 the digits fixed so far. Then `take` = the number of keys equal to T still needed, and a last pass
-selects key > T plus the first `take` keys == T in index order (a running `tl.cumsum` of the tie
-mask), and scatters each selected index to its exclusive prefix count of selected -- so the output
+selects key > T plus the first `take` keys == T in index order (one `tl.cumsum` counts both before
+each key), and scatters each selected index to its exclusive prefix count of selected -- so the output
 comes out ascending and every one of its k slots is written exactly once (no pre-fill needed).
 Zero and NaN are recognised on the bits, not by float compares: Triton's interpreter compares bf16
 as raw bits (NaN == NaN, -0 != +0), which would hide bugs of the compiled kernel. Device ops only:
@@ -129,15 +129,20 @@ if HAS_TRITON:
             t = tl.max(tl.where(at_least >= take, bins, -1), axis=0)
             take -= tl.sum(tl.where(bins > t, hist, 0), axis=0)
             prefix = prefix | (t.to(tl.uint32) << (24 - 8 * p))
-        # Select key > T, and the first `take` keys == T by index; compact in index order.
-        n_out = 0
+        # Select key > T, and the first `take` keys == T by index; compact in index order: a selected key's slot is
+        # the keys > T before it plus min(ties before it, take), both from one scan (ties counted in the high half;
+        # a chunk holds fewer than 2^16 keys).
+        n_above = 0
         ties = 0
         for start in range(0, N, BLOCK):
             idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
+            above = (inb & (key > prefix)).to(tl.int32)
             tie = (inb & (key == prefix)).to(tl.int32)
-            sel = inb & ((key > prefix) | ((tie != 0) & (ties + tl.cumsum(tie, axis=0) <= take)))
-            sel32 = sel.to(tl.int32)
-            pos = n_out + tl.cumsum(sel32, axis=0) - sel32
+            both = above + (tie << 16)
+            before = tl.cumsum(both, axis=0) - both  # exclusive, per chunk
+            ties_before = ties + (before >> 16)
+            sel = (above != 0) | ((tie != 0) & (ties_before < take))
+            pos = n_above + (before & 0xFFFF) + tl.minimum(ties_before, take)
             if HAS_VISIBLE:
                 ok = (idx < tl.load(PRESENT + b)).to(tl.uint8)
             elif HAS_PRESENT:
@@ -148,7 +153,7 @@ if HAS_TRITON:
                 idx = tl.where(ok != 0, idx, -1)
             tl.store(PICKED + b * so_b + pos, idx.to(PICKED.dtype.element_ty), mask=sel)
             tl.store(VALID + b * sv_b + pos, ok, mask=sel)
-            n_out += tl.sum(sel32, axis=0)
+            n_above += tl.sum(above, axis=0)
             ties += tl.sum(tie, axis=0)
 
 
