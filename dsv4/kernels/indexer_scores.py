@@ -31,7 +31,7 @@ from dsv4.kernels.topk import block_for
 # bench/sass_stats.py indexer_scores_topk: 4096 -> 255, 1024 -> 96, 512 -> 62 = the scores alone)
 PICK_BLOCK = 512
 # The scores' relu(bf16(s)) as one packed conversion per pair (`_relu_bf16`); off: the per-element F2F (the A/B of
-# `bench/sweep_index_scores.py`: 1.26-1.43x on the prefill scores after a long prefix, session 68)
+# `bench/sweep_index_scores.py`: 1.36-1.53x on the prefill scores after 56K-512K tokens of prefix, session 68, H100)
 PACKED_RELU = True
 # The prefill scores' launch: (queries, keys) per tile, warps, stages; the sweep's winner after 56K and 248K tokens of
 # prefix with the packed conversion (`bench/sweep_index_scores.py`, session 68, H100: 1.10-1.17x 128 x 128 x 8 x 3).

@@ -167,6 +167,8 @@ WARPS_LARGE = 8
 
 def block_for(n: int) -> int:
     """Chunk length: the row in one chunk up to BLOCK_MAX; never below 256 (one histogram bin per thread)."""
+    if not 256 <= BLOCK_MAX < 1 << 16:  # (the select pass counts a chunk's ties in the high half of an int32)
+        raise ValueError(f"topk.BLOCK_MAX must be in [256, 65536), got {BLOCK_MAX}")
     return max(256, min(BLOCK_MAX, triton.next_power_of_2(n)))
 
 
