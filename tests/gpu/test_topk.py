@@ -199,3 +199,15 @@ def test_bad_arguments_rejected() -> None:
             topk_lowest_index(scores, k)
     with pytest.raises(ValueError, match="present"):
         topk_lowest_index(scores, 3, torch.ones(2, 40, dtype=torch.bool, device=DEV)[:, :39])
+
+
+@pytest.mark.parametrize("block_max", [128, 1 << 16])
+def test_chunk_setting_out_of_range_rejected(block_max: int, monkeypatch) -> None:
+    """topk.BLOCK_MAX past what the select pass can count (2^16 keys a chunk: ties in an int32's high half) or below
+    the histogram's 256 bins is a clear error, not wrong picks."""
+    from dsv4.kernels import topk
+
+    monkeypatch.setattr(topk, "BLOCK_MAX", block_max)
+    scores = torch.randn(2, 300, device=DEV).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="BLOCK_MAX"):
+        topk.topk_lowest_index(scores, 3)
