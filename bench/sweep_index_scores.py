@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 HEADS, DIM, TOPK, RATIO = 64, 128, 512, 4  # Flash's indexer
-TOPK_SETTINGS = [(2048, 8), (4096, 16), (8192, 8), (8192, 16), (16384, 16), (16384, 32)]
+TOPK_SETTINGS = [(1024, 4), (2048, 4), (4096, 4), (2048, 8), (4096, 16), (8192, 8), (8192, 16), (16384, 16)]
 SHAPES = [f"{bt},{bn},{w},{st}" for bt in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for st in (2, 3, 4)]
 
 
