@@ -84,7 +84,7 @@ if HAS_TRITON:
 
     # relu(x rounded to bf16) for a pair of fp32 in one packed conversion (F2FP; `.to(tl.bfloat16)` compiles to one
     # quarter-rate F2F per element, the prefill scores' bottleneck beside the MMAs), widened back by shift / mask
-    _RELU_BF16X2 = tl.constexpr("{ .reg .b32 t; cvt.rn.relu.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; "
+    RELU_BF16X2_ASM = tl.constexpr("{ .reg .b32 t; cvt.rn.relu.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; "
                                 "and.b32 $1, t, 0xFFFF0000; }")
 
     @triton.jit
@@ -92,7 +92,7 @@ if HAS_TRITON:
         """max(bf16(x), 0) kept in fp32."""
         if INTERP or not PACKED:
             return tl.maximum(_round_bf16(x, INTERP), 0.0)
-        return tl.inline_asm_elementwise(_RELU_BF16X2, "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+        return tl.inline_asm_elementwise(RELU_BF16X2_ASM, "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2)
 
     @triton.jit
     def _mxfp4_keys(PQ, PS, row_q, row_s, load, D: tl.constexpr):

@@ -44,12 +44,12 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+    from dsv4.kernels.indexer_scores import RELU_BF16X2_ASM
+
     @gluon.jit
     def _relu_bf16(x):
-        """max(bf16(x), 0) in fp32, a pair per packed conversion (indexer_scores._RELU_BF16X2's instructions)."""
-        return gl.inline_asm_elementwise("{ .reg .b32 t; cvt.rn.relu.bf16x2.f32 t, $3, $2; shl.b32 $0, t, 16; "
-                                         "and.b32 $1, t, 0xFFFF0000; }", "=r,=r,r,r", [x], dtype=gl.float32,
-                                         is_pure=True, pack=2)
+        """max(bf16(x), 0) in fp32, a pair per packed conversion (the Triton kernel's instructions)."""
+        return gl.inline_asm_elementwise(RELU_BF16X2_ASM, "=r,=r,r,r", [x], dtype=gl.float32, is_pure=True, pack=2)
 
     @gluon.jit
     def _issue_q(Q, q_s, t0, T, H, h, stride_qt, stride_qh, BT: gl.constexpr, D: gl.constexpr,
