@@ -223,3 +223,18 @@ def _as_sets(idx: torch.Tensor) -> torch.Tensor:
     """Rows of entry lists (-1 = none) in a canonical order: ascending, the -1s last."""
     big = torch.iinfo(idx.dtype).max
     return torch.where(idx < 0, big, idx).sort(dim=1).values
+
+
+def test_gluon_prefill_scores_take_only_what_they_support():
+    """`indexer_scores_gluon.supports` (the routing's guard, the Triton kernel otherwise): head dim 128, heads a multiple
+    of its 8-head groups, rows whose copies are 16-byte aligned."""
+    from dsv4.kernels.indexer_scores_gluon import supports
+
+    q = torch.randn(10, 64, 128).to(torch.bfloat16)
+    keys = torch.randn(50, 128).to(torch.bfloat16)
+    assert supports(q, keys)
+    assert not supports(q[:, :60], keys)  # 60 heads
+    assert not supports(q[..., :64].contiguous(), keys[:, :64].contiguous())  # head dim 64
+    assert not supports(q, torch.randn(50, 130).to(torch.bfloat16)[:, :128])  # key rows 260 bytes apart
+    shifted = torch.empty(q.numel() + 1, dtype=torch.bfloat16)[1:].view(q.shape)  # data 2 bytes off 16
+    assert not supports(shifted, keys)
