@@ -10,7 +10,9 @@ from L2 for only 128 keys. Here one program (8 warps) takes 64 queries x 256 key
     keys [256, D] in shared memory once; q of head h [64, D] through a STAGES-slot cp.async ring, STAGES - 2 heads
     ahead; per head h: wait for its copy, one CTA barrier (every warpgroup is past head h - 2's dot, so its slot may
     be refilled: head h + STAGES - 2's copy is issued), QK(h) issued, QK(h - 1) waited for (the only one in flight
-    beside QK(h)), then relu(bf16(QK(h - 1))) * w[:, h - 1] added to the fp32 total while QK(h) runs.
+    beside QK(h)), then relu(bf16(QK(h - 1))) * w[:, h - 1] added to the fp32 total while QK(h) runs. The heads go in
+    groups of GROUP = 8, the last of each group added after its QK alone (nothing in flight across the loop's back
+    edge: ptxas serialised every wgmma otherwise).
 
 Each warpgroup takes half the keys (warps [4, 2], 128 keys each): two [64, 128] fp32 accumulators in flight and the
 total, 192 registers of data per thread. The numerics are the Triton kernel's: the same wgmma shape per head (fp32,
