@@ -238,3 +238,27 @@ def test_gluon_prefill_scores_take_only_what_they_support():
     assert not supports(q, torch.randn(50, 130).to(torch.bfloat16)[:, :128])  # key rows 260 bytes apart
     shifted = torch.empty(q.numel() + 1, dtype=torch.bfloat16)[1:].view(q.shape)  # data 2 bytes off 16
     assert not supports(shifted, keys)
+
+
+@pytest.mark.parametrize("n,shape,want", [(100, {}, "gluon"), (99, {}, "triton"), (100, {"warps": 4}, "triton")])
+def test_prefill_scores_route_by_key_count(n, shape, want, monkeypatch):
+    """`prefill_index_scores` takes the Gluon kernel from PREFILL_GLUON_MIN_KEYS keys when no launch shape is asked
+    for, the Triton kernel otherwise (both launches replaced by recorders: this checks the routing only)."""
+    from dsv4.kernels import indexer_scores, indexer_scores_gluon
+
+    took = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: took.append("triton")
+
+    monkeypatch.setattr(indexer_scores, "INTERPRET", False)
+    monkeypatch.setattr(indexer_scores, "PREFILL_GLUON_MIN_KEYS", 100)
+    monkeypatch.setattr(indexer_scores, "_prefill_scores_kernel", Recorder())
+    monkeypatch.setattr(indexer_scores_gluon, "prefill_index_scores_gluon",
+                        lambda q, w, k, v, out: took.append("gluon") or out)
+    q = torch.randn(20, 8, DI).to(torch.bfloat16)
+    w = torch.randn(20, 8)
+    keys = torch.randn(n, DI).to(torch.bfloat16)
+    indexer_scores.prefill_index_scores(q, w, keys, torch.full((20,), n, dtype=torch.int32), **shape)
+    assert took == [want]
