@@ -131,8 +131,7 @@ class MTPCatchUp:
             logits = early.logits[to_device(torch.tensor([at[r[2]] for r in ready]), dev)]
         else:
             logits = self.model.compute_logits(early.hidden[to_device(torch.tensor([r[2] for r in ready]), dev)])
-        for j, (rid, state, at_row, position) in enumerate(ready):
-            self._seeds[rid] = Seed(state, position, early.residual[at_row].clone(), logits[j])
+        self._keep_seeds(ready, early.residual, logits)
 
     def _catch_up(self, batch: ScheduledBatch) -> None:
         """The MTP over the positions the target kept, after the verdict (batches without early catch-up)."""
@@ -164,6 +163,9 @@ class MTPCatchUp:
             res, hidden = self._forward(parts, to_device(torch.tensor(ids, dtype=torch.long), dev), pos, lens, states)
             if ready:
                 last = to_device(torch.tensor([r[2] for r in ready], dtype=torch.long), dev)
-                logits = self.model.compute_logits(hidden[last])
-                for j, (rid, state, at, position) in enumerate(ready):
-                    self._seeds[rid] = Seed(state, position, res[at].clone(), logits[j])
+                self._keep_seeds(ready, res, self.model.compute_logits(hidden[last]))
+
+    def _keep_seeds(self, ready: list[tuple], residual: torch.Tensor, logits: torch.Tensor) -> None:
+        """Seeds of the `ready` rows (request id, state, row of the MTP forward, position); logits: theirs, in order."""
+        for j, (rid, state, at, position) in enumerate(ready):
+            self._seeds[rid] = Seed(state, position, residual[at].clone(), logits[j])
