@@ -313,10 +313,11 @@ def _profile_host(run, states, one, steps: int = 10) -> None:
 
 
 def _fresh(run, prefix: int):
-    """A new sequence's state with `prefix` tokens of its prompt already run."""
+    """A new sequence's state with `prefix` tokens of its prompt already run (in the engine's 8K chunks: one
+    forward takes at most `DeepseekV4ForCausalLM.max_forward_tokens`)."""
     st = run.new_states(1)
     if prefix:
-        run.forward(st, [prefix])
+        run.prefill(st, prefix, with_mtp=False)
     return st
 
 
