@@ -70,7 +70,7 @@ if HAS_TRITON:
         pdl_wait()
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
-        offs_t = pid_t * BT + tl.arange(0, BT)
+        offs_t = pid_t.to(tl.int64) * BT + tl.arange(0, BT)  # (int64: T * 4 D passes 2^31 past 131K tokens)
         tmask = offs_t < T
         HCD = 4 * D
         row = offs_t[:, None] * HCD
@@ -366,7 +366,7 @@ if HAS_TRITON:
     ):
         """collapse="row": program (t, 0) collapses token t's whole row, program (t, 1) runs post + Sinkhorn."""
         pdl_wait()
-        t = tl.program_id(0)
+        t = tl.program_id(0).to(tl.int64)  # (row offsets past 2^31 elements: see _mix_kernel)
         offs_s = tl.arange(0, SP)
         smask = offs_s < nsplit
         if tl.program_id(1) == 1:
@@ -389,7 +389,7 @@ if HAS_TRITON:
         chunk program to finish normalises the whole row (NORM_ONE: in one NBD >= D step, its loads issued before
         the partials' sum)."""
         pdl_wait()
-        t = tl.program_id(0)
+        t = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) - LEAD
         nb = tl.num_programs(1) - LEAD
         offs_s = tl.arange(0, SP)
