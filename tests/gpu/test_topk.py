@@ -211,3 +211,51 @@ def test_chunk_setting_out_of_range_rejected(block_max: int, monkeypatch) -> Non
     scores = torch.randn(2, 300, device=DEV).to(torch.bfloat16)
     with pytest.raises(ValueError, match="BLOCK_MAX"):
         topk.topk_lowest_index(scores, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_row_top_keys_rank_every_value(dtype: torch.dtype) -> None:
+    """`row_top_keys` of one-entry rows over all 65,536 16-bit patterns: sorting the values by their keys gives the
+    reference sort's order, and two values share a key exactly when the sort ties them (both zeros, every NaN)."""
+    from dsv4.kernels.topk import row_top_keys
+
+    values = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    keys = row_top_keys(values[:, None].to(DEV)).cpu().long() & 0xFFFFFFFF
+    assert bool(((keys & 0xFFFF) == 0).all())
+    order = torch.sort(values, descending=True, stable=True).indices
+    ranked = keys[order]
+    assert bool((ranked[1:] <= ranked[:-1]).all()), "keys do not fall in the sort's order"
+    tied = values[order][1:] == values[order][:-1]
+    nan = torch.isnan(values[order])
+    tied |= nan[1:] & nan[:-1]
+    assert torch.equal(ranked[1:] == ranked[:-1], tied), "equal keys are not the sort's ties"
+
+
+@pytest.mark.parametrize("n, k", [(300, 1), (5000, 512), (3000, 3000)])
+def test_window_from_the_top_key(n: int, k: int, poison) -> None:
+    """`top` given: the same picks as the reference, on rows whose k-th largest lies within 256 steps of their
+    largest (a narrow spread, flat rows) and on rows where it does not (an outlier on top, NaNs, wide spreads:
+    the radix passes), with visible counts too."""
+    from dsv4.kernels.topk import row_top_keys, topk_lowest_index
+
+    gen = torch.Generator().manual_seed(n + k)
+    scores, present = _case(4, n, torch.bfloat16, seed=2 * n + k)
+    narrow = (1 + torch.rand(2, n, generator=gen)).to(torch.bfloat16)  # [1, 2): all within 128 steps
+    outlier = narrow.clone()
+    outlier[:, n // 2] = 1e30  # far above the rest: the window holds one key
+    scores = torch.cat([scores, narrow, outlier])
+    present = torch.cat([present, torch.rand(4, n, generator=gen) < 0.9])
+    top = row_top_keys(scores)
+    assert (top.long() & 0xFFFF == 0).all()
+    scores, present, top = scores.to(DEV), present.to(DEV), top.to(DEV)
+    poison()
+    _assert_matches(scores, k, present, topk_lowest_index(scores, k, present, top=top), f"N={n} k={k} top")
+    visible = torch.randint(0, n + 1, (scores.shape[0],), generator=gen, dtype=torch.int32).to(DEV)
+    seen = torch.arange(n, device=DEV)[None, :] < visible[:, None].long()
+    masked = scores.masked_fill(~seen, float("-inf"))
+    picked, valid = topk_lowest_index(masked, k, mark_absent=True, visible=visible, top=row_top_keys(masked))
+    want = topk_lowest_index(masked, k, seen)
+    _assert_matches(masked, k, seen, want, f"N={n} k={k} visible")
+    assert torch.equal(valid, want[1]) and torch.equal(picked, torch.where(want[1], want[0], -1))
+    with pytest.raises(ValueError, match="top must be"):
+        topk_lowest_index(scores.float(), k, present, top=top)
