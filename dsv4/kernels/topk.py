@@ -83,9 +83,10 @@ def row_top_keys(scores: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
-    def _order_keys(x, KEY16: tl.constexpr, INF_BITS: tl.constexpr):
+    def _order_keys(S, row, offs, inb, KEY16: tl.constexpr, INF_BITS: tl.constexpr):
         """Scores -> uint32 keys whose unsigned order is the score order (16-bit keys in the top half,
         low half zero, so the 2 digit passes fix them completely). INF_BITS: +inf's bits; above: NaN."""
+        x = tl.load(S + row + offs, mask=inb, other=0.0)
         if KEY16:
             bits = x.to(tl.uint16, bitcast=True).to(tl.uint32)
             key = tl.where((bits >> 15) != 0, bits ^ 0xFFFF, bits | 0x8000)
@@ -100,44 +101,32 @@ if HAS_TRITON:
         return key
 
     @triton.jit
-    def _scores_at(S, row, idx, N, ss_n):
-        return tl.load(S + row + idx * ss_n, mask=idx < N, other=0.0)
-
-    @triton.jit
-    def _chunk_keys(S, row, start, lane, N, ss_n, x, KEY16: tl.constexpr, INF_BITS: tl.constexpr,
-                    BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
-        """(indices, in bounds, keys, x) of the chunk at `start`. Read again by every pass: loading a one-chunk row's
-        keys once for all passes gave the same picks and no speed (session 20, 5.21 -> 5.29 µs), so it went.
-        PREFETCH: `x` holds this chunk's scores, loaded one step earlier, and the next chunk's load is issued before
-        this one's keys are made (it is returned as the next step's x); else the chunk is loaded here."""
+    def _chunk_keys(S, row, start, lane, N, ss_n, KEY16: tl.constexpr, INF_BITS: tl.constexpr):
+        """(indices, in bounds, keys) of the chunk at `start`. Read again by every pass: loading a one-chunk row's
+        keys once for all passes gave the same picks and no speed (session 20, 5.21 -> 5.29 µs), so it went."""
         idx = start + lane
-        if PREFETCH:
-            nxt = _scores_at(S, row, idx + BLOCK, N, ss_n)
-        else:
-            x = _scores_at(S, row, idx, N, ss_n)
-            nxt = x
-        return idx, idx < N, _order_keys(x, KEY16, INF_BITS), nxt
+        inb = idx < N
+        return idx, inb, _order_keys(S, row, idx * ss_n, inb, KEY16, INF_BITS)
 
     @pdl_kernel
     @triton.jit
     def _topk_kernel(S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
                      KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
                      MARK_ABSENT: tl.constexpr = False, HAS_VISIBLE: tl.constexpr = False, TOP=None,
-                     WINDOW: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                     WINDOW: tl.constexpr = False):
         pdl_wait()
         topk_row(tl.program_id(0).to(tl.int64), S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
-                 KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE, TOP, WINDOW, PREFETCH)
+                 KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE, TOP, WINDOW)
 
     @triton.jit
     def _window_threshold(S, row, N, K, ss_n, top, lane, bins, KEY16: tl.constexpr, INF_BITS: tl.constexpr,
-                          BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
+                          BLOCK: tl.constexpr):
         """With the row's largest key `top` known: one histogram of how many 16-bit steps each key lies below it
         (the 256 steps below the top, ≈ two binades of bf16). -> (short: fewer than K keys lie in it, else the k-th
         largest key T and take = the keys equal to T still needed after those above it)."""
         hist = tl.zeros([256], dtype=tl.int32)
-        x = _scores_at(S, row, lane, N, ss_n)  # (PREFETCH: the first chunk)
         for start in range(0, N, BLOCK):
-            idx, inb, key, x = _chunk_keys(S, row, start, lane, N, ss_n, x, KEY16, INF_BITS, BLOCK, PREFETCH)
+            idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
             below = (top - key) >> 16  # (top is the largest key: no wrap)
             hist += tl.histogram(below.to(tl.int32), 256, mask=inb & (below < 256))
         within = tl.cumsum(hist, axis=0)  # keys at most `bin` steps below the top
@@ -147,16 +136,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _radix_threshold(S, row, N, K, ss_n, lane, bins, KEY16: tl.constexpr, INF_BITS: tl.constexpr,
-                         BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
+                         BLOCK: tl.constexpr):
         """Radix select, most significant digit first: `prefix` holds the digits of the k-th largest key T fixed so
         far, `take` how many of the keys matching them are still to be picked (1 <= take <= matches)."""
         prefix = tl.full([], 0, tl.uint32)
         take = K
         for p in tl.static_range(2 if KEY16 else 4):
             hist = tl.zeros([256], dtype=tl.int32)
-            x = _scores_at(S, row, lane, N, ss_n)
             for start in range(0, N, BLOCK):
-                idx, inb, key, x = _chunk_keys(S, row, start, lane, N, ss_n, x, KEY16, INF_BITS, BLOCK, PREFETCH)
+                idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
                 if p > 0:
                     inb = inb & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
                 hist += tl.histogram(((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256, mask=inb)
@@ -169,8 +157,7 @@ if HAS_TRITON:
     @triton.jit
     def topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr,
                  INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr,
-                 HAS_VISIBLE: tl.constexpr = False, TOP=None, WINDOW: tl.constexpr = False,
-                 PREFETCH: tl.constexpr = False):
+                 HAS_VISIBLE: tl.constexpr = False, TOP=None, WINDOW: tl.constexpr = False):
         """Row b's picks (int64 b: the kernel's program, or the last-arriving program of the decode indexer's
         scores launch, `indexer_scores.indexer_pick`). MARK_ABSENT: a pick that is not present stored as -1.
         HAS_VISIBLE: PRESENT holds the row's int32 visible count instead of a mask. WINDOW (16-bit keys): TOP
@@ -181,20 +168,18 @@ if HAS_TRITON:
         bins = tl.arange(0, 256)
         if WINDOW:
             top = tl.load(TOP + b).to(tl.uint32, bitcast=True)
-            short, prefix, take = _window_threshold(S, row, N, K, ss_n, top, lane, bins, KEY16, INF_BITS, BLOCK,
-                                                    PREFETCH)
+            short, prefix, take = _window_threshold(S, row, N, K, ss_n, top, lane, bins, KEY16, INF_BITS, BLOCK)
             if short:
-                prefix, take = _radix_threshold(S, row, N, K, ss_n, lane, bins, KEY16, INF_BITS, BLOCK, PREFETCH)
+                prefix, take = _radix_threshold(S, row, N, K, ss_n, lane, bins, KEY16, INF_BITS, BLOCK)
         else:
-            prefix, take = _radix_threshold(S, row, N, K, ss_n, lane, bins, KEY16, INF_BITS, BLOCK, PREFETCH)
+            prefix, take = _radix_threshold(S, row, N, K, ss_n, lane, bins, KEY16, INF_BITS, BLOCK)
         # Select key > T, and the first `take` keys == T by index; compact in index order: a selected key's slot is
         # the keys > T before it plus min(ties before it, take), both from one scan (ties counted in the high half;
         # a chunk holds fewer than 2^16 keys).
         n_above = 0
         ties = 0
-        x = _scores_at(S, row, lane, N, ss_n)
         for start in range(0, N, BLOCK):
-            idx, inb, key, x = _chunk_keys(S, row, start, lane, N, ss_n, x, KEY16, INF_BITS, BLOCK, PREFETCH)
+            idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
             above = (inb & (key > prefix)).to(tl.int32)
             tie = (inb & (key == prefix)).to(tl.int32)
             both = above + (tie << 16)
@@ -222,7 +207,6 @@ if HAS_TRITON:
 # long prefix stream 16K+ entries three times; `bench/sweep_index_scores.py --topk` times other settings).
 BLOCK_MAX = 4096
 WARPS_LARGE = 8
-PREFETCH = True  # each pass loads the next chunk before the current one's keys (a register double buffer)
 
 
 def block_for(n: int) -> int:
@@ -280,5 +264,4 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
         scores.stride(0), scores.stride(1), *strides, picked.stride(0), valid8.stride(0),
         KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
         BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None, TOP=top, WINDOW=top is not None,
-        PREFETCH=PREFETCH,
         num_warps=4 if block <= 1024 else WARPS_LARGE)

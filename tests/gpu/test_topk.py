@@ -259,18 +259,3 @@ def test_window_from_the_top_key(n: int, k: int, poison) -> None:
     assert torch.equal(valid, want[1]) and torch.equal(picked, torch.where(want[1], want[0], -1))
     with pytest.raises(ValueError, match="top must be"):
         topk_lowest_index(scores.float(), k, present, top=top)
-
-
-@pytest.mark.parametrize("n", [300, 9000])
-def test_without_prefetch(n: int, monkeypatch, poison) -> None:
-    """topk.PREFETCH off (each chunk loaded where its keys are made, as the decode pick's passes do): the same
-    picks, several chunks a row included."""
-    from dsv4.kernels import topk
-
-    monkeypatch.setattr(topk, "PREFETCH", False)
-    monkeypatch.setattr(topk, "BLOCK_MAX", 1024)
-    scores, present = _case(3, n, torch.bfloat16, seed=n + 5)
-    scores, present = scores.to(DEV), present.to(DEV)
-    poison()
-    _assert_matches(scores, 512 if n > 512 else 100, present,
-                    topk.topk_lowest_index(scores, 512 if n > 512 else 100, present), f"N={n} without prefetch")
