@@ -183,10 +183,6 @@ CASES = {
                       ("stride_x", "stride_w", "stride_xq", "stride_sx")),
     "topk_chunks": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
                     dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024), 4, 3, ()),
-    # ... given each row's largest key (one histogram below it, the radix passes as the fallback)
-    "topk_window": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*i32", PICKED="*i32", VALID="*u8", TOP="*i32"),
-                    dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=False, BLOCK=4096, MARK_ABSENT=True,
-                         HAS_VISIBLE=True, WINDOW=True), 8, 3, ()),
     # ... storing -1 for absent picks (indexer.MARK_ABSENT: the decode attention's list)
     "topk_chunks_marked": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
                            dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, MARK_ABSENT=True), 4, 3, ()),

@@ -36,8 +36,6 @@ def main() -> None:
     p.add_argument("--prefix", type=int, default=57344)
     p.add_argument("--shapes", nargs="*", default=SHAPES, help="block_t,block_n,warps,stages")
     p.add_argument("--topk", action="store_true", help="also the top-k's chunk and warps (topk.BLOCK_MAX, WARPS_LARGE)")
-    p.add_argument("--window", action="store_true",
-                   help="also the top-k given each row's largest key (`top`, here computed beforehand in torch)")
     args = p.parse_args()
     t, n = args.tokens, (args.prefix + args.tokens) // RATIO
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -85,22 +83,6 @@ def main() -> None:
             print(f"{block}, {warps} | ERR {str(e).splitlines()[0][:80]}")
         finally:
             topk.BLOCK_MAX, topk.WARPS_LARGE = old
-    if args.window:
-        top = topk.row_top_keys(base)
-        within = sum(_rows_within(base[r:r + 1024], top[r:r + 1024]) for r in range(0, t, 1024))
-        picked = topk_lowest_index(base, TOPK, mark_absent=True, visible=vis, index_dtype=torch.int32, top=top)[0]
-        ms = triton.testing.do_bench(lambda: topk_lowest_index(base, TOPK, mark_absent=True, visible=vis,
-                                                               index_dtype=torch.int32, top=top), warmup=3, rep=30)
-        print(f"window from the top key | {ms * 1e3:.0f} | {bool((picked == want).all())} | rows with the k-th "
-              f"within 256 steps: {within}/{t}")
-
-
-def _rows_within(scores: torch.Tensor, top: torch.Tensor) -> int:
-    """Rows with at least TOPK keys within 256 16-bit steps of their largest (the window's rows)."""
-    from dsv4.kernels.topk import row_top_keys
-    keys = (row_top_keys(scores.reshape(-1, 1)).long() & 0xFFFFFFFF).view(scores.shape)
-    below = ((top.long() & 0xFFFFFFFF)[:, None] - keys) >> 16
-    return int(((below < 256).sum(dim=1) >= TOPK).sum())
 
 
 if __name__ == "__main__":

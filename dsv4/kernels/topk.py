@@ -65,19 +65,6 @@ def topk_lowest_index_ref(scores: torch.Tensor, k: int,
     return picked, present.gather(1, picked)
 
 
-def row_top_keys(scores: torch.Tensor) -> torch.Tensor:
-    """Each row's largest order key of 16-bit scores, as the kernel ranks them (see the module docstring), in the
-    top half of an int32's bits: [B] int32, the `top` of `topk_lowest_index`."""
-    if scores.dim() != 2 or scores.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"row_top_keys: scores must be bf16/fp16 [B, N], got {scores.dtype} {tuple(scores.shape)}")
-    bits = scores.view(torch.int16).int() & 0xFFFF
-    mag = bits & 0x7FFF
-    key = torch.where(bits >= 0x8000, bits ^ 0xFFFF, bits | 0x8000)
-    key = torch.where(mag > INF_BITS[scores.dtype], 0xFFFF, torch.where(mag == 0, 0x8000, key))
-    top = key.amax(dim=1).long() << 16
-    return torch.where(top >= 1 << 31, top - (1 << 32), top).int()
-
-
 # --------------------------------------------------------------------------- Triton kernel
 
 if HAS_TRITON:
@@ -112,33 +99,23 @@ if HAS_TRITON:
     @triton.jit
     def _topk_kernel(S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
                      KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
-                     MARK_ABSENT: tl.constexpr = False, HAS_VISIBLE: tl.constexpr = False, TOP=None,
-                     WINDOW: tl.constexpr = False):
+                     MARK_ABSENT: tl.constexpr = False, HAS_VISIBLE: tl.constexpr = False):
         pdl_wait()
         topk_row(tl.program_id(0).to(tl.int64), S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
-                 KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE, TOP, WINDOW)
+                 KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
 
     @triton.jit
-    def _window_threshold(S, row, N, K, ss_n, top, lane, bins, KEY16: tl.constexpr, INF_BITS: tl.constexpr,
-                          BLOCK: tl.constexpr):
-        """With the row's largest key `top` known: one histogram of how many 16-bit steps each key lies below it
-        (the 256 steps below the top, ≈ two binades of bf16). -> (short: fewer than K keys lie in it, else the k-th
-        largest key T and take = the keys equal to T still needed after those above it)."""
-        hist = tl.zeros([256], dtype=tl.int32)
-        for start in range(0, N, BLOCK):
-            idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
-            below = (top - key) >> 16  # (top is the largest key: no wrap)
-            hist += tl.histogram(below.to(tl.int32), 256, mask=inb & (below < 256))
-        within = tl.cumsum(hist, axis=0)  # keys at most `bin` steps below the top
-        t = tl.min(tl.where(within >= K, bins, 255), axis=0)
-        take = K - tl.sum(tl.where(bins < t, hist, 0), axis=0)
-        return tl.sum(hist, axis=0) < K, top - (t.to(tl.uint32) << 16), take
-
-    @triton.jit
-    def _radix_threshold(S, row, N, K, ss_n, lane, bins, KEY16: tl.constexpr, INF_BITS: tl.constexpr,
-                         BLOCK: tl.constexpr):
-        """Radix select, most significant digit first: `prefix` holds the digits of the k-th largest key T fixed so
-        far, `take` how many of the keys matching them are still to be picked (1 <= take <= matches)."""
+    def topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr,
+                 INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr,
+                 HAS_VISIBLE: tl.constexpr = False):
+        """Row b's picks (int64 b: the kernel's program, or the last-arriving program of the decode indexer's
+        scores launch, `indexer_scores.indexer_pick`). MARK_ABSENT: a pick that is not present stored as -1.
+        HAS_VISIBLE: PRESENT holds the row's int32 visible count instead of a mask."""
+        row = b * ss_b
+        lane = tl.arange(0, BLOCK)
+        bins = tl.arange(0, 256)
+        # Radix select, most significant digit first: `prefix` holds the digits of T fixed so far,
+        # `take` how many of the keys matching them are still to be picked (1 <= take <= matches).
         prefix = tl.full([], 0, tl.uint32)
         take = K
         for p in tl.static_range(2 if KEY16 else 4):
@@ -152,27 +129,6 @@ if HAS_TRITON:
             t = tl.max(tl.where(at_least >= take, bins, -1), axis=0)
             take -= tl.sum(tl.where(bins > t, hist, 0), axis=0)
             prefix = prefix | (t.to(tl.uint32) << (24 - 8 * p))
-        return prefix, take
-
-    @triton.jit
-    def topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr,
-                 INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr,
-                 HAS_VISIBLE: tl.constexpr = False, TOP=None, WINDOW: tl.constexpr = False):
-        """Row b's picks (int64 b: the kernel's program, or the last-arriving program of the decode indexer's
-        scores launch, `indexer_scores.indexer_pick`). MARK_ABSENT: a pick that is not present stored as -1.
-        HAS_VISIBLE: PRESENT holds the row's int32 visible count instead of a mask. WINDOW (16-bit keys): TOP
-        holds each row's largest key (`row_top_keys`), and one histogram below it replaces the radix passes when
-        the k-th largest lies within 256 steps of it."""
-        row = b * ss_b
-        lane = tl.arange(0, BLOCK)
-        bins = tl.arange(0, 256)
-        if WINDOW:
-            top = tl.load(TOP + b).to(tl.uint32, bitcast=True)
-            short, prefix, take = _window_threshold(S, row, N, K, ss_n, top, lane, bins, KEY16, INF_BITS, BLOCK)
-            if short:
-                prefix, take = _radix_threshold(S, row, N, K, ss_n, lane, bins, KEY16, INF_BITS, BLOCK)
-        else:
-            prefix, take = _radix_threshold(S, row, N, K, ss_n, lane, bins, KEY16, INF_BITS, BLOCK)
         # Select key > T, and the first `take` keys == T by index; compact in index order: a selected key's slot is
         # the keys > T before it plus min(ties before it, take), both from one scan (ties counted in the high half;
         # a chunk holds fewer than 2^16 keys).
@@ -218,13 +174,10 @@ def block_for(n: int) -> int:
 
 def topk_lowest_index(scores: torch.Tensor, k: int, present: torch.Tensor | None = None,
                       mark_absent: bool = False, visible: torch.Tensor | None = None,
-                      index_dtype: torch.dtype = torch.int64, top: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      index_dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton `topk_lowest_index_ref`: (picked [B, k] ascending, valid bool [B, k]); mark_absent: the
     picks that are not present hold -1 in `picked` (the decode attention's index list, no `where` launch after).
-    visible (int32 [B], not with present): entries n < visible[b] are the present ones. top (16-bit scores;
-    int32 [B], `row_top_keys(scores)`: it must be each row's largest key): rows whose k-th largest score lies
-    within 256 steps of their largest take one pass over the row fewer."""
+    visible (int32 [B], not with present): entries n < visible[b] are the present ones."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.topk: triton is not installed (use topk_lowest_index_ref)")
     _check(scores, k, present, "topk_lowest_index")
@@ -234,19 +187,14 @@ def topk_lowest_index(scores: torch.Tensor, k: int, present: torch.Tensor | None
                          f"without present, got {visible.dtype} {tuple(visible.shape)} on {visible.device}")
     if index_dtype not in (torch.int64, torch.int32):
         raise ValueError(f"topk_lowest_index: index_dtype must be int64 or int32, got {index_dtype}")
-    if top is not None and (scores.dtype == torch.float32 or top.dtype != torch.int32 or not top.is_contiguous()
-                            or top.shape != scores.shape[:1] or top.device != scores.device):
-        raise ValueError(f"topk_lowest_index: top must be contiguous int32 [{scores.shape[0]}] on {scores.device} "
-                         f"beside 16-bit scores, got {top.dtype} {tuple(top.shape)} beside {scores.dtype}")
     picked = torch.empty(scores.shape[0], k, dtype=index_dtype, device=scores.device)
     valid = torch.empty(scores.shape[0], k, dtype=torch.bool, device=scores.device)
-    _launch(scores, k, present, picked, valid, mark_absent, visible, top)
+    _launch(scores, k, present, picked, valid, mark_absent, visible)
     return picked, valid
 
 
 def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: torch.Tensor,
-            valid: torch.Tensor, mark_absent: bool = False, visible: torch.Tensor | None = None,
-            top: torch.Tensor | None = None) -> None:
+            valid: torch.Tensor, mark_absent: bool = False, visible: torch.Tensor | None = None) -> None:
     """The kernel into given [B, k] outputs (rows may be strided: the tests guard the slots past k)."""
     bsz, n = scores.shape
     if bsz == 0:
@@ -263,5 +211,5 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
         scores, pres, picked, valid8, n, k,
         scores.stride(0), scores.stride(1), *strides, picked.stride(0), valid8.stride(0),
         KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
-        BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None, TOP=top, WINDOW=top is not None,
+        BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None,
         num_warps=4 if block <= 1024 else WARPS_LARGE)
