@@ -362,3 +362,34 @@ def test_norm_one_step_same_bits(op, t, d, poison, monkeypatch):
         assert _counters_zero()
     for a, b in zip(*outs):
         assert torch.equal(a, b), f"{op} t={t} d={d}: {int((a != b).sum())} of {a.numel()} outputs differ"
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="4 GB streams: on the GPU only")
+def test_rows_past_two_to_the_31_elements(close_bf16):
+    """One prefill of 2^17 + 2048 Flash-width tokens: the streams hold more than 2^31 elements, so 32-bit row offsets
+    would wrap (session 69 found a 248K-token forward faulting in hc_pre). The last rows and the first, from hc_pre
+    and hc_post_pre over all tokens, against the references run on those rows alone."""
+    from dsv4.kernels.mhc import hc_post_pre, hc_post_pre_ref, hc_pre, hc_pre_ref, prepare_mix
+
+    t, d = (1 << 17) + 2048, 4096
+    if torch.cuda.mem_get_info()[0] < 24 << 30:
+        pytest.skip("needs 24 GB of free GPU memory")
+    gen = torch.Generator(DEV).manual_seed(69)
+    x = _streams(t, d, gen)
+    assert x.numel() > 1 << 31
+    f = torch.randn(t, d, generator=gen, device=DEV).to(torch.bfloat16)
+    fn, base, scale = _params(24, 3, d, gen)
+    w = (torch.rand(d, generator=gen, device=DEV) + 0.5).to(torch.bfloat16)
+    post0 = torch.rand(t, 4, generator=gen, device=DEV) * 2
+    comb0 = torch.rand(t, 4, 4, generator=gen, device=DEV)
+    u, post, comb = hc_pre(x, fn, base, scale, norm_weight=w, **KW)
+    xn, u2, post2, comb2 = hc_post_pre(f, x, post0, comb0, prepare_mix(fn), base, scale, norm_weight=w, **KW)
+    for rows in (slice(t - 1024, t), slice(0, 64)):
+        ur, post_r, comb_r = hc_pre_ref(x[rows], fn, base, scale, norm_weight=w, **KW)
+        close_bf16(u[rows], ur, rel=REL, what=f"hc_pre rows {rows}")
+        assert _rel(post[rows], post_r) < 1e-4 and _rel(comb[rows], comb_r) < 1e-4
+        xr, ur2, post_r2, comb_r2 = hc_post_pre_ref(f[rows], x[rows], post0[rows], comb0[rows], fn, base, scale,
+                                                    norm_weight=w, **KW)
+        close_bf16(xn[rows], xr, rel=REL, what=f"hc_post_pre streams rows {rows}")
+        close_bf16(u2[rows], ur2, rel=REL, what=f"hc_post_pre input rows {rows}")
+        assert _rel(post2[rows], post_r2) < 1e-4 and _rel(comb2[rows], comb_r2) < 1e-4
