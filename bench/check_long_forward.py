@@ -2,7 +2,9 @@
 at T tokens in one forward (a 32-bit element offset past 2^31 reads or writes the wrong memory). Flash- or
 Pro-shaped layers, random weights, the engine's paged FP8 pools. Prints, for the last row of every chunk, the
 largest difference of the final hidden states relative to their largest magnitude, and whether the greedy
-picks agree. A check run on the GPU, not a benchmark.
+picks agree. The first chunk's end sees the same tokens either way, so its difference is the noise floor (bf16
+roundings of other kernel shapes, grown through random layers); a wrapped offset shows as rows far above it or
+as a fault. A check run on the GPU, not a benchmark.
 
     python bench/check_long_forward.py --tokens 65536 [--model pro] [--layers 4] [--chunk 8192]
 """
