@@ -96,7 +96,7 @@ if HAS_TRITON:
             x3 = tl.load(X + row + 3 * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
             if FUSE_POST:
                 if COMBINE:
-                    f = combine_rows(CY, CS, CIDS, offs_t.to(tl.int64), tmask, offs_d, offs_d < D, D, top_k,
+                    f = combine_rows(CY, CS, CIDS, offs_t, tmask, offs_d, offs_d < D, D, top_k,
                                      num_experts, stride_r, C_SHARED, BT, BK, C_RANGES).to(tl.bfloat16).to(tl.float32)
                 else:
                     f = tl.load(F + offs_t[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
