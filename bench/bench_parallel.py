@@ -168,17 +168,22 @@ class Runner:
         flat = [t + j for t, n in zip(starts, lens) for j in range(n)]
         return to_device(torch.tensor(flat, dtype=torch.long), self.dev)
 
-    def forward(self, states, lens, ids=None):
-        from dsv4.engine.sampler import first_argmax
+    def hidden(self, states, lens, ids=None) -> torch.Tensor:
+        """The final hidden states [sum(lens), D] of `lens` more tokens (random ids unless given) of each state."""
         from dsv4.model import ForwardContext, set_forward_context
-        from dsv4.model.context import to_device
         if self.cache is not None:
             for s, n in zip(states, lens):
                 self.cache.reserve(self._seqs[id(s)], n)
         pos = self._positions([s.num_tokens for s in states], lens)
         ids = self.ids(sum(lens)) if ids is None else ids
         with torch.no_grad(), set_forward_context(ForwardContext(lens, states, trusted_inputs=True)):
-            hidden = self.model(ids, pos)
+            return self.model(ids, pos)
+
+    def forward(self, states, lens, ids=None):
+        from dsv4.engine.sampler import first_argmax
+        from dsv4.model.context import to_device
+        hidden = self.hidden(states, lens, ids)
+        with torch.no_grad():
             if any(n != 1 for n in lens):  # the last row of every sequence
                 ends = torch.tensor(lens, dtype=torch.long).cumsum(0) - 1
                 hidden = hidden[to_device(ends, self.dev)]

@@ -20,16 +20,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def _hidden(run, state, ids: torch.Tensor, start: int) -> torch.Tensor:
-    """Final hidden states [n, D] of ids (positions start..) appended to state."""
-    from dsv4.model import ForwardContext, set_forward_context
-    n = ids.numel()
-    run.cache.reserve(run._seqs[id(state)], n)
-    pos = torch.arange(start, start + n, device=ids.device)
-    with torch.no_grad(), set_forward_context(ForwardContext([n], [state], trusted_inputs=True)):
-        return run.model(ids, pos)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, required=True)
@@ -53,9 +43,10 @@ def main() -> None:
     ids = run.ids(args.tokens)
     ends = torch.arange(args.chunk, args.tokens + args.chunk, args.chunk, device=dev).clamp(max=args.tokens) - 1
     whole_state, chunked_state = run.new_states(2)
-    whole = _hidden(run, whole_state, ids, 0)[ends].float()
+    whole = run.hidden([whole_state], [args.tokens], ids)[ends].float()
     torch.cuda.synchronize()
-    parts = [_hidden(run, chunked_state, ids[s:s + args.chunk], s)[-1:] for s in range(0, args.tokens, args.chunk)]
+    parts = [run.hidden([chunked_state], [min(args.chunk, args.tokens - s)], ids[s:s + args.chunk])[-1:]
+             for s in range(0, args.tokens, args.chunk)]
     chunked = torch.cat(parts).float()
     scale = chunked.abs().amax(dim=1)
     rel = ((whole - chunked).abs().amax(dim=1) / scale).tolist()
