@@ -186,6 +186,13 @@ CASES = {
     # ... storing -1 for absent picks (indexer.MARK_ABSENT: the decode attention's list)
     "topk_chunks_marked": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
                            dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, MARK_ABSENT=True), 4, 3, ()),
+    # ... a row split into slices (`topk.SPLIT_*`): a histogram pass and the select
+    "topk_split_hist": ("topk", "_split_hist_kernel", dict(S="*bf16", HIST="*i32"),
+                        dict(PASS=1, INF_BITS=0x7F80, BLOCK=1024, RB=8), 4, 3, ()),
+    "topk_split_select": ("topk", "_split_select_kernel",
+                          dict(S="*bf16", HIST="*i32", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
+                          dict(INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, RB=8, MARK_ABSENT=True,
+                               HAS_VISIBLE=False), 4, 3, ()),
     "fp8_gemv_wq_a": ("fp8_gemv", "_fp8_gemv_kernel",
                       dict(X="*bf16", W="*fp8e4nv", SW="*u8", C="*bf16", P="*fp32", CNT="*i32"),
                       dict(MR=1, BN=64, KU=4, QUANT_X=True, SW_E8M0=True, SPLIT_OUT=True, OUT_F32=False, PREFETCH=4,

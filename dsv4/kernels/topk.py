@@ -119,23 +119,44 @@ if HAS_TRITON:
         prefix = tl.full([], 0, tl.uint32)
         take = K
         for p in tl.static_range(2 if KEY16 else 4):
-            hist = tl.zeros([256], dtype=tl.int32)
-            for start in range(0, N, BLOCK):
-                idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
-                if p > 0:
-                    inb = inb & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
-                hist += tl.histogram(((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256, mask=inb)
-            at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # matches with digit >= bin
-            t = tl.max(tl.where(at_least >= take, bins, -1), axis=0)
-            take -= tl.sum(tl.where(bins > t, hist, 0), axis=0)
-            prefix = prefix | (t.to(tl.uint32) << (24 - 8 * p))
-        # Select key > T, and the first `take` keys == T by index; compact in index order: a selected key's slot is
-        # the keys > T before it plus min(ties before it, take), both from one scan (ties counted in the high half;
-        # a chunk holds fewer than 2^16 keys).
-        n_above = 0
-        ties = 0
-        for start in range(0, N, BLOCK):
-            idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
+            hist = _digit_hist(S, row, 0, N, lane, ss_n, prefix, p, KEY16, INF_BITS, BLOCK)
+            take, prefix = _fix_digit(hist, bins, take, prefix, p)
+        zero = tl.full([], 0, tl.int32)
+        _select_span(b, S, row, 0, N, lane, ss_n, prefix, take, zero, zero, PRESENT, PICKED, VALID, sp_b, sp_n, so_b, sv_b,
+                     KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
+
+    @triton.jit
+    def _digit_hist(S, row, lo, hi, lane, ss_n, prefix, p: tl.constexpr, KEY16: tl.constexpr,
+                    INF_BITS: tl.constexpr, BLOCK: tl.constexpr):
+        """Histogram [256] of digit p (8 bits, most significant first) of the keys of entries [lo, hi) whose
+        digits before p are prefix's."""
+        hist = tl.zeros([256], dtype=tl.int32)
+        for start in range(lo, hi, BLOCK):
+            idx, inb, key = _chunk_keys(S, row, start, lane, hi, ss_n, KEY16, INF_BITS)
+            if p > 0:
+                inb = inb & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
+            hist += tl.histogram(((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256, mask=inb)
+        return hist
+
+    @triton.jit
+    def _fix_digit(hist, bins, take, prefix, p: tl.constexpr):
+        """Digit p of T from the histogram of the keys matching prefix: the largest digit with at least `take`
+        matches at or above it -> (take less the matches above that digit, prefix with the digit set)."""
+        at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # matches with digit >= bin
+        t = tl.max(tl.where(at_least >= take, bins, -1), axis=0)
+        take -= tl.sum(tl.where(bins > t, hist, 0), axis=0)
+        return take, prefix | (t.to(tl.uint32) << (24 - 8 * p))
+
+    @triton.jit
+    def _select_span(b, S, row, lo, hi, lane, ss_n, prefix, take, n_above, ties, PRESENT, PICKED, VALID,
+                     sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr,
+                     BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr, HAS_VISIBLE: tl.constexpr):
+        """Select key > T, and the first `take` keys == T by index, among entries [lo, hi), given n_above keys > T
+        and `ties` keys == T before lo; compact in index order: a selected key's slot is the keys > T before it
+        plus min(ties before it, take), both from one scan (ties counted in the high half; a chunk holds fewer
+        than 2^16 keys)."""
+        for start in range(lo, hi, BLOCK):
+            idx, inb, key = _chunk_keys(S, row, start, lane, hi, ss_n, KEY16, INF_BITS)
             above = (inb & (key > prefix)).to(tl.int32)
             tie = (inb & (key == prefix)).to(tl.int32)
             both = above + (tie << 16)
@@ -157,12 +178,84 @@ if HAS_TRITON:
             ties += tl.sum(tie, axis=0)
 
 
+    # A row split into slices (`SPLIT_*` below): one program per (row, slice) in each of three launches, so a long
+    # row of a few-row decode batch is not one program streaming it three times while the other SMs idle. Each
+    # launch writes whole rows of HIST [B, 2, slices, 256] (no atomics, no zeroing, the same picks in any order):
+    # pass 0 its slice's histogram of the high digit; pass 1 the high digit from the sum of pass 0's rows, then its
+    # slice's histogram of the low digit among the keys that match it; the select, T from both sums, and the keys
+    # > T and ties before its slice from the slices' rows before it (16-bit keys only: two digits).
+
+    @triton.jit
+    def _slice_sums(HIST, nsl, i, bins, RB: tl.constexpr):
+        """(sum of the nsl slices' histogram rows at HIST [nsl, 256], sum of the rows of slices before i)."""
+        total = tl.zeros([256], dtype=tl.int32)
+        before = tl.zeros([256], dtype=tl.int32)
+        for j0 in range(0, nsl, RB):
+            j = j0 + tl.arange(0, RB)
+            rows = tl.load(HIST + j[:, None] * 256 + bins[None, :], mask=(j < nsl)[:, None], other=0)
+            total += tl.sum(rows, axis=0)
+            before += tl.sum(tl.where((j < i)[:, None], rows, 0), axis=0)
+        return total, before
+
+    @pdl_kernel
+    @triton.jit
+    def _split_hist_kernel(S, HIST, N, K, SLICE, ss_b, ss_n, sh_b, PASS: tl.constexpr, INF_BITS: tl.constexpr,
+                           BLOCK: tl.constexpr, RB: tl.constexpr):
+        pdl_wait()
+        b = tl.program_id(0).to(tl.int64)
+        i = tl.program_id(1)
+        nsl = tl.num_programs(1)
+        lo = i.to(tl.int64) * SLICE
+        bins = tl.arange(0, 256)
+        prefix = tl.full([], 0, tl.uint32)
+        if PASS == 1:
+            total, _ = _slice_sums(HIST + b * sh_b, nsl, i, bins, RB)
+            _, prefix = _fix_digit(total, bins, K, prefix, 0)
+        hist = _digit_hist(S, b * ss_b, lo, tl.minimum(lo + SLICE, N), tl.arange(0, BLOCK), ss_n, prefix, PASS, True,
+                           INF_BITS, BLOCK)
+        tl.store(HIST + b * sh_b + (PASS * nsl + i) * 256 + bins, hist)
+
+    @pdl_kernel
+    @triton.jit
+    def _split_select_kernel(S, HIST, PRESENT, PICKED, VALID, N, K, SLICE, ss_b, ss_n, sh_b, sp_b, sp_n, so_b, sv_b,
+                             INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
+                             RB: tl.constexpr, MARK_ABSENT: tl.constexpr, HAS_VISIBLE: tl.constexpr):
+        pdl_wait()
+        b = tl.program_id(0).to(tl.int64)
+        i = tl.program_id(1)
+        nsl = tl.num_programs(1)
+        lo = i.to(tl.int64) * SLICE
+        bins = tl.arange(0, 256)
+        total0, before0 = _slice_sums(HIST + b * sh_b, nsl, i, bins, RB)
+        total1, before1 = _slice_sums(HIST + b * sh_b + nsl * 256, nsl, i, bins, RB)
+        take, prefix = _fix_digit(total0, bins, K, tl.full([], 0, tl.uint32), 0)
+        take, prefix = _fix_digit(total1, bins, take, prefix, 1)
+        t0 = (prefix >> 24).to(tl.int32)
+        t1 = ((prefix >> 16) & 0xFF).to(tl.int32)
+        # keys > T before the slice: a higher high digit, or T's high digit and a higher low one; ties: T's digits
+        n_above = tl.sum(tl.where(bins > t0, before0, 0), axis=0) + tl.sum(tl.where(bins > t1, before1, 0), axis=0)
+        ties = tl.sum(tl.where(bins == t1, before1, 0), axis=0)
+        _select_span(b, S, b * ss_b, lo, tl.minimum(lo + SLICE, N), tl.arange(0, BLOCK), ss_n, prefix, take, n_above,
+                     ties, PRESENT, PICKED, VALID, sp_b, sp_n, so_b, sv_b, True, INF_BITS, HAS_PRESENT, BLOCK,
+                     MARK_ABSENT, HAS_VISIBLE)
+
+
 # --------------------------------------------------------------------------- launcher
 
 # The row's chunk: up to BLOCK_MAX entries a pass step, WARPS_LARGE warps from 2048 (a prompt chunk's rows after a
 # long prefix stream 16K+ entries three times; `bench/sweep_index_scores.py --topk` times other settings).
 BLOCK_MAX = 4096
 WARPS_LARGE = 8
+
+
+# Split rows (`_split_hist_kernel`): rows of at least SPLIT_MIN_N entries in batches of at most SPLIT_MAX_ROWS rows
+# go to (row, slice) programs of SPLIT_SLICE entries (more per slice past SPLIT_MAX_SLICES slices); each launch sums
+# the slices' histogram rows SPLIT_ROWS_STEP at a time.
+SPLIT_MIN_N = 4096
+SPLIT_MAX_ROWS = 64
+SPLIT_SLICE = 1024
+SPLIT_MAX_SLICES = 64
+SPLIT_ROWS_STEP = 8
 
 
 def block_for(n: int) -> int:
@@ -206,6 +299,11 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
         pres, strides = visible, (0, 0)
     else:  # (not read)
         pres, strides = valid8, valid8.stride()
+    slices = split_slices(bsz, n, scores.dtype)
+    if slices:
+        _launch_split(scores, k, pres, strides, picked, valid8, slices, mark_absent, present is not None,
+                      visible is not None)
+        return
     block = block_for(n)
     _topk_kernel[(bsz,)](
         scores, pres, picked, valid8, n, k,
@@ -213,3 +311,35 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
         KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
         BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None,
         num_warps=4 if block <= 1024 else WARPS_LARGE)
+
+
+def split_slices(bsz: int, n: int, dtype: torch.dtype) -> int:
+    """Slices per row for the split launches (0: one program per row): 16-bit keys, at most SPLIT_MAX_ROWS rows
+    of at least SPLIT_MIN_N entries."""
+    if dtype == torch.float32 or bsz > SPLIT_MAX_ROWS or n < SPLIT_MIN_N:
+        return 0
+    return triton.cdiv(n, _slice_len(n))
+
+
+def _slice_len(n: int) -> int:
+    """Entries per slice: SPLIT_SLICE, or more where a row would pass SPLIT_MAX_SLICES slices."""
+    if SPLIT_SLICE < 256 or SPLIT_SLICE & (SPLIT_SLICE - 1) or SPLIT_MAX_SLICES < 1:
+        raise ValueError(f"topk.SPLIT_SLICE must be a power of two >= 256 and SPLIT_MAX_SLICES >= 1, got "
+                         f"{SPLIT_SLICE} / {SPLIT_MAX_SLICES}")
+    return max(SPLIT_SLICE, triton.next_power_of_2(triton.cdiv(n, SPLIT_MAX_SLICES)))
+
+
+def _launch_split(scores, k, pres, strides, picked, valid8, slices, mark_absent, has_present, has_visible) -> None:
+    bsz, n = scores.shape
+    length = _slice_len(n)
+    block = min(length, block_for(n))
+    hist = torch.empty(bsz, 2, slices, 256, dtype=torch.int32, device=scores.device)
+    common = (n, k, length, scores.stride(0), scores.stride(1), hist.stride(0))
+    warps = 4 if block <= 1024 else WARPS_LARGE
+    for p in (0, 1):
+        _split_hist_kernel[(bsz, slices)](scores, hist, *common, PASS=p, INF_BITS=INF_BITS[scores.dtype], BLOCK=block,
+                                          RB=SPLIT_ROWS_STEP, num_warps=warps)
+    _split_select_kernel[(bsz, slices)](
+        scores, hist, pres, picked, valid8, *common, *strides, picked.stride(0), valid8.stride(0),
+        INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=has_present, BLOCK=block, RB=SPLIT_ROWS_STEP,
+        MARK_ABSENT=mark_absent, HAS_VISIBLE=has_visible, num_warps=warps)

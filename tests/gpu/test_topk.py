@@ -211,3 +211,62 @@ def test_chunk_setting_out_of_range_rejected(block_max: int, monkeypatch) -> Non
     scores = torch.randn(2, 300, device=DEV).to(torch.bfloat16)
     with pytest.raises(ValueError, match="BLOCK_MAX"):
         topk.topk_lowest_index(scores, 3)
+
+
+@pytest.mark.parametrize("bsz, n, k, max_slices, dtype", [
+    (1, 1000, 512, 64, torch.bfloat16), (3, 1300, 1, 64, torch.bfloat16), (2, 2000, 2000, 3, torch.bfloat16),
+    (4, 700, 300, 64, torch.float16), (5, 257, 256, 64, torch.bfloat16)])
+def test_split_rows(bsz: int, n: int, k: int, max_slices: int, dtype: torch.dtype, poison, monkeypatch) -> None:
+    """Rows split into slices (three launches of (row, slice) programs): the reference's picks with present masks,
+    mark_absent and visible counts, for every flavour of row, slices of 256 (and wider ones where max_slices
+    caps the count: 2000 entries in 2 slices of 1024), a last slice of one entry."""
+    from dsv4.kernels import topk
+
+    monkeypatch.setattr(topk, "SPLIT_MIN_N", 256)
+    monkeypatch.setattr(topk, "SPLIT_SLICE", 256)
+    monkeypatch.setattr(topk, "SPLIT_MAX_SLICES", max_slices)
+    slices = topk.split_slices(bsz, n, dtype)
+    assert 1 < slices <= max_slices and (slices == -(-n // 256) or max_slices < -(-n // 256))
+    scores, present = _case(bsz, n, dtype, seed=n + k + bsz)
+    scores, present = scores.to(DEV), present.to(DEV)
+    poison()
+    plain = topk.topk_lowest_index(scores, k, present)
+    _assert_matches(scores, k, present, plain, f"split B={bsz} N={n} k={k}")
+    picked, valid = topk.topk_lowest_index(scores, k, present, mark_absent=True)
+    assert torch.equal(valid, plain[1]) and torch.equal(picked, torch.where(plain[1], plain[0], -1))
+    visible = torch.randint(0, n + 1, (bsz,), generator=torch.Generator().manual_seed(n), dtype=torch.int32).to(DEV)
+    seen = torch.arange(n, device=DEV)[None, :] < visible[:, None].long()
+    picked, valid = topk.topk_lowest_index(scores, k, mark_absent=True, visible=visible, index_dtype=torch.int32)
+    want = topk.topk_lowest_index_ref(scores.cpu(), k, seen.cpu())
+    assert picked.dtype == torch.int32 and torch.equal(valid.cpu(), want[1])
+    assert torch.equal(picked.long().cpu(), torch.where(want[1], want[0], -1)), f"visible B={bsz} N={n} k={k}"
+
+
+@pytest.mark.skipif(INTERP, reason="interpreter: long rows on one program are slow (the split default covers them)")
+@pytest.mark.parametrize("n", [5000, 20000])
+def test_one_program_long_rows(n: int, poison, monkeypatch) -> None:
+    """Rows the split launches would take by default (few and long), on one program per row as before."""
+    from dsv4.kernels import topk
+
+    monkeypatch.setattr(topk, "SPLIT_MIN_N", 1 << 30)
+    assert topk.split_slices(3, n, torch.bfloat16) == 0
+    scores, present = _case(3, n, torch.bfloat16, seed=n + 5)
+    scores, present = scores.to(DEV), present.to(DEV)
+    poison()
+    _assert_matches(scores, 512, present, topk.topk_lowest_index(scores, 512, present), f"one program N={n}")
+
+
+def test_split_rule(monkeypatch) -> None:
+    """Which rows split: 16-bit keys, few rows, long rows; slices widen past SPLIT_MAX_SLICES; bad settings fail."""
+    from dsv4.kernels import topk
+
+    n = 4 * topk.SPLIT_MIN_N
+    assert topk.split_slices(1, n, torch.bfloat16) == n // topk.SPLIT_SLICE
+    assert topk.split_slices(topk.SPLIT_MAX_ROWS, n, torch.float16) > 0
+    assert topk.split_slices(topk.SPLIT_MAX_ROWS + 1, n, torch.bfloat16) == 0
+    assert topk.split_slices(1, topk.SPLIT_MIN_N - 1, torch.bfloat16) == 0
+    assert topk.split_slices(1, n, torch.float32) == 0  # (4 digits: the one-program kernel)
+    assert topk.split_slices(1, 1 << 20, torch.bfloat16) == topk.SPLIT_MAX_SLICES
+    monkeypatch.setattr(topk, "SPLIT_SLICE", 300)
+    with pytest.raises(ValueError, match="SPLIT_SLICE"):
+        topk.split_slices(1, n, torch.bfloat16)
