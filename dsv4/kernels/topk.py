@@ -29,6 +29,11 @@ comes out ascending and every one of its k slots is written exactly once (no pre
 Zero and NaN are recognised on the bits, not by float compares: Triton's interpreter compares bf16
 as raw bits (NaN == NaN, -0 != +0), which would hide bugs of the compiled kernel. Device ops only:
 CUDA-graph capturable.
+
+A few long rows (a decode step's indexer at long contexts: one row per sequence, N = context / 4) would leave
+all but B SMs idle while each program streams its row three times, so such rows split into slices
+(`split_slices`): the same two digit passes and the select, each a launch of (row, slice) programs that sum
+the slices' histograms (identical picks).
 """
 from __future__ import annotations
 
