@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
-from dsv4.kernels._triton import pdl_kernel, pdl_wait
+from dsv4.kernels._triton import arrival_counters, pdl_kernel, pdl_wait
 
 SCORE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}  # +inf; above: NaN
@@ -184,28 +184,18 @@ if HAS_TRITON:
 
 
     # A row split into slices (`SPLIT_*` below): one program per (row, slice) in each of three launches, so a long
-    # row of a few-row decode batch is not one program streaming it three times while the other SMs idle. Each
-    # launch writes whole rows of HIST [B, 2, slices, 256] (no atomics, no zeroing, the same picks in any order):
-    # pass 0 its slice's histogram of the high digit; pass 1 the high digit from the sum of pass 0's rows, then its
-    # slice's histogram of the low digit among the keys that match it; the select, T from both sums, and the keys
-    # > T and ties before its slice from the slices' rows before it (16-bit keys only: two digits).
-
-    @triton.jit
-    def _slice_sums(HIST, nsl, i, bins, RB: tl.constexpr):
-        """(sum of the nsl slices' histogram rows at HIST [nsl, 256], sum of the rows of slices before i)."""
-        total = tl.zeros([256], dtype=tl.int32)
-        before = tl.zeros([256], dtype=tl.int32)
-        for j0 in range(0, nsl, RB):
-            j = j0 + tl.arange(0, RB)
-            rows = tl.load(HIST + j[:, None] * 256 + bins[None, :], mask=(j < nsl)[:, None], other=0)
-            total += tl.sum(rows, axis=0)
-            before += tl.sum(tl.where((j < i)[:, None], rows, 0), axis=0)
-        return total, before
+    # row of a few-row decode batch is not one program streaming it three times while the other SMs idle. The row's
+    # digit histograms are summed by atomics into TOT [B, 2, 256] (zeroed by the select's last program of the row,
+    # so left zeroed for the next call: `arrival_counters`); the select's offsets come from what each slice left in
+    # ROWS [B, 2, slices, 256] and ABOVE [B, slices]. Pass 0: the high digit's histogram. Pass 1: the high digit of
+    # T from TOT, the slice's keys above it (ABOVE), then the low digit's histogram among the keys matching it,
+    # kept as suffix sums (matches with low digit >= bin). Select: T, and the keys > T and ties in the slices
+    # before its own from two columns of those suffix sums (16-bit keys only: two digits).
 
     @pdl_kernel
     @triton.jit
-    def _split_hist_kernel(S, HIST, N, K, SLICE, ss_b, ss_n, sh_b, PASS: tl.constexpr, INF_BITS: tl.constexpr,
-                           BLOCK: tl.constexpr, RB: tl.constexpr):
+    def _split_hist_kernel(S, TOT, ROWS, ABOVE, N, K, SLICE, ss_b, ss_n, PASS: tl.constexpr, INF_BITS: tl.constexpr,
+                           BLOCK: tl.constexpr):
         pdl_wait()
         b = tl.program_id(0).to(tl.int64)
         i = tl.program_id(1)
@@ -214,35 +204,46 @@ if HAS_TRITON:
         bins = tl.arange(0, 256)
         prefix = tl.full([], 0, tl.uint32)
         if PASS == 1:
-            total, _ = _slice_sums(HIST + b * sh_b, nsl, i, bins, RB)
-            _, prefix = _fix_digit(total, bins, K, prefix, 0)
+            _, prefix = _fix_digit(tl.load(TOT + b * 512 + bins), bins, K, prefix, 0)
+            own = tl.load(ROWS + (b * 2 * nsl + i) * 256 + bins)  # this slice's pass-0 histogram
+            tl.store(ABOVE + b * nsl + i, tl.sum(tl.where(bins > (prefix >> 24).to(tl.int32), own, 0), axis=0))
         hist = _digit_hist(S, b * ss_b, lo, tl.minimum(lo + SLICE, N), tl.arange(0, BLOCK), ss_n, prefix, PASS, True,
                            INF_BITS, BLOCK)
-        tl.store(HIST + b * sh_b + (PASS * nsl + i) * 256 + bins, hist)
+        tl.atomic_add(TOT + b * 512 + PASS * 256 + bins, hist, mask=hist != 0, sem="relaxed")
+        if PASS == 1:
+            hist = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+        tl.store(ROWS + ((b * 2 + PASS) * nsl + i) * 256 + bins, hist)
 
     @pdl_kernel
     @triton.jit
-    def _split_select_kernel(S, HIST, PRESENT, PICKED, VALID, N, K, SLICE, ss_b, ss_n, sh_b, sp_b, sp_n, so_b, sv_b,
-                             INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
-                             RB: tl.constexpr, MARK_ABSENT: tl.constexpr, HAS_VISIBLE: tl.constexpr):
+    def _split_select_kernel(S, TOT, CNT, ROWS, ABOVE, PRESENT, PICKED, VALID, N, K, SLICE, ss_b, ss_n, sp_b, sp_n,
+                             so_b, sv_b, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
+                             SP: tl.constexpr, MARK_ABSENT: tl.constexpr, HAS_VISIBLE: tl.constexpr):
         pdl_wait()
         b = tl.program_id(0).to(tl.int64)
         i = tl.program_id(1)
         nsl = tl.num_programs(1)
         lo = i.to(tl.int64) * SLICE
         bins = tl.arange(0, 256)
-        total0, before0 = _slice_sums(HIST + b * sh_b, nsl, i, bins, RB)
-        total1, before1 = _slice_sums(HIST + b * sh_b + nsl * 256, nsl, i, bins, RB)
-        take, prefix = _fix_digit(total0, bins, K, tl.full([], 0, tl.uint32), 0)
-        take, prefix = _fix_digit(total1, bins, take, prefix, 1)
-        t0 = (prefix >> 24).to(tl.int32)
-        t1 = ((prefix >> 16) & 0xFF).to(tl.int32)
-        # keys > T before the slice: a higher high digit, or T's high digit and a higher low one; ties: T's digits
-        n_above = tl.sum(tl.where(bins > t0, before0, 0), axis=0) + tl.sum(tl.where(bins > t1, before1, 0), axis=0)
-        ties = tl.sum(tl.where(bins == t1, before1, 0), axis=0)
+        take, prefix = _fix_digit(tl.load(TOT + b * 512 + bins), bins, K, tl.full([], 0, tl.uint32), 0)
+        take, prefix = _fix_digit(tl.load(TOT + b * 512 + 256 + bins), bins, take, prefix, 1)
+        low = ((prefix >> 16) & 0xFF).to(tl.int32)
+        j = tl.arange(0, SP)
+        before = j < i
+        suffix = ROWS + ((b * 2 + 1) * nsl + j) * 256  # the slices' low-digit suffix sums
+        at_least = tl.load(suffix + low, mask=before, other=0)
+        above = tl.load(suffix + low + 1, mask=before & (low < 255), other=0)
+        n_above = tl.sum(tl.load(ABOVE + b * nsl + j, mask=before, other=0) + above, axis=0)
         _select_span(b, S, b * ss_b, lo, tl.minimum(lo + SLICE, N), tl.arange(0, BLOCK), ss_n, prefix, take, n_above,
-                     ties, PRESENT, PICKED, VALID, sp_b, sp_n, so_b, sv_b, True, INF_BITS, HAS_PRESENT, BLOCK,
-                     MARK_ABSENT, HAS_VISIBLE)
+                     tl.sum(at_least - above, axis=0), PRESENT, PICKED, VALID, sp_b, sp_n, so_b, sv_b, True, INF_BITS,
+                     HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
+        # every program of the row has read TOT once it arrives: the last one zeroes it (the CTA barrier orders the
+        # reads before the gpu-scope acq_rel atomic, as `split_k_sum`)
+        tl.debug_barrier()
+        if tl.atomic_add(CNT + b, 1, sem="acq_rel", scope="gpu") == nsl - 1:
+            tl.store(TOT + b * 512 + bins, tl.zeros([256], dtype=tl.int32))
+            tl.store(TOT + b * 512 + 256 + bins, tl.zeros([256], dtype=tl.int32))
+            tl.store(CNT + b, 0)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -254,13 +255,11 @@ WARPS_LARGE = 8
 
 
 # Split rows (`_split_hist_kernel`): rows of at least SPLIT_MIN_N entries in batches of at most SPLIT_MAX_ROWS rows
-# go to (row, slice) programs of SPLIT_SLICE entries (more per slice past SPLIT_MAX_SLICES slices); each launch sums
-# the slices' histogram rows SPLIT_ROWS_STEP at a time.
+# go to (row, slice) programs of SPLIT_SLICE entries (more per slice past SPLIT_MAX_SLICES slices).
 SPLIT_MIN_N = 4096
 SPLIT_MAX_ROWS = 64
 SPLIT_SLICE = 1024
 SPLIT_MAX_SLICES = 64
-SPLIT_ROWS_STEP = 8
 
 
 def block_for(n: int) -> int:
@@ -338,13 +337,16 @@ def _launch_split(scores, k, pres, strides, picked, valid8, slices, mark_absent,
     bsz, n = scores.shape
     length = _slice_len(n)
     block = min(length, block_for(n))
-    hist = torch.empty(bsz, 2, slices, 256, dtype=torch.int32, device=scores.device)
-    common = (n, k, length, scores.stride(0), scores.stride(1), hist.stride(0))
+    state = arrival_counters("topk split", scores.device, bsz * 513)  # TOT [B, 2, 256], then CNT [B]
+    tot, cnt = state[:bsz * 512], state[bsz * 512:bsz * 513]
+    rows = torch.empty(bsz, 2, slices, 256, dtype=torch.int32, device=scores.device)
+    above = torch.empty(bsz, slices, dtype=torch.int32, device=scores.device)
+    common = (n, k, length, scores.stride(0), scores.stride(1))
     warps = 4 if block <= 1024 else WARPS_LARGE
     for p in (0, 1):
-        _split_hist_kernel[(bsz, slices)](scores, hist, *common, PASS=p, INF_BITS=INF_BITS[scores.dtype], BLOCK=block,
-                                          RB=SPLIT_ROWS_STEP, num_warps=warps)
+        _split_hist_kernel[(bsz, slices)](scores, tot, rows, above, *common, PASS=p, INF_BITS=INF_BITS[scores.dtype],
+                                          BLOCK=block, num_warps=warps)
     _split_select_kernel[(bsz, slices)](
-        scores, hist, pres, picked, valid8, *common, *strides, picked.stride(0), valid8.stride(0),
-        INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=has_present, BLOCK=block, RB=SPLIT_ROWS_STEP,
+        scores, tot, cnt, rows, above, pres, picked, valid8, *common, *strides, picked.stride(0), valid8.stride(0),
+        INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=has_present, BLOCK=block, SP=max(2, triton.next_power_of_2(slices)),
         MARK_ABSENT=mark_absent, HAS_VISIBLE=has_visible, num_warps=warps)

@@ -240,6 +240,9 @@ def test_split_rows(bsz: int, n: int, k: int, max_slices: int, dtype: torch.dtyp
     want = topk.topk_lowest_index_ref(scores.cpu(), k, seen.cpu())
     assert picked.dtype == torch.int32 and torch.equal(valid.cpu(), want[1])
     assert torch.equal(picked.long().cpu(), torch.where(want[1], want[0], -1)), f"visible B={bsz} N={n} k={k}"
+    # the row totals and arrival counters are left zeroed for the next call (their last program resets them)
+    from dsv4.kernels._triton import arrival_counters
+    assert not bool(arrival_counters("topk split", scores.device, 1).any()), "split state left non-zero"
 
 
 @pytest.mark.skipif(INTERP, reason="interpreter: long rows on one program are slow (the split default covers them)")
