@@ -254,9 +254,14 @@ BLOCK_MAX = 4096
 WARPS_LARGE = 8
 
 
-# Split rows (`_split_hist_kernel`): rows of at least SPLIT_MIN_N entries in batches of at most SPLIT_MAX_ROWS rows
-# go to (row, slice) programs of SPLIT_SLICE entries (more per slice past SPLIT_MAX_SLICES slices).
+# Split rows (`_split_hist_kernel`): rows of at least SPLIT_MIN_N entries (times rows // SPLIT_ROWS_PER_MIN) in
+# batches of at most SPLIT_MAX_ROWS rows go to (row, slice) programs of SPLIT_SLICE entries (more per slice past
+# SPLIT_MAX_SLICES slices). Session 70 (H100, `bench/bench_topk_split.py`, k = 512, µs one program -> split):
+# 1 row: N = 4096 11.0 -> 9.1, 16384 37.4 -> 9.5, 65536 141 -> 10.1, 262144 569 -> 14.7; 8 rows: 4096 1.16x,
+# 65536 6.7x; 32 rows: 4096 1.00x, 8192 1.36x; 64 rows: 8192 0.97x, 16384 1.39x, 65536 1.67x; 2048 entries lose
+# at every row count (0.66-0.80x: three launches against one).
 SPLIT_MIN_N = 4096
+SPLIT_ROWS_PER_MIN = 16
 SPLIT_MAX_ROWS = 64
 SPLIT_SLICE = 1024
 SPLIT_MAX_SLICES = 64
@@ -319,8 +324,8 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
 
 def split_slices(bsz: int, n: int, dtype: torch.dtype) -> int:
     """Slices per row for the split launches (0: one program per row): 16-bit keys, at most SPLIT_MAX_ROWS rows
-    of at least SPLIT_MIN_N entries."""
-    if dtype == torch.float32 or bsz > SPLIT_MAX_ROWS or n < SPLIT_MIN_N:
+    of at least SPLIT_MIN_N entries, that many more per further SPLIT_ROWS_PER_MIN rows."""
+    if dtype == torch.float32 or bsz > SPLIT_MAX_ROWS or n < SPLIT_MIN_N * max(1, bsz // SPLIT_ROWS_PER_MIN):
         return 0
     return triton.cdiv(n, _slice_len(n))
 

@@ -265,7 +265,11 @@ def test_split_rule(monkeypatch) -> None:
 
     n = 4 * topk.SPLIT_MIN_N
     assert topk.split_slices(1, n, torch.bfloat16) == n // topk.SPLIT_SLICE
-    assert topk.split_slices(topk.SPLIT_MAX_ROWS, n, torch.float16) > 0
+    assert topk.split_slices(topk.SPLIT_MAX_ROWS, 2 * topk.SPLIT_MIN_N, torch.float16) == 0  # more rows: longer
+    many = topk.SPLIT_MIN_N * (topk.SPLIT_MAX_ROWS // topk.SPLIT_ROWS_PER_MIN)
+    assert topk.split_slices(topk.SPLIT_MAX_ROWS, many, torch.float16) > 0
+    assert topk.split_slices(topk.SPLIT_MAX_ROWS, many - 1, torch.float16) == 0
+    assert topk.split_slices(topk.SPLIT_ROWS_PER_MIN, topk.SPLIT_MIN_N, torch.bfloat16) > 0
     assert topk.split_slices(topk.SPLIT_MAX_ROWS + 1, n, torch.bfloat16) == 0
     assert topk.split_slices(1, topk.SPLIT_MIN_N - 1, torch.bfloat16) == 0
     assert topk.split_slices(1, n, torch.float32) == 0  # (4 digits: the one-program kernel)
