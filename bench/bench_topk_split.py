@@ -4,7 +4,8 @@ into slices (`dsv4.kernels.topk.SPLIT_*`), µs per call in a CUDA graph, same pi
     python bench/bench_topk_split.py [--rows 1,8,64] [--n 1024,...,262144] [--k 512] [--slice 1024]
 
 Scores look like the decode indexer's: relu'd weighted sums (spread magnitudes, exact zeros, bf16 ties), the row's
-last entries -inf (absent). A development aid for issue #6 (long-context decode), not a model benchmark.
+last entries -inf (absent). A development aid for issue #6 (long-context decode), not a model benchmark. (Session
+70's table in docs/benchmarks.md timed median replays with a warm L2; `timed` flushes L2 before each replay.)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 
 def _scores(rows: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,25 +27,11 @@ def _scores(rows: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torc
 
 
 def _graph_us(call, reps: int = 20) -> float:
-    """µs per call: `reps` calls captured in one graph, median of 5 replays."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            call()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return sorted(times)[2]
+    """µs per call: `reps` calls captured in one graph (its launch cost spread over them), `bench_gemm_moe.timed`."""
+    from bench_gemm_moe import timed
+    us, how = timed(lambda: [call() for _ in range(reps)])
+    assert how == "graph", "the top-k launches must be capturable"
+    return us / reps
 
 
 def main() -> None:

@@ -192,15 +192,18 @@ if HAS_TRITON:
     # kept as suffix sums (matches with low digit >= bin). Select: T, and the keys > T and ties in the slices
     # before its own from two columns of those suffix sums (16-bit keys only: two digits).
 
+    @triton.jit
+    def _slice_program(SLICE):
+        """(row b, slice i, slices per row, the slice's first entry) of this (row, slice) program."""
+        i = tl.program_id(1)
+        return tl.program_id(0).to(tl.int64), i, tl.num_programs(1), i.to(tl.int64) * SLICE
+
     @pdl_kernel
     @triton.jit
     def _split_hist_kernel(S, TOT, ROWS, ABOVE, N, K, SLICE, ss_b, ss_n, PASS: tl.constexpr, INF_BITS: tl.constexpr,
                            BLOCK: tl.constexpr):
         pdl_wait()
-        b = tl.program_id(0).to(tl.int64)
-        i = tl.program_id(1)
-        nsl = tl.num_programs(1)
-        lo = i.to(tl.int64) * SLICE
+        b, i, nsl, lo = _slice_program(SLICE)
         bins = tl.arange(0, 256)
         prefix = tl.full([], 0, tl.uint32)
         if PASS == 1:
@@ -220,10 +223,7 @@ if HAS_TRITON:
                              so_b, sv_b, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr,
                              SP: tl.constexpr, MARK_ABSENT: tl.constexpr, HAS_VISIBLE: tl.constexpr):
         pdl_wait()
-        b = tl.program_id(0).to(tl.int64)
-        i = tl.program_id(1)
-        nsl = tl.num_programs(1)
-        lo = i.to(tl.int64) * SLICE
+        b, i, nsl, lo = _slice_program(SLICE)
         bins = tl.arange(0, 256)
         take, prefix = _fix_digit(tl.load(TOT + b * 512 + bins), bins, K, tl.full([], 0, tl.uint32), 0)
         take, prefix = _fix_digit(tl.load(TOT + b * 512 + 256 + bins), bins, take, prefix, 1)
