@@ -27,6 +27,12 @@ rows8() {
     python3 bench/flags.py "${@:3}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches $2 --ctx 4096 \
     --kv-dtype fp8 --prefill 0 --cuda-graphs 2>&1 | grep -E "ceilings|B=|rror" | head -6
 }
+# `rows8_at LIMIT CTX BATCHES module.FLAG=value...`: rows8 at context CTX, the decode lines only.
+rows8_at() {
+  RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29522 timeout $1 \
+    python3 bench/flags.py "${@:4}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches $3 --ctx $2 \
+    --kv-dtype fp8 --prefill 0 --cuda-graphs 2>&1 | grep -E "ceilings|B=.*decode |rror|memory" | head -6
+}
 # `pro LIMIT BATCHES CTX PREFILL module.FLAG=value...`: the first 4 Pro layers (HCA, HCA, CSA, HCA; ≈ 70 GB) on
 # one GPU, decode rows at ctx CTX (paged FP8, graphs) and a prefill of PREFILL tokens (0: none), with the flags set.
 pro() {
