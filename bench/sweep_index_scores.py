@@ -5,7 +5,8 @@ grows with the prefix. Per shape: µs (triton do_bench, median), TFLOP/s over th
 scores equal to the default shape's (the per-head dots and bf16 roundings are the same math; tile shapes may
 change the fp32 sum order of the dot). `default`: the Triton kernel at PREFILL_SHAPE; `default unpacked`: with
 `indexer_scores.PACKED_RELU` off; `gluon`: the Gluon kernel (`indexer_scores.PREFILL_GLUON_MIN_KEYS`). Then the
-radix top-k of the same scores (`--topk`: over its chunk length and warps too; its picks must not change).
+radix top-k of the same scores (`--topk`: over its chunk length and warps too; `--sampled`: `topk.SAMPLED` against
+the default; its picks must not change).
 
     python bench/sweep_index_scores.py [--tokens 8192] [--prefix 57344] [--shapes 64,128,4,3 128,128,8,3 ...] [--topk]
 """
@@ -36,6 +37,8 @@ def main() -> None:
     p.add_argument("--prefix", type=int, default=57344)
     p.add_argument("--shapes", nargs="*", default=SHAPES, help="block_t,block_n,warps,stages")
     p.add_argument("--topk", action="store_true", help="also the top-k's chunk and warps (topk.BLOCK_MAX, WARPS_LARGE)")
+    p.add_argument("--sampled", action="store_true", help="also the sampled top-k (topk.SAMPLED), default, sampled, "
+                   "default, sampled")
     args = p.parse_args()
     t, n = args.tokens, (args.prefix + args.tokens) // RATIO
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -72,17 +75,19 @@ def main() -> None:
 
     want = pick()
     print(f"top-{TOPK} of the [{t}, {n}] scores: BLOCK_MAX, WARPS_LARGE | µs | picks equal to the default's")
-    for block, warps in [(topk.BLOCK_MAX, topk.WARPS_LARGE)] + (TOPK_SETTINGS if args.topk else []):
-        old = topk.BLOCK_MAX, topk.WARPS_LARGE
-        topk.BLOCK_MAX, topk.WARPS_LARGE = block, warps
+    settings = [(topk.BLOCK_MAX, topk.WARPS_LARGE, False)] + [(b, w, False) for b, w in TOPK_SETTINGS if args.topk]
+    settings += [(topk.BLOCK_MAX, topk.WARPS_LARGE, s) for s in (True, False, True) if args.sampled]
+    for block, warps, sampled in settings:
+        old = topk.BLOCK_MAX, topk.WARPS_LARGE, topk.SAMPLED
+        topk.BLOCK_MAX, topk.WARPS_LARGE, topk.SAMPLED = block, warps, sampled
         try:
             same = bool((pick() == want).all())
             ms = triton.testing.do_bench(pick, warmup=3, rep=30)
-            print(f"{block}, {warps} | {ms * 1e3:.0f} | {same}")
+            print(f"{block}, {warps}{', sampled' if sampled else ''} | {ms * 1e3:.0f} | {same}")
         except Exception as e:  # noqa: BLE001 (past registers or shared memory: say so, go on)
             print(f"{block}, {warps} | ERR {str(e).splitlines()[0][:80]}")
         finally:
-            topk.BLOCK_MAX, topk.WARPS_LARGE = old
+            topk.BLOCK_MAX, topk.WARPS_LARGE, topk.SAMPLED = old
 
 
 if __name__ == "__main__":

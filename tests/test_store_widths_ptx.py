@@ -66,6 +66,7 @@ NARROW_ALLOWED = {
     "moe_down_b1_words": (1, "as moe_down_b1"),
     "topk_chunks": (8, "one valid byte per picked slot"),
     "topk_chunks_marked": (8, "as topk_chunks"),
+    "topk_sampled": (32, "as topk_chunks, 16 slots a thread at 4096-entry chunks, in both select paths"),
     "topk_split_select": (8, "as topk_chunks (a row's slice: `topk._split_select_kernel`)"),
     "moe_glu_finish": (1, "z's f16 e4m3 codes scattered in `_act_pos` order (as `_quant16_kernel`)"),
     "gate_route_qx": (1, "x's f16 e4m3 codes scattered in `moe_mma_operands._act_pos` order (as `_quant16_kernel`)"),

@@ -93,11 +93,14 @@ if HAS_TRITON:
         return key
 
     @triton.jit
-    def _chunk_keys(S, row, start, lane, N, ss_n, KEY16: tl.constexpr, INF_BITS: tl.constexpr):
+    def _chunk_keys(S, row, start, lane, N, ss_n, KEY16: tl.constexpr, INF_BITS: tl.constexpr, LIST=None,
+                    GATHER: tl.constexpr = False):
         """(indices, in bounds, keys) of the chunk at `start`. Read again by every pass: loading a one-chunk row's
-        keys once for all passes gave the same picks and no speed (session 20, 5.21 -> 5.29 µs), so it went."""
-        idx = start + lane
-        inb = idx < N
+        keys once for all passes gave the same picks and no speed (session 20, 5.21 -> 5.29 µs), so it went.
+        GATHER: the chunk of the entry list LIST (N entries listed, in index order) instead of the row."""
+        pos = start + lane
+        inb = pos < N
+        idx = tl.load(LIST + pos, mask=inb, other=0) if GATHER else pos
         return idx, inb, _order_keys(S, row, idx * ss_n, inb, KEY16, INF_BITS)
 
     @pdl_kernel
@@ -127,17 +130,64 @@ if HAS_TRITON:
             hist = _digit_hist(S, row, 0, N, lane, ss_n, prefix, p, KEY16, INF_BITS, BLOCK)
             take, prefix = _fix_digit(hist, bins, take, prefix, p)
         zero = tl.full([], 0, tl.int32)
-        _select_span(b, S, row, 0, N, lane, ss_n, prefix, take, zero, zero, PRESENT, PICKED, VALID, sp_b, sp_n, so_b, sv_b,
-                     KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
+        _select_span(b, S, row, 0, N, lane, ss_n, prefix, take, zero, zero, PRESENT, PICKED, VALID, sp_b, sp_n, so_b,
+                     sv_b, KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
+
+    @pdl_kernel
+    @triton.jit
+    def _topk_sampled_kernel(S, PRESENT, PICKED, VALID, LIST, N, K, cap, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
+                             KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr,
+                             BLOCK: tl.constexpr, STRIDE: tl.constexpr, MARK_ABSENT: tl.constexpr = False,
+                             HAS_VISIBLE: tl.constexpr = False):
+        """`_topk_kernel` with fewer keys histogrammed (`SAMPLED`): tau = the key with about 2k / STRIDE keys above
+        it among every STRIDE-th entry; one pass lists the row's keys >= tau in index order (LIST [B, cap]); if
+        there are k to cap of them, T lies among them and the radix select and the select run on that list,
+        else on the row as `topk_row` does. The same picks either way."""
+        pdl_wait()
+        b = tl.program_id(0).to(tl.int64)
+        row = b * ss_b
+        lane = tl.arange(0, BLOCK)
+        bins = tl.arange(0, 256)
+        passes: tl.constexpr = 2 if KEY16 else 4
+        ns = tl.cdiv(N, STRIDE)
+        tau = tl.full([], 0, tl.uint32)
+        take = tl.minimum(ns, tl.cdiv(2 * K, STRIDE))
+        for p in tl.static_range(passes):
+            hist = _digit_hist(S, row, 0, ns, lane, ss_n * STRIDE, tau, p, KEY16, INF_BITS, BLOCK)
+            take, tau = _fix_digit(hist, bins, take, tau, p)
+        listed = b * cap
+        m = tl.full([], 0, tl.int32)
+        for start in range(0, N, BLOCK):
+            idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
+            keep = (inb & (key >= tau)).to(tl.int32)
+            at = m + tl.cumsum(keep, axis=0) - keep
+            tl.store(LIST + listed + at, idx, mask=(keep != 0) & (at < cap))
+            m += tl.sum(keep, axis=0)
+        tl.debug_barrier()  # (every thread's list stores before any thread loads the list)
+        zero = tl.full([], 0, tl.int32)
+        prefix = tl.full([], 0, tl.uint32)
+        take = K
+        if (m >= K) & (m <= cap):
+            for p in tl.static_range(passes):
+                hist = _digit_hist(S, row, 0, m, lane, ss_n, prefix, p, KEY16, INF_BITS, BLOCK, LIST + listed, True)
+                take, prefix = _fix_digit(hist, bins, take, prefix, p)
+            _select_span(b, S, row, 0, m, lane, ss_n, prefix, take, zero, zero, PRESENT, PICKED, VALID, sp_b, sp_n,
+                         so_b, sv_b, KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE, LIST + listed, True)
+        else:
+            for p in tl.static_range(passes):
+                hist = _digit_hist(S, row, 0, N, lane, ss_n, prefix, p, KEY16, INF_BITS, BLOCK)
+                take, prefix = _fix_digit(hist, bins, take, prefix, p)
+            _select_span(b, S, row, 0, N, lane, ss_n, prefix, take, zero, zero, PRESENT, PICKED, VALID, sp_b, sp_n,
+                         so_b, sv_b, KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
 
     @triton.jit
     def _digit_hist(S, row, lo, hi, lane, ss_n, prefix, p: tl.constexpr, KEY16: tl.constexpr,
-                    INF_BITS: tl.constexpr, BLOCK: tl.constexpr):
+                    INF_BITS: tl.constexpr, BLOCK: tl.constexpr, LIST=None, GATHER: tl.constexpr = False):
         """Histogram [256] of digit p (8 bits, most significant first) of the keys of entries [lo, hi) whose
         digits before p are prefix's."""
         hist = tl.zeros([256], dtype=tl.int32)
         for start in range(lo, hi, BLOCK):
-            idx, inb, key = _chunk_keys(S, row, start, lane, hi, ss_n, KEY16, INF_BITS)
+            idx, inb, key = _chunk_keys(S, row, start, lane, hi, ss_n, KEY16, INF_BITS, LIST, GATHER)
             if p > 0:
                 inb = inb & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
             hist += tl.histogram(((key >> (24 - 8 * p)) & 0xFF).to(tl.int32), 256, mask=inb)
@@ -155,13 +205,14 @@ if HAS_TRITON:
     @triton.jit
     def _select_span(b, S, row, lo, hi, lane, ss_n, prefix, take, n_above, ties, PRESENT, PICKED, VALID,
                      sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr,
-                     BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr, HAS_VISIBLE: tl.constexpr):
+                     BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr, HAS_VISIBLE: tl.constexpr, LIST=None,
+                     GATHER: tl.constexpr = False):
         """Select key > T, and the first `take` keys == T by index, among entries [lo, hi), given n_above keys > T
         and `ties` keys == T before lo; compact in index order: a selected key's slot is the keys > T before it
         plus min(ties before it, take), both from one scan (ties counted in the high half; a chunk holds fewer
         than 2^16 keys)."""
         for start in range(lo, hi, BLOCK):
-            idx, inb, key = _chunk_keys(S, row, start, lane, hi, ss_n, KEY16, INF_BITS)
+            idx, inb, key = _chunk_keys(S, row, start, lane, hi, ss_n, KEY16, INF_BITS, LIST, GATHER)
             above = (inb & (key > prefix)).to(tl.int32)
             tie = (inb & (key == prefix)).to(tl.int32)
             both = above + (tie << 16)
@@ -254,6 +305,16 @@ BLOCK_MAX = 4096
 WARPS_LARGE = 8
 
 
+# Opt-in, not measured yet (session 70): rows of at least SAMPLED_MIN_N entries on the one-program path histogram
+# only a listed ~2k of their keys (`_topk_sampled_kernel`: a threshold from every SAMPLED_STRIDE-th entry, the keys
+# above it listed, up to SAMPLED_CAP_PER_K * k of them, else the plain passes). Why: the prefill top-k is bound by
+# its ballot histograms' ALU work per key (Nsight, s70a), and this makes one plain pass over the row instead of two
+# histogram passes and the select. `bench/sweep_index_scores.py --sampled` times it against the default.
+SAMPLED = False
+SAMPLED_MIN_N = 8192
+SAMPLED_STRIDE = 16
+SAMPLED_CAP_PER_K = 4
+
 # Split rows (`_split_hist_kernel`): rows of at least SPLIT_MIN_N entries (times rows // SPLIT_ROWS_PER_MIN) in
 # batches of at most SPLIT_MAX_ROWS rows go to (row, slice) programs of SPLIT_SLICE entries (more per slice past
 # SPLIT_MAX_SLICES slices). Session 70 (H100, `bench/bench_topk_split.py`, k = 512, µs one program -> split):
@@ -314,6 +375,15 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
                       visible is not None)
         return
     block = block_for(n)
+    if SAMPLED and n >= SAMPLED_MIN_N:
+        cap = min(n, SAMPLED_CAP_PER_K * k)
+        listed = torch.empty(bsz, cap, dtype=torch.int32, device=scores.device)
+        _topk_sampled_kernel[(bsz,)](
+            scores, pres, picked, valid8, listed, n, k, cap, scores.stride(0), scores.stride(1), *strides,
+            picked.stride(0), valid8.stride(0), KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype],
+            HAS_PRESENT=present is not None, BLOCK=block, STRIDE=SAMPLED_STRIDE, MARK_ABSENT=mark_absent,
+            HAS_VISIBLE=visible is not None, num_warps=4 if block <= 1024 else WARPS_LARGE)
+        return
     _topk_kernel[(bsz,)](
         scores, pres, picked, valid8, n, k,
         scores.stride(0), scores.stride(1), *strides, picked.stride(0), valid8.stride(0),
@@ -353,5 +423,6 @@ def _launch_split(scores, k, pres, strides, picked, valid8, slices, mark_absent,
                                           BLOCK=block, num_warps=warps)
     _split_select_kernel[(bsz, slices)](
         scores, tot, cnt, rows, above, pres, picked, valid8, *common, *strides, picked.stride(0), valid8.stride(0),
-        INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=has_present, BLOCK=block, SP=max(2, triton.next_power_of_2(slices)),
+        INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=has_present, BLOCK=block,
+        SP=max(2, triton.next_power_of_2(slices)),
         MARK_ABSENT=mark_absent, HAS_VISIBLE=has_visible, num_warps=warps)

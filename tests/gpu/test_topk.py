@@ -277,3 +277,32 @@ def test_split_rule(monkeypatch) -> None:
     monkeypatch.setattr(topk, "SPLIT_SLICE", 300)
     with pytest.raises(ValueError, match="SPLIT_SLICE"):
         topk.split_slices(1, n, torch.bfloat16)
+
+
+@pytest.mark.parametrize("n, k, cap_per_k, stride", [
+    (3000, 64, 4, 16),  # the listed keys' path (about 2k of them)
+    (2500, 512, 4, 16),  # k near the list's expected size
+    (3000, 64, 1, 16),  # a list past its cap: the plain passes
+    (2000, 1990, 4, 16),  # k near N: fewer listed keys than k happen
+    (1200, 100, 4, 4096)])  # a one-entry sample
+def test_sampled_rows(n: int, k: int, cap_per_k: int, stride: int, poison, monkeypatch) -> None:
+    """topk.SAMPLED (opt-in): the reference's picks, with present masks, mark_absent and visible counts, on every
+    flavour of row (the flat rows list every key: past the cap, the plain passes)."""
+    from dsv4.kernels import topk
+
+    monkeypatch.setattr(topk, "SAMPLED", True)
+    monkeypatch.setattr(topk, "SAMPLED_MIN_N", 1024)
+    monkeypatch.setattr(topk, "SAMPLED_CAP_PER_K", cap_per_k)
+    monkeypatch.setattr(topk, "SAMPLED_STRIDE", stride)
+    monkeypatch.setattr(topk, "SPLIT_MAX_ROWS", 0)
+    scores, present = _case(4, n, torch.bfloat16, seed=n + k + stride)
+    scores, present = scores.to(DEV), present.to(DEV)
+    poison()
+    plain = topk.topk_lowest_index(scores, k, present)
+    _assert_matches(scores, k, present, plain, f"sampled N={n} k={k}")
+    visible = torch.tensor([0, k, n // 2, n], dtype=torch.int32, device=DEV)
+    seen = torch.arange(n, device=DEV)[None, :] < visible[:, None].long()
+    masked = scores.masked_fill(~seen, float("-inf"))
+    picked, valid = topk.topk_lowest_index(masked, k, mark_absent=True, visible=visible, index_dtype=torch.int32)
+    want = topk.topk_lowest_index_ref(masked.cpu(), k, seen.cpu())
+    assert torch.equal(valid.cpu(), want[1]) and torch.equal(picked.long().cpu(), torch.where(want[1], want[0], -1))
