@@ -25,7 +25,8 @@ KERNEL_SCORES = 1 << 26  # kernel mode: scores per block of queries (128 MB of b
 # kernel mode, paged decode step: the top-k picked by each row's last-arriving scores program
 # (`indexer_scores.indexer_pick`) instead of a `topk_lowest_index` launch after the scores: one launch fewer per CSA
 # layer and step, on the B = 1 critical path. Bit-identical on the H200 (s51), no gain: 8 Flash layers B = 1 graph
-# replay 1.09 / 1.09 / 1.08 ms with it vs 1.07-1.08 without
+# replay 1.09 / 1.09 / 1.08 ms with it vs 1.07-1.08 without. Past 4K entries (16K context) it would also lose the
+# split pick (`topk.split_slices`, session 70): its last-arriving program picks the whole row alone.
 TOPK_IN_SCORES = False
 # kernel mode, paged decode step: the top-k launch stores -1 for the picks that are not present (the decode attention
 # kernel's index list) instead of a `where` (two launches) after it. False: the A/B
