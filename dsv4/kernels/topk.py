@@ -115,23 +115,30 @@ if HAS_TRITON:
     @triton.jit
     def topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16: tl.constexpr,
                  INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr, BLOCK: tl.constexpr, MARK_ABSENT: tl.constexpr,
-                 HAS_VISIBLE: tl.constexpr = False):
+                 HAS_VISIBLE: tl.constexpr = False, LIST=None, GATHER: tl.constexpr = False):
         """Row b's picks (int64 b: the kernel's program, or the last-arriving program of the decode indexer's
         scores launch, `indexer_scores.indexer_pick`). MARK_ABSENT: a pick that is not present stored as -1.
-        HAS_VISIBLE: PRESENT holds the row's int32 visible count instead of a mask."""
+        HAS_VISIBLE: PRESENT holds the row's int32 visible count instead of a mask. GATHER: among the N entries
+        listed at LIST (in index order) only."""
         row = b * ss_b
         lane = tl.arange(0, BLOCK)
-        bins = tl.arange(0, 256)
-        # Radix select, most significant digit first: `prefix` holds the digits of T fixed so far,
-        # `take` how many of the keys matching them are still to be picked (1 <= take <= matches).
-        prefix = tl.full([], 0, tl.uint32)
-        take = K
-        for p in tl.static_range(2 if KEY16 else 4):
-            hist = _digit_hist(S, row, 0, N, lane, ss_n, prefix, p, KEY16, INF_BITS, BLOCK)
-            take, prefix = _fix_digit(hist, bins, take, prefix, p)
+        take, prefix = _radix_digits(S, row, N, lane, ss_n, K, KEY16, INF_BITS, BLOCK, LIST, GATHER)
         zero = tl.full([], 0, tl.int32)
         _select_span(b, S, row, 0, N, lane, ss_n, prefix, take, zero, zero, PRESENT, PICKED, VALID, sp_b, sp_n, so_b,
-                     sv_b, KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
+                     sv_b, KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE, LIST, GATHER)
+
+    @triton.jit
+    def _radix_digits(S, row, n, lane, ss_n, take, KEY16: tl.constexpr, INF_BITS: tl.constexpr, BLOCK: tl.constexpr,
+                      LIST=None, GATHER: tl.constexpr = False):
+        """Radix select of the take-th largest key T among entries [0, n), most significant digit first -> (the
+        keys == T still to be picked, T). `prefix` holds the digits of T fixed so far, `take` how many of the keys
+        matching them are still to be picked (1 <= take <= matches)."""
+        bins = tl.arange(0, 256)
+        prefix = tl.full([], 0, tl.uint32)
+        for p in tl.static_range(2 if KEY16 else 4):
+            hist = _digit_hist(S, row, 0, n, lane, ss_n, prefix, p, KEY16, INF_BITS, BLOCK, LIST, GATHER)
+            take, prefix = _fix_digit(hist, bins, take, prefix, p)
+        return take, prefix
 
     @pdl_kernel
     @triton.jit
@@ -147,38 +154,24 @@ if HAS_TRITON:
         b = tl.program_id(0).to(tl.int64)
         row = b * ss_b
         lane = tl.arange(0, BLOCK)
-        bins = tl.arange(0, 256)
-        passes: tl.constexpr = 2 if KEY16 else 4
         ns = tl.cdiv(N, STRIDE)
-        tau = tl.full([], 0, tl.uint32)
-        take = tl.minimum(ns, tl.cdiv(2 * K, STRIDE))
-        for p in tl.static_range(passes):
-            hist = _digit_hist(S, row, 0, ns, lane, ss_n * STRIDE, tau, p, KEY16, INF_BITS, BLOCK)
-            take, tau = _fix_digit(hist, bins, take, tau, p)
-        listed = b * cap
+        _, tau = _radix_digits(S, row, ns, lane, ss_n * STRIDE, tl.minimum(ns, tl.cdiv(2 * K, STRIDE)), KEY16,
+                               INF_BITS, BLOCK)
+        listed = LIST + b * cap
         m = tl.full([], 0, tl.int32)
         for start in range(0, N, BLOCK):
             idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
             keep = (inb & (key >= tau)).to(tl.int32)
             at = m + tl.cumsum(keep, axis=0) - keep
-            tl.store(LIST + listed + at, idx, mask=(keep != 0) & (at < cap))
+            tl.store(listed + at, idx, mask=(keep != 0) & (at < cap))
             m += tl.sum(keep, axis=0)
         tl.debug_barrier()  # (every thread's list stores before any thread loads the list)
-        zero = tl.full([], 0, tl.int32)
-        prefix = tl.full([], 0, tl.uint32)
-        take = K
         if (m >= K) & (m <= cap):
-            for p in tl.static_range(passes):
-                hist = _digit_hist(S, row, 0, m, lane, ss_n, prefix, p, KEY16, INF_BITS, BLOCK, LIST + listed, True)
-                take, prefix = _fix_digit(hist, bins, take, prefix, p)
-            _select_span(b, S, row, 0, m, lane, ss_n, prefix, take, zero, zero, PRESENT, PICKED, VALID, sp_b, sp_n,
-                         so_b, sv_b, KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE, LIST + listed, True)
+            topk_row(b, S, PRESENT, PICKED, VALID, m, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16, INF_BITS,
+                     HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE, listed, True)
         else:
-            for p in tl.static_range(passes):
-                hist = _digit_hist(S, row, 0, N, lane, ss_n, prefix, p, KEY16, INF_BITS, BLOCK)
-                take, prefix = _fix_digit(hist, bins, take, prefix, p)
-            _select_span(b, S, row, 0, N, lane, ss_n, prefix, take, zero, zero, PRESENT, PICKED, VALID, sp_b, sp_n,
-                         so_b, sv_b, KEY16, INF_BITS, HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
+            topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16, INF_BITS,
+                     HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
 
     @triton.jit
     def _digit_hist(S, row, lo, hi, lane, ss_n, prefix, p: tl.constexpr, KEY16: tl.constexpr,
@@ -197,10 +190,15 @@ if HAS_TRITON:
     def _fix_digit(hist, bins, take, prefix, p: tl.constexpr):
         """Digit p of T from the histogram of the keys matching prefix: the largest digit with at least `take`
         matches at or above it -> (take less the matches above that digit, prefix with the digit set)."""
-        at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # matches with digit >= bin
+        at_least = _suffix_sums(hist)
         t = tl.max(tl.where(at_least >= take, bins, -1), axis=0)
         take -= tl.sum(tl.where(bins > t, hist, 0), axis=0)
         return take, prefix | (t.to(tl.uint32) << (24 - 8 * p))
+
+    @triton.jit
+    def _suffix_sums(hist):
+        """[256]: the matches with digit >= bin."""
+        return tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
 
     @triton.jit
     def _select_span(b, S, row, lo, hi, lane, ss_n, prefix, take, n_above, ties, PRESENT, PICKED, VALID,
@@ -265,7 +263,7 @@ if HAS_TRITON:
                            INF_BITS, BLOCK)
         tl.atomic_add(TOT + b * 512 + PASS * 256 + bins, hist, mask=hist != 0, sem="relaxed")
         if PASS == 1:
-            hist = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+            hist = _suffix_sums(hist)
         tl.store(ROWS + ((b * 2 + PASS) * nsl + i) * 256 + bins, hist)
 
     @pdl_kernel
@@ -375,21 +373,20 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
                       visible is not None)
         return
     block = block_for(n)
+    strides = (scores.stride(0), scores.stride(1), *strides, picked.stride(0), valid8.stride(0))
+    kw = dict(KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
+              BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None, num_warps=_warps(block))
     if SAMPLED and n >= SAMPLED_MIN_N:
         cap = min(n, SAMPLED_CAP_PER_K * k)
         listed = torch.empty(bsz, cap, dtype=torch.int32, device=scores.device)
-        _topk_sampled_kernel[(bsz,)](
-            scores, pres, picked, valid8, listed, n, k, cap, scores.stride(0), scores.stride(1), *strides,
-            picked.stride(0), valid8.stride(0), KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype],
-            HAS_PRESENT=present is not None, BLOCK=block, STRIDE=SAMPLED_STRIDE, MARK_ABSENT=mark_absent,
-            HAS_VISIBLE=visible is not None, num_warps=4 if block <= 1024 else WARPS_LARGE)
-        return
-    _topk_kernel[(bsz,)](
-        scores, pres, picked, valid8, n, k,
-        scores.stride(0), scores.stride(1), *strides, picked.stride(0), valid8.stride(0),
-        KEY16=scores.dtype != torch.float32, INF_BITS=INF_BITS[scores.dtype], HAS_PRESENT=present is not None,
-        BLOCK=block, MARK_ABSENT=mark_absent, HAS_VISIBLE=visible is not None,
-        num_warps=4 if block <= 1024 else WARPS_LARGE)
+        _topk_sampled_kernel[(bsz,)](scores, pres, picked, valid8, listed, n, k, cap, *strides, STRIDE=SAMPLED_STRIDE,
+                                     **kw)
+    else:
+        _topk_kernel[(bsz,)](scores, pres, picked, valid8, n, k, *strides, **kw)
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 1024 else WARPS_LARGE
 
 
 def split_slices(bsz: int, n: int, dtype: torch.dtype) -> int:
@@ -417,7 +414,7 @@ def _launch_split(scores, k, pres, strides, picked, valid8, slices, mark_absent,
     rows = torch.empty(bsz, 2, slices, 256, dtype=torch.int32, device=scores.device)
     above = torch.empty(bsz, slices, dtype=torch.int32, device=scores.device)
     common = (n, k, length, scores.stride(0), scores.stride(1))
-    warps = 4 if block <= 1024 else WARPS_LARGE
+    warps = _warps(block)
     for p in (0, 1):
         _split_hist_kernel[(bsz, slices)](scores, tot, rows, above, *common, PASS=p, INF_BITS=INF_BITS[scores.dtype],
                                           BLOCK=block, num_warps=warps)

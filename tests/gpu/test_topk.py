@@ -62,6 +62,18 @@ def _assert_matches(scores: torch.Tensor, k: int, present: torch.Tensor | None, 
     assert torch.equal(valid.cpu().view(torch.uint8), want_v.view(torch.uint8)), f"{what}: valid differs"
 
 
+def _assert_visible_picks(scores: torch.Tensor, k: int, visible: torch.Tensor, what: str) -> None:
+    """topk_lowest_index with visible counts (int32 list, absent picks -1) against the reference's picks of the
+    `entry < visible` mask."""
+    from dsv4.kernels.topk import topk_lowest_index, topk_lowest_index_ref
+
+    seen = torch.arange(scores.shape[1], device=scores.device)[None, :] < visible[:, None].long()
+    picked, valid = topk_lowest_index(scores, k, mark_absent=True, visible=visible, index_dtype=torch.int32)
+    want = topk_lowest_index_ref(scores.cpu(), k, seen.cpu())
+    assert picked.dtype == torch.int32 and torch.equal(valid.cpu(), want[1]), what
+    assert torch.equal(picked.long().cpu(), torch.where(want[1], want[0], -1)), what
+
+
 def _ks(n: int) -> dict[str, int]:
     return {"1": 1, "512": min(512, n), "1024": min(1024, n), "N": n}  # 512: Flash's index_topk, 1024: Pro's
 
@@ -235,11 +247,7 @@ def test_split_rows(bsz: int, n: int, k: int, max_slices: int, dtype: torch.dtyp
     picked, valid = topk.topk_lowest_index(scores, k, present, mark_absent=True)
     assert torch.equal(valid, plain[1]) and torch.equal(picked, torch.where(plain[1], plain[0], -1))
     visible = torch.randint(0, n + 1, (bsz,), generator=torch.Generator().manual_seed(n), dtype=torch.int32).to(DEV)
-    seen = torch.arange(n, device=DEV)[None, :] < visible[:, None].long()
-    picked, valid = topk.topk_lowest_index(scores, k, mark_absent=True, visible=visible, index_dtype=torch.int32)
-    want = topk.topk_lowest_index_ref(scores.cpu(), k, seen.cpu())
-    assert picked.dtype == torch.int32 and torch.equal(valid.cpu(), want[1])
-    assert torch.equal(picked.long().cpu(), torch.where(want[1], want[0], -1)), f"visible B={bsz} N={n} k={k}"
+    _assert_visible_picks(scores, k, visible, f"visible B={bsz} N={n} k={k}")
     # the row totals and arrival counters are left zeroed for the next call (their last program resets them)
     from dsv4.kernels._triton import arrival_counters
     assert not bool(arrival_counters("topk split", scores.device, 1).any()), "split state left non-zero"
@@ -302,7 +310,4 @@ def test_sampled_rows(n: int, k: int, cap_per_k: int, stride: int, poison, monke
     _assert_matches(scores, k, present, plain, f"sampled N={n} k={k}")
     visible = torch.tensor([0, k, n // 2, n], dtype=torch.int32, device=DEV)
     seen = torch.arange(n, device=DEV)[None, :] < visible[:, None].long()
-    masked = scores.masked_fill(~seen, float("-inf"))
-    picked, valid = topk.topk_lowest_index(masked, k, mark_absent=True, visible=visible, index_dtype=torch.int32)
-    want = topk.topk_lowest_index_ref(masked.cpu(), k, seen.cpu())
-    assert torch.equal(valid.cpu(), want[1]) and torch.equal(picked.long().cpu(), torch.where(want[1], want[0], -1))
+    _assert_visible_picks(scores.masked_fill(~seen, float("-inf")), k, visible, f"sampled visible N={n} k={k}")
