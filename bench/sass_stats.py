@@ -274,11 +274,25 @@ CASES = {
     "prefill_scores": ("indexer_scores", "_prefill_scores_kernel",
                        dict(Q="*bf16", W="*fp32", K="*bf16", VIS="*i32", OUT="*bf16"),
                        dict(D=128, BT=64, BN=128, INTERP=False), 4, 3, ("N", "sq_t", "sq_h", "sw_t", "sk_n", "so_t")),
+    # ... on folded e4m3 operands (indexer_fp8: FP8 dots, the total times SK), behind the guard that reads OK
+    "prefill_scores_fp8": ("indexer_scores", "_prefill_scores_kernel",
+                           dict(Q="*fp8e4nv", W="*fp32", K="*fp8e4nv", VIS="*i32", OUT="*bf16", SK="*fp32",
+                                OK="*i32"),
+                           dict(D=128, BT=64, BN=128, INTERP=False, GUARD=1), 4, 3,
+                           ("N", "sq_t", "sq_h", "sw_t", "sk_n", "so_t")),
     # ... in Gluon (indexer_scores.PREFILL_GLUON_MIN_KEYS: the next head's wgmma in flight during a head's rounding)
     "prefill_scores_gluon": ("indexer_scores_gluon", "_scores_kernel",
                              dict(Q="*bf16", W="*bf16", K="*bf16", VIS="*i32", OUT="*bf16"),
-                             dict(D=128, BT=64, BN=256, STAGES=4, GROUP=8), 8, 1,
+                             dict(D=128, BT=64, BN=256, STAGES=4, GROUP=8, EBITS=16), 8, 1,
                              ("N", "stride_qt", "stride_qh", "stride_kn", "stride_ot")),
+    "prefill_scores_gluon_fp8": ("indexer_scores_gluon", "_scores_kernel",
+                                 dict(Q="*fp8e4nv", W="*fp32", K="*fp8e4nv", VIS="*i32", OUT="*bf16", SK="*fp32",
+                                      OK="*i32"),
+                                 dict(D=128, BT=64, BN=256, STAGES=4, GROUP=8, EBITS=8, GUARD=1), 8, 1,
+                                 ("N", "stride_qt", "stride_qh", "stride_kn", "stride_ot")),
+    # the fold of FP4-simulated rows to e4m3 and a power of two per row (indexer_fp8), with the weights
+    "indexer_fold": ("indexer_fp8", "_fold_kernel", dict(X="*bf16", W="*bf16", X8="*fp8e4nv", S="*fp32", OK="*i32"),
+                     dict(D=128, BR=32, HAS_W=True), 4, 1, ("sx_t", "sx_h")),
     # the requantisation of the MoE's activations / z (16-byte stores also when it permutes the columns)
     "requant": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=0), 4, 1,
                 ("stride", "stride_out")),
@@ -357,6 +371,8 @@ def compile_kernel(name: str, stages: int | None = None):
     # constexpr parameters the case leaves out take their defaults, as at a launch (not an i32 argument)
     const = {**{n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty
                 and "constexpr" in str(p.annotation)}, **const}
+    # pointer parameters defaulting to None that the case does not type are None at a launch too (`if X is not None`)
+    const = {**{n: None for n, p in params.items() if p.default is None and n not in types}, **const}
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
     attrs = {(j,): [["tt.divisibility", 16]] for j, n in enumerate(names) if sig[n].startswith("*") or n in div16}
     n_stages = stages if stages is not None else _stages(stage_spec, module)

@@ -4,7 +4,9 @@ prefix: T queries of Flash's indexer (64 heads x 128) against every compressed k
 grows with the prefix. Per shape: µs (triton do_bench, median), TFLOP/s over the visible keys, and the share of
 scores equal to the default shape's (the per-head dots and bf16 roundings are the same math; tile shapes may
 change the fp32 sum order of the dot). `default`: the Triton kernel at PREFILL_SHAPE; `default unpacked`: with
-`indexer_scores.PACKED_RELU` off; `gluon`: the Gluon kernel (`indexer_scores.PREFILL_GLUON_MIN_KEYS`). Then the
+`indexer_scores.PACKED_RELU` off; `gluon`: the Gluon kernel (`indexer_scores.PREFILL_GLUON_MIN_KEYS`); `fp8` / `gluon
+fp8`: those kernels on the operands folded to e4m3 (`prefill_index_scores(fp4=True)`, the fold included; with
+`--fp4` the operands are FP4-simulated, as the model's, and the scores must equal the default's). Then the
 radix top-k of the same scores (`--topk`: over its chunk length and warps too; `--sampled`: `topk.SAMPLED` against
 the default; its picks must not change).
 
@@ -39,12 +41,17 @@ def main() -> None:
     p.add_argument("--topk", action="store_true", help="also the top-k's chunk and warps (topk.BLOCK_MAX, WARPS_LARGE)")
     p.add_argument("--sampled", action="store_true", help="also the sampled top-k (topk.SAMPLED), default, sampled, "
                    "default, sampled")
+    p.add_argument("--fp4", action="store_true", help="FP4-simulated q and keys (the model's reference numerics)")
     args = p.parse_args()
     t, n = args.tokens, (args.prefix + args.tokens) // RATIO
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(t, HEADS, DIM, device="cuda", generator=gen).to(torch.bfloat16)
     w = (torch.randn(t, HEADS, device="cuda", generator=gen) * (DIM * HEADS) ** -0.5).to(torch.bfloat16)
     keys = torch.randn(n, DIM, device="cuda", generator=gen).to(torch.bfloat16)
+    if args.fp4:
+        from dsv4.model.numerics import simulate_indexer_fp4
+
+        q, keys = simulate_indexer_fp4(q), simulate_indexer_fp4(keys)
     vis = ((args.prefix + torch.arange(t, device="cuda") + 1) // RATIO).to(torch.int32)
     flop = 2 * HEADS * DIM * vis.sum().item()
     print(f"{torch.cuda.get_device_name()}: T = {t} queries after {args.prefix} tokens, N = {n} keys, "
@@ -53,11 +60,13 @@ def main() -> None:
     indexer_scores.PREFILL_GLUON_MIN_KEYS = 1 << 62  # `default`: the Triton kernel (`gluon`: the Gluon one)
     base = prefill_index_scores(q, w, keys, vis)
     print("block_t,block_n,warps,stages | µs | TFLOP/s | same as default")
-    for shape in ["default", "default unpacked", "gluon", *args.shapes]:
-        kw = {} if shape in ("default", "default unpacked", "gluon") else dict(
+    named = ("default", "default unpacked", "gluon", "fp8", "gluon fp8")
+    for shape in [*named, *args.shapes]:
+        kw = {"fp4": True} if "fp8" in shape else {} if shape in named else dict(
             zip(("block_t", "block_n", "warps", "stages"), map(int, shape.split(","))))
         indexer_scores.PACKED_RELU = shape != "default unpacked"  # (the per-element bf16 rounding before session 68)
-        indexer_scores.PREFILL_GLUON_MIN_KEYS = 0 if shape == "gluon" else 1 << 62
+        indexer_scores.PREFILL_GLUON_MIN_KEYS = 0 if shape.startswith("gluon") else 1 << 62
+        indexer_scores.PREFILL_FP8_MIN_KEYS = 0
         try:
             out = prefill_index_scores(q, w, keys, vis, **kw)
             ms = triton.testing.do_bench(lambda: prefill_index_scores(q, w, keys, vis, **kw), warmup=3, rep=30)

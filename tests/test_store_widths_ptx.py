@@ -30,12 +30,13 @@ def test_requant_stores_are_16_byte_vectors(case):
     assert _stores(case) == {"st.global.v4.b32": 4}, case
 
 
-def test_prefill_index_scores_store_16_byte_vectors():
+@pytest.mark.parametrize("case", ["prefill_scores", "prefill_scores_fp8"])
+def test_prefill_index_scores_store_16_byte_vectors(case):
     """The indexer's prefill scores with an entry count divisible by 16 store 16-byte vectors: both the -inf fill of
     unseen tiles and the scores. (Other counts compile to 16-bit stores; rows padded to 16 entries, session 32's
     `PAD_ROWS`, measured no faster, s33a / s33e: 8-layer prefill of 8,004 tokens 102 / 102 ms without, 103 / 102
     with, and were removed.)"""
-    assert set(_stores("prefill_scores")) == {"st.global.v4.b32"}
+    assert set(_stores(case)) == {"st.global.v4.b32"}
 
 
 @pytest.mark.parametrize("case,vectors", [("moe_glu_wide_t", 8), ("moe_down_wide_t", 16)])

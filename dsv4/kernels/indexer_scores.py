@@ -40,6 +40,10 @@ PREFILL_SHAPE = (64, 128, 4, 3)
 # head's elementwise work) from this many keys on, where it applies and no launch shape is asked for (session 68, H100,
 # 8K queries, time of the Triton kernel / the Gluon one: 16K keys 0.98x, 32K 0.95x, 64K 1.08x, 128K 1.04x)
 PREFILL_GLUON_MIN_KEYS = 1 << 16
+# FP4-simulated operands (`prefill_index_scores(fp4=True)`, the model's default numerics) folded to e4m3 for FP8 dots
+# from this many keys on (`indexer_fp8`: the same scores; the fold and the guard's second launch cost ≈ 2 passes
+# over q).
+PREFILL_FP8_MIN_KEYS = 1 << 14
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -164,10 +168,15 @@ if HAS_TRITON:
     @triton.jit
     def _prefill_scores_kernel(Q, W, K, VIS, OUT, T, N, H, sq_t, sq_h, sw_t, sw_h, sk_n, so_t,
                                D: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, INTERP: tl.constexpr,
-                               PACKED: tl.constexpr = True):
+                               PACKED: tl.constexpr = True, SK=None, OK=None, GUARD: tl.constexpr = 0):
         """Scores [BT queries, BN keys]: per head one tensor-core dot, its bf16 rounding, relu and the
         head weight, summed over heads in fp32; -inf from query t's visible count on. Tiles no query of
-        the block sees are only filled with -inf (about half of a prompt's tiles)."""
+        the block sees are only filled with -inf (about half of a prompt's tiles). Folded e4m3 operands
+        (`indexer_fp8`: W holds w 2^a_q, SK [N] 2^a_k) take FP8 dots and the total times SK; GUARD 1 runs only
+        if OK[0] != 0 (the operands folded), GUARD 2 only if it is 0 (the bf16 launch behind it)."""
+        if GUARD != 0:
+            if (tl.load(OK) != 0) != (GUARD == 1):
+                return
         t = tl.program_id(0) * BT + tl.arange(0, BT)
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         d = tl.arange(0, D)
@@ -189,6 +198,8 @@ if HAS_TRITON:
             else:
                 s = tl.dot(q, tl.trans(k))
             total += _relu_bf16(s, INTERP, PACKED) * w[:, None]
+        if SK is not None:  # (a power of two per key: the same bits as the unfolded total's)
+            total = total * tl.load(SK + n, mask=nm, other=1.0)[None, :]
         total = tl.where(n[None, :] < vis[:, None], _round_bf16(total, INTERP), float("-inf"))
         tl.store(out_ptrs, total.to(tl.bfloat16), mask=tm[:, None] & nm[None, :])
 
@@ -263,9 +274,11 @@ def indexer_scores(q: torch.Tensor, weights: torch.Tensor, pool, page: torch.Ten
 
 def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
                          block_t: int | None = None, block_n: int | None = None, warps: int | None = None,
-                         stages: int | None = None) -> torch.Tensor:
+                         stages: int | None = None, fp4: bool = False) -> torch.Tensor:
     """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]; the launch shape's parts left None are
-    PREFILL_SHAPE's (none given and at least PREFILL_GLUON_MIN_KEYS keys: the Gluon kernel where it applies)."""
+    PREFILL_SHAPE's (none given and at least PREFILL_GLUON_MIN_KEYS keys: the Gluon kernel where it applies).
+    fp4: q and keys are FP4-simulated (spec 2.6.2), so from PREFILL_FP8_MIN_KEYS keys they are folded to e4m3
+    (`indexer_fp8`) for FP8 dots -- the same scores, with the bf16 kernel queued behind for rows that do not fold."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
@@ -287,16 +300,34 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
     out = torch.empty(t, n, dtype=torch.bfloat16, device=q.device)
     if t == 0 or n == 0:
         return out
-    if n >= PREFILL_GLUON_MIN_KEYS and not INTERPRET and (block_t, block_n, warps, stages) == (None,) * 4:
+    shape = (block_t, block_n, warps, stages)
+    if not (fp4 and n >= PREFILL_FP8_MIN_KEYS):
+        _prefill_launch(q, weights, keys, visible, out, shape)
+        return out
+    from dsv4.kernels.indexer_fp8 import fold_rows
+
+    ok = torch.ones(1, dtype=torch.int32, device=q.device)
+    q8, w8 = fold_rows(q, weights, ok)
+    k8, sk = fold_rows(keys, None, ok)
+    _prefill_launch(q8, w8, k8, visible, out, shape, sk, ok, 1)
+    _prefill_launch(q, weights, keys, visible, out, shape, None, ok, 2)
+    return out
+
+
+def _prefill_launch(q, weights, keys, visible, out, shape, sk=None, ok=None, guard=0) -> None:
+    """One scores launch into out: the Gluon kernel from PREFILL_GLUON_MIN_KEYS keys (no launch shape asked for,
+    where it applies), else the Triton kernel at `shape` (None parts: PREFILL_SHAPE's); guard as the kernels'."""
+    t, h, di = q.shape
+    n = keys.shape[0]
+    if n >= PREFILL_GLUON_MIN_KEYS and not INTERPRET and shape == (None,) * 4:
         from dsv4.kernels import indexer_scores_gluon
 
         if indexer_scores_gluon.supports(q, keys):
-            return indexer_scores_gluon.prefill_index_scores_gluon(q, weights, keys, visible, out)
-    block_t, block_n, warps, stages = (d if v is None else v for v, d in zip((block_t, block_n, warps, stages),
-                                                                            PREFILL_SHAPE))
+            indexer_scores_gluon.prefill_index_scores_gluon(q, weights, keys, visible, out, sk, ok, guard)
+            return
+    block_t, block_n, warps, stages = (d if v is None else v for v, d in zip(shape, PREFILL_SHAPE))
     bn = max(16, min(block_n, triton.next_power_of_2(n)))
     _prefill_scores_kernel[(triton.cdiv(t, block_t), triton.cdiv(n, bn))](
         q, weights, keys, visible, out, t, n, h, q.stride(0), q.stride(1), weights.stride(0), weights.stride(1),
-        keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, PACKED=PACKED_RELU, num_warps=warps,
-        num_stages=stages)
-    return out
+        keys.stride(0), out.stride(0), D=di, BT=block_t, BN=bn, INTERP=INTERPRET, PACKED=PACKED_RELU, SK=sk, OK=ok,
+        GUARD=guard, num_warps=warps, num_stages=stages)

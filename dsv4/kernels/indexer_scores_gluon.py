@@ -36,8 +36,9 @@ BT, BN, STAGES, WARPS, GROUP = 64, 256, 4, 8, 8
 
 def supports(q: torch.Tensor, keys: torch.Tensor) -> bool:
     """Head dim 128 (the indexer's in Flash and Pro), heads a multiple of GROUP and 16-byte aligned rows."""
-    return (q.shape[-1] == 128 and q.shape[1] % GROUP == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
-            and keys.stride(0) % 8 == 0 and q.data_ptr() % 16 == 0 and keys.data_ptr() % 16 == 0)
+    vec = 16 // q.element_size()  # (elements per 16 bytes: bf16 or folded e4m3 operands)
+    return (q.shape[-1] == 128 and q.shape[1] % GROUP == 0 and q.stride(0) % vec == 0 and q.stride(1) % vec == 0
+            and keys.stride(0) % vec == 0 and q.data_ptr() % 16 == 0 and keys.data_ptr() % 16 == 0)
 
 
 if HAS_TRITON:
@@ -88,16 +89,22 @@ if HAS_TRITON:
     @gluon.jit
     def _scores_kernel(Q, W, K, VIS, OUT, T, N, H, stride_qt, stride_qh, stride_wt, stride_wh, stride_kn, stride_ot,
                        D: gl.constexpr, BT: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                       GROUP: gl.constexpr):
+                       GROUP: gl.constexpr, EBITS: gl.constexpr, SK=None, OK=None, GUARD: gl.constexpr = 0):
+        """EBITS 16: bf16 operands; 8: folded e4m3 ones (`indexer_fp8`; the total times SK per key). GUARD as the
+        Triton kernel's: 1 runs only if OK[0] != 0, 2 only if it is 0."""
+        if GUARD != 0:
+            if (gl.load(OK) != 0) != (GUARD == 1):
+                return
         NW: gl.constexpr = gl.num_warps()
         PF: gl.constexpr = STAGES - 2  # heads copied ahead
+        VEC: gl.constexpr = 128 // EBITS  # 16-byte copies
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                      instr_shape=[16, BN // 2, 16])
-        ld_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1],
-                                              order=[1, 0])
+                                                      instr_shape=[16, BN // 2, 256 // EBITS])
+        ld_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, VEC], threads_per_warp=[32 * VEC // D, D // VEC],
+                                              warps_per_cta=[NW, 1], order=[1, 0])
         out_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[1, 32],
                                                warps_per_cta=[NW, 1], order=[1, 0])
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=EBITS, rank=2)
         t0 = gl.program_id(0) * BT
         n0 = gl.program_id(1) * BN
         rows_o = t0 + gl.arange(0, BT, layout=gl.SliceLayout(1, out_l))
@@ -108,8 +115,8 @@ if HAS_TRITON:
         if n0 >= gl.max(vis_o, axis=0):  # no query of the block sees a key of the tile
             gl.store(out_ptrs, gl.full([BT, BN], float("-inf"), gl.bfloat16, layout=out_l), mask=out_mask)
         else:
-            q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, D], sl)
-            k_s = gl.allocate_shared_memory(gl.bfloat16, [BN, D], sl)
+            q_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BT, D], sl)
+            k_s = gl.allocate_shared_memory(K.dtype.element_ty, [BN, D], sl)
             kr = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, ld_l))
             kc = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
             async_copy.async_copy_global_to_shared(k_s, K + kr.to(gl.int64)[:, None] * stride_kn + kc[None, :],
@@ -133,16 +140,21 @@ if HAS_TRITON:
                 free, total = _add_head(running, total, w_ptrs, g + GROUP - 1, stride_wh, rows, T, 0)
             async_copy.wait_group(0)  # (the empty groups past the last head)
             total = gl.convert_layout(total, out_l)
+            if SK is not None:  # (a power of two per key: the unfolded total's bits)
+                total = total * gl.load(SK + cols_o, mask=cols_o < N, other=1.0)[None, :]
             total = gl.where(cols_o[None, :] < vis_o[:, None], total, float("-inf"))
             gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
 
 
 def prefill_index_scores_gluon(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
-                               out: torch.Tensor) -> torch.Tensor:
-    """The launch for `prefill_index_scores` (inputs checked there, `supports` holds) into out [T, N] bf16."""
+                               out: torch.Tensor, sk: torch.Tensor | None = None, ok: torch.Tensor | None = None,
+                               guard: int = 0) -> torch.Tensor:
+    """The launch for `prefill_index_scores` (inputs checked there, `supports` holds) into out [T, N] bf16: bf16
+    operands, or folded e4m3 ones with sk (`indexer_fp8`); guard / ok as `_scores_kernel`'s."""
     t, h, d = q.shape
     n = keys.shape[0]
     _scores_kernel[(-(-t // BT), -(-n // BN))](
         q, weights, keys, visible, out, t, n, h, q.stride(0), q.stride(1), weights.stride(0), weights.stride(1),
-        keys.stride(0), out.stride(0), D=d, BT=BT, BN=BN, STAGES=STAGES, GROUP=GROUP, num_warps=WARPS)
+        keys.stride(0), out.stride(0), D=d, BT=BT, BN=BN, STAGES=STAGES, GROUP=GROUP, EBITS=8 * q.element_size(),
+        SK=sk, OK=ok, GUARD=guard, num_warps=WARPS)
     return out

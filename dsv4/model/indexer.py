@@ -191,7 +191,8 @@ class Indexer(nn.Module):
         out = None if q.shape[0] <= block else torch.empty(q.shape[0], k, dtype=torch.int32, device=keys.device)
         for b0 in range(0, q.shape[0], block):
             seen = visible[b0:b0 + block]
-            scores = prefill_index_scores(q[b0:b0 + block], weights[b0:b0 + block], keys, seen)
+            scores = prefill_index_scores(q[b0:b0 + block], weights[b0:b0 + block], keys, seen,
+                                          fp4=self.numerics.simulate_indexer_fp4)  # (then FP8 dots, same scores)
             # picks past the visible count as -1, int32 as the prefill attention kernel reads them: one launch
             picked, _ = topk_lowest_index(scores, k, mark_absent=True, visible=seen, index_dtype=torch.int32)
             if out is None:  # one block (short chunks): no copy into a list of all

@@ -171,6 +171,7 @@ def test_prefill_index_scores_and_select(t, heads, n, start, gluon, poison, monk
     from dsv4.kernels import indexer_scores
     from dsv4.kernels.indexer_scores import prefill_index_scores, prefill_index_scores_ref
     from dsv4.model.indexer import Indexer
+    from dsv4.model.numerics import NUMERICS
     from dsv4.model.rope import shared_cos_sin
 
     if gluon and DEV != "cuda":
@@ -202,6 +203,7 @@ def test_prefill_index_scores_and_select(t, heads, n, start, gluon, poison, monk
     nn_init = torch.nn.Module.__init__
     nn_init(ix)
     ix.topk, ix.ratio, ix.use_kernels = 24, 4, False
+    ix.numerics = NUMERICS["transformers"]  # (bf16 operands: not FP4-simulated)
     want = ix.select_indices(q, w, keys, positions)
     ix.use_kernels = True
     # kernel mode selects on CUDA; the interpreter takes its kernel path directly
@@ -262,3 +264,84 @@ def test_prefill_scores_route_by_key_count(n, shape, want, monkeypatch):
     keys = torch.randn(n, DI).to(torch.bfloat16)
     indexer_scores.prefill_index_scores(q, w, keys, torch.full((20,), n, dtype=torch.int32), **shape)
     assert took == [want]
+
+
+def _fp4_operands(t: int, heads: int, n: int, gen: torch.Generator):
+    """An FP4-simulated chunk as the model's reference numerics give it: q [t, heads, DI], w [t, heads], keys [n, DI]."""
+    from dsv4.model.numerics import simulate_indexer_fp4
+
+    def rows(*shape):
+        x = torch.randn(*shape, DI, generator=gen, device=DEV)
+        return simulate_indexer_fp4(x * torch.exp2(torch.randint(-4, 5, (*shape, 1), generator=gen, device=DEV)))
+
+    q, keys = rows(t, heads).to(torch.bfloat16), rows(n).to(torch.bfloat16)
+    w = (torch.randn(t, heads, generator=gen, device=DEV) * DI ** -0.5 * heads ** -0.5).to(torch.bfloat16)
+    return q, w, keys
+
+
+def _spread_row(x: torch.Tensor) -> None:
+    """Make x's 128-d row (in place) one whose blocks lie 2^20 apart: it does not fold (`indexer_fp8`)."""
+    x[32:] = (x[32:].float() * 2.0 ** -20).to(x.dtype)
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_fold_rows_matches_the_reference(bad):
+    """`indexer_fp8.fold_rows` vs `fold_rows_ref`: the e4m3 bytes, the per-row scales (with and without weights) and
+    the flag, which one row that does not fold clears (and a zero row does not)."""
+    from dsv4.kernels.indexer_fp8 import fold_rows, fold_rows_ref
+
+    gen = torch.Generator(DEV).manual_seed(3 + bad)
+    q, w, keys = _fp4_operands(37, 8, 45, gen)
+    q[2, 5] = 0
+    if bad:
+        _spread_row(keys[40])
+    for x, ww in ((q, w), (keys, None)):
+        ok = torch.ones(1, dtype=torch.int32, device=DEV)
+        x8, s = fold_rows(x, ww, ok)
+        flat = x.reshape(-1, DI)
+        r8, rs, rok = fold_rows_ref(flat, None if ww is None else ww.reshape(-1))
+        assert torch.equal(x8.reshape(-1, DI).view(torch.uint8), r8.view(torch.uint8))
+        assert torch.equal(s.reshape(-1), rs)
+        assert bool(ok.item()) is rok is not (bad and ww is None)
+
+
+@pytest.mark.parametrize("gluon", [False, True])
+@pytest.mark.parametrize("t,heads,n,bad", [(70, 16, 300, False), (70, 16, 300, True), (300, 64, 700, False)])
+def test_prefill_fp8_scores_equal_the_bf16_ones(t, heads, n, bad, gluon, poison, monkeypatch):
+    """FP4-simulated operands (`prefill_index_scores(fp4=True)`): the FP8 dots on folded operands give exactly the
+    bf16 kernel's scores; with one q row that does not fold, the bf16 launch behind the guard gives them (the
+    flag read back to see which ran). Also within the float64 bound of the reference."""
+    from dsv4.kernels import indexer_fp8, indexer_scores
+    from dsv4.kernels.indexer_scores import prefill_index_scores, prefill_index_scores_ref
+
+    if gluon and DEV != "cuda":
+        pytest.skip("Gluon kernels are compiled, not interpreted")
+    monkeypatch.setattr(indexer_scores, "PREFILL_GLUON_MIN_KEYS", 0 if gluon else 1 << 62)
+    monkeypatch.setattr(indexer_scores, "PREFILL_FP8_MIN_KEYS", 0)
+    flags = []
+    real = indexer_fp8.fold_rows
+    monkeypatch.setattr(indexer_fp8, "fold_rows", lambda x, w, ok: flags.append(ok) or real(x, w, ok))
+    gen = torch.Generator(DEV).manual_seed(t + heads + n + bad)
+    q, w, keys = _fp4_operands(t, heads, n, gen)
+    if bad:
+        _spread_row(q[t // 2, 3])
+    visible = ((torch.arange(2000, 2000 + t, device=DEV) + 1) // 4).clamp_max(n).to(torch.int32)
+    poison()
+    got = prefill_index_scores(q, w, keys, visible, fp4=True)
+    assert len(flags) == 2 and flags[0] is flags[1] and flags[0].item() == (0 if bad else 1)
+    want = prefill_index_scores(q, w, keys, visible)
+    assert torch.equal(got, want)
+    present = torch.arange(n, device=DEV)[None, :] < visible[:, None]
+    _check_scores(got, prefill_index_scores_ref(q, w, keys, visible), q, w, keys, present,
+                  f"fp8 prefill T={t} Hi={heads} N={n}")
+    if bad:  # (forced through the FP8 launch, the row that does not fold may round otherwise)
+        return
+    # each launch alone behind its guard: it writes every score when its turn, nothing otherwise
+    q8, w8 = real(q, w, torch.ones(1, dtype=torch.int32, device=DEV))
+    k8, sk = real(keys, None, torch.ones(1, dtype=torch.int32, device=DEV))
+    for guard, args in ((1, (q8, w8, k8, visible, sk)), (2, (q, w, keys, visible, None))):
+        for flag in (0, 1):
+            out = torch.full_like(got, 7.0)
+            ok = torch.full((1,), flag, dtype=torch.int32, device=DEV)
+            indexer_scores._prefill_launch(*args[:4], out, (None,) * 4, args[4], ok, guard)
+            assert torch.equal(out, got) if (flag == 1) == (guard == 1) else bool((out == 7.0).all())
