@@ -258,7 +258,7 @@ def test_prefill_scores_route_by_key_count(n, shape, want, monkeypatch):
     monkeypatch.setattr(indexer_scores, "PREFILL_GLUON_MIN_KEYS", 100)
     monkeypatch.setattr(indexer_scores, "_prefill_scores_kernel", Recorder())
     monkeypatch.setattr(indexer_scores_gluon, "prefill_index_scores_gluon",
-                        lambda q, w, k, v, out: took.append("gluon") or out)
+                        lambda q, w, k, v, out, *guard: took.append("gluon") or out)
     q = torch.randn(20, 8, DI).to(torch.bfloat16)
     w = torch.randn(20, 8)
     keys = torch.randn(n, DI).to(torch.bfloat16)
