@@ -42,6 +42,8 @@ def main() -> None:
     p.add_argument("--sampled", action="store_true", help="also the sampled top-k (topk.SAMPLED), default, sampled, "
                    "default, sampled")
     p.add_argument("--fp4", action="store_true", help="FP4-simulated q and keys (the model's reference numerics)")
+    p.add_argument("--ref-fold", action="store_true", help="with --fp4: `fp8` / `gluon fp8` time the FP8 launch alone "
+                   "on operands folded once by `fold_rows_ref` (flag set), and `fold` the Triton fold of q and keys")
     args = p.parse_args()
     t, n = args.tokens, (args.prefix + args.tokens) // RATIO
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -61,6 +63,16 @@ def main() -> None:
     base = prefill_index_scores(q, w, keys, vis)
     print("block_t,block_n,warps,stages | µs | TFLOP/s | same as default")
     named = ("default", "default unpacked", "gluon", "fp8", "gluon fp8")
+    folded = None
+    if args.ref_fold:
+        from dsv4.kernels.indexer_fp8 import fold_rows, fold_rows_ref
+
+        q8, w8, _ = fold_rows_ref(q.reshape(-1, DIM), w.reshape(-1))
+        k8, sk, _ = fold_rows_ref(keys)
+        ones = torch.ones(1, dtype=torch.int32, device="cuda")
+        folded = (q8.view(t, HEADS, DIM), w8.view(t, HEADS), k8, sk, ones)
+        ms = triton.testing.do_bench(lambda: (fold_rows(q, w, ones), fold_rows(keys, None, ones)), warmup=3, rep=30)
+        print(f"fold (Triton, q and keys) | {ms * 1e3:.0f}")
     for shape in [*named, *args.shapes]:
         kw = {"fp4": True} if "fp8" in shape else {} if shape in named else dict(
             zip(("block_t", "block_n", "warps", "stages"), map(int, shape.split(","))))
@@ -68,8 +80,18 @@ def main() -> None:
         indexer_scores.PREFILL_GLUON_MIN_KEYS = 0 if shape.startswith("gluon") else 1 << 62
         indexer_scores.PREFILL_FP8_MIN_KEYS = 0
         try:
-            out = prefill_index_scores(q, w, keys, vis, **kw)
-            ms = triton.testing.do_bench(lambda: prefill_index_scores(q, w, keys, vis, **kw), warmup=3, rep=30)
+            if folded is not None and "fp8" in shape:  # the FP8 launch alone, on the reference's folded operands
+                q8, w8, k8, sk, ones = folded
+                out = torch.empty_like(base)
+
+                def call():
+                    indexer_scores._prefill_launch(q8, w8, k8, vis, out, (None,) * 4, sk, ones, 1)
+                call()
+            else:
+                def call():
+                    return prefill_index_scores(q, w, keys, vis, **kw)
+                out = call()
+            ms = triton.testing.do_bench(call, warmup=3, rep=30)
         except Exception as e:  # noqa: BLE001 (a shape past shared memory or registers: say so, go on)
             print(f"{shape} | ERR {str(e).splitlines()[0][:80]}")
             continue
