@@ -303,13 +303,15 @@ BLOCK_MAX = 4096
 WARPS_LARGE = 8
 
 
-# Opt-in, not measured yet (session 70): rows of at least SAMPLED_MIN_N entries on the one-program path histogram
-# only a listed ~2k of their keys (`_topk_sampled_kernel`: a threshold from every SAMPLED_STRIDE-th entry, the keys
-# above it listed, up to SAMPLED_CAP_PER_K * k of them, else the plain passes). Why: the prefill top-k is bound by
-# its ballot histograms' ALU work per key (Nsight, s70a), and this makes one plain pass over the row instead of two
-# histogram passes and the select. `bench/sweep_index_scores.py --sampled` times it against the default.
-SAMPLED = False
-SAMPLED_MIN_N = 8192
+# Rows of at least SAMPLED_MIN_N entries on the one-program path histogram only a listed ~2k of their keys
+# (`_topk_sampled_kernel`: a threshold from every SAMPLED_STRIDE-th entry, the keys above it listed, up to
+# SAMPLED_CAP_PER_K * k of them, else the plain passes). Why: the prefill top-k is bound by its ballot histograms' ALU
+# work per key (Nsight, s70a), and this makes one plain pass over the row instead of two histogram passes and the
+# select. Session 71 (H100, `bench/sweep_index_scores.py --sampled`, 8K rows, k = 512, µs default -> sampled, the
+# same picks): N = 16384 1,652 -> 1,919 (0.86x), 32768 3,186 -> 2,412 and 3,331 -> 2,535 (1.32x), 65536 6,591 -> 3,672
+# (1.79x); the sampled passes and the listing cost about a full row pass each, which 16K entries do not repay.
+SAMPLED = True
+SAMPLED_MIN_N = 1 << 15
 SAMPLED_STRIDE = 16
 SAMPLED_CAP_PER_K = 4
 
