@@ -294,8 +294,9 @@ def test_split_rule(monkeypatch) -> None:
     (2000, 1990, 4, 16),  # k near N: fewer listed keys than k happen
     (1200, 100, 4, 4096)])  # a one-entry sample
 def test_sampled_rows(n: int, k: int, cap_per_k: int, stride: int, poison, monkeypatch) -> None:
-    """topk.SAMPLED (on from SAMPLED_MIN_N entries; here from 1024): the reference's picks, with present masks, mark_absent and visible counts, on every
-    flavour of row (the flat rows list every key: past the cap, the plain passes)."""
+    """topk.SAMPLED (on from SAMPLED_MIN_N entries; here from 1024): the reference's picks, with present masks,
+    mark_absent and visible counts, on every flavour of row (the flat rows list every key: past the cap, the plain
+    passes)."""
     from dsv4.kernels import topk
 
     monkeypatch.setattr(topk, "SAMPLED", True)
