@@ -70,8 +70,8 @@ if HAS_TRITON:
             s = ws
         tl.store(X8 + r.to(tl.int64)[:, None] * D + d[None, :], x8, mask=rm[:, None])
         tl.store(S + r, s, mask=rm)
-        bad = tl.max((rm & ~ok).to(tl.int32), axis=0)
-        tl.store(OK, 0, mask=bad != 0)
+        good = tl.min(tl.where(rm, ok.to(tl.int32), 1), axis=0)
+        tl.atomic_min(OK, good)  # (unconditional: 1 keeps the flag, 0 clears it)
 
 
 def fold_rows(x: torch.Tensor, w: torch.Tensor | None, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
