@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 71: the fold's flag on the GPU (bench/runs/diag_fold.py), then the FP8 scores kernels timed on operands
+# Session 71 (prepared; its first run found the flag cleared by rows that fold, since fixed offline): the fold's flag
+# on the GPU (bench/runs/diag_fold.py), then the FP8 scores kernels timed on operands
 # folded by the torch reference (sweep --fp4 --ref-fold) after 248K tokens of prefix.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader

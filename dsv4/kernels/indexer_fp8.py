@@ -1,5 +1,6 @@
 """The indexer's FP4-simulated rows as e4m3 with one power of two per row, for the prefill scores on FP8 tensor cores
-(`indexer_scores.prefill_index_scores(fp4=True)`), beside a torch reference of the same signature.
+(`indexer_scores.prefill_index_scores(fp4=True)` with the opt-in `indexer_scores.PREFILL_FP8`), beside a torch
+reference of the same signature.
 
 Why it is exact: with `simulate_quant` on, every indexer q head and key is Hadamard-rotated and FP4-simulated
 (spec 2.6.2), so each value is e2m1 x 2^s with one s per 32-element block. Scaled by 2^-a, a = (exponent of the
@@ -17,6 +18,10 @@ heavy-tailed and widely scaled rows) that differs from the float64 sum, for eith
 A row that does not fold exactly (blocks further apart, a subnormal largest value, a weight scaled out of range)
 clears the launch's `ok` flag; the scores then come from the bf16 kernel, which the launcher queues behind the FP8
 one with the opposite guard (no host sync: both read the flag on the device, one of them exits at once).
+
+Session 71's GPU run: the fold's bytes and scales equal the reference's, but its flag read 0 for rows that fold. The
+flag was then a masked scalar store of 0; it is now an unconditional atomic min (compiled offline, interpreter tests
+pass), not yet run on a GPU: `bench/runs/run_device_s71e.sh` does (`bench/runs/diag_fold.py`).
 """
 from __future__ import annotations
 

@@ -40,9 +40,12 @@ PREFILL_SHAPE = (64, 128, 4, 3)
 # head's elementwise work) from this many keys on, where it applies and no launch shape is asked for (session 68, H100,
 # 8K queries, time of the Triton kernel / the Gluon one: 16K keys 0.98x, 32K 0.95x, 64K 1.08x, 128K 1.04x)
 PREFILL_GLUON_MIN_KEYS = 1 << 16
-# FP4-simulated operands (`prefill_index_scores(fp4=True)`, the model's default numerics) folded to e4m3 for FP8 dots
-# from this many keys on (`indexer_fp8`: the same scores; the fold and the guard's second launch cost ≈ 2 passes
-# over q).
+# Opt-in, its speed not measured yet (session 71): FP4-simulated operands (`prefill_index_scores(fp4=True)`, the
+# model's default numerics) folded to e4m3 for FP8 dots from PREFILL_FP8_MIN_KEYS keys on (`indexer_fp8`: the same
+# scores; Hopper's FP8 MMA summed 3 x 8192^2 such dots exactly, `bench/check_fp8_index_dots.py`). Whether it pays is
+# open: the bf16 kernels run at ≈ 75 % of the bf16 MMA peak with their per-head rounding beside the MMAs, which FP8
+# dots do not shorten. `bench/runs/run_device_s71e.sh` checks the fold's flag on the GPU and times the FP8 launch.
+PREFILL_FP8 = False
 PREFILL_FP8_MIN_KEYS = 1 << 14
 
 
@@ -277,8 +280,9 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
                          stages: int | None = None, fp4: bool = False) -> torch.Tensor:
     """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]; the launch shape's parts left None are
     PREFILL_SHAPE's (none given and at least PREFILL_GLUON_MIN_KEYS keys: the Gluon kernel where it applies).
-    fp4: q and keys are FP4-simulated (spec 2.6.2), so from PREFILL_FP8_MIN_KEYS keys they are folded to e4m3
-    (`indexer_fp8`) for FP8 dots -- the same scores, with the bf16 kernel queued behind for rows that do not fold."""
+    fp4: q and keys are FP4-simulated (spec 2.6.2), so with PREFILL_FP8 on, from PREFILL_FP8_MIN_KEYS keys, they are
+    folded to e4m3 (`indexer_fp8`) for FP8 dots -- the same scores, with the bf16 kernel queued behind for rows that do
+    not fold."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
@@ -301,7 +305,7 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
     if t == 0 or n == 0:
         return out
     shape = (block_t, block_n, warps, stages)
-    if not (fp4 and n >= PREFILL_FP8_MIN_KEYS):
+    if not (PREFILL_FP8 and fp4 and n >= PREFILL_FP8_MIN_KEYS):
         _prefill_launch(q, weights, keys, visible, out, shape)
         return out
     from dsv4.kernels.indexer_fp8 import fold_rows

@@ -192,7 +192,7 @@ class Indexer(nn.Module):
         for b0 in range(0, q.shape[0], block):
             seen = visible[b0:b0 + block]
             scores = prefill_index_scores(q[b0:b0 + block], weights[b0:b0 + block], keys, seen,
-                                          fp4=self.numerics.simulate_indexer_fp4)  # (then FP8 dots, same scores)
+                                          fp4=self.numerics.simulate_indexer_fp4)  # (PREFILL_FP8: the same scores)
             # picks past the visible count as -1, int32 as the prefill attention kernel reads them: one launch
             picked, _ = topk_lowest_index(scores, k, mark_absent=True, visible=seen, index_dtype=torch.int32)
             if out is None:  # one block (short chunks): no copy into a list of all
