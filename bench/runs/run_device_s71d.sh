@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 71 (one call for what s71c and s71a asked): the FP8 prefill scores' GPU tests and sweeps (with the sampled
+# Session 71: the FP8 prefill scores' GPU tests and sweeps (with the sampled
 # top-k beside the default), then one eager decode step of 4 layers by kernel at ctx 262144 and the 8-layer decode
 # there with the split top-k off / on.
 source bench/runs/lib.sh
