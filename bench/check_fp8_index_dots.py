@@ -40,7 +40,7 @@ def dots(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def fold(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [R, D] FP4-simulated -> (e4m3 x * 2^-a, 2^a [R], exact [R]): the row's largest magnitude lands in [128, 256)."""
+    """x [R, D] FP4-simulated -> (e4m3 x * 2^-a, 2^a [R], exact [R]): the row's largest magnitude in [128, 256)."""
     amax = x.float().abs().amax(dim=1).clamp_min(2.0 ** -100)
     a = torch.floor(torch.log2(amax)) - 7
     scaled = x.float() * torch.exp2(-a)[:, None]

@@ -53,7 +53,8 @@ def test_zero_rows_tiny_rows_and_weights_out_of_range():
     x8, s, ok = fold_rows_ref(x)
     assert ok and not x8[1].float().any() and s[1] == 1.0
     tiny = x.clone()
-    tiny[2] = (tiny[2].float() / tiny[2].float().abs().amax() * 2.0 ** -110).to(torch.bfloat16)  # largest magnitude below 2^-100
+    row = tiny[2].float()
+    tiny[2] = (row / row.abs().amax() * 2.0 ** -110).to(torch.bfloat16)  # largest magnitude below 2^-100
     assert not fold_rows_ref(tiny)[2]
     w = torch.ones(4)
     w[0] = 2.0 ** 127  # w 2^a leaves fp32's range for a row with a > 0

@@ -30,7 +30,8 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
 
 FOLD_ROWS = 32  # rows per program of the fold kernel
-MIN_EXPONENT = tl.constexpr(-100) if HAS_TRITON else -100  # rows whose largest magnitude is below 2^-100 do not fold (their scale would leave fp32's range)
+# rows whose largest magnitude is below 2^-100 do not fold (their scale would leave fp32's range)
+MIN_EXPONENT = tl.constexpr(-100) if HAS_TRITON else -100
 
 
 def fold_rows_ref(x: torch.Tensor, w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -55,7 +56,7 @@ if HAS_TRITON:
     def _fold_kernel(X, W, X8, S, OK, R, H, sx_t, sx_h, sw_t, sw_h, D: tl.constexpr, BR: tl.constexpr,
                      HAS_W: tl.constexpr):
         """Rows r = t * H + h of X [T, H, D] (strided) -> X8 [R, D] e4m3 and S [R] (2^a, or w 2^a); any row that
-        does not fold exactly stores 0 into OK."""
+        does not fold exactly clears OK."""
         r = tl.program_id(0) * BR + tl.arange(0, BR)
         d = tl.arange(0, D)
         rm = r < R
@@ -81,7 +82,7 @@ if HAS_TRITON:
 
 def fold_rows(x: torch.Tensor, w: torch.Tensor | None, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton `fold_rows_ref` of x [T, H, D] (or [N, D]; last dim contiguous) and w [T, H] (or None) -> (x' e4m3
-    [T, H, D] / [N, D] contiguous, s fp32 [T, H] / [N]); a row that does not fold stores 0 into ok (int32 [1])."""
+    [T, H, D] / [N, D] contiguous, s fp32 [T, H] / [N]); a row that does not fold clears ok (int32 [1], 1 before)."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_fp8: triton is not installed (use fold_rows_ref)")
     x3 = x if x.dim() == 3 else x[:, None, :]

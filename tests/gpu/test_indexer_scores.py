@@ -267,7 +267,8 @@ def test_prefill_scores_route_by_key_count(n, shape, want, monkeypatch):
 
 
 def _fp4_operands(t: int, heads: int, n: int, gen: torch.Generator):
-    """An FP4-simulated chunk as the model's reference numerics give it: q [t, heads, DI], w [t, heads], keys [n, DI]."""
+    """An FP4-simulated chunk as the model's reference numerics give it: q [t, heads, DI], w [t, heads],
+    keys [n, DI]."""
     from dsv4.model.numerics import simulate_indexer_fp4
 
     def rows(*shape):
