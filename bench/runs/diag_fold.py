@@ -29,3 +29,9 @@ for shape, with_w in (((37, 8), True), ((37, 8), False), ((45,), False), ((64,),
     if len(s_rows):
         r = s_rows[0]
         print("   s", s.reshape(-1)[r].item(), rs[r].item(), "amax", x.reshape(-1, 128)[r].float().abs().max().item())
+# rows that fold trivially: if these clear the flag too, the flag's store is at fault, not the rows' checks
+for name, row in (("zeros", torch.zeros(1, 128)), ("ones", torch.ones(1, 128)), ("halves", torch.full((1, 128), 0.5)),
+                  ("ramp", torch.tensor([[(i % 8) * 0.5 for i in range(128)]]))):
+    ok = torch.ones(1, dtype=torch.int32, device="cuda")
+    fold_rows(row.to("cuda", torch.bfloat16), None, ok)
+    print(f"{name}: kernel ok {ok.item()} ref ok {fold_rows_ref(row.to(torch.bfloat16))[2]}")
