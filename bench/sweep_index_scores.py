@@ -63,6 +63,7 @@ def main() -> None:
     base = prefill_index_scores(q, w, keys, vis)
     print("block_t,block_n,warps,stages | µs | TFLOP/s | same as default")
     named = ("default", "default unpacked", "gluon", "fp8", "gluon fp8")
+    indexer_scores.PREFILL_FP8, indexer_scores.PREFILL_FP8_MIN_KEYS = True, 0  # (only the fp4=True calls fold)
     folded = None
     if args.ref_fold:
         from dsv4.kernels.indexer_fp8 import fold_rows, fold_rows_ref
@@ -79,7 +80,6 @@ def main() -> None:
             zip(("block_t", "block_n", "warps", "stages"), map(int, shape.split(","))))
         indexer_scores.PACKED_RELU = shape != "default unpacked"  # (the per-element bf16 rounding before session 68)
         indexer_scores.PREFILL_GLUON_MIN_KEYS = 0 if shape.startswith("gluon") else 1 << 62
-        indexer_scores.PREFILL_FP8, indexer_scores.PREFILL_FP8_MIN_KEYS = True, 0
         try:
             if folded is not None and "fp8" in shape:  # the FP8 launch alone, on the reference's folded operands
                 q8, w8, k8, sk, ones = folded
