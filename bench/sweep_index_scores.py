@@ -106,21 +106,30 @@ def main() -> None:
         return topk_lowest_index(base, TOPK, mark_absent=True, visible=vis, index_dtype=torch.int32)[0]
 
     want = pick()
-    print(f"top-{TOPK} of the [{t}, {n}] scores: BLOCK_MAX, WARPS_LARGE | µs | picks equal to the default's")
-    settings = [(topk.BLOCK_MAX, topk.WARPS_LARGE, False)] + [(b, w, False) for b, w in TOPK_SETTINGS if args.topk]
-    settings += [(topk.BLOCK_MAX, topk.WARPS_LARGE, s) for s in (True, False, True) if args.sampled]
-    for block, warps, sampled in settings:
-        old = topk.BLOCK_MAX, topk.WARPS_LARGE, topk.SAMPLED
-        topk.BLOCK_MAX, topk.WARPS_LARGE, topk.SAMPLED = block, warps, sampled
+    print(f"top-{TOPK} of the [{t}, {n}] scores: topk settings (SAMPLED off unless named) | µs | picks equal to the "
+          "default's")
+    base_knobs = dict(BLOCK_MAX=topk.BLOCK_MAX, WARPS_LARGE=topk.WARPS_LARGE, SAMPLED=False,
+                      SAMPLED_GROUP=topk.SAMPLED_GROUP, SAMPLED_FIT=topk.SAMPLED_FIT)
+    settings = [{}] + [dict(BLOCK_MAX=b, WARPS_LARGE=w) for b, w in TOPK_SETTINGS if args.topk]
+    if args.sampled:  # the sampled kernel as session 71 measured it, then with the grouped scan, then fitted chunks
+        settings += [dict(SAMPLED=True, SAMPLED_GROUP=1, SAMPLED_FIT=False), dict(SAMPLED=True, SAMPLED_GROUP=8),
+                     dict(SAMPLED=True, SAMPLED_GROUP=8, SAMPLED_FIT=True), {},
+                     dict(SAMPLED=True, SAMPLED_GROUP=8, SAMPLED_FIT=True)]
+    for knobs in settings:
+        knobs = {**base_knobs, **knobs}
+        old = {name: getattr(topk, name) for name in knobs}
+        for name, value in knobs.items():
+            setattr(topk, name, value)
+        label = ", ".join(f"{name}={value}" for name, value in knobs.items() if value != base_knobs[name])
         try:
             same = bool((pick() == want).all())
             ms = triton.testing.do_bench(pick, warmup=3, rep=30)
-            print(f"{block}, {warps}{', sampled' if sampled else ''} | {ms * 1e3:.0f} | {same}")
+            print(f"{label or 'default'} | {ms * 1e3:.0f} | {same}")
         except Exception as e:  # noqa: BLE001 (past registers or shared memory: say so, go on)
-            print(f"{block}, {warps} | ERR {str(e).splitlines()[0][:80]}")
+            print(f"{label} | ERR {str(e).splitlines()[0][:80]}")
         finally:
-            topk.BLOCK_MAX, topk.WARPS_LARGE, topk.SAMPLED = old
-
+            for name, value in old.items():
+                setattr(topk, name, value)
 
 if __name__ == "__main__":
     main()

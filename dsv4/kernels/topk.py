@@ -145,30 +145,40 @@ if HAS_TRITON:
     def _topk_sampled_kernel(S, PRESENT, PICKED, VALID, LIST, N, K, cap, ss_b, ss_n, sp_b, sp_n, so_b, sv_b,
                              KEY16: tl.constexpr, INF_BITS: tl.constexpr, HAS_PRESENT: tl.constexpr,
                              BLOCK: tl.constexpr, STRIDE: tl.constexpr, MARK_ABSENT: tl.constexpr = False,
-                             HAS_VISIBLE: tl.constexpr = False):
+                             HAS_VISIBLE: tl.constexpr = False, SBLOCK: tl.constexpr = 0, LBLOCK: tl.constexpr = 0,
+                             GROUP: tl.constexpr = 1):
         """`_topk_kernel` with fewer keys histogrammed (`SAMPLED`): tau = the key with about 2k / STRIDE keys above
         it among every STRIDE-th entry; one pass lists the row's keys >= tau in index order (LIST [B, cap]); if
         there are k to cap of them, T lies among them and the radix select and the select run on that list,
-        else on the row as `topk_row` does. The same picks either way."""
+        else on the row as `topk_row` does. The same picks either way. SBLOCK / LBLOCK: the chunk of the sample's
+        and of the list's passes (0: BLOCK); GROUP: the listing's positions summed per GROUP entries first (a scan
+        of BLOCK / GROUP sums: Triton scans a [BLOCK] tensor with one entry per thread and rep, a warp scan each)."""
         pdl_wait()
         b = tl.program_id(0).to(tl.int64)
         row = b * ss_b
         lane = tl.arange(0, BLOCK)
+        SB: tl.constexpr = SBLOCK if SBLOCK > 0 else BLOCK
+        LB: tl.constexpr = LBLOCK if LBLOCK > 0 else BLOCK
         ns = tl.cdiv(N, STRIDE)
-        _, tau = _radix_digits(S, row, ns, lane, ss_n * STRIDE, tl.minimum(ns, tl.cdiv(2 * K, STRIDE)), KEY16,
-                               INF_BITS, BLOCK)
+        _, tau = _radix_digits(S, row, ns, tl.arange(0, SB), ss_n * STRIDE, tl.minimum(ns, tl.cdiv(2 * K, STRIDE)),
+                               KEY16, INF_BITS, SB)
         listed = LIST + b * cap
         m = tl.full([], 0, tl.int32)
         for start in range(0, N, BLOCK):
             idx, inb, key = _chunk_keys(S, row, start, lane, N, ss_n, KEY16, INF_BITS)
             keep = (inb & (key >= tau)).to(tl.int32)
-            at = m + tl.cumsum(keep, axis=0) - keep
+            if GROUP > 1:
+                kg = tl.reshape(keep, [BLOCK // GROUP, GROUP])
+                sums = tl.sum(kg, axis=1)
+                at = tl.reshape(m + (tl.cumsum(sums, axis=0) - sums)[:, None] + tl.cumsum(kg, axis=1) - kg, [BLOCK])
+            else:
+                at = m + tl.cumsum(keep, axis=0) - keep
             tl.store(listed + at, idx, mask=(keep != 0) & (at < cap))
             m += tl.sum(keep, axis=0)
         tl.debug_barrier()  # (every thread's list stores before any thread loads the list)
         if (m >= K) & (m <= cap):
             topk_row(b, S, PRESENT, PICKED, VALID, m, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16, INF_BITS,
-                     HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE, listed, True)
+                     HAS_PRESENT, LB, MARK_ABSENT, HAS_VISIBLE, listed, True)
         else:
             topk_row(b, S, PRESENT, PICKED, VALID, N, K, ss_b, ss_n, sp_b, sp_n, so_b, sv_b, KEY16, INF_BITS,
                      HAS_PRESENT, BLOCK, MARK_ABSENT, HAS_VISIBLE)
@@ -314,6 +324,12 @@ SAMPLED = True
 SAMPLED_MIN_N = 1 << 15
 SAMPLED_STRIDE = 16
 SAMPLED_CAP_PER_K = 4
+# Session 72 (offline SASS at N = 16384, per thread and row; not yet measured on the device): the listing's scan
+# summed per SAMPLED_GROUP entries first (1,105 -> 580 instructions per 4,096-entry chunk), and with SAMPLED_FIT the
+# sample's and the list's passes in chunks sized to them (a 1,024-entry sample and a 2,048-entry list no longer pay
+# for a 4,096-entry chunk with most lanes masked).
+SAMPLED_GROUP = 1
+SAMPLED_FIT = False
 
 # Split rows (`_split_hist_kernel`): rows of at least SPLIT_MIN_N entries (times rows // SPLIT_ROWS_PER_MIN) in
 # batches of at most SPLIT_MAX_ROWS rows go to (row, slice) programs of SPLIT_SLICE entries (more per slice past
@@ -381,8 +397,9 @@ def _launch(scores: torch.Tensor, k: int, present: torch.Tensor | None, picked: 
     if SAMPLED and n >= SAMPLED_MIN_N:
         cap = min(n, SAMPLED_CAP_PER_K * k)
         listed = torch.empty(bsz, cap, dtype=torch.int32, device=scores.device)
+        fit = dict(SBLOCK=block_for(triton.cdiv(n, SAMPLED_STRIDE)), LBLOCK=block_for(cap)) if SAMPLED_FIT else {}
         _topk_sampled_kernel[(bsz,)](scores, pres, picked, valid8, listed, n, k, cap, *strides, STRIDE=SAMPLED_STRIDE,
-                                     **kw)
+                                     GROUP=SAMPLED_GROUP, **fit, **kw)
     else:
         _topk_kernel[(bsz,)](scores, pres, picked, valid8, n, k, *strides, **kw)
 

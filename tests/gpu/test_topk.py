@@ -287,19 +287,22 @@ def test_split_rule(monkeypatch) -> None:
         topk.split_slices(1, n, torch.bfloat16)
 
 
-@pytest.mark.parametrize("n, k, cap_per_k, stride", [
-    (3000, 64, 4, 16),  # the listed keys' path (about 2k of them)
-    (2500, 512, 4, 16),  # k near the list's expected size
-    (3000, 64, 1, 16),  # a list past its cap: the plain passes
-    (2000, 1990, 4, 16),  # k near N: fewer listed keys than k happen
-    (1200, 100, 4, 4096)])  # a one-entry sample
-def test_sampled_rows(n: int, k: int, cap_per_k: int, stride: int, poison, monkeypatch) -> None:
+@pytest.mark.parametrize("n, k, cap_per_k, stride, group, fit", [
+    (3000, 64, 4, 16, 8, True),  # the listed keys' path (about 2k of them)
+    (2500, 512, 4, 16, 1, False),  # k near the list's expected size
+    (3000, 64, 1, 16, 1, True),  # a list past its cap: the plain passes
+    (2000, 1990, 4, 16, 8, False),  # k near N: fewer listed keys than k happen
+    (1200, 100, 4, 4096, 4, True)])  # a one-entry sample
+def test_sampled_rows(n: int, k: int, cap_per_k: int, stride: int, group: int, fit: bool, poison,
+                      monkeypatch) -> None:
     """topk.SAMPLED (on from SAMPLED_MIN_N entries; here from 1024): the reference's picks, with present masks,
     mark_absent and visible counts, on every flavour of row (the flat rows list every key: past the cap, the plain
-    passes)."""
+    passes); the listing's scan flat or by groups, the sample's and the list's chunks the row's or fitted."""
     from dsv4.kernels import topk
 
     monkeypatch.setattr(topk, "SAMPLED", True)
+    monkeypatch.setattr(topk, "SAMPLED_GROUP", group)
+    monkeypatch.setattr(topk, "SAMPLED_FIT", fit)
     monkeypatch.setattr(topk, "SAMPLED_MIN_N", 1024)
     monkeypatch.setattr(topk, "SAMPLED_CAP_PER_K", cap_per_k)
     monkeypatch.setattr(topk, "SAMPLED_STRIDE", stride)
