@@ -186,11 +186,12 @@ CASES = {
     # ... storing -1 for absent picks (indexer.MARK_ABSENT: the decode attention's list)
     "topk_chunks_marked": ("topk", "_topk_kernel", dict(S="*bf16", PRESENT="*u8", PICKED="*i64", VALID="*u8"),
                            dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=True, BLOCK=1024, MARK_ABSENT=True), 4, 3, ()),
-    # ... the sampled one-program kernel (`topk.SAMPLED`, prefill rows after a long prefix: 4096-entry chunks, 8 warps)
+    # ... the sampled one-program kernel (`topk.SAMPLED`, prefill rows after a long prefix: 4096-entry chunks, 8 warps;
+    # N = 16K: a 1,024-entry sample, the list's 2,048-entry chunks; unit-stride rows as at run time)
     "topk_sampled": ("topk", "_topk_sampled_kernel",
                      dict(S="*bf16", PRESENT="*i32", PICKED="*i32", VALID="*u8", LIST="*i32"),
                      dict(KEY16=True, INF_BITS=0x7F80, HAS_PRESENT=False, BLOCK=4096, STRIDE=16, MARK_ABSENT=True,
-                          HAS_VISIBLE=True), 8, 3, ()),
+                          HAS_VISIBLE=True, GROUP=8, SBLOCK=1024, LBLOCK=2048, ss_n=1), 8, 3, ("N", "ss_b", "cap")),
     # ... a row split into slices (`topk.SPLIT_*`): a histogram pass and the select
     "topk_split_hist": ("topk", "_split_hist_kernel", dict(S="*bf16", TOT="*i32", ROWS="*i32", ABOVE="*i32"),
                         dict(PASS=1, INF_BITS=0x7F80, BLOCK=1024), 4, 3, ()),

@@ -319,17 +319,20 @@ WARPS_LARGE = 8
 # work per key (Nsight, s70a), and this makes one plain pass over the row instead of two histogram passes and the
 # select. Session 71 (H100, `bench/sweep_index_scores.py --sampled`, 8K rows, k = 512, µs default -> sampled, the
 # same picks): N = 16384 1,652 -> 1,919 (0.86x), 32768 3,186 -> 2,412 and 3,331 -> 2,535 (1.32x), 65536 6,591 -> 3,672
-# (1.79x); the sampled passes and the listing cost about a full row pass each, which 16K entries do not repay.
+# (1.79x); the sampled passes and the listing cost about a full row pass each, which 16K entries do not repay
+# (session 72 made both cheaper, below; 16K entries with them not yet measured).
 SAMPLED = True
 SAMPLED_MIN_N = 1 << 15
 SAMPLED_STRIDE = 16
 SAMPLED_CAP_PER_K = 4
-# Session 72 (offline SASS at N = 16384, per thread and row; not yet measured on the device): the listing's scan
-# summed per SAMPLED_GROUP entries first (1,105 -> 580 instructions per 4,096-entry chunk), and with SAMPLED_FIT the
-# sample's and the list's passes in chunks sized to them (a 1,024-entry sample and a 2,048-entry list no longer pay
-# for a 4,096-entry chunk with most lanes masked).
-SAMPLED_GROUP = 1
-SAMPLED_FIT = False
+# Session 72: the listing's positions summed per SAMPLED_GROUP entries before the scan (Triton scanned the [BLOCK]
+# keep mask one entry per thread and rep, a warp scan each: 1,105 -> 580 SASS instructions per 4,096-entry chunk),
+# and with SAMPLED_FIT the sample's and the list's passes in chunks sized to them (a 1,024-entry sample or a
+# 2,048-entry list no longer pays for a 4,096-entry chunk with most lanes masked; 128 instead of 188 registers).
+# H100, the same sweep, µs, default -> session 71's sampled -> grouped -> grouped and fitted, picks identical:
+# N = 32768 3,281 -> 2,504 -> 2,208 -> 1,200 (2.73x the default); 65536 6,706 -> 3,729 -> 3,081 -> 2,137 (3.14x).
+SAMPLED_GROUP = 8
+SAMPLED_FIT = True
 
 # Split rows (`_split_hist_kernel`): rows of at least SPLIT_MIN_N entries (times rows // SPLIT_ROWS_PER_MIN) in
 # batches of at most SPLIT_MAX_ROWS rows go to (row, slice) programs of SPLIT_SLICE entries (more per slice past
