@@ -30,6 +30,12 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
 
 FOLD_ROWS = 32  # rows per program of the fold kernel
+# Session 72 (s72a, H100): the flag still read 0 on the GPU for every input, zero rows too, with the bytes and scales
+# right and the PTX's logic right on reading. Two other formulations, for the device to pick: BY_BITS checks the
+# e4m3 exactness on the fp32 bits (a 3-bit mantissa and a multiple of 2^-9) instead of the fp8 round trip; PER_ROW
+# takes each row's flag to the atomic min instead of the program's reduction.
+FOLD_BY_BITS = False
+FOLD_PER_ROW = False
 # rows whose largest magnitude is below 2^-100 do not fold (their scale would leave fp32's range)
 MIN_EXPONENT = tl.constexpr(-100) if HAS_TRITON else -100
 
@@ -54,7 +60,7 @@ def fold_rows_ref(x: torch.Tensor, w: torch.Tensor | None = None) -> tuple[torch
 if HAS_TRITON:
     @triton.jit
     def _fold_kernel(X, W, X8, S, OK, R, H, sx_t, sx_h, sw_t, sw_h, D: tl.constexpr, BR: tl.constexpr,
-                     HAS_W: tl.constexpr):
+                     HAS_W: tl.constexpr, BY_BITS: tl.constexpr = False, PER_ROW: tl.constexpr = False):
         """Rows r = t * H + h of X [T, H, D] (strided) -> X8 [R, D] e4m3 and S [R] (2^a, or w 2^a); any row that
         does not fold exactly clears OK."""
         r = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -67,7 +73,12 @@ if HAS_TRITON:
         a = tl.where(amax > 0, exp - 7, 0)
         scaled = x * ((127 - a) << 23).to(tl.float32, bitcast=True)[:, None]  # x 2^-a
         x8 = scaled.to(tl.float8e4nv)
-        ok = (tl.min((x8.to(tl.float32) == scaled).to(tl.int32), axis=1) != 0) & ((amax == 0) | (exp >= MIN_EXPONENT))
+        if BY_BITS:  # e4m3-exact: at most 3 mantissa bits and a multiple of 2^-9 (the row's largest is < 256)
+            v = tl.abs(scaled) * 512.0
+            exact = ((scaled.to(tl.int32, bitcast=True) & 0xFFFFF) == 0) & (v.to(tl.int32).to(tl.float32) == v)
+        else:
+            exact = x8.to(tl.float32) == scaled
+        ok = (tl.min(exact.to(tl.int32), axis=1) != 0) & ((amax == 0) | (exp >= MIN_EXPONENT))
         s = ((127 + a) << 23).to(tl.float32, bitcast=True)
         if HAS_W:
             w = tl.load(W + t * sw_t + h * sw_h, mask=rm, other=0.0).to(tl.float32)
@@ -76,8 +87,11 @@ if HAS_TRITON:
             s = ws
         tl.store(X8 + r.to(tl.int64)[:, None] * D + d[None, :], x8, mask=rm[:, None])
         tl.store(S + r, s, mask=rm)
-        good = tl.min(tl.where(rm, ok.to(tl.int32), 1), axis=0)
-        tl.atomic_min(OK, good)  # (unconditional: 1 keeps the flag, 0 clears it)
+        if PER_ROW:
+            tl.atomic_min(OK + tl.zeros_like(r), ok.to(tl.int32), mask=rm)
+        else:
+            good = tl.min(tl.where(rm, ok.to(tl.int32), 1), axis=0)
+            tl.atomic_min(OK, good)  # (unconditional: 1 keeps the flag, 0 clears it)
 
 
 def fold_rows(x: torch.Tensor, w: torch.Tensor | None, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,5 +108,5 @@ def fold_rows(x: torch.Tensor, w: torch.Tensor | None, ok: torch.Tensor) -> tupl
         sw = (0, 0) if w is None else (w.stride(0), w.stride(1) if w.dim() == 2 else 0)
         _fold_kernel[(triton.cdiv(rows, FOLD_ROWS),)](
             x3, x3 if w is None else w, x8, s, ok, rows, h, x3.stride(0), x3.stride(1), *sw, D=d, BR=FOLD_ROWS,
-            HAS_W=w is not None, num_warps=4)
+            HAS_W=w is not None, BY_BITS=FOLD_BY_BITS, PER_ROW=FOLD_PER_ROW, num_warps=4)
     return x8.view(x.shape), s.view(x.shape[:-1])
