@@ -11,6 +11,8 @@ if [ "$BB" = True ] || [ "$BB" = False ]; then
   runpar 100 4 tests/gpu/test_indexer_scores.py -k "fold or fp8"
   timeout 60 python3 bench/flags.py dsv4.kernels.topk.SAMPLED_MIN_N=4096 -- bench/sweep_index_scores.py --fp4 \
     --sampled --prefix 253952 --shapes 2>&1 | grep -E "keys|default \||gluon|fp8|top-|SAMPLED"
+else
+  timeout 40 python3 bench/runs/diag_fold2.py 2>&1 | tail -8  # (no formulation agrees: each term of the flag)
 fi
 timeout 40 python3 -c "import sys; sys.path.insert(0, 'bench'); import bench_gemm_moe as b; print('ceilings', b.ceilings())"
 timeout 45 python3 bench/flags.py dsv4.kernels.topk.SAMPLED_MIN_N=4096 -- bench/sweep_index_scores.py --sampled \
