@@ -19,9 +19,11 @@ A row that does not fold exactly (blocks further apart, a subnormal largest valu
 clears the launch's `ok` flag; the scores then come from the bf16 kernel, which the launcher queues behind the FP8
 one with the opposite guard (no host sync: both read the flag on the device, one of them exits at once).
 
-Session 71's GPU run: the fold's bytes and scales equal the reference's, but its flag read 0 for rows that fold. The
-flag was then a masked scalar store of 0; it is now an unconditional atomic min (compiled offline, interpreter tests
-pass), not yet run on a GPU: `bench/runs/run_device_s71e.sh` does (`bench/runs/diag_fold.py`).
+On the GPU (sessions 71-72, H100) the fold's bytes and scales equal the reference's, but its flag reads 0 for every
+input, a zero row included: first as a masked scalar store of 0, then as an unconditional atomic min, though the PTX
+and SASS read right. The FP8 launch itself, on operands folded by the reference, gave the bf16 kernels' scores 1.45-
+1.52x faster after 248K tokens. `bench/runs/run_device_s72c.sh` tries the formulations below (FOLD_BY_BITS,
+FOLD_PER_ROW) on the GPU.
 """
 from __future__ import annotations
 

@@ -40,11 +40,11 @@ PREFILL_SHAPE = (64, 128, 4, 3)
 # head's elementwise work) from this many keys on, where it applies and no launch shape is asked for (session 68, H100,
 # 8K queries, time of the Triton kernel / the Gluon one: 16K keys 0.98x, 32K 0.95x, 64K 1.08x, 128K 1.04x)
 PREFILL_GLUON_MIN_KEYS = 1 << 16
-# Opt-in, its speed not measured yet (session 71): FP4-simulated operands (`prefill_index_scores(fp4=True)`, the
-# model's default numerics) folded to e4m3 for FP8 dots from PREFILL_FP8_MIN_KEYS keys on (`indexer_fp8`: the same
-# scores; Hopper's FP8 MMA summed 3 x 8192^2 such dots exactly, `bench/check_fp8_index_dots.py`). Whether it pays is
-# open: the bf16 kernels run at ≈ 75 % of the bf16 MMA peak with their per-head rounding beside the MMAs, which FP8
-# dots do not shorten. `bench/runs/run_device_s71e.sh` checks the fold's flag on the GPU and times the FP8 launch.
+# Opt-in (sessions 71-72): FP4-simulated operands (`prefill_index_scores(fp4=True)`, the model's default numerics)
+# folded to e4m3 for FP8 dots from PREFILL_FP8_MIN_KEYS keys on (`indexer_fp8`: the same scores; Hopper's FP8 MMA
+# summed 3 x 8192^2 such dots exactly, `bench/check_fp8_index_dots.py`). The FP8 launch alone, on operands folded by
+# the reference, after 248K tokens (H100, s72a): 14.9 -> 9.8 ms Triton (1.52x), 14.7 -> 10.2 ms Gluon (1.45x), the
+# same scores. Off because the Triton fold's flag reads 0 on the GPU (`indexer_fp8`; `run_device_s72c.sh`).
 PREFILL_FP8 = False
 PREFILL_FP8_MIN_KEYS = 1 << 14
 
