@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 72, s72b cut to the device time left: the fold's flag under each formulation (diag_fold3.py); the first
+# Session 72 (prepared; could not start): the fold's flag under each formulation (diag_fold3.py); the first
 # that agrees with the reference becomes this copy's default for the fold / FP8 GPU tests and the FP8 scores timed
 # end to end after 248K tokens (with the sampled top-k); the ceilings; the sampled top-k at 16K entries.
 source bench/runs/lib.sh
