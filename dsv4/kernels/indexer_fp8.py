@@ -38,6 +38,9 @@ FOLD_ROWS = 32  # rows per program of the fold kernel
 # takes each row's flag to the atomic min instead of the program's reduction.
 FOLD_BY_BITS = False
 FOLD_PER_ROW = False
+# The fold in torch ops instead (`fold_rows_torch`: the reference's math, whose verdict the GPU gets right), for
+# `indexer_scores.prefill_index_scores` while the kernel's flag is open.
+FOLD_TORCH = False
 # rows whose largest magnitude is below 2^-100 do not fold (their scale would leave fp32's range)
 MIN_EXPONENT = tl.constexpr(-100) if HAS_TRITON else -100
 
@@ -45,6 +48,21 @@ MIN_EXPONENT = tl.constexpr(-100) if HAS_TRITON else -100
 def fold_rows_ref(x: torch.Tensor, w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """x [R, D] bf16, w [R] float or None -> (x' e4m3 [R, D], s fp32 [R], ok): x' = x 2^-a with the row's largest
     magnitude in [128, 256) (a = 0 for a zero row) and s = 2^a, or with w, s = w 2^a; ok: every row exact."""
+    x8, s, ok = _fold(x, w)
+    return x8, s, bool(ok.all())
+
+
+def fold_rows_torch(x: torch.Tensor, w: torch.Tensor | None, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fold_rows` in torch ops (FOLD_TORCH): the reference's math, the rows' verdict merged into ok on the device (no
+    host sync; capturable). Session 72's way around the Triton fold's flag on the GPU, where the reference's verdict
+    and bytes are right: a few more passes over q than one kernel."""
+    x8, s, rows_ok = _fold(x.reshape(-1, x.shape[-1]), None if w is None else w.reshape(-1))
+    torch.minimum(ok, rows_ok.all().to(ok.dtype), out=ok)
+    return x8.view(x.shape), s.view(x.shape[:-1])
+
+
+def _fold(x: torch.Tensor, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [R, D], w [R] or None -> (x' e4m3, s fp32 [R], bool [R]: the row is exact)."""
     xf = x.float()
     amax = xf.abs().amax(dim=1)
     exp = torch.frexp(amax)[1] - 1  # amax in [2^exp, 2^(exp + 1))
@@ -56,8 +74,7 @@ def fold_rows_ref(x: torch.Tensor, w: torch.Tensor | None = None) -> tuple[torch
     if w is not None:
         s = w.float() * s
         ok &= torch.isfinite(s) & (s * torch.exp2(-a.float()) == w.float())
-    return x8, s, bool(ok.all())
-
+    return x8, s, ok
 
 if HAS_TRITON:
     @triton.jit

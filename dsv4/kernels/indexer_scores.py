@@ -308,8 +308,9 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
     if not (PREFILL_FP8 and fp4 and n >= PREFILL_FP8_MIN_KEYS):
         _prefill_launch(q, weights, keys, visible, out, shape)
         return out
-    from dsv4.kernels.indexer_fp8 import fold_rows
+    from dsv4.kernels import indexer_fp8
 
+    fold_rows = indexer_fp8.fold_rows_torch if indexer_fp8.FOLD_TORCH else indexer_fp8.fold_rows
     ok = torch.ones(1, dtype=torch.int32, device=q.device)
     q8, w8 = fold_rows(q, weights, ok)
     k8, sk = fold_rows(keys, None, ok)
