@@ -31,7 +31,8 @@ for by_bits in (False, True):
         seen = []
         for name, x in inputs.items():
             x = x.to(DEV, torch.bfloat16)
-            w = (torch.randn(x.shape[:-1], generator=gen, device=DEV) * 0.01).to(torch.bfloat16) if x.dim() == 3 else None
+            w = None if x.dim() != 3 else (torch.randn(x.shape[:-1], generator=gen, device=DEV) * 0.01).to(
+                torch.bfloat16)
             ok = torch.ones(1, dtype=torch.int32, device=DEV)
             x8, s = indexer_fp8.fold_rows(x, w, ok)
             r8, rs, rok = indexer_fp8.fold_rows_ref(x.reshape(-1, 128), None if w is None else w.reshape(-1))
