@@ -76,6 +76,7 @@ def _fold(x: torch.Tensor, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.
         ok &= torch.isfinite(s) & (s * torch.exp2(-a.float()) == w.float())
     return x8, s, ok
 
+
 if HAS_TRITON:
     @triton.jit
     def _fold_kernel(X, W, X8, S, OK, R, H, sx_t, sx_h, sw_t, sw_h, D: tl.constexpr, BR: tl.constexpr,
