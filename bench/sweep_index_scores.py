@@ -131,5 +131,6 @@ def main() -> None:
             for name, value in old.items():
                 setattr(topk, name, value)
 
+
 if __name__ == "__main__":
     main()
