@@ -80,6 +80,7 @@ def main() -> None:
             zip(("block_t", "block_n", "warps", "stages"), map(int, shape.split(","))))
         indexer_scores.PACKED_RELU = shape != "default unpacked"  # (the per-element bf16 rounding before session 68)
         indexer_scores.PREFILL_GLUON_MIN_KEYS = 0 if shape.startswith("gluon") else 1 << 62
+        indexer_scores.PREFILL_FP8_GLUON = shape.startswith("gluon")
         try:
             if folded is not None and "fp8" in shape:  # the FP8 launch alone, on the reference's folded operands
                 q8, w8, k8, sk, ones = folded

@@ -62,23 +62,3 @@ def test_zero_rows_tiny_rows_and_weights_out_of_range():
     big[0] = (big[0].float() * 2.0 ** 20).to(torch.bfloat16)
     assert fold_rows_ref(x, torch.ones(4))[2] and not fold_rows_ref(big, w)[2]
 
-
-def test_fold_rows_torch_merges_the_verdict_on_the_device():
-    """`fold_rows_torch` (the fold in torch ops, `indexer_fp8.FOLD_TORCH`): the reference's bytes and scales for
-    [T, H, D] rows with weights, and a flag that rows which fold leave as it was and one row that does not clears."""
-    from dsv4.kernels.indexer_fp8 import fold_rows_torch
-
-    gen = torch.Generator().manual_seed(7)
-    q = _fp4_rows(6 * 4, gen).view(6, 4, 128)
-    w = torch.randn(6, 4, generator=gen).to(torch.bfloat16)
-    for start, spread, want in ((1, 0, 1), (0, 0, 0), (1, 20, 0)):
-        x = q.clone()
-        if spread:
-            x[4, 1, 64:] = (x[4, 1, 64:].float() * 2.0 ** -spread).to(torch.bfloat16)
-        ok = torch.tensor([start], dtype=torch.int32)
-        x8, s = fold_rows_torch(x, w, ok)
-        r8, rs, rok = fold_rows_ref(x.reshape(-1, 128), w.reshape(-1))
-        assert x8.shape == x.shape and s.shape == w.shape and rok is (spread == 0)
-        assert torch.equal(x8.reshape(-1, 128).view(torch.uint8), r8.view(torch.uint8))
-        assert torch.equal(s.reshape(-1), rs)
-        assert ok.item() == want

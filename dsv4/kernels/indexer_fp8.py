@@ -1,5 +1,5 @@
 """The indexer's FP4-simulated rows as e4m3 with one power of two per row, for the prefill scores on FP8 tensor cores
-(`indexer_scores.prefill_index_scores(fp4=True)` with the opt-in `indexer_scores.PREFILL_FP8`), beside a torch
+(`indexer_scores.prefill_index_scores(fp4=True)` with `indexer_scores.PREFILL_FP8`, on), beside a torch
 reference of the same signature.
 
 Why it is exact: with `simulate_quant` on, every indexer q head and key is Hadamard-rotated and FP4-simulated
@@ -19,11 +19,10 @@ A row that does not fold exactly (blocks further apart, a subnormal largest valu
 clears the launch's `ok` flag; the scores then come from the bf16 kernel, which the launcher queues behind the FP8
 one with the opposite guard (no host sync: both read the flag on the device, one of them exits at once).
 
-On the GPU (sessions 71-72, H100) the fold's bytes and scales equal the reference's, but its flag reads 0 for every
-input, a zero row included: first as a masked scalar store of 0, then as an unconditional atomic min, though the PTX
-and SASS read right. The FP8 launch itself, on operands folded by the reference, gave the bf16 kernels' scores 1.45-
-1.52x faster after 248K tokens. `bench/runs/run_device_s72c.sh` tries the formulations below (FOLD_BY_BITS,
-FOLD_PER_ROW) on the GPU.
+The fold's exactness test reads the fp32 bits (at most 3 mantissa bits, a multiple of 2^-9) rather than comparing the
+e4m3 round trip with the value: on the GPU (sessions 71-73, H100) the round trip compared unequal for every row, zero
+rows too, though the e4m3 bytes were right, so the flag always read 0; session 73 ran both tests there, and the bits
+agreed with the reference everywhere.
 """
 from __future__ import annotations
 
@@ -32,15 +31,6 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, tl, triton  # noqa: F401
 
 FOLD_ROWS = 32  # rows per program of the fold kernel
-# Session 72 (s72a, H100): the flag still read 0 on the GPU for every input, zero rows too, with the bytes and scales
-# right and the PTX's logic right on reading. Two other formulations, for the device to pick: BY_BITS checks the
-# e4m3 exactness on the fp32 bits (a 3-bit mantissa and a multiple of 2^-9) instead of the fp8 round trip; PER_ROW
-# takes each row's flag to the atomic min instead of the program's reduction.
-FOLD_BY_BITS = False
-FOLD_PER_ROW = False
-# The fold in torch ops instead (`fold_rows_torch`: the reference's math, whose verdict the GPU gets right), for
-# `indexer_scores.prefill_index_scores` while the kernel's flag is open.
-FOLD_TORCH = False
 # rows whose largest magnitude is below 2^-100 do not fold (their scale would leave fp32's range)
 MIN_EXPONENT = tl.constexpr(-100) if HAS_TRITON else -100
 
@@ -50,15 +40,6 @@ def fold_rows_ref(x: torch.Tensor, w: torch.Tensor | None = None) -> tuple[torch
     magnitude in [128, 256) (a = 0 for a zero row) and s = 2^a, or with w, s = w 2^a; ok: every row exact."""
     x8, s, ok = _fold(x, w)
     return x8, s, bool(ok.all())
-
-
-def fold_rows_torch(x: torch.Tensor, w: torch.Tensor | None, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`fold_rows` in torch ops (FOLD_TORCH): the reference's math, the rows' verdict merged into ok on the device (no
-    host sync; capturable). Session 72's way around the Triton fold's flag on the GPU, where the reference's verdict
-    and bytes are right: a few more passes over q than one kernel."""
-    x8, s, rows_ok = _fold(x.reshape(-1, x.shape[-1]), None if w is None else w.reshape(-1))
-    torch.minimum(ok, rows_ok.all().to(ok.dtype), out=ok)
-    return x8.view(x.shape), s.view(x.shape[:-1])
 
 
 def _fold(x: torch.Tensor, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -80,7 +61,7 @@ def _fold(x: torch.Tensor, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.
 if HAS_TRITON:
     @triton.jit
     def _fold_kernel(X, W, X8, S, OK, R, H, sx_t, sx_h, sw_t, sw_h, D: tl.constexpr, BR: tl.constexpr,
-                     HAS_W: tl.constexpr, BY_BITS: tl.constexpr = False, PER_ROW: tl.constexpr = False):
+                     HAS_W: tl.constexpr):
         """Rows r = t * H + h of X [T, H, D] (strided) -> X8 [R, D] e4m3 and S [R] (2^a, or w 2^a); any row that
         does not fold exactly clears OK."""
         r = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -93,11 +74,9 @@ if HAS_TRITON:
         a = tl.where(amax > 0, exp - 7, 0)
         scaled = x * ((127 - a) << 23).to(tl.float32, bitcast=True)[:, None]  # x 2^-a
         x8 = scaled.to(tl.float8e4nv)
-        if BY_BITS:  # e4m3-exact: at most 3 mantissa bits and a multiple of 2^-9 (the row's largest is < 256)
-            v = tl.abs(scaled) * 512.0
-            exact = ((scaled.to(tl.int32, bitcast=True) & 0xFFFFF) == 0) & (v.to(tl.int32).to(tl.float32) == v)
-        else:
-            exact = x8.to(tl.float32) == scaled
+        # e4m3-exact: at most 3 mantissa bits and a multiple of 2^-9 (the row's largest is < 256)
+        v = tl.abs(scaled) * 512.0
+        exact = ((scaled.to(tl.int32, bitcast=True) & 0xFFFFF) == 0) & (v.to(tl.int32).to(tl.float32) == v)
         ok = (tl.min(exact.to(tl.int32), axis=1) != 0) & ((amax == 0) | (exp >= MIN_EXPONENT))
         s = ((127 + a) << 23).to(tl.float32, bitcast=True)
         if HAS_W:
@@ -107,11 +86,8 @@ if HAS_TRITON:
             s = ws
         tl.store(X8 + r.to(tl.int64)[:, None] * D + d[None, :], x8, mask=rm[:, None])
         tl.store(S + r, s, mask=rm)
-        if PER_ROW:
-            tl.atomic_min(OK + tl.zeros_like(r), ok.to(tl.int32), mask=rm)
-        else:
-            good = tl.min(tl.where(rm, ok.to(tl.int32), 1), axis=0)
-            tl.atomic_min(OK, good)  # (unconditional: 1 keeps the flag, 0 clears it)
+        good = tl.min(tl.where(rm, ok.to(tl.int32), 1), axis=0)
+        tl.atomic_min(OK, good)  # (unconditional: 1 keeps the flag, 0 clears it)
 
 
 def fold_rows(x: torch.Tensor, w: torch.Tensor | None, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,5 +104,5 @@ def fold_rows(x: torch.Tensor, w: torch.Tensor | None, ok: torch.Tensor) -> tupl
         sw = (0, 0) if w is None else (w.stride(0), w.stride(1) if w.dim() == 2 else 0)
         _fold_kernel[(triton.cdiv(rows, FOLD_ROWS),)](
             x3, x3 if w is None else w, x8, s, ok, rows, h, x3.stride(0), x3.stride(1), *sw, D=d, BR=FOLD_ROWS,
-            HAS_W=w is not None, BY_BITS=FOLD_BY_BITS, PER_ROW=FOLD_PER_ROW, num_warps=4)
+            HAS_W=w is not None, num_warps=4)
     return x8.view(x.shape), s.view(x.shape[:-1])

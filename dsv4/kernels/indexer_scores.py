@@ -40,13 +40,16 @@ PREFILL_SHAPE = (64, 128, 4, 3)
 # head's elementwise work) from this many keys on, where it applies and no launch shape is asked for (session 68, H100,
 # 8K queries, time of the Triton kernel / the Gluon one: 16K keys 0.98x, 32K 0.95x, 64K 1.08x, 128K 1.04x)
 PREFILL_GLUON_MIN_KEYS = 1 << 16
-# Opt-in (sessions 71-72): FP4-simulated operands (`prefill_index_scores(fp4=True)`, the model's default numerics)
-# folded to e4m3 for FP8 dots from PREFILL_FP8_MIN_KEYS keys on (`indexer_fp8`: the same scores; Hopper's FP8 MMA
-# summed 3 x 8192^2 such dots exactly, `bench/check_fp8_index_dots.py`). The FP8 launch alone, on operands folded by
-# the reference, after 248K tokens (H100, s72a): 14.9 -> 9.8 ms Triton (1.52x), 14.7 -> 10.2 ms Gluon (1.45x), the
-# same scores. Off because the Triton fold's flag reads 0 on the GPU (`indexer_fp8`; `run_device_s72c.sh`).
-PREFILL_FP8 = False
-PREFILL_FP8_MIN_KEYS = 1 << 14
+# FP4-simulated operands (`prefill_index_scores(fp4=True)`, the model's default numerics) folded to e4m3 for FP8 dots
+# from PREFILL_FP8_MIN_KEYS keys on (`indexer_fp8`: the same scores; Hopper's FP8 MMA summed 3 x 8192^2 such dots
+# exactly, `bench/check_fp8_index_dots.py`), through the Triton kernel (its FP8 launch was ahead of the Gluon one's at
+# every size; PREFILL_FP8_GLUON: the Gluon one from PREFILL_GLUON_MIN_KEYS keys). Session 73 (H100,
+# `bench/sweep_index_scores.py --fp4`, 8K queries, the fold included, µs bf16 -> FP8, every score equal): 2,048 keys
+# 284 -> 283, 4,096 698 -> 572 (1.22x), 8,192 1,616 -> 1,198 (1.35x), 16,384 3,437 -> 2,413 (1.42x), 65,536 14,888
+# (Gluon 14,524) -> 10,106 (1.47x).
+PREFILL_FP8 = True
+PREFILL_FP8_MIN_KEYS = 1 << 12
+PREFILL_FP8_GLUON = False
 
 
 # --------------------------------------------------------------------------- torch reference
@@ -281,8 +284,8 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
     """Triton `prefill_index_scores_ref` (bf16 q and keys): bf16 [T, N]; the launch shape's parts left None are
     PREFILL_SHAPE's (none given and at least PREFILL_GLUON_MIN_KEYS keys: the Gluon kernel where it applies).
     fp4: q and keys are FP4-simulated (spec 2.6.2), so with PREFILL_FP8 on, from PREFILL_FP8_MIN_KEYS keys, they are
-    folded to e4m3 (`indexer_fp8`) for FP8 dots -- the same scores, with the bf16 kernel queued behind for rows that do
-    not fold."""
+    folded to e4m3 (`indexer_fp8`) for FP8 dots (the Triton kernel unless PREFILL_FP8_GLUON) -- the same scores,
+    with the bf16 kernel queued behind for rows that do not fold."""
     if not HAS_TRITON:
         raise RuntimeError("dsv4.kernels.indexer_scores: triton is not installed (use prefill_index_scores_ref)")
     if q.dim() != 3 or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
@@ -310,11 +313,11 @@ def prefill_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Ten
         return out
     from dsv4.kernels import indexer_fp8
 
-    fold_rows = indexer_fp8.fold_rows_torch if indexer_fp8.FOLD_TORCH else indexer_fp8.fold_rows
     ok = torch.ones(1, dtype=torch.int32, device=q.device)
-    q8, w8 = fold_rows(q, weights, ok)
-    k8, sk = fold_rows(keys, None, ok)
-    _prefill_launch(q8, w8, k8, visible, out, shape, sk, ok, 1)
+    q8, w8 = indexer_fp8.fold_rows(q, weights, ok)
+    k8, sk = indexer_fp8.fold_rows(keys, None, ok)
+    fp8_shape = PREFILL_SHAPE if shape == (None,) * 4 and not PREFILL_FP8_GLUON else shape
+    _prefill_launch(q8, w8, k8, visible, out, fp8_shape, sk, ok, 1)
     _prefill_launch(q, weights, keys, visible, out, shape, None, ok, 2)
     return out
 

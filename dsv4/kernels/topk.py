@@ -320,9 +320,10 @@ WARPS_LARGE = 8
 # select. Session 71 (H100, `bench/sweep_index_scores.py --sampled`, 8K rows, k = 512, µs default -> sampled, the
 # same picks): N = 16384 1,652 -> 1,919 (0.86x), 32768 3,186 -> 2,412 and 3,331 -> 2,535 (1.32x), 65536 6,591 -> 3,672
 # (1.79x); the sampled passes and the listing cost about a full row pass each, which 16K entries do not repay
-# (session 72 made both cheaper, below; 16K entries with them not yet measured).
+# (session 72 made both cheaper, below). Session 73 (H100, the same sweep with session 72's kernel): N = 4096 444 ->
+# 465 (0.95x), 8192 857 -> 575 (1.49x), 16384 1,640 -> 743 (2.21x).
 SAMPLED = True
-SAMPLED_MIN_N = 1 << 15
+SAMPLED_MIN_N = 1 << 13
 SAMPLED_STRIDE = 16
 SAMPLED_CAP_PER_K = 4
 # Session 72: the listing's positions summed per SAMPLED_GROUP entries before the scan (Triton scanned the [BLOCK]

@@ -285,16 +285,12 @@ def _spread_row(x: torch.Tensor) -> None:
     x[32:] = (x[32:].float() * 2.0 ** -20).to(x.dtype)
 
 
-@pytest.mark.parametrize("fold", ["fold_rows", "fold_rows_torch"])
 @pytest.mark.parametrize("bad", [False, True])
-def test_fold_rows_matches_the_reference(bad, fold):
-    """`indexer_fp8.fold_rows` (the kernel) and `fold_rows_torch` vs `fold_rows_ref`: the e4m3 bytes, the per-row
-    scales (with and without weights) and the flag, which one row that does not fold clears (and a zero row does
-    not)."""
-    from dsv4.kernels import indexer_fp8
-    from dsv4.kernels.indexer_fp8 import fold_rows_ref
+def test_fold_rows_matches_the_reference(bad):
+    """`indexer_fp8.fold_rows` vs `fold_rows_ref`: the e4m3 bytes, the per-row scales (with and without weights)
+    and the flag, which one row that does not fold clears (and a zero row does not)."""
+    from dsv4.kernels.indexer_fp8 import fold_rows, fold_rows_ref
 
-    fold_rows = getattr(indexer_fp8, fold)
     gen = torch.Generator(DEV).manual_seed(3 + bad)
     q, w, keys = _fp4_operands(37, 8, 45, gen)
     q[2, 5] = 0
@@ -310,9 +306,9 @@ def test_fold_rows_matches_the_reference(bad, fold):
         assert bool(ok.item()) is rok is not (bad and ww is None)
 
 
-@pytest.mark.parametrize("gluon,fold_torch", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("t,heads,n,bad", [(70, 16, 300, False), (70, 16, 300, True), (300, 64, 700, False)])
-def test_prefill_fp8_scores_equal_the_bf16_ones(t, heads, n, bad, gluon, fold_torch, poison, monkeypatch):
+def test_prefill_fp8_scores_equal_the_bf16_ones(t, heads, n, bad, gluon, poison, monkeypatch):
     """FP4-simulated operands (`prefill_index_scores(fp4=True)`): the FP8 dots on folded operands give exactly the
     bf16 kernel's scores; with one q row that does not fold, the bf16 launch behind the guard gives them (the
     flag read back to see which ran). Also within the float64 bound of the reference."""
@@ -325,12 +321,11 @@ def test_prefill_fp8_scores_equal_the_bf16_ones(t, heads, n, bad, gluon, fold_to
         pytest.skip("interpreter: 40 s for this size (runs on the GPU)")
     monkeypatch.setattr(indexer_scores, "PREFILL_GLUON_MIN_KEYS", 0 if gluon else 1 << 62)
     monkeypatch.setattr(indexer_scores, "PREFILL_FP8", True)
+    monkeypatch.setattr(indexer_scores, "PREFILL_FP8_GLUON", gluon)
     monkeypatch.setattr(indexer_scores, "PREFILL_FP8_MIN_KEYS", 0)
-    monkeypatch.setattr(indexer_fp8, "FOLD_TORCH", fold_torch)  # (the fold in torch ops: `fold_rows_torch`)
     flags = []
-    name = "fold_rows_torch" if fold_torch else "fold_rows"
-    real = getattr(indexer_fp8, name)
-    monkeypatch.setattr(indexer_fp8, name, lambda x, w, ok: flags.append(ok) or real(x, w, ok))
+    real = indexer_fp8.fold_rows
+    monkeypatch.setattr(indexer_fp8, "fold_rows", lambda x, w, ok: flags.append(ok) or real(x, w, ok))
     gen = torch.Generator(DEV).manual_seed(t + heads + n + bad)
     q, w, keys = _fp4_operands(t, heads, n, gen)
     if bad:
