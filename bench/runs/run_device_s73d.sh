@@ -1,13 +1,13 @@
 #!/bin/bash
 # Session 73: the indexer's FP8 scores (the fold's bit test) and the sampled top-k from 8K entries, on by default:
-# their GPU tests, then an 8K chunk after 248K and 56K tokens with session 72's settings (FP8 off, sampled from 32K)
-# and with the new ones (4 Flash layers: SWA, SWA, CSA, HCA).
+# their GPU tests, then an 8K chunk after 248K and 56K tokens with the new settings and
+# with session 72's (FP8 off, sampled from 32K) (4 Flash layers: SWA, SWA, CSA, HCA).
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 runpar 200 4 tests/gpu/test_indexer_scores.py tests/gpu/test_topk.py
 OLD="dsv4.kernels.indexer_scores.PREFILL_FP8=False dsv4.kernels.topk.SAMPLED_MIN_N=32768"
 for prefix in 253952 57344; do
-  for flags in "$OLD" ""; do
+  for flags in "" "$OLD"; do
     echo "== prefix $prefix flags: ${flags:-new defaults}"
     timeout 200 python3 bench/flags.py $flags -- bench/profile_step.py --layers 4 --prefill 8192 --prefix $prefix 2>&1 \
       | grep -E "chunk after|kernels, |^layer |_scores|_topk|rror" | head -14
