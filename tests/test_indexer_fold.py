@@ -61,4 +61,3 @@ def test_zero_rows_tiny_rows_and_weights_out_of_range():
     big = x.clone()
     big[0] = (big[0].float() * 2.0 ** 20).to(torch.bfloat16)
     assert fold_rows_ref(x, torch.ones(4))[2] and not fold_rows_ref(big, w)[2]
-

@@ -38,12 +38,6 @@ MIN_EXPONENT = tl.constexpr(-100) if HAS_TRITON else -100
 def fold_rows_ref(x: torch.Tensor, w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """x [R, D] bf16, w [R] float or None -> (x' e4m3 [R, D], s fp32 [R], ok): x' = x 2^-a with the row's largest
     magnitude in [128, 256) (a = 0 for a zero row) and s = 2^a, or with w, s = w 2^a; ok: every row exact."""
-    x8, s, ok = _fold(x, w)
-    return x8, s, bool(ok.all())
-
-
-def _fold(x: torch.Tensor, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [R, D], w [R] or None -> (x' e4m3, s fp32 [R], bool [R]: the row is exact)."""
     xf = x.float()
     amax = xf.abs().amax(dim=1)
     exp = torch.frexp(amax)[1] - 1  # amax in [2^exp, 2^(exp + 1))
@@ -55,7 +49,7 @@ def _fold(x: torch.Tensor, w: torch.Tensor | None) -> tuple[torch.Tensor, torch.
     if w is not None:
         s = w.float() * s
         ok &= torch.isfinite(s) & (s * torch.exp2(-a.float()) == w.float())
-    return x8, s, ok
+    return x8, s, bool(ok.all())
 
 
 if HAS_TRITON:
