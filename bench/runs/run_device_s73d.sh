@@ -13,3 +13,7 @@ for prefix in 253952 57344; do
       | grep -E "chunk after|kernels, |^layer |_scores|_topk|rror" | head -14
   done
 done
+# session 74: the ceilings of this call and one 8K prompt of 8 Flash layers (the first chunk: 2K indexer keys)
+python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_engine_step import _ceilings; _ceilings(True)" 2>&1 \
+  | grep ceilings
+prefill8 200
