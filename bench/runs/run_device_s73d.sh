@@ -17,3 +17,5 @@ done
 python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_engine_step import _ceilings; _ceilings(True)" 2>&1 \
   | grep ceilings
 prefill8 200
+# the first 8K chunk (no prefix): where its GPU time goes now
+timeout 200 python3 bench/profile_step.py --layers 4 --prefill 8192 2>&1 | grep -vi warn | head -60
