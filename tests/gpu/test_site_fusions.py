@@ -105,11 +105,11 @@ def _decode(monkeypatch, prompts: tuple, combine_in_site: bool):
 
     monkeypatch.setattr(block, "COMBINE_IN_NEXT_SITE", combine_in_site)
     model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", DEV, torch.bfloat16, kernels="triton")
-    batch = PagedBatch(model, "fp8", prompts=prompts)
+    batch = PagedBatch(model, "fp8", prompts=prompts, together=DEV != "cuda")  # (the interpreter: one prefill)
     combines, finishes, tokens, real, forward = _launches(monkeypatch), [], [], mhc._finish, batch.forward
     monkeypatch.setattr(mhc, "_finish", lambda *a: finishes.append(1) or real(*a))
     batch.forward = lambda seqs, ids, lens=None: tokens.append(ids.shape[0]) or forward(seqs, ids, lens)
-    logits = torch.cat(batch.decode(12 if DEV == "cuda" else 2))
+    logits = torch.cat(batch.decode(12 if DEV == "cuda" else 1))
     monkeypatch.undo()
     return logits, len(combines), len(finishes), tokens, len(model.layers)
 
