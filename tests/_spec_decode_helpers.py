@@ -1,4 +1,4 @@
-"""Shared helpers of the MTP speculative decoding tests (test_spec_decode.py, test_spec_decode_sampling.py):
+"""Shared helpers of the MTP speculative decoding tests (test_spec_decode*.py):
 the fp32 reference model, an engine with or without speculation, draining it, and its end-of-run invariants."""
 from __future__ import annotations
 
