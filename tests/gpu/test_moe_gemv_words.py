@@ -24,7 +24,7 @@ def test_scale_words_same_bits(shape, per_program, split, poison, monkeypatch):
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_layout import WIDE_MAX_SCALE_BYTE
 
-    e, d, i, k, m = 8, 512, 256, 6, 5
+    e, d, i, k, m = 8, 512, 256, 6, 5 if DEV == "cuda" else 3  # (the interpreter: 18 pairs, for its time)
     gen = torch.Generator(DEV).manual_seed(len(shape) * 3 + per_program + split)
     experts = _experts(e, d, i, gen)
     for s in (experts.w1_scale, experts.w3_scale, experts.w2_scale):  # every byte position a different value
