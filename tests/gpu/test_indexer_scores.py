@@ -229,8 +229,8 @@ def _as_sets(idx: torch.Tensor) -> torch.Tensor:
 
 
 def test_gluon_prefill_scores_take_only_what_they_support():
-    """`indexer_scores_gluon.supports` (the routing's guard, the Triton kernel otherwise): head dim 128, heads a multiple
-    of its 8-head groups, rows whose copies are 16-byte aligned."""
+    """`indexer_scores_gluon.supports` (the routing's guard, the Triton kernel otherwise): head dim 128, heads a
+    multiple of its 8-head groups, rows whose copies are 16-byte aligned."""
     from dsv4.kernels.indexer_scores_gluon import supports
 
     q = torch.randn(10, 64, 128).to(torch.bfloat16)
