@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 73: the indexer's FP8 scores (the fold's bit test) and the sampled top-k from 8K entries, on by default:
-# their GPU tests, then an 8K chunk after 248K and 56K tokens with the new settings and
-# with session 72's (FP8 off, sampled from 32K) (4 Flash layers: SWA, SWA, CSA, HCA).
+# their GPU tests, then an 8K chunk of 4 Flash layers (SWA, SWA, CSA, HCA) after 248K and 56K tokens, with the new
+# settings and then with session 72's (FP8 off, sampled from 32K). Ran in session 74 (s74a, H200).
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 runpar 200 4 tests/gpu/test_indexer_scores.py tests/gpu/test_topk.py
