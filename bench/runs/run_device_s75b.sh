@@ -1,9 +1,16 @@
 #!/bin/bash
 # Session 75: (1) the first 8K chunk's kernels beyond the top 25 (s74's "the rest": 3.2 ms in 147 launches per 4
-# layers); (2) the WS FP8 down's ring knobs at 8K (moe_fp8_ws: x / weight slots, one producer), the GLU unchanged.
+# layers); (2) the WS FP8 down's ring knobs at 8K (moe_fp8_ws), the GLU unchanged: the copies' lead within 227 KB
+# of shared memory (default 222 KB; a raw ring of 4 per producer or 7 x slots alone are over, offline), one producer
+# with a longer raw ring, the launch order; variants with 2 weight slots in processes of their own (s40: XSLOTS 8 /
+# WSLOTS 2 faulted, which would take the rest of a process with it).
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-TOP=70 timeout 300 python3 bench/profile_step.py --layers 4 --prefill 8192 2>&1 | grep -v -i warn | tail -95
+TOP=70 timeout 240 python3 bench/profile_step.py --layers 4 --prefill 8192 2>&1 | grep -v -i warn | tail -95
 W=dsv4.kernels.moe_fp8_ws
-timeout 250 python3 bench/bench_moe_flags.py --ms 8192 "default:" "x7w3:$W.XSLOTS=7" "x5w2:$W.XSLOTS=5,$W.WSLOTS=2" \
-  "x6w2:$W.WSLOTS=2" "p1:$W.PRODUCERS=1" "gm8:dsv4.kernels.moe_wide.ASYNC_GROUP_M=8" 2>&1 | grep -v -i warn | tail -3
+flags() { timeout $1 python3 bench/bench_moe_flags.py --ms 8192 "default:" "${@:2}" 2>&1 | grep -v -i warn | tail -2; }
+flags 150 "p1raw6:$W.PRODUCERS=1,$W.RAW={1:6}" "p1x7raw4:$W.PRODUCERS=1,$W.XSLOTS=7" \
+  "gm8:dsv4.kernels.moe_wide.ASYNC_GROUP_M=8"
+flags 60 "x5w2raw5:$W.XSLOTS=5,$W.WSLOTS=2,$W.RAW={2:5}"
+flags 60 "x6w2:$W.WSLOTS=2"
+flags 60 "x4w2raw5:$W.XSLOTS=4,$W.WSLOTS=2,$W.RAW={2:5}"
