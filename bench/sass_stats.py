@@ -261,16 +261,13 @@ CASES = {
     # ... warp-specialized: a 4-warp producer (copies, re-encode) and a 4-warp consumer per 64 rows
     **{name: ("moe_fp8_ws", "_glu_fp8_ws_kernel", GLU_FP8_T,
               dict(BM=bm, XSLOTS=6, WSLOTS=3, RAW=4 if np == 1 else 3, GROUP_M=4, LISTED=True, GLU=glu, PRODUCER_WARPS=pw, PRODUCERS=np,
-                   PRODUCER_REGS=pr, CONSUMER_REGS=cr, FP8_ORDER=name.endswith("_order")), 4, 1, GLU_FP8_DIV16)
+                   PRODUCER_REGS=pr, CONSUMER_REGS=cr), 4, 1, GLU_FP8_DIV16)
        for name, bm, glu, pw, np, pr, cr in (("moe_glu_fp8_ws", 128, True, 4, 1, 152, 176),
                                              ("moe_down_fp8_ws", 128, False, 4, 1, 152, 176),
                                              ("moe_glu_fp8_ws_bm64", 64, True, 4, 1, 152, 176),
                                              ("moe_glu_fp8_ws_p8", 128, True, 8, 1, 96, 160),
                                              ("moe_glu_fp8_ws_2p", 128, True, 4, 2, 96, 160),
                                              ("moe_down_fp8_ws_2p", 128, False, 4, 2, 96, 160),
-                                             # ... the weight bytes in e4m3_reencode.fp8_nibble_order (s75 probe)
-                                             ("moe_down_fp8_ws_2p_order", 128, False, 4, 2, 96, 160),
-                                             ("moe_glu_fp8_ws_2p_order", 128, True, 4, 2, 96, 160),
                                              ("moe_glu_fp8_ws_2p_bm64", 64, True, 4, 2, 88, 168))},
     "moe_glu_fp8_bm64": ("moe_glu_fp8", "_glu_fp8_kernel", GLU_FP8_T, dict(GLU_FP8_C, BM=64, GLU=True), 4, 1,
                          GLU_FP8_DIV16),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4.kernels.e4m3_reencode import T8_HI, T8_LO, e4m3_pair_asm, e4m3_pair_fp8_order_asm, fp8_nibble_order
+from dsv4.kernels.e4m3_reencode import T8_HI, T8_LO, e4m3_pair_asm
 from dsv4.kernels.moe_layout import FP8_MAX_SCALE_SPREAD, FP8_MIN_BLOCK_SCALE, fp8_tiles
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -149,24 +149,20 @@ def _tables(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return T8_LO - d * 0x08080800, T8_HI - d * 0x08080808
 
 
-@pytest.mark.parametrize("fp8_order", [False, True], ids=["kernel_order", "fp8_order"])
-def test_pair_asm_is_exact_for_every_byte_lane_and_spread_pair(fp8_order):
+def test_pair_asm_is_exact_for_every_byte_lane_and_spread_pair():
     """All 256 byte values in each of the 4 lanes (the other lanes random), for all 12 x 12 spreads of the low-
     and high-nibble groups: output lane i of $0 is e4m3(e2m1(low nibble of byte i) * 2^(6 - d_lo)), of $1 the
-    same for the high nibble with d_hi. fp8_order: the same words moved by `fp8_nibble_order` into
-    `e4m3_pair_fp8_order_asm`."""
+    same for the high nibble with d_hi."""
     gen = torch.Generator().manual_seed(0)
     lanes = torch.randint(0, 256, (4, 4, 256), generator=gen)
     for i in range(4):
         lanes[i, i] = torch.arange(256)
     lanes = lanes.permute(0, 2, 1).reshape(-1, 4)  # [1024 words, 4 bytes]
-    stored = fp8_nibble_order(lanes.to(torch.uint8)).long() if fp8_order else lanes
-    words = sum(stored[:, k] << (8 * k) for k in range(4))
+    words = sum(lanes[:, k] << (8 * k) for k in range(4))
     d = torch.arange(FP8_MAX_SCALE_SPREAD + 1)
     d_lo, d_hi = d[:, None, None], d[None, :, None]
     (tla, tha), (tlb, thb) = _tables(d_lo), _tables(d_hi)
-    asm = e4m3_pair_fp8_order_asm() if fp8_order else e4m3_pair_asm()
-    regs = _run_ptx(asm, {"$2": words[None, None, :], "$3": tla, "$7": tha, "$11": tlb, "$15": thb})
+    regs = _run_ptx(e4m3_pair_asm(), {"$2": words[None, None, :], "$3": tla, "$7": tha, "$11": tlb, "$15": thb})
     e2m1 = torch.tensor(E2M1, dtype=torch.float64)
     for out, shift, dd in (("$0", 0, d_lo), ("$1", 4, d_hi)):
         got = torch.stack([(regs[out] >> (8 * k)) & 0xFF for k in range(4)], -1)
@@ -174,20 +170,3 @@ def test_pair_asm_is_exact_for_every_byte_lane_and_spread_pair(fp8_order):
         code = (lanes >> shift) & 0xF
         want = e2m1[code & 7] * torch.exp2((6 - dd).double())[..., None] * torch.where(code >= 8, -1.0, 1.0)
         assert torch.equal(got, want), out
-
-
-def test_fp8_nibble_order_is_a_bijection_per_word():
-    """Every 32-bit word of the kernel layout maps to a distinct word (sampled: 2^16 random words and the 256
-    values of each byte lane) and every bit of the input moves to exactly one output bit."""
-    gen = torch.Generator().manual_seed(1)
-    b = torch.randint(0, 256, (1 << 16, 4), generator=gen, dtype=torch.int64).to(torch.uint8)
-    out = fp8_nibble_order(b)
-    assert out.shape == b.shape and out.dtype == b.dtype
-    w_in = sum(b[:, k].long() << (8 * k) for k in range(4))
-    w_out = sum(out[:, k].long() << (8 * k) for k in range(4))
-    assert torch.unique(w_in).numel() == torch.unique(w_out).numel()
-    one_bits = (torch.ones(32, dtype=torch.int64) << torch.arange(32))
-    single = torch.stack([(one_bits >> (8 * k)) & 0xFF for k in range(4)], -1).to(torch.uint8)
-    moved = fp8_nibble_order(single)
-    moved_w = sum(moved[:, k].long() << (8 * k) for k in range(4))
-    assert sorted(int(x) for x in moved_w) == [1 << i for i in range(32)]

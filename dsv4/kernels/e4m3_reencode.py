@@ -11,8 +11,6 @@ than the bf16 MMA path and was removed in session 36 (docs/benchmarks.md, sessio
 """
 from __future__ import annotations
 
-import torch
-
 from dsv4.kernels._triton import HAS_TRITON
 
 # e4m3 bytes of the e2m1 magnitudes 0, .5, 1, 1.5 (low word) and 2, 3, 4, 6 (high word) times 2^6: the prmt
@@ -37,57 +35,22 @@ def e4m3_pair_asm() -> str:
             "and.b32 t, $2, 0x80808080; or.b32 $1, r, t; }")
 
 
-def e4m3_pair_fp8_order_asm() -> str:
-    """`e4m3_pair_asm` for words in `fp8_nibble_order` (7 SASS per word instead of 12, session 41's count): the four
-    magnitudes of each group already form a prmt selector (low / high 16 bits) and the signs sit at bit 7 of each
-    byte (group A) or bit 3 (group B, shifted up by 4)."""
-    return ("{ .reg .b32 m, t, r; and.b32 m, $2, 0x77777777; prmt.b32 r, $3, $7, m; "
-            "and.b32 t, $2, 0x80808080; or.b32 $0, r, t; shr.b32 m, m, 16; prmt.b32 r, $11, $15, m; "
-            "shl.b32 t, $2, 4; and.b32 t, t, 0x80808080; or.b32 $1, r, t; }")
-
-
-def fp8_nibble_order(packed: torch.Tensor) -> torch.Tensor:
-    """Kernel-layout packed bytes (`moe_layout.repack_fp4`: byte i of a 32-bit word holds code a_i of group A in its
-    low nibble, b_i of group B in its high one) -> the same codes with each word's bits moved for
-    `e4m3_pair_fp8_order_asm`: bits 4i..4i+2 the magnitude of a_i, bits 16+4i.. that of b_i, bit 8i+7 the sign of a_i,
-    bit 8i+3 that of b_i (i < 4). The last dimension must be a multiple of 4. Stacked experts ([E, N, K/2]) go one
-    at a time (the int64 words of a whole Flash layer would take ≈ 35 GB of temporaries)."""
-    if packed.shape[-1] % 4:
-        raise ValueError(f"fp8_nibble_order: last dimension {packed.shape[-1]} is not a multiple of 4")
-    if packed.dim() >= 3:
-        return torch.stack([fp8_nibble_order(p) for p in packed.unbind(0)])
-    b = packed.view(torch.uint8).to(torch.int32)
-    b = b.reshape(*b.shape[:-1], -1, 4)
-    a, c = b & 0xF, b >> 4
-    word = torch.zeros(b.shape[:-1], dtype=torch.int64, device=b.device)
-    for i in range(4):
-        word |= ((a[..., i] & 7).long() << (4 * i)) | ((c[..., i] & 7).long() << (16 + 4 * i))
-        word |= ((a[..., i] >> 3).long() << (8 * i + 7)) | ((c[..., i] >> 3).long() << (8 * i + 3))
-    out = torch.stack([(word >> (8 * k)) & 0xFF for k in range(4)], -1).to(torch.uint8)
-    return out.reshape(packed.shape).view(packed.dtype)
-
-
 if HAS_TRITON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
     _ASM8_PAIR: gl.constexpr = gl.constexpr(e4m3_pair_asm())
-    _ASM8_PAIR_FP8_ORDER: gl.constexpr = gl.constexpr(e4m3_pair_fp8_order_asm())
     _T8_LO: gl.constexpr = gl.constexpr(T8_LO)
     _T8_HI: gl.constexpr = gl.constexpr(T8_HI)
 
     @gluon.jit
-    def _e2m1_e4m3(b, d_lo, d_hi, FP8_ORDER: gl.constexpr = False):
+    def _e2m1_e4m3(b, d_lo, d_hi):
         """uint8 [BN, 32] packed bytes -> (e4m3 e2m1(code) * 2^(6 - d_lo) of their low nibbles, the same of their
-        high nibbles with d_hi); d_lo, d_hi [BN] int32 in 0..11 per row, turned into each row's tables here.
-        FP8_ORDER: the bytes are in `fp8_nibble_order` (group A's codes for "low nibbles", B's for "high")."""
+        high nibbles with d_hi); d_lo, d_hi [BN] int32 in 0..11 per row, turned into each row's tables here."""
         zero = b.to(gl.int32) * 0
         tla = zero + (_T8_LO - d_lo * 0x08080800)[:, None]  # (byte 0, code 0, stays 0)
         tha = zero + (_T8_HI - d_lo * 0x08080808)[:, None]
         tlb = zero + (_T8_LO - d_hi * 0x08080800)[:, None]
         thb = zero + (_T8_HI - d_hi * 0x08080808)[:, None]
-        if FP8_ORDER:
-            return gl.inline_asm_elementwise(_ASM8_PAIR_FP8_ORDER, "=r,=r" + ",r" * 17, [b, tla, tha, tlb, thb],
-                                             dtype=(gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
         return gl.inline_asm_elementwise(_ASM8_PAIR, "=r,=r" + ",r" * 17, [b, tla, tha, tlb, thb],
                                          dtype=(gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)

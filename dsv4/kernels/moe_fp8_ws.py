@@ -72,7 +72,7 @@ if HAS_TRITON:
     @gluon.jit
     def _producer(src, smem, e, row0, pid_n, nblocks, BM: gl.constexpr, CH: gl.constexpr, GLU: gl.constexpr,
                   XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr, PART: gl.constexpr,
-                  NPROD: gl.constexpr, FP8_ORDER: gl.constexpr):
+                  NPROD: gl.constexpr):
         """A worker partition that feeds the consumers: blocks PART, PART + NPROD, ... re-encoded (its raw ring:
         slots [PART * RAW, PART * RAW + RAW)), the codes of blocks LX further."""
         A, AS, W, WS, TB, SORTED, num_pairs, top_k, up_off, stride_am, stride_asm, stride_we, stride_wn, stride_wse, \
@@ -110,7 +110,7 @@ if HAS_TRITON:
             _issue_raw(w_s, v_s, w_ptrs, v_ptrs, kb + (RAW - 1) * NPROD, PART * RAW + (i + RAW - 1) % RAW, nblocks)
             async_copy.wait_group(RAW - 1)  # this thread's copies of block kb's weights ...
             gl.thread_barrier()  # ... and every thread's
-            lo0, hi0, lo1, hi1 = _reencode(w_s, v_s, PART * RAW + i % RAW, c_l, FP8_ORDER)
+            lo0, hi0, lo1, hi1 = _reencode(w_s, v_s, PART * RAW + i % RAW, c_l)
             wq[0].index(s).store(lo0)
             wq[1].index(s).store(hi0)
             wq[2].index(s).store(lo1)
@@ -157,7 +157,7 @@ if HAS_TRITON:
         stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_tbe, stride_tbn, stride_cm,
         BM: gl.constexpr, XSLOTS: gl.constexpr, WSLOTS: gl.constexpr, RAW: gl.constexpr, GROUP_M: gl.constexpr,
         LISTED: gl.constexpr, GLU: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCERS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, FP8_ORDER: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     ):
         # `moe_glu_fp8._glu_fp8_kernel`'s arguments and tiles (GLU: 64 gate + 64 up channels; else 128 outputs)
         CH: gl.constexpr = 64 if GLU else 128
@@ -197,33 +197,32 @@ if HAS_TRITON:
                 gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
                                     (_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 1)),
                                     (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
-                                                 0, 2, FP8_ORDER)),
+                                                 0, 2)),
                                     (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
-                                                 1, 2, FP8_ORDER))],
+                                                 1, 2))],
                                    [4, PRODUCER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
             elif BM == 128:
                 gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
                                     (_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 1)),
                                     (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
-                                                 0, 1, FP8_ORDER))], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+                                                 0, 1))], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
             elif PRODUCERS == 2:
                 gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
                                     (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
-                                                 0, 2, FP8_ORDER)),
+                                                 0, 2)),
                                     (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
-                                                 1, 2, FP8_ORDER))],
+                                                 1, 2))],
                                    [PRODUCER_WARPS, PRODUCER_WARPS], [PRODUCER_REGS, PRODUCER_REGS])
             else:
                 gl.warp_specialize([(_consumer, (dst, smem, row0, pid_n, nblocks, limit, CH, GLU, XSLOTS, WSLOTS, 0)),
                                     (_producer, (src, smem, e, row0, pid_n, nblocks, BM, CH, GLU, XSLOTS, WSLOTS, RAW,
-                                                 0, 1, FP8_ORDER))], [PRODUCER_WARPS], [PRODUCER_REGS])
+                                                 0, 1))], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
-def launch_ws(args: tuple, grid: tuple, bm: int, group_m: int, listed: bool, glu: bool, fp8_order: bool = False):
-    """`moe_glu_fp8.launch`'s kernel arguments through the warp-specialized kernel (fp8_order: the weight bytes in
-    `e4m3_reencode.fp8_nibble_order`). Returns the compiled kernel."""
+def launch_ws(args: tuple, grid: tuple, bm: int, group_m: int, listed: bool, glu: bool):
+    """`moe_glu_fp8.launch`'s kernel arguments through the warp-specialized kernel. Returns the compiled kernel."""
     producer_regs, consumer_regs = REGS[PRODUCER_WARPS * PRODUCERS]
     return _glu_fp8_ws_kernel[grid](*args, BM=bm, XSLOTS=XSLOTS, WSLOTS=WSLOTS, RAW=RAW[PRODUCERS],
                                     GROUP_M=group_m, LISTED=listed, GLU=glu, PRODUCER_WARPS=PRODUCER_WARPS,
                                     PRODUCERS=PRODUCERS, PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs,
-                                    FP8_ORDER=fp8_order, num_warps=4)
+                                    num_warps=4)

@@ -40,10 +40,10 @@ ROWS = 64  # channels per program (and rows per weight-scale tile)
 # +6 % on the bf16 one)
 WS_GLU = False
 WS_DOWN = True
-# Probe (session 75): the warp-specialized kernels on a copy of the weights in `e4m3_reencode.fp8_nibble_order`,
-# re-encoded in 7 SASS per packed word instead of 12 -- whether the producers' instruction count bounds them. The
-# copy is made per weight tensor on first use (a benchmark aid: the model's kernels share the kernel layout)
-FP8_ORDER_PROBE = False
+# Measured and removed (session 75, commit ddbb27d): the WS kernels on weights whose nibbles were moved within each
+# 32-bit word so that the re-encode takes 7 SASS per word instead of 12 (producer loop 403 -> 323 instructions):
+# bit-identical, Flash MoE call (H100, L2 flushed) 8K 5.907 -> 5.822 ms, 16K 11.325 -> 10.934; with the WS FP8 GLU
+# too 6.249 -> 6.137 / 11.788 -> 11.005. Not the producers' bound; not worth moving every MoE kernel to that layout
 
 if HAS_TRITON:
     from triton.experimental import gluon
@@ -97,17 +97,15 @@ if HAS_TRITON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _reencode(w_s, v_s, slot, c_l: gl.constexpr, FP8_ORDER: gl.constexpr = False):
+    def _reencode(w_s, v_s, slot, c_l: gl.constexpr):
         """The e4m3 weights of ring slot `slot`'s packed bytes, per 32-wide group: four [128, 32] tensors in layout
-        c_l (sc: the rows' scale words, bt: their tiles' largest byte; FP8_ORDER: the bytes in
-        `e4m3_reencode.fp8_nibble_order`)."""
+        c_l (sc: the rows' scale words, bt: their tiles' largest byte)."""
         sc = v_s[0].index(slot).load(gl.SliceLayout(1, c_l))
         bt = v_s[1].index(slot).load(gl.SliceLayout(1, c_l))
         # half h: low nibbles k 64h..64h+31 (group 2h), high ones the next 32
-        lo0, hi0 = _e2m1_e4m3(w_s.index(slot).slice(0, 32, dim=1).load(c_l), bt - (sc & 0xFF), bt - ((sc >> 8) & 0xFF),
-                              FP8_ORDER)
+        lo0, hi0 = _e2m1_e4m3(w_s.index(slot).slice(0, 32, dim=1).load(c_l), bt - (sc & 0xFF), bt - ((sc >> 8) & 0xFF))
         lo1, hi1 = _e2m1_e4m3(w_s.index(slot).slice(32, 32, dim=1).load(c_l), bt - ((sc >> 16) & 0xFF),
-                              bt - ((sc >> 24) & 0xFF), FP8_ORDER)
+                              bt - ((sc >> 24) & 0xFF))
         return lo0, hi0, lo1, hi1
 
     @gluon.jit
@@ -298,12 +296,6 @@ def launch(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, sw: torch.Tensor
     if WS_GLU if glu else WS_DOWN:
         from dsv4.kernels.moe_fp8_ws import launch_ws
 
-        if FP8_ORDER_PROBE:
-            from dsv4.kernels.e4m3_reencode import fp8_nibble_order
-
-            if getattr(w, "_fp8_order_copy", None) is None:  # (kept on the weight tensor: freed with it)
-                w._fp8_order_copy = fp8_nibble_order(w)
-            args = args[:2] + (w._fp8_order_copy,) + args[3:]
-        return launch_ws(args, grid, bm, group_m, listed, glu, fp8_order=FP8_ORDER_PROBE)
+        return launch_ws(args, grid, bm, group_m, listed, glu)
     return _glu_fp8_kernel[grid](*args, BM=bm, STAGES=STAGES, GROUP_M=group_m, LISTED=listed, GLU=glu,
                                  num_warps=bm // 16)

@@ -400,19 +400,17 @@ def test_fp8_glu_declines_tiles_past_the_spread(monkeypatch):
     assert not moe_wide.fp8_glu_path(packed, torch.device(DEV))
 
 
-@pytest.mark.parametrize("producer_warps,producers,fp8_order", [(4, 1, False), (8, 1, False), (4, 2, False),
-                                                                (4, 2, True)])
+@pytest.mark.parametrize("producer_warps,producers", [(4, 1), (8, 1), (4, 2)])
 @pytest.mark.parametrize("m,d,i,mixed,bm", [
     (300, 1024, 512, True, 64), (400, 1024, 512, False, 128), (700, 2048, 256, True, 64), (5, 256, 256, True, 64),
     (200, 256, 256, False, 128)])
-def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, fp8_order, poison, monkeypatch):
+def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, poison, monkeypatch):
     """moe_glu_fp8.WS_GLU / WS_DOWN (dsv4.kernels.moe_fp8_ws: producer warps copy and re-encode, a consumer
     warpgroup per 64 rows multiplies and promotes, mbarrier hand-offs): the GLU and the down GEMM on FP8 give the
     shared-warp kernel's outputs bit for bit -- the same e4m3 bytes, MMAs and promotion -- over K from 2 blocks
     (fewer than the rings' slots) to 16 (the slots' phases wrap several times), mixed lists and plain alignments,
     skewed routing, pairs held by another rank, poisoned outputs; with one producer of 4 or 8 warps, or two of 4 on
-    alternate blocks; fp8_order: on weights in `e4m3_reencode.fp8_nibble_order` (moe_glu_fp8.FP8_ORDER_PROBE).
-    (test_fp8_glu_matches_the_reference checks the shared-warp kernel against `fused_moe_ref`.)"""
+    alternate blocks. (test_fp8_glu_matches_the_reference checks the shared-warp kernel against `fused_moe_ref`.)"""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _topk
@@ -436,16 +434,15 @@ def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, 
     shared = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     launches, launch_ws = [], moe_fp8_ws.launch_ws
 
-    def counted(args, grid, tile_m, *rest, **kw):
+    def counted(args, grid, tile_m, *rest):
         launches.append(tile_m)
-        return launch_ws(args, grid, tile_m, *rest, **kw)
+        return launch_ws(args, grid, tile_m, *rest)
 
     monkeypatch.setattr(moe_fp8_ws, "launch_ws", counted)
     monkeypatch.setattr(moe_glu_fp8, "WS_GLU", True)
     monkeypatch.setattr(moe_glu_fp8, "WS_DOWN", True)
     monkeypatch.setattr(moe_fp8_ws, "PRODUCER_WARPS", producer_warps)
     monkeypatch.setattr(moe_fp8_ws, "PRODUCERS", producers)
-    monkeypatch.setattr(moe_glu_fp8, "FP8_ORDER_PROBE", fp8_order)
     poison()
     got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     assert len(launches) >= 2 and (bm == 64 or 128 in launches), f"warp-specialized launches: {launches}"
