@@ -6,6 +6,7 @@
 # WSLOTS 2 faulted, which would take the rest of a process with it).
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
+run 200 tests/gpu/test_mhc.py  # (the row finish no longer stores u when it norms)
 TOP=70 timeout 240 python3 bench/profile_step.py --layers 4 --prefill 8192 2>&1 | grep -v -i warn | tail -95
 W=dsv4.kernels.moe_fp8_ws
 flags() { timeout $1 python3 bench/bench_moe_flags.py --ms 8192 "default:" "${@:2}" 2>&1 | grep -v -i warn | tail -2; }
