@@ -251,6 +251,9 @@ CASES = {
     # ... and its epilogue through shared memory (16-byte stores); the down GEMM (128-row tiles), both epilogues
     "moe_glu_wide_t": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2, STORE_T=True), 4, 1,
                        WIDE_DIV16),
+    # ... on two warpgroups (128 channels: W2's input quantised in the epilogue), the widened weights in registers
+    "moe_glu_wide_2wg": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2, STORE_T=True, BN=128,
+                                                                               NW=8), 8, 1, WIDE_DIV16),
     "moe_down_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0, GLU=False, BN=128), 4, 1,
                       WIDE_DIV16),
     "moe_down_wide_t": ("moe_wide_async", "_wide_async_kernel", WIDE_T,
