@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 75, if device time is left after s75b: (1) the first 8K chunk's kernels beyond the top 25 (s74's "the rest":
-# 3.2 ms in 147 launches per 4 layers); (2) the WS FP8 down's ring knobs at 8K (moe_fp8_ws) within 227 KB of shared
-# memory (default 222 KB; a raw ring of 4 per producer or 7 x slots alone are over, offline): one producer with a
+# 3.2 ms in 147 launches per 4 layers); (2) the WS FP8 down's ring knobs at 8K (moe_fp8_ws) within 227 KiB of shared
+# memory (default 217 KiB; a raw ring of 4 per producer or 7 x slots alone are over, offline): one producer with a
 # raw ring of 6, the launch order; 2 weight slots in a process of its own (s40: XSLOTS 8 / WSLOTS 2 faulted).
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
