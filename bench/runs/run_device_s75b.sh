@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 75 (trimmed after five refused starts): the GPU test of moe_wide.GLU_CODES, then the A/B that
+# Session 75 (not run: the device budget ran out): the GPU test of moe_wide.GLU_CODES, then the A/B that
 # decides moe_wide.GLU_CODES: the GLU on two warpgroups of 64 channels each, weights in registers (255 registers
 # offline, no spill; sass_stats moe_glu_wide_2wg), without and with its epilogue storing z's codes and scales for the
 # FP8 down (no act_quant pass over z), against the default one-warpgroup GLU; Flash MoE call, L2 flushed.
