@@ -59,7 +59,8 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 GLU_ONE_WARPGROUP = True
 # ... where the GLU runs on 128-channel tiles (two warpgroups) before the FP8 down GEMM, its epilogue stores z's e4m3
 # codes and per-128 scales (`moe_wide_async.store_tile`'s ZS) instead of the dequantised bf16 z that act_quant
-# would read back (session 75)
+# would read back. Prepared in session 75, not yet run on a GPU: bench/runs/run_device_s75b.sh has its test and the
+# A/B against the one-warpgroup GLU
 GLU_CODES = True
 DOWN_ONE_WARPGROUP = False
 # Removed in session 41 after measuring slower: a warp-specialized bf16 GLU (`moe_bf16_ws`: two producer partitions
