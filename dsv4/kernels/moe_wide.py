@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, interpreted, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, interpreted, tl, triton
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 
 # The Triton kernel's widening: through f16 (4 nibbles per word op, cvt f16 -> f32) instead of one fp32 per
@@ -57,11 +57,12 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # GLU M = 2048 (64-row tiles) 2.38 -> 1.84, M = 4096 3.09 -> 2.62, M = 8192 6.14 -> 5.54; GEMM2 the other
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
-# ... where the GLU runs on 128-channel tiles (two warpgroups) before the FP8 down GEMM, its epilogue stores z's e4m3
-# codes and per-128 scales (`moe_wide_async.store_tile`'s ZS) instead of the dequantised bf16 z that act_quant
-# would read back. Prepared in session 75, not yet run on a GPU: bench/runs/run_device_s75b.sh has its test and the
-# A/B against the one-warpgroup GLU
-GLU_CODES = True
+# ... before the FP8 down GEMM, the GLU's epilogue stores z's e4m3 codes and per-128 scales (`moe_wide_async.store_tile`'s
+# ZS) instead of the bf16 z that act_quant would read back: on 128-channel tiles (two warpgroups) in the epilogue,
+# on the one-warpgroup GLU's 64-channel tiles by the block's last program to arrive (`moe_pair_codes`). s75b (H100,
+# Flash MoE call at 8K, ms): one warpgroup 6.008, two 6.583, two with codes 6.474; the one-warpgroup codes (session
+# 76) unmeasured: bench/runs/run_device_s76a.sh
+GLU_CODES = False
 DOWN_ONE_WARPGROUP = False
 # Removed in session 41 after measuring slower: a warp-specialized bf16 GLU (`moe_bf16_ws`: two producer partitions
 # widening alternate 64-wide K halves into shared memory, two consumer warpgroups issuing only MMAs, 128 tokens x
@@ -429,12 +430,14 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     fp8_glu, fp8_down = fp8_glu_path(experts, x.device), fp8_down_path(experts, x.device, topk_weights.numel())
     perm = PERM_K if gluon else 0
     # the bf16 GLU on 128-channel tiles stores z's codes and scales for the FP8 down (no act_quant pass over z)
-    codes = GLU_CODES and gluon and fp8_down and not fp8_glu and not GLU_ONE_WARPGROUP
+    codes = GLU_CODES and gluon and fp8_down and not fp8_glu
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm,
                                   perm, act=not fp8_glu, z_codes=codes)
     zs = torch.empty((args1[3].shape[0], experts.inter // BLOCK), dtype=torch.float32, device=x.device) \
         if codes else None
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
+    counters = arrival_counters("moe_wide GLU codes", x.device, nb * (i // BLOCK)) \
+        if codes and GLU_ONE_WARPGROUP else None
     if gluon:
         from dsv4.kernels import moe_wide_async
         tiles = [(bm, None, nb)]
@@ -452,7 +455,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
                                       tiles=tile_list, perm=perm if glu else 0, store_t=ASYNC_STORE_T,
-                                      zs=zs if glu else None)
+                                      zs=zs if glu else None,
+                                      counters=counters if glu else None)
             if glu and bn != BLOCK and not fp8_down:  # z was stored unquantised
                 requant_rows(args1[3])
         return y

@@ -451,13 +451,16 @@ def test_fp8_ws_is_bit_identical(m, d, i, mixed, bm, producer_warps, producers, 
     assert diff == 0, f"m={m} d={d} i={i} bm={bm}: {diff} of {got.numel()} outputs differ from the shared-warp kernel"
 
 
+@pytest.mark.parametrize("one", [False, True])
 @pytest.mark.parametrize("m,d,i,mixed,bm", [(300, 1024, 512, True, 64), (400, 1024, 512, False, 128),
                                             (700, 2048, 256, True, 64)])
-def test_glu_codes_match_act_quant(m, d, i, mixed, bm, poison, monkeypatch):
-    """moe_wide.GLU_CODES: the bf16 GLU on 128-channel tiles stores z's e4m3 codes and scales itself, and the FP8
-    down GEMM reads them instead of act_quant's on the dequantised z -- the same outputs bit for bit (where a block's
-    largest code rounded to 224 or less act_quant halves the scale and doubles the codes: the same products), over
-    mixed lists and plain alignments, skewed routing, pairs held by another rank, poisoned outputs."""
+def test_glu_codes_match_act_quant(m, d, i, mixed, bm, one, poison, monkeypatch):
+    """moe_wide.GLU_CODES: the bf16 GLU stores z's e4m3 codes and scales itself -- on 128-channel tiles, or on the
+    one-warpgroup GLU's 64-channel tiles by the block's last program to arrive (one; `moe_pair_codes`) -- and the
+    FP8 down GEMM reads them instead of act_quant's on the (dequantised) z: the same outputs bit for bit (where a
+    block's largest code rounded to 224 or less act_quant halves the scale and doubles the codes: the same products),
+    over mixed lists and plain alignments, skewed routing, pairs held by another rank, poisoned outputs, twice (the
+    arrival counters are left zeroed for the next call)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("Gluon kernels do not run in the interpreter")
     from test_moe import _topk
@@ -472,7 +475,7 @@ def test_glu_codes_match_act_quant(m, d, i, mixed, bm, poison, monkeypatch):
     ids = torch.where(ids % 3 == 0, -1, ids) if m == 700 else ids
     cfg = dataclasses.replace(_wide(bm), mixed=mixed)
     for name, value in (("FP8_GLU", False), ("FP8_DOWN", True), ("FP8_DOWN_MIN_PAIRS_PER_EXPERT", 0),
-                        ("GLU_ONE_WARPGROUP", False), ("ASYNC_A_SMEM", False), ("GLU_CODES", False)):
+                        ("GLU_ONE_WARPGROUP", one), ("ASYNC_A_SMEM", False), ("GLU_CODES", False)):
         monkeypatch.setattr(moe_wide, name, value)
     want = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
     coded, launch = [], moe_wide_async.launch
@@ -484,8 +487,10 @@ def test_glu_codes_match_act_quant(m, d, i, mixed, bm, poison, monkeypatch):
     monkeypatch.setattr(moe_wide_async, "launch", counted)
     monkeypatch.setattr(moe_wide, "GLU_CODES", True)
     poison()
-    got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
-    assert coded and all(coded), f"GLU launches with codes: {coded}"
-    assert torch.isfinite(got).all()
-    diff = (got != want).sum().item()
-    assert diff == 0, f"m={m} d={d} i={i} bm={bm}: {diff} of {got.numel()} outputs differ from act_quant's path"
+    for call in range(2):
+        got = fused_moe(x, ids, w, packed, config=cfg, out_dtype=torch.float32)
+        assert coded and all(coded), f"GLU launches with codes: {coded}"
+        assert torch.isfinite(got).all()
+        diff = (got != want).sum().item()
+        assert diff == 0, f"m={m} d={d} i={i} bm={bm} one={one} call {call}: {diff} of {got.numel()} outputs differ " \
+                          "from act_quant's path"
