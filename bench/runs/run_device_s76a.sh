@@ -9,10 +9,10 @@ source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 run 150 tests/gpu/test_moe_wide.py -k "glu_codes or test_fused_moe_wide"
 W=dsv4.kernels.moe_wide
-for pass in 1 2; do
+flags() {
   timeout 150 python3 bench/bench_moe_flags.py --ms 4096,8192,16384 "default:" "codes:$W.GLU_CODES=True" \
     "gm8:$W.ASYNC_GROUP_M=8" "codes+gm8:$W.GLU_CODES=True,$W.ASYNC_GROUP_M=8" 2>&1 | grep -v -i warn | tail -4
-done
-prefill8 100; prefill8 100 $W.GLU_CODES=True
+}
+flags; prefill8 100; prefill8 100 $W.GLU_CODES=True; flags
 timeout 120 python3 bench/profile_step.py --layers 4 --prefill 8192 --order 2>&1 | grep -v -i warn \
   | grep -E "^-- |order:|elementwise_kernel<128, 4>|elementwise_kernel<128, 2>|index_elementwise" | head -30
