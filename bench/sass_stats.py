@@ -246,6 +246,9 @@ CASES = {
               {**{k: v for k, v in GLUON_ATTN_C.items() if k not in ("STAGES", "PRE_IDX")}, "WORKER_REGS": 232, **c},
               4, 1, GLUON_ATTN_DIV16)
        for name, c in (("prefill_attn_scorer", dict(QNORM=False)), ("prefill_attn_scorer_qnorm", {}))},
+    # the Triton wide MoE kernel (moe_wide._wide_kernel: the GPUs other than Hopper's), its GLU
+    "moe_wide_triton": ("moe_wide", "_wide_kernel", dict(WIDE_T, C="*bf16"),
+                        dict(BM=64, BN=128, GLU=True, USE_ASM=True, INTERP=False, F16=False), 8, 3, WIDE_DIV16),
     # the prefill MoE GLU (Gluon): one warpgroup, 64 weight rows x 128 pairs, weight pairs as stored / permuted
     "moe_glu_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0), 4, 1, WIDE_DIV16),
     "moe_glu_wide_perm": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2), 4, 1, WIDE_DIV16),
