@@ -3,6 +3,6 @@
 # MoE call at 8K without / with them.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-run 50 tests/gpu/test_moe_wide.py -k "glu_codes and True"
+run 50 tests/gpu/test_moe_wide.py -k glu_codes
 timeout 45 python3 bench/bench_moe_flags.py --ms 8192 "default:" "codes:dsv4.kernels.moe_wide.GLU_CODES=True" 2>&1 \
   | grep -v -i warn | tail -2
