@@ -3,7 +3,7 @@ the two programs of a 128-channel block (64 channels each) finish it by last arr
 
 Why: the down GEMM's input is z quantised per row and 128 channels (act_quant). A GLU program of 64 channels holds
 half of a block, so it stored bf16 z and act_quant read it all back and wrote the codes: at 8K tokens ≈ 200 MB
-written, read, and 100 MB written again (≈ 2 % of the H100's MoE call). Here, per tile of BM sorted rows:
+written, read, and 100 MB written again (≈ 2 % of the H100's MoE call by bytes). Here, per tile of BM sorted rows:
 
     first to arrive   stores its bf16 half where the block's 128 code bytes of each row will go (64 bf16 fill
                       them exactly) and each row's largest |z| where the block's scale will go, then releases

@@ -57,11 +57,11 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # GLU M = 2048 (64-row tiles) 2.38 -> 1.84, M = 4096 3.09 -> 2.62, M = 8192 6.14 -> 5.54; GEMM2 the other
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
-# ... before the FP8 down GEMM, the GLU's epilogue stores z's e4m3 codes and per-128 scales (`moe_wide_async.store_tile`'s
-# ZS) instead of the bf16 z that act_quant would read back: on 128-channel tiles (two warpgroups) in the epilogue,
-# on the one-warpgroup GLU's 64-channel tiles by the block's last program to arrive (`moe_pair_codes`). s75b (H100,
-# Flash MoE call at 8K, ms): one warpgroup 6.008, two 6.583, two with codes 6.474; the one-warpgroup codes (session
-# 76) unmeasured: bench/runs/run_device_s76a.sh
+# ... before the FP8 down GEMM, the GLU's epilogue stores z's e4m3 codes and per-128 scales (`store_tile`'s ZS in
+# moe_wide_async) instead of the bf16 z that act_quant would read back: on 128-channel tiles (two warpgroups) in the
+# epilogue, on the one-warpgroup GLU's 64-channel tiles by the block's last program to arrive (`moe_pair_codes`).
+# s75b (H100, Flash MoE call at 8K, ms): one warpgroup 6.008, two 6.583, two with codes 6.474; the one-warpgroup
+# codes (session 76) not yet run on a GPU: bench/runs/run_device_s76c.sh has its test and the A/B (s76b, s76a more)
 GLU_CODES = False
 DOWN_ONE_WARPGROUP = False
 # Removed in session 41 after measuring slower: a warp-specialized bf16 GLU (`moe_bf16_ws`: two producer partitions
@@ -429,7 +429,8 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     gluon = gluon_path(x.device)
     fp8_glu, fp8_down = fp8_glu_path(experts, x.device), fp8_down_path(experts, x.device, topk_weights.numel())
     perm = PERM_K if gluon else 0
-    # the bf16 GLU on 128-channel tiles stores z's codes and scales for the FP8 down (no act_quant pass over z)
+    # the bf16 GLU stores z's codes and scales for the FP8 down (no act_quant pass over z); on 64-channel tiles
+    # the block's last program to arrive writes them, counting arrivals on `counters`
     codes = GLU_CODES and gluon and fp8_down and not fp8_glu
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm,
                                   perm, act=not fp8_glu, z_codes=codes)
