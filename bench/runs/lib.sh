@@ -42,11 +42,11 @@ pro() {
     | grep -E "ceilings|B=.*decode |prefill|rror|memory" | head -8
 }
 # `prefill8 LIMIT module.FLAG=value...`: 8 Flash layers on one GPU, one 8K-token prefill (paged FP8, graphs) with the
-# module flags set; the prefill line only.
+# module flags set; the ceilings and prefill lines only.
 prefill8() {
   RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29526 timeout $1 \
     python3 bench/flags.py "${@:2}" -- bench/bench_parallel.py --world 1 --layers 8 --reps 4 --batches 1 --ctx 4096 \
-    --kv-dtype fp8 --prefill 8192 --cuda-graphs 2>&1 | grep -E "prefill|rror" | head -3
+    --kv-dtype fp8 --prefill 8192 --cuda-graphs 2>&1 | grep -E "ceilings|prefill|rror" | head -4
 }
 # Nsight metrics of a tensor-core kernel for `ncu_cmd`: time, tensor pipe, issue activity, stall reasons per issue
 MMA_METRICS=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
