@@ -323,9 +323,8 @@ if HAS_TRITON:
         """Token t's collapse u (fp32 -> bf16) over its whole row, then optionally the sub-layer RMSNorm over
         the bf16 u (then only the normed row is stored: nothing reads u). ONE_PASS (BD >= D): one chunk holds the
         row, so its loads are all issued at once and the norm takes u from registers; else BD-column chunks, and a
-        second pass collapses X again for the norm. (The row's
-        loads issued before the partials', as in the split finish, measured 2 % slower here at 8K tokens: 96 registers
-        against 80, one CTA per SM fewer; s42e.)"""
+        second pass collapses X again for the norm. (The row's loads issued before the partials', as in the split
+        finish, measured 2 % slower here at 8K tokens: 96 registers against 80, one CTA per SM fewer; s42e.)"""
         xrow = X + t * 4 * D
         p0, p1, p2, p3 = _pre_weights(_pre_partials(PART, SQ, t, T, offs_s, smask, NP), _pre_static(BASE, SCALE), D,
                                       hc_eps, norm_eps)

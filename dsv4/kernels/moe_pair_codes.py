@@ -26,8 +26,8 @@ if HAS_TRITON:
     from dsv4.kernels.fp8_linear import _pow2_scale
 
     @gluon.jit
-    def _codes(zf, inv):
-        """act_quant's e4m3 codes of fp32 z [64, BM] with the rows' 1 / scale [BM]."""
+    def e4m3_codes(zf, inv):
+        """act_quant's e4m3 codes of fp32 z [channels, BM] with the rows' 1 / scale [BM]."""
         return gl.minimum(gl.maximum(zf * inv[None, :], -448.0), 448.0).to(gl.float8e4nv)
 
     @gluon.jit
@@ -60,7 +60,7 @@ if HAS_TRITON:
             s, inv = _pow2_scale(amax)
             gl.thread_barrier()  # every staged value read before the codes overwrite them
             own = (pid_n % 2) * 64
-            gl.store(span + own + c, _codes(zf, inv))
-            gl.store(span + (64 - own) + c, _codes(other, inv))
+            gl.store(span + own + c, e4m3_codes(zf, inv))
+            gl.store(span + (64 - own) + c, e4m3_codes(other, inv))
             gl.store(zs_ptrs, s)
             gl.store(cnt, 0)
