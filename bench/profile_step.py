@@ -481,7 +481,8 @@ def _print_order(events, gpu) -> None:
                 layer = blk.id
                 print(f"-- {blk.name} #{blk.id}")
         label = chain[0].name if chain else "-"
-        print(f"  {k.device_time:6.1f}  {label:24s} {k.name[:80]}")
+        op = call.cpu_parent.name if call.cpu_parent is not None else "-"  # the aten op that launched it
+        print(f"  {k.device_time:6.1f}  {label:24s} {op[:28]:28s} {k.name[:80]}")
 
 if __name__ == "__main__":
     main()
