@@ -393,3 +393,55 @@ def test_rows_past_two_to_the_31_elements(close_bf16):
         close_bf16(xn[rows], xr, rel=REL, what=f"hc_post_pre streams rows {rows}")
         close_bf16(u2[rows], ur2, rel=REL, what=f"hc_post_pre input rows {rows}")
         assert _rel(post2[rows], post_r2) < 1e-4 and _rel(comb2[rows], comb_r2) < 1e-4
+
+
+CHUNK_CASES = [("pre", 40, 17, SMALL_D), ("post_pre", 40, 17, SMALL_D), ("head", 40, 17, SMALL_D)]
+if DEV == "cuda":
+    CHUNK_CASES += [("post_pre", 2500, 1024, 4096), ("pre", 3000, 1024, 7168), ("head", 2100, 1024, 4096)]
+
+
+@pytest.mark.parametrize("op,t,chunk,d", CHUNK_CASES)
+@pytest.mark.parametrize("mode", ["row", "split"])
+def test_prefill_chunks_are_calls_on_each_chunk(op, t, chunk, d, mode, poison, close_bf16, monkeypatch):
+    """mhc.PREFILL_CHUNK: a prefill site runs chunk by chunk (mix, then finish, per chunk), writing into the
+    site's outputs: the same bits as a call on each chunk alone (the last chunk is short, down to decode tile
+    sizes), and the f64 re-derivation's values."""
+    from dsv4.kernels import mhc
+
+    gen = torch.Generator(DEV).manual_seed(t + chunk + len(op) + len(mode))
+    x = _streams(t, d, gen)
+    w = (torch.rand(d, generator=gen, device=DEV) + 0.5).to(torch.bfloat16)
+    fn, base, scale = _params(4 if op == "head" else 24, 1 if op == "head" else 3, d, gen)
+    f = torch.randn(t, d, generator=gen, device=DEV).to(torch.bfloat16)
+    _, post0, comb0 = _f64_pre(x, *_params(24, 3, d, gen))
+    post0, comb0 = post0.float(), comb0.float()
+
+    def call(a, b):
+        if op == "head":
+            return (mhc.hc_head(x[a:b], fn, base, scale, hc_eps=1e-6, norm_eps=1e-6, norm_weight=w, collapse=mode),)
+        if op == "pre":
+            return mhc.hc_pre(x[a:b], fn, base, scale, norm_weight=w, collapse=mode, **KW)
+        return mhc.hc_post_pre(f[a:b], x[a:b], post0[a:b], comb0[a:b], fn, base, scale, norm_weight=w,
+                               collapse=mode, **KW)
+
+    monkeypatch.setattr(mhc, "PREFILL_CHUNK", chunk)
+    poison()
+    whole = call(0, t)
+    monkeypatch.setattr(mhc, "PREFILL_CHUNK", 0)
+    for a in range(0, t, chunk):
+        for got, alone in zip(whole, call(a, min(t, a + chunk))):
+            assert torch.equal(got[a:a + chunk], alone), f"{op} {mode}: tokens {a}.. differ from their own call"
+    if op == "head":
+        close_bf16(whole[0], mhc.hc_head_ref(x, fn, base, scale, hc_eps=1e-6, norm_eps=1e-6, norm_weight=w),
+                   rel=REL, what=f"head {mode}")
+        return
+    streams = x
+    if op == "post_pre":
+        ref = mhc.hc_post_pre_ref(f, x, post0, comb0, fn, base, scale, norm_weight=w, **KW)
+        close_bf16(whole[0], ref[0], rel=REL, what=f"{op} {mode}: X'")
+        streams, whole, ref = whole[0], whole[1:], ref[1:]
+    else:
+        ref = mhc.hc_pre_ref(x, fn, base, scale, norm_weight=w, **KW)
+    close_bf16(whole[0], ref[0], rel=REL, what=f"{op} {mode}: normed u")
+    _, post64, comb64 = _f64_pre(streams, fn, base, scale)  # pre of exactly the streams the kernels read
+    assert _rel(whole[1], post64) < 1e-5 and _rel(whole[2], comb64) < 1e-4, f"{op} {mode}: post / comb"
