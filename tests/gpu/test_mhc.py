@@ -395,13 +395,16 @@ def test_rows_past_two_to_the_31_elements(close_bf16):
         assert _rel(post2[rows], post_r2) < 1e-4 and _rel(comb2[rows], comb_r2) < 1e-4
 
 
-CHUNK_CASES = [("pre", 40, 17, SMALL_D), ("post_pre", 40, 17, SMALL_D), ("head", 40, 17, SMALL_D)]
+# (op, tokens, chunk, hidden, finish); the interpreter runs one finish per op
+CHUNK_CASES = [("pre", 40, 17, SMALL_D, "split"), ("post_pre", 40, 17, SMALL_D, "row"), ("head", 40, 17, SMALL_D, "row")]
 if DEV == "cuda":
-    CHUNK_CASES += [("post_pre", 2500, 1024, 4096), ("pre", 3000, 1024, 7168), ("head", 2100, 1024, 4096)]
+    CHUNK_CASES += [(op, t, c, d, m) for op, t, c, d in [("pre", 40, 17, SMALL_D), ("post_pre", 40, 17, SMALL_D),
+                                                         ("head", 40, 17, SMALL_D), ("post_pre", 2500, 1024, 4096),
+                                                         ("pre", 3000, 1024, 7168), ("head", 2100, 1024, 4096)]
+                    for m in ("row", "split") if (op, t, c, d, m) not in CHUNK_CASES]
 
 
-@pytest.mark.parametrize("op,t,chunk,d", CHUNK_CASES)
-@pytest.mark.parametrize("mode", ["row", "split"])
+@pytest.mark.parametrize("op,t,chunk,d,mode", CHUNK_CASES)
 def test_prefill_chunks_are_calls_on_each_chunk(op, t, chunk, d, mode, poison, close_bf16, monkeypatch):
     """mhc.PREFILL_CHUNK: a prefill site runs chunk by chunk (mix, then finish, per chunk), writing into the
     site's outputs: the same bits as a call on each chunk alone (the last chunk is short, down to decode tile
