@@ -396,7 +396,8 @@ def test_rows_past_two_to_the_31_elements(close_bf16):
 
 
 # (op, tokens, chunk, hidden, finish); the interpreter runs one finish per op
-CHUNK_CASES = [("pre", 40, 17, SMALL_D, "split"), ("post_pre", 40, 17, SMALL_D, "row"), ("head", 40, 17, SMALL_D, "row")]
+CHUNK_CASES = [("pre", 40, 17, SMALL_D, "split"), ("post_pre", 40, 17, SMALL_D, "row"),
+               ("head", 40, 17, SMALL_D, "row")]
 if DEV == "cuda":
     CHUNK_CASES += [(op, t, c, d, m) for op, t, c, d in [("pre", 40, 17, SMALL_D), ("post_pre", 40, 17, SMALL_D),
                                                          ("head", 40, 17, SMALL_D), ("post_pre", 2500, 1024, 4096),
