@@ -37,8 +37,7 @@ MIX_T = {n: "*bf16" for n in ("X", "F", "XOUT", "FH", "FL")} | {n: "*fp32" for n
 MIX_C = dict(DO_MIX=True, NP=32, BT=16, BK=64, INTERP=False, TRANS=False, COMB_ONCE=False)
 WIDE_T = dict(A="*bf16", W="*u8", WS="*i32", C="*bf16", SORTED="*i32", EXPERT_IDS="*i32", NUM_POST="*i32",
               TOPK_W="*fp32", limit="fp32", TILES="*i32")
-WIDE_C = dict(BM=128, BN=64, GLU=True, NW=4, STAGES=4, A_SMEM=False, GROUP_M=4, LISTED=True, STORE_T=False, ZS=None,
-              CNT=None)
+WIDE_C = dict(BM=128, BN=64, GLU=True, NW=4, STAGES=4, A_SMEM=False, GROUP_M=4, LISTED=True, STORE_T=False)
 WIDE_DIV16 = ("K", "up_off", "stride_am", "stride_we", "stride_wn", "stride_cm")
 # the decode MoE GEMVs (moe_gemv "mma", one pair per program)
 GLU_B1_T = dict(XQ="*fp16", SX="*fp32", IDS="*i32", BLK="*i32", TOPK_W="*fp32", W="*u8", WS="*u8", Z="*fp16",
@@ -258,14 +257,6 @@ CASES = {
     # ... on two warpgroups (128 channels: W2's input quantised in the epilogue), the widened weights in registers
     "moe_glu_wide_2wg": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=2, STORE_T=True, BN=128,
                                                                                NW=8), 8, 1, WIDE_DIV16),
-    # ... storing z's e4m3 codes and scales for the FP8 down (`store_tile`'s ZS)
-    "moe_glu_wide_2wg_codes": ("moe_wide_async", "_wide_async_kernel", dict(WIDE_T, C="*fp8e4nv", ZS="*fp32"),
-                               {k: v for k, v in dict(WIDE_C, PERM=2, STORE_T=True, BN=128, NW=8).items() if k != "ZS"},
-                               8, 1, WIDE_DIV16),
-    # ... the default one-warpgroup GLU finishing z's codes by last arrival (moe_pair_codes)
-    "moe_glu_wide_codes": ("moe_wide_async", "_wide_async_kernel", dict(WIDE_T, C="*fp8e4nv", ZS="*fp32", CNT="*i32"),
-                           {k: v for k, v in dict(WIDE_C, PERM=2, STORE_T=True).items() if k not in ("ZS", "CNT")},
-                           4, 1, WIDE_DIV16),
     "moe_down_wide": ("moe_wide_async", "_wide_async_kernel", WIDE_T, dict(WIDE_C, PERM=0, GLU=False, BN=128), 4, 1,
                       WIDE_DIV16),
     "moe_down_wide_t": ("moe_wide_async", "_wide_async_kernel", WIDE_T,

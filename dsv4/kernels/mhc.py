@@ -92,11 +92,6 @@ NORM_BD = 2048  # columns per step of the split finish's RMSNorm pass (the token
 # three L2 latencies in turn). Session 43 (H200, µs per site in a graph, stepped -> one step): hc_head T = 8 6.95 ->
 # 6.37, T = 1 4.9 -> 4.4; 45 -> 48 registers.
 NORM_ONE_MAX = 8192
-# Prefill sites in token chunks of this many (0: one mix and one finish over all tokens): each chunk's finish
-# launches right after its mix, so its re-read of X' (32 KB per token, 32 MB per 1024 tokens) can still find the
-# mix's stores in L2 instead of DRAM (≈ 268 of a site's ≈ 1 GB at 8K tokens). A chunk's bits are those of a call
-# on that chunk alone (its mix split is picked for its size). Off until measured (bench/bench_mhc_chunks.py).
-PREFILL_CHUNK = 0
 
 
 class MixWeight(NamedTuple):
@@ -216,27 +211,7 @@ def _finish_outputs(x: torch.Tensor, fin: _Finish):
 
 def _site(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | None):
     """One mHC site: the mix (the post fused in when `fuse` = (f, post, comb)), then the finish `fin` (None:
-    post only). -> (X' or x, the finish's outputs or None). Above PREFILL_CHUNK tokens, chunk by chunk."""
-    t = x.shape[0]
-    if not (fin is not None and t > 16 and 0 < PREFILL_CHUNK < t):
-        return _site_launch(x, fn, fuse, fin)
-    f, post, comb = fuse if fuse is not None else (None, None, None)
-    if f is not None:
-        f = materialized(f)
-    xout = torch.empty_like(x) if fuse is not None else x
-    args, outs = _finish_outputs(x, fin)
-    for a in range(0, t, PREFILL_CHUNK):
-        b = min(t, a + PREFILL_CHUNK)
-        norm_w = args[2] if fin.norm_weight is not None else args[2][a:b]  # (no norm: u stands in for it)
-        rows = args[:2] + (norm_w,) + tuple(o[a:b] for o in args[3:])
-        _site_launch(x[a:b], fn, None if fuse is None else (f[a:b], post[a:b], comb[a:b]), fin, xout[a:b], rows)
-    return xout, outs
-
-
-def _site_launch(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finish | None,
-                 xout: torch.Tensor | None = None, fin_args: tuple | None = None):
-    """`_site` in one mix and one finish launch; `xout` / `fin_args` (`_finish_outputs`' args): where to store X'
-    and the finish's outputs (None: new tensors; given, the finish returns None)."""
+    post only). -> (X' or x, the finish's outputs or None)."""
     t, d = x.shape[0], x.shape[2]
     # decode sizes on CUDA cores where measured faster: the post fused into a pre, and the HC head (ROWS_MAX_T)
     rows = t <= ROWS_MAX_T and fin is not None and (fuse is not None or fin.head)
@@ -249,7 +224,7 @@ def _site_launch(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finis
     combine = {}
     if fuse is not None:
         f, post, comb = fuse
-        xout = torch.empty_like(x) if xout is None else xout
+        xout = torch.empty_like(x)
         # the MoE's combine summed here, as the mix loads f: decode tiles only (the prefill tiles' X' moved by one
         # bf16 ulp at 2 of 327680 values on the H200, s51: another FMA contraction; the block never defers there)
         if isinstance(f, PendingCombine) and f.out.dtype == torch.bfloat16 and not prefill:
@@ -276,7 +251,7 @@ def _site_launch(x: torch.Tensor, fn: MixWeight, fuse: tuple | None, fin: _Finis
         )
     if fin is None:
         return xout, None
-    return xout, _finish(xout, part, sq, split, fin, fin_args)
+    return xout, _finish(xout, part, sq, split, fin)
 
 
 def _token_counters(device: torch.device, needed: int) -> torch.Tensor:
@@ -291,10 +266,9 @@ def _collapse_mode(collapse: str | None, who: str, t: int) -> str:
     return mode
 
 
-def _finish(x, part, sq, split, fin: _Finish, fin_args: tuple | None = None):
+def _finish(x, part, sq, split, fin: _Finish):
     t, d = x.shape[0], x.shape[2]
-    # (fin_args given: a chunk of a chunked site, storing into its rows of the site's outputs)
-    args, outs = _finish_outputs(x, fin) if fin_args is None else (fin_args, None)
+    args, outs = _finish_outputs(x, fin)
     u = args[3]
     args = (x, part, sq) + args
     tail = (t, d, split, float(fin.hc_eps), float(fin.norm_eps))

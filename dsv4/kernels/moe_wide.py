@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, interpreted, tl, triton
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, interpreted, tl, triton
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 
 # The Triton kernel's widening: through f16 (4 nibbles per word op, cvt f16 -> f32) instead of one fp32 per
@@ -57,12 +57,11 @@ ASYNC_A_SMEM: bool | None = None  # widened weights through shared memory (None:
 # GLU M = 2048 (64-row tiles) 2.38 -> 1.84, M = 4096 3.09 -> 2.62, M = 8192 6.14 -> 5.54; GEMM2 the other
 # way: 1.11 -> 1.36, 1.45 -> 2.39, 2.83 -> 4.31. So the GLU runs on one warpgroup, GEMM2 on two
 GLU_ONE_WARPGROUP = True
-# ... before the FP8 down GEMM, the GLU's epilogue stores z's e4m3 codes and per-128 scales (`store_tile`'s ZS in
-# moe_wide_async) instead of the bf16 z that act_quant would read back: on 128-channel tiles (two warpgroups) in the
-# epilogue, on the one-warpgroup GLU's 64-channel tiles by the block's last program to arrive (`moe_pair_codes`).
-# s75b (H100, Flash MoE call at 8K, ms): one warpgroup 6.008, two 6.583, two with codes 6.474; the one-warpgroup
-# codes (session 76) not yet run on a GPU: bench/runs/run_device_s76c.sh has its test and the A/B (s76b, s76a more)
-GLU_CODES = False
+# Removed in session 77 after measuring no gain (docs/benchmarks.md "Session 77"): the GLU's epilogue storing z's
+# e4m3 codes and per-128 scales for the FP8 down GEMM instead of the bf16 z that act_quant reads back -- on 128-channel
+# tiles (two warpgroups; s75b, H100, Flash MoE call at 8K: 6.474 ms against the default's 6.008) and on the
+# one-warpgroup GLU's 64-channel tiles by the 128-channel block's last program to arrive (s77e/s77f: 8K 6.049 vs
+# 6.053, 16K 10.768 vs 10.720: the ≈ 300 MB of z it saves did not show)
 DOWN_ONE_WARPGROUP = False
 # Removed in session 41 after measuring slower: a warp-specialized bf16 GLU (`moe_bf16_ws`: two producer partitions
 # widening alternate 64-wide K halves into shared memory, two consumer warpgroups issuing only MMAs, 128 tokens x
@@ -329,15 +328,14 @@ def fp8_down_path(experts: PackedExperts, device: torch.device, num_pairs: int) 
 
 
 def _fp8_gemm(x: torch.Tensor, args: tuple, experts: PackedExperts, tiles: list, top_k: int, limit: float,
-              glu: bool, requant: bool, quantized: tuple | None = None):
+              glu: bool, requant: bool):
     """One of `moe_wide`'s GEMMs on FP8 operands (dsv4.kernels.moe_glu_fp8) with args's output and routing
     (`launch_args`): glu, x the tokens, z stored unquantised, then quantised per 128 for a bf16 down GEMM if
-    requant; else x is z, quantised here (act_quant) for the FP8 down GEMM into y, or already: quantized = (codes,
-    scales)."""
+    requant; else x is z, quantised here (act_quant) for the FP8 down GEMM into y."""
     from dsv4.kernels import moe_glu_fp8
     from dsv4.kernels.fp8_linear import act_quant
 
-    xq, xs = quantized if quantized is not None else act_quant(x)
+    xq, xs = act_quant(x)
     out, sorted_ids, expert_ids, num_post, tw = args[3:8]
     w, sw, tb = (experts.w13, experts.w13_scale, experts.w13_tile_bmax) if glu else \
         (experts.w2, experts.w2_scale, experts.w2_tile_bmax)
@@ -392,15 +390,14 @@ def _compact(mask: torch.Tensor, size: int) -> torch.Tensor:
 
 def launch_args(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor,
                 topk_weights: torch.Tensor, top_k: int, experts: PackedExperts, swiglu_limit: float,
-                bm: int, perm: int = 0, act: bool = True, z_codes: bool = False) -> tuple[tuple, tuple, torch.Tensor]:
+                bm: int, perm: int = 0, act: bool = True) -> tuple[tuple, tuple, torch.Tensor]:
     """The two GEMMs' kernel arguments (up to the constexprs; `_wide_kernel`'s order, which the Gluon kernel
     shares) and the output y [pairs, D] they fill; GEMM1 reads the dequantised FP8 activation (its columns in
-    `permute_pairs` order perm; act False: x itself, for a GLU that quantises on its own), writes z (z_codes: e4m3,
-    for a GLU that stores W2's quantised input)."""
+    `permute_pairs` order perm; act False: x itself, for a GLU that quantises on its own), writes z."""
     d, i = experts.hidden, experts.inter
     num_pairs, nb = topk_weights.numel(), expert_ids.numel()
     xq = dequantized_act(x, perm) if act else x
-    z = torch.empty((nb * bm, i), dtype=torch.float8_e4m3fn if z_codes else torch.bfloat16, device=x.device)
+    z = torch.empty((nb * bm, i), dtype=torch.bfloat16, device=x.device)
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     w13, s13, w2, s2 = experts.w13, experts.w13_scale, experts.w2, experts.w2_scale
     args1 = (xq, w13, s13, z, sorted_ids, expert_ids, num_post, tw, d, num_pairs, top_k, i, float(swiglu_limit),
@@ -429,16 +426,9 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
     gluon = gluon_path(x.device)
     fp8_glu, fp8_down = fp8_glu_path(experts, x.device), fp8_down_path(experts, x.device, topk_weights.numel())
     perm = PERM_K if gluon else 0
-    # the bf16 GLU stores z's codes and scales for the FP8 down (no act_quant pass over z); on 64-channel tiles
-    # the block's last program to arrive writes them, counting arrivals on `counters`
-    codes = GLU_CODES and gluon and fp8_down and not fp8_glu
     args1, args2, y = launch_args(x, sorted_ids, expert_ids, num_post, topk_weights, top_k, experts, swiglu_limit, bm,
-                                  perm, act=not fp8_glu, z_codes=codes)
-    zs = torch.empty((args1[3].shape[0], experts.inter // BLOCK), dtype=torch.float32, device=x.device) \
-        if codes else None
+                                  perm, act=not fp8_glu)
     d, i, nb = experts.hidden, experts.inter, expert_ids.numel()
-    counters = arrival_counters("moe_wide GLU codes", x.device, nb * (i // BLOCK)) \
-        if codes and GLU_ONE_WARPGROUP else None
     if gluon:
         from dsv4.kernels import moe_wide_async
         tiles = [(bm, None, nb)]
@@ -448,16 +438,13 @@ def moe_wide(x: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor
         for a, n, glu, one, bn in ((args1, i, True, GLU_ONE_WARPGROUP, BLOCK),
                                    (args2, d, False, DOWN_ONE_WARPGROUP, bn2)):
             if fp8_glu if glu else fp8_down:
-                _fp8_gemm(x if glu else a[0], a, experts, tiles, top_k, swiglu_limit, glu, requant=not fp8_down,
-                          quantized=None if glu or zs is None else (a[0], zs))
+                _fp8_gemm(x if glu else a[0], a, experts, tiles, top_k, swiglu_limit, glu, requant=not fp8_down)
                 continue
             bn, warps = (64, 4) if one else (bn, num_warps)
             for tile_m, tile_list, rows in tiles:
                 a_smem = (tile_m >= 128 and not one) if ASYNC_A_SMEM is None else ASYNC_A_SMEM
                 moe_wide_async.launch(a, (rows, n // bn), tile_m, bn, glu, warps, ASYNC_STAGES, a_smem, ASYNC_GROUP_M,
-                                      tiles=tile_list, perm=perm if glu else 0, store_t=ASYNC_STORE_T,
-                                      zs=zs if glu else None,
-                                      counters=counters if glu else None)
+                                      tiles=tile_list, perm=perm if glu else 0, store_t=ASYNC_STORE_T)
             if glu and bn != BLOCK and not fp8_down:  # z was stored unquantised
                 requant_rows(args1[3])
         return y

@@ -32,8 +32,6 @@ Session 27 (s27c), f16 -> bf16 widening, the whole MoE call: M = 2048 3.29 -> 2.
 """
 from __future__ import annotations
 
-import torch
-
 from dsv4.kernels._triton import HAS_TRITON
 
 # bf16 widening, per k pair of one row: its two bytes b0, b1 (one 16-bit load) are spread once to b0 | b1 << 16
@@ -56,7 +54,6 @@ if HAS_TRITON:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     from dsv4.kernels.fp8_linear import _pow2_scale
-    from dsv4.kernels.moe_pair_codes import e4m3_codes, store_pair_codes
 
     @gluon.jit
     def block_rows(SORTED, row0, num_pairs, top_k, BM: gl.constexpr, layout: gl.constexpr, GLU: gl.constexpr):
@@ -347,41 +344,29 @@ if HAS_TRITON:
     @gluon.jit
     def store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, valid, acc_l: gl.constexpr,
                    BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, CHECK: gl.constexpr,
-                   STORE_T: gl.constexpr = False, ZS=None, stride_zs=0, CNT=None, blk=0):
+                   STORE_T: gl.constexpr = False):
         """The epilogue in the accumulator layout [BN channels, BM pairs]: GLU z in sorted order (with 128 channels
         quantised as W2's input), GEMM2 bf16 rows per pair; CHECK: nothing stored unless `valid`. STORE_T: the
         tile is moved (through shared memory) to a layout with 8 channels per thread before the store, so each
-        thread stores 16 contiguous bytes (the accumulator's neighbours are pairs, one row apart: 16-bit stores).
-        ZS (GLU, BN = 128): C takes z's e4m3 codes and ZS [rows, I / 128] their scales, act_quant's outputs on the
-        dequantised z (the same scale, or half of it where the codes' largest rounded to 224 or less: the same
-        values), for the FP8 down GEMM without an act_quant pass over z; BN = 64: the same by the 128-channel
-        block's last program to arrive (`moe_pair_codes`, counters CNT, the tile's 64-row block blk)."""
+        thread stores 16 contiguous bytes (the accumulator's neighbours are pairs, one row apart: 16-bit stores)."""
         if GLU:  # (the routing weight per pair: the sorted ids in the accumulator's layout)
             cpair = gl.load(SORTED + row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l)))
             z = swiglu(acc, acc_u, TOPK_W, cpair, cpair < num_pairs, limit)
             if BN == 128:  # W2's input quantisation (act_quant): per pair, over these 128 channels
                 zf = z.to(gl.float32)
                 s, inv = _pow2_scale(gl.maximum(gl.max(gl.abs(zf), axis=0), 1e-4))
-                q = e4m3_codes(zf, inv)
-                if ZS is not None:
-                    cs = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-                    gl.store(ZS + cs.to(gl.int64) * stride_zs + pid_n, s)
-                    z = q
-                else:
-                    z = (q.to(gl.float32) * s[None, :]).to(gl.bfloat16)  # exact
-            # (narrower tiles store z as is, `moe_wide.requant_rows` quantising it per 128 afterwards, or ZS's codes)
+                q = gl.minimum(gl.maximum(zf * inv[None, :], -448.0), 448.0).to(gl.float8e4nv)
+                z = (q.to(gl.float32) * s[None, :]).to(gl.bfloat16)  # exact
+            # (narrower tiles store z as is: `moe_wide.requant_rows` quantises it per 128 afterwards)
         else:
             z = acc.to(gl.bfloat16)
-        PAIR: gl.constexpr = GLU and BN == 64 and ZS is not None
         out_l: gl.constexpr = gl.BlockedLayout([8, 1], [BN // 8, 256 // BN], [1, gl.num_warps()], [0, 1]) \
-            if STORE_T or PAIR else acc_l
-        if STORE_T or PAIR:
+            if STORE_T else acc_l
+        if STORE_T:
             z = gl.convert_layout(z, out_l)
         cp = row0 + gl.arange(0, BM, layout=gl.SliceLayout(0, out_l))
         cn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, out_l))
-        if PAIR:  # (cp and cn unused)
-            store_pair_codes(z, C, ZS, CNT, row0, blk, pid_n, stride_cm, stride_zs, out_l, BM)
-        elif GLU:  # z in sorted order
+        if GLU:  # z in sorted order
             ptrs = C + cp.to(gl.int64)[None, :] * stride_cm + cn[:, None]
             if CHECK:
                 gl.store(ptrs, z, mask=valid & (cn[:, None] >= 0))
@@ -398,7 +383,7 @@ if HAS_TRITON:
     def _wide_async_kernel(
         A, W, WS, C, SORTED, EXPERT_IDS, NUM_POST, TOPK_W,
         K, num_pairs, top_k, up_off, limit,
-        stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES, ZS, stride_zs, CNT,
+        stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, TILES,
         BM: gl.constexpr, BN: gl.constexpr, GLU: gl.constexpr, NW: gl.constexpr, STAGES: gl.constexpr,
         A_SMEM: gl.constexpr, GROUP_M: gl.constexpr, LISTED: gl.constexpr, PERM: gl.constexpr,
         STORE_T: gl.constexpr,
@@ -450,31 +435,24 @@ if HAS_TRITON:
                                     K // 128, a_l, GLU, STAGES, pair_layout(BN, NW, PERM > 0), PERM)
 
         store_tile(acc, acc_u, C, SORTED, TOPK_W, row0, pid_n, num_pairs, limit, stride_cm, True, acc_l, BM, BN, GLU,
-                   False, STORE_T, ZS, stride_zs, CNT, blk)
+                   False, STORE_T)
 
 
 def launch(kernel_args: tuple, grid: tuple, bm: int, bn: int, glu: bool, num_warps: int, stages: int,
-           a_smem: bool = False, group_m: int = 0, tiles=None, perm: int = 0, store_t: bool = False, zs=None,
-           counters=None):
+           a_smem: bool = False, group_m: int = 0, tiles=None, perm: int = 0, store_t: bool = False):
     """`_wide_async_kernel[grid](*kernel_args)` with the layout constants (the argument order of
     `moe_wide._wide_kernel` up to its constexprs); stages: ring slots of 64-wide K halves; a_smem: the
     widened weights through shared memory (`_smem_ring_loop`, needs stages >= 3); group_m: the programs' launch
     order (`moe_wide.ASYNC_GROUP_M`); tiles: int32 [grid[0]], program i's tile starts at 64-row block tiles[i] of
     a 64-row alignment (-1: no tile; `moe_wide.mixed_tiles`); perm: the weight pairs' order (`pair_view`; the
     activation's columns must be in the same order); store_t: `store_tile`'s STORE_T (ignored for tiles
-    narrower than its layout); zs: `store_tile`'s ZS (GLU with bn 128, or 64 with counters: `moe_pair_codes`;
-    kernel_args' z then e4m3). Returns the compiled kernel (registers and shared memory for the benchmarks)."""
-    if zs is not None and not (glu and (bn == 128 or (bn == 64 and counters is not None and bm >= 4 * num_warps))
-                               and kernel_args[3].dtype == torch.float8_e4m3fn):
-        raise ValueError("moe_wide_async: z's codes need the GLU on 128-channel tiles (or 64 with arrival counters) "
-                         "and an e4m3 z")
+    narrower than its layout). Returns the compiled kernel (registers and shared memory for the benchmarks)."""
     if stages < (3 if a_smem else 2):
         raise ValueError(f"moe_wide_async: stages {stages} too few (a_smem={a_smem})")
     if bn < 16 * num_warps:  # the weight-byte copy layout covers 16 rows per warp
         raise ValueError(f"moe_wide_async: bn {bn} < 16 x {num_warps} warps")
     store_t = store_t and bm >= (256 // bn) * num_warps  # (its layout spans 256 / bn pairs per warp)
     listed = tiles is not None  # without a list, TILES is never read: EXPERT_IDS (kernel_args[5]) stands in
-    return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], zs,
-                                    0 if zs is None else zs.stride(0), counters, BM=bm, BN=bn, GLU=glu,
+    return _wide_async_kernel[grid](*kernel_args, tiles if listed else kernel_args[5], BM=bm, BN=bn, GLU=glu,
                                     NW=num_warps, STAGES=stages, A_SMEM=a_smem, GROUP_M=group_m, LISTED=listed,
                                     PERM=perm, STORE_T=store_t, num_warps=num_warps)
