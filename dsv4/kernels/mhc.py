@@ -21,7 +21,9 @@ Two launches per mHC site:
   squares (rare 1-ulp flips). A "block" finish ("split" over 8 tokens per program, a thread-local Sinkhorn per
   token) saved only 4 % of the finish kernels at 8K tokens and moved u by more than an ulp; removed in session 31
   (docs/benchmarks.md). A one-launch "fused" finish (the mix's last-arriving program ran it) measured
-  slower and was removed (docs/benchmarks.md).
+  slower and was removed (docs/benchmarks.md). So were prefill sites run chunk by chunk (a mix and a finish per
+  1024 or 2048 tokens, so the finish re-reads X' from L2): 0.64-0.93x the one launch pair at 8K tokens, whose sites
+  already move their bytes at ≈ 80 % of the copy bandwidth (session 77).
   The HC head uses the same kernels with 4 mixes, `w = sigmoid(m scale + base) + eps`, no Sinkhorn.
 
 The Triton code is in dsv4.kernels.mhc_kernels.
