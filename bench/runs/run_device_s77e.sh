@@ -1,4 +1,5 @@
 #!/bin/bash
+# (bench_mhc_chunks.py and moe_wide.GLU_CODES were removed after this run: docs/benchmarks.md "Session 77")
 # Session 77, the last ≈ 150 s of device time: the ceilings, the one-warpgroup GLU codes' GPU test and its Flash MoE
 # call at 8K, the prefill mHC sites chunk by chunk at the site (8K tokens).
 source bench/runs/lib.sh
