@@ -31,7 +31,7 @@ BLOCK = 128
 
 
 if HAS_TRITON:
-    from dsv4.kernels.fp8_linear import _bf16_rne, _e4m3, _e8m0_to_f32, _pow2_scale
+    from dsv4.kernels.fp8_linear import _bf16_rne, _e4m3, _e8m0_to_f32, _pow2_scale, _to_bf16
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["M"])
@@ -66,7 +66,7 @@ if HAS_TRITON:
             wf = w.to(tl.float32)
             if ROUND_W:  # W8A16 with float32 scales: the reference's bf16 weight, round(w * scale)
                 wf = wf * sw[None, :, None]
-                wf = (_bf16_rne(wf) if INTERP else wf.to(tl.bfloat16)).to(tl.float32)
+                wf = _to_bf16(wf, INTERP).to(tl.float32)
             for r in tl.static_range(MR):  # each activation row against the weight tile in registers
                 x = tl.load(X + r * stride_xm + kb * BK + ku[:, None] * BK + cols[None, :], mask=r < M,
                             other=0.0).to(tl.float32)

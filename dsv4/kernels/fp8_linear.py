@@ -155,6 +155,13 @@ if HAS_TRITON:
         r = tl.where(x != x, 0x7FC0, r)  # NaN stays NaN (the carry could reach the sign bit)
         return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
+    @triton.jit
+    def _to_bf16(x, INTERP: tl.constexpr):
+        """fp32 -> bf16 rounding to nearest even: the cast (cvt.rn) on the GPU, `_bf16_rne` under the interpreter."""
+        if INTERP:
+            return _bf16_rne(x)
+        return x.to(tl.bfloat16)
+
     @pdl_kernel
     @triton.jit(do_not_specialize=["M"])
     def _act_quant_kernel(X, Q, S, M, stride_xm, stride_qm, stride_sm, stride_sk, BR: tl.constexpr):

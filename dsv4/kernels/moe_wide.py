@@ -93,7 +93,7 @@ FP8_DOWN_MIN_PAIRS_PER_EXPERT = 96
 PERM_K = 2
 
 if HAS_TRITON:
-    from dsv4.kernels.fp8_linear import _bf16_rne, _quant_rows
+    from dsv4.kernels.fp8_linear import _quant_rows, _to_bf16
     from dsv4.kernels.moe import _block_pairs
     from dsv4.kernels.moe_mma_operands import _f16_hi, _f16_lo
 
@@ -151,13 +151,6 @@ if HAS_TRITON:
         return (w * _scale(sc, g, F16)[:, None]).to(tl.bfloat16)
 
     @triton.jit
-    def _bf16(x, INTERP: tl.constexpr):
-        """fp32 -> bf16, round to nearest even (the interpreter's own cast truncates)."""
-        if INTERP:
-            return _bf16_rne(x)
-        return x.to(tl.bfloat16)
-
-    @triton.jit
     def _group_dot(acc, wb, sc, a, g: tl.constexpr, HI: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
                    F16: tl.constexpr):
         """acc[BN, BM] += W_g · a^T for one 32-wide group g (`_widen`). (Triton's CPU interpreter
@@ -210,16 +203,16 @@ if HAS_TRITON:
                                    valid, USE_ASM, INTERP, F16)
         acc = tl.trans(acc)  # [BM, BN]
         if GLU:
-            gate = tl.minimum(_bf16(acc, INTERP).to(tl.float32), limit)
-            up = tl.clamp(_bf16(tl.trans(acc_u), INTERP).to(tl.float32), -limit, limit)
+            gate = tl.minimum(_to_bf16(acc, INTERP).to(tl.float32), limit)
+            up = tl.clamp(_to_bf16(tl.trans(acc_u), INTERP).to(tl.float32), -limit, limit)
             rw = tl.load(TOPK_W + pair, mask=valid, other=0.0)
-            z = _bf16((gate / (1.0 + tl.exp(-gate)) * up) * rw[:, None], INTERP)
+            z = _to_bf16((gate / (1.0 + tl.exp(-gate)) * up) * rw[:, None], INTERP)
             q, s = _quant_rows(z.to(tl.float32))  # BN == 128: one quantisation block of W2's input
             zq = (q.to(tl.float32) * s[:, None]).to(tl.bfloat16)  # exact
             tl.store(C + offs_p.to(tl.int64)[:, None] * stride_cm + offs_n[None, :], zq)
         else:
             c_ptrs = C + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-            tl.store(c_ptrs, _bf16(acc, INTERP), mask=valid[:, None])
+            tl.store(c_ptrs, _to_bf16(acc, INTERP), mask=valid[:, None])
 
 
 if HAS_TRITON:

@@ -50,7 +50,7 @@ def _check(gate_up: torch.Tensor, weight: torch.Tensor | None) -> int:
 # --------------------------------------------------------------------------- Triton kernel
 
 if HAS_TRITON:
-    from dsv4.kernels.fp8_linear import _bf16_rne
+    from dsv4.kernels.fp8_linear import _to_bf16
     from triton.language.extra import libdevice
 
     @pdl_kernel
@@ -72,11 +72,7 @@ if HAS_TRITON:
         z = tl.div_rn(g, 1.0 + e) * u
         if HAS_WEIGHT:
             z = tl.load(W + row).to(tl.float32) * z
-        if INTERP:
-            zb = _bf16_rne(z)
-        else:
-            zb = z.to(tl.bfloat16)  # cvt.rn: round to nearest even
-        tl.store(Z + row * stride_zm + cols, zb, mask=mask)
+        tl.store(Z + row * stride_zm + cols, _to_bf16(z, INTERP), mask=mask)
 
 
 def swiglu(gate_up: torch.Tensor, limit: float, weight: torch.Tensor | None = None) -> torch.Tensor:
