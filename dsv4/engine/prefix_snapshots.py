@@ -76,7 +76,8 @@ class PrefixSnapshots:
             raise ValueError(f"PrefixSnapshots: capacity={capacity!r}; expected an integer >= 1")
         self.capacity, self.cache, self.mtp = capacity, cache, mtp
         self._seen: OrderedDict[int, str] = OrderedDict()  # block-chain hash -> the first request that had it
-        # prefix tokens (tuple) -> (the same as a list, pages holder, state): least recently used first
+        # prefix tokens (tuple) -> (the same as a list -- one token more under speculation, see `take` --, pages
+        # holder, state): least recently used first
         self.entries: OrderedDict[tuple, tuple[list[int], PageHolder, object]] = OrderedDict()
         self._names = itertools.count()
         self.num_taken = 0
@@ -127,7 +128,9 @@ class PrefixSnapshots:
                          lambda: len(self.entries) >= self.capacity and self.evict_oldest())
         if made is None:
             return
-        self.entries[key] = (list(key), *made)
+        # the tokens a fork compares: under speculation also the one the MTP state's last row was fed (the prompt's
+        # next; `PromptSharing._fork_point`), so a prompt that goes on with it takes the whole snapshot
+        self.entries[key] = (list(seq.token_ids[:at + 1] if self.mtp else key), *made)
         self.num_taken += 1
         while len(self.entries) > self.capacity and self.evict_oldest():
             pass

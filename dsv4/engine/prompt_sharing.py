@@ -64,17 +64,20 @@ class PromptSharing:
     def _fork_point(self, seq: Sequence, tokens: list[int], state) -> int:
         """Tokens of a source's state (holding `tokens`) that `seq` can take over: a common prefix, short of seq's
         last prompt token, within reach of a rollback of both the backbone and (speculative decoding) the MTP state;
-        0: none."""
+        0: none. The MTP state's row of position i was fed token i + 1, so under speculation the
+        token after the fork point must be common too: a source that does not list it (a key of exactly the
+        state's tokens) forks one token earlier, and seq computes that token again."""
         n = min(state.num_tokens, seq.num_prompt_tokens - 1, len(tokens))
         if self.mtp:
-            n = min(n, state.mtp.num_tokens)
+            n = min(n, state.mtp.num_tokens, len(tokens) - 1)
         layers = [*state.layers, *([state.mtp] if self.mtp else [])]
         reach = max(MIN_SHARED_TOKENS, max(layer.min_length for layer in layers))
         if n < reach:  # checked before the tokens: most running sequences decode far past any waiting prompt
             return 0
         a, b = seq.prompt_token_ids, tokens
-        if a[:n] != b[:n]:
-            n = next(i for i in range(n) if a[i] != b[i])
+        last = n + 1 if self.mtp else n  # (under speculation a[n] exists: n < seq.num_prompt_tokens)
+        if a[:last] != b[:last]:
+            n = next(i for i in range(last) if a[i] != b[i]) - (1 if self.mtp else 0)
         return n if n >= reach else 0
 
     def fork(self, seq: Sequence, running: list[Sequence]):

@@ -22,7 +22,8 @@ generation prompt, so the next turn starts with this prompt but its last token.
 Not used for requests asking for `prompt_logprobs` (their prompt is scored from its first token). With
 speculative decoding the MTP state is not advanced over a sequence's finishing step: the target state is rolled
 back to the MTP's length on retention (at most the last step's 1 + k tokens), so the adopter's first chunk feeds
-the MTP from where it stopped.
+the MTP from where it stopped. The MTP state's last row was fed the token after the entry's (row i takes token
+i + 1): an adopter whose prompt goes on with another one takes a token less and computes that row again.
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ from .sequence import Sequence
 def _repoint(state, owner) -> None:
     for layer in [*state.layers, *([state.mtp] if state.mtp is not None else [])]:
         layer.seq = owner  # the paged layer states read their block tables through it
+
+
+def _token_at(seq: Sequence, i: int) -> int | None:
+    return seq.token_ids[i] if i < len(seq.token_ids) else None
 
 
 class RetainedSequences:
@@ -62,6 +67,9 @@ class RetainedSequences:
         # its newest turn, which the adopter becomes once retained)
         self._spent: OrderedDict[int, None] = OrderedDict()
         self._turns: dict[int, str] = {}  # entry -> the request it came from (its prompt-end copy and its end)
+        # entry -> the token after its tokens (None: not known). Under speculation the MTP state's last row was fed
+        # it (row i takes token i + 1): an adopter whose prompt goes on with another token takes one token less
+        self._after: dict[int, int | None] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -84,7 +92,7 @@ class RetainedSequences:
         if n == 0:
             self.block_manager.free(seq)
             return
-        self._hold(seq.token_ids[:n], seq, state)
+        self._hold(seq.token_ids[:n], seq, state, _token_at(seq, n))
 
     def keep_prefix(self, seq: Sequence, state) -> None:
         """Retain a copy of running `seq`'s cache, which has just computed up to `seq.retain_at` (nothing where an
@@ -98,13 +106,13 @@ class RetainedSequences:
         made = copy_into(self.cache, f"retained-{seq.request_id}", seq, state, self.mtp,
                          lambda: len(self._entries) >= self.capacity and self.evict_oldest())
         if made is not None:
-            self._add(tokens, *made, turn=seq.request_id)
+            self._add(tokens, *made, turn=seq.request_id, after=_token_at(seq, at))
 
     def give_back(self, seq: Sequence, state) -> None:
         """Undo `adopt` for a waiting `seq` that did not fit: its cache becomes the newest retained entry again and
         seq is fresh (nothing computed, no pages)."""
         n = seq.num_computed_tokens
-        self._hold(seq.token_ids[:n], seq, state)
+        self._hold(seq.token_ids[:n], seq, state, _token_at(seq, n))
         seq.num_computed_tokens = 0
         self.num_adopted -= 1
         self.num_tokens_reused -= n
@@ -116,16 +124,17 @@ class RetainedSequences:
             self.num_adopted -= 1
             self.num_tokens_reused -= seq.num_computed_tokens
 
-    def _hold(self, tokens, seq: Sequence, state) -> None:
+    def _hold(self, tokens, seq: Sequence, state, after: int | None) -> None:
         holder = PageHolder(seq.request_id, seq.block_tables)
         seq.block_tables = {}
         _repoint(state, holder)
-        self._add(tuple(tokens), holder, state, turn=seq.request_id)
+        self._add(tuple(tokens), holder, state, turn=seq.request_id, after=after)
 
-    def _add(self, tokens: tuple[int, ...], holder: PageHolder, state, turn: str) -> None:
+    def _add(self, tokens: tuple[int, ...], holder: PageHolder, state, turn: str, after: int | None) -> None:
         key = next(self._keys)
         self._entries[key] = (tokens, holder, state)
         self._turns[key] = turn
+        self._after[key] = after
         while len(self._entries) > self.capacity:
             self.evict_oldest()
 
@@ -140,7 +149,7 @@ class RetainedSequences:
             return False
         key = self._spent.popitem(last=False)[0] if self._spent else next(iter(self._entries))
         _, holder, _ = self._entries.pop(key)
-        del self._turns[key]
+        del self._turns[key], self._after[key]
         self.block_manager.free(holder)
         return True
 
@@ -166,7 +175,9 @@ class RetainedSequences:
         if best is None:
             return None
         tokens, holder, state = self._entries[best]
-        forked = self.fork(seq, list(tokens), holder, state) if self.fork is not None else None
+        after = self._after[best]
+        listed = [*tokens, after] if self.mtp and after is not None else list(tokens)  # (`_fork_point` compares them)
+        forked = self.fork(seq, listed, holder, state) if self.fork is not None else None
         if forked is not None:
             # the turn's other entry (its prompt-end copy, or its end where that was forked) goes before this one
             turn = self._turns[best]
@@ -177,14 +188,21 @@ class RetainedSequences:
             self.num_adopted += 1
             self.num_tokens_reused += seq.num_computed_tokens
             return forked
-        if len(tokens) == len(prompt):
+        n = len(tokens)
+        if n == len(prompt):
             return None
+        if self.mtp and after != prompt[n]:  # the MTP state's last row was fed another token (or one not known)
+            if max(layer.min_length for layer in [*state.layers, state.mtp]) > n - 1:
+                return None  # (at the floor of its rollback: rare, the last step rolled back as far as it keeps)
+            n -= 1
+            state.truncate(state.num_tokens - n)
+            state.mtp.truncate(state.mtp.num_tokens - n)
         del self._entries[best]
-        del self._turns[best]
+        del self._turns[best], self._after[best]
         self._spent.pop(best, None)
         seq.block_tables, holder.block_tables = holder.block_tables, {}
-        seq.num_computed_tokens = len(tokens)
+        seq.num_computed_tokens = n
         _repoint(state, seq)
         self.num_adopted += 1
-        self.num_tokens_reused += len(tokens)
+        self.num_tokens_reused += n
         return state
