@@ -26,7 +26,7 @@ def test_regimes(experts, tokens):
     cfg = pick_moe_config(pairs, experts)
     per_expert = pairs / min(pairs, experts)
     per_touched = pairs / (experts * (1 - math.exp(-pairs / experts)))
-    if per_touched < GEMV_PAIRED_FROM:  # decode: one program per (pair, row tile)
+    if per_touched < GEMV_PAIRED_FROM:  # decode: one program per (pair, row tile) (hidden unknown: Flash's bounds)
         assert cfg.gemv and cfg.gemv_mma and not cfg.wide and cfg.gemv_pairs == 1
         assert cfg.gemv_split == (2 if pairs <= GEMV_SPLIT_MAX_PAIRS else 1)
     elif per_touched <= GEMV_PAIRED_MAX:  # 2 or 4 pairs of an expert per program, no split, <= 16 MMA columns
@@ -47,11 +47,15 @@ def test_regimes(experts, tokens):
 
 
 def test_thresholds_match_the_measured_crossovers():
-    """Flash: B = 1 (6 pairs) splits, B = 8 (48 pairs) takes blocks of pairs and no split; M = 4096 (96 pairs per
-    expert) takes the wide kernel's 128-row tiles, smaller M smaller tiles."""
+    """Flash: B = 1 (6 pairs) splits, B = 8 to 11 take one pair per program and no split (session 78), B = 12 blocks
+    of pairs; Pro keeps blocks of pairs from B = 16 (1.13 pairs per touched expert of its 384); M = 4096 (96 pairs
+    per expert) takes the wide kernel's 128-row tiles, smaller M smaller tiles."""
     b1 = pick_moe_config(6, FLASH_E)
     assert b1.gemv_split == 2
-    assert pick_moe_config(48, FLASH_E).gemv_split == 1
+    assert [(c.gemv_pairs, c.gemv_split) for c in (pick_moe_config(b * TOP_K, FLASH_E, hidden=4096) for b in
+                                                   (8, 11, 12))] == [(1, 1), (1, 1), (2, 1)]
+    assert pick_moe_config(16 * TOP_K, PRO_E, hidden=7168).gemv_pairs == 2
+    assert pick_moe_config(16 * TOP_K, PRO_E, hidden=4096).gemv_pairs == 1  # (the bound is Pro's hidden size's)
     assert pick_moe_config(4096 * TOP_K, FLASH_E).wide and not pick_moe_config(4096 * TOP_K, FLASH_E).mixed
     assert pick_moe_config(8192 * TOP_K, FLASH_E).mixed  # M = 8192 (192 per expert): 128- and 64-row tiles
     # past the per-pair kernels (session 66): 16-token tiles up to M = 512 (12 per expert), 32-token tiles up to
@@ -60,10 +64,10 @@ def test_thresholds_match_the_measured_crossovers():
     assert [pick_moe_config(m * TOP_K, FLASH_E).bm for m in ms] == [16, 16, 16, 16, 32, 32, 32, 64, 64]
     assert all(pick_moe_config(m * TOP_K, FLASH_E).wide for m in ms)
     assert not pick_moe_config(4096 * TOP_K, FLASH_E, act="bf16").wide  # W4A16 option: not the wide kernel
-    # blocks of pairs from B = 8 to B = 128 (the session-18 sweeps): two up to B = 64, four (one K block per
-    # loop step) at B = 96 and 128; one pair at B = 1 and 4, the per-group kernel from B = 192
+    # blocks of pairs from B = 12 to B = 128 (the session-18 sweeps, session 78's lower bound): two up to B = 64,
+    # four (one K block per loop step) at B = 96 and 128; one pair at B = 1, 4 and 8, the per-group kernel from 192
     flash = [pick_moe_config(b * TOP_K, FLASH_E) for b in (1, 4, 8, 16, 64, 96, 128)]
-    assert [c.gemv_pairs for c in flash] == [1, 1, 2, 2, 2, 4, 4]
+    assert [c.gemv_pairs for c in flash] == [1, 1, 1, 2, 2, 4, 4]
     assert [c.gemv_unroll for c in flash] == [2, 2, 2, 2, 2, 1, 1]
     assert not pick_moe_config(192 * TOP_K, FLASH_E).gemv
 

@@ -73,8 +73,13 @@ GEMV_CUDA_MAX_PAIRS = 0
 # B = 32 (1.42) 848 / 684 / - / -, B = 64 (1.93) 1,670 / 1,168 / 1,163 / 1,536, B = 96 (2.51) 2,472 / 1,626 /
 # 1,384 / 1,761, B = 128 (3.16) 3,284 / 2,024 / 1,590 / 1,910, B = 192 (4.55) 4,907 / 2,895 / 1,974 / 1,996,
 # B = 256 (6.0) 6,520 / 3,734 / 2,452 / 2,036; B = 8 (1.10) 238 / 233 (s18b). Pro (s18f): B = 16 1,143 / 1,076,
-# B = 64 (1.58) 4,541 / 3,421 / 3,780.
-GEMV_PAIRED_FROM = 1.08
+# B = 64 (1.58) 4,541 / 3,421 / 3,780. Session 78 (s78b / s78c, H100, Flash MoE call in graphs of 16 routings, µs,
+# two alternating rounds): one pair per program is now the persistent Gluon GLU / down (moe_glu_decode, session 47),
+# and against blocks of pairs it wins up to M = 11 (1.13 pairs per touched expert): M = 8 254.1 -> 243.2, 9 276.2 ->
+# 269.7, 10 310.1 -> 299.0, 11 325.1 -> 318.0; a tie at M = 12 (355.4 / 353.3 once, 353.3 / 358.8 once) and losses
+# from 16 (439 -> 470, 32 745 -> 918, 64 1,184 -> 1,830). Pro (7168) not measured: it keeps session 18's bound.
+GEMV_PAIRED_FROM = 1.14
+GEMV_PAIRED_FROM_BY_HIDDEN = {7168: 1.08}
 GEMV_PAIRED_MAX = 4.0
 # ... except for experts of these hidden sizes: the upper bound measured where it differs. Pro (7168) against the
 # wide kernel's 16-token tiles, session 66 (s66e, H100, two rounds within 0.2 %, µs per call in a graph, blocks of
@@ -116,7 +121,8 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8", hidden: 
         bn, unroll, split, split_down = GEMV_CUDA_SHAPE
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=bn, gemv_unroll=unroll,
                          gemv_split=split, gemv_split_down=split_down)
-    paired = GEMV_PAIRED_FROM <= per_touched <= GEMV_PAIRED_MAX_BY_HIDDEN.get(hidden, GEMV_PAIRED_MAX)
+    paired = (GEMV_PAIRED_FROM_BY_HIDDEN.get(hidden, GEMV_PAIRED_FROM) <= per_touched
+              <= GEMV_PAIRED_MAX_BY_HIDDEN.get(hidden, GEMV_PAIRED_MAX))
     four = paired and per_touched >= GEMV_PAIRS4_FROM
     if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
