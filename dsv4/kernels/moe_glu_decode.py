@@ -426,6 +426,11 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     [split x CONSUMERS, pairs, 2I or D]."""
     e, i, d = experts.num_experts, experts.inter, experts.hidden
     k, n = (d, i) if glu else (i, d)  # reduced dimension, output rows (per matrix)
+    if stages < 1 or stages % CONSUMERS:
+        # the consumers take alternate steps: a slot whose uses alternated between them could be waited on at a
+        # phase parity the other had not consumed yet (s78f: 3 slots, the down's 5, "unspecified launch failure")
+        raise ValueError(f"moe_glu_decode: {stages} ring slots for {CONSUMERS} consumer warpgroups; the ring needs a "
+                         "positive multiple of the consumers (each slot always feeds the same one)")
     if split is None or not _fits(experts, glu, split):
         raise ValueError(f"moe_glu_decode: K {k} must split into {split} x {CONSUMERS} ranges of whole {U}-block "
                          f"steps, the {n} output rows into 128-blocks")
