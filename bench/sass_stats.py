@@ -305,9 +305,9 @@ CASES = {
                 ("stride", "stride_out")),
     "requant_perm": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=2), 4, 1,
                      ("stride", "stride_out")),
-    # the decode GLU as a persistent Gluon kernel with a TMA producer warp (moe_glu_decode; Flash: D 4096, 4 K ranges):
-    # one consumer (compiled here without the launch's maxnreg=232: ptxas warns and uses 255), two (the default),
-    # and the down GEMV
+    # the decode GLU as a persistent Gluon kernel with a TMA producer warp (moe_glu_decode; Flash: D 4096): one
+    # consumer, 4 K ranges (compiled here without the launch's maxnreg=232: ptxas warns and uses 255), two (the
+    # default: 2 K ranges, a ring of 4 since session 78), and the down GEMV
     "moe_glu_decode": ("moe_glu_decode", "_stream_kernel",
                        dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
                             P="*fp32"), dict(T=32, S=4, KR=1024, R=6, NCONS=1, REGS=200, GLU=True, CONTIG=False), 4,
@@ -316,7 +316,7 @@ CASES = {
     "moe_glu_decode_2c": ("moe_glu_decode", "_stream_kernel",
                           dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32",
                                IDS="*i32", P="*fp32"),
-                          dict(T=32, S=4, KR=1024, R=6, NCONS=2, REGS=200, GLU=True, CONTIG=False), 4,
+                          dict(T=32, S=2, KR=2048, R=4, NCONS=2, REGS=200, GLU=True, CONTIG=False), 4,
                           1,
                           ("I", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
     "moe_down_decode_2c": ("moe_glu_decode", "_stream_kernel",

@@ -1,6 +1,6 @@
 """Which K split the persistent decode GEMV kernel (dsv4.kernels.moe_glu_decode) takes for an expert shape: a
 re-derivation of the rule from its constraints (whole 2-block steps for every consumer in every K range, at most
-2 x SPLIT ranges), over the released shapes and random ones. CPU only: the choice is host logic."""
+ODD_SPLIT_MAX ranges), over the released shapes and random ones. CPU only: the choice is host logic."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ def _ok(k: int, s: int) -> bool:
 
 def _expected(k: int, n: int, preferred: int, odd: bool, most: bool) -> int | None:
     """`preferred` if it fits, else with `odd` the most (the GLU) or the fewest (the down, from `preferred` up)
-    of the splits up to 2 x SPLIT that fit."""
+    of the splits up to ODD_SPLIT_MAX that fit."""
     if n % 128:
         return None
     if _ok(k, preferred):
         return preferred
     if odd:
-        fitting = [s for s in range(1 if most else preferred, 2 * g.SPLIT + 1) if _ok(k, s)]
+        fitting = [s for s in range(1 if most else preferred, g.ODD_SPLIT_MAX + 1) if _ok(k, s)]
         return (max(fitting) if most else min(fitting)) if fitting else None
     return None
 

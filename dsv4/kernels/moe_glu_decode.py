@@ -62,8 +62,12 @@ from dsv4.kernels.moe_mma_operands import F16_HI_PTX, F16_LO_PTX
 # replay 1.19 (2 consumers) vs 1.20 ms. Session 48 (batched activation load, PDL): M = 1 / 2 / 4 40.9 / 65.5 / 113.9
 # vs the Triton GLU's 45.2 / 71.4 / 128.7 µs in the same run; 8-layer B = 1 replay 1.17 ms
 ENABLED = True
-STAGES = 6  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes)
-SPLIT = 4  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
+# Session 78 (s78g, H100, Flash MoE call in graphs of 16 routings, two alternating rounds): 4 slots and 2 K ranges
+# instead of 6 and 4 -- M = 1 42.9 / 43.1 -> 40.7 / 40.8 µs, 2 72.7 -> 69.5, 4 129.6 -> 126.7, 8 242.7 -> 236.7, 11
+# 318.2 -> 307.5 (2 ranges alone: 42.5, 71.3, 127.9, 237.8, 310.0), outputs bit-identical; 8 Flash layers' replay
+# B = 1 1.16 / 1.15 either way, B = 8 3.11 / 3.12 -> 3.08 / 3.07 ms
+STAGES = 4  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes; a multiple of CONSUMERS)
+SPLIT = 2  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
 CONSUMERS = 2  # consumer warpgroups (alternate steps of every unit, each with its own partial; 1: slower, above)
 # setmaxnreg of the second consumer (the first takes 256, the producer warp's warpgroup 40: within the pool of
 # Triton's 168 registers x 384 threads; 232 would not fit and the allocation would wait forever)
@@ -80,14 +84,15 @@ ONE_CONSUMER_MAXNREG = 232
 # model-level GPU suite passes with it (218 of 219; the other failed the same with it off, on one machine only), 8
 # Flash layers' B = 1 replay 1.14-1.15 vs 1.18 ms off, alternating. Pro's 3072 does not fit (`_fits`): Triton there.
 DOWN_ENABLED = True
-DOWN_STAGES = 6  # ... its ring slots (8 KB each: half the GLU's shared memory at the same depth; 12 fits as much)
+DOWN_STAGES = 6  # ... its ring slots (8 KB each; a multiple of CONSUMERS: 5 faulted, s78f)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
-# most K ranges up to 2 x SPLIT that do (7). Session 49: Pro's MoE call M = 1 / 2 / 4 84.0 / 146.7 / 269.8 µs vs
+# most K ranges up to ODD_SPLIT_MAX that do (7). Session 49: Pro's MoE call M = 1 / 2 / 4 84.0 / 146.7 / 269.8 µs vs
 # 108.3 / 181.7 / 312.7 (the Triton GLU); 4 Pro layers' B = 1 replay 1.15 vs 1.24 ms
 ODD_SPLIT = True
+ODD_SPLIT_MAX = 8  # (twice session 49's SPLIT, fixed when SPLIT went to 2: Pro's 7 ranges stay in reach)
 # the down where DOWN_SPLIT does not fit the inter size (Pro's 3072 = 24 K blocks in one range: not a power of two,
-# `_fits`): the fewest K ranges from DOWN_SPLIT up to 2 x SPLIT that do (3 of 8 blocks; the down liked fewer ranges,
+# `_fits`): the fewest K ranges from DOWN_SPLIT up to ODD_SPLIT_MAX that do (3 of 8 blocks; the down liked fewer ranges,
 # session 48). Session 49: its tests pass; Pro's MoE call M = 1 / 2 / 4 80.6-81.0 / 148.8-149.0 / 272.3-272.7 µs vs
 # 84.0-84.2 / 146.9-147.1 / 269.5-269.6 (the Triton down): −4 % at one token, +1 % from two. Session 50, 4 Pro
 # layers' graph replay off / on: B = 1 1.11 / 1.11 ms, B = 2 1.84 / 1.72 (one pair: noisy). Opt-in: no gain at B = 1
@@ -400,15 +405,15 @@ def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False)
 
 def _split(experts: PackedExperts, glu: bool) -> int | None:
     """The K ranges of this GEMV: SPLIT (the down: DOWN_SPLIT) where it fits, else (ODD_SPLIT) the GLU's most up to
-    2 x SPLIT that fit (Pro's hidden 7168: 7, on 126 of 132 SMs), (DOWN_ODD_SPLIT) the down's fewest from DOWN_SPLIT
-    up to 2 x SPLIT (Pro's inter 3072: 3), else None (not taken here)."""
+    ODD_SPLIT_MAX that fit (Pro's hidden 7168: 7, on 126 of 132 SMs), (DOWN_ODD_SPLIT) the down's fewest from
+    DOWN_SPLIT up to ODD_SPLIT_MAX (Pro's inter 3072: 3), else None (not taken here)."""
     preferred = SPLIT if glu else DOWN_SPLIT
     if _fits(experts, glu, preferred):
         return preferred
     if glu and ODD_SPLIT:
-        return next((s for s in range(2 * SPLIT, 0, -1) if _fits(experts, glu, s)), None)
+        return next((s for s in range(ODD_SPLIT_MAX, 0, -1) if _fits(experts, glu, s)), None)
     if not glu and DOWN_ODD_SPLIT:
-        return next((s for s in range(DOWN_SPLIT, 2 * SPLIT + 1) if _fits(experts, glu, s)), None)
+        return next((s for s in range(DOWN_SPLIT, ODD_SPLIT_MAX + 1) if _fits(experts, glu, s)), None)
     return None
 
 
