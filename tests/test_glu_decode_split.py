@@ -52,3 +52,19 @@ def test_released_shapes(monkeypatch):
     assert g._split(flash, False) == g.DOWN_SPLIT
     monkeypatch.setattr(g, "DOWN_ODD_SPLIT", True)
     assert g._split(pro, False) == 3 and g._split(flash, False) == g.DOWN_SPLIT  # (3 ranges of 8 blocks)
+
+
+@pytest.mark.parametrize("consumers,stages,ok", [(2, 3, False), (2, 5, False), (2, 0, False), (2, 4, True),
+                                                 (1, 3, True)])
+def test_ring_slots_a_multiple_of_the_consumers(consumers, stages, ok, monkeypatch):
+    """Two consumer warpgroups take alternate steps, so a ring whose slot count is odd hands a slot to each in turn,
+    and one could pass a phase the other has not consumed (3 GLU slots and 5 down slots faulted on the GPU,
+    session 78): such a ring is refused before anything is launched."""
+    monkeypatch.setattr(g, "CONSUMERS", consumers)
+    experts = types.SimpleNamespace(hidden=4096, inter=2048, num_experts=8)
+    if ok:  # past the check: the next one (a split that does not tile K) still speaks
+        with pytest.raises(ValueError, match="must split"):
+            g._launch(None, None, None, experts, True, 6, 3, stages)
+    else:
+        with pytest.raises(ValueError, match="ring slots"):
+            g._launch(None, None, None, experts, True, 6, g.SPLIT, stages)
