@@ -64,9 +64,9 @@ class PromptSharing:
     def _fork_point(self, seq: Sequence, tokens: list[int], state) -> int:
         """Tokens of a source's state (holding `tokens`) that `seq` can take over: a common prefix, short of seq's
         last prompt token, within reach of a rollback of both the backbone and (speculative decoding) the MTP state;
-        0: none. The MTP state's row of position i was fed token i + 1, so under speculation the
-        token after the fork point must be common too: a source that does not list it (a key of exactly the
-        state's tokens) forks one token earlier, and seq computes that token again."""
+        0: none. The MTP state's row of position i was fed token i + 1, so under speculation the token after the
+        fork point must be common too: a source that does not list it (a key of exactly the state's tokens) forks
+        one token earlier, and seq computes that token again."""
         n = min(state.num_tokens, seq.num_prompt_tokens - 1, len(tokens))
         if self.mtp:
             n = min(n, state.mtp.num_tokens, len(tokens) - 1)
