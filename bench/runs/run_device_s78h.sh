@@ -5,6 +5,6 @@
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 F=dsv4.kernels.moe_config
-timeout 200 python3 bench/bench_moe_flags.py --ms 16,32,64,96,128 --graphs 16 "default:" "p2u4:$F.GEMV_PAIRS2_UNROLL=4" \
-  "p4u2:$F.GEMV_PAIRS4_UNROLL=2" "default:" "p2u4:$F.GEMV_PAIRS2_UNROLL=4" "p4u2:$F.GEMV_PAIRS4_UNROLL=2" 2>&1 \
+timeout 150 python3 bench/bench_moe_flags.py --ms ${MS:-64,96,128} --graphs 16 "default:" "p2u4:$F.GEMV_PAIRS2_UNROLL=4" \
+  "p4u2:$F.GEMV_PAIRS4_UNROLL=2" "default:" 2>&1 \
   | grep -v -i warn | tail -7
