@@ -87,10 +87,9 @@ GEMV_PAIRED_MAX = 4.0
 # 6,805, M = 224 (3.6) 7,346 / 6,979; Flash (4096) keeps 4.0: M = 160 (3.8) 1,784 / 1,806
 GEMV_PAIRED_MAX_BY_HIDDEN = {7168: 2.3}
 GEMV_PAIRS4_FROM = 2.3
-# K blocks per loop step of blocks of two / four pairs (4 MMA columns per pair and K block: at most
-# moe_gemv.MAX_COLUMNS = 32 allows 4 / 2; session 18 chose 2 / 1; a sweep knob, bench/runs/run_device_s78h.sh)
-GEMV_PAIRS2_UNROLL = 2
-GEMV_PAIRS4_UNROLL = 1
+# (Blocks of two / four pairs take 2 / 1 K blocks per loop step. The most that fit moe_gemv.MAX_COLUMNS = 32, 4 / 2,
+# lose: session 78, s78h, H100, µs per call in a graph, M = 64 two pairs 1,189-1,211 -> 2,630; M = 96 / 128 four
+# pairs 1,559 / 1,688 -> 1,689 / 1,980.)
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 # The per-group kernel's 16-row tiles up to this many pairs per expert (above the per-pair paths' range; MXFP4
 # experts take the wide kernel's 16-token tiles first, up to WIDE16_MAX_PAIRS_PER_EXPERT)
@@ -130,8 +129,7 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8", hidden: 
     four = paired and per_touched >= GEMV_PAIRS4_FROM
     if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
-                         num_stages=4, gemv=64, gemv_mma=True, gemv_stages=3,
-                         gemv_unroll=(GEMV_PAIRS4_UNROLL if four else GEMV_PAIRS2_UNROLL) if paired else 2,
+                         num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2, gemv_stages=3,
                          gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
                          gemv_pairs=(4 if four else 2) if paired else 1)
     if per_expert <= max(WIDE16_MAX_PAIRS_PER_EXPERT, WIDE32_MAX_PAIRS_PER_EXPERT) and act == "fp8":
