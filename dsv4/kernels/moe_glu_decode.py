@@ -54,7 +54,7 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
-from dsv4.kernels.moe_mma_operands import F16_HI_PTX, F16_LO_PTX
+from dsv4.kernels.moe_glu_decode_parts import U  # noqa: F401 (K blocks per step; re-exported)
 
 # The decode GLU here where it applies (`applies`). Session 47 (s47c, H200, Flash MoE call in CUDA graphs of 16
 # routings, bench_moe_flags.py --graphs 16, µs; Triton GLU / this one with 1 consumer / with 2): M = 1 45.6 / 48.9 /
@@ -99,7 +99,10 @@ ODD_SPLIT_MAX = 8  # (twice session 49's SPLIT, fixed when SPLIT went to 2: Pro'
 DOWN_ODD_SPLIT = False
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
 STREAM_PDL = True
-U = 2  # K blocks per step (4 columns each of the MMA's 8)
+# Blocks of two pairs of one expert (`moe_gemv_pairs.pair_blocks`, the paired Triton GEMV's range, Flash M = 12-64)
+# here too: one weight stream feeds both pairs' MMA chains. Session 78: written and compiled offline (the one-pair
+# kernels' SASS unchanged), not yet run -- bench/runs/run_device_s79a.sh runs its GPU test and the A/B. Opt-in
+PAIR_BLOCKS = False
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
 if HAS_TRITON and not INTERPRET:
@@ -112,72 +115,22 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
+    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _item_expert, _item_pair, _matrices, _scaled,
+                                                   _step_scales, _unit, _unit_count, _widen)
     from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
-    _LO_ASM = gl.constexpr(F16_LO_PTX)
-    _HI_ASM = gl.constexpr(F16_HI_PTX)
-
-    @gluon.constexpr_function
-    def mma_byte_view():
-        """The [64 rows, 64 bytes] slot of one K block (TMA, 64-byte swizzle: 16-byte chunk c of row r at c ^
-        ((r >> 1) & 3)) as uint8 [64, 64] indexed by (row, K index of `_mma_order`: k = 16c + 8h + 2t + i <->
-        byte 32h + 8t + 2c + i). A shared linear layout lists, per bit of the byte offset, the (row, k) stored
-        there: offset bits 0-5 are the row's byte bits (i, c0, c1, t0, t1, h), bit 6 row 1; bits 7 and 8 (rows
-        2 and 4) carry the swizzle: offset 128 holds row 2's chunk 1 (t1, k = 4), offset 256 row 4's chunk 2
-        (h, k = 8); bits 9-11 rows 8, 16, 32."""
-        return gl.SharedLinearLayout(offset_bases=[[0, 1], [0, 16], [0, 32], [0, 2], [0, 4], [0, 8], [1, 0],
-                                                   [2, 4], [4, 8], [8, 0], [16, 0], [32, 0]])
-
-    @gluon.constexpr_function
-    def mma_byte_regs():
-        """uint8 [64, 64] (row, k) with the wgmma A operand's lanes and warps (16-bit, k_width 2: rows lane // 4
-        + 16 warp, k = 2 (lane % 4)), its registers ordered i, c0, c1 (8 contiguous bytes: one 64-bit load), h,
-        row + 8 -- the A operand layout up to register order."""
-        return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 16], [0, 32], [0, 8], [8, 0]],
-                                          lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-                                          warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
-
-    @gluon.constexpr_function
-    def _matrices(glu):
-        """Weight matrices per unit, i.e. [64, 64]-byte weight boxes per K block of a ring slot: gate and up (the
-        GLU), or W2's rows (the down)."""
-        return 2 if glu else 1
 
     @gluon.jit
-    def _unit_count(n_units, n_per, S: gl.constexpr, CONTIG: gl.constexpr):
-        """How many work units this program takes: every num_programs-th (strided), or (CONTIG) a run of n_per of
-        its K range's (pair, row tile) units."""
-        pid = gl.program_id(0)
-        if CONTIG:
-            return gl.maximum(gl.minimum(n_per, n_units // S - (pid // S) * n_per), 0)
-        else:
-            return (n_units - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
-
-    @gluon.jit
-    def _unit(k, n_per, T: gl.constexpr, S: gl.constexpr, CONTIG: gl.constexpr):
-        """(pair, row tile, K range) of this program's k-th unit. Strided: unit pid + k num_programs, K range
-        fastest (num_programs a multiple of S: a program keeps one K range). CONTIG: K range pid % S, (pair, tile)
-        units (pid // S) n_per + k, tile fastest -- a program keeps its pair over many units (the down GEMV, whose
-        activation tiles are the pair's own)."""
-        pid = gl.program_id(0)
-        if CONTIG:
-            j = (pid // S) * n_per + k
-            return j // T, j % T, pid % S
-        else:
-            q = pid + k * gl.num_programs(0)
-            return q // (T * S), (q // S) % T, q % S
-
-    @gluon.jit
-    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
+    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
                   T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
-                  GLU: gl.constexpr, CONTIG: gl.constexpr):
+                  GLU: gl.constexpr, CONTIG: gl.constexpr, G: gl.constexpr):
         NM: gl.constexpr = _matrices(GLU)
         c = 0  # steps issued
         for k in range(_unit_count(n_units, n_per, S, CONTIG)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG)
-            e = gl.load(IDS + p)
-            if (e >= 0) & (e < num_experts):  # (another rank's expert: skipped by both partitions)
+            e, mine = _item_expert(IDS, BLK, p, num_experts, G)
+            if mine:  # (another rank's expert: skipped by both partitions)
                 row = (e * rows_e + tile * 64).to(gl.int32)  # (TMA coordinates are 32-bit)
                 for step in range(STEPS):
                     slot = c % R
@@ -196,56 +149,14 @@ if HAS_TRITON and not INTERPRET:
                     c += 1
 
     @gluon.jit
-    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
-        """The block-diagonal activation tiles of token t's K blocks kb0 .. kb0 + KBR - 1: tile 2j + h ([8 columns,
-        64 k], the wgmma B operand transposed) holds the low (h 0) / high (h 1) nibbles' activations of block j in
-        column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`); only the tiles of
-        consumer HALF's steps (of NCONS; step s: tiles 4s .. 4s + 3). Their activations are loaded in one go (the
-        tile-by-tile loads were a chain of L2 round trips at the kernel's start: 14 % of its stall samples, s48),
-        each tile then picked out of the registers (a sum over the thread's own rows) and stored."""
-        NQ: gl.constexpr = 4 * (KBR // 2 // NCONS)  # this consumer's tiles
-        l3: gl.constexpr = gl.BlockedLayout([NQ, 1, 4], [1, 2, 16], [1, 4, 1], [2, 1, 0])  # [tile, column, k]
-        x_l: gl.constexpr = gl.SliceLayout(1, l3)
-        q = gl.arange(0, NQ, layout=gl.SliceLayout(1, x_l))
-        k = gl.arange(0, 64, layout=gl.SliceLayout(0, x_l))
-        tile = 4 * (HALF + NCONS * (q // 4)) + q % 4
-        x = gl.load(XQ + t.to(gl.int64) * stride_x + kb0 * 128 + 64 * tile[:, None] + k[None, :])
-        col = 4 * ((tile % 4) // 2)[:, None] + 2 * ((k // 8) % 2)[None, :] + (tile % 2)[:, None]
-        n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))
-        tiles = gl.where(n[None, :, None] == gl.expand_dims(col, 1), gl.expand_dims(x, 1), 0.0)
-        q3 = gl.expand_dims(gl.expand_dims(q, 1), 1)
-        for i in gl.static_range(NQ):
-            b_s.index(4 * (HALF + NCONS * (i // 4)) + i % 4).store(gl.sum(gl.where(q3 == i, tiles, 0.0), axis=0))
-
-    @gluon.jit
-    def _widen(w_s, i, a_l: gl.constexpr):
-        """Slot buffer i's bytes -> the f16 wgmma A operands (low nibbles, high nibbles) of its K block."""
-        b = w_s.index(i)._reinterpret(gl.uint8, [64, 64], mma_byte_view()).load(mma_byte_regs())
-        lo = gl.inline_asm_elementwise(_LO_ASM, "=r,=r,r", [b], dtype=gl.float16, is_pure=True, pack=4)
-        hi = gl.inline_asm_elementwise(_HI_ASM, "=r,=r,r", [b], dtype=gl.float16, is_pure=True, pack=4)
-        return gl.convert_layout(lo, a_l), gl.convert_layout(hi, a_l)
-
-    @gluon.jit
-    def _step_scales(sc_s, i, step, acc_l: gl.constexpr):
-        """Scale buffer i's bytes of this step ([64, 8] of its 16-byte run: the first or second half)."""
-        if step % 2 == 0:
-            return sc_s.index(i).slice(0, 8, dim=1).load(acc_l)
-        else:
-            return sc_s.index(i).slice(8, 8, dim=1).load(acc_l)
-
-    @gluon.jit
-    def _scaled(acc, part, sc, sa):
-        """acc + part * 2^(b - 127 + 6) * sa per column (`moe_mma_operands._scale_acc`, the same order)."""
-        f = ((sc.to(gl.int32) + 6) << 23).to(gl.float32, bitcast=True)
-        return acc + (part * f) * sa[None, :]
-
-    @gluon.jit
-    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+    def _consumer(XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                   stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
                   KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
-                  CONTIG: gl.constexpr):
+                  CONTIG: gl.constexpr, G: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
-        sp * NCONS + HALF of P."""
+        sp * NCONS + HALF of P. G 2: a unit serves a block of two pairs of one expert -- the widened weights of a
+        step feed a second chain of MMAs against the second pair's activation tiles (its own accumulators, so each
+        pair's partial is the one-pair kernel's bits); a block without a second pair computes the first's again."""
         KBR: gl.constexpr = KR // 128
         NM: gl.constexpr = _matrices(GLU)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -259,26 +170,42 @@ if HAS_TRITON and not INTERPRET:
         t_built = -1
         for k in range(_unit_count(n_units, n_per, S, CONTIG)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG)
-            e = gl.load(IDS + p)
-            if (e >= 0) & (e < num_experts):
-                t = p // top_k  # (the down GEMV: top_k 1, each pair's own z)
+            e, mine = _item_expert(IDS, BLK, p, num_experts, G)
+            if mine:
+                p0 = _item_pair(BLK, p, 0, G)
+                t = p0 // top_k  # (the down GEMV: top_k 1, each pair's own z)
+                key = t  # (the tiles are the token's: one pair's units reuse them for its token's other pairs)
+                if G == 2:
+                    p1 = _item_pair(BLK, p, 1, G)
+                    t1 = gl.where(p1 >= 0, p1, p0) // top_k
+                    key = p
                 kb0 = sp * KBR
-                if t != t_built:  # (every unit of a program has the same K range)
+                if key != t_built:  # (every unit of a program has the same K range)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
                     _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
+                    if G == 2:
+                        _build_b(b_s, XQ, t1, stride_x, kb0, KBR, HALF, NCONS, 2 * KBR)
                     fence_async_shared()
                     gl.thread_barrier()
-                    t_built = t
+                    t_built = key
                 acc_g = zero
                 acc_u = zero
+                if G == 2:
+                    acc_g1 = zero
+                    acc_u1 = zero
                 for step in range(HALF, STEPS, NCONS):
                     slot = (c + step) % R
                     # the activation scale per column, x 2^8 (from L1: no shared-memory hazard, no CTA barrier here)
                     sa = gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4) * 256.0
+                    if G == 2:
+                        sa1 = gl.load(SX + t1.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4) * 256.0
                     mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
                     sc_g = _step_scales(sc_s, NM * slot, step, acc_l)
                     pg = zero
                     pu = zero
+                    if G == 2:
+                        pg1 = zero
+                        pu1 = zero
                     for u in gl.static_range(U_STEP):
                         g_lo, g_hi = _widen(w_s, 2 * NM * slot + u, a_l)
                         if GLU:
@@ -293,7 +220,22 @@ if HAS_TRITON and not INTERPRET:
                         if GLU:
                             pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
                             pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
-                    if GLU:
+                        if G == 2:  # the second pair's tiles, 2 KBR further
+                            b_lo1 = b_s.index(2 * KBR + 4 * step + 2 * u).permute((1, 0))
+                            b_hi1 = b_s.index(2 * KBR + 4 * step + 2 * u + 1).permute((1, 0))
+                            pg1 = warpgroup_mma(g_lo, b_lo1, pg1, use_acc=u > 0, is_async=True)
+                            pg1 = warpgroup_mma(g_hi, b_hi1, pg1, is_async=True)
+                            if GLU:
+                                pu1 = warpgroup_mma(u_lo, b_lo1, pu1, use_acc=u > 0, is_async=True)
+                                pu1 = warpgroup_mma(u_hi, b_hi1, pu1, is_async=True)
+                    if G == 2:
+                        if GLU:
+                            pg, pu, pg1, pu1 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu, pg1, pu1])
+                            acc_u = _scaled(acc_u, pu, sc_u, sa)
+                            acc_u1 = _scaled(acc_u1, pu1, sc_u, sa1)
+                        else:
+                            pg, pg1 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pg1])
+                    elif GLU:
                         pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                         acc_u = _scaled(acc_u, pu, sc_u, sa)
                     else:
@@ -302,26 +244,35 @@ if HAS_TRITON and not INTERPRET:
                     # issued it, i.e. once every warp holds the bytes it read from the slot
                     mbarrier.arrive(free.index(slot), count=1)
                     acc_g = _scaled(acc_g, pg, sc_g, sa)
+                    if G == 2:
+                        acc_g1 = _scaled(acc_g1, pg1, sc_g, sa1)
                 c += STEPS
-                dst = P + (sp * NCONS + HALF).to(gl.int64) * stride_ps + p.to(gl.int64) * stride_pp + tile * 64 + r
+                dst = P + (sp * NCONS + HALF).to(gl.int64) * stride_ps + p0.to(gl.int64) * stride_pp + tile * 64 + r
                 gl.store(dst, gl.sum(acc_g, axis=1))
                 if GLU:
                     gl.store(dst + I, gl.sum(acc_u, axis=1))
+                if G == 2:
+                    if p1 >= 0:
+                        dst = dst + (p1 - p0).to(gl.int64) * stride_pp
+                        gl.store(dst, gl.sum(acc_g1, axis=1))
+                        if GLU:
+                            gl.store(dst + I, gl.sum(acc_u1, axis=1))
 
     @pdl_kernel
     @gluon.jit
-    def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
+    def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, BLK, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
                        stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
                        R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
-                       CONTIG: gl.constexpr):
+                       CONTIG: gl.constexpr, G: gl.constexpr):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
-        else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D)."""
+        else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
+        G 2: the work items are the rows of BLK (`pair_blocks`, two pairs of one expert), else the pairs."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
         sc_s = gl.allocate_shared_memory(gl.uint8, [NM * R, 64, 16], s_desc.layout)
         b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        b_s = gl.allocate_shared_memory(gl.float16, [2 * (KR // 128), 8, 64], b_sl)
+        b_s = gl.allocate_shared_memory(gl.float16, [G * 2 * (KR // 128), 8, 64], b_sl)
         ready = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
         free = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(R):
@@ -332,19 +283,19 @@ if HAS_TRITON and not INTERPRET:
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
         if NCONS == 2:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG)),
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG)),
-                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, T, S,
-                             STEPS, KR, R, GLU, CONTIG)),
+                (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, G)),
+                (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, G)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
+                             T, S, STEPS, KR, R, GLU, CONTIG, G)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG)),
-                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, T, S,
-                             STEPS, KR, R, GLU, CONTIG)),
+                (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, G)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
+                             T, S, STEPS, KR, R, GLU, CONTIG, G)),
             ], [1], [40])
 
     @pdl_kernel
@@ -394,12 +345,14 @@ def _sm_count(index: int) -> int:
 
 def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False) -> bool:
     """Whether `glu_decode` (or, down: `down_decode`) takes this GEMV: ENABLED (DOWN_ENABLED), MXFP4 experts on a
-    Hopper GPU (TMA, wgmma), one pair per unit (no blocks of pairs), and K ranges of whole steps for every consumer
+    Hopper GPU (TMA, wgmma), one pair per unit (no blocks of pairs; with PAIR_BLOCKS also blocks of two), and K
+    ranges of whole steps for every consumer
     (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 only with ODD_SPLIT; the down's, inter: Flash's 2048 yes,
     Pro's 3072 only with DOWN_ODD_SPLIT)."""
     from dsv4.kernels.moe_wide import _is_hopper
 
-    return ((DOWN_ENABLED if down else ENABLED) and blocks is None and experts.fmt == "mxfp4" and x.is_cuda
+    paired_ok = blocks is None or PAIR_BLOCKS and blocks.shape[1] == 2
+    return ((DOWN_ENABLED if down else ENABLED) and paired_ok and experts.fmt == "mxfp4" and x.is_cuda
             and not INTERPRET and _is_hopper(x.device) and _split(experts, not down) is not None)
 
 
@@ -426,9 +379,11 @@ def _fits(experts: PackedExperts, glu: bool, split: int) -> bool:
     return k % (BLOCK * U * split * CONSUMERS) == 0 and blocks & (blocks - 1) == 0 and n % BLOCK == 0
 
 
-def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int) -> torch.Tensor:
-    """The persistent kernel over the routed pairs (GLU: w13 from x's codes; else W2 from z's): its fp32 partials
-    [split x CONSUMERS, pairs, 2I or D]."""
+def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int,
+            blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """The persistent kernel over the routed pairs (GLU: w13 from x's codes; else W2 from z's), one per work item or
+    (blocks: `pair_blocks`' [P, 2]) two pairs of an expert per item: its fp32 partials [split x CONSUMERS, pairs, 2I
+    or D]."""
     e, i, d = experts.num_experts, experts.inter, experts.hidden
     k, n = (d, i) if glu else (i, d)  # reduced dimension, output rows (per matrix)
     if stages < 1 or stages % CONSUMERS:
@@ -439,31 +394,37 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     if split is None or not _fits(experts, glu, split):
         raise ValueError(f"moe_glu_decode: K {k} must split into {split} x {CONSUMERS} ranges of whole {U}-block "
                          f"steps, the {n} output rows into 128-blocks")
+    g = 1 if blocks is None else blocks.shape[1]
+    if g not in (1, 2) or blocks is not None and (blocks.dtype != torch.int32 or not blocks.is_contiguous()):
+        raise ValueError(f"moe_glu_decode: blocks must be pair_blocks' contiguous int32 [P, 2], got "
+                         f"{blocks.dtype} {tuple(blocks.shape)}")
     pairs = ids.numel()
+    items = pairs if blocks is None else blocks.shape[0]  # (unused block rows are skipped in the kernel)
     w_desc, s_desc = _descriptors(experts, glu)
     ranges = split * CONSUMERS  # (each consumer stores its own partial of a unit)
     part = torch.empty((ranges, pairs, 2 * i if glu else d), dtype=torch.float32, device=xq.device)
     t = n // ROWS
-    n_units = pairs * t * split
+    n_units = items * t * split
     sms = _sm_count(xq.device.index if xq.device.index is not None else torch.cuda.current_device())
     programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
-    n_per = -(-(pairs * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
+    n_per = -(-(items * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
     kernel = _stream_kernel if STREAM_PDL else _stream_kernel.fn  # (.fn: launched without PDL)
     kernel[(programs,)](
-        w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d, i, top_k, xq.stride(0),
-        sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages, NCONS=CONSUMERS,
-        REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, num_warps=4,
+        w_desc, s_desc, xq, sx, ids, ids if blocks is None else blocks, part, e, n_units, n_per, 2 * i if glu else d,
+        i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
+        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, G=g, num_warps=4,
         **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     return part
 
 
 def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
                swiglu_limit: float, top_k: int, zq: torch.Tensor, zs: torch.Tensor, split: int | None = None,
-               stages: int | None = None) -> None:
+               stages: int | None = None, blocks: torch.Tensor | None = None) -> None:
     """GEMM1 of method "mma" (`moe_gemv.mma_glu_stage`'s contract from the quantised x): writes the routed pairs'
-    rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128])."""
+    rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128]);
+    blocks: two pairs of an expert per work item (`_launch`), the same bits."""
     part = _launch(xq, sx, ids, experts, True, top_k, _split(experts, True) if split is None else split,
-                   STAGES if stages is None else stages)  # (the module's values when called: A/B flags)
+                   STAGES if stages is None else stages, blocks)  # (the module's values when called: A/B flags)
     pairs, i, ranges = ids.numel(), experts.inter, part.shape[0]
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, experts.num_experts, float(swiglu_limit),
                                         part.stride(0), part.stride(1), zq.stride(0), zs.stride(0), S=ranges,
@@ -471,9 +432,10 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
 
 
 def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts,
-                split: int | None = None, stages: int | None = None) -> torch.Tensor:
+                split: int | None = None, stages: int | None = None, blocks: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """GEMM2 of method "mma" from z's codes (`mma_glu_stage`'s zq / zs): the fp32 partials [split x CONSUMERS,
     pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe_combine.combine` (3-D y), the
-    Triton down's y exactly up to fp32 summation order)."""
+    Triton down's y exactly up to fp32 summation order); blocks as in `glu_decode`."""
     return _launch(zq, zs, ids, experts, False, 1, _split(experts, False) if split is None else split,
-                   DOWN_STAGES if stages is None else stages)
+                   DOWN_STAGES if stages is None else stages, blocks)

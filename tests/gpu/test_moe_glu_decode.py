@@ -156,3 +156,42 @@ def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
         monkeypatch.setattr(moe_glu_decode, "ODD_SPLIT", True)
         close_bf16(on, off, rel=1e-2, what=f"fused_moe m={m}, 7 K ranges vs the Triton GLU")
         close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")
+
+
+@pytest.mark.parametrize("m,other_ranks", [(3, False), (16, True)])
+def test_pair_blocks_give_the_one_pair_bits(m, other_ranks, monkeypatch):
+    """Blocks of two pairs of one expert per work item (`PAIR_BLOCKS`, `pair_blocks`' rows; an expert with an odd
+    number of pairs ends in a block of one): the GLU's z codes and scales and the down's partials of every pair are
+    the one-pair kernel's bits (each pair keeps its own MMA chain); other ranks' pairs stay unwritten."""
+    from dsv4.kernels import moe_glu_decode
+    from dsv4.kernels.moe import finalize_experts
+    from dsv4.kernels.moe_gemv import _quant16_kernel
+    from dsv4.kernels.moe_gemv_pairs import pair_blocks
+
+    e, d, i, k = 8, 2048, 512, 6  # (few experts: most hold several pairs)
+    gen = torch.Generator(DEV).manual_seed(m + 90)
+    packed = finalize_experts(_experts(e, d, i, gen))
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
+    flat = ids.reshape(-1).contiguous()
+    blocks = pair_blocks(flat, e, 2)
+    assert bool((blocks[:, 1] < 0).logical_and(blocks[:, 0] >= 0).any())  # (a block of one pair among them)
+    monkeypatch.setattr(moe_glu_decode, "PAIR_BLOCKS", True)
+    assert moe_glu_decode.applies(packed, x, blocks) and moe_glu_decode.applies(packed, x, blocks, down=True)
+
+    def glu(x, flat_ids, tw, packed, limit, top_k, zq, zs, **kw):
+        xq = torch.empty((m, d), dtype=torch.float16, device=DEV)
+        sx = torch.empty((m, d // 128), dtype=torch.float32, device=DEV)
+        _quant16_kernel[(m, d // 128)](x, xq, sx, flat_ids, e, x.stride(0), xq.stride(0), sx.stride(0),
+                                       CHECK_IDS=False, num_warps=1)
+        moe_glu_decode.glu_decode(xq, sx, flat_ids, tw, packed, limit, top_k, zq, zs, **kw)
+
+    one = _stage(glu, x, ids, w, packed, k, i)
+    two = _stage(glu, x, ids, w, packed, k, i, blocks=blocks)
+    mine = (flat >= 0) & (flat < e)
+    for a, b in zip(one, two):
+        assert torch.equal(a[mine], b[mine]) and bool(b[~mine].isnan().all())
+    zq, zs = one
+    zq[~mine], zs[~mine] = 0, 0  # (the down reads only its pairs' rows)
+    parts = [moe_glu_decode.down_decode(zq, zs, flat, packed, blocks=bl).nan_to_num_(0) for bl in (None, blocks)]
+    assert torch.equal(parts[0][:, mine], parts[1][:, mine]) and bool(parts[0][:, mine].abs().sum() > 0)
