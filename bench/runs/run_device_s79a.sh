@@ -1,14 +1,19 @@
 #!/bin/bash
-# Session 78 (prepared, not run): the persistent Gluon GLU / down with blocks of two pairs of one expert per work item
-# (`moe_glu_decode.PAIR_BLOCKS`, opt-in; compiled offline only: 168 registers, 8 B spilled in the GLU, 139.5 / 121 KB of
-# shared memory). First its GPU test (bit-identity with the one-pair kernel), then the Flash MoE call at M = 12-64,
-# where blocks of two pairs run on the Triton GEMV by default (s78c: 79-82 % of copy, M = 64 74 %), alternating; then
-# 8 layers' B = 16 / 64 rows with and without. Make it the default over the range where it wins in both.
+# Session 78 (prepared): the persistent Gluon GLU / down with blocks of two pairs of one expert per work item
+# (`moe_glu_decode.PAIR_BLOCKS`, opt-in) and the GLU's units in runs of row tiles of one item (`UNIT_RUN`,
+# `PAIR_UNIT_RUN`, default 1). Measured once (s78i, H100): blocks with runs of 1 are slower than the Triton GEMV
+# (M = 16 507 vs 440 µs, M = 64 1,634 vs 1,190): a program builds a new item's activation tiles for every unit.
+# First the GPU test (bit-identity with the one-pair kernel, runs of 4 included), then the Flash MoE call: the
+# one-pair path at M = 2-11 with runs of 1 / 4 / 8, the blocks at M = 12-64 with runs of 4 / 8, alternating with the
+# default; then 8 layers' B = 8 / 64 rows for what wins.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 run 240 tests/gpu/test_moe_glu_decode.py
 G=dsv4.kernels.moe_glu_decode
-timeout 200 python3 bench/bench_moe_flags.py --ms 12,16,24,32,48,64 --graphs 16 "default:" "gluon pairs:$G.PAIR_BLOCKS=True" \
-  "default:" "gluon pairs:$G.PAIR_BLOCKS=True" 2>&1 | grep -v -i warn | tail -8
-rows8 150 16,64
-rows8 150 16,64 $G.PAIR_BLOCKS=True
+timeout 150 python3 bench/bench_moe_flags.py --ms 2,4,8,11 --graphs 16 "default:" "run4:$G.UNIT_RUN=4" \
+  "run8:$G.UNIT_RUN=8" "default:" "run4:$G.UNIT_RUN=4" 2>&1 | grep -v -i warn | tail -6
+timeout 200 python3 bench/bench_moe_flags.py --ms 16,32,48,64 --graphs 16 "default:" \
+  "pairs run4:$G.PAIR_BLOCKS=True,$G.PAIR_UNIT_RUN=4" "pairs run8:$G.PAIR_BLOCKS=True,$G.PAIR_UNIT_RUN=8" \
+  "default:" "pairs run4:$G.PAIR_BLOCKS=True,$G.PAIR_UNIT_RUN=4" 2>&1 | grep -v -i warn | tail -6
+rows8 150 8,64
+rows8 150 8,64 ${BEST:-$G.UNIT_RUN=4 $G.PAIR_BLOCKS=True $G.PAIR_UNIT_RUN=4}

@@ -103,6 +103,12 @@ STREAM_PDL = True
 # here too: one weight stream feeds both pairs' MMA chains. Session 78: written and compiled offline (the one-pair
 # kernels' SASS unchanged), not yet run -- bench/runs/run_device_s79a.sh runs its GPU test and the A/B. Opt-in
 PAIR_BLOCKS = False
+# Row tiles per run of a program's GLU units (`moe_glu_decode_parts._unit`): 1 strides unit by unit, so from two tokens
+# on a program builds a new item's activation tiles for every unit -- measured once with blocks of two pairs (s78i,
+# H100, µs): M = 16 507 vs 440 for the Triton GEMV, M = 64 1,634 vs 1,190 (the test: every bit the one-pair kernel's).
+# Runs of 4 or 8 tiles build them once per run but share the units out less evenly. Prepared, not run (s79a)
+UNIT_RUN = 1  # one pair per item
+PAIR_UNIT_RUN = 1  # blocks of two pairs
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
 if HAS_TRITON and not INTERPRET:
@@ -124,11 +130,11 @@ if HAS_TRITON and not INTERPRET:
     @gluon.jit
     def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
                   T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
-                  GLU: gl.constexpr, CONTIG: gl.constexpr, G: gl.constexpr):
+                  GLU: gl.constexpr, CONTIG: gl.constexpr, G: gl.constexpr, RUN: gl.constexpr):
         NM: gl.constexpr = _matrices(GLU)
         c = 0  # steps issued
-        for k in range(_unit_count(n_units, n_per, S, CONTIG)):
-            p, tile, sp = _unit(k, n_per, T, S, CONTIG)
+        for k in range(_unit_count(n_units, n_per, S, CONTIG, RUN)):
+            p, tile, sp = _unit(k, n_per, T, S, CONTIG, RUN)
             e, mine = _item_expert(IDS, BLK, p, num_experts, G)
             if mine:  # (another rank's expert: skipped by both partitions)
                 row = (e * rows_e + tile * 64).to(gl.int32)  # (TMA coordinates are 32-bit)
@@ -152,7 +158,7 @@ if HAS_TRITON and not INTERPRET:
     def _consumer(XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                   stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
                   KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
-                  CONTIG: gl.constexpr, G: gl.constexpr):
+                  CONTIG: gl.constexpr, G: gl.constexpr, RUN: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
         sp * NCONS + HALF of P. G 2: a unit serves a block of two pairs of one expert -- the widened weights of a
         step feed a second chain of MMAs against the second pair's activation tiles (its own accumulators, so each
@@ -168,8 +174,8 @@ if HAS_TRITON and not INTERPRET:
             gluon_pdl_wait()
         c = 0
         t_built = -1
-        for k in range(_unit_count(n_units, n_per, S, CONTIG)):
-            p, tile, sp = _unit(k, n_per, T, S, CONTIG)
+        for k in range(_unit_count(n_units, n_per, S, CONTIG, RUN)):
+            p, tile, sp = _unit(k, n_per, T, S, CONTIG, RUN)
             e, mine = _item_expert(IDS, BLK, p, num_experts, G)
             if mine:
                 p0 = _item_pair(BLK, p, 0, G)
@@ -263,10 +269,11 @@ if HAS_TRITON and not INTERPRET:
     def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, BLK, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
                        stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
                        R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
-                       CONTIG: gl.constexpr, G: gl.constexpr):
+                       CONTIG: gl.constexpr, G: gl.constexpr, RUN: gl.constexpr):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
-        G 2: the work items are the rows of BLK (`pair_blocks`, two pairs of one expert), else the pairs."""
+        G 2: the work items are the rows of BLK (`pair_blocks`, two pairs of one expert), else the pairs; RUN: row
+        tiles per run of a program's units (`_unit`)."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
@@ -284,18 +291,18 @@ if HAS_TRITON and not INTERPRET:
         if NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, G)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, G, RUN)),
                 (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, G)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, G, RUN)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
-                             T, S, STEPS, KR, R, GLU, CONTIG, G)),
+                             T, S, STEPS, KR, R, GLU, CONTIG, G, RUN)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, G)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, G, RUN)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
-                             T, S, STEPS, KR, R, GLU, CONTIG, G)),
+                             T, S, STEPS, KR, R, GLU, CONTIG, G, RUN)),
             ], [1], [40])
 
     @pdl_kernel
@@ -400,6 +407,9 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
                          f"{blocks.dtype} {tuple(blocks.shape)}")
     pairs = ids.numel()
     items = pairs if blocks is None else blocks.shape[0]  # (unused block rows are skipped in the kernel)
+    run = (UNIT_RUN if blocks is None else PAIR_UNIT_RUN) if glu else 1  # (the down's units are CONTIG runs)
+    if (n // ROWS) % run:
+        raise ValueError(f"moe_glu_decode: runs of {run} row tiles do not divide the {n // ROWS} of a matrix")
     w_desc, s_desc = _descriptors(experts, glu)
     ranges = split * CONSUMERS  # (each consumer stores its own partial of a unit)
     part = torch.empty((ranges, pairs, 2 * i if glu else d), dtype=torch.float32, device=xq.device)
@@ -412,7 +422,7 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, ids if blocks is None else blocks, part, e, n_units, n_per, 2 * i if glu else d,
         i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, G=g, num_warps=4,
+        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, G=g, RUN=run, num_warps=4,
         **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     return part
 

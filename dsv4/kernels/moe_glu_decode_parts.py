@@ -43,28 +43,36 @@ if HAS_TRITON and not INTERPRET:
         return 2 if glu else 1
 
     @gluon.jit
-    def _unit_count(n_units, n_per, S: gl.constexpr, CONTIG: gl.constexpr):
+    def _unit_count(n_units, n_per, S: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr):
         """How many work units this program takes: every num_programs-th (strided), or (CONTIG) a run of n_per of
         its K range's (pair, row tile) units."""
         pid = gl.program_id(0)
         if CONTIG:
             return gl.maximum(gl.minimum(n_per, n_units // S - (pid // S) * n_per), 0)
-        else:
+        elif RUN == 1:
             return (n_units - pid + gl.num_programs(0) - 1) // gl.num_programs(0)
+        else:
+            return (n_units // RUN - pid + gl.num_programs(0) - 1) // gl.num_programs(0) * RUN
 
     @gluon.jit
-    def _unit(k, n_per, T: gl.constexpr, S: gl.constexpr, CONTIG: gl.constexpr):
-        """(pair, row tile, K range) of this program's k-th unit. Strided: unit pid + k num_programs, K range
-        fastest (num_programs a multiple of S: a program keeps one K range). CONTIG: K range pid % S, (pair, tile)
-        units (pid // S) n_per + k, tile fastest -- a program keeps its pair over many units (the down GEMV, whose
+    def _unit(k, n_per, T: gl.constexpr, S: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr):
+        """(item, row tile, K range) of this program's k-th unit. Strided: unit pid + k num_programs, K range
+        fastest (num_programs a multiple of S: a program keeps one K range); with RUN > 1 runs of RUN row tiles of
+        one item and K range are strided so (run pid + (k // RUN) num_programs, its tile k % RUN), so a program
+        builds an item's activation tiles once per run, not once per unit. CONTIG: K range pid % S, (item, tile)
+        units (pid // S) n_per + k, tile fastest -- a program keeps its item over many units (the down GEMV, whose
         activation tiles are the pair's own)."""
         pid = gl.program_id(0)
         if CONTIG:
             j = (pid // S) * n_per + k
             return j // T, j % T, pid % S
-        else:
+        elif RUN == 1:
             q = pid + k * gl.num_programs(0)
             return q // (T * S), (q // S) % T, q % S
+        else:
+            run = pid + (k // RUN) * gl.num_programs(0)
+            rem = run % (S * (T // RUN))
+            return run // (S * (T // RUN)), (rem // S) * RUN + k % RUN, rem % S
 
     @gluon.jit
     def _item_expert(IDS, BLK, item, num_experts, G: gl.constexpr):

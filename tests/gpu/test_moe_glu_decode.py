@@ -161,8 +161,9 @@ def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
 @pytest.mark.parametrize("m,other_ranks", [(3, False), (16, True)])
 def test_pair_blocks_give_the_one_pair_bits(m, other_ranks, monkeypatch):
     """Blocks of two pairs of one expert per work item (`PAIR_BLOCKS`, `pair_blocks`' rows; an expert with an odd
-    number of pairs ends in a block of one): the GLU's z codes and scales and the down's partials of every pair are
-    the one-pair kernel's bits (each pair keeps its own MMA chain); other ranks' pairs stay unwritten."""
+    number of pairs ends in a block of one), and either kind of item taken in runs of 4 row tiles (`UNIT_RUN`,
+    `PAIR_UNIT_RUN`): the GLU's z codes and scales and the down's partials of every pair are the one-pair kernel's bits
+    (each pair keeps its own MMA chain, whatever the order of units); other ranks' pairs stay unwritten."""
     from dsv4.kernels import moe_glu_decode
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_gemv import _quant16_kernel
@@ -187,10 +188,13 @@ def test_pair_blocks_give_the_one_pair_bits(m, other_ranks, monkeypatch):
         moe_glu_decode.glu_decode(xq, sx, flat_ids, tw, packed, limit, top_k, zq, zs, **kw)
 
     one = _stage(glu, x, ids, w, packed, k, i)
-    two = _stage(glu, x, ids, w, packed, k, i, blocks=blocks)
     mine = (flat >= 0) & (flat < e)
-    for a, b in zip(one, two):
-        assert torch.equal(a[mine], b[mine]) and bool(b[~mine].isnan().all())
+    for run, bl in ((1, blocks), (4, None), (4, blocks)):
+        monkeypatch.setattr(moe_glu_decode, "UNIT_RUN", run)
+        monkeypatch.setattr(moe_glu_decode, "PAIR_UNIT_RUN", run)
+        two = _stage(glu, x, ids, w, packed, k, i, blocks=bl)
+        for a, b in zip(one, two):
+            assert torch.equal(a[mine], b[mine]) and bool(b[~mine].isnan().all()), (run, bl is None)
     zq, zs = one
     zq[~mine], zs[~mine] = 0, 0  # (the down reads only its pairs' rows)
     parts = [moe_glu_decode.down_decode(zq, zs, flat, packed, blocks=bl).nan_to_num_(0) for bl in (None, blocks)]
