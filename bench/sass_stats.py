@@ -67,6 +67,17 @@ def _desc(block: tuple[int, int], swizzle: int) -> str:
     return mangle_type(TensorDescriptor.from_tensor(torch.empty(256, 256, dtype=torch.uint8), list(block), layout))
 
 
+def _stream_case(**constexprs) -> tuple:
+    """A case of `moe_glu_decode._stream_kernel` (Flash's expert shape): these constexprs over one pair per item, unit
+    by unit, 200 registers in the second consumer, the down's units CONTIG."""
+    glu = constexprs["GLU"]
+    return ("moe_glu_decode", "_stream_kernel",
+            dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
+                 BLK="*i32", P="*fp32"),
+            {"REGS": 200, "CONTIG": not glu, "G": 1, "RUN": 1, **constexprs}, 4, 1,
+            ("I", *(() if glu else ("rows_e",)), "stride_x", "stride_sx", "stride_ps", "stride_pp"))
+
+
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
 CASES = {
     "attn_sliding": ("attention", "_decode_attn_kernel", ATTN_T, dict(ATTN_C, HAS_COMP=False, INDEXED=False), 8,
@@ -308,39 +319,14 @@ CASES = {
     # the decode GLU as a persistent Gluon kernel with a TMA producer warp (moe_glu_decode; Flash: D 4096): one
     # consumer, 4 K ranges (compiled here without the launch's maxnreg=232: ptxas warns and uses 255), two (the
     # default: 2 K ranges, a ring of 4 since session 78), and the down GEMV
-    "moe_glu_decode": ("moe_glu_decode", "_stream_kernel",
-                       dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
-                            BLK="*i32", P="*fp32"),
-                       dict(T=32, S=4, KR=1024, R=6, NCONS=1, REGS=200, GLU=True, CONTIG=False, G=1, RUN=1), 4, 1,
-                       ("I", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
-    "moe_glu_decode_2c": ("moe_glu_decode", "_stream_kernel",
-                          dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32",
-                               IDS="*i32", BLK="*i32", P="*fp32"),
-                          dict(T=32, S=2, KR=2048, R=4, NCONS=2, REGS=200, GLU=True, CONTIG=False, G=1, RUN=1), 4,
-                          1,
-                          ("I", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
-    "moe_down_decode_2c": ("moe_glu_decode", "_stream_kernel",
-                           dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32",
-                                IDS="*i32", BLK="*i32", P="*fp32"),
-                           dict(T=64, S=2, KR=1024, R=6, NCONS=2, REGS=200, GLU=False, CONTIG=True, G=1, RUN=1), 4, 1,
-                           ("I", "rows_e", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
-    # ... with blocks of two pairs of one expert per work item (moe_glu_decode.PAIR_BLOCKS, session 78), GLU and down
-    "moe_glu_decode_pairs": ("moe_glu_decode", "_stream_kernel",
-                             dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32",
-                                  IDS="*i32", BLK="*i32", P="*fp32"),
-                             dict(T=32, S=2, KR=2048, R=4, NCONS=2, REGS=200, GLU=True, CONTIG=False, G=2, RUN=1), 4, 1,
-                             ("I", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
-    "moe_down_decode_pairs": ("moe_glu_decode", "_stream_kernel",
-                              dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32",
-                                   IDS="*i32", BLK="*i32", P="*fp32"),
-                              dict(T=64, S=1, KR=2048, R=6, NCONS=2, REGS=200, GLU=False, CONTIG=True, G=2, RUN=1), 4,
-                              1, ("I", "rows_e", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
-    # ... the GLU's units in runs of 4 row tiles of one item (moe_glu_decode.UNIT_RUN / PAIR_UNIT_RUN), blocks of two
-    "moe_glu_decode_pairs_run4": ("moe_glu_decode", "_stream_kernel",
-                                  dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32",
-                                       IDS="*i32", BLK="*i32", P="*fp32"),
-                                  dict(T=32, S=2, KR=2048, R=4, NCONS=2, REGS=200, GLU=True, CONTIG=False, G=2, RUN=4),
-                                  4, 1, ("I", "stride_x", "stride_sx", "stride_ps", "stride_pp")),
+    "moe_glu_decode": _stream_case(T=32, S=4, KR=1024, R=6, NCONS=1, GLU=True),
+    "moe_glu_decode_2c": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True),
+    "moe_down_decode_2c": _stream_case(T=64, S=2, KR=1024, R=6, NCONS=2, GLU=False),
+    # ... with blocks of two pairs of one expert per work item (moe_glu_decode.PAIR_BLOCKS, session 78), GLU and down,
+    # and the GLU's units in runs of 4 row tiles of one item (PAIR_UNIT_RUN)
+    "moe_glu_decode_pairs": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, G=2),
+    "moe_down_decode_pairs": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, G=2),
+    "moe_glu_decode_pairs_run4": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, G=2, RUN=4),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
                        dict(P="*fp32", IDS="*i32", TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", limit="fp32"), dict(S=4), 4,
                        1, ("I", "stride_ps", "stride_pp", "stride_zq", "stride_zs")),
