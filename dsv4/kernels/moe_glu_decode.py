@@ -100,8 +100,8 @@ DOWN_ODD_SPLIT = False
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
 STREAM_PDL = True
 # Blocks of two pairs of one expert (`moe_gemv_pairs.pair_blocks`, the paired Triton GEMV's range, Flash M = 12-64)
-# here too: one weight stream feeds both pairs' MMA chains. Session 78: written and compiled offline (the one-pair
-# kernels' SASS unchanged), not yet run -- bench/runs/run_device_s79a.sh runs its GPU test and the A/B. Opt-in
+# here too: one weight stream feeds both pairs' MMA chains. Session 78 (s78i, H100): bit-identical to one pair per
+# item on the GPU, but slower than the Triton GEMV (below); with runs of row tiles (next) in run_device_s79a.sh. Opt-in
 PAIR_BLOCKS = False
 # Row tiles per run of a program's GLU units (`moe_glu_decode_parts._unit`): 1 strides unit by unit, so from two tokens
 # on a program builds a new item's activation tiles for every unit -- measured once with blocks of two pairs (s78i,
