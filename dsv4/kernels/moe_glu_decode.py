@@ -54,7 +54,7 @@ import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
-from dsv4.kernels.moe_glu_decode_parts import U  # noqa: F401 (K blocks per step; re-exported)
+from dsv4.kernels.moe_glu_decode_parts import U  # K blocks per step (the kernels' helpers share it)
 
 # The decode GLU here where it applies (`applies`). Session 47 (s47c, H200, Flash MoE call in CUDA graphs of 16
 # routings, bench_moe_flags.py --graphs 16, µs; Triton GLU / this one with 1 consumer / with 2): M = 1 45.6 / 48.9 /
