@@ -7,12 +7,13 @@ Timing as `sweep_linear.py`: `--calls` MoE calls with different routings in one 
 the touched bytes at the copy bandwidth of the same run.
 
     python bench/sweep_moe_batch.py [--tokens 8,16,24,32,48,64,96,128] [--calls 8] [--model flash|pro] [--shared 0.5]
-                                    [--wide 16,64]
+                                    [--wide 16,64] [--configs NAME:FIELD=V,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -47,12 +48,20 @@ def per_pair(bn: int, pairs: int = 1, unroll: int = 2, stages: int = 3) -> MoECo
                      gemv_unroll=unroll, gemv_stages=stages, gemv_pairs=pairs, warps1=8 if bn == 128 else 4)
 
 
+def _config(fields: str) -> MoEConfig:
+    """`--configs`' FIELD=V,... over the one-pair config"""
+    values = {k: {"True": True, "False": False}.get(v, v) for k, v in (f.split("=") for f in fields.split(",") if f)}
+    return dataclasses.replace(per_pair(64), **{k: v if isinstance(v, bool) else int(v) for k, v in values.items()})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="8,16,24,32,48,64,96,128")
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--model", default="flash", choices=sorted(MOE))
     ap.add_argument("--shared", type=float, default=0.0, help="router-score fraction shared by each pair of tokens")
+    ap.add_argument("--configs", nargs="*", default=None, help="instead of the fixed variants: NAME:FIELD=V,... over "
+                    "the one-pair config (MoEConfig fields, ints or True/False), e.g. 'p2 s4:gemv_pairs=2,gemv_stages=4'")
     ap.add_argument("--wide", default="", help="also the prefill path's wide kernel (one wgmma chain over K, the FP4 "
                     "widening overlapped) with these token tiles, e.g. 16,64")
     args = ap.parse_args()
@@ -66,6 +75,8 @@ def main() -> None:
                 "two pairs, 1 K block/step": per_pair(64, 2, 1),
                 "four pairs, 1 K block/step": per_pair(64, 4, 1),
                 "four pairs bn128, 1 K block/step": per_pair(128, 4, 1)}
+    if args.configs is not None:
+        variants = {name: _config(fields) for name, fields in (c.split(":", 1) for c in args.configs)}
     for bm in (int(b) for b in args.wide.split(",") if b):
         variants[f"wide, {bm}-token tiles"] = wide_config(bm)
     for m in (int(t) for t in args.tokens.split(",")):

@@ -401,6 +401,7 @@ def fused_moe(
         return moe_gemv(x, ids, topk_weights, experts, swiglu_limit, bn=cfg.gemv, num_warps=cfg.warps1,
                         unroll=cfg.gemv_unroll, method="mma" if cfg.gemv_mma else "cuda", num_stages=cfg.gemv_stages,
                         dot_blocks=cfg.gemv_dot_blocks, split=cfg.gemv_split, split_down=cfg.gemv_split_down,
+                        down_stages=cfg.gemv_down_stages, down_dot_blocks=cfg.gemv_down_dot_blocks,
                         out=out, shared=shared, pairs_per_program=pairs,
                         x_quant=x_quant if cfg.gemv_mma else None)
     mixed = False

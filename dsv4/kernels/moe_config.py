@@ -25,6 +25,8 @@ class MoEConfig:
     gemv_mma: bool = False  # ... the group sums as f16 tensor-core MMAs instead (moe_gemv method "mma", gemv 64/128)
     gemv_stages: int = 3  # ... "mma": pipeline depth of its weight / activation loads (loop steps)
     gemv_dot_blocks: int = 1  # ... "mma": K blocks per tl.dot (<= gemv_unroll)
+    gemv_down_stages: int = 0  # ... the down (W2) kernel's num_stages where it differs from the GLU's (0: the same)
+    gemv_down_dot_blocks: int = 0  # ... and its dot_blocks (0: the same)
     gemv_split: int = 1  # ... programs per GLU row tile along K (split-K reduced in the launch)
     gemv_split_down: int = 1  # ... the same for the down (W2) kernel
     gemv_pairs: int = 1  # ... "mma": pairs of one expert per program (1, 2 or 4: dsv4.kernels.moe_gemv_pairs)
@@ -90,6 +92,17 @@ GEMV_PAIRS4_FROM = 2.3
 # (Blocks of two / four pairs take 2 / 1 K blocks per loop step. The most that fit moe_gemv.MAX_COLUMNS = 32, 4 / 2,
 # lose: session 78, s78h, H100, µs per call in a graph, M = 64 two pairs 1,189-1,211 -> 2,630; M = 96 / 128 four
 # pairs 1,559 / 1,688 -> 1,689 / 1,980.)
+# Two pairs per program (the paired Triton GEMV): its GLU and down take 2 K blocks per tl.dot (3 pipeline stages) up
+# to GEMV_PAIRED_DOT2_MAX pairs per touched expert, 1 K block per dot with 2 stages above (the default was 1 / 3).
+# Session 79 (H100, bench/sweep_moe_batch.py --configs, µs per call in a graph of 16 routings, rounds alternated,
+# outputs bit-identical): Flash M = 12 (1.13) 348 -> 338 / 341, M = 16 432 -> 417 / 419, M = 32 (1.42) 729 -> 705 /
+# 711; M = 48 (1.67) 976 -> 952 / 956 with 2 stages (dot2 953 / 964 / 964), M = 56 1,105 -> 1,063 / 1,071, M = 64
+# (1.93) 1,183-1,223 -> 1,152-1,195 (dot2 1,187-1,202); both at once lose (M = 64 1,337). Pro: dot2 wins at every
+# M, 16 1,229 -> 1,158 / 1,161, 32 2,189 -> 2,068 / 2,088, 48 2,955 -> 2,831 / 2,787, 64 3,644-3,754 -> 3,465 / 3,455
+# (2 stages 3,563-3,676). Four pairs (1 K block per step) are the same at 2-5 stages or worse (M = 64-128).
+GEMV_PAIRED_DOT2_MAX = 1.55
+GEMV_PAIRED_DOT2_MAX_BY_HIDDEN = {7168: GEMV_PAIRED_MAX_BY_HIDDEN[7168]}
+GEMV_PAIRED_DOT1_STAGES = 2
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 # The per-group kernel's 16-row tiles up to this many pairs per expert (above the per-pair paths' range; MXFP4
 # experts take the wide kernel's 16-token tiles first, up to WIDE16_MAX_PAIRS_PER_EXPERT)
@@ -127,9 +140,12 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8", hidden: 
     paired = (GEMV_PAIRED_FROM_BY_HIDDEN.get(hidden, GEMV_PAIRED_FROM) <= per_touched
               <= GEMV_PAIRED_MAX_BY_HIDDEN.get(hidden, GEMV_PAIRED_MAX))
     four = paired and per_touched >= GEMV_PAIRS4_FROM
+    dot2 = paired and not four and per_touched <= GEMV_PAIRED_DOT2_MAX_BY_HIDDEN.get(hidden, GEMV_PAIRED_DOT2_MAX)
     if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
-                         num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2, gemv_stages=3,
+                         num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2,
+                         gemv_dot_blocks=2 if dot2 else 1,
+                         gemv_stages=GEMV_PAIRED_DOT1_STAGES if paired and not four and not dot2 else 3,
                          gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
                          gemv_pairs=(4 if four else 2) if paired else 1)
     if per_expert <= max(WIDE16_MAX_PAIRS_PER_EXPERT, WIDE32_MAX_PAIRS_PER_EXPERT) and act == "fp8":

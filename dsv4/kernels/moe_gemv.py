@@ -316,7 +316,7 @@ SCALE_WORDS_MIN_PAIRS = 2
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
              swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2, method: str = "cuda",
              num_stages: int = 3, dot_blocks: int = 1, split: int = 1, split_down: int = 1,
-             out: torch.Tensor | None = None, shared=None, pairs_per_program: int = 1,
+             down_stages: int = 0, down_dot_blocks: int = 0, out: torch.Tensor | None = None, shared=None, pairs_per_program: int = 1,
              x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
     pairs are left unwritten); `fused_moe` sums them in its combine kernel. With `out` [M, D] (bf16, or
@@ -331,7 +331,8 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     activation loads (whole loop steps), `split` / `split_down` programs per row tile of the GLU / down
     kernel along K (split-K reduced in the launch, module docstring; at most one per loop step),
     `pairs_per_program` 2 or 4: that many pairs of one expert per program (dsv4.kernels.moe_gemv_pairs; needs
-    4 x pairs x K blocks per step <= MAX_COLUMNS and no split); `x_quant`: x already quantised as
+    4 x pairs x K blocks per step <= MAX_COLUMNS and no split); `down_stages` / `down_dot_blocks`: the Triton down
+    kernel's num_stages / dot_blocks where they differ from the GLU's (0: the same); `x_quant`: x already quantised as
     `quant16_block` stores it ([M, D] f16, [M, D/128] fp32: the router's launch wrote them), else its own launch."""
     check_packed(experts)
     if experts.fmt != "mxfp4":
@@ -350,9 +351,14 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ids = topk_ids.reshape(-1).contiguous()
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     if method == "mma":
-        if bn not in MMA_BN or unroll not in (1, 2, 4) or dot_blocks not in (1, 2, 4) or dot_blocks > unroll:
+        down_dot_blocks = down_dot_blocks or dot_blocks
+        if bn not in MMA_BN or unroll not in (1, 2, 4) or any(b not in (1, 2, 4) or b > unroll
+                                                              for b in (dot_blocks, down_dot_blocks)):
             raise ValueError(f"moe_gemv(method='mma'): need bn in {MMA_BN}, unroll in (1, 2, 4) and dot_blocks in "
-                             f"(1, 2, 4) <= unroll, got bn={bn}, unroll={unroll}, dot_blocks={dot_blocks}")
+                             f"(1, 2, 4) <= unroll, got bn={bn}, unroll={unroll}, dot_blocks={dot_blocks} / "
+                             f"{down_dot_blocks}")
+        if not isinstance(down_stages, int) or down_stages < 0:
+            raise ValueError(f"moe_gemv: down_stages must be an int >= 0 (0: num_stages), got {down_stages!r}")
         launch = dict(bn=bn, num_warps=num_warps, unroll=unroll, dot_blocks=dot_blocks, num_stages=num_stages)
         if pairs_per_program not in PAIRS_PER_PROGRAM:
             raise ValueError(f"moe_gemv: pairs_per_program must be in {PAIRS_PER_PROGRAM}, got {pairs_per_program!r}")
@@ -369,7 +375,8 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             y = moe_glu_decode.down_decode(zq, zs, ids, experts, blocks=launch.get("blocks"))
         else:
             y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
-            mma_down_stage(zq, zs, ids, experts, y, split=split_down, **launch)
+            mma_down_stage(zq, zs, ids, experts, y, split=split_down, **{
+                **launch, "num_stages": down_stages or num_stages, "dot_blocks": down_dot_blocks})
     else:
         from dsv4.kernels.moe_gemv_cuda import gemv_cuda
         y = gemv_cuda(x, ids, tw, experts, swiglu_limit, top_k, bn, num_warps, unroll, split, split_down)
