@@ -60,8 +60,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--model", default="flash", choices=sorted(MOE))
     ap.add_argument("--shared", type=float, default=0.0, help="router-score fraction shared by each pair of tokens")
-    ap.add_argument("--configs", nargs="*", default=None, help="instead of the fixed variants: NAME:FIELD=V,... over "
-                    "the one-pair config (MoEConfig fields, ints or True/False), e.g. 'p2 s4:gemv_pairs=2,gemv_stages=4'")
+    ap.add_argument("--configs", nargs="*", default=None, help="instead of the fixed variants: NAME:FIELD=V,... "
+                    "over the one-pair config (MoEConfig fields, ints or True/False), e.g. "
+                    "'p2 s4:gemv_pairs=2,gemv_stages=4'")
     ap.add_argument("--wide", default="", help="also the prefill path's wide kernel (one wgmma chain over K, the FP4 "
                     "widening overlapped) with these token tiles, e.g. 16,64")
     args = ap.parse_args()

@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from dsv4.kernels.moe_config import (GEMV_PAIRED_FROM, GEMV_PAIRED_MAX, GEMV_SPLIT_MAX_PAIRS,
+from dsv4.kernels.moe_config import (GEMV_PAIRED_DOT1_STAGES, GEMV_PAIRED_DOT2_MAX, GEMV_PAIRED_FROM,
+                                     GEMV_PAIRED_MAX, GEMV_SPLIT_MAX_PAIRS,
                                      MIXED_MIN_PAIRS_PER_EXPERT, PER_GROUP_MAX_PAIRS_PER_EXPERT,
                                      WIDE16_MAX_PAIRS_PER_EXPERT, WIDE32_MAX_PAIRS_PER_EXPERT,
                                      WIDE64_MIN_PAIRS_PER_EXPERT, WIDE_MIN_PAIRS_PER_EXPERT, per_group_config,
@@ -32,6 +33,9 @@ def test_regimes(experts, tokens):
     elif per_touched <= GEMV_PAIRED_MAX:  # 2 or 4 pairs of an expert per program, no split, <= 16 MMA columns
         assert cfg.gemv and cfg.gemv_mma and cfg.gemv_pairs in (2, 4) and cfg.gemv_split == 1
         assert 4 * cfg.gemv_pairs * cfg.gemv_unroll == 16
+        dot2 = cfg.gemv_pairs == 2 and per_touched <= GEMV_PAIRED_DOT2_MAX  # (hidden unknown: Flash's bound)
+        assert (cfg.gemv_dot_blocks, cfg.gemv_stages) == ((2, 3) if dot2 else
+                                                          (1, GEMV_PAIRED_DOT1_STAGES if cfg.gemv_pairs == 2 else 3))
     elif per_expert <= WIDE32_MAX_PAIRS_PER_EXPERT:  # the wide kernel's 16- or 32-token tiles
         assert cfg.wide and cfg.bm == (16 if per_expert <= WIDE16_MAX_PAIRS_PER_EXPERT else 32)
         assert cfg.bn1 == 128 and not cfg.gemv and not cfg.mixed
@@ -56,6 +60,13 @@ def test_thresholds_match_the_measured_crossovers():
                                                    (8, 11, 12))] == [(1, 1), (1, 1), (2, 1)]
     assert pick_moe_config(16 * TOP_K, PRO_E, hidden=7168).gemv_pairs == 2
     assert pick_moe_config(16 * TOP_K, PRO_E, hidden=4096).gemv_pairs == 1  # (the bound is Pro's hidden size's)
+    # two pairs per program: 2 K blocks per dot on Flash to M = 40 (1.54 per touched expert), 2 stages from 41 (s79);
+    # Pro 2 K blocks per dot over its whole two-pair range (to 2.3 per touched expert, M = 126)
+    launch = {b: (c.gemv_pairs, c.gemv_dot_blocks, c.gemv_stages) for b in (12, 40, 41, 64)
+              for c in [pick_moe_config(b * TOP_K, FLASH_E, hidden=4096)]}
+    assert launch == {12: (2, 2, 3), 40: (2, 2, 3), 41: (2, 1, 2), 64: (2, 1, 2)}
+    assert {(c.gemv_pairs, c.gemv_dot_blocks) for b in (16, 64, 126)
+            for c in [pick_moe_config(b * TOP_K, PRO_E, hidden=7168)]} == {(2, 2)}
     assert pick_moe_config(4096 * TOP_K, FLASH_E).wide and not pick_moe_config(4096 * TOP_K, FLASH_E).mixed
     assert pick_moe_config(8192 * TOP_K, FLASH_E).mixed  # M = 8192 (192 per expert): 128- and 64-row tiles
     # past the per-pair kernels (session 66): 16-token tiles up to M = 512 (12 per expert), 32-token tiles up to

@@ -316,8 +316,8 @@ SCALE_WORDS_MIN_PAIRS = 2
 def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: PackedExperts,
              swiglu_limit: float, bn: int = 32, num_warps: int = 4, unroll: int = 2, method: str = "cuda",
              num_stages: int = 3, dot_blocks: int = 1, split: int = 1, split_down: int = 1,
-             down_stages: int = 0, down_dot_blocks: int = 0, out: torch.Tensor | None = None, shared=None, pairs_per_program: int = 1,
-             x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+             down_stages: int = 0, down_dot_blocks: int = 0, out: torch.Tensor | None = None, shared=None,
+             pairs_per_program: int = 1, x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The routed pairs' W2 outputs y [M * top_k, D] bf16 (one row per pair; rows of other ranks'
     pairs are left unwritten); `fused_moe` sums them in its combine kernel. With `out` [M, D] (bf16, or
     fp32 for an expert-parallel partial): the combine into out [+ shared: a tensor or a join, called before

@@ -1,0 +1,52 @@
+"""The per-pair MXFP4 MoE's down (W2) kernel with a launch of its own (`moe_gemv`'s down_stages / down_dot_blocks,
+`MoEConfig.gemv_down_stages` / `gemv_down_dot_blocks`; session 79's two-pair launches): the same bits as the down
+with the GLU's launch (neither the pipeline depth nor the K blocks per tl.dot reorder a row's sums), close to the
+reference through fused_moe, and bad values refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_moe_gemv_mma import DEV, LIMIT, _experts, _gpu_like_casts, _routing  # noqa: F401  (autouse fixture)
+
+
+@pytest.mark.parametrize("pairs", [1, 2])
+@pytest.mark.parametrize("down", [dict(down_stages=2), dict(down_dot_blocks=2),
+                                  dict(down_stages=4, down_dot_blocks=1)])
+def test_down_launch_same_bits(pairs, down, poison, close_bf16):
+    from dsv4.kernels.moe import MoEConfig, finalize_experts, fused_moe, fused_moe_ref
+    from dsv4.kernels.moe_gemv import moe_gemv
+
+    e, d, i, k, m = 16, 512, 256, 6, 8
+    gen = torch.Generator(DEV).manual_seed(17 * pairs + len(down) + down.get("down_stages", 0))
+    experts = _experts(e, d, i, gen)
+    packed = finalize_experts(experts)
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    ids, w = _routing(m, e, k, gen)
+    # the GLU's launch: 2 K blocks per loop step, 2 per dot where the override asks for 1 (and the reverse)
+    launch = dict(bn=64, num_warps=4, unroll=2, dot_blocks=2 if down.get("down_dot_blocks") == 1 else 1,
+                  num_stages=3, pairs_per_program=pairs)
+    poison()
+    same = moe_gemv(x, ids, w, packed, LIMIT, method="mma", **launch)
+    poison()
+    own = moe_gemv(x, ids, w, packed, LIMIT, method="mma", **launch, **down)
+    assert torch.equal(same.view(torch.int16), own.view(torch.int16)), f"{down}, {pairs} pair(s): bits differ"
+    cfg = MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
+                    gemv_unroll=2, gemv_dot_blocks=launch["dot_blocks"], gemv_pairs=pairs,
+                    gemv_down_stages=down.get("down_stages", 0), gemv_down_dot_blocks=down.get("down_dot_blocks", 0))
+    y = fused_moe(x, ids, w, packed, out_dtype=torch.float32, config=cfg)
+    close_bf16(y, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what=f"{down} {pairs}")
+
+
+def test_down_launch_rejects_bad_values():
+    from dsv4.kernels.moe import finalize_experts
+    from dsv4.kernels.moe_gemv import moe_gemv
+
+    gen = torch.Generator(DEV).manual_seed(5)
+    packed = finalize_experts(_experts(4, 512, 256, gen))
+    x = torch.randn(2, 512, generator=gen, device=DEV).to(torch.bfloat16)
+    ids, w = _routing(2, 4, 2, gen)
+    for bad, what in ((dict(down_dot_blocks=3), "dot_blocks"), (dict(unroll=1, down_dot_blocks=2), "dot_blocks"),
+                      (dict(down_stages=-1), "down_stages")):
+        with pytest.raises(ValueError, match=what):
+            moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", **bad)
