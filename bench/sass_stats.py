@@ -73,8 +73,8 @@ def _stream_case(**constexprs) -> tuple:
     glu = constexprs["GLU"]
     return ("moe_glu_decode", "_stream_kernel",
             dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
-                 BLK="*i32", P="*fp32"),
-            {"REGS": 200, "CONTIG": not glu, "G": 1, "RUN": 1, **constexprs}, 4, 1,
+                 P="*fp32"),
+            {"REGS": 200, "CONTIG": not glu, "RUN": 1, **constexprs}, 4, 1,
             ("I", *(() if glu else ("rows_e",)), "stride_x", "stride_sx", "stride_ps", "stride_pp"))
 
 
@@ -322,11 +322,8 @@ CASES = {
     "moe_glu_decode": _stream_case(T=32, S=4, KR=1024, R=6, NCONS=1, GLU=True),
     "moe_glu_decode_2c": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True),
     "moe_down_decode_2c": _stream_case(T=64, S=2, KR=1024, R=6, NCONS=2, GLU=False),
-    # ... with blocks of two pairs of one expert per work item (moe_glu_decode.PAIR_BLOCKS, session 78), GLU and down,
-    # and the GLU's units in runs of 4 row tiles of one item (PAIR_UNIT_RUN)
-    "moe_glu_decode_pairs": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, G=2),
-    "moe_down_decode_pairs": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, G=2),
-    "moe_glu_decode_pairs_run4": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, G=2, RUN=4),
+    # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, from 48 pairs)
+    "moe_glu_decode_run8": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, RUN=8),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
                        dict(P="*fp32", IDS="*i32", TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", limit="fp32"), dict(S=4), 4,
                        1, ("I", "stride_ps", "stride_pp", "stride_zq", "stride_zs")),

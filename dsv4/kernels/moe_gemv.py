@@ -372,7 +372,7 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, x_quant=x_quant, **launch)
         if out is not None and moe_glu_decode.applies(experts, x, launch.get("blocks"), down=True):
             # (fp32 partials: summed by the combine)
-            y = moe_glu_decode.down_decode(zq, zs, ids, experts, blocks=launch.get("blocks"))
+            y = moe_glu_decode.down_decode(zq, zs, ids, experts)
         else:
             y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
             mma_down_stage(zq, zs, ids, experts, y, split=split_down, **{
@@ -408,7 +408,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     else:
         xq, sx = check_x_quant("moe_gemv", x_quant, x)
     if moe_glu_decode.applies(experts, x, blocks):  # the persistent Gluon GLU (its own K split and row tiles)
-        moe_glu_decode.glu_decode(xq, sx, ids, tw, experts, swiglu_limit, top_k, zq, zs, blocks=blocks)
+        moe_glu_decode.glu_decode(xq, sx, ids, tw, experts, swiglu_limit, top_k, zq, zs)
         return
     quant_out = bn == BLOCK  # a program's z tile is one quantisation block: quantised in the epilogue
     z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)

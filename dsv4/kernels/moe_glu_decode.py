@@ -99,16 +99,17 @@ ODD_SPLIT_MAX = 8  # (twice session 49's SPLIT, fixed when SPLIT went to 2: Pro'
 DOWN_ODD_SPLIT = False
 # launched with PDL (its prologue overlaps the previous kernel's tail; the wait comes before any input is read)
 STREAM_PDL = True
-# Blocks of two pairs of one expert (`moe_gemv_pairs.pair_blocks`, the paired Triton GEMV's range, Flash M = 12-64)
-# here too: one weight stream feeds both pairs' MMA chains. Session 78 (s78i, H100): bit-identical to one pair per
-# item on the GPU, but slower than the Triton GEMV (below); with runs of row tiles (next) in run_device_s79a.sh. Opt-in
-PAIR_BLOCKS = False
 # Row tiles per run of a program's GLU units (`moe_glu_decode_parts._unit`): 1 strides unit by unit, so from two tokens
-# on a program builds a new item's activation tiles for every unit -- measured once with blocks of two pairs (s78i,
-# H100, µs): M = 16 507 vs 440 for the Triton GEMV, M = 64 1,634 vs 1,190 (the test: every bit the one-pair kernel's).
-# Runs of 4 or 8 tiles build them once per run but share the units out less evenly. Prepared, not run (s79a)
-UNIT_RUN = 1  # one pair per item
-PAIR_UNIT_RUN = 1  # blocks of two pairs
+# on a program builds a new token's activation tiles for nearly every unit; runs of LONG_UNIT_RUN tiles of one pair
+# from LONG_UNIT_RUN_FROM_PAIRS pairs build them once per run but share the units out less evenly. Session 79 (s79a,
+# H100, Flash MoE call in graphs of 16 routings, µs, runs of 1 / 4 / 8): M = 2 69.5 / 77.0 / 73.2, M = 4 126.2 /
+# 125.4 / 139.9, M = 8 237.3 / 235.7 / 233.6, M = 11 308.6 / 307.3 / 303.6 (bit-identical).
+UNIT_RUN = 1
+LONG_UNIT_RUN = 8
+LONG_UNIT_RUN_FROM_PAIRS = 48
+# (Removed in session 79: blocks of two pairs of one expert per work item, session 78's PAIR_BLOCKS -- one weight
+# stream for both pairs' MMA chains, bit-identical, but slower than the paired Triton GEMV at M = 16-64 with runs of
+# 1 (s78i: 507 vs 440 µs at M = 16, 1,634 vs 1,190 at 64) and of 4 / 8 (s79a: 475-484 vs 440, 1,548 vs 1,190).)
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
 if HAS_TRITON and not INTERPRET:
@@ -121,22 +122,22 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
-    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _item_expert, _item_pair, _matrices, _scaled,
-                                                   _step_scales, _unit, _unit_count, _widen)
+    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _matrices, _scaled, _step_scales, _unit, _unit_count,
+                                                   _widen)
     from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
 
     @gluon.jit
-    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
+    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                   T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
-                  GLU: gl.constexpr, CONTIG: gl.constexpr, G: gl.constexpr, RUN: gl.constexpr):
+                  GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr):
         NM: gl.constexpr = _matrices(GLU)
         c = 0  # steps issued
         for k in range(_unit_count(n_units, n_per, S, CONTIG, RUN)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG, RUN)
-            e, mine = _item_expert(IDS, BLK, p, num_experts, G)
-            if mine:  # (another rank's expert: skipped by both partitions)
+            e = gl.load(IDS + p)
+            if (e >= 0) & (e < num_experts):  # (another rank's expert: skipped by both partitions)
                 row = (e * rows_e + tile * 64).to(gl.int32)  # (TMA coordinates are 32-bit)
                 for step in range(STEPS):
                     slot = c % R
@@ -155,14 +156,12 @@ if HAS_TRITON and not INTERPRET:
                     c += 1
 
     @gluon.jit
-    def _consumer(XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                   stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
                   KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
-                  CONTIG: gl.constexpr, G: gl.constexpr, RUN: gl.constexpr):
+                  CONTIG: gl.constexpr, RUN: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
-        sp * NCONS + HALF of P. G 2: a unit serves a block of two pairs of one expert -- the widened weights of a
-        step feed a second chain of MMAs against the second pair's activation tiles (its own accumulators, so each
-        pair's partial is the one-pair kernel's bits); a block without a second pair computes the first's again."""
+        sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
         NM: gl.constexpr = _matrices(GLU)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -176,42 +175,26 @@ if HAS_TRITON and not INTERPRET:
         t_built = -1
         for k in range(_unit_count(n_units, n_per, S, CONTIG, RUN)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG, RUN)
-            e, mine = _item_expert(IDS, BLK, p, num_experts, G)
-            if mine:
-                p0 = _item_pair(BLK, p, 0, G)
-                t = p0 // top_k  # (the down GEMV: top_k 1, each pair's own z)
-                key = t  # (the tiles are the token's: one pair's units reuse them for its token's other pairs)
-                if G == 2:
-                    p1 = _item_pair(BLK, p, 1, G)
-                    t1 = gl.where(p1 >= 0, p1, p0) // top_k
-                    key = p
+            e = gl.load(IDS + p)
+            if (e >= 0) & (e < num_experts):
+                t = p // top_k  # (the down GEMV: top_k 1, each pair's own z)
                 kb0 = sp * KBR
-                if key != t_built:  # (every unit of a program has the same K range)
+                if t != t_built:  # (the tiles are the token's; every unit of a program has the same K range)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
                     _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
-                    if G == 2:
-                        _build_b(b_s, XQ, t1, stride_x, kb0, KBR, HALF, NCONS, 2 * KBR)
                     fence_async_shared()
                     gl.thread_barrier()
-                    t_built = key
+                    t_built = t
                 acc_g = zero
                 acc_u = zero
-                if G == 2:
-                    acc_g1 = zero
-                    acc_u1 = zero
                 for step in range(HALF, STEPS, NCONS):
                     slot = (c + step) % R
                     # the activation scale per column, x 2^8 (from L1: no shared-memory hazard, no CTA barrier here)
                     sa = gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4) * 256.0
-                    if G == 2:
-                        sa1 = gl.load(SX + t1.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4) * 256.0
                     mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
                     sc_g = _step_scales(sc_s, NM * slot, step, acc_l)
                     pg = zero
                     pu = zero
-                    if G == 2:
-                        pg1 = zero
-                        pu1 = zero
                     for u in gl.static_range(U_STEP):
                         g_lo, g_hi = _widen(w_s, 2 * NM * slot + u, a_l)
                         if GLU:
@@ -226,22 +209,7 @@ if HAS_TRITON and not INTERPRET:
                         if GLU:
                             pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
                             pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
-                        if G == 2:  # the second pair's tiles, 2 KBR further
-                            b_lo1 = b_s.index(2 * KBR + 4 * step + 2 * u).permute((1, 0))
-                            b_hi1 = b_s.index(2 * KBR + 4 * step + 2 * u + 1).permute((1, 0))
-                            pg1 = warpgroup_mma(g_lo, b_lo1, pg1, use_acc=u > 0, is_async=True)
-                            pg1 = warpgroup_mma(g_hi, b_hi1, pg1, is_async=True)
-                            if GLU:
-                                pu1 = warpgroup_mma(u_lo, b_lo1, pu1, use_acc=u > 0, is_async=True)
-                                pu1 = warpgroup_mma(u_hi, b_hi1, pu1, is_async=True)
-                    if G == 2:
-                        if GLU:
-                            pg, pu, pg1, pu1 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu, pg1, pu1])
-                            acc_u = _scaled(acc_u, pu, sc_u, sa)
-                            acc_u1 = _scaled(acc_u1, pu1, sc_u, sa1)
-                        else:
-                            pg, pg1 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pg1])
-                    elif GLU:
+                    if GLU:
                         pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                         acc_u = _scaled(acc_u, pu, sc_u, sa)
                     else:
@@ -250,36 +218,27 @@ if HAS_TRITON and not INTERPRET:
                     # issued it, i.e. once every warp holds the bytes it read from the slot
                     mbarrier.arrive(free.index(slot), count=1)
                     acc_g = _scaled(acc_g, pg, sc_g, sa)
-                    if G == 2:
-                        acc_g1 = _scaled(acc_g1, pg1, sc_g, sa1)
                 c += STEPS
-                dst = P + (sp * NCONS + HALF).to(gl.int64) * stride_ps + p0.to(gl.int64) * stride_pp + tile * 64 + r
+                dst = P + (sp * NCONS + HALF).to(gl.int64) * stride_ps + p.to(gl.int64) * stride_pp + tile * 64 + r
                 gl.store(dst, gl.sum(acc_g, axis=1))
                 if GLU:
                     gl.store(dst + I, gl.sum(acc_u, axis=1))
-                if G == 2:
-                    if p1 >= 0:
-                        dst = dst + (p1 - p0).to(gl.int64) * stride_pp
-                        gl.store(dst, gl.sum(acc_g1, axis=1))
-                        if GLU:
-                            gl.store(dst + I, gl.sum(acc_u1, axis=1))
 
     @pdl_kernel
     @gluon.jit
-    def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, BLK, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
+    def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
                        stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
                        R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
-                       CONTIG: gl.constexpr, G: gl.constexpr, RUN: gl.constexpr):
+                       CONTIG: gl.constexpr, RUN: gl.constexpr):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
-        G 2: the work items are the rows of BLK (`pair_blocks`, two pairs of one expert), else the pairs; RUN: row
-        tiles per run of a program's units (`_unit`)."""
+        RUN: row tiles per run of a program's units (`_unit`)."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
         sc_s = gl.allocate_shared_memory(gl.uint8, [NM * R, 64, 16], s_desc.layout)
         b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        b_s = gl.allocate_shared_memory(gl.float16, [G * 2 * (KR // 128), 8, 64], b_sl)
+        b_s = gl.allocate_shared_memory(gl.float16, [2 * (KR // 128), 8, 64], b_sl)
         ready = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
         free = gl.allocate_shared_memory(gl.int64, [R, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(R):
@@ -290,19 +249,19 @@ if HAS_TRITON and not INTERPRET:
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
         if NCONS == 2:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, G, RUN)),
-                (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, G, RUN)),
-                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
-                             T, S, STEPS, KR, R, GLU, CONTIG, G, RUN)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, RUN)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, RUN)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
+                             T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, BLK, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, G, RUN)),
-                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, BLK, num_experts, n_units, n_per, rows_e, I,
-                             T, S, STEPS, KR, R, GLU, CONTIG, G, RUN)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, RUN)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
+                             T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [1], [40])
 
     @pdl_kernel
@@ -352,14 +311,13 @@ def _sm_count(index: int) -> int:
 
 def applies(experts: PackedExperts, x: torch.Tensor, blocks, down: bool = False) -> bool:
     """Whether `glu_decode` (or, down: `down_decode`) takes this GEMV: ENABLED (DOWN_ENABLED), MXFP4 experts on a
-    Hopper GPU (TMA, wgmma), one pair per unit (no blocks of pairs; with PAIR_BLOCKS also blocks of two), and K
+    Hopper GPU (TMA, wgmma), one pair per unit (blocks None: not the blocks of pairs of the paired GEMV), and K
     ranges of whole steps for every consumer
     (the GLU's K, hidden: Flash's 4096 yes, Pro's 7168 only with ODD_SPLIT; the down's, inter: Flash's 2048 yes,
     Pro's 3072 only with DOWN_ODD_SPLIT)."""
     from dsv4.kernels.moe_wide import _is_hopper
 
-    paired_ok = blocks is None or PAIR_BLOCKS and blocks.shape[1] == 2
-    return ((DOWN_ENABLED if down else ENABLED) and paired_ok and experts.fmt == "mxfp4" and x.is_cuda
+    return ((DOWN_ENABLED if down else ENABLED) and blocks is None and experts.fmt == "mxfp4" and x.is_cuda
             and not INTERPRET and _is_hopper(x.device) and _split(experts, not down) is not None)
 
 
@@ -386,11 +344,9 @@ def _fits(experts: PackedExperts, glu: bool, split: int) -> bool:
     return k % (BLOCK * U * split * CONSUMERS) == 0 and blocks & (blocks - 1) == 0 and n % BLOCK == 0
 
 
-def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int,
-            blocks: torch.Tensor | None = None) -> torch.Tensor:
-    """The persistent kernel over the routed pairs (GLU: w13 from x's codes; else W2 from z's), one per work item or
-    (blocks: `pair_blocks`' [P, 2]) two pairs of an expert per item: its fp32 partials [split x CONSUMERS, pairs, 2I
-    or D]."""
+def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int) -> torch.Tensor:
+    """The persistent kernel over the routed pairs (GLU: w13 from x's codes; else W2 from z's): its fp32 partials
+    [split x CONSUMERS, pairs, 2I or D]."""
     e, i, d = experts.num_experts, experts.inter, experts.hidden
     k, n = (d, i) if glu else (i, d)  # reduced dimension, output rows (per matrix)
     if stages < 1 or stages % CONSUMERS:
@@ -401,40 +357,41 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     if split is None or not _fits(experts, glu, split):
         raise ValueError(f"moe_glu_decode: K {k} must split into {split} x {CONSUMERS} ranges of whole {U}-block "
                          f"steps, the {n} output rows into 128-blocks")
-    g = 1 if blocks is None else blocks.shape[1]
-    if g not in (1, 2) or blocks is not None and (blocks.dtype != torch.int32 or not blocks.is_contiguous()):
-        raise ValueError(f"moe_glu_decode: blocks must be pair_blocks' contiguous int32 [P, 2], got "
-                         f"{blocks.dtype} {tuple(blocks.shape)}")
     pairs = ids.numel()
-    items = pairs if blocks is None else blocks.shape[0]  # (unused block rows are skipped in the kernel)
-    run = (UNIT_RUN if blocks is None else PAIR_UNIT_RUN) if glu else 1  # (the down's units are CONTIG runs)
-    if (n // ROWS) % run:
-        raise ValueError(f"moe_glu_decode: runs of {run} row tiles do not divide the {n // ROWS} of a matrix")
+    run = _unit_run(pairs, n // ROWS) if glu else 1  # (the down's units are CONTIG runs)
     w_desc, s_desc = _descriptors(experts, glu)
     ranges = split * CONSUMERS  # (each consumer stores its own partial of a unit)
     part = torch.empty((ranges, pairs, 2 * i if glu else d), dtype=torch.float32, device=xq.device)
     t = n // ROWS
-    n_units = items * t * split
+    n_units = pairs * t * split
     sms = _sm_count(xq.device.index if xq.device.index is not None else torch.cuda.current_device())
     programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
-    n_per = -(-(items * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
+    n_per = -(-(pairs * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
     kernel = _stream_kernel if STREAM_PDL else _stream_kernel.fn  # (.fn: launched without PDL)
     kernel[(programs,)](
-        w_desc, s_desc, xq, sx, ids, ids if blocks is None else blocks, part, e, n_units, n_per, 2 * i if glu else d,
+        w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
         i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, G=g, RUN=run, num_warps=4,
+        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4,
         **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     return part
 
 
+def _unit_run(pairs: int, tiles: int) -> int:
+    """The GLU's row tiles per run (UNIT_RUN, LONG_UNIT_RUN from LONG_UNIT_RUN_FROM_PAIRS pairs; a run that does not
+    divide a matrix's tiles is refused)."""
+    run = LONG_UNIT_RUN if pairs >= LONG_UNIT_RUN_FROM_PAIRS else UNIT_RUN
+    if run < 1 or tiles % run:
+        raise ValueError(f"moe_glu_decode: runs of {run} row tiles do not divide the {tiles} of a matrix")
+    return run
+
+
 def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
                swiglu_limit: float, top_k: int, zq: torch.Tensor, zs: torch.Tensor, split: int | None = None,
-               stages: int | None = None, blocks: torch.Tensor | None = None) -> None:
+               stages: int | None = None) -> None:
     """GEMM1 of method "mma" (`moe_gemv.mma_glu_stage`'s contract from the quantised x): writes the routed pairs'
-    rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128]);
-    blocks: two pairs of an expert per work item (`_launch`), the same bits."""
+    rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128])."""
     part = _launch(xq, sx, ids, experts, True, top_k, _split(experts, True) if split is None else split,
-                   STAGES if stages is None else stages, blocks)  # (the module's values when called: A/B flags)
+                   STAGES if stages is None else stages)  # (the module's values when called: A/B flags)
     pairs, i, ranges = ids.numel(), experts.inter, part.shape[0]
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, experts.num_experts, float(swiglu_limit),
                                         part.stride(0), part.stride(1), zq.stride(0), zs.stride(0), S=ranges,
@@ -442,10 +399,9 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
 
 
 def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts,
-                split: int | None = None, stages: int | None = None, blocks: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                split: int | None = None, stages: int | None = None) -> torch.Tensor:
     """GEMM2 of method "mma" from z's codes (`mma_glu_stage`'s zq / zs): the fp32 partials [split x CONSUMERS,
     pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe_combine.combine` (3-D y), the
-    Triton down's y exactly up to fp32 summation order); blocks as in `glu_decode`."""
+    Triton down's y exactly up to fp32 summation order)."""
     return _launch(zq, zs, ids, experts, False, 1, _split(experts, False) if split is None else split,
-                   DOWN_STAGES if stages is None else stages, blocks)
+                   DOWN_STAGES if stages is None else stages)

@@ -1,5 +1,5 @@
 """The device-side pieces of the persistent decode GLU / down (`dsv4.kernels.moe_glu_decode`, whose docstring has the
-design): the slot's byte views, the work units' enumeration (pairs, or blocks of two pairs of one expert), the
+design): the slot's byte views, the work units' enumeration, the
 activation tiles, the FP4 widening and the per-column scaling. Apart so that the kernel module stays readable; the
 kernels that use them (`_producer`, `_consumer`, `_stream_kernel`) are there."""
 from __future__ import annotations
@@ -56,11 +56,11 @@ if HAS_TRITON and not INTERPRET:
 
     @gluon.jit
     def _unit(k, n_per, T: gl.constexpr, S: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr):
-        """(item, row tile, K range) of this program's k-th unit. Strided: unit pid + k num_programs, K range
+        """(pair, row tile, K range) of this program's k-th unit. Strided: unit pid + k num_programs, K range
         fastest (num_programs a multiple of S: a program keeps one K range); with RUN > 1 runs of RUN row tiles of
-        one item and K range are strided so (run pid + (k // RUN) num_programs, its tile k % RUN), so a program
-        builds an item's activation tiles once per run, not once per unit. CONTIG: K range pid % S, (item, tile)
-        units (pid // S) n_per + k, tile fastest -- a program keeps its item over many units (the down GEMV, whose
+        one pair and K range are strided so (run pid + (k // RUN) num_programs, its tile k % RUN), so a program
+        builds a token's activation tiles once per run, not once per unit. CONTIG: K range pid % S, (pair, tile)
+        units (pid // S) n_per + k, tile fastest -- a program keeps its pair over many units (the down GEMV, whose
         activation tiles are the pair's own)."""
         pid = gl.program_id(0)
         if CONTIG:
@@ -75,35 +75,13 @@ if HAS_TRITON and not INTERPRET:
             return run // (S * (T // RUN)), (rem // S) * RUN + k % RUN, rem % S
 
     @gluon.jit
-    def _item_expert(IDS, BLK, item, num_experts, G: gl.constexpr):
-        """(expert, whether this rank computes it) of work item `item`: pair `item` (G 1) or row `item` of the blocks
-        of G pairs of one expert (`moe_gemv_pairs.pair_blocks`; an unused row starts with -1)."""
-        if G == 1:
-            e = gl.load(IDS + item)
-            return e, (e >= 0) & (e < num_experts)
-        else:
-            p0 = gl.load(BLK + item * G)
-            e = gl.load(IDS + gl.maximum(p0, 0))
-            return e, (p0 >= 0) & (e >= 0) & (e < num_experts)
-
-    @gluon.jit
-    def _item_pair(BLK, item, j: gl.constexpr, G: gl.constexpr):
-        """Pair j of work item `item` (-1: none): the item itself (G 1), else its block's j-th."""
-        if G == 1:
-            return item
-        else:
-            return gl.load(BLK + item * G + j)
-
-    @gluon.jit
-    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
-                 AT: gl.constexpr = 0):
+    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
         """The block-diagonal activation tiles of token t's K blocks kb0 .. kb0 + KBR - 1: tile 2j + h ([8 columns,
         64 k], the wgmma B operand transposed) holds the low (h 0) / high (h 1) nibbles' activations of block j in
         column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`); only the tiles of
         consumer HALF's steps (of NCONS; step s: tiles 4s .. 4s + 3). Their activations are loaded in one go (the
         tile-by-tile loads were a chain of L2 round trips at the kernel's start: 14 % of its stall samples, s48),
-        each tile then picked out of the registers (a sum over the thread's own rows) and stored (from tile AT on:
-        a block's second pair's)."""
+        each tile then picked out of the registers (a sum over the thread's own rows) and stored."""
         NQ: gl.constexpr = 4 * (KBR // 2 // NCONS)  # this consumer's tiles
         l3: gl.constexpr = gl.BlockedLayout([NQ, 1, 4], [1, 2, 16], [1, 4, 1], [2, 1, 0])  # [tile, column, k]
         x_l: gl.constexpr = gl.SliceLayout(1, l3)
@@ -116,7 +94,7 @@ if HAS_TRITON and not INTERPRET:
         tiles = gl.where(n[None, :, None] == gl.expand_dims(col, 1), gl.expand_dims(x, 1), 0.0)
         q3 = gl.expand_dims(gl.expand_dims(q, 1), 1)
         for i in gl.static_range(NQ):
-            b_s.index(AT + 4 * (HALF + NCONS * (i // 4)) + i % 4).store(gl.sum(gl.where(q3 == i, tiles, 0.0), axis=0))
+            b_s.index(4 * (HALF + NCONS * (i // 4)) + i % 4).store(gl.sum(gl.where(q3 == i, tiles, 0.0), axis=0))
 
     @gluon.jit
     def _widen(w_s, i, a_l: gl.constexpr):

@@ -158,44 +158,41 @@ def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
         close_bf16(on, fused_moe_ref(x, ids, w, experts), rel=1e-2, what=f"fused_moe m={m} vs reference")
 
 
-@pytest.mark.parametrize("m,other_ranks", [(3, False), (16, True)])
-def test_pair_blocks_give_the_one_pair_bits(m, other_ranks, monkeypatch):
-    """Blocks of two pairs of one expert per work item (`PAIR_BLOCKS`, `pair_blocks`' rows; an expert with an odd
-    number of pairs ends in a block of one), and either kind of item taken in runs of 4 row tiles (`UNIT_RUN`,
-    `PAIR_UNIT_RUN`): the GLU's z codes and scales and the down's partials of every pair are the one-pair kernel's bits
-    (each pair keeps its own MMA chain, whatever the order of units); other ranks' pairs stay unwritten."""
+@pytest.mark.parametrize("m,other_ranks", [(3, False), (9, True)])
+def test_unit_runs_give_the_same_bits(m, other_ranks, monkeypatch):
+    """The GLU's units in runs of 4 or 8 row tiles of one pair (`UNIT_RUN`; `LONG_UNIT_RUN` from
+    `LONG_UNIT_RUN_FROM_PAIRS` pairs, here 9 tokens' 54) give every pair's z codes and scales of unit-by-unit order
+    (each unit keeps its own MMA chain, whatever the order); other ranks' pairs stay unwritten; runs that do not
+    divide a matrix's row tiles are refused."""
     from dsv4.kernels import moe_glu_decode
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_gemv import _quant16_kernel
-    from dsv4.kernels.moe_gemv_pairs import pair_blocks
 
-    e, d, i, k = 8, 2048, 512, 6  # (few experts: most hold several pairs)
+    e, d, i, k = 8, 2048, 512, 6  # (8 row tiles of 64 per matrix)
     gen = torch.Generator(DEV).manual_seed(m + 90)
     packed = finalize_experts(_experts(e, d, i, gen))
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
     flat = ids.reshape(-1).contiguous()
-    blocks = pair_blocks(flat, e, 2)
-    assert bool((blocks[:, 1] < 0).logical_and(blocks[:, 0] >= 0).any())  # (a block of one pair among them)
-    monkeypatch.setattr(moe_glu_decode, "PAIR_BLOCKS", True)
-    assert moe_glu_decode.applies(packed, x, blocks) and moe_glu_decode.applies(packed, x, blocks, down=True)
 
-    def glu(x, flat_ids, tw, packed, limit, top_k, zq, zs, **kw):
+    def glu(x, flat_ids, tw, packed, limit, top_k, zq, zs):
         xq = torch.empty((m, d), dtype=torch.float16, device=DEV)
         sx = torch.empty((m, d // 128), dtype=torch.float32, device=DEV)
         _quant16_kernel[(m, d // 128)](x, xq, sx, flat_ids, e, x.stride(0), xq.stride(0), sx.stride(0),
                                        CHECK_IDS=False, num_warps=1)
-        moe_glu_decode.glu_decode(xq, sx, flat_ids, tw, packed, limit, top_k, zq, zs, **kw)
+        moe_glu_decode.glu_decode(xq, sx, flat_ids, tw, packed, limit, top_k, zq, zs)
 
+    monkeypatch.setattr(moe_glu_decode, "LONG_UNIT_RUN_FROM_PAIRS", 10 ** 9)
     one = _stage(glu, x, ids, w, packed, k, i)
     mine = (flat >= 0) & (flat < e)
-    for run, bl in ((1, blocks), (4, None), (4, blocks)):
+    assert bool(mine.any()) and bool(torch.isfinite(one[0][mine]).all())
+    for run, long_from in ((4, 10 ** 9), (1, 48)):  # (runs of 4 below the bound; LONG_UNIT_RUN = 8 from 48 pairs)
         monkeypatch.setattr(moe_glu_decode, "UNIT_RUN", run)
-        monkeypatch.setattr(moe_glu_decode, "PAIR_UNIT_RUN", run)
-        two = _stage(glu, x, ids, w, packed, k, i, blocks=bl)
-        for a, b in zip(one, two):
-            assert torch.equal(a[mine], b[mine]) and bool(b[~mine].isnan().all()), (run, bl is None)
-    zq, zs = one
-    zq[~mine], zs[~mine] = 0, 0  # (the down reads only its pairs' rows)
-    parts = [moe_glu_decode.down_decode(zq, zs, flat, packed, blocks=bl).nan_to_num_(0) for bl in (None, blocks)]
-    assert torch.equal(parts[0][:, mine], parts[1][:, mine]) and bool(parts[0][:, mine].abs().sum() > 0)
+        monkeypatch.setattr(moe_glu_decode, "LONG_UNIT_RUN_FROM_PAIRS", long_from)
+        assert moe_glu_decode._unit_run(flat.numel(), i // 64) == (8 if flat.numel() >= long_from else run)
+        again = _stage(glu, x, ids, w, packed, k, i)
+        for a, b in zip(one, again):
+            assert torch.equal(a[mine], b[mine]) and bool(b[~mine].isnan().all()), (run, long_from)
+    monkeypatch.setattr(moe_glu_decode, "UNIT_RUN", 3)
+    with pytest.raises(ValueError, match="runs of 3 row tiles"):
+        moe_glu_decode._unit_run(6, i // 64)
