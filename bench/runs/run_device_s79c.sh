@@ -10,6 +10,8 @@ G=dsv4.kernels.moe_glu_decode
 OLD="$G.LONG_UNIT_RUN_FROM_PAIRS=1000000000"
 timeout 150 python3 bench/bench_moe_flags.py --ms 6,8,10,11 --graphs 16 "runs of 1:$OLD" "runs of 8:" "runs of 1:$OLD" \
   "runs of 8:" 2>&1 | grep -v -i warn | tail -6
+timeout 100 python3 bench/bench_moe_flags.py --ms 1,48,64 --graphs 16 "default:" "default:" 2>&1 | grep -v -i warn \
+  | tail -4
 rows8 120 8 $OLD
 rows8 120 8
 rows8 120 8 $OLD
