@@ -4,6 +4,7 @@
 # test_moe_gemv_down_launch.py), then the Flash MoE call at M = 6-11 and 8 layers' B = 8 rows without / with the runs.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
+(cd bench && timeout 60 python3 -c "import bench_engine_step as b; b._ceilings(True)" 2>&1 | grep -v -i warn | tail -3)
 runpar 300 8 tests/gpu/test_moe_glu_decode.py tests/gpu/test_moe_gemv_down_launch.py tests/gpu/test_moe_gemv_mma.py \
   tests/gpu/test_moe.py tests/gpu/test_moe_gemv_words.py tests/gpu/test_router_quant.py tests/gpu/test_moe_combine.py
 G=dsv4.kernels.moe_glu_decode
