@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_moe_gemv_mma import DEV, LIMIT, _experts, _gpu_like_casts, _routing  # noqa: F401  (autouse fixture)
+from test_moe_gemv_mma import DEV, LIMIT, _experts, _gpu_like_casts, _routing, _tiny_inputs  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("pairs", [1, 2])
@@ -39,13 +39,9 @@ def test_down_launch_same_bits(pairs, down, poison, close_bf16):
 
 
 def test_down_launch_rejects_bad_values():
-    from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_gemv import moe_gemv
 
-    gen = torch.Generator(DEV).manual_seed(5)
-    packed = finalize_experts(_experts(4, 512, 256, gen))
-    x = torch.randn(2, 512, generator=gen, device=DEV).to(torch.bfloat16)
-    ids, w = _routing(2, 4, 2, gen)
+    packed, x, ids, w = _tiny_inputs(5)
     for bad, what in ((dict(down_dot_blocks=3), "dot_blocks"), (dict(unroll=1, down_dot_blocks=2), "dot_blocks"),
                       (dict(down_stages=-1), "down_stages")):
         with pytest.raises(ValueError, match=what):

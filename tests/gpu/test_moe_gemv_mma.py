@@ -469,14 +469,20 @@ def test_pairs_per_program_same_bits(shape, m, other_ranks, per_program, poison,
     close_bf16(y, fused_moe_ref(x, ids, w, experts, out_dtype=torch.float32), rel=1e-2, what=f"{shape} m={m}")
 
 
-def test_pairs_per_program_rejects_bad_launches():
+def _tiny_inputs(seed: int):
+    """(packed experts, x, ids, w) of 2 tokens, 4 experts, top-2: for the launch checks that refuse bad values."""
     from dsv4.kernels.moe import finalize_experts
-    from dsv4.kernels.moe_gemv import moe_gemv
 
-    gen = torch.Generator(DEV).manual_seed(3)
+    gen = torch.Generator(DEV).manual_seed(seed)
     packed = finalize_experts(_experts(4, 512, 256, gen))
     x = torch.randn(2, 512, generator=gen, device=DEV).to(torch.bfloat16)
-    ids, w = _routing(2, 4, 2, gen)
+    return (packed, x, *_routing(2, 4, 2, gen))
+
+
+def test_pairs_per_program_rejects_bad_launches():
+    from dsv4.kernels.moe_gemv import moe_gemv
+
+    packed, x, ids, w = _tiny_inputs(3)
     for bad in (dict(split=2), dict(split_down=2), dict(unroll=4, pairs_per_program=4), dict(pairs_per_program=3)):
         with pytest.raises(ValueError, match="pairs_per_program"):
             moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", **{"pairs_per_program": 2, **bad})
