@@ -1,19 +1,18 @@
 #!/bin/bash
 # Session 79: after removing PAIR_BLOCKS (the persistent GLU / down with blocks of two pairs) and adding runs of 8 row
 # tiles per GLU program from 48 pairs (moe_glu_decode.LONG_UNIT_RUN_FROM_PAIRS): the MoE GPU tests (incl. the new
-# test_moe_gemv_down_launch.py), then the Flash MoE call at M = 6-11 and 8 layers' B = 8 rows without / with the runs.
+# test_moe_gemv_down_launch.py), the Flash MoE call at M = 6-11 without / with the runs, 8 layers' B = 8 rows the
+# same, and the M = 1 / 48 / 64 measure. Trimmed to fit ≈ 450 s after three failed starts.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-(cd bench && timeout 60 python3 -c "import bench_engine_step as b; b._ceilings(True)" 2>&1 | grep -v -i warn | tail -3)
-runpar 300 8 tests/gpu/test_moe_glu_decode.py tests/gpu/test_moe_gemv_down_launch.py tests/gpu/test_moe_gemv_mma.py \
-  tests/gpu/test_moe.py tests/gpu/test_moe_gemv_words.py tests/gpu/test_router_quant.py tests/gpu/test_moe_combine.py
+runpar 200 8 tests/gpu/test_moe_glu_decode.py tests/gpu/test_moe_gemv_down_launch.py tests/gpu/test_moe_gemv_mma.py \
+  tests/gpu/test_moe_gemv_words.py tests/gpu/test_router_quant.py tests/gpu/test_moe_combine.py
 G=dsv4.kernels.moe_glu_decode
 OLD="$G.LONG_UNIT_RUN_FROM_PAIRS=1000000000"
-timeout 150 python3 bench/bench_moe_flags.py --ms 6,8,10,11 --graphs 16 "runs of 1:$OLD" "runs of 8:" "runs of 1:$OLD" \
-  "runs of 8:" 2>&1 | grep -v -i warn | tail -6
-timeout 100 python3 bench/bench_moe_flags.py --ms 1,48,64 --graphs 16 "default:" "default:" 2>&1 | grep -v -i warn \
-  | tail -4
-rows8 120 8 $OLD
-rows8 120 8
-rows8 120 8 $OLD
-rows8 120 8
+timeout 100 python3 bench/bench_moe_flags.py --ms 6,8,11 --graphs 16 "runs of 1:$OLD" "runs of 8:" "runs of 1:$OLD" \
+  "runs of 8:" 2>&1 | grep -v -i warn | tail -5
+rows8 100 8 $OLD
+rows8 100 8
+timeout 60 python3 bench/bench_moe_flags.py --ms 1,64 --graphs 16 "default:" "default:" 2>&1 | grep -v -i warn \
+  | tail -3
+(cd bench && timeout 40 python3 -c "import bench_engine_step as b; b._ceilings(True)" 2>&1 | grep -v -i warn | tail -2)
