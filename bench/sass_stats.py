@@ -322,7 +322,7 @@ CASES = {
     "moe_glu_decode": _stream_case(T=32, S=4, KR=1024, R=6, NCONS=1, GLU=True),
     "moe_glu_decode_2c": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True),
     "moe_down_decode_2c": _stream_case(T=64, S=2, KR=1024, R=6, NCONS=2, GLU=False),
-    # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, from 48 pairs)
+    # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, opt-in from 48 pairs)
     "moe_glu_decode_run8": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, RUN=8),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
                        dict(P="*fp32", IDS="*i32", TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", limit="fp32"), dict(S=4), 4,

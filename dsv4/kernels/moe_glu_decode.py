@@ -103,10 +103,11 @@ STREAM_PDL = True
 # on a program builds a new token's activation tiles for nearly every unit; runs of LONG_UNIT_RUN tiles of one pair
 # from LONG_UNIT_RUN_FROM_PAIRS pairs build them once per run but share the units out less evenly. Session 79 (s79a,
 # H100, Flash MoE call in graphs of 16 routings, µs, runs of 1 / 4 / 8): M = 2 69.5 / 77.0 / 73.2, M = 4 126.2 /
-# 125.4 / 139.9, M = 8 237.3 / 235.7 / 233.6, M = 11 308.6 / 307.3 / 303.6 (bit-identical).
+# 125.4 / 139.9, M = 8 237.3 / 235.7 / 233.6, M = 11 308.6 / 307.3 / 303.6 (bit-identical). Opt-in (0: off) until
+# a second round and the model rows confirm it (run_device_s79c.sh: no device came for it in session 79)
 UNIT_RUN = 1
 LONG_UNIT_RUN = 8
-LONG_UNIT_RUN_FROM_PAIRS = 48
+LONG_UNIT_RUN_FROM_PAIRS = 0  # (48: M = 8 on)
 # (Removed in session 79: blocks of two pairs of one expert per work item, session 78's PAIR_BLOCKS -- one weight
 # stream for both pairs' MMA chains, bit-identical, but slower than the paired Triton GEMV at M = 16-64 with runs of
 # 1 (s78i: 507 vs 440 µs at M = 16, 1,634 vs 1,190 at 64) and of 4 / 8 (s79a: 475-484 vs 440, 1,548 vs 1,190).)
@@ -377,9 +378,9 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
 
 
 def _unit_run(pairs: int, tiles: int) -> int:
-    """The GLU's row tiles per run (UNIT_RUN, LONG_UNIT_RUN from LONG_UNIT_RUN_FROM_PAIRS pairs; a run that does not
-    divide a matrix's tiles is refused)."""
-    run = LONG_UNIT_RUN if pairs >= LONG_UNIT_RUN_FROM_PAIRS else UNIT_RUN
+    """The GLU's row tiles per run (UNIT_RUN, LONG_UNIT_RUN from LONG_UNIT_RUN_FROM_PAIRS pairs where that is set; a
+    run that does not divide a matrix's tiles is refused)."""
+    run = LONG_UNIT_RUN if 0 < LONG_UNIT_RUN_FROM_PAIRS <= pairs else UNIT_RUN
     if run < 1 or tiles % run:
         raise ValueError(f"moe_glu_decode: runs of {run} row tiles do not divide the {tiles} of a matrix")
     return run

@@ -161,7 +161,7 @@ def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
 @pytest.mark.parametrize("m,other_ranks", [(3, False), (9, True)])
 def test_unit_runs_give_the_same_bits(m, other_ranks, monkeypatch):
     """The GLU's units in runs of 4 or 8 row tiles of one pair (`UNIT_RUN`; `LONG_UNIT_RUN` from
-    `LONG_UNIT_RUN_FROM_PAIRS` pairs, here 9 tokens' 54) give every pair's z codes and scales of unit-by-unit order
+    `LONG_UNIT_RUN_FROM_PAIRS` = 48 pairs, here 9 tokens' 54) give every pair's z codes and scales of unit-by-unit order
     (each unit keeps its own MMA chain, whatever the order); other ranks' pairs stay unwritten; runs that do not
     divide a matrix's row tiles are refused."""
     from dsv4.kernels import moe_glu_decode
@@ -182,14 +182,14 @@ def test_unit_runs_give_the_same_bits(m, other_ranks, monkeypatch):
                                        CHECK_IDS=False, num_warps=1)
         moe_glu_decode.glu_decode(xq, sx, flat_ids, tw, packed, limit, top_k, zq, zs)
 
-    monkeypatch.setattr(moe_glu_decode, "LONG_UNIT_RUN_FROM_PAIRS", 10 ** 9)
+    monkeypatch.setattr(moe_glu_decode, "LONG_UNIT_RUN_FROM_PAIRS", 0)
     one = _stage(glu, x, ids, w, packed, k, i)
     mine = (flat >= 0) & (flat < e)
     assert bool(mine.any()) and bool(torch.isfinite(one[0][mine]).all())
-    for run, long_from in ((4, 10 ** 9), (1, 48)):  # (runs of 4 below the bound; LONG_UNIT_RUN = 8 from 48 pairs)
+    for run, long_from in ((4, 0), (1, 48)):  # (runs of 4; LONG_UNIT_RUN = 8 from 48 pairs)
         monkeypatch.setattr(moe_glu_decode, "UNIT_RUN", run)
         monkeypatch.setattr(moe_glu_decode, "LONG_UNIT_RUN_FROM_PAIRS", long_from)
-        assert moe_glu_decode._unit_run(flat.numel(), i // 64) == (8 if flat.numel() >= long_from else run)
+        assert moe_glu_decode._unit_run(flat.numel(), i // 64) == (8 if 0 < long_from <= flat.numel() else run)
         again = _stage(glu, x, ids, w, packed, k, i)
         for a, b in zip(one, again):
             assert torch.equal(a[mine], b[mine]) and bool(b[~mine].isnan().all()), (run, long_from)
