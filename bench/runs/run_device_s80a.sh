@@ -1,0 +1,26 @@
+#!/bin/bash
+# Prepared in session 79 (no device came for s79c): what s79c was to run, then the four-pair launch's knobs.
+# 1. the MoE GPU tests after PAIR_BLOCKS' removal and the new down-launch test;
+# 2. runs of 8 row tiles per GLU program (opt-in LONG_UNIT_RUN_FROM_PAIRS = 48) in the Flash MoE call at M = 6-11 and
+#    in 8 layers' B = 8 rows, alternating -- adopt (set 48 in moe_glu_decode) if both rounds win;
+# 3. the M = 1 / 64 measure of #5 with session 79's paired launch;
+# 4. four pairs per program (Flash M = 96-128, 64 % of copy): warps and dot / stage knobs of that launch.
+source bench/runs/lib.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+(cd bench && timeout 40 python3 -c "import bench_engine_step as b; b._ceilings(True)" 2>&1 | grep -v -i warn | tail -2)
+runpar 200 8 tests/gpu/test_moe_glu_decode.py tests/gpu/test_moe_gemv_down_launch.py tests/gpu/test_moe_gemv_mma.py \
+  tests/gpu/test_moe_gemv_words.py tests/gpu/test_router_quant.py tests/gpu/test_moe_combine.py tests/gpu/test_moe.py
+G=dsv4.kernels.moe_glu_decode
+NEW="$G.LONG_UNIT_RUN_FROM_PAIRS=48"
+timeout 120 python3 bench/bench_moe_flags.py --ms 6,8,11 --graphs 16 "runs of 1:" "runs of 8:$NEW" "runs of 1:" \
+  "runs of 8:$NEW" 2>&1 | grep -v -i warn | tail -5
+rows8 100 8
+rows8 100 8 $NEW
+rows8 100 8
+rows8 100 8 $NEW
+timeout 60 python3 bench/bench_moe_flags.py --ms 1,64 --graphs 16 "default:" "default:" 2>&1 | grep -v -i warn \
+  | tail -3
+timeout 200 python3 bench/sweep_moe_batch.py --tokens 96,128 --calls 16 --configs "p4:gemv_pairs=4,gemv_unroll=1" \
+  "p4 w8:gemv_pairs=4,gemv_unroll=1,warps1=8" "p4 bn128 w8:gemv_pairs=4,gemv_unroll=1,gemv=128,warps1=8" \
+  "p4 down s2:gemv_pairs=4,gemv_unroll=1,gemv_down_stages=2" "p4 again:gemv_pairs=4,gemv_unroll=1" 2>&1 \
+  | grep -v -i warn
