@@ -4,7 +4,7 @@
 # 2. runs of 8 row tiles per GLU program (opt-in LONG_UNIT_RUN_FROM_PAIRS = 48) in the Flash MoE call at M = 6-11 and
 #    in 8 layers' B = 8 rows, alternating -- adopt (set 48 in moe_glu_decode) if both rounds win;
 # 3. the M = 1 / 64 measure of #5 with session 79's paired launch;
-# 4. four pairs per program (Flash M = 96-128, 64 % of copy): warps and dot / stage knobs of that launch.
+# 4. four pairs per program (Flash M = 96-128, 64 % of copy): bn 128 on 8 warps, the down's 2 stages.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 (cd bench && timeout 40 python3 -c "import bench_engine_step as b; b._ceilings(True)" 2>&1 | grep -v -i warn | tail -2)
@@ -21,6 +21,6 @@ rows8 100 8 $NEW
 timeout 60 python3 bench/bench_moe_flags.py --ms 1,64 --graphs 16 "default:" "default:" 2>&1 | grep -v -i warn \
   | tail -3
 timeout 200 python3 bench/sweep_moe_batch.py --tokens 96,128 --calls 16 --configs "p4:gemv_pairs=4,gemv_unroll=1" \
-  "p4 w8:gemv_pairs=4,gemv_unroll=1,warps1=8" "p4 bn128 w8:gemv_pairs=4,gemv_unroll=1,gemv=128,warps1=8" \
+  "p4 bn128 w8:gemv_pairs=4,gemv_unroll=1,gemv=128,warps1=8" \
   "p4 down s2:gemv_pairs=4,gemv_unroll=1,gemv_down_stages=2" "p4 again:gemv_pairs=4,gemv_unroll=1" 2>&1 \
   | grep -v -i warn
