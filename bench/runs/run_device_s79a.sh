@@ -6,6 +6,7 @@
 # First the GPU test (bit-identity with the one-pair kernel, runs of 4 included), then the Flash MoE call: the
 # one-pair path at M = 2-11 with runs of 1 / 4 / 8, the blocks at M = 12-64 with runs of 4 / 8, alternating with the
 # default; then 8 layers' B = 8 / 64 rows for what wins.
+# (Ran in session 79 without its rows8 lines; PAIR_BLOCKS / PAIR_UNIT_RUN were removed after it: docs/benchmarks.md.)
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 run 240 tests/gpu/test_moe_glu_decode.py
