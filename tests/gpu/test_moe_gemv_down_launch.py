@@ -1,7 +1,7 @@
 """The per-pair MXFP4 MoE's down (W2) kernel with a launch of its own (`moe_gemv`'s down_stages / down_dot_blocks,
 `MoEConfig.gemv_down_stages` / `gemv_down_dot_blocks`; session 79's two-pair launches): the same bits as the down
 with the GLU's launch (neither the pipeline depth nor the K blocks per tl.dot reorder a row's sums), close to the
-reference through fused_moe, and bad values refused."""
+reference through fused_moe, and bad values refused. Small enough for `make test`'s interpreter list (≈ 1 min)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,17 @@ from test_moe_gemv_mma import DEV, LIMIT, _experts, _gpu_like_casts, _routing, _
 @pytest.mark.parametrize("pairs", [1, 2])
 @pytest.mark.parametrize("down", [dict(down_stages=2), dict(down_dot_blocks=2),
                                   dict(down_stages=4, down_dot_blocks=1)])
-def test_down_launch_same_bits(pairs, down, poison, close_bf16):
+def test_down_launch_same_bits(pairs, down, poison, close_bf16, monkeypatch):
+    from dsv4.kernels import moe_gemv as mg
     from dsv4.kernels.moe import MoEConfig, finalize_experts, fused_moe, fused_moe_ref
     from dsv4.kernels.moe_gemv import moe_gemv
 
-    e, d, i, k, m = 16, 512, 256, 6, 8
+    seen = []  # the down launches' (num_stages, dot_blocks): the override reaches the kernel
+    stage = mg.mma_down_stage
+    monkeypatch.setattr(mg, "mma_down_stage", lambda *a, **kw: seen.append((kw["num_stages"], kw["dot_blocks"]))
+                        or stage(*a, **kw))
+
+    e, d, i, k, m = 8, 256, 256, 6, 4  # (2 K blocks in either GEMM: a dot of 2 blocks is one of the launches)
     gen = torch.Generator(DEV).manual_seed(17 * pairs + len(down) + down.get("down_stages", 0))
     experts = _experts(e, d, i, gen)
     packed = finalize_experts(experts)
@@ -31,6 +37,8 @@ def test_down_launch_same_bits(pairs, down, poison, close_bf16):
     poison()
     own = moe_gemv(x, ids, w, packed, LIMIT, method="mma", **launch, **down)
     assert torch.equal(same.view(torch.int16), own.view(torch.int16)), f"{down}, {pairs} pair(s): bits differ"
+    expect = (down.get("down_stages") or 3, down.get("down_dot_blocks") or launch["dot_blocks"])
+    assert seen == [(3, launch["dot_blocks"]), expect], seen
     cfg = MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, gemv=64, gemv_mma=True,
                     gemv_unroll=2, gemv_dot_blocks=launch["dot_blocks"], gemv_pairs=pairs,
                     gemv_down_stages=down.get("down_stages", 0), gemv_down_dot_blocks=down.get("down_dot_blocks", 0))
