@@ -95,7 +95,7 @@ GEMV_PAIRS4_FROM = 2.3
 # Two pairs per program (the paired Triton GEMV): its GLU and down take 2 K blocks per tl.dot (3 pipeline stages) up
 # to GEMV_PAIRED_DOT2_MAX pairs per touched expert, 1 K block per dot with 2 stages above (the default was 1 / 3).
 # Session 79 (H100, bench/sweep_moe_batch.py --configs, µs per call in a graph of 16 routings, rounds alternated,
-# outputs bit-identical): Flash M = 12 (1.13) 348 -> 338 / 341, M = 16 432 -> 417 / 419, M = 32 (1.42) 729 -> 705 /
+# outputs bit-identical): Flash M = 12 (1.13) 348 -> 338 / 338, M = 16 432 -> 417 / 419, M = 32 (1.42) 729 -> 705 /
 # 711; M = 48 (1.67) 976 -> 952 / 956 with 2 stages (dot2 953 / 964 / 964), M = 56 1,105 -> 1,063 / 1,071, M = 64
 # (1.93) 1,183-1,223 -> 1,152-1,195 (dot2 1,187-1,202); both at once lose (M = 64 1,337). Pro: dot2 wins at every
 # M, 16 1,229 -> 1,158 / 1,161, 32 2,189 -> 2,068 / 2,088, 48 2,955 -> 2,831 / 2,787, 64 3,644-3,754 -> 3,465 / 3,455
