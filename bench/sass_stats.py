@@ -331,6 +331,20 @@ CASES = {
                     DOWN_B1_DIV16),
     "moe_down_b1_words": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=True), 4, 3,
                           DOWN_B1_DIV16),
+    # ... two pairs per program (Flash M = 12-64), session 79's launches: 2 K blocks per dot at 3 stages (to 1.55
+    # pairs per touched expert), 1 block at 2 stages (above); session 18's 1 block at 3 stages is the _pairs case
+    "moe_glu_pairs": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SPLIT=False, G=2, SCALE_WORDS=True), 4,
+                      3, GLU_B1_DIV16),
+    "moe_glu_pairs_kd2": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T,
+                          dict(GLU_B1_C, SPLIT=False, G=2, KD=2, SCALE_WORDS=True), 4, 3, GLU_B1_DIV16),
+    "moe_glu_pairs_s2": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SPLIT=False, G=2, SCALE_WORDS=True),
+                         4, 2, GLU_B1_DIV16),
+    "moe_down_pairs": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, G=2, SCALE_WORDS=True), 4, 3,
+                       DOWN_B1_DIV16),
+    "moe_down_pairs_kd2": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, G=2, KD=2, SCALE_WORDS=True),
+                           4, 3, DOWN_B1_DIV16),
+    "moe_down_pairs_s2": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, G=2, SCALE_WORDS=True), 4, 2,
+                          DOWN_B1_DIV16),
 }
 
 _OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")

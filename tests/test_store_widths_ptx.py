@@ -65,6 +65,8 @@ NARROW_ALLOWED = {
     "moe_down_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_glu_b1_words": (1, "as moe_glu_b1"),
     "moe_down_b1_words": (1, "as moe_down_b1"),
+    **{f"moe_{g}_pairs{v}": (2, "decode GEMV with two pairs per program: one bf16 output per thread and pair")
+       for g in ("glu", "down") for v in ("", "_kd2", "_s2")},
     "topk_chunks": (8, "one valid byte per picked slot"),
     "topk_chunks_marked": (8, "as topk_chunks"),
     "topk_sampled": (32, "as topk_chunks, 16 slots a thread at 4096-entry chunks, in both select paths"),
