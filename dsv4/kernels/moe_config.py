@@ -140,12 +140,13 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8", hidden: 
     paired = (GEMV_PAIRED_FROM_BY_HIDDEN.get(hidden, GEMV_PAIRED_FROM) <= per_touched
               <= GEMV_PAIRED_MAX_BY_HIDDEN.get(hidden, GEMV_PAIRED_MAX))
     four = paired and per_touched >= GEMV_PAIRS4_FROM
-    dot2 = paired and not four and per_touched <= GEMV_PAIRED_DOT2_MAX_BY_HIDDEN.get(hidden, GEMV_PAIRED_DOT2_MAX)
+    two = paired and not four
+    dot2 = two and per_touched <= GEMV_PAIRED_DOT2_MAX_BY_HIDDEN.get(hidden, GEMV_PAIRED_DOT2_MAX)
     if (per_touched <= GEMV_MAX_PAIRS_PER_EXPERT or paired) and act == "fp8":  # MXFP4 only (FP8: the MMA fields)
         return MoEConfig(bm=16, bn1=128, bn2=128, quant_first=True, quant_out=True, warps1=4, warps2=4,
                          num_stages=4, gemv=64, gemv_mma=True, gemv_unroll=1 if four else 2,
                          gemv_dot_blocks=2 if dot2 else 1,
-                         gemv_stages=GEMV_PAIRED_DOT1_STAGES if paired and not four and not dot2 else 3,
+                         gemv_stages=GEMV_PAIRED_DOT1_STAGES if two and not dot2 else 3,
                          gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
                          gemv_pairs=(4 if four else 2) if paired else 1)
     if per_expert <= max(WIDE16_MAX_PAIRS_PER_EXPERT, WIDE32_MAX_PAIRS_PER_EXPERT) and act == "fp8":

@@ -20,8 +20,12 @@ def test_down_launch_same_bits(pairs, down, poison, close_bf16, monkeypatch):
 
     seen = []  # the down launches' (num_stages, dot_blocks): the override reaches the kernel
     stage = mg.mma_down_stage
-    monkeypatch.setattr(mg, "mma_down_stage", lambda *a, **kw: seen.append((kw["num_stages"], kw["dot_blocks"]))
-                        or stage(*a, **kw))
+
+    def recorded(*args, **kw):
+        seen.append((kw["num_stages"], kw["dot_blocks"]))
+        return stage(*args, **kw)
+
+    monkeypatch.setattr(mg, "mma_down_stage", recorded)
 
     e, d, i, k, m = 8, 256, 256, 6, 4  # (2 K blocks in either GEMM: a dot of 2 blocks is one of the launches)
     gen = torch.Generator(DEV).manual_seed(17 * pairs + len(down) + down.get("down_stages", 0))
