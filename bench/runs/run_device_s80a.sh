@@ -33,4 +33,9 @@ timeout 200 python3 bench/sweep_moe_batch.py --tokens 96,128 --calls 16 --config
 timeout 150 python3 bench/sweep_moe_batch.py --model pro --tokens 1,2,4 --calls 8 --configs "one:" \
   "one down dot2:gemv_down_dot_blocks=2" "one again:" "one down dot2 again:gemv_down_dot_blocks=2" 2>&1 \
   | grep -v -i warn
+# 6. M = 1's fixed costs: every kernel of one captured B = 1 step (4 layers), start / span / stream, into $OUT;
+#    the MoE's kernels of the second layer printed here
+timeout 150 python3 bench/profile_step.py --layers 4 --batch 1 --ctx 4096 --timeline --kernels > $OUT/timeline_b1.txt 2>&1
+grep -E "decode step|rror" $OUT/timeline_b1.txt | head -3
+awk '/GPU kernels/{on=1} /^host/{on=0} on' $OUT/timeline_b1.txt | sed -n 40,110p
 fi
