@@ -331,6 +331,9 @@ CASES = {
                     DOWN_B1_DIV16),
     "moe_down_b1_words": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=True), 4, 3,
                           DOWN_B1_DIV16),
+    # ... 2 K blocks per dot (Pro's one-pair down, moe_config.GEMV_ONE_DOWN_DOT_BLOCKS_BY_HIDDEN)
+    "moe_down_b1_kd2": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, KD=2, SCALE_WORDS=True), 4, 3,
+                        DOWN_B1_DIV16),
     # ... two pairs per program (Flash M = 12-64), session 79's launches: 2 K blocks per dot at 3 stages (to 1.55
     # pairs per touched expert), 1 block at 2 stages (above); session 18's 1 block at 3 stages is the _pairs case
     "moe_glu_pairs": ("moe_gemv", "_mma_glu_kernel", GLU_B1_T, dict(GLU_B1_C, SPLIT=False, G=2, SCALE_WORDS=True), 4,

@@ -67,6 +67,10 @@ def test_thresholds_match_the_measured_crossovers():
     assert launch == {12: (2, 2, 3), 40: (2, 2, 3), 41: (2, 1, 2), 64: (2, 1, 2)}
     assert {(c.gemv_pairs, c.gemv_dot_blocks) for b in (16, 64, 126)
             for c in [pick_moe_config(b * TOP_K, PRO_E, hidden=7168)]} == {(2, 2)}
+    # one pair per program: Pro's Triton down takes 2 K blocks per dot (s80a), Flash's one-pair downs the GLU's launch
+    assert {pick_moe_config(b * TOP_K, PRO_E, hidden=7168).gemv_down_dot_blocks for b in (1, 2, 4, 8)} == {2}
+    assert {pick_moe_config(b * TOP_K, FLASH_E, hidden=h).gemv_down_dot_blocks for b in (1, 8, 12, 64)
+            for h in (4096, 0)} | {pick_moe_config(16 * TOP_K, PRO_E, hidden=7168).gemv_down_dot_blocks} == {0}
     assert pick_moe_config(4096 * TOP_K, FLASH_E).wide and not pick_moe_config(4096 * TOP_K, FLASH_E).mixed
     assert pick_moe_config(8192 * TOP_K, FLASH_E).mixed  # M = 8192 (192 per expert): 128- and 64-row tiles
     # past the per-pair kernels (session 66): 16-token tiles up to M = 512 (12 per expert), 32-token tiles up to

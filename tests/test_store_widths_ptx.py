@@ -65,6 +65,7 @@ NARROW_ALLOWED = {
     "moe_down_b1": (1, "decode GEMV: one bf16 output per thread"),
     "moe_glu_b1_words": (1, "as moe_glu_b1"),
     "moe_down_b1_words": (1, "as moe_down_b1"),
+    "moe_down_b1_kd2": (1, "as moe_down_b1 (2 K blocks per dot: Pro's one-pair down)"),
     **{f"moe_{g}_pairs{v}": (2, "decode GEMV with two pairs per program: one bf16 output per thread and pair")
        for g in ("glu", "down") for v in ("", "_kd2", "_s2")},
     "topk_chunks": (8, "one valid byte per picked slot"),

@@ -103,6 +103,11 @@ GEMV_PAIRS4_FROM = 2.3
 GEMV_PAIRED_DOT2_MAX = 1.55
 GEMV_PAIRED_DOT2_MAX_BY_HIDDEN = {7168: GEMV_PAIRED_MAX_BY_HIDDEN[7168]}
 GEMV_PAIRED_DOT1_STAGES = 2
+# One pair per program: the Triton down's K blocks per tl.dot for experts of these hidden sizes (else the GLU's 1;
+# Flash's one-pair down is the persistent Gluon kernel where it fits). Pro, session 80 (s80a, H100, sweep_moe_batch.py
+# --configs, two rounds, bit-identical): M = 1 97.4 / 97.5 -> 96.3 / 96.2 µs, M = 2 172.9 / 173.0 -> 170.8 / 170.5,
+# M = 4 319.8 / 318.7 -> 318.6 / 318.9.
+GEMV_ONE_DOWN_DOT_BLOCKS_BY_HIDDEN = {7168: 2}
 GEMV_CUDA_SHAPE = (64, 2, 8, 2)
 # The per-group kernel's 16-row tiles up to this many pairs per expert (above the per-pair paths' range; MXFP4
 # experts take the wide kernel's 16-token tiles first, up to WIDE16_MAX_PAIRS_PER_EXPERT)
@@ -148,6 +153,7 @@ def pick_moe_config(num_pairs: int, num_experts: int, act: str = "fp8", hidden: 
                          gemv_dot_blocks=2 if dot2 else 1,
                          gemv_stages=GEMV_PAIRED_DOT1_STAGES if two and not dot2 else 3,
                          gemv_split=2 if num_pairs <= GEMV_SPLIT_MAX_PAIRS and not paired else 1,
+                         gemv_down_dot_blocks=0 if paired else GEMV_ONE_DOWN_DOT_BLOCKS_BY_HIDDEN.get(hidden, 0),
                          gemv_pairs=(4 if four else 2) if paired else 1)
     if per_expert <= max(WIDE16_MAX_PAIRS_PER_EXPERT, WIDE32_MAX_PAIRS_PER_EXPERT) and act == "fp8":
         return wide_config(16 if per_expert <= WIDE16_MAX_PAIRS_PER_EXPERT else 32)

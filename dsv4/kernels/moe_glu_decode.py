@@ -103,11 +103,13 @@ STREAM_PDL = True
 # on a program builds a new token's activation tiles for nearly every unit; runs of LONG_UNIT_RUN tiles of one pair
 # from LONG_UNIT_RUN_FROM_PAIRS pairs build them once per run but share the units out less evenly. Session 79 (s79a,
 # H100, Flash MoE call in graphs of 16 routings, µs, runs of 1 / 4 / 8): M = 2 69.5 / 77.0 / 73.2, M = 4 126.2 /
-# 125.4 / 139.9, M = 8 237.3 / 235.7 / 233.6, M = 11 308.6 / 307.3 / 303.6 (bit-identical). Opt-in (0: off) until
-# a second round and the model rows confirm it (run_device_s79c.sh: no device came for it in session 79)
+# 125.4 / 139.9, M = 8 237.3 / 235.7 / 233.6, M = 11 308.6 / 307.3 / 303.6 (bit-identical). Session 80 (s80a, H100,
+# runs of 1 / 8, two rounds alternated): M = 6 (36 pairs) 181.8 / 181.7, 181.9 / 181.6; M = 8 236.7 / 233.1, 237.0 /
+# 233.0; M = 11 308.1 / 302.5, 307.8 / 303.5; 8 layers' B = 8 replay 3.06 / 3.05, 3.06 / 3.03 ms. So runs of 8 from
+# M = 8 (0 turns them off).
 UNIT_RUN = 1
 LONG_UNIT_RUN = 8
-LONG_UNIT_RUN_FROM_PAIRS = 0  # (48: M = 8 on)
+LONG_UNIT_RUN_FROM_PAIRS = 48
 # (Removed in session 79: blocks of two pairs of one expert per work item, session 78's PAIR_BLOCKS -- one weight
 # stream for both pairs' MMA chains, bit-identical, but slower than the paired Triton GEMV at M = 16-64 with runs of
 # 1 (s78i: 507 vs 440 µs at M = 16, 1,634 vs 1,190 at 64) and of 4 / 8 (s79a: 475-484 vs 440, 1,548 vs 1,190).)
