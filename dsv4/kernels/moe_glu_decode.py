@@ -52,7 +52,7 @@ import functools
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 from dsv4.kernels.moe_glu_decode_parts import U  # K blocks per step (the kernels' helpers share it)
 
@@ -84,6 +84,10 @@ ONE_CONSUMER_MAXNREG = 232
 # model-level GPU suite passes with it (218 of 219; the other failed the same with it off, on one machine only), 8
 # Flash layers' B = 1 replay 1.14-1.15 vs 1.18 ms off, alternating. Pro's 3072 does not fit (`_fits`): Triton there.
 DOWN_ENABLED = True
+# The GLU, its finish and the down in one launch (`chain_decode`): the finish by each z block's last arriving partial,
+# the down's units after the program's GLU units, each pair's waiting for its 16 blocks. No kernel boundary, no
+# finish launch, and the producer streams W2 while the consumers finish the GLU. Opt-in until measured (session 80).
+CHAIN = False
 DOWN_STAGES = 6  # ... its ring slots (8 KB each; a multiple of CONSUMERS: 5 faulted, s78f)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
@@ -125,18 +129,19 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
-    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _matrices, _scaled, _step_scales, _unit, _unit_count,
-                                                   _widen)
+    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _finish_last, _load_sa, _matrices, _reset_last,
+                                                   _scaled, _step_scales, _unit, _unit_count, _wait_count, _widen)
     from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
 
     @gluon.jit
-    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
-                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
-                  GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr):
-        NM: gl.constexpr = _matrices(GLU)
-        c = 0  # steps issued
+    def _produce(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, c,
+                 T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
+                 NM: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr):
+        """The producer over one GEMV's units (NM matrices per unit, in a ring of NMS-matrix slots), from its c-th
+        ring step on; returns the steps issued."""
+        c = gl.to_tensor(c)  # (a literal 0 from the caller would stay a constexpr through the loop)
         for k in range(_unit_count(n_units, n_per, S, CONTIG, RUN)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG, RUN)
             e = gl.load(IDS + p)
@@ -152,29 +157,43 @@ if HAS_TRITON and not INTERPRET:
                     col = (sp * (KR // 128) + 2 * step) * 64
                     for m in gl.static_range(NM):  # (up: I rows further)
                         tma.async_copy_global_to_shared(s_desc, [row + m * I, sc_col], ready.index(slot),
-                                                        sc_s.index(NM * slot + m))
+                                                        sc_s.index(NMS * slot + m))
                         for u in gl.static_range(2):
                             tma.async_copy_global_to_shared(w_desc, [row + m * I, col + 64 * u], ready.index(slot),
-                                                            w_s.index(2 * NM * slot + 2 * m + u))
+                                                            w_s.index(2 * NMS * slot + 2 * m + u))
                     c += 1
+        return c
 
     @gluon.jit
-    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                  stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
-                  KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
-                  CONTIG: gl.constexpr, RUN: gl.constexpr):
-        """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
-        sp * NCONS + HALF of P."""
-        KBR: gl.constexpr = KR // 128
+    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, w2_desc,
+                  s2_desc, n_units_d, n_per_d, D, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
+                  KR: gl.constexpr, R: gl.constexpr, GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr,
+                  CHAIN: gl.constexpr, T_D: gl.constexpr, S_D: gl.constexpr):
+        """The weight stream: the GEMV's units; CHAIN: then the down's (W2's rows, CONTIG runs) in the same ring."""
         NM: gl.constexpr = _matrices(GLU)
+        c = _produce(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, 0, T, S,
+                     STEPS, KR, R, NM, NM, CONTIG, RUN)
+        if CHAIN:
+            _produce(w2_desc, s2_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units_d, n_per_d, D, I, c, T_D,
+                     S_D, STEPS, KR, R, 1, NM, True, 1)
+
+    @gluon.jit
+    def _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k, stride_x,
+                 stride_sx, stride_ps, stride_pp, c, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs,
+                 T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
+                 HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr,
+                 RUN: gl.constexpr, CHAIN: gl.constexpr):
+        """Consumer HALF of NCONS over one GEMV's units from its c-th ring step (slots of NMS matrices): steps HALF,
+        HALF + NCONS, .. of every unit; its partial goes to range sp * NCONS + HALF of P. CHAIN, GLU: every
+        128-channel block's last arriving partial finishes that block of z into ZQ / ZS and counts it in RDY; CHAIN,
+        down: the units of a pair wait for its z (RDY) and read it past L1."""
+        KBR: gl.constexpr = KR // 128
+        c = gl.to_tensor(c)  # (as in `_produce`)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
         zero = gl.zeros([64, 8], gl.float32, layout=acc_l)
         sn = gl.arange(0, 8, layout=gl.SliceLayout(0, acc_l))
-        if not GLU:  # the down: only its consumers wait for the GLU's z (its producer streams W2 meanwhile)
-            gluon_pdl_wait()
-        c = 0
         t_built = -1
         for k in range(_unit_count(n_units, n_per, S, CONTIG, RUN)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG, RUN)
@@ -183,8 +202,10 @@ if HAS_TRITON and not INTERPRET:
                 t = p // top_k  # (the down GEMV: top_k 1, each pair's own z)
                 kb0 = sp * KBR
                 if t != t_built:  # (the tiles are the token's; every unit of a program has the same K range)
+                    if CHAIN and not GLU:
+                        _wait_count(RDY + t, I // 128)  # (all of pair t's z blocks)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
-                    _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
+                    _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS, CHAIN and not GLU)
                     fence_async_shared()
                     gl.thread_barrier()
                     t_built = t
@@ -192,19 +213,20 @@ if HAS_TRITON and not INTERPRET:
                 acc_u = zero
                 for step in range(HALF, STEPS, NCONS):
                     slot = (c + step) % R
-                    # the activation scale per column, x 2^8 (from L1: no shared-memory hazard, no CTA barrier here)
-                    sa = gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4) * 256.0
+                    # the activation scale per column, x 2^8 (from L1: no shared-memory hazard, no CTA barrier here;
+                    # the chained down's z scales past it, written in this launch)
+                    sa = _load_sa(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4, CHAIN and not GLU) * 256.0
                     mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
-                    sc_g = _step_scales(sc_s, NM * slot, step, acc_l)
+                    sc_g = _step_scales(sc_s, NMS * slot, step, acc_l)
                     pg = zero
                     pu = zero
                     for u in gl.static_range(U_STEP):
-                        g_lo, g_hi = _widen(w_s, 2 * NM * slot + u, a_l)
+                        g_lo, g_hi = _widen(w_s, 2 * NMS * slot + u, a_l)
                         if GLU:
-                            u_lo, u_hi = _widen(w_s, 2 * NM * slot + 2 + u, a_l)
+                            u_lo, u_hi = _widen(w_s, 2 * NMS * slot + 2 + u, a_l)
                         if u == U_STEP - 1:
                             if GLU:
-                                sc_u = _step_scales(sc_s, NM * slot + 1, step, acc_l)
+                                sc_u = _step_scales(sc_s, NMS * slot + 1, step, acc_l)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
                         pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
@@ -226,16 +248,44 @@ if HAS_TRITON and not INTERPRET:
                 gl.store(dst, gl.sum(acc_g, axis=1))
                 if GLU:
                     gl.store(dst + I, gl.sum(acc_u, axis=1))
+                    if CHAIN:  # (2 row tiles x S ranges x NCONS partials per block; its last arriver finishes it)
+                        _finish_last(P, CNT, RDY, p, tile // 2, 2 * S * NCONS, TOPK_W, ZQ, ZS, I, limit, stride_ps,
+                                     stride_pp, stride_zq, stride_zs, S * NCONS)
+        return c
+
+    @gluon.jit
+    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                  stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit, n_units_d, n_per_d,
+                  stride_zq, stride_zs, stride_pds, stride_pdp, T: gl.constexpr, S: gl.constexpr,
+                  STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
+                  GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr, CHAIN: gl.constexpr,
+                  T_D: gl.constexpr, S_D: gl.constexpr):
+        """Consumer HALF of NCONS (`_consume`); CHAIN: the GLU's units, then the down's from z (PD its partials)."""
+        NM: gl.constexpr = _matrices(GLU)
+        if not GLU:  # the down: only its consumers wait for the GLU's z (its producer streams W2 meanwhile)
+            gluon_pdl_wait()
+        c = _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k, stride_x,
+                     stride_sx, stride_ps, stride_pp, 0, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, T, S,
+                     STEPS, KR, R, HALF, NCONS, GLU, NM, CONTIG, RUN, CHAIN)
+        if CHAIN:
+            _consume(ZQ, ZS, IDS, PD, w_s, sc_s, b_s, ready, free, num_experts, n_units_d, n_per_d, I, 1, stride_zq,
+                     stride_zs, stride_pds, stride_pdp, c, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, T_D,
+                     S_D, STEPS, KR, R, HALF, NCONS, False, NM, True, 1, True)
 
     @pdl_kernel
     @gluon.jit
     def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
-                       stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
-                       R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
-                       CONTIG: gl.constexpr, RUN: gl.constexpr):
+                       stride_sx, stride_ps, stride_pp, w2_desc, s2_desc, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                       n_pairs, n_units_d, n_per_d, D, stride_zq, stride_zs, stride_pds, stride_pdp,
+                       T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, NCONS: gl.constexpr,
+                       REGS: gl.constexpr, GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr,
+                       CHAIN: gl.constexpr = False, T_D: gl.constexpr = 1, S_D: gl.constexpr = 1):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
-        RUN: row tiles per run of a program's units (`_unit`)."""
+        RUN: row tiles per run of a program's units (`_unit`). CHAIN (the GLU): z's blocks finished in the launch
+        into ZQ / ZS by their last arriving partials (CNT: per-block arrival counters, RDY: finished blocks per pair
+        and, at RDY[n_pairs], finished programs -- all zero again at the end), then the down's units over W2 (T_D
+        row tiles of 64 per pair, S_D K ranges) into PD, each pair's once its z is finished."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
@@ -253,19 +303,29 @@ if HAS_TRITON and not INTERPRET:
         if NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
+                             2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
+                             2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
-                             T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
+                             w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
+                             T_D, S_D)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
+                             1, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
-                             T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
+                             w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
+                             T_D, S_D)),
             ], [1], [40])
+        if CHAIN:  # every partition of this program is done: the last program zeroes the pairs' counts
+            _reset_last(RDY, n_pairs)
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
@@ -347,9 +407,11 @@ def _fits(experts: PackedExperts, glu: bool, split: int) -> bool:
     return k % (BLOCK * U * split * CONSUMERS) == 0 and blocks & (blocks - 1) == 0 and n % BLOCK == 0
 
 
-def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int) -> torch.Tensor:
+def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int,
+            chain: dict | None = None) -> torch.Tensor:
     """The persistent kernel over the routed pairs (GLU: w13 from x's codes; else W2 from z's): its fp32 partials
-    [split x CONSUMERS, pairs, 2I or D]."""
+    [split x CONSUMERS, pairs, 2I or D]. chain (the GLU): `chain_decode`'s z buffers, routing weights and limit;
+    the down's partials [DOWN_SPLIT x CONSUMERS, pairs, D] are returned instead."""
     e, i, d = experts.num_experts, experts.inter, experts.hidden
     k, n = (d, i) if glu else (i, d)  # reduced dimension, output rows (per matrix)
     if stages < 1 or stages % CONSUMERS:
@@ -371,12 +433,27 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
     n_per = -(-(pairs * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
     kernel = _stream_kernel if STREAM_PDL else _stream_kernel.fn  # (.fn: launched without PDL)
+    if chain is None:  # (the chained arguments unused: placeholders of the right kinds)
+        w2_desc, s2_desc, cnt, rdy, tw, zq, zs, pd, limit = w_desc, s_desc, ids, ids, sx, xq, sx, part, 0.0
+        n_units_d = n_per_d = t_d = split_d = 1
+    else:
+        w2_desc, s2_desc = _descriptors(experts, False)
+        zq, zs, tw, limit, split_d = chain["zq"], chain["zs"], chain["tw"], chain["limit"], chain["split"]
+        t_d = d // ROWS
+        pd = torch.empty((split_d * CONSUMERS, pairs, d), dtype=torch.float32, device=xq.device)
+        n_units_d = pairs * t_d * split_d
+        n_per_d = -(-(pairs * t_d) // (programs // split_d))
+        counts = arrival_counters("moe_glu_decode chain", xq.device, pairs * (i // BLOCK) + pairs + 1)
+        nb = pairs * (i // BLOCK)
+        cnt, rdy = counts[:nb], counts[nb:]
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
-        i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4,
+        i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), w2_desc, s2_desc, cnt, rdy, tw, zq, zs,
+        pd, float(limit), pairs, n_units_d, n_per_d, d, zq.stride(0), zs.stride(0), pd.stride(0), pd.stride(1),
+        T=t, S=split, KR=k // split, R=stages, NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run,
+        CHAIN=chain is not None, T_D=t_d, S_D=split_d, num_warps=4,
         **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
-    return part
+    return part if chain is None else pd
 
 
 def _unit_run(pairs: int, tiles: int) -> int:
@@ -399,6 +476,22 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, experts.num_experts, float(swiglu_limit),
                                         part.stride(0), part.stride(1), zq.stride(0), zs.stride(0), S=ranges,
                                         num_warps=4)
+
+
+def chains(experts: PackedExperts, x: torch.Tensor, blocks) -> bool:
+    """Whether `chain_decode` takes the GLU and the down: CHAIN, both kernels apply, and the down's K ranges are as
+    long as the GLU's (one shared-memory shape of activation tiles; Flash: 2048 each)."""
+    return (CHAIN and applies(experts, x, blocks) and applies(experts, x, blocks, down=True)
+            and experts.hidden // _split(experts, True) == experts.inter // _split(experts, False))
+
+
+def chain_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
+                 swiglu_limit: float, top_k: int, zq: torch.Tensor, zs: torch.Tensor) -> torch.Tensor:
+    """`glu_decode` then `down_decode` in one launch (where `chains`): z's blocks finished by their last arriving
+    partials, each pair's down units started once its z is whole; the weight stream runs on from w13 into W2.
+    Returns `down_decode`'s partials (the same bits: the same sums in the same order); zq / zs are its scratch."""
+    return _launch(xq, sx, ids, experts, True, top_k, _split(experts, True), STAGES,
+                   chain={"zq": zq, "zs": zs, "tw": tw, "limit": swiglu_limit, "split": _split(experts, False)})
 
 
 def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts,

@@ -13,6 +13,9 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
+    from dsv4.kernels.fp8_linear import _quant_rows
+    from dsv4.kernels.moe_mma_operands import _act_pos, _swiglu_z
+
     _LO_ASM = gl.constexpr(F16_LO_PTX)
     _HI_ASM = gl.constexpr(F16_HI_PTX)
 
@@ -75,20 +78,26 @@ if HAS_TRITON and not INTERPRET:
             return run // (S * (T // RUN)), (rem // S) * RUN + k % RUN, rem % S
 
     @gluon.jit
-    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
+    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
+                 CG: gl.constexpr = False):
         """The block-diagonal activation tiles of token t's K blocks kb0 .. kb0 + KBR - 1: tile 2j + h ([8 columns,
         64 k], the wgmma B operand transposed) holds the low (h 0) / high (h 1) nibbles' activations of block j in
         column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`); only the tiles of
         consumer HALF's steps (of NCONS; step s: tiles 4s .. 4s + 3). Their activations are loaded in one go (the
         tile-by-tile loads were a chain of L2 round trips at the kernel's start: 14 % of its stall samples, s48),
-        each tile then picked out of the registers (a sum over the thread's own rows) and stored."""
+        each tile then picked out of the registers (a sum over the thread's own rows) and stored. CG: loaded past L1
+        (the chained kernel's z, written in the same launch)."""
         NQ: gl.constexpr = 4 * (KBR // 2 // NCONS)  # this consumer's tiles
         l3: gl.constexpr = gl.BlockedLayout([NQ, 1, 4], [1, 2, 16], [1, 4, 1], [2, 1, 0])  # [tile, column, k]
         x_l: gl.constexpr = gl.SliceLayout(1, l3)
         q = gl.arange(0, NQ, layout=gl.SliceLayout(1, x_l))
         k = gl.arange(0, 64, layout=gl.SliceLayout(0, x_l))
         tile = 4 * (HALF + NCONS * (q // 4)) + q % 4
-        x = gl.load(XQ + t.to(gl.int64) * stride_x + kb0 * 128 + 64 * tile[:, None] + k[None, :])
+        x_ptr = XQ + t.to(gl.int64) * stride_x + kb0 * 128 + 64 * tile[:, None] + k[None, :]
+        if CG:
+            x = gl.load(x_ptr, cache_modifier=".cg")
+        else:
+            x = gl.load(x_ptr)
         col = 4 * ((tile % 4) // 2)[:, None] + 2 * ((k // 8) % 2)[None, :] + (tile % 2)[:, None]
         n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))
         tiles = gl.where(n[None, :, None] == gl.expand_dims(col, 1), gl.expand_dims(x, 1), 0.0)
@@ -117,3 +126,60 @@ if HAS_TRITON and not INTERPRET:
         """acc + part * 2^(b - 127 + 6) * sa per column (`moe_mma_operands._scale_acc`, the same order)."""
         f = ((sc.to(gl.int32) + 6) << 23).to(gl.float32, bitcast=True)
         return acc + (part * f) * sa[None, :]
+
+    @gluon.jit
+    def _load_sa(ptr, CG: gl.constexpr):
+        """The activation scales of a step (CG: past L1, as `_build_b`)."""
+        if CG:
+            return gl.load(ptr, cache_modifier=".cg")
+        else:
+            return gl.load(ptr)
+
+    # ------------------------------------------------------------------ the chained GLU -> down (moe_glu_decode.CHAIN)
+    # Polls of a count before a waiting consumer gives up (its pair's y is then wrong, never a hang: a bug shows as a
+    # failed test). Each poll is an L2 round trip (≈ 1 µs), so this is far beyond any real wait.
+    SPIN_MAX = gl.constexpr(1 << 20)
+
+    @gluon.jit
+    def _wait_count(ptr, target):
+        """Wait until the int32 count at ptr reaches target (gpu-scope acquire: what its writers released is
+        visible to this partition's later loads, which `_build_b` / `_load_sa` take past L1 all the same)."""
+        n = gl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+        polls = 0
+        while (n < target) & (polls < SPIN_MAX):
+            n = gl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+            polls += 1
+
+    @gluon.jit
+    def _finish_last(P, CNT, RDY, p, b, arrivals, TOPK_W, ZQ, ZS, I, limit, stride_ps, stride_pp, stride_zq,
+                     stride_zs, RANGES: gl.constexpr):
+        """After this partition stored a partial of pair p's z block b: count it; the block's last arriver (of
+        `arrivals`) sums the RANGES partials in range order from 0.0 (as `_finish_kernel`), applies `_glu_out`'s
+        epilogue with z quantised into ZQ / ZS, zeroes the block's counter and counts the block in RDY[p]."""
+        gl.thread_barrier()  # (every thread's partial stores before the one thread's cumulative release)
+        if gl.atomic_add(CNT + p * (I // 128) + b, 1, sem="acq_rel", scope="gpu") == arrivals - 1:
+            lay: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])  # [1, 128]: a channel a thread
+            offs = gl.arange(0, 128, layout=gl.SliceLayout(0, lay))[None, :]
+            src = P + p.to(gl.int64) * stride_pp + b * 128 + offs
+            gate = gl.zeros([1, 128], gl.float32, layout=lay)
+            up = gl.zeros([1, 128], gl.float32, layout=lay)
+            for s in gl.static_range(RANGES):
+                gate += gl.load(src + s * stride_ps, cache_modifier=".cg")
+                up += gl.load(src + s * stride_ps + I, cache_modifier=".cg")
+            z = _swiglu_z(gate, up, TOPK_W + p, limit)
+            q, sc = _quant_rows(z.to(gl.float32))
+            gl.store(ZQ + p.to(gl.int64) * stride_zq + b * 128 + _act_pos(offs), q.to(gl.float16))
+            gl.store(ZS + p.to(gl.int64) * stride_zs + b + gl.arange(0, 1, layout=gl.SliceLayout(1, lay)), sc)
+            gl.store(CNT + p * (I // 128) + b, 0)  # (every partial of the block arrived: ready for the next launch)
+            gl.thread_barrier()  # (z's stores before the release)
+            gl.atomic_add(RDY + p, 1, sem="release", scope="gpu")
+
+    @gluon.jit
+    def _reset_last(RDY, n_pairs):
+        """At a chained program's end: count it in RDY[n_pairs]; the last program zeroes RDY[:n_pairs + 1] (every
+        wait on them in this launch is over)."""
+        if gl.atomic_add(RDY + n_pairs, 1, sem="acq_rel", scope="gpu") == gl.num_programs(0) - 1:
+            lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            for i0 in range(0, n_pairs + 1, 128):
+                i = i0 + gl.arange(0, 128, layout=lay)
+                gl.store(RDY + i, gl.zeros([128], gl.int32, layout=lay), mask=i <= n_pairs)
