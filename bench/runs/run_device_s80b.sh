@@ -7,8 +7,7 @@
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 C=dsv4.kernels.moe_glu_decode.CHAIN=True
-runpar 200 8 tests/gpu/test_moe_glu_down_chain.py tests/gpu/test_moe_glu_decode.py tests/gpu/test_moe_gemv_mma.py \
-  tests/gpu/test_moe.py
+runpar 200 8 tests/gpu/test_moe_glu_down_chain.py tests/gpu/test_moe_glu_decode.py tests/gpu/test_moe_gemv_mma.py
 grep -E "FAILED|Error|assert" $OUT/pytest_par_200.txt | head -12
 timeout 150 python3 bench/bench_moe_flags.py --ms 1,2,4,8,11 --graphs 16 "three launches:" "chained:$C" \
   "three launches:" "chained:$C" 2>&1 | grep -v -i warn | tail -7
