@@ -84,9 +84,13 @@ ONE_CONSUMER_MAXNREG = 232
 # model-level GPU suite passes with it (218 of 219; the other failed the same with it off, on one machine only), 8
 # Flash layers' B = 1 replay 1.14-1.15 vs 1.18 ms off, alternating. Pro's 3072 does not fit (`_fits`): Triton there.
 DOWN_ENABLED = True
-# The GLU, its finish and the down in one launch (`chain_decode`): the finish by each z block's last arriving partial,
-# the down's units after the program's GLU units, each pair's waiting for its 16 blocks. No kernel boundary, no
-# finish launch, and the producer streams W2 while the consumers finish the GLU. Opt-in until measured (session 80).
+# The GLU, its finish and the down in one launch (`chain_decode`): a signal warp counts each GLU unit's partials per z
+# block (gpu-scope atomics) and finishes a block after its last; the down's units follow the program's GLU units, a
+# pair's once its 16 blocks are in. No kernel boundary, no finish launch, the producer streams W2 while the GLU ends.
+# Session 80 (s80b, H100, Flash MoE call in graphs of 16 routings, bit-identical): with the counts done by the
+# consumers themselves (a CTA barrier and an acq_rel atomic after every unit) it was slower -- M = 1 41.6 -> 47.2 µs,
+# M = 8 240.6 -> 284.4, the same with a ring of 8; 8 layers' B = 1 / 8 replay 1.17 / 3.10 -> 1.21 / 3.48 ms: ≈ 1.8 µs
+# of stalled consumers per unit. Opt-in until the signal warp's version is measured.
 CHAIN = False
 DOWN_STAGES = 6  # ... its ring slots (8 KB each; a multiple of CONSUMERS: 5 faulted, s78f)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
@@ -129,8 +133,9 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
-    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _finish_last, _load_sa, _matrices, _reset_last,
-                                                   _scaled, _step_scales, _unit, _unit_count, _wait_count, _widen)
+    from dsv4.kernels.moe_glu_decode_parts import (SIGNAL_RING, _build_b, _hand_off, _load_sa, _matrices,
+                                                   _reset_last, _scaled, _signaller, _step_scales, _unit, _unit_count,
+                                                   _wait_count, _widen)
     from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
@@ -178,8 +183,8 @@ if HAS_TRITON and not INTERPRET:
                      S_D, STEPS, KR, R, 1, NM, True, 1)
 
     @gluon.jit
-    def _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k, stride_x,
-                 stride_sx, stride_ps, stride_pp, c, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs,
+    def _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
+                 stride_x, stride_sx, stride_ps, stride_pp, c, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs,
                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
                  HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr,
                  RUN: gl.constexpr, CHAIN: gl.constexpr):
@@ -248,13 +253,12 @@ if HAS_TRITON and not INTERPRET:
                 gl.store(dst, gl.sum(acc_g, axis=1))
                 if GLU:
                     gl.store(dst + I, gl.sum(acc_u, axis=1))
-                    if CHAIN:  # (2 row tiles x S ranges x NCONS partials per block; its last arriver finishes it)
-                        _finish_last(P, CNT, RDY, p, tile // 2, 2 * S * NCONS, TOPK_W, ZQ, ZS, I, limit, stride_ps,
-                                     stride_pp, stride_zq, stride_zs, S * NCONS)
+                    if CHAIN:  # (the signal warp counts the unit and finishes its z block after its last)
+                        _hand_off(done, taken, c // STEPS - 1)
         return c
 
     @gluon.jit
-    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
                   stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit, n_units_d, n_per_d,
                   stride_zq, stride_zs, stride_pds, stride_pdp, T: gl.constexpr, S: gl.constexpr,
                   STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
@@ -264,13 +268,13 @@ if HAS_TRITON and not INTERPRET:
         NM: gl.constexpr = _matrices(GLU)
         if not GLU:  # the down: only its consumers wait for the GLU's z (its producer streams W2 meanwhile)
             gluon_pdl_wait()
-        c = _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k, stride_x,
-                     stride_sx, stride_ps, stride_pp, 0, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, T, S,
-                     STEPS, KR, R, HALF, NCONS, GLU, NM, CONTIG, RUN, CHAIN)
+        c = _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
+                     stride_x, stride_sx, stride_ps, stride_pp, 0, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq,
+                     stride_zs, T, S, STEPS, KR, R, HALF, NCONS, GLU, NM, CONTIG, RUN, CHAIN)
         if CHAIN:
-            _consume(ZQ, ZS, IDS, PD, w_s, sc_s, b_s, ready, free, num_experts, n_units_d, n_per_d, I, 1, stride_zq,
-                     stride_zs, stride_pds, stride_pdp, c, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, T_D,
-                     S_D, STEPS, KR, R, HALF, NCONS, False, NM, True, 1, True)
+            _consume(ZQ, ZS, IDS, PD, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units_d, n_per_d, I, 1,
+                     stride_zq, stride_zs, stride_pds, stride_pdp, c, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq,
+                     stride_zs, T_D, S_D, STEPS, KR, R, HALF, NCONS, False, NM, True, 1, True)
 
     @pdl_kernel
     @gluon.jit
@@ -299,15 +303,39 @@ if HAS_TRITON and not INTERPRET:
             mbarrier.init(free.index(i), count=1)
         if GLU:  # (everything above touched no input: it overlaps the previous kernel's tail)
             gluon_pdl_wait()  # (the router's ids, the producer's first read, come from the kernel just before)
+        done = ready  # (the unit hand-offs to the signal warp: CHAIN only)
+        taken = free
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
-        if NCONS == 2:
+        if CHAIN:  # two consumers (`chains`), the producer, the signal warp
+            done = gl.allocate_shared_memory(gl.int64, [SIGNAL_RING, 1], mbarrier.MBarrierLayout())
+            taken = gl.allocate_shared_memory(gl.int64, [SIGNAL_RING, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(SIGNAL_RING):
+                mbarrier.init(done.index(i), count=2)
+                mbarrier.init(taken.index(i), count=1)
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
                              n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
                              2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
+                             2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
+                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
+                             w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
+                             T_D, S_D)),
+                (_signaller, (P, IDS, CNT, RDY, TOPK_W, ZQ, ZS, done, taken, num_experts, n_units, n_per, I, limit,
+                              stride_ps, stride_pp, stride_zq, stride_zs, T, S, 2, RUN)),
+            ], [4, 1, 1], [REGS, 40, 40])
+            _reset_last(RDY, n_pairs)  # (every partition of this program is done: the last program zeroes the counts)
+        elif NCONS == 2:
+            gl.warp_specialize([
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
+                             2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
                              n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
                              2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
@@ -316,16 +344,14 @@ if HAS_TRITON and not INTERPRET:
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
                              n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
                              1, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
                              T_D, S_D)),
             ], [1], [40])
-        if CHAIN:  # every partition of this program is done: the last program zeroes the pairs' counts
-            _reset_last(RDY, n_pairs)
 
     @pdl_kernel
     @triton.jit(do_not_specialize=["num_experts"])
@@ -480,9 +506,9 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
 
 
 def chains(experts: PackedExperts, x: torch.Tensor, blocks) -> bool:
-    """Whether `chain_decode` takes the GLU and the down: CHAIN, both kernels apply, and the down's K ranges are as
-    long as the GLU's (one shared-memory shape of activation tiles; Flash: 2048 each)."""
-    return (CHAIN and applies(experts, x, blocks) and applies(experts, x, blocks, down=True)
+    """Whether `chain_decode` takes the GLU and the down: CHAIN, two consumers, both kernels apply, and the down's K
+    ranges are as long as the GLU's (one shared-memory shape of activation tiles; Flash: 2048 each)."""
+    return (CHAIN and CONSUMERS == 2 and applies(experts, x, blocks) and applies(experts, x, blocks, down=True)
             and experts.hidden // _split(experts, True) == experts.inter // _split(experts, False))
 
 

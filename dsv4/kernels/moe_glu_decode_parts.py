@@ -12,6 +12,7 @@ U = 2  # K blocks per step (4 columns each of the MMA's 8)
 if HAS_TRITON and not INTERPRET:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
     from dsv4.kernels.fp8_linear import _quant_rows
     from dsv4.kernels.moe_mma_operands import _act_pos, _swiglu_z
@@ -150,29 +151,60 @@ if HAS_TRITON and not INTERPRET:
             n = gl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
             polls += 1
 
+    # Unit hand-offs from the consumers to the signal warp: a ring of this many (done, taken) barrier pairs
+    SIGNAL_RING = gl.constexpr(4)
+
     @gluon.jit
-    def _finish_last(P, CNT, RDY, p, b, arrivals, TOPK_W, ZQ, ZS, I, limit, stride_ps, stride_pp, stride_zq,
-                     stride_zs, RANGES: gl.constexpr):
-        """After this partition stored a partial of pair p's z block b: count it; the block's last arriver (of
-        `arrivals`) sums the RANGES partials in range order from 0.0 (as `_finish_kernel`), applies `_glu_out`'s
-        epilogue with z quantised into ZQ / ZS, zeroes the block's counter and counts the block in RDY[p]."""
-        gl.thread_barrier()  # (every thread's partial stores before the one thread's cumulative release)
-        if gl.atomic_add(CNT + p * (I // 128) + b, 1, sem="acq_rel", scope="gpu") == arrivals - 1:
-            lay: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])  # [1, 128]: a channel a thread
-            offs = gl.arange(0, 128, layout=gl.SliceLayout(0, lay))[None, :]
-            src = P + p.to(gl.int64) * stride_pp + b * 128 + offs
-            gate = gl.zeros([1, 128], gl.float32, layout=lay)
-            up = gl.zeros([1, 128], gl.float32, layout=lay)
-            for s in gl.static_range(RANGES):
-                gate += gl.load(src + s * stride_ps, cache_modifier=".cg")
-                up += gl.load(src + s * stride_ps + I, cache_modifier=".cg")
-            z = _swiglu_z(gate, up, TOPK_W + p, limit)
-            q, sc = _quant_rows(z.to(gl.float32))
-            gl.store(ZQ + p.to(gl.int64) * stride_zq + b * 128 + _act_pos(offs), q.to(gl.float16))
-            gl.store(ZS + p.to(gl.int64) * stride_zs + b + gl.arange(0, 1, layout=gl.SliceLayout(1, lay)), sc)
-            gl.store(CNT + p * (I // 128) + b, 0)  # (every partial of the block arrived: ready for the next launch)
-            gl.thread_barrier()  # (z's stores before the release)
-            gl.atomic_add(RDY + p, 1, sem="release", scope="gpu")
+    def _hand_off(done, taken, j):
+        """A consumer partition after storing its partials of its j-th GLU unit: hand the unit to the signal warp
+        (its stores before the arrival: a CTA barrier, then the arrival's release), once the slot is taken back."""
+        gl.thread_barrier()
+        slot = j % SIGNAL_RING
+        mbarrier.wait(taken.index(slot), ((j // SIGNAL_RING) & 1) ^ 1)  # (a fresh barrier passes phase 1)
+        mbarrier.arrive(done.index(slot), count=1)
+
+    @gluon.jit
+    def _signaller(P, IDS, CNT, RDY, TOPK_W, ZQ, ZS, done, taken, num_experts, n_units, n_per, I, limit, stride_ps,
+                   stride_pp, stride_zq, stride_zs, T: gl.constexpr, S: gl.constexpr, NCONS: gl.constexpr,
+                   RUN: gl.constexpr):
+        """The signal warp of the chained kernel: for each of the program's GLU units, once both consumers handed it
+        off, one gpu-scope acq_rel count of its z block (2 row tiles x S ranges); the block's last unit finishes
+        it (`_finish_block`). The consumers never wait on the counts' round trips."""
+        j = 0
+        for k in range(_unit_count(n_units, n_per, S, False, RUN)):
+            p, tile, sp = _unit(k, n_per, T, S, False, RUN)
+            e = gl.load(IDS + p)
+            if (e >= 0) & (e < num_experts):
+                slot = j % SIGNAL_RING
+                mbarrier.wait(done.index(slot), (j // SIGNAL_RING) & 1)
+                last = gl.atomic_add(CNT + p * (I // 128) + tile // 2, 1, sem="acq_rel", scope="gpu") == 2 * S - 1
+                mbarrier.arrive(taken.index(slot), count=1)
+                if last:
+                    _finish_block(P, CNT, RDY, p, tile // 2, TOPK_W, ZQ, ZS, I, limit, stride_ps, stride_pp,
+                                  stride_zq, stride_zs, S * NCONS)
+                j += 1
+
+    @gluon.jit
+    def _finish_block(P, CNT, RDY, p, b, TOPK_W, ZQ, ZS, I, limit, stride_ps, stride_pp, stride_zq, stride_zs,
+                      RANGES: gl.constexpr):
+        """Pair p's z block b by one warp, once all its partials arrived: the RANGES partials summed in range order
+        from 0.0 (as `_finish_kernel`), `_glu_out`'s epilogue with z quantised into ZQ / ZS; the block's counter
+        zeroed, the block counted in RDY[p] (release: z's stores first)."""
+        lay: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])  # [1, 128]: 4 channels a thread
+        offs = gl.arange(0, 128, layout=gl.SliceLayout(0, lay))[None, :]
+        src = P + p.to(gl.int64) * stride_pp + b * 128 + offs
+        gate = gl.zeros([1, 128], gl.float32, layout=lay)
+        up = gl.zeros([1, 128], gl.float32, layout=lay)
+        for s in gl.static_range(RANGES):
+            gate += gl.load(src + s * stride_ps, cache_modifier=".cg")
+            up += gl.load(src + s * stride_ps + I, cache_modifier=".cg")
+        z = _swiglu_z(gate, up, TOPK_W + p, limit)
+        q, sc = _quant_rows(z.to(gl.float32))
+        gl.store(ZQ + p.to(gl.int64) * stride_zq + b * 128 + _act_pos(offs), q.to(gl.float16))
+        gl.store(ZS + p.to(gl.int64) * stride_zs + b + gl.arange(0, 1, layout=gl.SliceLayout(1, lay)), sc)
+        gl.store(CNT + p * (I // 128) + b, 0)  # (every unit of the block counted: ready for the next launch)
+        gl.thread_barrier()  # (z's stores before the release)
+        gl.atomic_add(RDY + p, 1, sem="release", scope="gpu")
 
     @gluon.jit
     def _reset_last(RDY, n_pairs):
