@@ -329,7 +329,7 @@ CASES = {
     # ... the GLU, its finish and the down in one launch (moe_glu_decode.CHAIN, opt-in): Flash's 64 down row tiles,
     # one down K range
     "moe_glu_down_chain": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, CHAIN=True, T_D=64, S_D=1),
-    "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
+    "moe_glu_finish": ("moe_glu_decode_parts", "_finish_kernel",
                        dict(P="*fp32", IDS="*i32", TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", limit="fp32"), dict(S=4), 4,
                        1, ("I", "stride_ps", "stride_pp", "stride_zq", "stride_zs")),
     "moe_down_b1": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=False), 4, 3,

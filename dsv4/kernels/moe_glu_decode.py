@@ -124,19 +124,16 @@ LONG_UNIT_RUN_FROM_PAIRS = 48
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
 if HAS_TRITON and not INTERPRET:
-    import triton
-    import triton.language as tl
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
-    from dsv4.kernels.moe_glu_decode_parts import (SIGNAL_RING, _build_b, _hand_off, _load_sa, _matrices,
-                                                   _reset_last, _scaled, _signaller, _step_scales, _unit, _unit_count,
-                                                   _wait_count, _widen)
-    from dsv4.kernels.moe_mma_operands import _glu_out
+    from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel
+    from dsv4.kernels.moe_glu_decode_parts import (SIGNAL_RING, _build_b, _finish_kernel, _hand_off, _load_sa,
+                                                   _matrices, _reset_last, _scaled, _signaller, _step_scales, _unit,
+                                                   _unit_count, _wait_count, _widen)
 
     U_STEP = gl.constexpr(U)
 
@@ -352,27 +349,6 @@ if HAS_TRITON and not INTERPRET:
                              w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
                              T_D, S_D)),
             ], [1], [40])
-
-    @pdl_kernel
-    @triton.jit(do_not_specialize=["num_experts"])
-    def _finish_kernel(P, IDS, TOPK_W, ZQ, ZS, I, num_experts, limit, stride_ps, stride_pp, stride_zq, stride_zs,
-                       S: tl.constexpr):
-        """z of pair program_id(0), channels [128 b, +128) (b = program_id(1)): the S partials summed in range
-        order from 0.0 (as `moe_gemv._split_sum`), then `_glu_out`'s epilogue with z quantised."""
-        pdl_wait()
-        p = tl.program_id(0).to(tl.int64)
-        b = tl.program_id(1)
-        e = tl.load(IDS + p)
-        if (e < 0) | (e >= num_experts):
-            return
-        offs = tl.arange(0, 128)
-        src = P + p * stride_pp + b * 128 + offs
-        gate = tl.zeros((128,), dtype=tl.float32)
-        up = tl.zeros((128,), dtype=tl.float32)
-        for s in tl.static_range(S):
-            gate += tl.load(src + s * stride_ps)
-            up += tl.load(src + s * stride_ps + I)
-        _glu_out(gate, up, p, b, offs, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, BN=128, QUANT_OUT=True)
 
     def _descriptors(experts: PackedExperts, glu: bool) -> tuple:
         """TMA descriptors of the experts' w13 (glu) or w2 bytes ([E * rows, K/2], boxes [64, 64], 64-byte swizzle)

@@ -1,7 +1,8 @@
 """The device-side pieces of the persistent decode GLU / down (`dsv4.kernels.moe_glu_decode`, whose docstring has the
 design): the slot's byte views, the work units' enumeration, the
 activation tiles, the FP4 widening and the per-column scaling. Apart so that the kernel module stays readable; the
-kernels that use them (`_producer`, `_consumer`, `_stream_kernel`) are there."""
+kernels that use them (`_producer`, `_consumer`, `_stream_kernel`) are there; the GLU's finish launch
+(`_finish_kernel`) and the chained kernel's signal warp are here too."""
 from __future__ import annotations
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET
@@ -14,8 +15,12 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+    import triton
+    import triton.language as tl
+
+    from dsv4.kernels._triton import pdl_kernel, pdl_wait
     from dsv4.kernels.fp8_linear import _quant_rows
-    from dsv4.kernels.moe_mma_operands import _act_pos, _swiglu_z
+    from dsv4.kernels.moe_mma_operands import _act_pos, _glu_out, _swiglu_z
 
     _LO_ASM = gl.constexpr(F16_LO_PTX)
     _HI_ASM = gl.constexpr(F16_HI_PTX)
@@ -215,3 +220,24 @@ if HAS_TRITON and not INTERPRET:
             for i0 in range(0, n_pairs + 1, 128):
                 i = i0 + gl.arange(0, 128, layout=lay)
                 gl.store(RDY + i, gl.zeros([128], gl.int32, layout=lay), mask=i <= n_pairs)
+
+    @pdl_kernel
+    @triton.jit(do_not_specialize=["num_experts"])
+    def _finish_kernel(P, IDS, TOPK_W, ZQ, ZS, I, num_experts, limit, stride_ps, stride_pp, stride_zq, stride_zs,
+                       S: tl.constexpr):
+        """z of pair program_id(0), channels [128 b, +128) (b = program_id(1)): the S partials summed in range
+        order from 0.0 (as `moe_gemv._split_sum`), then `_glu_out`'s epilogue with z quantised."""
+        pdl_wait()
+        p = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1)
+        e = tl.load(IDS + p)
+        if (e < 0) | (e >= num_experts):
+            return
+        offs = tl.arange(0, 128)
+        src = P + p * stride_pp + b * 128 + offs
+        gate = tl.zeros((128,), dtype=tl.float32)
+        up = tl.zeros((128,), dtype=tl.float32)
+        for s in tl.static_range(S):
+            gate += tl.load(src + s * stride_ps)
+            up += tl.load(src + s * stride_ps + I)
+        _glu_out(gate, up, p, b, offs, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, BN=128, QUANT_OUT=True)
