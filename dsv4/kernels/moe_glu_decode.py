@@ -181,14 +181,13 @@ if HAS_TRITON and not INTERPRET:
 
     @gluon.jit
     def _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
-                 stride_x, stride_sx, stride_ps, stride_pp, c, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs,
-                 T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
-                 HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr,
+                 stride_x, stride_sx, stride_ps, stride_pp, c, RDY, T: gl.constexpr, S: gl.constexpr,
+                 STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr,
                  RUN: gl.constexpr, CHAIN: gl.constexpr):
         """Consumer HALF of NCONS over one GEMV's units from its c-th ring step (slots of NMS matrices): steps HALF,
-        HALF + NCONS, .. of every unit; its partial goes to range sp * NCONS + HALF of P. CHAIN, GLU: every
-        128-channel block's last arriving partial finishes that block of z into ZQ / ZS and counts it in RDY; CHAIN,
-        down: the units of a pair wait for its z (RDY) and read it past L1."""
+        HALF + NCONS, .. of every unit; its partial goes to range sp * NCONS + HALF of P. CHAIN, GLU: each unit
+        handed to the signal warp once its partials are stored (`_hand_off`); CHAIN, down: a pair's units wait for
+        its z (its 16 blocks counted in RDY) and read it past L1."""
         KBR: gl.constexpr = KR // 128
         c = gl.to_tensor(c)  # (as in `_produce`)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -256,8 +255,8 @@ if HAS_TRITON and not INTERPRET:
 
     @gluon.jit
     def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
-                  stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit, n_units_d, n_per_d,
-                  stride_zq, stride_zs, stride_pds, stride_pdp, T: gl.constexpr, S: gl.constexpr,
+                  stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d, stride_zq, stride_zs,
+                  stride_pds, stride_pdp, T: gl.constexpr, S: gl.constexpr,
                   STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
                   GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr, CHAIN: gl.constexpr,
                   T_D: gl.constexpr, S_D: gl.constexpr):
@@ -266,12 +265,12 @@ if HAS_TRITON and not INTERPRET:
         if not GLU:  # the down: only its consumers wait for the GLU's z (its producer streams W2 meanwhile)
             gluon_pdl_wait()
         c = _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
-                     stride_x, stride_sx, stride_ps, stride_pp, 0, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq,
-                     stride_zs, T, S, STEPS, KR, R, HALF, NCONS, GLU, NM, CONTIG, RUN, CHAIN)
+                     stride_x, stride_sx, stride_ps, stride_pp, 0, RDY, T, S, STEPS, KR, R, HALF, NCONS, GLU, NM,
+                     CONTIG, RUN, CHAIN)
         if CHAIN:
             _consume(ZQ, ZS, IDS, PD, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units_d, n_per_d, I, 1,
-                     stride_zq, stride_zs, stride_pds, stride_pdp, c, CNT, RDY, TOPK_W, ZQ, ZS, limit, stride_zq,
-                     stride_zs, T_D, S_D, STEPS, KR, R, HALF, NCONS, False, NM, True, 1, True)
+                     stride_zq, stride_zs, stride_pds, stride_pdp, c, RDY, T_D, S_D, STEPS, KR, R, HALF, NCONS, False,
+                     NM, True, 1, True)
 
     @pdl_kernel
     @gluon.jit
@@ -284,9 +283,9 @@ if HAS_TRITON and not INTERPRET:
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
         RUN: row tiles per run of a program's units (`_unit`). CHAIN (the GLU): z's blocks finished in the launch
-        into ZQ / ZS by their last arriving partials (CNT: per-block arrival counters, RDY: finished blocks per pair
-        and, at RDY[n_pairs], finished programs -- all zero again at the end), then the down's units over W2 (T_D
-        row tiles of 64 per pair, S_D K ranges) into PD, each pair's once its z is finished."""
+        into ZQ / ZS by the signal warp after their last unit (CNT: units counted per block, RDY: finished blocks per
+        pair and, at RDY[n_pairs], finished programs -- all zero again at the end), then the down's units over W2
+        (T_D row tiles of 64 per pair, S_D K ranges) into PD, each pair's once its z is finished."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
@@ -311,12 +310,12 @@ if HAS_TRITON and not INTERPRET:
                 mbarrier.init(taken.index(i), count=1)
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
-                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
+                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
                              2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
-                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
+                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
                              2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
@@ -328,12 +327,12 @@ if HAS_TRITON and not INTERPRET:
         elif NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
-                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
+                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
                              2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
-                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
+                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
                              2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
@@ -342,8 +341,8 @@ if HAS_TRITON and not INTERPRET:
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
-                             n_units_d, n_per_d, stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
+                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
+                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
                              1, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
