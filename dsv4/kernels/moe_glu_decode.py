@@ -182,8 +182,8 @@ if HAS_TRITON and not INTERPRET:
     @gluon.jit
     def _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
                  stride_x, stride_sx, stride_ps, stride_pp, c, RDY, T: gl.constexpr, S: gl.constexpr,
-                 STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr,
-                 RUN: gl.constexpr, CHAIN: gl.constexpr):
+                 STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
+                 GLU: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr, CHAIN: gl.constexpr):
         """Consumer HALF of NCONS over one GEMV's units from its c-th ring step (slots of NMS matrices): steps HALF,
         HALF + NCONS, .. of every unit; its partial goes to range sp * NCONS + HALF of P. CHAIN, GLU: each unit
         handed to the signal warp once its partials are stored (`_hand_off`); CHAIN, down: a pair's units wait for
