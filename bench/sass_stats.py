@@ -73,11 +73,9 @@ def _stream_case(**constexprs) -> tuple:
     glu = constexprs["GLU"]
     return ("moe_glu_decode", "_stream_kernel",
             dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
-                 P="*fp32", w2_desc=_desc((64, 64), 64), s2_desc=_desc((64, 16), 0), CNT="*i32", RDY="*i32",
-                 TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", PD="*fp32", limit="fp32"),
+                 P="*fp32"),
             {"REGS": 200, "CONTIG": not glu, "RUN": 1, **constexprs}, 4, 1,
-            ("I", *(() if glu else ("rows_e",)), "stride_x", "stride_sx", "stride_ps", "stride_pp", "D", "stride_zq",
-             "stride_zs", "stride_pds", "stride_pdp"))
+            ("I", *(() if glu else ("rows_e",)), "stride_x", "stride_sx", "stride_ps", "stride_pp"))
 
 
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
@@ -326,10 +324,7 @@ CASES = {
     "moe_down_decode_2c": _stream_case(T=64, S=2, KR=1024, R=6, NCONS=2, GLU=False),
     # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, opt-in from 48 pairs)
     "moe_glu_decode_run8": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, RUN=8),
-    # ... the GLU, its finish and the down in one launch (moe_glu_decode.CHAIN, opt-in): Flash's 64 down row tiles,
-    # one down K range
-    "moe_glu_down_chain": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, CHAIN=True, T_D=64, S_D=1),
-    "moe_glu_finish": ("moe_glu_decode_parts", "_finish_kernel",
+    "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
                        dict(P="*fp32", IDS="*i32", TOPK_W="*fp32", ZQ="*fp16", ZS="*fp32", limit="fp32"), dict(S=4), 4,
                        1, ("I", "stride_ps", "stride_pp", "stride_zq", "stride_zs")),
     "moe_down_b1": ("moe_gemv", "_mma_down_kernel", DOWN_B1_T, dict(DOWN_B1_C, SCALE_WORDS=False), 4, 3,

@@ -72,8 +72,6 @@ NARROW_ALLOWED = {
     "topk_chunks_marked": (8, "as topk_chunks"),
     "topk_sampled": (32, "as topk_chunks, 16 slots a thread at 4096-entry chunks, in both select paths"),
     "topk_split_select": (8, "as topk_chunks (a row's slice: `topk._split_select_kernel`)"),
-    "moe_glu_down_chain": (2, "as moe_glu_finish: the in-kernel finish of a z block (one f16 code per thread, in "
-                              "both consumer partitions)"),
     "moe_glu_finish": (1, "z's f16 e4m3 codes scattered in `_act_pos` order (as `_quant16_kernel`)"),
     "gate_route_qx": (1, "x's f16 e4m3 codes scattered in `moe_mma_operands._act_pos` order (as `_quant16_kernel`)"),
     "fp8_gemv_wq_a": (1, "decode GEMV: one bf16 output per thread"),

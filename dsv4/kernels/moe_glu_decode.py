@@ -52,7 +52,7 @@ import functools
 
 import torch
 
-from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters
+from dsv4.kernels._triton import HAS_TRITON, INTERPRET
 from dsv4.kernels.moe_layout import BLOCK, PackedExperts
 from dsv4.kernels.moe_glu_decode_parts import U  # K blocks per step (the kernels' helpers share it)
 
@@ -84,14 +84,13 @@ ONE_CONSUMER_MAXNREG = 232
 # model-level GPU suite passes with it (218 of 219; the other failed the same with it off, on one machine only), 8
 # Flash layers' B = 1 replay 1.14-1.15 vs 1.18 ms off, alternating. Pro's 3072 does not fit (`_fits`): Triton there.
 DOWN_ENABLED = True
-# The GLU, its finish and the down in one launch (`chain_decode`): a signal warp counts each GLU unit's partials per z
-# block (gpu-scope atomics) and finishes a block after its last; the down's units follow the program's GLU units, a
-# pair's once its 16 blocks are in. No kernel boundary, no finish launch, the producer streams W2 while the GLU ends.
-# Session 80 (s80b, H100, Flash MoE call in graphs of 16 routings, bit-identical): with the counts done by the
-# consumers themselves (a CTA barrier and an acq_rel atomic after every unit) it was slower -- M = 1 41.6 -> 47.2 µs,
-# M = 8 240.6 -> 284.4, the same with a ring of 8; 8 layers' B = 1 / 8 replay 1.17 / 3.10 -> 1.21 / 3.48 ms: ≈ 1.8 µs
-# of stalled consumers per unit. Opt-in until the signal warp's version is measured.
-CHAIN = False
+# Tried and removed (sessions 80-81): the GLU, its finish and the down chained in one persistent launch (each z block
+# finished in the kernel by its last arriving partial through gpu-scope counters, a pair's down units started once
+# its 16 blocks were in, the producer streaming W2 on from w13). Bit-identical, but slower at every M on the H100 (in
+# graphs of 16 routings): with the counts taken by the consumers 41.6 -> 47.2 µs at M = 1, 240.6 -> 284.4 at M = 8;
+# with a one-warp signal partition counting them 40.8 -> 42.7 (M = 1), 69.5 -> 72.8 (2), 126.0 -> 132.9 (4), 233.1
+# -> 238.6 (8). Every pair's z completes only in the GLU's last round (its units are strided over the programs), so
+# the chain can save the finish launch and the down's ramp at most, and its waits and counters cost more.
 DOWN_STAGES = 6  # ... its ring slots (8 KB each; a multiple of CONSUMERS: 5 faulted, s78f)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
@@ -124,26 +123,27 @@ LONG_UNIT_RUN_FROM_PAIRS = 48
 ROWS = 64  # rows per unit (one warpgroup's wgmma M)
 
 if HAS_TRITON and not INTERPRET:
+    import triton
+    import triton.language as tl
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel
-    from dsv4.kernels.moe_glu_decode_parts import (SIGNAL_RING, _build_b, _finish_kernel, _hand_off, _load_sa,
-                                                   _matrices, _reset_last, _scaled, _signaller, _step_scales, _unit,
-                                                   _unit_count, _wait_count, _widen)
+    from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
+    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _matrices, _scaled, _step_scales, _unit, _unit_count,
+                                                   _widen)
+    from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
 
     @gluon.jit
-    def _produce(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, c,
-                 T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
-                 NM: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr):
-        """The producer over one GEMV's units (NM matrices per unit, in a ring of NMS-matrix slots), from its c-th
-        ring step on; returns the steps issued."""
-        c = gl.to_tensor(c)  # (a literal 0 from the caller would stay a constexpr through the loop)
+    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
+                  T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr,
+                  GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr):
+        NM: gl.constexpr = _matrices(GLU)
+        c = 0  # steps issued
         for k in range(_unit_count(n_units, n_per, S, CONTIG, RUN)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG, RUN)
             e = gl.load(IDS + p)
@@ -159,42 +159,29 @@ if HAS_TRITON and not INTERPRET:
                     col = (sp * (KR // 128) + 2 * step) * 64
                     for m in gl.static_range(NM):  # (up: I rows further)
                         tma.async_copy_global_to_shared(s_desc, [row + m * I, sc_col], ready.index(slot),
-                                                        sc_s.index(NMS * slot + m))
+                                                        sc_s.index(NM * slot + m))
                         for u in gl.static_range(2):
                             tma.async_copy_global_to_shared(w_desc, [row + m * I, col + 64 * u], ready.index(slot),
-                                                            w_s.index(2 * NMS * slot + 2 * m + u))
+                                                            w_s.index(2 * NM * slot + 2 * m + u))
                     c += 1
-        return c
 
     @gluon.jit
-    def _producer(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, w2_desc,
-                  s2_desc, n_units_d, n_per_d, D, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
-                  KR: gl.constexpr, R: gl.constexpr, GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr,
-                  CHAIN: gl.constexpr, T_D: gl.constexpr, S_D: gl.constexpr):
-        """The weight stream: the GEMV's units; CHAIN: then the down's (W2's rows, CONTIG runs) in the same ring."""
-        NM: gl.constexpr = _matrices(GLU)
-        c = _produce(w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I, 0, T, S,
-                     STEPS, KR, R, NM, NM, CONTIG, RUN)
-        if CHAIN:
-            _produce(w2_desc, s2_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units_d, n_per_d, D, I, c, T_D,
-                     S_D, STEPS, KR, R, 1, NM, True, 1)
-
-    @gluon.jit
-    def _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
-                 stride_x, stride_sx, stride_ps, stride_pp, c, RDY, T: gl.constexpr, S: gl.constexpr,
-                 STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
-                 GLU: gl.constexpr, NMS: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr, CHAIN: gl.constexpr):
-        """Consumer HALF of NCONS over one GEMV's units from its c-th ring step (slots of NMS matrices): steps HALF,
-        HALF + NCONS, .. of every unit; its partial goes to range sp * NCONS + HALF of P. CHAIN, GLU: each unit
-        handed to the signal warp once its partials are stored (`_hand_off`); CHAIN, down: a pair's units wait for
-        its z (its 16 blocks counted in RDY) and read it past L1."""
+    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                  stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
+                  KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
+                  CONTIG: gl.constexpr, RUN: gl.constexpr):
+        """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
+        sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
-        c = gl.to_tensor(c)  # (as in `_produce`)
+        NM: gl.constexpr = _matrices(GLU)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
         zero = gl.zeros([64, 8], gl.float32, layout=acc_l)
         sn = gl.arange(0, 8, layout=gl.SliceLayout(0, acc_l))
+        if not GLU:  # the down: only its consumers wait for the GLU's z (its producer streams W2 meanwhile)
+            gluon_pdl_wait()
+        c = 0
         t_built = -1
         for k in range(_unit_count(n_units, n_per, S, CONTIG, RUN)):
             p, tile, sp = _unit(k, n_per, T, S, CONTIG, RUN)
@@ -203,10 +190,8 @@ if HAS_TRITON and not INTERPRET:
                 t = p // top_k  # (the down GEMV: top_k 1, each pair's own z)
                 kb0 = sp * KBR
                 if t != t_built:  # (the tiles are the token's; every unit of a program has the same K range)
-                    if CHAIN and not GLU:
-                        _wait_count(RDY + t, I // 128)  # (all of pair t's z blocks)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
-                    _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS, CHAIN and not GLU)
+                    _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
                     fence_async_shared()
                     gl.thread_barrier()
                     t_built = t
@@ -214,20 +199,19 @@ if HAS_TRITON and not INTERPRET:
                 acc_u = zero
                 for step in range(HALF, STEPS, NCONS):
                     slot = (c + step) % R
-                    # the activation scale per column, x 2^8 (from L1: no shared-memory hazard, no CTA barrier here;
-                    # the chained down's z scales past it, written in this launch)
-                    sa = _load_sa(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4, CHAIN and not GLU) * 256.0
+                    # the activation scale per column, x 2^8 (from L1: no shared-memory hazard, no CTA barrier here)
+                    sa = gl.load(SX + t.to(gl.int64) * stride_sx + kb0 + 2 * step + sn // 4) * 256.0
                     mbarrier.wait(ready.index(slot), ((c + step) // R) & 1)
-                    sc_g = _step_scales(sc_s, NMS * slot, step, acc_l)
+                    sc_g = _step_scales(sc_s, NM * slot, step, acc_l)
                     pg = zero
                     pu = zero
                     for u in gl.static_range(U_STEP):
-                        g_lo, g_hi = _widen(w_s, 2 * NMS * slot + u, a_l)
+                        g_lo, g_hi = _widen(w_s, 2 * NM * slot + u, a_l)
                         if GLU:
-                            u_lo, u_hi = _widen(w_s, 2 * NMS * slot + 2 + u, a_l)
+                            u_lo, u_hi = _widen(w_s, 2 * NM * slot + 2 + u, a_l)
                         if u == U_STEP - 1:
                             if GLU:
-                                sc_u = _step_scales(sc_s, NMS * slot + 1, step, acc_l)
+                                sc_u = _step_scales(sc_s, NM * slot + 1, step, acc_l)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
                         pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
@@ -249,43 +233,16 @@ if HAS_TRITON and not INTERPRET:
                 gl.store(dst, gl.sum(acc_g, axis=1))
                 if GLU:
                     gl.store(dst + I, gl.sum(acc_u, axis=1))
-                    if CHAIN:  # (the signal warp counts the unit and finishes its z block after its last)
-                        _hand_off(done, taken, c // STEPS - 1)
-        return c
-
-    @gluon.jit
-    def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
-                  stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d, stride_zq, stride_zs,
-                  stride_pds, stride_pdp, T: gl.constexpr, S: gl.constexpr,
-                  STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
-                  GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr, CHAIN: gl.constexpr,
-                  T_D: gl.constexpr, S_D: gl.constexpr):
-        """Consumer HALF of NCONS (`_consume`); CHAIN: the GLU's units, then the down's from z (PD its partials)."""
-        NM: gl.constexpr = _matrices(GLU)
-        if not GLU:  # the down: only its consumers wait for the GLU's z (its producer streams W2 meanwhile)
-            gluon_pdl_wait()
-        c = _consume(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per, I, top_k,
-                     stride_x, stride_sx, stride_ps, stride_pp, 0, RDY, T, S, STEPS, KR, R, HALF, NCONS, GLU, NM,
-                     CONTIG, RUN, CHAIN)
-        if CHAIN:
-            _consume(ZQ, ZS, IDS, PD, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units_d, n_per_d, I, 1,
-                     stride_zq, stride_zs, stride_pds, stride_pdp, c, RDY, T_D, S_D, STEPS, KR, R, HALF, NCONS, False,
-                     NM, True, 1, True)
 
     @pdl_kernel
     @gluon.jit
     def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
-                       stride_sx, stride_ps, stride_pp, w2_desc, s2_desc, CNT, RDY, TOPK_W, ZQ, ZS, PD, limit,
-                       n_pairs, n_units_d, n_per_d, D, stride_zq, stride_zs, stride_pds, stride_pdp,
-                       T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, NCONS: gl.constexpr,
-                       REGS: gl.constexpr, GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr,
-                       CHAIN: gl.constexpr = False, T_D: gl.constexpr = 1, S_D: gl.constexpr = 1):
+                       stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
+                       R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
+                       CONTIG: gl.constexpr, RUN: gl.constexpr):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
-        RUN: row tiles per run of a program's units (`_unit`). CHAIN (the GLU): z's blocks finished in the launch
-        into ZQ / ZS by the signal warp after their last unit (CNT: units counted per block, RDY: finished blocks per
-        pair and, at RDY[n_pairs], finished programs -- all zero again at the end), then the down's units over W2
-        (T_D row tiles of 64 per pair, S_D K ranges) into PD, each pair's once its z is finished."""
+        RUN: row tiles per run of a program's units (`_unit`)."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
@@ -299,55 +256,44 @@ if HAS_TRITON and not INTERPRET:
             mbarrier.init(free.index(i), count=1)
         if GLU:  # (everything above touched no input: it overlaps the previous kernel's tail)
             gluon_pdl_wait()  # (the router's ids, the producer's first read, come from the kernel just before)
-        done = ready  # (the unit hand-offs to the signal warp: CHAIN only)
-        taken = free
         # (constexprs inline: a tuple assigned to a name first turns them into tensors, moe_fp8_ws)
-        if CHAIN:  # two consumers (`chains`), the producer, the signal warp
-            done = gl.allocate_shared_memory(gl.int64, [SIGNAL_RING, 1], mbarrier.MBarrierLayout())
-            taken = gl.allocate_shared_memory(gl.int64, [SIGNAL_RING, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(SIGNAL_RING):
-                mbarrier.init(done.index(i), count=2)
-                mbarrier.init(taken.index(i), count=1)
+        if NCONS == 2:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
-                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
-                             2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
-                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
-                             2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, RUN)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, RUN)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
-                             w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
-                             T_D, S_D)),
-                (_signaller, (P, IDS, CNT, RDY, TOPK_W, ZQ, ZS, done, taken, num_experts, n_units, n_per, I, limit,
-                              stride_ps, stride_pp, stride_zq, stride_zs, T, S, 2, RUN)),
-            ], [4, 1, 1], [REGS, 40, 40])
-            _reset_last(RDY, n_pairs)  # (every partition of this program is done: the last program zeroes the counts)
-        elif NCONS == 2:
-            gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
-                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
-                             2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
-                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 1,
-                             2, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
-                (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
-                             w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
-                             T_D, S_D)),
+                             T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
-                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, done, taken, num_experts, n_units, n_per,
-                             I, top_k, stride_x, stride_sx, stride_ps, stride_pp, RDY, ZQ, ZS, PD, n_units_d, n_per_d,
-                             stride_zq, stride_zs, stride_pds, stride_pdp, T, S, STEPS, KR, R, 0,
-                             1, GLU, CONTIG, RUN, CHAIN, T_D, S_D)),
+                (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, RUN)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
-                             w2_desc, s2_desc, n_units_d, n_per_d, D, T, S, STEPS, KR, R, GLU, CONTIG, RUN, CHAIN,
-                             T_D, S_D)),
+                             T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [1], [40])
+
+    @pdl_kernel
+    @triton.jit(do_not_specialize=["num_experts"])
+    def _finish_kernel(P, IDS, TOPK_W, ZQ, ZS, I, num_experts, limit, stride_ps, stride_pp, stride_zq, stride_zs,
+                       S: tl.constexpr):
+        """z of pair program_id(0), channels [128 b, +128) (b = program_id(1)): the S partials summed in range
+        order from 0.0 (as `moe_gemv._split_sum`), then `_glu_out`'s epilogue with z quantised."""
+        pdl_wait()
+        p = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1)
+        e = tl.load(IDS + p)
+        if (e < 0) | (e >= num_experts):
+            return
+        offs = tl.arange(0, 128)
+        src = P + p * stride_pp + b * 128 + offs
+        gate = tl.zeros((128,), dtype=tl.float32)
+        up = tl.zeros((128,), dtype=tl.float32)
+        for s in tl.static_range(S):
+            gate += tl.load(src + s * stride_ps)
+            up += tl.load(src + s * stride_ps + I)
+        _glu_out(gate, up, p, b, offs, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, BN=128, QUANT_OUT=True)
 
     def _descriptors(experts: PackedExperts, glu: bool) -> tuple:
         """TMA descriptors of the experts' w13 (glu) or w2 bytes ([E * rows, K/2], boxes [64, 64], 64-byte swizzle)
@@ -408,11 +354,9 @@ def _fits(experts: PackedExperts, glu: bool, split: int) -> bool:
     return k % (BLOCK * U * split * CONSUMERS) == 0 and blocks & (blocks - 1) == 0 and n % BLOCK == 0
 
 
-def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int,
-            chain: dict | None = None) -> torch.Tensor:
+def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int) -> torch.Tensor:
     """The persistent kernel over the routed pairs (GLU: w13 from x's codes; else W2 from z's): its fp32 partials
-    [split x CONSUMERS, pairs, 2I or D]. chain (the GLU): `chain_decode`'s z buffers, routing weights and limit;
-    the down's partials [DOWN_SPLIT x CONSUMERS, pairs, D] are returned instead."""
+    [split x CONSUMERS, pairs, 2I or D]."""
     e, i, d = experts.num_experts, experts.inter, experts.hidden
     k, n = (d, i) if glu else (i, d)  # reduced dimension, output rows (per matrix)
     if stages < 1 or stages % CONSUMERS:
@@ -434,27 +378,12 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
     n_per = -(-(pairs * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
     kernel = _stream_kernel if STREAM_PDL else _stream_kernel.fn  # (.fn: launched without PDL)
-    if chain is None:  # (the chained arguments unused: placeholders of the right kinds)
-        w2_desc, s2_desc, cnt, rdy, tw, zq, zs, pd, limit = w_desc, s_desc, ids, ids, sx, xq, sx, part, 0.0
-        n_units_d = n_per_d = t_d = split_d = 1
-    else:
-        w2_desc, s2_desc = _descriptors(experts, False)
-        zq, zs, tw, limit, split_d = chain["zq"], chain["zs"], chain["tw"], chain["limit"], chain["split"]
-        t_d = d // ROWS
-        pd = torch.empty((split_d * CONSUMERS, pairs, d), dtype=torch.float32, device=xq.device)
-        n_units_d = pairs * t_d * split_d
-        n_per_d = -(-(pairs * t_d) // (programs // split_d))
-        counts = arrival_counters("moe_glu_decode chain", xq.device, pairs * (i // BLOCK) + pairs + 1)
-        nb = pairs * (i // BLOCK)
-        cnt, rdy = counts[:nb], counts[nb:]
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
-        i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), w2_desc, s2_desc, cnt, rdy, tw, zq, zs,
-        pd, float(limit), pairs, n_units_d, n_per_d, d, zq.stride(0), zs.stride(0), pd.stride(0), pd.stride(1),
-        T=t, S=split, KR=k // split, R=stages, NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run,
-        CHAIN=chain is not None, T_D=t_d, S_D=split_d, num_warps=4,
+        i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
+        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4,
         **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
-    return part if chain is None else pd
+    return part
 
 
 def _unit_run(pairs: int, tiles: int) -> int:
@@ -478,22 +407,6 @@ def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, experts.num_experts, float(swiglu_limit),
                                         part.stride(0), part.stride(1), zq.stride(0), zs.stride(0), S=ranges,
                                         num_warps=4)
-
-
-def chains(experts: PackedExperts, x: torch.Tensor, blocks) -> bool:
-    """Whether `chain_decode` takes the GLU and the down: CHAIN, two consumers, both kernels apply, and the down's K
-    ranges are as long as the GLU's (one shared-memory shape of activation tiles; Flash: 2048 each)."""
-    return (CHAIN and CONSUMERS == 2 and applies(experts, x, blocks) and applies(experts, x, blocks, down=True)
-            and experts.hidden // _split(experts, True) == experts.inter // _split(experts, False))
-
-
-def chain_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
-                 swiglu_limit: float, top_k: int, zq: torch.Tensor, zs: torch.Tensor) -> torch.Tensor:
-    """`glu_decode` then `down_decode` in one launch (where `chains`): z's blocks finished by their last arriving
-    partials, each pair's down units started once its z is whole; the weight stream runs on from w13 into W2.
-    Returns `down_decode`'s partials (the same bits: the same sums in the same order); zq / zs are its scratch."""
-    return _launch(xq, sx, ids, experts, True, top_k, _split(experts, True), STAGES,
-                   chain={"zq": zq, "zs": zs, "tw": tw, "limit": swiglu_limit, "split": _split(experts, False)})
 
 
 def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts,

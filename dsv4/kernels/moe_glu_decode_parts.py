@@ -1,8 +1,7 @@
 """The device-side pieces of the persistent decode GLU / down (`dsv4.kernels.moe_glu_decode`, whose docstring has the
 design): the slot's byte views, the work units' enumeration, the
 activation tiles, the FP4 widening and the per-column scaling. Apart so that the kernel module stays readable; the
-kernels that use them (`_producer`, `_consumer`, `_stream_kernel`) are there; the GLU's finish launch
-(`_finish_kernel`) and the chained kernel's signal warp are here too."""
+kernels that use them (`_producer`, `_consumer`, `_stream_kernel`) are there."""
 from __future__ import annotations
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET
@@ -13,14 +12,6 @@ U = 2  # K blocks per step (4 columns each of the MMA's 8)
 if HAS_TRITON and not INTERPRET:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
-
-    import triton
-    import triton.language as tl
-
-    from dsv4.kernels._triton import pdl_kernel, pdl_wait
-    from dsv4.kernels.fp8_linear import _quant_rows
-    from dsv4.kernels.moe_mma_operands import _act_pos, _glu_out, _swiglu_z
 
     _LO_ASM = gl.constexpr(F16_LO_PTX)
     _HI_ASM = gl.constexpr(F16_HI_PTX)
@@ -84,26 +75,20 @@ if HAS_TRITON and not INTERPRET:
             return run // (S * (T // RUN)), (rem // S) * RUN + k % RUN, rem % S
 
     @gluon.jit
-    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
-                 CG: gl.constexpr = False):
+    def _build_b(b_s, XQ, t, stride_x, kb0, KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr):
         """The block-diagonal activation tiles of token t's K blocks kb0 .. kb0 + KBR - 1: tile 2j + h ([8 columns,
         64 k], the wgmma B operand transposed) holds the low (h 0) / high (h 1) nibbles' activations of block j in
         column 4 (j % 2) + 2 ((k // 8) % 2) + h, zero elsewhere (`moe_mma_operands._act_tiles`); only the tiles of
         consumer HALF's steps (of NCONS; step s: tiles 4s .. 4s + 3). Their activations are loaded in one go (the
         tile-by-tile loads were a chain of L2 round trips at the kernel's start: 14 % of its stall samples, s48),
-        each tile then picked out of the registers (a sum over the thread's own rows) and stored. CG: loaded past L1
-        (the chained kernel's z, written in the same launch)."""
+        each tile then picked out of the registers (a sum over the thread's own rows) and stored."""
         NQ: gl.constexpr = 4 * (KBR // 2 // NCONS)  # this consumer's tiles
         l3: gl.constexpr = gl.BlockedLayout([NQ, 1, 4], [1, 2, 16], [1, 4, 1], [2, 1, 0])  # [tile, column, k]
         x_l: gl.constexpr = gl.SliceLayout(1, l3)
         q = gl.arange(0, NQ, layout=gl.SliceLayout(1, x_l))
         k = gl.arange(0, 64, layout=gl.SliceLayout(0, x_l))
         tile = 4 * (HALF + NCONS * (q // 4)) + q % 4
-        x_ptr = XQ + t.to(gl.int64) * stride_x + kb0 * 128 + 64 * tile[:, None] + k[None, :]
-        if CG:
-            x = gl.load(x_ptr, cache_modifier=".cg")
-        else:
-            x = gl.load(x_ptr)
+        x = gl.load(XQ + t.to(gl.int64) * stride_x + kb0 * 128 + 64 * tile[:, None] + k[None, :])
         col = 4 * ((tile % 4) // 2)[:, None] + 2 * ((k // 8) % 2)[None, :] + (tile % 2)[:, None]
         n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))
         tiles = gl.where(n[None, :, None] == gl.expand_dims(col, 1), gl.expand_dims(x, 1), 0.0)
@@ -132,112 +117,3 @@ if HAS_TRITON and not INTERPRET:
         """acc + part * 2^(b - 127 + 6) * sa per column (`moe_mma_operands._scale_acc`, the same order)."""
         f = ((sc.to(gl.int32) + 6) << 23).to(gl.float32, bitcast=True)
         return acc + (part * f) * sa[None, :]
-
-    @gluon.jit
-    def _load_sa(ptr, CG: gl.constexpr):
-        """The activation scales of a step (CG: past L1, as `_build_b`)."""
-        if CG:
-            return gl.load(ptr, cache_modifier=".cg")
-        else:
-            return gl.load(ptr)
-
-    # ------------------------------------------------------------------ the chained GLU -> down (moe_glu_decode.CHAIN)
-    # Polls of a count before a waiting consumer gives up (its pair's y is then wrong, never a hang: a bug shows as a
-    # failed test). Each poll is an L2 round trip (≈ 1 µs), so this is far beyond any real wait.
-    SPIN_MAX = gl.constexpr(1 << 20)
-
-    @gluon.jit
-    def _wait_count(ptr, target):
-        """Wait until the int32 count at ptr reaches target (gpu-scope acquire: what its writers released is
-        visible to this partition's later loads, which `_build_b` / `_load_sa` take past L1 all the same)."""
-        n = gl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-        polls = 0
-        while (n < target) & (polls < SPIN_MAX):
-            n = gl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-            polls += 1
-
-    # Unit hand-offs from the consumers to the signal warp: a ring of this many (done, taken) barrier pairs
-    SIGNAL_RING = gl.constexpr(4)
-
-    @gluon.jit
-    def _hand_off(done, taken, j):
-        """A consumer partition after storing its partials of its j-th GLU unit: hand the unit to the signal warp
-        (its stores before the arrival: a CTA barrier, then the arrival's release), once the slot is taken back."""
-        gl.thread_barrier()
-        slot = j % SIGNAL_RING
-        mbarrier.wait(taken.index(slot), ((j // SIGNAL_RING) & 1) ^ 1)  # (a fresh barrier passes phase 1)
-        mbarrier.arrive(done.index(slot), count=1)
-
-    @gluon.jit
-    def _signaller(P, IDS, CNT, RDY, TOPK_W, ZQ, ZS, done, taken, num_experts, n_units, n_per, I, limit, stride_ps,
-                   stride_pp, stride_zq, stride_zs, T: gl.constexpr, S: gl.constexpr, NCONS: gl.constexpr,
-                   RUN: gl.constexpr):
-        """The signal warp of the chained kernel: for each of the program's GLU units, once both consumers handed it
-        off, one gpu-scope acq_rel count of its z block (2 row tiles x S ranges); the block's last unit finishes
-        it (`_finish_block`). The consumers never wait on the counts' round trips."""
-        j = 0
-        for k in range(_unit_count(n_units, n_per, S, False, RUN)):
-            p, tile, sp = _unit(k, n_per, T, S, False, RUN)
-            e = gl.load(IDS + p)
-            if (e >= 0) & (e < num_experts):
-                slot = j % SIGNAL_RING
-                mbarrier.wait(done.index(slot), (j // SIGNAL_RING) & 1)
-                last = gl.atomic_add(CNT + p * (I // 128) + tile // 2, 1, sem="acq_rel", scope="gpu") == 2 * S - 1
-                mbarrier.arrive(taken.index(slot), count=1)
-                if last:
-                    _finish_block(P, CNT, RDY, p, tile // 2, TOPK_W, ZQ, ZS, I, limit, stride_ps, stride_pp,
-                                  stride_zq, stride_zs, S * NCONS)
-                j += 1
-
-    @gluon.jit
-    def _finish_block(P, CNT, RDY, p, b, TOPK_W, ZQ, ZS, I, limit, stride_ps, stride_pp, stride_zq, stride_zs,
-                      RANGES: gl.constexpr):
-        """Pair p's z block b by one warp, once all its partials arrived: the RANGES partials summed in range order
-        from 0.0 (as `_finish_kernel`), `_glu_out`'s epilogue with z quantised into ZQ / ZS; the block's counter
-        zeroed, the block counted in RDY[p] (release: z's stores first)."""
-        lay: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])  # [1, 128]: 4 channels a thread
-        offs = gl.arange(0, 128, layout=gl.SliceLayout(0, lay))[None, :]
-        src = P + p.to(gl.int64) * stride_pp + b * 128 + offs
-        gate = gl.zeros([1, 128], gl.float32, layout=lay)
-        up = gl.zeros([1, 128], gl.float32, layout=lay)
-        for s in gl.static_range(RANGES):
-            gate += gl.load(src + s * stride_ps, cache_modifier=".cg")
-            up += gl.load(src + s * stride_ps + I, cache_modifier=".cg")
-        z = _swiglu_z(gate, up, TOPK_W + p, limit)
-        q, sc = _quant_rows(z.to(gl.float32))
-        gl.store(ZQ + p.to(gl.int64) * stride_zq + b * 128 + _act_pos(offs), q.to(gl.float16))
-        gl.store(ZS + p.to(gl.int64) * stride_zs + b + gl.arange(0, 1, layout=gl.SliceLayout(1, lay)), sc)
-        gl.store(CNT + p * (I // 128) + b, 0)  # (every unit of the block counted: ready for the next launch)
-        gl.thread_barrier()  # (z's stores before the release)
-        gl.atomic_add(RDY + p, 1, sem="release", scope="gpu")
-
-    @gluon.jit
-    def _reset_last(RDY, n_pairs):
-        """At a chained program's end: count it in RDY[n_pairs]; the last program zeroes RDY[:n_pairs + 1] (every
-        wait on them in this launch is over)."""
-        if gl.atomic_add(RDY + n_pairs, 1, sem="acq_rel", scope="gpu") == gl.num_programs(0) - 1:
-            lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-            for i0 in range(0, n_pairs + 1, 128):
-                i = i0 + gl.arange(0, 128, layout=lay)
-                gl.store(RDY + i, gl.zeros([128], gl.int32, layout=lay), mask=i <= n_pairs)
-
-    @pdl_kernel
-    @triton.jit(do_not_specialize=["num_experts"])
-    def _finish_kernel(P, IDS, TOPK_W, ZQ, ZS, I, num_experts, limit, stride_ps, stride_pp, stride_zq, stride_zs,
-                       S: tl.constexpr):
-        """z of pair program_id(0), channels [128 b, +128) (b = program_id(1)): the S partials summed in range
-        order from 0.0 (as `moe_gemv._split_sum`), then `_glu_out`'s epilogue with z quantised."""
-        pdl_wait()
-        p = tl.program_id(0).to(tl.int64)
-        b = tl.program_id(1)
-        e = tl.load(IDS + p)
-        if (e < 0) | (e >= num_experts):
-            return
-        offs = tl.arange(0, 128)
-        src = P + p * stride_pp + b * 128 + offs
-        gate = tl.zeros((128,), dtype=tl.float32)
-        up = tl.zeros((128,), dtype=tl.float32)
-        for s in tl.static_range(S):
-            gate += tl.load(src + s * stride_ps)
-            up += tl.load(src + s * stride_ps + I)
-        _glu_out(gate, up, p, b, offs, TOPK_W, ZQ, ZS, limit, stride_zq, stride_zs, BN=128, QUANT_OUT=True)

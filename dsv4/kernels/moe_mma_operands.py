@@ -115,20 +115,14 @@ if HAS_TRITON:
         return 64 * tile + 16 * c + 8 * h + 2 * t + e % 2
 
     @triton.jit
-    def _swiglu_z(gate, up, weight_ptr, limit):
-        """bf16 z of fp32 gate / up sums: bf16 rounding, SwiGLU clamp, the routing weight at weight_ptr (`_glu_out`;
-        the chained persistent kernel's finish calls it from Gluon)."""
-        g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
-        u = tl.clamp(up.to(tl.bfloat16).to(tl.float32), -limit, limit)
-        return ((g / (1.0 + tl.exp(-g)) * u) * tl.load(weight_ptr)).to(tl.bfloat16)
-
-    @triton.jit
     def _glu_out(gate, up, p, pid_n, offs_n, TOPK_W, Z, ZS, limit, stride_z, stride_zs,
                  BN: tl.constexpr, QUANT_OUT: tl.constexpr):
         """The decode GLU epilogue for pair p's BN channels (tile pid_n): bf16 gate / up, SwiGLU clamp, routing
         weight, and z stored as bf16 at offs_n or (QUANT_OUT, BN 128: one block) as W2's FP8 input in
         `quant16_block`'s layout (`moe_gemv`'s GLU, `moe_glu_decode`'s finish)."""
-        z = _swiglu_z(gate, up, TOPK_W + p, limit)
+        g = tl.minimum(gate.to(tl.bfloat16).to(tl.float32), limit)
+        u = tl.clamp(up.to(tl.bfloat16).to(tl.float32), -limit, limit)
+        z = ((g / (1.0 + tl.exp(-g)) * u) * tl.load(TOPK_W + p)).to(tl.bfloat16)
         if QUANT_OUT:
             q, s = _quant_rows(z.to(tl.float32)[None, :])
             tl.store(Z + p * stride_z + pid_n * BN + _act_pos(tl.arange(0, BN))[None, :], q.to(tl.float16))
