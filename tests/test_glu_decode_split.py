@@ -1,6 +1,7 @@
 """Which K split the persistent decode GEMV kernel (dsv4.kernels.moe_glu_decode) takes for an expert shape: a
 re-derivation of the rule from its constraints (whole 2-block steps for every consumer in every K range, at most
-ODD_SPLIT_MAX ranges), over the released shapes and random ones. CPU only: the choice is host logic."""
+ODD_SPLIT_MAX ranges), over the released shapes and random ones; and its row tiles per run. CPU only: the choice is
+host logic."""
 
 from __future__ import annotations
 
@@ -68,3 +69,22 @@ def test_ring_slots_a_multiple_of_the_consumers(consumers, stages, ok, monkeypat
     else:
         with pytest.raises(ValueError, match="ring slots"):
             g._launch(None, None, None, experts, True, 6, g.SPLIT, stages)
+
+
+@pytest.mark.parametrize("long_from", [0, 48, 5])
+def test_unit_run_rule(long_from, monkeypatch):
+    """The GLU's row tiles per run: the long run from `long_from` pairs (0: never) only where it divides a matrix's
+    tiles (the GPU suite's inter-128 shapes have 2), else the short run; a short run that does not divide is refused."""
+    monkeypatch.setattr(g, "LONG_UNIT_RUN_FROM_PAIRS", long_from)
+    rng = random.Random(99 + long_from)
+    for _ in range(300):
+        short, long_ = rng.choice([1, 2, 4]), rng.choice([4, 8])
+        monkeypatch.setattr(g, "UNIT_RUN", short)
+        monkeypatch.setattr(g, "LONG_UNIT_RUN", long_)
+        pairs, tiles = rng.randint(1, 96), rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 32, 48, 64])
+        want = long_ if 0 < long_from <= pairs and tiles % long_ == 0 else short
+        if tiles % want:
+            with pytest.raises(ValueError, match="do not divide"):
+                g._unit_run(pairs, tiles)
+        else:
+            assert g._unit_run(pairs, tiles) == want, (pairs, tiles, short, long_)
