@@ -1,4 +1,5 @@
 #!/bin/bash
+# (Session 81 removed moe_glu_decode.CHAIN and its test: kept as the record of what ran; it no longer runs as is.)
 # Session 80: the chained persistent decode MoE (moe_glu_decode.CHAIN: GLU, in-kernel finish and down in one launch).
 # 1. its GPU test (bit-identity with the three launches, counters, CUDA graph) and the suites of the kernels it
 #    reuses (the persistent GLU / down, the method-"mma" GEMV whose epilogue moved into `_swiglu_z`);

@@ -1,4 +1,5 @@
 #!/bin/bash
+# (Session 81 removed moe_glu_decode.CHAIN and its test: kept as the record of what ran; it no longer runs as is.)
 # Session 80: the chained decode MoE with its unit counts moved to a signal warp (s80b: counted by the consumers it was
 # 13-18 % slower). Its GPU test, then the Flash MoE call at M = 1-8, three launches vs chained, two rounds, and the
 # model rows.
