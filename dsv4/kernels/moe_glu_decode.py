@@ -389,7 +389,8 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
 def _unit_run(pairs: int, tiles: int) -> int:
     """The GLU's row tiles per run (UNIT_RUN, LONG_UNIT_RUN from LONG_UNIT_RUN_FROM_PAIRS pairs where that is set and
     divides a matrix's tiles; a UNIT_RUN that does not is refused)."""
-    long_ok = 0 < LONG_UNIT_RUN_FROM_PAIRS <= pairs and tiles % LONG_UNIT_RUN == 0  # (else the short runs)
+    # (else the short runs; a LONG_UNIT_RUN below 1 turns long runs off like a LONG_UNIT_RUN_FROM_PAIRS of 0)
+    long_ok = 0 < LONG_UNIT_RUN_FROM_PAIRS <= pairs and LONG_UNIT_RUN > 0 and tiles % LONG_UNIT_RUN == 0
     run = LONG_UNIT_RUN if long_ok else UNIT_RUN
     if run < 1 or tiles % run:
         raise ValueError(f"moe_glu_decode: runs of {run} row tiles do not divide the {tiles} of a matrix")
