@@ -77,6 +77,10 @@ def main() -> None:
         sa = torch.randint(118, 125, (64, 32), device=DEV, dtype=torch.uint8).view(torch.float8_e8m0fnu)
         xa = torch.randn(1, 8, 4096, device=DEV).to(torch.bfloat16)
         ops.append(("decode wo_a", lambda: grouped_linear_w8a16(xa, wa, sa)))
+        wb = (torch.randn(4096, 8192, device=DEV) * 0.5).to(torch.float8_e4m3fn)
+        sb = torch.randint(118, 125, (32, 64), device=DEV, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+        xb = torch.randn(1, 8192, device=DEV).to(torch.bfloat16)
+        ops.append(("decode wo_b", lambda: fp8_linear(xb, wb, sb)))
     if "glue" in parts:  # the latency-bound kernels of a B = 1 decode layer
         ops += _decode_glue()
     if "prefill" in parts:
