@@ -5,9 +5,4 @@
 #     Flash layers, the Flash MoE call at M = 1 / 2 / 4 in graphs, the MoE at 4096 / 8192 tokens, the linears.
 source bench/runs/lib.sh
 bash bench/runs/run_device_s82a.sh
-prefill8 150
-timeout 100 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" 2>&1 | grep -v -i warn | tail -6
-timeout 150 python3 bench/bench_gemm_moe.py --only moe --models flash --ms 4096,8192 --no-sweep 2>&1 \
-  | grep -v -i warn | tail -12
-timeout 120 python3 bench/bench_gemm_moe.py --only linear --models flash --ms 1,64,1024,4096 --no-sweep 2>&1 \
-  | grep -v -i warn | tail -24
+NO_ROWS=1 bash bench/runs/targets.sh

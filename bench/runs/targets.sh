@@ -10,7 +10,7 @@
 # #5 FP8 linears: Flash's decode- and prefill-sized linears against cuBLAS.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-rows8 240 1,8
+[ -n "$NO_ROWS" ] || rows8 240 1,8  # (NO_ROWS=1: a call that measured the rows already)
 prefill8 200
 timeout 120 python3 bench/bench_moe_flags.py --ms 1,2,4 --graphs 16 "default:" 2>&1 | grep -v -i warn | tail -6
 timeout 200 python3 bench/bench_gemm_moe.py --only moe --models flash --ms 4096,8192 --no-sweep 2>&1 \
