@@ -13,6 +13,7 @@ M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.p
 M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 KERNEL="_stream_kernel|_finish_kernel|_combine|_fp8_gemm_kernel|_fp8_gemv_kernel" ncu_cmd 200 20 "$M" \
   bench/ncu_kernels.py --only decode
+[ -n "$RUN_S82A_METRICS_ONLY" ] && exit 0
 for skip in 1 0; do
   timeout 120 ncu -k regex:_stream_kernel --launch-skip $skip -c 1 --section SourceCounters --section WarpStateStats \
     -f -o $OUT/stream$skip python3 bench/ncu_kernels.py --only decode > /dev/null 2>&1
