@@ -103,7 +103,8 @@ def main() -> None:
                    help="instead: one captured decode step (read back as the engine does) as a host / GPU timeline: "
                         "where the GPU idles between the graph, the LM head and the pick; with --prefill: the "
                         "host's lead on the GPU per kernel of a fresh prompt's forward and the idle it costs")
-    p.add_argument("--kernels", action="store_true", help="with --timeline: also every kernel of the captured step")
+    p.add_argument("--kernels", action="store_true", help="with --timeline: also every kernel of the captured step "
+                   "(bench/timeline_exposed.py reads that table by its chain of ends)")
     p.add_argument("--host", action="store_true",
                    help="instead: the host's side of captured decode steps (CPU time per torch op / Python part); "
                    "with --prefill: of eager prefill forwards")
