@@ -74,7 +74,7 @@ def _stream_case(**constexprs) -> tuple:
     return ("moe_glu_decode", "_stream_kernel",
             dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
                  P="*fp32"),
-            {"REGS": 200, "CONTIG": not glu, "RUN": 1, **constexprs}, 4, 1,
+            {"REGS": 200, "CONTIG": not glu, "RUN": 1, "CHAINS": False, **constexprs}, 4, 1,
             ("I", *(() if glu else ("rows_e",)), "stride_x", "stride_sx", "stride_ps", "stride_pp"))
 
 
@@ -322,6 +322,9 @@ CASES = {
     "moe_glu_decode": _stream_case(T=32, S=4, KR=1024, R=6, NCONS=1, GLU=True),
     "moe_glu_decode_2c": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True),
     "moe_down_decode_2c": _stream_case(T=64, S=2, KR=1024, R=6, NCONS=2, GLU=False),
+    # ... the down at its default (one K range of 2048, 6 slots), one MMA chain per step or two (DOWN_CHAINS, opt-in)
+    "moe_down_decode": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),
+    "moe_down_decode_chains": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, CHAINS=True),
     # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, opt-in from 48 pairs)
     "moe_glu_decode_run8": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, RUN=8),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",

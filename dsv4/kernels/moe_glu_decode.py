@@ -91,6 +91,11 @@ DOWN_ENABLED = True
 # with a one-warp signal partition counting them 40.8 -> 42.7 (M = 1), 69.5 -> 72.8 (2), 126.0 -> 132.9 (4), 233.1
 # -> 238.6 (8). Every pair's z completes only in the GLU's last round (its units are strided over the programs), so
 # the chain can save the finish launch and the down's ramp at most, and its waits and counters cost more.
+# ... its step's two K blocks on two MMA chains (the second into an accumulator of its own, summed after the wait)
+# instead of one: the GLU issues two chains per step (gate, up) and streams at ≈ 82 % of copy at one token, the down
+# one chain of 16 wgmmas per 8 KB step and ≈ 60 % (session 80's time line). Opt-in until measured (session 82:
+# prepared offline only). Same bits up to the sign of an exact zero: the blocks fill disjoint columns (`_build_b`).
+DOWN_CHAINS = False
 DOWN_STAGES = 6  # ... its ring slots (8 KB each; a multiple of CONSUMERS: 5 faulted, s78f)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
@@ -169,9 +174,9 @@ if HAS_TRITON and not INTERPRET:
     def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                   stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
                   KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
-                  CONTIG: gl.constexpr, RUN: gl.constexpr):
+                  CONTIG: gl.constexpr, RUN: gl.constexpr, CHAINS: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
-        sp * NCONS + HALF of P."""
+        sp * NCONS + HALF of P. CHAINS (the down): the step's second K block into an accumulator of its own."""
         KBR: gl.constexpr = KR // 128
         NM: gl.constexpr = _matrices(GLU)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -214,14 +219,21 @@ if HAS_TRITON and not INTERPRET:
                                 sc_u = _step_scales(sc_s, NM * slot + 1, step, acc_l)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
-                        pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
-                        pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
+                        if CHAINS and not GLU and u > 0:  # (its own chain; pu is the GLU's up otherwise)
+                            pu = warpgroup_mma(g_lo, b_lo, pu, use_acc=False, is_async=True)
+                            pu = warpgroup_mma(g_hi, b_hi, pu, is_async=True)
+                        else:
+                            pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
+                            pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
                         if GLU:
                             pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
                             pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
                     if GLU:
                         pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                         acc_u = _scaled(acc_u, pu, sc_u, sa)
+                    elif CHAINS:  # the blocks fill disjoint columns (`_build_b`): the sum adds exact zeros
+                        pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
+                        pg = pg + pu
                     else:
                         pg = warpgroup_mma_wait(num_outstanding=0, deps=[pg])
                     # the slot is free: the MMAs are done, and a warpgroup's MMA runs only once all its warps
@@ -239,10 +251,10 @@ if HAS_TRITON and not INTERPRET:
     def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
                        stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
                        R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
-                       CONTIG: gl.constexpr, RUN: gl.constexpr):
+                       CONTIG: gl.constexpr, RUN: gl.constexpr, CHAINS: gl.constexpr):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
-        RUN: row tiles per run of a program's units (`_unit`)."""
+        RUN: row tiles per run of a program's units (`_unit`); CHAINS: the down's two MMA chains (DOWN_CHAINS)."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
@@ -260,16 +272,19 @@ if HAS_TRITON and not INTERPRET:
         if NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, RUN,
+                             CHAINS)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, RUN,
+                             CHAINS)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, RUN,
+                             CHAINS)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [1], [40])
@@ -381,7 +396,8 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
         i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4,
+        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, CHAINS=DOWN_CHAINS and not glu,
+        num_warps=4,
         **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     return part
 

@@ -131,6 +131,33 @@ def test_down_decode_in_moe_gemv(m, consumers, i, close_bf16, monkeypatch):
         close_bf16(outs[1], fused_moe_ref(x, ids, w, experts, out_dtype=dtype), rel=1e-2, what=f"down m={m} {dtype}")
 
 
+@pytest.mark.parametrize("m,consumers,i", [(1, 2, 2048), (3, 1, 2048), (3, 2, 1536)])
+def test_down_two_chains_give_the_same_outputs(m, consumers, i, monkeypatch):
+    """`DOWN_CHAINS` (the down step's second K block on an MMA chain of its own, summed after the wait): the two blocks
+    fill disjoint accumulator columns, so the combined MoE output is the one chain's (equal values: the sign of an
+    exact zero aside), with other ranks' pairs and with DOWN_ODD_SPLIT's 3 K ranges (inter 1536)."""
+    from dsv4.kernels import moe_glu_decode
+    from dsv4.kernels.moe import finalize_experts
+    from dsv4.kernels.moe_gemv import moe_gemv
+
+    e, d, k = 8, 2048, 6
+    gen = torch.Generator(DEV).manual_seed(m * 7 + consumers + i)
+    packed = finalize_experts(_experts(e, d, i, gen))
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
+    monkeypatch.setattr(moe_glu_decode, "DOWN_ODD_SPLIT", True)
+    assert moe_glu_decode.applies(packed, x, None, down=True)
+    for dtype, other_ranks in ((torch.bfloat16, False), (torch.float32, True)):
+        ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
+        outs = []
+        for chains in (False, True):
+            monkeypatch.setattr(moe_glu_decode, "DOWN_CHAINS", chains)
+            out = torch.full((m, d), float("nan"), dtype=dtype, device=DEV)
+            outs.append(moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=out))
+        assert bool(torch.isfinite(outs[0]).all()) and bool(outs[0].abs().sum() > 0)
+        assert torch.equal(outs[0], outs[1]), (m, consumers, i, dtype)
+
+
 def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
     """A hidden size SPLIT does not fit (3584 = 28 K blocks, as Pro's 7168 = 56: 7 K ranges) through fused_moe with
     ODD_SPLIT on vs off (off: the Triton GLU takes it): outputs agree to bf16 rounding and with the reference."""
