@@ -325,6 +325,7 @@ CASES = {
     # ... the down at its default (one K range of 2048, 6 slots), one MMA chain per step or two (DOWN_CHAINS, opt-in)
     "moe_down_decode": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),
     "moe_down_decode_chains": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, CHAINS=True),
+    "moe_glu_decode_chains": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, CHAINS=True),
     # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, opt-in from 48 pairs)
     "moe_glu_decode_run8": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, RUN=8),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",

@@ -66,6 +66,10 @@ ENABLED = True
 # instead of 6 and 4 -- M = 1 42.9 / 43.1 -> 40.7 / 40.8 µs, 2 72.7 -> 69.5, 4 129.6 -> 126.7, 8 242.7 -> 236.7, 11
 # 318.2 -> 307.5 (2 ranges alone: 42.5, 71.3, 127.9, 237.8, 310.0), outputs bit-identical; 8 Flash layers' replay
 # B = 1 1.16 / 1.15 either way, B = 8 3.11 / 3.12 -> 3.08 / 3.07 ms
+# The GLU's step with DOWN_CHAINS' split too: its two K blocks on chains of their own, four per step (gate and up of
+# each). Same bits up to the sign of an exact zero. Opt-in, prepared offline in session 82 (moe_glu_decode_chains:
+# 522 instructions per step against 514, no spills in sass_stats' compile); `run_device_s82e.sh` measures it.
+GLU_CHAINS = False
 STAGES = 4  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes; a multiple of CONSUMERS)
 SPLIT = 2  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
 CONSUMERS = 2  # consumer warpgroups (alternate steps of every unit, each with its own partial; 1: slower, above)
@@ -176,7 +180,7 @@ if HAS_TRITON and not INTERPRET:
                   KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
                   CONTIG: gl.constexpr, RUN: gl.constexpr, CHAINS: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
-        sp * NCONS + HALF of P. CHAINS (the down): the step's second K block into an accumulator of its own."""
+        sp * NCONS + HALF of P. CHAINS: the step's second K block into accumulators of its own."""
         KBR: gl.constexpr = KR // 128
         NM: gl.constexpr = _matrices(GLU)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -210,6 +214,8 @@ if HAS_TRITON and not INTERPRET:
                     sc_g = _step_scales(sc_s, NM * slot, step, acc_l)
                     pg = zero
                     pu = zero
+                    pg2 = zero  # (CHAINS: the step's second K block, on chains of its own)
+                    pu2 = zero
                     for u in gl.static_range(U_STEP):
                         g_lo, g_hi = _widen(w_s, 2 * NM * slot + u, a_l)
                         if GLU:
@@ -219,21 +225,29 @@ if HAS_TRITON and not INTERPRET:
                                 sc_u = _step_scales(sc_s, NM * slot + 1, step, acc_l)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
-                        if CHAINS and not GLU and u > 0:  # (its own chain; pu is the GLU's up otherwise)
-                            pu = warpgroup_mma(g_lo, b_lo, pu, use_acc=False, is_async=True)
-                            pu = warpgroup_mma(g_hi, b_hi, pu, is_async=True)
+                        if CHAINS and u > 0:
+                            pg2 = warpgroup_mma(g_lo, b_lo, pg2, use_acc=False, is_async=True)
+                            pg2 = warpgroup_mma(g_hi, b_hi, pg2, is_async=True)
+                            if GLU:
+                                pu2 = warpgroup_mma(u_lo, b_lo, pu2, use_acc=False, is_async=True)
+                                pu2 = warpgroup_mma(u_hi, b_hi, pu2, is_async=True)
                         else:
                             pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
                             pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
-                        if GLU:
-                            pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
-                            pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
-                    if GLU:
+                            if GLU:
+                                pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
+                                pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
+                    # (CHAINS: the two blocks fill disjoint columns, `_build_b`, so the sums add exact zeros)
+                    if GLU and CHAINS:
+                        pg, pu, pg2, pu2 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu, pg2, pu2])
+                        pg = pg + pg2
+                        acc_u = _scaled(acc_u, pu + pu2, sc_u, sa)
+                    elif GLU:
                         pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                         acc_u = _scaled(acc_u, pu, sc_u, sa)
-                    elif CHAINS:  # the blocks fill disjoint columns (`_build_b`): the sum adds exact zeros
-                        pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
-                        pg = pg + pu
+                    elif CHAINS:
+                        pg, pg2 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pg2])
+                        pg = pg + pg2
                     else:
                         pg = warpgroup_mma_wait(num_outstanding=0, deps=[pg])
                     # the slot is free: the MMAs are done, and a warpgroup's MMA runs only once all its warps
@@ -254,7 +268,8 @@ if HAS_TRITON and not INTERPRET:
                        CONTIG: gl.constexpr, RUN: gl.constexpr, CHAINS: gl.constexpr):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
-        RUN: row tiles per run of a program's units (`_unit`); CHAINS: the down's two MMA chains (DOWN_CHAINS)."""
+        RUN: row tiles per run of a program's units (`_unit`); CHAINS: a step's K blocks on MMA chains of their own
+        (GLU_CHAINS, DOWN_CHAINS)."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
@@ -396,7 +411,7 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
         i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, CHAINS=DOWN_CHAINS and not glu,
+        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, CHAINS=GLU_CHAINS if glu else DOWN_CHAINS,
         num_warps=4,
         **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
     return part

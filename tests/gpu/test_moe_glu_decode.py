@@ -132,10 +132,10 @@ def test_down_decode_in_moe_gemv(m, consumers, i, close_bf16, monkeypatch):
 
 
 @pytest.mark.parametrize("m,consumers,i", [(1, 2, 2048), (3, 1, 2048), (3, 2, 1536)])
-def test_down_two_chains_give_the_same_outputs(m, consumers, i, monkeypatch):
-    """`DOWN_CHAINS` (the down step's second K block on an MMA chain of its own, summed after the wait): the two blocks
-    fill disjoint accumulator columns, so the combined MoE output is the one chain's (equal values: the sign of an
-    exact zero aside), with other ranks' pairs and with DOWN_ODD_SPLIT's 3 K ranges (inter 1536)."""
+def test_two_chains_give_the_same_outputs(m, consumers, i, monkeypatch):
+    """`GLU_CHAINS` / `DOWN_CHAINS` (a step's second K block on MMA chains of its own, summed after the wait): the two
+    blocks fill disjoint accumulator columns, so the combined MoE output is the one chain's (equal values: the sign of
+    an exact zero aside), for either flag and both, with other ranks' pairs and DOWN_ODD_SPLIT's 3 K ranges."""
     from dsv4.kernels import moe_glu_decode
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_gemv import moe_gemv
@@ -146,16 +146,18 @@ def test_down_two_chains_give_the_same_outputs(m, consumers, i, monkeypatch):
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     monkeypatch.setattr(moe_glu_decode, "CONSUMERS", consumers)
     monkeypatch.setattr(moe_glu_decode, "DOWN_ODD_SPLIT", True)
-    assert moe_glu_decode.applies(packed, x, None, down=True)
+    assert moe_glu_decode.applies(packed, x, None) and moe_glu_decode.applies(packed, x, None, down=True)
     for dtype, other_ranks in ((torch.bfloat16, False), (torch.float32, True)):
         ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
         outs = []
-        for chains in (False, True):
-            monkeypatch.setattr(moe_glu_decode, "DOWN_CHAINS", chains)
+        for glu_chains, down_chains in ((False, False), (True, False), (False, True), (True, True)):
+            monkeypatch.setattr(moe_glu_decode, "GLU_CHAINS", glu_chains)
+            monkeypatch.setattr(moe_glu_decode, "DOWN_CHAINS", down_chains)
             out = torch.full((m, d), float("nan"), dtype=dtype, device=DEV)
             outs.append(moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=out))
         assert bool(torch.isfinite(outs[0]).all()) and bool(outs[0].abs().sum() > 0)
-        assert torch.equal(outs[0], outs[1]), (m, consumers, i, dtype)
+        for j in (1, 2, 3):
+            assert torch.equal(outs[0], outs[j]), (m, consumers, i, dtype, j)
 
 
 def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
