@@ -49,6 +49,11 @@ DOWN_B1_T = dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u
 DOWN_B1_C = dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, G=1, NC=16)
 DOWN_B1_DIV16 = ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")
 
+GEMM_T = dict(A="*bf16", SA="*bf16", W="*fp8e4nv", SW="*u8", C="*bf16", P="*fp32", CNT="*i32", norm_eps="fp32")
+GEMM_C = dict(BM=16, BN=128, GROUP_M=8, SWAP_AB=True, FUSE_QUANT=True, SW_E8M0=True, SPLIT_OUT=False, KBP=8,
+              PREFETCH=0)
+GEMM_DIV16 = ("N", "K", "stride_am", "stride_ag", "stride_sam", "stride_sag", "stride_wn", "stride_wg", "stride_swg",
+              "stride_cm", "stride_cg", "stride_pm", "stride_pg", "stride_ps")  # (0 at a plain launch: divisible)
 GLU_FP8_T = dict(A="*fp8e4nv", AS="*fp32", W="*u8", WS="*i32", TB="*i32", C="*bf16", SORTED="*i32",
                  EXPERT_IDS="*i32", NUM_POST="*i32", TOPK_W="*fp32", TILES="*i32", limit="fp32")
 GLU_FP8_C = dict(BM=128, STAGES=4, GROUP_M=4, LISTED=True)
@@ -215,6 +220,11 @@ CASES = {
                       dict(X="*bf16", W="*fp8e4nv", SW="*u8", C="*bf16", P="*fp32", CNT="*i32"),
                       dict(MR=1, BN=64, KU=4, QUANT_X=True, SW_E8M0=True, SPLIT_OUT=True, OUT_F32=False, PREFETCH=4,
                            ROUND_W=False, INTERP=False), 4, 1, ("stride_xm", "stride_xg", "stride_wn")),
+    # the one-token GEMM of wq_b (swap AB, the input quantised inside; 8 K blocks, no split) and the same with the
+    # q latent's RMSNorm applied as it quantises (`fp8_linear(norm=)`, attention.Q_NORM_IN_WQ_B)
+    "fp8_gemm_wq_b": ("fp8_linear", "_fp8_gemm_kernel", GEMM_T, GEMM_C, 4, 4, GEMM_DIV16),
+    "fp8_gemm_wq_b_norm": ("fp8_linear", "_fp8_gemm_kernel", GEMM_T | dict(NW="*bf16"),
+                           GEMM_C | dict(NORM_A=True, NK=1024), 4, 4, GEMM_DIV16),
     "pool_csa": ("cache_store", "_pool_kernel",
                  dict(C="*fp32", Z="*fp32", PAGE="*i64", SLOTS="*i64", HAS_PREV="*i1", OUT="*fp32", NC="*fp32",
                       NZ="*fp32", NSLOT="*i64"),

@@ -18,7 +18,7 @@ import functools
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
-from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs, weighted_rms
 from dsv4.kernels.cache_store import pool_operands, store_rows
 
 NONE, WEIGHTED, UNWEIGHTED = 0, 1, 2
@@ -166,8 +166,7 @@ if HAS_TRITON:
                 cs = tl.load(COS + cs_off, mask=rope, other=1.0)
                 sn = tl.load(SIN + cs_off, mask=rope, other=0.0)
         if NORM == 1:
-            ms = tl.sum(y * y, axis=1) / D
-            y = _bf16(wn[None, :] * (y * tl.math.rsqrt(ms + eps)[:, None]))
+            y = weighted_rms(y, wn, tl.math.rsqrt(tl.sum(y * y, axis=1) / D + eps))
         elif NORM == 2:
             y = unweighted_norm_rows(y, eps, D)
         if ROT:
