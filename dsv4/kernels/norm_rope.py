@@ -244,12 +244,15 @@ def _rope_first(consts: dict) -> bool:
 
 def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
               cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE,
-              nope: int = 0, inverse: bool = False) -> torch.Tensor:
+              nope: int = 0, inverse: bool = False, store: tuple | None = None) -> torch.Tensor:
     """Triton `norm_rope_ref` (bf16; D even, a multiple of 64 with the FP8 simulation, a power of two >= 32
-    with the Hadamard one; Pro's q latent is 1536 wide)."""
+    with the Hadamard one; Pro's q latent is 1536 wide). `store` = (page, off, pool): the results also stored by
+    `cache_store.store_rows(results, page, off, pool)`."""
     out, args, consts, programs, warps = _plan(x, norm, weight, eps, cos, sin, sim, nope, inverse)
     if programs:
         _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, RF=_rope_first(consts), num_warps=warps)
+    if store is not None:
+        store_rows(out, *store)
     return out
 
 
