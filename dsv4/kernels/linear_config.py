@@ -29,6 +29,14 @@ def _next_pow2(v: int) -> int:
     return 1 << max(0, (v - 1).bit_length())
 
 
+# The decode (M <= 16) GEMM's K split: the grid at most DECODE_PROGRAMS programs, each at least DECODE_MIN_KBLOCKS K
+# blocks (Flash at one token: wq_b 256 programs x 8 blocks, no split; wo_b 32 tiles x 8 splits of 8 blocks). Module
+# names so that the 8-layer rows can A/B other splits (`run_device_s83d.sh`: min 16 -> wo_b 4 splits of 16 blocks;
+# 4 x 132 programs -> wo_b 16 of 4, wq_b 2 of 4).
+DECODE_PROGRAMS = 2 * NUM_SMS_H200
+DECODE_MIN_KBLOCKS = 4
+
+
 def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
     """Heuristic launch shape for an [m, k] x [n, k]^T product, K split chosen here (H200 sweeps,
     `bench/sweep_linear.py`, docs/benchmarks.md session 13).
@@ -41,7 +49,8 @@ def pick_linear_config(m: int, n: int, k: int, groups: int = 1) -> LinearConfig:
     """
     kblocks = k // BLOCK
     if m <= 16:
-        cfg, programs, min_kb = LinearConfig(bm=16, bn=128, swap_ab=True, fuse_quant=True), 2 * NUM_SMS_H200, 4
+        cfg = LinearConfig(bm=16, bn=128, swap_ab=True, fuse_quant=True)
+        programs, min_kb = DECODE_PROGRAMS, DECODE_MIN_KBLOCKS
     elif m <= 64:
         cfg = LinearConfig(bm=_next_pow2(m), bn=64, swap_ab=True, fuse_quant=False)
         programs, min_kb = 2 * NUM_SMS_H200, 8
