@@ -474,6 +474,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 
 
 def _norm_operand(norm: tuple | None, k: int) -> tuple | None:
+    """`fp8_linear`'s `norm` checked against the input width k (None passes)."""
     if norm is None:
         return None
     w, eps = norm

@@ -188,13 +188,13 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
             q_latent_kw = dict(norm=nr.WEIGHTED, weight=self.q_norm.weight, eps=self.q_norm.eps)
             kv_kw = dict(norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos, sin=sin, sim=sim,
                          nope=self.nope_dim)
-            q_norm = kv_beside = None  # (Q_NORM_IN_WQ_B)
+            wq_b_norm = kv_beside = None  # (Q_NORM_IN_WQ_B)
             if PAIRED_NORMS:
                 store = (*step.kv_slot(), step.pools.window[self.layer_index]) if self._stores_kv(step) else None
                 if self._norms_q_latent_in_wq_b(q_latent):
-                    q_norm = (self.q_norm.weight, self.q_norm.eps)
+                    wq_b_norm = (self.q_norm.weight, self.q_norm.eps)
                     kv_beside = start_beside(a.device, "kv_norm", a.shape[0],
-                                             lambda: nr.norm_rope(kv, store=store, **kv_kw))  # (runs here)
+                                             lambda: nr.norm_rope(kv, store=store, **kv_kw))  # (called now)
                 else:
                     q_latent, kv = nr.norm_rope_two(q_latent, q_latent_kw, kv, kv_kw, store_b=store)
                 kv_stored = store is not None
@@ -207,8 +207,8 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
                 q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
             elif self.indexer:  # wq_b and the indexer's wq_b read the same q latent
                 q, index_proj = self._fp8_pair("q_latent", q_latent_in)
-            elif q_norm is not None:  # the q latent normed by wq_b's GEMM, the kv beside
-                q, index_proj = fp8_matmul(q_latent_in, self.wq_b.weight, self.wq_b.scale, norm=q_norm), None
+            elif wq_b_norm is not None:  # the q latent normed by wq_b's GEMM, the kv beside
+                q, index_proj = fp8_matmul(q_latent_in, self.wq_b.weight, self.wq_b.scale, norm=wq_b_norm), None
                 kv = kv_beside()
             else:
                 q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
