@@ -446,9 +446,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         raise ValueError("fp8_linear: backend 'cublas' gives bf16 out only")
     cublas = backend == "cublas" or (backend == "auto" and config is None and out_dtype == torch.bfloat16
                                      and m >= CUBLAS_MIN_ROWS)
-    cfg = config or pick_gemv_config(m, n, k) or pick_linear_config(m, n, k)
-    if norm is not None and (cublas or isinstance(cfg, GemvConfig) or not cfg.fuse_quant):
-        from dsv4.kernels.norm_rope import WEIGHTED, norm_rope
+    if norm is not None and (cublas or not getattr(_pick_config(config, m, n, k), "fuse_quant", False)):
+        from dsv4.kernels.norm_rope import WEIGHTED, norm_rope  # the GEMM does not quantise x: norm it first
         return fp8_linear(norm_rope(x2, norm=WEIGHTED, weight=norm[0], eps=norm[1]), weight, scale, config,
                           out_dtype, backend).view(*x.shape[:-1], n)
     if cublas and m and x.is_cuda:
@@ -456,6 +455,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         y = cublas_fp8_linear(x2, weight, scale)
         if y is not None:
             return y.view(*x.shape[:-1], n)
+    cfg = _pick_config(config, m, n, k)
     if isinstance(cfg, GemvConfig):  # one row: the CUDA-core GEMV (dsv4.kernels.fp8_gemv)
         from dsv4.kernels.fp8_gemv import fp8_gemv
         return fp8_gemv(x2, weight, scale, out_dtype=out_dtype, config=cfg).view(*x.shape[:-1], n)
@@ -471,6 +471,11 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     strides = (a.stride(0), 0, s_sam, 0, weight.stride(0), 0, sw.stride(0), 0, out.stride(0), 0)
     _launch_gemm(a, sa, weight, sw, e8, out, m, n, k, 1, strides, cfg, norm)
     return out.view(*x.shape[:-1], n)
+
+
+def _pick_config(config, m: int, n: int, k: int) -> LinearConfig | GemvConfig:
+    """`fp8_linear`'s launch shape: the given one, else the GEMV's where it runs, else the GEMM's."""
+    return config or pick_gemv_config(m, n, k) or pick_linear_config(m, n, k)
 
 
 def _norm_operand(norm: tuple | None, k: int) -> tuple | None:
