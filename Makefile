@@ -25,7 +25,7 @@ KERNEL_TESTS := $(addprefix tests/gpu/,test_norm_rope.py test_topk.py test_cache
 	test_attention.py test_prefill_attention.py test_router.py test_swiglu.py test_sampler_gpu.py test_mhc.py \
 	test_projections.py test_grouped_w8a16.py test_moe_align.py test_requant.py test_moe_gemv_words.py \
 	test_block_sites.py test_router_quant.py test_moe_combine.py test_decode_step_fusions.py test_site_fusions.py \
-	test_token_mask.py test_page_copy.py test_moe_gemv_down_launch.py test_linear_norm.py)
+	test_token_mask.py test_page_copy.py test_moe_gemv_down_launch.py)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 tests

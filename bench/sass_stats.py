@@ -49,7 +49,7 @@ DOWN_B1_T = dict(ZQ="*fp16", ZS="*fp32", IDS="*i32", BLK="*i32", W="*u8", WS="*u
 DOWN_B1_C = dict(BN=64, U=2, KD=1, USE_ASM=True, SPLIT=False, PREFETCH=0, G=1, NC=16)
 DOWN_B1_DIV16 = ("K", "stride_zq", "stride_we", "stride_wn", "stride_wse", "stride_y", "stride_ps")
 
-GEMM_T = dict(A="*bf16", SA="*bf16", W="*fp8e4nv", SW="*u8", C="*bf16", P="*fp32", CNT="*i32", norm_eps="fp32")
+GEMM_T = dict(A="*bf16", SA="*bf16", W="*fp8e4nv", SW="*u8", C="*bf16", P="*fp32", CNT="*i32")
 GEMM_C = dict(BM=16, BN=128, GROUP_M=8, SWAP_AB=True, FUSE_QUANT=True, SW_E8M0=True, SPLIT_OUT=False, KBP=8,
               PREFETCH=0)
 GEMM_DIV16 = ("N", "K", "stride_am", "stride_ag", "stride_sam", "stride_sag", "stride_wn", "stride_wg", "stride_swg",
@@ -79,7 +79,7 @@ def _stream_case(**constexprs) -> tuple:
     return ("moe_glu_decode", "_stream_kernel",
             dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
                  P="*fp32"),
-            {"REGS": 200, "CONTIG": not glu, "RUN": 1, "CHAINS": False, **constexprs}, 4, 1,
+            {"REGS": 200, "CONTIG": not glu, "RUN": 1, **constexprs}, 4, 1,
             ("I", *(() if glu else ("rows_e",)), "stride_x", "stride_sx", "stride_ps", "stride_pp"))
 
 
@@ -220,11 +220,8 @@ CASES = {
                       dict(X="*bf16", W="*fp8e4nv", SW="*u8", C="*bf16", P="*fp32", CNT="*i32"),
                       dict(MR=1, BN=64, KU=4, QUANT_X=True, SW_E8M0=True, SPLIT_OUT=True, OUT_F32=False, PREFETCH=4,
                            ROUND_W=False, INTERP=False), 4, 1, ("stride_xm", "stride_xg", "stride_wn")),
-    # the one-token GEMM of wq_b (swap AB, the input quantised inside; 8 K blocks, no split) and the same with the
-    # q latent's RMSNorm applied as it quantises (`fp8_linear(norm=)`, attention.Q_NORM_IN_WQ_B)
+    # the one-token GEMM of wq_b (swap AB, the input quantised inside; 8 K blocks, no split)
     "fp8_gemm_wq_b": ("fp8_linear", "_fp8_gemm_kernel", GEMM_T, GEMM_C, 4, 4, GEMM_DIV16),
-    "fp8_gemm_wq_b_norm": ("fp8_linear", "_fp8_gemm_kernel", GEMM_T | dict(NW="*bf16"),
-                           GEMM_C | dict(NORM_A=True, NK=1024), 4, 4, GEMM_DIV16),
     "pool_csa": ("cache_store", "_pool_kernel",
                  dict(C="*fp32", Z="*fp32", PAGE="*i64", SLOTS="*i64", HAS_PREV="*i1", OUT="*fp32", NC="*fp32",
                       NZ="*fp32", NSLOT="*i64"),
@@ -332,10 +329,9 @@ CASES = {
     "moe_glu_decode": _stream_case(T=32, S=4, KR=1024, R=6, NCONS=1, GLU=True),
     "moe_glu_decode_2c": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True),
     "moe_down_decode_2c": _stream_case(T=64, S=2, KR=1024, R=6, NCONS=2, GLU=False),
-    # ... the down at its default (one K range of 2048, 6 slots), one MMA chain per step or two (DOWN_CHAINS, opt-in)
+    # ... the down at its default (one K range of 2048, 6 slots)
     "moe_down_decode": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),
-    "moe_down_decode_chains": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, CHAINS=True),
-    "moe_glu_decode_chains": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, CHAINS=True),
+    "moe_down_decode_160": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),  # (DOWN_MAXNREG, OPTIONS)
     # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, opt-in from 48 pairs)
     "moe_glu_decode_run8": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, RUN=8),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
@@ -390,6 +386,10 @@ def _loops(sass: str, hist: int = 0) -> None:
                 print("      " + ", ".join(f"{o} {n}" for o, n in body.most_common(hist)))
 
 
+# compile options of a case beyond num_warps / num_stages (a launch's `maxnreg`)
+OPTIONS = {"moe_down_decode_160": {"maxnreg": 160}}
+
+
 def compile_kernel(name: str, stages: int | None = None):
     """Case `name` compiled for sm_90a (no GPU needed): (the compiled kernel, its num_warps, its num_stages)."""
     import importlib
@@ -416,7 +416,8 @@ def compile_kernel(name: str, stages: int | None = None):
     n_stages = stages if stages is not None else _stages(stage_spec, module)
     source = GluonASTSource if isinstance(jf, GluonJITFunction) else ASTSource  # (Gluon: layouts are explicit)
     k = triton.compile(source(fn=jf, signature=sig, constexprs=const, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": n_stages})
+                       target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": n_stages, **OPTIONS.get(name, {})})
     return k, warps, n_stages
 
 

@@ -1,4 +1,6 @@
 #!/bin/bash
+# (moe_glu_decode.DOWN_CHAINS / GLU_CHAINS were removed after session 84's run of run_device_s83b.sh: within 0.5 %,
+#  docs/benchmarks.md "Session 84")
 # Prepared in session 82 (offline only), one call (≈ 7 min): a step's two K blocks on MMA chains of their own in the
 # persistent decode GLU / down (moe_glu_decode.GLU_CHAINS / DOWN_CHAINS, opt-in; the same outputs).
 # 1. the decode GLU / down file (its new test: equal outputs with either flag and both) -- stop if it fails;

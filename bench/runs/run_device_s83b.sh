@@ -1,4 +1,6 @@
 #!/bin/bash
+# (moe_glu_decode.DOWN_CHAINS / GLU_CHAINS were removed after session 84's run of run_device_s83b.sh: within 0.5 %,
+#  docs/benchmarks.md "Session 84")
 # Session 83, one call (≈ 9 min; a cut run keeps what it printed, most useful first) when only one call is likely:
 # run_device_s82e.sh's MoE call, then 8 Flash layers' B = 1 rows with the chains (both flags) and
 # with the decode mHC finish as "row" (run_device_s83a.sh), off / row / chains alternating.

@@ -1,4 +1,6 @@
 #!/bin/bash
+# (attention.Q_NORM_IN_WQ_B, fp8_linear(norm=) and tests/gpu/test_linear_norm.py were removed after session 84's run
+#  of run_device_s83c.sh: no gain at B = 1 or 8, docs/benchmarks.md "Session 84")
 # Session 83, one call (≈ 8 min): the q latent's RMSNorm applied by wq_b's GEMM (attention.Q_NORM_IN_WQ_B, opt-in,
 # prepared offline: `fp8_linear(norm=)`, the window kv's norm + store beside on the "kv_norm" side stream), on the
 # layers without an indexer (Flash: 23 of 43). One launch fewer on each such layer's chain at decode.

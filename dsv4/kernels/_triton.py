@@ -127,15 +127,6 @@ if HAS_TRITON:
         return mul_rn(a, cs) - mul_rn(c, sn), mul_rn(a, sn) + mul_rn(c, cs)
 
     @triton.jit
-    def weighted_rms(y, w, r):
-        """bf16(w * (y * r)) back in fp32: y [R, C] normed by its rows' factors r [R] (1 / sqrt(mean(y^2) + eps))
-        and the weight w ([C], or [R, C] with equal rows) -- `norm_rope`'s weighted RMSNorm, also applied by the
-        FP8 GEMM to its input (`fp8_linear(norm=)`)."""
-        if len(w.shape) == 1:
-            w = w[None, :]
-        return (w * (y * r[:, None])).to(tl.bfloat16).to(tl.float32)
-
-    @triton.jit
     def split_k_sum(P, CNT, tile, pid_k, split, vals, offs, stride_ps):
         """Split K inside one launch: store this split's fp32 partial at P + offs + pid_k * stride_ps and count
         the arrival on CNT[tile]; returns (whether this program arrived last, and then the `split` partials
@@ -155,7 +146,7 @@ if HAS_TRITON:
             tl.store(CNT + tile, 0)
         return last, total
 else:  # pragma: no cover - CPU-only machines
-    pdl_wait = prefetch_l2 = split_k_sum = mul_rn = rotate_pairs = weighted_rms = None
+    pdl_wait = prefetch_l2 = split_k_sum = mul_rn = rotate_pairs = None
 
 if HAS_TRITON and not INTERPRET:
     from triton.experimental import gluon

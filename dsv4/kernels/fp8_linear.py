@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton  # noqa: F401
-from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks, weighted_rms
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, weight_prefetch_kblocks
 from dsv4.kernels.linear_config import GemvConfig, LinearConfig, launch_split, pick_gemv_config  # noqa: F401
 from dsv4.kernels.linear_config import pick_linear_config  # noqa: F401 (re-exported)
 
@@ -68,12 +68,8 @@ def fp8_gemm_ref(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, scale: 
 
 
 def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                   out_dtype: torch.dtype = torch.bfloat16, norm: tuple | None = None) -> torch.Tensor:
-    """Reference FP8 block linear: bf16 x [..., K] -> [..., N] in out_dtype; `norm` = (weight [K], eps): of x's
-    weighted RMSNorm, rounded to bf16 (`norm_rope_ref(x, norm=WEIGHTED, ...)`), instead of x."""
-    if norm is not None:
-        from dsv4.kernels.norm_rope import WEIGHTED, norm_rope_ref
-        x = norm_rope_ref(x, norm=WEIGHTED, weight=norm[0], eps=norm[1])
+                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Reference FP8 block linear: bf16 x [..., K] -> [..., N] in out_dtype."""
     q, s = act_quant_ref(x)
     return fp8_gemm_ref(q, s, weight, scale, out_dtype)
 
@@ -194,9 +190,6 @@ if HAS_TRITON:
         SWAP_AB: tl.constexpr, FUSE_QUANT: tl.constexpr, SW_E8M0: tl.constexpr, SPLIT_OUT: tl.constexpr,
         KBP: tl.constexpr,  # next power of two >= KB_PER_SPLIT
         PREFETCH: tl.constexpr,  # K blocks of the weight rows started into L2 before the PDL wait
-        NW=None, norm_eps=0.0,  # NORM_A: the input's RMSNorm weight [K] and eps
-        NORM_A: tl.constexpr = False,  # (FUSE_QUANT) quantise rmsnorm(A) * NW: `fp8_linear(norm=)`
-        NK: tl.constexpr = 128,  # NORM_A: K (a constant, as `norm_rope`'s D)
     ):
         BK: tl.constexpr = 128
         pid = tl.program_id(0)
@@ -247,23 +240,10 @@ if HAS_TRITON:
         PRELOAD_SA: tl.constexpr = (not FUSE_QUANT) and (BM * KBP <= 2048)  # larger tiles measured slower
         if PRELOAD_SA:
             sa_all = tl.load(sa_ptrs[:, None] + kb0 + kidx[None, :], mask=mask_m[:, None] & kmask[None, :], other=0.0)
-        if NORM_A:  # every program reads its rows whole for their norm factors (a few KB, from L2), in tiles of
-            # A's shape (one [BM, K] tile's layout spread to A's in the loop: 8x its instructions, sass_stats)
-            ss = tl.zeros((BM,), dtype=tl.float32)
-            for j in tl.static_range(0, NK, BK):
-                part = tl.load(a_ptrs + j, mask=mask_m[:, None], other=0.0).to(tl.float32)
-                ss += tl.sum(part * part, axis=1)
-            r = tl.math.rsqrt(ss / NK + norm_eps)
-            # the norm weight's K block as a tile the shape of A's (every row the same): loaded like A, so the
-            # pipeliner copies it ahead as it does A (a [BK] vector is 2 bytes per thread: loaded in the step)
-            nw_ptrs = NW + offs_m[:, None] * 0 + offs_k[None, :]
         for kb in range(kb0, kb0 + KB_PER_SPLIT):
             a = tl.load(a_ptrs + kb * BK, mask=mask_m[:, None], other=0.0)
             if FUSE_QUANT:
-                a = a.to(tl.float32)
-                if NORM_A:  # the normed bf16 values `norm_rope` would store, then quantised as they would be
-                    a = weighted_rms(a, tl.load(nw_ptrs + kb * BK).to(tl.float32), r)
-                a, sa = _quant_rows(a)
+                a, sa = _quant_rows(a.to(tl.float32))
             elif PRELOAD_SA:
                 sa = tl.sum(tl.where(kidx[None, :] == kb - kb0, sa_all, 0.0), axis=1)
             else:
@@ -364,8 +344,7 @@ def _split_counters(device: torch.device, needed: int) -> torch.Tensor:
     return arrival_counters("fp8_linear split-K", device, needed)
 
 
-def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg: LinearConfig,
-                 norm: tuple | None = None) -> None:
+def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg: LinearConfig) -> None:
     (s_am, s_ag, s_sam, s_sag, s_wn, s_wg, s_swn, s_swg, s_cm, s_cg) = strides
     tiles_m, tiles_n = triton.cdiv(m, cfg.bm), triton.cdiv(n, cfg.bn)
     kblocks = k // BLOCK
@@ -377,8 +356,6 @@ def _launch_gemm(a, sa, weight, sw, sw_e8m0, out, m, n, k, groups, strides, cfg:
     common = dict(BM=cfg.bm, BN=cfg.bn, GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, FUSE_QUANT=cfg.fuse_quant,
                   SW_E8M0=sw_e8m0, KBP=triton.next_power_of_2(kb_per), PREFETCH=weight_prefetch_kblocks(weight.numel()),
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if norm is not None:  # (fuse_quant configs only: `fp8_linear`)
-        common.update(NW=norm[0], norm_eps=float(norm[1]), NORM_A=True, NK=k)
     if split == 1:  # P and CNT unused
         _fp8_gemm_kernel[grid](a, sa, weight, sw, out, out, out, m, n, k, s_am, s_ag, s_sam, s_sag, s_wn, s_wg,
                                s_swn, s_swg, s_cm, s_cg, 0, 0, 0, kb_per, SPLIT_OUT=False, **common)
@@ -421,14 +398,12 @@ CUBLAS_MIN_ROWS = 256
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                config: LinearConfig | None = None, out_dtype: torch.dtype = torch.bfloat16,
-               backend: str = "auto", norm: tuple | None = None) -> torch.Tensor:
+               backend: str = "auto") -> torch.Tensor:
     """FP8 block linear: bf16 x [..., K] -> [..., N] in out_dtype (bf16, or fp32 for a row-parallel
     partial sum that is rounded after the all-reduce); contract of `fp8_linear_ref`. backend "auto":
     cuBLAS from CUBLAS_MIN_ROWS rows when out_dtype is bf16 and no config is given, else Triton: one row
     on the CUDA-core GEMV where `pick_gemv_config` picks it (or config is a GemvConfig), the GEMM below;
-    "triton" / "cublas" force one (cuBLAS: bf16 out only; falls back to Triton where cuBLAS refuses).
-    `norm` = (weight [K], eps): the linear of x's weighted RMSNorm (bf16, as `norm_rope` rounds it), applied by
-    the GEMM as it quantises its input where it does that (decode sizes), else by a `norm_rope` launch first."""
+    "triton" / "cublas" force one (cuBLAS: bf16 out only; falls back to Triton where cuBLAS refuses)."""
     if backend not in ("auto", "triton", "cublas"):
         raise ValueError(f"fp8_linear: backend must be 'auto', 'triton' or 'cublas', got {backend!r}")
     if x.dtype != torch.bfloat16:
@@ -437,7 +412,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         raise ValueError(f"fp8_linear: out_dtype must be bfloat16 or float32, got {out_dtype}")
     k = x.shape[-1]
     _check_weight(weight, scale, k)
-    norm = _norm_operand(norm, k)
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -446,16 +420,12 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         raise ValueError("fp8_linear: backend 'cublas' gives bf16 out only")
     cublas = backend == "cublas" or (backend == "auto" and config is None and out_dtype == torch.bfloat16
                                      and m >= CUBLAS_MIN_ROWS)
-    if norm is not None and (cublas or not getattr(_pick_config(config, m, n, k), "fuse_quant", False)):
-        from dsv4.kernels.norm_rope import WEIGHTED, norm_rope  # the GEMM does not quantise x: norm it first
-        return fp8_linear(norm_rope(x2, norm=WEIGHTED, weight=norm[0], eps=norm[1]), weight, scale, config,
-                          out_dtype, backend).view(*x.shape[:-1], n)
     if cublas and m and x.is_cuda:
         from dsv4.kernels.fp8_cublas import cublas_fp8_linear
         y = cublas_fp8_linear(x2, weight, scale)
         if y is not None:
             return y.view(*x.shape[:-1], n)
-    cfg = _pick_config(config, m, n, k)
+    cfg = config or pick_gemv_config(m, n, k) or pick_linear_config(m, n, k)
     if isinstance(cfg, GemvConfig):  # one row: the CUDA-core GEMV (dsv4.kernels.fp8_gemv)
         from dsv4.kernels.fp8_gemv import fp8_gemv
         return fp8_gemv(x2, weight, scale, out_dtype=out_dtype, config=cfg).view(*x.shape[:-1], n)
@@ -469,24 +439,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         a, sa = act_quant(x2)
         s_sam = sa.stride(0)
     strides = (a.stride(0), 0, s_sam, 0, weight.stride(0), 0, sw.stride(0), 0, out.stride(0), 0)
-    _launch_gemm(a, sa, weight, sw, e8, out, m, n, k, 1, strides, cfg, norm)
+    _launch_gemm(a, sa, weight, sw, e8, out, m, n, k, 1, strides, cfg)
     return out.view(*x.shape[:-1], n)
-
-
-def _pick_config(config, m: int, n: int, k: int) -> LinearConfig | GemvConfig:
-    """`fp8_linear`'s launch shape: the given one, else the GEMV's where it runs, else the GEMM's."""
-    return config or pick_gemv_config(m, n, k) or pick_linear_config(m, n, k)
-
-
-def _norm_operand(norm: tuple | None, k: int) -> tuple | None:
-    """`fp8_linear`'s `norm` checked against the input width k (None passes)."""
-    if norm is None:
-        return None
-    w, eps = norm
-    if w.shape != (k,) or not w.is_floating_point() or not w.is_contiguous():
-        raise ValueError(f"fp8_linear: the norm weight must be a contiguous float [{k}], got {w.dtype} "
-                         f"{tuple(w.shape)}")
-    return w, eps
 
 
 def grouped_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,

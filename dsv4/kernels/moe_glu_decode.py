@@ -66,10 +66,6 @@ ENABLED = True
 # instead of 6 and 4 -- M = 1 42.9 / 43.1 -> 40.7 / 40.8 µs, 2 72.7 -> 69.5, 4 129.6 -> 126.7, 8 242.7 -> 236.7, 11
 # 318.2 -> 307.5 (2 ranges alone: 42.5, 71.3, 127.9, 237.8, 310.0), outputs bit-identical; 8 Flash layers' replay
 # B = 1 1.16 / 1.15 either way, B = 8 3.11 / 3.12 -> 3.08 / 3.07 ms
-# The GLU's step with DOWN_CHAINS' split too: its two K blocks on chains of their own, four per step (gate and up of
-# each). Same bits up to the sign of an exact zero. Opt-in, prepared offline in session 82 (moe_glu_decode_chains:
-# 522 instructions per step against 514, no spills in sass_stats' compile); `run_device_s82e.sh` measures it.
-GLU_CHAINS = False
 STAGES = 4  # ring slots of one unit step each (2 K blocks: 16 KB of weight bytes; a multiple of CONSUMERS)
 SPLIT = 2  # K ranges per (pair, row tile): units small enough to share out evenly over the SMs
 CONSUMERS = 2  # consumer warpgroups (alternate steps of every unit, each with its own partial; 1: slower, above)
@@ -95,11 +91,15 @@ DOWN_ENABLED = True
 # with a one-warp signal partition counting them 40.8 -> 42.7 (M = 1), 69.5 -> 72.8 (2), 126.0 -> 132.9 (4), 233.1
 # -> 238.6 (8). Every pair's z completes only in the GLU's last round (its units are strided over the programs), so
 # the chain can save the finish launch and the down's ramp at most, and its waits and counters cost more.
-# ... its step's two K blocks on two MMA chains (the second into an accumulator of its own, summed after the wait)
-# instead of one: the GLU issues two chains per step (gate, up) and streams at ≈ 82 % of copy at one token, the down
-# one chain of 16 wgmmas per 8 KB step and ≈ 60 % (session 80's time line). Opt-in until measured (session 82:
-# prepared offline only). Same bits up to the sign of an exact zero: the blocks fill disjoint columns (`_build_b`).
-DOWN_CHAINS = False
+# Also removed (sessions 82-84): a step's second K block on MMA chains of its own, in the down and in the GLU (same
+# bits). Session 84 (H100, two rounds): M = 1 40.8 / 40.6 / 40.8 / 40.7 µs (one chain / down / GLU / both), M = 8
+# 233.3 / 233.1 / 232.8 / 232.4, all within 0.5 %; 8 Flash layers' B = 1 replay 1.16 / 1.15 ms either way.
+# ... its register bound per thread at launch (two consumers; None: Triton's, 168 x 384 threads = 64,512 of the SM's
+# 65,536, so no CTA of another kernel fits beside one of it). The GLU's finish launch (26 -> 32 registers x 128
+# threads = 4,096) runs between the GLU and the down: on the SMs where one runs, the down's CTA starts only after it,
+# and its producer's ring (48 KB per SM of W2, streamed before the PDL wait) fills only then. 160 (61,440) leaves room
+# for one finish CTA; the first consumer's setmaxnreg drops from 256 to 240 (no spills, offline). Opt-in, session 84.
+DOWN_MAXNREG = None
 DOWN_STAGES = 6  # ... its ring slots (8 KB each; a multiple of CONSUMERS: 5 faulted, s78f)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
@@ -178,9 +178,9 @@ if HAS_TRITON and not INTERPRET:
     def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
                   stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
                   KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
-                  CONTIG: gl.constexpr, RUN: gl.constexpr, CHAINS: gl.constexpr):
+                  CONTIG: gl.constexpr, RUN: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
-        sp * NCONS + HALF of P. CHAINS: the step's second K block into accumulators of its own."""
+        sp * NCONS + HALF of P."""
         KBR: gl.constexpr = KR // 128
         NM: gl.constexpr = _matrices(GLU)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -214,8 +214,6 @@ if HAS_TRITON and not INTERPRET:
                     sc_g = _step_scales(sc_s, NM * slot, step, acc_l)
                     pg = zero
                     pu = zero
-                    pg2 = zero  # (CHAINS: the step's second K block, on chains of its own)
-                    pu2 = zero
                     for u in gl.static_range(U_STEP):
                         g_lo, g_hi = _widen(w_s, 2 * NM * slot + u, a_l)
                         if GLU:
@@ -225,29 +223,14 @@ if HAS_TRITON and not INTERPRET:
                                 sc_u = _step_scales(sc_s, NM * slot + 1, step, acc_l)
                         b_lo = b_s.index(4 * step + 2 * u).permute((1, 0))
                         b_hi = b_s.index(4 * step + 2 * u + 1).permute((1, 0))
-                        if CHAINS and u > 0:
-                            pg2 = warpgroup_mma(g_lo, b_lo, pg2, use_acc=False, is_async=True)
-                            pg2 = warpgroup_mma(g_hi, b_hi, pg2, is_async=True)
-                            if GLU:
-                                pu2 = warpgroup_mma(u_lo, b_lo, pu2, use_acc=False, is_async=True)
-                                pu2 = warpgroup_mma(u_hi, b_hi, pu2, is_async=True)
-                        else:
-                            pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
-                            pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
-                            if GLU:
-                                pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
-                                pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
-                    # (CHAINS: the two blocks fill disjoint columns, `_build_b`, so the sums add exact zeros)
-                    if GLU and CHAINS:
-                        pg, pu, pg2, pu2 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu, pg2, pu2])
-                        pg = pg + pg2
-                        acc_u = _scaled(acc_u, pu + pu2, sc_u, sa)
-                    elif GLU:
+                        pg = warpgroup_mma(g_lo, b_lo, pg, use_acc=u > 0, is_async=True)
+                        pg = warpgroup_mma(g_hi, b_hi, pg, is_async=True)
+                        if GLU:
+                            pu = warpgroup_mma(u_lo, b_lo, pu, use_acc=u > 0, is_async=True)
+                            pu = warpgroup_mma(u_hi, b_hi, pu, is_async=True)
+                    if GLU:
                         pg, pu = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pu])
                         acc_u = _scaled(acc_u, pu, sc_u, sa)
-                    elif CHAINS:
-                        pg, pg2 = warpgroup_mma_wait(num_outstanding=0, deps=[pg, pg2])
-                        pg = pg + pg2
                     else:
                         pg = warpgroup_mma_wait(num_outstanding=0, deps=[pg])
                     # the slot is free: the MMAs are done, and a warpgroup's MMA runs only once all its warps
@@ -265,11 +248,10 @@ if HAS_TRITON and not INTERPRET:
     def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
                        stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
                        R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
-                       CONTIG: gl.constexpr, RUN: gl.constexpr, CHAINS: gl.constexpr):
+                       CONTIG: gl.constexpr, RUN: gl.constexpr):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
-        RUN: row tiles per run of a program's units (`_unit`); CHAINS: a step's K blocks on MMA chains of their own
-        (GLU_CHAINS, DOWN_CHAINS)."""
+        RUN: row tiles per run of a program's units (`_unit`)."""
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
@@ -287,19 +269,16 @@ if HAS_TRITON and not INTERPRET:
         if NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, RUN,
-                             CHAINS)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, RUN)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, RUN,
-                             CHAINS)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, RUN)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, RUN,
-                             CHAINS)),
+                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, RUN)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [1], [40])
@@ -411,10 +390,16 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
         i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, CHAINS=GLU_CHAINS if glu else DOWN_CHAINS,
-        num_warps=4,
-        **({"maxnreg": ONE_CONSUMER_MAXNREG} if CONSUMERS == 1 else {}))
+        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4,
+        **_register_bound(glu))
     return part
+
+
+def _register_bound(glu: bool) -> dict:
+    """The launch's `maxnreg` where one is set: ONE_CONSUMER_MAXNREG with one consumer, DOWN_MAXNREG for the down."""
+    if CONSUMERS == 1:
+        return {"maxnreg": ONE_CONSUMER_MAXNREG}
+    return {"maxnreg": DOWN_MAXNREG} if not glu and DOWN_MAXNREG else {}
 
 
 def _unit_run(pairs: int, tiles: int) -> int:

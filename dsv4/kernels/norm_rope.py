@@ -18,7 +18,7 @@ import functools
 import torch
 
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, tl, triton  # noqa: F401
-from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs, weighted_rms
+from dsv4.kernels._triton import pdl_kernel, pdl_wait, rotate_pairs
 from dsv4.kernels.cache_store import pool_operands, store_rows
 
 NONE, WEIGHTED, UNWEIGHTED = 0, 1, 2
@@ -166,7 +166,8 @@ if HAS_TRITON:
                 cs = tl.load(COS + cs_off, mask=rope, other=1.0)
                 sn = tl.load(SIN + cs_off, mask=rope, other=0.0)
         if NORM == 1:
-            y = weighted_rms(y, wn, tl.math.rsqrt(tl.sum(y * y, axis=1) / D + eps))
+            ms = tl.sum(y * y, axis=1) / D
+            y = _bf16(wn[None, :] * (y * tl.math.rsqrt(ms + eps)[:, None]))
         elif NORM == 2:
             y = unweighted_norm_rows(y, eps, D)
         if ROT:
@@ -244,15 +245,12 @@ def _rope_first(consts: dict) -> bool:
 
 def norm_rope(x: torch.Tensor, *, norm: int = NONE, weight: torch.Tensor | None = None, eps: float = 0.0,
               cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, sim: int = SIM_NONE,
-              nope: int = 0, inverse: bool = False, store: tuple | None = None) -> torch.Tensor:
+              nope: int = 0, inverse: bool = False) -> torch.Tensor:
     """Triton `norm_rope_ref` (bf16; D even, a multiple of 64 with the FP8 simulation, a power of two >= 32
-    with the Hadamard one; Pro's q latent is 1536 wide). `store` = (page, off, pool): the results also stored by
-    `cache_store.store_rows(results, page, off, pool)`."""
+    with the Hadamard one; Pro's q latent is 1536 wide)."""
     out, args, consts, programs, warps = _plan(x, norm, weight, eps, cos, sin, sim, nope, inverse)
     if programs:
         _norm_rope_kernel[(programs,)](*args, **consts, INTERP=INTERPRET, RF=_rope_first(consts), num_warps=warps)
-    if store is not None:
-        store_rows(out, *store)
     return out
 
 

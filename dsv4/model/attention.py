@@ -28,7 +28,7 @@ from dsv4.model.context import Segment
 from dsv4.model.indexer import Indexer, indices_to_mask
 from dsv4.model.attention_stacks import StackedProjections
 from dsv4.model.attention_unpaged import UnpagedDecode
-from dsv4.model.linear import FP8, FP8Stack, Linear, fp8_matmul
+from dsv4.model.linear import FP8, FP8Stack, Linear
 from dsv4.model.mixed_steps import attend_head
 from dsv4.model.norm import RMSNorm, unweighted_rms_norm
 from dsv4.model.numerics import Numerics, acc_dtype, simulate_kv_fp8
@@ -76,10 +76,8 @@ FUSED_KV_STORE = True
 # fewer per such layer (CSA layers pair it with the indexer q's glue already). H200 s50: alone within noise (B = 1
 # 1.13 ms), with the other two above
 DECODE_Q_NORM_IN_KERNEL = True
-# kernel mode, up to 16 tokens, layers without an indexer: the q latent's RMSNorm applied by wq_b's GEMM as it
-# quantises its input (`fp8_linear(norm=)`), the window kv's norm + RoPE (+ store) beside it on a side stream
-# ("kv_norm"): one launch fewer on the layer's chain (GEMV -> norm_rope_two -> wq_b). Opt-in, offline (session 83)
-Q_NORM_IN_WQ_B = False
+# (Removed after session 84: the q latent's norm by wq_b's GEMM, the kv's beside -- no gain on the H100, 8 Flash
+# layers' replay B = 1 1.14 / 1.16 -> 1.16 / 1.16 ms, B = 8 3.04 -> 3.05; docs/benchmarks.md "Session 84")
 # kernel mode, paged FP8 decode step: each compressor's new entry (normed, RoPE'd, quantised) stored by the pooling
 # launch's last-arriving program per row (`cache_store.pool_windows(store=)`) instead of a `store_rows` launch after
 # it: one launch fewer per compressor (CSA layers 2, HCA 1). Bit-identical on the H200 (s50g, after the verify-step
@@ -188,15 +186,9 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
             q_latent_kw = dict(norm=nr.WEIGHTED, weight=self.q_norm.weight, eps=self.q_norm.eps)
             kv_kw = dict(norm=nr.WEIGHTED, weight=self.kv_norm.weight, eps=self.kv_norm.eps, cos=cos, sin=sin, sim=sim,
                          nope=self.nope_dim)
-            wq_b_norm = kv_beside = None  # (Q_NORM_IN_WQ_B)
             if PAIRED_NORMS:
                 store = (*step.kv_slot(), step.pools.window[self.layer_index]) if self._stores_kv(step) else None
-                if self._norms_q_latent_in_wq_b(q_latent):
-                    wq_b_norm = (self.q_norm.weight, self.q_norm.eps)
-                    kv_beside = start_beside(a.device, "kv_norm", a.shape[0],
-                                             lambda: nr.norm_rope(kv, store=store, **kv_kw))  # (called now)
-                else:
-                    q_latent, kv = nr.norm_rope_two(q_latent, q_latent_kw, kv, kv_kw, store_b=store)
+                q_latent, kv = nr.norm_rope_two(q_latent, q_latent_kw, kv, kv_kw, store_b=store)
                 kv_stored = store is not None
             else:
                 q_latent, kv = nr.norm_rope(q_latent, **q_latent_kw), nr.norm_rope(kv, **kv_kw)
@@ -207,9 +199,6 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
                 q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
             elif self.indexer:  # wq_b and the indexer's wq_b read the same q latent
                 q, index_proj = self._fp8_pair("q_latent", q_latent_in)
-            elif wq_b_norm is not None:  # the q latent normed by wq_b's GEMM, the kv beside
-                q, index_proj = fp8_matmul(q_latent_in, self.wq_b.weight, self.wq_b.scale, norm=wq_b_norm), None
-                kv = kv_beside()
             else:
                 q, index_proj = self.wq_b(q_latent_in, input_ready=True), None
             q_kw = dict(norm=nr.UNWEIGHTED, eps=self.eps, cos=cos, sin=sin)
@@ -435,12 +424,6 @@ class Attention(StackedProjections, UnpagedDecode, nn.Module):
         """Whether the paged decode step's attention kernel norms and RoPEs q itself (DECODE_Q_NORM_IN_KERNEL): in
         layers without an indexer, and in CSA layers whose indexer chain runs beside (no launch to pair q with)."""
         return DECODE_Q_NORM_IN_KERNEL and (self.indexer is None or picks_beside) and self.step_kernel(step)
-
-    def _norms_q_latent_in_wq_b(self, q_latent: torch.Tensor) -> bool:
-        """Whether wq_b's GEMM norms the q latent itself (Q_NORM_IN_WQ_B): decode sizes, no indexer (which reads
-        the normed q latent), wq_b on the FP8 kernel."""
-        return (Q_NORM_IN_WQ_B and self.indexer is None and q_latent.shape[0] <= 16
-                and self.wq_b.kernel_format == "fp8")
 
     def _stores_kv(self, step) -> bool:
         """Whether `prepare` stores the window kv of this paged decode step (FUSED_KV_STORE)."""

@@ -184,14 +184,12 @@ class Linear(nn.Module):
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype | None = None,
-               config=None, norm: tuple | None = None) -> torch.Tensor:
+               config=None) -> torch.Tensor:
     """Kernel mode's FP8 GEMM, `dsv4.kernels.fp8_linear.fp8_linear` (looked up at call time, so a
     reference swapped in for it serves every caller): bf16 out (or out_dtype), fp32 unrounded for a partial sum.
-    `config`: an explicit launch config (`stacked_fp8_forward`); `norm` = (weight, eps): of x's weighted RMSNorm."""
+    `config`: an explicit launch config (`stacked_fp8_forward`)."""
     from dsv4.kernels.fp8_linear import fp8_linear
     kw = {} if config is None else {"config": config}
-    if norm is not None:
-        kw["norm"] = norm
     if out_dtype == torch.float32:  # a partial sum: unrounded, like the torch path
         return fp8_linear(x, weight, scale, out_dtype=torch.float32, **kw)
     y = fp8_linear(x, weight, scale, **kw)

@@ -26,16 +26,15 @@ from typing import Callable, TypeVar
 import torch
 
 # The branches that run beside (A/B runs in bench/, debugging): any other name runs inline.
-OVERLAP = ("shared_expert", "projections", "indexer", "step_tables", "kv_norm")
+OVERLAP = ("shared_expert", "projections", "indexer", "step_tables")
 # Each branch's lane: its side stream and its kernels' arrival counters (`_triton.counter_lane`). Branches that may
 # run at the same time need lanes of their own: a CSA layer's indexer chain runs beside its projections' branch.
-LANES = {"shared_expert": 1, "projections": 1, "indexer": 2, "step_tables": 3, "kv_norm": 2}
+LANES = {"shared_expert": 1, "projections": 1, "indexer": 2, "step_tables": 3}
 # Stream priority per lane (CUDA: lower is higher; absent or 0 the default, -1 high): where the main stream streams
 # a big weight beside a branch of small latency-bound launches (wq_b beside the indexer's chain), a high-priority
 # branch gets SM slots as the main kernel's programs retire instead of queueing behind them (the s52 timeline: that
 # chain's launches ran 2-3x their time alone). The indexer and step-table lanes high since s54 (measured together
-# with attention.INDEXER_BESIDE). To raise the projections' branch alone, give it a lane of its own first. The window
-# kv's norm (attention.Q_NORM_IN_WQ_B, layers without an indexer) shares the indexer's lane.
+# with attention.INDEXER_BESIDE). To raise the projections' branch alone, give it a lane of its own first.
 PRIORITY: dict[int, int] = {2: -1, 3: -1}
 MAX_ROWS = 128  # the largest CUDA-graph decode bucket
 

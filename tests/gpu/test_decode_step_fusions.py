@@ -4,8 +4,7 @@ FUSED_ENTRY_STORE (the compressors' entries stored by the pooling launch's last 
 DECODE_Q_NORM_IN_KERNEL (sliding / HCA layers' q heads' norm + RoPE in the decode attention kernel,
 `decode_attention(q_norm=)`), COMPRESS_BESIDE (the compressors' step work moved to the side stream),
 indexer.TOPK_IN_SCORES (the CSA layers' top-k picked by the scores launch), and the opt-in branches INDEXER_BESIDE
-(the CSA indexer's chain beside wq_b), block.STEP_TABLES_BESIDE (the later layers' step tables) and Q_NORM_IN_WQ_B
-(the q latent's norm by wq_b's GEMM, the kv's beside). Each saves
+(the CSA indexer's chain beside wq_b) and block.STEP_TABLES_BESIDE (the later layers' step tables). Each saves
 its launch wherever it applies (or moves it off the main stream) and keeps the decode logits and the cache rows
 read back. On the CPU through Triton's interpreter (a shorter run), on the GPU in full (window closings, a
 rollback, MTP-like multi-token steps)."""
@@ -38,7 +37,7 @@ def _decode(monkeypatch, flag: str | None, *more: str):
         monkeypatch.setattr(attention, name, name == flag or name in more)
     model = load_model(Path(dsv4.__file__).parent / "assets" / "tiny", DEV, torch.bfloat16, kernels="triton")
     batch = PagedBatch(model, "fp8", prompts=prompts, together=DEV != "cuda")
-    calls, layer_steps = {"store_rows": 0, "norm_rope": 0, "norm_rope_two": 0}, []
+    calls, layer_steps = {"store_rows": 0, "norm_rope": 0}, []
 
     def counted(module, name):
         real = getattr(module, name)
@@ -50,7 +49,6 @@ def _decode(monkeypatch, flag: str | None, *more: str):
 
     counted(cache_store, "store_rows")
     counted(norm_rope, "norm_rope")
-    counted(norm_rope, "norm_rope_two")
     real_step = attention.Attention._attend_step
     monkeypatch.setattr(attention.Attention, "_attend_step", lambda *a: layer_steps.append(a[0]) or real_step(*a))
     logits = torch.cat(batch.decode(steps))
@@ -85,8 +83,7 @@ def _where_called(monkeypatch, branch: tuple, call: tuple, where: dict) -> None:
     monkeypatch.setattr(*call, counted)
 
 
-FLAGS = ("FUSED_KV_STORE", "FUSED_ENTRY_STORE", "DECODE_Q_NORM_IN_KERNEL", "COMPRESS_BESIDE", "INDEXER_BESIDE",
-         "Q_NORM_IN_WQ_B")
+FLAGS = ("FUSED_KV_STORE", "FUSED_ENTRY_STORE", "DECODE_Q_NORM_IN_KERNEL", "COMPRESS_BESIDE", "INDEXER_BESIDE")
 _BASELINE = []  # every flag off: one run shared by the tests of a session
 
 
@@ -159,32 +156,6 @@ def test_decode_q_norm_in_kernel(monkeypatch):
     agree = float((on_logits.argmax(-1) == off_logits.argmax(-1)).double().mean())
     print(f"q norm in the decode kernel vs norm_rope: rel {rel:.2e}, top-1 agreement {agree:.4f}")
     assert rel < 1e-2 and agree > 0.97, (rel, agree)
-
-
-def test_q_latent_norm_in_wq_b(monkeypatch):
-    """Q_NORM_IN_WQ_B (with FUSED_KV_STORE, against every flag off): in every forward of a layer without an indexer
-    no `norm_rope_two`; the q latent normed by wq_b's GEMM (`fp8_linear(norm=)`, its sum of squares in 128-column
-    chunks: a rare flip of a row's factor), the kv by its own `norm_rope` beside (4 warps, not the pair's 8: the same
-    up to the fp32 order of its sum of squares) and stored there (`norm_rope(store=)`; CSA layers: by the pair's
-    launch). The logits agree to bf16 level and in their top-1, the cache rows within a rounding step."""
-    import importlib
-    fp8_linear = importlib.import_module("dsv4.kernels.fp8_linear")  # (the package re-exports the function)
-
-    off_logits, off_rows, off_calls, _ = _baseline(monkeypatch)
-    normed = []
-    real = fp8_linear.fp8_linear
-    monkeypatch.setattr(fp8_linear, "fp8_linear", lambda *a, **k: normed.append("norm" in k) or real(*a, **k))
-    on_logits, on_rows, on_calls, layer_steps = _decode(monkeypatch, "Q_NORM_IN_WQ_B", "FUSED_KV_STORE")
-    folded = sum(1 for attn in layer_steps if attn.indexer is None)  # (the calls are counted in the decode steps)
-    assert folded and sum(normed) >= folded  # (and the prefill's, up to 16 tokens)
-    assert off_calls["norm_rope_two"] - on_calls["norm_rope_two"] == folded, (off_calls, on_calls)
-    assert on_calls["norm_rope"] - off_calls["norm_rope"] == folded, (off_calls, on_calls)  # the kv's, beside
-    rel = float((on_logits.double() - off_logits.double()).norm() / off_logits.double().norm())
-    agree = float((on_logits.argmax(-1) == off_logits.argmax(-1)).double().mean())
-    rows_rel = float((on_rows.double() - off_rows.double()).norm() / off_rows.double().norm())
-    print(f"q latent norm in wq_b vs norm_rope_two: logits rel {rel:.2e}, top-1 agreement {agree:.4f}, "
-          f"cache rows rel {rows_rel:.2e}")
-    assert rel < 1e-2 and agree > 0.97 and rows_rel < 1e-2, (rel, agree, rows_rel)
 
 
 def test_topk_in_scores_is_bit_identical(monkeypatch):
