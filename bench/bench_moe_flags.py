@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import torch
@@ -83,7 +84,9 @@ def main() -> None:
     p.add_argument("--graphs", type=int, default=0, help="time N calls in one CUDA graph (µs per call)")
     p.add_argument("variants", nargs="+")
     a = p.parse_args()
-    variants = [(v.partition(":")[0], [s for s in v.partition(":")[2].split(",") if s]) for v in a.variants]
+    # (the flags split at commas outside parentheses: a tuple value such as `moe_glu_decode.DOWN_BOUND=(160,200)`)
+    variants = [(v.partition(":")[0], [s for s in re.split(r",(?![^()]*\))", v.partition(":")[2]) if s])
+                for v in a.variants]
     e, d, i, k = MOE[a.experts]
     ex = random_experts(e, d, i, "mxfp4")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")

@@ -331,7 +331,10 @@ CASES = {
     "moe_down_decode_2c": _stream_case(T=64, S=2, KR=1024, R=6, NCONS=2, GLU=False),
     # ... the down at its default (one K range of 2048, 6 slots)
     "moe_down_decode": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),
-    "moe_down_decode_160": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),  # (DOWN_MAXNREG, OPTIONS)
+    # ... under the register bounds GLU_BOUND / DOWN_BOUND ((maxnreg, REGS); maxnreg in OPTIONS)
+    "moe_down_decode_b160": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),
+    "moe_down_decode_b128": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, REGS=136),
+    "moe_glu_decode_b136": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, REGS=184),
     # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, opt-in from 48 pairs)
     "moe_glu_decode_run8": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, RUN=8),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
@@ -387,7 +390,8 @@ def _loops(sass: str, hist: int = 0) -> None:
 
 
 # compile options of a case beyond num_warps / num_stages (a launch's `maxnreg`)
-OPTIONS = {"moe_down_decode_160": {"maxnreg": 160}}
+OPTIONS = {"moe_down_decode_b160": {"maxnreg": 160}, "moe_down_decode_b128": {"maxnreg": 128},
+           "moe_glu_decode_b136": {"maxnreg": 136}}
 
 
 def compile_kernel(name: str, stages: int | None = None):

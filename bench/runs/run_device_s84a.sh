@@ -1,17 +1,26 @@
 #!/bin/bash
-# Session 84, one call (≈ 5 min): the persistent down launched with 160 / 152 registers per thread
-# (moe_glu_decode.DOWN_MAXNREG, opt-in) instead of Triton's 168 x 384 threads, which fill the SM's register file: with
-# room for one of the GLU's finish CTAs beside it, the down's CTAs can start (and their producers fill the 48 KB ring
-# of W2 before the PDL wait) while the finish still runs. 1. its bit-identity test (stop if it fails); 2. the MoE
-# call at M = 1-8 in graphs of 16 routings, two rounds; 3. 8 Flash layers' B = 1 rows off / 160 alternating.
+# Session 84, one call (≈ 8 min; timings after a short gate): the persistent decode MoE kernels under register bounds
+# (moe_glu_decode.GLU_BOUND / DOWN_BOUND = (maxnreg, second consumer's registers), opt-in) instead of Triton's
+# 168 x 384 threads, which fill the SM's register file so that no other CTA fits beside them: the down at (160, 200)
+# leaves room for one of the GLU's finish CTAs (its ring can fill during the finish), at (128, 136) for one of the
+# shared expert's down GEMV CTAs; the GLU at (136, 184) for two of its w13 GEMV CTAs.
+# 1. the bit-identity test (stop if it fails); 2. the MoE call at M = 1-8 in graphs of 16 routings (no shared expert
+# there: the finish's effect alone), two rounds; 3. 8 Flash layers' B = 1 rows (the shared expert beside), default /
+# down 160 / down 128 / both, two rounds. Adopt only what wins at B = 1 in both rounds and loses nowhere.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 G=dsv4.kernels.moe_glu_decode
-gate 200 "tests/gpu/test_moe_glu_decode.py::test_down_register_bound_gives_the_same_bits" || exit 1
-timeout 200 python3 bench/bench_moe_flags.py --ms 1,2,4,8 --graphs 16 "default:" "bound 160:$G.DOWN_MAXNREG=160" \
-  "bound 152:$G.DOWN_MAXNREG=152" "default:" "bound 160:$G.DOWN_MAXNREG=160" "bound 152:$G.DOWN_MAXNREG=152" 2>&1 \
-  | grep -v -i warn | tail -6
+D1="$G.DOWN_BOUND=(160,200)"
+D2="$G.DOWN_BOUND=(128,136)"
+BOTH="$G.DOWN_BOUND=(128,136),$G.GLU_BOUND=(136,184)"
+gate 200 "tests/gpu/test_moe_glu_decode.py::test_register_bound_gives_the_same_bits" || exit 1
+timeout 200 python3 bench/bench_moe_flags.py --ms 1,2,4,8 --graphs 16 "default:" "down 160:$D1" "down 128:$D2" \
+  "both:$BOTH" "default:" "down 160:$D1" "down 128:$D2" "both:$BOTH" 2>&1 | grep -v -i warn | tail -6
 rows8 150 1
-rows8 100 1 $G.DOWN_MAXNREG=160
+rows8 100 1 $D1
+rows8 100 1 $D2
+rows8 100 1 $D2 "$G.GLU_BOUND=(136,184)"
 rows8 100 1
-rows8 100 1 $G.DOWN_MAXNREG=160
+rows8 100 1 $D1
+rows8 100 1 $D2
+rows8 100 1 $D2 "$G.GLU_BOUND=(136,184)"

@@ -94,12 +94,19 @@ DOWN_ENABLED = True
 # Also removed (sessions 82-84): a step's second K block on MMA chains of its own, in the down and in the GLU (same
 # bits). Session 84 (H100, two rounds): M = 1 40.8 / 40.6 / 40.8 / 40.7 µs (one chain / down / GLU / both), M = 8
 # 233.3 / 233.1 / 232.8 / 232.4, all within 0.5 %; 8 Flash layers' B = 1 replay 1.16 / 1.15 ms either way.
-# ... its register bound per thread at launch (two consumers; None: Triton's, 168 x 384 threads = 64,512 of the SM's
-# 65,536, so no CTA of another kernel fits beside one of it). The GLU's finish launch (26 -> 32 registers x 128
-# threads = 4,096) runs between the GLU and the down: on the SMs where one runs, the down's CTA starts only after it,
-# and its producer's ring (48 KB per SM of W2, streamed before the PDL wait) fills only then. 160 (61,440) leaves room
-# for one finish CTA; the first consumer's setmaxnreg drops from 256 to 240 (no spills, offline). Opt-in, session 84.
-DOWN_MAXNREG = None
+# Register bounds of the two launches (two consumers): None, Triton's 168 per thread x 384 threads = 64,512 of the
+# SM's 65,536, so no CTA of another kernel fits beside one of theirs; else (maxnreg, the second consumer's setmaxnreg),
+# the first consumer taking what is left (Triton). At one token the GLU's finish (32 registers x 128 threads = 4,096)
+# runs between the two: on the SMs where one runs, the down's CTA starts only after it, and its producer's pre-wait
+# W2 ring (48 KB per SM) fills only then. The shared expert's one-row GEMVs beside them (w13 48 registers, its down
+# 124, x 128 threads) fit nowhere while the GLU or the down holds an SM (session 80's time line: its SwiGLU started
+# only as the GLU ended, its down GEMV overlapped the finish and the routed down's start). The down at (160, 200)
+# leaves room for one finish CTA (partitions 240 / 200 / 40), at (128, 136) for one of those GEMV CTAs (208 / 136 /
+# 40); the GLU at (136, 184) for two w13 GEMV CTAs (184 / 184 / 40). Offline (`sass_stats moe_*_decode_b*`): no
+# spills; at other pairs ptxas spills or serialises the GLU's wgmmas ((152, 168): 40 B; (128, 136-152): serialised).
+# Opt-in, session 84: not measured yet.
+GLU_BOUND: tuple[int, int] | None = None
+DOWN_BOUND: tuple[int, int] | None = None
 DOWN_STAGES = 6  # ... its ring slots (8 KB each; a multiple of CONSUMERS: 5 faulted, s78f)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
@@ -390,16 +397,21 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
         i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, REGS=CONSUMER_REGS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4,
-        **_register_bound(glu))
+        NCONS=CONSUMERS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4, **_register_bound(glu))
     return part
 
 
 def _register_bound(glu: bool) -> dict:
-    """The launch's `maxnreg` where one is set: ONE_CONSUMER_MAXNREG with one consumer, DOWN_MAXNREG for the down."""
+    """The launch's `maxnreg` and second consumer's registers: ONE_CONSUMER_MAXNREG with one consumer, else
+    GLU_BOUND / DOWN_BOUND where set (else CONSUMER_REGS under Triton's bound)."""
     if CONSUMERS == 1:
-        return {"maxnreg": ONE_CONSUMER_MAXNREG}
-    return {"maxnreg": DOWN_MAXNREG} if not glu and DOWN_MAXNREG else {}
+        return {"maxnreg": ONE_CONSUMER_MAXNREG, "REGS": CONSUMER_REGS}
+    bound = GLU_BOUND if glu else DOWN_BOUND
+    # (Triton gives the first consumer 3 x maxnreg - regs - 40 (up to 256); below the second's, a bad pair)
+    if bound is not None and (bound[0] % 8 or 3 * bound[0] - bound[1] - 40 < bound[1]):
+        raise ValueError(f"moe_glu_decode: register bound {bound} (maxnreg, second consumer's registers) leaves the "
+                         "first consumer fewer registers than the second, or maxnreg is not a multiple of 8")
+    return {"REGS": CONSUMER_REGS} if bound is None else {"maxnreg": bound[0], "REGS": bound[1]}
 
 
 def _unit_run(pairs: int, tiles: int) -> int:

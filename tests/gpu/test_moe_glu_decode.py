@@ -131,30 +131,34 @@ def test_down_decode_in_moe_gemv(m, consumers, i, close_bf16, monkeypatch):
         close_bf16(outs[1], fused_moe_ref(x, ids, w, experts, out_dtype=dtype), rel=1e-2, what=f"down m={m} {dtype}")
 
 
-@pytest.mark.parametrize("m,maxnreg", [(1, 160), (3, 160), (2, 152)])
-def test_down_register_bound_gives_the_same_bits(m, maxnreg, monkeypatch):
-    """DOWN_MAXNREG (the persistent down launched with fewer registers per thread, so that a small CTA fits beside
+@pytest.mark.parametrize("m,flag,bound", [(1, "DOWN_BOUND", (160, 200)), (3, "DOWN_BOUND", (128, 136)),
+                                          (1, "GLU_BOUND", (136, 184)), (2, "GLU_BOUND", (160, 200))])
+def test_register_bound_gives_the_same_bits(m, flag, bound, monkeypatch):
+    """GLU_BOUND / DOWN_BOUND (a persistent launch at fewer registers per thread, so that a small CTA fits beside
     it): the same instructions' order of sums, so the MoE output is bit-identical to the default launch's, for bf16
-    and for the fp32 expert-parallel partial."""
+    and for the fp32 expert-parallel partial. A pair that would starve the first consumer is refused."""
     from dsv4.kernels import moe_glu_decode
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_gemv import moe_gemv
 
     e, d, i, k = 8, 2048, 2048, 6
-    gen = torch.Generator(DEV).manual_seed(m * 11 + maxnreg)
+    gen = torch.Generator(DEV).manual_seed(m * 11 + bound[0])
     packed = finalize_experts(_experts(e, d, i, gen))
     x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
     monkeypatch.setattr(moe_glu_decode, "DOWN_ENABLED", True)
-    assert moe_glu_decode.applies(packed, x, None, down=True)
+    assert moe_glu_decode.applies(packed, x, None) and moe_glu_decode.applies(packed, x, None, down=True)
     for dtype, other_ranks in ((torch.bfloat16, False), (torch.float32, True)):
         ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
         outs = []
-        for bound in (None, maxnreg):
-            monkeypatch.setattr(moe_glu_decode, "DOWN_MAXNREG", bound)
+        for value in (None, bound):
+            monkeypatch.setattr(moe_glu_decode, flag, value)
             out = torch.full((m, d), float("nan"), dtype=dtype, device=DEV)
             outs.append(moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=out))
         assert not outs[0].isnan().any()
-        assert torch.equal(outs[1], outs[0]), f"m={m} maxnreg={maxnreg} {dtype}: the outputs differ"
+        assert torch.equal(outs[1], outs[0]), f"m={m} {flag}={bound} {dtype}: the outputs differ"
+    monkeypatch.setattr(moe_glu_decode, flag, (128, 200))  # the first consumer would get 144
+    with pytest.raises(ValueError, match="register bound"):
+        moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=torch.empty((m, d), dtype=dtype, device=DEV))
 
 
 def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
