@@ -39,3 +39,20 @@ def test_bounded_persistent_kernels_compile_clean(case, maxnreg):
     assert re.search(r"Used (\d+) registers", info).group(1) == str(maxnreg), info
     assert re.search(r"\b0 bytes spill stores", info), info
     assert not re.search(r"C751\d", info), f"{case}: ptxas serialises the wgmmas:\n{info}"
+
+
+def test_register_bound_pairs_are_checked(monkeypatch):
+    """`_register_bound`: the default launch passes Triton's bound and CONSUMER_REGS; a set bound passes its maxnreg
+    and the second consumer's registers; a pair that leaves the first consumer (3 x maxnreg - second - 40) fewer
+    registers than the second, or a maxnreg off the 8-register grain, is refused before any launch."""
+    from dsv4.kernels import moe_glu_decode as mg
+
+    monkeypatch.setattr(mg, "CONSUMERS", 2)
+    assert mg._register_bound(True) == mg._register_bound(False) == {"REGS": mg.CONSUMER_REGS}
+    monkeypatch.setattr(mg, "DOWN_BOUND", (128, 136))
+    assert mg._register_bound(False) == {"maxnreg": 128, "REGS": 136}
+    assert mg._register_bound(True) == {"REGS": mg.CONSUMER_REGS}  # the GLU keeps its own (None)
+    for bad in ((128, 200), (130, 136)):
+        monkeypatch.setattr(mg, "GLU_BOUND", bad)
+        with pytest.raises(ValueError, match="register bound"):
+            mg._register_bound(True)
