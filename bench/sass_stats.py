@@ -431,7 +431,7 @@ def global_accesses(ptx: str):
 
 
 def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False, hist: int = 0,
-                 grep: str | None = None, widths: bool = False) -> None:
+                 grep: str | None = None, widths: bool = False, room: bool = False) -> None:
     import triton.backends.nvidia as nv
 
     k, warps, n_stages = compile_kernel(name, stages)
@@ -452,6 +452,12 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
           + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
     for warning in re.findall(r".*(?:warning|Performance Loss).*", info):  # e.g. every wgmma serialised (C7514)
         print("    ptxas: " + warning.strip()[:240])
+    if room:  # what one CTA holds of an SM (H100 / H200: 65,536 registers, 228 KB shared) and what fits beside it
+        ntid = re.search(r"\.reqntid (\d+)", k.asm["ptx"])
+        threads = int(ntid.group(1)) if ntid else 32 * warps
+        held = -(-int(regs.group(1)) // 8) * 8 * threads  # (registers are allocated in steps of 8 per thread)
+        print(f"    one CTA: {threads} threads x {regs.group(1)} registers = {held:,} of 65,536 ({65536 - held:,} left "
+              f"beside it), {k.metadata.shared:,} B shared memory")
     if widths:  # global loads / stores by width (a 16-bit store where 16-byte ones were meant: session 32)
         print("    " + ", ".join(f"{op} {n}" for op, n in global_accesses(k.asm["ptx"]).most_common()))
     if loops:
@@ -476,11 +482,12 @@ def main() -> None:
     ap.add_argument("--hist", type=int, default=0, help="with --loops: each loop's N most frequent opcodes")
     ap.add_argument("--widths", action="store_true", help="also count the PTX's global loads / stores by width")
     ap.add_argument("--grep", default=None, help="also print the SASS lines matching this regex")
+    ap.add_argument("--room", action="store_true", help="also print the registers one CTA holds of an SM")
     args = ap.parse_args()
     for name in args.names or CASES:
         if name not in CASES:
             raise SystemExit(f"sass_stats: unknown case {name!r}; cases: {', '.join(CASES)}")
-        compile_case(name, args.stages, args.layouts, args.loops, args.hist, args.grep, args.widths)
+        compile_case(name, args.stages, args.layouts, args.loops, args.hist, args.grep, args.widths, args.room)
 
 
 if __name__ == "__main__":
