@@ -430,11 +430,10 @@ def global_accesses(ptx: str):
     return collections.Counter(re.findall(r"\b((?:ld|st)\.global[.\w]*)", ptx))
 
 
-def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False, hist: int = 0,
-                 grep: str | None = None, widths: bool = False, room: bool = False) -> None:
+def ptxas_report(k) -> tuple[str, str]:
+    """A compiled kernel's PTX through Triton's own ptxas -v (sm_90a) and cuobjdump: (ptxas's report, the SASS)."""
     import triton.backends.nvidia as nv
 
-    k, warps, n_stages = compile_kernel(name, stages)
     bindir = os.path.join(os.path.dirname(nv.__file__), "bin")
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
@@ -444,6 +443,13 @@ def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = Fal
                               capture_output=True, text=True).stderr
         sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", cubin], capture_output=True,
                               text=True).stdout
+    return info, sass
+
+
+def compile_case(name: str, stages: int | None, layouts: bool, loops: bool = False, hist: int = 0,
+                 grep: str | None = None, widths: bool = False, room: bool = False) -> None:
+    k, warps, n_stages = compile_kernel(name, stages)
+    info, sass = ptxas_report(k)
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)
     ops = collections.Counter(m.group(1).split(".")[0] for m in _OP.finditer(sass))

@@ -383,6 +383,7 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     if split is None or not _fits(experts, glu, split):
         raise ValueError(f"moe_glu_decode: K {k} must split into {split} x {CONSUMERS} ranges of whole {U}-block "
                          f"steps, the {n} output rows into 128-blocks")
+    bound = _register_bound(glu)  # (checked before anything is allocated)
     pairs = ids.numel()
     run = _unit_run(pairs, n // ROWS) if glu else 1  # (the down's units are CONTIG runs)
     w_desc, s_desc = _descriptors(experts, glu)
@@ -397,7 +398,7 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
         i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4, **_register_bound(glu))
+        NCONS=CONSUMERS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4, **bound)
     return part
 
 
