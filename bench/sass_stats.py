@@ -324,14 +324,15 @@ CASES = {
     "requant_perm": ("moe_wide", "_requant_kernel", dict(Z="*bf16", OUT="*bf16"), dict(BR=32, PERM=2), 4, 1,
                      ("stride", "stride_out")),
     # the decode GLU as a persistent Gluon kernel with a TMA producer warp (moe_glu_decode; Flash: D 4096): one
-    # consumer, 4 K ranges (compiled here without the launch's maxnreg=232: ptxas warns and uses 255), two (the
-    # default: 2 K ranges, a ring of 4 since session 78), and the down GEMV
+    # consumer, 4 K ranges (compiled here without the launch's maxnreg=232: ptxas warns and uses 255), two (2 K
+    # ranges, a ring of 4 since session 78), and the down GEMV; these under Triton's bound (GLU_BOUND / DOWN_BOUND None)
     "moe_glu_decode": _stream_case(T=32, S=4, KR=1024, R=6, NCONS=1, GLU=True),
     "moe_glu_decode_2c": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True),
     "moe_down_decode_2c": _stream_case(T=64, S=2, KR=1024, R=6, NCONS=2, GLU=False),
     # ... the down at its default (one K range of 2048, 6 slots)
     "moe_down_decode": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),
-    # ... under the register bounds GLU_BOUND / DOWN_BOUND ((maxnreg, REGS); maxnreg in OPTIONS)
+    # ... under the register bounds GLU_BOUND / DOWN_BOUND ((maxnreg, REGS); maxnreg in OPTIONS): the defaults since
+    # session 85 are _b128 (the down) and _b136 (the GLU)
     "moe_down_decode_b160": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),
     "moe_down_decode_b128": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, REGS=136),
     "moe_glu_decode_b136": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, REGS=184),

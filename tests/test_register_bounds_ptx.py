@@ -1,6 +1,7 @@
 """The persistent decode MoE kernels under the register bounds of `moe_glu_decode.GLU_BOUND` / `DOWN_BOUND`
-(session 84), compiled offline for sm_90a (no GPU: `bench/sass_stats.py`'s cases): ptxas must neither spill nor
-serialise the wgmmas at the pairs the module's comment recommends (it does at neighbouring ones: the GLU at
+(session 84; the GLU's and the down's defaults since session 85), compiled offline for sm_90a (no GPU:
+`bench/sass_stats.py`'s cases): ptxas must neither spill nor serialise the wgmmas at the pairs the module's comment
+recommends (it does at neighbouring ones: the GLU at
 (152, 168) spills 40 B, at (128, 136) its wgmmas are serialised), and the launch keeps the bound."""
 
 from __future__ import annotations
@@ -33,15 +34,19 @@ def test_bounded_persistent_kernels_compile_clean(case, maxnreg):
 
 
 def test_register_bound_pairs_are_checked(monkeypatch):
-    """`_register_bound`: the default launch passes Triton's bound and CONSUMER_REGS; a set bound passes its maxnreg
-    and the second consumer's registers; a pair that leaves the first consumer (3 x maxnreg - second - 40) fewer
-    registers than the second, or a maxnreg off the 8-register grain, is refused before any launch."""
+    """`_register_bound`: a set bound passes its maxnreg and the second consumer's registers (the defaults since
+    session 85: the GLU (136, 184), the down (128, 136)); None passes Triton's bound and CONSUMER_REGS; a pair that
+    leaves the first consumer (3 x maxnreg - second - 40) fewer registers than the second, or a maxnreg off the
+    8-register grain, is refused before any launch."""
     from dsv4.kernels import moe_glu_decode as mg
 
     monkeypatch.setattr(mg, "CONSUMERS", 2)
-    assert mg._register_bound(True) == mg._register_bound(False) == {"REGS": mg.CONSUMER_REGS}
-    monkeypatch.setattr(mg, "DOWN_BOUND", (128, 136))
-    assert mg._register_bound(False) == {"maxnreg": 128, "REGS": 136}
+    assert mg._register_bound(True) == {"maxnreg": mg.GLU_BOUND[0], "REGS": mg.GLU_BOUND[1]}
+    monkeypatch.setattr(mg, "DOWN_BOUND", None)
+    assert mg._register_bound(False) == {"REGS": mg.CONSUMER_REGS}
+    monkeypatch.setattr(mg, "GLU_BOUND", None)
+    monkeypatch.setattr(mg, "DOWN_BOUND", (160, 200))
+    assert mg._register_bound(False) == {"maxnreg": 160, "REGS": 200}
     assert mg._register_bound(True) == {"REGS": mg.CONSUMER_REGS}  # the GLU keeps its own (None)
     for bad in ((128, 200), (130, 136)):
         monkeypatch.setattr(mg, "GLU_BOUND", bad)

@@ -135,8 +135,9 @@ def test_down_decode_in_moe_gemv(m, consumers, i, close_bf16, monkeypatch):
                                           (1, "GLU_BOUND", (136, 184)), (2, "GLU_BOUND", (160, 200))])
 def test_register_bound_gives_the_same_bits(m, flag, bound, monkeypatch):
     """GLU_BOUND / DOWN_BOUND (a persistent launch at fewer registers per thread, so that a small CTA fits beside
-    it): the same instructions' order of sums, so the MoE output is bit-identical to the default launch's, for bf16
-    and for the fp32 expert-parallel partial. A pair that would starve the first consumer is refused."""
+    it): the same instructions' order of sums, so the MoE output is bit-identical to the launch under Triton's
+    bound (None), for bf16 and for the fp32 expert-parallel partial. A pair that would starve the first consumer is
+    refused."""
     from dsv4.kernels import moe_glu_decode
     from dsv4.kernels.moe import finalize_experts
     from dsv4.kernels.moe_gemv import moe_gemv
