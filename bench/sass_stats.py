@@ -78,9 +78,10 @@ def _stream_case(**constexprs) -> tuple:
     glu = constexprs["GLU"]
     return ("moe_glu_decode", "_stream_kernel",
             dict(w_desc=_desc((64, 64), 64), s_desc=_desc((64, 16), 0), XQ="*fp16", SX="*fp32", IDS="*i32",
-                 P="*fp32"),
-            {"REGS": 200, "CONTIG": not glu, "RUN": 1, **constexprs}, 4, 1,
-            ("I", *(() if glu else ("rows_e",)), "stride_x", "stride_sx", "stride_ps", "stride_pp"))
+                 P="*fp32", FIN="*fp32", TOPK_W="*fp32", limit="fp32"),
+            {"REGS": 200, "CONTIG": not glu, "RUN": 1, "NR": 0, **constexprs}, 4, 1,
+            ("I", *(() if glu else ("rows_e",)), "stride_x", "stride_sx", "stride_ps", "stride_pp", "stride_fs",
+             "stride_fp"))
 
 
 # name: (module, kernel, argument types (others i32), constexprs, num_warps, num_stages, div16 arguments)
@@ -336,6 +337,8 @@ CASES = {
     "moe_down_decode_b160": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False),
     "moe_down_decode_b128": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, REGS=136),
     "moe_glu_decode_b136": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, REGS=184),
+    # ... the down (default bound) finishing z from the GLU's 4 partials itself (FINISH_IN_DOWN, opt-in)
+    "moe_down_decode_fin": _stream_case(T=64, S=1, KR=2048, R=6, NCONS=2, GLU=False, REGS=136, NR=4),
     # ... and the GLU's units in runs of 8 row tiles of one pair (LONG_UNIT_RUN, opt-in from 48 pairs)
     "moe_glu_decode_run8": _stream_case(T=32, S=2, KR=2048, R=4, NCONS=2, GLU=True, RUN=8),
     "moe_glu_finish": ("moe_glu_decode", "_finish_kernel",
@@ -392,6 +395,7 @@ def _loops(sass: str, hist: int = 0) -> None:
 
 # compile options of a case beyond num_warps / num_stages (a launch's `maxnreg`)
 OPTIONS = {"moe_down_decode_b160": {"maxnreg": 160}, "moe_down_decode_b128": {"maxnreg": 128},
+           "moe_down_decode_fin": {"maxnreg": 128},
            "moe_glu_decode_b136": {"maxnreg": 136}}
 
 

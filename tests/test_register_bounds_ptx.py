@@ -1,7 +1,7 @@
 """The persistent decode MoE kernels under the register bounds of `moe_glu_decode.GLU_BOUND` / `DOWN_BOUND`
-(session 84; the GLU's and the down's defaults since session 85), compiled offline for sm_90a (no GPU:
-`bench/sass_stats.py`'s cases): ptxas must neither spill nor serialise the wgmmas at the pairs the module's comment
-recommends (it does at neighbouring ones: the GLU at
+(session 84; the GLU's and the down's defaults since session 85) and the down finishing z itself (FINISH_IN_DOWN,
+session 85), compiled offline for sm_90a (no GPU: `bench/sass_stats.py`'s cases): ptxas must neither spill nor
+serialise the wgmmas at the pairs the module's comment recommends (it does at neighbouring ones: the GLU at
 (152, 168) spills 40 B, at (128, 136) its wgmmas are serialised), and the launch keeps the bound."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 @pytest.mark.parametrize("case,maxnreg", [("moe_down_decode_b160", 160), ("moe_down_decode_b128", 128),
-                                          ("moe_glu_decode_b136", 136)])
+                                          ("moe_glu_decode_b136", 136), ("moe_down_decode_fin", 128)])
 def test_bounded_persistent_kernels_compile_clean(case, maxnreg):
     from bench.sass_stats import OPTIONS, compile_kernel, ptxas_report
 
@@ -52,3 +52,16 @@ def test_register_bound_pairs_are_checked(monkeypatch):
         monkeypatch.setattr(mg, "GLU_BOUND", bad)
         with pytest.raises(ValueError, match="register bound"):
             mg._register_bound(True)
+
+
+def test_finish_in_down_needs_four_blocks_per_consumer():
+    """`down_decode(fin=)` (FINISH_IN_DOWN): a consumer finishes z over [blocks, 2, 64] with 4 warps along the
+    blocks, so an inter size with fewer than 4 K blocks per consumer is refused before any launch, naming it."""
+    from types import SimpleNamespace
+
+    from dsv4.kernels import moe_glu_decode as mg
+
+    small = SimpleNamespace(inter=512, hidden=1024)  # one range of 4 blocks: 2 per consumer
+    assert mg._split(small, False) == 1
+    with pytest.raises(ValueError, match="inter 512"):
+        mg.down_decode(None, None, None, small, fin=(None, None, 0.0))

@@ -369,10 +369,12 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
             launch["blocks"] = pair_blocks(ids, e, pairs_per_program)
         zq = torch.empty((pairs, i), dtype=torch.float16, device=x.device)
         zs = torch.empty((pairs, i // BLOCK), dtype=torch.float32, device=x.device)
-        mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, x_quant=x_quant, **launch)
-        if out is not None and moe_glu_decode.applies(experts, x, launch.get("blocks"), down=True):
-            # (fp32 partials: summed by the combine)
-            y = moe_glu_decode.down_decode(zq, zs, ids, experts)
+        persistent = out is not None and moe_glu_decode.applies(experts, x, launch.get("blocks"), down=True)
+        fold = persistent and moe_glu_decode.FINISH_IN_DOWN and moe_glu_decode.applies(experts, x, launch.get("blocks"))
+        glu_part = mma_glu_stage(x, ids, tw, experts, swiglu_limit, top_k, zq, zs, split=split, x_quant=x_quant,
+                                 finish=not fold, **launch)
+        if persistent:  # (fp32 partials: summed by the combine; fold: z finished by the down from the GLU's)
+            y = moe_glu_decode.down_decode(zq, zs, ids, experts, fin=(glu_part, tw, swiglu_limit) if fold else None)
         else:
             y = torch.empty((pairs, d), dtype=torch.bfloat16, device=x.device)
             mma_down_stage(zq, zs, ids, experts, y, split=split_down, **{
@@ -389,12 +391,13 @@ def moe_gemv(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts, swiglu_limit: float,
                   top_k: int, zq: torch.Tensor, zs: torch.Tensor, bn: int = 64, num_warps: int = 4, unroll: int = 2,
                   dot_blocks: int = 1, num_stages: int = 3, split: int = 1, blocks: torch.Tensor | None = None,
-                  x_quant: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                  x_quant: tuple[torch.Tensor, torch.Tensor] | None = None, finish: bool = True) -> torch.Tensor | None:
     """GEMM1 of method "mma": writes the rows of the routed pairs (ids in [0, E)) of zq [pairs, I] (f16 values
     of the e4m3 codes of z, each 128-block in the order of `_act_pos`) and zs [pairs, I/128] (fp32 scales);
     split > 1: that many programs per row tile along K (`_split_k`); blocks: `pair_blocks`' [P, G] blocks of G
     pairs per program; x_quant: as in `moe_gemv`. Launches: x quantisation (unless x_quant), the GLU, z
-    re-quantisation (bn 64). Where `moe_glu_decode.applies`, its kernel instead (bn, unroll, split ignored)."""
+    re-quantisation (bn 64). Where `moe_glu_decode.applies`, its kernel instead (bn, unroll, split ignored); there
+    finish False returns its fp32 partials unfinished (zq / zs unwritten: `moe_glu_decode.down_decode(fin=)`)."""
     m, d = x.shape
     e, i = experts.num_experts, experts.inter
     pairs = ids.numel()
@@ -408,8 +411,7 @@ def mma_glu_stage(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts:
     else:
         xq, sx = check_x_quant("moe_gemv", x_quant, x)
     if moe_glu_decode.applies(experts, x, blocks):  # the persistent Gluon GLU (its own K split and row tiles)
-        moe_glu_decode.glu_decode(xq, sx, ids, tw, experts, swiglu_limit, top_k, zq, zs)
-        return
+        return moe_glu_decode.glu_decode(xq, sx, ids, tw, experts, swiglu_limit, top_k, zq, zs, finish=finish)
     quant_out = bn == BLOCK  # a program's z tile is one quantisation block: quantised in the epilogue
     z = zq if quant_out else torch.empty((pairs, i), dtype=torch.bfloat16, device=x.device)
     w13, s13 = experts.w13, experts.w13_scale.view(torch.uint8)  # [E, 2I, D/32] E8M0 bytes

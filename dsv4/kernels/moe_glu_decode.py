@@ -108,6 +108,12 @@ DOWN_ENABLED = True
 # unchanged; 8 layers' B = 1 rows 1.15 -> 1.14-1.15 ms, B = 8 ties. None (Triton's bound) stays an option.
 GLU_BOUND: tuple[int, int] | None = (136, 184)
 DOWN_BOUND: tuple[int, int] | None = (128, 136)
+# The GLU's finish done by the down's consumers instead (opt-in, session 85, not measured yet): each builds z's
+# blocks of its steps from the GLU's fp32 partials (`moe_glu_decode_parts._finish_blocks`: the finish's math, so the
+# same bits), stores them to zq / zs and reads them back as before -- one launch and one z hand-off fewer per MoE
+# call, for 32 KB of L2 reads per consumer and pair it builds (every program of a pair re-sums its partials; at one
+# token ≈ 2-3 pairs' builds per program). Session 80's time line: the finish took ≈ 4 µs of M = 1's ≈ 40.
+FINISH_IN_DOWN = False
 DOWN_STAGES = 6  # ... its ring slots (8 KB each; a multiple of CONSUMERS: 5 faulted, s78f)
 DOWN_SPLIT = 1  # ... its K ranges (inter 2048: 16 steps per range, 8 per consumer)
 # the GLU where SPLIT does not fit the hidden size (Pro's 7168 = 56 K blocks, 14 steps of 2 per consumer pair): the
@@ -149,8 +155,8 @@ if HAS_TRITON and not INTERPRET:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from dsv4.kernels._triton import gluon_pdl_wait, pdl_kernel, pdl_wait
-    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _matrices, _scaled, _step_scales, _unit, _unit_count,
-                                                   _widen)
+    from dsv4.kernels.moe_glu_decode_parts import (_build_b, _finish_blocks, _matrices, _scaled, _step_scales, _unit,
+                                                   _unit_count, _widen)
     from dsv4.kernels.moe_mma_operands import _glu_out
 
     U_STEP = gl.constexpr(U)
@@ -184,11 +190,12 @@ if HAS_TRITON and not INTERPRET:
 
     @gluon.jit
     def _consumer(XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                  stride_x, stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, STEPS: gl.constexpr,
-                  KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, GLU: gl.constexpr,
-                  CONTIG: gl.constexpr, RUN: gl.constexpr):
+                  stride_x, stride_sx, stride_ps, stride_pp, fin, T: gl.constexpr, S: gl.constexpr,
+                  STEPS: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr,
+                  GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr, NR: gl.constexpr):
         """Consumer HALF of NCONS: steps HALF, HALF + NCONS, .. of every unit; its partial goes to range
-        sp * NCONS + HALF of P."""
+        sp * NCONS + HALF of P. NR > 0 (the down, FINISH_IN_DOWN): fin = (the GLU's NR partials, the routing
+        weights, the SwiGLU limit, the partials' two strides), z's blocks finished from them here first."""
         KBR: gl.constexpr = KR // 128
         NM: gl.constexpr = _matrices(GLU)
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
@@ -208,6 +215,10 @@ if HAS_TRITON and not INTERPRET:
                 kb0 = sp * KBR
                 if t != t_built:  # (the tiles are the token's; every unit of a program has the same K range)
                     gl.thread_barrier()  # (the MMAs that read the old tiles were waited for)
+                    if NR > 0:  # z's blocks of this consumer: stored, then read back below by the same 4 warps
+                        _finish_blocks(XQ, SX, fin[0], fin[1], t, stride_x, stride_sx, fin[3], fin[4], I, fin[2], kb0,
+                                       KBR, HALF, NCONS, NR)
+                        gl.thread_barrier()
                     _build_b(b_s, XQ, t, stride_x, kb0, KBR, HALF, NCONS)
                     fence_async_shared()
                     gl.thread_barrier()
@@ -254,12 +265,14 @@ if HAS_TRITON and not INTERPRET:
     @pdl_kernel
     @gluon.jit
     def _stream_kernel(w_desc, s_desc, XQ, SX, IDS, P, num_experts, n_units, n_per, rows_e, I, top_k, stride_x,
-                       stride_sx, stride_ps, stride_pp, T: gl.constexpr, S: gl.constexpr, KR: gl.constexpr,
-                       R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr, GLU: gl.constexpr,
-                       CONTIG: gl.constexpr, RUN: gl.constexpr):
+                       stride_sx, stride_ps, stride_pp, FIN, TOPK_W, limit, stride_fs, stride_fp, T: gl.constexpr,
+                       S: gl.constexpr, KR: gl.constexpr, R: gl.constexpr, NCONS: gl.constexpr, REGS: gl.constexpr,
+                       GLU: gl.constexpr, CONTIG: gl.constexpr, RUN: gl.constexpr, NR: gl.constexpr = 0):
         """GLU: P[r, p, :I] / P[r, p, I:] = the fp32 gate / up partials of range r of pair p (module docstring);
         else (the down GEMV) P[r, p, :] the fp32 partials of y (rows_e: the weight rows per expert, 2I or D).
-        RUN: row tiles per run of a program's units (`_unit`)."""
+        RUN: row tiles per run of a program's units (`_unit`). NR > 0 (the down, FINISH_IN_DOWN): XQ / SX are
+        written first, from the GLU's NR partials FIN, its routing weights TOPK_W and SwiGLU limit."""
+        fin = (FIN, TOPK_W, limit, stride_fs, stride_fp)
         STEPS: gl.constexpr = KR // 128 // 2
         NM: gl.constexpr = _matrices(GLU)
         w_s = gl.allocate_shared_memory(gl.uint8, [2 * NM * R, 64, 64], w_desc.layout)
@@ -277,16 +290,19 @@ if HAS_TRITON and not INTERPRET:
         if NCONS == 2:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, fin, T, S, STEPS, KR, R, 0, 2, GLU, CONTIG,
+                             RUN, NR)),
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, fin, T, S, STEPS, KR, R, 1, 2, GLU, CONTIG,
+                             RUN, NR)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [4, 1], [REGS, 40])
         else:
             gl.warp_specialize([
                 (_consumer, (XQ, SX, IDS, P, w_s, sc_s, b_s, ready, free, num_experts, n_units, n_per, I, top_k,
-                             stride_x, stride_sx, stride_ps, stride_pp, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG, RUN)),
+                             stride_x, stride_sx, stride_ps, stride_pp, fin, T, S, STEPS, KR, R, 0, 1, GLU, CONTIG,
+                             RUN, NR)),
                 (_producer, (w_desc, s_desc, w_s, sc_s, ready, free, IDS, num_experts, n_units, n_per, rows_e, I,
                              T, S, STEPS, KR, R, GLU, CONTIG, RUN)),
             ], [1], [40])
@@ -371,9 +387,11 @@ def _fits(experts: PackedExperts, glu: bool, split: int) -> bool:
     return k % (BLOCK * U * split * CONSUMERS) == 0 and blocks & (blocks - 1) == 0 and n % BLOCK == 0
 
 
-def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int) -> torch.Tensor:
+def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: int, stages: int,
+            fin: tuple | None = None) -> torch.Tensor:
     """The persistent kernel over the routed pairs (GLU: w13 from x's codes; else W2 from z's): its fp32 partials
-    [split x CONSUMERS, pairs, 2I or D]."""
+    [split x CONSUMERS, pairs, 2I or D]. fin (the down only) = (the GLU's partials, routing weights, SwiGLU limit):
+    xq / sx are z's buffers, written by the down's consumers first (FINISH_IN_DOWN)."""
     e, i, d = experts.num_experts, experts.inter, experts.hidden
     k, n = (d, i) if glu else (i, d)  # reduced dimension, output rows (per matrix)
     if stages < 1 or stages % CONSUMERS:
@@ -395,11 +413,13 @@ def _launch(xq, sx, ids, experts: PackedExperts, glu: bool, top_k: int, split: i
     sms = _sm_count(xq.device.index if xq.device.index is not None else torch.cuda.current_device())
     programs = max(split, min(n_units, sms) // split * split)  # a multiple of S: a program keeps one K range
     n_per = -(-(pairs * t) // (programs // split))  # (CONTIG: a program's run of units of its K range)
+    fin_part, tw, limit = fin if fin is not None else (part, part, 0.0)  # (unread without fin)
     kernel = _stream_kernel if STREAM_PDL else _stream_kernel.fn  # (.fn: launched without PDL)
     kernel[(programs,)](
         w_desc, s_desc, xq, sx, ids, part, e, n_units, n_per, 2 * i if glu else d,
-        i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), T=t, S=split, KR=k // split, R=stages,
-        NCONS=CONSUMERS, GLU=glu, CONTIG=not glu, RUN=run, num_warps=4, **bound)
+        i, top_k, xq.stride(0), sx.stride(0), part.stride(0), part.stride(1), fin_part, tw, float(limit),
+        fin_part.stride(0), fin_part.stride(1), T=t, S=split, KR=k // split, R=stages, NCONS=CONSUMERS, GLU=glu,
+        CONTIG=not glu, RUN=run, NR=0 if fin is None else fin_part.shape[0], num_warps=4, **bound)
     return part
 
 
@@ -429,21 +449,29 @@ def _unit_run(pairs: int, tiles: int) -> int:
 
 def glu_decode(xq: torch.Tensor, sx: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, experts: PackedExperts,
                swiglu_limit: float, top_k: int, zq: torch.Tensor, zs: torch.Tensor, split: int | None = None,
-               stages: int | None = None) -> None:
+               stages: int | None = None, finish: bool = True) -> torch.Tensor | None:
     """GEMM1 of method "mma" (`moe_gemv.mma_glu_stage`'s contract from the quantised x): writes the routed pairs'
-    rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128])."""
+    rows of zq [pairs, I] / zs [pairs, I/128] from xq / sx (`quant16_block`'s layout, [M, D] f16 / [M, D/128]).
+    finish False: returns the fp32 partials unfinished, for `down_decode(fin=)` (FINISH_IN_DOWN)."""
     part = _launch(xq, sx, ids, experts, True, top_k, _split(experts, True) if split is None else split,
                    STAGES if stages is None else stages)  # (the module's values when called: A/B flags)
+    if not finish:
+        return part
     pairs, i, ranges = ids.numel(), experts.inter, part.shape[0]
     _finish_kernel[(pairs, i // BLOCK)](part, ids, tw, zq, zs, i, experts.num_experts, float(swiglu_limit),
                                         part.stride(0), part.stride(1), zq.stride(0), zs.stride(0), S=ranges,
                                         num_warps=4)
+    return None
 
 
 def down_decode(zq: torch.Tensor, zs: torch.Tensor, ids: torch.Tensor, experts: PackedExperts,
-                split: int | None = None, stages: int | None = None) -> torch.Tensor:
+                split: int | None = None, stages: int | None = None, fin: tuple | None = None) -> torch.Tensor:
     """GEMM2 of method "mma" from z's codes (`mma_glu_stage`'s zq / zs): the fp32 partials [split x CONSUMERS,
     pairs, D] of the routed pairs' y rows (summed per pair and rounded to bf16 by `moe_combine.combine` (3-D y), the
-    Triton down's y exactly up to fp32 summation order)."""
-    return _launch(zq, zs, ids, experts, False, 1, _split(experts, False) if split is None else split,
-                   DOWN_STAGES if stages is None else stages)
+    Triton down's y exactly up to fp32 summation order). fin = (`glu_decode(finish=False)`'s partials, the routing
+    weights, the SwiGLU limit): z is finished in this launch first (FINISH_IN_DOWN), into zq / zs."""
+    split = _split(experts, False) if split is None else split
+    if fin is not None and (split is None or experts.inter // BLOCK // split // CONSUMERS < 4):
+        raise ValueError(f"moe_glu_decode: the down finishes z only with >= 4 K blocks per consumer, got inter "
+                         f"{experts.inter} in {split} x {CONSUMERS} ranges")
+    return _launch(zq, zs, ids, experts, False, 1, split, DOWN_STAGES if stages is None else stages, fin)

@@ -1,6 +1,6 @@
 """The device-side pieces of the persistent decode GLU / down (`dsv4.kernels.moe_glu_decode`, whose docstring has the
-design): the slot's byte views, the work units' enumeration, the
-activation tiles, the FP4 widening and the per-column scaling. Apart so that the kernel module stays readable; the
+design): the slot's byte views, the work units' enumeration, the activation tiles (and the GLU's finish for them,
+FINISH_IN_DOWN), the FP4 widening and the per-column scaling. Apart so that the kernel module stays readable; the
 kernels that use them (`_producer`, `_consumer`, `_stream_kernel`) are there."""
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ U = 2  # K blocks per step (4 columns each of the MMA's 8)
 if HAS_TRITON and not INTERPRET:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+
+    from dsv4.kernels.fp8_linear import _e4m3, _pow2_scale
 
     _LO_ASM = gl.constexpr(F16_LO_PTX)
     _HI_ASM = gl.constexpr(F16_HI_PTX)
@@ -95,6 +97,35 @@ if HAS_TRITON and not INTERPRET:
         q3 = gl.expand_dims(gl.expand_dims(q, 1), 1)
         for i in gl.static_range(NQ):
             b_s.index(4 * (HALF + NCONS * (i // 4)) + i % 4).store(gl.sum(gl.where(q3 == i, tiles, 0.0), axis=0))
+
+    @gluon.jit
+    def _finish_blocks(ZQ, ZS, FIN, TOPK_W, p, stride_zq, stride_zs, stride_fs, stride_fp, I, limit, kb0,
+                       KBR: gl.constexpr, HALF: gl.constexpr, NCONS: gl.constexpr, NR: gl.constexpr):
+        """The GLU's finish (`moe_glu_decode._finish_kernel`: the NR fp32 partials FIN [NR, pairs, 2I] summed in range
+        order from 0.0, `moe_mma_operands._glu_out`'s epilogue, `_quant_rows`) for the K blocks of pair p that
+        consumer HALF's steps read, stored to z's codes ZQ / scales ZS as the finish stores them (FINISH_IN_DOWN).
+        Each value is computed where it is stored (`_act_pos` inverted), 8 per thread: [block, half, k]."""
+        NB: gl.constexpr = KBR // NCONS  # this consumer's K blocks (2 per step)
+        l3: gl.constexpr = gl.BlockedLayout([NB // 4, 1, 4], [1, 2, 16], [4, 1, 1], [2, 1, 0])
+        b = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, l3)))
+        h = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))
+        k = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))
+        kb = kb0 + 2 * (HALF + NCONS * (b // 2)) + b % 2  # (step s's blocks: 2s, 2s + 1)
+        pos = 64 * h[None, :, None] + k[None, None, :]
+        ch = 64 * ((pos // 8) % 2) + 32 * (pos // 64) + 8 * ((pos // 2) % 4) + 2 * ((pos // 16) % 4) + pos % 2
+        src = FIN + p.to(gl.int64) * stride_fp + kb[:, None, None] * 128 + ch
+        gate = gl.zeros([NB, 2, 64], gl.float32, layout=l3)
+        up = gl.zeros([NB, 2, 64], gl.float32, layout=l3)
+        for r in gl.static_range(NR):
+            gate += gl.load(src + r * stride_fs)
+            up += gl.load(src + r * stride_fs + I)
+        g = gl.minimum(gate.to(gl.bfloat16).to(gl.float32), limit)
+        u = gl.minimum(gl.maximum(up.to(gl.bfloat16).to(gl.float32), -limit), limit)
+        z = ((g / (1.0 + gl.exp(-g)) * u) * gl.load(TOPK_W + p)).to(gl.bfloat16).to(gl.float32)
+        sc, inv = _pow2_scale(gl.maximum(gl.max(gl.max(gl.abs(z), axis=2), axis=1), 1e-4))
+        q = _e4m3(gl.minimum(gl.maximum(z * inv[:, None, None], -448.0), 448.0))
+        gl.store(ZQ + p.to(gl.int64) * stride_zq + kb[:, None, None] * 128 + pos, q.to(gl.float16))
+        gl.store(ZS + p.to(gl.int64) * stride_zs + kb, sc)
 
     @gluon.jit
     def _widen(w_s, i, a_l: gl.constexpr):

@@ -162,6 +162,52 @@ def test_register_bound_gives_the_same_bits(m, flag, bound, monkeypatch):
         moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=torch.empty((m, d), dtype=dtype, device=DEV))
 
 
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_finish_in_down_gives_the_same_bits(m, monkeypatch):
+    """FINISH_IN_DOWN (the down's consumers finish z from the GLU's partials, no finish launch): the zq / zs rows of
+    the routed pairs equal the finish kernel's bit for bit (other ranks' rows stay unwritten), the down's partials
+    too, and so does the whole MoE call (bf16, and the fp32 expert-parallel partial)."""
+    from dsv4.kernels import moe_glu_decode
+    from dsv4.kernels.moe import finalize_experts
+    from dsv4.kernels.moe_gemv import _quant16_kernel, moe_gemv
+
+    e, d, i, k = 8, 2048, 2048, 6
+    gen = torch.Generator(DEV).manual_seed(m * 13 + 5)
+    packed = finalize_experts(_experts(e, d, i, gen))
+    x = (torch.randn(m, d, generator=gen, device=DEV) * 2).to(torch.bfloat16)
+    monkeypatch.setattr(moe_glu_decode, "DOWN_ENABLED", True)
+    assert moe_glu_decode.applies(packed, x, None) and moe_glu_decode.applies(packed, x, None, down=True)
+    ids, w = _routing(m, e, k, gen, other_ranks=True)
+    flat_ids, tw = ids.reshape(-1).contiguous(), w.reshape(-1).float().contiguous()
+    xq = torch.empty((m, d), dtype=torch.float16, device=DEV)
+    sx = torch.empty((m, d // 128), dtype=torch.float32, device=DEV)
+    _quant16_kernel[(m, d // 128)](x, xq, sx, flat_ids, e, x.stride(0), xq.stride(0), sx.stride(0), CHECK_IDS=False,
+                                   num_warps=1)
+    zs_, ys = [], []
+    for fold in (False, True):
+        zq = torch.full((ids.numel(), i), float("nan"), dtype=torch.float16, device=DEV)
+        zs = torch.full((ids.numel(), i // 128), float("nan"), dtype=torch.float32, device=DEV)
+        part = moe_glu_decode.glu_decode(xq, sx, flat_ids, tw, packed, LIMIT, k, zq, zs, finish=not fold)
+        assert (part is not None) == fold
+        ys.append(moe_glu_decode.down_decode(zq, zs, flat_ids, packed, fin=(part, tw, LIMIT) if fold else None))
+        zs_.append((zq, zs))
+    mine = (flat_ids >= 0) & (flat_ids < e)
+    assert 0 < int(mine.sum()) < flat_ids.numel()
+    for a, b in zip(zs_[0], zs_[1]):
+        assert torch.equal(a[mine], b[mine]), f"m={m}: z differs from the finish kernel's"
+        assert b[~mine].isnan().all(), f"m={m}: other ranks' z rows were written"
+    assert torch.equal(ys[0][:, mine], ys[1][:, mine]), f"m={m}: the down's partials differ"
+    for dtype, other_ranks in ((torch.bfloat16, False), (torch.float32, True)):
+        ids, w = _routing(m, e, k, gen, other_ranks=other_ranks)
+        outs = []
+        for fold in (False, True):
+            monkeypatch.setattr(moe_glu_decode, "FINISH_IN_DOWN", fold)
+            out = torch.full((m, d), float("nan"), dtype=dtype, device=DEV)
+            outs.append(moe_gemv(x, ids, w, packed, LIMIT, bn=64, method="mma", out=out))
+        assert not outs[0].isnan().any()
+        assert torch.equal(outs[1], outs[0]), f"m={m} {dtype}: the MoE call differs with FINISH_IN_DOWN"
+
+
 def test_glu_decode_odd_split_in_fused_moe(close_bf16, monkeypatch):
     """A hidden size SPLIT does not fit (3584 = 28 K blocks, as Pro's 7168 = 56: 7 K ranges) through fused_moe with
     ODD_SPLIT on vs off (off: the Triton GLU takes it): outputs agree to bf16 rounding and with the reference."""
