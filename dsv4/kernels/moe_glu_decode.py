@@ -22,7 +22,8 @@ range); the partitions share a ring of STAGES shared-memory slots:
 
 `_finish_kernel` then sums the S x CONSUMERS partials in order, applies the SwiGLU epilogue (bf16 gate / up, clamp,
 routing weight) and quantises z per 128 channels as W2's input (`mma_down_stage`'s layout): the work of the Triton
-GLU's split-K last arriver plus `_quant16_kernel`, without arrival counters.
+GLU's split-K last arriver plus `_quant16_kernel`, without arrival counters. (FINISH_IN_DOWN, opt-in: the down's
+consumers do it instead, each for the blocks it reads.)
 
 The down GEMV (GEMM2, `down_decode`, DOWN_ENABLED: on where it fits) is the same kernel with one matrix per unit
 (W2's rows, from z's codes; a program takes a run of one pair's row tiles, CONTIG, so it rebuilds its activation
