@@ -1,8 +1,9 @@
-"""The persistent decode MoE kernels under the register bounds of `moe_glu_decode.GLU_BOUND` / `DOWN_BOUND`
-(session 84; the GLU's and the down's defaults since session 85) and the down finishing z itself (FINISH_IN_DOWN,
-session 85), compiled offline for sm_90a (no GPU: `bench/sass_stats.py`'s cases): ptxas must neither spill nor
-serialise the wgmmas at the pairs the module's comment recommends (it does at neighbouring ones: the GLU at
-(152, 168) spills 40 B, at (128, 136) its wgmmas are serialised), and the launch keeps the bound."""
+"""Launches under register bounds, compiled offline for sm_90a (no GPU: `bench/sass_stats.py`'s cases): the
+persistent decode MoE kernels under `moe_glu_decode.GLU_BOUND` / `DOWN_BOUND` (session 84; the defaults since session
+85), the down finishing z itself (FINISH_IN_DOWN, session 85) and the one-token GEMV under its opt-in cap
+(`linear_config.GEMV_MAXNREG`). ptxas must neither spill nor serialise the wgmmas at the pairs the module's comment
+recommends (it does at neighbouring ones: the GLU at (152, 168) spills 40 B, at (128, 136) its wgmmas are
+serialised), and the launch keeps the bound."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 @pytest.mark.parametrize("case,maxnreg", [("moe_down_decode_b160", 160), ("moe_down_decode_b128", 128),
-                                          ("moe_glu_decode_b136", 136), ("moe_down_decode_fin", 128)])
+                                          ("moe_glu_decode_b136", 136), ("moe_down_decode_fin", 128),
+                                          ("fp8_gemv_wq_a_r104", 104)])
 def test_bounded_persistent_kernels_compile_clean(case, maxnreg):
     from bench.sass_stats import OPTIONS, compile_kernel, ptxas_report
 

@@ -75,6 +75,7 @@ NARROW_ALLOWED = {
     "moe_glu_finish": (1, "z's f16 e4m3 codes scattered in `_act_pos` order (as `_quant16_kernel`)"),
     "gate_route_qx": (1, "x's f16 e4m3 codes scattered in `moe_mma_operands._act_pos` order (as `_quant16_kernel`)"),
     "fp8_gemv_wq_a": (1, "decode GEMV: one bf16 output per thread"),
+    "fp8_gemv_wq_a_r104": (1, "the same GEMV under a register cap"),
     "moe_glu_wide": (64, "STORE_T off: the accumulator layout (the WS kernels' epilogue)"),
     "moe_glu_wide_perm": (64, "STORE_T off, as moe_glu_wide"),
     "moe_down_wide": (128, "STORE_T off, as moe_glu_wide"),

@@ -1,13 +1,23 @@
 #!/bin/bash
-# Session 85, one call (≈ 6 min): the GLU's finish done by the down's consumers (moe_glu_decode.FINISH_IN_DOWN,
-# opt-in, never run on a GPU yet): 1. its bit-identity test and the module's other GPU tests (stop if one fails);
-# 2. the MoE call at M = 1 / 2 / 4 / 8 in graphs of 16 routings, default / fold, two rounds; 3. 8 Flash layers' rows,
-# B = 1 default / fold twice, B = 8 once each. Adopt only what wins at B = 1 in both rounds and loses nowhere.
+# Session 85, one call (≈ 7 min), two opt-ins never run on a GPU yet:
+# - the GLU's finish done by the down's consumers (moe_glu_decode.FINISH_IN_DOWN);
+# - the one-token GEMV's register cap (linear_config.GEMV_MAXNREG = 104: a shared-expert down GEMV CTA fits beside a
+#   persistent GLU CTA).
+# 1. their bit-identity tests and the MoE module's other GPU tests (stop if one fails); 2. the MoE call at M = 1 / 2 /
+# 4 / 8 in graphs of 16 routings (no shared expert there), default / fold, two rounds; 3. 8 Flash layers' rows,
+# B = 1 default / fold / cap twice, B = 8 default / fold. Adopt only what wins at B = 1 in both rounds and loses
+# nowhere.
 source bench/runs/lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 F="dsv4.kernels.moe_glu_decode.FINISH_IN_DOWN=True"
-gate 240 -n 4 tests/gpu/test_moe_glu_decode.py || exit 1
+C="dsv4.kernels.linear_config.GEMV_MAXNREG=104"
+gate 240 -n 4 tests/gpu/test_moe_glu_decode.py "tests/gpu/test_fp8_gemv.py::test_register_cap_gives_the_same_bits" \
+  || exit 1
 timeout 200 python3 bench/bench_moe_flags.py --ms 1,2,4,8 --graphs 16 "default:" "fold:$F" "default:" "fold:$F" \
   2>&1 | grep -v -i warn | tail -6
-rows8 150 1; rows8 100 1 $F; rows8 100 1; rows8 100 1 $F
+for round in 1 2; do
+  rows8 $([ $round = 1 ] && echo 150 || echo 100) 1
+  rows8 100 1 $F
+  rows8 100 1 $C
+done
 rows8 100 8; rows8 100 8 $F

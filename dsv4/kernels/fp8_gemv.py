@@ -25,6 +25,7 @@ import torch
 from dsv4.kernels._triton import HAS_TRITON, INTERPRET, arrival_counters, tl, triton
 from dsv4.kernels._triton import pdl_kernel, pdl_wait, prefetch_l2, split_k_sum, weight_prefetch_kblocks
 from dsv4.kernels.fp8_linear import _scale_operand
+from dsv4.kernels import linear_config
 from dsv4.kernels.linear_config import GEMV_MAX_ROWS, GemvConfig, gemv_split  # noqa: F401 (re-exported)
 
 BLOCK = 128
@@ -124,6 +125,8 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, grou
     common = dict(MR=triton.next_power_of_2(m), BN=cfg.bn, KU=cfg.ku, QUANT_X=quant_x, SW_E8M0=e8,
                   OUT_F32=out_dtype == torch.float32, PREFETCH=weight_prefetch_kblocks(weight.numel()),
                   ROUND_W=not (quant_x or e8), INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=1)
+    if linear_config.GEMV_MAXNREG and not INTERPRET:  # (read when called: an A/B flag)
+        common["maxnreg"] = linear_config.GEMV_MAXNREG
     args = (m, n, n // groups, x3.stride(0), x3.stride(1), weight.stride(0), sw.stride(0), kblocks // split)
     if split == 1:
         _fp8_gemv_kernel[(tiles, 1)](x3, weight, sw, out, out, out, *args, SPLIT_OUT=False, **common)

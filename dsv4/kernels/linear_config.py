@@ -113,6 +113,12 @@ GEMV_MAX_ROWS = 4  # what the kernel takes (its rows loop against one weight til
 GEMV_MAX_FP8_BYTES = 1 << 25
 # A GEMV grid holding less than this (or the whole weight) in flight declines (next to pick_gemv_config's end).
 GEMV_MIN_INFLIGHT = 4 << 20
+# The GEMV launch's register cap (0: the compiler's choice, 124 for its 64-row tiles, e.g. the shared expert's down).
+# At 104 one of its CTAs (x 128 threads = 13,312) fits beside a persistent decode GLU CTA (moe_glu_decode.GLU_BOUND:
+# 136 x 384 = 52,224 of 65,536), so the shared expert's down GEMV on its side stream could run while the routed GLU
+# does (session 80's time line: it started only as the GLU's CTAs exited). Offline (sass_stats fp8_gemv_wq_a_r104):
+# 104 registers, no spills, the same instruction count; at 96 it spills. Opt-in, session 85: not measured.
+GEMV_MAXNREG = 0
 
 
 def gemv_split(tiles: int, kblocks: int, ku: int, programs: int = 1024) -> int:

@@ -108,3 +108,24 @@ def test_gemv_scale_layout_does_not_matter(poison):
     a = fp8_gemv(x, w, s, config=GemvConfig(32, 4, 2))
     b = fp8_gemv(x, w, s_cols, config=GemvConfig(32, 4, 2))
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.parametrize("n,k", [(4096, 2048), (1536, 4096)])
+def test_register_cap_gives_the_same_bits(n, k, poison, monkeypatch):
+    """linear_config.GEMV_MAXNREG (a register cap, so that a GEMV CTA fits beside a persistent MoE CTA): the same
+    instructions, so the same bits as the compiler's choice, at the model's launch shape (the shared expert's down,
+    Flash's wq_a)."""
+    from dsv4.kernels import linear_config
+    from dsv4.kernels.fp8_gemv import fp8_gemv
+
+    gen = torch.Generator(DEV).manual_seed(n + k)
+    w, s = _weight(n, k, gen, "e8m0")
+    x = _x((1, k), gen)
+    config = linear_config.pick_gemv_config(1, n, k)
+    assert config is not None
+    outs = []
+    for cap in (0, 104):
+        monkeypatch.setattr(linear_config, "GEMV_MAXNREG", cap)
+        poison()
+        outs.append(fp8_gemv(x, w, s, config=config))
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), f"{n}x{k}: the cap changed the bits"
