@@ -392,9 +392,9 @@ def _loops(sass: str, hist: int = 0) -> None:
             if hist:
                 print("      " + ", ".join(f"{o} {n}" for o, n in body.most_common(hist)))
 
-# ... the one-token GEMV under linear_config.GEMV_MAXNREG = 104 (opt-in: one CTA fits beside a persistent GLU CTA)
-CASES["fp8_gemv_wq_a_r104"] = CASES["fp8_gemv_wq_a"]
 
+# the one-token GEMV under linear_config.GEMV_MAXNREG = 104 (opt-in: one CTA fits beside a persistent GLU CTA)
+CASES["fp8_gemv_wq_a_r104"] = CASES["fp8_gemv_wq_a"]
 # compile options of a case beyond num_warps / num_stages (a launch's `maxnreg`)
 OPTIONS = {"moe_down_decode_b160": {"maxnreg": 160}, "moe_down_decode_b128": {"maxnreg": 128},
            "moe_down_decode_fin": {"maxnreg": 128}, "fp8_gemv_wq_a_r104": {"maxnreg": 104},
